@@ -1,0 +1,2 @@
+//! The `lemon-gateway` binary.
+fn main() {}

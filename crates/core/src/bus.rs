@@ -1,0 +1,322 @@
+//! The event bus: every event of every run, typed, on a per-run topic (`run:<id>`)
+//! and on a firehose.
+//!
+//! Publishing never waits. A subscriber that falls behind loses the oldest events
+//! and is told how many ([`RecvError::Lagged`]); it can resynchronise from the
+//! store. Per-run topics exist only while someone listens, so a run nobody watches
+//! costs one firehose send per event.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::broadcast;
+
+use crate::engine::{Action, Completion, ResumeToken};
+use crate::ids::RunId;
+
+/// Where a run is, as UIs show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunPhase {
+    Accepted,
+    QueuedInSession,
+    WaitingForSlot,
+    Dispatched,
+    Streaming,
+    Completed,
+    Failed,
+    Aborted,
+}
+
+impl RunPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunPhase::Accepted => "accepted",
+            RunPhase::QueuedInSession => "queued_in_session",
+            RunPhase::WaitingForSlot => "waiting_for_slot",
+            RunPhase::Dispatched => "dispatched",
+            RunPhase::Streaming => "streaming",
+            RunPhase::Completed => "completed",
+            RunPhase::Failed => "failed",
+            RunPhase::Aborted => "aborted",
+        }
+    }
+}
+
+/// A run's status as the API reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunStatus {
+    Queued,
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Queued => "queued",
+            RunStatus::Running => "running",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        Some(match raw {
+            "queued" => RunStatus::Queued,
+            "running" => RunStatus::Running,
+            "completed" => RunStatus::Completed,
+            "failed" => RunStatus::Failed,
+            "cancelled" => RunStatus::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// The terminal status of a completion.
+    pub fn of(completion: &Completion) -> Self {
+        match &completion.error {
+            _ if completion.ok => RunStatus::Completed,
+            Some(error) if error.is_abort() => RunStatus::Cancelled,
+            _ => RunStatus::Failed,
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled)
+    }
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventKind {
+    /// The run took its slot and lock and is calling the engine.
+    RunStarted { engine: String, model: Option<String> },
+    /// The engine started (and may already know its resume token).
+    EngineStarted { resume: Option<ResumeToken>, title: Option<String>, meta: serde_json::Value },
+    EngineAction(Action),
+    /// A piece of the answer; `seq` is 1, 2, 3… per run.
+    Delta { seq: u64, text: String },
+    /// The engine's own completion, before the gateway fills the answer in.
+    EngineCompleted(Completion),
+    /// The run is over: exactly one per accepted request.
+    RunCompleted { completion: Completion, engine: String, duration_ms: u64 },
+    /// The run moved to another phase.
+    Phase(RunPhase),
+}
+
+impl EventKind {
+    /// The event's type name on the wire (SSE `event:` and the store).
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            EventKind::RunStarted { .. } => "run_started",
+            EventKind::EngineStarted { .. } => "engine_started",
+            EventKind::EngineAction(_) => "engine_action",
+            EventKind::Delta { .. } => "delta",
+            EventKind::EngineCompleted(_) => "engine_completed",
+            EventKind::RunCompleted { .. } => "run_completed",
+            EventKind::Phase(_) => "run_phase",
+        }
+    }
+}
+
+/// One event of one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BusEvent {
+    pub run_id: RunId,
+    pub session_key: Arc<str>,
+    /// 1, 2, 3… over all events of the run; lets a reader join stored and live events.
+    pub index: u64,
+    /// Wall-clock milliseconds.
+    pub ts_ms: i64,
+    pub kind: EventKind,
+}
+
+fn resume_json(resume: &Option<ResumeToken>) -> serde_json::Value {
+    match resume {
+        Some(token) => serde_json::json!({ "engine": token.engine, "value": token.value }),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// The JSON form of a completion, used by the API, SSE and the store.
+pub fn completion_json(completion: &Completion) -> serde_json::Value {
+    serde_json::json!({
+        "ok": completion.ok,
+        "answer": completion.answer,
+        "error": completion.error.as_ref().map(|e| e.to_string()),
+        "error_code": completion.error.as_ref().map(|e| e.code()),
+        "resume": resume_json(&completion.resume),
+        "usage": completion.usage,
+    })
+}
+
+/// The JSON form of an action.
+pub fn action_json(action: &Action) -> serde_json::Value {
+    serde_json::json!({
+        "id": action.id,
+        "kind": action.kind.as_str(),
+        "title": action.title,
+        "detail": action.detail,
+        "phase": action.phase.as_str(),
+        "ok": action.ok,
+        "message": action.message,
+        "level": action.level,
+    })
+}
+
+impl BusEvent {
+    /// The event as JSON, for SSE and the store.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut body = match &self.kind {
+            EventKind::RunStarted { engine, model } => serde_json::json!({ "engine": engine, "model": model }),
+            EventKind::EngineStarted { resume, title, meta } => {
+                serde_json::json!({ "resume": resume_json(resume), "title": title, "meta": meta })
+            }
+            EventKind::EngineAction(action) => serde_json::json!({ "action": action_json(action) }),
+            EventKind::Delta { seq, text } => serde_json::json!({ "seq": seq, "text": text }),
+            EventKind::EngineCompleted(completion) => completion_json(completion),
+            EventKind::RunCompleted { completion, engine, duration_ms } => {
+                let mut body = completion_json(completion);
+                body["engine"] = serde_json::json!(engine);
+                body["duration_ms"] = serde_json::json!(duration_ms);
+                body["status"] = serde_json::json!(RunStatus::of(completion).as_str());
+                body
+            }
+            EventKind::Phase(phase) => serde_json::json!({ "phase": phase.as_str() }),
+        };
+        body["type"] = serde_json::json!(self.kind.type_name());
+        body["run_id"] = serde_json::json!(self.run_id.as_str());
+        body["session_key"] = serde_json::json!(&*self.session_key);
+        body["index"] = serde_json::json!(self.index);
+        body["ts_ms"] = serde_json::json!(self.ts_ms);
+        body
+    }
+}
+
+/// Why a subscription yielded no event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RecvError {
+    /// The subscriber fell behind and `n` events were skipped.
+    #[error("subscriber lagged behind by {0} events")]
+    Lagged(u64),
+    /// No more events will come (the run finished, or the bus is gone).
+    #[error("subscription closed")]
+    Closed,
+}
+
+/// A stream of events from one topic.
+#[derive(Debug)]
+pub struct Subscription {
+    rx: broadcast::Receiver<Arc<BusEvent>>,
+    /// For a per-run subscription: the topic to drop when its last listener goes.
+    topic: Option<(Weak<BusInner>, RunId)>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let Some((inner, run_id)) = self.topic.take() else { return };
+        let Some(inner) = inner.upgrade() else { return };
+        let mut topics = inner.topics.lock().unwrap_or_else(|e| e.into_inner());
+        // This subscription's receiver is still alive here, so "only us" is 1.
+        if topics.get(&run_id).is_some_and(|sender| sender.receiver_count() <= 1) {
+            topics.remove(&run_id);
+            inner.n_topics.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Subscription {
+    /// # Errors
+    /// [`RecvError::Lagged`] after missed events, [`RecvError::Closed`] at the end.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn recv(&mut self) -> Result<Arc<BusEvent>, RecvError> {
+        self.rx.recv().await.map_err(|err| match err {
+            broadcast::error::RecvError::Lagged(n) => RecvError::Lagged(n),
+            broadcast::error::RecvError::Closed => RecvError::Closed,
+        })
+    }
+}
+
+/// The bus. Cheap to clone; all clones publish to the same subscribers.
+#[derive(Debug, Clone)]
+pub struct EventBus {
+    inner: Arc<BusInner>,
+}
+
+#[derive(Debug)]
+struct BusInner {
+    firehose: broadcast::Sender<Arc<BusEvent>>,
+    /// Per-run topics, created by the first subscriber and removed when the run
+    /// completes. Locked only for a map lookup, never across an await.
+    topics: Mutex<HashMap<RunId, broadcast::Sender<Arc<BusEvent>>>>,
+    /// Number of entries in `topics`, so publishing skips the lock when nobody
+    /// watches a single run.
+    n_topics: AtomicUsize,
+    topic_capacity: usize,
+}
+
+impl Default for EventBus {
+    fn default() -> Self {
+        EventBus::new(4096, 1024)
+    }
+}
+
+impl EventBus {
+    pub fn new(firehose_capacity: usize, topic_capacity: usize) -> Self {
+        let (firehose, _) = broadcast::channel(firehose_capacity.max(1));
+        EventBus {
+            inner: Arc::new(BusInner {
+                firehose,
+                topics: Mutex::new(HashMap::new()),
+                n_topics: AtomicUsize::new(0),
+                topic_capacity: topic_capacity.max(1),
+            }),
+        }
+    }
+
+    /// Every event of every run from now on.
+    pub fn subscribe_all(&self) -> Subscription {
+        Subscription { rx: self.inner.firehose.subscribe(), topic: None }
+    }
+
+    /// Events of one run from now on. The subscription closes after the run's
+    /// `run_completed`.
+    pub fn subscribe_run(&self, run_id: &RunId) -> Subscription {
+        let mut topics = self.inner.topics.lock().unwrap_or_else(|e| e.into_inner());
+        let sender = topics.entry(run_id.clone()).or_insert_with(|| {
+            self.inner.n_topics.fetch_add(1, Ordering::Relaxed);
+            broadcast::channel(self.inner.topic_capacity).0
+        });
+        Subscription { rx: sender.subscribe(), topic: Some((Arc::downgrade(&self.inner), run_id.clone())) }
+    }
+
+    /// Publishes to the firehose and the run's topic; never waits.
+    pub fn publish(&self, event: Arc<BusEvent>) {
+        let is_last = matches!(event.kind, EventKind::RunCompleted { .. });
+        if self.inner.n_topics.load(Ordering::Relaxed) > 0 {
+            let mut topics = self.inner.topics.lock().unwrap_or_else(|e| e.into_inner());
+            if is_last {
+                if let Some(sender) = topics.remove(&event.run_id) {
+                    self.inner.n_topics.fetch_sub(1, Ordering::Relaxed);
+                    let _ = sender.send(event.clone());
+                }
+            } else if let Some(sender) = topics.get(&event.run_id) {
+                let _ = sender.send(event.clone());
+            }
+        }
+        let _ = self.inner.firehose.send(event);
+    }
+
+    /// Number of live per-run topics (for tests and health).
+    pub fn n_topics(&self) -> usize {
+        self.inner.n_topics.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests;

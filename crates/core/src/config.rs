@@ -1,0 +1,239 @@
+//! `config.toml`: plain data types and the loader.
+//!
+//! The file has one `[gateway]` table (the reference's layout). Every section a
+//! later feature owns (telegram, sms, voice, webhook…) is accepted and kept as raw
+//! TOML until that feature reads it. Wrong types or values fail with file, line and
+//! column; unknown keys are reported as warnings.
+
+mod loader;
+
+pub use loader::{load_file, load_str, ConfigError, LoadedConfig};
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// The whole file.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Config {
+    #[serde(default)]
+    pub gateway: GatewayConfig,
+}
+
+/// `[gateway]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct GatewayConfig {
+    /// Runs that may execute at once across all conversations; 0 queues everything.
+    #[serde(default = "defaults::max_concurrent_runs")]
+    pub max_concurrent_runs: usize,
+    /// Engine used when nothing else picks one.
+    #[serde(default = "defaults::default_engine")]
+    pub default_engine: String,
+    /// Working directory for runs without a project or explicit cwd.
+    #[serde(default)]
+    pub default_cwd: Option<PathBuf>,
+    #[serde(default)]
+    pub auto_resume: Option<bool>,
+    #[serde(default = "defaults::yes")]
+    pub require_engine_lock: bool,
+    #[serde(default = "defaults::engine_lock_timeout_ms")]
+    pub engine_lock_timeout_ms: u64,
+    /// A run with no engine event for this long is cancelled with `timeout`.
+    #[serde(default = "defaults::run_inactivity_timeout_ms")]
+    pub run_inactivity_timeout_ms: u64,
+    /// On SIGINT/SIGTERM, how long running runs may finish before they are cancelled.
+    #[serde(default = "defaults::shutdown_grace_ms")]
+    pub shutdown_grace_ms: u64,
+    /// Requests waiting in all queues together before submits are refused.
+    #[serde(default = "defaults::max_pending_runs")]
+    pub max_pending_runs: usize,
+    #[serde(default)]
+    pub enable_telegram: Option<bool>,
+    #[serde(default)]
+    pub enable_discord: Option<bool>,
+    #[serde(default)]
+    pub enable_xmtp: Option<bool>,
+    #[serde(default)]
+    pub enable_webhook: Option<bool>,
+    #[serde(default)]
+    pub native_only: Option<bool>,
+    #[serde(default)]
+    pub engines: BTreeMap<String, EngineSection>,
+    #[serde(default)]
+    pub projects: BTreeMap<String, ProjectConfig>,
+    #[serde(default)]
+    pub bindings: Vec<BindingConfig>,
+    #[serde(default)]
+    pub queue: QueueConfig,
+    #[serde(default)]
+    pub api: ListenConfig,
+    #[serde(default)]
+    pub health: ListenConfig,
+    /// Sections owned by channels and features that read them themselves.
+    #[serde(default)]
+    pub telegram: Option<toml::Table>,
+    #[serde(default)]
+    pub discord: Option<toml::Table>,
+    #[serde(default)]
+    pub xmtp: Option<toml::Table>,
+    #[serde(default)]
+    pub email: Option<toml::Table>,
+    #[serde(default)]
+    pub webhook: Option<toml::Table>,
+    #[serde(default)]
+    pub sms: Option<toml::Table>,
+    #[serde(default)]
+    pub voice: Option<toml::Table>,
+    #[serde(default)]
+    pub cron: Option<toml::Table>,
+    #[serde(default)]
+    pub dashboard: Option<toml::Table>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        toml::from_str("").expect("the empty gateway table is valid")
+    }
+}
+
+/// `[gateway.engines.<id>]`: common keys plus whatever the engine reads itself.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct EngineSection {
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// Echo: milliseconds between streamed words.
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    #[serde(default)]
+    pub cli_path: Option<PathBuf>,
+    #[serde(default)]
+    pub extra_args: Vec<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub cancel_grace_ms: Option<u64>,
+    #[serde(default)]
+    pub dangerously_skip_permissions: Option<bool>,
+    #[serde(default)]
+    pub allowed_tools: Vec<String>,
+    #[serde(default)]
+    pub steering: Option<bool>,
+    /// Name of the secret holding the engine's API key.
+    #[serde(default)]
+    pub api_key_secret: Option<String>,
+    /// Engine-specific keys.
+    #[serde(flatten)]
+    pub other: toml::Table,
+}
+
+/// `[gateway.projects.<id>]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ProjectConfig {
+    pub root: PathBuf,
+    #[serde(default)]
+    pub default_engine: Option<String>,
+}
+
+/// One `[[gateway.bindings]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BindingConfig {
+    pub transport: String,
+    #[serde(default)]
+    pub chat_id: Option<toml::Value>,
+    #[serde(default)]
+    pub topic_id: Option<toml::Value>,
+    #[serde(default)]
+    pub project: Option<String>,
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    #[serde(default)]
+    pub default_engine: Option<String>,
+    #[serde(default)]
+    pub queue_mode: Option<QueueMode>,
+}
+
+/// How a message sent while a conversation is busy is handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueMode {
+    Collect,
+    Followup,
+    Steer,
+    SteerBacklog,
+    Redirect,
+    Interrupt,
+}
+
+/// Which request a full conversation queue drops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DropPolicy {
+    Oldest,
+    Newest,
+}
+
+/// `[gateway.queue]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct QueueConfig {
+    #[serde(default)]
+    pub mode: Option<QueueMode>,
+    #[serde(default)]
+    pub cap: Option<usize>,
+    #[serde(default)]
+    pub drop: Option<DropPolicy>,
+}
+
+/// A listener: `bind` address and `port`; unset keys take the section's defaults.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ListenConfig {
+    #[serde(default)]
+    pub bind: Option<String>,
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+impl ListenConfig {
+    /// `bind:port`, defaulting to loopback and `default_port`.
+    pub fn addr(&self, default_port: u16) -> String {
+        format!("{}:{}", self.bind.as_deref().unwrap_or("127.0.0.1"), self.port.unwrap_or(default_port))
+    }
+}
+
+/// The control API's default port.
+pub const DEFAULT_API_PORT: u16 = 4040;
+/// The health endpoint's default port.
+pub const DEFAULT_HEALTH_PORT: u16 = 4042;
+
+/// Default values, as functions serde can call.
+mod defaults {
+    pub(super) fn max_concurrent_runs() -> usize {
+        2
+    }
+    // `echo` until the native `lemon` engine ships; then the design's `lemon`.
+    pub(super) fn default_engine() -> String {
+        "echo".to_owned()
+    }
+    pub(super) fn yes() -> bool {
+        true
+    }
+    pub(super) fn engine_lock_timeout_ms() -> u64 {
+        60_000
+    }
+    pub(super) fn run_inactivity_timeout_ms() -> u64 {
+        300_000
+    }
+    pub(super) fn shutdown_grace_ms() -> u64 {
+        10_000
+    }
+    pub(super) fn max_pending_runs() -> usize {
+        1_000_000
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,452 @@
+//! The engine contract: what every engine (echo, vendor CLIs, the native agent)
+//! implements, the events it streams, resume tokens and the registry.
+//!
+//! An engine's [`Engine::start`] gets a [`StartRequest`] and an [`EventSink`]. It sends
+//! `Started`, then any number of `Action` and `Delta` events, then exactly one
+//! `Completed`, and returns a [`RunControl`] that can cancel (always) and steer (when
+//! [`Capabilities::steer`] is set). The gateway run treats a sink that closes without
+//! `Completed` as a crash, so an engine cannot lose a run by dying.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+
+use crate::ids::{EngineId, RunId};
+
+/// A session handle an engine can continue: `<engine> resume <value>`.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ResumeToken {
+    pub engine: String,
+    pub value: String,
+}
+
+impl ResumeToken {
+    pub fn new(engine: impl Into<String>, value: impl Into<String>) -> Self {
+        ResumeToken { engine: engine.into(), value: value.into() }
+    }
+}
+
+impl fmt::Debug for ResumeToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ResumeToken({}:{})", self.engine, self.value)
+    }
+}
+
+/// What kind of step an action is; the shared tool classification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ActionKind {
+    Tool,
+    Command,
+    FileChange,
+    WebSearch,
+    Subagent,
+    Reasoning,
+    Note,
+    Warning,
+}
+
+impl ActionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::Tool => "tool",
+            ActionKind::Command => "command",
+            ActionKind::FileChange => "file_change",
+            ActionKind::WebSearch => "web_search",
+            ActionKind::Subagent => "subagent",
+            ActionKind::Reasoning => "reasoning",
+            ActionKind::Note => "note",
+            ActionKind::Warning => "warning",
+        }
+    }
+}
+
+/// Where an action is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ActionPhase {
+    Started,
+    Updated,
+    Completed,
+}
+
+impl ActionPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionPhase::Started => "started",
+            ActionPhase::Updated => "updated",
+            ActionPhase::Completed => "completed",
+        }
+    }
+}
+
+/// One step an engine took (a tool call, a command, a file edit…), in one phase.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Action {
+    pub id: String,
+    pub kind: ActionKind,
+    pub title: String,
+    /// Engine-specific detail (tool input, exit code…); `Null` when there is none.
+    pub detail: serde_json::Value,
+    pub phase: ActionPhase,
+    pub ok: Option<bool>,
+    pub message: Option<String>,
+    pub level: Option<String>,
+}
+
+/// Why a run did not succeed. The code is stable and shown to users and APIs;
+/// `Engine` carries the engine's own error text verbatim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunError {
+    /// Cancelled by a user or an API caller.
+    UserRequested,
+    /// Cancelled because a newer message interrupted it.
+    Interrupted,
+    /// The engine lock could not be taken within `engine_lock_timeout_ms`.
+    LockTimeout,
+    /// No event from the engine for the inactivity timeout.
+    Timeout,
+    /// The engine stopped streaming without a completion, or its task panicked.
+    EngineCrashed { detail: String },
+    /// The engine could not start the run.
+    StartFailed { detail: String },
+    /// The engine is registered but cannot run (its CLI is missing, say).
+    EngineUnavailable { engine: String, reason: String },
+    /// No engine with that id.
+    UnknownEngine { engine: String },
+    /// The gateway stopped before the run could finish.
+    ShuttingDown,
+    /// The request was dropped because its conversation's queue was full.
+    QueueOverflow,
+    /// Cancelled by the router's idle watchdog.
+    IdleWatchdog,
+    /// Any other cancellation reason a caller named.
+    Cancelled { reason: String },
+    /// The engine reported a failure; the text is the engine's.
+    Engine { message: String },
+}
+
+impl RunError {
+    /// A stable, machine-readable code.
+    pub fn code(&self) -> &str {
+        match self {
+            RunError::UserRequested => "user_requested",
+            RunError::Interrupted => "interrupted",
+            RunError::LockTimeout => "lock_timeout",
+            RunError::Timeout => "timeout",
+            RunError::EngineCrashed { .. } => "engine_crashed",
+            RunError::StartFailed { .. } => "start_failed",
+            RunError::EngineUnavailable { .. } => "engine_unavailable",
+            RunError::UnknownEngine { .. } => "unknown_engine",
+            RunError::ShuttingDown => "shutting_down",
+            RunError::QueueOverflow => "queue_overflow",
+            RunError::IdleWatchdog => "run_idle_watchdog_timeout",
+            RunError::Cancelled { .. } => "cancelled",
+            RunError::Engine { .. } => "engine_error",
+        }
+    }
+
+    /// Whether this ends the run as aborted (by someone's choice) rather than failed.
+    pub fn is_abort(&self) -> bool {
+        matches!(
+            self,
+            RunError::UserRequested
+                | RunError::Interrupted
+                | RunError::Cancelled { .. }
+                | RunError::IdleWatchdog
+                | RunError::QueueOverflow
+        )
+    }
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::EngineCrashed { detail } => write!(f, "engine_crashed: {detail}"),
+            RunError::StartFailed { detail } => write!(f, "start_failed: {detail}"),
+            RunError::EngineUnavailable { engine, reason } => {
+                write!(f, "engine_unavailable: {engine} ({reason})")
+            }
+            RunError::UnknownEngine { engine } => write!(f, "unknown_engine: {engine}"),
+            RunError::Cancelled { reason } => write!(f, "cancelled: {reason}"),
+            RunError::Engine { message } => f.write_str(message),
+            other => f.write_str(other.code()),
+        }
+    }
+}
+
+/// The end of a run as an engine (or the gateway) reports it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Completion {
+    pub ok: bool,
+    /// The final answer; empty means "use the streamed text".
+    pub answer: String,
+    pub error: Option<RunError>,
+    pub resume: Option<ResumeToken>,
+    /// Token counts and cost as the engine reports them; `Null` when unknown.
+    pub usage: serde_json::Value,
+}
+
+impl Completion {
+    pub fn success(answer: impl Into<String>, resume: Option<ResumeToken>) -> Self {
+        Completion { ok: true, answer: answer.into(), error: None, resume, usage: serde_json::Value::Null }
+    }
+
+    pub fn failure(error: RunError, resume: Option<ResumeToken>) -> Self {
+        Completion { ok: false, answer: String::new(), error: Some(error), resume, usage: serde_json::Value::Null }
+    }
+}
+
+/// What an engine streams while it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineEvent {
+    Started { resume: Option<ResumeToken>, title: Option<String>, meta: serde_json::Value },
+    Action(Action),
+    Delta(String),
+    Completed(Completion),
+}
+
+/// The sending half an engine writes its events to. Bounded: an engine that
+/// outpaces the gateway waits. A send fails only when the run is gone.
+#[derive(Debug, Clone)]
+pub struct EventSink {
+    tx: mpsc::Sender<EngineEvent>,
+}
+
+/// The run that owned a sink is gone; the engine should stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the run is no longer listening")]
+pub struct SinkClosed;
+
+impl EventSink {
+    /// A sink and the receiving end a run reads from.
+    pub fn channel(capacity: usize) -> (EventSink, mpsc::Receiver<EngineEvent>) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (EventSink { tx }, rx)
+    }
+
+    /// # Errors
+    /// [`SinkClosed`] when the run stopped listening.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a cancelled send delivers nothing.
+    pub async fn send(&self, event: EngineEvent) -> Result<(), SinkClosed> {
+        self.tx.send(event).await.map_err(|_| SinkClosed)
+    }
+
+    /// Sends without waiting; gives the event back when the channel is full.
+    ///
+    /// # Errors
+    /// `Err(Some(event))` when full, `Err(None)` when the run is gone.
+    pub fn try_send(&self, event: EngineEvent) -> Result<(), Option<EngineEvent>> {
+        self.tx.try_send(event).map_err(|err| match err {
+            mpsc::error::TrySendError::Full(event) => Some(event),
+            mpsc::error::TrySendError::Closed(_) => None,
+        })
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// What an engine needs to start one run.
+#[derive(Debug, Clone)]
+pub struct StartRequest {
+    pub run_id: RunId,
+    pub session_key: String,
+    pub prompt: String,
+    /// A token of this engine to continue; tokens of other engines never reach here.
+    pub resume: Option<ResumeToken>,
+    /// The resolved working directory.
+    pub cwd: PathBuf,
+    /// The model suffix of a composite id (`claude:opus` → `opus`), or the request's model.
+    pub model: Option<String>,
+    pub meta: BTreeMap<String, serde_json::Value>,
+}
+
+/// Why a steer or redirect was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SteerError {
+    #[error("the engine does not support this")]
+    Unsupported,
+    #[error("the run has finished")]
+    Finished,
+    #[error("the engine refused: {0}")]
+    Failed(String),
+}
+
+/// Control over a started run. `cancel` is total and idempotent: calling it on a
+/// finished run, twice, or concurrently does nothing harmful.
+#[async_trait]
+pub trait RunControl: Send + Sync + fmt::Debug + 'static {
+    fn cancel(&self);
+
+    /// Sends more input into the live run.
+    ///
+    /// # Errors
+    /// [`SteerError::Unsupported`] by default.
+    async fn steer(&self, _text: &str) -> Result<(), SteerError> {
+        Err(SteerError::Unsupported)
+    }
+
+    /// Replaces the live run's direction.
+    ///
+    /// # Errors
+    /// [`SteerError::Unsupported`] by default.
+    async fn redirect(&self, _text: &str) -> Result<(), SteerError> {
+        Err(SteerError::Unsupported)
+    }
+}
+
+/// What an engine can do beyond running a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    pub steer: bool,
+    pub redirect: bool,
+}
+
+/// Whether an engine can run now; an unavailable engine says why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Availability {
+    Available,
+    Unavailable { reason: String },
+}
+
+/// Why an engine could not start a run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    #[error("engine_unavailable: {engine} ({reason})")]
+    Unavailable { engine: String, reason: String },
+    #[error("could not start: {0}")]
+    Start(String),
+}
+
+/// An engine: something that turns a prompt into a stream of events.
+#[async_trait]
+pub trait Engine: Send + Sync + fmt::Debug + 'static {
+    fn id(&self) -> &EngineId;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    fn availability(&self) -> Availability {
+        Availability::Available
+    }
+
+    /// Starts a run. Events go to `sink`; the returned control cancels or steers it.
+    /// After `Ok`, the engine must eventually send `Completed` or drop the sink.
+    ///
+    /// # Errors
+    /// [`EngineError`] when the run could not start at all; no event was sent.
+    async fn start(&self, req: StartRequest, sink: EventSink) -> Result<Arc<dyn RunControl>, EngineError>;
+
+    /// The line a user pastes to continue a session: `` `<engine> resume <token>` ``.
+    fn format_resume(&self, token: &ResumeToken) -> String {
+        format!("`{} resume {}`", token.engine, token.value)
+    }
+
+    /// Finds this engine's resume line anywhere in `text`.
+    fn extract_resume(&self, text: &str) -> Option<ResumeToken> {
+        extract_plain_resume(self.id().as_str(), text)
+    }
+
+    /// Whether the whole (trimmed) line is a resume command of this engine.
+    fn is_resume_line(&self, line: &str) -> bool {
+        let line = line.trim().trim_matches('`').trim();
+        extract_plain_resume(self.id().as_str(), line).is_some_and(|token| {
+            let rebuilt = format!("{} resume {}", self.id(), token.value);
+            normalise_space(line).eq_ignore_ascii_case(&rebuilt)
+        })
+    }
+}
+
+fn normalise_space(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Finds `<engine> resume <token>` (case-insensitive, optional backticks) in `text`;
+/// the token is `[A-Za-z0-9_-]+`. The default resume format of engines.
+pub fn extract_plain_resume(engine: &str, text: &str) -> Option<ResumeToken> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    for window in words.windows(3) {
+        let first = window[0].trim_start_matches('`');
+        if !first.eq_ignore_ascii_case(engine) || !window[1].eq_ignore_ascii_case("resume") {
+            continue;
+        }
+        let token: String = window[2]
+            .trim_end_matches(['`', '.', ',', ';', ')'])
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+            .collect();
+        if !token.is_empty() {
+            return Some(ResumeToken::new(engine, token));
+        }
+    }
+    None
+}
+
+/// The engines a gateway can run, by id. Lookups of composite ids
+/// (`claude:opus`) fall back to the part before the first `:`.
+#[derive(Debug, Clone, Default)]
+pub struct EngineRegistry {
+    engines: BTreeMap<EngineId, Arc<dyn Engine>>,
+}
+
+/// Why an engine could not be registered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    #[error("engine {0} is already registered")]
+    Duplicate(String),
+}
+
+impl EngineRegistry {
+    pub fn new() -> Self {
+        EngineRegistry::default()
+    }
+
+    /// # Errors
+    /// [`RegistryError::Duplicate`] when the id is taken.
+    pub fn register(&mut self, engine: Arc<dyn Engine>) -> Result<(), RegistryError> {
+        let id = engine.id().clone();
+        if self.engines.contains_key(&id) {
+            return Err(RegistryError::Duplicate(id.to_string()));
+        }
+        self.engines.insert(id, engine);
+        Ok(())
+    }
+
+    /// The engine for `id`, trying the prefix of a composite id; with the model part.
+    pub fn resolve(&self, id: &str) -> Option<(Arc<dyn Engine>, Option<String>)> {
+        if let Some(engine) = EngineId::parse(id).ok().and_then(|id| self.engines.get(&id)) {
+            return Some((engine.clone(), None));
+        }
+        let (prefix, model) = id.split_once(':')?;
+        let engine = self.engines.get(&EngineId::parse(prefix).ok()?)?;
+        let model = (!model.is_empty()).then(|| model.to_owned());
+        Some((engine.clone(), model))
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<dyn Engine>> {
+        self.resolve(id).map(|(engine, _)| engine)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Engine>> {
+        self.engines.values()
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = &EngineId> {
+        self.engines.keys()
+    }
+
+    /// Asks every engine, in id order, for a resume line in `text`.
+    pub fn extract_resume(&self, text: &str) -> Option<ResumeToken> {
+        self.engines.values().find_map(|engine| engine.extract_resume(text))
+    }
+}
+
+#[cfg(test)]
+mod tests;

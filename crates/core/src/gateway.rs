@@ -1,0 +1,300 @@
+//! The execution runtime: a global limit of concurrent runs, strict FIFO per
+//! conversation, the engine lock, and exactly-once completion of every accepted
+//! request.
+//!
+//! [`GatewayHandle`] is the only way in. Behind it a scheduler actor owns the
+//! conversation table (one entry per conversation with queued or running work,
+//! created on demand and removed when drained), the FIFO of conversations waiting
+//! for a slot, and the table of queued and running runs. Each granted slot becomes a
+//! run task ([`run`]), which takes the engine lock ([`lock`]), drives the engine,
+//! publishes every event on the bus, writes the store, and reports back to the
+//! scheduler. The gateway knows nothing of queue modes; the router decides what to
+//! submit.
+
+mod lock;
+mod run;
+mod scheduler;
+
+pub use lock::{EngineLock, LockGuard, LockKey};
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::bus::{EventBus, RunStatus};
+use crate::engine::{EngineRegistry, ResumeToken, RunError, SteerError};
+use crate::ids::{ConversationKey, RunId};
+use crate::store::StoreHandle;
+
+use scheduler::{Scheduler, SchedulerMsg};
+
+/// Runtime settings, built by the app from `[gateway]`.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    pub max_concurrent_runs: usize,
+    pub require_engine_lock: bool,
+    pub engine_lock_timeout: Duration,
+    /// A lock held longer than this is handed to the next waiter.
+    pub engine_lock_max_age: Duration,
+    pub run_inactivity_timeout: Duration,
+    /// Requests waiting across all conversations before submits are refused.
+    pub max_pending_runs: usize,
+    pub default_cwd: Option<PathBuf>,
+    /// The user's home directory, the fallback working directory.
+    pub home_dir: Option<PathBuf>,
+    /// Capacity of each run's engine event channel.
+    pub engine_event_buffer: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            max_concurrent_runs: 2,
+            require_engine_lock: true,
+            engine_lock_timeout: Duration::from_millis(60_000),
+            engine_lock_max_age: Duration::from_millis(300_000),
+            run_inactivity_timeout: Duration::from_millis(300_000),
+            max_pending_runs: 1_000_000,
+            default_cwd: None,
+            home_dir: None,
+            engine_event_buffer: 64,
+        }
+    }
+}
+
+/// A request the gateway runs as is: the router has already chosen the engine,
+/// the resume token and the conversation.
+#[derive(Debug, Clone)]
+pub struct ExecutionRequest {
+    /// A caller-supplied id, or `None` for a generated one.
+    pub run_id: Option<RunId>,
+    pub conversation: ConversationKey,
+    pub session_key: String,
+    pub prompt: String,
+    /// Engine id, possibly composite (`claude:opus`).
+    pub engine: String,
+    pub resume: Option<ResumeToken>,
+    pub cwd: Option<PathBuf>,
+    pub meta: BTreeMap<String, serde_json::Value>,
+}
+
+impl ExecutionRequest {
+    /// A request on the session's own conversation with no extras.
+    pub fn new(session_key: impl Into<String>, engine: impl Into<String>, prompt: impl Into<String>) -> Self {
+        let session_key = session_key.into();
+        ExecutionRequest {
+            run_id: None,
+            conversation: ConversationKey::session(&session_key),
+            session_key,
+            prompt: prompt.into(),
+            engine: engine.into(),
+            resume: None,
+            cwd: None,
+            meta: BTreeMap::new(),
+        }
+    }
+}
+
+/// Why a request was not accepted. Nothing was queued and no event was published.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the gateway is shutting down")]
+    ShuttingDown,
+    #[error("unknown engine {engine:?}")]
+    UnknownEngine { engine: String },
+    #[error("run id {run_id} is already in use")]
+    DuplicateRunId { run_id: String },
+    #[error("the gateway is overloaded: {pending} requests are already waiting")]
+    Overloaded { pending: usize },
+}
+
+/// The gateway is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the gateway is shutting down")]
+pub struct ShuttingDown;
+
+/// What a cancel did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The run was queued or running and is now being cancelled.
+    Cancelling,
+    /// The gateway holds no queued or running run with that id (it may have finished).
+    NotActive,
+}
+
+/// A queued or running run, as the scheduler sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActiveRun {
+    pub run_id: RunId,
+    pub session_key: String,
+    pub conversation: ConversationKey,
+    pub engine: String,
+    pub status: RunStatus,
+    pub created_at_ms: i64,
+    pub started_at_ms: Option<i64>,
+}
+
+/// The scheduler's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerSnapshot {
+    /// Runs holding a slot.
+    pub in_flight: usize,
+    /// Conversations waiting for a slot.
+    pub waitq: usize,
+    pub max: usize,
+    /// Conversations with queued or running work.
+    pub conversations: usize,
+    /// Requests accepted and not yet started.
+    pub queued: usize,
+}
+
+/// Everything a gateway needs from outside.
+#[derive(Debug, Clone)]
+pub struct GatewayDeps {
+    pub config: RuntimeConfig,
+    pub engines: EngineRegistry,
+    pub store: StoreHandle,
+    pub bus: EventBus,
+}
+
+/// The handle to a running gateway. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct GatewayHandle {
+    tx: mpsc::Sender<SchedulerMsg>,
+    engines: EngineRegistry,
+    store: StoreHandle,
+    bus: EventBus,
+}
+
+impl GatewayHandle {
+    /// Starts the scheduler on `tracker`; it stops when `token` is cancelled.
+    pub fn start(deps: GatewayDeps, token: CancellationToken, tracker: &TaskTracker) -> Self {
+        let (tx, rx) = mpsc::channel(1024);
+        let handle = GatewayHandle {
+            tx: tx.clone(),
+            engines: deps.engines.clone(),
+            store: deps.store.clone(),
+            bus: deps.bus.clone(),
+        };
+        let scheduler = Scheduler::new(deps, rx, tx, token, tracker.clone());
+        tracker.spawn(scheduler.run());
+        handle
+    }
+
+    /// Accepts a request: stores it as queued and hands it to its conversation.
+    ///
+    /// # Errors
+    /// [`SubmitError`] when the request was not accepted.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a cancelled call may or may not have queued the request.
+    pub async fn submit(&self, req: ExecutionRequest) -> Result<RunId, SubmitError> {
+        if self.engines.resolve(&req.engine).is_none() {
+            return Err(SubmitError::UnknownEngine { engine: req.engine });
+        }
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(SchedulerMsg::Submit { req, reply }).await.map_err(|_| SubmitError::ShuttingDown)?;
+        rx.await.map_err(|_| SubmitError::ShuttingDown)?
+    }
+
+    /// Cancels a queued or running run. Idempotent.
+    ///
+    /// # Errors
+    /// [`ShuttingDown`] when the gateway is gone.
+    pub async fn cancel(&self, run_id: &RunId, reason: RunError) -> Result<CancelOutcome, ShuttingDown> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(SchedulerMsg::Cancel { run_id: run_id.clone(), reason, reply }).await.map_err(|_| ShuttingDown)?;
+        rx.await.map_err(|_| ShuttingDown)
+    }
+
+    /// Sends more input into a running run.
+    ///
+    /// # Errors
+    /// [`SteerError`] when the run is not running or its engine refused.
+    pub async fn steer(&self, run_id: &RunId, text: &str) -> Result<(), SteerError> {
+        self.control(run_id).await?.steer(text).await
+    }
+
+    /// Redirects a running run.
+    ///
+    /// # Errors
+    /// [`SteerError`] when the run is not running or its engine refused.
+    pub async fn redirect(&self, run_id: &RunId, text: &str) -> Result<(), SteerError> {
+        self.control(run_id).await?.redirect(text).await
+    }
+
+    async fn control(&self, run_id: &RunId) -> Result<Arc<dyn crate::engine::RunControl>, SteerError> {
+        let (reply, rx) = oneshot::channel();
+        let msg = SchedulerMsg::Control { run_id: run_id.clone(), reply };
+        self.tx.send(msg).await.map_err(|_| SteerError::Finished)?;
+        rx.await.map_err(|_| SteerError::Finished)?.ok_or(SteerError::Finished)
+    }
+
+    /// A queued or running run.
+    ///
+    /// # Errors
+    /// [`ShuttingDown`] when the gateway is gone.
+    pub async fn active_run(&self, run_id: &RunId) -> Result<Option<ActiveRun>, ShuttingDown> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(SchedulerMsg::ActiveRun { run_id: run_id.clone(), reply }).await.map_err(|_| ShuttingDown)?;
+        rx.await.map_err(|_| ShuttingDown)
+    }
+
+    /// Every queued or running run, oldest first.
+    ///
+    /// # Errors
+    /// [`ShuttingDown`] when the gateway is gone.
+    pub async fn active_runs(&self) -> Result<Vec<ActiveRun>, ShuttingDown> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(SchedulerMsg::ActiveRuns { reply }).await.map_err(|_| ShuttingDown)?;
+        rx.await.map_err(|_| ShuttingDown)
+    }
+
+    /// # Errors
+    /// [`ShuttingDown`] when the gateway is gone.
+    pub async fn snapshot(&self) -> Result<SchedulerSnapshot, ShuttingDown> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(SchedulerMsg::Snapshot { reply }).await.map_err(|_| ShuttingDown)?;
+        rx.await.map_err(|_| ShuttingDown)
+    }
+
+    /// Changes the number of slots; extra runs finish, freed slots go to waiters.
+    ///
+    /// # Errors
+    /// [`ShuttingDown`] when the gateway is gone.
+    pub async fn set_max_concurrent_runs(&self, max: usize) -> Result<(), ShuttingDown> {
+        self.tx.send(SchedulerMsg::SetMax { max }).await.map_err(|_| ShuttingDown)
+    }
+
+    /// Stops accepting, lets running runs finish for up to `grace`, then cancels
+    /// them with `shutting_down`; queued requests complete with `shutting_down`.
+    /// Returns when every run has completed.
+    ///
+    /// # Errors
+    /// [`ShuttingDown`] when the gateway was already gone.
+    pub async fn drain(&self, grace: Duration) -> Result<(), ShuttingDown> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(SchedulerMsg::Drain { grace, reply }).await.map_err(|_| ShuttingDown)?;
+        rx.await.map_err(|_| ShuttingDown)
+    }
+
+    pub fn bus(&self) -> &EventBus {
+        &self.bus
+    }
+
+    pub fn store(&self) -> &StoreHandle {
+        &self.store
+    }
+
+    pub fn engines(&self) -> &EngineRegistry {
+        &self.engines
+    }
+}
+
+#[cfg(test)]
+mod tests;

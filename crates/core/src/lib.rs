@@ -1,0 +1,26 @@
+//! Lemon Gateway core: everything that decides what happens to a message, with no
+//! HTTP and no process spawning.
+//!
+//! # Layout
+//! - [`ids`]: run ids, conversation keys, engine ids.
+//! - [`engine`]: the contract an engine implements, its events, resume tokens and the
+//!   [`engine::EngineRegistry`].
+//! - [`bus`]: the typed event bus (per-run topics plus a firehose).
+//! - [`gateway`]: the execution runtime: scheduler (slots, per-conversation FIFO),
+//!   runs, the engine lock and the [`gateway::GatewayHandle`] callers use.
+//! - [`store`]: durable state (runs, run events, chat state) in SQLite, or in memory.
+//! - [`config`]: the `config.toml` types and loader.
+//! - [`secrets`]: where secret values come from.
+//! - [`clock`]: wall-clock milliseconds for timestamps.
+//! - `testing` (feature `test-util`): a scriptable fake engine.
+
+pub mod bus;
+pub mod clock;
+pub mod config;
+pub mod engine;
+pub mod gateway;
+pub mod ids;
+pub mod secrets;
+pub mod store;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;

@@ -1,0 +1,173 @@
+//! Durable state: runs, every event of every run, and chat state.
+//!
+//! [`StoreHandle`] is what the rest of the gateway holds. Two backends share its
+//! interface: [`sqlite`] (one file under `$LEMON_HOME`, WAL, a single writer thread
+//! that batches writes into transactions) and [`memory`] (for unit tests and
+//! benchmarks). Writes are queued and return once queued; [`StoreHandle::flush`]
+//! waits until everything queued before it is durable, and [`StoreHandle::close`]
+//! flushes and stops the writer, so nothing a run published is lost on a clean
+//! shutdown.
+
+pub mod memory;
+pub mod sqlite;
+#[doc(hidden)]
+pub type MemoryStoreAlias = memory::MemoryStore;
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::bus::{BusEvent, RunStatus};
+use crate::engine::{Completion, ResumeToken};
+use crate::ids::RunId;
+
+/// Chat state lives this long after its last write unless configured otherwise.
+pub const DEFAULT_CHAT_STATE_TTL_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error("store is closed")]
+    Closed,
+    #[error("could not open store at {path}: {message}")]
+    Open { path: String, message: String },
+    #[error("store database error: {0}")]
+    Database(String),
+    #[error("store holds a corrupt record: {0}")]
+    Corrupt(String),
+}
+
+/// A run as accepted, before it starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRun {
+    pub run_id: RunId,
+    pub session_key: String,
+    pub conversation: String,
+    pub engine: String,
+    pub prompt: String,
+    /// Request metadata as given by the caller (JSON object).
+    pub meta: serde_json::Value,
+    pub created_at_ms: i64,
+}
+
+/// The end of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishedRun {
+    pub run_id: RunId,
+    pub engine: String,
+    /// The completion with the answer already filled in from the streamed text.
+    pub completion: Completion,
+    pub completed_at_ms: i64,
+    pub duration_ms: u64,
+}
+
+/// A stored run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub session_key: String,
+    pub conversation: String,
+    pub engine: String,
+    pub prompt: String,
+    pub meta: serde_json::Value,
+    pub status: RunStatus,
+    pub answer: Option<String>,
+    /// The error's display text (`lock_timeout`, `engine_unavailable: …`, or the engine's message).
+    pub error: Option<String>,
+    /// The error's stable code.
+    pub error_code: Option<String>,
+    pub resume: Option<ResumeToken>,
+    pub usage: serde_json::Value,
+    pub created_at_ms: i64,
+    pub started_at_ms: Option<i64>,
+    pub completed_at_ms: Option<i64>,
+    pub duration_ms: Option<u64>,
+}
+
+/// A stored event: its index within the run, type name and JSON body
+/// (the same JSON as [`BusEvent::to_json`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    pub index: u64,
+    pub kind: String,
+    pub data: serde_json::Value,
+}
+
+/// Which runs to list; newest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunFilter {
+    pub status: Option<RunStatus>,
+    pub limit: usize,
+}
+
+/// The last engine and resume token of a session, for auto-resume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatState {
+    pub last_engine: String,
+    pub last_resume_token: String,
+    pub updated_at_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+/// What a backend implements. Write methods queue and return; read methods see
+/// every write queued before them on the same handle.
+#[async_trait]
+pub trait StoreBackend: Send + Sync + fmt::Debug + 'static {
+    async fn insert_run(&self, run: NewRun);
+    async fn mark_running(&self, run_id: RunId, engine: String, started_at_ms: i64);
+    async fn append_event(&self, event: Arc<BusEvent>);
+    async fn finalize_run(&self, run: FinishedRun);
+    async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
+    async fn list_runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, StoreError>;
+    async fn run_events(&self, run_id: &str) -> Result<Vec<StoredEvent>, StoreError>;
+    /// Writes chat state; `expires_at_ms` is `updated_at_ms` plus the store's TTL.
+    async fn put_chat_state(&self, session_key: &str, last_engine: &str, last_resume_token: &str, now_ms: i64);
+    /// Chat state that has not expired at `now_ms`.
+    async fn get_chat_state(&self, session_key: &str, now_ms: i64) -> Result<Option<ChatState>, StoreError>;
+    async fn delete_chat_state(&self, session_key: &str);
+    /// Waits until every write queued before this call is durable.
+    async fn flush(&self) -> Result<(), StoreError>;
+    /// Proves the store accepts writes right now.
+    async fn check_writable(&self) -> Result<(), StoreError>;
+    /// Flushes and stops; later writes are dropped with a warning, later reads fail.
+    async fn close(&self) -> Result<(), StoreError>;
+}
+
+/// The store, as the gateway holds it. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct StoreHandle {
+    backend: Arc<dyn StoreBackend>,
+}
+
+impl StoreHandle {
+    pub fn new(backend: Arc<dyn StoreBackend>) -> Self {
+        StoreHandle { backend }
+    }
+
+    /// An in-memory store.
+    pub fn memory() -> Self {
+        StoreHandle::new(Arc::new(memory::MemoryStore::new(DEFAULT_CHAT_STATE_TTL_MS)))
+    }
+
+    /// Opens (creating if needed) the SQLite store at `path` and migrates it.
+    ///
+    /// # Errors
+    /// [`StoreError::Open`] when the file cannot be opened or migrated.
+    pub fn open_sqlite(path: &Path) -> Result<Self, StoreError> {
+        Ok(StoreHandle::new(Arc::new(sqlite::SqliteStore::open(path, DEFAULT_CHAT_STATE_TTL_MS)?)))
+    }
+
+    pub fn backend(&self) -> &Arc<dyn StoreBackend> {
+        &self.backend
+    }
+}
+
+impl std::ops::Deref for StoreHandle {
+    type Target = dyn StoreBackend;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.backend
+    }
+}

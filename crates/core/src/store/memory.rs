@@ -1,0 +1,194 @@
+//! The in-memory backend: the same interface as SQLite, for unit tests and benchmarks.
+//! Writes apply immediately under a short lock, so `flush` has nothing to wait for.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+
+use super::{ChatState, FinishedRun, NewRun, RunFilter, RunRecord, StoreBackend, StoreError, StoredEvent};
+use crate::bus::{BusEvent, RunStatus};
+use crate::ids::RunId;
+
+/// Runs, events and chat state in maps.
+#[derive(Debug)]
+pub struct MemoryStore {
+    inner: Mutex<Tables>,
+    closed: AtomicBool,
+    chat_state_ttl_ms: i64,
+}
+
+#[derive(Debug, Default)]
+struct Tables {
+    runs: HashMap<String, RunRecord>,
+    /// Insertion order of runs, for newest-first listing.
+    order: Vec<String>,
+    events: HashMap<String, Vec<Arc<BusEvent>>>,
+    chat: HashMap<String, ChatState>,
+}
+
+impl MemoryStore {
+    pub fn new(chat_state_ttl_ms: i64) -> Self {
+        MemoryStore { inner: Mutex::new(Tables::default()), closed: AtomicBool::new(false), chat_state_ttl_ms }
+    }
+
+    fn tables(&self) -> MutexGuard<'_, Tables> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn writable(&self) -> bool {
+        if self.closed.load(Ordering::Relaxed) {
+            tracing::warn!("write to a closed store dropped");
+            return false;
+        }
+        true
+    }
+}
+
+#[async_trait]
+impl StoreBackend for MemoryStore {
+    async fn insert_run(&self, run: NewRun) {
+        if !self.writable() {
+            return;
+        }
+        let record = RunRecord {
+            run_id: run.run_id.to_string(),
+            session_key: run.session_key,
+            conversation: run.conversation,
+            engine: run.engine,
+            prompt: run.prompt,
+            meta: run.meta,
+            status: RunStatus::Queued,
+            answer: None,
+            error: None,
+            error_code: None,
+            resume: None,
+            usage: serde_json::Value::Null,
+            created_at_ms: run.created_at_ms,
+            started_at_ms: None,
+            completed_at_ms: None,
+            duration_ms: None,
+        };
+        let mut tables = self.tables();
+        tables.order.push(record.run_id.clone());
+        tables.runs.insert(record.run_id.clone(), record);
+    }
+
+    async fn mark_running(&self, run_id: RunId, engine: String, started_at_ms: i64) {
+        if !self.writable() {
+            return;
+        }
+        if let Some(run) = self.tables().runs.get_mut(run_id.as_str()) {
+            if !run.status.is_terminal() {
+                run.status = RunStatus::Running;
+            }
+            run.engine = engine;
+            run.started_at_ms = Some(started_at_ms);
+        }
+    }
+
+    async fn append_event(&self, event: Arc<BusEvent>) {
+        if !self.writable() {
+            return;
+        }
+        self.tables().events.entry(event.run_id.to_string()).or_default().push(event);
+    }
+
+    async fn finalize_run(&self, run: FinishedRun) {
+        if !self.writable() {
+            return;
+        }
+        if let Some(record) = self.tables().runs.get_mut(run.run_id.as_str()) {
+            let completion = &run.completion;
+            record.status = RunStatus::of(completion);
+            record.engine = run.engine;
+            record.answer = Some(completion.answer.clone());
+            record.error = completion.error.as_ref().map(|e| e.to_string());
+            record.error_code = completion.error.as_ref().map(|e| e.code().to_owned());
+            record.resume = completion.resume.clone();
+            record.usage = completion.usage.clone();
+            record.completed_at_ms = Some(run.completed_at_ms);
+            record.duration_ms = Some(run.duration_ms);
+        }
+    }
+
+    async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        Ok(self.tables().runs.get(run_id).cloned())
+    }
+
+    async fn list_runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, StoreError> {
+        let tables = self.tables();
+        Ok(tables
+            .order
+            .iter()
+            .rev()
+            .filter_map(|id| tables.runs.get(id))
+            .filter(|run| filter.status.is_none_or(|status| run.status == status))
+            .take(filter.limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn run_events(&self, run_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
+        let tables = self.tables();
+        Ok(tables
+            .events
+            .get(run_id)
+            .map(|events| {
+                events
+                    .iter()
+                    .map(|event| StoredEvent {
+                        index: event.index,
+                        kind: event.kind.type_name().to_owned(),
+                        data: event.to_json(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    async fn put_chat_state(&self, session_key: &str, last_engine: &str, last_resume_token: &str, now_ms: i64) {
+        if !self.writable() {
+            return;
+        }
+        let state = ChatState {
+            last_engine: last_engine.to_owned(),
+            last_resume_token: last_resume_token.to_owned(),
+            updated_at_ms: now_ms,
+            expires_at_ms: now_ms + self.chat_state_ttl_ms,
+        };
+        self.tables().chat.insert(session_key.to_owned(), state);
+    }
+
+    async fn get_chat_state(&self, session_key: &str, now_ms: i64) -> Result<Option<ChatState>, StoreError> {
+        let mut tables = self.tables();
+        match tables.chat.get(session_key) {
+            Some(state) if state.expires_at_ms <= now_ms => {
+                tables.chat.remove(session_key);
+                Ok(None)
+            }
+            other => Ok(other.cloned()),
+        }
+    }
+
+    async fn delete_chat_state(&self, session_key: &str) {
+        self.tables().chat.remove(session_key);
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn check_writable(&self) -> Result<(), StoreError> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(StoreError::Closed);
+        }
+        Ok(())
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        self.closed.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+}

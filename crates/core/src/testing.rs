@@ -1,0 +1,1 @@
+//! Test support: a scriptable fake engine.

@@ -1,0 +1,1 @@
+//! Lemon Gateway transports.

@@ -1,0 +1,2 @@
+//! Fake vendor CLI.
+fn main() {}
