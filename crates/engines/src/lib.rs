@@ -1,1 +1,7 @@
-//! Lemon Gateway engines.
+//! Lemon Gateway engines: implementations of [`lemon_core::engine::Engine`].
+//!
+//! # Layout
+//! - [`echo`]: streams the prompt back word by word; for tests, benchmarks and smoke checks.
+//! - `cli`: vendor coding CLIs (Claude Code, Codex, OpenCode, Pi, Droid) run as child processes.
+
+pub mod echo;
