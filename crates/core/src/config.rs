@@ -3,7 +3,12 @@
 //! The file has one `[gateway]` table (the reference's layout). Every section a
 //! later feature owns (telegram, sms, voice, webhook…) is accepted and kept as raw
 //! TOML until that feature reads it. Wrong types or values fail with file, line and
-//! column; unknown keys are reported as warnings.
+//! column (`<file>:<line>:<column>: <key path>: <message>`); unknown keys are
+//! reported as warnings. After parsing, the loader checks engine ids (section names
+//! and every `default_engine`, where `claude:opus` names a model of `claude`),
+//! non-empty binding transports and project roots, and `queue.cap >= 1`.
+//! A missing file is not an error of [`load_file_or_default`]: it gives the
+//! defaults.
 
 mod loader;
 
