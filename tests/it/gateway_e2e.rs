@@ -17,8 +17,23 @@ async fn a_prompt_streams_back_over_sse_and_is_stored() {
     let run_id = gateway.submit(json!({ "prompt": "hello big world", "engine": "echo" })).await;
     let events = gateway.events(&run_id).await;
     let types: Vec<&str> = events.iter().map(|(t, _)| t.as_str()).collect();
-    assert_eq!(types, ["run_started", "engine_started", "delta", "delta", "delta", "engine_completed", "run_completed"]);
-    let seqs: Vec<u64> = events.iter().filter(|(t, _)| t == "delta").map(|(_, d)| d["seq"].as_u64().unwrap()).collect();
+    assert_eq!(
+        types,
+        [
+            "run_started",
+            "engine_started",
+            "delta",
+            "delta",
+            "delta",
+            "engine_completed",
+            "run_completed"
+        ]
+    );
+    let seqs: Vec<u64> = events
+        .iter()
+        .filter(|(t, _)| t == "delta")
+        .map(|(_, d)| d["seq"].as_u64().unwrap())
+        .collect();
     assert_eq!(seqs, [1, 2, 3]);
     let record = gateway.wait(&run_id).await;
     assert_eq!(record["status"], "completed");
@@ -33,7 +48,10 @@ async fn a_prompt_streams_back_over_sse_and_is_stored() {
 
 #[tokio::test]
 async fn one_session_runs_in_order_and_the_limit_holds() {
-    let gateway = Gateway::start("[gateway]\nmax_concurrent_runs = 1\n[gateway.engines.echo]\ndelay_ms = 20\n").await;
+    let gateway = Gateway::start(
+        "[gateway]\nmax_concurrent_runs = 1\n[gateway.engines.echo]\ndelay_ms = 20\n",
+    )
+    .await;
     let a = gateway.submit(json!({ "prompt": "first one here", "session_key": "s1" })).await;
     let b = gateway.submit(json!({ "prompt": "second", "session_key": "s1" })).await;
     let c = gateway.submit(json!({ "prompt": "other session", "session_key": "s2" })).await;
@@ -51,7 +69,12 @@ async fn cancel_and_steer_on_a_live_run() {
     let gateway = Gateway::start("[gateway.engines.echo]\ndelay_ms = 50\n").await;
     let words = vec!["word"; 200].join(" ");
     let run_id = gateway.submit(json!({ "prompt": words })).await;
-    let steer = gateway.post(&format!("/v1/runs/{run_id}/steer")).json(&json!({ "text": "faster" })).send().await.unwrap();
+    let steer = gateway
+        .post(&format!("/v1/runs/{run_id}/steer"))
+        .json(&json!({ "text": "faster" }))
+        .send()
+        .await
+        .unwrap();
     let steer: serde_json::Value = steer.json().await.unwrap();
     assert_eq!(steer["accepted"], false, "echo cannot be steered: {steer}");
     let cancel = gateway.post(&format!("/v1/runs/{run_id}/cancel")).send().await.unwrap();
@@ -72,11 +95,21 @@ async fn bad_requests_get_json_errors() {
     assert_eq!(no_token.status(), 401);
     let body: serde_json::Value = no_token.json().await.unwrap();
     assert!(body["error"].is_string());
-    let malformed =
-        gateway.post("/v1/runs").header("content-type", "application/json").body("{not json").send().await.unwrap();
+    let malformed = gateway
+        .post("/v1/runs")
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(malformed.status(), 400);
     assert!(malformed.json::<serde_json::Value>().await.unwrap()["error"].is_string());
-    let unknown_engine = gateway.post("/v1/runs").json(&json!({ "prompt": "x", "engine": "nope" })).send().await.unwrap();
+    let unknown_engine = gateway
+        .post("/v1/runs")
+        .json(&json!({ "prompt": "x", "engine": "nope" }))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(unknown_engine.status(), 400);
     let health = gateway.http.get(format!("{}/healthz", gateway.health)).send().await.unwrap();
     assert_eq!(health.status(), 200);
@@ -86,11 +119,13 @@ async fn bad_requests_get_json_errors() {
 
 #[tokio::test]
 async fn sigterm_drains_runs_and_nothing_is_lost_across_a_restart() {
-    let dir = home_with("[gateway]\nshutdown_grace_ms = 300\n[gateway.engines.echo]\ndelay_ms = 50\n");
+    let dir =
+        home_with("[gateway]\nshutdown_grace_ms = 300\n[gateway.engines.echo]\ndelay_ms = 50\n");
     let gateway = Gateway::start_in(dir.path()).await;
     let quick = gateway.submit(json!({ "prompt": "ok", "session_key": "q" })).await;
     gateway.wait(&quick).await;
-    let slow = gateway.submit(json!({ "prompt": vec!["w"; 400].join(" "), "session_key": "slow" })).await;
+    let slow =
+        gateway.submit(json!({ "prompt": vec!["w"; 400].join(" "), "session_key": "slow" })).await;
     // Wait until it is streaming, then stop the gateway.
     let mut first = gateway.get(&format!("/v1/runs/{slow}/events")).send().await.unwrap();
     while !String::from_utf8_lossy(&first.chunk().await.unwrap().unwrap()).contains("delta") {}
@@ -98,13 +133,31 @@ async fn sigterm_drains_runs_and_nothing_is_lost_across_a_restart() {
     assert!(status.success(), "clean exit: {status}");
 
     let gateway = Gateway::start_in(dir.path()).await;
-    let quick = gateway.get(&format!("/v1/runs/{quick}")).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
+    let quick = gateway
+        .get(&format!("/v1/runs/{quick}"))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
     assert_eq!(quick["status"], "completed");
-    let slow_record = gateway.get(&format!("/v1/runs/{slow}")).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
+    let slow_record = gateway
+        .get(&format!("/v1/runs/{slow}"))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
     assert_eq!(slow_record["status"], "cancelled");
     assert_eq!(slow_record["error_code"], "shutting_down");
     let events = gateway.events(&slow).await;
-    assert_eq!(events.last().unwrap().0, "run_completed", "the stored events end with the completion");
+    assert_eq!(
+        events.last().unwrap().0,
+        "run_completed",
+        "the stored events end with the completion"
+    );
 }
 
 #[tokio::test]
@@ -147,7 +200,8 @@ async fn editing_the_config_resizes_the_slots_live() {
     write_config(&gateway.home, "[gateway]\nmax_concurrent_runs = 7\n");
     let max = tokio::time::timeout(PATIENCE, async {
         loop {
-            let status: serde_json::Value = gateway.get("/v1/status").send().await.unwrap().json().await.unwrap();
+            let status: serde_json::Value =
+                gateway.get("/v1/status").send().await.unwrap().json().await.unwrap();
             if status["scheduler"]["max"] == 7 {
                 return 7;
             }

@@ -71,12 +71,14 @@ impl Gateway {
 
     /// Starts a gateway on an existing home (its config.toml stays as is).
     pub(crate) async fn start_in(home: &Path) -> Gateway {
-        let mut child = command(home).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+        let mut child =
+            command(home).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
         let ready = tokio::time::timeout(PATIENCE, async {
             loop {
-                let line = lines.next_line().await.unwrap().expect("gateway exited before it was ready");
+                let line =
+                    lines.next_line().await.unwrap().expect("gateway exited before it was ready");
                 if line.starts_with("lemon-gateway ready") {
                     return line;
                 }
@@ -85,7 +87,11 @@ impl Gateway {
         .await
         .expect("gateway ready in time");
         let field = |name: &str| -> String {
-            ready.split_whitespace().find_map(|w| w.strip_prefix(name)).expect("address in ready line").to_owned()
+            ready
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .expect("address in ready line")
+                .to_owned()
         };
         Gateway {
             child,
@@ -150,8 +156,12 @@ impl Gateway {
 
     /// Sends SIGTERM and waits for the exit status.
     pub(crate) async fn terminate(mut self) -> std::process::ExitStatus {
-        let status = Command::new("kill").arg("-TERM").arg(self.pid().to_string()).status().await.unwrap();
+        let status =
+            Command::new("kill").arg("-TERM").arg(self.pid().to_string()).status().await.unwrap();
         assert!(status.success());
-        tokio::time::timeout(PATIENCE, self.child.wait()).await.expect("gateway exits in time").unwrap()
+        tokio::time::timeout(PATIENCE, self.child.wait())
+            .await
+            .expect("gateway exits in time")
+            .unwrap()
     }
 }

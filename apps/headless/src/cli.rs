@@ -6,10 +6,10 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
 use crate::client::{self, ClientConfig};
 use crate::paths::Paths;
 use crate::server::{self, ServeOptions};
+use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
 #[command(name = "lemon-gateway", version, about = "Self-hosted execution gateway for AI agents")]
@@ -95,11 +95,17 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             let client = ClientConfig::resolve(&paths, env, url)?;
             let prompt = prompt.join(" ");
             let mut stdout = std::io::stdout();
-            let outcome = client::run(&client, session.as_deref(), engine.as_deref(), &prompt, &mut stdout).await?;
+            let outcome =
+                client::run(&client, session.as_deref(), engine.as_deref(), &prompt, &mut stdout)
+                    .await?;
             if outcome.ok {
                 Ok(ExitCode::SUCCESS)
             } else {
-                eprintln!("run {} failed: {}", outcome.run_id, outcome.error.as_deref().unwrap_or("unknown error"));
+                eprintln!(
+                    "run {} failed: {}",
+                    outcome.run_id,
+                    outcome.error.as_deref().unwrap_or("unknown error")
+                );
                 Ok(ExitCode::FAILURE)
             }
         }

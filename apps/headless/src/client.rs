@@ -102,7 +102,8 @@ pub async fn run(
         return Err(error_of(response).await);
     }
     let accepted: serde_json::Value = response.json().await?;
-    let run_id = accepted["run_id"].as_str().context("the gateway answered without a run id")?.to_owned();
+    let run_id =
+        accepted["run_id"].as_str().context("the gateway answered without a run id")?.to_owned();
 
     let response = client.get(&format!("/v1/runs/{run_id}/events")).send().await?;
     if !response.status().is_success() {
@@ -130,7 +131,9 @@ pub async fn run(
             }
         }
     }
-    let Some(completed) = completed else { bail!("the event stream of run {run_id} ended before the run completed") };
+    let Some(completed) = completed else {
+        bail!("the event stream of run {run_id} ended before the run completed")
+    };
     let answer = completed["answer"].as_str().unwrap_or_default();
     if streamed.is_empty() && !answer.is_empty() {
         out.write_all(answer.as_bytes())?;
@@ -138,7 +141,8 @@ pub async fn run(
     if !streamed.is_empty() || !answer.is_empty() {
         writeln!(out)?;
     }
-    let run: serde_json::Value = client.get(&format!("/v1/runs/{run_id}")).send().await?.json().await?;
+    let run: serde_json::Value =
+        client.get(&format!("/v1/runs/{run_id}")).send().await?.json().await?;
     if let Some(line) = run["resume_line"].as_str() {
         writeln!(out, "\n`{line}`")?;
     }

@@ -69,7 +69,8 @@ pub fn runtime_config(gateway: &GatewayConfig, user_home: Option<PathBuf>) -> Ru
 fn engines(gateway: &GatewayConfig, tracker: &TaskTracker) -> anyhow::Result<EngineRegistry> {
     let mut registry = EngineRegistry::new();
     let echo_delay = gateway.engines.get("echo").and_then(|e| e.delay_ms).unwrap_or(0);
-    registry.register(Arc::new(EchoEngine::new(Duration::from_millis(echo_delay), tracker.clone())))?;
+    registry
+        .register(Arc::new(EchoEngine::new(Duration::from_millis(echo_delay), tracker.clone())))?;
     Ok(registry)
 }
 
@@ -82,7 +83,9 @@ fn load_config(paths: &Paths) -> anyhow::Result<GatewayConfig> {
 }
 
 async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.with_context(|| format!("could not listen on {addr} for the {what}"))
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("could not listen on {addr} for the {what}"))
 }
 
 /// Starts everything and returns once the listeners are bound.
@@ -109,7 +112,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
 
     let api_listener = bind(&gateway_config.api.addr(DEFAULT_API_PORT), "control API").await?;
-    let health_listener = bind(&gateway_config.health.addr(DEFAULT_HEALTH_PORT), "health endpoint").await?;
+    let health_listener =
+        bind(&gateway_config.health.addr(DEFAULT_HEALTH_PORT), "health endpoint").await?;
     let api_addr = api_listener.local_addr()?;
     let health_addr = health_listener.local_addr()?;
     let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
@@ -121,14 +125,17 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         started,
         token.clone(),
     ));
-    let health = lemon_transports::health::health_router(lemon_transports::health::HealthState::new(
-        gateway.clone(),
-        version,
-        started,
-    ));
+    let health = lemon_transports::health::health_router(
+        lemon_transports::health::HealthState::new(gateway.clone(), version, started),
+    );
     tracker.spawn(serve_logged(api_listener, api, token.clone(), "control API"));
     tracker.spawn(serve_logged(health_listener, health, token.clone(), "health endpoint"));
-    tracker.spawn(watch_config(opts.paths.config.clone(), gateway.clone(), gateway_config.clone(), token.clone()));
+    tracker.spawn(watch_config(
+        opts.paths.config.clone(),
+        gateway.clone(),
+        gateway_config.clone(),
+        token.clone(),
+    ));
     tracing::info!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");
     Ok(Running {
         api_addr,
@@ -142,7 +149,12 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     })
 }
 
-async fn serve_logged(listener: TcpListener, router: axum::Router, token: CancellationToken, what: &'static str) {
+async fn serve_logged(
+    listener: TcpListener,
+    router: axum::Router,
+    token: CancellationToken,
+    what: &'static str,
+) {
     if let Err(error) = lemon_transports::serve(listener, router, token).await {
         tracing::error!(%error, "{what} stopped");
     }
@@ -153,7 +165,12 @@ fn modified(path: &std::path::Path) -> Option<SystemTime> {
 }
 
 /// Applies edits of `config.toml` that can change live; others are logged.
-async fn watch_config(path: PathBuf, gateway: GatewayHandle, mut current: GatewayConfig, token: CancellationToken) {
+async fn watch_config(
+    path: PathBuf,
+    gateway: GatewayHandle,
+    mut current: GatewayConfig,
+    token: CancellationToken,
+) {
     let mut last = modified(&path);
     let mut tick = tokio::time::interval(RELOAD_POLL);
     loop {

@@ -27,7 +27,11 @@ impl SseParser {
             let line = line.trim_end_matches(['\n', '\r']);
             if line.is_empty() {
                 if !self.data.is_empty() || !self.event.is_empty() {
-                    let event = if self.event.is_empty() { "message".to_owned() } else { std::mem::take(&mut self.event) };
+                    let event = if self.event.is_empty() {
+                        "message".to_owned()
+                    } else {
+                        std::mem::take(&mut self.event)
+                    };
                     out.push(SseEvent { event, data: self.data.join("\n") });
                     self.data.clear();
                 }

@@ -44,8 +44,13 @@ fn start(store: &str, max: usize, bus: EventBus) -> anyhow::Result<Bench> {
         }
         _ => (StoreHandle::memory(), None),
     };
-    let config = RuntimeConfig { max_concurrent_runs: max, max_pending_runs: usize::MAX, ..RuntimeConfig::default() };
-    let gateway = GatewayHandle::start(GatewayDeps { config, engines, store, bus }, token.clone(), &tracker);
+    let config = RuntimeConfig {
+        max_concurrent_runs: max,
+        max_pending_runs: usize::MAX,
+        ..RuntimeConfig::default()
+    };
+    let gateway =
+        GatewayHandle::start(GatewayDeps { config, engines, store, bus }, token.clone(), &tracker);
     Ok(Bench { gateway, token, tracker, _dir: dir })
 }
 
@@ -75,7 +80,11 @@ fn request(conversation: usize) -> ExecutionRequest {
     ExecutionRequest::new(format!("bench:{conversation}"), "echo", "hello from the benchmark")
 }
 
-async fn throughput(store: &str, runs: usize, conversations: usize) -> anyhow::Result<serde_json::Value> {
+async fn throughput(
+    store: &str,
+    runs: usize,
+    conversations: usize,
+) -> anyhow::Result<serde_json::Value> {
     let bench = start(store, 64, EventBus::default())?;
     let began = Instant::now();
     let mut submitters = Vec::new();
@@ -142,7 +151,8 @@ async fn latency(runs: usize, per_sec: u64) -> anyhow::Result<serde_json::Value>
     let bus = EventBus::new(1 << 16, 1024);
     let mut events = bus.subscribe_all();
     let bench = start("memory", 64, bus)?;
-    let (submitted_tx, mut submitted_rx) = tokio::sync::mpsc::unbounded_channel::<(RunId, Instant)>();
+    let (submitted_tx, mut submitted_rx) =
+        tokio::sync::mpsc::unbounded_channel::<(RunId, Instant)>();
     let observer = tokio::spawn(async move {
         let mut submitted: HashMap<RunId, Instant> = HashMap::new();
         let mut first_delta: HashMap<RunId, Instant> = HashMap::new();
@@ -255,7 +265,10 @@ async fn startup() -> anyhow::Result<serde_json::Value> {
     let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
     let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
     let ready = loop {
-        let line = lines.next_line().await?.ok_or_else(|| anyhow::anyhow!("server exited before ready"))?;
+        let line = lines
+            .next_line()
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("server exited before ready"))?;
         if line.starts_with("lemon-gateway ready") {
             break line;
         }
@@ -267,7 +280,12 @@ async fn startup() -> anyhow::Result<serde_json::Value> {
         .to_owned();
     let client = reqwest::Client::new();
     loop {
-        if client.get(format!("{health}/healthz")).send().await.is_ok_and(|r| r.status().is_success()) {
+        if client
+            .get(format!("{health}/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
             break;
         }
     }
@@ -287,11 +305,16 @@ async fn startup() -> anyhow::Result<serde_json::Value> {
 
 async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
     Ok(match name {
-        "throughput" => vec![throughput("memory", 200_000, 10_000).await?, throughput("sqlite", 200_000, 10_000).await?],
+        "throughput" => vec![
+            throughput("memory", 200_000, 10_000).await?,
+            throughput("sqlite", 200_000, 10_000).await?,
+        ],
         "latency" => vec![latency(5_000, 1_000).await?],
         "conversations" => vec![conversations(100_000).await?],
         "startup" => vec![startup().await?],
-        other => anyhow::bail!("unknown scenario {other:?}: use throughput, latency, conversations or startup"),
+        other => anyhow::bail!(
+            "unknown scenario {other:?}: use throughput, latency, conversations or startup"
+        ),
     })
 }
 
