@@ -5,8 +5,10 @@
 //! 3…), until the engine completes, the run is cancelled, the engine goes quiet
 //! for the inactivity timeout, or the engine dies (its event channel closes, or
 //! the run panics). Whatever happens, [`execute`] then finalizes once, in order:
-//! lock released (the guard is dropped with the body) → `run_completed` published
-//! → store finalized → slot released and the conversation notified.
+//! lock released (the guard is dropped with the body) → the final row and
+//! `run_completed` queued for the store → `run_completed` published → slot
+//! released and the conversation notified. Every event is queued for the store
+//! before it is published, so a reader that sees an event can read it back.
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
@@ -88,7 +90,19 @@ struct RunState {
     engine: String,
 }
 
-/// Publishes one event of a run on the bus and queues it for the store.
+fn event(run_id: &RunId, session: &Arc<str>, index: u64, kind: EventKind) -> Arc<BusEvent> {
+    Arc::new(BusEvent {
+        run_id: run_id.clone(),
+        session_key: session.clone(),
+        index,
+        ts_ms: now_ms(),
+        kind,
+    })
+}
+
+/// Queues one event of a run for the store, then publishes it on the bus. In that
+/// order, a reader that subscribes and then reads the store (which flushes) misses
+/// nothing: an event published before the subscription was queued before the read.
 async fn publish(
     bus: &EventBus,
     store: &StoreHandle,
@@ -97,15 +111,9 @@ async fn publish(
     index: u64,
     kind: EventKind,
 ) {
-    let event = Arc::new(BusEvent {
-        run_id: run_id.clone(),
-        session_key: session.clone(),
-        index,
-        ts_ms: now_ms(),
-        kind,
-    });
-    bus.publish(event.clone());
-    store.append_event(event).await;
+    let event = event(run_id, session, index, kind);
+    store.append_event(event.clone()).await;
+    bus.publish(event);
 }
 
 impl RunContext {
@@ -332,12 +340,13 @@ async fn finalize(
         }
     }
     let status = RunStatus::of(&completion);
+    state.index += 1;
     let kind = EventKind::RunCompleted {
         completion: completion.clone(),
         engine: state.engine.clone(),
         duration_ms,
     };
-    ctx.publish(state, kind).await;
+    let completed = event(run_id, &ctx.session_key, state.index, kind);
     let finished = FinishedRun {
         run_id: run_id.clone(),
         engine: state.engine.clone(),
@@ -345,7 +354,11 @@ async fn finalize(
         completed_at_ms: now_ms(),
         duration_ms,
     };
+    // The final row is queued before `run_completed` is published, so whoever
+    // sees the completion reads the finished run.
+    ctx.store.append_event(completed.clone()).await;
     ctx.store.finalize_run(finished).await;
+    ctx.bus.publish(completed);
     let _ = ctx.scheduler.send(SchedulerMsg::RunFinished { run_id: run_id.clone(), status }).await;
 }
 
@@ -363,7 +376,7 @@ pub(super) async fn complete_unstarted(
         engine: engine.to_owned(),
         duration_ms: 0,
     };
-    publish(bus, store, run_id, session_key, 1, kind).await;
+    let completed = event(run_id, session_key, 1, kind);
     let finished = FinishedRun {
         run_id: run_id.clone(),
         engine: engine.to_owned(),
@@ -371,7 +384,9 @@ pub(super) async fn complete_unstarted(
         completed_at_ms: now_ms(),
         duration_ms: 0,
     };
+    store.append_event(completed.clone()).await;
     store.finalize_run(finished).await;
+    bus.publish(completed);
 }
 
 #[cfg(test)]
