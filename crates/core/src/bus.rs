@@ -93,16 +93,30 @@ impl RunStatus {
 #[derive(Debug, Clone, PartialEq)]
 pub enum EventKind {
     /// The run took its slot and lock and is calling the engine.
-    RunStarted { engine: String, model: Option<String> },
+    RunStarted {
+        engine: String,
+        model: Option<String>,
+    },
     /// The engine started (and may already know its resume token).
-    EngineStarted { resume: Option<ResumeToken>, title: Option<String>, meta: serde_json::Value },
+    EngineStarted {
+        resume: Option<ResumeToken>,
+        title: Option<String>,
+        meta: serde_json::Value,
+    },
     EngineAction(Action),
     /// A piece of the answer; `seq` is 1, 2, 3… per run.
-    Delta { seq: u64, text: String },
+    Delta {
+        seq: u64,
+        text: String,
+    },
     /// The engine's own completion, before the gateway fills the answer in.
     EngineCompleted(Completion),
     /// The run is over: exactly one per accepted request.
-    RunCompleted { completion: Completion, engine: String, duration_ms: u64 },
+    RunCompleted {
+        completion: Completion,
+        engine: String,
+        duration_ms: u64,
+    },
     /// The run moved to another phase.
     Phase(RunPhase),
 }
@@ -171,7 +185,9 @@ impl BusEvent {
     /// The event as JSON, for SSE and the store.
     pub fn to_json(&self) -> serde_json::Value {
         let mut body = match &self.kind {
-            EventKind::RunStarted { engine, model } => serde_json::json!({ "engine": engine, "model": model }),
+            EventKind::RunStarted { engine, model } => {
+                serde_json::json!({ "engine": engine, "model": model })
+            }
             EventKind::EngineStarted { resume, title, meta } => {
                 serde_json::json!({ "resume": resume_json(resume), "title": title, "meta": meta })
             }
@@ -240,6 +256,14 @@ impl Subscription {
             broadcast::error::RecvError::Closed => RecvError::Closed,
         })
     }
+
+    /// The next event if one is waiting.
+    #[cfg(test)]
+    pub(crate) fn try_recv_for_test(
+        &mut self,
+    ) -> Result<Arc<BusEvent>, broadcast::error::TryRecvError> {
+        self.rx.try_recv()
+    }
 }
 
 /// The bus. Cheap to clone; all clones publish to the same subscribers.
@@ -292,7 +316,10 @@ impl EventBus {
             self.inner.n_topics.fetch_add(1, Ordering::Relaxed);
             broadcast::channel(self.inner.topic_capacity).0
         });
-        Subscription { rx: sender.subscribe(), topic: Some((Arc::downgrade(&self.inner), run_id.clone())) }
+        Subscription {
+            rx: sender.subscribe(),
+            topic: Some((Arc::downgrade(&self.inner), run_id.clone())),
+        }
     }
 
     /// Publishes to the firehose and the run's topic; never waits.

@@ -200,7 +200,11 @@ pub struct ListenConfig {
 impl ListenConfig {
     /// `bind:port`, defaulting to loopback and `default_port`.
     pub fn addr(&self, default_port: u16) -> String {
-        format!("{}:{}", self.bind.as_deref().unwrap_or("127.0.0.1"), self.port.unwrap_or(default_port))
+        format!(
+            "{}:{}",
+            self.bind.as_deref().unwrap_or("127.0.0.1"),
+            self.port.unwrap_or(default_port)
+        )
     }
 }
 

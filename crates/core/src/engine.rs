@@ -191,11 +191,23 @@ pub struct Completion {
 
 impl Completion {
     pub fn success(answer: impl Into<String>, resume: Option<ResumeToken>) -> Self {
-        Completion { ok: true, answer: answer.into(), error: None, resume, usage: serde_json::Value::Null }
+        Completion {
+            ok: true,
+            answer: answer.into(),
+            error: None,
+            resume,
+            usage: serde_json::Value::Null,
+        }
     }
 
     pub fn failure(error: RunError, resume: Option<ResumeToken>) -> Self {
-        Completion { ok: false, answer: String::new(), error: Some(error), resume, usage: serde_json::Value::Null }
+        Completion {
+            ok: false,
+            answer: String::new(),
+            error: Some(error),
+            resume,
+            usage: serde_json::Value::Null,
+        }
     }
 }
 
@@ -239,17 +251,26 @@ impl EventSink {
     /// Sends without waiting; gives the event back when the channel is full.
     ///
     /// # Errors
-    /// `Err(Some(event))` when full, `Err(None)` when the run is gone.
-    pub fn try_send(&self, event: EngineEvent) -> Result<(), Option<EngineEvent>> {
+    /// [`TrySendError::Full`] with the event, or [`TrySendError::Closed`] when the run is gone.
+    pub fn try_send(&self, event: EngineEvent) -> Result<(), TrySendError> {
         self.tx.try_send(event).map_err(|err| match err {
-            mpsc::error::TrySendError::Full(event) => Some(event),
-            mpsc::error::TrySendError::Closed(_) => None,
+            mpsc::error::TrySendError::Full(event) => TrySendError::Full(Box::new(event)),
+            mpsc::error::TrySendError::Closed(_) => TrySendError::Closed,
         })
     }
 
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
     }
+}
+
+/// Why [`EventSink::try_send`] did not send.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TrySendError {
+    /// The channel is full; here is the event back.
+    Full(Box<EngineEvent>),
+    /// The run is gone.
+    Closed,
 }
 
 /// What an engine needs to start one run.
@@ -342,7 +363,11 @@ pub trait Engine: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Errors
     /// [`EngineError`] when the run could not start at all; no event was sent.
-    async fn start(&self, req: StartRequest, sink: EventSink) -> Result<Arc<dyn RunControl>, EngineError>;
+    async fn start(
+        &self,
+        req: StartRequest,
+        sink: EventSink,
+    ) -> Result<Arc<dyn RunControl>, EngineError>;
 
     /// The line a user pastes to continue a session: `` `<engine> resume <token>` ``.
     fn format_resume(&self, token: &ResumeToken) -> String {

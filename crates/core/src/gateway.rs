@@ -85,7 +85,11 @@ pub struct ExecutionRequest {
 
 impl ExecutionRequest {
     /// A request on the session's own conversation with no extras.
-    pub fn new(session_key: impl Into<String>, engine: impl Into<String>, prompt: impl Into<String>) -> Self {
+    pub fn new(
+        session_key: impl Into<String>,
+        engine: impl Into<String>,
+        prompt: impl Into<String>,
+    ) -> Self {
         let session_key = session_key.into();
         ExecutionRequest {
             run_id: None,
@@ -198,7 +202,10 @@ impl GatewayHandle {
             return Err(SubmitError::UnknownEngine { engine: req.engine });
         }
         let (reply, rx) = oneshot::channel();
-        self.tx.send(SchedulerMsg::Submit { req, reply }).await.map_err(|_| SubmitError::ShuttingDown)?;
+        self.tx
+            .send(SchedulerMsg::Submit { req, reply })
+            .await
+            .map_err(|_| SubmitError::ShuttingDown)?;
         rx.await.map_err(|_| SubmitError::ShuttingDown)?
     }
 
@@ -206,9 +213,16 @@ impl GatewayHandle {
     ///
     /// # Errors
     /// [`ShuttingDown`] when the gateway is gone.
-    pub async fn cancel(&self, run_id: &RunId, reason: RunError) -> Result<CancelOutcome, ShuttingDown> {
+    pub async fn cancel(
+        &self,
+        run_id: &RunId,
+        reason: RunError,
+    ) -> Result<CancelOutcome, ShuttingDown> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(SchedulerMsg::Cancel { run_id: run_id.clone(), reason, reply }).await.map_err(|_| ShuttingDown)?;
+        self.tx
+            .send(SchedulerMsg::Cancel { run_id: run_id.clone(), reason, reply })
+            .await
+            .map_err(|_| ShuttingDown)?;
         rx.await.map_err(|_| ShuttingDown)
     }
 
@@ -228,7 +242,10 @@ impl GatewayHandle {
         self.control(run_id).await?.redirect(text).await
     }
 
-    async fn control(&self, run_id: &RunId) -> Result<Arc<dyn crate::engine::RunControl>, SteerError> {
+    async fn control(
+        &self,
+        run_id: &RunId,
+    ) -> Result<Arc<dyn crate::engine::RunControl>, SteerError> {
         let (reply, rx) = oneshot::channel();
         let msg = SchedulerMsg::Control { run_id: run_id.clone(), reply };
         self.tx.send(msg).await.map_err(|_| SteerError::Finished)?;
@@ -241,7 +258,10 @@ impl GatewayHandle {
     /// [`ShuttingDown`] when the gateway is gone.
     pub async fn active_run(&self, run_id: &RunId) -> Result<Option<ActiveRun>, ShuttingDown> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(SchedulerMsg::ActiveRun { run_id: run_id.clone(), reply }).await.map_err(|_| ShuttingDown)?;
+        self.tx
+            .send(SchedulerMsg::ActiveRun { run_id: run_id.clone(), reply })
+            .await
+            .map_err(|_| ShuttingDown)?;
         rx.await.map_err(|_| ShuttingDown)
     }
 

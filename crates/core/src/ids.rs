@@ -19,7 +19,9 @@ impl RunId {
         let trimmed = raw.trim();
         let valid = !trimmed.is_empty()
             && trimmed.len() <= 128
-            && trimmed.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | ':' | '.'));
+            && trimmed
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | ':' | '.'));
         valid.then(|| RunId(trimmed.into()))
     }
 
@@ -93,7 +95,8 @@ impl EngineId {
     pub fn parse(raw: &str) -> Result<Self, EngineIdError> {
         let mut chars = raw.chars();
         let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
-        let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+        let rest_ok =
+            chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
         if !first_ok || !rest_ok {
             return Err(EngineIdError::Invalid(raw.to_owned()));
         }

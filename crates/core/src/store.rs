@@ -123,9 +123,19 @@ pub trait StoreBackend: Send + Sync + fmt::Debug + 'static {
     async fn list_runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, StoreError>;
     async fn run_events(&self, run_id: &str) -> Result<Vec<StoredEvent>, StoreError>;
     /// Writes chat state; `expires_at_ms` is `updated_at_ms` plus the store's TTL.
-    async fn put_chat_state(&self, session_key: &str, last_engine: &str, last_resume_token: &str, now_ms: i64);
+    async fn put_chat_state(
+        &self,
+        session_key: &str,
+        last_engine: &str,
+        last_resume_token: &str,
+        now_ms: i64,
+    );
     /// Chat state that has not expired at `now_ms`.
-    async fn get_chat_state(&self, session_key: &str, now_ms: i64) -> Result<Option<ChatState>, StoreError>;
+    async fn get_chat_state(
+        &self,
+        session_key: &str,
+        now_ms: i64,
+    ) -> Result<Option<ChatState>, StoreError>;
     async fn delete_chat_state(&self, session_key: &str);
     /// Waits until every write queued before this call is durable.
     async fn flush(&self) -> Result<(), StoreError>;

@@ -1,1 +1,213 @@
-//! Test support: a scriptable fake engine.
+//! Test support: [`FakeEngine`], an engine whose behaviour is chosen by the prompt.
+//!
+//! The first word of the prompt picks the behaviour; the rest is the answer text,
+//! streamed one word per delta:
+//! - `ok …`: started, deltas, completed ok (the default for any other word too);
+//! - `sleep:<ms> …`: like `ok`, after waiting `ms` (use paused time);
+//! - `hang`: started, then nothing until cancelled;
+//! - `crash …`: started, the deltas, then the event channel closes with no completion;
+//! - `taskpanic`: the engine's task panics after `started`;
+//! - `panic`: `start` itself panics;
+//! - `startfail`: `start` returns an error;
+//! - `fail …`: completes with `ok: false` and the engine error `boom`.
+//!
+//! It counts runs in progress so tests can check concurrency limits, and records
+//! prompts in start order.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{
+    Capabilities, Completion, Engine, EngineError, EngineEvent, EventSink, ResumeToken, RunControl,
+    RunError, StartRequest, SteerError,
+};
+use crate::ids::EngineId;
+
+/// A scriptable engine. Cheap to clone; clones share counters.
+#[derive(Debug, Clone)]
+pub struct FakeEngine {
+    id: EngineId,
+    steer: bool,
+    stats: Arc<Stats>,
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    running: AtomicUsize,
+    max_running: AtomicUsize,
+    started: Mutex<Vec<String>>,
+    /// Runs in progress per session, to prove per-conversation exclusivity.
+    per_session: Mutex<HashMap<String, usize>>,
+    max_per_session: AtomicUsize,
+    steered: Mutex<Vec<String>>,
+}
+
+impl FakeEngine {
+    pub fn new(id: &str) -> Self {
+        FakeEngine {
+            id: EngineId::parse(id).expect("valid engine id"),
+            steer: false,
+            stats: Arc::default(),
+        }
+    }
+
+    /// A fake that accepts steering.
+    pub fn with_steering(mut self) -> Self {
+        self.steer = true;
+        self
+    }
+
+    /// Most runs ever in progress at once.
+    pub fn max_running(&self) -> usize {
+        self.stats.max_running.load(Ordering::SeqCst)
+    }
+
+    /// Runs in progress now.
+    pub fn running(&self) -> usize {
+        self.stats.running.load(Ordering::SeqCst)
+    }
+
+    /// Most runs of one session ever in progress at once.
+    pub fn max_per_session(&self) -> usize {
+        self.stats.max_per_session.load(Ordering::SeqCst)
+    }
+
+    /// Prompts in the order their runs started.
+    pub fn started(&self) -> Vec<String> {
+        self.stats.started.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Texts steered into runs.
+    pub fn steered(&self) -> Vec<String> {
+        self.stats.steered.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Decrements the in-progress counters when the run's task ends, however it ends.
+#[derive(Debug)]
+struct InProgress {
+    stats: Arc<Stats>,
+    session: String,
+}
+
+impl InProgress {
+    fn enter(stats: &Arc<Stats>, session: &str) -> Self {
+        let now = stats.running.fetch_add(1, Ordering::SeqCst) + 1;
+        stats.max_running.fetch_max(now, Ordering::SeqCst);
+        let mut per = stats.per_session.lock().unwrap_or_else(|e| e.into_inner());
+        let count = per.entry(session.to_owned()).or_default();
+        *count += 1;
+        stats.max_per_session.fetch_max(*count, Ordering::SeqCst);
+        InProgress { stats: stats.clone(), session: session.to_owned() }
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.stats.running.fetch_sub(1, Ordering::SeqCst);
+        let mut per = self.stats.per_session.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = per.get_mut(&self.session) {
+            *count -= 1;
+        }
+    }
+}
+
+#[derive(Debug)]
+struct FakeControl {
+    token: CancellationToken,
+    steer: bool,
+    stats: Arc<Stats>,
+}
+
+#[async_trait]
+impl RunControl for FakeControl {
+    fn cancel(&self) {
+        self.token.cancel();
+    }
+
+    async fn steer(&self, text: &str) -> Result<(), SteerError> {
+        if !self.steer {
+            return Err(SteerError::Unsupported);
+        }
+        if self.token.is_cancelled() {
+            return Err(SteerError::Finished);
+        }
+        self.stats.steered.lock().unwrap_or_else(|e| e.into_inner()).push(text.to_owned());
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Engine for FakeEngine {
+    fn id(&self) -> &EngineId {
+        &self.id
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { steer: self.steer, redirect: false }
+    }
+
+    async fn start(
+        &self,
+        req: StartRequest,
+        sink: EventSink,
+    ) -> Result<Arc<dyn RunControl>, EngineError> {
+        let mut words = req.prompt.split_whitespace();
+        let command = words.next().unwrap_or("ok").to_owned();
+        let rest: Vec<String> = words.map(|w| format!("{w} ")).collect();
+        match command.as_str() {
+            "panic" => panic!("fake engine panicked in start"),
+            "startfail" => return Err(EngineError::Start("fake start failure".to_owned())),
+            _ => {}
+        }
+        self.stats.started.lock().unwrap_or_else(|e| e.into_inner()).push(req.prompt.clone());
+        let token = CancellationToken::new();
+        let guard = InProgress::enter(&self.stats, &req.session_key);
+        let resume = Some(ResumeToken::new(self.id.as_str(), format!("{}-session", req.run_id)));
+        let task_token = token.clone();
+        tokio::spawn(async move {
+            let _guard = guard;
+            let run = script(command, rest, sink, resume);
+            tokio::select! {
+                () = task_token.cancelled() => {}
+                () = run => {}
+            }
+        });
+        Ok(Arc::new(FakeControl { token, steer: self.steer, stats: self.stats.clone() }))
+    }
+}
+
+async fn script(command: String, rest: Vec<String>, sink: EventSink, resume: Option<ResumeToken>) {
+    let started = EngineEvent::Started {
+        resume: resume.clone(),
+        title: Some("Fake".to_owned()),
+        meta: serde_json::Value::Null,
+    };
+    if sink.send(started).await.is_err() {
+        return;
+    }
+    if let Some(ms) = command.strip_prefix("sleep:").and_then(|ms| ms.parse::<u64>().ok()) {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    match command.as_str() {
+        "hang" => return std::future::pending().await,
+        "taskpanic" => panic!("fake engine task panicked"),
+        _ => {}
+    }
+    for word in rest {
+        if sink.send(EngineEvent::Delta(word)).await.is_err() {
+            return;
+        }
+    }
+    let completion = match command.as_str() {
+        "crash" => return,
+        "fail" => Completion::failure(RunError::Engine { message: "boom".to_owned() }, resume),
+        _ => Completion::success(String::new(), resume),
+    };
+    let _ = sink.send(EngineEvent::Completed(completion)).await;
+}

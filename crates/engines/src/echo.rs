@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lemon_core::engine::{
-    Capabilities, Completion, Engine, EngineError, EngineEvent, EventSink, ResumeToken, RunControl, StartRequest,
+    Capabilities, Completion, Engine, EngineError, EngineEvent, EventSink, ResumeToken, RunControl,
+    StartRequest, TrySendError,
 };
 use lemon_core::ids::EngineId;
 use tokio_util::sync::CancellationToken;
@@ -85,7 +86,11 @@ impl Engine for EchoEngine {
         Capabilities::default()
     }
 
-    async fn start(&self, req: StartRequest, sink: EventSink) -> Result<Arc<dyn RunControl>, EngineError> {
+    async fn start(
+        &self,
+        req: StartRequest,
+        sink: EventSink,
+    ) -> Result<Arc<dyn RunControl>, EngineError> {
         let token = CancellationToken::new();
         let mut events = events_of(&req).into_iter();
         if self.delay.is_zero() {
@@ -93,12 +98,13 @@ impl Engine for EchoEngine {
             for event in events.by_ref() {
                 match sink.try_send(event) {
                     Ok(()) => {}
-                    Err(Some(event)) => {
-                        let rest: Vec<EngineEvent> = std::iter::once(event).chain(events).collect();
+                    Err(TrySendError::Full(event)) => {
+                        let rest: Vec<EngineEvent> =
+                            std::iter::once(*event).chain(events).collect();
                         self.tracker.spawn(stream(rest, sink, Duration::ZERO, token.clone()));
                         break;
                     }
-                    Err(None) => break,
+                    Err(TrySendError::Closed) => break,
                 }
             }
         } else {
@@ -108,7 +114,12 @@ impl Engine for EchoEngine {
     }
 }
 
-async fn stream(events: Vec<EngineEvent>, sink: EventSink, delay: Duration, token: CancellationToken) {
+async fn stream(
+    events: Vec<EngineEvent>,
+    sink: EventSink,
+    delay: Duration,
+    token: CancellationToken,
+) {
     for event in events {
         let is_delta = matches!(event, EngineEvent::Delta(_));
         if is_delta && !delay.is_zero() {

@@ -21,8 +21,10 @@ pub struct LoadedConfig {
 /// # Errors
 /// [`ConfigError`] naming the file, line and column.
 pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigError> {
-    let config = toml::from_str(text)
-        .map_err(|e: toml::de::Error| ConfigError::Read { path: path.to_owned(), message: e.to_string() })?;
+    let config = toml::from_str(text).map_err(|e: toml::de::Error| ConfigError::Read {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
     Ok(LoadedConfig { config, warnings: Vec::new() })
 }
 

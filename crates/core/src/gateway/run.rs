@@ -1,1 +1,380 @@
-//! One run.
+//! One run: from a granted slot to exactly one `run_completed`.
+//!
+//! The run takes the engine lock, resolves the working directory, publishes
+//! `run_started`, starts the engine and relays its events (numbering deltas 1, 2,
+//! 3…), until the engine completes, the run is cancelled, the engine goes quiet
+//! for the inactivity timeout, or the engine dies (its event channel closes, or
+//! the run panics). Whatever happens, [`execute`] then finalizes once, in order:
+//! lock released (the guard is dropped with the body) → `run_completed` published
+//! → store finalized → slot released and the conversation notified.
+
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use futures::FutureExt;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::lock::{EngineLock, LockKey};
+use super::scheduler::SchedulerMsg;
+use super::{ExecutionRequest, RuntimeConfig};
+use crate::bus::{BusEvent, EventBus, EventKind, RunStatus};
+use crate::clock::now_ms;
+use crate::engine::{
+    Availability, Completion, EngineError, EngineEvent, EngineRegistry, EventSink, ResumeToken,
+    RunControl, RunError, StartRequest,
+};
+use crate::ids::RunId;
+use crate::store::{FinishedRun, StoreHandle};
+
+/// What the scheduler and the run share: how to cancel it and how to steer it.
+#[derive(Debug, Default)]
+pub(super) struct RunShared {
+    token: CancellationToken,
+    /// Why the run was cancelled; the first reason wins.
+    reason: Mutex<Option<RunError>>,
+    /// Set once the engine started.
+    control: OnceLock<Arc<dyn RunControl>>,
+}
+
+impl RunShared {
+    pub(super) fn new(token: CancellationToken) -> Self {
+        RunShared { token, reason: Mutex::new(None), control: OnceLock::new() }
+    }
+
+    pub(super) fn cancel(&self, reason: RunError) {
+        let mut slot = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            *slot = Some(reason);
+        }
+        drop(slot);
+        self.token.cancel();
+    }
+
+    pub(super) fn control(&self) -> Option<Arc<dyn RunControl>> {
+        self.control.get().cloned()
+    }
+
+    fn reason(&self) -> RunError {
+        let slot = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+        slot.clone().unwrap_or(RunError::ShuttingDown)
+    }
+}
+
+/// Everything a run task needs, moved into it.
+#[derive(Debug)]
+pub(super) struct RunContext {
+    pub(super) run_id: RunId,
+    pub(super) req: ExecutionRequest,
+    pub(super) session_key: Arc<str>,
+    pub(super) shared: Arc<RunShared>,
+    pub(super) config: Arc<RuntimeConfig>,
+    pub(super) engines: EngineRegistry,
+    pub(super) store: StoreHandle,
+    pub(super) bus: EventBus,
+    pub(super) lock: EngineLock,
+    pub(super) scheduler: mpsc::Sender<SchedulerMsg>,
+}
+
+/// What the run has seen so far; survives a panic of the body.
+#[derive(Debug, Default)]
+struct RunState {
+    index: u64,
+    seq: u64,
+    text: String,
+    last_resume: Option<ResumeToken>,
+    engine: String,
+}
+
+/// Publishes one event of a run on the bus and queues it for the store.
+async fn publish(
+    bus: &EventBus,
+    store: &StoreHandle,
+    run_id: &RunId,
+    session: &Arc<str>,
+    index: u64,
+    kind: EventKind,
+) {
+    let event = Arc::new(BusEvent {
+        run_id: run_id.clone(),
+        session_key: session.clone(),
+        index,
+        ts_ms: now_ms(),
+        kind,
+    });
+    bus.publish(event.clone());
+    store.append_event(event).await;
+}
+
+impl RunContext {
+    async fn publish(&self, state: &mut RunState, kind: EventKind) {
+        state.index += 1;
+        publish(&self.bus, &self.store, &self.run_id, &self.session_key, state.index, kind).await;
+    }
+}
+
+/// Runs the request to its single completion.
+pub(super) async fn execute(ctx: RunContext) {
+    let started = Instant::now();
+    let mut state = RunState {
+        last_resume: ctx.req.resume.clone(),
+        engine: ctx.req.engine.clone(),
+        ..RunState::default()
+    };
+    let body = AssertUnwindSafe(drive(&ctx, &mut state)).catch_unwind().await;
+    let completion = body.unwrap_or_else(|panic| {
+        let detail = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "run panicked".to_owned());
+        Completion::failure(
+            RunError::EngineCrashed { detail: format!("panic: {detail}") },
+            state.last_resume.clone(),
+        )
+    });
+    finalize(&ctx, &mut state, completion, started).await;
+}
+
+fn cancelled(ctx: &RunContext, state: &RunState) -> Completion {
+    Completion::failure(ctx.shared.reason(), state.last_resume.clone())
+}
+
+/// Everything between the grant and the completion. The lock guard lives here,
+/// so it is released before finalization starts, even on panic.
+async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
+    let token = &ctx.shared.token;
+    let _guard = if ctx.config.require_engine_lock {
+        let key = match &ctx.req.resume {
+            Some(resume) => LockKey::Resume(resume.value.clone()),
+            None => LockKey::Session(ctx.session_key.to_string()),
+        };
+        tokio::select! {
+            biased;
+            () = token.cancelled() => return cancelled(ctx, state),
+            acquired = ctx.lock.acquire(key, ctx.config.engine_lock_timeout) => match acquired {
+                Ok(guard) => Some(guard),
+                Err(_) => return Completion::failure(RunError::LockTimeout, state.last_resume.clone()),
+            },
+        }
+    } else {
+        None
+    };
+
+    let Some((engine, composite_model)) = ctx.engines.resolve(&ctx.req.engine) else {
+        return Completion::failure(
+            RunError::UnknownEngine { engine: ctx.req.engine.clone() },
+            None,
+        );
+    };
+    state.engine = engine.id().to_string();
+    let model = composite_model
+        .or_else(|| ctx.req.meta.get("model").and_then(|m| m.as_str()).map(str::to_owned));
+    let cwd = resolve_cwd(ctx.req.cwd.as_deref(), &ctx.config);
+    ctx.publish(
+        state,
+        EventKind::RunStarted { engine: state.engine.clone(), model: model.clone() },
+    )
+    .await;
+    ctx.store.mark_running(ctx.run_id.clone(), state.engine.clone(), now_ms()).await;
+
+    if let Availability::Unavailable { reason } = engine.availability() {
+        return Completion::failure(
+            RunError::EngineUnavailable { engine: state.engine.clone(), reason },
+            None,
+        );
+    }
+    // A token of another engine never reaches this one.
+    let resume = ctx.req.resume.clone().filter(|token| token.engine == state.engine);
+    let (sink, mut events) = EventSink::channel(ctx.config.engine_event_buffer);
+    let start = StartRequest {
+        run_id: ctx.run_id.clone(),
+        session_key: ctx.session_key.to_string(),
+        prompt: ctx.req.prompt.clone(),
+        resume,
+        cwd,
+        model,
+        meta: ctx.req.meta.clone(),
+    };
+    let control = tokio::select! {
+        biased;
+        () = token.cancelled() => return cancelled(ctx, state),
+        started = engine.start(start, sink) => match started {
+            Ok(control) => control,
+            Err(EngineError::Unavailable { engine, reason }) => {
+                return Completion::failure(RunError::EngineUnavailable { engine, reason }, None)
+            }
+            Err(EngineError::Start(detail)) => {
+                return Completion::failure(RunError::StartFailed { detail }, state.last_resume.clone())
+            }
+        },
+    };
+    let _ = ctx.shared.control.set(control.clone());
+
+    let inactivity = ctx.config.run_inactivity_timeout;
+    let quiet = tokio::time::sleep(inactivity);
+    tokio::pin!(quiet);
+    loop {
+        tokio::select! {
+            biased;
+            () = token.cancelled() => {
+                control.cancel();
+                return cancelled(ctx, state);
+            }
+            event = events.recv() => {
+                let Some(event) = event else {
+                    let detail = "the engine stopped without a completion".to_owned();
+                    return Completion::failure(RunError::EngineCrashed { detail }, state.last_resume.clone());
+                };
+                quiet.as_mut().reset(Instant::now() + inactivity);
+                if let Some(completion) = relay(ctx, state, event).await {
+                    return completion;
+                }
+            }
+            () = &mut quiet => {
+                control.cancel();
+                return Completion::failure(RunError::Timeout, state.last_resume.clone());
+            }
+        }
+    }
+}
+
+/// Publishes one engine event; returns the completion when it is the last.
+async fn relay(ctx: &RunContext, state: &mut RunState, event: EngineEvent) -> Option<Completion> {
+    match event {
+        EngineEvent::Started { resume, title, meta } => {
+            if resume.is_some() {
+                state.last_resume.clone_from(&resume);
+            }
+            ctx.publish(state, EventKind::EngineStarted { resume, title, meta }).await;
+            None
+        }
+        EngineEvent::Action(action) => {
+            ctx.publish(state, EventKind::EngineAction(action)).await;
+            None
+        }
+        EngineEvent::Delta(text) => {
+            state.seq += 1;
+            state.text.push_str(&text);
+            let seq = state.seq;
+            ctx.publish(state, EventKind::Delta { seq, text }).await;
+            None
+        }
+        EngineEvent::Completed(mut completion) => {
+            if completion.resume.is_some() {
+                state.last_resume.clone_from(&completion.resume);
+            } else {
+                completion.resume.clone_from(&state.last_resume);
+            }
+            ctx.publish(state, EventKind::EngineCompleted(completion.clone())).await;
+            Some(completion)
+        }
+    }
+}
+
+/// The working directory: the request's (with `~` expanded), else the configured
+/// default if it is a directory, else the home directory, else the process's.
+pub(super) fn resolve_cwd(requested: Option<&Path>, config: &RuntimeConfig) -> PathBuf {
+    let expand = |path: &Path| -> PathBuf {
+        match (path.strip_prefix("~"), &config.home_dir) {
+            (Ok(rest), Some(home)) => home.join(rest),
+            _ => path.to_owned(),
+        }
+    };
+    if let Some(path) = requested.filter(|p| !p.as_os_str().is_empty()) {
+        return expand(path);
+    }
+    config
+        .default_cwd
+        .as_deref()
+        .map(expand)
+        .filter(|p| p.is_dir())
+        .or_else(|| config.home_dir.clone().filter(|p| p.is_dir()))
+        .or_else(|| std::env::current_dir().ok())
+        .unwrap_or_else(|| PathBuf::from("/"))
+}
+
+/// Longest error text written to the log.
+const MAX_LOGGED_ERROR: usize = 4096;
+
+fn truncate_for_log(text: &str) -> String {
+    if text.len() <= MAX_LOGGED_ERROR {
+        return text.to_owned();
+    }
+    let mut cut = MAX_LOGGED_ERROR;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...[truncated {} bytes]", &text[..cut], text.len() - cut)
+}
+
+async fn finalize(
+    ctx: &RunContext,
+    state: &mut RunState,
+    mut completion: Completion,
+    started: Instant,
+) {
+    if completion.answer.is_empty() {
+        completion.answer = std::mem::take(&mut state.text);
+    }
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let run_id = &ctx.run_id;
+    match &completion.error {
+        None => tracing::debug!(%run_id, engine = %state.engine, duration_ms, "run completed"),
+        Some(error) if error.is_abort() => {
+            tracing::info!(%run_id, engine = %state.engine, code = error.code(), "run aborted")
+        }
+        Some(error) => {
+            let error = truncate_for_log(&error.to_string());
+            tracing::warn!(%run_id, engine = %state.engine, %error, "run failed")
+        }
+    }
+    let status = RunStatus::of(&completion);
+    let kind = EventKind::RunCompleted {
+        completion: completion.clone(),
+        engine: state.engine.clone(),
+        duration_ms,
+    };
+    ctx.publish(state, kind).await;
+    let finished = FinishedRun {
+        run_id: run_id.clone(),
+        engine: state.engine.clone(),
+        completion,
+        completed_at_ms: now_ms(),
+        duration_ms,
+    };
+    ctx.store.finalize_run(finished).await;
+    let _ = ctx.scheduler.send(SchedulerMsg::RunFinished { run_id: run_id.clone(), status }).await;
+}
+
+/// Completes a request that never started (cancelled or dropped while queued).
+pub(super) async fn complete_unstarted(
+    bus: &EventBus,
+    store: &StoreHandle,
+    run_id: &RunId,
+    session_key: &Arc<str>,
+    engine: &str,
+    completion: Completion,
+) {
+    let kind = EventKind::RunCompleted {
+        completion: completion.clone(),
+        engine: engine.to_owned(),
+        duration_ms: 0,
+    };
+    publish(bus, store, run_id, session_key, 1, kind).await;
+    let finished = FinishedRun {
+        run_id: run_id.clone(),
+        engine: engine.to_owned(),
+        completion,
+        completed_at_ms: now_ms(),
+        duration_ms: 0,
+    };
+    store.finalize_run(finished).await;
+}
+
+#[cfg(test)]
+pub(super) fn truncate_for_log_for_test(text: &str) -> String {
+    truncate_for_log(text)
+}

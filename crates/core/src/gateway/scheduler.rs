@@ -1,45 +1,459 @@
-//! The scheduler actor.
+//! The scheduler actor: slots, conversations and the table of live runs.
+//!
+//! A conversation entry is the "worker" of a conversation: it exists while the
+//! conversation has queued or running work, holds its FIFO queue, runs at most one
+//! request at a time and waits in the slot queue at most once. It is removed when
+//! drained and created again by the next submit. Slots are granted in FIFO order
+//! of request; `max = 0` queues everything.
+//!
+//! The actor never waits on a run. Runs report back with `RunFinished` through the
+//! same bounded channel the handles use, so channels form no cycle.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{ActiveRun, CancelOutcome, ExecutionRequest, GatewayDeps, SchedulerSnapshot, SubmitError};
-use crate::engine::{RunControl, RunError};
-use crate::ids::RunId;
+use super::lock::EngineLock;
+use super::run::{self, RunContext, RunShared};
+use super::{
+    ActiveRun, CancelOutcome, ExecutionRequest, GatewayDeps, RuntimeConfig, SchedulerSnapshot,
+    SubmitError,
+};
+use crate::bus::{EventBus, RunStatus};
+use crate::clock::now_ms;
+use crate::engine::{Completion, EngineRegistry, RunControl, RunError};
+use crate::ids::{ConversationKey, RunId};
+use crate::store::{NewRun, StoreHandle};
 
 #[derive(Debug)]
 pub(super) enum SchedulerMsg {
-    Submit { req: ExecutionRequest, reply: oneshot::Sender<Result<RunId, SubmitError>> },
-    Cancel { run_id: RunId, reason: RunError, reply: oneshot::Sender<CancelOutcome> },
-    Control { run_id: RunId, reply: oneshot::Sender<Option<Arc<dyn RunControl>>> },
-    ActiveRun { run_id: RunId, reply: oneshot::Sender<Option<ActiveRun>> },
-    ActiveRuns { reply: oneshot::Sender<Vec<ActiveRun>> },
-    Snapshot { reply: oneshot::Sender<SchedulerSnapshot> },
-    SetMax { max: usize },
-    Drain { grace: Duration, reply: oneshot::Sender<()> },
+    Submit {
+        req: ExecutionRequest,
+        reply: oneshot::Sender<Result<RunId, SubmitError>>,
+    },
+    Cancel {
+        run_id: RunId,
+        reason: RunError,
+        reply: oneshot::Sender<CancelOutcome>,
+    },
+    Control {
+        run_id: RunId,
+        reply: oneshot::Sender<Option<Arc<dyn RunControl>>>,
+    },
+    ActiveRun {
+        run_id: RunId,
+        reply: oneshot::Sender<Option<ActiveRun>>,
+    },
+    ActiveRuns {
+        reply: oneshot::Sender<Vec<ActiveRun>>,
+    },
+    Snapshot {
+        reply: oneshot::Sender<SchedulerSnapshot>,
+    },
+    SetMax {
+        max: usize,
+    },
+    Drain {
+        grace: Duration,
+        reply: oneshot::Sender<()>,
+    },
+    /// From a run task, after it published `run_completed` and wrote the store.
+    RunFinished {
+        run_id: RunId,
+        status: RunStatus,
+    },
+}
+
+/// One conversation with queued or running work.
+#[derive(Debug, Default)]
+struct Conversation {
+    queue: VecDeque<RunId>,
+    running: Option<RunId>,
+    /// Whether the conversation sits in the slot queue.
+    waiting: bool,
+}
+
+/// A queued or running request.
+#[derive(Debug)]
+struct RunEntry {
+    /// The request; taken when the run starts.
+    req: Option<ExecutionRequest>,
+    session_key: Arc<str>,
+    conversation: ConversationKey,
+    engine: String,
+    created_at_ms: i64,
+    started_at_ms: Option<i64>,
+    /// Present once running.
+    shared: Option<Arc<RunShared>>,
+}
+
+impl RunEntry {
+    fn view(&self, run_id: &RunId) -> ActiveRun {
+        ActiveRun {
+            run_id: run_id.clone(),
+            session_key: self.session_key.to_string(),
+            conversation: self.conversation.clone(),
+            engine: self.engine.clone(),
+            status: if self.shared.is_some() { RunStatus::Running } else { RunStatus::Queued },
+            created_at_ms: self.created_at_ms,
+            started_at_ms: self.started_at_ms,
+        }
+    }
+}
+
+/// A shutdown in progress.
+#[derive(Debug)]
+struct Draining {
+    /// When running runs get cancelled.
+    deadline: Instant,
+    replies: Vec<oneshot::Sender<()>>,
 }
 
 #[derive(Debug)]
 pub(super) struct Scheduler {
     rx: mpsc::Receiver<SchedulerMsg>,
+    /// Given to run tasks so they can report back.
+    tx: mpsc::Sender<SchedulerMsg>,
+    config: Arc<RuntimeConfig>,
+    engines: EngineRegistry,
+    store: StoreHandle,
+    bus: EventBus,
+    lock: EngineLock,
+    token: CancellationToken,
+    tracker: TaskTracker,
+    max: usize,
+    in_flight: usize,
+    /// Conversations waiting for a slot, oldest request first. May hold keys of
+    /// conversations that were emptied by cancels; those are skipped.
+    waitq: VecDeque<ConversationKey>,
+    conversations: HashMap<ConversationKey, Conversation>,
+    runs: HashMap<RunId, RunEntry>,
+    n_queued: usize,
+    draining: Option<Draining>,
 }
 
 impl Scheduler {
     pub(super) fn new(
-        _deps: GatewayDeps,
+        deps: GatewayDeps,
         rx: mpsc::Receiver<SchedulerMsg>,
-        _tx: mpsc::Sender<SchedulerMsg>,
-        _token: CancellationToken,
-        _tracker: TaskTracker,
+        tx: mpsc::Sender<SchedulerMsg>,
+        token: CancellationToken,
+        tracker: TaskTracker,
     ) -> Self {
-        Scheduler { rx }
+        let lock = EngineLock::new(deps.config.engine_lock_max_age);
+        Scheduler {
+            rx,
+            tx,
+            max: deps.config.max_concurrent_runs,
+            config: Arc::new(deps.config),
+            engines: deps.engines,
+            store: deps.store,
+            bus: deps.bus,
+            lock,
+            token,
+            tracker,
+            in_flight: 0,
+            waitq: VecDeque::new(),
+            conversations: HashMap::new(),
+            runs: HashMap::new(),
+            n_queued: 0,
+            draining: None,
+        }
     }
 
     pub(super) async fn run(mut self) {
-        while self.rx.recv().await.is_some() {}
+        let reap_every = self
+            .config
+            .engine_lock_max_age
+            .min(Duration::from_secs(30))
+            .max(Duration::from_millis(10));
+        let mut reap = tokio::time::interval_at(Instant::now() + reap_every, reap_every);
+        loop {
+            let drain_deadline = self.draining.as_ref().map(|d| d.deadline);
+            tokio::select! {
+                biased;
+                () = self.token.cancelled() => break,
+                msg = self.rx.recv() => match msg {
+                    Some(msg) => self.handle(msg).await,
+                    None => break,
+                },
+                () = sleep_until_opt(drain_deadline) => self.cancel_running(RunError::ShuttingDown),
+                _ = reap.tick() => {
+                    self.lock.reap_stale();
+                }
+            }
+        }
+        // Hard stop: queued requests still end in exactly one completion. Running
+        // runs see the cancelled token and complete themselves.
+        self.fail_queued(RunError::ShuttingDown).await;
+    }
+
+    async fn handle(&mut self, msg: SchedulerMsg) {
+        match msg {
+            SchedulerMsg::Submit { req, reply } => {
+                let result = self.submit(req).await;
+                let _ = reply.send(result);
+                self.grant_until_full();
+            }
+            SchedulerMsg::Cancel { run_id, reason, reply } => {
+                let outcome = self.cancel(&run_id, reason).await;
+                let _ = reply.send(outcome);
+            }
+            SchedulerMsg::Control { run_id, reply } => {
+                let control = self
+                    .runs
+                    .get(&run_id)
+                    .and_then(|e| e.shared.as_ref())
+                    .and_then(|s| s.control());
+                let _ = reply.send(control);
+            }
+            SchedulerMsg::ActiveRun { run_id, reply } => {
+                let _ = reply.send(self.runs.get(&run_id).map(|entry| entry.view(&run_id)));
+            }
+            SchedulerMsg::ActiveRuns { reply } => {
+                let mut all: Vec<ActiveRun> =
+                    self.runs.iter().map(|(id, entry)| entry.view(id)).collect();
+                all.sort_by(|a, b| {
+                    a.created_at_ms.cmp(&b.created_at_ms).then_with(|| a.run_id.cmp(&b.run_id))
+                });
+                let _ = reply.send(all);
+            }
+            SchedulerMsg::Snapshot { reply } => {
+                let _ = reply.send(self.snapshot());
+            }
+            SchedulerMsg::SetMax { max } => {
+                tracing::info!(from = self.max, to = max, "max_concurrent_runs changed");
+                self.max = max;
+                self.grant_until_full();
+            }
+            SchedulerMsg::Drain { grace, reply } => {
+                self.start_drain(grace, reply).await;
+            }
+            SchedulerMsg::RunFinished { run_id, status } => {
+                self.run_finished(&run_id, status);
+                self.grant_until_full();
+                self.maybe_finish_drain();
+            }
+        }
+    }
+
+    fn snapshot(&self) -> SchedulerSnapshot {
+        SchedulerSnapshot {
+            in_flight: self.in_flight,
+            waitq: self.waitq.len(),
+            max: self.max,
+            conversations: self.conversations.len(),
+            queued: self.n_queued,
+        }
+    }
+
+    async fn submit(&mut self, mut req: ExecutionRequest) -> Result<RunId, SubmitError> {
+        if self.draining.is_some() {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let run_id = req.run_id.take().unwrap_or_else(RunId::generate);
+        if self.runs.contains_key(&run_id) {
+            return Err(SubmitError::DuplicateRunId { run_id: run_id.to_string() });
+        }
+        if self.n_queued >= self.config.max_pending_runs {
+            return Err(SubmitError::Overloaded { pending: self.n_queued });
+        }
+        let created_at_ms = now_ms();
+        let session_key: Arc<str> = if req.session_key.trim().is_empty() {
+            "default".into()
+        } else {
+            req.session_key.as_str().into()
+        };
+        // The row goes to the store before any event of the run can.
+        let meta = serde_json::Value::Object(
+            req.meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        );
+        self.store
+            .insert_run(NewRun {
+                run_id: run_id.clone(),
+                session_key: session_key.to_string(),
+                conversation: req.conversation.to_string(),
+                engine: req.engine.clone(),
+                prompt: req.prompt.clone(),
+                meta,
+                created_at_ms,
+            })
+            .await;
+        let conversation_key = req.conversation.clone();
+        let entry = RunEntry {
+            session_key,
+            conversation: conversation_key.clone(),
+            engine: req.engine.clone(),
+            req: Some(req),
+            created_at_ms,
+            started_at_ms: None,
+            shared: None,
+        };
+        self.runs.insert(run_id.clone(), entry);
+        self.n_queued += 1;
+        let conversation = self.conversations.entry(conversation_key.clone()).or_default();
+        conversation.queue.push_back(run_id.clone());
+        if conversation.running.is_none() && !conversation.waiting {
+            conversation.waiting = true;
+            self.waitq.push_back(conversation_key);
+        }
+        Ok(run_id)
+    }
+
+    /// Grants free slots to waiting conversations, oldest first.
+    fn grant_until_full(&mut self) {
+        if self.draining.is_some() {
+            return;
+        }
+        while self.in_flight < self.max {
+            let Some(key) = self.waitq.pop_front() else { return };
+            let Some(conversation) = self.conversations.get_mut(&key) else { continue };
+            conversation.waiting = false;
+            if conversation.running.is_some() {
+                continue;
+            }
+            let Some(run_id) = conversation.queue.pop_front() else {
+                self.conversations.remove(&key);
+                continue;
+            };
+            conversation.running = Some(run_id.clone());
+            self.start_run(run_id);
+        }
+    }
+
+    fn start_run(&mut self, run_id: RunId) {
+        let Some(entry) = self.runs.get_mut(&run_id) else { return };
+        let Some(req) = entry.req.take() else { return };
+        self.n_queued -= 1;
+        self.in_flight += 1;
+        let shared = Arc::new(RunShared::new(self.token.child_token()));
+        entry.shared = Some(shared.clone());
+        entry.started_at_ms = Some(now_ms());
+        let ctx = RunContext {
+            run_id,
+            session_key: entry.session_key.clone(),
+            req,
+            shared,
+            config: self.config.clone(),
+            engines: self.engines.clone(),
+            store: self.store.clone(),
+            bus: self.bus.clone(),
+            lock: self.lock.clone(),
+            scheduler: self.tx.clone(),
+        };
+        self.tracker.spawn(run::execute(ctx));
+    }
+
+    fn run_finished(&mut self, run_id: &RunId, status: RunStatus) {
+        let Some(entry) = self.runs.remove(run_id) else {
+            tracing::warn!(%run_id, "finish of an unknown run ignored");
+            return;
+        };
+        tracing::trace!(%run_id, status = status.as_str(), "slot released");
+        self.in_flight = self.in_flight.saturating_sub(1);
+        let key = entry.conversation;
+        let Some(conversation) = self.conversations.get_mut(&key) else { return };
+        conversation.running = None;
+        if conversation.queue.is_empty() {
+            if !conversation.waiting {
+                self.conversations.remove(&key);
+            }
+        } else if !conversation.waiting {
+            conversation.waiting = true;
+            self.waitq.push_back(key);
+        }
+    }
+
+    async fn cancel(&mut self, run_id: &RunId, reason: RunError) -> CancelOutcome {
+        let Some(entry) = self.runs.get(run_id) else { return CancelOutcome::NotActive };
+        if let Some(shared) = &entry.shared {
+            shared.cancel(reason);
+            return CancelOutcome::Cancelling;
+        }
+        // Queued: take it out of its conversation and complete it here.
+        let Some(entry) = self.runs.remove(run_id) else { return CancelOutcome::NotActive };
+        self.n_queued -= 1;
+        if let Some(conversation) = self.conversations.get_mut(&entry.conversation) {
+            conversation.queue.retain(|id| id != run_id);
+            if conversation.queue.is_empty()
+                && conversation.running.is_none()
+                && !conversation.waiting
+            {
+                self.conversations.remove(&entry.conversation);
+            }
+        }
+        let completion = Completion::failure(reason, entry.req.and_then(|r| r.resume));
+        run::complete_unstarted(
+            &self.bus,
+            &self.store,
+            run_id,
+            &entry.session_key,
+            &entry.engine,
+            completion,
+        )
+        .await;
+        CancelOutcome::Cancelling
+    }
+
+    /// Completes every queued request with `error`.
+    async fn fail_queued(&mut self, error: RunError) {
+        let queued: Vec<RunId> = self
+            .runs
+            .iter()
+            .filter(|(_, e)| e.shared.is_none())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for run_id in queued {
+            self.cancel(&run_id, error.clone()).await;
+        }
+        self.waitq.clear();
+    }
+
+    fn cancel_running(&mut self, error: RunError) {
+        if let Some(draining) = &mut self.draining {
+            // Far future: the deadline fired once.
+            draining.deadline = Instant::now() + Duration::from_secs(86_400 * 365);
+        }
+        for entry in self.runs.values() {
+            if let Some(shared) = &entry.shared {
+                shared.cancel(error.clone());
+            }
+        }
+    }
+
+    async fn start_drain(&mut self, grace: Duration, reply: oneshot::Sender<()>) {
+        match &mut self.draining {
+            Some(draining) => draining.replies.push(reply),
+            None => {
+                tracing::info!(in_flight = self.in_flight, queued = self.n_queued, "draining runs");
+                self.draining =
+                    Some(Draining { deadline: Instant::now() + grace, replies: vec![reply] });
+            }
+        }
+        self.fail_queued(RunError::ShuttingDown).await;
+        self.maybe_finish_drain();
+    }
+
+    fn maybe_finish_drain(&mut self) {
+        if self.in_flight > 0 {
+            return;
+        }
+        if let Some(draining) = &mut self.draining {
+            for reply in draining.replies.drain(..) {
+                let _ = reply.send(());
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }

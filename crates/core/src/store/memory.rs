@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
-use super::{ChatState, FinishedRun, NewRun, RunFilter, RunRecord, StoreBackend, StoreError, StoredEvent};
+use super::{
+    ChatState, FinishedRun, NewRun, RunFilter, RunRecord, StoreBackend, StoreError, StoredEvent,
+};
 use crate::bus::{BusEvent, RunStatus};
 use crate::ids::RunId;
 
@@ -30,7 +32,11 @@ struct Tables {
 
 impl MemoryStore {
     pub fn new(chat_state_ttl_ms: i64) -> Self {
-        MemoryStore { inner: Mutex::new(Tables::default()), closed: AtomicBool::new(false), chat_state_ttl_ms }
+        MemoryStore {
+            inner: Mutex::new(Tables::default()),
+            closed: AtomicBool::new(false),
+            chat_state_ttl_ms,
+        }
     }
 
     fn tables(&self) -> MutexGuard<'_, Tables> {
@@ -148,7 +154,13 @@ impl StoreBackend for MemoryStore {
             .unwrap_or_default())
     }
 
-    async fn put_chat_state(&self, session_key: &str, last_engine: &str, last_resume_token: &str, now_ms: i64) {
+    async fn put_chat_state(
+        &self,
+        session_key: &str,
+        last_engine: &str,
+        last_resume_token: &str,
+        now_ms: i64,
+    ) {
         if !self.writable() {
             return;
         }
@@ -161,7 +173,11 @@ impl StoreBackend for MemoryStore {
         self.tables().chat.insert(session_key.to_owned(), state);
     }
 
-    async fn get_chat_state(&self, session_key: &str, now_ms: i64) -> Result<Option<ChatState>, StoreError> {
+    async fn get_chat_state(
+        &self,
+        session_key: &str,
+        now_ms: i64,
+    ) -> Result<Option<ChatState>, StoreError> {
         let mut tables = self.tables();
         match tables.chat.get(session_key) {
             Some(state) if state.expires_at_ms <= now_ms => {

@@ -2,7 +2,8 @@ use super::*;
 
 #[test]
 fn chunks_concatenate_back_to_the_prompt() {
-    for text in ["hello world", "  leading and trailing  ", "one", "", "multi\nline\n\ttext é ü"] {
+    for text in ["hello world", "  leading and trailing  ", "one", "", "multi\nline\n\ttext é ü"]
+    {
         assert_eq!(chunks(text).concat(), text);
     }
     assert_eq!(chunks("a b  c"), vec!["a ", "b  ", "c"]);
