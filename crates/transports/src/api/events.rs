@@ -4,8 +4,12 @@
 //! topic first, then reads the stored events (a read sees every write queued
 //! before it), emits them and remembers the last index. Live events at or below
 //! that index are dropped; a gap in the live indices (after a lag, or an event
-//! that reached the bus before the store) is filled from the store. The stream
-//! ends after `run_completed`, when the topic closes, or at shutdown.
+//! that reached the bus before the store) is filled from the store. A run
+//! publishes an event before it queues the store write, so an event published
+//! just before the subscription can miss both the topic and the first read; the
+//! stream therefore also reads the store again whenever the topic has been quiet
+//! for [`IDLE_RESYNC`]. The stream ends after `run_completed`, when the topic
+//! closes, or at shutdown.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -27,6 +31,9 @@ use crate::error::{ApiError, PathParams};
 
 /// How often an idle stream sends a comment so proxies keep it open.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
+
+/// How long a run's topic may stay quiet before the stream checks the store.
+const IDLE_RESYNC: Duration = Duration::from_secs(1);
 
 const RUN_COMPLETED: &str = "run_completed";
 
@@ -116,6 +123,10 @@ impl RunEventStream {
                 biased;
                 () = self.shutdown.cancelled() => return None,
                 received = self.live.recv() => received,
+                () = tokio::time::sleep(IDLE_RESYNC) => {
+                    self.catch_up().await;
+                    continue;
+                }
             };
             match received {
                 Ok(event) => self.push_live(&event).await,

@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lemon_core::bus::{BusEvent, EventKind, RecvError, Subscription};
 use lemon_core::engine::RunError;
-use lemon_core::gateway::{CancelOutcome, ExecutionRequest};
+use lemon_core::gateway::{CancelOutcome, ExecutionRequest, SubmitError};
 use lemon_core::ids::RunId;
 use serde_json::json;
 
@@ -26,6 +26,7 @@ pub(super) async fn submit(
 ) -> Result<Response, ApiError> {
     let wait = query.wait()?;
     let req = body.into_request(&state.default_engine)?;
+    refuse_known_run_id(&state, &req).await?;
     if wait {
         return submit_and_wait(&state, req).await.map(IntoResponse::into_response);
     }
@@ -34,6 +35,16 @@ pub(super) async fn submit(
     let body =
         json!({ "run_id": run_id.as_str(), "session_key": session_key, "status": "accepted" });
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+/// The gateway refuses ids of queued and running runs; this also refuses ids of
+/// finished ones, so a caller cannot overwrite a run's history.
+async fn refuse_known_run_id(state: &ApiState, req: &ExecutionRequest) -> Result<(), ApiError> {
+    let Some(run_id) = &req.run_id else { return Ok(()) };
+    if state.gateway.store().get_run(run_id.as_str()).await?.is_some() {
+        return Err(SubmitError::DuplicateRunId { run_id: run_id.to_string() }.into());
+    }
+    Ok(())
 }
 
 /// Submits and answers with the finished run. Subscribes to the run's topic
