@@ -12,10 +12,10 @@ use axum::http::{header, HeaderMap, Method, Request, StatusCode};
 use axum::Router;
 use futures::{Stream, StreamExt};
 use lemon_core::bus::{BusEvent, EventBus, EventKind, RecvError, Subscription};
-use lemon_core::engine::EngineRegistry;
+use lemon_core::engine::{Completion, EngineRegistry};
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::ids::RunId;
-use lemon_core::store::StoreHandle;
+use lemon_core::store::{NewRun, StoreHandle};
 use lemon_engines::echo::EchoEngine;
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -57,6 +57,10 @@ impl TestGateway {
     }
 
     fn with_max(word_delay: Duration, max_concurrent_runs: usize) -> Self {
+        TestGateway::with_bus(word_delay, max_concurrent_runs, EventBus::default())
+    }
+
+    fn with_bus(word_delay: Duration, max_concurrent_runs: usize, bus: EventBus) -> Self {
         let tracker = TaskTracker::new();
         let token = CancellationToken::new();
         let mut engines = EngineRegistry::new();
@@ -65,7 +69,7 @@ impl TestGateway {
             config: RuntimeConfig { max_concurrent_runs, ..RuntimeConfig::default() },
             engines,
             store: StoreHandle::memory(),
-            bus: EventBus::default(),
+            bus,
         };
         let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
         let state = ApiState {
@@ -614,6 +618,103 @@ async fn event_stream_of_a_live_run_joins_stored_and_live_events() {
     let frames = SseReader::from_reqwest(response).collect().await;
     check_complete_run(&frames, "live-1", &prompt);
     assert_eq!(frames.iter().filter(|f| f.event == "delta").count(), 40);
+}
+
+#[tokio::test]
+async fn event_stream_that_lags_catches_up_from_the_store() {
+    // Run topics hold 4 events, so a reader that waits falls behind.
+    let gw = TestGateway::with_bus(SLOW, 2, EventBus::new(4096, 4));
+    let prompt = words(30);
+    let mut all = gw.gateway().bus().subscribe_all();
+    let (status, _) = gw
+        .call(Method::POST, "/v1/runs", Some(json!({ "prompt": prompt, "run_id": "lag-1" })))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    until_first_delta(&mut all, "lag-1").await;
+
+    let req = Request::builder()
+        .uri("/v1/runs/lag-1/events")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let response = within("the events response", gw.router().oneshot(req)).await.unwrap();
+    // The stream is subscribed but not read until the run is over.
+    until_completed(&mut all, "lag-1").await;
+    let frames = SseReader::from_axum(response.into_body()).collect().await;
+    check_complete_run(&frames, "lag-1", &prompt);
+}
+
+#[tokio::test(start_paused = true)]
+async fn quiet_event_stream_rereads_the_store() {
+    // Events that reach the store without passing the run's topic (published
+    // before the stream subscribed, stored after its first read) still arrive.
+    let gw = TestGateway::start(Duration::ZERO);
+    let store = gw.gateway().store();
+    let run_id = RunId::parse("quiet-1").unwrap();
+    store
+        .insert_run(NewRun {
+            run_id: run_id.clone(),
+            session_key: "default".to_owned(),
+            conversation: "session:default".to_owned(),
+            engine: "echo".to_owned(),
+            prompt: "hi".to_owned(),
+            meta: json!({}),
+            created_at_ms: 1,
+        })
+        .await;
+    let event = |index: u64, kind: EventKind| {
+        Arc::new(BusEvent {
+            run_id: run_id.clone(),
+            session_key: "default".into(),
+            index,
+            ts_ms: 1,
+            kind,
+        })
+    };
+    store
+        .append_event(event(1, EventKind::RunStarted { engine: "echo".to_owned(), model: None }))
+        .await;
+
+    let req = Request::builder()
+        .uri("/v1/runs/quiet-1/events")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let response = within("the events response", gw.router().oneshot(req)).await.unwrap();
+    let completed = EventKind::RunCompleted {
+        completion: Completion::success("hi", None),
+        engine: "echo".to_owned(),
+        duration_ms: 1,
+    };
+    store.append_event(event(2, completed)).await;
+
+    let frames = SseReader::from_axum(response.into_body()).collect().await;
+    let seen: Vec<(&str, Option<u64>)> = frames.iter().map(|f| (f.event.as_str(), f.id)).collect();
+    assert_eq!(seen, [("run_started", Some(1)), ("run_completed", Some(2))]);
+}
+
+#[tokio::test]
+async fn firehose_reports_lag_and_carries_on() {
+    // The firehose holds 4 events; run topics are large.
+    let gw = TestGateway::with_bus(Duration::ZERO, 2, EventBus::new(4, 1024));
+    let req = Request::builder()
+        .uri("/v1/events")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let response = within("the firehose response", gw.router().oneshot(req)).await.unwrap();
+    gw.run_to_completion("flood-1", &words(20)).await;
+
+    let mut reader = SseReader::from_axum(response.into_body());
+    let first = reader.next().await.unwrap();
+    assert_eq!(first.event, "lagged");
+    assert!(first.data["skipped"].as_u64().unwrap() > 0, "{first:?}");
+    assert_eq!(first.id, None);
+    let mut last = reader.next().await.unwrap();
+    while last.event != "run_completed" {
+        last = reader.next().await.unwrap();
+    }
+    assert_eq!(last.data["run_id"], json!("flood-1"));
 }
 
 #[tokio::test]
