@@ -6,10 +6,11 @@
 //! that index are dropped; a gap in the live indices (after a lag, or an event
 //! that reached the bus before the store) is filled from the store. A run
 //! publishes an event before it queues the store write, so an event published
-//! just before the subscription can miss both the topic and the first read; the
-//! stream therefore also reads the store again whenever the topic has been quiet
-//! for [`IDLE_RESYNC`]. The stream ends after `run_completed`, when the topic
-//! closes, or at shutdown.
+//! just before the subscription can miss both the topic and the first read; a
+//! missed event in the middle shows up as a gap, and missed last events are
+//! found by checking the run's row whenever the topic has been quiet for
+//! [`IDLE_RESYNC`]. The stream ends after `run_completed`, when the topic closes,
+//! or at shutdown.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -124,7 +125,7 @@ impl RunEventStream {
                 () = self.shutdown.cancelled() => return None,
                 received = self.live.recv() => received,
                 () = tokio::time::sleep(IDLE_RESYNC) => {
-                    self.catch_up().await;
+                    self.catch_up_if_finished().await;
                     continue;
                 }
             };
@@ -167,6 +168,21 @@ impl RunEventStream {
             self.catch_up().await;
         }
         self.push(event.kind.type_name(), event.index, &event.to_json());
+    }
+
+    /// A quiet topic usually means a busy engine; but if the run has finished,
+    /// its last events went by before the subscription, so read them from the
+    /// store. (A run's row turns terminal only after its `run_completed` is
+    /// stored; a missed event before the last shows up as a gap instead.)
+    async fn catch_up_if_finished(&mut self) {
+        match self.store.get_run(self.run_id.as_str()).await {
+            Ok(Some(record)) if !record.status.is_terminal() => {}
+            Ok(_) => self.catch_up().await,
+            Err(err) => {
+                tracing::error!(run_id = %self.run_id, error = %err, "could not read the run; ending the stream");
+                self.finished = true;
+            }
+        }
     }
 
     /// Queues the stored events after the last one sent.

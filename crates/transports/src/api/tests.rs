@@ -15,7 +15,7 @@ use lemon_core::bus::{BusEvent, EventBus, EventKind, RecvError, Subscription};
 use lemon_core::engine::{Completion, EngineRegistry};
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::ids::RunId;
-use lemon_core::store::{NewRun, StoreHandle};
+use lemon_core::store::{FinishedRun, NewRun, StoreHandle};
 use lemon_engines::echo::EchoEngine;
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -61,16 +61,16 @@ impl TestGateway {
     }
 
     fn with_bus(word_delay: Duration, max_concurrent_runs: usize, bus: EventBus) -> Self {
+        let config = RuntimeConfig { max_concurrent_runs, ..RuntimeConfig::default() };
+        TestGateway::with_config(word_delay, config, bus)
+    }
+
+    fn with_config(word_delay: Duration, config: RuntimeConfig, bus: EventBus) -> Self {
         let tracker = TaskTracker::new();
         let token = CancellationToken::new();
         let mut engines = EngineRegistry::new();
         engines.register(Arc::new(EchoEngine::new(word_delay, tracker.clone()))).unwrap();
-        let deps = GatewayDeps {
-            config: RuntimeConfig { max_concurrent_runs, ..RuntimeConfig::default() },
-            engines,
-            store: StoreHandle::memory(),
-            bus,
-        };
+        let deps = GatewayDeps { config, engines, store: StoreHandle::memory(), bus };
         let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
         let state = ApiState {
             gateway,
@@ -431,6 +431,22 @@ async fn unknown_engine_is_400_naming_the_engine() {
 }
 
 #[tokio::test]
+async fn overloaded_gateway_is_429_with_retry_after() {
+    let config = RuntimeConfig { max_pending_runs: 0, ..RuntimeConfig::default() };
+    let gw = TestGateway::with_config(Duration::ZERO, config, EventBus::default());
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/runs")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::from(json!({ "prompt": "one too many" }).to_string()))
+        .unwrap();
+    let (status, headers, error) = gw.send(req).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{error}");
+    assert!(error_of(&error).contains("overloaded"), "{error}");
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+}
+
+#[tokio::test]
 async fn oversized_body_is_413_with_a_json_error() {
     let gw = TestGateway::start(Duration::ZERO);
     let prompt = "x".repeat(crate::error::MAX_BODY_BYTES);
@@ -647,7 +663,8 @@ async fn event_stream_that_lags_catches_up_from_the_store() {
 #[tokio::test(start_paused = true)]
 async fn quiet_event_stream_rereads_the_store() {
     // Events that reach the store without passing the run's topic (published
-    // before the stream subscribed, stored after its first read) still arrive.
+    // before the stream subscribed, stored after its first read) still arrive
+    // once the run's row says it has finished.
     let gw = TestGateway::start(Duration::ZERO);
     let store = gw.gateway().store();
     let run_id = RunId::parse("quiet-1").unwrap();
@@ -687,6 +704,14 @@ async fn quiet_event_stream_rereads_the_store() {
         duration_ms: 1,
     };
     store.append_event(event(2, completed)).await;
+    let finished = FinishedRun {
+        run_id: run_id.clone(),
+        engine: "echo".to_owned(),
+        completion: Completion::success("hi", None),
+        completed_at_ms: 2,
+        duration_ms: 1,
+    };
+    store.finalize_run(finished).await;
 
     let frames = SseReader::from_axum(response.into_body()).collect().await;
     let seen: Vec<(&str, Option<u64>)> = frames.iter().map(|f| (f.event.as_str(), f.id)).collect();
