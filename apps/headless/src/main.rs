@@ -1,2 +1,5 @@
 //! The `lemon-gateway` binary.
-fn main() {}
+
+fn main() -> std::process::ExitCode {
+    lemon_gateway::cli::main()
+}

@@ -3,11 +3,16 @@
 //! The file has one `[gateway]` table (the reference's layout). Every section a
 //! later feature owns (telegram, sms, voice, webhook…) is accepted and kept as raw
 //! TOML until that feature reads it. Wrong types or values fail with file, line and
-//! column; unknown keys are reported as warnings.
+//! column (`<file>:<line>:<column>: <key path>: <message>`); unknown keys are
+//! reported as warnings. After parsing, the loader checks engine ids (section names
+//! and every `default_engine`, where `claude:opus` names a model of `claude`),
+//! non-empty binding transports and project roots, and `queue.cap >= 1`.
+//! A missing file is not an error of [`load_file_or_default`]: it gives the
+//! defaults.
 
 mod loader;
 
-pub use loader::{load_file, load_str, ConfigError, LoadedConfig};
+pub use loader::{load_file, load_file_or_default, load_str, ConfigError, LoadedConfig, Position};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -97,6 +102,28 @@ impl Default for GatewayConfig {
     }
 }
 
+impl GatewayConfig {
+    /// The `[gateway.engines.<id>]` section of an engine, if the file has one.
+    pub fn engine(&self, id: &str) -> Option<&EngineSection> {
+        self.engines.get(id)
+    }
+
+    /// The `[gateway.projects.<id>]` section of a project, if the file has one.
+    pub fn project(&self, id: &str) -> Option<&ProjectConfig> {
+        self.projects.get(id)
+    }
+
+    /// The control API's listen address (`[gateway.api]`, default `127.0.0.1:4040`).
+    pub fn api_addr(&self) -> String {
+        self.api.addr(DEFAULT_API_PORT)
+    }
+
+    /// The health endpoint's listen address (`[gateway.health]`, default `127.0.0.1:4042`).
+    pub fn health_addr(&self) -> String {
+        self.health.addr(DEFAULT_HEALTH_PORT)
+    }
+}
+
 /// `[gateway.engines.<id>]`: common keys plus whatever the engine reads itself.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct EngineSection {
@@ -158,6 +185,9 @@ pub struct BindingConfig {
 }
 
 /// How a message sent while a conversation is busy is handled.
+///
+/// An unknown string in the file is a config error naming the valid modes (the
+/// reference crashed at start-up instead).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum QueueMode {
@@ -169,6 +199,30 @@ pub enum QueueMode {
     Interrupt,
 }
 
+impl QueueMode {
+    /// Every mode, in the order the docs list them.
+    pub const ALL: [QueueMode; 6] = [
+        QueueMode::Collect,
+        QueueMode::Followup,
+        QueueMode::Steer,
+        QueueMode::SteerBacklog,
+        QueueMode::Redirect,
+        QueueMode::Interrupt,
+    ];
+
+    /// The spelling used in `config.toml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueMode::Collect => "collect",
+            QueueMode::Followup => "followup",
+            QueueMode::Steer => "steer",
+            QueueMode::SteerBacklog => "steer_backlog",
+            QueueMode::Redirect => "redirect",
+            QueueMode::Interrupt => "interrupt",
+        }
+    }
+}
+
 /// Which request a full conversation queue drops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -177,11 +231,25 @@ pub enum DropPolicy {
     Newest,
 }
 
+impl DropPolicy {
+    /// Every policy.
+    pub const ALL: [DropPolicy; 2] = [DropPolicy::Oldest, DropPolicy::Newest];
+
+    /// The spelling used in `config.toml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropPolicy::Oldest => "oldest",
+            DropPolicy::Newest => "newest",
+        }
+    }
+}
+
 /// `[gateway.queue]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct QueueConfig {
     #[serde(default)]
     pub mode: Option<QueueMode>,
+    /// Requests a conversation queue holds; at least 1 when set.
     #[serde(default)]
     pub cap: Option<usize>,
     #[serde(default)]

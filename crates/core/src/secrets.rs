@@ -2,5 +2,283 @@
 //!
 //! Config names a secret; the value comes from the sources the app gives, in
 //! order: the environment map the app passed in, then `$LEMON_HOME/secrets.toml`
-//! (mode 0600). The keychain joins the chain with the desktop app. Values are never
-//! logged: [`SecretValue`]'s `Debug` prints a placeholder.
+//! (mode 0600). The keychain joins the chain with the desktop app, in front of
+//! the others, through [`SecretStore::with_source_first`]. Values are never
+//! logged: [`SecretValue`]'s `Debug` and `Display` print a placeholder, and errors
+//! name the file and the secret, never a value.
+//!
+//! The library reads no environment variables itself: the app passes the process
+//! environment (or any other map) to [`SecretStore::new`].
+//!
+//! # `secrets.toml`
+//! A flat table of strings, `name = "value"`. [`SecretStore::set`] rewrites it
+//! atomically (temporary file, then rename) with mode 0600, keeping comments and
+//! other entries. A file that other users can read or write is still used, so a
+//! server keeps starting, but [`SecretStore::warnings`] reports it for the app to
+//! log; it is not tightened behind the user's back on read. The next `set`
+//! replaces it with a 0600 file.
+
+mod file;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+pub use file::SecretsFile;
+
+use crate::config::Position;
+
+/// A secret value. `Debug` and `Display` print `SecretValue(***)`; call
+/// [`SecretValue::expose`] where the value is really needed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretValue(String);
+
+impl SecretValue {
+    pub fn new(value: impl Into<String>) -> Self {
+        SecretValue(value.into())
+    }
+
+    /// The value itself. Do not log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretValue(***)")
+    }
+}
+
+impl fmt::Display for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretValue(***)")
+    }
+}
+
+/// A secret that could not be looked up or saved. Messages name the file and the
+/// secret, never its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretsError {
+    /// Secret names are letters, digits, `_`, `-` and `.`.
+    InvalidName { name: String },
+    /// The secrets file exists but could not be read.
+    Read { path: PathBuf, message: String },
+    /// The secrets file is not a flat TOML table of strings.
+    Malformed { path: PathBuf, at: Option<Position>, message: String },
+    /// The secrets file could not be written.
+    Write { path: PathBuf, name: String, message: String },
+    /// The OS gave no randomness for a generated secret.
+    Random { message: String },
+    /// Another source (such as a keychain) failed.
+    Backend { backend: String, name: String, message: String },
+}
+
+impl fmt::Display for SecretsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SecretsError::InvalidName { name } => {
+                write!(f, "invalid secret name {name:?}: use letters, digits, `_`, `-` and `.`")
+            }
+            SecretsError::Read { path, message } => {
+                write!(f, "{}: cannot read secrets file: {message}", path.display())
+            }
+            SecretsError::Malformed { path, at, message } => {
+                write!(f, "{}", path.display())?;
+                if let Some(at) = at {
+                    write!(f, ":{at}")?;
+                }
+                write!(f, ": malformed secrets file: {message}")
+            }
+            SecretsError::Write { path, name, message } => {
+                write!(f, "{}: cannot save secret `{name}`: {message}", path.display())
+            }
+            SecretsError::Random { message } => write!(f, "cannot generate a secret: {message}"),
+            SecretsError::Backend { backend, name, message } => {
+                write!(f, "{backend}: cannot look up secret `{name}`: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SecretsError {}
+
+/// Something to be logged about the secret sources; not an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretsWarning {
+    /// The secrets file's mode lets group or other users read or write it.
+    FileAccessibleByOthers { path: PathBuf, mode: u32 },
+}
+
+impl fmt::Display for SecretsWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SecretsWarning::FileAccessibleByOthers { path, mode } => write!(
+                f,
+                "{} is readable or writable by other users (mode {mode:04o}); run chmod 600 {}",
+                path.display(),
+                path.display()
+            ),
+        }
+    }
+}
+
+/// One place secrets are looked up, in the chain [`SecretStore`] walks.
+///
+/// `Debug` implementations must not print values.
+pub trait SecretSource: fmt::Debug + Send + Sync {
+    /// What the source is, for messages: `environment`, a file path, `keychain`.
+    fn describe(&self) -> String;
+
+    /// The value of secret `name`, or `None` when this source does not have it.
+    ///
+    /// # Errors
+    /// [`SecretsError`] when the source exists but cannot be read.
+    fn get(&self, name: &str) -> Result<Option<SecretValue>, SecretsError>;
+}
+
+/// Secrets from an environment map, under the name upper-cased with `-` and `.`
+/// turned into `_` (`lemon_api_token` → `LEMON_API_TOKEN`). Empty values count as
+/// unset.
+#[derive(Clone)]
+pub struct EnvSource {
+    vars: BTreeMap<String, String>,
+}
+
+impl EnvSource {
+    pub fn new(vars: BTreeMap<String, String>) -> Self {
+        EnvSource { vars }
+    }
+}
+
+/// The environment variable a secret is read from: `lemon_api_token` →
+/// `LEMON_API_TOKEN`.
+pub fn env_var_name(secret: &str) -> String {
+    secret
+        .chars()
+        .map(|c| if c == '-' || c == '.' { '_' } else { c.to_ascii_uppercase() })
+        .collect()
+}
+
+impl fmt::Debug for EnvSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EnvSource").field("n_vars", &self.vars.len()).finish()
+    }
+}
+
+impl SecretSource for EnvSource {
+    fn describe(&self) -> String {
+        "environment".to_owned()
+    }
+
+    fn get(&self, name: &str) -> Result<Option<SecretValue>, SecretsError> {
+        Ok(self.vars.get(&env_var_name(name)).filter(|v| !v.is_empty()).map(SecretValue::new))
+    }
+}
+
+/// The chain of secret sources, plus the secrets file that new secrets are saved
+/// to. Built by the app; cheap to keep for the life of the process. File access
+/// is synchronous: the file is tiny and read on every lookup, so edits made by
+/// hand or by another process are seen without a restart.
+#[derive(Debug)]
+pub struct SecretStore {
+    /// Looked up in order; the first that has the secret wins.
+    sources: Vec<Box<dyn SecretSource>>,
+    /// Also the last entry of `sources`; [`SecretStore::set`] writes here.
+    file: SecretsFile,
+}
+
+impl SecretStore {
+    /// Environment first, then `secrets_file` (normally `$LEMON_HOME/secrets.toml`).
+    pub fn new(env: BTreeMap<String, String>, secrets_file: PathBuf) -> Self {
+        let file = SecretsFile::new(secrets_file);
+        SecretStore { sources: vec![Box::new(EnvSource::new(env)), Box::new(file.clone())], file }
+    }
+
+    /// Puts `source` in front of the chain (the keychain, when there is one).
+    #[must_use]
+    pub fn with_source_first(mut self, source: impl SecretSource + 'static) -> Self {
+        self.sources.insert(0, Box::new(source));
+        self
+    }
+
+    /// Where [`SecretStore::set`] saves secrets.
+    pub fn file_path(&self) -> &Path {
+        self.file.path()
+    }
+
+    /// What each source is, in lookup order, for `doctor`-style output.
+    pub fn describe_sources(&self) -> Vec<String> {
+        self.sources.iter().map(|s| s.describe()).collect()
+    }
+
+    /// The value of secret `name` from the first source that has it.
+    ///
+    /// # Errors
+    /// [`SecretsError::InvalidName`], or the error of a source that cannot be read
+    /// (a malformed secrets file is an error, not a miss).
+    pub fn get(&self, name: &str) -> Result<Option<SecretValue>, SecretsError> {
+        check_name(name)?;
+        for source in &self.sources {
+            if let Some(value) = source.get(name)? {
+                return Ok(Some(value));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Saves `value` as secret `name` in the secrets file, creating the file (mode
+    /// 0600) and its directory (mode 0700) as needed. A source earlier in the chain
+    /// (the environment) still wins on [`SecretStore::get`].
+    ///
+    /// # Errors
+    /// [`SecretsError::InvalidName`], [`SecretsError::Malformed`] when the existing
+    /// file cannot be parsed (it is left alone), [`SecretsError::Write`].
+    pub fn set(&self, name: &str, value: &str) -> Result<(), SecretsError> {
+        check_name(name)?;
+        self.file.set(name, value)
+    }
+
+    /// The value of secret `name`; when no source has it, a new random token (32
+    /// bytes, 64 hex characters) saved to the secrets file. The flag says whether
+    /// it was generated now.
+    ///
+    /// # Errors
+    /// As [`SecretStore::get`] and [`SecretStore::set`], and
+    /// [`SecretsError::Random`].
+    pub fn get_or_generate(&self, name: &str) -> Result<(SecretValue, bool), SecretsError> {
+        if let Some(value) = self.get(name)? {
+            return Ok((value, false));
+        }
+        let value = generate_token()?;
+        self.set(name, value.expose())?;
+        Ok((value, true))
+    }
+
+    /// Problems worth logging, checked now: a secrets file other users can access.
+    pub fn warnings(&self) -> Vec<SecretsWarning> {
+        self.file.permission_warning().into_iter().collect()
+    }
+}
+
+fn check_name(name: &str) -> Result<(), SecretsError> {
+    let valid = !name.is_empty()
+        && name.len() <= 128
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(SecretsError::InvalidName { name: name.to_owned() })
+    }
+}
+
+/// 32 random bytes from the OS, as 64 lowercase hex characters.
+fn generate_token() -> Result<SecretValue, SecretsError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| SecretsError::Random { message: e.to_string() })?;
+    let hex = bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    Ok(SecretValue(hex))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,2 +1,333 @@
-//! Benchmarks.
-fn main() {}
+//! `lemon-bench`: the gateway's speed and memory, one JSON object per scenario.
+//!
+//! ```text
+//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|latency|conversations|startup]…
+//! ```
+//! No argument runs them all. Figures are measured in this process on the echo
+//! engine; `startup` starts the real `lemon-gateway` binary next to this one.
+
+// The benchmark reports on stdout and starts the server binary it measures.
+#![allow(clippy::print_stdout, clippy::print_stderr, clippy::disallowed_methods)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lemon_core::bus::{EventBus, EventKind};
+use lemon_core::engine::EngineRegistry;
+use lemon_core::gateway::{ExecutionRequest, GatewayDeps, GatewayHandle, RuntimeConfig};
+use lemon_core::ids::RunId;
+use lemon_core::store::StoreHandle;
+use lemon_engines::echo::EchoEngine;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+const SUBMITTERS: usize = 64;
+
+struct Bench {
+    gateway: GatewayHandle,
+    token: CancellationToken,
+    tracker: TaskTracker,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn start(store: &str, max: usize, bus: EventBus) -> anyhow::Result<Bench> {
+    let tracker = TaskTracker::new();
+    let token = CancellationToken::new();
+    let mut engines = EngineRegistry::new();
+    engines.register(Arc::new(EchoEngine::new(Duration::ZERO, tracker.clone())))?;
+    let (store, dir) = match store {
+        "sqlite" => {
+            let dir = tempfile::tempdir()?;
+            (StoreHandle::open_sqlite(&dir.path().join("bench.db"))?, Some(dir))
+        }
+        _ => (StoreHandle::memory(), None),
+    };
+    let config = RuntimeConfig {
+        max_concurrent_runs: max,
+        max_pending_runs: usize::MAX,
+        ..RuntimeConfig::default()
+    };
+    let gateway =
+        GatewayHandle::start(GatewayDeps { config, engines, store, bus }, token.clone(), &tracker);
+    Ok(Bench { gateway, token, tracker, _dir: dir })
+}
+
+impl Bench {
+    async fn stop(self) {
+        let _ = self.gateway.store().close().await;
+        self.token.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+
+    /// Waits until nothing is queued or running and the store has it all.
+    async fn settle(&self) -> anyhow::Result<()> {
+        loop {
+            let snapshot = self.gateway.snapshot().await?;
+            if snapshot.in_flight == 0 && snapshot.queued == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        self.gateway.store().flush().await?;
+        Ok(())
+    }
+}
+
+fn request(conversation: usize) -> ExecutionRequest {
+    ExecutionRequest::new(format!("bench:{conversation}"), "echo", "hello from the benchmark")
+}
+
+async fn throughput(
+    store: &str,
+    runs: usize,
+    conversations: usize,
+) -> anyhow::Result<serde_json::Value> {
+    let bench = start(store, 64, EventBus::default())?;
+    let began = Instant::now();
+    let mut submitters = Vec::new();
+    for worker in 0..SUBMITTERS {
+        let gateway = bench.gateway.clone();
+        submitters.push(tokio::spawn(async move {
+            let mut i = worker;
+            while i < runs {
+                gateway.submit(request(i % conversations)).await?;
+                i += SUBMITTERS;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for submitter in submitters {
+        submitter.await??;
+    }
+    bench.settle().await?;
+    let elapsed = began.elapsed();
+    bench.stop().await;
+
+    // The floor: the same number of spawn + channel round trips, as concurrently.
+    let began = Instant::now();
+    let mut floor = Vec::new();
+    for worker in 0..SUBMITTERS {
+        floor.push(tokio::spawn(async move {
+            let mut i = worker;
+            while i < runs {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                tokio::spawn(async move {
+                    let _ = tx.send(i);
+                });
+                let _ = rx.await;
+                i += SUBMITTERS;
+            }
+        }));
+    }
+    for task in floor {
+        task.await?;
+    }
+    let floor_elapsed = began.elapsed();
+    Ok(serde_json::json!({
+        "scenario": "throughput",
+        "store": store,
+        "runs": runs,
+        "conversations": conversations,
+        "max_concurrent_runs": 64,
+        "elapsed_ms": elapsed.as_secs_f64() * 1e3,
+        "runs_per_sec": (runs as f64 / elapsed.as_secs_f64()).round(),
+        "floor_ms": floor_elapsed.as_secs_f64() * 1e3,
+        "floor_ratio": (elapsed.as_secs_f64() / floor_elapsed.as_secs_f64() * 100.0).round() / 100.0,
+    }))
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+async fn latency(runs: usize, per_sec: u64) -> anyhow::Result<serde_json::Value> {
+    let bus = EventBus::new(1 << 16, 1024);
+    let mut events = bus.subscribe_all();
+    let bench = start("memory", 64, bus)?;
+    let (submitted_tx, mut submitted_rx) =
+        tokio::sync::mpsc::unbounded_channel::<(RunId, Instant)>();
+    let observer = tokio::spawn(async move {
+        let mut submitted: HashMap<RunId, Instant> = HashMap::new();
+        let mut first_delta: HashMap<RunId, Instant> = HashMap::new();
+        let (mut to_delta, mut to_done) = (Vec::new(), Vec::new());
+        while to_done.len() < runs {
+            let event = events.recv().await?;
+            let now = Instant::now();
+            while let Ok((id, at)) = submitted_rx.try_recv() {
+                submitted.insert(id, at);
+            }
+            match &event.kind {
+                EventKind::Delta { seq: 1, .. } => {
+                    first_delta.insert(event.run_id.clone(), now);
+                }
+                EventKind::RunCompleted { .. } => {
+                    // A run can complete before its submit time arrives here.
+                    while !submitted.contains_key(&event.run_id) {
+                        let Some((id, at)) = submitted_rx.recv().await else { break };
+                        submitted.insert(id, at);
+                    }
+                    let Some(start) = submitted.get(&event.run_id) else { continue };
+                    if let Some(delta) = first_delta.remove(&event.run_id) {
+                        to_delta.push(delta.duration_since(*start).as_micros() as u64);
+                    }
+                    to_done.push(now.duration_since(*start).as_micros() as u64);
+                }
+                _ => {}
+            }
+        }
+        anyhow::Ok((to_delta, to_done))
+    });
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / per_sec));
+    for i in 0..runs {
+        tick.tick().await;
+        let at = Instant::now();
+        let run_id = bench.gateway.submit(request(i)).await?;
+        submitted_tx.send((run_id, at))?;
+    }
+    let (mut to_delta, mut to_done) = observer.await??;
+    bench.stop().await;
+    to_delta.sort_unstable();
+    to_done.sort_unstable();
+    Ok(serde_json::json!({
+        "scenario": "latency",
+        "runs": runs,
+        "rate_per_sec": per_sec,
+        "first_delta_p50_us": percentile(&to_delta, 0.50),
+        "first_delta_p99_us": percentile(&to_delta, 0.99),
+        "completed_p50_us": percentile(&to_done, 0.50),
+        "completed_p99_us": percentile(&to_done, 0.99),
+    }))
+}
+
+fn rss_bytes(pid: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmRSS in /proc/{pid}/status"))?;
+    Ok(kb * 1024)
+}
+
+async fn conversations(n: usize) -> anyhow::Result<serde_json::Value> {
+    // No slots: every request waits, each in its own conversation.
+    let bench = start("sqlite", 0, EventBus::default())?;
+    // Warm up allocator and store so the baseline includes their fixed cost.
+    for i in 0..1000 {
+        bench.gateway.submit(request(n + i)).await?;
+    }
+    bench.gateway.store().flush().await?;
+    let before = rss_bytes("self")?;
+    for i in 0..n {
+        bench.gateway.submit(request(i)).await?;
+    }
+    bench.gateway.store().flush().await?;
+    let after = rss_bytes("self")?;
+    let snapshot = bench.gateway.snapshot().await?;
+    anyhow::ensure!(snapshot.conversations == n + 1000, "every conversation holds its request");
+    bench.gateway.drain(Duration::ZERO).await?;
+    bench.stop().await;
+    Ok(serde_json::json!({
+        "scenario": "conversations",
+        "conversations": n,
+        "rss_before_bytes": before,
+        "rss_after_bytes": after,
+        "bytes_per_conversation": after.saturating_sub(before) / n as u64,
+    }))
+}
+
+async fn startup() -> anyhow::Result<serde_json::Value> {
+    let exe = std::env::current_exe()?;
+    let server = exe.with_file_name("lemon-gateway");
+    anyhow::ensure!(server.exists(), "build the server first: {} is missing", server.display());
+    let home = tempfile::tempdir()?;
+    std::fs::write(
+        home.path().join("config.toml"),
+        "[gateway.api]\nport = 0\n[gateway.health]\nport = 0\n",
+    )?;
+    let began = Instant::now();
+    let mut child = tokio::process::Command::new(&server)
+        .env("LEMON_HOME", home.path())
+        .env("LEMON_API_TOKEN", "bench-token")
+        .env("LEMON_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let ready = loop {
+        let line = lines
+            .next_line()
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("server exited before ready"))?;
+        if line.starts_with("lemon-gateway ready") {
+            break line;
+        }
+    };
+    let health = ready
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("health="))
+        .ok_or_else(|| anyhow::anyhow!("no health address in {ready:?}"))?
+        .to_owned();
+    let client = reqwest::Client::new();
+    loop {
+        if client
+            .get(format!("{health}/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            break;
+        }
+    }
+    let to_healthy = began.elapsed();
+    // Idle: give it a moment with nothing to do, then read its resident memory.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = child.id().ok_or_else(|| anyhow::anyhow!("server exited"))?.to_string();
+    let idle_rss = rss_bytes(&pid)?;
+    child.start_kill()?;
+    let _ = child.wait().await;
+    Ok(serde_json::json!({
+        "scenario": "startup",
+        "start_to_healthy_ms": (to_healthy.as_secs_f64() * 1e4).round() / 10.0,
+        "idle_rss_bytes": idle_rss,
+    }))
+}
+
+async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+    Ok(match name {
+        "throughput" => vec![
+            throughput("memory", 200_000, 10_000).await?,
+            throughput("sqlite", 200_000, 10_000).await?,
+        ],
+        "latency" => vec![latency(5_000, 1_000).await?],
+        "conversations" => vec![conversations(100_000).await?],
+        "startup" => vec![startup().await?],
+        other => anyhow::bail!(
+            "unknown scenario {other:?}: use throughput, latency, conversations or startup"
+        ),
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut names: Vec<String> = std::env::args().skip(1).collect();
+    if names.is_empty() {
+        names = ["throughput", "latency", "conversations", "startup"].map(str::to_owned).to_vec();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    for name in names {
+        for result in runtime.block_on(scenario(&name))? {
+            println!("{result}");
+        }
+    }
+    Ok(())
+}

@@ -1,37 +1,448 @@
-//! Reading `config.toml`.
+//! Reading `config.toml`: parse, collect unknown keys as warnings, validate, and
+//! report every failure with file, line and column.
+//!
+//! The text is parsed twice: once by `toml_edit` into a document that keeps the
+//! byte span of every key and value (used only to turn spans into key paths and
+//! positions), and once by serde into [`Config`]. Both use the same parser, so a
+//! file that fails one fails the other the same way.
 
+use std::fmt;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use super::Config;
+use toml_edit::{ImDocument, Item, Key, Table, TableLike, Value};
 
-/// A config file that could not be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{path}: {message}")]
-    Read { path: PathBuf, message: String },
+use super::Config;
+use crate::ids::EngineId;
+
+/// A 1-based line and column (columns count characters, not bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub line: usize,
+    pub column: usize,
 }
 
-/// A loaded config and the warnings (unknown keys…) found while loading it.
+impl Position {
+    /// The position of byte `offset` in `text`, clamped to the text.
+    pub(crate) fn of_offset(text: &str, offset: usize) -> Position {
+        let mut offset = offset.min(text.len());
+        while !text.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        let before = &text[..offset];
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        Position {
+            line: before.matches('\n').count() + 1,
+            column: before[line_start..].chars().count() + 1,
+        }
+    }
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.line, self.column)
+    }
+}
+
+/// A config file that could not be used.
+///
+/// Displays as `<file>:<line>:<column>: <key path>: <message>`, for example
+/// `/home/u/.lemon/config.toml:3:23: gateway.max_concurrent_runs: invalid type:
+/// string "two", expected usize`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The file could not be read (missing, a directory, no permission…).
+    Read { path: PathBuf, message: String },
+    /// The text is not valid TOML.
+    Syntax { path: PathBuf, at: Position, message: String },
+    /// Valid TOML with a wrong type, an unknown enum value or a value that fails
+    /// validation. `key` is the dotted path (`gateway.bindings[0].transport`);
+    /// `at` points at the value, or at the key when the key itself is wrong.
+    Invalid { path: PathBuf, at: Option<Position>, key: String, message: String },
+}
+
+impl ConfigError {
+    /// The file the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            ConfigError::Read { path, .. }
+            | ConfigError::Syntax { path, .. }
+            | ConfigError::Invalid { path, .. } => path,
+        }
+    }
+
+    /// Where in the file, when known.
+    pub fn position(&self) -> Option<Position> {
+        match self {
+            ConfigError::Read { .. } => None,
+            ConfigError::Syntax { at, .. } => Some(*at),
+            ConfigError::Invalid { at, .. } => *at,
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Read { path, message } => write!(f, "{}: {message}", path.display()),
+            ConfigError::Syntax { path, at, message } => {
+                write!(f, "{}:{at}: invalid TOML: {message}", path.display())
+            }
+            ConfigError::Invalid { path, at, key, message } => {
+                write!(f, "{}", path.display())?;
+                if let Some(at) = at {
+                    write!(f, ":{at}")?;
+                }
+                if !key.is_empty() {
+                    write!(f, ": {key}")?;
+                }
+                write!(f, ": {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A loaded config and the warnings found while loading it.
 #[derive(Debug, Clone)]
 pub struct LoadedConfig {
     pub config: Config,
+    /// One line each, ready to log:
+    /// `<file>:<line>:<column>: unknown key gateway.foo (ignored)`.
     pub warnings: Vec<String>,
 }
 
+/// Parses and validates `text`; `path` is only used in messages.
+///
 /// # Errors
-/// [`ConfigError`] naming the file, line and column.
+/// [`ConfigError::Syntax`] for invalid TOML, [`ConfigError::Invalid`] for wrong
+/// types and values; both name the file, line and column.
 pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigError> {
-    let config = toml::from_str(text).map_err(|e: toml::de::Error| ConfigError::Read {
+    let doc = ImDocument::parse(text).map_err(|e| ConfigError::Syntax {
         path: path.to_owned(),
-        message: e.to_string(),
+        at: Position::of_offset(text, e.span().map_or(0, |s| s.start)),
+        message: one_line(e.message()),
     })?;
-    Ok(LoadedConfig { config, warnings: Vec::new() })
+    let file = ParsedFile { text, path, doc: &doc };
+
+    let mut ignored: Vec<Vec<Segment>> = Vec::new();
+    let config: Config =
+        serde_ignored::deserialize(toml::Deserializer::new(text), |p| ignored.push(segments(&p)))
+            .map_err(|e: toml::de::Error| file.deserialize_error(&e))?;
+
+    let warnings = ignored.iter().map(|segs| file.unknown_key_warning(segs)).collect();
+    validate(&config, &file)?;
+    Ok(LoadedConfig { config, warnings })
 }
 
+/// Reads, parses and validates the file at `path`.
+///
 /// # Errors
-/// [`ConfigError`] naming the file, line and column.
+/// [`ConfigError::Read`] naming the path when it cannot be read (including when
+/// it does not exist), otherwise as [`load_str`].
 pub fn load_file(path: &Path) -> Result<LoadedConfig, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::Read { path: path.to_owned(), message: e.to_string() })?;
+    let text = std::fs::read_to_string(path).map_err(|e| read_error(path, &e))?;
     load_str(&text, path)
+}
+
+/// As [`load_file`], but a file that does not exist yields the defaults and no
+/// warnings: a fresh install has no config file.
+///
+/// # Errors
+/// As [`load_file`], except for a missing file.
+pub fn load_file_or_default(path: &Path) -> Result<LoadedConfig, ConfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => load_str(&text, path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Ok(LoadedConfig { config: Config::default(), warnings: Vec::new() })
+        }
+        Err(e) => Err(read_error(path, &e)),
+    }
+}
+
+fn read_error(path: &Path, e: &std::io::Error) -> ConfigError {
+    ConfigError::Read { path: path.to_owned(), message: format!("cannot read config file: {e}") }
+}
+
+/// TOML parser messages span several lines ("invalid string\nexpected …").
+fn one_line(message: &str) -> String {
+    message.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
+}
+
+/// One step of a key path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+/// `gateway.bindings[0].transport`; keys that are not bare TOML keys are quoted.
+fn format_path(segs: &[Segment]) -> String {
+    let mut out = String::new();
+    for seg in segs {
+        match seg {
+            Segment::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                let bare = !k.is_empty()
+                    && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                if bare {
+                    out.push_str(k);
+                } else {
+                    out.push_str(&format!("{k:?}"));
+                }
+            }
+            Segment::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+fn segments(path: &serde_ignored::Path<'_>) -> Vec<Segment> {
+    let mut out = Vec::new();
+    collect_segments(path, &mut out);
+    out
+}
+
+fn collect_segments(path: &serde_ignored::Path<'_>, out: &mut Vec<Segment>) {
+    use serde_ignored::Path as P;
+    match path {
+        P::Root => {}
+        P::Seq { parent, index } => {
+            collect_segments(parent, out);
+            out.push(Segment::Index(*index));
+        }
+        P::Map { parent, key } => {
+            collect_segments(parent, out);
+            out.push(Segment::Key(key.clone()));
+        }
+        P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => {
+            collect_segments(parent, out);
+        }
+    }
+}
+
+/// A node of the spanned document: tables, arrays of tables and values are
+/// different types in `toml_edit`.
+#[derive(Clone, Copy)]
+enum Node<'a> {
+    Item(&'a Item),
+    Table(&'a Table),
+    Value(&'a Value),
+}
+
+impl<'a> Node<'a> {
+    fn span(self) -> Option<Range<usize>> {
+        match self {
+            Node::Item(i) => i.span(),
+            Node::Table(t) => t.span(),
+            Node::Value(v) => v.span(),
+        }
+    }
+
+    fn table_like(self) -> Option<&'a dyn TableLike> {
+        match self {
+            Node::Item(i) => i.as_table_like(),
+            Node::Table(t) => Some(t),
+            Node::Value(Value::InlineTable(t)) => Some(t),
+            Node::Value(_) => None,
+        }
+    }
+
+    fn children(self) -> Vec<(Segment, Option<&'a Key>, Node<'a>)> {
+        if let Some(table) = self.table_like() {
+            return table
+                .iter()
+                .map(|(k, item)| {
+                    let key = table.get_key_value(k).map(|(key, _)| key);
+                    (Segment::Key(k.to_owned()), key, Node::Item(item))
+                })
+                .collect();
+        }
+        match self {
+            Node::Item(Item::ArrayOfTables(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (Segment::Index(i), None, Node::Table(t)))
+                .collect(),
+            Node::Item(Item::Value(Value::Array(a))) | Node::Value(Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (Segment::Index(i), None, Node::Value(v)))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn child(self, seg: &Segment) -> Option<(Option<&'a Key>, Node<'a>)> {
+        match seg {
+            Segment::Key(k) => {
+                let (key, item) = self.table_like()?.get_key_value(k)?;
+                Some((Some(key), Node::Item(item)))
+            }
+            Segment::Index(i) => match self {
+                Node::Item(Item::ArrayOfTables(a)) => Some((None, Node::Table(a.get(*i)?))),
+                Node::Item(Item::Value(Value::Array(a))) | Node::Value(Value::Array(a)) => {
+                    Some((None, Node::Value(a.get(*i)?)))
+                }
+                _ => None,
+            },
+        }
+    }
+}
+
+fn contains(span: Option<Range<usize>>, offset: usize) -> bool {
+    span.is_some_and(|s| s.contains(&offset) || (s.is_empty() && s.start == offset))
+}
+
+/// The deepest key path whose key or value covers byte `offset`.
+fn path_at(node: Node<'_>, offset: usize) -> Option<Vec<Segment>> {
+    for (seg, key, child) in node.children() {
+        if contains(key.and_then(Key::span), offset) {
+            return Some(vec![seg]);
+        }
+        if let Some(mut rest) = path_at(child, offset) {
+            rest.insert(0, seg);
+            return Some(rest);
+        }
+        if contains(child.span(), offset) {
+            return Some(vec![seg]);
+        }
+    }
+    None
+}
+
+/// Which end of a `key = value` pair an error points at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Anchor {
+    Key,
+    Value,
+}
+
+/// The text being loaded, with its spanned document, for building messages.
+struct ParsedFile<'a> {
+    text: &'a str,
+    path: &'a Path,
+    doc: &'a ImDocument<&'a str>,
+}
+
+impl ParsedFile<'_> {
+    fn root(&self) -> Node<'_> {
+        Node::Table(self.doc.as_table())
+    }
+
+    /// The span of the key or value at `segs`, falling back to the other one.
+    fn span_of(&self, segs: &[Segment], anchor: Anchor) -> Option<Range<usize>> {
+        let mut node = self.root();
+        let mut key = None;
+        for seg in segs {
+            let (k, child) = node.child(seg)?;
+            key = k;
+            node = child;
+        }
+        let key_span = key.and_then(Key::span);
+        match anchor {
+            Anchor::Key => key_span.or_else(|| node.span()),
+            Anchor::Value => node.span().or(key_span),
+        }
+    }
+
+    fn position_of(&self, segs: &[Segment], anchor: Anchor) -> Option<Position> {
+        self.span_of(segs, anchor).map(|s| Position::of_offset(self.text, s.start))
+    }
+
+    fn deserialize_error(&self, e: &toml::de::Error) -> ConfigError {
+        let span = e.span();
+        let key = span.as_ref().and_then(|s| path_at(self.root(), s.start)).unwrap_or_default();
+        ConfigError::Invalid {
+            path: self.path.to_owned(),
+            at: span.map(|s| Position::of_offset(self.text, s.start)),
+            key: format_path(&key),
+            message: one_line(e.message()),
+        }
+    }
+
+    fn invalid(&self, segs: &[Segment], anchor: Anchor, message: String) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.to_owned(),
+            at: self.position_of(segs, anchor),
+            key: format_path(segs),
+            message,
+        }
+    }
+
+    fn unknown_key_warning(&self, segs: &[Segment]) -> String {
+        let mut out = self.path.display().to_string();
+        if let Some(at) = self.position_of(segs, Anchor::Key) {
+            out.push_str(&format!(":{at}"));
+        }
+        out.push_str(&format!(": unknown key {} (ignored)", format_path(segs)));
+        out
+    }
+}
+
+fn key(k: &str) -> Segment {
+    Segment::Key(k.to_owned())
+}
+
+/// Checks serde cannot express. The first failure in a fixed order (engines,
+/// projects, bindings, queue) is returned.
+fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
+    let gateway = &config.gateway;
+    let at =
+        |segs: &[Segment], anchor: Anchor, message: String| file.invalid(segs, anchor, message);
+
+    check_engine_ref(&gateway.default_engine)
+        .map_err(|m| at(&[key("gateway"), key("default_engine")], Anchor::Value, m))?;
+
+    for id in gateway.engines.keys() {
+        EngineId::parse(id).map_err(|e| {
+            at(&[key("gateway"), key("engines"), key(id)], Anchor::Key, e.to_string())
+        })?;
+    }
+
+    for (id, project) in &gateway.projects {
+        let segs = [key("gateway"), key("projects"), key(id)];
+        if project.root.as_os_str().is_empty() {
+            let segs = [segs.as_slice(), &[key("root")]].concat();
+            return Err(at(&segs, Anchor::Value, "must not be empty".to_owned()));
+        }
+        if let Some(engine) = &project.default_engine {
+            let segs = [segs.as_slice(), &[key("default_engine")]].concat();
+            check_engine_ref(engine).map_err(|m| at(&segs, Anchor::Value, m))?;
+        }
+    }
+
+    for (i, binding) in gateway.bindings.iter().enumerate() {
+        let segs = [key("gateway"), key("bindings"), Segment::Index(i)];
+        if binding.transport.trim().is_empty() {
+            let segs = [segs.as_slice(), &[key("transport")]].concat();
+            return Err(at(&segs, Anchor::Value, "must not be empty".to_owned()));
+        }
+        if let Some(engine) = &binding.default_engine {
+            let segs = [segs.as_slice(), &[key("default_engine")]].concat();
+            check_engine_ref(engine).map_err(|m| at(&segs, Anchor::Value, m))?;
+        }
+    }
+
+    if gateway.queue.cap == Some(0) {
+        let segs = [key("gateway"), key("queue"), key("cap")];
+        return Err(at(&segs, Anchor::Value, "must be at least 1".to_owned()));
+    }
+    Ok(())
+}
+
+/// An engine reference: an engine id, optionally with a model (`claude:opus`).
+fn check_engine_ref(raw: &str) -> Result<(), String> {
+    let (engine, model) = match raw.split_once(':') {
+        Some((engine, model)) => (engine, Some(model)),
+        None => (raw, None),
+    };
+    EngineId::parse(engine).map_err(|e| e.to_string())?;
+    if model.is_some_and(|m| m.trim().is_empty()) {
+        return Err(format!("engine {raw:?} has an empty model after `:`"));
+    }
+    Ok(())
 }

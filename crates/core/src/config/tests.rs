@@ -1,1 +1,433 @@
+//! Tests of the `config.toml` types and loader.
 
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+const FILE: &str = "/home/u/.lemon/config.toml";
+
+fn load(text: &str) -> Result<LoadedConfig, ConfigError> {
+    load_str(text, Path::new(FILE))
+}
+
+/// Loads `text`, which must give no error and exactly the `expect`ed warnings.
+fn check_ok(text: &str, expect_warnings: &[&str]) -> Config {
+    let loaded = match load(text) {
+        Ok(loaded) => loaded,
+        Err(e) => panic!("unexpected error: {e}\n--- input ---\n{text}"),
+    };
+    assert_eq!(loaded.warnings, expect_warnings, "warnings for\n{text}");
+    loaded.config
+}
+
+/// Loads `text`, which must fail with exactly the `expect`ed message.
+fn check_error(text: &str, expect: &str) {
+    match load(text) {
+        Ok(loaded) => {
+            panic!("expected an error, loaded {:?}\n--- input ---\n{text}", loaded.config)
+        }
+        Err(e) => assert_eq!(e.to_string(), expect, "error for\n{text}"),
+    }
+}
+
+#[test]
+fn empty_file_gives_the_defaults() {
+    let config = check_ok("", &[]);
+    let gateway = &config.gateway;
+    assert_eq!(gateway.max_concurrent_runs, 2);
+    assert!(gateway.require_engine_lock);
+    assert_eq!(gateway.engine_lock_timeout_ms, 60_000);
+    assert_eq!(gateway.run_inactivity_timeout_ms, 300_000);
+    assert_eq!(gateway.shutdown_grace_ms, 10_000);
+    assert_eq!(gateway.default_engine, "echo");
+    assert_eq!(gateway.api.addr(DEFAULT_API_PORT), "127.0.0.1:4040");
+    assert_eq!(gateway.health.addr(DEFAULT_HEALTH_PORT), "127.0.0.1:4042");
+    assert_eq!(gateway.api_addr(), "127.0.0.1:4040");
+    assert_eq!(gateway.health_addr(), "127.0.0.1:4042");
+    assert!(
+        gateway.engines.is_empty() && gateway.projects.is_empty() && gateway.bindings.is_empty()
+    );
+    assert!(
+        gateway.queue.mode.is_none() && gateway.queue.cap.is_none() && gateway.queue.drop.is_none()
+    );
+    assert!(gateway.telegram.is_none() && gateway.sms.is_none() && gateway.voice.is_none());
+
+    // An empty `[gateway]` table is the same as none.
+    let config = check_ok("[gateway]\n", &[]);
+    assert_eq!(config.gateway.max_concurrent_runs, 2);
+    assert!(config.gateway.require_engine_lock);
+}
+
+#[test]
+fn reference_example_loads_without_errors_or_warnings() {
+    let config = check_ok(include_str!("reference_example.toml"), &[]);
+    let gateway = &config.gateway;
+    assert_eq!(gateway.max_concurrent_runs, 4);
+    assert_eq!(gateway.default_engine, "claude:opus");
+    assert!(!gateway.require_engine_lock);
+    assert_eq!(gateway.native_only, Some(false));
+    assert_eq!(gateway.api_addr(), "127.0.0.1:4040");
+    assert_eq!(gateway.health_addr(), "0.0.0.0:4042");
+
+    assert_eq!(gateway.engine("echo").unwrap().delay_ms, Some(25));
+    let claude = gateway.engine("claude").unwrap();
+    assert_eq!(claude.cli_path.as_deref(), Some(Path::new("/usr/local/bin/claude")));
+    assert_eq!(claude.extra_args, ["--verbose"]);
+    assert_eq!(claude.model.as_deref(), Some("opus"));
+    assert_eq!(claude.env.get("CLAUDE_CODE_MAX_OUTPUT_TOKENS").map(String::as_str), Some("32000"));
+    assert_eq!(claude.dangerously_skip_permissions, Some(false));
+    assert!(claude.other.is_empty(), "{:?}", claude.other);
+    let codex = gateway.engine("codex").unwrap();
+    assert_eq!(codex.other.get("sandbox").and_then(|v| v.as_str()), Some("workspace-write"));
+    assert!(gateway.engine("pi").is_none());
+
+    assert_eq!(gateway.project("myapp").unwrap().default_engine.as_deref(), Some("codex"));
+    assert_eq!(gateway.bindings.len(), 3);
+    assert_eq!(gateway.bindings[1].topic_id.as_ref().and_then(|v| v.as_integer()), Some(123));
+    assert_eq!(gateway.bindings[1].queue_mode, Some(QueueMode::Interrupt));
+    assert_eq!(gateway.bindings[2].queue_mode, Some(QueueMode::SteerBacklog));
+    assert_eq!(
+        gateway.bindings[2].chat_id.as_ref().and_then(|v| v.as_str()),
+        Some("987654321012345678")
+    );
+
+    // Channel sections are kept verbatim for their owners.
+    let telegram = gateway.telegram.as_ref().unwrap();
+    assert_eq!(telegram["compaction"]["trigger_ratio"].as_float(), Some(0.88));
+    assert_eq!(telegram["files"]["outbound_send_delay_ms"].as_integer(), Some(800));
+    let discord = gateway.discord.as_ref().unwrap();
+    assert_eq!(discord["files"]["max_download_bytes"].as_integer(), Some(1234));
+    let email = gateway.email.as_ref().unwrap();
+    assert_eq!(email["outbound"]["relay"].as_str(), Some(" nested-relay.example.test "));
+    assert_eq!(email["smtp_username"].as_str(), Some(" lemon "));
+    let webhook = gateway.webhook.as_ref().unwrap();
+    let n8n = &webhook["integrations"]["n8n-demo"];
+    assert_eq!(n8n["queue_mode"].as_str(), Some("followup"));
+    assert_eq!(n8n["allow_payload_token"].as_bool(), Some(false));
+    let sms = gateway.sms.as_ref().unwrap();
+    assert_eq!(sms["auth_token_secret"].as_str(), Some("twilio_auth_token"));
+    assert_eq!(gateway.xmtp.as_ref().unwrap()["environment"].as_str(), Some("dev"));
+    assert_eq!(gateway.voice.as_ref().unwrap()["websocket_port"].as_integer(), Some(4047));
+}
+
+#[test]
+fn reference_config_loader_values() {
+    let config = check_ok(
+        r#"
+[gateway]
+max_concurrent_runs = 3
+default_cwd = "/tmp"
+enable_telegram = true
+enable_xmtp = true
+
+[gateway.sms]
+webhook_port = 8786
+
+[gateway.queue]
+mode = "collect"
+cap = 10
+drop = "oldest"
+
+[gateway.projects.demo]
+root = "/tmp/demo"
+
+[[gateway.bindings]]
+transport = "telegram"
+chat_id = 123
+project = "demo"
+
+[gateway.xmtp]
+env = "dev"
+wallet_address = "0xabc"
+wallet_key = "0xdef"
+poll_interval_ms = 1500
+"#,
+        &[],
+    );
+    let gateway = &config.gateway;
+    assert_eq!(gateway.max_concurrent_runs, 3);
+    assert_eq!(gateway.default_cwd.as_deref(), Some(Path::new("/tmp")));
+    assert_eq!(gateway.enable_telegram, Some(true));
+    assert_eq!(gateway.enable_xmtp, Some(true));
+    assert_eq!(gateway.enable_discord, None);
+    assert_eq!(gateway.queue.mode, Some(QueueMode::Collect));
+    assert_eq!(gateway.queue.cap, Some(10));
+    assert_eq!(gateway.queue.drop, Some(DropPolicy::Oldest));
+    assert_eq!(gateway.project("demo").unwrap().root, PathBuf::from("/tmp/demo"));
+    let [binding] = gateway.bindings.as_slice() else {
+        panic!("one binding: {:?}", gateway.bindings)
+    };
+    assert_eq!(binding.transport, "telegram");
+    assert_eq!(binding.chat_id.as_ref().and_then(|v| v.as_integer()), Some(123));
+    assert_eq!(binding.project.as_deref(), Some("demo"));
+    assert_eq!(binding.topic_id, None);
+    assert_eq!(gateway.sms.as_ref().unwrap()["webhook_port"].as_integer(), Some(8786));
+    let xmtp = gateway.xmtp.as_ref().unwrap();
+    assert_eq!(xmtp["wallet_address"].as_str(), Some("0xabc"));
+    assert_eq!(xmtp["poll_interval_ms"].as_integer(), Some(1500));
+}
+
+#[test]
+fn explicit_false_is_honoured() {
+    let config = check_ok(
+        "[gateway]\nrequire_engine_lock = false\nauto_resume = false\nenable_webhook = false\n",
+        &[],
+    );
+    assert!(!config.gateway.require_engine_lock);
+    assert_eq!(config.gateway.auto_resume, Some(false));
+    assert_eq!(config.gateway.enable_webhook, Some(false));
+}
+
+#[test]
+fn zero_concurrent_runs_is_valid() {
+    let config = check_ok("[gateway]\nmax_concurrent_runs = 0\n", &[]);
+    assert_eq!(config.gateway.max_concurrent_runs, 0);
+}
+
+#[test]
+fn wrong_type_names_file_line_column_and_key() {
+    check_error(
+        "[gateway]\n# how many runs at once\nmax_concurrent_runs = \"two\"\n",
+        r#"/home/u/.lemon/config.toml:3:23: gateway.max_concurrent_runs: invalid type: string "two", expected usize"#,
+    );
+    check_error(
+        "[gateway]\nrequire_engine_lock = \"no\"\n",
+        r#"/home/u/.lemon/config.toml:2:23: gateway.require_engine_lock: invalid type: string "no", expected a boolean"#,
+    );
+    check_error(
+        "[gateway.api]\nport = 70000\n",
+        "/home/u/.lemon/config.toml:2:8: gateway.api.port: invalid value: integer `70000`, expected u16",
+    );
+    check_error(
+        "[gateway.engines.echo]\ndelay_ms = \"fast\"\n",
+        r#"/home/u/.lemon/config.toml:2:12: gateway.engines.echo.delay_ms: invalid type: string "fast", expected u64"#,
+    );
+    check_error(
+        "[[gateway.bindings]]\ntransport = \"telegram\"\n\n[[gateway.bindings]]\ntransport = 5\n",
+        "/home/u/.lemon/config.toml:5:13: gateway.bindings[1].transport: invalid type: integer `5`, expected a string",
+    );
+    check_error(
+        "[gateway]\nbindings = [{ transport = \"telegram\", project = 7 }]\n",
+        "/home/u/.lemon/config.toml:2:49: gateway.bindings[0].project: invalid type: integer `7`, expected a string",
+    );
+    check_error(
+        "[gateway]\ntelegram = \"on\"\n",
+        r#"/home/u/.lemon/config.toml:2:12: gateway.telegram: invalid type: string "on", expected a map"#,
+    );
+}
+
+#[test]
+fn missing_required_key_names_the_table() {
+    check_error(
+        "[gateway.projects.demo]\ndefault_engine = \"claude\"\n",
+        "/home/u/.lemon/config.toml:1:1: gateway.projects.demo: missing field `root`",
+    );
+    check_error(
+        "[[gateway.bindings]]\nchat_id = 1\n",
+        "/home/u/.lemon/config.toml:1:1: gateway.bindings[0]: missing field `transport`",
+    );
+}
+
+#[test]
+fn unknown_queue_modes_list_the_valid_ones() {
+    check_error(
+        "[gateway.queue]\nmode = \"fifo\"\n",
+        "/home/u/.lemon/config.toml:2:8: gateway.queue.mode: unknown variant `fifo`, expected one of \
+         `collect`, `followup`, `steer`, `steer_backlog`, `redirect`, `interrupt`",
+    );
+    check_error(
+        "[gateway.queue]\ndrop = \"reject\"\n",
+        "/home/u/.lemon/config.toml:2:8: gateway.queue.drop: unknown variant `reject`, expected `oldest` or `newest`",
+    );
+    check_error(
+        "[[gateway.bindings]]\ntransport = \"telegram\"\nqueue_mode = \"lifo\"\n",
+        "/home/u/.lemon/config.toml:3:14: gateway.bindings[0].queue_mode: unknown variant `lifo`, expected one of \
+         `collect`, `followup`, `steer`, `steer_backlog`, `redirect`, `interrupt`",
+    );
+}
+
+#[test]
+fn queue_mode_spellings_round_trip() {
+    for mode in QueueMode::ALL {
+        let config = check_ok(&format!("[gateway.queue]\nmode = \"{}\"\n", mode.as_str()), &[]);
+        assert_eq!(config.gateway.queue.mode, Some(mode));
+    }
+    for drop in DropPolicy::ALL {
+        let config = check_ok(&format!("[gateway.queue]\ndrop = \"{}\"\n", drop.as_str()), &[]);
+        assert_eq!(config.gateway.queue.drop, Some(drop));
+    }
+}
+
+#[test]
+fn syntax_errors_have_line_and_column() {
+    check_error(
+        "[gateway]\nmax_concurrent_runs = \n",
+        "/home/u/.lemon/config.toml:2:23: invalid TOML: invalid string; expected `\"`, `'`",
+    );
+    check_error(
+        "[gateway\n",
+        "/home/u/.lemon/config.toml:1:9: invalid TOML: invalid table header; expected `.`, `]`",
+    );
+    check_error(
+        "[gateway]\nshutdown_grace_ms = 1\nshutdown_grace_ms = 2\n",
+        "/home/u/.lemon/config.toml:3:1: invalid TOML: duplicate key `shutdown_grace_ms` in table `gateway`",
+    );
+}
+
+#[test]
+fn unknown_keys_are_warnings_with_their_dotted_path() {
+    let config = check_ok(
+        "[gateway]\nmax_concurent_runs = 3\n\n[gateway.queue]\nmode = \"collect\"\nsize = 4\n",
+        &[
+            "/home/u/.lemon/config.toml:2:1: unknown key gateway.max_concurent_runs (ignored)",
+            "/home/u/.lemon/config.toml:6:1: unknown key gateway.queue.size (ignored)",
+        ],
+    );
+    assert_eq!(config.gateway.max_concurrent_runs, 2);
+    assert_eq!(config.gateway.queue.mode, Some(QueueMode::Collect));
+
+    check_ok(
+        "[agent]\nname = \"x\"\n\n[[gateway.bindings]]\ntransport = \"telegram\"\nchat = 1\n\n\
+         [gateway.projects.demo]\nroot = \"/tmp\"\n\"odd key\" = 1\n",
+        &[
+            "/home/u/.lemon/config.toml:1:2: unknown key agent (ignored)",
+            "/home/u/.lemon/config.toml:6:1: unknown key gateway.bindings[0].chat (ignored)",
+            "/home/u/.lemon/config.toml:10:1: unknown key gateway.projects.demo.\"odd key\" (ignored)",
+        ],
+    );
+    check_ok(
+        "gateway.api = { bind = \"::1\", prot = 1 }\n",
+        &["/home/u/.lemon/config.toml:1:31: unknown key gateway.api.prot (ignored)"],
+    );
+}
+
+#[test]
+fn engine_and_channel_specific_keys_are_not_unknown() {
+    let config = check_ok(
+        "[gateway.engines.pi]\nthinking = \"high\"\n\n[gateway.telegram]\nanything = 1\n\n\
+         [gateway.cron]\njobs = []\n\n[gateway.dashboard]\ntheme = \"dark\"\n",
+        &[],
+    );
+    assert_eq!(config.gateway.engine("pi").unwrap().other["thinking"].as_str(), Some("high"));
+}
+
+#[test]
+fn engine_ids_are_checked() {
+    check_error(
+        "[gateway.engines.Bad]\ndelay_ms = 1\n",
+        r#"/home/u/.lemon/config.toml:1:18: gateway.engines.Bad: invalid engine id "Bad": must match ^[a-z][a-z0-9_-]*$"#,
+    );
+    check_error(
+        "[gateway.engines.default]\n",
+        r#"/home/u/.lemon/config.toml:1:18: gateway.engines.default: engine id "default" is reserved"#,
+    );
+    check_error(
+        "[gateway]\ndefault_engine = \"Claude\"\n",
+        r#"/home/u/.lemon/config.toml:2:18: gateway.default_engine: invalid engine id "Claude": must match ^[a-z][a-z0-9_-]*$"#,
+    );
+    check_error(
+        "[gateway]\ndefault_engine = \"claude:\"\n",
+        r#"/home/u/.lemon/config.toml:2:18: gateway.default_engine: engine "claude:" has an empty model after `:`"#,
+    );
+    check_error(
+        "[gateway.projects.demo]\nroot = \"/tmp\"\ndefault_engine = \"help\"\n",
+        r#"/home/u/.lemon/config.toml:3:18: gateway.projects.demo.default_engine: engine id "help" is reserved"#,
+    );
+    check_error(
+        "[[gateway.bindings]]\ntransport = \"telegram\"\ndefault_engine = \"9lives:x\"\n",
+        r#"/home/u/.lemon/config.toml:3:18: gateway.bindings[0].default_engine: invalid engine id "9lives": must match ^[a-z][a-z0-9_-]*$"#,
+    );
+    let config = check_ok("[gateway]\ndefault_engine = \"claude:opus\"\n", &[]);
+    assert_eq!(config.gateway.default_engine, "claude:opus");
+}
+
+#[test]
+fn values_are_validated() {
+    check_error(
+        "[gateway.queue]\ncap = 0\n",
+        "/home/u/.lemon/config.toml:2:7: gateway.queue.cap: must be at least 1",
+    );
+    check_error(
+        "[[gateway.bindings]]\ntransport = \" \"\n",
+        "/home/u/.lemon/config.toml:2:13: gateway.bindings[0].transport: must not be empty",
+    );
+    check_error(
+        "[gateway.projects.demo]\nroot = \"\"\n",
+        "/home/u/.lemon/config.toml:2:8: gateway.projects.demo.root: must not be empty",
+    );
+    check_error(
+        "[gateway.queue]\ncap = -1\n",
+        "/home/u/.lemon/config.toml:2:7: gateway.queue.cap: invalid value: integer `-1`, expected usize",
+    );
+}
+
+#[test]
+fn load_file_or_default_treats_a_missing_file_as_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = load_file_or_default(&dir.path().join("config.toml")).unwrap();
+    assert!(loaded.warnings.is_empty());
+    assert_eq!(loaded.config.gateway.max_concurrent_runs, 2);
+
+    let missing = dir.path().join("config.toml");
+    let err = load_file(&missing).unwrap_err();
+    assert_eq!(err.path(), missing);
+    assert!(
+        err.to_string().starts_with(&format!("{}: cannot read config file: ", missing.display())),
+        "{err}"
+    );
+}
+
+#[test]
+fn load_file_reads_and_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, "[gateway]\nmax_concurrent_runs = 5\nbogus = 1\n").unwrap();
+    let loaded = load_file(&path).unwrap();
+    assert_eq!(loaded.config.gateway.max_concurrent_runs, 5);
+    assert_eq!(
+        loaded.warnings,
+        [format!("{}:3:1: unknown key gateway.bogus (ignored)", path.display())]
+    );
+    assert_eq!(load_file_or_default(&path).unwrap().config.gateway.max_concurrent_runs, 5);
+
+    std::fs::write(&path, "[gateway]\nmax_concurrent_runs = true\n").unwrap();
+    let err = load_file(&path).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}:2:23: gateway.max_concurrent_runs: invalid type: boolean `true`, expected usize",
+            path.display()
+        )
+    );
+    assert_eq!(err.position(), Some(Position { line: 2, column: 23 }));
+}
+
+#[test]
+fn unreadable_path_is_an_error_naming_it() {
+    // A directory cannot be read as a file, even by root.
+    let dir = tempfile::tempdir().unwrap();
+    for result in [load_file(dir.path()), load_file_or_default(dir.path())] {
+        let err = result.unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("{}: cannot read config file: ", dir.path().display())),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn positions_count_characters_from_one() {
+    let check = |text: &str, offset: usize, line: usize, column: usize| {
+        assert_eq!(
+            Position::of_offset(text, offset),
+            Position { line, column },
+            "{text:?} @ {offset}"
+        );
+    };
+    check("", 0, 1, 1);
+    check("ab\ncd", 4, 2, 2);
+    check("é = 1", 2, 1, 2);
+    check("ab", 99, 1, 3);
+}

@@ -1,0 +1,250 @@
+//! The server: config → gateway → listeners, then reload on edits and drain on
+//! shutdown.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use lemon_core::bus::EventBus;
+use lemon_core::config::{self, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT};
+use lemon_core::engine::EngineRegistry;
+use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
+use lemon_core::secrets::{SecretStore, SecretValue};
+use lemon_core::store::StoreHandle;
+use lemon_engines::echo::EchoEngine;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::paths::Paths;
+
+/// The secret holding the control API's bearer token.
+pub const API_TOKEN_SECRET: &str = "lemon_api_token";
+
+/// How often the config file is checked for edits.
+const RELOAD_POLL: Duration = Duration::from_secs(1);
+
+/// What the binary hands the server.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub paths: Paths,
+    /// The process environment, for secrets and child processes.
+    pub env: BTreeMap<String, String>,
+    /// The user's home directory (fallback working directory).
+    pub user_home: Option<PathBuf>,
+}
+
+/// A started server.
+#[derive(Debug)]
+pub struct Running {
+    pub api_addr: SocketAddr,
+    pub health_addr: SocketAddr,
+    /// Set when the API token was generated on this start; shown to the user once.
+    pub generated_token: Option<SecretValue>,
+    pub gateway: GatewayHandle,
+    pub shutdown_grace: Duration,
+    store: StoreHandle,
+    token: CancellationToken,
+    tracker: TaskTracker,
+}
+
+/// Maps `[gateway]` to the runtime's settings.
+pub fn runtime_config(gateway: &GatewayConfig, user_home: Option<PathBuf>) -> RuntimeConfig {
+    RuntimeConfig {
+        max_concurrent_runs: gateway.max_concurrent_runs,
+        require_engine_lock: gateway.require_engine_lock,
+        engine_lock_timeout: Duration::from_millis(gateway.engine_lock_timeout_ms),
+        run_inactivity_timeout: Duration::from_millis(gateway.run_inactivity_timeout_ms),
+        max_pending_runs: gateway.max_pending_runs,
+        default_cwd: gateway.default_cwd.clone(),
+        home_dir: user_home,
+        ..RuntimeConfig::default()
+    }
+}
+
+/// Builds every engine the config enables. Echo is always there.
+fn engines(gateway: &GatewayConfig, tracker: &TaskTracker) -> anyhow::Result<EngineRegistry> {
+    let mut registry = EngineRegistry::new();
+    let echo_delay = gateway.engines.get("echo").and_then(|e| e.delay_ms).unwrap_or(0);
+    registry
+        .register(Arc::new(EchoEngine::new(Duration::from_millis(echo_delay), tracker.clone())))?;
+    Ok(registry)
+}
+
+fn load_config(paths: &Paths) -> anyhow::Result<GatewayConfig> {
+    let loaded = config::load_file_or_default(&paths.config)?;
+    for warning in &loaded.warnings {
+        tracing::warn!("{warning}");
+    }
+    Ok(loaded.config.gateway)
+}
+
+async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("could not listen on {addr} for the {what}"))
+}
+
+/// Starts everything and returns once the listeners are bound.
+///
+/// # Errors
+/// Config errors (with file, line and column), an unopenable store, a port in use.
+pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
+    let started = tokio::time::Instant::now();
+    let gateway_config = load_config(&opts.paths)?;
+    std::fs::create_dir_all(&opts.paths.home)
+        .with_context(|| format!("could not create {}", opts.paths.home.display()))?;
+    let store = StoreHandle::open_sqlite(&opts.paths.database())?;
+    let secrets = SecretStore::new(opts.env.clone(), opts.paths.secrets());
+    let (api_token, generated) = secrets.get_or_generate(API_TOKEN_SECRET)?;
+
+    let token = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let deps = GatewayDeps {
+        config: runtime_config(&gateway_config, opts.user_home.clone()),
+        engines: engines(&gateway_config, &tracker)?,
+        store: store.clone(),
+        bus: EventBus::default(),
+    };
+    let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
+
+    let api_listener = bind(&gateway_config.api.addr(DEFAULT_API_PORT), "control API").await?;
+    let health_listener =
+        bind(&gateway_config.health.addr(DEFAULT_HEALTH_PORT), "health endpoint").await?;
+    let api_addr = api_listener.local_addr()?;
+    let health_addr = health_listener.local_addr()?;
+    let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
+    let api = lemon_transports::api::router(lemon_transports::api::ApiState::new(
+        gateway.clone(),
+        api_token.expose().into(),
+        gateway_config.default_engine.as_str().into(),
+        version.clone(),
+        started,
+        token.clone(),
+    ));
+    let health = lemon_transports::health::health_router(
+        lemon_transports::health::HealthState::new(gateway.clone(), version, started),
+    );
+    tracker.spawn(serve_logged(api_listener, api, token.clone(), "control API"));
+    tracker.spawn(serve_logged(health_listener, health, token.clone(), "health endpoint"));
+    tracker.spawn(watch_config(
+        opts.paths.config.clone(),
+        gateway.clone(),
+        gateway_config.clone(),
+        token.clone(),
+    ));
+    tracing::info!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");
+    Ok(Running {
+        api_addr,
+        health_addr,
+        generated_token: generated.then_some(api_token),
+        gateway,
+        shutdown_grace: Duration::from_millis(gateway_config.shutdown_grace_ms),
+        store,
+        token,
+        tracker,
+    })
+}
+
+async fn serve_logged(
+    listener: TcpListener,
+    router: axum::Router,
+    token: CancellationToken,
+    what: &'static str,
+) {
+    if let Err(error) = lemon_transports::serve(listener, router, token).await {
+        tracing::error!(%error, "{what} stopped");
+    }
+}
+
+fn modified(path: &std::path::Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Applies edits of `config.toml` that can change live; others are logged.
+async fn watch_config(
+    path: PathBuf,
+    gateway: GatewayHandle,
+    mut current: GatewayConfig,
+    token: CancellationToken,
+) {
+    let mut last = modified(&path);
+    let mut tick = tokio::time::interval(RELOAD_POLL);
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = modified(&path);
+        if now == last {
+            continue;
+        }
+        last = now;
+        let next = match config::load_file_or_default(&path) {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                tracing::error!(%error, "config not reloaded; keeping the running config");
+                continue;
+            }
+        };
+        for warning in &next.warnings {
+            tracing::warn!("{warning}");
+        }
+        let next = next.config.gateway;
+        if next.max_concurrent_runs != current.max_concurrent_runs
+            && gateway.set_max_concurrent_runs(next.max_concurrent_runs).await.is_err()
+        {
+            return;
+        }
+        tracing::info!(path = %path.display(), "config reloaded");
+        current = next;
+    }
+}
+
+impl Running {
+    /// The token that stops everything.
+    pub fn token(&self) -> CancellationToken {
+        self.token.clone()
+    }
+
+    /// Stops accepting runs, lets running ones finish within the grace period,
+    /// cancels the rest, stops the listeners and flushes the store.
+    ///
+    /// # Errors
+    /// When the store could not be flushed.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        tracing::info!(grace_ms = self.shutdown_grace.as_millis() as u64, "shutting down");
+        let _ = self.gateway.drain(self.shutdown_grace).await;
+        self.token.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(Duration::from_secs(10), self.tracker.wait()).await.is_err() {
+            tracing::warn!("some tasks did not stop within 10 s");
+        }
+        self.store.close().await.context("could not flush the store")?;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// Waits for SIGINT or SIGTERM, or for `token` to be cancelled.
+pub async fn wait_for_signal(token: CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+        () = token.cancelled() => {}
+    }
+}

@@ -1,0 +1,267 @@
+//! Tests of secret lookup, storage and redaction.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+}
+
+/// A store over `env` and `<dir>/secrets.toml` holding `file` (when given).
+fn store(dir: &Path, pairs: &[(&str, &str)], file: Option<&str>) -> SecretStore {
+    let path = dir.join("secrets.toml");
+    if let Some(text) = file {
+        fs::write(&path, text).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    SecretStore::new(env(pairs), path)
+}
+
+fn check_get(store: &SecretStore, name: &str, expect: Option<&str>) {
+    let got = store.get(name).unwrap();
+    assert_eq!(got.as_ref().map(SecretValue::expose), expect, "secret {name}");
+}
+
+fn mode(path: &Path) -> u32 {
+    fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn environment_wins_over_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(
+        dir.path(),
+        &[("LEMON_API_TOKEN", "from-env")],
+        Some("lemon_api_token = \"from-file\"\nother = \"file-only\"\n"),
+    );
+    check_get(&store, "lemon_api_token", Some("from-env"));
+    check_get(&store, "other", Some("file-only"));
+}
+
+#[test]
+fn env_names_are_upper_cased_with_underscores() {
+    assert_eq!(env_var_name("lemon_api_token"), "LEMON_API_TOKEN");
+    assert_eq!(env_var_name("twilio-auth.token"), "TWILIO_AUTH_TOKEN");
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path(), &[("TWILIO_AUTH_TOKEN", "tok"), ("EMPTY", "")], None);
+    check_get(&store, "twilio-auth-token", Some("tok"));
+    check_get(&store, "TWILIO_AUTH_TOKEN", Some("tok"));
+    // An empty variable counts as unset.
+    check_get(&store, "empty", None);
+}
+
+#[test]
+fn file_lookup_and_misses() {
+    let dir = tempfile::tempdir().unwrap();
+    // No file at all.
+    let empty = store(dir.path(), &[], None);
+    check_get(&empty, "deepgram_api_key", None);
+    assert!(empty.warnings().is_empty());
+
+    let store = store(
+        dir.path(),
+        &[],
+        Some("# keys\ndeepgram_api_key = \"dg-123\"\n\"with.dot\" = \"d\"\n"),
+    );
+    check_get(&store, "deepgram_api_key", Some("dg-123"));
+    check_get(&store, "with.dot", Some("d"));
+    check_get(&store, "elevenlabs_api_key", None);
+    let all = SecretsFile::new(store.file_path().to_owned()).read_all().unwrap();
+    assert_eq!(all.keys().collect::<Vec<_>>(), ["deepgram_api_key", "with.dot"]);
+}
+
+#[test]
+fn invalid_names_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path(), &[], None);
+    for name in ["", "has space", "a=b", "é"] {
+        assert_eq!(
+            store.get(name),
+            Err(SecretsError::InvalidName { name: name.to_owned() }),
+            "{name:?}"
+        );
+        assert!(store.set(name, "v").is_err(), "{name:?}");
+    }
+}
+
+#[test]
+fn set_creates_the_file_and_directory_privately() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("home/.lemon/secrets.toml");
+    let store = SecretStore::new(BTreeMap::new(), path.clone());
+    store.set("lemon_api_token", "abc").unwrap();
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(mode(path.parent().unwrap()), 0o700);
+    check_get(&store, "lemon_api_token", Some("abc"));
+
+    // Updating keeps other entries; no temporary file is left behind.
+    store.set("other", "x\"y").unwrap();
+    store.set("lemon_api_token", "def").unwrap();
+    check_get(&store, "lemon_api_token", Some("def"));
+    check_get(&store, "other", Some("x\"y"));
+    let names: Vec<_> =
+        fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["secrets.toml"]);
+}
+
+#[test]
+fn set_keeps_comments_and_tightens_an_open_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("secrets.toml");
+    fs::write(&path, "# written by hand\nkeep = \"k\"\n").unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+    let store = SecretStore::new(BTreeMap::new(), path.clone());
+
+    // Still readable, with a warning the app can log.
+    check_get(&store, "keep", Some("k"));
+    let warnings = store.warnings();
+    assert_eq!(
+        warnings,
+        [SecretsWarning::FileAccessibleByOthers { path: path.clone(), mode: 0o644 }]
+    );
+    assert_eq!(
+        warnings[0].to_string(),
+        format!(
+            "{} is readable or writable by other users (mode 0644); run chmod 600 {}",
+            path.display(),
+            path.display()
+        )
+    );
+
+    store.set("new", "n").unwrap();
+    assert_eq!(mode(&path), 0o600);
+    assert!(store.warnings().is_empty());
+    assert_eq!(
+        fs::read_to_string(&path).unwrap(),
+        "# written by hand\nkeep = \"k\"\nnew = \"n\"\n"
+    );
+}
+
+#[test]
+fn get_or_generate_generates_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("secrets.toml");
+    let store = SecretStore::new(BTreeMap::new(), path.clone());
+
+    let (first, generated) = store.get_or_generate("lemon_api_token").unwrap();
+    assert!(generated);
+    assert_eq!(first.expose().len(), 64);
+    assert!(first.expose().chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+    assert_eq!(mode(&path), 0o600);
+
+    let (second, generated) = store.get_or_generate("lemon_api_token").unwrap();
+    assert!(!generated);
+    assert_eq!(second, first);
+
+    let fresh = SecretStore::new(BTreeMap::new(), path);
+    let (third, generated) = fresh.get_or_generate("lemon_api_token").unwrap();
+    assert!(!generated);
+    assert_eq!(third, first);
+
+    // A different name gets a different token.
+    let (other, generated) = fresh.get_or_generate("webhook_token").unwrap();
+    assert!(generated);
+    assert_ne!(other, first);
+
+    // An environment value is returned as is and nothing is written.
+    let env_store = SecretStore::new(env(&[("FROM_ENV", "e")]), dir.path().join("unused.toml"));
+    let (value, generated) = env_store.get_or_generate("from_env").unwrap();
+    assert_eq!((value.expose(), generated), ("e", false));
+    assert!(!dir.path().join("unused.toml").exists());
+}
+
+#[test]
+fn values_never_show_in_debug_output() {
+    let value = SecretValue::new("hunter2-very-secret");
+    assert_eq!(format!("{value:?}"), "SecretValue(***)");
+    assert_eq!(format!("{value}"), "SecretValue(***)");
+    assert_eq!(format!("{:?}", Some(&value)), "Some(SecretValue(***))");
+
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        store(dir.path(), &[("API_KEY", "hunter2-env")], Some("file_key = \"hunter2-file\"\n"));
+    let debug = format!("{store:?}");
+    assert!(!debug.contains("hunter2"), "{debug}");
+    assert!(debug.contains("secrets.toml"), "{debug}");
+    assert_eq!(
+        store.describe_sources(),
+        ["environment".to_owned(), store.file_path().display().to_string()]
+    );
+}
+
+fn check_malformed(text: &str, expect_suffix: &str, values: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path(), &[], Some(text));
+    let path = store.file_path().to_owned();
+    let err = store.get("anything").unwrap_err();
+    assert!(matches!(err, SecretsError::Malformed { .. }), "{err:?}");
+    let shown = format!("{err} / {err:?}");
+    assert_eq!(err.to_string(), format!("{}{expect_suffix}", path.display()));
+    for value in values {
+        assert!(!shown.contains(value), "{value:?} leaked into {shown}");
+    }
+    // A malformed file is not overwritten by `set`.
+    assert!(matches!(store.set("x", "y"), Err(SecretsError::Malformed { .. })));
+    assert_eq!(fs::read_to_string(&path).unwrap(), text);
+}
+
+#[test]
+fn malformed_file_errors_name_the_file_and_position_but_no_value() {
+    check_malformed(
+        "ok = \"s3cr3t-one\"\ntoken = s3cr3t-two\n",
+        ":2:9: malformed secrets file: invalid string; expected `\"`, `'`",
+        &["s3cr3t"],
+    );
+    check_malformed(
+        "token = \"s3cr3t-unterminated\n",
+        ":1:29: malformed secrets file: invalid basic string",
+        &["s3cr3t"],
+    );
+    check_malformed(
+        "ok = \"s3cr3t-one\"\nport = 4242\n",
+        ":2:8: malformed secrets file: secret `port` must be a string",
+        &["s3cr3t", "4242"],
+    );
+    check_malformed(
+        "[nested]\nkey = \"s3cr3t\"\n",
+        ":1:1: malformed secrets file: secret `nested` must be a string",
+        &["s3cr3t"],
+    );
+}
+
+#[test]
+fn a_source_put_first_wins() {
+    #[derive(Debug)]
+    struct Keychain;
+    impl SecretSource for Keychain {
+        fn describe(&self) -> String {
+            "keychain".to_owned()
+        }
+        fn get(&self, name: &str) -> Result<Option<SecretValue>, SecretsError> {
+            Ok((name == "lemon_api_token").then(|| SecretValue::new("from-keychain")))
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path(), &[("LEMON_API_TOKEN", "from-env"), ("OTHER", "o")], None)
+        .with_source_first(Keychain);
+    check_get(&store, "lemon_api_token", Some("from-keychain"));
+    check_get(&store, "other", Some("o"));
+    assert_eq!(store.describe_sources()[0], "keychain");
+}
+
+#[test]
+fn read_errors_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    // A directory where the file should be.
+    let path: PathBuf = dir.path().to_owned();
+    let store = SecretStore::new(BTreeMap::new(), path.clone());
+    let err = store.get("x").unwrap_err();
+    assert!(
+        err.to_string().starts_with(&format!("{}: cannot read secrets file: ", path.display())),
+        "{err}"
+    );
+}

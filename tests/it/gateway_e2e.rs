@@ -1,0 +1,214 @@
+//! The headless gateway end to end: the real binary, its API, its CLI and its
+//! shutdown, on ephemeral ports with a private `LEMON_HOME`.
+
+use std::process::Stdio;
+
+use serde_json::json;
+
+use crate::support::{command, home_with, write_config, Gateway, PATIENCE, TOKEN};
+
+fn ms(record: &serde_json::Value, key: &str) -> i64 {
+    record[key].as_i64().unwrap_or_else(|| panic!("{key} in {record}"))
+}
+
+#[tokio::test]
+async fn a_prompt_streams_back_over_sse_and_is_stored() {
+    let gateway = Gateway::start("").await;
+    let run_id = gateway.submit(json!({ "prompt": "hello big world", "engine": "echo" })).await;
+    let events = gateway.events(&run_id).await;
+    let types: Vec<&str> = events.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(
+        types,
+        [
+            "run_started",
+            "engine_started",
+            "delta",
+            "delta",
+            "delta",
+            "engine_completed",
+            "run_completed"
+        ]
+    );
+    let seqs: Vec<u64> = events
+        .iter()
+        .filter(|(t, _)| t == "delta")
+        .map(|(_, d)| d["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    let record = gateway.wait(&run_id).await;
+    assert_eq!(record["status"], "completed");
+    assert_eq!(record["answer"], "hello big world");
+    assert_eq!(record["resume"]["engine"], "echo");
+
+    // Replay after the fact gives the same events.
+    let replay = gateway.events(&run_id).await;
+    assert_eq!(replay, events);
+    assert!(std::path::Path::new(&gateway.home).join("lemon.db").exists());
+}
+
+#[tokio::test]
+async fn one_session_runs_in_order_and_the_limit_holds() {
+    let gateway = Gateway::start(
+        "[gateway]\nmax_concurrent_runs = 1\n[gateway.engines.echo]\ndelay_ms = 20\n",
+    )
+    .await;
+    let a = gateway.submit(json!({ "prompt": "first one here", "session_key": "s1" })).await;
+    let b = gateway.submit(json!({ "prompt": "second", "session_key": "s1" })).await;
+    let c = gateway.submit(json!({ "prompt": "other session", "session_key": "s2" })).await;
+    let (a, b, c) = (gateway.wait(&a).await, gateway.wait(&b).await, gateway.wait(&c).await);
+    // Same session: b starts after a completed.
+    assert!(ms(&b, "started_at_ms") >= ms(&a, "completed_at_ms"), "{a} {b}");
+    // One slot: no two runs overlap at all.
+    let mut spans = [a, b, c].map(|r| (ms(&r, "started_at_ms"), ms(&r, "completed_at_ms")));
+    spans.sort();
+    assert!(spans.windows(2).all(|w| w[1].0 >= w[0].1), "{spans:?}");
+}
+
+#[tokio::test]
+async fn cancel_and_steer_on_a_live_run() {
+    let gateway = Gateway::start("[gateway.engines.echo]\ndelay_ms = 50\n").await;
+    let words = vec!["word"; 200].join(" ");
+    let run_id = gateway.submit(json!({ "prompt": words })).await;
+    let steer = gateway
+        .post(&format!("/v1/runs/{run_id}/steer"))
+        .json(&json!({ "text": "faster" }))
+        .send()
+        .await
+        .unwrap();
+    let steer: serde_json::Value = steer.json().await.unwrap();
+    assert_eq!(steer["accepted"], false, "echo cannot be steered: {steer}");
+    let cancel = gateway.post(&format!("/v1/runs/{run_id}/cancel")).send().await.unwrap();
+    assert_eq!(cancel.status(), 202);
+    let record = gateway.wait(&run_id).await;
+    assert_eq!(record["status"], "cancelled");
+    assert_eq!(record["error_code"], "user_requested");
+    let again = gateway.post(&format!("/v1/runs/{run_id}/cancel")).send().await.unwrap();
+    assert_eq!(again.status(), 202, "cancel is idempotent");
+    let unknown = gateway.post("/v1/runs/run_nope/cancel").send().await.unwrap();
+    assert_eq!(unknown.status(), 404);
+}
+
+#[tokio::test]
+async fn bad_requests_get_json_errors() {
+    let gateway = Gateway::start("").await;
+    let no_token = gateway.http.get(format!("{}/v1/status", gateway.api)).send().await.unwrap();
+    assert_eq!(no_token.status(), 401);
+    let body: serde_json::Value = no_token.json().await.unwrap();
+    assert!(body["error"].is_string());
+    let malformed = gateway
+        .post("/v1/runs")
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(malformed.status(), 400);
+    assert!(malformed.json::<serde_json::Value>().await.unwrap()["error"].is_string());
+    let unknown_engine = gateway
+        .post("/v1/runs")
+        .json(&json!({ "prompt": "x", "engine": "nope" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown_engine.status(), 400);
+    let health = gateway.http.get(format!("{}/healthz", gateway.health)).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let health: serde_json::Value = health.json().await.unwrap();
+    assert_eq!(health["ok"], true);
+}
+
+#[tokio::test]
+async fn sigterm_drains_runs_and_nothing_is_lost_across_a_restart() {
+    let dir =
+        home_with("[gateway]\nshutdown_grace_ms = 300\n[gateway.engines.echo]\ndelay_ms = 50\n");
+    let gateway = Gateway::start_in(dir.path()).await;
+    let quick = gateway.submit(json!({ "prompt": "ok", "session_key": "q" })).await;
+    gateway.wait(&quick).await;
+    let slow =
+        gateway.submit(json!({ "prompt": vec!["w"; 400].join(" "), "session_key": "slow" })).await;
+    // Wait until it is streaming, then stop the gateway.
+    let mut first = gateway.get(&format!("/v1/runs/{slow}/events")).send().await.unwrap();
+    while !String::from_utf8_lossy(&first.chunk().await.unwrap().unwrap()).contains("delta") {}
+    let status = gateway.terminate().await;
+    assert!(status.success(), "clean exit: {status}");
+
+    let gateway = Gateway::start_in(dir.path()).await;
+    let quick = gateway
+        .get(&format!("/v1/runs/{quick}"))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    assert_eq!(quick["status"], "completed");
+    let slow_record = gateway
+        .get(&format!("/v1/runs/{slow}"))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    assert_eq!(slow_record["status"], "cancelled");
+    assert_eq!(slow_record["error_code"], "shutting_down");
+    let events = gateway.events(&slow).await;
+    assert_eq!(
+        events.last().unwrap().0,
+        "run_completed",
+        "the stored events end with the completion"
+    );
+}
+
+#[tokio::test]
+async fn the_cli_runs_a_prompt_and_prints_the_resume_line() {
+    let gateway = Gateway::start("").await;
+    let output = command(&gateway.home)
+        .args(["run", "--url", &gateway.api, "--session", "cli", "hello", "from", "the", "cli"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output();
+    let output = tokio::time::timeout(PATIENCE, output).await.unwrap().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout} {}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.starts_with("hello from the cli\n"), "{stdout}");
+    assert!(stdout.contains("`echo resume run_"), "{stdout}");
+
+    let status = command(&gateway.home).args(["status", "--url", &gateway.api]).output();
+    let status = tokio::time::timeout(PATIENCE, status).await.unwrap().unwrap();
+    assert!(status.status.success());
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["scheduler"]["max"], 2);
+    assert!(!String::from_utf8_lossy(&output.stderr).contains(TOKEN), "the token is never printed");
+}
+
+#[tokio::test]
+async fn a_config_error_names_file_line_and_column() {
+    let dir = home_with("[gateway]\nmax_concurrent_runs = \"two\"\n");
+    let output = command(dir.path()).stdout(Stdio::piped()).stderr(Stdio::piped()).output();
+    let output = tokio::time::timeout(PATIENCE, output).await.unwrap().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let expected = format!("{}:2:23", dir.path().join("config.toml").display());
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert!(stderr.contains("max_concurrent_runs"), "{stderr}");
+}
+
+#[tokio::test]
+async fn editing_the_config_resizes_the_slots_live() {
+    let gateway = Gateway::start("[gateway]\nmax_concurrent_runs = 2\n").await;
+    write_config(&gateway.home, "[gateway]\nmax_concurrent_runs = 7\n");
+    let max = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let status: serde_json::Value =
+                gateway.get("/v1/status").send().await.unwrap().json().await.unwrap();
+            if status["scheduler"]["max"] == 7 {
+                return 7;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the new limit is applied");
+    assert_eq!(max, 7);
+}

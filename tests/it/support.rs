@@ -1,0 +1,167 @@
+//! Starting the real `lemon-gateway` binary on ephemeral ports with a private
+//! `LEMON_HOME`, and talking to it.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// The API token every test gateway uses.
+pub(crate) const TOKEN: &str = "test-token-0123456789";
+
+/// Generous bound for anything a test waits for; a hang fails instead of blocking.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
+
+pub(crate) fn gateway_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_lemon-gateway-e2e")
+}
+
+/// A running gateway process.
+pub(crate) struct Gateway {
+    pub(crate) child: Child,
+    pub(crate) api: String,
+    pub(crate) health: String,
+    pub(crate) home: PathBuf,
+    pub(crate) http: reqwest::Client,
+    /// Kept so the directory outlives the process when the test owns it.
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// A fresh `LEMON_HOME` with `config` (ports default to 0 unless the config sets them).
+pub(crate) fn home_with(config: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), config);
+    dir
+}
+
+pub(crate) fn write_config(home: &Path, config: &str) {
+    let mut text = config.to_owned();
+    if !text.contains("[gateway.api]") {
+        text.push_str("\n[gateway.api]\nport = 0\n");
+    }
+    if !text.contains("[gateway.health]") {
+        text.push_str("\n[gateway.health]\nport = 0\n");
+    }
+    std::fs::write(home.join("config.toml"), text).unwrap();
+}
+
+pub(crate) fn command(home: &Path) -> Command {
+    let mut command = Command::new(gateway_bin());
+    command
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("LEMON_HOME", home)
+        .env("LEMON_API_TOKEN", TOKEN)
+        .env("LEMON_LOG", "info")
+        .kill_on_drop(true);
+    command
+}
+
+impl Gateway {
+    /// Starts a gateway on a new home with `config`.
+    pub(crate) async fn start(config: &str) -> Gateway {
+        let dir = home_with(config);
+        let mut gateway = Gateway::start_in(dir.path()).await;
+        gateway._dir = Some(dir);
+        gateway
+    }
+
+    /// Starts a gateway on an existing home (its config.toml stays as is).
+    pub(crate) async fn start_in(home: &Path) -> Gateway {
+        let mut child =
+            command(home).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let ready = tokio::time::timeout(PATIENCE, async {
+            loop {
+                let line =
+                    lines.next_line().await.unwrap().expect("gateway exited before it was ready");
+                if line.starts_with("lemon-gateway ready") {
+                    return line;
+                }
+            }
+        })
+        .await
+        .expect("gateway ready in time");
+        let field = |name: &str| -> String {
+            ready
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .expect("address in ready line")
+                .to_owned()
+        };
+        Gateway {
+            child,
+            api: field("api="),
+            health: field("health="),
+            home: home.to_owned(),
+            http: reqwest::Client::new(),
+            _dir: None,
+        }
+    }
+
+    pub(crate) fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http.get(format!("{}{path}", self.api)).bearer_auth(TOKEN)
+    }
+
+    pub(crate) fn post(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http.post(format!("{}{path}", self.api)).bearer_auth(TOKEN)
+    }
+
+    /// Submits a prompt; the run id.
+    pub(crate) async fn submit(&self, body: serde_json::Value) -> String {
+        let response = self.post("/v1/runs").json(&body).send().await.unwrap();
+        assert_eq!(response.status(), 202, "submit {body}");
+        let accepted: serde_json::Value = response.json().await.unwrap();
+        accepted["run_id"].as_str().unwrap().to_owned()
+    }
+
+    /// The events of a run over SSE until `run_completed`: (type, data) pairs.
+    pub(crate) async fn events(&self, run_id: &str) -> Vec<(String, serde_json::Value)> {
+        use futures::StreamExt;
+        let response = self.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        let mut parser = lemon_gateway::sse::SseParser::default();
+        let mut out = Vec::new();
+        let mut stream = response.bytes_stream();
+        tokio::time::timeout(PATIENCE, async {
+            while let Some(chunk) = stream.next().await {
+                for event in parser.push(&chunk.unwrap()) {
+                    let data: serde_json::Value = serde_json::from_str(&event.data).unwrap();
+                    let done = event.event == "run_completed";
+                    out.push((event.event, data));
+                    if done {
+                        return;
+                    }
+                }
+            }
+        })
+        .await
+        .expect("run completes in time");
+        out
+    }
+
+    /// Waits for the run to complete (via its event stream) and returns its record.
+    pub(crate) async fn wait(&self, run_id: &str) -> serde_json::Value {
+        self.events(run_id).await;
+        self.get(&format!("/v1/runs/{run_id}")).send().await.unwrap().json().await.unwrap()
+    }
+
+    pub(crate) fn pid(&self) -> i32 {
+        self.child.id().expect("gateway running") as i32
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub(crate) async fn terminate(mut self) -> std::process::ExitStatus {
+        let status =
+            Command::new("kill").arg("-TERM").arg(self.pid().to_string()).status().await.unwrap();
+        assert!(status.success());
+        tokio::time::timeout(PATIENCE, self.child.wait())
+            .await
+            .expect("gateway exits in time")
+            .unwrap()
+    }
+}
