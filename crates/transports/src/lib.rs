@@ -1,1 +1,38 @@
-//! Lemon Gateway transports.
+//! Lemon Gateway transports: the ways in and out of a gateway over HTTP.
+//!
+//! # Layout
+//! - [`api`]: the control API (`/v1/...`): submit, inspect, cancel and steer runs,
+//!   and follow their events over Server-Sent Events. Bearer-token protected.
+//! - [`health`]: `/healthz`, `/health` and `/metrics`, unauthenticated, meant for a
+//!   loopback or internal port.
+//! - [`error`]: [`error::ApiError`], the one JSON error shape of every router, and
+//!   extractors whose rejections use it.
+//! - [`serve`]: runs a router on a listener until a shutdown token fires.
+//!
+//! Handlers parse, call the gateway or the store, and map errors; they hold no
+//! business rules and never call engines.
+
+pub mod api;
+pub mod error;
+pub mod health;
+
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Serves `router` on `listener` until `shutdown` is cancelled, then stops
+/// accepting and waits for in-flight requests. Event streams watch the same token
+/// (through their router's state), so an open stream does not hold shutdown up.
+///
+/// # Errors
+/// An I/O error from the listener.
+///
+/// # Cancel safety
+/// Dropping the future stops the server at once, without a graceful shutdown.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await
+}

@@ -1,0 +1,119 @@
+//! The control API: runs over HTTP with Server-Sent Events.
+//!
+//! | method | path | success |
+//! | --- | --- | --- |
+//! | `POST` | `/v1/runs` (`?wait=true`) | `202` accepted (`200` with the finished run) |
+//! | `GET` | `/v1/runs?status=&limit=` | `200 {"runs": [...]}`, newest first |
+//! | `GET` | `/v1/runs/{id}` | `200` the run |
+//! | `POST` | `/v1/runs/{id}/cancel` | `202 {"run_id", "status"}` |
+//! | `POST` | `/v1/runs/{id}/steer` | `200 {"accepted", "reason"?}` |
+//! | `GET` | `/v1/runs/{id}/events` | SSE: stored events, then live ones, until `run_completed` |
+//! | `GET` | `/v1/events` | SSE: every event of every run |
+//! | `GET` | `/v1/status` | `200` version, uptime, scheduler counters, engines |
+//!
+//! Every route needs `Authorization: Bearer <token>`. Every error is
+//! `{"error": "..."}` (see [`ApiError`]).
+
+mod events;
+mod runs;
+mod status;
+mod transfer;
+
+use std::fmt;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use lemon_core::gateway::GatewayHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{method_not_allowed, not_found, ApiError, MAX_BODY_BYTES};
+
+/// What the control API's handlers share: handles and a few settings. Cheap to clone.
+#[derive(Clone)]
+pub struct ApiState {
+    pub gateway: GatewayHandle,
+    /// The bearer token every request must carry. Never logged.
+    pub token: Arc<str>,
+    /// The engine of requests that name none.
+    pub default_engine: Arc<str>,
+    /// The gateway's version, reported by `/v1/status`.
+    pub version: Arc<str>,
+    /// When the gateway started, for uptime.
+    pub started_at: Instant,
+    /// Cancelled when the server shuts down; ends open event streams.
+    pub shutdown: CancellationToken,
+}
+
+impl fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiState")
+            .field("gateway", &self.gateway)
+            .field("token", &"<redacted>")
+            .field("default_engine", &self.default_engine)
+            .field("version", &self.version)
+            .field("started_at", &self.started_at)
+            .field("shutdown", &self.shutdown)
+            .finish()
+    }
+}
+
+/// The control API router, every route behind the bearer token.
+pub fn router(state: ApiState) -> Router {
+    let token = BearerToken(state.token.clone());
+    Router::new()
+        .route("/v1/runs", post(runs::submit).get(runs::list))
+        .route("/v1/runs/{id}", get(runs::get))
+        .route("/v1/runs/{id}/cancel", post(runs::cancel))
+        .route("/v1/runs/{id}/steer", post(runs::steer))
+        .route("/v1/runs/{id}/events", get(events::run_events))
+        .route("/v1/events", get(events::firehose))
+        .route("/v1/status", get(status::status))
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(token, require_bearer))
+        .with_state(state)
+}
+
+/// The expected token, as the auth middleware's state.
+#[derive(Clone)]
+struct BearerToken(Arc<str>);
+
+/// Lets the request through only with the right `Authorization: Bearer` header.
+async fn require_bearer(State(expected): State<BearerToken>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    match presented {
+        Some(token)
+            if !expected.0.is_empty()
+                && constant_time_eq(token.as_bytes(), expected.0.as_bytes()) =>
+        {
+            next.run(req).await
+        }
+        _ => ApiError::Unauthorized.into_response(),
+    }
+}
+
+/// Compares two byte strings in time that depends only on their lengths, so a
+/// caller cannot find the token byte by byte from response times.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,45 @@
+//! `GET /v1/status`: version, uptime, scheduler counters and engines.
+
+use axum::extract::State;
+use axum::Json;
+use lemon_core::engine::Availability;
+use serde_json::{json, Value};
+
+use super::ApiState;
+use crate::error::ApiError;
+
+pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let snapshot = state.gateway.snapshot().await?;
+    let engines: Vec<Value> = state
+        .gateway
+        .engines()
+        .iter()
+        .map(|engine| {
+            let capabilities = engine.capabilities();
+            let mut body = json!({
+                "id": engine.id().as_str(),
+                "available": true,
+                "steer": capabilities.steer,
+                "redirect": capabilities.redirect,
+            });
+            if let Availability::Unavailable { reason } = engine.availability() {
+                body["available"] = json!(false);
+                body["reason"] = json!(reason);
+            }
+            body
+        })
+        .collect();
+    Ok(Json(json!({
+        "version": &*state.version,
+        "uptime_ms": u64::try_from(state.started_at.elapsed().as_millis()).unwrap_or(u64::MAX),
+        "scheduler": {
+            "in_flight": snapshot.in_flight,
+            "waitq": snapshot.waitq,
+            "max": snapshot.max,
+            "conversations": snapshot.conversations,
+            "queued": snapshot.queued,
+        },
+        "engines": engines,
+        "default_engine": &*state.default_engine,
+    })))
+}

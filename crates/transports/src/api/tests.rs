@@ -1,0 +1,862 @@
+//! Tests of the control API against a real gateway running the echo engine:
+//! request and response through `oneshot`, event streams over a real socket.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, Method, Request, StatusCode};
+use axum::Router;
+use futures::{Stream, StreamExt};
+use lemon_core::bus::{BusEvent, EventBus, EventKind, RecvError, Subscription};
+use lemon_core::engine::{Completion, EngineRegistry};
+use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
+use lemon_core::ids::RunId;
+use lemon_core::store::{FinishedRun, NewRun, StoreHandle};
+use lemon_engines::echo::EchoEngine;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
+
+use super::{router, ApiState};
+
+const TOKEN: &str = "test-token-6f1c";
+/// A safety net: every wait in these tests ends on an event long before this.
+const PATIENCE: Duration = Duration::from_secs(20);
+/// Per-word delay of the slow echo engine.
+const SLOW: Duration = Duration::from_millis(20);
+
+async fn within<F: Future>(what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(PATIENCE, fut).await {
+        Ok(output) => output,
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+/// A prompt of `n` words.
+fn words(n: usize) -> String {
+    (1..=n).map(|i| format!("word{i}")).collect::<Vec<_>>().join(" ")
+}
+
+/// A gateway with the echo engine and an API state over it.
+struct TestGateway {
+    state: ApiState,
+    /// The gateway's own token; cancelled on drop.
+    token: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl TestGateway {
+    fn start(word_delay: Duration) -> Self {
+        TestGateway::with_max(word_delay, 2)
+    }
+
+    fn with_max(word_delay: Duration, max_concurrent_runs: usize) -> Self {
+        TestGateway::with_bus(word_delay, max_concurrent_runs, EventBus::default())
+    }
+
+    fn with_bus(word_delay: Duration, max_concurrent_runs: usize, bus: EventBus) -> Self {
+        let config = RuntimeConfig { max_concurrent_runs, ..RuntimeConfig::default() };
+        TestGateway::with_config(word_delay, config, bus)
+    }
+
+    fn with_config(word_delay: Duration, config: RuntimeConfig, bus: EventBus) -> Self {
+        let tracker = TaskTracker::new();
+        let token = CancellationToken::new();
+        let mut engines = EngineRegistry::new();
+        engines.register(Arc::new(EchoEngine::new(word_delay, tracker.clone()))).unwrap();
+        let deps = GatewayDeps { config, engines, store: StoreHandle::memory(), bus };
+        let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
+        let state = ApiState {
+            gateway,
+            token: TOKEN.into(),
+            default_engine: "echo".into(),
+            version: "1.2.3-test".into(),
+            started_at: Instant::now(),
+            shutdown: CancellationToken::new(),
+        };
+        TestGateway { state, token, tracker }
+    }
+
+    fn gateway(&self) -> &GatewayHandle {
+        &self.state.gateway
+    }
+
+    fn router(&self) -> Router {
+        router(self.state.clone())
+    }
+
+    /// Sends a request with the right token.
+    async fn call(&self, method: Method, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let body = body.map_or_else(Body::empty, |body| Body::from(body.to_string()));
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .unwrap();
+        let (status, _, body) = self.send(req).await;
+        (status, body)
+    }
+
+    async fn send(&self, req: Request<Body>) -> (StatusCode, HeaderMap, Value) {
+        let what = format!("{} {}", req.method(), req.uri());
+        let response = within(&what, self.router().oneshot(req)).await.unwrap();
+        let (parts, body) = response.into_parts();
+        let bytes = within(&what, axum::body::to_bytes(body, usize::MAX)).await.unwrap();
+        let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+            panic!("{what}: body is not JSON: {}", String::from_utf8_lossy(&bytes))
+        });
+        (parts.status, parts.headers, body)
+    }
+
+    /// Submits a run with a chosen id and waits for its `run_completed`.
+    async fn run_to_completion(&self, run_id: &str, prompt: &str) -> Arc<BusEvent> {
+        let mut events = self.gateway().bus().subscribe_run(&RunId::parse(run_id).unwrap());
+        let (status, body) = self
+            .call(Method::POST, "/v1/runs", Some(json!({ "prompt": prompt, "run_id": run_id })))
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        until_completed(&mut events, run_id).await
+    }
+
+    /// Serves the API on `127.0.0.1:0` until the state's shutdown token fires.
+    async fn serve(&self) -> (SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server =
+            tokio::spawn(crate::serve(listener, self.router(), self.state.shutdown.clone()));
+        (addr, server)
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        self.token.cancel();
+        self.state.shutdown.cancel();
+    }
+}
+
+/// The first event of `run_id` that matches `wanted`.
+async fn until_event(
+    events: &mut Subscription,
+    run_id: &str,
+    wanted: impl Fn(&EventKind) -> bool,
+) -> Arc<BusEvent> {
+    within("a bus event", async {
+        loop {
+            match events.recv().await {
+                Ok(event) if event.run_id.as_str() == run_id && wanted(&event.kind) => {
+                    return event
+                }
+                Ok(_) | Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => panic!("topic of {run_id} closed before the event"),
+            }
+        }
+    })
+    .await
+}
+
+async fn until_completed(events: &mut Subscription, run_id: &str) -> Arc<BusEvent> {
+    until_event(events, run_id, |kind| matches!(kind, EventKind::RunCompleted { .. })).await
+}
+
+async fn until_first_delta(events: &mut Subscription, run_id: &str) -> Arc<BusEvent> {
+    until_event(events, run_id, |kind| matches!(kind, EventKind::Delta { .. })).await
+}
+
+/// One Server-Sent Event.
+#[derive(Debug, Clone, PartialEq)]
+struct SseFrame {
+    event: String,
+    id: Option<u64>,
+    data: Value,
+}
+
+type ByteStream = Pin<Box<dyn Stream<Item = Result<Vec<u8>, String>> + Send>>;
+
+/// Reads SSE frames from a body, skipping keep-alive comments.
+struct SseReader {
+    body: ByteStream,
+    buf: Vec<u8>,
+}
+
+impl SseReader {
+    fn from_axum(body: Body) -> Self {
+        let body = body
+            .into_data_stream()
+            .map(|chunk| chunk.map(|b| b.to_vec()).map_err(|e| e.to_string()));
+        SseReader { body: Box::pin(body), buf: Vec::new() }
+    }
+
+    fn from_reqwest(response: reqwest::Response) -> Self {
+        let body = response
+            .bytes_stream()
+            .map(|chunk| chunk.map(|b| b.to_vec()).map_err(|e| e.to_string()));
+        SseReader { body: Box::pin(body), buf: Vec::new() }
+    }
+
+    /// The next frame, or `None` when the stream ended.
+    async fn next(&mut self) -> Option<SseFrame> {
+        loop {
+            if let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                let raw: Vec<u8> = self.buf.drain(..end + 2).collect();
+                if let Some(frame) = parse_frame(std::str::from_utf8(&raw).unwrap()) {
+                    return Some(frame);
+                }
+                continue;
+            }
+            match within("an SSE chunk", self.body.next()).await {
+                Some(Ok(bytes)) => self.buf.extend_from_slice(&bytes),
+                Some(Err(err)) => panic!("SSE body failed: {err}"),
+                None => {
+                    assert!(self.buf.iter().all(u8::is_ascii_whitespace), "stream ended mid-frame");
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Every frame until the stream ends.
+    async fn collect(&mut self) -> Vec<SseFrame> {
+        let mut frames = Vec::new();
+        while let Some(frame) = self.next().await {
+            frames.push(frame);
+        }
+        frames
+    }
+}
+
+fn parse_frame(raw: &str) -> Option<SseFrame> {
+    let (mut event, mut id, mut data) = (String::from("message"), None, None::<String>);
+    for line in raw.lines() {
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "event" => event = value.to_owned(),
+            "id" => id = Some(value.parse().unwrap()),
+            "data" => {
+                data = Some(data.map_or_else(|| value.to_owned(), |d| format!("{d}\n{value}")))
+            }
+            _ => {} // comments (keep-alive) and blank lines
+        }
+    }
+    let data = serde_json::from_str(&data?).unwrap();
+    Some(SseFrame { event, id, data })
+}
+
+/// Checks a run's complete event sequence: indices exactly 1..=N in order,
+/// `run_started` first, deltas numbered 1..=n that spell the prompt, and
+/// `run_completed` last.
+fn check_complete_run(frames: &[SseFrame], run_id: &str, prompt: &str) {
+    let kinds: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
+    let indices: Vec<u64> =
+        frames.iter().map(|f| f.id.expect("every run event has an id")).collect();
+    let expected: Vec<u64> = (1..=frames.len() as u64).collect();
+    assert_eq!(indices, expected, "indices of {kinds:?}");
+    assert_eq!(kinds.first(), Some(&"run_started"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"run_completed"), "{kinds:?}");
+    assert!(kinds.contains(&"engine_started"), "{kinds:?}");
+    for frame in frames {
+        assert_eq!(frame.data["run_id"], json!(run_id));
+        assert_eq!(frame.data["type"], json!(frame.event));
+        assert_eq!(frame.data["index"], json!(frame.id.unwrap()));
+    }
+    let deltas: Vec<&SseFrame> = frames.iter().filter(|f| f.event == "delta").collect();
+    let seqs: Vec<u64> = deltas.iter().map(|f| f.data["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=deltas.len() as u64).collect::<Vec<_>>());
+    let text: String = deltas.iter().map(|f| f.data["text"].as_str().unwrap()).collect();
+    assert_eq!(text, prompt);
+    let last = &frames.last().unwrap().data;
+    assert_eq!(last["status"], json!("completed"));
+    assert_eq!(last["answer"], json!(prompt));
+}
+
+fn error_of(body: &Value) -> &str {
+    body["error"].as_str().unwrap_or_else(|| panic!("no error message in {body}"))
+}
+
+#[tokio::test]
+async fn requests_need_the_bearer_token() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let with_auth = |auth: Option<&str>| {
+        let mut req = Request::builder().uri("/v1/runs");
+        if let Some(auth) = auth {
+            req = req.header(header::AUTHORIZATION, auth);
+        }
+        req.body(Body::empty()).unwrap()
+    };
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some(&*format!("Basic {TOKEN}")),
+        Some("Bearer"),
+        Some("Bearer "),
+    ] {
+        let (status, headers, body) = gw.send(with_auth(auth)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{auth:?}");
+        assert_eq!(body, json!({ "error": "missing or invalid bearer token" }));
+        assert_eq!(headers[header::WWW_AUTHENTICATE], "Bearer");
+    }
+    // Unknown routes are hidden behind the token too.
+    let (status, _, _) =
+        gw.send(Request::builder().uri("/nope").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    let (status, _, body) = gw.send(with_auth(Some(&format!("Bearer {TOKEN}")))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, json!({ "runs": [] }));
+    let (status, _, _) = gw.send(with_auth(Some(&format!("bearer {TOKEN}")))).await;
+    assert_eq!(status, StatusCode::OK, "the scheme is case-insensitive");
+}
+
+#[tokio::test]
+async fn submitted_run_completes_with_the_echoed_answer() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let mut all = gw.gateway().bus().subscribe_all();
+    let (status, body) = gw
+        .call(
+            Method::POST,
+            "/v1/runs",
+            Some(json!({ "prompt": "hello echo world", "meta": { "origin": "test" } })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["status"], json!("accepted"));
+    assert_eq!(body["session_key"], json!("default"));
+    let run_id = body["run_id"].as_str().unwrap().to_owned();
+    assert!(run_id.starts_with("run_"), "{run_id}");
+
+    until_completed(&mut all, &run_id).await;
+    let (status, run) = gw.call(Method::GET, &format!("/v1/runs/{run_id}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{run}");
+    assert_eq!(run["run_id"], json!(run_id));
+    assert_eq!(run["status"], json!("completed"));
+    assert_eq!(run["answer"], json!("hello echo world"));
+    assert_eq!(run["prompt"], json!("hello echo world"));
+    assert_eq!(run["engine"], json!("echo"));
+    assert_eq!(run["session_key"], json!("default"));
+    assert_eq!(run["meta"], json!({ "origin": "test" }));
+    assert_eq!(run["error"], Value::Null);
+    assert_eq!(run["error_code"], Value::Null);
+    assert_eq!(run["resume"], json!({ "engine": "echo", "value": run_id }));
+    assert_eq!(run["resume_line"], json!(format!("echo resume {run_id}")));
+    for field in ["created_at_ms", "started_at_ms", "completed_at_ms", "duration_ms"] {
+        assert!(run[field].is_number(), "{field} in {run}");
+    }
+}
+
+#[tokio::test]
+async fn submit_with_wait_answers_with_the_finished_run() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let body = json!({ "prompt": "wait for me", "session_key": "s-wait", "run_id": "wait-1" });
+    let (status, run) = gw.call(Method::POST, "/v1/runs?wait=true", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{run}");
+    assert_eq!(run["run_id"], json!("wait-1"));
+    assert_eq!(run["session_key"], json!("s-wait"));
+    assert_eq!(run["status"], json!("completed"));
+    assert_eq!(run["answer"], json!("wait for me"));
+    assert_eq!(run["resume"], json!({ "engine": "echo", "value": "wait-1" }));
+
+    // The same id again is a conflict, even though that run has finished.
+    let body = json!({ "prompt": "again", "run_id": "wait-1" });
+    let (status, error) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{error}");
+    assert!(error_of(&error).contains("wait-1"), "{error}");
+}
+
+#[tokio::test]
+async fn duplicate_id_of_an_active_run_is_a_conflict() {
+    let gw = TestGateway::start(SLOW);
+    let mut events = gw.gateway().bus().subscribe_run(&RunId::parse("dup-1").unwrap());
+    let body = json!({ "prompt": words(200), "run_id": "dup-1" });
+    let (status, _) = gw.call(Method::POST, "/v1/runs", Some(body.clone())).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (status, error) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{error}");
+    assert_eq!(error, json!({ "error": "run id dup-1 is already in use" }));
+    gw.call(Method::POST, "/v1/runs/dup-1/cancel", None).await;
+    until_completed(&mut events, "dup-1").await;
+}
+
+#[tokio::test]
+async fn bad_submissions_are_400_with_a_json_error() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let raw = |body: &str| {
+        Request::builder()
+            .method(Method::POST)
+            .uri("/v1/runs")
+            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_owned()))
+            .unwrap()
+    };
+    for (body, needle) in [
+        ("{not json", "invalid JSON body"),
+        ("", "invalid JSON body"),
+        ("[1, 2]", "invalid JSON body"),
+        (r#"{"prompt": 5}"#, "invalid JSON body"),
+        (r#"{"prompt": "hi", "meta": "not an object"}"#, "invalid JSON body"),
+        ("{}", "prompt is required"),
+        (r#"{"prompt": "  "}"#, "prompt is required"),
+        (r#"{"prompt": "hi", "run_id": "white space"}"#, "invalid run_id"),
+    ] {
+        let (status, _, error) = gw.send(raw(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {error}");
+        assert!(error_of(&error).contains(needle), "{body}: {error}");
+    }
+    let (status, error) =
+        gw.call(Method::POST, "/v1/runs?wait=maybe", Some(json!({ "prompt": "hi" }))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+
+    // Nothing was accepted.
+    let (_, list) = gw.call(Method::GET, "/v1/runs", None).await;
+    assert_eq!(list, json!({ "runs": [] }));
+}
+
+#[tokio::test]
+async fn unknown_engine_is_400_naming_the_engine() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let (status, error) = gw
+        .call(Method::POST, "/v1/runs", Some(json!({ "prompt": "hi", "engine": "nonesuch" })))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    assert!(error_of(&error).contains("nonesuch"), "{error}");
+}
+
+#[tokio::test]
+async fn overloaded_gateway_is_429_with_retry_after() {
+    let config = RuntimeConfig { max_pending_runs: 0, ..RuntimeConfig::default() };
+    let gw = TestGateway::with_config(Duration::ZERO, config, EventBus::default());
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/runs")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::from(json!({ "prompt": "one too many" }).to_string()))
+        .unwrap();
+    let (status, headers, error) = gw.send(req).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{error}");
+    assert!(error_of(&error).contains("overloaded"), "{error}");
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+}
+
+#[tokio::test]
+async fn oversized_body_is_413_with_a_json_error() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let prompt = "x".repeat(crate::error::MAX_BODY_BYTES);
+    let (status, error) =
+        gw.call(Method::POST, "/v1/runs", Some(json!({ "prompt": prompt }))).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{error}");
+    assert!(error_of(&error).contains("larger than"), "{error}");
+}
+
+#[tokio::test]
+async fn unknown_routes_and_wrong_methods_are_json_errors() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let (status, error) = gw.call(Method::GET, "/v1/nothing-here", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(error, json!({ "error": "not found" }));
+
+    let req = Request::builder()
+        .method(Method::DELETE)
+        .uri("/v1/runs")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let (status, headers, error) = gw.send(req).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(error, json!({ "error": "method not allowed" }));
+    let allow = headers[header::ALLOW].to_str().unwrap();
+    assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
+
+    let (status, error) = gw.call(Method::GET, "/v1/runs/x/cancel", None).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{error}");
+}
+
+#[tokio::test]
+async fn unknown_runs_are_404() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let (status, error) = gw.call(Method::GET, "/v1/runs/run_missing", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(error, json!({ "error": "run run_missing not found" }));
+    let (status, _) = gw.call(Method::POST, "/v1/runs/run_missing/cancel", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) =
+        gw.call(Method::POST, "/v1/runs/run_missing/steer", Some(json!({ "text": "hi" }))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, error) = gw.call(Method::GET, "/v1/runs/run_missing/events", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(error, json!({ "error": "run run_missing not found" }));
+}
+
+#[tokio::test]
+async fn list_filters_by_status_and_limit_newest_first() {
+    let gw = TestGateway::start(Duration::ZERO);
+    for id in ["list-1", "list-2", "list-3"] {
+        gw.run_to_completion(id, &format!("prompt of {id}")).await;
+    }
+    let ids = |body: &Value| -> Vec<String> {
+        body["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|run| run["run_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (status, all) = gw.call(Method::GET, "/v1/runs", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(ids(&all), ["list-3", "list-2", "list-1"]);
+    assert_eq!(all["runs"][0]["answer"], json!("prompt of list-3"));
+
+    let (_, two) = gw.call(Method::GET, "/v1/runs?status=completed&limit=2", None).await;
+    assert_eq!(ids(&two), ["list-3", "list-2"]);
+    let (_, failed) = gw.call(Method::GET, "/v1/runs?status=failed", None).await;
+    assert_eq!(ids(&failed), Vec::<String>::new());
+
+    let (status, error) = gw.call(Method::GET, "/v1/runs?status=finished", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error_of(&error).contains("invalid status"), "{error}");
+    let (status, _) = gw.call(Method::GET, "/v1/runs?limit=lots", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn cancelling_a_running_run_ends_it_cancelled() {
+    let gw = TestGateway::start(SLOW);
+    let mut events = gw.gateway().bus().subscribe_run(&RunId::parse("slow-1").unwrap());
+    let (status, _) = gw
+        .call(Method::POST, "/v1/runs", Some(json!({ "prompt": words(500), "run_id": "slow-1" })))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    until_first_delta(&mut events, "slow-1").await;
+
+    let (status, body) = gw.call(Method::POST, "/v1/runs/slow-1/cancel", None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body, json!({ "run_id": "slow-1", "status": "cancelling" }));
+    until_completed(&mut events, "slow-1").await;
+
+    let (_, run) = gw.call(Method::GET, "/v1/runs/slow-1", None).await;
+    assert_eq!(run["status"], json!("cancelled"));
+    assert_eq!(run["error_code"], json!("user_requested"));
+
+    // Cancelling again is fine and reports where the run ended.
+    let (status, body) = gw.call(Method::POST, "/v1/runs/slow-1/cancel", None).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(body, json!({ "run_id": "slow-1", "status": "cancelled" }));
+}
+
+#[tokio::test]
+async fn steering_echo_is_not_accepted() {
+    let gw = TestGateway::start(SLOW);
+    let mut events = gw.gateway().bus().subscribe_run(&RunId::parse("steer-1").unwrap());
+    let (status, _) = gw
+        .call(Method::POST, "/v1/runs", Some(json!({ "prompt": words(500), "run_id": "steer-1" })))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    until_first_delta(&mut events, "steer-1").await;
+
+    let (status, body) =
+        gw.call(Method::POST, "/v1/runs/steer-1/steer", Some(json!({ "text": "go left" }))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["accepted"], json!(false));
+    assert!(body["reason"].as_str().unwrap().contains("does not support"), "{body}");
+
+    let (status, error) =
+        gw.call(Method::POST, "/v1/runs/steer-1/steer", Some(json!({ "text": "" }))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+
+    gw.call(Method::POST, "/v1/runs/steer-1/cancel", None).await;
+    until_completed(&mut events, "steer-1").await;
+    let (status, body) =
+        gw.call(Method::POST, "/v1/runs/steer-1/steer", Some(json!({ "text": "late" }))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["accepted"], json!(false));
+}
+
+#[tokio::test]
+async fn event_stream_replays_a_finished_run_and_ends() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let prompt = "replay these few words please";
+    gw.run_to_completion("replay-1", prompt).await;
+
+    let req = Request::builder()
+        .uri("/v1/runs/replay-1/events")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let response = within("the events response", gw.router().oneshot(req)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()[header::CONTENT_TYPE], "text/event-stream");
+    let frames = SseReader::from_axum(response.into_body()).collect().await;
+    check_complete_run(&frames, "replay-1", prompt);
+
+    // Resuming after an index replays only what follows it.
+    let req = Request::builder()
+        .uri("/v1/runs/replay-1/events")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .header("last-event-id", "3")
+        .body(Body::empty())
+        .unwrap();
+    let response = within("the events response", gw.router().oneshot(req)).await.unwrap();
+    let rest = SseReader::from_axum(response.into_body()).collect().await;
+    assert_eq!(rest, frames[3..]);
+}
+
+#[tokio::test]
+async fn event_stream_of_a_live_run_joins_stored_and_live_events() {
+    let gw = TestGateway::start(SLOW);
+    let (addr, _server) = gw.serve().await;
+    let prompt = words(40);
+    let mut events = gw.gateway().bus().subscribe_run(&RunId::parse("live-1").unwrap());
+    let (status, _) = gw
+        .call(Method::POST, "/v1/runs", Some(json!({ "prompt": prompt, "run_id": "live-1" })))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    // Connect mid-run: some events are stored already, the rest arrive live.
+    until_first_delta(&mut events, "live-1").await;
+
+    let response = within(
+        "the events response",
+        reqwest::Client::new()
+            .get(format!("http://{addr}/v1/runs/live-1/events"))
+            .bearer_auth(TOKEN)
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    let frames = SseReader::from_reqwest(response).collect().await;
+    check_complete_run(&frames, "live-1", &prompt);
+    assert_eq!(frames.iter().filter(|f| f.event == "delta").count(), 40);
+}
+
+#[tokio::test]
+async fn event_stream_that_lags_catches_up_from_the_store() {
+    // Run topics hold 4 events, so a reader that waits falls behind.
+    let gw = TestGateway::with_bus(SLOW, 2, EventBus::new(4096, 4));
+    let prompt = words(30);
+    let mut all = gw.gateway().bus().subscribe_all();
+    let (status, _) = gw
+        .call(Method::POST, "/v1/runs", Some(json!({ "prompt": prompt, "run_id": "lag-1" })))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    until_first_delta(&mut all, "lag-1").await;
+
+    let req = Request::builder()
+        .uri("/v1/runs/lag-1/events")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let response = within("the events response", gw.router().oneshot(req)).await.unwrap();
+    // The stream is subscribed but not read until the run is over.
+    until_completed(&mut all, "lag-1").await;
+    let frames = SseReader::from_axum(response.into_body()).collect().await;
+    check_complete_run(&frames, "lag-1", &prompt);
+}
+
+#[tokio::test(start_paused = true)]
+async fn quiet_event_stream_rereads_the_store() {
+    // Events that reach the store without passing the run's topic (published
+    // before the stream subscribed, stored after its first read) still arrive
+    // once the run's row says it has finished.
+    let gw = TestGateway::start(Duration::ZERO);
+    let store = gw.gateway().store();
+    let run_id = RunId::parse("quiet-1").unwrap();
+    store
+        .insert_run(NewRun {
+            run_id: run_id.clone(),
+            session_key: "default".to_owned(),
+            conversation: "session:default".to_owned(),
+            engine: "echo".to_owned(),
+            prompt: "hi".to_owned(),
+            meta: json!({}),
+            created_at_ms: 1,
+        })
+        .await;
+    let event = |index: u64, kind: EventKind| {
+        Arc::new(BusEvent {
+            run_id: run_id.clone(),
+            session_key: "default".into(),
+            index,
+            ts_ms: 1,
+            kind,
+        })
+    };
+    store
+        .append_event(event(1, EventKind::RunStarted { engine: "echo".to_owned(), model: None }))
+        .await;
+
+    let req = Request::builder()
+        .uri("/v1/runs/quiet-1/events")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let response = within("the events response", gw.router().oneshot(req)).await.unwrap();
+    let completed = EventKind::RunCompleted {
+        completion: Completion::success("hi", None),
+        engine: "echo".to_owned(),
+        duration_ms: 1,
+    };
+    store.append_event(event(2, completed)).await;
+    let finished = FinishedRun {
+        run_id: run_id.clone(),
+        engine: "echo".to_owned(),
+        completion: Completion::success("hi", None),
+        completed_at_ms: 2,
+        duration_ms: 1,
+    };
+    store.finalize_run(finished).await;
+
+    let frames = SseReader::from_axum(response.into_body()).collect().await;
+    let seen: Vec<(&str, Option<u64>)> = frames.iter().map(|f| (f.event.as_str(), f.id)).collect();
+    assert_eq!(seen, [("run_started", Some(1)), ("run_completed", Some(2))]);
+}
+
+#[tokio::test]
+async fn firehose_reports_lag_and_carries_on() {
+    // The firehose holds 4 events; run topics are large.
+    let gw = TestGateway::with_bus(Duration::ZERO, 2, EventBus::new(4, 1024));
+    let req = Request::builder()
+        .uri("/v1/events")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let response = within("the firehose response", gw.router().oneshot(req)).await.unwrap();
+    gw.run_to_completion("flood-1", &words(20)).await;
+
+    let mut reader = SseReader::from_axum(response.into_body());
+    let first = reader.next().await.unwrap();
+    assert_eq!(first.event, "lagged");
+    assert!(first.data["skipped"].as_u64().unwrap() > 0, "{first:?}");
+    assert_eq!(first.id, None);
+    let mut last = reader.next().await.unwrap();
+    while last.event != "run_completed" {
+        last = reader.next().await.unwrap();
+    }
+    assert_eq!(last.data["run_id"], json!("flood-1"));
+}
+
+#[tokio::test]
+async fn firehose_carries_events_of_every_run() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let (addr, _server) = gw.serve().await;
+    let response = within(
+        "the firehose response",
+        reqwest::Client::new().get(format!("http://{addr}/v1/events")).bearer_auth(TOKEN).send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    // The firehose subscribed before answering, so both runs are seen whole.
+    for (id, session) in [("fire-a", "s-a"), ("fire-b", "s-b")] {
+        let body =
+            json!({ "prompt": format!("hello from {id}"), "run_id": id, "session_key": session });
+        let (status, _) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+    }
+    let mut reader = SseReader::from_reqwest(response);
+    let mut seen: std::collections::BTreeMap<String, Vec<SseFrame>> = Default::default();
+    while seen
+        .values()
+        .filter(|frames| frames.last().is_some_and(|f| f.event == "run_completed"))
+        .count()
+        < 2
+    {
+        let frame = reader.next().await.expect("the firehose does not end by itself");
+        seen.entry(frame.data["run_id"].as_str().unwrap().to_owned()).or_default().push(frame);
+    }
+    assert_eq!(seen.keys().collect::<Vec<_>>(), ["fire-a", "fire-b"]);
+    for (id, frames) in &seen {
+        let indices: Vec<u64> = frames.iter().map(|f| f.data["index"].as_u64().unwrap()).collect();
+        assert_eq!(indices, (1..=frames.len() as u64).collect::<Vec<_>>(), "{id}");
+        assert_eq!(frames[0].event, "run_started");
+        assert_eq!(frames.last().unwrap().data["answer"], json!(format!("hello from {id}")));
+    }
+}
+
+#[tokio::test]
+async fn shutdown_ends_open_event_streams_and_the_server() {
+    let gw = TestGateway::start(SLOW);
+    let (addr, server) = gw.serve().await;
+    let client = reqwest::Client::new();
+    let mut events = gw.gateway().bus().subscribe_run(&RunId::parse("held-1").unwrap());
+    let (status, _) = gw
+        .call(Method::POST, "/v1/runs", Some(json!({ "prompt": words(1000), "run_id": "held-1" })))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    until_first_delta(&mut events, "held-1").await;
+
+    let firehose = within(
+        "firehose",
+        client.get(format!("http://{addr}/v1/events")).bearer_auth(TOKEN).send(),
+    )
+    .await
+    .unwrap();
+    let run_stream = within(
+        "run events",
+        client.get(format!("http://{addr}/v1/runs/held-1/events")).bearer_auth(TOKEN).send(),
+    )
+    .await
+    .unwrap();
+    let mut run_reader = SseReader::from_reqwest(run_stream);
+    assert_eq!(run_reader.next().await.unwrap().event, "run_started");
+
+    gw.state.shutdown.cancel();
+    let mut firehose_reader = SseReader::from_reqwest(firehose);
+    while firehose_reader.next().await.is_some() {}
+    while run_reader.next().await.is_some() {}
+    within("the server to stop", server).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn status_reports_scheduler_and_engines() {
+    let gw = TestGateway::with_max(Duration::ZERO, 3);
+    let (status, body) = gw.call(Method::GET, "/v1/status", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["version"], json!("1.2.3-test"));
+    assert!(body["uptime_ms"].is_u64(), "{body}");
+    assert_eq!(
+        body["scheduler"],
+        json!({ "in_flight": 0, "waitq": 0, "max": 3, "conversations": 0, "queued": 0 })
+    );
+    assert_eq!(
+        body["engines"],
+        json!([{ "id": "echo", "available": true, "steer": false, "redirect": false }])
+    );
+    assert_eq!(body["default_engine"], json!("echo"));
+}
+
+#[tokio::test]
+async fn shut_down_gateway_answers_503() {
+    let gw = TestGateway::start(Duration::ZERO);
+    gw.token.cancel();
+    gw.tracker.close();
+    within("the gateway to stop", gw.tracker.wait()).await;
+    let (status, error) =
+        gw.call(Method::POST, "/v1/runs", Some(json!({ "prompt": "too late" }))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{error}");
+    assert_eq!(error, json!({ "error": "the gateway is shutting down" }));
+    let (status, _) = gw.call(Method::GET, "/v1/status", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[test]
+fn token_comparison_checks_every_byte() {
+    assert!(super::constant_time_eq(b"abc", b"abc"));
+    assert!(!super::constant_time_eq(b"abc", b"abd"));
+    assert!(!super::constant_time_eq(b"abc", b"abcd"));
+    assert!(!super::constant_time_eq(b"", b"a"));
+}
+
+#[tokio::test]
+async fn debug_output_hides_the_token() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let debug = format!("{:?}", gw.state);
+    assert!(!debug.contains(TOKEN), "{debug}");
+}

@@ -1,0 +1,190 @@
+//! Transfer types of the control API: request bodies in, run JSON out.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use lemon_core::bus::RunStatus;
+use lemon_core::engine::{Completion, EngineRegistry, ResumeToken};
+use lemon_core::gateway::ExecutionRequest;
+use lemon_core::ids::RunId;
+use lemon_core::store::{RunFilter, RunRecord};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+
+/// Runs listed when the caller gives no limit.
+const DEFAULT_LIST_LIMIT: usize = 50;
+/// The most runs one list returns.
+const MAX_LIST_LIMIT: usize = 1000;
+
+/// `POST /v1/runs` body.
+#[derive(Debug, Deserialize)]
+pub(super) struct SubmitBody {
+    prompt: Option<String>,
+    session_key: Option<String>,
+    engine: Option<String>,
+    cwd: Option<PathBuf>,
+    meta: Option<BTreeMap<String, Value>>,
+    run_id: Option<String>,
+}
+
+impl SubmitBody {
+    /// The request to submit; blank optional fields count as absent. The run id is
+    /// always set (generated when the caller gave none) so the caller can subscribe
+    /// to the run before submitting it.
+    pub(super) fn into_request(self, default_engine: &str) -> Result<ExecutionRequest, ApiError> {
+        let prompt = self.prompt.unwrap_or_default();
+        if prompt.trim().is_empty() {
+            return Err(ApiError::BadRequest(
+                "prompt is required and must not be empty".to_owned(),
+            ));
+        }
+        let run_id = match self.run_id.as_deref() {
+            None => RunId::generate(),
+            Some(raw) => RunId::parse(raw).ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "invalid run_id {raw:?}: use 1 to 128 characters of letters, digits, '_', '-', ':' or '.'"
+                ))
+            })?,
+        };
+        let session_key = non_blank(self.session_key).unwrap_or_else(|| "default".to_owned());
+        let engine = non_blank(self.engine).unwrap_or_else(|| default_engine.to_owned());
+        let mut req = ExecutionRequest::new(session_key, engine, prompt);
+        req.run_id = Some(run_id);
+        req.cwd = self.cwd.filter(|cwd| !cwd.as_os_str().is_empty());
+        req.meta = self.meta.unwrap_or_default();
+        Ok(req)
+    }
+}
+
+fn non_blank(value: Option<String>) -> Option<String> {
+    value.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty())
+}
+
+/// `POST /v1/runs` query.
+#[derive(Debug, Deserialize)]
+pub(super) struct SubmitQuery {
+    wait: Option<String>,
+}
+
+impl SubmitQuery {
+    /// Whether the caller wants the finished run instead of an acknowledgement.
+    pub(super) fn wait(&self) -> Result<bool, ApiError> {
+        match self.wait.as_deref() {
+            None | Some("false" | "0") => Ok(false),
+            Some("" | "true" | "1") => Ok(true),
+            Some(other) => {
+                Err(ApiError::BadRequest(format!("invalid wait {other:?}: expected true or false")))
+            }
+        }
+    }
+}
+
+/// `GET /v1/runs` query.
+#[derive(Debug, Deserialize)]
+pub(super) struct ListQuery {
+    status: Option<String>,
+    limit: Option<String>,
+}
+
+impl ListQuery {
+    pub(super) fn filter(&self) -> Result<RunFilter, ApiError> {
+        let status = match self.status.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(raw) => Some(RunStatus::parse(raw).ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "invalid status {raw:?}: expected queued, running, completed, failed or cancelled"
+                ))
+            })?),
+        };
+        let limit = match self.limit.as_deref().map(str::trim) {
+            None | Some("") => DEFAULT_LIST_LIMIT,
+            Some(raw) => raw.parse::<usize>().map_err(|_| {
+                ApiError::BadRequest(format!(
+                    "invalid limit {raw:?}: expected a non-negative integer"
+                ))
+            })?,
+        };
+        Ok(RunFilter { status, limit: limit.min(MAX_LIST_LIMIT) })
+    }
+}
+
+/// `POST /v1/runs/{id}/steer` body.
+#[derive(Debug, Deserialize)]
+pub(super) struct SteerBody {
+    text: Option<String>,
+}
+
+impl SteerBody {
+    pub(super) fn text(self) -> Result<String, ApiError> {
+        self.text.filter(|text| !text.trim().is_empty()).ok_or_else(|| {
+            ApiError::BadRequest("text is required and must not be empty".to_owned())
+        })
+    }
+}
+
+/// A run id from the path; a malformed id names no run.
+pub(super) fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
+    RunId::parse(raw).ok_or_else(|| run_not_found(raw))
+}
+
+pub(super) fn run_not_found(run_id: &str) -> ApiError {
+    ApiError::NotFound(format!("run {run_id} not found"))
+}
+
+/// Writes a completion seen on the bus into a stored run whose final write may
+/// not have reached the store yet.
+pub(super) fn apply_completion(
+    record: &mut RunRecord,
+    completion: &Completion,
+    engine: &str,
+    duration_ms: u64,
+    completed_at_ms: i64,
+) {
+    record.status = RunStatus::of(completion);
+    record.engine = engine.to_owned();
+    record.answer = Some(completion.answer.clone());
+    record.error = completion.error.as_ref().map(ToString::to_string);
+    record.error_code = completion.error.as_ref().map(|e| e.code().to_owned());
+    record.resume = completion.resume.clone();
+    record.usage = completion.usage.clone();
+    record.completed_at_ms = Some(completed_at_ms);
+    record.duration_ms = Some(duration_ms);
+}
+
+/// The JSON form of a run, as `GET /v1/runs/{id}` returns it.
+pub(super) fn run_json(record: &RunRecord, engines: &EngineRegistry) -> Value {
+    let resume =
+        record.resume.as_ref().map(|token| json!({ "engine": token.engine, "value": token.value }));
+    json!({
+        "run_id": record.run_id,
+        "session_key": record.session_key,
+        "engine": record.engine,
+        "prompt": record.prompt,
+        "meta": record.meta,
+        "status": record.status.as_str(),
+        "answer": record.answer,
+        "error": record.error,
+        "error_code": record.error_code,
+        "resume": resume,
+        "resume_line": record.resume.as_ref().map(|token| resume_line(token, engines)),
+        "usage": record.usage,
+        "created_at_ms": record.created_at_ms,
+        "started_at_ms": record.started_at_ms,
+        "completed_at_ms": record.completed_at_ms,
+        "duration_ms": record.duration_ms,
+    })
+}
+
+/// The line a user pastes to continue the session, in the engine's own format
+/// without the surrounding backticks.
+fn resume_line(token: &ResumeToken, engines: &EngineRegistry) -> String {
+    match engines.get(&token.engine) {
+        Some(engine) => engine.format_resume(token).trim_matches('`').to_owned(),
+        None => format!("{} resume {}", token.engine, token.value),
+    }
+}
+
+#[cfg(test)]
+mod tests;

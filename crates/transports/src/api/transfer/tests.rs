@@ -1,0 +1,81 @@
+//! Unit tests of the control API's transfer types.
+
+use lemon_core::bus::RunStatus;
+use serde_json::json;
+
+use super::{ListQuery, SubmitBody, SubmitQuery};
+use crate::error::ApiError;
+
+fn submit(body: serde_json::Value) -> Result<lemon_core::gateway::ExecutionRequest, ApiError> {
+    serde_json::from_value::<SubmitBody>(body).unwrap().into_request("echo")
+}
+
+#[test]
+fn submit_body_fills_defaults() {
+    let req = submit(json!({ "prompt": "hi" })).unwrap();
+    assert_eq!(req.session_key, "default");
+    assert_eq!(req.conversation.as_str(), "session:default");
+    assert_eq!(req.engine, "echo");
+    assert_eq!(req.prompt, "hi");
+    assert!(req.run_id.is_some(), "a run id is generated up front");
+    assert!(req.cwd.is_none());
+    assert!(req.meta.is_empty());
+}
+
+#[test]
+fn submit_body_takes_every_field() {
+    let req = submit(json!({
+        "prompt": "hi", "session_key": "s1", "engine": "claude:opus", "cwd": "/tmp",
+        "meta": { "k": 1 }, "run_id": "my-run.1",
+    }))
+    .unwrap();
+    assert_eq!(req.session_key, "s1");
+    assert_eq!(req.conversation.as_str(), "session:s1");
+    assert_eq!(req.engine, "claude:opus");
+    assert_eq!(req.cwd.as_deref(), Some(std::path::Path::new("/tmp")));
+    assert_eq!(req.meta.get("k"), Some(&json!(1)));
+    assert_eq!(req.run_id.unwrap().as_str(), "my-run.1");
+}
+
+#[test]
+fn submit_body_refuses_bad_input() {
+    let check = |body: serde_json::Value, needle: &str| match submit(body.clone()) {
+        Err(ApiError::BadRequest(message)) => {
+            assert!(message.contains(needle), "{body}: {message}")
+        }
+        other => panic!("{body}: expected a bad request, got {other:?}"),
+    };
+    check(json!({}), "prompt is required");
+    check(json!({ "prompt": "   " }), "prompt is required");
+    check(json!({ "prompt": "hi", "run_id": "has space" }), "invalid run_id");
+    check(json!({ "prompt": "hi", "run_id": "" }), "invalid run_id");
+}
+
+#[test]
+fn wait_flag_parses() {
+    let wait = |raw: Option<&str>| SubmitQuery { wait: raw.map(str::to_owned) }.wait();
+    assert_eq!(wait(None), Ok(false));
+    assert_eq!(wait(Some("false")), Ok(false));
+    assert_eq!(wait(Some("true")), Ok(true));
+    assert_eq!(wait(Some("1")), Ok(true));
+    assert_eq!(wait(Some("")), Ok(true));
+    assert!(wait(Some("soon")).is_err());
+}
+
+#[test]
+fn list_query_parses_status_and_limit() {
+    let filter = |status: Option<&str>, limit: Option<&str>| {
+        ListQuery { status: status.map(str::to_owned), limit: limit.map(str::to_owned) }.filter()
+    };
+    let default = filter(None, None).unwrap();
+    assert_eq!((default.status, default.limit), (None, 50));
+    let some = filter(Some("completed"), Some("7")).unwrap();
+    assert_eq!((some.status, some.limit), (Some(RunStatus::Completed), 7));
+    assert_eq!(filter(Some(""), Some("5000")).unwrap().limit, 1000);
+    assert!(
+        matches!(filter(Some("done"), None), Err(ApiError::BadRequest(m)) if m.contains("invalid status"))
+    );
+    assert!(
+        matches!(filter(None, Some("-1")), Err(ApiError::BadRequest(m)) if m.contains("invalid limit"))
+    );
+}

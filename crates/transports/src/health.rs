@@ -1,0 +1,235 @@
+//! Health and metrics: `GET /healthz` (and its alias `/health`) and `GET /metrics`.
+//!
+//! Unauthenticated, so it belongs on a loopback or internal port. `/healthz`
+//! runs every check concurrently, each bounded by a timeout, and answers `200`
+//! when all pass and `503` otherwise. Built-in checks, in order: `scheduler`
+//! (the scheduler answers), `store` (it accepts writes), `runs` (active runs);
+//! an app adds its own with [`HealthState::with_check`].
+
+mod timestamp;
+
+use std::fmt;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use lemon_core::gateway::GatewayHandle;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use crate::error::{method_not_allowed, not_found};
+
+/// How long one check may take before it counts as failed.
+pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One named health check.
+#[async_trait]
+pub trait HealthCheck: Send + Sync + fmt::Debug + 'static {
+    /// The check's name in the report.
+    fn name(&self) -> &str;
+
+    /// Detail to report on success (`Value::Null` for none).
+    ///
+    /// # Errors
+    /// Why the check failed, shown in the report.
+    async fn check(&self) -> Result<Value, String>;
+}
+
+/// What the health router needs. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct HealthState {
+    pub gateway: GatewayHandle,
+    pub version: Arc<str>,
+    /// When the gateway started, for uptime.
+    pub started_at: Instant,
+    /// Checks after the built-in ones, in report order.
+    pub extra_checks: Vec<Arc<dyn HealthCheck>>,
+    /// The bound on each check.
+    pub check_timeout: Duration,
+}
+
+impl HealthState {
+    /// The built-in checks only, each bounded by [`DEFAULT_CHECK_TIMEOUT`].
+    pub fn new(gateway: GatewayHandle, version: impl Into<Arc<str>>, started_at: Instant) -> Self {
+        HealthState {
+            gateway,
+            version: version.into(),
+            started_at,
+            extra_checks: Vec::new(),
+            check_timeout: DEFAULT_CHECK_TIMEOUT,
+        }
+    }
+
+    /// Adds a check, reported after the ones before it.
+    #[must_use]
+    pub fn with_check(mut self, check: Arc<dyn HealthCheck>) -> Self {
+        self.extra_checks.push(check);
+        self
+    }
+
+    fn checks(&self) -> Vec<Arc<dyn HealthCheck>> {
+        let gateway = &self.gateway;
+        let mut checks: Vec<Arc<dyn HealthCheck>> = vec![
+            Arc::new(SchedulerCheck { gateway: gateway.clone() }),
+            Arc::new(StoreCheck { gateway: gateway.clone() }),
+            Arc::new(RunsCheck { gateway: gateway.clone() }),
+        ];
+        checks.extend(self.extra_checks.iter().cloned());
+        checks
+    }
+}
+
+/// The health router: `/healthz`, `/health`, `/metrics`.
+pub fn health_router(state: HealthState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/health", get(healthz))
+        .route("/metrics", get(metrics))
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn healthz(State(state): State<HealthState>) -> Response {
+    let results = futures::future::join_all(
+        state.checks().iter().map(|check| run_check(&**check, state.check_timeout)),
+    )
+    .await;
+    let ok = results.iter().all(|result| result["ok"] == json!(true));
+    let body = json!({
+        "ok": ok,
+        "app": "lemon_gateway",
+        "version": &*state.version,
+        "timestamp": timestamp::iso8601_now(),
+        "checks": results,
+    });
+    let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(body)).into_response()
+}
+
+/// Runs one check under `timeout` and reports it.
+async fn run_check(check: &dyn HealthCheck, timeout: Duration) -> Value {
+    let started = Instant::now();
+    let outcome = match tokio::time::timeout(timeout, check.check()).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(format!("timed out after {} ms", timeout.as_millis())),
+    };
+    let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    match outcome {
+        Ok(detail) => {
+            json!({ "name": check.name(), "ok": true, "duration_ms": duration_ms, "detail": detail })
+        }
+        Err(error) => {
+            tracing::warn!(check = check.name(), %error, "health check failed");
+            json!({ "name": check.name(), "ok": false, "duration_ms": duration_ms, "error": error })
+        }
+    }
+}
+
+/// The scheduler answers; detail is its slot counters.
+#[derive(Debug)]
+struct SchedulerCheck {
+    gateway: GatewayHandle,
+}
+
+#[async_trait]
+impl HealthCheck for SchedulerCheck {
+    fn name(&self) -> &str {
+        "scheduler"
+    }
+
+    async fn check(&self) -> Result<Value, String> {
+        let snapshot = self.gateway.snapshot().await.map_err(|err| err.to_string())?;
+        Ok(json!({ "in_flight": snapshot.in_flight, "waitq": snapshot.waitq, "max": snapshot.max }))
+    }
+}
+
+/// The store accepts writes.
+#[derive(Debug)]
+struct StoreCheck {
+    gateway: GatewayHandle,
+}
+
+#[async_trait]
+impl HealthCheck for StoreCheck {
+    fn name(&self) -> &str {
+        "store"
+    }
+
+    async fn check(&self) -> Result<Value, String> {
+        self.gateway.store().check_writable().await.map_err(|err| err.to_string())?;
+        Ok(Value::Null)
+    }
+}
+
+/// The number of queued and running runs.
+#[derive(Debug)]
+struct RunsCheck {
+    gateway: GatewayHandle,
+}
+
+#[async_trait]
+impl HealthCheck for RunsCheck {
+    fn name(&self) -> &str {
+        "runs"
+    }
+
+    async fn check(&self) -> Result<Value, String> {
+        let active = self.gateway.active_runs().await.map_err(|err| err.to_string())?;
+        Ok(json!({ "active": active.len() }))
+    }
+}
+
+/// `GET /metrics`: Prometheus text. Scheduler gauges are left out while the
+/// scheduler does not answer, and `lemon_up` says so.
+async fn metrics(State(state): State<HealthState>) -> Response {
+    let snapshot = tokio::time::timeout(state.check_timeout, state.gateway.snapshot())
+        .await
+        .ok()
+        .and_then(Result::ok);
+    let mut out = String::new();
+    gauge(
+        &mut out,
+        "lemon_up",
+        "1 when the scheduler answers, else 0.",
+        u8::from(snapshot.is_some()),
+    );
+    if let Some(snapshot) = snapshot {
+        gauge(&mut out, "lemon_runs_in_flight", "Runs holding a slot.", snapshot.in_flight);
+        gauge(&mut out, "lemon_runs_waiting", "Conversations waiting for a slot.", snapshot.waitq);
+        gauge(&mut out, "lemon_runs_max", "Maximum concurrent runs.", snapshot.max);
+        gauge(
+            &mut out,
+            "lemon_conversations",
+            "Conversations with queued or running work.",
+            snapshot.conversations,
+        );
+        gauge(
+            &mut out,
+            "lemon_runs_queued",
+            "Requests accepted and not yet started.",
+            snapshot.queued,
+        );
+    }
+    let uptime = state.started_at.elapsed().as_secs_f64();
+    gauge(
+        &mut out,
+        "lemon_uptime_seconds",
+        "Seconds since the gateway started.",
+        format_args!("{uptime:.3}"),
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, value: impl fmt::Display) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+}
+
+#[cfg(test)]
+mod tests;

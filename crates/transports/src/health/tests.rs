@@ -1,0 +1,234 @@
+//! Tests of the health router against a real gateway.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use lemon_core::bus::EventBus;
+use lemon_core::engine::EngineRegistry;
+use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
+use lemon_core::store::StoreHandle;
+use lemon_engines::echo::EchoEngine;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
+
+use super::{health_router, HealthCheck, HealthState};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+async fn within<F: Future>(what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(PATIENCE, fut).await {
+        Ok(output) => output,
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+struct TestGateway {
+    gateway: GatewayHandle,
+    token: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl TestGateway {
+    fn start() -> Self {
+        let tracker = TaskTracker::new();
+        let token = CancellationToken::new();
+        let mut engines = EngineRegistry::new();
+        engines.register(Arc::new(EchoEngine::new(Duration::ZERO, tracker.clone()))).unwrap();
+        let deps = GatewayDeps {
+            config: RuntimeConfig { max_concurrent_runs: 4, ..RuntimeConfig::default() },
+            engines,
+            store: StoreHandle::memory(),
+            bus: EventBus::default(),
+        };
+        let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
+        TestGateway { gateway, token, tracker }
+    }
+
+    fn state(&self) -> HealthState {
+        HealthState::new(self.gateway.clone(), "9.9.9", Instant::now())
+    }
+
+    async fn shut_down(&self) {
+        self.token.cancel();
+        self.tracker.close();
+        within("the gateway to stop", self.tracker.wait()).await;
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+async fn get(state: HealthState, method: Method, path: &str) -> (StatusCode, String, String) {
+    let req = Request::builder().method(method).uri(path).body(Body::empty()).unwrap();
+    let response = within(path, health_router(state).oneshot(req)).await.unwrap();
+    let status = response.status();
+    let content_type = response.headers()[header::CONTENT_TYPE].to_str().unwrap().to_owned();
+    let bytes = within(path, axum::body::to_bytes(response.into_body(), usize::MAX)).await.unwrap();
+    (status, content_type, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+async fn get_json(state: HealthState, path: &str) -> (StatusCode, Value) {
+    let (status, _, body) = get(state, Method::GET, path).await;
+    (status, serde_json::from_str(&body).unwrap_or_else(|_| panic!("{path}: not JSON: {body}")))
+}
+
+fn check<'a>(body: &'a Value, name: &str) -> &'a Value {
+    body["checks"].as_array().unwrap().iter().find(|c| c["name"] == json!(name)).unwrap()
+}
+
+/// A check that never answers.
+#[derive(Debug)]
+struct Hangs;
+
+#[async_trait]
+impl HealthCheck for Hangs {
+    fn name(&self) -> &str {
+        "hangs"
+    }
+
+    async fn check(&self) -> Result<Value, String> {
+        futures::future::pending().await
+    }
+}
+
+/// A check that passes with a detail.
+#[derive(Debug)]
+struct Fine;
+
+#[async_trait]
+impl HealthCheck for Fine {
+    fn name(&self) -> &str {
+        "fine"
+    }
+
+    async fn check(&self) -> Result<Value, String> {
+        Ok(json!({ "mode": "test" }))
+    }
+}
+
+#[tokio::test]
+async fn healthy_gateway_reports_three_passing_checks() {
+    let gw = TestGateway::start();
+    for path in ["/healthz", "/health"] {
+        let (status, body) = get_json(gw.state(), path).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["ok"], json!(true));
+        assert_eq!(body["app"], json!("lemon_gateway"));
+        assert_eq!(body["version"], json!("9.9.9"));
+        let timestamp = body["timestamp"].as_str().unwrap();
+        assert!(
+            timestamp.len() == 24 && timestamp.ends_with('Z') && timestamp.as_bytes()[10] == b'T',
+            "{timestamp}"
+        );
+        let names: Vec<&str> = body["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["scheduler", "store", "runs"]);
+        for entry in body["checks"].as_array().unwrap() {
+            assert_eq!(entry["ok"], json!(true), "{entry}");
+            assert!(entry["duration_ms"].is_u64(), "{entry}");
+            assert!(entry.get("error").is_none(), "{entry}");
+        }
+        assert_eq!(
+            check(&body, "scheduler")["detail"],
+            json!({ "in_flight": 0, "waitq": 0, "max": 4 })
+        );
+        assert_eq!(check(&body, "store")["detail"], Value::Null);
+        assert_eq!(check(&body, "runs")["detail"], json!({ "active": 0 }));
+    }
+}
+
+#[tokio::test]
+async fn stopped_gateway_is_unhealthy() {
+    let gw = TestGateway::start();
+    gw.shut_down().await;
+    let (status, body) = get_json(gw.state(), "/healthz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["ok"], json!(false));
+    let scheduler = check(&body, "scheduler");
+    assert_eq!(scheduler["ok"], json!(false));
+    assert_eq!(scheduler["error"], json!("the gateway is shutting down"));
+    assert!(scheduler.get("detail").is_none(), "{scheduler}");
+    assert_eq!(check(&body, "store")["ok"], json!(true));
+    assert_eq!(check(&body, "runs")["ok"], json!(false));
+}
+
+#[tokio::test]
+async fn closed_store_is_unhealthy() {
+    let gw = TestGateway::start();
+    gw.gateway.store().close().await.unwrap();
+    let (status, body) = get_json(gw.state(), "/healthz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(check(&body, "store")["error"], json!("store is closed"));
+    assert_eq!(check(&body, "scheduler")["ok"], json!(true));
+}
+
+#[tokio::test]
+async fn extra_checks_follow_and_a_hanging_one_times_out() {
+    let gw = TestGateway::start();
+    let mut state = gw.state().with_check(Arc::new(Fine)).with_check(Arc::new(Hangs));
+    state.check_timeout = Duration::from_millis(50);
+    let (status, body) = get_json(state, "/healthz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let names: Vec<&str> =
+        body["checks"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["scheduler", "store", "runs", "fine", "hangs"]);
+    assert_eq!(check(&body, "fine")["detail"], json!({ "mode": "test" }));
+    let hangs = check(&body, "hangs");
+    assert_eq!(hangs["ok"], json!(false));
+    assert_eq!(hangs["error"], json!("timed out after 50 ms"));
+    assert!(hangs["duration_ms"].as_u64().unwrap() >= 50, "{hangs}");
+}
+
+#[tokio::test]
+async fn metrics_expose_scheduler_counters_and_uptime() {
+    let gw = TestGateway::start();
+    let (status, content_type, text) = get(gw.state(), Method::GET, "/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(content_type.starts_with("text/plain"), "{content_type}");
+    for line in [
+        "lemon_up 1",
+        "lemon_runs_in_flight 0",
+        "lemon_runs_waiting 0",
+        "lemon_runs_max 4",
+        "lemon_conversations 0",
+        "lemon_runs_queued 0",
+        "# TYPE lemon_uptime_seconds gauge",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");
+    }
+    assert!(text.lines().any(|l| l.starts_with("lemon_uptime_seconds ")), "{text}");
+
+    gw.shut_down().await;
+    let (status, _, text) = get(gw.state(), Method::GET, "/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(text.lines().any(|l| l == "lemon_up 0"), "{text}");
+    assert!(!text.contains("lemon_runs_max"), "{text}");
+}
+
+#[tokio::test]
+async fn unknown_paths_and_methods_are_json_errors() {
+    let gw = TestGateway::start();
+    let (status, body) = get_json(gw.state(), "/nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body, json!({ "error": "not found" }));
+    let (status, _, body) = get(gw.state(), Method::POST, "/healthz").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({ "error": "method not allowed" })
+    );
+}
