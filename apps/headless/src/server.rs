@@ -117,14 +117,14 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let api_addr = api_listener.local_addr()?;
     let health_addr = health_listener.local_addr()?;
     let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
-    let api = lemon_transports::api::router(lemon_transports::api::ApiState::new(
-        gateway.clone(),
-        api_token.expose().into(),
-        gateway_config.default_engine.as_str().into(),
-        version.clone(),
-        started,
-        token.clone(),
-    ));
+    let api = lemon_transports::api::router(lemon_transports::api::ApiState {
+        gateway: gateway.clone(),
+        token: api_token.expose().into(),
+        default_engine: gateway_config.default_engine.as_str().into(),
+        version: version.clone(),
+        started_at: started,
+        shutdown: token.clone(),
+    });
     let health = lemon_transports::health::health_router(
         lemon_transports::health::HealthState::new(gateway.clone(), version, started),
     );
