@@ -411,3 +411,6 @@ impl StreamParser for Parser {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

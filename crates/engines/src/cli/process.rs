@@ -120,9 +120,8 @@ pub(crate) fn spawn(
         "cli process started"
     );
 
-    let (stdout, stderr) = match (child.stdout.take(), child.stderr.take()) {
-        (Some(stdout), Some(stderr)) => (stdout, stderr),
-        _ => return Err(SpawnError::Pipes(spec.program)),
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(SpawnError::Pipes(spec.program));
     };
     let stop = CancellationToken::new();
     let stdin = match (spec.stdin, child.stdin.take()) {
