@@ -2,7 +2,7 @@
 //!
 //! Each vendor is one [`CliEngine`]: it spawns the vendor's CLI in the run's working
 //! directory, feeds it the prompt, reads its JSONL stdout line by line and turns every
-//! line into [`EngineEvent`]s with that vendor's parser. Exactly one `Started` and one
+//! line into [`EngineEvent`](lemon_core::engine::EngineEvent)s with that vendor's parser. Exactly one `Started` and one
 //! `Completed` reach the sink per run, whatever the CLI does (ends early, exits
 //! non-zero, prints garbage, hangs); a cancelled run stops without a `Completed`, its
 //! process group killed.
@@ -106,7 +106,7 @@ impl Vendor {
         }
     }
 
-    /// The vendor's id as a string, when it is one of ours.
+    /// The vendor whose engine id is `id`.
     pub fn from_id(id: &str) -> Option<Vendor> {
         Vendor::ALL.into_iter().find(|vendor| vendor.id() == id)
     }
@@ -281,13 +281,21 @@ impl CliEngine {
     pub fn new(vendor: Vendor, section: &EngineSection, ctx: &CliContext) -> Self {
         // Vendor ids are fixed, lowercase slugs.
         let id = EngineId::parse(vendor.id()).expect("vendor ids are valid engine ids");
+        let settings = CliSettings::from_section(vendor, section);
+        let api_key = ctx.api_keys.get(vendor.id()).cloned();
+        if api_key.is_some() && settings.api_key_env.is_none() {
+            tracing::warn!(
+                engine = vendor.id(),
+                "an API key is configured but not used: set api_key_env"
+            );
+        }
         CliEngine {
             id,
             vendor,
-            settings: Arc::new(CliSettings::from_section(vendor, section)),
+            settings: Arc::new(settings),
             base_env: Arc::new(ctx.base_env.clone()),
             search_path: ctx.search_path.clone().or_else(|| ctx.base_env.get("PATH").cloned()),
-            api_key: ctx.api_keys.get(vendor.id()).cloned(),
+            api_key,
             tracker: ctx.tracker.clone(),
             shutdown: ctx.shutdown.clone(),
         }

@@ -10,7 +10,7 @@
 //!
 //! Words match case-insensitively, optionally inside backticks, anywhere in a text
 //! for [`extract`] (the command word must start a word) and as the whole trimmed
-//! line for [`is_resume_line`]. [`format`] renders the first form, in backticks.
+//! line for [`is_resume_line`]. [`format()`] renders the first form, in backticks.
 
 use lemon_core::engine::ResumeToken;
 

@@ -110,9 +110,12 @@ async fn a_child_gets_exactly_its_environment_its_cwd_and_its_stdin() {
     let dir = tempfile::tempdir().unwrap();
     let tracker = TaskTracker::new();
     let script = "read line; echo \"$line\"; pwd; env | sort";
-    let mut spawned =
-        spawn(spec(script, dir.path().to_path_buf(), &[("ONLY_THIS", "yes")]), 1024, &tracker)
-            .unwrap();
+    let mut spawned = spawn(
+        spec(script, dir.path().to_path_buf(), &[("ONLY_THIS", "yes"), ("PATH", "/usr/bin:/bin")]),
+        1024,
+        &tracker,
+    )
+    .unwrap();
     let mut out = Vec::new();
     while let Some(StdoutLine::Line(line)) = spawned.stdout.next_line().await.unwrap() {
         out.push(line);
@@ -125,7 +128,7 @@ async fn a_child_gets_exactly_its_environment_its_cwd_and_its_stdin() {
         .map(String::as_str)
         .filter(|l| !["PWD=", "OLDPWD=", "SHLVL=", "_="].iter().any(|p| l.starts_with(p)))
         .collect();
-    assert_eq!(env, ["ONLY_THIS=yes"]);
+    assert_eq!(env, ["ONLY_THIS=yes", "PATH=/usr/bin:/bin"]);
 }
 
 #[tokio::test]
@@ -142,9 +145,12 @@ async fn a_missing_cwd_or_program_is_a_spawn_error() {
 async fn terminate_stops_the_whole_group() {
     let tracker = TaskTracker::new();
     // The shell starts a background sleeper in its group, then waits.
-    let mut spawned =
-        spawn(spec("sleep 1000 & echo started; wait", std::env::temp_dir(), &[]), 64, &tracker)
-            .unwrap();
+    let mut spawned = spawn(
+        spec("sleep 1000 & echo started; wait", std::env::temp_dir(), &[("PATH", "/usr/bin:/bin")]),
+        64,
+        &tracker,
+    )
+    .unwrap();
     assert_eq!(spawned.stdout.next_line().await.unwrap(), Some(line("started")));
     let exit = spawned.child.terminate(Duration::from_secs(5)).await;
     assert_eq!(exit.signal, Some(15));
