@@ -1,7 +1,12 @@
-//! Integration tests: the real binaries, real sockets, real SQLite files.
+//! Integration tests: the real binaries, real sockets, real SQLite files, real
+//! child processes.
 
 // End-to-end tests start the real server and client binaries, as users do.
 #![allow(clippy::disallowed_methods)]
 
+mod cli_compliance;
+mod cli_fixtures;
+mod cli_process;
+mod cli_support;
 mod gateway_e2e;
 mod support;

@@ -1,1 +1,56 @@
 //! Shared test support.
+//!
+//! # Layout
+//! - [`fake_cli`]: the `fake-cli` binary installed under the vendor CLIs' names on a
+//!   temporary `PATH`, and the recorded CLI streams it replays.
+
+pub mod fake_cli {
+    //! The fake vendor CLI (`src/bin/fake_cli.rs`) on a temporary `PATH`, and the
+    //! recorded JSONL streams under `fixtures/cli/`.
+
+    use std::io;
+    use std::os::unix::fs::symlink;
+    use std::path::{Path, PathBuf};
+
+    /// The names the fake is installed under: every vendor CLI engine's executable.
+    pub const VENDOR_NAMES: [&str; 5] = ["claude", "codex", "opencode", "pi", "droid"];
+
+    /// A temporary directory holding `claude`, `codex`, … as symlinks to the fake.
+    #[derive(Debug)]
+    pub struct FakeCliDir {
+        dir: tempfile::TempDir,
+    }
+
+    impl FakeCliDir {
+        /// Installs `fake_bin` (a test's `env!("CARGO_BIN_EXE_fake-cli")`) under every vendor name.
+        ///
+        /// # Errors
+        /// When the directory or a symlink cannot be made.
+        pub fn install(fake_bin: &Path) -> io::Result<Self> {
+            let dir = tempfile::tempdir()?;
+            for name in VENDOR_NAMES {
+                symlink(fake_bin, dir.path().join(name))?;
+            }
+            Ok(FakeCliDir { dir })
+        }
+
+        pub fn path(&self) -> &Path {
+            self.dir.path()
+        }
+
+        /// The directory as a `PATH` value.
+        pub fn search_path(&self) -> String {
+            self.dir.path().to_string_lossy().into_owned()
+        }
+    }
+
+    /// `tests/fixtures/cli`.
+    pub fn fixtures_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join("cli")
+    }
+
+    /// `tests/fixtures/cli/<vendor>/<name>`.
+    pub fn fixture(vendor: &str, name: &str) -> PathBuf {
+        fixtures_dir().join(vendor).join(name)
+    }
+}

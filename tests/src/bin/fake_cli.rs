@@ -1,2 +1,198 @@
-//! Fake vendor CLI.
-fn main() {}
+//! A fake vendor CLI for the CLI engine tests: installed under `claude`, `codex`,
+//! `opencode`, `pi` and `droid`, it replays a recorded JSONL stream to stdout and
+//! behaves as the test asks through its environment (set with the engine's `env`):
+//!
+//! | variable | effect |
+//! |---|---|
+//! | `FAKE_CLI_FIXTURE` | file whose lines are printed to stdout, in order |
+//! | `FAKE_CLI_LINE_DELAY_MS` | pause between lines |
+//! | `FAKE_CLI_OVERSIZED_LINE_BYTES` | first print one line of that many bytes |
+//! | `FAKE_CLI_STDERR` | text written to stderr after the replay |
+//! | `FAKE_CLI_EXIT_CODE` | exit status (default 0) |
+//! | `FAKE_CLI_HANG=1` | after the replay, never exit |
+//! | `FAKE_CLI_IGNORE_SIGTERM=1` | block SIGTERM (only SIGKILL stops it) |
+//! | `FAKE_CLI_GRANDCHILD=1` | start a grandchild that sleeps forever (and inherits stdout) |
+//! | `FAKE_CLI_PID_FILE` | JSON `{pid, pgid, grandchild}`, written before the first line |
+//! | `FAKE_CLI_ARGS_FILE` | line 1: JSON `{argv, cwd}`; then everything read from stdin |
+//! | `FAKE_CLI_ENV_FILE` | the whole environment as a JSON object |
+//!
+//! A fixture line `{"fake_cli":"wait_stdin_lines","count":N}` is not printed: the
+//! replay waits until N lines have arrived on stdin (steering tests).
+//!
+//! Stdin is read to its end on a thread; the fake exits only after it closes.
+
+// A CLI stand-in prints to stdout and stderr by design.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+// The fake must start a grandchild to test process-group cleanup; it is test tooling,
+// not library code, so the workspace's single spawning module does not apply.
+#![allow(clippy::disallowed_methods)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow, Signal};
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|value| !value.is_empty())
+}
+
+fn flag(name: &str) -> bool {
+    var(name).is_some_and(|value| value == "1" || value == "true")
+}
+
+fn main() -> ExitCode {
+    if var("FAKE_CLI_ROLE").as_deref() == Some("sleeper") {
+        sleep_forever();
+    }
+    if flag("FAKE_CLI_IGNORE_SIGTERM") {
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGTERM);
+        if let Err(err) = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None) {
+            eprintln!("fake-cli: could not block SIGTERM: {err}");
+            return ExitCode::from(70);
+        }
+    }
+    match run() {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("fake-cli: {err}");
+            ExitCode::from(70)
+        }
+    }
+}
+
+fn run() -> io::Result<ExitCode> {
+    let args_file = var("FAKE_CLI_ARGS_FILE").map(PathBuf::from);
+    if let Some(path) = &args_file {
+        let header = serde_json::json!({
+            "argv": std::env::args().skip(1).collect::<Vec<_>>(),
+            "cwd": std::env::current_dir()?.to_string_lossy(),
+        });
+        fs::write(path, format!("{header}\n"))?;
+    }
+    if let Some(path) = var("FAKE_CLI_ENV_FILE") {
+        let env: BTreeMap<String, String> = std::env::vars().collect();
+        fs::write(path, serde_json::to_string(&env)?)?;
+    }
+    let grandchild = if flag("FAKE_CLI_GRANDCHILD") {
+        let child = Command::new(std::env::current_exe()?)
+            .env("FAKE_CLI_ROLE", "sleeper")
+            .stdin(Stdio::null())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        // The grandchild is never waited for: it must be killed with the process group.
+        Some(child.id())
+    } else {
+        None
+    };
+    if let Some(path) = var("FAKE_CLI_PID_FILE") {
+        let pids = serde_json::json!({
+            "pid": std::process::id(),
+            "pgid": nix::unistd::getpgrp().as_raw(),
+            "grandchild": grandchild,
+        });
+        let tmp = format!("{path}.tmp");
+        fs::write(&tmp, pids.to_string())?;
+        fs::rename(&tmp, &path)?;
+    }
+
+    let stdin_lines = Arc::new((Mutex::new(0usize), Condvar::new()));
+    let reader = {
+        let stdin_lines = stdin_lines.clone();
+        thread::spawn(move || read_stdin(args_file.as_deref(), &stdin_lines))
+    };
+
+    let mut out = io::stdout().lock();
+    if let Some(bytes) = var("FAKE_CLI_OVERSIZED_LINE_BYTES").and_then(|n| n.parse::<usize>().ok())
+    {
+        let chunk = vec![b'x'; 64 * 1024];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            out.write_all(&chunk[..n])?;
+            left -= n;
+        }
+        out.write_all(b"\n")?;
+        out.flush()?;
+    }
+    let delay = var("FAKE_CLI_LINE_DELAY_MS")
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .map(Duration::from_millis);
+    if let Some(fixture) = var("FAKE_CLI_FIXTURE") {
+        for line in fs::read_to_string(fixture)?.lines() {
+            if let Some(count) = wait_directive(line) {
+                let (lines, arrived) = &*stdin_lines;
+                let mut seen =
+                    lines.lock().map_err(|_| io::Error::other("stdin counter poisoned"))?;
+                while *seen < count {
+                    seen = arrived
+                        .wait(seen)
+                        .map_err(|_| io::Error::other("stdin counter poisoned"))?;
+                }
+                continue;
+            }
+            if let Some(delay) = delay {
+                thread::sleep(delay);
+            }
+            writeln!(out, "{line}")?;
+            out.flush()?;
+        }
+    }
+    if let Some(text) = var("FAKE_CLI_STDERR") {
+        eprint!("{text}");
+    }
+    if flag("FAKE_CLI_HANG") {
+        sleep_forever();
+    }
+    drop(out);
+    // Like a real CLI, finish reading the input before exiting.
+    let _ = reader.join();
+    let code = var("FAKE_CLI_EXIT_CODE").and_then(|code| code.parse::<u8>().ok()).unwrap_or(0);
+    Ok(ExitCode::from(code))
+}
+
+/// `Some(n)` for a `{"fake_cli":"wait_stdin_lines","count":n}` line.
+fn wait_directive(line: &str) -> Option<usize> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    if value.get("fake_cli")?.as_str()? != "wait_stdin_lines" {
+        return None;
+    }
+    value.get("count")?.as_u64().and_then(|n| usize::try_from(n).ok())
+}
+
+/// Copies stdin to the args file (after its header) and counts its lines.
+fn read_stdin(args_file: Option<&Path>, lines: &(Mutex<usize>, Condvar)) {
+    let mut file = args_file.and_then(|path| fs::OpenOptions::new().append(true).open(path).ok());
+    let mut stdin = io::stdin().lock();
+    loop {
+        let mut line = Vec::new();
+        match stdin.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                if let Some(file) = file.as_mut() {
+                    let _ = file.write_all(&line);
+                    let _ = file.flush();
+                }
+                if line.ends_with(b"\n") {
+                    if let Ok(mut seen) = lines.0.lock() {
+                        *seen += 1;
+                        lines.1.notify_all();
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn sleep_forever() -> ! {
+    loop {
+        thread::sleep(Duration::from_secs(3600));
+    }
+}

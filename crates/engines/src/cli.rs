@@ -1,0 +1,371 @@
+//! Vendor coding CLIs (Claude Code, Codex, OpenCode, Pi, Droid) run as child processes.
+//!
+//! Each vendor is one [`CliEngine`]: it spawns the vendor's CLI in the run's working
+//! directory, feeds it the prompt, reads its JSONL stdout line by line and turns every
+//! line into [`EngineEvent`](lemon_core::engine::EngineEvent)s with that vendor's parser. Exactly one `Started` and one
+//! `Completed` reach the sink per run, whatever the CLI does (ends early, exits
+//! non-zero, prints garbage, hangs); a cancelled run stops without a `Completed`, its
+//! process group killed.
+//!
+//! # Layout
+//! - `process`: the only code in the workspace that spawns a process; process groups,
+//!   signals, bounded stdout lines and the stderr tail.
+//! - `runner`: supervises one run: reads output, enforces the inactivity timeout,
+//!   handles cancel and steering, and finishes exactly once.
+//! - `translate`: the shared event vocabulary of the parsers (pending actions, notes,
+//!   the Started/Completed guarantees) and the per-run line loop.
+//! - `tools`: the shared tool classification (kind and title of a tool call).
+//! - `resume`: each vendor's resume line (`claude --resume <id>`, …).
+//! - `claude`, `codex`, `opencode`, `pi`, `droid`: each vendor's command line and parser.
+//! - `settings`: `[gateway.engines.<id>]` resolved into settings, the child
+//!   environment and the PATH lookup.
+//!
+//! # Configuration
+//!
+//! Every vendor is registered by [`build_cli_engines`] unless its section says
+//! `enabled = false`. Keys of `[gateway.engines.<id>]` (`<id>` is `claude`, `codex`,
+//! `opencode`, `pi` or `droid`):
+//!
+//! | key | default | meaning |
+//! |---|---|---|
+//! | `enabled` | `true` | `false` leaves the engine out |
+//! | `cli_path` | the vendor's name on `PATH` | the executable; a bare name is looked up on `PATH` |
+//! | `extra_args` | `[]` | arguments added to the vendor's command line |
+//! | `model` | none | model when the run names none (`claude:opus` names `opus`) |
+//! | `env` | `{}` | variables added to the child's environment |
+//! | `timeout_ms` | `300000` | inactivity timeout: no output for this long fails the run with `timeout`; `0` disables it |
+//! | `cancel_grace_ms` | `2000` | after SIGTERM on cancel, how long before SIGKILL |
+//! | `dangerously_skip_permissions` | `false` | claude `--dangerously-skip-permissions`, codex `--dangerously-bypass-approvals-and-sandbox`, droid `--skip-permissions-unsafe` |
+//! | `allowed_tools` | `[]` | claude `--allowedTools` |
+//! | `steering` | `false` | claude only: keep stdin open (`--input-format stream-json`) so a live run can be steered |
+//! | `api_key_secret` | none | the secret holding the API key; the app resolves it into [`CliContext::api_keys`] |
+//! | `api_key_env` | per vendor | the variable the key is passed in (`ANTHROPIC_API_KEY`, `OPENAI_API_KEY`, `FACTORY_API_KEY`; none for opencode and pi) |
+//! | `max_line_bytes` | `8388608` | a longer stdout line is skipped with a warning |
+//! | `provider` | none | pi `--provider` |
+//! | `reasoning_effort` | none | droid `--reasoning-effort` |
+//!
+//! The child's environment is built from nothing: the allowlisted variables of
+//! [`CliContext::base_env`] (`PATH`, `HOME`, `USER`, `LOGNAME`, `SHELL`, `TMPDIR`,
+//! `TMP`, `TEMP`, `LANG`, `LC_ALL`, `LC_CTYPE`, `TERM`, `XDG_CONFIG_HOME`,
+//! `XDG_CACHE_HOME`), then the vendor's own (`NO_COLOR=1` and `CI=1` for pi), then
+//! `env`, then the API key. The gateway's own secrets are never inherited, and
+//! secrets never appear on the command line or in logs.
+
+mod claude;
+mod codex;
+mod droid;
+mod opencode;
+mod pi;
+mod process;
+mod resume;
+mod runner;
+mod settings;
+mod tools;
+mod translate;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use lemon_core::config::EngineSection;
+use lemon_core::engine::{
+    Availability, Capabilities, Engine, EngineError, EventSink, ResumeToken, RunControl,
+    StartRequest,
+};
+use lemon_core::ids::EngineId;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use self::settings::CliSettings;
+
+/// The vendor CLIs this module runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Vendor {
+    Claude,
+    Codex,
+    Opencode,
+    Pi,
+    Droid,
+}
+
+impl Vendor {
+    /// Every vendor, in registration order.
+    pub const ALL: [Vendor; 5] =
+        [Vendor::Claude, Vendor::Codex, Vendor::Opencode, Vendor::Pi, Vendor::Droid];
+
+    /// The engine id, which is also the executable's default name.
+    pub fn id(self) -> &'static str {
+        match self {
+            Vendor::Claude => "claude",
+            Vendor::Codex => "codex",
+            Vendor::Opencode => "opencode",
+            Vendor::Pi => "pi",
+            Vendor::Droid => "droid",
+        }
+    }
+
+    /// The vendor whose engine id is `id`.
+    pub fn from_id(id: &str) -> Option<Vendor> {
+        Vendor::ALL.into_iter().find(|vendor| vendor.id() == id)
+    }
+
+    /// The title of the run's `Started` event.
+    pub fn title(self) -> &'static str {
+        match self {
+            Vendor::Claude => "Claude",
+            Vendor::Codex => "Codex",
+            Vendor::Opencode => "OpenCode",
+            Vendor::Pi => "Pi",
+            Vendor::Droid => "Droid",
+        }
+    }
+
+    /// Where the API key goes unless `api_key_env` says otherwise.
+    fn default_api_key_env(self) -> Option<&'static str> {
+        match self {
+            Vendor::Claude => Some("ANTHROPIC_API_KEY"),
+            Vendor::Codex => Some("OPENAI_API_KEY"),
+            Vendor::Droid => Some("FACTORY_API_KEY"),
+            Vendor::Opencode | Vendor::Pi => None,
+        }
+    }
+}
+
+impl fmt::Display for Vendor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.id())
+    }
+}
+
+/// What a vendor's command line is built from.
+#[derive(Debug)]
+struct CommandInput<'a> {
+    settings: &'a CliSettings,
+    prompt: &'a str,
+    /// The session to continue (already checked to belong to this vendor).
+    resume: Option<&'a str>,
+    /// The run's model, before the vendor's prefixes are stripped.
+    model: Option<&'a str>,
+    cwd: &'a std::path::Path,
+    base_env: &'a BTreeMap<String, String>,
+}
+
+impl CommandInput<'_> {
+    /// The run's model without any of `prefixes`, else the configured model.
+    fn model(&self, prefixes: &[&str]) -> Option<String> {
+        let from_run = self.model.map(|model| {
+            let lower = model.to_ascii_lowercase();
+            prefixes
+                .iter()
+                .find(|prefix| lower.starts_with(*prefix))
+                .map_or(model, |prefix| &model[prefix.len()..])
+                .trim()
+        });
+        from_run
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned)
+            .or_else(|| self.settings.model.clone())
+    }
+}
+
+/// A vendor's command line for one run.
+#[derive(Debug)]
+struct Invocation {
+    args: Vec<String>,
+    stdin: process::StdinMode,
+    /// Variables the vendor wants, set only when the environment lacks them.
+    env: Vec<(&'static str, &'static str)>,
+    /// The prompt is the last argument (hidden in logs).
+    prompt_is_last_arg: bool,
+    /// The model passed on the command line.
+    model: Option<String>,
+    /// The session token the command line names for a new session (pi).
+    new_session: Option<String>,
+}
+
+/// A prompt passed as an argument must not read as an option.
+fn prompt_arg(prompt: &str) -> String {
+    if prompt.starts_with('-') {
+        format!(" {prompt}")
+    } else {
+        prompt.to_owned()
+    }
+}
+
+/// A secret string whose `Debug` never shows the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    pub fn new(value: impl Into<String>) -> Self {
+        ApiKey(value.into())
+    }
+
+    fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+/// What the app hands the CLI engines: where to look and what to pass on.
+/// The library reads no environment variables itself.
+#[derive(Debug, Clone, Default)]
+pub struct CliContext {
+    /// The gateway's environment (usually `std::env::vars()`); children get only its
+    /// allowlisted variables.
+    pub base_env: BTreeMap<String, String>,
+    /// The `PATH` to look executables up on; `None` uses `base_env["PATH"]`.
+    pub search_path: Option<String>,
+    /// Run supervisors and stdin writers are spawned here, so a shutdown can wait for them.
+    pub tracker: TaskTracker,
+    /// Cancelled when the gateway shuts down: every live child is then stopped.
+    pub shutdown: CancellationToken,
+    /// Resolved API keys by engine id (from each section's `api_key_secret`).
+    pub api_keys: BTreeMap<String, ApiKey>,
+}
+
+/// Builds the five vendor engines from `[gateway.engines.*]`: every vendor not
+/// disabled with `enabled = false`, configured by its section (or defaults).
+/// An engine whose CLI is missing is still built; it reports itself unavailable.
+pub fn build_cli_engines(
+    sections: &BTreeMap<String, EngineSection>,
+    ctx: &CliContext,
+) -> Vec<Arc<dyn Engine>> {
+    let default_section = EngineSection::default();
+    Vendor::ALL
+        .into_iter()
+        .filter_map(|vendor| {
+            let section = sections.get(vendor.id()).unwrap_or(&default_section);
+            if section.enabled == Some(false) {
+                return None;
+            }
+            Some(Arc::new(CliEngine::new(vendor, section, ctx)) as Arc<dyn Engine>)
+        })
+        .collect()
+}
+
+/// One vendor CLI as an engine.
+pub struct CliEngine {
+    id: EngineId,
+    vendor: Vendor,
+    settings: Arc<CliSettings>,
+    /// The app's environment; read for the child's allowlist and HOME.
+    base_env: Arc<BTreeMap<String, String>>,
+    /// Where executables are looked up.
+    search_path: Option<String>,
+    api_key: Option<ApiKey>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl fmt::Debug for CliEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CliEngine")
+            .field("id", &self.id)
+            .field("settings", &self.settings)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
+}
+
+impl CliEngine {
+    /// The engine for `vendor`, configured by `section`; the API key comes from
+    /// `ctx.api_keys[vendor id]`.
+    pub fn new(vendor: Vendor, section: &EngineSection, ctx: &CliContext) -> Self {
+        // Vendor ids are fixed, lowercase slugs.
+        let id = EngineId::parse(vendor.id()).expect("vendor ids are valid engine ids");
+        let settings = CliSettings::from_section(vendor, section);
+        let api_key = ctx.api_keys.get(vendor.id()).cloned();
+        if api_key.is_some() && settings.api_key_env.is_none() {
+            tracing::warn!(
+                engine = vendor.id(),
+                "an API key is configured but not used: set api_key_env"
+            );
+        }
+        CliEngine {
+            id,
+            vendor,
+            settings: Arc::new(settings),
+            base_env: Arc::new(ctx.base_env.clone()),
+            search_path: ctx.search_path.clone().or_else(|| ctx.base_env.get("PATH").cloned()),
+            api_key,
+            tracker: ctx.tracker.clone(),
+            shutdown: ctx.shutdown.clone(),
+        }
+    }
+
+    pub fn vendor(&self) -> Vendor {
+        self.vendor
+    }
+
+    fn resolve_program(&self) -> Result<PathBuf, String> {
+        settings::resolve_program(
+            self.vendor,
+            self.settings.cli_path.as_deref(),
+            self.search_path.as_deref(),
+        )
+    }
+}
+
+#[async_trait]
+impl Engine for CliEngine {
+    fn id(&self) -> &EngineId {
+        &self.id
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            steer: self.vendor == Vendor::Claude && self.settings.steering,
+            redirect: false,
+        }
+    }
+
+    fn availability(&self) -> Availability {
+        match self.resolve_program() {
+            Ok(_) => Availability::Available,
+            Err(reason) => Availability::Unavailable { reason },
+        }
+    }
+
+    async fn start(
+        &self,
+        req: StartRequest,
+        sink: EventSink,
+    ) -> Result<Arc<dyn RunControl>, EngineError> {
+        let program = self
+            .resolve_program()
+            .map_err(|reason| EngineError::Unavailable { engine: self.id.to_string(), reason })?;
+        let launch = runner::Launch {
+            vendor: self.vendor,
+            program,
+            settings: self.settings.clone(),
+            base_env: self.base_env.clone(),
+            api_key: self.api_key.as_ref().map(|key| key.expose().to_owned()),
+            tracker: self.tracker.clone(),
+            cancel: self.shutdown.child_token(),
+        };
+        runner::start(launch, req, sink)
+    }
+
+    fn format_resume(&self, token: &ResumeToken) -> String {
+        resume::format(self.vendor, &token.value)
+    }
+
+    fn extract_resume(&self, text: &str) -> Option<ResumeToken> {
+        resume::extract(self.vendor, text)
+    }
+
+    fn is_resume_line(&self, line: &str) -> bool {
+        resume::is_resume_line(self.vendor, line)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,161 @@
+//! Tests of the bounded readers and of spawning and terminating real processes.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::ReadBuf;
+
+use super::*;
+
+/// Hands out its bytes a few at a time, as a pipe under load does.
+struct Chunked {
+    data: Vec<u8>,
+    pos: usize,
+    step: usize,
+}
+
+impl AsyncRead for Chunked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let end = (self.pos + self.step).min(self.data.len()).min(self.pos + buf.remaining());
+        buf.put_slice(&self.data[self.pos..end]);
+        self.pos = end;
+        Poll::Ready(Ok(()))
+    }
+}
+
+async fn lines(data: &[u8], max: usize, step: usize) -> Vec<StdoutLine> {
+    let mut reader = LineReader::new(Chunked { data: data.to_vec(), pos: 0, step }, max);
+    let mut out = Vec::new();
+    while let Some(line) = reader.next_line().await.unwrap() {
+        out.push(line);
+    }
+    out
+}
+
+fn line(text: &str) -> StdoutLine {
+    StdoutLine::Line(text.to_owned())
+}
+
+#[tokio::test]
+async fn lines_are_split_whatever_the_chunking() {
+    for step in [1, 3, 7, 1024] {
+        assert_eq!(
+            lines(b"{\"a\":1}\n\n{\"b\":2}\r\nlast", 64, step).await,
+            [line("{\"a\":1}"), line(""), line("{\"b\":2}\r"), line("last")],
+            "step {step}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_line_over_the_limit_is_skipped_and_reading_goes_on() {
+    let mut data = b"short\n".to_vec();
+    data.extend(std::iter::repeat_n(b'x', 100));
+    data.extend(b"\nafter\n");
+    data.extend(std::iter::repeat_n(b'y', 11));
+    for step in [1, 5, 4096] {
+        assert_eq!(
+            lines(&data, 10, step).await,
+            [
+                line("short"),
+                StdoutLine::Oversized { bytes: 100 },
+                line("after"),
+                StdoutLine::Oversized { bytes: 11 }
+            ],
+            "step {step}"
+        );
+    }
+    // Exactly the limit is fine.
+    assert_eq!(lines(b"0123456789\n", 10, 3).await, [line("0123456789")]);
+}
+
+#[tokio::test]
+async fn invalid_utf8_is_replaced_not_fatal() {
+    assert_eq!(lines(b"ok \xff\xfe\n", 64, 2).await, [line("ok \u{FFFD}\u{FFFD}")]);
+}
+
+#[tokio::test]
+async fn the_stderr_tail_keeps_the_last_bytes() {
+    let mut data = "é".repeat(10).into_bytes();
+    data.extend(b"the end");
+    let mut tail = StderrTail::new(Chunked { data, pos: 0, step: 4 }, 10);
+    while tail.read_more().await {}
+    let (text, truncated) = tail.text();
+    assert!(truncated);
+    assert!(text.ends_with("the end") && text.len() <= 10, "{text:?}");
+    assert!(!text.contains('\u{FFFD}'), "a cut character is dropped: {text:?}");
+
+    let mut short = StderrTail::new(Chunked { data: b"oops".to_vec(), pos: 0, step: 4 }, 10);
+    while short.read_more().await {}
+    assert_eq!(short.text(), ("oops".to_owned(), false));
+}
+
+fn spec(script: &str, cwd: PathBuf, env: &[(&str, &str)]) -> ProcessSpec {
+    ProcessSpec {
+        program: PathBuf::from("/bin/sh"),
+        args: vec!["-c".to_owned(), script.to_owned()],
+        cwd,
+        env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        stdin: StdinMode::Write(b"from stdin\n".to_vec()),
+        prompt_is_last_arg: false,
+    }
+}
+
+#[tokio::test]
+async fn a_child_gets_exactly_its_environment_its_cwd_and_its_stdin() {
+    let dir = tempfile::tempdir().unwrap();
+    let tracker = TaskTracker::new();
+    let script = "read line; echo \"$line\"; pwd; env | sort";
+    let mut spawned = spawn(
+        spec(script, dir.path().to_path_buf(), &[("ONLY_THIS", "yes"), ("PATH", "/usr/bin:/bin")]),
+        1024,
+        &tracker,
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    while let Some(StdoutLine::Line(line)) = spawned.stdout.next_line().await.unwrap() {
+        out.push(line);
+    }
+    assert_eq!(spawned.child.wait().await, Exit { code: Some(0), signal: None });
+    let cwd = dir.path().canonicalize().unwrap();
+    assert_eq!(out[..2], ["from stdin".to_owned(), cwd.to_string_lossy().into_owned()]);
+    let env: Vec<&str> = out[2..]
+        .iter()
+        .map(String::as_str)
+        .filter(|l| !["PWD=", "OLDPWD=", "SHLVL=", "_="].iter().any(|p| l.starts_with(p)))
+        .collect();
+    assert_eq!(env, ["ONLY_THIS=yes", "PATH=/usr/bin:/bin"]);
+}
+
+#[tokio::test]
+async fn a_missing_cwd_or_program_is_a_spawn_error() {
+    let tracker = TaskTracker::new();
+    let missing = std::env::temp_dir().join("lemon-no-such-dir-for-spawn");
+    assert!(matches!(spawn(spec("true", missing, &[]), 64, &tracker), Err(SpawnError::Cwd(_))));
+    let mut bad = spec("true", std::env::temp_dir(), &[]);
+    bad.program = PathBuf::from("/nonexistent/lemon-cli");
+    assert!(matches!(spawn(bad, 64, &tracker), Err(SpawnError::Spawn { .. })));
+}
+
+#[tokio::test]
+async fn terminate_stops_the_whole_group() {
+    let tracker = TaskTracker::new();
+    // The shell starts a background sleeper in its group, then waits.
+    let mut spawned = spawn(
+        spec("sleep 1000 & echo started; wait", std::env::temp_dir(), &[("PATH", "/usr/bin:/bin")]),
+        64,
+        &tracker,
+    )
+    .unwrap();
+    assert_eq!(spawned.stdout.next_line().await.unwrap(), Some(line("started")));
+    let exit = spawned.child.terminate(Duration::from_secs(5)).await;
+    assert_eq!(exit.signal, Some(15));
+    // Every member got the signal: the pipe the sleeper held is closed, so it has exited.
+    // (An orphaned member may linger as a zombie until init reaps it, so the group id
+    // itself can still answer for a moment.)
+    assert_eq!(spawned.stdout.next_line().await.unwrap(), None);
+}

@@ -1,0 +1,187 @@
+//! Tests of the rules every parser shares: event order, warnings, exits and timeouts.
+
+use super::*;
+
+/// A parser that maps a few words to emitter calls, to test the shared rules.
+#[derive(Debug, Default)]
+struct Script;
+
+impl StreamParser for Script {
+    fn line(&mut self, line: &str, out: &mut Emitter) -> Result<(), DecodeError> {
+        match line.split_once(' ').unwrap_or((line, "")) {
+            ("start", session) => out.started(Some(session), "Script", Value::Null),
+            ("tool", id) => {
+                out.start_action(id, ActionKind::Tool, format!("tool {id}"), json!({"a": 1}))
+            }
+            ("done", id) => {
+                out.complete_action(
+                    id,
+                    true,
+                    json!({"b": 2}),
+                    (ActionKind::Tool, "tool result".to_owned()),
+                );
+            }
+            ("text", text) => out.paragraph(text),
+            ("note", text) => out.note(text, false),
+            ("finish", answer) => out.complete_ok(answer.to_owned(), Value::Null),
+            _ => return Err(DecodeError(format!("unknown line {line}"))),
+        }
+        Ok(())
+    }
+
+    fn partial_answer(&self) -> String {
+        "partial".to_owned()
+    }
+
+    fn clean_end(&self, out: &Emitter) -> Result<String, String> {
+        match out.found() {
+            Some(_) => Err("script ended early".to_owned()),
+            None => Err("script never started".to_owned()),
+        }
+    }
+}
+
+fn translator(resume: Option<&str>) -> Translator {
+    Translator::new(
+        Vendor::Claude,
+        Box::new(Script),
+        resume.map(|value| ResumeToken::new("claude", value)),
+    )
+}
+
+fn feed(t: &mut Translator, lines: &[&str]) -> Vec<String> {
+    lines.iter().flat_map(|line| t.line(line)).map(|event| describe(&event)).collect()
+}
+
+#[test]
+fn started_comes_first_exactly_once() {
+    let mut t = translator(None);
+    assert_eq!(
+        feed(&mut t, &["tool t1", "start s-1", "start s-2", "done t1"]),
+        ["S(-)", r#"A(started t1 tool "tool t1" -)"#, r#"A(completed t1 tool "tool t1" true)"#,]
+    );
+    // A later start still names the session the run completes with.
+    assert_eq!(feed(&mut t, &["finish ok"]), [r#"C(ok=true, answer "ok", resume claude:s-2)"#]);
+}
+
+#[test]
+fn a_resumed_run_starts_with_the_requested_token_until_the_stream_names_one() {
+    let mut t = translator(Some("old"));
+    assert_eq!(feed(&mut t, &["text hi"]), ["S(claude:old)", r#"D("hi")"#]);
+    let exited = t.exited(Exit { code: Some(0), signal: None }, "", false);
+    assert_eq!(
+        exited.iter().map(describe).collect::<Vec<_>>(),
+        [r#"C(ok=false, answer "partial", error "script never started", resume claude:old)"#]
+    );
+}
+
+#[test]
+fn nothing_follows_the_completion() {
+    let mut t = translator(None);
+    feed(&mut t, &["start s", "finish a"]);
+    assert!(t.is_done());
+    assert!(feed(&mut t, &["tool t2", "garbage"]).is_empty());
+    assert!(t.oversized(100, 10).is_empty());
+    assert!(t.exited(Exit { code: Some(1), signal: None }, "boom", false).is_empty());
+    assert!(t.timed_out().is_empty());
+}
+
+#[test]
+fn completion_merges_the_pending_detail_and_unknown_ids_use_the_fallback() {
+    let mut t = translator(None);
+    t.line("start s");
+    t.line("tool t1");
+    let done = t.line("done t1");
+    let EngineEvent::Action(action) = &done[0] else { panic!("an action") };
+    assert_eq!(action.detail, json!({"a": 1, "b": 2}));
+    assert_eq!(feed(&mut t, &["done nope"]), [r#"A(completed nope tool "tool result" true)"#]);
+}
+
+#[test]
+fn at_most_three_bad_lines_become_warnings() {
+    let mut t = translator(None);
+    let events =
+        feed(&mut t, &["start s", "bad 1", "bad 2", "bad 3", "bad 4", "bad 5", "   ", "\r"]);
+    assert_eq!(
+        events,
+        [
+            "S(claude:s)",
+            r#"A(completed decode_error_0 warning "Invalid JSONL line" false level=warning)"#,
+            r#"A(completed decode_error_1 warning "Invalid JSONL line" false level=warning)"#,
+            r#"A(completed decode_error_2 warning "Invalid JSONL line" false level=warning)"#,
+        ]
+    );
+    let warnings: Vec<String> =
+        (0..5).flat_map(|_| t.oversized(1 << 20, 1024)).map(|e| describe(&e)).collect();
+    assert_eq!(warnings.len(), 3);
+    assert_eq!(
+        warnings[0],
+        r#"A(completed oversized_line_0 warning "Oversized JSONL line skipped" false level=warning)"#
+    );
+}
+
+#[test]
+fn paragraphs_are_separated_and_notes_are_numbered() {
+    let mut t = translator(None);
+    assert_eq!(
+        feed(&mut t, &["start s", "text one", "text  ", "text two", "note careful", "note again"]),
+        [
+            "S(claude:s)",
+            r#"D("one")"#,
+            r#"D("\n\ntwo")"#,
+            r#"A(completed note_0 warning "careful" false level=warning)"#,
+            r#"A(completed note_1 warning "again" false level=warning)"#,
+        ]
+    );
+}
+
+#[test]
+fn exits_and_timeouts_complete_the_run_once() {
+    let check = |exit: Exit, stderr: &str, expected: &[&str]| {
+        let mut t = translator(None);
+        t.line("start s");
+        let events: Vec<String> = t.exited(exit, stderr, false).iter().map(describe).collect();
+        assert_eq!(events, expected);
+    };
+    check(
+        Exit { code: Some(2), signal: None },
+        "  something broke\n",
+        &[
+            r#"C(ok=false, answer "partial", error "claude exited with status 2: something broke", resume claude:s)"#,
+        ],
+    );
+    check(
+        Exit { code: None, signal: Some(9) },
+        "",
+        &[
+            r#"C(ok=false, answer "partial", error "claude was killed by signal 9", resume claude:s)"#,
+        ],
+    );
+    check(
+        Exit { code: Some(0), signal: None },
+        "a warning",
+        &[
+            r#"A(completed cli.stderr warning "CLI stderr output" false level=warning)"#,
+            r#"C(ok=false, answer "partial", error "script ended early", resume claude:s)"#,
+        ],
+    );
+    let mut t = translator(None);
+    t.line("start s");
+    let events: Vec<String> = t.timed_out().iter().map(describe).collect();
+    assert_eq!(events, [r#"C(ok=false, answer "partial", error "timeout", resume claude:s)"#]);
+}
+
+#[test]
+fn long_stderr_is_cut_to_its_tail() {
+    let stderr = format!("{}END", "é".repeat(5000));
+    let message = exit_message("codex", Exit { code: Some(1), signal: None }, &stderr);
+    assert!(message.starts_with("codex exited with status 1: é"));
+    assert!(message.ends_with("END"));
+    assert_eq!(
+        message.chars().count(),
+        "codex exited with status 1: ".len() + STDERR_IN_ERROR_CHARS
+    );
+    assert_eq!(tail_chars("abc", 5), "abc");
+    assert_eq!(tail_chars("abcdef", 2), "ef");
+    assert_eq!(head_chars("abcdef", 2), "ab");
+}
