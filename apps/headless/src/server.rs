@@ -10,10 +10,11 @@ use std::time::{Duration, SystemTime};
 use anyhow::Context;
 use lemon_core::bus::EventBus;
 use lemon_core::config::{self, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT};
-use lemon_core::engine::EngineRegistry;
+use lemon_core::engine::{Availability, EngineRegistry};
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::secrets::{SecretStore, SecretValue};
 use lemon_core::store::StoreHandle;
+use lemon_engines::cli::{build_cli_engines, ApiKey, CliContext};
 use lemon_engines::echo::EchoEngine;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -65,12 +66,44 @@ pub fn runtime_config(gateway: &GatewayConfig, user_home: Option<PathBuf>) -> Ru
     }
 }
 
-/// Builds every engine the config enables. Echo is always there.
-fn engines(gateway: &GatewayConfig, tracker: &TaskTracker) -> anyhow::Result<EngineRegistry> {
+/// Builds every engine the config enables: echo (always) and the vendor CLIs.
+/// A CLI that is not installed is registered as unavailable, with the reason.
+fn engines(
+    gateway: &GatewayConfig,
+    opts: &ServeOptions,
+    secrets: &SecretStore,
+    tracker: &TaskTracker,
+    token: &CancellationToken,
+) -> anyhow::Result<EngineRegistry> {
     let mut registry = EngineRegistry::new();
     let echo_delay = gateway.engines.get("echo").and_then(|e| e.delay_ms).unwrap_or(0);
     registry
         .register(Arc::new(EchoEngine::new(Duration::from_millis(echo_delay), tracker.clone())))?;
+    let mut api_keys = BTreeMap::new();
+    for (id, section) in &gateway.engines {
+        let Some(name) = &section.api_key_secret else { continue };
+        match secrets.get(name)? {
+            Some(value) => {
+                api_keys.insert(id.clone(), ApiKey::new(value.expose()));
+            }
+            None => {
+                tracing::warn!(engine = %id, secret = %name, "api_key_secret names a secret that is not set")
+            }
+        }
+    }
+    let ctx = CliContext {
+        base_env: opts.env.clone(),
+        search_path: None,
+        tracker: tracker.clone(),
+        shutdown: token.clone(),
+        api_keys,
+    };
+    for engine in build_cli_engines(&gateway.engines, &ctx) {
+        if let Availability::Unavailable { reason } = engine.availability() {
+            tracing::info!(engine = %engine.id(), %reason, "engine unavailable");
+        }
+        registry.register(engine)?;
+    }
     Ok(registry)
 }
 
@@ -105,7 +138,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let tracker = TaskTracker::new();
     let deps = GatewayDeps {
         config: runtime_config(&gateway_config, opts.user_home.clone()),
-        engines: engines(&gateway_config, &tracker)?,
+        engines: engines(&gateway_config, &opts, &secrets, &tracker, &token)?,
         store: store.clone(),
         bus: EventBus::default(),
     };
