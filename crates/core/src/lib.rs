@@ -8,6 +8,8 @@
 //! - [`bus`]: the typed event bus (per-run topics plus a firehose).
 //! - [`gateway`]: the execution runtime: scheduler (slots, per-conversation FIFO),
 //!   runs, the engine lock and the [`gateway::GatewayHandle`] callers use.
+//! - [`router`]: conversations, queue modes, resume, engine selection, slash
+//!   commands and the admission journal; decides what the gateway runs and when.
 //! - [`store`]: durable state (runs, run events, chat state) in SQLite, or in memory.
 //! - [`config`]: the `config.toml` types and loader.
 //! - [`secrets`]: where secret values come from.
@@ -20,6 +22,7 @@ pub mod config;
 pub mod engine;
 pub mod gateway;
 pub mod ids;
+pub mod router;
 pub mod secrets;
 pub mod store;
 #[cfg(any(test, feature = "test-util"))]

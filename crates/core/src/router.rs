@@ -1,0 +1,335 @@
+//! The router: every message from every channel goes through it. It knows what
+//! each conversation is doing and decides what to submit to the gateway and when.
+//!
+//! [`RouterHandle::submit`] resolves a [`RunRequest`] (slash commands, explicit
+//! resume lines, engine directives, bindings, auto-resume from chat state, the
+//! queue mode), journals it, gives it a run id and hands it to its conversation.
+//! A conversation (`resume:<engine>:<token>` or `session:<key>`) exists while it
+//! has work and holds at most one run at the gateway; everything else waits in the
+//! router's queue, where the queue modes act on it (see [`queue`]). When the
+//! active run completes the router writes chat state, and submits the next item.
+//!
+//! One actor owns every conversation. It never waits on a run: a small watcher
+//! task per dispatched run follows the run's bus topic (phases, idle watchdog)
+//! and reports the completion back, and steers are delivered by short tasks that
+//! report the engine's answer back. Every request the router accepts ends in
+//! exactly one `run_completed`: from the gateway when it ran, from the router when
+//! it was dropped, merged, cancelled while queued, or steered into another run.
+
+mod actor;
+mod journal;
+pub mod queue;
+pub mod resolve;
+mod watch;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{GatewayConfig, QueueMode};
+use crate::engine::ResumeToken;
+use crate::gateway::GatewayHandle;
+use crate::ids::{ConversationKey, RunId};
+use crate::store::{ChatState, StoreError};
+
+use actor::{Router, RouterMsg};
+pub use journal::{JournalEntry, JournalState};
+pub use queue::Limits;
+pub use resolve::SlashCommand;
+
+/// Where a request came from. Channel and control-plane messages are "user"
+/// messages: in `collect` mode they go ahead of queued goal continuations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Origin {
+    Channel,
+    ControlPlane,
+    Cron,
+    Internal,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Channel => "channel",
+            Origin::ControlPlane => "control_plane",
+            Origin::Cron => "cron",
+            Origin::Internal => "internal",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        Some(match raw {
+            "channel" => Origin::Channel,
+            "control_plane" => Origin::ControlPlane,
+            "cron" => Origin::Cron,
+            "internal" => Origin::Internal,
+            _ => return None,
+        })
+    }
+}
+
+/// The chat a channel message came from, for `[[gateway.bindings]]`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ChannelRef {
+    pub transport: String,
+    pub chat_id: Option<String>,
+    pub topic_id: Option<String>,
+}
+
+/// A message to run, as a transport hands it over.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    pub origin: Origin,
+    /// Blank means the `default` session.
+    pub session_key: String,
+    pub agent_id: Option<String>,
+    pub prompt: String,
+    /// `None`: the binding's mode, then `[gateway.queue] mode`, then `collect`.
+    pub queue_mode: Option<QueueMode>,
+    /// An engine the caller asks for (possibly composite).
+    pub engine: Option<String>,
+    /// A structured token to continue; a resume line in the prompt works too.
+    pub resume: Option<ResumeToken>,
+    pub cwd: Option<PathBuf>,
+    pub meta: BTreeMap<String, serde_json::Value>,
+    /// A caller-chosen id; submitting the same id twice is one run.
+    pub run_id: Option<RunId>,
+    pub channel: Option<ChannelRef>,
+}
+
+impl RunRequest {
+    /// A control-plane request with no extras.
+    pub fn new(session_key: impl Into<String>, prompt: impl Into<String>) -> Self {
+        RunRequest {
+            origin: Origin::ControlPlane,
+            session_key: session_key.into(),
+            agent_id: None,
+            prompt: prompt.into(),
+            queue_mode: None,
+            engine: None,
+            resume: None,
+            cwd: None,
+            meta: BTreeMap::new(),
+            run_id: None,
+            channel: None,
+        }
+    }
+}
+
+/// What became of a submitted message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Submitted {
+    /// Accepted as a run; it ends in exactly one `run_completed`.
+    Run(Accepted),
+    /// A slash command the router answered itself; nothing runs.
+    Command { command: SlashCommand, reply: String },
+}
+
+/// An accepted run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    pub run_id: RunId,
+    pub session_key: String,
+    pub conversation: ConversationKey,
+    pub engine: String,
+    /// The id was already known: this is the earlier request, nothing new was queued.
+    pub duplicate: bool,
+}
+
+/// Why a message was not accepted. Nothing was journaled and no event published.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("the router is shutting down")]
+    ShuttingDown,
+    #[error("unknown engine {engine:?}")]
+    UnknownEngine { engine: String },
+    #[error("{message}")]
+    UnsupportedResumeEngine { engine: String, message: String },
+    #[error("the request could not be journaled: {0}")]
+    Journal(#[from] StoreError),
+}
+
+/// What a conversation-wide cancel or abort did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CancelSummary {
+    /// Queued or in-flight requests dropped (each completed as aborted).
+    pub dropped: usize,
+    /// Active runs asked to stop.
+    pub cancelled: usize,
+}
+
+/// A session as `/status` and `GET /v1/sessions/{key}` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SessionView {
+    pub session_key: String,
+    /// Active runs of the session (one per conversation it has).
+    pub active: Vec<RunId>,
+    /// Queued run ids, in the order they will run.
+    pub queued: Vec<RunId>,
+    /// Steers waiting for the engine's answer.
+    pub pending_steers: usize,
+    pub chat_state: Option<ChatState>,
+    /// The engine chosen with `/engine`.
+    pub sticky_engine: Option<String>,
+}
+
+/// The router's settings, from `[gateway]`.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    pub default_engine: String,
+    pub native_only: bool,
+    pub queue_mode: Option<QueueMode>,
+    pub limits: Limits,
+    /// Cancels a run with no event for this long; `None` disables it.
+    pub idle_watchdog: Option<Duration>,
+    /// Bindings and projects, for `ChannelRef` lookups.
+    pub gateway: Arc<GatewayConfig>,
+}
+
+/// The idle watchdog's default: two hours.
+pub const DEFAULT_IDLE_WATCHDOG: Duration = Duration::from_secs(2 * 60 * 60);
+
+impl RouterConfig {
+    /// The router's view of `[gateway]`; `run_idle_watchdog_ms = 0` disables the watchdog.
+    pub fn from_gateway(gateway: &GatewayConfig, idle_watchdog_ms: Option<u64>) -> Self {
+        let idle_watchdog = match idle_watchdog_ms {
+            Some(0) => None,
+            Some(ms) => Some(Duration::from_millis(ms)),
+            None => Some(DEFAULT_IDLE_WATCHDOG),
+        };
+        RouterConfig {
+            default_engine: gateway.default_engine.clone(),
+            native_only: gateway.native_only.unwrap_or(false),
+            queue_mode: gateway.queue.mode,
+            limits: Limits {
+                cap: gateway.queue.cap,
+                drop: gateway.queue.drop.unwrap_or(crate::config::DropPolicy::Oldest),
+            },
+            idle_watchdog,
+            gateway: Arc::new(gateway.clone()),
+        }
+    }
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig::from_gateway(&GatewayConfig::default(), None)
+    }
+}
+
+/// What recovery found in the journal after a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Recovered {
+    /// Requests that never started, queued again in their original order.
+    pub requeued: usize,
+    /// Requests that were running, completed as `interrupted`.
+    pub interrupted: usize,
+}
+
+/// The handle to the router. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RouterHandle {
+    tx: mpsc::Sender<RouterMsg>,
+    gateway: GatewayHandle,
+}
+
+impl RouterHandle {
+    /// Starts the router over `gateway` on `tracker`; it stops when `token` is
+    /// cancelled. Before it takes new requests it recovers the journal: requests
+    /// left by a crash are re-queued or completed as interrupted.
+    ///
+    /// # Errors
+    /// [`RouteError::Journal`] when the journal cannot be read.
+    pub async fn start(
+        config: RouterConfig,
+        gateway: GatewayHandle,
+        token: CancellationToken,
+        tracker: &TaskTracker,
+    ) -> Result<(Self, Recovered), RouteError> {
+        let (tx, rx) = mpsc::channel(1024);
+        let mut router =
+            Router::new(config, gateway.clone(), rx, tx.clone(), token, tracker.clone());
+        let recovered = router.recover().await?;
+        tracker.spawn(router.run());
+        Ok((RouterHandle { tx, gateway }, recovered))
+    }
+
+    async fn ask<T>(
+        &self,
+        msg: impl FnOnce(oneshot::Sender<T>) -> RouterMsg,
+    ) -> Result<T, RouteError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(msg(reply)).await.map_err(|_| RouteError::ShuttingDown)?;
+        rx.await.map_err(|_| RouteError::ShuttingDown)
+    }
+
+    /// Accepts a message: a slash command is answered, anything else is
+    /// journaled, gets a run id and is queued in its conversation.
+    ///
+    /// # Errors
+    /// [`RouteError`] when the message was not accepted.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a cancelled call may or may not have accepted the request.
+    pub async fn submit(&self, req: RunRequest) -> Result<Submitted, RouteError> {
+        self.ask(|reply| RouterMsg::Submit { req: Box::new(req), reply }).await?
+    }
+
+    /// Cancels a conversation: drops its queue and in-flight steers, cancels its run.
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`] when the router is gone.
+    pub async fn cancel_conversation(
+        &self,
+        key: &ConversationKey,
+    ) -> Result<CancelSummary, RouteError> {
+        self.ask(|reply| RouterMsg::CancelConversation { key: key.clone(), reply }).await
+    }
+
+    /// Cancels the session's active runs; queued work stays and runs next.
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`] when the router is gone.
+    pub async fn cancel_session(&self, session_key: &str) -> Result<CancelSummary, RouteError> {
+        self.ask(|reply| RouterMsg::CancelSession { session_key: session_key.to_owned(), reply })
+            .await
+    }
+
+    /// Drops the session's queued work and cancels its active runs.
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`] when the router is gone.
+    pub async fn abort_session(&self, session_key: &str) -> Result<CancelSummary, RouteError> {
+        self.ask(|reply| RouterMsg::AbortSession { session_key: session_key.to_owned(), reply })
+            .await
+    }
+
+    /// Drops (queued or in flight) or cancels (active) one run. `false` when the
+    /// router holds no such run.
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`] when the router is gone.
+    pub async fn abort_run(&self, run_id: &RunId) -> Result<bool, RouteError> {
+        self.ask(|reply| RouterMsg::AbortRun { run_id: run_id.clone(), reply }).await
+    }
+
+    /// The session's active runs, queue and chat state.
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`] when the router is gone.
+    pub async fn session(&self, session_key: &str) -> Result<SessionView, RouteError> {
+        self.ask(|reply| RouterMsg::Session { session_key: session_key.to_owned(), reply }).await
+    }
+
+    pub fn gateway(&self) -> &GatewayHandle {
+        &self.gateway
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,820 @@
+//! The router actor: the conversation table, the sticky engines, and the
+//! interpreter of the queue state machine's effects.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::journal::{Journal, JournalEntry, JournalState};
+use super::queue::{Conversation, Effect, Item, RouteChoice, SteerKind};
+use super::resolve::{
+    choose_engine, conversation_key, extract_resume_line, is_context_overflow, meta_flag,
+    parse_directive, parse_slash_command, queue_mode, resolve_binding, ChoiceError, EngineInputs,
+    SlashCommand, NATIVE_ONLY_RESUME_MESSAGE,
+};
+use super::watch::Watch;
+use super::{
+    Accepted, CancelSummary, Origin, Recovered, RouteError, RouterConfig, RunRequest, SessionView,
+    Submitted,
+};
+use crate::bus::{BusEvent, EventBus, EventKind, RunPhase, RunStatus};
+use crate::clock::now_ms;
+use crate::config::QueueMode;
+use crate::engine::{Completion, EngineRegistry, ResumeToken, RunError};
+use crate::gateway::{ExecutionRequest, GatewayHandle, SubmitError};
+use crate::ids::{ConversationKey, RunId};
+use crate::store::{FinishedRun, NewRun, StoreHandle};
+
+/// A steer whose engine has not answered within this is treated as refused, so
+/// a stuck engine cannot hold its conversation's queue forever.
+const STEER_ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug)]
+pub(super) enum RouterMsg {
+    Submit {
+        req: Box<RunRequest>,
+        reply: oneshot::Sender<Result<Submitted, RouteError>>,
+    },
+    CancelConversation {
+        key: ConversationKey,
+        reply: oneshot::Sender<CancelSummary>,
+    },
+    CancelSession {
+        session_key: String,
+        reply: oneshot::Sender<CancelSummary>,
+    },
+    AbortSession {
+        session_key: String,
+        reply: oneshot::Sender<CancelSummary>,
+    },
+    AbortRun {
+        run_id: RunId,
+        reply: oneshot::Sender<bool>,
+    },
+    Session {
+        session_key: String,
+        reply: oneshot::Sender<SessionView>,
+    },
+    /// From a run's watcher: the run published `run_completed`.
+    RunEnded {
+        run_id: RunId,
+        conversation: ConversationKey,
+        completion: Completion,
+        engine: String,
+    },
+    /// From a steer task: whether the engine took the text.
+    SteerAnswered {
+        conversation: ConversationKey,
+        run_id: RunId,
+        accepted: bool,
+    },
+}
+
+/// Publishes a phase on the run's topic. Phases are hints for UIs: they are not
+/// stored and carry index 0, so they never take an index of the run's own events.
+pub(super) fn publish_phase(
+    bus: &EventBus,
+    run_id: &RunId,
+    session_key: &Arc<str>,
+    phase: RunPhase,
+) {
+    bus.publish(Arc::new(BusEvent {
+        run_id: run_id.clone(),
+        session_key: session_key.clone(),
+        index: 0,
+        ts_ms: now_ms(),
+        kind: EventKind::Phase(phase),
+    }));
+}
+
+fn terminal_phase(completion: &Completion) -> RunPhase {
+    match RunStatus::of(completion) {
+        RunStatus::Completed => RunPhase::Completed,
+        RunStatus::Cancelled => RunPhase::Aborted,
+        _ => RunPhase::Failed,
+    }
+}
+
+fn parse_conversation(raw: &str) -> Option<ConversationKey> {
+    if let Some(session) = raw.strip_prefix("session:") {
+        return Some(ConversationKey::session(session));
+    }
+    let (engine, token) = raw.strip_prefix("resume:")?.split_once(':')?;
+    Some(ConversationKey::resume(engine, token))
+}
+
+fn session_of(raw: &str) -> Arc<str> {
+    let trimmed = raw.trim();
+    if trimmed.is_empty() {
+        "default".into()
+    } else {
+        trimmed.into()
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Router {
+    rx: mpsc::Receiver<RouterMsg>,
+    /// Given to watchers and steer tasks so they can report back.
+    tx: mpsc::Sender<RouterMsg>,
+    config: RouterConfig,
+    gateway: GatewayHandle,
+    store: StoreHandle,
+    bus: EventBus,
+    engines: EngineRegistry,
+    token: CancellationToken,
+    tracker: TaskTracker,
+    journal: Journal,
+    /// Conversations with active, queued or in-flight work; removed when idle.
+    conversations: HashMap<ConversationKey, Conversation>,
+    /// The conversation of every run the router has not seen complete.
+    runs: HashMap<RunId, ConversationKey>,
+    /// `/engine <id>` choices per session, for the life of the process.
+    sticky: HashMap<Arc<str>, String>,
+    next_seq: u64,
+}
+
+impl Router {
+    pub(super) fn new(
+        config: RouterConfig,
+        gateway: GatewayHandle,
+        rx: mpsc::Receiver<RouterMsg>,
+        tx: mpsc::Sender<RouterMsg>,
+        token: CancellationToken,
+        tracker: TaskTracker,
+    ) -> Self {
+        Router {
+            rx,
+            tx,
+            config,
+            store: gateway.store().clone(),
+            bus: gateway.bus().clone(),
+            engines: gateway.engines().clone(),
+            journal: Journal::new(),
+            gateway,
+            token,
+            tracker,
+            conversations: HashMap::new(),
+            runs: HashMap::new(),
+            sticky: HashMap::new(),
+            next_seq: 1,
+        }
+    }
+
+    pub(super) async fn run(mut self) {
+        loop {
+            tokio::select! {
+                biased;
+                () = self.token.cancelled() => break,
+                msg = self.rx.recv() => match msg {
+                    Some(msg) => self.handle(msg).await,
+                    None => break,
+                },
+            }
+        }
+    }
+
+    async fn handle(&mut self, msg: RouterMsg) {
+        match msg {
+            RouterMsg::Submit { req, reply } => {
+                let result = self.submit(*req).await;
+                let _ = reply.send(result);
+            }
+            RouterMsg::CancelConversation { key, reply } => {
+                let reason = RunError::UserRequested;
+                let summary = self.each_conversation(|k, conv| {
+                    if k == &key {
+                        conv.cancel_all(&reason)
+                    } else {
+                        Vec::new()
+                    }
+                });
+                let _ = reply.send(self.apply_summary(summary).await);
+            }
+            RouterMsg::CancelSession { session_key, reply } => {
+                let session = session_of(&session_key);
+                let reason = RunError::UserRequested;
+                let summary =
+                    self.each_conversation(|_, conv| conv.cancel_session(&session, &reason));
+                let _ = reply.send(self.apply_summary(summary).await);
+            }
+            RouterMsg::AbortSession { session_key, reply } => {
+                let session = session_of(&session_key);
+                let reason = RunError::UserRequested;
+                let summary =
+                    self.each_conversation(|_, conv| conv.abort_session(&session, &reason));
+                let _ = reply.send(self.apply_summary(summary).await);
+            }
+            RouterMsg::AbortRun { run_id, reply } => {
+                let Some(key) = self.runs.get(&run_id).cloned() else {
+                    let _ = reply.send(false);
+                    return;
+                };
+                let reason = RunError::UserRequested;
+                let effects = match self.conversations.get_mut(&key) {
+                    Some(conv) => conv.abort_run(&run_id, &reason),
+                    None => Vec::new(),
+                };
+                let found = !effects.is_empty();
+                self.apply(key, effects).await;
+                let _ = reply.send(found);
+            }
+            RouterMsg::Session { session_key, reply } => {
+                let view = self.session_view(&session_of(&session_key)).await;
+                let _ = reply.send(view);
+            }
+            RouterMsg::RunEnded { run_id, conversation, completion, engine } => {
+                self.run_ended(run_id, conversation, completion, engine).await;
+            }
+            RouterMsg::SteerAnswered { conversation, run_id, accepted } => {
+                let limits = self.config.limits;
+                let effects = match self.conversations.get_mut(&conversation) {
+                    Some(conv) => conv.steer_result(&run_id, accepted, Instant::now(), limits),
+                    None => Vec::new(),
+                };
+                self.apply(conversation, effects).await;
+            }
+        }
+    }
+
+    /// Runs `f` over every conversation and collects the effects per conversation.
+    fn each_conversation(
+        &mut self,
+        mut f: impl FnMut(&ConversationKey, &mut Conversation) -> Vec<Effect>,
+    ) -> Vec<(ConversationKey, Vec<Effect>)> {
+        self.conversations
+            .iter_mut()
+            .map(|(key, conv)| (key.clone(), f(key, conv)))
+            .filter(|(_, effects)| !effects.is_empty())
+            .collect()
+    }
+
+    async fn apply_summary(&mut self, all: Vec<(ConversationKey, Vec<Effect>)>) -> CancelSummary {
+        let mut summary = CancelSummary::default();
+        for (key, effects) in all {
+            for effect in &effects {
+                match effect {
+                    Effect::Complete { .. } => summary.dropped += 1,
+                    Effect::CancelActive { .. } => summary.cancelled += 1,
+                    _ => {}
+                }
+            }
+            self.apply(key, effects).await;
+        }
+        summary
+    }
+
+    async fn submit(&mut self, req: RunRequest) -> Result<Submitted, RouteError> {
+        let session_key = session_of(&req.session_key);
+        if let Some(command) = parse_slash_command(&req.prompt) {
+            let reply = self.command(&command, &session_key).await;
+            return Ok(Submitted::Command { command, reply });
+        }
+        if let Some(run_id) = &req.run_id {
+            if let Some(accepted) = self.known_run(run_id).await? {
+                return Ok(Submitted::Run(accepted));
+            }
+        }
+        let item = self.prepare(req, session_key).await?;
+        let accepted = Accepted {
+            run_id: item.run_id.clone(),
+            session_key: item.session_key.to_string(),
+            conversation: item.conversation.clone(),
+            engine: item.engine.clone(),
+            duplicate: false,
+        };
+        self.accept(&item).await?;
+        publish_phase(&self.bus, &item.run_id, &item.session_key, RunPhase::Accepted);
+        let key = item.conversation.clone();
+        self.runs.insert(item.run_id.clone(), key.clone());
+        let limits = self.config.limits;
+        let effects =
+            self.conversations.entry(key.clone()).or_default().submit(item, Instant::now(), limits);
+        self.apply(key, effects).await;
+        Ok(Submitted::Run(accepted))
+    }
+
+    /// A caller id seen before is the same request: answer with it, queue nothing.
+    async fn known_run(&self, run_id: &RunId) -> Result<Option<Accepted>, RouteError> {
+        let Some(record) = self.store.get_run(run_id.as_str()).await? else { return Ok(None) };
+        let conversation = parse_conversation(&record.conversation)
+            .unwrap_or_else(|| ConversationKey::session(&record.session_key));
+        Ok(Some(Accepted {
+            run_id: run_id.clone(),
+            session_key: record.session_key,
+            conversation,
+            engine: record.engine,
+            duplicate: true,
+        }))
+    }
+
+    /// Resolves resume, engine, conversation, cwd and queue mode.
+    async fn prepare(
+        &mut self,
+        req: RunRequest,
+        session_key: Arc<str>,
+    ) -> Result<Item, RouteError> {
+        let binding = req
+            .channel
+            .as_ref()
+            .map(|c| resolve_binding(&self.config.gateway, c))
+            .unwrap_or_default();
+        let mut prompt = req.prompt;
+        let mut explicit = req.resume;
+        if explicit.is_none() {
+            if let Some(found) = extract_resume_line(&self.engines, &prompt) {
+                explicit = Some(found.token);
+                prompt = found.prompt;
+            }
+        }
+        let native_only = self.config.native_only;
+        let directive = if native_only { None } else { parse_directive(&self.engines, &prompt) };
+        if let Some(directive) = &directive {
+            prompt.clone_from(&directive.prompt);
+        }
+        let chosen_engine = if native_only {
+            None
+        } else {
+            req.engine
+                .filter(|e| !e.trim().is_empty())
+                .or_else(|| directive.map(|d| d.engine))
+                .or_else(|| self.sticky.get(&session_key).cloned())
+        };
+        let auto_resume = explicit.is_none() && !meta_flag(&req.meta, "disable_auto_resume");
+        let fallback_engine =
+            binding.default_engine.clone().unwrap_or_else(|| self.config.default_engine.clone());
+        let route = RouteChoice { auto_resume, chosen_engine, fallback_engine };
+        let chat_state = if auto_resume { self.chat_state(&session_key).await } else { None };
+        let choice = choose_engine(EngineInputs {
+            explicit_resume: explicit.clone(),
+            chosen: route.chosen_engine.as_deref(),
+            chat_state,
+            binding_engine: Some(&route.fallback_engine),
+            default_engine: &self.config.default_engine,
+            native_only,
+        })
+        .map_err(|ChoiceError::UnsupportedResumeEngine { engine }| {
+            RouteError::UnsupportedResumeEngine {
+                engine,
+                message: NATIVE_ONLY_RESUME_MESSAGE.to_owned(),
+            }
+        })?;
+        if self.engines.resolve(&choice.engine).is_none() {
+            return Err(RouteError::UnknownEngine { engine: choice.engine });
+        }
+        let conversation = conversation_key(&session_key, explicit.as_ref());
+        let mode = queue_mode(req.queue_mode, binding.queue_mode, self.config.queue_mode);
+        let mut meta = req.meta;
+        meta.insert("origin".to_owned(), req.origin.as_str().into());
+        if let Some(agent_id) = req.agent_id.or(binding.agent_id) {
+            meta.insert("agent_id".to_owned(), agent_id.into());
+        }
+        if let Some(source) = choice.source {
+            meta.insert("resume_source".to_owned(), source.as_str().into());
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        Ok(Item {
+            run_id: req.run_id.unwrap_or_else(RunId::generate),
+            session_key,
+            conversation,
+            prompt,
+            engine: choice.engine,
+            resume: choice.resume,
+            cwd: req.cwd.filter(|c| !c.as_os_str().is_empty()).or(binding.cwd),
+            meta,
+            origin: req.origin,
+            mode,
+            seq,
+            suppress_phases: false,
+            route,
+        })
+    }
+
+    async fn chat_state(&self, session_key: &str) -> Option<ResumeToken> {
+        match self.store.get_chat_state(session_key, now_ms()).await {
+            Ok(state) => state.map(|s| ResumeToken::new(s.last_engine, s.last_resume_token)),
+            Err(error) => {
+                tracing::warn!(%error, session_key, "chat state unreadable; starting a new session");
+                None
+            }
+        }
+    }
+
+    /// Writes the run row (so the API shows it as queued) and the journal entry,
+    /// and waits until both are durable.
+    async fn accept(&self, item: &Item) -> Result<(), RouteError> {
+        let accepted_at_ms = now_ms();
+        self.store
+            .insert_run(NewRun {
+                run_id: item.run_id.clone(),
+                session_key: item.session_key.to_string(),
+                conversation: item.conversation.to_string(),
+                engine: item.engine.clone(),
+                prompt: item.prompt.clone(),
+                meta: meta_json(item),
+                created_at_ms: accepted_at_ms,
+            })
+            .await;
+        self.journal.admit(journal_entry(item, accepted_at_ms)).await?;
+        Ok(())
+    }
+
+    /// Carries out effects, and those they lead to, then forgets the conversation
+    /// if it became idle.
+    async fn apply(&mut self, key: ConversationKey, effects: Vec<Effect>) {
+        let mut work: VecDeque<Effect> = effects.into();
+        while let Some(effect) = work.pop_front() {
+            match effect {
+                Effect::Dispatch(item) => {
+                    if let Some(more) = self.dispatch(&key, item).await {
+                        work.extend(more);
+                    }
+                }
+                Effect::CancelActive { run_id, reason } => {
+                    let _ = self.gateway.cancel(&run_id, reason).await;
+                }
+                Effect::Steer { host, kind, run_id, text } => {
+                    self.spawn_steer(&key, host, kind, run_id, text)
+                }
+                Effect::Complete { item, completion, engine } => {
+                    self.complete(&item.run_id, &item.session_key, &engine, completion, 1).await;
+                }
+                Effect::Rejournal(item) => {
+                    if let Err(error) = self.journal.admit(journal_entry(&item, now_ms())).await {
+                        tracing::warn!(%error, run_id = %item.run_id, "merged request not re-journaled");
+                    }
+                }
+                Effect::Phase { run_id, session_key, phase } => {
+                    publish_phase(&self.bus, &run_id, &session_key, phase);
+                }
+            }
+        }
+        if self.conversations.get(&key).is_some_and(Conversation::is_idle) {
+            self.conversations.remove(&key);
+        }
+    }
+
+    /// Submits the item to the gateway. On refusal the item completes as failed
+    /// and the conversation's next item is returned to dispatch instead.
+    async fn dispatch(&mut self, key: &ConversationKey, mut item: Item) -> Option<Vec<Effect>> {
+        if item.route.auto_resume {
+            // The run ahead may have just stored a newer session (or lost it to an
+            // overflow); continue whatever the session holds now.
+            let chat_state = self.chat_state(&item.session_key).await;
+            if let Ok(choice) = choose_engine(EngineInputs {
+                explicit_resume: None,
+                chosen: item.route.chosen_engine.as_deref(),
+                chat_state,
+                binding_engine: Some(&item.route.fallback_engine),
+                default_engine: &self.config.default_engine,
+                native_only: self.config.native_only,
+            }) {
+                if self.engines.resolve(&choice.engine).is_some() {
+                    item.engine = choice.engine;
+                    item.resume = choice.resume;
+                    match choice.source {
+                        Some(source) => {
+                            item.meta.insert("resume_source".to_owned(), source.as_str().into());
+                        }
+                        None => {
+                            item.meta.remove("resume_source");
+                        }
+                    }
+                }
+            }
+        }
+        let events = self.bus.subscribe_run(&item.run_id);
+        let req = ExecutionRequest {
+            run_id: Some(item.run_id.clone()),
+            conversation: item.conversation.clone(),
+            session_key: item.session_key.to_string(),
+            prompt: item.prompt.clone(),
+            engine: item.engine.clone(),
+            resume: item.resume.clone(),
+            cwd: item.cwd.clone(),
+            meta: item.meta.clone(),
+        };
+        match self.gateway.submit(req).await {
+            Ok(_) => {
+                if !item.suppress_phases {
+                    publish_phase(
+                        &self.bus,
+                        &item.run_id,
+                        &item.session_key,
+                        RunPhase::WaitingForSlot,
+                    );
+                }
+                let watch = Watch {
+                    run_id: item.run_id.clone(),
+                    session_key: item.session_key.clone(),
+                    conversation: key.clone(),
+                    events,
+                    router: self.tx.clone(),
+                    gateway: self.gateway.clone(),
+                    journal: self.journal.clone(),
+                    bus: self.bus.clone(),
+                    idle_watchdog: self.config.idle_watchdog,
+                    suppress_phases: item.suppress_phases,
+                    token: self.token.clone(),
+                };
+                self.tracker.spawn(watch.run());
+                self.conversations.entry(key.clone()).or_default().set_active(&item);
+                None
+            }
+            Err(error) => {
+                drop(events);
+                let error = match error {
+                    SubmitError::ShuttingDown => RunError::ShuttingDown,
+                    SubmitError::UnknownEngine { engine } => RunError::UnknownEngine { engine },
+                    other => RunError::StartFailed { detail: other.to_string() },
+                };
+                tracing::warn!(run_id = %item.run_id, %error, "gateway refused a queued request");
+                let completion = Completion::failure(error, item.resume.clone());
+                if !item.suppress_phases {
+                    publish_phase(&self.bus, &item.run_id, &item.session_key, RunPhase::Failed);
+                }
+                self.complete(&item.run_id, &item.session_key, &item.engine, completion, 1).await;
+                Some(self.conversations.entry(key.clone()).or_default().dispatch_failed())
+            }
+        }
+    }
+
+    fn spawn_steer(
+        &self,
+        key: &ConversationKey,
+        host: RunId,
+        kind: SteerKind,
+        run_id: RunId,
+        text: String,
+    ) {
+        let gateway = self.gateway.clone();
+        let tx = self.tx.clone();
+        let conversation = key.clone();
+        self.tracker.spawn(async move {
+            let delivered = async {
+                match kind {
+                    SteerKind::Steer | SteerKind::SteerBacklog => gateway.steer(&host, &text).await,
+                    SteerKind::Redirect => gateway.redirect(&host, &text).await,
+                }
+            };
+            let accepted =
+                matches!(tokio::time::timeout(STEER_ANSWER_TIMEOUT, delivered).await, Ok(Ok(())));
+            let _ = tx.send(RouterMsg::SteerAnswered { conversation, run_id, accepted }).await;
+        });
+    }
+
+    /// Completes a run the gateway never finished: store (event, then final row),
+    /// then the bus, then the journal.
+    async fn complete(
+        &mut self,
+        run_id: &RunId,
+        session_key: &Arc<str>,
+        engine: &str,
+        completion: Completion,
+        index: u64,
+    ) {
+        self.runs.remove(run_id);
+        let kind = EventKind::RunCompleted {
+            completion: completion.clone(),
+            engine: engine.to_owned(),
+            duration_ms: 0,
+        };
+        let event = Arc::new(BusEvent {
+            run_id: run_id.clone(),
+            session_key: session_key.clone(),
+            index,
+            ts_ms: now_ms(),
+            kind,
+        });
+        self.store.append_event(event.clone()).await;
+        self.store
+            .finalize_run(FinishedRun {
+                run_id: run_id.clone(),
+                engine: engine.to_owned(),
+                completion,
+                completed_at_ms: now_ms(),
+                duration_ms: 0,
+            })
+            .await;
+        self.bus.publish(event);
+        self.journal.complete(run_id).await;
+    }
+
+    async fn run_ended(
+        &mut self,
+        run_id: RunId,
+        key: ConversationKey,
+        completion: Completion,
+        engine: String,
+    ) {
+        self.runs.remove(&run_id);
+        let Some(conv) = self.conversations.get_mut(&key) else { return };
+        let Some(active) = conv.active().filter(|a| a.run_id == run_id) else { return };
+        let session_key = active.session_key.clone();
+        publish_phase(&self.bus, &run_id, &session_key, terminal_phase(&completion));
+        self.record_session(&session_key, &completion).await;
+        self.journal.complete(&run_id).await;
+        let effects = match self.conversations.get_mut(&key) {
+            Some(conv) => conv.run_ended(&run_id, &completion, &engine),
+            None => Vec::new(),
+        };
+        self.apply(key, effects).await;
+    }
+
+    /// Chat state after a run: an overflow forgets the session so the next
+    /// message starts fresh; otherwise a resume token is kept for auto-resume.
+    async fn record_session(&self, session_key: &str, completion: &Completion) {
+        if completion.error.as_ref().is_some_and(is_context_overflow) {
+            tracing::info!(session_key, "context overflow; the next message starts a new session");
+            self.store.delete_chat_state(session_key).await;
+            return;
+        }
+        if let Some(token) = &completion.resume {
+            self.store.put_chat_state(session_key, &token.engine, &token.value, now_ms()).await;
+        }
+    }
+
+    async fn session_view(&self, session_key: &Arc<str>) -> SessionView {
+        let mut view =
+            SessionView { session_key: session_key.to_string(), ..SessionView::default() };
+        let mut queued: Vec<&Item> = Vec::new();
+        for conv in self.conversations.values() {
+            if let Some(active) = conv.active().filter(|a| &a.session_key == session_key) {
+                view.active.push(active.run_id.clone());
+            }
+            queued.extend(conv.queue().filter(|i| &i.session_key == session_key));
+            view.pending_steers += conv.n_pending_steers();
+        }
+        view.queued = queued.into_iter().map(|i| i.run_id.clone()).collect();
+        view.chat_state = self.store.get_chat_state(session_key, now_ms()).await.ok().flatten();
+        view.sticky_engine = self.sticky.get(session_key).cloned();
+        view
+    }
+
+    async fn command(&mut self, command: &SlashCommand, session_key: &Arc<str>) -> String {
+        match command {
+            SlashCommand::Cancel => {
+                let reason = RunError::UserRequested;
+                let summary =
+                    self.each_conversation(|_, conv| conv.cancel_session(session_key, &reason));
+                let summary = self.apply_summary(summary).await;
+                if summary.cancelled == 0 {
+                    "Nothing is running.".to_owned()
+                } else {
+                    "Cancelling the current run.".to_owned()
+                }
+            }
+            SlashCommand::New => {
+                self.store.delete_chat_state(session_key).await;
+                "The next message starts a new session.".to_owned()
+            }
+            SlashCommand::Status => {
+                let view = self.session_view(session_key).await;
+                let running = match view.active.first() {
+                    Some(run_id) => format!("running {run_id}"),
+                    None => "idle".to_owned(),
+                };
+                let engine = view
+                    .sticky_engine
+                    .clone()
+                    .or_else(|| view.chat_state.as_ref().map(|s| s.last_engine.clone()))
+                    .unwrap_or_else(|| self.config.default_engine.clone());
+                format!(
+                    "Session {session_key}: {running}, {} queued, engine {engine}.",
+                    view.queued.len()
+                )
+            }
+            SlashCommand::Engine(None) => match self.sticky.get(session_key) {
+                Some(engine) => format!("This session uses {engine}."),
+                None => format!("No engine chosen; the default is {}.", self.config.default_engine),
+            },
+            SlashCommand::Engine(Some(engine)) => {
+                if self.engines.resolve(engine).is_none() {
+                    return format!("Unknown engine {engine}.");
+                }
+                self.sticky.insert(session_key.clone(), engine.clone());
+                format!("This session now uses {engine}.")
+            }
+        }
+    }
+
+    /// Handles what a crash left in the journal, once, before new requests:
+    /// requests that never started are queued again in acceptance order; those
+    /// that were running complete as `interrupted` with their last resume token.
+    pub(super) async fn recover(&mut self) -> Result<Recovered, RouteError> {
+        let entries = self.journal.pending().await?;
+        let mut recovered = Recovered::default();
+        for entry in entries {
+            self.next_seq = self.next_seq.max(entry.seq + 1);
+            let record = self.store.get_run(entry.run_id.as_str()).await?;
+            if record.as_ref().is_some_and(|r| r.status.is_terminal()) {
+                self.journal.complete(&entry.run_id).await;
+                continue;
+            }
+            let started = entry.state == JournalState::Started
+                || record.as_ref().is_some_and(|r| r.status == RunStatus::Running);
+            if started {
+                recovered.interrupted += 1;
+                self.interrupt_recovered(&entry).await?;
+                continue;
+            }
+            recovered.requeued += 1;
+            let item = item_from_entry(entry);
+            let key = item.conversation.clone();
+            self.runs.insert(item.run_id.clone(), key.clone());
+            let limits = super::Limits { cap: None, ..self.config.limits };
+            let effects = self.conversations.entry(key.clone()).or_default().submit(
+                item,
+                Instant::now(),
+                limits,
+            );
+            self.apply(key, effects).await;
+        }
+        if recovered != Recovered::default() {
+            tracing::info!(
+                requeued = recovered.requeued,
+                interrupted = recovered.interrupted,
+                "journal recovered"
+            );
+        }
+        Ok(recovered)
+    }
+
+    async fn interrupt_recovered(&mut self, entry: &JournalEntry) -> Result<(), RouteError> {
+        let events = self.store.run_events(entry.run_id.as_str()).await?;
+        let next_index = events.iter().map(|e| e.index).max().unwrap_or(0) + 1;
+        let resume = events
+            .iter()
+            .rev()
+            .filter_map(|e| e.data.get("resume"))
+            .find_map(|r| {
+                Some(ResumeToken::new(r.get("engine")?.as_str()?, r.get("value")?.as_str()?))
+            })
+            .or_else(|| entry.resume.clone());
+        let completion = Completion::failure(RunError::Interrupted, resume);
+        let session_key = session_of(&entry.session_key);
+        self.record_session(&session_key, &completion).await;
+        self.complete(&entry.run_id, &session_key, &entry.engine, completion, next_index).await;
+        Ok(())
+    }
+}
+
+fn meta_json(item: &Item) -> serde_json::Value {
+    serde_json::Value::Object(item.meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
+fn journal_entry(item: &Item, accepted_at_ms: i64) -> JournalEntry {
+    JournalEntry {
+        seq: item.seq,
+        run_id: item.run_id.clone(),
+        session_key: item.session_key.to_string(),
+        conversation: item.conversation.to_string(),
+        prompt: item.prompt.clone(),
+        engine: item.engine.clone(),
+        resume: item.resume.clone(),
+        cwd: item.cwd.clone(),
+        meta: meta_json(item),
+        route: serde_json::json!({
+            "origin": item.origin.as_str(),
+            "queue_mode": item.mode.as_str(),
+            "auto_resume": item.route.auto_resume,
+            "chosen_engine": item.route.chosen_engine,
+            "fallback_engine": item.route.fallback_engine,
+        }),
+        state: JournalState::Queued,
+        accepted_at_ms,
+    }
+}
+
+fn item_from_entry(entry: JournalEntry) -> Item {
+    let route = &entry.route;
+    let text = |key: &str| route.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+    let meta = entry.meta.as_object().map(|m| m.clone().into_iter().collect()).unwrap_or_default();
+    Item {
+        conversation: parse_conversation(&entry.conversation)
+            .unwrap_or_else(|| ConversationKey::session(&entry.session_key)),
+        session_key: session_of(&entry.session_key),
+        run_id: entry.run_id,
+        prompt: entry.prompt,
+        route: RouteChoice {
+            auto_resume: route.get("auto_resume").and_then(|v| v.as_bool()).unwrap_or(false),
+            chosen_engine: text("chosen_engine"),
+            fallback_engine: text("fallback_engine").unwrap_or_else(|| entry.engine.clone()),
+        },
+        engine: entry.engine,
+        resume: entry.resume,
+        cwd: entry.cwd,
+        meta,
+        origin: text("origin").and_then(|o| Origin::parse(&o)).unwrap_or(Origin::Internal),
+        // Recovered requests keep their order: nothing merges, steers or interrupts.
+        mode: QueueMode::Collect,
+        seq: entry.seq,
+        suppress_phases: false,
+    }
+}

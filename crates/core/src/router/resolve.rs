@@ -1,0 +1,320 @@
+//! Pure resolution of a request: explicit resume lines, engine directives, slash
+//! commands, bindings, the engine and the conversation key, and context-overflow
+//! detection. Nothing here touches the store or the bus, so every rule is a unit test.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crate::config::{BindingConfig, GatewayConfig, QueueMode};
+use crate::engine::{extract_plain_resume, EngineRegistry, ResumeToken, RunError};
+use crate::ids::ConversationKey;
+
+use super::ChannelRef;
+
+/// The prompt used when a message held nothing but a resume line.
+pub const CONTINUE_PROMPT: &str = "Continue.";
+
+/// The engine ids a leading `/<id>` directive may name even before the engine is
+/// registered, so `/claude` on a server without Claude fails clearly instead of
+/// being sent to the default engine as text.
+pub const DIRECTIVE_ENGINES: [&str; 7] =
+    ["lemon", "claude", "codex", "opencode", "pi", "droid", "echo"];
+
+/// The message shown when `native_only` refuses a vendor resume token.
+pub const NATIVE_ONLY_RESUME_MESSAGE: &str = "Top-level router resumes support only the native \"lemon\" engine. Use `lemon resume <id>` or omit the resume token.";
+
+/// Lower-case fragments of an error text that mean the model's context overflowed.
+const OVERFLOW_MARKERS: [&str; 15] = [
+    "context_length_exceeded",
+    "context length exceeded",
+    "context window",
+    "http 413",
+    "payload too large",
+    "request entity too large",
+    "string too long",
+    "maximum length",
+    "invalid 'input[",
+    "input[",
+    "上下文长度超过限制",
+    "令牌数量超出",
+    "输入过长",
+    "超出最大长度",
+    "上下文窗口已满",
+];
+
+/// Whether a run's error means its session no longer fits the model's context,
+/// so the next message must start a fresh session.
+pub fn is_context_overflow(error: &RunError) -> bool {
+    let text = error.to_string().to_lowercase();
+    OVERFLOW_MARKERS.iter().any(|marker| text.contains(marker))
+}
+
+/// A prompt with its explicit resume line taken out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtractedResume {
+    pub token: ResumeToken,
+    /// The prompt without the resume line; [`CONTINUE_PROMPT`] when nothing is left.
+    pub prompt: String,
+}
+
+/// Finds the first line that is exactly a resume line of a registered engine (or
+/// the built-in `lemon resume <id>`), and removes it from the prompt. A resume
+/// command mentioned inside a sentence is text, not a resume.
+pub fn extract_resume_line(engines: &EngineRegistry, prompt: &str) -> Option<ExtractedResume> {
+    let lines: Vec<&str> = prompt.lines().collect();
+    for (at, line) in lines.iter().enumerate() {
+        let Some(token) = resume_of_line(engines, line) else { continue };
+        let rest: Vec<&str> =
+            lines.iter().enumerate().filter(|(i, _)| *i != at).map(|(_, l)| *l).collect();
+        let rest = rest.join("\n").trim().to_owned();
+        let prompt = if rest.is_empty() { CONTINUE_PROMPT.to_owned() } else { rest };
+        return Some(ExtractedResume { token, prompt });
+    }
+    None
+}
+
+fn resume_of_line(engines: &EngineRegistry, line: &str) -> Option<ResumeToken> {
+    if line.trim().is_empty() {
+        return None;
+    }
+    for engine in engines.iter() {
+        if engine.is_resume_line(line) {
+            if let Some(token) = engine.extract_resume(line) {
+                return Some(token);
+            }
+        }
+    }
+    // The native format is known even when no `lemon` engine is registered, so a
+    // pasted `lemon resume <id>` is never sent to another engine as text.
+    let bare = line.trim().trim_matches('`').trim();
+    let token = extract_plain_resume("lemon", bare)?;
+    let words: Vec<&str> = bare.split_whitespace().collect();
+    (words.len() == 3).then_some(token)
+}
+
+/// A leading `/<engine>` directive and the prompt after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Directive {
+    /// The engine id as written, possibly composite (`claude:opus`).
+    pub engine: String,
+    pub prompt: String,
+}
+
+/// Parses `/<engine> rest…` where `<engine>` (or its prefix before `:`) is a known
+/// directive name or a registered engine. Anything else is not a directive.
+pub fn parse_directive(engines: &EngineRegistry, prompt: &str) -> Option<Directive> {
+    let trimmed = prompt.trim_start();
+    let rest = trimmed.strip_prefix('/')?;
+    let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+    let name = &rest[..end];
+    let prefix = name.split(':').next().unwrap_or(name);
+    let known =
+        DIRECTIVE_ENGINES.contains(&prefix) || engines.ids().any(|id| id.as_str() == prefix);
+    if name.is_empty() || !known {
+        return None;
+    }
+    let after = rest[end..].trim();
+    let prompt = if after.is_empty() { CONTINUE_PROMPT.to_owned() } else { after.to_owned() };
+    Some(Directive { engine: name.to_owned(), prompt })
+}
+
+/// A command the router answers itself instead of running it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlashCommand {
+    /// Cancel the conversation's active run; its queue stays.
+    Cancel,
+    /// The next message starts a new session (no auto-resume).
+    New,
+    /// Report the active run, the queue length and the engine.
+    Status,
+    /// Make `engine` sticky for the session; `None` shows the current choice.
+    Engine(Option<String>),
+}
+
+/// Parses `/cancel`, `/new`, `/status` and `/engine [id]` (the whole message).
+pub fn parse_slash_command(prompt: &str) -> Option<SlashCommand> {
+    let mut words = prompt.split_whitespace();
+    let first = words.next()?.to_ascii_lowercase();
+    let arg = words.next().map(str::to_owned);
+    let extra = words.next().is_some();
+    match (first.as_str(), arg, extra) {
+        ("/cancel", None, false) => Some(SlashCommand::Cancel),
+        ("/new", None, false) => Some(SlashCommand::New),
+        ("/status", None, false) => Some(SlashCommand::Status),
+        ("/engine", arg, false) => Some(SlashCommand::Engine(arg)),
+        _ => None,
+    }
+}
+
+/// What a channel binding contributes to a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BindingDefaults {
+    pub cwd: Option<PathBuf>,
+    pub agent_id: Option<String>,
+    /// The topic binding's engine, then the chat binding's, then the project's.
+    pub default_engine: Option<String>,
+    pub queue_mode: Option<QueueMode>,
+}
+
+fn id_text(value: &toml::Value) -> Option<String> {
+    match value {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+/// Resolves the bindings of a channel: a binding for the exact topic wins over the
+/// chat's binding, key by key, and the project gives the working directory and a
+/// fallback engine.
+pub fn resolve_binding(config: &GatewayConfig, channel: &ChannelRef) -> BindingDefaults {
+    let matches_chat = |binding: &BindingConfig| {
+        binding.transport == channel.transport
+            && binding.chat_id.as_ref().and_then(id_text) == channel.chat_id
+    };
+    let topic = channel.topic_id.as_ref().and_then(|topic_id| {
+        config.bindings.iter().find(|b| {
+            matches_chat(b) && b.topic_id.as_ref().and_then(id_text).as_ref() == Some(topic_id)
+        })
+    });
+    let chat = config.bindings.iter().find(|b| matches_chat(b) && b.topic_id.is_none());
+    let pick = |f: &dyn Fn(&BindingConfig) -> Option<String>| {
+        topic.and_then(f).or_else(|| chat.and_then(f))
+    };
+    let project = pick(&|b| b.project.clone()).and_then(|id| config.project(&id).cloned());
+    BindingDefaults {
+        cwd: project.as_ref().map(|p| p.root.clone()),
+        agent_id: pick(&|b| b.agent_id.clone()),
+        default_engine: pick(&|b| b.default_engine.clone())
+            .or_else(|| project.as_ref().and_then(|p| p.default_engine.clone())),
+        queue_mode: topic.and_then(|b| b.queue_mode).or_else(|| chat.and_then(|b| b.queue_mode)),
+    }
+}
+
+/// Where the engine and resume token of a request came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeSource {
+    /// A resume line in the prompt or a structured token from the caller.
+    Explicit,
+    /// The session's chat state.
+    Auto,
+}
+
+impl ResumeSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResumeSource::Explicit => "explicit",
+            ResumeSource::Auto => "auto",
+        }
+    }
+}
+
+/// The inputs of engine selection, already extracted from the request.
+#[derive(Debug, Clone, Default)]
+pub struct EngineInputs<'a> {
+    pub explicit_resume: Option<ResumeToken>,
+    /// The caller's engine hint, then an inline directive, then the sticky choice.
+    pub chosen: Option<&'a str>,
+    /// The session's last engine and token, unless auto-resume is disabled.
+    pub chat_state: Option<ResumeToken>,
+    pub binding_engine: Option<&'a str>,
+    pub default_engine: &'a str,
+    pub native_only: bool,
+}
+
+/// The engine a request runs on and the token it continues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineChoice {
+    pub engine: String,
+    pub resume: Option<ResumeToken>,
+    pub source: Option<ResumeSource>,
+}
+
+/// Why no engine could be chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChoiceError {
+    /// `native_only` refuses explicit vendor tokens.
+    UnsupportedResumeEngine { engine: String },
+}
+
+/// The native engine's id, the only one `native_only` runs.
+pub const NATIVE_ENGINE: &str = "lemon";
+
+fn same_engine(chosen: &str, token_engine: &str) -> bool {
+    chosen == token_engine || chosen.split(':').next() == Some(token_engine)
+}
+
+/// Engine selection: explicit resume token's engine → caller hint / directive /
+/// sticky engine → the stored session (auto-resume) → binding (topic, then chat,
+/// then project) → the global default. An auto-resume applies only when it is
+/// compatible with an explicitly chosen engine.
+pub fn choose_engine(inputs: EngineInputs<'_>) -> Result<EngineChoice, ChoiceError> {
+    if inputs.native_only {
+        if let Some(token) = inputs.explicit_resume {
+            if token.engine != NATIVE_ENGINE {
+                return Err(ChoiceError::UnsupportedResumeEngine { engine: token.engine });
+            }
+            return Ok(EngineChoice {
+                engine: NATIVE_ENGINE.to_owned(),
+                resume: Some(token),
+                source: Some(ResumeSource::Explicit),
+            });
+        }
+        // Stored vendor tokens stay in the store ("quarantined") but are not used.
+        let resume = inputs.chat_state.filter(|t| t.engine == NATIVE_ENGINE);
+        let source = resume.as_ref().map(|_| ResumeSource::Auto);
+        return Ok(EngineChoice { engine: NATIVE_ENGINE.to_owned(), resume, source });
+    }
+    if let Some(token) = inputs.explicit_resume {
+        return Ok(EngineChoice {
+            engine: token.engine.clone(),
+            resume: Some(token),
+            source: Some(ResumeSource::Explicit),
+        });
+    }
+    if let Some(chosen) = inputs.chosen {
+        let resume = inputs.chat_state.filter(|t| same_engine(chosen, &t.engine));
+        let source = resume.as_ref().map(|_| ResumeSource::Auto);
+        return Ok(EngineChoice { engine: chosen.to_owned(), resume, source });
+    }
+    if let Some(token) = inputs.chat_state {
+        return Ok(EngineChoice {
+            engine: token.engine.clone(),
+            resume: Some(token),
+            source: Some(ResumeSource::Auto),
+        });
+    }
+    let engine = inputs.binding_engine.unwrap_or(inputs.default_engine).to_owned();
+    Ok(EngineChoice { engine, resume: None, source: None })
+}
+
+/// The conversation a request belongs to: the explicit token's, else its session's.
+pub fn conversation_key(session_key: &str, explicit: Option<&ResumeToken>) -> ConversationKey {
+    match explicit {
+        Some(token) => ConversationKey::resume(&token.engine, &token.value),
+        None => ConversationKey::session(session_key),
+    }
+}
+
+/// The queue mode: the request's, then the binding's, then `[gateway.queue] mode`,
+/// then `collect`.
+pub fn queue_mode(
+    requested: Option<QueueMode>,
+    binding: Option<QueueMode>,
+    configured: Option<QueueMode>,
+) -> QueueMode {
+    requested.or(binding).or(configured).unwrap_or(QueueMode::Collect)
+}
+
+/// Whether a meta flag is set (`true`, or a non-empty string other than "false").
+pub fn meta_flag(meta: &BTreeMap<String, serde_json::Value>, key: &str) -> bool {
+    match meta.get(key) {
+        Some(serde_json::Value::Bool(b)) => *b,
+        Some(serde_json::Value::String(s)) => !s.is_empty() && s != "false",
+        Some(serde_json::Value::Number(n)) => n.as_f64().is_some_and(|n| n != 0.0),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

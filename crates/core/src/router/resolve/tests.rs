@@ -1,0 +1,252 @@
+//! Resolution rules: resume lines, directives, slash commands, bindings, engine
+//! selection, conversation keys and overflow markers.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::config::load_str;
+use crate::testing::FakeEngine;
+
+fn registry(ids: &[&str]) -> EngineRegistry {
+    let mut engines = EngineRegistry::new();
+    for id in ids {
+        engines.register(Arc::new(FakeEngine::new(id))).unwrap();
+    }
+    engines
+}
+
+fn token(engine: &str, value: &str) -> ResumeToken {
+    ResumeToken::new(engine, value)
+}
+
+fn check_resume(prompt: &str, expected: Option<(&str, &str, &str)>) {
+    let engines = registry(&["echo", "codex"]);
+    let found = extract_resume_line(&engines, prompt);
+    let expected = expected.map(|(engine, value, prompt)| ExtractedResume {
+        token: token(engine, value),
+        prompt: prompt.to_owned(),
+    });
+    assert_eq!(found, expected, "prompt {prompt:?}");
+}
+
+#[test]
+fn resume_line_is_taken_out_of_the_prompt() {
+    check_resume("codex resume abc-1\nfix the test", Some(("codex", "abc-1", "fix the test")));
+    check_resume("fix the test\n`echo resume r_2`", Some(("echo", "r_2", "fix the test")));
+}
+
+#[test]
+fn a_prompt_that_is_only_a_resume_line_continues() {
+    check_resume("  codex resume abc  ", Some(("codex", "abc", CONTINUE_PROMPT)));
+}
+
+#[test]
+fn native_resume_lines_are_known_without_a_native_engine() {
+    check_resume("lemon resume s1\nhello", Some(("lemon", "s1", "hello")));
+}
+
+#[test]
+fn a_resume_command_inside_a_sentence_is_text() {
+    check_resume("please run codex resume abc later", None);
+    check_resume("unknown resume abc", None);
+    check_resume("no resume here", None);
+}
+
+#[test]
+fn directives_pick_the_engine_and_are_stripped() {
+    let engines = registry(&["echo"]);
+    let check = |prompt: &str, expected: Option<(&str, &str)>| {
+        let expected = expected.map(|(engine, prompt)| Directive {
+            engine: engine.to_owned(),
+            prompt: prompt.to_owned(),
+        });
+        assert_eq!(parse_directive(&engines, prompt), expected, "prompt {prompt:?}");
+    };
+    check("/claude fix the test", Some(("claude", "fix the test")));
+    check("/claude:opus  fix it", Some(("claude:opus", "fix it")));
+    check("/echo", Some(("echo", CONTINUE_PROMPT)));
+    check("/tmp/file is missing", None);
+    check("look at /claude docs", None);
+    check("/status", None);
+}
+
+#[test]
+fn slash_commands_are_whole_messages() {
+    assert_eq!(parse_slash_command("/cancel"), Some(SlashCommand::Cancel));
+    assert_eq!(parse_slash_command(" /NEW "), Some(SlashCommand::New));
+    assert_eq!(parse_slash_command("/status"), Some(SlashCommand::Status));
+    assert_eq!(
+        parse_slash_command("/engine codex"),
+        Some(SlashCommand::Engine(Some("codex".into())))
+    );
+    assert_eq!(parse_slash_command("/engine"), Some(SlashCommand::Engine(None)));
+    assert_eq!(parse_slash_command("/cancel the order please"), None);
+    assert_eq!(parse_slash_command("please /cancel"), None);
+}
+
+fn inputs<'a>(default_engine: &'a str) -> EngineInputs<'a> {
+    EngineInputs { default_engine, ..EngineInputs::default() }
+}
+
+fn choice(engine: &str, resume: Option<ResumeToken>, source: Option<ResumeSource>) -> EngineChoice {
+    EngineChoice { engine: engine.to_owned(), resume, source }
+}
+
+#[test]
+fn engine_priority_resume_then_directive_then_binding_then_default() {
+    let explicit = token("codex", "t1");
+    let all = EngineInputs {
+        explicit_resume: Some(explicit.clone()),
+        chosen: Some("claude"),
+        chat_state: Some(token("pi", "p1")),
+        binding_engine: Some("droid"),
+        ..inputs("echo")
+    };
+    assert_eq!(
+        choose_engine(all.clone()),
+        Ok(choice("codex", Some(explicit), Some(ResumeSource::Explicit)))
+    );
+    let no_explicit = EngineInputs { explicit_resume: None, ..all.clone() };
+    assert_eq!(choose_engine(no_explicit.clone()), Ok(choice("claude", None, None)));
+    let no_choice = EngineInputs { chosen: None, ..no_explicit.clone() };
+    assert_eq!(
+        choose_engine(no_choice.clone()),
+        Ok(choice("pi", Some(token("pi", "p1")), Some(ResumeSource::Auto)))
+    );
+    let fresh = EngineInputs { chat_state: None, ..no_choice };
+    assert_eq!(choose_engine(fresh.clone()), Ok(choice("droid", None, None)));
+    let unbound = EngineInputs { binding_engine: None, ..fresh };
+    assert_eq!(choose_engine(unbound), Ok(choice("echo", None, None)));
+}
+
+#[test]
+fn auto_resume_applies_to_a_chosen_engine_only_when_it_matches() {
+    let stored = token("claude", "c1");
+    let composite = EngineInputs {
+        chosen: Some("claude:opus"),
+        chat_state: Some(stored.clone()),
+        ..inputs("echo")
+    };
+    assert_eq!(
+        choose_engine(composite),
+        Ok(choice("claude:opus", Some(stored), Some(ResumeSource::Auto)))
+    );
+}
+
+#[test]
+fn native_only_rejects_explicit_vendor_tokens_and_ignores_stored_ones() {
+    let explicit = EngineInputs {
+        explicit_resume: Some(token("codex", "t1")),
+        native_only: true,
+        ..inputs("echo")
+    };
+    assert_eq!(
+        choose_engine(explicit),
+        Err(ChoiceError::UnsupportedResumeEngine { engine: "codex".to_owned() })
+    );
+    let stored = EngineInputs {
+        chosen: Some("claude"),
+        chat_state: Some(token("codex", "t1")),
+        native_only: true,
+        ..inputs("echo")
+    };
+    assert_eq!(choose_engine(stored), Ok(choice("lemon", None, None)));
+    let native = EngineInputs {
+        chat_state: Some(token("lemon", "n1")),
+        native_only: true,
+        ..inputs("echo")
+    };
+    assert_eq!(
+        choose_engine(native),
+        Ok(choice("lemon", Some(token("lemon", "n1")), Some(ResumeSource::Auto)))
+    );
+}
+
+#[test]
+fn conversation_keys() {
+    assert_eq!(conversation_key("s1", None).as_str(), "session:s1");
+    assert_eq!(conversation_key("  ", None).as_str(), "session:default");
+    assert_eq!(conversation_key("s1", Some(&token("codex", "abc"))).as_str(), "resume:codex:abc");
+}
+
+#[test]
+fn queue_mode_request_then_binding_then_config_then_collect() {
+    use QueueMode::*;
+    assert_eq!(queue_mode(Some(Steer), Some(Followup), Some(Interrupt)), Steer);
+    assert_eq!(queue_mode(None, Some(Followup), Some(Interrupt)), Followup);
+    assert_eq!(queue_mode(None, None, Some(Interrupt)), Interrupt);
+    assert_eq!(queue_mode(None, None, None), Collect);
+}
+
+#[test]
+fn bindings_prefer_the_topic_then_the_chat_then_the_project() {
+    let loaded = load_str(
+        r#"
+        [gateway.projects.app]
+        root = "/srv/app"
+        default_engine = "codex"
+
+        [[gateway.bindings]]
+        transport = "telegram"
+        chat_id = 42
+        project = "app"
+        queue_mode = "followup"
+        agent_id = "helper"
+
+        [[gateway.bindings]]
+        transport = "telegram"
+        chat_id = 42
+        topic_id = "7"
+        default_engine = "claude"
+        queue_mode = "steer"
+        "#,
+        std::path::Path::new("config.toml"),
+    )
+    .unwrap();
+    let config = loaded.config.gateway;
+    let chat =
+        ChannelRef { transport: "telegram".into(), chat_id: Some("42".into()), topic_id: None };
+    assert_eq!(
+        resolve_binding(&config, &chat),
+        BindingDefaults {
+            cwd: Some("/srv/app".into()),
+            agent_id: Some("helper".into()),
+            default_engine: Some("codex".into()),
+            queue_mode: Some(QueueMode::Followup),
+        }
+    );
+    let topic = ChannelRef { topic_id: Some("7".into()), ..chat.clone() };
+    assert_eq!(
+        resolve_binding(&config, &topic),
+        BindingDefaults {
+            cwd: Some("/srv/app".into()),
+            agent_id: Some("helper".into()),
+            default_engine: Some("claude".into()),
+            queue_mode: Some(QueueMode::Steer),
+        }
+    );
+    let other = ChannelRef { chat_id: Some("43".into()), ..chat };
+    assert_eq!(resolve_binding(&config, &other), BindingDefaults::default());
+}
+
+#[test]
+fn overflow_markers_are_found_in_any_case() {
+    let engine = |message: &str| RunError::Engine { message: message.to_owned() };
+    assert!(is_context_overflow(&engine("Codex error: context_length_exceeded")));
+    assert!(is_context_overflow(&engine("HTTP 413 Payload Too Large")));
+    assert!(is_context_overflow(&engine("模型输入过长：上下文长度超过限制")));
+    assert!(!is_context_overflow(&engine("rate limited")));
+    assert!(!is_context_overflow(&RunError::Interrupted));
+}
+
+#[test]
+fn meta_flags() {
+    let mut meta = BTreeMap::new();
+    meta.insert("a".to_owned(), serde_json::json!(true));
+    meta.insert("b".to_owned(), serde_json::json!("false"));
+    meta.insert("c".to_owned(), serde_json::json!(1));
+    assert!(meta_flag(&meta, "a"));
+    assert!(!meta_flag(&meta, "b"));
+    assert!(meta_flag(&meta, "c"));
+    assert!(!meta_flag(&meta, "missing"));
+}

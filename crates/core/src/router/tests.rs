@@ -1,0 +1,534 @@
+//! The router over a real gateway and the fake engine, in paused time: queue
+//! modes end to end, resume and chat state, engine selection, slash commands,
+//! cancels, the idle watchdog and phases.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::*;
+use crate::bus::{BusEvent, EventBus, EventKind, RecvError, RunPhase, Subscription};
+use crate::engine::{
+    Completion, Engine, EngineError, EngineEvent, EngineRegistry, EventSink, RunControl, RunError,
+    StartRequest,
+};
+use crate::gateway::{GatewayDeps, RuntimeConfig};
+use crate::ids::EngineId;
+use crate::store::StoreHandle;
+use crate::testing::FakeEngine;
+
+mod properties;
+
+/// Always fails as if the model's context overflowed, after reporting a session.
+#[derive(Debug)]
+struct OverflowEngine {
+    id: EngineId,
+}
+
+#[derive(Debug)]
+struct NoControl;
+
+impl RunControl for NoControl {
+    fn cancel(&self) {}
+}
+
+#[async_trait]
+impl Engine for OverflowEngine {
+    fn id(&self) -> &EngineId {
+        &self.id
+    }
+
+    async fn start(
+        &self,
+        req: StartRequest,
+        sink: EventSink,
+    ) -> Result<Arc<dyn RunControl>, EngineError> {
+        let resume = Some(ResumeToken::new("overflow", format!("{}-session", req.run_id)));
+        let error = RunError::Engine { message: "Codex error: context_length_exceeded".to_owned() };
+        tokio::spawn(async move {
+            let _ = sink.send(EngineEvent::Completed(Completion::failure(error, resume))).await;
+        });
+        Ok(Arc::new(NoControl))
+    }
+}
+
+pub(super) struct Harness {
+    pub(super) router: RouterHandle,
+    pub(super) fake: FakeEngine,
+    pub(super) store: StoreHandle,
+    pub(super) events: Subscription,
+    token: CancellationToken,
+    _tracker: TaskTracker,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+pub(super) fn router_config() -> RouterConfig {
+    RouterConfig { default_engine: "fake".to_owned(), ..RouterConfig::default() }
+}
+
+pub(super) async fn harness(config: RouterConfig) -> Harness {
+    harness_with(config, FakeEngine::new("fake").with_steering(), StoreHandle::memory()).await
+}
+
+pub(super) async fn harness_with(
+    config: RouterConfig,
+    fake: FakeEngine,
+    store: StoreHandle,
+) -> Harness {
+    let mut engines = EngineRegistry::new();
+    engines.register(Arc::new(fake.clone())).unwrap();
+    engines.register(Arc::new(FakeEngine::new("plain"))).unwrap();
+    engines
+        .register(Arc::new(OverflowEngine { id: EngineId::parse("overflow").unwrap() }))
+        .unwrap();
+    let bus = EventBus::new(65_536, 1024);
+    let events = bus.subscribe_all();
+    let token = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let runtime = RuntimeConfig { max_concurrent_runs: 4, ..RuntimeConfig::default() };
+    let deps = GatewayDeps { config: runtime, engines, store: store.clone(), bus };
+    let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
+    let (router, _) = RouterHandle::start(config, gateway, token.clone(), &tracker).await.unwrap();
+    Harness { router, fake, store, events, token, _tracker: tracker }
+}
+
+pub(super) fn request(session: &str, prompt: &str, mode: Option<QueueMode>) -> RunRequest {
+    RunRequest { queue_mode: mode, ..RunRequest::new(session, prompt) }
+}
+
+impl Harness {
+    pub(super) async fn submit(
+        &self,
+        session: &str,
+        prompt: &str,
+        mode: Option<QueueMode>,
+    ) -> RunId {
+        self.submit_req(request(session, prompt, mode)).await
+    }
+
+    pub(super) async fn submit_req(&self, req: RunRequest) -> RunId {
+        match self.router.submit(req).await.unwrap() {
+            Submitted::Run(accepted) => accepted.run_id,
+            other => panic!("expected a run, got {other:?}"),
+        }
+    }
+
+    async fn command(&self, session: &str, text: &str) -> String {
+        match self.router.submit(RunRequest::new(session, text)).await.unwrap() {
+            Submitted::Command { reply, .. } => reply,
+            other => panic!("expected a command reply, got {other:?}"),
+        }
+    }
+
+    /// Waits for the first event matching `wanted` on the firehose.
+    pub(super) async fn until(&mut self, wanted: impl Fn(&BusEvent) -> bool) -> Arc<BusEvent> {
+        let wait = async {
+            loop {
+                match self.events.recv().await {
+                    Ok(event) if wanted(&event) => return event,
+                    Ok(_) => {}
+                    Err(RecvError::Lagged(n)) => panic!("test subscriber lagged by {n}"),
+                    Err(RecvError::Closed) => panic!("bus closed"),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(24 * 3600), wait).await.expect("event arrives")
+    }
+
+    /// Waits for `n` completions and returns them by run id, in order of arrival.
+    pub(super) async fn completions(&mut self, n: usize) -> Vec<(RunId, Completion)> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            let event = self.until(|e| matches!(e.kind, EventKind::RunCompleted { .. })).await;
+            if let EventKind::RunCompleted { completion, .. } = &event.kind {
+                out.push((event.run_id.clone(), completion.clone()));
+            }
+        }
+        out
+    }
+
+    pub(super) async fn completion_of(&mut self, run_id: &RunId) -> Completion {
+        let event = self
+            .until(|e| &e.run_id == run_id && matches!(e.kind, EventKind::RunCompleted { .. }))
+            .await;
+        match &event.kind {
+            EventKind::RunCompleted { completion, .. } => completion.clone(),
+            _ => unreachable!("filtered above"),
+        }
+    }
+
+    /// Waits until the router has handled the end of a run it dispatched (its
+    /// terminal phase is published while the router records the session).
+    pub(super) async fn settled(&mut self, run_id: &RunId) {
+        self.until(|e| {
+            &e.run_id == run_id
+                && matches!(
+                    e.kind,
+                    EventKind::Phase(RunPhase::Completed | RunPhase::Failed | RunPhase::Aborted)
+                )
+        })
+        .await;
+    }
+
+    async fn started(&mut self, run_id: &RunId) {
+        self.until(|e| &e.run_id == run_id && matches!(e.kind, EventKind::EngineStarted { .. }))
+            .await;
+    }
+}
+
+fn code(completion: &Completion) -> Option<&str> {
+    completion.error.as_ref().map(RunError::code)
+}
+
+#[tokio::test(start_paused = true)]
+async fn collect_runs_messages_one_after_another_in_order() {
+    let mut h = harness(router_config()).await;
+    let first = h.submit("s", "sleep:100 one", None).await;
+    let second = h.submit("s", "ok two", None).await;
+    let third = h.submit("s", "ok three", None).await;
+    let done = h.completions(3).await;
+    let order: Vec<&RunId> = done.iter().map(|(id, _)| id).collect();
+    assert_eq!(order, [&first, &second, &third]);
+    assert!(done.iter().all(|(_, c)| c.ok));
+    assert_eq!(h.fake.started(), ["sleep:100 one", "ok two", "ok three"]);
+    assert_eq!(h.fake.max_per_session(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_run_is_visible_as_queued_before_it_starts() {
+    let mut h = harness(router_config()).await;
+    let busy = h.submit("s", "hang", None).await;
+    let waiting = h.submit("s", "ok later", None).await;
+    let record =
+        h.store.get_run(waiting.as_str()).await.unwrap().expect("row written at acceptance");
+    assert_eq!(record.status, crate::bus::RunStatus::Queued);
+    assert_eq!(h.router.session("s").await.unwrap().queued, std::slice::from_ref(&waiting));
+    assert!(h.router.abort_run(&busy).await.unwrap());
+    assert!(h.completion_of(&waiting).await.ok);
+}
+
+#[tokio::test(start_paused = true)]
+async fn phases_follow_the_graph_for_an_immediate_and_a_queued_run() {
+    let mut h = harness(router_config()).await;
+    let first = h.submit("s", "sleep:10 a b", None).await;
+    let second = h.submit("s", "ok c", None).await;
+    let mut phases: HashMap<RunId, Vec<RunPhase>> = HashMap::new();
+    loop {
+        let event = h.until(|e| matches!(e.kind, EventKind::Phase(_))).await;
+        if let EventKind::Phase(phase) = event.kind {
+            phases.entry(event.run_id.clone()).or_default().push(phase);
+            if event.run_id == second && phase == RunPhase::Completed {
+                break;
+            }
+        }
+    }
+    use RunPhase::*;
+    assert_eq!(phases[&first], [Accepted, WaitingForSlot, Dispatched, Streaming, Completed]);
+    assert_eq!(
+        phases[&second],
+        [Accepted, QueuedInSession, WaitingForSlot, Dispatched, Streaming, Completed]
+    );
+    let stored = h.store.run_events(first.as_str()).await.unwrap();
+    assert!(stored.iter().all(|e| e.kind != "run_phase"), "phases are not stored");
+}
+
+#[tokio::test(start_paused = true)]
+async fn followups_sent_together_become_one_turn() {
+    let mut h = harness(router_config()).await;
+    let busy = h.submit("s", "hang", None).await;
+    let first = h.submit("s", "ok fix the test", Some(QueueMode::Followup)).await;
+    let second = h.submit("s", "and the docs", Some(QueueMode::Followup)).await;
+    let merged = h.completion_of(&first).await;
+    assert_eq!(code(&merged), Some("cancelled"));
+    assert!(merged.error.unwrap().to_string().contains(second.as_str()));
+    h.router.abort_run(&busy).await.unwrap();
+    assert!(h.completion_of(&second).await.ok);
+    assert_eq!(h.fake.started(), ["hang", "ok fix the test\nand the docs"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn steer_goes_into_the_live_run_and_completes_with_it() {
+    let mut h = harness(router_config()).await;
+    let busy = h.submit("s", "hang", None).await;
+    h.started(&busy).await;
+    let steer = h.submit("s", "also check the logs", Some(QueueMode::Steer)).await;
+    h.until(|e| e.run_id == steer && matches!(e.kind, EventKind::Phase(RunPhase::Accepted))).await;
+    // Wait until the router has the engine's answer: the session shows no pending steer.
+    loop {
+        if h.router.session("s").await.unwrap().pending_steers == 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(h.fake.steered(), ["also check the logs"]);
+    h.router.abort_run(&busy).await.unwrap();
+    let done = h.completions(2).await;
+    let ids: Vec<&RunId> = done.iter().map(|(id, _)| id).collect();
+    assert_eq!(ids, [&busy, &steer]);
+    assert_eq!(code(&done[1].1), Some("user_requested"), "the steer shares its run's end");
+    assert_eq!(h.fake.started(), ["hang"], "a taken steer never runs on its own");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_steer_runs_as_a_followup() {
+    let mut h = harness(router_config()).await;
+    let busy = h
+        .submit_req(RunRequest { engine: Some("plain".into()), ..request("s", "hang", None) })
+        .await;
+    h.started(&busy).await;
+    let steer = h.submit("s", "ok instead", Some(QueueMode::Steer)).await;
+    loop {
+        let view = h.router.session("s").await.unwrap();
+        if view.queued == std::slice::from_ref(&steer) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    h.router.abort_run(&busy).await.unwrap();
+    assert!(h.completion_of(&steer).await.ok);
+}
+
+#[tokio::test(start_paused = true)]
+async fn interrupt_cancels_the_active_run_and_runs_next_keeping_the_queue() {
+    let mut h = harness(router_config()).await;
+    let busy = h.submit("s", "hang", None).await;
+    let queued = h.submit("s", "ok queued", None).await;
+    let urgent = h.submit("s", "ok urgent", Some(QueueMode::Interrupt)).await;
+    let done = h.completions(3).await;
+    assert_eq!(done[0].0, busy);
+    assert_eq!(code(&done[0].1), Some("interrupted"));
+    assert_eq!((&done[1].0, &done[2].0), (&urgent, &queued));
+    assert_eq!(h.fake.started(), ["hang", "ok urgent", "ok queued"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_drops_with_queue_overflow() {
+    let config = RouterConfig {
+        limits: Limits { cap: Some(1), drop: crate::config::DropPolicy::Oldest },
+        ..router_config()
+    };
+    let mut h = harness(config).await;
+    let busy = h.submit("s", "hang", None).await;
+    let old = h.submit("s", "ok old", None).await;
+    let new = h.submit("s", "ok new", None).await;
+    let dropped = h.completion_of(&old).await;
+    assert_eq!(code(&dropped), Some("queue_overflow"));
+    assert!(!dropped.ok);
+    h.router.abort_run(&busy).await.unwrap();
+    assert!(h.completion_of(&new).await.ok);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sessions_continue_automatically_until_new() {
+    let mut h = harness(router_config()).await;
+    let first = h.submit("s", "ok hello", None).await;
+    let done = h.completion_of(&first).await;
+    h.settled(&first).await;
+    let token = done.resume.clone().expect("fake reports a session");
+    let state = h.store.get_chat_state("s", crate::clock::now_ms()).await.unwrap().unwrap();
+    assert_eq!(
+        (state.last_engine.as_str(), state.last_resume_token.as_str()),
+        ("fake", token.value.as_str())
+    );
+    let second = h.submit("s", "ok again", None).await;
+    h.completion_of(&second).await;
+    let record = h.store.get_run(second.as_str()).await.unwrap().unwrap();
+    assert_eq!(record.meta["resume_source"], "auto");
+    assert_eq!(h.command("s", "/new").await, "The next message starts a new session.");
+    let third = h.submit("s", "ok fresh", None).await;
+    h.completion_of(&third).await;
+    let record = h.store.get_run(third.as_str()).await.unwrap().unwrap();
+    assert!(record.meta.get("resume_source").is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_message_continues_the_session_its_predecessor_started() {
+    let mut h = harness(router_config()).await;
+    let first = h.submit("s", "sleep:50 hello", None).await;
+    let second = h.submit("s", "ok again", None).await;
+    h.completions(2).await;
+    let record = h.store.get_run(second.as_str()).await.unwrap().unwrap();
+    assert_eq!(record.meta["resume_source"], "auto", "resume is read when {first} is done");
+}
+
+#[tokio::test(start_paused = true)]
+async fn disable_auto_resume_starts_fresh() {
+    let mut h = harness(router_config()).await;
+    let first = h.submit("s", "ok hello", None).await;
+    h.completion_of(&first).await;
+    let mut req = request("s", "ok fresh", None);
+    req.meta.insert("disable_auto_resume".into(), true.into());
+    let second = h.submit_req(req).await;
+    h.completion_of(&second).await;
+    let record = h.store.get_run(second.as_str()).await.unwrap().unwrap();
+    assert!(record.meta.get("resume_source").is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_explicit_resume_line_continues_that_session_on_its_engine() {
+    let mut h = harness(router_config()).await;
+    let req = RunRequest {
+        engine: Some("plain".into()),
+        ..request("s", "fake resume abc\nok go on", None)
+    };
+    let run = match h.router.submit(req).await.unwrap() {
+        Submitted::Run(accepted) => accepted,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(run.conversation.as_str(), "resume:fake:abc");
+    assert_eq!(run.engine, "fake", "the token's engine wins over a hint");
+    h.completion_of(&run.run_id).await;
+    assert_eq!(h.fake.started(), ["ok go on"]);
+    let record = h.store.get_run(run.run_id.as_str()).await.unwrap().unwrap();
+    assert_eq!(record.meta["resume_source"], "explicit");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_context_overflow_forgets_the_session() {
+    let mut h = harness(router_config()).await;
+    let first = h.submit("s", "ok hello", None).await;
+    h.settled(&first).await;
+    assert!(h.store.get_chat_state("s", crate::clock::now_ms()).await.unwrap().is_some());
+    let req = RunRequest {
+        meta: [("disable_auto_resume".to_owned(), true.into())].into(),
+        ..request("s", "/overflow too much", None)
+    };
+    let second = h.submit_req(req).await;
+    let done = h.completion_of(&second).await;
+    assert!(done.resume.is_some(), "the engine reported a session");
+    h.settled(&second).await;
+    // The router handles the run's end completely before the next message.
+    let _ = h.command("s", "/status").await;
+    assert_eq!(h.store.get_chat_state("s", crate::clock::now_ms()).await.unwrap(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn directives_and_sticky_engines_pick_the_engine() {
+    let mut h = harness(router_config()).await;
+    let accepted = match h.router.submit(RunRequest::new("s", "/plain ok hi")).await.unwrap() {
+        Submitted::Run(accepted) => accepted,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(accepted.engine, "plain");
+    h.completion_of(&accepted.run_id).await;
+    assert_eq!(h.command("s", "/engine nope").await, "Unknown engine nope.");
+    assert_eq!(h.command("s", "/engine plain").await, "This session now uses plain.");
+    let next = match h.router.submit(RunRequest::new("s", "ok again")).await.unwrap() {
+        Submitted::Run(accepted) => accepted,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(next.engine, "plain");
+    h.completion_of(&next.run_id).await;
+    assert!(h.fake.started().is_empty(), "the default engine ran nothing");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_engine_is_refused_with_its_name() {
+    let h = harness(router_config()).await;
+    let err = h
+        .router
+        .submit(RunRequest { engine: Some("nope".into()), ..RunRequest::new("s", "hi") })
+        .await;
+    assert_eq!(err, Err(RouteError::UnknownEngine { engine: "nope".to_owned() }));
+    let err = h.router.submit(RunRequest::new("s", "/claude fix it")).await;
+    assert_eq!(err, Err(RouteError::UnknownEngine { engine: "claude".to_owned() }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn native_only_refuses_vendor_resume_lines() {
+    let config = RouterConfig { native_only: true, ..router_config() };
+    let h = harness(config).await;
+    let err = h.router.submit(RunRequest::new("s", "fake resume abc")).await.unwrap_err();
+    assert_eq!(err.to_string(), resolve::NATIVE_ONLY_RESUME_MESSAGE);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_run_id_submitted_twice_is_one_run() {
+    let mut h = harness(router_config()).await;
+    let id = RunId::parse("job-1").unwrap();
+    let req = RunRequest { run_id: Some(id.clone()), ..RunRequest::new("s", "sleep:10 once") };
+    let first = h.router.submit(req.clone()).await.unwrap();
+    let second = h.router.submit(req).await.unwrap();
+    let (Submitted::Run(first), Submitted::Run(second)) = (first, second) else { panic!("runs") };
+    assert!(!first.duplicate);
+    assert!(second.duplicate);
+    assert_eq!(second.run_id, id);
+    h.completion_of(&id).await;
+    assert_eq!(h.fake.started(), ["sleep:10 once"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn slash_cancel_and_status() {
+    let mut h = harness(router_config()).await;
+    assert_eq!(h.command("s", "/cancel").await, "Nothing is running.");
+    let busy = h.submit("s", "hang", None).await;
+    let queued = h.submit("s", "ok next", None).await;
+    let status = h.command("s", "/status").await;
+    assert!(status.contains(busy.as_str()) && status.contains("1 queued"), "{status}");
+    assert_eq!(h.command("s", "/cancel").await, "Cancelling the current run.");
+    assert_eq!(code(&h.completion_of(&busy).await), Some("user_requested"));
+    assert!(h.completion_of(&queued).await.ok, "the queue is kept");
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_and_abort_variants() {
+    let mut h = harness(router_config()).await;
+    // Cancel a session: the active run only.
+    let a1 = h.submit("a", "hang", None).await;
+    let a2 = h.submit("a", "ok kept", None).await;
+    let summary = h.router.cancel_session("a").await.unwrap();
+    assert_eq!(summary, CancelSummary { dropped: 0, cancelled: 1 });
+    assert_eq!(code(&h.completion_of(&a1).await), Some("user_requested"));
+    assert!(h.completion_of(&a2).await.ok);
+    // Abort a session: queue and active.
+    let b1 = h.submit("b", "hang", None).await;
+    let b2 = h.submit("b", "ok dropped", None).await;
+    let summary = h.router.abort_session("b").await.unwrap();
+    assert_eq!(summary, CancelSummary { dropped: 1, cancelled: 1 });
+    let done = h.completions(2).await;
+    let ids: Vec<&RunId> = done.iter().map(|(id, _)| id).collect();
+    assert!(ids.contains(&&b1) && ids.contains(&&b2));
+    assert!(done.iter().all(|(_, c)| code(c) == Some("user_requested")));
+    // Abort a queued run before it starts.
+    let c1 = h.submit("c", "hang", None).await;
+    let c2 = h.submit("c", "ok never", None).await;
+    assert!(h.router.abort_run(&c2).await.unwrap());
+    assert_eq!(code(&h.completion_of(&c2).await), Some("user_requested"));
+    // Cancel the conversation: everything.
+    let c3 = h.submit("c", "ok also never", None).await;
+    let summary = h.router.cancel_conversation(&ConversationKey::session("c")).await.unwrap();
+    assert_eq!(summary, CancelSummary { dropped: 1, cancelled: 1 });
+    let done = h.completions(2).await;
+    let ids: Vec<&RunId> = done.iter().map(|(id, _)| id).collect();
+    assert!(ids.contains(&&c1) && ids.contains(&&c3));
+    h.settled(&c1).await;
+    assert!(!h.router.abort_run(&c1).await.unwrap(), "finished runs are not held");
+    assert!(!h.fake.started().iter().any(|p| p.contains("never") || p.contains("dropped")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_idle_watchdog_cancels_a_silent_run() {
+    let config = RouterConfig { idle_watchdog: Some(Duration::from_secs(60)), ..router_config() };
+    let mut h = harness(config).await;
+    let run = h.submit("s", "hang", None).await;
+    let done = h.completion_of(&run).await;
+    assert_eq!(code(&done), Some("run_idle_watchdog_timeout"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn conversations_are_forgotten_when_idle() {
+    let mut h = harness(router_config()).await;
+    let run = h.submit("s", "ok hi", None).await;
+    h.settled(&run).await;
+    let view = h.router.session("s").await.unwrap();
+    assert!(view.active.is_empty() && view.queued.is_empty());
+}
