@@ -150,6 +150,9 @@ pub enum RouteError {
     UnknownEngine { engine: String },
     #[error("{message}")]
     UnsupportedResumeEngine { engine: String, message: String },
+    /// The gateway refused the request (overloaded, shutting down…).
+    #[error(transparent)]
+    Refused(#[from] crate::gateway::SubmitError),
     #[error("the request could not be journaled: {0}")]
     Journal(#[from] StoreError),
 }
@@ -240,23 +243,18 @@ pub struct RouterHandle {
 
 impl RouterHandle {
     /// Starts the router over `gateway` on `tracker`; it stops when `token` is
-    /// cancelled. Before it takes new requests it recovers the journal: requests
-    /// left by a crash are re-queued or completed as interrupted.
-    ///
-    /// # Errors
-    /// [`RouteError::Journal`] when the journal cannot be read.
-    pub async fn start(
+    /// cancelled. Before it takes any request it recovers the journal: requests a
+    /// crash left behind are queued again or completed as interrupted.
+    pub fn start(
         config: RouterConfig,
         gateway: GatewayHandle,
         token: CancellationToken,
         tracker: &TaskTracker,
-    ) -> Result<(Self, Recovered), RouteError> {
+    ) -> Self {
         let (tx, rx) = mpsc::channel(1024);
-        let mut router =
-            Router::new(config, gateway.clone(), rx, tx.clone(), token, tracker.clone());
-        let recovered = router.recover().await?;
+        let router = Router::new(config, gateway.clone(), rx, tx.clone(), token, tracker.clone());
         tracker.spawn(router.run());
-        Ok((RouterHandle { tx, gateway }, recovered))
+        RouterHandle { tx, gateway }
     }
 
     async fn ask<T>(

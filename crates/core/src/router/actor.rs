@@ -167,6 +167,11 @@ impl Router {
     }
 
     pub(super) async fn run(mut self) {
+        // Messages wait in the channel until recovery is done, so recovered
+        // requests keep their place ahead of new ones.
+        if let Err(error) = self.recover().await {
+            tracing::error!(%error, "journal recovery failed; unfinished requests stay journaled");
+        }
         loop {
             tokio::select! {
                 biased;
@@ -288,19 +293,67 @@ impl Router {
             engine: item.engine.clone(),
             duplicate: false,
         };
-        self.accept(&item).await?;
-        publish_phase(&self.bus, &item.run_id, &item.session_key, RunPhase::Accepted);
         let key = item.conversation.clone();
-        self.runs.insert(item.run_id.clone(), key.clone());
         let limits = self.config.limits;
+        let run_id = item.run_id.clone();
+        let session_key = item.session_key.clone();
+        let journaled = journal_entry(&item, now_ms());
         let effects =
             self.conversations.entry(key.clone()).or_default().submit(item, Instant::now(), limits);
+        self.runs.insert(run_id.clone(), key.clone());
+        if let [Effect::Dispatch(first)] = &effects[..] {
+            // An idle conversation hands the request straight to the gateway, which
+            // writes the row; a refusal is the caller's error and leaves nothing behind.
+            let first = first.clone();
+            if let Err(error) = self.journal.admit(journaled).await {
+                self.forget(&key, &run_id);
+                return Err(error.into());
+            }
+            return match self.dispatch(&key, first, true).await {
+                Ok(()) => Ok(Submitted::Run(accepted)),
+                Err((_, error)) => {
+                    self.journal.complete(&run_id).await;
+                    self.forget(&key, &run_id);
+                    Err(RouteError::Refused(error))
+                }
+            };
+        }
+        if let Err(error) = self.accept(&journaled).await {
+            // Not journaled, so not accepted: take it back out of the queue.
+            let effects = match self.conversations.get_mut(&key) {
+                Some(conv) => conv.abort_run(&run_id, &RunError::ShuttingDown),
+                None => Vec::new(),
+            };
+            drop(effects);
+            self.forget(&key, &run_id);
+            return Err(error);
+        }
+        publish_phase(&self.bus, &run_id, &session_key, RunPhase::Accepted);
         self.apply(key, effects).await;
         Ok(Submitted::Run(accepted))
     }
 
+    /// Drops a request that was never accepted from the router's tables.
+    fn forget(&mut self, key: &ConversationKey, run_id: &RunId) {
+        self.runs.remove(run_id);
+        if self.conversations.get(key).is_some_and(Conversation::is_idle) {
+            self.conversations.remove(key);
+        }
+    }
+
     /// A caller id seen before is the same request: answer with it, queue nothing.
     async fn known_run(&self, run_id: &RunId) -> Result<Option<Accepted>, RouteError> {
+        if let Some(key) = self.runs.get(run_id) {
+            if let Some(item) = self.conversations.get(key).and_then(|c| c.find(run_id)) {
+                return Ok(Some(Accepted {
+                    run_id: run_id.clone(),
+                    session_key: item.session_key.to_string(),
+                    conversation: key.clone(),
+                    engine: item.engine.clone(),
+                    duplicate: true,
+                }));
+            }
+        }
         let Some(record) = self.store.get_run(run_id.as_str()).await? else { return Ok(None) };
         let conversation = parse_conversation(&record.conversation)
             .unwrap_or_else(|| ConversationKey::session(&record.session_key));
@@ -408,20 +461,19 @@ impl Router {
 
     /// Writes the run row (so the API shows it as queued) and the journal entry,
     /// and waits until both are durable.
-    async fn accept(&self, item: &Item) -> Result<(), RouteError> {
-        let accepted_at_ms = now_ms();
+    async fn accept(&self, entry: &JournalEntry) -> Result<(), RouteError> {
         self.store
             .insert_run(NewRun {
-                run_id: item.run_id.clone(),
-                session_key: item.session_key.to_string(),
-                conversation: item.conversation.to_string(),
-                engine: item.engine.clone(),
-                prompt: item.prompt.clone(),
-                meta: meta_json(item),
-                created_at_ms: accepted_at_ms,
+                run_id: entry.run_id.clone(),
+                session_key: entry.session_key.clone(),
+                conversation: entry.conversation.clone(),
+                engine: entry.engine.clone(),
+                prompt: entry.prompt.clone(),
+                meta: entry.meta.clone(),
+                created_at_ms: entry.accepted_at_ms,
             })
             .await;
-        self.journal.admit(journal_entry(item, accepted_at_ms)).await?;
+        self.journal.admit(entry.clone()).await?;
         Ok(())
     }
 
@@ -432,8 +484,29 @@ impl Router {
         while let Some(effect) = work.pop_front() {
             match effect {
                 Effect::Dispatch(item) => {
-                    if let Some(more) = self.dispatch(&key, item).await {
-                        work.extend(more);
+                    if let Err((item, error)) = self.dispatch(&key, item, false).await {
+                        let error = match error {
+                            SubmitError::ShuttingDown => RunError::ShuttingDown,
+                            SubmitError::UnknownEngine { engine } => {
+                                RunError::UnknownEngine { engine }
+                            }
+                            other => RunError::StartFailed { detail: other.to_string() },
+                        };
+                        tracing::warn!(run_id = %item.run_id, %error, "gateway refused a queued request");
+                        let completion = Completion::failure(error, item.resume.clone());
+                        if !item.suppress_phases {
+                            publish_phase(
+                                &self.bus,
+                                &item.run_id,
+                                &item.session_key,
+                                RunPhase::Failed,
+                            );
+                        }
+                        self.complete(&item.run_id, &item.session_key, &item.engine, completion, 1)
+                            .await;
+                        if let Some(conv) = self.conversations.get_mut(&key) {
+                            work.extend(conv.dispatch_failed());
+                        }
                     }
                 }
                 Effect::CancelActive { run_id, reason } => {
@@ -460,9 +533,15 @@ impl Router {
         }
     }
 
-    /// Submits the item to the gateway. On refusal the item completes as failed
-    /// and the conversation's next item is returned to dispatch instead.
-    async fn dispatch(&mut self, key: &ConversationKey, mut item: Item) -> Option<Vec<Effect>> {
+    /// Submits the item to the gateway, where it becomes the conversation's active
+    /// run. `fresh` items were accepted just now and announce it. A refusal gives
+    /// the item back.
+    async fn dispatch(
+        &mut self,
+        key: &ConversationKey,
+        mut item: Item,
+        fresh: bool,
+    ) -> Result<(), (Item, SubmitError)> {
         if item.route.auto_resume {
             // The run ahead may have just stored a newer session (or lost it to an
             // overflow); continue whatever the session holds now.
@@ -502,6 +581,9 @@ impl Router {
         };
         match self.gateway.submit(req).await {
             Ok(_) => {
+                if fresh {
+                    publish_phase(&self.bus, &item.run_id, &item.session_key, RunPhase::Accepted);
+                }
                 if !item.suppress_phases {
                     publish_phase(
                         &self.bus,
@@ -525,23 +607,9 @@ impl Router {
                 };
                 self.tracker.spawn(watch.run());
                 self.conversations.entry(key.clone()).or_default().set_active(&item);
-                None
+                Ok(())
             }
-            Err(error) => {
-                drop(events);
-                let error = match error {
-                    SubmitError::ShuttingDown => RunError::ShuttingDown,
-                    SubmitError::UnknownEngine { engine } => RunError::UnknownEngine { engine },
-                    other => RunError::StartFailed { detail: other.to_string() },
-                };
-                tracing::warn!(run_id = %item.run_id, %error, "gateway refused a queued request");
-                let completion = Completion::failure(error, item.resume.clone());
-                if !item.suppress_phases {
-                    publish_phase(&self.bus, &item.run_id, &item.session_key, RunPhase::Failed);
-                }
-                self.complete(&item.run_id, &item.session_key, &item.engine, completion, 1).await;
-                Some(self.conversations.entry(key.clone()).or_default().dispatch_failed())
-            }
+            Err(error) => Err((item, error)),
         }
     }
 
@@ -707,7 +775,7 @@ impl Router {
     /// Handles what a crash left in the journal, once, before new requests:
     /// requests that never started are queued again in acceptance order; those
     /// that were running complete as `interrupted` with their last resume token.
-    pub(super) async fn recover(&mut self) -> Result<Recovered, RouteError> {
+    async fn recover(&mut self) -> Result<Recovered, RouteError> {
         let entries = self.journal.pending().await?;
         let mut recovered = Recovered::default();
         for entry in entries {

@@ -221,6 +221,11 @@ impl Conversation {
             || self.pending.iter().any(|p| &p.item.run_id == run_id)
     }
 
+    /// A queued or in-flight item.
+    pub fn find(&self, run_id: &RunId) -> Option<&Item> {
+        self.queue.iter().chain(self.pending.iter().map(|p| &p.item)).find(|i| &i.run_id == run_id)
+    }
+
     /// Marks `item` as the active run; the actor calls this once the gateway took it.
     pub fn set_active(&mut self, item: &Item) {
         self.active = Some(Active {

@@ -97,7 +97,7 @@ pub(super) async fn harness_with(
     let runtime = RuntimeConfig { max_concurrent_runs: 4, ..RuntimeConfig::default() };
     let deps = GatewayDeps { config: runtime, engines, store: store.clone(), bus };
     let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
-    let (router, _) = RouterHandle::start(config, gateway, token.clone(), &tracker).await.unwrap();
+    let router = RouterHandle::start(config, gateway, token.clone(), &tracker);
     Harness { router, fake, store, events, token, _tracker: tracker }
 }
 
