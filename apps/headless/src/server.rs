@@ -12,6 +12,7 @@ use lemon_core::bus::EventBus;
 use lemon_core::config::{self, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT};
 use lemon_core::engine::{Availability, EngineRegistry};
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
+use lemon_core::router::{RouterConfig, RouterHandle};
 use lemon_core::secrets::{SecretStore, SecretValue};
 use lemon_core::store::StoreHandle;
 use lemon_engines::cli::{build_cli_engines, ApiKey, CliContext};
@@ -46,6 +47,8 @@ pub struct Running {
     /// Set when the API token was generated on this start; shown to the user once.
     pub generated_token: Option<SecretValue>,
     pub gateway: GatewayHandle,
+    /// Every message goes through the router.
+    pub router: RouterHandle,
     pub shutdown_grace: Duration,
     store: StoreHandle,
     token: CancellationToken,
@@ -143,6 +146,10 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         bus: EventBus::default(),
     };
     let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
+    // The router recovers its journal (requests a crash left behind) before it
+    // takes the first new request, so recovered ones keep their place.
+    let router_config = RouterConfig::from_gateway(&gateway_config);
+    let router = RouterHandle::start(router_config, gateway.clone(), token.clone(), &tracker);
 
     let api_listener = bind(&gateway_config.api.addr(DEFAULT_API_PORT), "control API").await?;
     let health_listener =
@@ -152,6 +159,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
     let api = lemon_transports::api::router(lemon_transports::api::ApiState {
         gateway: gateway.clone(),
+        router: router.clone(),
         token: api_token.expose().into(),
         default_engine: gateway_config.default_engine.as_str().into(),
         version: version.clone(),
@@ -175,6 +183,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         health_addr,
         generated_token: generated.then_some(api_token),
         gateway,
+        router,
         shutdown_grace: Duration::from_millis(gateway_config.shutdown_grace_ms),
         store,
         token,

@@ -47,6 +47,10 @@ pub struct GatewayConfig {
     /// A run with no engine event for this long is cancelled with `timeout`.
     #[serde(default = "defaults::run_inactivity_timeout_ms")]
     pub run_inactivity_timeout_ms: u64,
+    /// The router cancels a run with no event for this long (`run_idle_watchdog_timeout`);
+    /// 0 disables it. Unset: two hours.
+    #[serde(default)]
+    pub run_idle_watchdog_ms: Option<u64>,
     /// On SIGINT/SIGTERM, how long running runs may finish before they are cancelled.
     #[serde(default = "defaults::shutdown_grace_ms")]
     pub shutdown_grace_ms: u64,

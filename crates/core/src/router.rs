@@ -199,8 +199,8 @@ pub const DEFAULT_IDLE_WATCHDOG: Duration = Duration::from_secs(2 * 60 * 60);
 
 impl RouterConfig {
     /// The router's view of `[gateway]`; `run_idle_watchdog_ms = 0` disables the watchdog.
-    pub fn from_gateway(gateway: &GatewayConfig, idle_watchdog_ms: Option<u64>) -> Self {
-        let idle_watchdog = match idle_watchdog_ms {
+    pub fn from_gateway(gateway: &GatewayConfig) -> Self {
+        let idle_watchdog = match gateway.run_idle_watchdog_ms {
             Some(0) => None,
             Some(ms) => Some(Duration::from_millis(ms)),
             None => Some(DEFAULT_IDLE_WATCHDOG),
@@ -221,7 +221,7 @@ impl RouterConfig {
 
 impl Default for RouterConfig {
     fn default() -> Self {
-        RouterConfig::from_gateway(&GatewayConfig::default(), None)
+        RouterConfig::from_gateway(&GatewayConfig::default())
     }
 }
 

@@ -2,20 +2,29 @@
 //!
 //! | method | path | success |
 //! | --- | --- | --- |
-//! | `POST` | `/v1/runs` (`?wait=true`) | `202` accepted (`200` with the finished run) |
+//! | `POST` | `/v1/runs` (`?wait=true`) | `202` accepted (`200` with the finished run, or a slash command's reply) |
 //! | `GET` | `/v1/runs?status=&limit=` | `200 {"runs": [...]}`, newest first |
 //! | `GET` | `/v1/runs/{id}` | `200` the run |
 //! | `POST` | `/v1/runs/{id}/cancel` | `202 {"run_id", "status"}` |
 //! | `POST` | `/v1/runs/{id}/steer` | `200 {"accepted", "reason"?}` |
 //! | `GET` | `/v1/runs/{id}/events` | SSE: stored events, then live ones, until `run_completed` |
 //! | `GET` | `/v1/events` | SSE: every event of every run |
+//! | `GET` | `/v1/sessions/{key}` | `200` active runs, queue, chat state |
+//! | `POST` | `/v1/sessions/{key}/cancel` | `202` the session's active runs are cancelled; its queue stays |
+//! | `POST` | `/v1/sessions/{key}/abort` | `202` the session's queue is dropped and its runs cancelled |
 //! | `GET` | `/v1/status` | `200` version, uptime, scheduler counters, engines |
+//!
+//! Runs are submitted through the router, so queue modes, resume lines, engine
+//! directives and slash commands work here as in every channel. A body may carry
+//! `queue_mode`, `resume` (`{"engine", "value"}`), `engine` and `run_id`;
+//! `meta.disable_auto_resume` starts a new session.
 //!
 //! Every route needs `Authorization: Bearer <token>`. Every error is
 //! `{"error": "..."}` (see [`ApiError`]).
 
 mod events;
 mod runs;
+mod sessions;
 mod status;
 mod transfer;
 
@@ -29,6 +38,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use lemon_core::gateway::GatewayHandle;
+use lemon_core::router::RouterHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -38,6 +48,8 @@ use crate::error::{method_not_allowed, not_found, ApiError, MAX_BODY_BYTES};
 #[derive(Clone)]
 pub struct ApiState {
     pub gateway: GatewayHandle,
+    /// Every submission goes through the router.
+    pub router: RouterHandle,
     /// The bearer token every request must carry. Never logged.
     pub token: Arc<str>,
     /// The engine of requests that name none.
@@ -54,6 +66,7 @@ impl fmt::Debug for ApiState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ApiState")
             .field("gateway", &self.gateway)
+            .field("router", &self.router)
             .field("token", &"<redacted>")
             .field("default_engine", &self.default_engine)
             .field("version", &self.version)
@@ -73,6 +86,9 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/runs/{id}/steer", post(runs::steer))
         .route("/v1/runs/{id}/events", get(events::run_events))
         .route("/v1/events", get(events::firehose))
+        .route("/v1/sessions/{key}", get(sessions::get))
+        .route("/v1/sessions/{key}/cancel", post(sessions::cancel))
+        .route("/v1/sessions/{key}/abort", post(sessions::abort))
         .route("/v1/status", get(status::status))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)

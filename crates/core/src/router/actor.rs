@@ -423,9 +423,10 @@ impl Router {
         let conversation = conversation_key(&session_key, explicit.as_ref());
         let mode = queue_mode(req.queue_mode, binding.queue_mode, self.config.queue_mode);
         let mut meta = req.meta;
-        meta.insert("origin".to_owned(), req.origin.as_str().into());
+        // The caller's own keys win: the router only fills in what is missing.
+        meta.entry("origin".to_owned()).or_insert_with(|| req.origin.as_str().into());
         if let Some(agent_id) = req.agent_id.or(binding.agent_id) {
-            meta.insert("agent_id".to_owned(), agent_id.into());
+            meta.entry("agent_id".to_owned()).or_insert_with(|| agent_id.into());
         }
         if let Some(source) = choice.source {
             meta.insert("resume_source".to_owned(), source.as_str().into());

@@ -6,8 +6,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lemon_core::bus::{BusEvent, EventKind, RecvError, Subscription};
 use lemon_core::engine::RunError;
-use lemon_core::gateway::{CancelOutcome, ExecutionRequest, SubmitError};
+use lemon_core::gateway::CancelOutcome;
 use lemon_core::ids::RunId;
+use lemon_core::router::{SlashCommand, Submitted};
 use serde_json::json;
 
 use super::transfer::{
@@ -17,51 +18,66 @@ use super::transfer::{
 use super::ApiState;
 use crate::error::{ApiError, JsonBody, PathParams, QueryParams};
 
-/// `POST /v1/runs`: `202` once accepted, or with `?wait=true` `200` and the run
-/// once it has finished.
+/// `POST /v1/runs`: `202` once accepted (the same id again is the same run and
+/// answers `"duplicate": true`), `200` with the reply of a slash command, or with
+/// `?wait=true` `200` and the run once it has finished.
 pub(super) async fn submit(
     State(state): State<ApiState>,
     QueryParams(query): QueryParams<SubmitQuery>,
     JsonBody(body): JsonBody<SubmitBody>,
 ) -> Result<Response, ApiError> {
     let wait = query.wait()?;
-    let req = body.into_request(&state.default_engine)?;
-    refuse_known_run_id(&state, &req).await?;
-    if wait {
-        return submit_and_wait(&state, req).await.map(IntoResponse::into_response);
+    let req = body.into_request()?;
+    let run_id =
+        req.run_id.clone().ok_or_else(|| ApiError::Internal("run id not set".to_owned()))?;
+    // Subscribed before submitting, so a run that finishes at once is still seen.
+    let mut events = wait.then(|| state.gateway.bus().subscribe_run(&run_id));
+    let accepted = match state.router.submit(req).await? {
+        Submitted::Run(accepted) => accepted,
+        Submitted::Command { command, reply } => {
+            let body = json!({ "command": command_name(&command), "reply": reply });
+            return Ok((StatusCode::OK, Json(body)).into_response());
+        }
+    };
+    if let Some(events) = &mut events {
+        return wait_for_run(&state, &run_id, events).await.map(IntoResponse::into_response);
     }
-    let session_key = req.session_key.clone();
-    let run_id = state.gateway.submit(req).await?;
-    let body =
-        json!({ "run_id": run_id.as_str(), "session_key": session_key, "status": "accepted" });
+    let mut body = json!({
+        "run_id": accepted.run_id.as_str(),
+        "session_key": accepted.session_key,
+        "status": "accepted",
+        "conversation": accepted.conversation.as_str(),
+        "engine": accepted.engine,
+    });
+    if accepted.duplicate {
+        body["duplicate"] = json!(true);
+    }
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
 }
 
-/// The gateway refuses ids of queued and running runs; this also refuses ids of
-/// finished ones, so a caller cannot overwrite a run's history.
-async fn refuse_known_run_id(state: &ApiState, req: &ExecutionRequest) -> Result<(), ApiError> {
-    let Some(run_id) = &req.run_id else { return Ok(()) };
-    if state.gateway.store().get_run(run_id.as_str()).await?.is_some() {
-        return Err(SubmitError::DuplicateRunId { run_id: run_id.to_string() }.into());
+fn command_name(command: &SlashCommand) -> &'static str {
+    match command {
+        SlashCommand::Cancel => "cancel",
+        SlashCommand::New => "new",
+        SlashCommand::Status => "status",
+        SlashCommand::Engine(_) => "engine",
     }
-    Ok(())
 }
 
-/// Submits and answers with the finished run. Subscribes to the run's topic
-/// before submitting, so a run that finishes at once is still seen.
-///
-/// The wait is bounded by the run itself: the gateway completes every accepted
-/// run, including when it drains for shutdown.
-async fn submit_and_wait(
+/// Answers with the finished run. A run that already finished (a repeated id)
+/// is read from the store; otherwise its `run_completed` is awaited. The wait is
+/// bounded by the run itself: every accepted run completes, also at shutdown.
+async fn wait_for_run(
     state: &ApiState,
-    req: ExecutionRequest,
+    run_id: &RunId,
+    events: &mut Subscription,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let run_id = req.run_id.clone().unwrap_or_else(RunId::generate);
-    let req = ExecutionRequest { run_id: Some(run_id.clone()), ..req };
-    let mut events = state.gateway.bus().subscribe_run(&run_id);
-    state.gateway.submit(req).await?;
-    let completed = next_run_completed(&mut events).await;
     let store = state.gateway.store();
+    let finished = store.get_run(run_id.as_str()).await?.filter(|r| r.status.is_terminal());
+    let completed = match finished {
+        Some(_) => None,
+        None => next_run_completed(events).await,
+    };
     let mut record = store.get_run(run_id.as_str()).await?.ok_or_else(|| {
         ApiError::Internal(format!("accepted run {run_id} is missing from the store"))
     })?;
@@ -121,7 +137,14 @@ pub(super) async fn cancel(
     if store.get_run(run_id.as_str()).await?.is_none() {
         return Err(run_not_found(&raw));
     }
-    let status = match state.gateway.cancel(&run_id, RunError::UserRequested).await? {
+    // The router holds runs still queued in their conversation; the gateway the rest.
+    let held = state.router.abort_run(&run_id).await?;
+    let outcome = if held {
+        CancelOutcome::Cancelling
+    } else {
+        state.gateway.cancel(&run_id, RunError::UserRequested).await?
+    };
+    let status = match outcome {
         CancelOutcome::Cancelling => "cancelling",
         // Read again: the run may have finished since the first read.
         CancelOutcome::NotActive => match store.get_run(run_id.as_str()).await? {

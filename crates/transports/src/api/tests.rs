@@ -15,6 +15,7 @@ use lemon_core::bus::{BusEvent, EventBus, EventKind, RecvError, Subscription};
 use lemon_core::engine::{Completion, EngineRegistry};
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::ids::RunId;
+use lemon_core::router::{RouterConfig, RouterHandle};
 use lemon_core::store::{FinishedRun, NewRun, StoreHandle};
 use lemon_engines::echo::EchoEngine;
 use serde_json::{json, Value};
@@ -72,8 +73,12 @@ impl TestGateway {
         engines.register(Arc::new(EchoEngine::new(word_delay, tracker.clone()))).unwrap();
         let deps = GatewayDeps { config, engines, store: StoreHandle::memory(), bus };
         let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
+        let router_config =
+            RouterConfig { default_engine: "echo".to_owned(), ..RouterConfig::default() };
+        let router = RouterHandle::start(router_config, gateway.clone(), token.clone(), &tracker);
         let state = ApiState {
             gateway,
+            router,
             token: TOKEN.into(),
             default_engine: "echo".into(),
             version: "1.2.3-test".into(),
@@ -364,23 +369,29 @@ async fn submit_with_wait_answers_with_the_finished_run() {
     assert_eq!(run["answer"], json!("wait for me"));
     assert_eq!(run["resume"], json!({ "engine": "echo", "value": "wait-1" }));
 
-    // The same id again is a conflict, even though that run has finished.
+    // The same id again is the same run, even though that run has finished.
     let body = json!({ "prompt": "again", "run_id": "wait-1" });
-    let (status, error) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
-    assert_eq!(status, StatusCode::CONFLICT, "{error}");
-    assert!(error_of(&error).contains("wait-1"), "{error}");
+    let (status, again) = gw.call(Method::POST, "/v1/runs", Some(body.clone())).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{again}");
+    assert_eq!(again["run_id"], json!("wait-1"));
+    assert_eq!(again["duplicate"], json!(true));
+    let (status, run) = gw.call(Method::POST, "/v1/runs?wait=true", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{run}");
+    assert_eq!(run["answer"], json!("wait for me"), "the first request's run, not a new one");
 }
 
 #[tokio::test]
-async fn duplicate_id_of_an_active_run_is_a_conflict() {
+async fn duplicate_id_of_an_active_run_is_the_same_run() {
     let gw = TestGateway::start(SLOW);
     let mut events = gw.gateway().bus().subscribe_run(&RunId::parse("dup-1").unwrap());
     let body = json!({ "prompt": words(200), "run_id": "dup-1" });
     let (status, _) = gw.call(Method::POST, "/v1/runs", Some(body.clone())).await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    let (status, error) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
-    assert_eq!(status, StatusCode::CONFLICT, "{error}");
-    assert_eq!(error, json!({ "error": "run id dup-1 is already in use" }));
+    let (status, again) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{again}");
+    assert_eq!(again["duplicate"], json!(true));
+    let (_, list) = gw.call(Method::GET, "/v1/runs", None).await;
+    assert_eq!(list["runs"].as_array().unwrap().len(), 1, "one run: {list}");
     gw.call(Method::POST, "/v1/runs/dup-1/cancel", None).await;
     until_completed(&mut events, "dup-1").await;
 }
@@ -769,6 +780,10 @@ async fn firehose_carries_events_of_every_run() {
         < 2
     {
         let frame = reader.next().await.expect("the firehose does not end by itself");
+        // Router phases are hints for UIs, outside the runs' own event numbering.
+        if frame.event == "run_phase" {
+            continue;
+        }
         seen.entry(frame.data["run_id"].as_str().unwrap().to_owned()).or_default().push(frame);
     }
     assert_eq!(seen.keys().collect::<Vec<_>>(), ["fire-a", "fire-b"]);

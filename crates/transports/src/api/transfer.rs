@@ -4,9 +4,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use lemon_core::bus::RunStatus;
+use lemon_core::config::QueueMode;
 use lemon_core::engine::{Completion, EngineRegistry, ResumeToken};
-use lemon_core::gateway::ExecutionRequest;
 use lemon_core::ids::RunId;
+use lemon_core::router::{Origin, RouteError, RunRequest};
 use lemon_core::store::{RunFilter, RunRecord};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -27,13 +28,22 @@ pub(super) struct SubmitBody {
     cwd: Option<PathBuf>,
     meta: Option<BTreeMap<String, Value>>,
     run_id: Option<String>,
+    queue_mode: Option<String>,
+    resume: Option<ResumeBody>,
+}
+
+/// A structured resume token in a submit body.
+#[derive(Debug, Deserialize)]
+pub(super) struct ResumeBody {
+    engine: String,
+    value: String,
 }
 
 impl SubmitBody {
     /// The request to submit; blank optional fields count as absent. The run id is
     /// always set (generated when the caller gave none) so the caller can subscribe
-    /// to the run before submitting it.
-    pub(super) fn into_request(self, default_engine: &str) -> Result<ExecutionRequest, ApiError> {
+    /// to the run before submitting it. Without an engine the router chooses one.
+    pub(super) fn into_request(self) -> Result<RunRequest, ApiError> {
         let prompt = self.prompt.unwrap_or_default();
         if prompt.trim().is_empty() {
             return Err(ApiError::BadRequest(
@@ -49,12 +59,57 @@ impl SubmitBody {
             })?,
         };
         let session_key = non_blank(self.session_key).unwrap_or_else(|| "default".to_owned());
-        let engine = non_blank(self.engine).unwrap_or_else(|| default_engine.to_owned());
-        let mut req = ExecutionRequest::new(session_key, engine, prompt);
-        req.run_id = Some(run_id);
-        req.cwd = self.cwd.filter(|cwd| !cwd.as_os_str().is_empty());
-        req.meta = self.meta.unwrap_or_default();
-        Ok(req)
+        let queue_mode = match non_blank(self.queue_mode) {
+            None => None,
+            Some(raw) => {
+                Some(QueueMode::ALL.into_iter().find(|m| m.as_str() == raw).ok_or_else(|| {
+                    let modes: Vec<&str> = QueueMode::ALL.iter().map(|m| m.as_str()).collect();
+                    ApiError::BadRequest(format!(
+                        "invalid queue_mode {raw:?}: expected one of {}",
+                        modes.join(", ")
+                    ))
+                })?)
+            }
+        };
+        let resume = match self.resume {
+            None => None,
+            Some(ResumeBody { engine, value }) => {
+                let (engine, value) = (engine.trim().to_owned(), value.trim().to_owned());
+                if engine.is_empty() || value.is_empty() {
+                    return Err(ApiError::BadRequest(
+                        "resume needs a non-empty engine and value".to_owned(),
+                    ));
+                }
+                Some(ResumeToken::new(engine, value))
+            }
+        };
+        Ok(RunRequest {
+            origin: Origin::ControlPlane,
+            session_key,
+            agent_id: None,
+            prompt,
+            queue_mode,
+            engine: non_blank(self.engine),
+            resume,
+            cwd: self.cwd.filter(|cwd| !cwd.as_os_str().is_empty()),
+            meta: self.meta.unwrap_or_default(),
+            run_id: Some(run_id),
+            channel: None,
+        })
+    }
+}
+
+impl From<RouteError> for ApiError {
+    fn from(err: RouteError) -> Self {
+        match err {
+            RouteError::ShuttingDown => ApiError::ShuttingDown,
+            RouteError::UnknownEngine { engine } => {
+                ApiError::BadRequest(format!("unknown engine {engine:?}"))
+            }
+            RouteError::UnsupportedResumeEngine { message, .. } => ApiError::BadRequest(message),
+            RouteError::Refused(err) => err.into(),
+            RouteError::Journal(err) => err.into(),
+        }
     }
 }
 

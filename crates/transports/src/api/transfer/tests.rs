@@ -6,16 +6,17 @@ use serde_json::json;
 use super::{ListQuery, SubmitBody, SubmitQuery};
 use crate::error::ApiError;
 
-fn submit(body: serde_json::Value) -> Result<lemon_core::gateway::ExecutionRequest, ApiError> {
-    serde_json::from_value::<SubmitBody>(body).unwrap().into_request("echo")
+fn submit(body: serde_json::Value) -> Result<lemon_core::router::RunRequest, ApiError> {
+    serde_json::from_value::<SubmitBody>(body).unwrap().into_request()
 }
 
 #[test]
 fn submit_body_fills_defaults() {
     let req = submit(json!({ "prompt": "hi" })).unwrap();
     assert_eq!(req.session_key, "default");
-    assert_eq!(req.conversation.as_str(), "session:default");
-    assert_eq!(req.engine, "echo");
+    assert_eq!(req.engine, None, "the router chooses");
+    assert_eq!(req.queue_mode, None);
+    assert_eq!(req.resume, None);
     assert_eq!(req.prompt, "hi");
     assert!(req.run_id.is_some(), "a run id is generated up front");
     assert!(req.cwd.is_none());
@@ -26,12 +27,14 @@ fn submit_body_fills_defaults() {
 fn submit_body_takes_every_field() {
     let req = submit(json!({
         "prompt": "hi", "session_key": "s1", "engine": "claude:opus", "cwd": "/tmp",
-        "meta": { "k": 1 }, "run_id": "my-run.1",
+        "meta": { "k": 1 }, "run_id": "my-run.1", "queue_mode": "steer_backlog",
+        "resume": { "engine": "codex", "value": "t-1" },
     }))
     .unwrap();
     assert_eq!(req.session_key, "s1");
-    assert_eq!(req.conversation.as_str(), "session:s1");
-    assert_eq!(req.engine, "claude:opus");
+    assert_eq!(req.engine.as_deref(), Some("claude:opus"));
+    assert_eq!(req.queue_mode, Some(lemon_core::config::QueueMode::SteerBacklog));
+    assert_eq!(req.resume, Some(lemon_core::engine::ResumeToken::new("codex", "t-1")));
     assert_eq!(req.cwd.as_deref(), Some(std::path::Path::new("/tmp")));
     assert_eq!(req.meta.get("k"), Some(&json!(1)));
     assert_eq!(req.run_id.unwrap().as_str(), "my-run.1");
@@ -49,6 +52,11 @@ fn submit_body_refuses_bad_input() {
     check(json!({ "prompt": "   " }), "prompt is required");
     check(json!({ "prompt": "hi", "run_id": "has space" }), "invalid run_id");
     check(json!({ "prompt": "hi", "run_id": "" }), "invalid run_id");
+    check(
+        json!({ "prompt": "hi", "queue_mode": "later" }),
+        "invalid queue_mode \"later\": expected one of collect, followup",
+    );
+    check(json!({ "prompt": "hi", "resume": { "engine": "codex", "value": " " } }), "resume needs");
 }
 
 #[test]

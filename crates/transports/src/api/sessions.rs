@@ -1,0 +1,65 @@
+//! Handlers of `/v1/sessions/{key}`: what a session is doing, and cancelling it.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use lemon_core::router::CancelSummary;
+use serde_json::json;
+
+use super::ApiState;
+use crate::error::{ApiError, PathParams};
+
+/// `GET /v1/sessions/{key}`: active runs, queued runs in order, chat state.
+pub(super) async fn get(
+    State(state): State<ApiState>,
+    PathParams(key): PathParams<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let view = state.router.session(&key).await?;
+    let chat_state = view.chat_state.as_ref().map(|chat| {
+        json!({
+            "engine": chat.last_engine,
+            "resume_token": chat.last_resume_token,
+            "updated_at_ms": chat.updated_at_ms,
+            "expires_at_ms": chat.expires_at_ms,
+        })
+    });
+    let ids = |list: &[lemon_core::ids::RunId]| -> Vec<String> {
+        list.iter().map(|id| id.as_str().to_owned()).collect()
+    };
+    Ok(Json(json!({
+        "session_key": view.session_key,
+        "active_run": view.active.first().map(|id| id.as_str()),
+        "active_runs": ids(&view.active),
+        "queue": ids(&view.queued),
+        "queue_length": view.queued.len(),
+        "pending_steers": view.pending_steers,
+        "chat_state": chat_state,
+        "engine": view.sticky_engine,
+    })))
+}
+
+fn summary(key: &str, summary: CancelSummary) -> Response {
+    let body = json!({
+        "session_key": key,
+        "dropped": summary.dropped,
+        "cancelled": summary.cancelled,
+    });
+    (StatusCode::ACCEPTED, Json(body)).into_response()
+}
+
+/// `POST /v1/sessions/{key}/cancel`: cancels the active runs; the queue runs next.
+pub(super) async fn cancel(
+    State(state): State<ApiState>,
+    PathParams(key): PathParams<String>,
+) -> Result<Response, ApiError> {
+    Ok(summary(&key, state.router.cancel_session(&key).await?))
+}
+
+/// `POST /v1/sessions/{key}/abort`: drops the queued work and cancels the active runs.
+pub(super) async fn abort(
+    State(state): State<ApiState>,
+    PathParams(key): PathParams<String>,
+) -> Result<Response, ApiError> {
+    Ok(summary(&key, state.router.abort_session(&key).await?))
+}
