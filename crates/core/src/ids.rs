@@ -1,5 +1,6 @@
 //! Identifier newtypes: runs, conversations and engines.
 
+use std::borrow::Borrow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -26,6 +27,14 @@ impl RunId {
     }
 
     pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+// Hash, Eq and Ord of the derived impls are those of the `str`, so maps keyed by
+// ids can be searched with a plain `&str`.
+impl Borrow<str> for RunId {
+    fn borrow(&self) -> &str {
         &self.0
     }
 }
@@ -107,6 +116,12 @@ impl EngineId {
     }
 
     pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for EngineId {
+    fn borrow(&self) -> &str {
         &self.0
     }
 }

@@ -124,6 +124,8 @@ pub(super) struct Scheduler {
     store: StoreHandle,
     bus: EventBus,
     lock: EngineLock,
+    /// Where runs without a cwd run; resolved once, as it needs file system checks.
+    fallback_cwd: Arc<std::path::Path>,
     token: CancellationToken,
     tracker: TaskTracker,
     max: usize,
@@ -146,6 +148,7 @@ impl Scheduler {
         tracker: TaskTracker,
     ) -> Self {
         let lock = EngineLock::new(deps.config.engine_lock_max_age);
+        let fallback_cwd = run::resolve_cwd(None, &deps.config).into();
         Scheduler {
             rx,
             tx,
@@ -155,6 +158,7 @@ impl Scheduler {
             store: deps.store,
             bus: deps.bus,
             lock,
+            fallback_cwd,
             token,
             tracker,
             in_flight: 0,
@@ -345,6 +349,7 @@ impl Scheduler {
             bus: self.bus.clone(),
             lock: self.lock.clone(),
             scheduler: self.tx.clone(),
+            fallback_cwd: self.fallback_cwd.clone(),
         };
         self.tracker.spawn(run::execute(ctx));
     }

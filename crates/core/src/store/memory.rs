@@ -26,7 +26,7 @@ struct Tables {
     runs: HashMap<String, RunRecord>,
     /// Insertion order of runs, for newest-first listing.
     order: Vec<String>,
-    events: HashMap<String, Vec<Arc<BusEvent>>>,
+    events: HashMap<RunId, Vec<Arc<BusEvent>>>,
     chat: HashMap<String, ChatState>,
 }
 
@@ -98,7 +98,7 @@ impl StoreBackend for MemoryStore {
         if !self.writable() {
             return;
         }
-        self.tables().events.entry(event.run_id.to_string()).or_default().push(event);
+        self.tables().events.entry(event.run_id.clone()).or_default().push(event);
     }
 
     async fn finalize_run(&self, run: FinishedRun) {
