@@ -10,8 +10,8 @@
 
 pub mod memory;
 pub mod sqlite;
-#[doc(hidden)]
-pub type MemoryStoreAlias = memory::MemoryStore;
+#[cfg(test)]
+mod tests;
 
 use std::fmt;
 use std::path::Path;
