@@ -55,7 +55,7 @@ pub(crate) fn command(home: &Path) -> Command {
         .env("HOME", home)
         .env("LEMON_HOME", home)
         .env("LEMON_API_TOKEN", TOKEN)
-        .env("LEMON_LOG", "info")
+        .env("LEMON_LOG", "warn")
         .kill_on_drop(true);
     command
 }

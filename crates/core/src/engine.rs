@@ -154,6 +154,7 @@ impl RunError {
             self,
             RunError::UserRequested
                 | RunError::Interrupted
+                | RunError::ShuttingDown
                 | RunError::Cancelled { .. }
                 | RunError::IdleWatchdog
                 | RunError::QueueOverflow
