@@ -10,6 +10,8 @@
 //! same bounded channel the handles use, so channels form no cycle.
 
 use std::collections::{HashMap, VecDeque};
+
+use foldhash::fast::RandomState;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -133,8 +135,8 @@ pub(super) struct Scheduler {
     /// Conversations waiting for a slot, oldest request first. May hold keys of
     /// conversations that were emptied by cancels; those are skipped.
     waitq: VecDeque<ConversationKey>,
-    conversations: HashMap<ConversationKey, Conversation>,
-    runs: HashMap<RunId, RunEntry>,
+    conversations: HashMap<ConversationKey, Conversation, RandomState>,
+    runs: HashMap<RunId, RunEntry, RandomState>,
     n_queued: usize,
     draining: Option<Draining>,
 }
@@ -163,8 +165,8 @@ impl Scheduler {
             tracker,
             in_flight: 0,
             waitq: VecDeque::new(),
-            conversations: HashMap::new(),
-            runs: HashMap::new(),
+            conversations: HashMap::default(),
+            runs: HashMap::default(),
             n_queued: 0,
             draining: None,
         }
