@@ -53,7 +53,7 @@ macro_rules! run_columns {
 
 /// The SQLite store. Dropping it without [`StoreBackend::close`] still applies every
 /// write already queued: the writer drains its queue once the sender is gone, and
-/// drop waits for it.
+/// drop waits for it (and the writer for the checkpointer).
 pub struct SqliteStore {
     /// Shown in logs.
     path: PathBuf,
@@ -82,7 +82,7 @@ impl fmt::Debug for SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating the file and its parent directory if needed) and migrates the
-    /// store at `path`, then starts its writer thread.
+    /// store at `path`, then starts its writer and checkpointer threads.
     ///
     /// # Errors
     /// [`StoreError::Open`] naming `path` when the directory or file cannot be

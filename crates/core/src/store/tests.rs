@@ -786,7 +786,7 @@ async fn check_backends_agree(steps: Vec<Step>) {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
 
     #[test]
     fn sqlite_agrees_with_memory_on_any_history(steps in proptest::collection::vec(step(), 0..40)) {
