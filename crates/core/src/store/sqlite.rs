@@ -1,12 +1,16 @@
 //! The SQLite backend: one file in WAL mode, a single writer thread that batches
-//! writes into transactions, and a separate read connection.
+//! writes into transactions, a checkpointer thread, and a separate read connection.
 //!
-//! Writes are [`WriteOp`]s on a bounded channel to the writer thread, so a caller
+//! Writes are `WriteOp`s on a bounded channel to the writer thread, so a caller
 //! waits only for a queue slot, and a writer that falls behind slows producers down
 //! instead of growing memory. Reads first send a flush barrier through the same
 //! channel, then query the read connection on a blocking task, so a read sees every
 //! write queued before it on the same store.
+//!
+//! Files: `schema` (migrations), `writer` (the writer and checkpointer threads),
+//! `event_json` (an event's stored JSON, written without building a `Value`).
 
+mod event_json;
 mod schema;
 mod writer;
 
@@ -49,7 +53,7 @@ macro_rules! run_columns {
 
 /// The SQLite store. Dropping it without [`StoreBackend::close`] still applies every
 /// write already queued: the writer drains its queue once the sender is gone, and
-/// drop waits for it.
+/// drop waits for it (and the writer for the checkpointer).
 pub struct SqliteStore {
     /// Shown in logs.
     path: PathBuf,
@@ -78,7 +82,7 @@ impl fmt::Debug for SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating the file and its parent directory if needed) and migrates the
-    /// store at `path`, then starts its writer thread.
+    /// store at `path`, then starts its writer and checkpointer threads.
     ///
     /// # Errors
     /// [`StoreError::Open`] naming `path` when the directory or file cannot be
@@ -92,13 +96,25 @@ impl SqliteStore {
         }
         let mut write_conn = connect(path).map_err(open_error)?;
         schema::migrate(&mut write_conn).map_err(open_error)?;
+        let pragmas = [
+            // The checkpointer thread copies the log back; the writer only appends.
+            ("wal_autocheckpoint", 0),
+            // Once the log restarts, give its file back down to 64 MiB.
+            ("journal_size_limit", 64 * 1024 * 1024),
+            // 32 MiB (negative means KiB) keeps the `run_id` index of about half a
+            // million runs in memory, which is where the writer's reads go.
+            ("cache_size", -32 * 1024),
+        ];
+        for (pragma, value) in pragmas {
+            write_conn.pragma_update(None, pragma, value).map_err(|e| open_error(e.to_string()))?;
+        }
+        let checkpoint_conn = connect(path).map_err(open_error)?;
         let read_conn = connect(path).map_err(open_error)?;
         // The read connection never writes; saying so turns a bug into an error.
         read_conn.pragma_update(None, "query_only", true).map_err(|e| open_error(e.to_string()))?;
 
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-        let handle = writer::spawn(write_conn, rx)
-            .map_err(|e| open_error(format!("cannot start writer thread: {e}")))?;
+        let handle = writer::spawn(write_conn, checkpoint_conn, rx).map_err(open_error)?;
         tracing::debug!(path = %path.display(), "store opened");
         Ok(SqliteStore {
             path: path.to_owned(),
@@ -245,7 +261,10 @@ impl StoreBackend for SqliteStore {
         self.read(move |conn| {
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT idx, kind, data FROM run_events WHERE run_id = ?1 ORDER BY idx",
+                    "SELECT idx, kind, data FROM run_events
+                     WHERE run_seq = (SELECT seq FROM runs WHERE run_id = ?1
+                                      UNION ALL SELECT seq FROM event_only_runs WHERE run_id = ?1)
+                     ORDER BY idx",
                 )
                 .map_err(db)?;
             let mut rows = stmt.query(params![run_id]).map_err(db)?;
@@ -349,20 +368,25 @@ impl StoreBackend for SqliteStore {
             other => other,
         };
         let handle = lock(&self.writer).take();
-        if let Some(handle) = handle {
-            let joined = tokio::task::spawn_blocking(move || handle.join()).await;
-            if !matches!(joined, Ok(Ok(()))) {
-                tracing::error!(path = %self.path.display(), "store writer thread panicked");
-                return Err(StoreError::Database("store writer thread panicked".to_owned()));
-            }
+        let reader = lock(&self.reader).take();
+        // Joining waits for the writer to drain, and closing the last connection
+        // checkpoints the log into the file: both block, so neither runs on the runtime.
+        let joined = tokio::task::spawn_blocking(move || {
+            let joined = handle.map_or(Ok(()), |handle| handle.join());
+            drop(reader);
+            joined
+        })
+        .await;
+        if !matches!(joined, Ok(Ok(()))) {
+            tracing::error!(path = %self.path.display(), "store writer thread panicked");
+            return Err(StoreError::Database("store writer thread panicked".to_owned()));
         }
-        lock(&self.reader).take();
         tracing::debug!(path = %self.path.display(), "store closed");
         result
     }
 }
 
-/// Opens one connection with the settings both connections share.
+/// Opens one connection with the settings every connection shares.
 fn connect(path: &Path) -> Result<Connection, String> {
     let conn = Connection::open(path).map_err(|e| e.to_string())?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| e.to_string())?;
@@ -376,7 +400,7 @@ fn connect(path: &Path) -> Result<Connection, String> {
         return Err(format!("journal mode is {mode}, not wal"));
     }
     conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| e.to_string())?;
-    // Run events are not tied to runs by a foreign key: an event may be stored for a
+    // Run events are not tied to runs by a foreign key: events may be stored for a
     // run that was never inserted, as in the memory backend.
     conn.pragma_update(None, "foreign_keys", false).map_err(|e| e.to_string())?;
     conn.set_prepared_statement_cache_capacity(64);

@@ -638,3 +638,159 @@ async fn sqlite_write_errors_fail_flush_and_check_writable_until_writes_succeed(
     assert_eq!(store.run_events("run_1").await.unwrap().len(), 1);
     store.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn sqlite_runs_from_before_a_reopen_take_new_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    store.insert_run(new_run("run_old", 1_000)).await;
+    store.insert_run(new_run("run_done", 1_001)).await;
+    store.finalize_run(finished("run_done", Completion::success("done", None))).await;
+    store.append_event(event("run_old", 1, EventKind::Phase(RunPhase::Accepted))).await;
+    store.close().await.unwrap();
+
+    // The writer of the new store knows nothing of these runs yet.
+    let store = open(&path);
+    store.mark_running(run_id("run_old"), "echo".to_owned(), 1_500).await;
+    store.mark_running(run_id("run_done"), "echo".to_owned(), 1_500).await;
+    store.append_event(event("run_old", 2, EventKind::Phase(RunPhase::Dispatched))).await;
+    store.insert_run(new_run("run_new", 1_002)).await;
+    store.finalize_run(finished("run_old", Completion::success("late", None))).await;
+
+    let old = store.get_run("run_old").await.unwrap().unwrap();
+    assert_eq!((old.status, old.answer.as_deref()), (RunStatus::Completed, Some("late")));
+    assert_eq!(old.started_at_ms, Some(1_500));
+    let done = store.get_run("run_done").await.unwrap().unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    let indexes: Vec<_> =
+        store.run_events("run_old").await.unwrap().into_iter().map(|e| e.index).collect();
+    assert_eq!(indexes, [1, 2]);
+    let listed = store.list_runs(RunFilter { status: None, limit: 10 }).await.unwrap();
+    let ids: Vec<_> = listed.iter().map(|r| r.run_id.as_str()).collect();
+    assert_eq!(ids, ["run_new", "run_done", "run_old"]);
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn events_before_the_run_is_inserted_stay_with_it() {
+    for Backend { name, store, _dir } in backends() {
+        store.append_event(event("run_early", 1, EventKind::Phase(RunPhase::Accepted))).await;
+        store.insert_run(new_run("run_other", 1_000)).await;
+        store.flush().await.unwrap();
+        store.insert_run(new_run("run_early", 1_000)).await;
+        store.append_event(event("run_early", 2, EventKind::Phase(RunPhase::Dispatched))).await;
+        let indexes: Vec<_> =
+            store.run_events("run_early").await.unwrap().into_iter().map(|e| e.index).collect();
+        assert_eq!(indexes, [1, 2], "{name}");
+        // Inserted last, so listed first among runs of the same millisecond.
+        let listed = store.list_runs(RunFilter { status: None, limit: 10 }).await.unwrap();
+        let ids: Vec<_> = listed.iter().map(|r| r.run_id.as_str()).collect();
+        assert_eq!(ids, ["run_early", "run_other"], "{name}");
+    }
+}
+
+/// One step of a random history, on one of a few runs.
+#[derive(Debug, Clone)]
+enum Step {
+    Insert(usize),
+    Start(usize),
+    Event(usize, u8),
+    Finish(usize, u8),
+    /// Ends the SQLite writer's batch here, so histories cover both writes folded
+    /// into one batch and writes spread over several.
+    Flush,
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        2 => (0..4_usize).prop_map(Step::Insert),
+        2 => (0..4_usize).prop_map(Step::Start),
+        4 => (0..4_usize, any::<u8>()).prop_map(|(run, kind)| Step::Event(run, kind)),
+        2 => (0..4_usize, 0..3_u8).prop_map(|(run, outcome)| Step::Finish(run, outcome)),
+        1 => Just(Step::Flush),
+    ]
+}
+
+/// Applies `steps` to both backends and checks that they end up the same. Runs are
+/// inserted at most once and event indexes grow, which is how the gateway writes.
+async fn check_backends_agree(steps: Vec<Step>) {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = open(&db_path(&dir));
+    let memory = StoreHandle::memory();
+    let ids = ["run_a", "run_b", "run_c", "run_d"];
+    let mut inserted = [false; 4];
+    let mut next_index = [1_u64; 4];
+    for (clock, step) in (0_i64..).zip(&steps) {
+        for store in [&memory, &sqlite] {
+            match step.clone() {
+                Step::Insert(run) if !inserted[run] => {
+                    // Halving the clock makes runs share a millisecond now and then.
+                    store.insert_run(new_run(ids[run], 1_000 + clock / 2)).await;
+                }
+                Step::Insert(_) => {}
+                Step::Start(run) => {
+                    store.mark_running(run_id(ids[run]), format!("engine-{clock}"), clock).await;
+                }
+                Step::Event(run, kind) => {
+                    let index = next_index[run];
+                    let kinds = every_kind_of_event(ids[run]);
+                    let kind = kinds[usize::from(kind) % kinds.len()].kind.clone();
+                    store.append_event(event(ids[run], index, kind)).await;
+                }
+                Step::Finish(run, outcome) => {
+                    let completion = match outcome {
+                        0 => Completion::success(format!("answer {clock}"), None),
+                        1 => {
+                            Completion::failure(RunError::Engine { message: "no".to_owned() }, None)
+                        }
+                        _ => Completion::failure(RunError::UserRequested, None),
+                    };
+                    store.finalize_run(finished(ids[run], completion)).await;
+                }
+                Step::Flush => store.flush().await.unwrap(),
+            }
+        }
+        match *step {
+            Step::Insert(run) => inserted[run] = true,
+            Step::Event(run, _) => next_index[run] += 1,
+            _ => {}
+        }
+    }
+    for id in ids {
+        assert_eq!(sqlite.get_run(id).await.unwrap(), memory.get_run(id).await.unwrap(), "{id}");
+        assert_eq!(
+            sqlite.run_events(id).await.unwrap(),
+            memory.run_events(id).await.unwrap(),
+            "{id}"
+        );
+    }
+    let statuses = [
+        None,
+        Some(RunStatus::Queued),
+        Some(RunStatus::Running),
+        Some(RunStatus::Completed),
+        Some(RunStatus::Failed),
+        Some(RunStatus::Cancelled),
+    ];
+    for status in statuses {
+        let filter = RunFilter { status, limit: 3 };
+        assert_eq!(
+            sqlite.list_runs(filter.clone()).await.unwrap(),
+            memory.list_runs(filter).await.unwrap(),
+            "{status:?}"
+        );
+    }
+    sqlite.close().await.unwrap();
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn sqlite_agrees_with_memory_on_any_history(steps in proptest::collection::vec(step(), 0..40)) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(check_backends_agree(steps));
+    }
+}
