@@ -10,9 +10,10 @@ use std::sync::Arc;
 pub struct RunId(Arc<str>);
 
 impl RunId {
-    /// A fresh random id.
+    /// A fresh id. Time-ordered (UUIDv7), so ids created one after another sort
+    /// together, which keeps the store's run index append-mostly.
     pub fn generate() -> Self {
-        RunId(format!("run_{}", uuid::Uuid::new_v4()).into())
+        RunId(format!("run_{}", uuid::Uuid::now_v7()).into())
     }
 
     /// A caller-supplied id; blank ids are refused.
