@@ -133,23 +133,9 @@ async fn sigterm_drains_runs_and_nothing_is_lost_across_a_restart() {
     assert!(status.success(), "clean exit: {status}");
 
     let gateway = Gateway::start_in(dir.path()).await;
-    let quick = gateway
-        .get(&format!("/v1/runs/{quick}"))
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap();
+    let quick = gateway.run(&quick).await;
     assert_eq!(quick["status"], "completed");
-    let slow_record = gateway
-        .get(&format!("/v1/runs/{slow}"))
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap();
+    let slow_record = gateway.run(&slow).await;
     assert_eq!(slow_record["status"], "cancelled");
     assert_eq!(slow_record["error_code"], "shutting_down");
     let events = gateway.events(&slow).await;
@@ -200,8 +186,7 @@ async fn editing_the_config_resizes_the_slots_live() {
     write_config(&gateway.home, "[gateway]\nmax_concurrent_runs = 7\n");
     let max = tokio::time::timeout(PATIENCE, async {
         loop {
-            let status: serde_json::Value =
-                gateway.get("/v1/status").send().await.unwrap().json().await.unwrap();
+            let status = gateway.status().await;
             if status["scheduler"]["max"] == 7 {
                 return 7;
             }
@@ -254,8 +239,7 @@ async fn an_engine_process_that_dies_completes_the_run_as_failed_with_its_stderr
     // The gateway is still serving: the next run on the same session works.
     let next = gateway.submit(json!({ "prompt": "still here", "engine": "echo" })).await;
     assert_eq!(gateway.wait(&next).await["status"], "completed");
-    let status: serde_json::Value =
-        gateway.get("/v1/status").send().await.unwrap().json().await.unwrap();
+    let status = gateway.status().await;
     assert_eq!(status["scheduler"]["in_flight"], 0);
 }
 
@@ -263,8 +247,7 @@ async fn an_engine_process_that_dies_completes_the_run_as_failed_with_its_stderr
 async fn a_missing_cli_is_reported_not_crashed() {
     let gateway =
         Gateway::start("[gateway.engines.codex]\ncli_path = \"/nonexistent/codex\"\n").await;
-    let status: serde_json::Value =
-        gateway.get("/v1/status").send().await.unwrap().json().await.unwrap();
+    let status = gateway.status().await;
     let codex =
         status["engines"].as_array().unwrap().iter().find(|e| e["id"] == "codex").unwrap().clone();
     assert_eq!(codex["available"], false);
