@@ -188,44 +188,8 @@ pub(crate) fn is_completed(event: &EngineEvent) -> bool {
     matches!(event, EngineEvent::Completed(_))
 }
 
-/// The notation of the fixtures' README: `S(claude:abc)`, `A(started id kind "title" -)`,
-/// `D("text")`, `C(ok=true, answer "…", resume claude:abc)`.
-pub(crate) fn describe(event: &EngineEvent) -> String {
-    fn token(token: Option<&ResumeToken>) -> String {
-        token.map_or_else(|| "-".to_owned(), |t| format!("{}:{}", t.engine, t.value))
-    }
-    match event {
-        EngineEvent::Started { resume, .. } => format!("S({})", token(resume.as_ref())),
-        EngineEvent::Action(a) => {
-            let ok = a.ok.map_or_else(|| "-".to_owned(), |ok| ok.to_string());
-            let level = a.level.as_ref().map(|l| format!(" level={l}")).unwrap_or_default();
-            format!(
-                "A({} {} {} {:?} {ok}{level})",
-                a.phase.as_str(),
-                a.id,
-                a.kind.as_str(),
-                a.title
-            )
-        }
-        EngineEvent::Delta(text) => format!("D({text:?})"),
-        EngineEvent::Completed(c) => {
-            let error = c
-                .error
-                .as_ref()
-                .map(|e| format!(", error {:?}", e.to_string()))
-                .unwrap_or_default();
-            format!(
-                "C(ok={}, answer {:?}{error}, resume {})",
-                c.ok,
-                c.answer,
-                token(c.resume.as_ref())
-            )
-        }
-    }
-}
-
 pub(crate) fn describe_all(events: &[EngineEvent]) -> Vec<String> {
-    events.iter().map(describe).collect()
+    events.iter().map(lemon_engines::cli::describe).collect()
 }
 
 /// Exactly one `Started`, first, and (when `completed`) exactly one `Completed`, last.

@@ -133,23 +133,9 @@ async fn sigterm_drains_runs_and_nothing_is_lost_across_a_restart() {
     assert!(status.success(), "clean exit: {status}");
 
     let gateway = Gateway::start_in(dir.path()).await;
-    let quick = gateway
-        .get(&format!("/v1/runs/{quick}"))
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap();
+    let quick = gateway.run(&quick).await;
     assert_eq!(quick["status"], "completed");
-    let slow_record = gateway
-        .get(&format!("/v1/runs/{slow}"))
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap();
+    let slow_record = gateway.run(&slow).await;
     assert_eq!(slow_record["status"], "cancelled");
     assert_eq!(slow_record["error_code"], "shutting_down");
     let events = gateway.events(&slow).await;
@@ -200,8 +186,7 @@ async fn editing_the_config_resizes_the_slots_live() {
     write_config(&gateway.home, "[gateway]\nmax_concurrent_runs = 7\n");
     let max = tokio::time::timeout(PATIENCE, async {
         loop {
-            let status: serde_json::Value =
-                gateway.get("/v1/status").send().await.unwrap().json().await.unwrap();
+            let status = gateway.status().await;
             if status["scheduler"]["max"] == 7 {
                 return 7;
             }
@@ -211,4 +196,64 @@ async fn editing_the_config_resizes_the_slots_live() {
     .await
     .expect("the new limit is applied");
     assert_eq!(max, 7);
+}
+
+fn fake_cli_config(fixture: &str, extra_env: &str) -> String {
+    let fixture = format!("{}/fixtures/cli/claude/{fixture}", env!("CARGO_MANIFEST_DIR"));
+    format!(
+        "[gateway.engines.claude]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{fixture}\", FAKE_CLI_LINE_DELAY_MS = \"5\"{extra_env} }}\n",
+        env!("CARGO_BIN_EXE_fake-cli")
+    )
+}
+
+#[tokio::test]
+async fn claude_code_streams_actions_and_text_and_ends_with_its_resume_line() {
+    let gateway = Gateway::start(&fake_cli_config("synth_tool_use_success.jsonl", "")).await;
+    let run_id = gateway.submit(json!({ "prompt": "how many tests?", "engine": "claude" })).await;
+    let events = gateway.events(&run_id).await;
+    let types: Vec<&str> = events.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(types.first(), Some(&"run_started"));
+    assert!(types.contains(&"engine_action"), "{types:?}");
+    let deltas: String = events
+        .iter()
+        .filter(|(t, _)| t == "delta")
+        .map(|(_, d)| d["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, "Let me look at the tests.\n\nThere are 2 test files.");
+    let record = gateway.wait(&run_id).await;
+    assert_eq!(record["status"], "completed", "{record}");
+    assert_eq!(record["answer"], "There are 2 test files.");
+    assert_eq!(record["resume_line"], "claude --resume 5b1c7a52-8f0e-4d7b-9c1a-2f3e4d5c6b7a");
+}
+
+#[tokio::test]
+async fn an_engine_process_that_dies_completes_the_run_as_failed_with_its_stderr() {
+    let env =
+        ", FAKE_CLI_EXIT_CODE = \"139\", FAKE_CLI_STDERR = \"Segmentation fault (core dumped)\"";
+    let gateway = Gateway::start(&fake_cli_config("synth_resumed_no_result.jsonl", env)).await;
+    let run_id = gateway.submit(json!({ "prompt": "go", "engine": "claude" })).await;
+    let record = gateway.wait(&run_id).await;
+    assert_eq!(record["status"], "failed", "{record}");
+    let error = record["error"].as_str().unwrap();
+    assert!(error.contains("Segmentation fault"), "{error}");
+    // The gateway is still serving: the next run on the same session works.
+    let next = gateway.submit(json!({ "prompt": "still here", "engine": "echo" })).await;
+    assert_eq!(gateway.wait(&next).await["status"], "completed");
+    let status = gateway.status().await;
+    assert_eq!(status["scheduler"]["in_flight"], 0);
+}
+
+#[tokio::test]
+async fn a_missing_cli_is_reported_not_crashed() {
+    let gateway =
+        Gateway::start("[gateway.engines.codex]\ncli_path = \"/nonexistent/codex\"\n").await;
+    let status = gateway.status().await;
+    let codex =
+        status["engines"].as_array().unwrap().iter().find(|e| e["id"] == "codex").unwrap().clone();
+    assert_eq!(codex["available"], false);
+    assert!(codex["reason"].as_str().unwrap().contains("/nonexistent/codex"), "{codex}");
+    let run_id = gateway.submit(json!({ "prompt": "x", "engine": "codex" })).await;
+    let record = gateway.wait(&run_id).await;
+    assert_eq!(record["status"], "failed");
+    assert!(record["error"].as_str().unwrap().starts_with("engine_unavailable: codex"), "{record}");
 }

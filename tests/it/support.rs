@@ -55,7 +55,7 @@ pub(crate) fn command(home: &Path) -> Command {
         .env("HOME", home)
         .env("LEMON_HOME", home)
         .env("LEMON_API_TOKEN", TOKEN)
-        .env("LEMON_LOG", "info")
+        .env("LEMON_LOG", "warn")
         .kill_on_drop(true);
     command
 }
@@ -144,10 +144,20 @@ impl Gateway {
         out
     }
 
+    /// The run's record (`GET /v1/runs/{id}`).
+    pub(crate) async fn run(&self, run_id: &str) -> serde_json::Value {
+        self.get(&format!("/v1/runs/{run_id}")).send().await.unwrap().json().await.unwrap()
+    }
+
+    /// The gateway's status (`GET /v1/status`).
+    pub(crate) async fn status(&self) -> serde_json::Value {
+        self.get("/v1/status").send().await.unwrap().json().await.unwrap()
+    }
+
     /// Waits for the run to complete (via its event stream) and returns its record.
     pub(crate) async fn wait(&self, run_id: &str) -> serde_json::Value {
         self.events(run_id).await;
-        self.get(&format!("/v1/runs/{run_id}")).send().await.unwrap().json().await.unwrap()
+        self.run(run_id).await
     }
 
     pub(crate) fn pid(&self) -> i32 {

@@ -130,6 +130,8 @@ async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
 /// Config errors (with file, line and column), an unopenable store, a port in use.
 pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let started = tokio::time::Instant::now();
+    // Taken before reading, so an edit made while starting is still picked up.
+    let config_mtime = modified(&opts.paths.config);
     let gateway_config = load_config(&opts.paths)?;
     std::fs::create_dir_all(&opts.paths.home)
         .with_context(|| format!("could not create {}", opts.paths.home.display()))?;
@@ -171,12 +173,12 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     );
     tracker.spawn(serve_logged(api_listener, api, token.clone(), "control API"));
     tracker.spawn(serve_logged(health_listener, health, token.clone(), "health endpoint"));
-    tracker.spawn(watch_config(
-        opts.paths.config.clone(),
-        gateway.clone(),
-        gateway_config.clone(),
-        token.clone(),
-    ));
+    let watched = WatchedConfig {
+        path: opts.paths.config.clone(),
+        modified: config_mtime,
+        current: gateway_config.clone(),
+    };
+    tracker.spawn(watch_config(watched, gateway.clone(), token.clone()));
     tracing::info!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");
     Ok(Running {
         api_addr,
@@ -206,14 +208,17 @@ fn modified(path: &std::path::Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-/// Applies edits of `config.toml` that can change live; others are logged.
-async fn watch_config(
+/// The config file as last read.
+#[derive(Debug)]
+struct WatchedConfig {
     path: PathBuf,
-    gateway: GatewayHandle,
-    mut current: GatewayConfig,
-    token: CancellationToken,
-) {
-    let mut last = modified(&path);
+    modified: Option<SystemTime>,
+    current: GatewayConfig,
+}
+
+/// Applies edits of `config.toml` that can change live; others are logged.
+async fn watch_config(watched: WatchedConfig, gateway: GatewayHandle, token: CancellationToken) {
+    let WatchedConfig { path, modified: mut last, mut current } = watched;
     let mut tick = tokio::time::interval(RELOAD_POLL);
     loop {
         tokio::select! {

@@ -154,6 +154,7 @@ impl RunError {
             self,
             RunError::UserRequested
                 | RunError::Interrupted
+                | RunError::ShuttingDown
                 | RunError::Cancelled { .. }
                 | RunError::IdleWatchdog
                 | RunError::QueueOverflow
@@ -446,11 +447,11 @@ impl EngineRegistry {
 
     /// The engine for `id`, trying the prefix of a composite id; with the model part.
     pub fn resolve(&self, id: &str) -> Option<(Arc<dyn Engine>, Option<String>)> {
-        if let Some(engine) = EngineId::parse(id).ok().and_then(|id| self.engines.get(&id)) {
+        if let Some(engine) = self.engines.get(id) {
             return Some((engine.clone(), None));
         }
         let (prefix, model) = id.split_once(':')?;
-        let engine = self.engines.get(&EngineId::parse(prefix).ok()?)?;
+        let engine = self.engines.get(prefix)?;
         let model = (!model.is_empty()).then(|| model.to_owned());
         Some((engine.clone(), model))
     }

@@ -6,7 +6,7 @@
 //! conversation table (one entry per conversation with queued or running work,
 //! created on demand and removed when drained), the FIFO of conversations waiting
 //! for a slot, and the table of queued and running runs. Each granted slot becomes a
-//! run task ([`run`]), which takes the engine lock ([`lock`]), drives the engine,
+//! run task (`run`), which takes the engine lock ([`EngineLock`]), drives the engine,
 //! publishes every event on the bus, writes the store, and reports back to the
 //! scheduler. The gateway knows nothing of queue modes; the router decides what to
 //! submit.
@@ -15,7 +15,7 @@ mod lock;
 mod run;
 mod scheduler;
 
-pub use lock::{EngineLock, LockGuard, LockKey};
+pub use lock::{EngineLock, LockGuard, LockKey, LockTimeout};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,5 +1,6 @@
 //! Identifier newtypes: runs, conversations and engines.
 
+use std::borrow::Borrow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -9,9 +10,10 @@ use std::sync::Arc;
 pub struct RunId(Arc<str>);
 
 impl RunId {
-    /// A fresh random id.
+    /// A fresh id. Time-ordered (UUIDv7), so ids created one after another sort
+    /// together, which keeps the store's run index append-mostly.
     pub fn generate() -> Self {
-        RunId(format!("run_{}", uuid::Uuid::new_v4()).into())
+        RunId(format!("run_{}", uuid::Uuid::now_v7()).into())
     }
 
     /// A caller-supplied id; blank ids are refused.
@@ -26,6 +28,14 @@ impl RunId {
     }
 
     pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+// Hash, Eq and Ord of the derived impls are those of the `str`, so maps keyed by
+// ids can be searched with a plain `&str`.
+impl Borrow<str> for RunId {
+    fn borrow(&self) -> &str {
         &self.0
     }
 }
@@ -107,6 +117,12 @@ impl EngineId {
     }
 
     pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for EngineId {
+    fn borrow(&self) -> &str {
         &self.0
     }
 }

@@ -3,15 +3,15 @@
 //! [`StoreHandle`] is what the rest of the gateway holds. Two backends share its
 //! interface: [`sqlite`] (one file under `$LEMON_HOME`, WAL, a single writer thread
 //! that batches writes into transactions) and [`memory`] (for unit tests and
-//! benchmarks). Writes are queued and return once queued; [`StoreHandle::flush`]
-//! waits until everything queued before it is durable, and [`StoreHandle::close`]
+//! benchmarks). Writes are queued and return once queued; [`StoreBackend::flush`]
+//! waits until everything queued before it is durable, and [`StoreBackend::close`]
 //! flushes and stops the writer, so nothing a run published is lost on a clean
 //! shutdown.
 
 pub mod memory;
 pub mod sqlite;
-#[doc(hidden)]
-pub type MemoryStoreAlias = memory::MemoryStore;
+#[cfg(test)]
+mod tests;
 
 use std::fmt;
 use std::path::Path;

@@ -63,6 +63,8 @@ mod settings;
 mod tools;
 mod translate;
 
+pub use translate::describe;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;

@@ -23,6 +23,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+// The same allocator as the server binary.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SUBMITTERS: usize = 64;
 
 struct Bench {
@@ -309,6 +313,8 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
             throughput("memory", 200_000, 10_000).await?,
             throughput("sqlite", 200_000, 10_000).await?,
         ],
+        "throughput-memory" => vec![throughput("memory", 200_000, 10_000).await?],
+        "throughput-sqlite" => vec![throughput("sqlite", 200_000, 10_000).await?],
         "latency" => vec![latency(5_000, 1_000).await?],
         "conversations" => vec![conversations(100_000).await?],
         "startup" => vec![startup().await?],

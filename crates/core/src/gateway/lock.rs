@@ -8,6 +8,8 @@
 //! (generations tell them apart). Acquiring awaits; it never blocks other runs.
 
 use std::collections::{HashMap, VecDeque};
+
+use foldhash::fast::RandomState;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -35,7 +37,7 @@ pub struct EngineLock {
 
 #[derive(Debug, Default)]
 struct Table {
-    held: HashMap<LockKey, Held>,
+    held: HashMap<LockKey, Held, RandomState>,
     next_generation: u64,
 }
 

@@ -78,6 +78,8 @@ pub(super) struct RunContext {
     pub(super) bus: EventBus,
     pub(super) lock: EngineLock,
     pub(super) scheduler: mpsc::Sender<SchedulerMsg>,
+    /// The working directory of requests without one, resolved once at start.
+    pub(super) fallback_cwd: Arc<Path>,
 }
 
 /// What the run has seen so far; survives a panic of the body.
@@ -180,7 +182,10 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
     state.engine = engine.id().to_string();
     let model = composite_model
         .or_else(|| ctx.req.meta.get("model").and_then(|m| m.as_str()).map(str::to_owned));
-    let cwd = resolve_cwd(ctx.req.cwd.as_deref(), &ctx.config);
+    let cwd = match ctx.req.cwd.as_deref().filter(|p| !p.as_os_str().is_empty()) {
+        Some(requested) => resolve_cwd(Some(requested), &ctx.config),
+        None => ctx.fallback_cwd.to_path_buf(),
+    };
     ctx.publish(
         state,
         EventKind::RunStarted { engine: state.engine.clone(), model: model.clone() },

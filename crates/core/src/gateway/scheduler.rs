@@ -10,6 +10,8 @@
 //! same bounded channel the handles use, so channels form no cycle.
 
 use std::collections::{HashMap, VecDeque};
+
+use foldhash::fast::RandomState;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,6 +126,8 @@ pub(super) struct Scheduler {
     store: StoreHandle,
     bus: EventBus,
     lock: EngineLock,
+    /// Where runs without a cwd run; resolved once, as it needs file system checks.
+    fallback_cwd: Arc<std::path::Path>,
     token: CancellationToken,
     tracker: TaskTracker,
     max: usize,
@@ -131,8 +135,8 @@ pub(super) struct Scheduler {
     /// Conversations waiting for a slot, oldest request first. May hold keys of
     /// conversations that were emptied by cancels; those are skipped.
     waitq: VecDeque<ConversationKey>,
-    conversations: HashMap<ConversationKey, Conversation>,
-    runs: HashMap<RunId, RunEntry>,
+    conversations: HashMap<ConversationKey, Conversation, RandomState>,
+    runs: HashMap<RunId, RunEntry, RandomState>,
     n_queued: usize,
     draining: Option<Draining>,
 }
@@ -146,6 +150,7 @@ impl Scheduler {
         tracker: TaskTracker,
     ) -> Self {
         let lock = EngineLock::new(deps.config.engine_lock_max_age);
+        let fallback_cwd = run::resolve_cwd(None, &deps.config).into();
         Scheduler {
             rx,
             tx,
@@ -155,12 +160,13 @@ impl Scheduler {
             store: deps.store,
             bus: deps.bus,
             lock,
+            fallback_cwd,
             token,
             tracker,
             in_flight: 0,
             waitq: VecDeque::new(),
-            conversations: HashMap::new(),
-            runs: HashMap::new(),
+            conversations: HashMap::default(),
+            runs: HashMap::default(),
             n_queued: 0,
             draining: None,
         }
@@ -345,6 +351,7 @@ impl Scheduler {
             bus: self.bus.clone(),
             lock: self.lock.clone(),
             scheduler: self.tx.clone(),
+            fallback_cwd: self.fallback_cwd.clone(),
         };
         self.tracker.spawn(run::execute(ctx));
     }

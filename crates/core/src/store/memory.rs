@@ -1,7 +1,9 @@
 //! The in-memory backend: the same interface as SQLite, for unit tests and benchmarks.
 //! Writes apply immediately under a short lock, so `flush` has nothing to wait for.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+
+use foldhash::fast::RandomState;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -13,29 +15,41 @@ use super::{
 use crate::bus::{BusEvent, RunStatus};
 use crate::ids::RunId;
 
-/// Runs, events and chat state in maps.
+/// Runs, events and chat state in maps. Keeps at most `max_runs` runs: past
+/// that, the oldest finished runs are forgotten with their events, so a
+/// long-lived in-memory gateway does not grow without bound.
 #[derive(Debug)]
 pub struct MemoryStore {
     inner: Mutex<Tables>,
     closed: AtomicBool,
     chat_state_ttl_ms: i64,
+    max_runs: usize,
 }
+
+/// How many runs [`MemoryStore::new`] keeps.
+pub const DEFAULT_MAX_RUNS: usize = 100_000;
 
 #[derive(Debug, Default)]
 struct Tables {
-    runs: HashMap<String, RunRecord>,
-    /// Insertion order of runs, for newest-first listing.
-    order: Vec<String>,
-    events: HashMap<String, Vec<Arc<BusEvent>>>,
-    chat: HashMap<String, ChatState>,
+    runs: HashMap<String, RunRecord, RandomState>,
+    /// Insertion order of runs, for newest-first listing and eviction.
+    order: VecDeque<String>,
+    events: HashMap<RunId, Vec<Arc<BusEvent>>, RandomState>,
+    chat: HashMap<String, ChatState, RandomState>,
 }
 
 impl MemoryStore {
     pub fn new(chat_state_ttl_ms: i64) -> Self {
+        MemoryStore::with_max_runs(chat_state_ttl_ms, DEFAULT_MAX_RUNS)
+    }
+
+    /// A store that keeps at most `max_runs` runs (unfinished ones are never dropped).
+    pub fn with_max_runs(chat_state_ttl_ms: i64, max_runs: usize) -> Self {
         MemoryStore {
             inner: Mutex::new(Tables::default()),
             closed: AtomicBool::new(false),
             chat_state_ttl_ms,
+            max_runs: max_runs.max(1),
         }
     }
 
@@ -77,8 +91,22 @@ impl StoreBackend for MemoryStore {
             duration_ms: None,
         };
         let mut tables = self.tables();
-        tables.order.push(record.run_id.clone());
+        tables.order.push_back(record.run_id.clone());
         tables.runs.insert(record.run_id.clone(), record);
+        while tables.order.len() > self.max_runs {
+            let finished = tables
+                .order
+                .front()
+                .and_then(|oldest| tables.runs.get(oldest))
+                .is_none_or(|run| run.status.is_terminal());
+            if !finished {
+                break;
+            }
+            if let Some(oldest) = tables.order.pop_front() {
+                tables.runs.remove(&oldest);
+                tables.events.remove(oldest.as_str());
+            }
+        }
     }
 
     async fn mark_running(&self, run_id: RunId, engine: String, started_at_ms: i64) {
@@ -98,7 +126,7 @@ impl StoreBackend for MemoryStore {
         if !self.writable() {
             return;
         }
-        self.tables().events.entry(event.run_id.to_string()).or_default().push(event);
+        self.tables().events.entry(event.run_id.clone()).or_default().push(event);
     }
 
     async fn finalize_run(&self, run: FinishedRun) {
@@ -208,3 +236,6 @@ impl StoreBackend for MemoryStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,16 +1,465 @@
-//! The SQLite backend.
+//! The SQLite backend: one file in WAL mode, a single writer thread that batches
+//! writes into transactions, a checkpointer thread, and a separate read connection.
+//!
+//! Writes are `WriteOp`s on a bounded channel to the writer thread, so a caller
+//! waits only for a queue slot, and a writer that falls behind slows producers down
+//! instead of growing memory. Reads first send a flush barrier through the same
+//! channel, then query the read connection on a blocking task, so a read sees every
+//! write queued before it on the same store.
+//!
+//! Files: `schema` (migrations), `writer` (the writer and checkpointer threads),
+//! `event_json` (an event's stored JSON, written without building a `Value`).
 
-use std::path::Path;
+mod event_json;
+mod schema;
+mod writer;
 
-use super::{MemoryStoreAlias, StoreError};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::Duration;
 
-/// SQLite store (being written).
-pub type SqliteStore = MemoryStoreAlias;
+use async_trait::async_trait;
+use rusqlite::{params, Connection, Row, Rows};
+use tokio::sync::{mpsc, oneshot};
+
+use self::writer::{Reply, WriteOp};
+use super::{
+    ChatState, FinishedRun, NewRun, RunFilter, RunRecord, StoreBackend, StoreError, StoredEvent,
+};
+use crate::bus::{BusEvent, RunStatus};
+use crate::engine::ResumeToken;
+use crate::ids::RunId;
+
+#[cfg(test)]
+pub(crate) use self::schema::SCHEMA_VERSION;
+
+/// Writes that may wait for the writer before callers feel backpressure.
+const QUEUE_CAPACITY: usize = 8192;
+
+/// How long a statement waits for a lock held by another connection (another
+/// process on the same file, or the writer checkpointing) before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The columns [`run_from_row`] reads, in order; a macro so queries are `concat!`ed at compile time.
+macro_rules! run_columns {
+    () => {
+        "run_id, session_key, conversation, engine, prompt, meta, status, answer, error, error_code, \
+         resume_engine, resume_value, usage, created_at_ms, started_at_ms, completed_at_ms, duration_ms"
+    };
+}
+
+/// The SQLite store. Dropping it without [`StoreBackend::close`] still applies every
+/// write already queued: the writer drains its queue once the sender is gone, and
+/// drop waits for it (and the writer for the checkpointer).
+pub struct SqliteStore {
+    /// Shown in logs.
+    path: PathBuf,
+    /// The writer's queue. `Some` for the store's whole life; drop takes it so the
+    /// writer sees the channel close, drains and exits.
+    tx: Option<mpsc::Sender<WriteOp>>,
+    /// The writer thread, taken and joined by `close` (or by drop).
+    writer: Mutex<Option<thread::JoinHandle<()>>>,
+    /// The read connection, shared with the blocking tasks that read and locked only
+    /// inside them. `None` after `close`.
+    reader: Arc<Mutex<Option<Connection>>>,
+    /// Set by `close`: later writes are dropped with a warning and reads fail.
+    closed: AtomicBool,
+    chat_state_ttl_ms: i64,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .field("closed", &self.closed.load(Ordering::Relaxed))
+            .field("chat_state_ttl_ms", &self.chat_state_ttl_ms)
+            .finish_non_exhaustive()
+    }
+}
 
 impl SqliteStore {
+    /// Opens (creating the file and its parent directory if needed) and migrates the
+    /// store at `path`, then starts its writer and checkpointer threads.
+    ///
     /// # Errors
-    /// Never yet.
-    pub fn open(_path: &Path, ttl: i64) -> Result<Self, StoreError> {
-        Ok(Self::new(ttl))
+    /// [`StoreError::Open`] naming `path` when the directory or file cannot be
+    /// created or opened, a migration fails, or the file comes from a newer build.
+    pub fn open(path: &Path, chat_state_ttl_ms: i64) -> Result<SqliteStore, StoreError> {
+        let open_error =
+            |message: String| StoreError::Open { path: path.display().to_string(), message };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| open_error(format!("cannot create {}: {e}", parent.display())))?;
+        }
+        let mut write_conn = connect(path).map_err(open_error)?;
+        schema::migrate(&mut write_conn).map_err(open_error)?;
+        let pragmas = [
+            // The checkpointer thread copies the log back; the writer only appends.
+            ("wal_autocheckpoint", 0),
+            // Once the log restarts, give its file back down to 64 MiB.
+            ("journal_size_limit", 64 * 1024 * 1024),
+            // 32 MiB (negative means KiB) keeps the `run_id` index of about half a
+            // million runs in memory, which is where the writer's reads go.
+            ("cache_size", -32 * 1024),
+        ];
+        for (pragma, value) in pragmas {
+            write_conn.pragma_update(None, pragma, value).map_err(|e| open_error(e.to_string()))?;
+        }
+        let checkpoint_conn = connect(path).map_err(open_error)?;
+        let read_conn = connect(path).map_err(open_error)?;
+        // The read connection never writes; saying so turns a bug into an error.
+        read_conn.pragma_update(None, "query_only", true).map_err(|e| open_error(e.to_string()))?;
+
+        let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+        let handle = writer::spawn(write_conn, checkpoint_conn, rx).map_err(open_error)?;
+        tracing::debug!(path = %path.display(), "store opened");
+        Ok(SqliteStore {
+            path: path.to_owned(),
+            tx: Some(tx),
+            writer: Mutex::new(Some(handle)),
+            reader: Arc::new(Mutex::new(Some(read_conn))),
+            closed: AtomicBool::new(false),
+            chat_state_ttl_ms,
+        })
     }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Hands a write to the writer, waiting for a queue slot; drops it once closed.
+    async fn queue(&self, op: WriteOp) {
+        if self.is_closed() {
+            tracing::warn!(op = op.name(), "write to a closed store dropped");
+            return;
+        }
+        let Some(tx) = &self.tx else { return };
+        if let Err(mpsc::error::SendError(op)) = tx.send(op).await {
+            tracing::warn!(op = op.name(), "write to a closed store dropped");
+        }
+    }
+
+    /// Sends a barrier built around a reply channel and waits for its answer.
+    async fn barrier(&self, op: impl FnOnce(Reply) -> WriteOp) -> Result<(), StoreError> {
+        let tx = self.tx.as_ref().ok_or(StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        tx.send(op(reply)).await.map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Runs `query` on the read connection after every write queued before this call
+    /// is committed.
+    async fn read<T, F>(&self, query: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        if self.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        match self.barrier(|reply| WriteOp::Flush { reply }).await {
+            // A failed write is reported by `flush` and `check_writable`; the read
+            // still shows what did commit.
+            Ok(()) | Err(StoreError::Database(_)) => {}
+            Err(err) => return Err(err),
+        }
+        let reader = Arc::clone(&self.reader);
+        tokio::task::spawn_blocking(move || {
+            let guard = lock(&reader);
+            let conn = guard.as_ref().ok_or(StoreError::Closed)?;
+            query(conn)
+        })
+        .await
+        .map_err(|e| StoreError::Database(format!("store read task failed: {e}")))?
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        // Without a sender the writer applies what is queued and exits; waiting for it
+        // keeps those writes even if the process ends right after.
+        self.tx = None;
+        let handle = self.writer.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(handle) = handle {
+            if handle.join().is_err() {
+                tracing::error!(path = %self.path.display(), "store writer thread panicked");
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl StoreBackend for SqliteStore {
+    async fn insert_run(&self, run: NewRun) {
+        self.queue(WriteOp::InsertRun(run)).await;
+    }
+
+    async fn mark_running(&self, run_id: RunId, engine: String, started_at_ms: i64) {
+        self.queue(WriteOp::MarkRunning { run_id, engine, started_at_ms }).await;
+    }
+
+    async fn append_event(&self, event: Arc<BusEvent>) {
+        self.queue(WriteOp::AppendEvent(event)).await;
+    }
+
+    async fn finalize_run(&self, run: FinishedRun) {
+        self.queue(WriteOp::FinalizeRun(run)).await;
+    }
+
+    async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(concat!("SELECT ", run_columns!(), " FROM runs WHERE run_id = ?1"))
+                .map_err(db)?;
+            let mut rows = stmt.query(params![run_id]).map_err(db)?;
+            match rows.next().map_err(db)? {
+                Some(row) => run_from_row(row).map(Some),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn list_runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, StoreError> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        self.read(move |conn| {
+            // Two statements rather than `status = ?1 OR ?1 IS NULL`, so each can use its index.
+            match filter.status {
+                Some(status) => {
+                    let mut stmt = conn
+                        .prepare_cached(concat!(
+                            "SELECT ",
+                            run_columns!(),
+                            " FROM runs WHERE status = ?1 ORDER BY created_at_ms DESC, rowid DESC LIMIT ?2"
+                        ))
+                        .map_err(db)?;
+                    let rows = stmt.query(params![status.as_str(), limit]).map_err(db)?;
+                    runs_from_rows(rows)
+                }
+                None => {
+                    let mut stmt = conn
+                        .prepare_cached(concat!(
+                            "SELECT ",
+                            run_columns!(),
+                            " FROM runs ORDER BY created_at_ms DESC, rowid DESC LIMIT ?1"
+                        ))
+                        .map_err(db)?;
+                    let rows = stmt.query(params![limit]).map_err(db)?;
+                    runs_from_rows(rows)
+                }
+            }
+        })
+        .await
+    }
+
+    async fn run_events(&self, run_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT idx, kind, data FROM run_events
+                     WHERE run_seq = (SELECT seq FROM runs WHERE run_id = ?1
+                                      UNION ALL SELECT seq FROM event_only_runs WHERE run_id = ?1)
+                     ORDER BY idx",
+                )
+                .map_err(db)?;
+            let mut rows = stmt.query(params![run_id]).map_err(db)?;
+            let mut events = Vec::new();
+            while let Some(row) = rows.next().map_err(db)? {
+                let index: i64 = row.get(0).map_err(db)?;
+                let data: String = row.get(2).map_err(db)?;
+                events.push(StoredEvent {
+                    index: u64::try_from(index).map_err(|_| {
+                        StoreError::Corrupt(format!("run {run_id} has event index {index}"))
+                    })?,
+                    kind: row.get(1).map_err(db)?,
+                    data: parse_json(&data, || format!("event {index} of run {run_id}"))?,
+                });
+            }
+            Ok(events)
+        })
+        .await
+    }
+
+    async fn put_chat_state(
+        &self,
+        session_key: &str,
+        last_engine: &str,
+        last_resume_token: &str,
+        now_ms: i64,
+    ) {
+        self.queue(WriteOp::PutChatState {
+            session_key: session_key.to_owned(),
+            last_engine: last_engine.to_owned(),
+            last_resume_token: last_resume_token.to_owned(),
+            updated_at_ms: now_ms,
+            expires_at_ms: now_ms.saturating_add(self.chat_state_ttl_ms),
+        })
+        .await;
+    }
+
+    async fn get_chat_state(
+        &self,
+        session_key: &str,
+        now_ms: i64,
+    ) -> Result<Option<ChatState>, StoreError> {
+        let key = session_key.to_owned();
+        let state = self
+            .read(move |conn| {
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT last_engine, last_resume_token, updated_at_ms, expires_at_ms
+                         FROM chat_state WHERE session_key = ?1",
+                    )
+                    .map_err(db)?;
+                let mut rows = stmt.query(params![key]).map_err(db)?;
+                let Some(row) = rows.next().map_err(db)? else { return Ok(None) };
+                Ok(Some(ChatState {
+                    last_engine: row.get(0).map_err(db)?,
+                    last_resume_token: row.get(1).map_err(db)?,
+                    updated_at_ms: row.get(2).map_err(db)?,
+                    expires_at_ms: row.get(3).map_err(db)?,
+                }))
+            })
+            .await?;
+        match state {
+            Some(state) if state.expires_at_ms <= now_ms => {
+                // Tidying up is optional, so it never waits for a queue slot.
+                if let Some(tx) = &self.tx {
+                    let _ = tx.try_send(WriteOp::DeleteExpiredChatState {
+                        session_key: session_key.to_owned(),
+                        now_ms,
+                    });
+                }
+                Ok(None)
+            }
+            other => Ok(other),
+        }
+    }
+
+    async fn delete_chat_state(&self, session_key: &str) {
+        self.queue(WriteOp::DeleteChatState { session_key: session_key.to_owned() }).await;
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        if self.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        self.barrier(|reply| WriteOp::Flush { reply }).await
+    }
+
+    async fn check_writable(&self) -> Result<(), StoreError> {
+        if self.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        let now_ms = crate::clock::now_ms();
+        self.barrier(|reply| WriteOp::CheckWritable { now_ms, reply }).await
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        self.closed.store(true, Ordering::Release);
+        // A second close finds the writer gone; that is not an error.
+        let result = match self.barrier(|reply| WriteOp::Stop { reply }).await {
+            Err(StoreError::Closed) => Ok(()),
+            other => other,
+        };
+        let handle = lock(&self.writer).take();
+        let reader = lock(&self.reader).take();
+        // Joining waits for the writer to drain, and closing the last connection
+        // checkpoints the log into the file: both block, so neither runs on the runtime.
+        let joined = tokio::task::spawn_blocking(move || {
+            let joined = handle.map_or(Ok(()), |handle| handle.join());
+            drop(reader);
+            joined
+        })
+        .await;
+        if !matches!(joined, Ok(Ok(()))) {
+            tracing::error!(path = %self.path.display(), "store writer thread panicked");
+            return Err(StoreError::Database("store writer thread panicked".to_owned()));
+        }
+        tracing::debug!(path = %self.path.display(), "store closed");
+        result
+    }
+}
+
+/// Opens one connection with the settings every connection shares.
+fn connect(path: &Path) -> Result<Connection, String> {
+    let conn = Connection::open(path).map_err(|e| e.to_string())?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| e.to_string())?;
+    // WAL lets the reader read while the writer writes; NORMAL syncs only at
+    // checkpoints, so a commit is an append to the log. A power cut may lose the
+    // last commits but never corrupts the file.
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
+        .map_err(|e| e.to_string())?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(format!("journal mode is {mode}, not wal"));
+    }
+    conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| e.to_string())?;
+    // Run events are not tied to runs by a foreign key: events may be stored for a
+    // run that was never inserted, as in the memory backend.
+    conn.pragma_update(None, "foreign_keys", false).map_err(|e| e.to_string())?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn db(err: rusqlite::Error) -> StoreError {
+    StoreError::Database(err.to_string())
+}
+
+fn runs_from_rows(mut rows: Rows<'_>) -> Result<Vec<RunRecord>, StoreError> {
+    let mut runs = Vec::new();
+    while let Some(row) = rows.next().map_err(db)? {
+        runs.push(run_from_row(row)?);
+    }
+    Ok(runs)
+}
+
+fn run_from_row(row: &Row<'_>) -> Result<RunRecord, StoreError> {
+    let run_id: String = row.get(0).map_err(db)?;
+    let meta: String = row.get(5).map_err(db)?;
+    let status: String = row.get(6).map_err(db)?;
+    let resume_engine: Option<String> = row.get(10).map_err(db)?;
+    let resume_value: Option<String> = row.get(11).map_err(db)?;
+    let usage: String = row.get(12).map_err(db)?;
+    let duration_ms: Option<i64> = row.get(16).map_err(db)?;
+    Ok(RunRecord {
+        session_key: row.get(1).map_err(db)?,
+        conversation: row.get(2).map_err(db)?,
+        engine: row.get(3).map_err(db)?,
+        prompt: row.get(4).map_err(db)?,
+        meta: parse_json(&meta, || format!("meta of run {run_id}"))?,
+        status: RunStatus::parse(&status)
+            .ok_or_else(|| StoreError::Corrupt(format!("run {run_id} has status {status:?}")))?,
+        answer: row.get(7).map_err(db)?,
+        error: row.get(8).map_err(db)?,
+        error_code: row.get(9).map_err(db)?,
+        resume: match (resume_engine, resume_value) {
+            (Some(engine), Some(value)) => Some(ResumeToken { engine, value }),
+            _ => None,
+        },
+        usage: parse_json(&usage, || format!("usage of run {run_id}"))?,
+        created_at_ms: row.get(13).map_err(db)?,
+        started_at_ms: row.get(14).map_err(db)?,
+        completed_at_ms: row.get(15).map_err(db)?,
+        duration_ms: duration_ms
+            .map(|d| {
+                u64::try_from(d)
+                    .map_err(|_| StoreError::Corrupt(format!("run {run_id} has duration {d}")))
+            })
+            .transpose()?,
+        run_id,
+    })
+}
+
+fn parse_json(text: &str, what: impl FnOnce() -> String) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{}: {e}", what())))
 }

@@ -516,9 +516,8 @@ pub(crate) fn head_chars(text: &str, n: usize) -> &str {
 
 /// A compact rendering of an event, in the notation of the fixtures' README:
 /// `S(claude:abc)`, `A(started id kind "title" -)`, `D("text")`,
-/// `C(ok=true, answer "…", resume claude:abc)`.
-#[cfg(test)]
-pub(crate) fn describe(event: &EngineEvent) -> String {
+/// `C(ok=true, answer "…", resume claude:abc)`. Used by tests and debugging output.
+pub fn describe(event: &EngineEvent) -> String {
     fn token(token: Option<&ResumeToken>) -> String {
         token.map_or_else(|| "-".to_owned(), |t| format!("{}:{}", t.engine, t.value))
     }

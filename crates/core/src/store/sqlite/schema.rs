@@ -1,0 +1,99 @@
+//! The SQLite schema as an ordered list of migrations, tracked in `PRAGMA user_version`.
+//!
+//! Migration `n` (1-based) moves `user_version` from `n - 1` to `n` inside one
+//! transaction, so a crash mid-migration leaves the file at the previous version.
+//! Shipped entries are never edited or reordered; a new table is a new entry at the end.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+/// Every migration, oldest first.
+const MIGRATIONS: &[&str] = &[
+    // 1: runs, their events, chat state, and the row `check_writable` rewrites.
+    //
+    // Run ids are random, so anything keyed by them is written at random places in
+    // its b-tree, and at tens of thousands of runs a second that random I/O is what
+    // limits throughput. So only the `run_id` index is random: each run also gets a
+    // `seq` in insertion order, and its events are keyed by `(run_seq, idx)`, which
+    // appends. `seq` also breaks ties between runs created in the same millisecond.
+    // Events of a run that was never inserted get their `seq` from `event_only_runs`.
+    "CREATE TABLE runs (
+        seq INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL UNIQUE,
+        session_key TEXT NOT NULL,
+        conversation TEXT NOT NULL,
+        engine TEXT NOT NULL,
+        prompt TEXT NOT NULL,
+        meta TEXT NOT NULL,
+        status TEXT NOT NULL,
+        answer TEXT,
+        error TEXT,
+        error_code TEXT,
+        resume_engine TEXT,
+        resume_value TEXT,
+        usage TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        started_at_ms INTEGER,
+        completed_at_ms INTEGER,
+        duration_ms INTEGER
+    );
+    CREATE INDEX runs_newest ON runs (created_at_ms);
+    CREATE INDEX runs_by_status ON runs (status, created_at_ms);
+    CREATE TABLE event_only_runs (
+        run_id TEXT PRIMARY KEY NOT NULL,
+        seq INTEGER NOT NULL UNIQUE
+    );
+    CREATE TABLE run_events (
+        run_seq INTEGER NOT NULL,
+        idx INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        data TEXT NOT NULL,
+        PRIMARY KEY (run_seq, idx)
+    ) WITHOUT ROWID;
+    CREATE TABLE chat_state (
+        session_key TEXT PRIMARY KEY NOT NULL,
+        last_engine TEXT NOT NULL,
+        last_resume_token TEXT NOT NULL,
+        updated_at_ms INTEGER NOT NULL,
+        expires_at_ms INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE health (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        checked_at_ms INTEGER NOT NULL
+    );",
+];
+
+/// The version a fully migrated file has.
+pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Applies the migrations `conn`'s file has not seen yet.
+///
+/// Each step re-reads the version inside an immediate transaction, so two processes
+/// opening the same new file cannot both apply a migration.
+///
+/// # Errors
+/// A message when a migration fails or the file comes from a newer build.
+pub(super) fn migrate(conn: &mut Connection) -> Result<(), String> {
+    loop {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| e.to_string())?;
+        let version: i64 =
+            tx.query_row("PRAGMA user_version", [], |row| row.get(0)).map_err(|e| e.to_string())?;
+        if version > SCHEMA_VERSION {
+            return Err(format!(
+                "schema version {version} is newer than this build supports ({SCHEMA_VERSION})"
+            ));
+        }
+        if version < 0 {
+            return Err(format!("schema version {version} is not a valid version"));
+        }
+        let Some(sql) = usize::try_from(version).ok().and_then(|v| MIGRATIONS.get(v)) else {
+            return Ok(());
+        };
+        let next = version + 1;
+        tx.execute_batch(sql).map_err(|e| format!("migration {next} failed: {e}"))?;
+        tx.pragma_update(None, "user_version", next).map_err(|e| e.to_string())?;
+        tx.commit().map_err(|e| format!("migration {next} failed to commit: {e}"))?;
+        tracing::info!(version = next, "store schema migrated");
+    }
+}

@@ -1,0 +1,673 @@
+//! The writer thread, the only owner of the write connection, and the checkpointer
+//! thread that keeps the write-ahead log short.
+//!
+//! The writer takes one queued op, drains whatever else is already queued (up to
+//! [`MAX_BATCH`]), applies them all in one transaction and commits, then answers the
+//! barriers (`Flush`, `CheckWritable`, `Stop`) that were in the batch. One commit per
+//! batch instead of per write is what makes tens of thousands of runs a second
+//! possible: with WAL and `synchronous = NORMAL` a commit is an append to the log.
+//!
+//! Copying the log back into the database is what syncs to disk, and a sync can take
+//! longer than a whole batch. So the writer does not checkpoint; every
+//! [`CHECKPOINT_EVERY_OPS`] writes it nudges the checkpointer thread, which runs a
+//! passive checkpoint on its own connection while the writer goes on appending.
+
+use std::collections::HashMap;
+use std::sync::{mpsc as std_mpsc, Arc};
+use std::thread;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use tokio::sync::{mpsc, oneshot};
+
+use super::super::{FinishedRun, NewRun, StoreError};
+use super::event_json;
+use crate::bus::{BusEvent, RunStatus};
+use crate::ids::RunId;
+
+/// Most ops applied in one transaction; bounds how long a barrier waits behind a burst.
+const MAX_BATCH: usize = 4096;
+
+/// Writes between two nudges to the checkpointer: a few MB of log.
+const CHECKPOINT_EVERY_OPS: usize = 2048;
+
+/// Log length (in pages) at which the checkpointer also restarts the log. A passive
+/// checkpoint never lets the log start over while the writer keeps appending, so
+/// under sustained load the file would grow without bound; a restart checkpoint
+/// briefly holds the writer back so that the next batch starts the log from the top.
+const RESTART_LOG_FRAMES: i64 = 32_768;
+
+/// Runs per generation of the `seq` cache; two generations are kept.
+const SEQ_CACHE_GENERATION: usize = 16_384;
+
+/// The answer to a barrier: `Ok` when the last batch that wrote anything committed cleanly.
+pub(super) type Reply = oneshot::Sender<Result<(), StoreError>>;
+
+/// One queued write, or a barrier that is answered once everything before it is committed.
+#[derive(Debug)]
+pub(super) enum WriteOp {
+    InsertRun(NewRun),
+    MarkRunning {
+        run_id: RunId,
+        engine: String,
+        started_at_ms: i64,
+    },
+    /// Serialised to JSON here on the writer thread, not by the publisher.
+    AppendEvent(Arc<BusEvent>),
+    FinalizeRun(FinishedRun),
+    PutChatState {
+        session_key: String,
+        last_engine: String,
+        last_resume_token: String,
+        updated_at_ms: i64,
+        expires_at_ms: i64,
+    },
+    DeleteChatState {
+        session_key: String,
+    },
+    /// Deletes chat state that is still expired at `now_ms`, so a put queued in between wins.
+    DeleteExpiredChatState {
+        session_key: String,
+        now_ms: i64,
+    },
+    Flush {
+        reply: Reply,
+    },
+    /// Rewrites the `health` row: a real write, answered like a flush.
+    CheckWritable {
+        now_ms: i64,
+        reply: Reply,
+    },
+    /// Answered like a flush; the writer then applies what is already queued and exits.
+    Stop {
+        reply: Reply,
+    },
+}
+
+impl WriteOp {
+    /// A short name for logs.
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            WriteOp::InsertRun(_) => "insert_run",
+            WriteOp::MarkRunning { .. } => "mark_running",
+            WriteOp::AppendEvent(_) => "append_event",
+            WriteOp::FinalizeRun(_) => "finalize_run",
+            WriteOp::PutChatState { .. } => "put_chat_state",
+            WriteOp::DeleteChatState { .. } => "delete_chat_state",
+            WriteOp::DeleteExpiredChatState { .. } => "delete_expired_chat_state",
+            WriteOp::Flush { .. } => "flush",
+            WriteOp::CheckWritable { .. } => "check_writable",
+            WriteOp::Stop { .. } => "stop",
+        }
+    }
+}
+
+/// The `SET` clause of `mark_running` (`?2` engine, `?3` started at), which never
+/// overwrites a terminal status. `CASE` rather than `IN (…)`, which would build a
+/// temporary table on every call.
+macro_rules! mark_running_set {
+    () => {
+        "status = CASE WHEN status = 'completed' OR status = 'failed' OR status = 'cancelled' \
+         THEN status ELSE 'running' END, engine = ?2, started_at_ms = ?3"
+    };
+}
+
+/// The `SET` clause of `finalize_run`, parameters `?2` to `?11`.
+macro_rules! finalize_set {
+    () => {
+        "status = ?2, engine = ?3, answer = ?4, error = ?5, error_code = ?6, resume_engine = ?7, \
+         resume_value = ?8, usage = ?9, completed_at_ms = ?10, duration_ms = ?11"
+    };
+}
+
+/// The writer's state, owned by its thread for the thread's whole life.
+struct Writer {
+    /// The only connection that writes. Its prepared statements stay cached for the
+    /// thread's life (`prepare_cached`).
+    conn: Connection,
+    /// Reused for every JSON column, so serialising does not allocate a `String` per row.
+    json: Vec<u8>,
+    /// Why the last batch that wrote anything failed; `None` once one commits cleanly.
+    failure: Option<String>,
+    /// Barriers of the batch being applied, answered after its commit.
+    replies: Vec<Reply>,
+    /// Runs inserted in the batch being applied, in insertion order. Later ops of the
+    /// same batch on them are folded in, so a run that starts and finishes within one
+    /// batch costs one `INSERT` instead of an insert and two updates. `None` marks a
+    /// run replaced by a later insert of the same id.
+    pending: Vec<Option<PendingRun>>,
+    /// Where each run of `pending` is.
+    pending_index: HashMap<RunId, usize>,
+    /// The `seq` of recently seen runs, so events of a live run skip the `run_id` index.
+    seqs: SeqCache,
+    /// The `seq` the next new run gets.
+    next_seq: i64,
+    /// Whether `event_only_runs` may hold rows; it is empty unless events arrive for a
+    /// run that was never inserted, so inserts skip looking there.
+    has_event_only_runs: bool,
+    /// Writes committed since the checkpointer was last nudged.
+    n_writes_since_checkpoint: usize,
+    /// Dropped (and joined) with the writer.
+    checkpointer: Checkpointer,
+}
+
+/// A run inserted in the current batch, with the batch's later ops on it applied.
+#[derive(Debug)]
+struct PendingRun {
+    seq: i64,
+    /// As inserted, except `engine`, which follows later ops as in an `UPDATE`.
+    run: NewRun,
+    status: RunStatus,
+    started_at_ms: Option<i64>,
+    finished: Option<FinishedRun>,
+}
+
+/// What happened while applying one batch.
+#[derive(Debug, Default)]
+struct BatchOutcome {
+    n_writes: usize,
+    /// The first error; later ones are only logged.
+    error: Option<String>,
+    /// `BEGIN` failed once; the rest of the batch runs statement by statement.
+    begin_failed: bool,
+}
+
+impl BatchOutcome {
+    fn record<T>(&mut self, op: &'static str, result: rusqlite::Result<T>) {
+        if let Err(err) = result {
+            tracing::error!(op, error = %err, "store write failed");
+            self.error.get_or_insert_with(|| format!("{op}: {err}"));
+        }
+    }
+}
+
+/// Run ids to `seq`s in two generations: when the newer fills up it becomes the older
+/// and the older is forgotten, so the cache stays bounded and keeps the live runs.
+#[derive(Debug, Default)]
+struct SeqCache {
+    newer: HashMap<RunId, i64>,
+    older: HashMap<RunId, i64>,
+}
+
+impl SeqCache {
+    fn get(&self, run_id: &RunId) -> Option<i64> {
+        self.newer.get(run_id).or_else(|| self.older.get(run_id)).copied()
+    }
+
+    fn insert(&mut self, run_id: RunId, seq: i64) {
+        if self.newer.len() >= SEQ_CACHE_GENERATION {
+            std::mem::swap(&mut self.newer, &mut self.older);
+            self.newer.clear();
+        }
+        self.newer.insert(run_id, seq);
+    }
+
+    fn clear(&mut self) {
+        self.newer.clear();
+        self.older.clear();
+    }
+}
+
+/// The checkpointer thread, nudged through a channel of one slot so that nudges
+/// arriving during a checkpoint fold into one.
+#[derive(Debug)]
+struct Checkpointer {
+    nudge: Option<std_mpsc::SyncSender<()>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    fn spawn(conn: Connection) -> std::io::Result<Checkpointer> {
+        let (nudge, nudges) = std_mpsc::sync_channel(1);
+        let thread = thread::Builder::new()
+            .name("lemon-store-checkpoint".to_owned())
+            .spawn(move || run_checkpoints(&conn, &nudges))?;
+        Ok(Checkpointer { nudge: Some(nudge), thread: Some(thread) })
+    }
+
+    fn nudge(&self) {
+        if let Some(nudge) = &self.nudge {
+            // Full means a checkpoint is already due, which covers this one too.
+            let _ = nudge.try_send(());
+        }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        // Closing the channel stops the thread after its current checkpoint.
+        self.nudge = None;
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::error!("store checkpoint thread panicked");
+            }
+        }
+    }
+}
+
+fn run_checkpoints(conn: &Connection, nudges: &std_mpsc::Receiver<()>) {
+    while nudges.recv().is_ok() {
+        // Columns: busy, pages in the log, pages copied to the database.
+        let passive =
+            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| row.get::<_, i64>(1));
+        match passive {
+            Ok(log_frames) if log_frames >= RESTART_LOG_FRAMES => {
+                if let Err(err) = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(())) {
+                    tracing::warn!(error = %err, log_frames, "store log restart failed");
+                }
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(error = %err, "store checkpoint failed"),
+        }
+    }
+}
+
+/// Starts the checkpointer on `checkpoint_conn` and the writer on `conn`. The writer
+/// runs until `Stop` or until every sender is gone, and in both cases first applies
+/// everything already queued.
+///
+/// # Errors
+/// A message when the writer cannot read where its sequence stands, or a thread
+/// cannot be started.
+pub(super) fn spawn(
+    conn: Connection,
+    checkpoint_conn: Connection,
+    rx: mpsc::Receiver<WriteOp>,
+) -> Result<thread::JoinHandle<()>, String> {
+    let last_seq: i64 = conn
+        .query_row(
+            "SELECT max(coalesce((SELECT max(seq) FROM runs), 0), coalesce((SELECT max(seq) FROM event_only_runs), 0))",
+            [],
+            |row| row.get(0),
+        )
+        .map_err(|e| e.to_string())?;
+    let has_event_only_runs = conn
+        .query_row("SELECT EXISTS (SELECT 1 FROM event_only_runs)", [], |row| row.get(0))
+        .map_err(|e| e.to_string())?;
+    let checkpointer = Checkpointer::spawn(checkpoint_conn)
+        .map_err(|e| format!("cannot start checkpoint thread: {e}"))?;
+    let writer = Writer {
+        conn,
+        json: Vec::with_capacity(1024),
+        failure: None,
+        replies: Vec::new(),
+        pending: Vec::new(),
+        pending_index: HashMap::new(),
+        seqs: SeqCache::default(),
+        next_seq: last_seq + 1,
+        has_event_only_runs,
+        n_writes_since_checkpoint: 0,
+        checkpointer,
+    };
+    thread::Builder::new()
+        .name("lemon-store-writer".to_owned())
+        .spawn(move || writer.run(rx))
+        .map_err(|e| format!("cannot start writer thread: {e}"))
+}
+
+impl Writer {
+    fn run(mut self, mut rx: mpsc::Receiver<WriteOp>) {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        // `blocking_recv` keeps returning what was queued before `close()` or before the
+        // last sender dropped, then `None`: nothing handed to this thread is lost.
+        while let Some(op) = rx.blocking_recv() {
+            batch.push(op);
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+            if self.apply_batch(&mut batch) {
+                rx.close();
+            }
+        }
+        tracing::debug!("store writer stopped");
+    }
+
+    /// Applies `batch` in one transaction and answers its barriers; true when it held a `Stop`.
+    fn apply_batch(&mut self, batch: &mut Vec<WriteOp>) -> bool {
+        let mut stop = false;
+        let mut outcome = BatchOutcome::default();
+        for op in batch.drain(..) {
+            match op {
+                WriteOp::Flush { reply } => self.replies.push(reply),
+                WriteOp::Stop { reply } => {
+                    stop = true;
+                    self.replies.push(reply);
+                }
+                op => {
+                    outcome.n_writes += 1;
+                    self.begin(&mut outcome);
+                    let name = op.name();
+                    let result = self.apply(op);
+                    outcome.record(name, result);
+                }
+            }
+        }
+        if !self.pending.is_empty() {
+            self.begin(&mut outcome);
+            let pending = std::mem::take(&mut self.pending);
+            for run in pending.iter().flatten() {
+                let result = self.write_run(run);
+                outcome.record("insert_run", result);
+            }
+            // Keep the allocation for the next batch.
+            self.pending = pending;
+            self.pending.clear();
+            self.pending_index.clear();
+        }
+        if !self.conn.is_autocommit() {
+            if let Err(err) = self.conn.execute_batch("COMMIT") {
+                tracing::error!(error = %err, n_writes = outcome.n_writes, "store commit failed; the batch is lost");
+                outcome.error.get_or_insert_with(|| format!("commit: {err}"));
+                if let Err(err) = self.conn.execute_batch("ROLLBACK") {
+                    tracing::error!(error = %err, "store rollback failed");
+                }
+            }
+        }
+        if outcome.n_writes > 0 {
+            if outcome.error.is_some() {
+                // Some cached `seq`s may belong to rows that were never written.
+                self.seqs.clear();
+            } else if self.failure.is_some() {
+                tracing::info!("store writes succeed again");
+            }
+            self.failure = outcome.error;
+            self.n_writes_since_checkpoint += outcome.n_writes;
+            if self.n_writes_since_checkpoint >= CHECKPOINT_EVERY_OPS {
+                self.n_writes_since_checkpoint = 0;
+                self.checkpointer.nudge();
+            }
+        }
+        let result = match &self.failure {
+            None => Ok(()),
+            Some(message) => Err(StoreError::Database(message.clone())),
+        };
+        for reply in self.replies.drain(..) {
+            // A caller that stopped waiting is normal.
+            let _ = reply.send(result.clone());
+        }
+        stop
+    }
+
+    /// Opens the batch's transaction if none is open. Also re-begins when SQLite rolled
+    /// the transaction back after an error (I/O, full disk), so later writes of the
+    /// batch are still grouped.
+    fn begin(&self, outcome: &mut BatchOutcome) {
+        if outcome.begin_failed || !self.conn.is_autocommit() {
+            return;
+        }
+        if let Err(err) = self.conn.execute_batch("BEGIN IMMEDIATE") {
+            tracing::error!(error = %err, "store could not begin a write transaction");
+            outcome.begin_failed = true;
+            outcome.error.get_or_insert_with(|| format!("begin: {err}"));
+        }
+    }
+
+    fn apply(&mut self, op: WriteOp) -> rusqlite::Result<()> {
+        match op {
+            WriteOp::InsertRun(run) => self.insert_pending(run)?,
+            WriteOp::MarkRunning { run_id, engine, started_at_ms } => {
+                if let Some(row) = self.pending_run(&run_id) {
+                    if !row.status.is_terminal() {
+                        row.status = RunStatus::Running;
+                    }
+                    row.run.engine = engine;
+                    row.started_at_ms = Some(started_at_ms);
+                    return Ok(());
+                }
+                // By `seq` when known: the integer key is cheaper than the `run_id` index.
+                match self.seqs.get(&run_id) {
+                    Some(seq) => {
+                        let mut stmt = self.conn.prepare_cached(concat!(
+                            "UPDATE runs SET ",
+                            mark_running_set!(),
+                            " WHERE seq = ?1"
+                        ))?;
+                        stmt.execute(params![seq, engine, started_at_ms])?;
+                    }
+                    None => {
+                        let mut stmt = self.conn.prepare_cached(concat!(
+                            "UPDATE runs SET ",
+                            mark_running_set!(),
+                            " WHERE run_id = ?1"
+                        ))?;
+                        stmt.execute(params![run_id.as_str(), engine, started_at_ms])?;
+                    }
+                }
+            }
+            WriteOp::AppendEvent(event) => {
+                let seq = self.event_seq(&event.run_id)?;
+                // A repeated index replaces the event rather than failing the batch.
+                let mut stmt = self.conn.prepare_cached(
+                    "INSERT OR REPLACE INTO run_events (run_seq, idx, kind, data) VALUES (?1, ?2, ?3, ?4)",
+                )?;
+                self.json.clear();
+                event_json::write(&mut self.json, &event).map_err(to_sql_error)?;
+                let data = std::str::from_utf8(&self.json).map_err(to_sql_error)?;
+                stmt.execute(params![seq, to_i64(event.index), event.kind.type_name(), data])?;
+            }
+            WriteOp::FinalizeRun(mut finished) => {
+                if let Some(row) = self.pending_run(&finished.run_id) {
+                    row.status = RunStatus::of(&finished.completion);
+                    row.run.engine = std::mem::take(&mut finished.engine);
+                    row.finished = Some(finished);
+                    return Ok(());
+                }
+                let seq = self.seqs.get(&finished.run_id);
+                let mut stmt = match seq {
+                    Some(_) => self.conn.prepare_cached(concat!(
+                        "UPDATE runs SET ",
+                        finalize_set!(),
+                        " WHERE seq = ?1"
+                    ))?,
+                    None => self.conn.prepare_cached(concat!(
+                        "UPDATE runs SET ",
+                        finalize_set!(),
+                        " WHERE run_id = ?1"
+                    ))?,
+                };
+                match seq {
+                    Some(seq) => stmt.raw_bind_parameter(1, seq)?,
+                    None => stmt.raw_bind_parameter(1, finished.run_id.as_str())?,
+                }
+                let completion = &finished.completion;
+                let resume = completion.resume.as_ref();
+                let error = completion.error.as_ref();
+                stmt.raw_bind_parameter(2, RunStatus::of(completion).as_str())?;
+                stmt.raw_bind_parameter(3, &finished.engine)?;
+                stmt.raw_bind_parameter(4, &completion.answer)?;
+                stmt.raw_bind_parameter(5, error.map(|e| e.to_string()))?;
+                stmt.raw_bind_parameter(6, error.map(|e| e.code()))?;
+                stmt.raw_bind_parameter(7, resume.map(|r| r.engine.as_str()))?;
+                stmt.raw_bind_parameter(8, resume.map(|r| r.value.as_str()))?;
+                stmt.raw_bind_parameter(9, json_text(&mut self.json, &completion.usage)?)?;
+                stmt.raw_bind_parameter(10, finished.completed_at_ms)?;
+                stmt.raw_bind_parameter(11, to_i64(finished.duration_ms))?;
+                stmt.raw_execute()?;
+            }
+            WriteOp::PutChatState {
+                session_key,
+                last_engine,
+                last_resume_token,
+                updated_at_ms,
+                expires_at_ms,
+            } => {
+                let mut stmt = self.conn.prepare_cached(
+                    "INSERT OR REPLACE INTO chat_state (session_key, last_engine, last_resume_token, updated_at_ms, expires_at_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )?;
+                stmt.execute(params![
+                    session_key,
+                    last_engine,
+                    last_resume_token,
+                    updated_at_ms,
+                    expires_at_ms
+                ])?;
+            }
+            WriteOp::DeleteChatState { session_key } => {
+                let mut stmt =
+                    self.conn.prepare_cached("DELETE FROM chat_state WHERE session_key = ?1")?;
+                stmt.execute(params![session_key])?;
+            }
+            WriteOp::DeleteExpiredChatState { session_key, now_ms } => {
+                let mut stmt = self.conn.prepare_cached(
+                    "DELETE FROM chat_state WHERE session_key = ?1 AND expires_at_ms <= ?2",
+                )?;
+                stmt.execute(params![session_key, now_ms])?;
+            }
+            WriteOp::CheckWritable { now_ms, reply } => {
+                self.replies.push(reply);
+                let mut stmt = self.conn.prepare_cached(
+                    "INSERT OR REPLACE INTO health (id, checked_at_ms) VALUES (1, ?1)",
+                )?;
+                stmt.execute(params![now_ms])?;
+            }
+            // `apply_batch` answers barriers itself; this arm only keeps the match total.
+            WriteOp::Flush { reply } | WriteOp::Stop { reply } => self.replies.push(reply),
+        }
+        Ok(())
+    }
+
+    /// A run inserted earlier in this batch.
+    fn pending_run(&mut self, run_id: &RunId) -> Option<&mut PendingRun> {
+        let &index = self.pending_index.get(run_id)?;
+        self.pending.get_mut(index)?.as_mut()
+    }
+
+    /// Queues `run` for [`Writer::write_run`] at the end of the batch, with its `seq`.
+    fn insert_pending(&mut self, run: NewRun) -> rusqlite::Result<()> {
+        let seq = self.insert_seq(&run.run_id)?;
+        let row =
+            PendingRun { seq, run, status: RunStatus::Queued, started_at_ms: None, finished: None };
+        // A repeated id replaces the run, as the memory backend does, and lists as newest.
+        if let Some(old) = self.pending_index.insert(row.run.run_id.clone(), self.pending.len()) {
+            self.pending[old] = None;
+        }
+        self.pending.push(Some(row));
+        Ok(())
+    }
+
+    /// The `seq` an inserted run gets. A run inserted before keeps its `seq`, and so its
+    /// events. A run that so far only had events gets a new `seq`, as any new run does
+    /// (it lists by insertion order), and its events move along.
+    fn insert_seq(&mut self, run_id: &RunId) -> rusqlite::Result<i64> {
+        if self.has_event_only_runs {
+            let mut stmt = self
+                .conn
+                .prepare_cached("DELETE FROM event_only_runs WHERE run_id = ?1 RETURNING seq")?;
+            let event_only: Option<i64> =
+                stmt.query_row(params![run_id.as_str()], |row| row.get(0)).optional()?;
+            drop(stmt);
+            if let Some(old) = event_only {
+                let seq = self.take_seq();
+                let mut stmt = self
+                    .conn
+                    .prepare_cached("UPDATE run_events SET run_seq = ?2 WHERE run_seq = ?1")?;
+                stmt.execute(params![old, seq])?;
+                self.seqs.insert(run_id.clone(), seq);
+                return Ok(seq);
+            }
+        }
+        let seq = match self.seqs.get(run_id) {
+            Some(seq) => seq,
+            None => {
+                let mut stmt =
+                    self.conn.prepare_cached("SELECT seq FROM runs WHERE run_id = ?1")?;
+                let existing =
+                    stmt.query_row(params![run_id.as_str()], |row| row.get(0)).optional()?;
+                drop(stmt);
+                existing.unwrap_or_else(|| self.take_seq())
+            }
+        };
+        self.seqs.insert(run_id.clone(), seq);
+        Ok(seq)
+    }
+
+    /// The `seq` an event of `run_id` is stored under; a run never inserted gets one in
+    /// `event_only_runs`.
+    fn event_seq(&mut self, run_id: &RunId) -> rusqlite::Result<i64> {
+        if let Some(seq) = self.seqs.get(run_id) {
+            return Ok(seq);
+        }
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT seq FROM runs WHERE run_id = ?1 UNION ALL SELECT seq FROM event_only_runs WHERE run_id = ?1",
+        )?;
+        let existing = stmt.query_row(params![run_id.as_str()], |row| row.get(0)).optional()?;
+        drop(stmt);
+        let seq = match existing {
+            Some(seq) => seq,
+            None => {
+                let seq = self.take_seq();
+                let mut stmt = self
+                    .conn
+                    .prepare_cached("INSERT INTO event_only_runs (run_id, seq) VALUES (?1, ?2)")?;
+                stmt.execute(params![run_id.as_str(), seq])?;
+                self.has_event_only_runs = true;
+                seq
+            }
+        };
+        self.seqs.insert(run_id.clone(), seq);
+        Ok(seq)
+    }
+
+    fn take_seq(&mut self) -> i64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// Writes a run inserted in this batch, in its state at the end of the batch.
+    fn write_run(&mut self, row: &PendingRun) -> rusqlite::Result<()> {
+        let mut stmt = self.conn.prepare_cached(
+            "INSERT OR REPLACE INTO runs (seq, run_id, session_key, conversation, engine, prompt, meta, status,
+                answer, error, error_code, resume_engine, resume_value, usage,
+                created_at_ms, started_at_ms, completed_at_ms, duration_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+        )?;
+        let run = &row.run;
+        let finished = row.finished.as_ref();
+        let completion = finished.map(|f| &f.completion);
+        let resume = completion.and_then(|c| c.resume.as_ref());
+        let error = completion.and_then(|c| c.error.as_ref());
+        // Both JSON columns share one buffer: SQLite copies `meta` when it is bound,
+        // before the buffer is reused for `usage`.
+        stmt.raw_bind_parameter(7, json_text(&mut self.json, &run.meta)?)?;
+        let usage = completion.map_or(&serde_json::Value::Null, |c| &c.usage);
+        stmt.raw_bind_parameter(14, json_text(&mut self.json, usage)?)?;
+        stmt.raw_bind_parameter(1, row.seq)?;
+        stmt.raw_bind_parameter(2, run.run_id.as_str())?;
+        stmt.raw_bind_parameter(3, &run.session_key)?;
+        stmt.raw_bind_parameter(4, &run.conversation)?;
+        stmt.raw_bind_parameter(5, &run.engine)?;
+        stmt.raw_bind_parameter(6, &run.prompt)?;
+        stmt.raw_bind_parameter(8, row.status.as_str())?;
+        stmt.raw_bind_parameter(9, completion.map(|c| c.answer.as_str()))?;
+        stmt.raw_bind_parameter(10, error.map(|e| e.to_string()))?;
+        stmt.raw_bind_parameter(11, error.map(|e| e.code()))?;
+        stmt.raw_bind_parameter(12, resume.map(|r| r.engine.as_str()))?;
+        stmt.raw_bind_parameter(13, resume.map(|r| r.value.as_str()))?;
+        stmt.raw_bind_parameter(15, run.created_at_ms)?;
+        stmt.raw_bind_parameter(16, row.started_at_ms)?;
+        stmt.raw_bind_parameter(17, finished.map(|f| f.completed_at_ms))?;
+        stmt.raw_bind_parameter(18, finished.map(|f| to_i64(f.duration_ms)))?;
+        stmt.raw_execute()?;
+        Ok(())
+    }
+}
+
+/// `value` as JSON text in the reused buffer `buf`.
+fn json_text<'a>(buf: &'a mut Vec<u8>, value: &serde_json::Value) -> rusqlite::Result<&'a str> {
+    buf.clear();
+    serde_json::to_writer(&mut *buf, value).map_err(to_sql_error)?;
+    std::str::from_utf8(buf).map_err(to_sql_error)
+}
+
+fn to_sql_error(err: impl std::error::Error + Send + Sync + 'static) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(Box::new(err))
+}
+
+/// SQLite integers are signed; counts and durations beyond `i64::MAX` saturate.
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,796 @@
+//! Store tests: one conformance suite run against both backends, then what only the
+//! SQLite backend promises (durability across reopen, migrations, close, errors).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::json;
+use tempfile::TempDir;
+
+use super::sqlite::{SqliteStore, SCHEMA_VERSION};
+use super::*;
+use crate::bus::{EventKind, RunPhase};
+use crate::engine::{Action, ActionKind, ActionPhase, RunError};
+
+/// A backend under test; `dir` keeps the SQLite file's directory alive.
+struct Backend {
+    name: &'static str,
+    store: StoreHandle,
+    _dir: Option<TempDir>,
+}
+
+fn backends() -> Vec<Backend> {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = StoreHandle::open_sqlite(&dir.path().join("lemon.db")).unwrap();
+    vec![
+        Backend { name: "memory", store: StoreHandle::memory(), _dir: None },
+        Backend { name: "sqlite", store: sqlite, _dir: Some(dir) },
+    ]
+}
+
+fn db_path(dir: &TempDir) -> PathBuf {
+    dir.path().join("state").join("lemon.db")
+}
+
+fn open(path: &Path) -> StoreHandle {
+    StoreHandle::new(Arc::new(SqliteStore::open(path, DEFAULT_CHAT_STATE_TTL_MS).unwrap()))
+}
+
+fn run_id(raw: &str) -> RunId {
+    RunId::parse(raw).unwrap()
+}
+
+fn new_run(id: &str, created_at_ms: i64) -> NewRun {
+    NewRun {
+        run_id: run_id(id),
+        session_key: format!("session-{id}"),
+        conversation: format!("session:session-{id}"),
+        engine: "echo".to_owned(),
+        prompt: format!("prompt of {id}"),
+        meta: json!({ "source": "test", "tags": ["a", "b"], "n": 1 }),
+        created_at_ms,
+    }
+}
+
+/// The record `new_run(id, created_at_ms)` is stored as before anything else happens.
+fn queued_record(id: &str, created_at_ms: i64) -> RunRecord {
+    let run = new_run(id, created_at_ms);
+    RunRecord {
+        run_id: id.to_owned(),
+        session_key: run.session_key,
+        conversation: run.conversation,
+        engine: run.engine,
+        prompt: run.prompt,
+        meta: run.meta,
+        status: RunStatus::Queued,
+        answer: None,
+        error: None,
+        error_code: None,
+        resume: None,
+        usage: serde_json::Value::Null,
+        created_at_ms,
+        started_at_ms: None,
+        completed_at_ms: None,
+        duration_ms: None,
+    }
+}
+
+fn event(id: &str, index: u64, kind: EventKind) -> Arc<BusEvent> {
+    Arc::new(BusEvent {
+        run_id: run_id(id),
+        session_key: format!("session-{id}").into(),
+        index,
+        ts_ms: 5_000 + index as i64,
+        kind,
+    })
+}
+
+/// One event of every kind, in the order a run publishes them.
+fn every_kind_of_event(id: &str) -> Vec<Arc<BusEvent>> {
+    let completion = Completion {
+        ok: true,
+        answer: String::new(),
+        error: None,
+        resume: Some(ResumeToken::new("echo", "tok-1")),
+        usage: json!({ "output_tokens": 2 }),
+    };
+    let kinds = vec![
+        EventKind::Phase(RunPhase::Dispatched),
+        EventKind::RunStarted { engine: "echo".to_owned(), model: Some("small".to_owned()) },
+        EventKind::EngineStarted {
+            resume: Some(ResumeToken::new("echo", "tok-1")),
+            title: Some("Echo".to_owned()),
+            meta: json!({ "pid": 7 }),
+        },
+        EventKind::EngineAction(Action {
+            id: "a1".to_owned(),
+            kind: ActionKind::Command,
+            title: "ls".to_owned(),
+            detail: json!({ "exit_code": 0 }),
+            phase: ActionPhase::Completed,
+            ok: Some(true),
+            message: None,
+            level: None,
+        }),
+        EventKind::Delta { seq: 1, text: "hello ".to_owned() },
+        EventKind::Delta { seq: 2, text: "wörld \u{1f34b} \"quoted\"\n".to_owned() },
+        EventKind::EngineCompleted(completion.clone()),
+        EventKind::RunCompleted { completion, engine: "echo".to_owned(), duration_ms: 42 },
+    ];
+    kinds.into_iter().zip(1..).map(|(kind, index)| event(id, index, kind)).collect()
+}
+
+fn stored(events: &[Arc<BusEvent>]) -> Vec<StoredEvent> {
+    events
+        .iter()
+        .map(|e| StoredEvent {
+            index: e.index,
+            kind: e.kind.type_name().to_owned(),
+            data: e.to_json(),
+        })
+        .collect()
+}
+
+fn finished(id: &str, completion: Completion) -> FinishedRun {
+    FinishedRun {
+        run_id: run_id(id),
+        engine: "echo:fast".to_owned(),
+        completion,
+        completed_at_ms: 2_000,
+        duration_ms: 990,
+    }
+}
+
+/// Inserts, starts and finishes run `id` with `completion`; returns the stored record.
+async fn run_to_end(store: &StoreHandle, id: &str, completion: Completion) -> RunRecord {
+    store.insert_run(new_run(id, 1_000)).await;
+    store.mark_running(run_id(id), "echo".to_owned(), 1_010).await;
+    store.finalize_run(finished(id, completion)).await;
+    store.get_run(id).await.unwrap().unwrap()
+}
+
+#[tokio::test]
+async fn run_lifecycle_is_stored_field_by_field() {
+    for Backend { name, store, _dir } in backends() {
+        store.insert_run(new_run("run_ok", 1_000)).await;
+        assert_eq!(
+            store.get_run("run_ok").await.unwrap(),
+            Some(queued_record("run_ok", 1_000)),
+            "{name}"
+        );
+
+        store.mark_running(run_id("run_ok"), "echo:fast".to_owned(), 1_010).await;
+        let running = store.get_run("run_ok").await.unwrap().unwrap();
+        let expected_running = RunRecord {
+            status: RunStatus::Running,
+            engine: "echo:fast".to_owned(),
+            started_at_ms: Some(1_010),
+            ..queued_record("run_ok", 1_000)
+        };
+        assert_eq!(running, expected_running, "{name}");
+
+        let events = every_kind_of_event("run_ok");
+        for event in &events {
+            store.append_event(event.clone()).await;
+        }
+        assert_eq!(store.run_events("run_ok").await.unwrap(), stored(&events), "{name}");
+
+        let completion = Completion {
+            ok: true,
+            answer: "hello wörld".to_owned(),
+            error: None,
+            resume: Some(ResumeToken::new("echo", "tok-1")),
+            usage: json!({ "input_tokens": 3, "output_tokens": 2, "cost": 0.5 }),
+        };
+        store.finalize_run(finished("run_ok", completion)).await;
+        let expected_done = RunRecord {
+            status: RunStatus::Completed,
+            answer: Some("hello wörld".to_owned()),
+            resume: Some(ResumeToken::new("echo", "tok-1")),
+            usage: json!({ "input_tokens": 3, "output_tokens": 2, "cost": 0.5 }),
+            completed_at_ms: Some(2_000),
+            duration_ms: Some(990),
+            ..expected_running
+        };
+        assert_eq!(store.get_run("run_ok").await.unwrap(), Some(expected_done), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn failed_run_keeps_the_engine_error_text_and_code() {
+    for Backend { name, store, _dir } in backends() {
+        let error = RunError::Engine { message: "model overloaded (529)".to_owned() };
+        let run = run_to_end(&store, "run_failed", Completion::failure(error, None)).await;
+        assert_eq!(run.status, RunStatus::Failed, "{name}");
+        assert_eq!(run.answer.as_deref(), Some(""), "{name}");
+        assert_eq!(run.error.as_deref(), Some("model overloaded (529)"), "{name}");
+        assert_eq!(run.error_code.as_deref(), Some("engine_error"), "{name}");
+        assert_eq!(run.resume, None, "{name}");
+        assert_eq!(run.usage, serde_json::Value::Null, "{name}");
+        assert_eq!((run.completed_at_ms, run.duration_ms), (Some(2_000), Some(990)), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn cancelled_run_is_cancelled_not_failed() {
+    for Backend { name, store, _dir } in backends() {
+        let resume = Some(ResumeToken::new("claude", "sess-9"));
+        let run = run_to_end(
+            &store,
+            "run_cancelled",
+            Completion::failure(RunError::UserRequested, resume.clone()),
+        )
+        .await;
+        assert_eq!(run.status, RunStatus::Cancelled, "{name}");
+        assert_eq!(run.error.as_deref(), Some("user_requested"), "{name}");
+        assert_eq!(run.error_code.as_deref(), Some("user_requested"), "{name}");
+        assert_eq!(run.resume, resume, "{name}");
+
+        let unavailable = RunError::EngineUnavailable {
+            engine: "codex".to_owned(),
+            reason: "not installed".to_owned(),
+        };
+        let run =
+            run_to_end(&store, "run_unavailable", Completion::failure(unavailable, None)).await;
+        assert_eq!(run.status, RunStatus::Failed, "{name}");
+        assert_eq!(
+            run.error.as_deref(),
+            Some("engine_unavailable: codex (not installed)"),
+            "{name}"
+        );
+        assert_eq!(run.error_code.as_deref(), Some("engine_unavailable"), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn mark_running_after_finalize_keeps_the_terminal_status() {
+    for Backend { name, store, _dir } in backends() {
+        run_to_end(&store, "run_late", Completion::failure(RunError::Interrupted, None)).await;
+        store.mark_running(run_id("run_late"), "echo".to_owned(), 3_000).await;
+        let run = store.get_run("run_late").await.unwrap().unwrap();
+        assert_eq!(run.status, RunStatus::Cancelled, "{name}");
+        assert_eq!(run.started_at_ms, Some(3_000), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn unknown_runs_are_absent() {
+    for Backend { name, store, _dir } in backends() {
+        store.mark_running(run_id("run_nobody"), "echo".to_owned(), 1).await;
+        store.finalize_run(finished("run_nobody", Completion::success("x", None))).await;
+        assert_eq!(store.get_run("run_nobody").await.unwrap(), None, "{name}");
+        assert_eq!(store.run_events("run_nobody").await.unwrap(), vec![], "{name}");
+        assert_eq!(
+            store.list_runs(RunFilter { status: None, limit: 10 }).await.unwrap(),
+            vec![],
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn events_are_kept_per_run_in_index_order() {
+    for Backend { name, store, _dir } in backends() {
+        let a = every_kind_of_event("run_a");
+        let b = every_kind_of_event("run_b");
+        for (event_a, event_b) in a.iter().zip(&b) {
+            store.append_event(event_a.clone()).await;
+            store.append_event(event_b.clone()).await;
+        }
+        assert_eq!(store.run_events("run_a").await.unwrap(), stored(&a), "{name}");
+        assert_eq!(store.run_events("run_b").await.unwrap(), stored(&b), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn list_runs_is_newest_first_with_status_filter_and_limit() {
+    for Backend { name, store, _dir } in backends() {
+        for (n, id) in ["run_1", "run_2", "run_3", "run_4", "run_5"].into_iter().enumerate() {
+            store.insert_run(new_run(id, 1_000 + n as i64)).await;
+        }
+        store.mark_running(run_id("run_2"), "echo".to_owned(), 1_100).await;
+        store.mark_running(run_id("run_4"), "echo".to_owned(), 1_100).await;
+        store.finalize_run(finished("run_3", Completion::success("done", None))).await;
+
+        let ids = |runs: Vec<RunRecord>| runs.into_iter().map(|r| r.run_id).collect::<Vec<_>>();
+        let all = store.list_runs(RunFilter { status: None, limit: 100 }).await.unwrap();
+        assert_eq!(ids(all), ["run_5", "run_4", "run_3", "run_2", "run_1"], "{name}");
+        let two = store.list_runs(RunFilter { status: None, limit: 2 }).await.unwrap();
+        assert_eq!(ids(two), ["run_5", "run_4"], "{name}");
+        let running = store
+            .list_runs(RunFilter { status: Some(RunStatus::Running), limit: 100 })
+            .await
+            .unwrap();
+        assert_eq!(ids(running), ["run_4", "run_2"], "{name}");
+        let queued =
+            store.list_runs(RunFilter { status: Some(RunStatus::Queued), limit: 1 }).await.unwrap();
+        assert_eq!(ids(queued), ["run_5"], "{name}");
+        let completed = store
+            .list_runs(RunFilter { status: Some(RunStatus::Completed), limit: 100 })
+            .await
+            .unwrap();
+        assert_eq!(ids(completed), ["run_3"], "{name}");
+        let failed = store
+            .list_runs(RunFilter { status: Some(RunStatus::Failed), limit: 100 })
+            .await
+            .unwrap();
+        assert_eq!(ids(failed), Vec::<String>::new(), "{name}");
+        let none = store.list_runs(RunFilter { status: None, limit: 0 }).await.unwrap();
+        assert_eq!(ids(none), Vec::<String>::new(), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn runs_created_in_the_same_millisecond_list_in_insertion_order() {
+    for Backend { name, store, _dir } in backends() {
+        for id in ["run_x", "run_y", "run_z"] {
+            store.insert_run(new_run(id, 1_000)).await;
+        }
+        let runs = store.list_runs(RunFilter { status: None, limit: 10 }).await.unwrap();
+        let ids: Vec<_> = runs.iter().map(|r| r.run_id.as_str()).collect();
+        assert_eq!(ids, ["run_z", "run_y", "run_x"], "{name}");
+    }
+}
+
+#[tokio::test]
+async fn chat_state_put_get_overwrite_delete() {
+    for Backend { name, store, _dir } in backends() {
+        assert_eq!(store.get_chat_state("s1", 1_000).await.unwrap(), None, "{name}");
+
+        store.put_chat_state("s1", "claude", "tok-1", 1_000).await;
+        let expected = ChatState {
+            last_engine: "claude".to_owned(),
+            last_resume_token: "tok-1".to_owned(),
+            updated_at_ms: 1_000,
+            expires_at_ms: 1_000 + DEFAULT_CHAT_STATE_TTL_MS,
+        };
+        assert_eq!(store.get_chat_state("s1", 1_001).await.unwrap(), Some(expected), "{name}");
+
+        store.put_chat_state("s1", "codex", "tok-2", 2_000).await;
+        store.put_chat_state("s2", "echo", "tok-3", 2_000).await;
+        let state = store.get_chat_state("s1", 2_001).await.unwrap().unwrap();
+        assert_eq!(
+            (state.last_engine.as_str(), state.last_resume_token.as_str()),
+            ("codex", "tok-2"),
+            "{name}"
+        );
+        assert_eq!(state.expires_at_ms, 2_000 + DEFAULT_CHAT_STATE_TTL_MS, "{name}");
+
+        store.delete_chat_state("s1").await;
+        assert_eq!(store.get_chat_state("s1", 2_002).await.unwrap(), None, "{name}");
+        assert!(store.get_chat_state("s2", 2_002).await.unwrap().is_some(), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn chat_state_expires_after_its_ttl() {
+    for Backend { name, store, _dir } in backends() {
+        store.put_chat_state("s1", "claude", "tok-1", 1_000).await;
+        let expiry = 1_000 + DEFAULT_CHAT_STATE_TTL_MS;
+        assert!(store.get_chat_state("s1", expiry - 1).await.unwrap().is_some(), "{name}");
+        assert_eq!(store.get_chat_state("s1", expiry).await.unwrap(), None, "{name}");
+        // Expired state stays gone even when asked about an earlier moment.
+        store.flush().await.unwrap();
+        assert_eq!(store.get_chat_state("s1", expiry - 1).await.unwrap(), None, "{name}");
+
+        // A fresh put after expiry is visible again.
+        store.put_chat_state("s1", "codex", "tok-2", expiry + 10).await;
+        let state = store.get_chat_state("s1", expiry + 11).await.unwrap().unwrap();
+        assert_eq!(state.last_resume_token, "tok-2", "{name}");
+    }
+}
+
+#[tokio::test]
+async fn check_writable_and_flush_succeed_on_an_open_store() {
+    for Backend { name, store, _dir } in backends() {
+        store.insert_run(new_run("run_1", 1_000)).await;
+        store.flush().await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        store.check_writable().await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[tokio::test]
+async fn concurrent_writers_lose_nothing() {
+    for Backend { name, store, _dir } in backends() {
+        let tasks: Vec<_> = (0..8)
+            .map(|task| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    for n in 0..50 {
+                        let id = format!("run_{task}_{n}");
+                        store.insert_run(new_run(&id, 1_000)).await;
+                        store.mark_running(run_id(&id), "echo".to_owned(), 1_001).await;
+                        for event in every_kind_of_event(&id) {
+                            store.append_event(event).await;
+                        }
+                        store.finalize_run(finished(&id, Completion::success("ok", None))).await;
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let completed = store
+            .list_runs(RunFilter { status: Some(RunStatus::Completed), limit: 1_000 })
+            .await
+            .unwrap();
+        assert_eq!(completed.len(), 400, "{name}");
+        assert_eq!(
+            store.run_events("run_7_49").await.unwrap(),
+            stored(&every_kind_of_event("run_7_49")),
+            "{name}"
+        );
+    }
+}
+
+// SQLite only.
+
+#[tokio::test]
+async fn sqlite_creates_missing_parent_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a").join("b").join("lemon.db");
+    let store = open(&path);
+    store.check_writable().await.unwrap();
+    store.close().await.unwrap();
+    assert!(path.is_file());
+}
+
+#[tokio::test]
+async fn sqlite_data_survives_close_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&db_path(&dir));
+    let completion = Completion {
+        ok: true,
+        answer: "kept".to_owned(),
+        error: None,
+        resume: Some(ResumeToken::new("echo", "tok-1")),
+        usage: json!({ "output_tokens": 1 }),
+    };
+    let before = run_to_end(&store, "run_kept", completion).await;
+    let events = every_kind_of_event("run_kept");
+    for event in &events {
+        store.append_event(event.clone()).await;
+    }
+    store.put_chat_state("s1", "echo", "tok-1", 1_000).await;
+    store.close().await.unwrap();
+
+    let store = open(&db_path(&dir));
+    assert_eq!(store.get_run("run_kept").await.unwrap(), Some(before));
+    assert_eq!(store.run_events("run_kept").await.unwrap(), stored(&events));
+    let state = store.get_chat_state("s1", 1_001).await.unwrap().unwrap();
+    assert_eq!(state.last_resume_token, "tok-1");
+    store.close().await.unwrap();
+}
+
+fn user_version(path: &Path) -> i64 {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.query_row("PRAGMA user_version", [], |row| row.get(0)).unwrap()
+}
+
+fn n_rows(path: &Path, table: &str) -> i64 {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |row| row.get(0)).unwrap()
+}
+
+#[tokio::test]
+async fn sqlite_reopening_applies_no_migration_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    store.insert_run(new_run("run_1", 1_000)).await;
+    store.close().await.unwrap();
+    assert_eq!(user_version(&path), SCHEMA_VERSION);
+
+    // Migration 1 creates tables without `IF NOT EXISTS`: running it again would fail the open.
+    for _ in 0..2 {
+        let store = open(&path);
+        assert_eq!(store.get_run("run_1").await.unwrap(), Some(queued_record("run_1", 1_000)));
+        store.close().await.unwrap();
+        assert_eq!(user_version(&path), SCHEMA_VERSION);
+    }
+}
+
+#[tokio::test]
+async fn sqlite_refuses_a_file_from_a_newer_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lemon.db");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .unwrap();
+    match SqliteStore::open(&path, DEFAULT_CHAT_STATE_TTL_MS) {
+        Err(StoreError::Open { path: named, message }) => {
+            assert_eq!(named, path.display().to_string());
+            assert!(message.contains("newer"), "{message}");
+        }
+        other => panic!("expected an open error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn sqlite_writes_queued_before_close_are_all_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    store.insert_run(new_run("run_burst", 1_000)).await;
+    for index in 1..=5_000 {
+        store
+            .append_event(event(
+                "run_burst",
+                index,
+                EventKind::Delta { seq: index, text: format!("word{index} ") },
+            ))
+            .await;
+    }
+    store.close().await.unwrap();
+    assert_eq!(n_rows(&path, "run_events"), 5_000);
+
+    let store = open(&path);
+    let events = store.run_events("run_burst").await.unwrap();
+    assert_eq!(events.len(), 5_000);
+    assert!(events.iter().zip(1..).all(|(e, index)| e.index == index));
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn sqlite_dropping_without_close_keeps_queued_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    store.insert_run(new_run("run_dropped", 1_000)).await;
+    for index in 1..=2_000 {
+        store
+            .append_event(event(
+                "run_dropped",
+                index,
+                EventKind::Delta { seq: index, text: "w ".to_owned() },
+            ))
+            .await;
+    }
+    drop(store);
+    assert_eq!(n_rows(&path, "runs"), 1);
+    assert_eq!(n_rows(&path, "run_events"), 2_000);
+}
+
+#[tokio::test]
+async fn sqlite_after_close_reads_fail_and_writes_are_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    store.insert_run(new_run("run_1", 1_000)).await;
+    store.close().await.unwrap();
+    // Closing twice is harmless.
+    store.close().await.unwrap();
+
+    assert_eq!(store.get_run("run_1").await, Err(StoreError::Closed));
+    assert_eq!(
+        store.list_runs(RunFilter { status: None, limit: 1 }).await,
+        Err(StoreError::Closed)
+    );
+    assert_eq!(store.run_events("run_1").await, Err(StoreError::Closed));
+    assert_eq!(store.get_chat_state("s1", 1).await, Err(StoreError::Closed));
+    assert_eq!(store.flush().await, Err(StoreError::Closed));
+    assert_eq!(store.check_writable().await, Err(StoreError::Closed));
+
+    store.insert_run(new_run("run_2", 1_000)).await;
+    store.mark_running(run_id("run_1"), "echo".to_owned(), 1).await;
+    store.append_event(event("run_1", 1, EventKind::Phase(RunPhase::Accepted))).await;
+    store.finalize_run(finished("run_1", Completion::success("x", None))).await;
+    store.put_chat_state("s1", "echo", "tok", 1).await;
+    store.delete_chat_state("s1").await;
+    drop(store);
+
+    assert_eq!(n_rows(&path, "runs"), 1);
+    assert_eq!(n_rows(&path, "run_events"), 0);
+    assert_eq!(n_rows(&path, "chat_state"), 0);
+}
+
+#[tokio::test]
+async fn sqlite_open_under_a_regular_file_names_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("not-a-dir");
+    std::fs::write(&blocker, "x").unwrap();
+    let path = blocker.join("lemon.db");
+    match SqliteStore::open(&path, DEFAULT_CHAT_STATE_TTL_MS) {
+        Err(StoreError::Open { path: named, message }) => {
+            assert_eq!(named, path.display().to_string());
+            assert!(!message.is_empty());
+        }
+        other => panic!("expected an open error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn sqlite_write_errors_fail_flush_and_check_writable_until_writes_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    store.check_writable().await.unwrap();
+
+    // Another connection makes event inserts and health writes fail.
+    let saboteur = rusqlite::Connection::open(&path).unwrap();
+    saboteur.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    saboteur
+        .execute_batch(
+            "CREATE TRIGGER no_events BEFORE INSERT ON run_events BEGIN SELECT RAISE(ABORT, 'disk says no'); END;
+             CREATE TRIGGER no_health BEFORE INSERT ON health BEGIN SELECT RAISE(ABORT, 'disk says no'); END;",
+        )
+        .unwrap();
+
+    store.insert_run(new_run("run_1", 1_000)).await;
+    store.append_event(event("run_1", 1, EventKind::Phase(RunPhase::Accepted))).await;
+    match store.flush().await {
+        Err(StoreError::Database(message)) => {
+            assert!(message.contains("disk says no"), "{message}")
+        }
+        other => panic!("expected a database error, got {other:?}"),
+    }
+    assert!(matches!(store.check_writable().await, Err(StoreError::Database(_))));
+    // The failing write did not take the rest of its batch down, and reads still work.
+    assert_eq!(store.get_run("run_1").await.unwrap(), Some(queued_record("run_1", 1_000)));
+    assert_eq!(store.run_events("run_1").await.unwrap(), vec![]);
+
+    saboteur.execute_batch("DROP TRIGGER no_events; DROP TRIGGER no_health;").unwrap();
+    store.check_writable().await.unwrap();
+    store.append_event(event("run_1", 1, EventKind::Phase(RunPhase::Accepted))).await;
+    store.flush().await.unwrap();
+    assert_eq!(store.run_events("run_1").await.unwrap().len(), 1);
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn sqlite_runs_from_before_a_reopen_take_new_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    store.insert_run(new_run("run_old", 1_000)).await;
+    store.insert_run(new_run("run_done", 1_001)).await;
+    store.finalize_run(finished("run_done", Completion::success("done", None))).await;
+    store.append_event(event("run_old", 1, EventKind::Phase(RunPhase::Accepted))).await;
+    store.close().await.unwrap();
+
+    // The writer of the new store knows nothing of these runs yet.
+    let store = open(&path);
+    store.mark_running(run_id("run_old"), "echo".to_owned(), 1_500).await;
+    store.mark_running(run_id("run_done"), "echo".to_owned(), 1_500).await;
+    store.append_event(event("run_old", 2, EventKind::Phase(RunPhase::Dispatched))).await;
+    store.insert_run(new_run("run_new", 1_002)).await;
+    store.finalize_run(finished("run_old", Completion::success("late", None))).await;
+
+    let old = store.get_run("run_old").await.unwrap().unwrap();
+    assert_eq!((old.status, old.answer.as_deref()), (RunStatus::Completed, Some("late")));
+    assert_eq!(old.started_at_ms, Some(1_500));
+    let done = store.get_run("run_done").await.unwrap().unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    let indexes: Vec<_> =
+        store.run_events("run_old").await.unwrap().into_iter().map(|e| e.index).collect();
+    assert_eq!(indexes, [1, 2]);
+    let listed = store.list_runs(RunFilter { status: None, limit: 10 }).await.unwrap();
+    let ids: Vec<_> = listed.iter().map(|r| r.run_id.as_str()).collect();
+    assert_eq!(ids, ["run_new", "run_done", "run_old"]);
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn events_before_the_run_is_inserted_stay_with_it() {
+    for Backend { name, store, _dir } in backends() {
+        store.append_event(event("run_early", 1, EventKind::Phase(RunPhase::Accepted))).await;
+        store.insert_run(new_run("run_other", 1_000)).await;
+        store.flush().await.unwrap();
+        store.insert_run(new_run("run_early", 1_000)).await;
+        store.append_event(event("run_early", 2, EventKind::Phase(RunPhase::Dispatched))).await;
+        let indexes: Vec<_> =
+            store.run_events("run_early").await.unwrap().into_iter().map(|e| e.index).collect();
+        assert_eq!(indexes, [1, 2], "{name}");
+        // Inserted last, so listed first among runs of the same millisecond.
+        let listed = store.list_runs(RunFilter { status: None, limit: 10 }).await.unwrap();
+        let ids: Vec<_> = listed.iter().map(|r| r.run_id.as_str()).collect();
+        assert_eq!(ids, ["run_early", "run_other"], "{name}");
+    }
+}
+
+/// One step of a random history, on one of a few runs.
+#[derive(Debug, Clone)]
+enum Step {
+    Insert(usize),
+    Start(usize),
+    Event(usize, u8),
+    Finish(usize, u8),
+    /// Ends the SQLite writer's batch here, so histories cover both writes folded
+    /// into one batch and writes spread over several.
+    Flush,
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        2 => (0..4_usize).prop_map(Step::Insert),
+        2 => (0..4_usize).prop_map(Step::Start),
+        4 => (0..4_usize, any::<u8>()).prop_map(|(run, kind)| Step::Event(run, kind)),
+        2 => (0..4_usize, 0..3_u8).prop_map(|(run, outcome)| Step::Finish(run, outcome)),
+        1 => Just(Step::Flush),
+    ]
+}
+
+/// Applies `steps` to both backends and checks that they end up the same. Runs are
+/// inserted at most once and event indexes grow, which is how the gateway writes.
+async fn check_backends_agree(steps: Vec<Step>) {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = open(&db_path(&dir));
+    let memory = StoreHandle::memory();
+    let ids = ["run_a", "run_b", "run_c", "run_d"];
+    let mut inserted = [false; 4];
+    let mut next_index = [1_u64; 4];
+    for (clock, step) in (0_i64..).zip(&steps) {
+        for store in [&memory, &sqlite] {
+            match step.clone() {
+                Step::Insert(run) if !inserted[run] => {
+                    // Halving the clock makes runs share a millisecond now and then.
+                    store.insert_run(new_run(ids[run], 1_000 + clock / 2)).await;
+                }
+                Step::Insert(_) => {}
+                Step::Start(run) => {
+                    store.mark_running(run_id(ids[run]), format!("engine-{clock}"), clock).await;
+                }
+                Step::Event(run, kind) => {
+                    let index = next_index[run];
+                    let kinds = every_kind_of_event(ids[run]);
+                    let kind = kinds[usize::from(kind) % kinds.len()].kind.clone();
+                    store.append_event(event(ids[run], index, kind)).await;
+                }
+                Step::Finish(run, outcome) => {
+                    let completion = match outcome {
+                        0 => Completion::success(format!("answer {clock}"), None),
+                        1 => {
+                            Completion::failure(RunError::Engine { message: "no".to_owned() }, None)
+                        }
+                        _ => Completion::failure(RunError::UserRequested, None),
+                    };
+                    store.finalize_run(finished(ids[run], completion)).await;
+                }
+                Step::Flush => store.flush().await.unwrap(),
+            }
+        }
+        match *step {
+            Step::Insert(run) => inserted[run] = true,
+            Step::Event(run, _) => next_index[run] += 1,
+            _ => {}
+        }
+    }
+    for id in ids {
+        assert_eq!(sqlite.get_run(id).await.unwrap(), memory.get_run(id).await.unwrap(), "{id}");
+        assert_eq!(
+            sqlite.run_events(id).await.unwrap(),
+            memory.run_events(id).await.unwrap(),
+            "{id}"
+        );
+    }
+    let statuses = [
+        None,
+        Some(RunStatus::Queued),
+        Some(RunStatus::Running),
+        Some(RunStatus::Completed),
+        Some(RunStatus::Failed),
+        Some(RunStatus::Cancelled),
+    ];
+    for status in statuses {
+        let filter = RunFilter { status, limit: 3 };
+        assert_eq!(
+            sqlite.list_runs(filter.clone()).await.unwrap(),
+            memory.list_runs(filter).await.unwrap(),
+            "{status:?}"
+        );
+    }
+    sqlite.close().await.unwrap();
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn sqlite_agrees_with_memory_on_any_history(steps in proptest::collection::vec(step(), 0..40)) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(check_backends_agree(steps));
+    }
+}
