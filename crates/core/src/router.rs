@@ -38,7 +38,6 @@ use crate::ids::{ConversationKey, RunId};
 use crate::store::{ChatState, StoreError};
 
 use actor::{Router, RouterMsg};
-pub use journal::{JournalEntry, JournalState};
 pub use queue::Limits;
 pub use resolve::SlashCommand;
 

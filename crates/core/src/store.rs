@@ -111,6 +111,53 @@ pub struct ChatState {
     pub expires_at_ms: i64,
 }
 
+/// Whether a journaled request reached its engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JournalState {
+    /// Accepted, possibly waiting at the gateway, never started.
+    Queued,
+    /// The gateway started it.
+    Started,
+}
+
+impl JournalState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JournalState::Queued => "queued",
+            JournalState::Started => "started",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "queued" => Some(JournalState::Queued),
+            "started" => Some(JournalState::Started),
+            _ => None,
+        }
+    }
+}
+
+/// One request the router accepted, with everything needed to submit it again
+/// after a crash. It stays in the admission journal until its `run_completed`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JournalEntry {
+    /// Acceptance order; recovery re-queues in this order.
+    pub seq: u64,
+    pub run_id: RunId,
+    pub session_key: String,
+    pub conversation: String,
+    pub prompt: String,
+    pub engine: String,
+    pub resume: Option<ResumeToken>,
+    pub cwd: Option<std::path::PathBuf>,
+    /// Request metadata (JSON object).
+    pub meta: serde_json::Value,
+    /// The router's own fields: origin, queue mode, engine choice (JSON object).
+    pub route: serde_json::Value,
+    pub state: JournalState,
+    pub accepted_at_ms: i64,
+}
+
 /// What a backend implements. Write methods queue and return; read methods see
 /// every write queued before them on the same handle.
 #[async_trait]
@@ -137,6 +184,14 @@ pub trait StoreBackend: Send + Sync + fmt::Debug + 'static {
         now_ms: i64,
     ) -> Result<Option<ChatState>, StoreError>;
     async fn delete_chat_state(&self, session_key: &str);
+    /// Writes (or rewrites, by run id) an admission journal entry.
+    async fn journal_admit(&self, entry: JournalEntry);
+    /// Marks a journaled request as started; unknown ids are ignored.
+    async fn journal_mark_started(&self, run_id: &RunId);
+    /// Removes a journaled request: its completion is out.
+    async fn journal_complete(&self, run_id: &RunId);
+    /// Every journal entry, in `seq` order.
+    async fn journal_pending(&self) -> Result<Vec<JournalEntry>, StoreError>;
     /// Waits until every write queued before this call is durable.
     async fn flush(&self) -> Result<(), StoreError>;
     /// Proves the store accepts writes right now.

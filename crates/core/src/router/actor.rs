@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::journal::{Journal, JournalEntry, JournalState};
+use super::journal::Journal;
 use super::queue::{Conversation, Effect, Item, RouteChoice, SteerKind};
 use super::resolve::{
     choose_engine, conversation_key, extract_resume_line, is_context_overflow, meta_flag,
@@ -28,7 +28,7 @@ use crate::config::QueueMode;
 use crate::engine::{Completion, EngineRegistry, ResumeToken, RunError};
 use crate::gateway::{ExecutionRequest, GatewayHandle, SubmitError};
 use crate::ids::{ConversationKey, RunId};
-use crate::store::{FinishedRun, NewRun, StoreHandle};
+use crate::store::{FinishedRun, JournalEntry, JournalState, NewRun, StoreHandle};
 
 /// A steer whose engine has not answered within this is treated as refused, so
 /// a stuck engine cannot hold its conversation's queue forever.
@@ -155,7 +155,7 @@ impl Router {
             store: gateway.store().clone(),
             bus: gateway.bus().clone(),
             engines: gateway.engines().clone(),
-            journal: Journal::new(),
+            journal: Journal::new(gateway.store().clone()),
             gateway,
             token,
             tracker,

@@ -532,3 +532,119 @@ async fn conversations_are_forgotten_when_idle() {
     let view = h.router.session("s").await.unwrap();
     assert!(view.active.is_empty() && view.queued.is_empty());
 }
+
+fn journaled(
+    id: &str,
+    seq: u64,
+    prompt: &str,
+    state: crate::store::JournalState,
+) -> crate::store::JournalEntry {
+    crate::store::JournalEntry {
+        seq,
+        run_id: RunId::parse(id).unwrap(),
+        session_key: "s".to_owned(),
+        conversation: "session:s".to_owned(),
+        prompt: prompt.to_owned(),
+        engine: "fake".to_owned(),
+        resume: None,
+        cwd: None,
+        meta: serde_json::json!({ "origin": "control_plane" }),
+        route: serde_json::json!({
+            "queue_mode": "collect", "auto_resume": true, "fallback_engine": "fake",
+        }),
+        state,
+        accepted_at_ms: 1_000 + seq as i64,
+    }
+}
+
+async fn leave_row(store: &StoreHandle, entry: &crate::store::JournalEntry) {
+    store
+        .insert_run(crate::store::NewRun {
+            run_id: entry.run_id.clone(),
+            session_key: entry.session_key.clone(),
+            conversation: entry.conversation.clone(),
+            engine: entry.engine.clone(),
+            prompt: entry.prompt.clone(),
+            meta: entry.meta.clone(),
+            created_at_ms: entry.accepted_at_ms,
+        })
+        .await;
+    store.journal_admit(entry.clone()).await;
+}
+
+/// What a process killed mid-work leaves behind: a started run with a session,
+/// two requests that never started, and one whose completion was written but whose
+/// journal entry was not yet removed.
+#[tokio::test(start_paused = true)]
+async fn recovery_requeues_unstarted_requests_and_interrupts_started_ones() {
+    use crate::store::JournalState;
+    let store = StoreHandle::memory();
+    let running = journaled("r-running", 1, "hang", JournalState::Started);
+    leave_row(&store, &running).await;
+    store.mark_running(running.run_id.clone(), "fake".to_owned(), 1_001).await;
+    for (index, kind) in [
+        (1, EventKind::RunStarted { engine: "fake".to_owned(), model: None }),
+        (
+            2,
+            EventKind::EngineStarted {
+                resume: Some(ResumeToken::new("fake", "sess-9")),
+                title: None,
+                meta: serde_json::Value::Null,
+            },
+        ),
+    ] {
+        let event = BusEvent {
+            run_id: running.run_id.clone(),
+            session_key: "s".into(),
+            index,
+            ts_ms: 1_002,
+            kind,
+        };
+        store.append_event(Arc::new(event)).await;
+    }
+    let first = journaled("r-first", 2, "ok first", JournalState::Queued);
+    let second = journaled("r-second", 3, "ok second", JournalState::Queued);
+    let done = journaled("r-done", 4, "ok done", JournalState::Started);
+    for entry in [&first, &second, &done] {
+        leave_row(&store, entry).await;
+    }
+    store
+        .finalize_run(crate::store::FinishedRun {
+            run_id: done.run_id.clone(),
+            engine: "fake".to_owned(),
+            completion: Completion::success("answer", None),
+            completed_at_ms: 1_010,
+            duration_ms: 1,
+        })
+        .await;
+
+    let mut h = harness_with(router_config(), FakeEngine::new("fake"), store.clone()).await;
+    let finished = h.completions(3).await;
+    let ids: Vec<&str> = finished.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["r-running", "r-first", "r-second"], "each once, queued ones in order");
+    let interrupted = &finished[0].1;
+    assert_eq!(code(interrupted), Some("interrupted"));
+    assert_eq!(interrupted.resume, Some(ResumeToken::new("fake", "sess-9")));
+    assert!(finished[1].1.ok && finished[2].1.ok);
+    assert_eq!(h.fake.started(), ["ok first", "ok second"], "nothing that started runs again");
+    let events = store.run_events("r-running").await.unwrap();
+    assert_eq!(events.last().map(|e| (e.index, e.kind.as_str())), Some((3, "run_completed")));
+    let first_run = store.get_run("r-first").await.unwrap().unwrap();
+    assert_eq!(first_run.meta["resume_source"], "auto", "the interrupted session continues");
+    h.settled(&RunId::parse("r-second").unwrap()).await;
+    assert_eq!(store.journal_pending().await.unwrap(), []);
+}
+
+#[tokio::test(start_paused = true)]
+async fn accepted_requests_are_journaled_until_they_complete() {
+    let mut h = harness(router_config()).await;
+    let busy = h.submit("s", "hang", None).await;
+    let queued = h.submit("s", "ok later", None).await;
+    let pending: Vec<RunId> =
+        h.store.journal_pending().await.unwrap().into_iter().map(|e| e.run_id).collect();
+    assert_eq!(pending, [busy.clone(), queued.clone()]);
+    h.router.abort_run(&busy).await.unwrap();
+    h.settled(&busy).await;
+    h.settled(&queued).await;
+    assert_eq!(h.store.journal_pending().await.unwrap(), []);
+}

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use super::{
-    ChatState, FinishedRun, NewRun, RunFilter, RunRecord, StoreBackend, StoreError, StoredEvent,
+    ChatState, FinishedRun, JournalEntry, JournalState, NewRun, RunFilter, RunRecord, StoreBackend,
+    StoreError, StoredEvent,
 };
 use crate::bus::{BusEvent, RunStatus};
 use crate::ids::RunId;
@@ -36,6 +37,8 @@ struct Tables {
     order: VecDeque<String>,
     events: HashMap<RunId, Vec<Arc<BusEvent>>, RandomState>,
     chat: HashMap<String, ChatState, RandomState>,
+    /// The admission journal by run id.
+    journal: HashMap<RunId, JournalEntry, RandomState>,
 }
 
 impl MemoryStore {
@@ -218,6 +221,35 @@ impl StoreBackend for MemoryStore {
 
     async fn delete_chat_state(&self, session_key: &str) {
         self.tables().chat.remove(session_key);
+    }
+
+    async fn journal_admit(&self, entry: JournalEntry) {
+        if !self.writable() {
+            return;
+        }
+        self.tables().journal.insert(entry.run_id.clone(), entry);
+    }
+
+    async fn journal_mark_started(&self, run_id: &RunId) {
+        if !self.writable() {
+            return;
+        }
+        if let Some(entry) = self.tables().journal.get_mut(run_id) {
+            entry.state = JournalState::Started;
+        }
+    }
+
+    async fn journal_complete(&self, run_id: &RunId) {
+        if !self.writable() {
+            return;
+        }
+        self.tables().journal.remove(run_id);
+    }
+
+    async fn journal_pending(&self) -> Result<Vec<JournalEntry>, StoreError> {
+        let mut entries: Vec<JournalEntry> = self.tables().journal.values().cloned().collect();
+        entries.sort_by_key(|e| e.seq);
+        Ok(entries)
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

@@ -27,7 +27,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::writer::{Reply, WriteOp};
 use super::{
-    ChatState, FinishedRun, NewRun, RunFilter, RunRecord, StoreBackend, StoreError, StoredEvent,
+    ChatState, FinishedRun, JournalEntry, JournalState, NewRun, RunFilter, RunRecord, StoreBackend,
+    StoreError, StoredEvent,
 };
 use crate::bus::{BusEvent, RunStatus};
 use crate::engine::ResumeToken;
@@ -345,6 +346,37 @@ impl StoreBackend for SqliteStore {
         self.queue(WriteOp::DeleteChatState { session_key: session_key.to_owned() }).await;
     }
 
+    async fn journal_admit(&self, entry: JournalEntry) {
+        self.queue(WriteOp::JournalAdmit(Box::new(entry))).await;
+    }
+
+    async fn journal_mark_started(&self, run_id: &RunId) {
+        self.queue(WriteOp::JournalStarted { run_id: run_id.clone() }).await;
+    }
+
+    async fn journal_complete(&self, run_id: &RunId) {
+        self.queue(WriteOp::JournalComplete { run_id: run_id.clone() }).await;
+    }
+
+    async fn journal_pending(&self) -> Result<Vec<JournalEntry>, StoreError> {
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT run_id, seq, session_key, conversation, prompt, engine, resume_engine,
+                        resume_value, cwd, meta, route, state, accepted_at_ms
+                     FROM journal ORDER BY seq",
+                )
+                .map_err(db)?;
+            let mut rows = stmt.query([]).map_err(db)?;
+            let mut entries = Vec::new();
+            while let Some(row) = rows.next().map_err(db)? {
+                entries.push(journal_from_row(row)?);
+            }
+            Ok(entries)
+        })
+        .await
+    }
+
     async fn flush(&self) -> Result<(), StoreError> {
         if self.is_closed() {
             return Err(StoreError::Closed);
@@ -462,4 +494,30 @@ fn run_from_row(row: &Row<'_>) -> Result<RunRecord, StoreError> {
 
 fn parse_json(text: &str, what: impl FnOnce() -> String) -> Result<serde_json::Value, StoreError> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{}: {e}", what())))
+}
+
+fn journal_from_row(row: &Row<'_>) -> Result<JournalEntry, StoreError> {
+    let run_id: String = row.get(0).map_err(db)?;
+    let corrupt = |what: &str| StoreError::Corrupt(format!("journal entry {run_id}: {what}"));
+    let seq: i64 = row.get(1).map_err(db)?;
+    let resume_engine: Option<String> = row.get(6).map_err(db)?;
+    let resume_value: Option<String> = row.get(7).map_err(db)?;
+    let cwd: Option<String> = row.get(8).map_err(db)?;
+    let meta: String = row.get(9).map_err(db)?;
+    let route: String = row.get(10).map_err(db)?;
+    let state: String = row.get(11).map_err(db)?;
+    Ok(JournalEntry {
+        run_id: RunId::parse(&run_id).ok_or_else(|| corrupt("bad run id"))?,
+        seq: u64::try_from(seq).map_err(|_| corrupt("negative seq"))?,
+        session_key: row.get(2).map_err(db)?,
+        conversation: row.get(3).map_err(db)?,
+        prompt: row.get(4).map_err(db)?,
+        engine: row.get(5).map_err(db)?,
+        resume: resume_engine.zip(resume_value).map(|(e, v)| ResumeToken::new(e, v)),
+        cwd: cwd.map(std::path::PathBuf::from),
+        meta: parse_json(&meta, || format!("meta of journal entry {run_id}"))?,
+        route: parse_json(&route, || format!("route of journal entry {run_id}"))?,
+        state: JournalState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
+        accepted_at_ms: row.get(12).map_err(db)?,
+    })
 }

@@ -794,3 +794,55 @@ proptest::proptest! {
         runtime.block_on(check_backends_agree(steps));
     }
 }
+
+fn journal_entry(id: &str, seq: u64) -> JournalEntry {
+    JournalEntry {
+        seq,
+        run_id: run_id(id),
+        session_key: "s1".to_owned(),
+        conversation: "resume:codex:t-1".to_owned(),
+        prompt: "fix the test".to_owned(),
+        engine: "codex".to_owned(),
+        resume: Some(ResumeToken::new("codex", "t-1")),
+        cwd: Some(PathBuf::from("/srv/app")),
+        meta: json!({ "origin": "channel" }),
+        route: json!({ "queue_mode": "followup" }),
+        state: JournalState::Queued,
+        accepted_at_ms: 1_000 + seq as i64,
+    }
+}
+
+#[tokio::test]
+async fn journal_keeps_unfinished_requests_in_acceptance_order() {
+    for Backend { name, store, _dir } in backends() {
+        store.journal_admit(journal_entry("j3", 3)).await;
+        store.journal_admit(journal_entry("j1", 1)).await;
+        store.journal_admit(journal_entry("j2", 2)).await;
+        store.journal_mark_started(&run_id("j1")).await;
+        store.journal_mark_started(&run_id("unknown")).await;
+        store.journal_complete(&run_id("j2")).await;
+        // A rewrite (a merged followup) replaces the entry by run id.
+        let mut merged = journal_entry("j3", 3);
+        merged.prompt = "fix the test\nand the docs".to_owned();
+        store.journal_admit(merged.clone()).await;
+        let pending = store.journal_pending().await.unwrap();
+        let mut started = journal_entry("j1", 1);
+        started.state = JournalState::Started;
+        assert_eq!(pending, [started, merged], "{name}");
+    }
+}
+
+#[tokio::test]
+async fn sqlite_journal_survives_close_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&db_path(&dir));
+    let mut bare = journal_entry("j-bare", 7);
+    bare.resume = None;
+    bare.cwd = None;
+    store.journal_admit(bare.clone()).await;
+    store.journal_admit(journal_entry("j-full", 8)).await;
+    store.close().await.unwrap();
+    let store = open(&db_path(&dir));
+    assert_eq!(store.journal_pending().await.unwrap(), [bare, journal_entry("j-full", 8)]);
+    store.close().await.unwrap();
+}

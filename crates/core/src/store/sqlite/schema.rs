@@ -60,6 +60,23 @@ const MIGRATIONS: &[&str] = &[
         id INTEGER PRIMARY KEY CHECK (id = 1),
         checked_at_ms INTEGER NOT NULL
     );",
+    // 2: the router's admission journal: accepted requests until their completion.
+    "CREATE TABLE journal (
+        run_id TEXT PRIMARY KEY NOT NULL,
+        seq INTEGER NOT NULL,
+        session_key TEXT NOT NULL,
+        conversation TEXT NOT NULL,
+        prompt TEXT NOT NULL,
+        engine TEXT NOT NULL,
+        resume_engine TEXT,
+        resume_value TEXT,
+        cwd TEXT,
+        meta TEXT NOT NULL,
+        route TEXT NOT NULL,
+        state TEXT NOT NULL,
+        accepted_at_ms INTEGER NOT NULL
+    );
+    CREATE INDEX journal_by_seq ON journal (seq);",
 ];
 
 /// The version a fully migrated file has.

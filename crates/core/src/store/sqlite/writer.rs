@@ -19,7 +19,7 @@ use std::thread;
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 
-use super::super::{FinishedRun, NewRun, StoreError};
+use super::super::{FinishedRun, JournalEntry, NewRun, StoreError};
 use super::event_json;
 use crate::bus::{BusEvent, RunStatus};
 use crate::ids::RunId;
@@ -69,6 +69,13 @@ pub(super) enum WriteOp {
         session_key: String,
         now_ms: i64,
     },
+    JournalAdmit(Box<JournalEntry>),
+    JournalStarted {
+        run_id: RunId,
+    },
+    JournalComplete {
+        run_id: RunId,
+    },
     Flush {
         reply: Reply,
     },
@@ -94,6 +101,9 @@ impl WriteOp {
             WriteOp::PutChatState { .. } => "put_chat_state",
             WriteOp::DeleteChatState { .. } => "delete_chat_state",
             WriteOp::DeleteExpiredChatState { .. } => "delete_expired_chat_state",
+            WriteOp::JournalAdmit(_) => "journal_admit",
+            WriteOp::JournalStarted { .. } => "journal_started",
+            WriteOp::JournalComplete { .. } => "journal_complete",
             WriteOp::Flush { .. } => "flush",
             WriteOp::CheckWritable { .. } => "check_writable",
             WriteOp::Stop { .. } => "stop",
@@ -515,6 +525,39 @@ impl Writer {
                     "DELETE FROM chat_state WHERE session_key = ?1 AND expires_at_ms <= ?2",
                 )?;
                 stmt.execute(params![session_key, now_ms])?;
+            }
+            WriteOp::JournalAdmit(entry) => {
+                let mut stmt = self.conn.prepare_cached(
+                    "INSERT OR REPLACE INTO journal (run_id, seq, session_key, conversation, prompt,
+                        engine, resume_engine, resume_value, cwd, meta, route, state, accepted_at_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                )?;
+                let resume = entry.resume.as_ref();
+                stmt.execute(params![
+                    entry.run_id.as_str(),
+                    to_i64(entry.seq),
+                    entry.session_key,
+                    entry.conversation,
+                    entry.prompt,
+                    entry.engine,
+                    resume.map(|r| r.engine.as_str()),
+                    resume.map(|r| r.value.as_str()),
+                    entry.cwd.as_ref().map(|c| c.to_string_lossy().into_owned()),
+                    entry.meta.to_string(),
+                    entry.route.to_string(),
+                    entry.state.as_str(),
+                    entry.accepted_at_ms,
+                ])?;
+            }
+            WriteOp::JournalStarted { run_id } => {
+                let mut stmt = self
+                    .conn
+                    .prepare_cached("UPDATE journal SET state = 'started' WHERE run_id = ?1")?;
+                stmt.execute(params![run_id.as_str()])?;
+            }
+            WriteOp::JournalComplete { run_id } => {
+                let mut stmt = self.conn.prepare_cached("DELETE FROM journal WHERE run_id = ?1")?;
+                stmt.execute(params![run_id.as_str()])?;
             }
             WriteOp::CheckWritable { now_ms, reply } => {
                 self.replies.push(reply);
