@@ -9,4 +9,5 @@ mod cli_fixtures;
 mod cli_process;
 mod cli_support;
 mod gateway_e2e;
+mod router_crash;
 mod support;
