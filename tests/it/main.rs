@@ -10,4 +10,5 @@ mod cli_process;
 mod cli_support;
 mod gateway_e2e;
 mod router_crash;
+mod router_resume;
 mod support;
