@@ -718,7 +718,7 @@ impl Router {
                 view.active.push(active.run_id.clone());
             }
             queued.extend(conv.queue().filter(|i| &i.session_key == session_key));
-            view.pending_steers += conv.n_pending_steers();
+            view.pending_steers += conv.pending_steers_of(session_key);
         }
         view.queued = queued.into_iter().map(|i| i.run_id.clone()).collect();
         view.chat_state = self.store.get_chat_state(session_key, now_ms()).await.ok().flatten();

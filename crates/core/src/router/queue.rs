@@ -209,6 +209,11 @@ impl Conversation {
         self.pending.len()
     }
 
+    /// Steers of `session_key` waiting for the engine's answer.
+    pub fn pending_steers_of(&self, session_key: &str) -> usize {
+        self.pending.iter().filter(|p| &*p.item.session_key == session_key).count()
+    }
+
     /// Nothing active, queued or in flight: the conversation can be forgotten.
     pub fn is_idle(&self) -> bool {
         self.active.is_none() && self.queue.is_empty() && self.pending.is_empty()
