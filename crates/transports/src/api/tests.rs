@@ -875,3 +875,119 @@ async fn debug_output_hides_the_token() {
     let debug = format!("{:?}", gw.state);
     assert!(!debug.contains(TOKEN), "{debug}");
 }
+
+/// Submits `prompt` on `session` with a chosen id and more fields; asserts `202`.
+async fn submit_as(gw: &TestGateway, run_id: &str, session: &str, prompt: &str, extra: Value) {
+    let mut body = json!({ "prompt": prompt, "session_key": session, "run_id": run_id });
+    if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        body.extend(extra.clone());
+    }
+    let (status, answer) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+}
+
+#[tokio::test]
+async fn a_session_shows_its_active_run_queue_and_chat_state() {
+    let gw = TestGateway::start(SLOW);
+    let mut all = gw.gateway().bus().subscribe_all();
+    submit_as(&gw, "sess-1", "s", &words(200), json!({})).await;
+    submit_as(&gw, "sess-2", "s", "queued one", json!({})).await;
+    let (_, queued) = gw.call(Method::GET, "/v1/runs/sess-2", None).await;
+    assert_eq!(queued["status"], json!("queued"), "{queued}");
+    let (status, session) = gw.call(Method::GET, "/v1/sessions/s", None).await;
+    assert_eq!(status, StatusCode::OK, "{session}");
+    assert_eq!(session["active_run"], json!("sess-1"));
+    assert_eq!(session["queue"], json!(["sess-2"]));
+    assert_eq!(session["queue_length"], json!(1));
+
+    // Cancelling the session stops its run; the queue runs next and keeps the session.
+    let (status, summary) = gw.call(Method::POST, "/v1/sessions/s/cancel", None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{summary}");
+    assert_eq!(summary, json!({ "session_key": "s", "dropped": 0, "cancelled": 1 }));
+    until_completed(&mut all, "sess-1").await;
+    until_completed(&mut all, "sess-2").await;
+    let (_, run) = gw.call(Method::GET, "/v1/runs/sess-2", None).await;
+    assert_eq!(run["status"], json!("completed"), "{run}");
+    // The router writes chat state as it handles the end; poll the session for it.
+    let session = within("chat state", async {
+        loop {
+            let (_, session) = gw.call(Method::GET, "/v1/sessions/s", None).await;
+            if session["chat_state"]["resume_token"] == json!("sess-2") {
+                return session;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(session["chat_state"]["engine"], json!("echo"));
+}
+
+#[tokio::test]
+async fn aborting_a_session_drops_its_queue() {
+    let gw = TestGateway::start(SLOW);
+    let topic = |id: &str| gw.gateway().bus().subscribe_run(&RunId::parse(id).unwrap());
+    let mut topics = [("ab-1", topic("ab-1")), ("ab-2", topic("ab-2"))];
+    submit_as(&gw, "ab-1", "s", &words(200), json!({})).await;
+    submit_as(&gw, "ab-2", "s", "never runs", json!({})).await;
+    let (status, summary) = gw.call(Method::POST, "/v1/sessions/s/abort", None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{summary}");
+    assert_eq!(summary, json!({ "session_key": "s", "dropped": 1, "cancelled": 1 }));
+    for (run_id, events) in &mut topics {
+        let done = until_completed(events, run_id).await;
+        assert_eq!(done.to_json()["error_code"], json!("user_requested"), "{run_id}");
+    }
+    let (_, run) = gw.call(Method::GET, "/v1/runs/ab-2", None).await;
+    assert_eq!(run["status"], json!("cancelled"), "{run}");
+}
+
+#[tokio::test]
+async fn a_run_queued_in_its_session_can_be_cancelled_before_it_starts() {
+    let gw = TestGateway::start(SLOW);
+    let mut all = gw.gateway().bus().subscribe_all();
+    submit_as(&gw, "qc-1", "s", &words(200), json!({})).await;
+    submit_as(&gw, "qc-2", "s", "cancel me", json!({})).await;
+    let (status, body) = gw.call(Method::POST, "/v1/runs/qc-2/cancel", None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["status"], json!("cancelling"));
+    until_completed(&mut all, "qc-2").await;
+    let (_, run) = gw.call(Method::GET, "/v1/runs/qc-2", None).await;
+    assert_eq!(run["status"], json!("cancelled"), "{run}");
+    assert_eq!(run["started_at_ms"], Value::Null, "it never started");
+    gw.call(Method::POST, "/v1/runs/qc-1/cancel", None).await;
+    until_completed(&mut all, "qc-1").await;
+}
+
+#[tokio::test]
+async fn interrupt_mode_over_the_api_cancels_the_live_run() {
+    let gw = TestGateway::start(SLOW);
+    let mut all = gw.gateway().bus().subscribe_all();
+    submit_as(&gw, "int-1", "s", &words(200), json!({})).await;
+    until_first_delta(&mut all, "int-1").await;
+    submit_as(&gw, "int-2", "s", "right now", json!({ "queue_mode": "interrupt" })).await;
+    let done = until_completed(&mut all, "int-1").await;
+    assert_eq!(done.to_json()["error_code"], json!("interrupted"));
+    let done = until_completed(&mut all, "int-2").await;
+    assert_eq!(done.to_json()["answer"], json!("right now"));
+}
+
+#[tokio::test]
+async fn slash_commands_and_resume_lines_go_through_the_router() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let (status, body) = gw
+        .call(Method::POST, "/v1/runs", Some(json!({ "prompt": "/status", "session_key": "s" })))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["command"], json!("status"));
+    assert!(body["reply"].as_str().unwrap().contains("idle"), "{body}");
+
+    let body = json!({ "prompt": "echo resume prior-1\nhello again", "session_key": "s" });
+    let (status, accepted) = gw.call(Method::POST, "/v1/runs?wait=true", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{accepted}");
+    assert_eq!(accepted["prompt"], json!("hello again"), "the resume line is taken out");
+    assert_eq!(accepted["meta"]["resume_source"], json!("explicit"));
+
+    let body = json!({ "prompt": "hi", "queue_mode": "sideways" });
+    let (status, error) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    assert!(error_of(&error).contains("queue_mode"), "{error}");
+}
