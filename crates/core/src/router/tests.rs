@@ -648,3 +648,66 @@ async fn accepted_requests_are_journaled_until_they_complete() {
     h.settled(&queued).await;
     assert_eq!(h.store.journal_pending().await.unwrap(), []);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_channel_binding_gives_project_cwd_agent_engine_and_queue_mode() {
+    let loaded = crate::config::load_str(
+        r#"
+        [gateway.projects.app]
+        root = "/srv/app"
+        default_engine = "plain"
+
+        [[gateway.bindings]]
+        transport = "telegram"
+        chat_id = 42
+        project = "app"
+        agent_id = "helper"
+        queue_mode = "followup"
+        "#,
+        std::path::Path::new("config.toml"),
+    )
+    .unwrap();
+    let config = RouterConfig { gateway: Arc::new(loaded.config.gateway), ..router_config() };
+    let mut h = harness(config).await;
+    let channel =
+        ChannelRef { transport: "telegram".into(), chat_id: Some("42".into()), topic_id: None };
+    let from_chat = |prompt: &str| RunRequest {
+        origin: Origin::Channel,
+        channel: Some(channel.clone()),
+        ..RunRequest::new("tg:42", prompt)
+    };
+    let busy = h.submit_req(from_chat("hang")).await;
+    let first = h.submit_req(from_chat("ok one")).await;
+    let second = h.submit_req(from_chat("ok two")).await;
+    let pending = h.store.journal_pending().await.unwrap();
+    let queued: Vec<_> = pending.iter().filter(|e| e.run_id != busy).collect();
+    assert_eq!(queued.len(), 1, "the binding's followup mode merged the two: {queued:?}");
+    let entry = queued[0];
+    assert_eq!(entry.run_id, second);
+    assert_eq!(entry.prompt, "ok one\nok two");
+    assert_eq!(entry.engine, "plain", "the project's engine");
+    assert_eq!(entry.cwd.as_deref(), Some(std::path::Path::new("/srv/app")));
+    assert_eq!(entry.meta["agent_id"], "helper");
+    assert_eq!(entry.meta["origin"], "channel");
+    assert_eq!(code(&h.completion_of(&first).await), Some("cancelled"));
+    h.router.abort_run(&busy).await.unwrap();
+    assert!(h.completion_of(&second).await.ok);
+}
+
+#[tokio::test(start_paused = true)]
+async fn redirect_falls_back_to_a_followup_when_the_engine_cannot_redirect() {
+    let mut h = harness(router_config()).await;
+    let busy = h.submit("s", "hang", None).await;
+    h.started(&busy).await;
+    let redirect = h.submit("s", "ok do this instead", Some(QueueMode::Redirect)).await;
+    loop {
+        if h.router.session("s").await.unwrap().queued == std::slice::from_ref(&redirect) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    h.router.abort_run(&busy).await.unwrap();
+    assert!(h.completion_of(&redirect).await.ok);
+    assert_eq!(h.fake.started(), ["hang", "ok do this instead"]);
+    assert!(h.fake.steered().is_empty());
+}
