@@ -237,6 +237,10 @@ impl Router {
                 self.run_ended(run_id, conversation, completion, engine).await;
             }
             RouterMsg::SteerAnswered { conversation, run_id, accepted } => {
+                if accepted {
+                    // It reached an engine: after a crash it must not run again.
+                    self.journal.mark_started(&run_id).await;
+                }
                 let limits = self.config.limits;
                 let effects = match self.conversations.get_mut(&conversation) {
                     Some(conv) => conv.steer_result(&run_id, accepted, Instant::now(), limits),
@@ -298,17 +302,25 @@ impl Router {
         let run_id = item.run_id.clone();
         let session_key = item.session_key.clone();
         let journaled = journal_entry(&item, now_ms());
-        let effects =
-            self.conversations.entry(key.clone()).or_default().submit(item, Instant::now(), limits);
-        self.runs.insert(run_id.clone(), key.clone());
-        if let [Effect::Dispatch(first)] = &effects[..] {
+        let idle = self.conversations.get(&key).is_none_or(Conversation::is_idle);
+        if idle {
             // An idle conversation hands the request straight to the gateway, which
             // writes the row; a refusal is the caller's error and leaves nothing behind.
-            let first = first.clone();
-            if let Err(error) = self.journal.admit(journaled).await {
-                self.forget(&key, &run_id);
-                return Err(error.into());
-            }
+            self.journal.admit(journaled).await?;
+            let mut conv = Conversation::default();
+            let mut effects = conv.submit(item, Instant::now(), limits);
+            self.conversations.insert(key.clone(), conv);
+            self.runs.insert(run_id.clone(), key.clone());
+            let first = match effects.pop() {
+                Some(Effect::Dispatch(first)) if effects.is_empty() => first,
+                // An idle conversation always dispatches at once; anything else is
+                // still carried out rather than lost.
+                other => {
+                    effects.extend(other);
+                    self.apply(key, effects).await;
+                    return Ok(Submitted::Run(accepted));
+                }
+            };
             return match self.dispatch(&key, first, true).await {
                 Ok(()) => Ok(Submitted::Run(accepted)),
                 Err((_, error)) => {
@@ -318,17 +330,13 @@ impl Router {
                 }
             };
         }
-        if let Err(error) = self.accept(&journaled).await {
-            // Not journaled, so not accepted: take it back out of the queue.
-            let effects = match self.conversations.get_mut(&key) {
-                Some(conv) => conv.abort_run(&run_id, &RunError::ShuttingDown),
-                None => Vec::new(),
-            };
-            drop(effects);
-            self.forget(&key, &run_id);
-            return Err(error);
-        }
+        // Journaled (and the row written) before the queue acts on it, so nothing
+        // a merge, a drop or a steer does is ever undone.
+        self.accept(&journaled).await?;
         publish_phase(&self.bus, &run_id, &session_key, RunPhase::Accepted);
+        self.runs.insert(run_id, key.clone());
+        let effects =
+            self.conversations.entry(key.clone()).or_default().submit(item, Instant::now(), limits);
         self.apply(key, effects).await;
         Ok(Submitted::Run(accepted))
     }
