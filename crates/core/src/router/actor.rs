@@ -221,11 +221,11 @@ impl Router {
                     return;
                 };
                 let reason = RunError::UserRequested;
-                let effects = match self.conversations.get_mut(&key) {
-                    Some(conv) => conv.abort_run(&run_id, &reason),
-                    None => Vec::new(),
+                // A steer still in flight is held too: it completes once answered.
+                let (found, effects) = match self.conversations.get_mut(&key) {
+                    Some(conv) => (conv.holds(&run_id), conv.abort_run(&run_id, &reason)),
+                    None => (false, Vec::new()),
                 };
-                let found = !effects.is_empty();
                 self.apply(key, effects).await;
                 let _ = reply.send(found);
             }
