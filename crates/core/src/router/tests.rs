@@ -711,3 +711,33 @@ async fn redirect_falls_back_to_a_followup_when_the_engine_cannot_redirect() {
     assert_eq!(h.fake.started(), ["hang", "ok do this instead"]);
     assert!(h.fake.steered().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn native_only_runs_lemon_and_keeps_a_stored_vendor_session_unused() {
+    let config = RouterConfig { native_only: true, ..router_config() };
+    let mut h = harness_with(config, FakeEngine::new("lemon"), StoreHandle::memory()).await;
+    let accepted = match h.router.submit(RunRequest::new("d", "/plain ok hi")).await.unwrap() {
+        Submitted::Run(accepted) => accepted,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(accepted.engine, "lemon", "directives are ignored");
+    h.settled(&accepted.run_id).await;
+
+    h.store.put_chat_state("s", "codex", "vendor-1", crate::clock::now_ms()).await;
+    let run = h.submit("s", "hang", None).await;
+    h.started(&run).await;
+    // Until a native session replaces it, the vendor session stays stored.
+    let kept = h.store.get_chat_state("s", crate::clock::now_ms()).await.unwrap().unwrap();
+    assert_eq!(kept.last_resume_token, "vendor-1", "quarantined, not deleted");
+    let record = h.store.get_run(run.as_str()).await.unwrap().unwrap();
+    assert!(record.meta.get("resume_source").is_none(), "the vendor session was not continued");
+    h.router.abort_run(&run).await.unwrap();
+    h.settled(&run).await;
+
+    let accepted =
+        match h.router.submit(RunRequest::new("s", "lemon resume n-1\nok go")).await.unwrap() {
+            Submitted::Run(accepted) => accepted,
+            other => panic!("{other:?}"),
+        };
+    assert_eq!(accepted.conversation.as_str(), "resume:lemon:n-1");
+}
