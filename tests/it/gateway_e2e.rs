@@ -257,3 +257,40 @@ async fn a_missing_cli_is_reported_not_crashed() {
     assert_eq!(record["status"], "failed");
     assert!(record["error"].as_str().unwrap().starts_with("engine_unavailable: codex"), "{record}");
 }
+
+#[tokio::test]
+async fn a_claude_directive_runs_the_claude_cli_on_path_and_streams_over_sse() {
+    let fake = lemon_tests::fake_cli::FakeCliDir::install(std::path::Path::new(env!(
+        "CARGO_BIN_EXE_fake-cli"
+    )))
+    .unwrap();
+    let path = format!("{}:{}", fake.path().display(), std::env::var("PATH").unwrap_or_default());
+    let fixture =
+        format!("{}/fixtures/cli/claude/synth_tool_use_success.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let config =
+        format!("[gateway.engines.claude]\nenv = {{ FAKE_CLI_FIXTURE = \"{fixture}\" }}\n");
+    let gateway = Gateway::start_with_path(&config, &path).await;
+    let run_id =
+        gateway.submit(json!({ "prompt": "/claude how many tests?", "session_key": "dev" })).await;
+    let events = gateway.events(&run_id).await;
+    let started = events.iter().find(|(t, _)| t == "run_started").unwrap();
+    assert_eq!(started.1["engine"], "claude");
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter(|(t, _)| t == "delta")
+        .map(|(_, d)| d["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, ["Let me look at the tests.", "\n\nThere are 2 test files."]);
+    let record = gateway.wait(&run_id).await;
+    assert_eq!(record["prompt"], "how many tests?", "the directive is stripped");
+    assert_eq!(record["resume_line"], "claude --resume 5b1c7a52-8f0e-4d7b-9c1a-2f3e4d5c6b7a");
+
+    // A slash command from the CLI client is answered by the router, not run.
+    let output = command(&gateway.home)
+        .args(["run", "--url", &gateway.api, "/status"])
+        .stdout(Stdio::piped())
+        .output();
+    let output = tokio::time::timeout(PATIENCE, output).await.unwrap().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(!output.stdout.is_empty(), "the slash command's reply is printed");
+}

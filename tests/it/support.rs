@@ -48,10 +48,15 @@ pub(crate) fn write_config(home: &Path, config: &str) {
 }
 
 pub(crate) fn command(home: &Path) -> Command {
+    command_with_path(home, &std::env::var("PATH").unwrap_or_default())
+}
+
+/// The gateway binary with `path` as its `PATH` (e.g. with the fake CLI first).
+pub(crate) fn command_with_path(home: &Path, path: &str) -> Command {
     let mut command = Command::new(gateway_bin());
     command
         .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("PATH", path)
         .env("HOME", home)
         .env("LEMON_HOME", home)
         .env("LEMON_API_TOKEN", TOKEN)
@@ -71,8 +76,19 @@ impl Gateway {
 
     /// Starts a gateway on an existing home (its config.toml stays as is).
     pub(crate) async fn start_in(home: &Path) -> Gateway {
-        let mut child =
-            command(home).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+        Gateway::spawn(command(home), home).await
+    }
+
+    /// Starts a gateway on a new home with `config` and `path` as its `PATH`.
+    pub(crate) async fn start_with_path(config: &str, path: &str) -> Gateway {
+        let dir = home_with(config);
+        let mut gateway = Gateway::spawn(command_with_path(dir.path(), path), dir.path()).await;
+        gateway._dir = Some(dir);
+        gateway
+    }
+
+    async fn spawn(mut command: Command, home: &Path) -> Gateway {
+        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
         let ready = tokio::time::timeout(PATIENCE, async {

@@ -68,6 +68,7 @@ impl ClientConfig {
 /// How a run ended, as the client saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunOutcome {
+    /// The run's id, or the slash command that was answered instead.
     pub run_id: String,
     pub ok: bool,
     pub error: Option<String>,
@@ -102,6 +103,12 @@ pub async fn run(
         return Err(error_of(response).await);
     }
     let accepted: serde_json::Value = response.json().await?;
+    // Slash commands (`/status`, `/cancel`, …) are answered at once, without a run.
+    if let (Some(command), Some(reply)) = (accepted["command"].as_str(), accepted["reply"].as_str())
+    {
+        writeln!(out, "{reply}")?;
+        return Ok(RunOutcome { run_id: format!("/{command}"), ok: true, error: None });
+    }
     let run_id =
         accepted["run_id"].as_str().context("the gateway answered without a run id")?.to_owned();
 

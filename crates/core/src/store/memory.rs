@@ -94,7 +94,13 @@ impl StoreBackend for MemoryStore {
             duration_ms: None,
         };
         let mut tables = self.tables();
-        tables.order.push_back(record.run_id.clone());
+        // A repeated id (the router admits a run, the gateway inserts it again when it
+        // sends it) replaces the run but keeps its place and creation time.
+        let mut record = record;
+        match tables.runs.get(&record.run_id) {
+            Some(existing) => record.created_at_ms = existing.created_at_ms,
+            None => tables.order.push_back(record.run_id.clone()),
+        }
         tables.runs.insert(record.run_id.clone(), record);
         while tables.order.len() > self.max_runs {
             let finished = tables

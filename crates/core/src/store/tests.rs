@@ -846,3 +846,19 @@ async fn sqlite_journal_survives_close_and_reopen() {
     assert_eq!(store.journal_pending().await.unwrap(), [bare, journal_entry("j-full", 8)]);
     store.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn inserting_a_run_again_keeps_its_place_and_creation_time() {
+    for Backend { name, store, _dir } in backends() {
+        store.insert_run(new_run("run_a", 1_000)).await;
+        store.insert_run(new_run("run_b", 1_001)).await;
+        // Same run, sent on later (the router admitted it, the gateway inserts it again).
+        let again = NewRun { engine: "claude".to_owned(), ..new_run("run_a", 5_000) };
+        store.insert_run(again).await;
+        let runs = store.list_runs(RunFilter { status: None, limit: 10 }).await.unwrap();
+        let ids: Vec<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
+        assert_eq!(ids, ["run_b", "run_a"], "{name}: listed once, in its first place");
+        let a = store.get_run("run_a").await.unwrap().unwrap();
+        assert_eq!((a.created_at_ms, a.engine.as_str()), (1_000, "claude"), "{name}");
+    }
+}

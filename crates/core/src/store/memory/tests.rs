@@ -38,3 +38,16 @@ async fn the_oldest_finished_runs_are_forgotten_past_the_limit() {
         assert!(store.get_run(id).await.unwrap().is_some(), "{id} kept");
     }
 }
+
+#[tokio::test]
+async fn inserting_a_run_again_keeps_its_place_and_creation_time() {
+    let store = MemoryStore::new(1000);
+    store.insert_run(new_run("a")).await;
+    store.insert_run(new_run("b")).await;
+    store.insert_run(NewRun { created_at_ms: 99, engine: "claude".into(), ..new_run("a") }).await;
+    let runs = store.list_runs(RunFilter { status: None, limit: 10 }).await.unwrap();
+    let ids: Vec<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
+    assert_eq!(ids, ["b", "a"], "listed once, in its first place");
+    let a = store.get_run("a").await.unwrap().unwrap();
+    assert_eq!((a.created_at_ms, a.engine.as_str()), (1, "claude"));
+}

@@ -581,11 +581,14 @@ impl Writer {
     /// Queues `run` for [`Writer::write_run`] at the end of the batch, with its `seq`.
     fn insert_pending(&mut self, run: NewRun) -> rusqlite::Result<()> {
         let seq = self.insert_seq(&run.run_id)?;
-        let row =
+        let mut row =
             PendingRun { seq, run, status: RunStatus::Queued, started_at_ms: None, finished: None };
-        // A repeated id replaces the run, as the memory backend does, and lists as newest.
+        // A repeated id (the router admits a run, the gateway inserts it again when it
+        // sends it) replaces the run but keeps its `seq` and creation time.
         if let Some(old) = self.pending_index.insert(row.run.run_id.clone(), self.pending.len()) {
-            self.pending[old] = None;
+            if let Some(replaced) = self.pending[old].take() {
+                row.run.created_at_ms = replaced.run.created_at_ms;
+            }
         }
         self.pending.push(Some(row));
         Ok(())
@@ -666,7 +669,8 @@ impl Writer {
             "INSERT OR REPLACE INTO runs (seq, run_id, session_key, conversation, engine, prompt, meta, status,
                 answer, error, error_code, resume_engine, resume_value, usage,
                 created_at_ms, started_at_ms, completed_at_ms, duration_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
+                 coalesce((SELECT created_at_ms FROM runs WHERE seq = ?1), ?15), ?16, ?17, ?18)",
         )?;
         let run = &row.run;
         let finished = row.finished.as_ref();
