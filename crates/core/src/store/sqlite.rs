@@ -271,15 +271,24 @@ impl StoreBackend for SqliteStore {
             let mut rows = stmt.query(params![run_id]).map_err(db)?;
             let mut events = Vec::new();
             while let Some(row) = rows.next().map_err(db)? {
-                let index: i64 = row.get(0).map_err(db)?;
+                let first: i64 = row.get(0).map_err(db)?;
                 let data: String = row.get(2).map_err(db)?;
-                events.push(StoredEvent {
-                    index: u64::try_from(index).map_err(|_| {
-                        StoreError::Corrupt(format!("run {run_id} has event index {index}"))
-                    })?,
-                    kind: row.get(1).map_err(db)?,
-                    data: parse_json(&data, || format!("event {index} of run {run_id}"))?,
-                });
+                // A row holds one or more consecutive events, one JSON object per line.
+                for line in data.split('\n') {
+                    let data = parse_json(line, || format!("event row {first} of run {run_id}"))?;
+                    let index =
+                        data.get("index").and_then(serde_json::Value::as_u64).ok_or_else(|| {
+                            StoreError::Corrupt(format!(
+                                "run {run_id} has an event without an index"
+                            ))
+                        })?;
+                    let kind = data
+                        .get("type")
+                        .and_then(serde_json::Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned();
+                    events.push(StoredEvent { index, kind, data });
+                }
             }
             Ok(events)
         })

@@ -147,6 +147,12 @@ struct Writer {
     pending: Vec<Option<PendingRun>>,
     /// Where each run of `pending` is.
     pending_index: HashMap<RunId, usize>,
+    /// Events of the batch being applied, grouped per run: consecutive events of one
+    /// run share a row (JSON lines), so a batch writes one event row per run rather
+    /// than one per event.
+    event_groups: Vec<EventGroup>,
+    /// Where each run's open group in `event_groups` is, by run `seq`.
+    event_group_index: HashMap<i64, usize>,
     /// The `seq` of recently seen runs, so events of a live run skip the `run_id` index.
     seqs: SeqCache,
     /// The `seq` the next new run gets.
@@ -158,6 +164,17 @@ struct Writer {
     n_writes_since_checkpoint: usize,
     /// Dropped (and joined) with the writer.
     checkpointer: Checkpointer,
+}
+
+/// Events of one run, in index order, written as one `run_events` row keyed by
+/// the first index. `data` holds one JSON object per line.
+#[derive(Debug)]
+struct EventGroup {
+    seq: i64,
+    first_idx: u64,
+    last_idx: u64,
+    kind: &'static str,
+    data: String,
 }
 
 /// A run inserted in the current batch, with the batch's later ops on it applied.
@@ -302,6 +319,8 @@ pub(super) fn spawn(
         replies: Vec::new(),
         pending: Vec::new(),
         pending_index: HashMap::new(),
+        event_groups: Vec::new(),
+        event_group_index: HashMap::new(),
         seqs: SeqCache::default(),
         next_seq: last_seq + 1,
         has_event_only_runs,
@@ -353,6 +372,18 @@ impl Writer {
                     outcome.record(name, result);
                 }
             }
+        }
+        if !self.event_groups.is_empty() {
+            self.begin(&mut outcome);
+            let groups = std::mem::take(&mut self.event_groups);
+            for group in &groups {
+                let result = self.write_events(group);
+                outcome.record("append_event", result);
+            }
+            // Keep the allocation for the next batch.
+            self.event_groups = groups;
+            self.event_groups.clear();
+            self.event_group_index.clear();
         }
         if !self.pending.is_empty() {
             self.begin(&mut outcome);
@@ -448,14 +479,29 @@ impl Writer {
             }
             WriteOp::AppendEvent(event) => {
                 let seq = self.event_seq(&event.run_id)?;
-                // A repeated index replaces the event rather than failing the batch.
-                let mut stmt = self.conn.prepare_cached(
-                    "INSERT OR REPLACE INTO run_events (run_seq, idx, kind, data) VALUES (?1, ?2, ?3, ?4)",
-                )?;
                 self.json.clear();
                 event_json::write(&mut self.json, &event).map_err(to_sql_error)?;
                 let data = std::str::from_utf8(&self.json).map_err(to_sql_error)?;
-                stmt.execute(params![seq, to_i64(event.index), event.kind.type_name(), data])?;
+                let open =
+                    self.event_group_index.get(&seq).and_then(|&at| self.event_groups.get_mut(at));
+                match open {
+                    // JSON text never holds a raw newline, so lines separate events.
+                    Some(group) if event.index > group.last_idx => {
+                        group.data.push('\n');
+                        group.data.push_str(data);
+                        group.last_idx = event.index;
+                    }
+                    _ => {
+                        self.event_group_index.insert(seq, self.event_groups.len());
+                        self.event_groups.push(EventGroup {
+                            seq,
+                            first_idx: event.index,
+                            last_idx: event.index,
+                            kind: event.kind.type_name(),
+                            data: data.to_owned(),
+                        });
+                    }
+                }
             }
             WriteOp::FinalizeRun(mut finished) => {
                 if let Some(row) = self.pending_run(&finished.run_id) {
@@ -611,6 +657,13 @@ impl Writer {
                     .conn
                     .prepare_cached("UPDATE run_events SET run_seq = ?2 WHERE run_seq = ?1")?;
                 stmt.execute(params![old, seq])?;
+                // Events of this batch not written yet move with the run too.
+                for group in self.event_groups.iter_mut().filter(|g| g.seq == old) {
+                    group.seq = seq;
+                }
+                if let Some(at) = self.event_group_index.remove(&old) {
+                    self.event_group_index.insert(seq, at);
+                }
                 self.seqs.insert(run_id.clone(), seq);
                 return Ok(seq);
             }
@@ -664,6 +717,16 @@ impl Writer {
     }
 
     /// Writes a run inserted in this batch, in its state at the end of the batch.
+    /// Writes one group of events. A group starting at an index already stored
+    /// replaces that row rather than failing the batch.
+    fn write_events(&self, group: &EventGroup) -> rusqlite::Result<()> {
+        let mut stmt = self.conn.prepare_cached(
+            "INSERT OR REPLACE INTO run_events (run_seq, idx, kind, data) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        stmt.execute(params![group.seq, to_i64(group.first_idx), group.kind, group.data])?;
+        Ok(())
+    }
+
     fn write_run(&mut self, row: &PendingRun) -> rusqlite::Result<()> {
         let mut stmt = self.conn.prepare_cached(
             "INSERT OR REPLACE INTO runs (seq, run_id, session_key, conversation, engine, prompt, meta, status,
