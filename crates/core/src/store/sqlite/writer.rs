@@ -13,6 +13,8 @@
 //! passive checkpoint on its own connection while the writer goes on appending.
 
 use std::collections::HashMap;
+
+use foldhash::fast::RandomState;
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::thread;
 
@@ -146,13 +148,13 @@ struct Writer {
     /// run replaced by a later insert of the same id.
     pending: Vec<Option<PendingRun>>,
     /// Where each run of `pending` is.
-    pending_index: HashMap<RunId, usize>,
+    pending_index: HashMap<RunId, usize, RandomState>,
     /// Events of the batch being applied, grouped per run: consecutive events of one
     /// run share a row (JSON lines), so a batch writes one event row per run rather
     /// than one per event.
     event_groups: Vec<EventGroup>,
     /// Where each run's open group in `event_groups` is, by run `seq`.
-    event_group_index: HashMap<i64, usize>,
+    event_group_index: HashMap<i64, usize, RandomState>,
     /// The `seq` of recently seen runs, so events of a live run skip the `run_id` index.
     seqs: SeqCache,
     /// The `seq` the next new run gets.
@@ -211,8 +213,8 @@ impl BatchOutcome {
 /// and the older is forgotten, so the cache stays bounded and keeps the live runs.
 #[derive(Debug, Default)]
 struct SeqCache {
-    newer: HashMap<RunId, i64>,
-    older: HashMap<RunId, i64>,
+    newer: HashMap<RunId, i64, RandomState>,
+    older: HashMap<RunId, i64, RandomState>,
 }
 
 impl SeqCache {
@@ -318,9 +320,9 @@ pub(super) fn spawn(
         failure: None,
         replies: Vec::new(),
         pending: Vec::new(),
-        pending_index: HashMap::new(),
+        pending_index: HashMap::default(),
         event_groups: Vec::new(),
-        event_group_index: HashMap::new(),
+        event_group_index: HashMap::default(),
         seqs: SeqCache::default(),
         next_seq: last_seq + 1,
         has_event_only_runs,
