@@ -159,7 +159,7 @@ impl WebhookConfig {
     pub fn parse(table: &toml::Table) -> Result<Self, WebhookConfigError> {
         let config: WebhookConfig =
             toml::Value::Table(table.clone()).try_into().map_err(|err: toml::de::Error| {
-                WebhookConfigError(err.to_string().trim().to_owned())
+                WebhookConfigError(err.to_string().trim().replace('\n', " "))
             })?;
         if config.callback_max_attempts == 0 {
             return Err(WebhookConfigError("callback_max_attempts must be at least 1".into()));
