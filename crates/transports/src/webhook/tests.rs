@@ -16,6 +16,7 @@ use lemon_core::bus::{EventBus, EventKind, Subscription};
 use lemon_core::engine::EngineRegistry;
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::router::{RouterConfig, RouterHandle};
+use lemon_core::secrets::SecretStore;
 use lemon_core::store::{RunFilter, StoreHandle};
 use lemon_engines::echo::EchoEngine;
 use serde_json::{json, Value};
@@ -25,6 +26,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use super::callback::is_private;
+use super::idempotency::{Claim, IdempotencyKeys};
 use super::{router, Resolve, WebhookConfig, WebhookDeps, WebhookState};
 
 const TOKEN: &str = "hook-token-5d2e";
@@ -464,4 +466,34 @@ fn config_defaults_enablement_and_errors() {
     assert!(bad("prot = 1").contains("prot"));
     assert!(bad("[integrations.a]\nqueue_mode = \"collect\"").contains("integrations.a"));
     assert!(bad("[integrations.a]\ntoken = \"t\"\nqueue_mode = \"fifo\"").contains("queue_mode"));
+}
+
+#[test]
+fn tokens_come_inline_or_from_a_secret() {
+    let table: toml::Table = toml::from_str(
+        "[integrations.a]\ntoken = \" inline \"\n[integrations.b]\ntoken_secret = \"hook_b\"\n",
+    )
+    .unwrap();
+    let config = WebhookConfig::parse(&table).unwrap();
+    let missing = std::env::temp_dir().join("lemon-webhook-tests-no-such-secrets.toml");
+    let env = BTreeMap::from([("HOOK_B".to_owned(), "from-env".to_owned())]);
+    let tokens = config.resolve_tokens(&SecretStore::new(env, missing.clone())).unwrap();
+    assert_eq!(tokens["a"], "inline");
+    assert_eq!(tokens["b"], "from-env");
+    let err = config.resolve_tokens(&SecretStore::new(BTreeMap::new(), missing)).unwrap_err();
+    assert!(err.to_string().contains("integrations.b.token_secret"), "{err}");
+    assert!(!format!("{config:?}").contains("inline"), "the token is redacted");
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotency_keys_expire_after_their_ttl() {
+    let keys = IdempotencyKeys::new(Duration::from_secs(60));
+    let Claim::New(guard) = keys.claim("zap", "k") else { panic!("first claim") };
+    guard.complete(StatusCode::OK, json!({ "run_id": "r1" }));
+    assert!(matches!(keys.claim("zap", "k"), Claim::Duplicate { .. }));
+    assert!(matches!(keys.claim("other", "k"), Claim::New(_)), "keys are per integration");
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert!(matches!(keys.claim("zap", "k"), Claim::New(_)));
+    let Claim::New(_pending) = keys.claim("zap", "p") else { panic!("claim") };
+    assert!(matches!(keys.claim("zap", "p"), Claim::InProgress));
 }
