@@ -382,8 +382,10 @@ async fn submit(
     let callback_url = request.callback_url.clone().or_else(|| inner.config.callback_url.clone());
     let Prepared { run_id, req, metadata, .. } = request;
     let session_key = req.session_key.clone();
-    // Subscribed before submitting, so a run that finishes at once is still seen.
-    let mut events = inner.gateway.bus().subscribe_run(&run_id);
+    // Subscribed before submitting, so a run that finishes at once is still seen;
+    // only when its end is awaited (a topic lives until its run completes).
+    let awaited = settings.mode == Mode::Sync || callback_url.is_some();
+    let mut events = awaited.then(|| inner.gateway.bus().subscribe_run(&run_id));
     let accepted = match inner.router.submit(req).await {
         Ok(Submitted::Run(accepted)) => accepted,
         Ok(Submitted::Command { reply, .. }) => {
@@ -413,24 +415,30 @@ async fn submit(
     });
     match settings.mode {
         Mode::Async => {
-            if let Some(delivery) = delivery {
+            if let (Some(delivery), Some(mut events)) = (delivery, events) {
                 let shutdown = inner.shutdown.clone();
+                let deliver = async move {
+                    if let Some(event) = next_run_completed(&mut events).await {
+                        delivery.deliver(&event).await;
+                    }
+                };
+                // Shutdown drops pending and unfinished deliveries.
                 inner.tracker.spawn(async move {
                     tokio::select! {
                         () = shutdown.cancelled() => {}
-                        completed = next_run_completed(&mut events) => {
-                            if let Some(event) = completed {
-                                delivery.deliver(&event).await;
-                            }
-                        }
+                        () = deliver => {}
                     }
                 });
             }
             (StatusCode::ACCEPTED, Json(accepted_body)).into_response()
         }
         Mode::Sync => {
+            let Some(events) = events.as_mut() else {
+                return ApiError::Internal("sync request without a subscription".into())
+                    .into_response();
+            };
             let completed =
-                tokio::time::timeout(settings.timeout, next_run_completed(&mut events)).await;
+                tokio::time::timeout(settings.timeout, next_run_completed(events)).await;
             let event = match completed {
                 Ok(Some(event)) => event,
                 Ok(None) => {
@@ -448,7 +456,13 @@ async fn submit(
                 claim.complete(StatusCode::OK, body.clone());
             }
             if let Some(delivery) = delivery {
-                inner.tracker.spawn(async move { delivery.deliver(&event).await });
+                let shutdown = inner.shutdown.clone();
+                inner.tracker.spawn(async move {
+                    tokio::select! {
+                        () = shutdown.cancelled() => {}
+                        _ = delivery.deliver(&event) => {}
+                    }
+                });
             }
             (StatusCode::OK, Json(body)).into_response()
         }
