@@ -12,3 +12,4 @@ mod gateway_e2e;
 mod router_crash;
 mod router_resume;
 mod support;
+mod webhook_e2e;

@@ -173,6 +173,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     );
     tracker.spawn(serve_logged(api_listener, api, token.clone(), "control API"));
     tracker.spawn(serve_logged(health_listener, health, token.clone(), "health endpoint"));
+    start_webhook(&gateway_config, &secrets, &gateway, &router, &tracker, &token).await?;
     let watched = WatchedConfig {
         path: opts.paths.config.clone(),
         modified: config_mtime,
@@ -191,6 +192,38 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         token,
         tracker,
     })
+}
+
+/// Starts the webhook listener when `[gateway.webhook]` enables it.
+async fn start_webhook(
+    config: &GatewayConfig,
+    secrets: &SecretStore,
+    gateway: &GatewayHandle,
+    router: &RouterHandle,
+    tracker: &TaskTracker,
+    token: &CancellationToken,
+) -> anyhow::Result<()> {
+    use lemon_transports::webhook;
+    let Some(webhook_config) =
+        webhook::WebhookConfig::from_gateway(config.enable_webhook, config.webhook.as_ref())?
+    else {
+        return Ok(());
+    };
+    let tokens = webhook_config.resolve_tokens(secrets)?;
+    let listener = bind(&webhook_config.addr(), "webhooks").await?;
+    let webhook_addr = listener.local_addr()?;
+    let state = webhook::WebhookState::new(webhook::WebhookDeps {
+        config: webhook_config,
+        tokens,
+        gateway: gateway.clone(),
+        router: router.clone(),
+        resolver: Arc::new(webhook::SystemResolver),
+        tracker: tracker.clone(),
+        shutdown: token.clone(),
+    });
+    tracker.spawn(serve_logged(listener, webhook::router(state), token.clone(), "webhooks"));
+    tracing::info!(%webhook_addr, "webhooks listening");
+    Ok(())
 }
 
 async fn serve_logged(

@@ -5,6 +5,8 @@
 //!   and follow their events over Server-Sent Events. Bearer-token protected.
 //! - [`health`]: `/healthz`, `/health` and `/metrics`, unauthenticated, meant for a
 //!   loopback or internal port.
+//! - [`webhook`]: `POST /webhooks/{integration}`, generic inbound webhooks with
+//!   per-integration tokens, sync or async answers and callbacks.
 //! - [`error`]: [`error::ApiError`], the one JSON error shape of every router, and
 //!   extractors whose rejections use it.
 //! - [`serve`]: runs a router on a listener until a shutdown token fires.
@@ -15,6 +17,7 @@
 pub mod api;
 pub mod error;
 pub mod health;
+pub mod webhook;
 
 use axum::Router;
 use tokio::net::TcpListener;

@@ -1,0 +1,520 @@
+//! The generic webhook transport: `POST /webhooks/{integration}` turns a JSON
+//! body into a run, submitted through the router like any channel message.
+//!
+//! - Auth: a shared token per integration, in `Authorization: Bearer <token>` or
+//!   `X-Webhook-Token` (compared in constant time); `?token=` and a body `token`
+//!   only where allowed. Tokens are never logged.
+//! - Body: `prompt` (or `text`, `message`), optional `session_key`, `engine`,
+//!   `queue_mode`, `metadata`, `callback_url` (where overriding is allowed) and
+//!   `idempotency_key` (or the `Idempotency-Key` header).
+//! - Async (default): `202 {"run_id", "session_key", "status": "accepted"}`; with a
+//!   callback URL the run's result is POSTed there once it completes, retried with
+//!   exponential backoff. Sync: `200 {"run_id", "ok", "answer", "error", "resume"}`,
+//!   or `504` when the run outlives `timeout_ms` (it keeps running).
+//! - Idempotency: a key seen within `idempotency_ttl_ms` answers with the first
+//!   request's run and `"duplicate": true` without submitting again. Keys live in
+//!   memory: they do not survive a restart.
+//! - Callbacks never reach private or loopback addresses unless allowed: the host
+//!   is resolved, every address checked, and the connection pinned to the
+//!   checked address (no second lookup, no redirects, no proxy).
+//!
+//! Every error is `{"error": "..."}`.
+
+mod callback;
+mod config;
+mod idempotency;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use lemon_core::bus::{completion_json, BusEvent, EventKind, RecvError, Subscription};
+use lemon_core::config::QueueMode;
+use lemon_core::gateway::GatewayHandle;
+use lemon_core::ids::RunId;
+use lemon_core::router::{Origin, RouterHandle, RunRequest, Submitted};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use callback::{CallbackError, CallbackSettings, Resolve, SystemResolver};
+pub use config::{
+    IntegrationConfig, Mode, WebhookConfig, WebhookConfigError, DEFAULT_WEBHOOK_PORT,
+};
+use idempotency::{Claim, IdempotencyKeys};
+
+use crate::error::ApiError;
+
+/// What the webhook router needs.
+pub struct WebhookDeps {
+    pub config: WebhookConfig,
+    /// Integration id → token (see [`WebhookConfig::resolve_tokens`]). Never logged.
+    pub tokens: BTreeMap<String, String>,
+    pub gateway: GatewayHandle,
+    pub router: RouterHandle,
+    /// How callback hosts are resolved; [`SystemResolver`] outside tests.
+    pub resolver: Arc<dyn Resolve>,
+    /// Callback deliveries run on it.
+    pub tracker: TaskTracker,
+    /// Stops pending callback deliveries.
+    pub shutdown: CancellationToken,
+}
+
+impl fmt::Debug for WebhookDeps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookDeps")
+            .field("config", &self.config)
+            .field("tokens", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// The handlers' shared state. Cheap to clone.
+#[derive(Clone)]
+pub struct WebhookState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: WebhookConfig,
+    tokens: BTreeMap<String, String>,
+    gateway: GatewayHandle,
+    router: RouterHandle,
+    resolver: Arc<dyn Resolve>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    keys: IdempotencyKeys,
+}
+
+impl fmt::Debug for WebhookState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookState")
+            .field("config", &self.inner.config)
+            .field("tokens", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+impl WebhookState {
+    pub fn new(deps: WebhookDeps) -> Self {
+        let ttl = Duration::from_millis(deps.config.idempotency_ttl_ms);
+        WebhookState {
+            inner: Arc::new(Inner {
+                config: deps.config,
+                tokens: deps.tokens,
+                gateway: deps.gateway,
+                router: deps.router,
+                resolver: deps.resolver,
+                tracker: deps.tracker,
+                shutdown: deps.shutdown,
+                keys: IdempotencyKeys::new(ttl),
+            }),
+        }
+    }
+}
+
+/// The webhook router: `POST /webhooks/{integration}`; everything else is a 404.
+pub fn router(state: WebhookState) -> Router {
+    let limit = state.inner.config.max_body_bytes;
+    Router::new()
+        .route("/webhooks/{integration}", post(receive))
+        .method_not_allowed_fallback(crate::error::method_not_allowed)
+        .fallback(crate::error::not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({ "error": message }))).into_response()
+}
+
+/// Settings of one integration after falling back to the section's.
+struct Resolved<'a> {
+    id: &'a str,
+    integration: &'a IntegrationConfig,
+    mode: Mode,
+    timeout: Duration,
+    allow_query_token: bool,
+    allow_payload_token: bool,
+    allow_callback_override: bool,
+    callback: CallbackSettings,
+}
+
+impl<'a> Resolved<'a> {
+    fn new(config: &'a WebhookConfig, id: &'a str, integration: &'a IntegrationConfig) -> Self {
+        let flag = |own: Option<bool>, global: bool| own.unwrap_or(global);
+        Resolved {
+            id,
+            integration,
+            mode: integration.mode.unwrap_or(config.mode),
+            timeout: Duration::from_millis(integration.timeout_ms.unwrap_or(config.timeout_ms)),
+            allow_query_token: flag(integration.allow_query_token, config.allow_query_token),
+            allow_payload_token: flag(integration.allow_payload_token, config.allow_payload_token),
+            allow_callback_override: flag(
+                integration.allow_callback_override,
+                config.allow_callback_override,
+            ),
+            callback: CallbackSettings {
+                max_attempts: config.callback_max_attempts.max(1),
+                backoff: Duration::from_millis(config.callback_backoff_ms),
+                backoff_max: Duration::from_millis(
+                    config.callback_backoff_max_ms.max(config.callback_backoff_ms),
+                ),
+                timeout: Duration::from_millis(integration.timeout_ms.unwrap_or(config.timeout_ms)),
+                allow_private_hosts: flag(
+                    integration.allow_private_callback_hosts,
+                    config.allow_private_callback_hosts,
+                ),
+            },
+        }
+    }
+}
+
+/// The first non-blank string among `keys` of a JSON object.
+fn first_string<'v>(body: &'v Value, keys: &[&str]) -> Option<&'v str> {
+    keys.iter().filter_map(|key| body.get(*key)?.as_str()).map(str::trim).find(|s| !s.is_empty())
+}
+
+fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers.get(name)?.to_str().ok().map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// Every token the request presents, in order of precedence.
+fn presented_tokens<'r>(
+    headers: &'r HeaderMap,
+    query: &'r [(String, String)],
+    body: Option<&'r Value>,
+    settings: &Resolved<'_>,
+) -> Vec<&'r str> {
+    let mut tokens = Vec::new();
+    if let Some(value) = header_str(headers, "authorization") {
+        let token = match value.split_once(' ') {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim(),
+            _ => value,
+        };
+        tokens.push(token);
+    }
+    tokens.extend(header_str(headers, "x-webhook-token"));
+    if settings.allow_query_token {
+        tokens.extend(
+            query
+                .iter()
+                .filter(|(k, _)| k == "token" || k == "webhook_token")
+                .map(|(_, v)| v.trim()),
+        );
+    }
+    if settings.allow_payload_token {
+        tokens.extend(body.and_then(|b| first_string(b, &["token", "webhook_token"])));
+    }
+    tokens.retain(|t| !t.is_empty());
+    tokens
+}
+
+/// Compares in time that depends only on the lengths.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// `POST /webhooks/{integration}`.
+async fn receive(
+    State(state): State<WebhookState>,
+    Path(integration_id): Path<String>,
+    RawQuery(raw_query): RawQuery,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let inner = &state.inner;
+    let (Some(integration), Some(expected)) =
+        (inner.config.integrations.get(&integration_id), inner.tokens.get(&integration_id))
+    else {
+        return error(StatusCode::NOT_FOUND, "integration not found");
+    };
+    let settings = Resolved::new(&inner.config, &integration_id, integration);
+    let bytes = match body {
+        Ok(bytes) => bytes,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            let message =
+                format!("request body is larger than {} bytes", inner.config.max_body_bytes);
+            return error(StatusCode::PAYLOAD_TOO_LARGE, &message);
+        }
+        Err(rejection) => return error(StatusCode::BAD_REQUEST, &rejection.body_text()),
+    };
+    let parsed = serde_json::from_slice::<Value>(&bytes);
+    let query: Vec<(String, String)> = raw_query
+        .as_deref()
+        .map(|q| {
+            q.split('&')
+                .filter_map(|pair| {
+                    let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                    Some((percent_decode(k)?, percent_decode(v)?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let presented = presented_tokens(&headers, &query, parsed.as_ref().ok(), &settings);
+    let authorized = presented.iter().any(|t| constant_time_eq(t.as_bytes(), expected.as_bytes()));
+    if !authorized {
+        return error(StatusCode::UNAUTHORIZED, "unauthorized");
+    }
+    let body = match parsed {
+        Ok(body @ Value::Object(_)) => body,
+        Ok(_) => return error(StatusCode::BAD_REQUEST, "the body must be a JSON object"),
+        Err(err) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {err}")),
+    };
+    let request = match Prepared::new(&settings, &headers, &body) {
+        Ok(request) => request,
+        Err(message) => return error(StatusCode::BAD_REQUEST, &message),
+    };
+    if let Some(url) = &request.callback_url {
+        if let Err(err) =
+            callback::check(url, inner.resolver.as_ref(), settings.callback.allow_private_hosts)
+                .await
+        {
+            return error(StatusCode::BAD_REQUEST, &format!("invalid callback url: {err}"));
+        }
+    }
+    let claim = match &request.idempotency_key {
+        None => None,
+        Some(key) => match inner.keys.claim(&integration_id, key) {
+            Claim::New(guard) => Some(guard),
+            Claim::Duplicate { status, mut body } => {
+                body["duplicate"] = json!(true);
+                return (status, Json(body)).into_response();
+            }
+            Claim::InProgress => {
+                return error(
+                    StatusCode::CONFLICT,
+                    "a request with this idempotency key is being processed",
+                )
+            }
+        },
+    };
+    // The key is released when `claim` drops without being recorded.
+    submit(&state, &settings, request, claim).await
+}
+
+/// A validated request, ready to submit.
+struct Prepared {
+    run_id: RunId,
+    req: RunRequest,
+    callback_url: Option<String>,
+    idempotency_key: Option<String>,
+    metadata: Value,
+}
+
+impl Prepared {
+    fn new(settings: &Resolved<'_>, headers: &HeaderMap, body: &Value) -> Result<Self, String> {
+        let integration = settings.integration;
+        let prompt = first_string(body, &["prompt", "text", "message"])
+            .ok_or("missing prompt: set \"prompt\" (or \"text\" or \"message\")")?;
+        let session_key = first_string(body, &["session_key"])
+            .map(str::to_owned)
+            .or_else(|| integration.session_key.clone().filter(|s| !s.trim().is_empty()))
+            .unwrap_or_else(|| format!("webhook:{}", settings.id));
+        let queue_mode = match first_string(body, &["queue_mode"]) {
+            Some(raw) => Some(
+                QueueMode::ALL
+                    .into_iter()
+                    .find(|mode| mode.as_str() == raw)
+                    .ok_or_else(|| format!("unknown queue_mode {raw:?}"))?,
+            ),
+            None => integration.queue_mode,
+        };
+        let engine = first_string(body, &["engine"])
+            .map(str::to_owned)
+            .or_else(|| integration.engine.clone());
+        let metadata = match body.get("metadata") {
+            None | Some(Value::Null) => Value::Object(Default::default()),
+            Some(meta @ Value::Object(_)) => meta.clone(),
+            Some(_) => return Err("metadata must be an object".to_owned()),
+        };
+        let payload_callback = first_string(body, &["callback_url"]);
+        let callback_url = match payload_callback {
+            Some(url) if settings.allow_callback_override => Some(url.to_owned()),
+            Some(_) => return Err("callback_url may not be set by this integration".to_owned()),
+            None => integration.callback_url.clone(),
+        };
+        let idempotency_key = header_str(headers, "idempotency-key")
+            .or_else(|| first_string(body, &["idempotency_key"]))
+            .map(str::to_owned);
+        let run_id = RunId::generate();
+        let mut meta = BTreeMap::new();
+        meta.insert(
+            "webhook".to_owned(),
+            json!({ "integration_id": settings.id, "metadata": metadata }),
+        );
+        let req = RunRequest {
+            origin: Origin::Channel,
+            session_key,
+            agent_id: integration.agent_id.clone(),
+            prompt: prompt.to_owned(),
+            queue_mode,
+            engine,
+            resume: None,
+            cwd: integration.cwd.clone(),
+            meta,
+            run_id: Some(run_id.clone()),
+            channel: None,
+        };
+        Ok(Prepared { run_id, req, callback_url, idempotency_key, metadata })
+    }
+}
+
+async fn submit(
+    state: &WebhookState,
+    settings: &Resolved<'_>,
+    request: Prepared,
+    claim: Option<idempotency::Guard>,
+) -> Response {
+    let inner = &state.inner;
+    let callback_url = request.callback_url.clone().or_else(|| inner.config.callback_url.clone());
+    let Prepared { run_id, req, metadata, .. } = request;
+    let session_key = req.session_key.clone();
+    // Subscribed before submitting, so a run that finishes at once is still seen;
+    // only when its end is awaited (a topic lives until its run completes).
+    let awaited = settings.mode == Mode::Sync || callback_url.is_some();
+    let mut events = awaited.then(|| inner.gateway.bus().subscribe_run(&run_id));
+    let accepted = match inner.router.submit(req).await {
+        Ok(Submitted::Run(accepted)) => accepted,
+        Ok(Submitted::Command { reply, .. }) => {
+            let body = json!({ "reply": reply });
+            if let Some(claim) = claim {
+                claim.complete(StatusCode::OK, body.clone());
+            }
+            return (StatusCode::OK, Json(body)).into_response();
+        }
+        Err(err) => return ApiError::from(err).into_response(),
+    };
+    let run_id = accepted.run_id;
+    let accepted_body = json!({
+        "run_id": run_id.as_str(),
+        "session_key": accepted.session_key,
+        "status": "accepted",
+    });
+    let claim = claim.map(|claim| claim.submitted(StatusCode::ACCEPTED, accepted_body.clone()));
+    let delivery = callback_url.map(|url| callback::Delivery {
+        url,
+        integration_id: settings.id.to_owned(),
+        run_id: run_id.clone(),
+        session_key: session_key.clone(),
+        metadata,
+        settings: settings.callback.clone(),
+        resolver: inner.resolver.clone(),
+    });
+    match settings.mode {
+        Mode::Async => {
+            if let (Some(delivery), Some(mut events)) = (delivery, events) {
+                let shutdown = inner.shutdown.clone();
+                let deliver = async move {
+                    if let Some(event) = next_run_completed(&mut events).await {
+                        delivery.deliver(&event).await;
+                    }
+                };
+                // Shutdown drops pending and unfinished deliveries.
+                inner.tracker.spawn(async move {
+                    tokio::select! {
+                        () = shutdown.cancelled() => {}
+                        () = deliver => {}
+                    }
+                });
+            }
+            (StatusCode::ACCEPTED, Json(accepted_body)).into_response()
+        }
+        Mode::Sync => {
+            let Some(events) = events.as_mut() else {
+                return ApiError::Internal("sync request without a subscription".into())
+                    .into_response();
+            };
+            let completed =
+                tokio::time::timeout(settings.timeout, next_run_completed(events)).await;
+            let event = match completed {
+                Ok(Some(event)) => event,
+                Ok(None) => {
+                    return error(StatusCode::SERVICE_UNAVAILABLE, "the gateway is shutting down")
+                }
+                Err(_) => {
+                    let body = json!({ "error": "run timed out", "run_id": run_id.as_str() });
+                    return (StatusCode::GATEWAY_TIMEOUT, Json(body)).into_response();
+                }
+            };
+            let mut body = completed_json(&event);
+            body["run_id"] = json!(run_id.as_str());
+            body["session_key"] = json!(session_key);
+            if let Some(claim) = claim {
+                claim.complete(StatusCode::OK, body.clone());
+            }
+            if let Some(delivery) = delivery {
+                let shutdown = inner.shutdown.clone();
+                inner.tracker.spawn(async move {
+                    tokio::select! {
+                        () = shutdown.cancelled() => {}
+                        _ = delivery.deliver(&event) => {}
+                    }
+                });
+            }
+            (StatusCode::OK, Json(body)).into_response()
+        }
+    }
+}
+
+/// `{"ok", "answer", "error", "resume", "duration_ms", …}` of a `run_completed`.
+fn completed_json(event: &BusEvent) -> Value {
+    match &event.kind {
+        EventKind::RunCompleted { completion, engine, duration_ms } => {
+            let mut body = completion_json(completion);
+            body["engine"] = json!(engine);
+            body["duration_ms"] = json!(duration_ms);
+            body
+        }
+        _ => Value::Null,
+    }
+}
+
+/// The run's `run_completed`, or `None` when the topic closed without one.
+async fn next_run_completed(events: &mut Subscription) -> Option<Arc<BusEvent>> {
+    loop {
+        match events.recv().await {
+            Ok(event) if matches!(event.kind, EventKind::RunCompleted { .. }) => {
+                return Some(event)
+            }
+            // `run_completed` is the topic's last event, so a lag never skips it.
+            Ok(_) | Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => return None,
+        }
+    }
+}
+
+/// Decodes `%XX` and `+`; `None` for invalid UTF-8.
+fn percent_decode(raw: &str) -> Option<String> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests;

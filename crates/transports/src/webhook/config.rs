@@ -1,0 +1,245 @@
+//! `[gateway.webhook]`: the raw TOML section parsed into typed settings.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use lemon_core::config::QueueMode;
+use lemon_core::secrets::SecretStore;
+use serde::Deserialize;
+
+/// Default webhook port.
+pub const DEFAULT_WEBHOOK_PORT: u16 = 4046;
+
+/// Whether a request waits for its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Wait for `run_completed` and answer with the result.
+    Sync,
+    /// Answer `202` at once; the result goes to the callback URL, if any.
+    #[default]
+    Async,
+}
+
+/// `[gateway.webhook]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    #[serde(default = "defaults::bind")]
+    pub bind: String,
+    #[serde(default = "defaults::port")]
+    pub port: u16,
+    #[serde(default)]
+    pub mode: Mode,
+    #[serde(default = "defaults::timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default = "defaults::max_body_bytes")]
+    pub max_body_bytes: usize,
+    #[serde(default = "defaults::idempotency_ttl_ms")]
+    pub idempotency_ttl_ms: u64,
+    #[serde(default)]
+    pub callback_url: Option<String>,
+    #[serde(default = "defaults::callback_max_attempts")]
+    pub callback_max_attempts: u32,
+    #[serde(default = "defaults::callback_backoff_ms")]
+    pub callback_backoff_ms: u64,
+    #[serde(default = "defaults::callback_backoff_max_ms")]
+    pub callback_backoff_max_ms: u64,
+    #[serde(default)]
+    pub allow_private_callback_hosts: bool,
+    #[serde(default)]
+    pub allow_query_token: bool,
+    #[serde(default)]
+    pub allow_payload_token: bool,
+    #[serde(default)]
+    pub allow_callback_override: bool,
+    #[serde(default)]
+    pub integrations: BTreeMap<String, IntegrationConfig>,
+}
+
+/// `[gateway.webhook.integrations.<id>]`; unset values fall back to the section's.
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntegrationConfig {
+    /// The shared token, inline. Never logged.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// The name of a secret holding the token.
+    #[serde(default)]
+    pub token_secret: Option<String>,
+    #[serde(default)]
+    pub session_key: Option<String>,
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    #[serde(default)]
+    pub queue_mode: Option<QueueMode>,
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    #[serde(default)]
+    pub engine: Option<String>,
+    #[serde(default)]
+    pub mode: Option<Mode>,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub callback_url: Option<String>,
+    #[serde(default)]
+    pub allow_private_callback_hosts: Option<bool>,
+    #[serde(default)]
+    pub allow_query_token: Option<bool>,
+    #[serde(default)]
+    pub allow_payload_token: Option<bool>,
+    #[serde(default)]
+    pub allow_callback_override: Option<bool>,
+}
+
+impl std::fmt::Debug for IntegrationConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntegrationConfig")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token_secret", &self.token_secret)
+            .field("session_key", &self.session_key)
+            .field("agent_id", &self.agent_id)
+            .field("queue_mode", &self.queue_mode)
+            .field("cwd", &self.cwd)
+            .field("engine", &self.engine)
+            .field("mode", &self.mode)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("callback_url", &self.callback_url)
+            .finish_non_exhaustive()
+    }
+}
+
+mod defaults {
+    pub(super) fn bind() -> String {
+        "127.0.0.1".to_owned()
+    }
+    pub(super) fn port() -> u16 {
+        super::DEFAULT_WEBHOOK_PORT
+    }
+    pub(super) fn timeout_ms() -> u64 {
+        30_000
+    }
+    pub(super) fn max_body_bytes() -> usize {
+        1024 * 1024
+    }
+    pub(super) fn idempotency_ttl_ms() -> u64 {
+        24 * 60 * 60 * 1000
+    }
+    pub(super) fn callback_max_attempts() -> u32 {
+        3
+    }
+    pub(super) fn callback_backoff_ms() -> u64 {
+        500
+    }
+    pub(super) fn callback_backoff_max_ms() -> u64 {
+        5000
+    }
+}
+
+/// A `[gateway.webhook]` that cannot be used; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid [gateway.webhook]: {0}")]
+pub struct WebhookConfigError(pub String);
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        WebhookConfig::parse(&toml::Table::new()).unwrap_or_else(|_| unreachable!())
+    }
+}
+
+impl WebhookConfig {
+    /// Parses the raw section and checks the values serde cannot.
+    ///
+    /// # Errors
+    /// A wrong type, an unknown key, a bad queue mode, an integration without a token.
+    pub fn parse(table: &toml::Table) -> Result<Self, WebhookConfigError> {
+        let config: WebhookConfig =
+            toml::Value::Table(table.clone()).try_into().map_err(|err: toml::de::Error| {
+                WebhookConfigError(err.to_string().trim().replace('\n', " "))
+            })?;
+        if config.callback_max_attempts == 0 {
+            return Err(WebhookConfigError("callback_max_attempts must be at least 1".into()));
+        }
+        if config.max_body_bytes == 0 {
+            return Err(WebhookConfigError("max_body_bytes must be at least 1".into()));
+        }
+        for (id, integration) in &config.integrations {
+            let inline = integration.token.as_deref().is_some_and(|t| !t.trim().is_empty());
+            if !inline && integration.token_secret.is_none() {
+                return Err(WebhookConfigError(format!(
+                    "integrations.{id}: set token or token_secret"
+                )));
+            }
+        }
+        Ok(config)
+    }
+
+    /// The section when the webhook is enabled (`[gateway] enable_webhook = true`
+    /// or `[gateway.webhook] enabled = true`), `None` when it is not.
+    ///
+    /// # Errors
+    /// See [`WebhookConfig::parse`].
+    pub fn from_gateway(
+        enable_webhook: Option<bool>,
+        table: Option<&toml::Table>,
+    ) -> Result<Option<Self>, WebhookConfigError> {
+        let config = match table {
+            Some(table) => WebhookConfig::parse(table)?,
+            None => WebhookConfig::default(),
+        };
+        let enabled = enable_webhook.unwrap_or(false) || config.enabled.unwrap_or(false);
+        Ok(enabled.then_some(config))
+    }
+
+    /// `bind:port`, with `any` meaning every interface.
+    pub fn addr(&self) -> String {
+        let bind = match self.bind.trim() {
+            "" | "localhost" => "127.0.0.1",
+            "any" => "0.0.0.0",
+            other => other,
+        };
+        match bind.parse::<std::net::IpAddr>() {
+            Ok(ip) => SocketAddr::new(ip, self.port).to_string(),
+            Err(_) => format!("{bind}:{}", self.port),
+        }
+    }
+
+    /// Every integration's token: inline, or read from the secret store.
+    ///
+    /// # Errors
+    /// A secret that is not set or cannot be read.
+    pub fn resolve_tokens(
+        &self,
+        secrets: &SecretStore,
+    ) -> Result<BTreeMap<String, String>, WebhookConfigError> {
+        let mut tokens = BTreeMap::new();
+        for (id, integration) in &self.integrations {
+            let token = match (&integration.token, &integration.token_secret) {
+                (Some(token), _) if !token.trim().is_empty() => token.trim().to_owned(),
+                (_, Some(name)) => match secrets.get(name) {
+                    Ok(Some(value)) => value.expose().trim().to_owned(),
+                    Ok(None) => {
+                        return Err(WebhookConfigError(format!(
+                            "integrations.{id}.token_secret: secret {name:?} is not set"
+                        )))
+                    }
+                    Err(err) => {
+                        return Err(WebhookConfigError(format!(
+                            "integrations.{id}.token_secret: {err}"
+                        )))
+                    }
+                },
+                _ => return Err(WebhookConfigError(format!("integrations.{id}: no token"))),
+            };
+            if token.is_empty() {
+                return Err(WebhookConfigError(format!("integrations.{id}: the token is blank")));
+            }
+            tokens.insert(id.clone(), token);
+        }
+        Ok(tokens)
+    }
+}
