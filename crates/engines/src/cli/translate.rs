@@ -187,9 +187,7 @@ impl Emitter {
         title: String,
         detail: Value,
     ) {
-        self.pending
-            .insert(id.to_owned(), Pending { kind, title: title.clone(), detail: detail.clone() });
-        self.push_action(action(id, kind, title, detail, ActionPhase::Started, None));
+        self.open_action(id, kind, title, detail, ActionPhase::Started);
     }
 
     /// An action in phase `updated`; it stays pending with the new title and detail.
@@ -200,9 +198,21 @@ impl Emitter {
         title: String,
         detail: Value,
     ) {
+        self.open_action(id, kind, title, detail, ActionPhase::Updated);
+    }
+
+    /// Records `id` as pending with this title and detail, and emits it in `phase`.
+    fn open_action(
+        &mut self,
+        id: &str,
+        kind: ActionKind,
+        title: String,
+        detail: Value,
+        phase: ActionPhase,
+    ) {
         self.pending
             .insert(id.to_owned(), Pending { kind, title: title.clone(), detail: detail.clone() });
-        self.push_action(action(id, kind, title, detail, ActionPhase::Updated, None));
+        self.push_action(action(id, kind, title, detail, phase, None));
     }
 
     /// Completes a pending action, keeping its kind and title and merging `detail`
