@@ -294,3 +294,26 @@ async fn a_claude_directive_runs_the_claude_cli_on_path_and_streams_over_sse() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(!output.stdout.is_empty(), "the slash command's reply is printed");
 }
+
+#[tokio::test]
+async fn a_new_lemon_home_is_created_private_to_the_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("nested").join("lemon");
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "[gateway.api]\nport = 0\n[gateway.health]\nport = 0\n").unwrap();
+    let mut child = command(&home)
+        .env("LEMON_CONFIG", &config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let ready = tokio::time::timeout(PATIENCE, lines.next_line()).await.unwrap().unwrap();
+    assert!(ready.is_some_and(|line| line.starts_with("lemon-gateway ready")));
+    let mode = std::fs::metadata(&home).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{}", home.display());
+    assert!(home.join("lemon.db").exists());
+    child.kill().await.unwrap();
+}

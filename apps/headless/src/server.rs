@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -133,7 +134,11 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // Taken before reading, so an edit made while starting is still picked up.
     let config_mtime = modified(&opts.paths.config);
     let gateway_config = load_config(&opts.paths)?;
-    std::fs::create_dir_all(&opts.paths.home)
+    // Private to the user: the database holds every prompt and answer.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&opts.paths.home)
         .with_context(|| format!("could not create {}", opts.paths.home.display()))?;
     let store = StoreHandle::open_sqlite(&opts.paths.database())?;
     let secrets = SecretStore::new(opts.env.clone(), opts.paths.secrets());
