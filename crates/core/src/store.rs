@@ -158,6 +158,21 @@ pub struct JournalEntry {
     pub accepted_at_ms: i64,
 }
 
+impl JournalEntry {
+    /// The run row of an admitted request, shown as queued until it starts.
+    pub fn new_run(&self) -> NewRun {
+        NewRun {
+            run_id: self.run_id.clone(),
+            session_key: self.session_key.clone(),
+            conversation: self.conversation.clone(),
+            engine: self.engine.clone(),
+            prompt: self.prompt.clone(),
+            meta: self.meta.clone(),
+            created_at_ms: self.accepted_at_ms,
+        }
+    }
+}
+
 /// What a backend implements. Write methods queue and return; read methods see
 /// every write queued before them on the same handle.
 #[async_trait]

@@ -28,7 +28,7 @@ use crate::config::QueueMode;
 use crate::engine::{Completion, EngineRegistry, ResumeToken, RunError};
 use crate::gateway::{ExecutionRequest, GatewayHandle, SubmitError};
 use crate::ids::{ConversationKey, RunId};
-use crate::store::{FinishedRun, JournalEntry, JournalState, NewRun, StoreHandle};
+use crate::store::{FinishedRun, JournalEntry, JournalState, StoreHandle};
 
 /// A steer whose engine has not answered within this is treated as refused, so
 /// a stuck engine cannot hold its conversation's queue forever.
@@ -471,17 +471,7 @@ impl Router {
     /// Writes the run row (so the API shows it as queued) and the journal entry,
     /// and waits until both are durable.
     async fn accept(&self, entry: &JournalEntry) -> Result<(), RouteError> {
-        self.store
-            .insert_run(NewRun {
-                run_id: entry.run_id.clone(),
-                session_key: entry.session_key.clone(),
-                conversation: entry.conversation.clone(),
-                engine: entry.engine.clone(),
-                prompt: entry.prompt.clone(),
-                meta: entry.meta.clone(),
-                created_at_ms: entry.accepted_at_ms,
-            })
-            .await;
+        self.store.insert_run(entry.new_run()).await;
         self.journal.admit(entry.clone()).await?;
         Ok(())
     }

@@ -558,17 +558,7 @@ fn journaled(
 }
 
 async fn leave_row(store: &StoreHandle, entry: &crate::store::JournalEntry) {
-    store
-        .insert_run(crate::store::NewRun {
-            run_id: entry.run_id.clone(),
-            session_key: entry.session_key.clone(),
-            conversation: entry.conversation.clone(),
-            engine: entry.engine.clone(),
-            prompt: entry.prompt.clone(),
-            meta: entry.meta.clone(),
-            created_at_ms: entry.accepted_at_ms,
-        })
-        .await;
+    store.insert_run(entry.new_run()).await;
     store.journal_admit(entry.clone()).await;
 }
 
