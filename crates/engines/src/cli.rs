@@ -187,6 +187,21 @@ struct Invocation {
     new_session: Option<String>,
 }
 
+impl Invocation {
+    /// A command line whose last argument is the prompt, with no stdin and no
+    /// extra environment: how opencode, pi and droid are run.
+    fn prompt_last(args: Vec<String>, model: Option<String>) -> Self {
+        Invocation {
+            args,
+            stdin: process::StdinMode::Null,
+            env: Vec::new(),
+            prompt_is_last_arg: true,
+            model,
+            new_session: None,
+        }
+    }
+}
+
 /// A prompt passed as an argument must not read as an option.
 fn prompt_arg(prompt: &str) -> String {
     if prompt.starts_with('-') {

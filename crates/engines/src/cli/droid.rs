@@ -18,7 +18,6 @@ use lemon_core::engine::ActionKind;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::process::StdinMode;
 use super::tools::{classify, result_preview};
 use super::translate::{head_chars, DecodeError, Emitter, ParseContext, StreamParser};
 use super::{prompt_arg, CommandInput, Invocation};
@@ -51,14 +50,7 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
     args.extend(settings.extra_args.iter().cloned());
     args.extend(["--cwd".to_owned(), input.cwd.to_string_lossy().into_owned()]);
     args.push(prompt_arg(input.prompt));
-    Invocation {
-        args,
-        stdin: StdinMode::Null,
-        env: Vec::new(),
-        prompt_is_last_arg: true,
-        model,
-        new_session: None,
-    }
+    Invocation::prompt_last(args, model)
 }
 
 #[derive(Debug, Deserialize)]

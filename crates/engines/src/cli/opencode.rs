@@ -17,7 +17,6 @@ use lemon_core::engine::ActionKind;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::process::StdinMode;
 use super::tools::{classify, input_path, relativize};
 use super::translate::{DecodeError, Emitter, ParseContext, StreamParser};
 use super::{CommandInput, Invocation};
@@ -39,14 +38,7 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
     // After `--` the prompt cannot be read as an option, whatever it starts with.
     args.push("--".to_owned());
     args.push(input.prompt.to_owned());
-    Invocation {
-        args,
-        stdin: StdinMode::Null,
-        env: Vec::new(),
-        prompt_is_last_arg: true,
-        model,
-        new_session: None,
-    }
+    Invocation::prompt_last(args, model)
 }
 
 #[derive(Debug, Deserialize)]

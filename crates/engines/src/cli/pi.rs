@@ -21,7 +21,6 @@ use lemon_core::engine::ActionKind;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::process::StdinMode;
 use super::tools::{classify, input_path};
 use super::translate::{DecodeError, Emitter, ParseContext, StreamParser};
 use super::{prompt_arg, CommandInput, Invocation};
@@ -49,12 +48,9 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
     args.extend(["--session".to_owned(), token]);
     args.push(prompt_arg(input.prompt));
     Invocation {
-        args,
-        stdin: StdinMode::Null,
         env: vec![("NO_COLOR", "1"), ("CI", "1")],
-        prompt_is_last_arg: true,
-        model,
         new_session,
+        ..Invocation::prompt_last(args, model)
     }
 }
 
