@@ -7,6 +7,10 @@
 //!   loopback or internal port.
 //! - [`webhook`]: `POST /webhooks/{integration}`, generic inbound webhooks with
 //!   per-integration tokens, sync or async answers and callbacks.
+//! - [`telegram`]: the Telegram bot: long polling, progress edits through a
+//!   rate-limited outbox, answers split to Telegram's limits.
+//! - [`transport`]: the contract every channel implements and the states status
+//!   reports.
 //! - [`error`]: [`error::ApiError`], the one JSON error shape of every router, and
 //!   extractors whose rejections use it.
 //! - [`serve`]: runs a router on a listener until a shutdown token fires.
@@ -17,6 +21,8 @@
 pub mod api;
 pub mod error;
 pub mod health;
+pub mod telegram;
+pub mod transport;
 pub mod webhook;
 
 use axum::Router;

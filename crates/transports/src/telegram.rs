@@ -1,0 +1,4 @@
+//! The Telegram transport: a bot that long-polls the Bot API, turns messages into
+//! runs through the router and streams progress and answers back.
+
+pub mod types;

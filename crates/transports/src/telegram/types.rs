@@ -1,0 +1,215 @@
+//! The slice of the Telegram Bot API the transport uses: updates coming in,
+//! requests going out, and the error envelope.
+//!
+//! Field names follow the Bot API exactly, so these types serialise to and from
+//! its JSON. Everything the transport does not read is ignored on input.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// One incoming update from `getUpdates`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct Update {
+    pub update_id: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<Message>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edited_message: Option<Message>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel_post: Option<Message>,
+}
+
+/// A message, incoming or sent by the bot.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct Message {
+    pub message_id: i64,
+    pub chat: Chat,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<User>,
+    #[serde(default)]
+    pub date: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caption: Option<String>,
+    /// The forum topic, or (in non-forum groups) the thread of a reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_thread_id: Option<i64>,
+    /// True only when the message was sent to a forum topic.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_topic_message: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to_message: Option<Box<Message>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entities: Vec<MessageEntity>,
+    /// Present on media messages; only its presence matters here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub photo: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub document: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub voice: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub video: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sticker: Option<serde_json::Value>,
+}
+
+/// A chat: `private`, `group`, `supergroup` or `channel`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct Chat {
+    pub id: i64,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_forum: bool,
+}
+
+impl Chat {
+    /// Groups and supergroups: they share the 20 messages a minute limit.
+    pub fn is_group(&self) -> bool {
+        matches!(self.kind.as_str(), "group" | "supergroup")
+    }
+}
+
+/// A user or bot.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct User {
+    pub id: i64,
+    #[serde(default)]
+    pub is_bot: bool,
+    #[serde(default)]
+    pub first_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+}
+
+/// Formatting of a span of text. `offset` and `length` count UTF-16 code units.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct MessageEntity {
+    /// `code`, `pre`, `bot_command`, `bold`, …
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub offset: usize,
+    pub length: usize,
+    /// For `pre`: the code block's language.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+}
+
+/// Text with its formatting, ready for `sendMessage` or `editMessageText`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FormattedText {
+    pub text: String,
+    pub entities: Vec<MessageEntity>,
+}
+
+impl FormattedText {
+    pub fn plain(text: impl Into<String>) -> Self {
+        FormattedText { text: text.into(), entities: Vec::new() }
+    }
+}
+
+/// `sendMessage` parameters.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SendMessage {
+    pub chat_id: i64,
+    pub text: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub entities: Vec<MessageEntity>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message_thread_id: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_parameters: Option<ReplyParameters>,
+    pub link_preview_options: LinkPreviewOptions,
+}
+
+impl SendMessage {
+    pub fn new(chat_id: i64, text: FormattedText) -> Self {
+        SendMessage {
+            chat_id,
+            text: text.text,
+            entities: text.entities,
+            message_thread_id: None,
+            reply_parameters: None,
+            link_preview_options: LinkPreviewOptions { is_disabled: true },
+        }
+    }
+}
+
+/// What a sent message answers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplyParameters {
+    pub message_id: i64,
+    /// Send even when the message replied to is gone.
+    pub allow_sending_without_reply: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LinkPreviewOptions {
+    pub is_disabled: bool,
+}
+
+/// `editMessageText` parameters.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EditMessageText {
+    pub chat_id: i64,
+    pub message_id: i64,
+    pub text: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub entities: Vec<MessageEntity>,
+    pub link_preview_options: LinkPreviewOptions,
+}
+
+/// One entry of `setMyCommands`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BotCommand {
+    pub command: String,
+    pub description: String,
+}
+
+/// Why a Bot API call failed. Never carries the bot token.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TelegramError {
+    /// 429: wait this long before the next call to that chat.
+    #[error("rate limited by Telegram: retry after {}s", .0.as_secs())]
+    RetryAfter(Duration),
+    /// 400 "message is not modified": the edit asked for what is already shown.
+    #[error("message is not modified")]
+    NotModified,
+    /// 401/404 on the bot itself: the token is wrong or revoked.
+    #[error("Telegram rejected the bot token ({description})")]
+    Unauthorized { description: String },
+    /// 409: another poller or a webhook holds the updates of this bot.
+    #[error("conflict: {description}")]
+    Conflict { description: String },
+    /// 400 "group chat was upgraded to a supergroup chat": use the new id.
+    #[error("chat migrated to {0}")]
+    MigratedTo(i64),
+    /// Any other 4xx: retrying the same call will not help.
+    #[error("Telegram refused the request: {code} {description}")]
+    Rejected { code: u16, description: String },
+    /// 5xx: Telegram's side; retry with backoff.
+    #[error("Telegram server error: {code} {description}")]
+    Server { code: u16, description: String },
+    /// The request did not get an answer (connect, timeout, bad body).
+    #[error("could not reach Telegram: {0}")]
+    Network(String),
+}
+
+impl TelegramError {
+    /// Whether sending the same request again later can succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            TelegramError::RetryAfter(_) | TelegramError::Server { .. } | TelegramError::Network(_)
+        )
+    }
+}
