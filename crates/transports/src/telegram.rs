@@ -1,4 +1,6 @@
 //! The Telegram transport: a bot that long-polls the Bot API, turns messages into
 //! runs through the router and streams progress and answers back.
 
+pub mod config;
+pub mod inbound;
 pub mod types;

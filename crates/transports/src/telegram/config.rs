@@ -1,0 +1,205 @@
+//! `[gateway.telegram]`: the raw TOML section parsed into typed settings.
+
+use std::time::Duration;
+
+use lemon_core::config::QueueMode;
+use lemon_core::secrets::SecretStore;
+use serde::Deserialize;
+
+/// Where the Bot API lives unless `api_base_url` says otherwise.
+pub const DEFAULT_API_BASE_URL: &str = "https://api.telegram.org";
+
+/// `[gateway.telegram]`.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelegramConfig {
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// The bot token, inline. Never logged.
+    #[serde(default)]
+    pub bot_token: Option<String>,
+    /// The name of a secret holding the bot token.
+    #[serde(default)]
+    pub bot_token_secret: Option<String>,
+    /// Only these chats may start runs; empty allows every chat (see
+    /// `deny_unbound_chats`).
+    #[serde(default)]
+    pub allowed_chat_ids: Vec<i64>,
+    /// Chats without a `[[gateway.bindings]]` entry for `transport = "telegram"`
+    /// get no run.
+    #[serde(default)]
+    pub deny_unbound_chats: bool,
+    #[serde(default = "defaults::api_base_url")]
+    pub api_base_url: String,
+    /// How long one `getUpdates` call waits for news, in seconds.
+    #[serde(default = "defaults::poll_timeout_s")]
+    pub poll_timeout_s: u64,
+    /// The agent part of session keys.
+    #[serde(default = "defaults::agent_id")]
+    pub agent_id: String,
+    /// The chats' queue mode unless a binding sets one.
+    #[serde(default)]
+    pub queue_mode: Option<QueueMode>,
+    /// The engine unless a binding, a directive or `/engine` picks one.
+    #[serde(default)]
+    pub engine: Option<String>,
+    /// How many times a final answer is sent before it is recorded as undelivered.
+    #[serde(default = "defaults::delivery_attempts")]
+    pub delivery_attempts: u32,
+}
+
+impl std::fmt::Debug for TelegramConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelegramConfig")
+            .field("enabled", &self.enabled)
+            .field("bot_token", &self.bot_token.as_ref().map(|_| "<redacted>"))
+            .field("bot_token_secret", &self.bot_token_secret)
+            .field("allowed_chat_ids", &self.allowed_chat_ids)
+            .field("deny_unbound_chats", &self.deny_unbound_chats)
+            .field("api_base_url", &self.api_base_url)
+            .field("poll_timeout_s", &self.poll_timeout_s)
+            .field("agent_id", &self.agent_id)
+            .field("queue_mode", &self.queue_mode)
+            .field("engine", &self.engine)
+            .field("delivery_attempts", &self.delivery_attempts)
+            .finish()
+    }
+}
+
+mod defaults {
+    pub(super) fn api_base_url() -> String {
+        super::DEFAULT_API_BASE_URL.to_owned()
+    }
+    pub(super) fn poll_timeout_s() -> u64 {
+        30
+    }
+    pub(super) fn agent_id() -> String {
+        "default".to_owned()
+    }
+    pub(super) fn delivery_attempts() -> u32 {
+        10
+    }
+}
+
+/// A `[gateway.telegram]` that cannot be used; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid [gateway.telegram]: {0}")]
+pub struct TelegramConfigError(pub String);
+
+impl TelegramConfig {
+    /// Parses the raw section and checks what serde cannot.
+    ///
+    /// # Errors
+    /// A wrong type, an unknown key, no token source, a bad URL or number.
+    pub fn parse(table: &toml::Table) -> Result<Self, TelegramConfigError> {
+        let config: TelegramConfig =
+            toml::Value::Table(table.clone()).try_into().map_err(|err: toml::de::Error| {
+                TelegramConfigError(err.to_string().trim().replace('\n', " "))
+            })?;
+        let inline = config.bot_token.as_deref().is_some_and(|t| !t.trim().is_empty());
+        if !inline && config.bot_token_secret.is_none() {
+            return Err(TelegramConfigError("set bot_token or bot_token_secret".into()));
+        }
+        let url = config.api_base_url.trim();
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(TelegramConfigError(format!(
+                "api_base_url: {url:?} is not an http(s) URL"
+            )));
+        }
+        if config.poll_timeout_s > 300 {
+            return Err(TelegramConfigError("poll_timeout_s: at most 300 seconds".into()));
+        }
+        if config.delivery_attempts == 0 {
+            return Err(TelegramConfigError("delivery_attempts must be at least 1".into()));
+        }
+        let agent = config.agent_id.trim();
+        if agent.is_empty() || agent.contains(char::is_whitespace) || agent.contains(':') {
+            return Err(TelegramConfigError(format!(
+                "agent_id: {agent:?} must be a non-empty word without ':'"
+            )));
+        }
+        Ok(config)
+    }
+
+    pub fn poll_timeout(&self) -> Duration {
+        Duration::from_secs(self.poll_timeout_s)
+    }
+
+    /// The bot token: inline, or read from the secret store.
+    ///
+    /// # Errors
+    /// A secret that is not set or cannot be read; a blank token.
+    pub fn resolve_token(&self, secrets: &SecretStore) -> Result<String, TelegramConfigError> {
+        let token = match (&self.bot_token, &self.bot_token_secret) {
+            (Some(token), _) if !token.trim().is_empty() => token.trim().to_owned(),
+            (_, Some(name)) => match secrets.get(name) {
+                Ok(Some(value)) => value.expose().trim().to_owned(),
+                Ok(None) => {
+                    return Err(TelegramConfigError(format!(
+                        "bot_token_secret: secret {name:?} is not set"
+                    )))
+                }
+                Err(err) => return Err(TelegramConfigError(format!("bot_token_secret: {err}"))),
+            },
+            _ => return Err(TelegramConfigError("no bot token".into())),
+        };
+        if token.is_empty() {
+            return Err(TelegramConfigError("the bot token is blank".into()));
+        }
+        Ok(token)
+    }
+
+    /// Whether `chat_id` passes `allowed_chat_ids` (bindings are checked by the caller).
+    pub fn chat_allowed(&self, chat_id: i64) -> bool {
+        self.allowed_chat_ids.is_empty() || self.allowed_chat_ids.contains(&chat_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<TelegramConfig, TelegramConfigError> {
+        TelegramConfig::parse(&text.parse::<toml::Table>().expect("toml"))
+    }
+
+    #[test]
+    fn defaults_fill_everything_but_the_token() {
+        let config = parse("bot_token = \"123:abc\"").expect("parses");
+        assert_eq!(config.api_base_url, DEFAULT_API_BASE_URL);
+        assert_eq!(config.poll_timeout_s, 30);
+        assert_eq!(config.agent_id, "default");
+        assert!(config.allowed_chat_ids.is_empty());
+        assert!(config.chat_allowed(-100_123));
+    }
+
+    #[test]
+    fn a_token_source_is_required() {
+        let err = parse("agent_id = \"x\"").expect_err("no token");
+        assert!(err.to_string().contains("bot_token"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let err = parse("bot_token = \"1:a\"\npoll_timeout = 3").expect_err("unknown key");
+        assert!(err.to_string().contains("poll_timeout"), "{err}");
+        let err = parse("bot_token = \"1:a\"\napi_base_url = \"ftp://x\"").expect_err("bad url");
+        assert!(err.to_string().contains("api_base_url"), "{err}");
+        let err = parse("bot_token = \"1:a\"\nagent_id = \"a:b\"").expect_err("bad agent");
+        assert!(err.to_string().contains("agent_id"), "{err}");
+    }
+
+    #[test]
+    fn allowed_chat_ids_restrict_chats() {
+        let config = parse("bot_token = \"1:a\"\nallowed_chat_ids = [42, -100]").expect("parses");
+        assert!(config.chat_allowed(42));
+        assert!(config.chat_allowed(-100));
+        assert!(!config.chat_allowed(7));
+    }
+
+    #[test]
+    fn debug_output_hides_the_token() {
+        let config = parse("bot_token = \"123:very-secret\"").expect("parses");
+        assert!(!format!("{config:?}").contains("very-secret"));
+    }
+}
