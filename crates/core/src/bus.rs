@@ -257,12 +257,17 @@ impl Subscription {
         })
     }
 
-    /// The next event if one is waiting.
-    #[cfg(test)]
-    pub(crate) fn try_recv_for_test(
-        &mut self,
-    ) -> Result<Arc<BusEvent>, broadcast::error::TryRecvError> {
-        self.rx.try_recv()
+    /// The next event if one is already waiting, `None` if not.
+    ///
+    /// # Errors
+    /// As [`Subscription::recv`].
+    pub fn try_recv(&mut self) -> Result<Option<Arc<BusEvent>>, RecvError> {
+        match self.rx.try_recv() {
+            Ok(event) => Ok(Some(event)),
+            Err(broadcast::error::TryRecvError::Empty) => Ok(None),
+            Err(broadcast::error::TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
+            Err(broadcast::error::TryRecvError::Closed) => Err(RecvError::Closed),
+        }
     }
 }
 

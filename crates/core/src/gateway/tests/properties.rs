@@ -89,7 +89,7 @@ async fn scenario(max: usize, ops: Vec<Op>) {
     h.token.cancel();
     h.tracker.close();
     h.tracker.wait().await;
-    while let Ok(event) = h.events.try_recv_for_test() {
+    while let Ok(Some(event)) = h.events.try_recv() {
         assert!(
             !matches!(event.kind, EventKind::RunCompleted { .. }),
             "a second completion for {}",

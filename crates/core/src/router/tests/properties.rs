@@ -151,7 +151,7 @@ async fn scenario(ops: Vec<Op>, cap: Option<usize>) {
     }
     let snapshot = h.router.gateway().snapshot().await.unwrap();
     assert_eq!((snapshot.in_flight, snapshot.queued), (0, 0));
-    while let Ok(event) = h.events.try_recv_for_test() {
+    while let Ok(Some(event)) = h.events.try_recv() {
         assert!(
             !matches!(event.kind, EventKind::RunCompleted { .. }),
             "a second completion for {}",
