@@ -220,3 +220,14 @@ fn error_text_is_scrubbed_of_the_token() {
         }
     );
 }
+
+#[tokio::test]
+async fn https_base_urls_reach_the_network() {
+    // Nothing listens on port 1: the call must fail while connecting, not because
+    // the client cannot speak TLS.
+    let api = BotApi::new("https://127.0.0.1:1", TOKEN).unwrap();
+    let error = api.get_me().await.unwrap_err();
+    let TelegramError::Network(text) = &error else { panic!("{error:?}") };
+    assert!(text.contains("connect") && !text.contains("scheme"), "{text}");
+    assert!(!text.contains(TOKEN), "{text}");
+}
