@@ -12,4 +12,5 @@ mod gateway_e2e;
 mod router_crash;
 mod router_resume;
 mod support;
+mod telegram_api;
 mod webhook_e2e;

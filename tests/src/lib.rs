@@ -3,6 +3,10 @@
 //! # Layout
 //! - [`fake_cli`]: the `fake-cli` binary installed under the vendor CLIs' names on a
 //!   temporary `PATH`, and the recorded CLI streams it replays.
+//! - [`fake_telegram`]: a fake Telegram Bot API server on loopback, for the
+//!   Telegram client's tests and for the gateway binary to poll.
+
+pub mod fake_telegram;
 
 pub mod fake_cli {
     //! The fake vendor CLI (`src/bin/fake_cli.rs`) on a temporary `PATH`, and the

@@ -202,6 +202,9 @@ pub enum TelegramError {
     /// The request did not get an answer (connect, timeout, bad body).
     #[error("could not reach Telegram: {0}")]
     Network(String),
+    /// The configured Bot API address is not an http(s) URL; fix the configuration.
+    #[error("invalid Telegram API base URL: {0}")]
+    InvalidBaseUrl(String),
 }
 
 impl TelegramError {
