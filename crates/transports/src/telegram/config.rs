@@ -6,9 +6,6 @@ use lemon_core::config::QueueMode;
 use lemon_core::secrets::SecretStore;
 use serde::Deserialize;
 
-/// Where the Bot API lives unless `api_base_url` says otherwise.
-pub const DEFAULT_API_BASE_URL: &str = "https://api.telegram.org";
-
 /// `[gateway.telegram]`.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -68,7 +65,7 @@ impl std::fmt::Debug for TelegramConfig {
 
 mod defaults {
     pub(super) fn api_base_url() -> String {
-        super::DEFAULT_API_BASE_URL.to_owned()
+        crate::telegram::api::DEFAULT_BASE_URL.to_owned()
     }
     pub(super) fn poll_timeout_s() -> u64 {
         30
@@ -166,7 +163,7 @@ mod tests {
     #[test]
     fn defaults_fill_everything_but_the_token() {
         let config = parse("bot_token = \"123:abc\"").expect("parses");
-        assert_eq!(config.api_base_url, DEFAULT_API_BASE_URL);
+        assert_eq!(config.api_base_url, crate::telegram::api::DEFAULT_BASE_URL);
         assert_eq!(config.poll_timeout_s, 30);
         assert_eq!(config.agent_id, "default");
         assert!(config.allowed_chat_ids.is_empty());
