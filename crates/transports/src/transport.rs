@@ -71,9 +71,15 @@ pub enum TransportState {
     Disabled,
     Starting,
     /// Serving; `detail` says where (an address, a bot name).
-    Running { detail: Option<String> },
+    Running {
+        detail: Option<String>,
+    },
     /// Stopped by an error; `retry_in_ms` is `None` when it will not be retried.
-    Failing { reason: String, attempts: u32, retry_in_ms: Option<u64> },
+    Failing {
+        reason: String,
+        attempts: u32,
+        retry_in_ms: Option<u64>,
+    },
     /// Returned after shutdown.
     Stopped,
 }
