@@ -8,4 +8,5 @@
 //! - [`outbox`]: every write call goes through here, within Telegram's rate limits.
 
 pub mod format;
+pub mod split;
 pub mod types;
