@@ -8,5 +8,6 @@
 //! - [`outbox`]: every write call goes through here, within Telegram's rate limits.
 
 pub mod format;
+pub mod render;
 pub mod split;
 pub mod types;

@@ -277,4 +277,4 @@ fn closing_run(bytes: &[u8], from: usize, run: usize) -> Option<usize> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
