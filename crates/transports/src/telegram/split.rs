@@ -147,7 +147,7 @@ fn reopen_line(fence: &CodeFence, max: usize) -> Option<String> {
         return Some(with_info);
     }
     let bare = format!("{indent}{ticks}\n");
-    (bare.len() + closing < max).then_some(bare)
+    (bare.len() + closing + 2 <= max).then_some(bare)
 }
 
 fn closing_line(fence: &CodeFence, body: &str) -> String {
