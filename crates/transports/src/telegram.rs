@@ -3,5 +3,9 @@
 
 pub mod api;
 pub mod config;
+pub mod format;
 pub mod inbound;
+pub mod outbox;
+pub mod render;
+pub mod split;
 pub mod types;

@@ -104,6 +104,9 @@ pub struct MessageEntity {
     pub language: Option<String>,
 }
 
+/// The most text one message holds, in UTF-16 units (after entity parsing).
+pub const MAX_TEXT_UTF16: usize = 4096;
+
 /// Text with its formatting, ready for `sendMessage` or `editMessageText`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct FormattedText {

@@ -1,0 +1,321 @@
+//! A run's progress message and final messages, built from its bus events.
+//!
+//! The progress message is edited while the run goes on; it shows the run's state,
+//! one line per action and, once known, the command that resumes the conversation.
+//! Answer deltas do not change it: progress changes only when an action starts or
+//! ends, so streaming an answer costs no edits. When the run completes, the final
+//! messages carry the answer, split to Telegram's limit.
+//!
+//! Every text produced fits one message ([`MAX_TEXT_UTF16`] UTF-16 units) and its
+//! entities are sorted, disjoint, non-empty and inside the text.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use lemon_core::bus::{BusEvent, EventKind, RunStatus};
+use lemon_core::engine::{Action, ActionPhase, Completion, ResumeToken};
+
+use super::format::{markdown_to_telegram, utf16_len};
+use super::split::split_markdown;
+use super::types::{FormattedText, MessageEntity, MAX_TEXT_UTF16};
+
+/// Formats a resume token as its engine shows it, e.g. `` `claude --resume abc` ``
+/// (see `Engine::format_resume`). Surrounding backticks are optional.
+pub type ResumeFormat = Arc<dyn Fn(&ResumeToken) -> String + Send + Sync>;
+
+/// At most this many action lines are shown; older ones are counted as hidden.
+const MAX_ACTION_LINES: usize = 20;
+/// The shown action lines take at most this many UTF-16 units, which keeps the
+/// progress message well under the limit whatever the titles.
+const MAX_ACTIONS_UTF16: usize = 2500;
+/// An action title is cut to this many characters.
+const MAX_TITLE_CHARS: usize = 80;
+/// A resume line longer than this is not a resume command anyone can type; it is
+/// left out rather than cut.
+const MAX_RESUME_UTF16: usize = 512;
+
+/// Where the run is, as the first line of the progress message says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    Done,
+    Cancelled,
+    Failed,
+}
+
+/// How far an action got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Running,
+    Done,
+    Failed,
+}
+
+impl Step {
+    fn of(action: &Action) -> Self {
+        match action.phase {
+            ActionPhase::Started | ActionPhase::Updated => Step::Running,
+            ActionPhase::Completed if action.ok == Some(false) => Step::Failed,
+            ActionPhase::Completed => Step::Done,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Step::Running => "running",
+            Step::Done => "done",
+            Step::Failed => "failed",
+        }
+    }
+}
+
+/// One line of the action list.
+#[derive(Debug, Clone)]
+struct ActionLine {
+    title: String,
+    step: Step,
+}
+
+/// Builds the progress message of one run from its bus events.
+///
+/// Feed every event of the run to [`apply`](Self::apply); when it returns true,
+/// edit the progress message to [`progress`](Self::progress). When the run
+/// completes, send [`final_messages`](Self::final_messages).
+pub struct ProgressRenderer {
+    resume_format: ResumeFormat,
+    /// The engine's id, from `run_started`.
+    engine: Option<String>,
+    state: State,
+    /// Actions in the order they were first seen.
+    actions: Vec<ActionLine>,
+    /// Action id → index in `actions`.
+    action_index: HashMap<String, usize>,
+    /// The latest resume token reported by the engine or the completion.
+    resume: Option<ResumeToken>,
+    /// The progress text as of the last event, to tell when it changed.
+    rendered: FormattedText,
+}
+
+impl fmt::Debug for ProgressRenderer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProgressRenderer")
+            .field("engine", &self.engine)
+            .field("state", &self.state)
+            .field("actions", &self.actions.len())
+            .field("resume", &self.resume)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProgressRenderer {
+    /// A renderer for a run that has not started yet.
+    pub fn new(resume_format: ResumeFormat) -> Self {
+        let mut renderer = ProgressRenderer {
+            resume_format,
+            engine: None,
+            state: State::Running,
+            actions: Vec::new(),
+            action_index: HashMap::new(),
+            resume: None,
+            rendered: FormattedText::default(),
+        };
+        renderer.rendered = renderer.render();
+        renderer
+    }
+
+    /// Takes one event of the run into account. Returns true when the progress
+    /// text changed, i.e. when the progress message needs an edit.
+    pub fn apply(&mut self, event: &BusEvent) -> bool {
+        match &event.kind {
+            EventKind::RunStarted { engine, .. } => self.engine = Some(engine.clone()),
+            EventKind::EngineStarted { resume, .. } => {
+                if let Some(resume) = resume {
+                    self.resume = Some(resume.clone());
+                }
+            }
+            EventKind::EngineAction(action) => self.upsert_action(action),
+            EventKind::EngineCompleted(completion) => {
+                if let Some(resume) = &completion.resume {
+                    self.resume = Some(resume.clone());
+                }
+            }
+            EventKind::RunCompleted { completion, engine, .. } => {
+                self.engine = Some(engine.clone());
+                if let Some(resume) = &completion.resume {
+                    self.resume = Some(resume.clone());
+                }
+                self.state = match RunStatus::of(completion) {
+                    RunStatus::Cancelled => State::Cancelled,
+                    RunStatus::Failed => State::Failed,
+                    _ => State::Done,
+                };
+            }
+            EventKind::Delta { .. } | EventKind::Phase(_) => return false,
+        }
+        let rendered = self.render();
+        if rendered == self.rendered {
+            return false;
+        }
+        self.rendered = rendered;
+        true
+    }
+
+    /// The progress message as of the last event.
+    pub fn progress(&self) -> FormattedText {
+        self.rendered.clone()
+    }
+
+    /// The messages that end the run: the answer split to Telegram's limit with
+    /// the resume command after it; `Error: <message>` for a failed run,
+    /// `Cancelled.` for a cancelled one and `Done.` for an empty answer.
+    pub fn final_messages(&self, completion: &Completion) -> Vec<FormattedText> {
+        let body = match RunStatus::of(completion) {
+            RunStatus::Cancelled => "Cancelled.".to_owned(),
+            RunStatus::Failed => match &completion.error {
+                Some(error) => format!("Error: {error}"),
+                None => "Error: the run failed".to_owned(),
+            },
+            _ => completion.answer.clone(),
+        };
+        let mut messages: Vec<FormattedText> = split_markdown(&body, MAX_TEXT_UTF16)
+            .iter()
+            .map(|chunk| trim_outside_entities(markdown_to_telegram(chunk)))
+            .filter(|message| !message.text.is_empty())
+            .collect();
+        if messages.is_empty() {
+            messages.push(FormattedText::plain("Done."));
+        }
+        let resume = completion.resume.as_ref().or(self.resume.as_ref());
+        if let Some(line) = resume.and_then(|token| self.resume_line(token)) {
+            let last = messages
+                .last_mut()
+                .filter(|last| utf16_len(&last.text) + 2 + utf16_len(&line) <= MAX_TEXT_UTF16);
+            match last {
+                Some(last) => push_code_paragraph(last, &line),
+                None => {
+                    let mut own = FormattedText::default();
+                    push_code_paragraph(&mut own, &line);
+                    messages.push(own);
+                }
+            }
+        }
+        messages
+    }
+
+    fn upsert_action(&mut self, action: &Action) {
+        let line = ActionLine { title: action_title(action), step: Step::of(action) };
+        match self.action_index.get(&action.id) {
+            Some(&i) => self.actions[i] = line,
+            None => {
+                self.action_index.insert(action.id.clone(), self.actions.len());
+                self.actions.push(line);
+            }
+        }
+    }
+
+    /// The resume command without backticks, if there is a usable one.
+    fn resume_line(&self, token: &ResumeToken) -> Option<String> {
+        let formatted = (self.resume_format)(token);
+        let line = formatted.trim().trim_matches('`').trim();
+        let usable = !line.is_empty() && utf16_len(line) <= MAX_RESUME_UTF16;
+        usable.then(|| line.to_owned())
+    }
+
+    fn render(&self) -> FormattedText {
+        let header = match (self.state, &self.engine) {
+            (State::Running, Some(engine)) => format!("Running… ({})", one_line(engine)),
+            (State::Running, None) => "Running…".to_owned(),
+            (State::Done, _) => "Done.".to_owned(),
+            (State::Cancelled, _) => "Cancelled.".to_owned(),
+            (State::Failed, _) => "Error.".to_owned(),
+        };
+        let mut out = FormattedText::plain(header);
+        // The newest lines that fit both limits; the older ones are only counted.
+        let mut shown = Vec::new();
+        let mut units = 0;
+        for action in self.actions.iter().rev().take(MAX_ACTION_LINES) {
+            let line = format!("- {}: {}", action.title, action.step.as_str());
+            units += utf16_len(&line) + 1;
+            if units > MAX_ACTIONS_UTF16 {
+                break;
+            }
+            shown.push(line);
+        }
+        if !shown.is_empty() {
+            out.text.push_str("\n\n");
+            let hidden = self.actions.len() - shown.len();
+            if hidden > 0 {
+                let steps = if hidden == 1 { "step" } else { "steps" };
+                out.text.push_str(&format!("({hidden} earlier {steps} not shown)\n"));
+            }
+            shown.reverse();
+            out.text.push_str(&shown.join("\n"));
+        }
+        if let Some(line) = self.resume.as_ref().and_then(|token| self.resume_line(token)) {
+            push_code_paragraph(&mut out, &line);
+        }
+        out
+    }
+}
+
+/// The action's title on one line, its kind when it has none.
+fn action_title(action: &Action) -> String {
+    let title = one_line(&action.title);
+    if title.is_empty() {
+        action.kind.as_str().to_owned()
+    } else {
+        title
+    }
+}
+
+/// `text` with whitespace runs collapsed to one space and cut to
+/// [`MAX_TITLE_CHARS`] characters.
+fn one_line(text: &str) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(MAX_TITLE_CHARS) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line,
+    }
+}
+
+/// Appends `code` as its own paragraph, formatted as a `code` entity.
+fn push_code_paragraph(out: &mut FormattedText, code: &str) {
+    if !out.text.is_empty() {
+        out.text.push_str("\n\n");
+    }
+    let offset = utf16_len(&out.text);
+    out.text.push_str(code);
+    out.entities.push(MessageEntity {
+        kind: "code".to_owned(),
+        offset,
+        length: utf16_len(code),
+        language: None,
+    });
+}
+
+/// Drops whitespace at both ends of the text, unless it belongs to an entity
+/// (the indentation of a code block's first line, say).
+fn trim_outside_entities(mut formatted: FormattedText) -> FormattedText {
+    // Whitespace characters are all in the Basic Multilingual Plane: one UTF-16
+    // unit and at most three bytes each, so units and characters count alike.
+    let first_entity = formatted.entities.first().map_or(usize::MAX, |e| e.offset);
+    let leading: Vec<char> =
+        formatted.text.chars().take_while(|c| c.is_whitespace()).take(first_entity).collect();
+    let leading_bytes: usize = leading.iter().map(|c| c.len_utf8()).sum();
+    formatted.text.drain(..leading_bytes);
+    for entity in &mut formatted.entities {
+        entity.offset -= leading.len();
+    }
+
+    let keep_units = formatted.entities.iter().map(|e| e.offset + e.length).max().unwrap_or(0);
+    let mut units = utf16_len(&formatted.text);
+    while units > keep_units && formatted.text.ends_with(char::is_whitespace) {
+        formatted.text.pop();
+        units -= 1;
+    }
+    formatted
+}
+
+#[cfg(test)]
+mod tests;
