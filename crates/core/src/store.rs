@@ -1,4 +1,6 @@
-//! Durable state: runs, every event of every run, and chat state.
+//! Durable state: runs, every event of every run, chat state, and small records
+//! that channels keep (the `kv` methods: a namespaced key/value table with
+//! optional expiry, for idempotency keys, update offsets, pending deliveries).
 //!
 //! [`StoreHandle`] is what the rest of the gateway holds. Two backends share its
 //! interface: [`sqlite`] (one file under `$LEMON_HOME`, WAL, a single writer thread
@@ -25,6 +27,10 @@ use crate::ids::RunId;
 
 /// Chat state lives this long after its last write unless configured otherwise.
 pub const DEFAULT_CHAT_STATE_TTL_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// The most expired `kv` records one read purges, so tidying up stays a small,
+/// bounded piece of work however many records expired at once.
+pub const KV_PURGE_BATCH: usize = 64;
 
 /// Why a store operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -207,6 +213,36 @@ pub trait StoreBackend: Send + Sync + fmt::Debug + 'static {
     async fn journal_complete(&self, run_id: &RunId);
     /// Every journal entry, in `seq` order.
     async fn journal_pending(&self) -> Result<Vec<JournalEntry>, StoreError>;
+    /// Writes (or overwrites) the record `key` of `namespace`. With `expires_at_ms`
+    /// it reads as absent from that moment on and is purged some time later.
+    async fn kv_put(
+        &self,
+        namespace: &str,
+        key: &str,
+        value: serde_json::Value,
+        expires_at_ms: Option<i64>,
+    );
+    /// The record `key` of `namespace` unless it has expired at `now_ms`.
+    ///
+    /// # Errors
+    /// The store is closed or the record cannot be read.
+    async fn kv_get(
+        &self,
+        namespace: &str,
+        key: &str,
+        now_ms: i64,
+    ) -> Result<Option<serde_json::Value>, StoreError>;
+    /// Removes the record; a missing one is not an error.
+    async fn kv_delete(&self, namespace: &str, key: &str);
+    /// Every record of `namespace` not expired at `now_ms`, ordered by key.
+    ///
+    /// # Errors
+    /// The store is closed or a record cannot be read.
+    async fn kv_list(
+        &self,
+        namespace: &str,
+        now_ms: i64,
+    ) -> Result<Vec<(String, serde_json::Value)>, StoreError>;
     /// Waits until every write queued before this call is durable.
     async fn flush(&self) -> Result<(), StoreError>;
     /// Proves the store accepts writes right now.

@@ -1,7 +1,7 @@
 //! The in-memory backend: the same interface as SQLite, for unit tests and benchmarks.
 //! Writes apply immediately under a short lock, so `flush` has nothing to wait for.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use foldhash::fast::RandomState;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +39,21 @@ struct Tables {
     chat: HashMap<String, ChatState, RandomState>,
     /// The admission journal by run id.
     journal: HashMap<RunId, JournalEntry, RandomState>,
+    /// Small records: namespace → key → record, keys in order for listing.
+    kv: HashMap<String, BTreeMap<String, KvRecord>, RandomState>,
+}
+
+/// One `kv` record.
+#[derive(Debug, Clone)]
+struct KvRecord {
+    value: serde_json::Value,
+    expires_at_ms: Option<i64>,
+}
+
+impl KvRecord {
+    fn live_at(&self, now_ms: i64) -> bool {
+        self.expires_at_ms.is_none_or(|expires| expires > now_ms)
+    }
 }
 
 impl MemoryStore {
@@ -256,6 +271,59 @@ impl StoreBackend for MemoryStore {
         let mut entries: Vec<JournalEntry> = self.tables().journal.values().cloned().collect();
         entries.sort_by_key(|e| e.seq);
         Ok(entries)
+    }
+
+    async fn kv_put(
+        &self,
+        namespace: &str,
+        key: &str,
+        value: serde_json::Value,
+        expires_at_ms: Option<i64>,
+    ) {
+        if !self.writable() {
+            return;
+        }
+        let record = KvRecord { value, expires_at_ms };
+        self.tables().kv.entry(namespace.to_owned()).or_default().insert(key.to_owned(), record);
+    }
+
+    async fn kv_get(
+        &self,
+        namespace: &str,
+        key: &str,
+        now_ms: i64,
+    ) -> Result<Option<serde_json::Value>, StoreError> {
+        let mut tables = self.tables();
+        let Some(records) = tables.kv.get_mut(namespace) else { return Ok(None) };
+        match records.get(key) {
+            Some(record) if record.live_at(now_ms) => Ok(Some(record.value.clone())),
+            Some(_) => {
+                records.remove(key);
+                Ok(None)
+            }
+            None => Ok(None),
+        }
+    }
+
+    async fn kv_delete(&self, namespace: &str, key: &str) {
+        if !self.writable() {
+            return;
+        }
+        if let Some(records) = self.tables().kv.get_mut(namespace) {
+            records.remove(key);
+        }
+    }
+
+    async fn kv_list(
+        &self,
+        namespace: &str,
+        now_ms: i64,
+    ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+        let mut tables = self.tables();
+        let Some(records) = tables.kv.get_mut(namespace) else { return Ok(Vec::new()) };
+        // Listing visits every record of the namespace anyway, so expired ones go now.
+        records.retain(|_, record| record.live_at(now_ms));
+        Ok(records.iter().map(|(key, record)| (key.clone(), record.value.clone())).collect())
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

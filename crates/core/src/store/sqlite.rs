@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use self::writer::{Reply, WriteOp};
 use super::{
     ChatState, FinishedRun, JournalEntry, JournalState, NewRun, RunFilter, RunRecord, StoreBackend,
-    StoreError, StoredEvent,
+    StoreError, StoredEvent, KV_PURGE_BATCH,
 };
 use crate::bus::{BusEvent, RunStatus};
 use crate::engine::ResumeToken;
@@ -149,6 +149,14 @@ impl SqliteStore {
         let (reply, answer) = oneshot::channel();
         tx.send(op(reply)).await.map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Asks the writer to delete a few records expired at `now_ms`. Tidying up is
+    /// optional, so it never waits for a queue slot; a later read asks again.
+    fn purge_expired_kv(&self, now_ms: i64) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.try_send(WriteOp::KvPurgeExpired { now_ms, limit: KV_PURGE_BATCH });
+        }
     }
 
     /// Runs `query` on the read connection after every write queued before this call
@@ -386,6 +394,90 @@ impl StoreBackend for SqliteStore {
         .await
     }
 
+    async fn kv_put(
+        &self,
+        namespace: &str,
+        key: &str,
+        value: serde_json::Value,
+        expires_at_ms: Option<i64>,
+    ) {
+        let op = WriteOp::KvPut {
+            namespace: namespace.to_owned(),
+            key: key.to_owned(),
+            value,
+            expires_at_ms,
+        };
+        self.queue(op).await;
+    }
+
+    async fn kv_get(
+        &self,
+        namespace: &str,
+        key: &str,
+        now_ms: i64,
+    ) -> Result<Option<serde_json::Value>, StoreError> {
+        let (namespace, key) = (namespace.to_owned(), key.to_owned());
+        let (value, expired) = self
+            .read(move |conn| {
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT value FROM kv WHERE namespace = ?1 AND key = ?2
+                         AND (expires_at_ms IS NULL OR expires_at_ms > ?3)",
+                    )
+                    .map_err(db)?;
+                let mut rows = stmt.query(params![namespace, key, now_ms]).map_err(db)?;
+                let value = match rows.next().map_err(db)? {
+                    Some(row) => {
+                        let text: String = row.get(0).map_err(db)?;
+                        Some(parse_json(&text, || format!("kv record {namespace}/{key}"))?)
+                    }
+                    None => None,
+                };
+                Ok((value, any_kv_expired(conn, now_ms)?))
+            })
+            .await?;
+        if expired {
+            self.purge_expired_kv(now_ms);
+        }
+        Ok(value)
+    }
+
+    async fn kv_delete(&self, namespace: &str, key: &str) {
+        self.queue(WriteOp::KvDelete { namespace: namespace.to_owned(), key: key.to_owned() })
+            .await;
+    }
+
+    async fn kv_list(
+        &self,
+        namespace: &str,
+        now_ms: i64,
+    ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+        let namespace = namespace.to_owned();
+        let (records, expired) = self
+            .read(move |conn| {
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT key, value FROM kv WHERE namespace = ?1
+                         AND (expires_at_ms IS NULL OR expires_at_ms > ?2) ORDER BY key",
+                    )
+                    .map_err(db)?;
+                let mut rows = stmt.query(params![namespace, now_ms]).map_err(db)?;
+                let mut records = Vec::new();
+                while let Some(row) = rows.next().map_err(db)? {
+                    let key: String = row.get(0).map_err(db)?;
+                    let text: String = row.get(1).map_err(db)?;
+                    let value = parse_json(&text, || format!("kv record {namespace}/{key}"))?;
+                    records.push((key, value));
+                }
+                Ok((records, any_kv_expired(conn, now_ms)?))
+            })
+            .await?;
+        if expired {
+            self.purge_expired_kv(now_ms);
+        }
+        Ok(records)
+    }
+
     async fn flush(&self) -> Result<(), StoreError> {
         if self.is_closed() {
             return Err(StoreError::Closed);
@@ -446,6 +538,16 @@ fn connect(path: &Path) -> Result<Connection, String> {
     conn.pragma_update(None, "foreign_keys", false).map_err(|e| e.to_string())?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
+}
+
+/// Whether any `kv` record has expired at `now_ms` (one probe of the expiry index).
+fn any_kv_expired(conn: &Connection, now_ms: i64) -> Result<bool, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM kv WHERE expires_at_ms IS NOT NULL AND expires_at_ms <= ?1)",
+        )
+        .map_err(db)?;
+    stmt.query_row(params![now_ms], |row| row.get(0)).map_err(db)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -873,3 +873,165 @@ async fn inserting_a_run_again_keeps_its_place_and_creation_time() {
         assert_eq!((a.created_at_ms, a.engine.as_str()), (1_000, "claude"), "{name}");
     }
 }
+
+// Small records (`kv_*`), both backends.
+
+#[tokio::test]
+async fn kv_put_get_overwrite_delete() {
+    for Backend { name, store, _dir } in backends() {
+        assert_eq!(store.kv_get("offsets", "bot-1", 1_000).await.unwrap(), None, "{name}");
+        store.kv_put("offsets", "bot-1", json!({ "update_id": 41 }), None).await;
+        assert_eq!(
+            store.kv_get("offsets", "bot-1", 1_000).await.unwrap(),
+            Some(json!({ "update_id": 41 })),
+            "{name}"
+        );
+        store.kv_put("offsets", "bot-1", json!(42), None).await;
+        assert_eq!(
+            store.kv_get("offsets", "bot-1", 1_000).await.unwrap(),
+            Some(json!(42)),
+            "{name}"
+        );
+
+        // Namespaces are separate: the same key elsewhere is another record.
+        store.kv_put("deliveries", "bot-1", json!("other"), None).await;
+        assert_eq!(
+            store.kv_get("offsets", "bot-1", 1_000).await.unwrap(),
+            Some(json!(42)),
+            "{name}"
+        );
+
+        store.kv_delete("offsets", "bot-1").await;
+        store.kv_delete("offsets", "never-written").await;
+        assert_eq!(store.kv_get("offsets", "bot-1", 1_000).await.unwrap(), None, "{name}");
+        assert_eq!(
+            store.kv_get("deliveries", "bot-1", 1_000).await.unwrap(),
+            Some(json!("other")),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn kv_records_expire_at_their_deadline() {
+    for Backend { name, store, _dir } in backends() {
+        store.kv_put("keys", "k", json!({ "run_id": "r1" }), Some(2_000)).await;
+        assert!(store.kv_get("keys", "k", 1_999).await.unwrap().is_some(), "{name}");
+        assert_eq!(store.kv_get("keys", "k", 2_000).await.unwrap(), None, "{name}");
+        // The expired record is gone, even when asked about an earlier moment.
+        store.flush().await.unwrap();
+        assert_eq!(store.kv_get("keys", "k", 1_000).await.unwrap(), None, "{name}");
+
+        // Putting it again (with a later deadline, or none) brings it back.
+        store.kv_put("keys", "k", json!(2), Some(5_000)).await;
+        assert_eq!(store.kv_get("keys", "k", 4_999).await.unwrap(), Some(json!(2)), "{name}");
+        store.kv_put("keys", "k", json!(3), None).await;
+        assert_eq!(store.kv_get("keys", "k", i64::MAX).await.unwrap(), Some(json!(3)), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn kv_list_holds_unexpired_records_of_one_namespace_by_key() {
+    for Backend { name, store, _dir } in backends() {
+        assert_eq!(store.kv_list("pending", 0).await.unwrap(), [], "{name}");
+        store.kv_put("pending", "c", json!({ "n": 3 }), None).await;
+        store.kv_put("pending", "a", json!({ "n": 1 }), Some(10_000)).await;
+        store.kv_put("pending", "b", json!({ "n": 2 }), Some(500)).await;
+        store.kv_put("other", "0", json!(0), None).await;
+        let listed = store.kv_list("pending", 400).await.unwrap();
+        let keys: Vec<&str> = listed.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["a", "b", "c"], "{name}");
+        assert_eq!(listed[2].1, json!({ "n": 3 }), "{name}");
+        let listed = store.kv_list("pending", 500).await.unwrap();
+        let keys: Vec<&str> = listed.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["a", "c"], "{name}: b expired at 500");
+        assert_eq!(store.kv_list("other", 500).await.unwrap(), [("0".to_owned(), json!(0))]);
+    }
+}
+
+#[tokio::test]
+async fn kv_values_keep_their_json_exactly() {
+    for Backend { name, store, _dir } in backends() {
+        let value = json!({
+            "text": "wörld \u{1f34b} \"quoted\"\nsecond line",
+            "n": -7,
+            "f": 1.5,
+            "list": [null, true, { "deep": [] }],
+        });
+        store.kv_put("ns", "key with spaces/and:colons", value.clone(), None).await;
+        let got = store.kv_get("ns", "key with spaces/and:colons", 0).await.unwrap();
+        assert_eq!(got, Some(value), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn sqlite_kv_records_survive_close_and_reopen_until_they_expire() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    store.kv_put("telegram_offsets", "bot-7", json!({ "offset": 1_234 }), None).await;
+    store
+        .kv_put("webhook_idempotency:zap", "order-17", json!({ "status": 202 }), Some(9_000))
+        .await;
+    store.kv_put("gone", "k", json!(1), None).await;
+    store.kv_delete("gone", "k").await;
+    store.close().await.unwrap();
+
+    let store = open(&path);
+    assert_eq!(
+        store.kv_get("telegram_offsets", "bot-7", 8_000).await.unwrap(),
+        Some(json!({ "offset": 1_234 }))
+    );
+    assert_eq!(
+        store.kv_list("webhook_idempotency:zap", 8_999).await.unwrap(),
+        [("order-17".to_owned(), json!({ "status": 202 }))]
+    );
+    assert_eq!(store.kv_get("gone", "k", 0).await.unwrap(), None);
+    assert_eq!(store.kv_get("webhook_idempotency:zap", "order-17", 9_000).await.unwrap(), None);
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn sqlite_reading_purges_expired_kv_rows_a_batch_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    let n_expiring = KV_PURGE_BATCH + 10;
+    for n in 0..n_expiring {
+        store.kv_put("keys", &format!("k{n:03}"), json!(n), Some(1_000 + n as i64)).await;
+    }
+    store.kv_put("keys", "forever", json!("kept"), None).await;
+    store.kv_put("keys", "later", json!("kept"), Some(1_000_000)).await;
+    store.flush().await.unwrap();
+    assert_eq!(n_rows(&path, "kv"), n_expiring as i64 + 2);
+
+    // A read at a time when everything but two has expired purges one batch,
+    // oldest expiry first; the next read purges the rest.
+    assert_eq!(store.kv_get("keys", "forever", 500_000).await.unwrap(), Some(json!("kept")));
+    store.flush().await.unwrap();
+    assert_eq!(n_rows(&path, "kv"), 10 + 2);
+    assert_eq!(store.kv_list("keys", 500_000).await.unwrap().len(), 2);
+    store.flush().await.unwrap();
+    assert_eq!(n_rows(&path, "kv"), 2);
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn sqlite_a_file_from_before_the_kv_table_is_migrated_and_keeps_its_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    store.insert_run(new_run("run_old", 1_000)).await;
+    store.close().await.unwrap();
+    // Make the file look like one written before migration 3.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch("DROP TABLE kv; PRAGMA user_version = 2;").unwrap();
+    drop(conn);
+
+    let store = open(&path);
+    assert_eq!(user_version(&path), SCHEMA_VERSION);
+    assert_eq!(store.get_run("run_old").await.unwrap(), Some(queued_record("run_old", 1_000)));
+    store.kv_put("ns", "k", json!(1), None).await;
+    assert_eq!(store.kv_get("ns", "k", 0).await.unwrap(), Some(json!(1)));
+    store.close().await.unwrap();
+}

@@ -77,6 +77,17 @@ const MIGRATIONS: &[&str] = &[
         accepted_at_ms INTEGER NOT NULL
     );
     CREATE INDEX journal_by_seq ON journal (seq);",
+    // 3: small records channels keep (idempotency keys, update offsets, pending
+    // deliveries), by namespace and key, with an optional expiry. Expired rows are
+    // purged a few at a time, oldest expiry first, through the partial index.
+    "CREATE TABLE kv (
+        namespace TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        expires_at_ms INTEGER,
+        PRIMARY KEY (namespace, key)
+    ) WITHOUT ROWID;
+    CREATE INDEX kv_by_expiry ON kv (expires_at_ms) WHERE expires_at_ms IS NOT NULL;",
 ];
 
 /// The version a fully migrated file has.

@@ -78,6 +78,22 @@ pub(super) enum WriteOp {
     JournalComplete {
         run_id: RunId,
     },
+    /// Serialised to JSON here on the writer thread.
+    KvPut {
+        namespace: String,
+        key: String,
+        value: serde_json::Value,
+        expires_at_ms: Option<i64>,
+    },
+    KvDelete {
+        namespace: String,
+        key: String,
+    },
+    /// Deletes at most `limit` records expired at `now_ms`, oldest expiry first.
+    KvPurgeExpired {
+        now_ms: i64,
+        limit: usize,
+    },
     Flush {
         reply: Reply,
     },
@@ -106,6 +122,9 @@ impl WriteOp {
             WriteOp::JournalAdmit(_) => "journal_admit",
             WriteOp::JournalStarted { .. } => "journal_started",
             WriteOp::JournalComplete { .. } => "journal_complete",
+            WriteOp::KvPut { .. } => "kv_put",
+            WriteOp::KvDelete { .. } => "kv_delete",
+            WriteOp::KvPurgeExpired { .. } => "kv_purge_expired",
             WriteOp::Flush { .. } => "flush",
             WriteOp::CheckWritable { .. } => "check_writable",
             WriteOp::Stop { .. } => "stop",
@@ -606,6 +625,28 @@ impl Writer {
             WriteOp::JournalComplete { run_id } => {
                 let mut stmt = self.conn.prepare_cached("DELETE FROM journal WHERE run_id = ?1")?;
                 stmt.execute(params![run_id.as_str()])?;
+            }
+            WriteOp::KvPut { namespace, key, value, expires_at_ms } => {
+                let mut stmt = self.conn.prepare_cached(
+                    "INSERT OR REPLACE INTO kv (namespace, key, value, expires_at_ms)
+                     VALUES (?1, ?2, ?3, ?4)",
+                )?;
+                let value = json_text(&mut self.json, &value)?;
+                stmt.execute(params![namespace, key, value, expires_at_ms])?;
+            }
+            WriteOp::KvDelete { namespace, key } => {
+                let mut stmt =
+                    self.conn.prepare_cached("DELETE FROM kv WHERE namespace = ?1 AND key = ?2")?;
+                stmt.execute(params![namespace, key])?;
+            }
+            WriteOp::KvPurgeExpired { now_ms, limit } => {
+                let mut stmt = self.conn.prepare_cached(
+                    "DELETE FROM kv WHERE (namespace, key) IN (
+                        SELECT namespace, key FROM kv
+                        WHERE expires_at_ms IS NOT NULL AND expires_at_ms <= ?1
+                        ORDER BY expires_at_ms LIMIT ?2)",
+                )?;
+                stmt.execute(params![now_ms, i64::try_from(limit).unwrap_or(i64::MAX)])?;
             }
             WriteOp::CheckWritable { now_ms, reply } => {
                 self.replies.push(reply);
