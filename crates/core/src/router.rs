@@ -41,34 +41,58 @@ use actor::{Router, RouterMsg};
 pub use queue::Limits;
 pub use resolve::SlashCommand;
 
-/// Where a request came from. Channel and control-plane messages are "user"
-/// messages: in `collect` mode they go ahead of queued goal continuations.
+/// Where a request came from. Channel, webhook and control-plane messages are
+/// "user" messages: in `collect` mode they go ahead of queued goal continuations.
+/// The journal keeps the origin by name ([`Origin::as_str`]), so recovered
+/// requests keep theirs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Origin {
+    /// A chat channel (Telegram, SMS, …).
     Channel,
+    /// The control API.
     ControlPlane,
+    /// A generic inbound webhook (`POST /webhooks/{integration}`).
+    Webhook,
     Cron,
+    /// The gateway itself (goal continuations, recovered requests of unknown origin).
     Internal,
 }
 
 impl Origin {
+    /// Every origin, for exhaustive tests.
+    pub const ALL: [Origin; 5] =
+        [Origin::Channel, Origin::ControlPlane, Origin::Webhook, Origin::Cron, Origin::Internal];
+
+    /// The stable name, as journaled and as `meta.origin`.
     pub fn as_str(self) -> &'static str {
         match self {
             Origin::Channel => "channel",
             Origin::ControlPlane => "control_plane",
+            Origin::Webhook => "webhook",
             Origin::Cron => "cron",
             Origin::Internal => "internal",
         }
     }
 
+    /// The origin named `raw` ([`Origin::as_str`]'s inverse).
     pub fn parse(raw: &str) -> Option<Self> {
         Some(match raw {
             "channel" => Origin::Channel,
             "control_plane" => Origin::ControlPlane,
+            "webhook" => Origin::Webhook,
             "cron" => Origin::Cron,
             "internal" => Origin::Internal,
             _ => return None,
         })
+    }
+
+    /// Whether a person (or a service acting for one) sent it, as opposed to the
+    /// gateway's own scheduling.
+    pub fn is_user(self) -> bool {
+        match self {
+            Origin::Channel | Origin::ControlPlane | Origin::Webhook => true,
+            Origin::Cron | Origin::Internal => false,
+        }
     }
 }
 

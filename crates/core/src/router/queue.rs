@@ -332,8 +332,7 @@ impl Conversation {
             }
         }
         effects.extend(item.phase(RunPhase::QueuedInSession));
-        let user_preempt = item.mode == QueueMode::Collect
-            && matches!(item.origin, Origin::Channel | Origin::ControlPlane);
+        let user_preempt = item.mode == QueueMode::Collect && item.origin.is_user();
         let at = if user_preempt {
             self.queue.iter().position(Item::is_goal_continuation).unwrap_or(self.queue.len())
         } else {

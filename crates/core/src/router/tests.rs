@@ -639,6 +639,31 @@ async fn accepted_requests_are_journaled_until_they_complete() {
     assert_eq!(h.store.journal_pending().await.unwrap(), []);
 }
 
+#[test]
+fn origins_are_journaled_by_a_name_that_parses_back() {
+    for origin in Origin::ALL {
+        assert_eq!(Origin::parse(origin.as_str()), Some(origin), "{origin:?}");
+    }
+    assert_eq!(Origin::Webhook.as_str(), "webhook");
+    assert_eq!(Origin::parse("Webhook"), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_webhook_request_is_journaled_and_stored_with_its_origin() {
+    let mut h = harness(router_config()).await;
+    let busy = h.submit("s", "hang", None).await;
+    let from_hook = RunRequest { origin: Origin::Webhook, ..request("s", "ok from a hook", None) };
+    let queued = h.submit_req(from_hook).await;
+    let pending = h.store.journal_pending().await.unwrap();
+    let entry = pending.iter().find(|e| e.run_id == queued).unwrap();
+    assert_eq!(entry.meta["origin"], "webhook");
+    assert_eq!(entry.route["origin"], "webhook");
+    h.router.abort_run(&busy).await.unwrap();
+    assert!(h.completion_of(&queued).await.ok);
+    let record = h.store.get_run(queued.as_str()).await.unwrap().unwrap();
+    assert_eq!(record.meta["origin"], "webhook");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_channel_binding_gives_project_cwd_agent_engine_and_queue_mode() {
     let loaded = crate::config::load_str(

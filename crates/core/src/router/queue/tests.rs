@@ -90,16 +90,22 @@ fn collect_appends_and_reports_queued_in_session() {
 
 #[test]
 fn user_collect_goes_before_queued_goal_continuations() {
-    let mut conv = busy();
-    let now = t0();
-    let mut goal = item(1, QueueMode::Followup);
-    goal.meta.insert("goal_continuation".into(), true.into());
-    conv.submit(goal, now, Limits::default());
-    conv.submit(item(2, QueueMode::Collect), now, Limits::default());
-    let mut user = item(3, QueueMode::Collect);
-    user.origin = Origin::Channel;
-    conv.submit(user, now, Limits::default());
-    assert_eq!(queued(&conv), ["p3", "p1", "p2"]);
+    for origin in Origin::ALL {
+        let mut conv = busy();
+        let now = t0();
+        let mut goal = item(1, QueueMode::Followup);
+        goal.meta.insert("goal_continuation".into(), true.into());
+        conv.submit(goal, now, Limits::default());
+        conv.submit(item(2, QueueMode::Collect), now, Limits::default());
+        let mut sent = item(3, QueueMode::Collect);
+        sent.origin = origin;
+        conv.submit(sent, now, Limits::default());
+        let expected = match origin {
+            Origin::Channel | Origin::ControlPlane | Origin::Webhook => ["p3", "p1", "p2"],
+            Origin::Cron | Origin::Internal => ["p1", "p2", "p3"],
+        };
+        assert_eq!(queued(&conv), expected, "{origin:?}");
+    }
 }
 
 #[test]
