@@ -220,8 +220,8 @@ async fn start_webhook(
     let state = webhook::WebhookState::new(webhook::WebhookDeps {
         config: webhook_config,
         tokens,
-        gateway: gateway.clone(),
         router: router.clone(),
+        store: gateway.store().clone(),
         resolver: Arc::new(webhook::SystemResolver),
         tracker: tracker.clone(),
         shutdown: token.clone(),
