@@ -23,6 +23,9 @@
 //! - Callbacks never reach private or loopback addresses unless allowed: the host
 //!   is resolved, every address checked, and the connection pinned to the
 //!   checked address (no second lookup, no redirects, no proxy).
+//! - [`WebhookTransport`] runs it all as a [`Transport`](crate::transport::Transport):
+//!   it binds its listener when started, so a port in use is reported (and
+//!   retried) without stopping the gateway.
 //!
 //! Every error is `{"error": "..."}`.
 
@@ -31,6 +34,7 @@ mod config;
 mod idempotency;
 mod payload;
 mod request_info;
+mod service;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -59,6 +63,7 @@ pub use callback::{CallbackError, CallbackSettings, Resolve, SystemResolver};
 pub use config::{
     IntegrationConfig, Mode, WebhookConfig, WebhookConfigError, DEFAULT_WEBHOOK_PORT,
 };
+pub use service::WebhookTransport;
 
 use idempotency::{Claim, IdempotencyKeys};
 use payload::Payload;

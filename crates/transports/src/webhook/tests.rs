@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::transport::{RestartPolicy, TransportDeps, TransportRegistry, TransportState};
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::response::IntoResponse;
@@ -32,6 +33,7 @@ use super::payload::Payload;
 use super::request_info::redact_query;
 use super::{
     constant_time_eq, router, CallbackError, Resolve, WebhookConfig, WebhookDeps, WebhookState,
+    WebhookTransport,
 };
 
 const TOKEN: &str = "hook-token-5d2e";
@@ -67,6 +69,7 @@ impl Resolve for MapResolver {
 struct TestHook {
     state: WebhookState,
     gateway: GatewayHandle,
+    router: RouterHandle,
     tracker: TaskTracker,
     _token: CancellationToken,
 }
@@ -115,13 +118,13 @@ impl TestHook {
         let state = WebhookState::new(WebhookDeps {
             config,
             tokens,
-            router,
+            router: router.clone(),
             store,
             resolver: Arc::new(resolver),
             tracker: tracker.clone(),
             shutdown: token.clone(),
         });
-        TestHook { state, gateway, tracker, _token: token }
+        TestHook { state, gateway, router, tracker, _token: token }
     }
 
     /// Shuts the gateway down and waits for every task to end.
@@ -918,4 +921,68 @@ async fn idempotency_answers_survive_a_restart_on_the_same_store() {
     assert_eq!(hook.run_count().await, 1);
     hook.stop().await;
     store.close().await.unwrap();
+}
+
+// The webhook as a transport.
+
+#[tokio::test]
+async fn the_webhook_transport_reports_a_port_in_use_and_comes_up_once_it_is_free() {
+    let hook = TestHook::simple("");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let table: toml::Table = toml::from_str(&format!(
+        "port = {}
+[integrations.zap]
+token = \"{TOKEN}\"\n",
+        addr.port()
+    ))
+    .unwrap();
+    let config = WebhookConfig::parse(&table).unwrap();
+    let tokens = BTreeMap::from([("zap".to_owned(), TOKEN.to_owned())]);
+    let transport = WebhookTransport::new(config, tokens, Arc::new(MapResolver::default()));
+    assert!(!format!("{transport:?}").contains(TOKEN));
+    let policy = RestartPolicy {
+        initial_backoff: Duration::from_millis(5),
+        max_backoff: Duration::from_millis(20),
+        reset_after: Duration::from_secs(60),
+    };
+    let mut registry = TransportRegistry::default().with_policy(policy);
+    registry.add(Arc::new(transport)).unwrap();
+    let deps = TransportDeps {
+        router: hook.router.clone(),
+        store: hook.gateway.store().clone(),
+        shutdown: hook._token.clone(),
+        tracker: hook.tracker.clone(),
+    };
+    let statuses = registry.start(&deps);
+    let failing =
+        within("webhook failing", statuses.wait_for(|map| map["webhook"].is_failing())).await;
+    let TransportState::Failing { reason, retry_in_ms, .. } = &failing["webhook"] else {
+        unreachable!()
+    };
+    assert!(reason.starts_with(&format!("could not listen on {addr}")), "{reason}");
+    assert!(retry_in_ms.is_some(), "a port in use is retried");
+    assert!(!reason.contains(TOKEN));
+
+    drop(taken);
+    let running = within(
+        "webhook running",
+        statuses.wait_for(|map| matches!(map["webhook"], TransportState::Running { .. })),
+    )
+    .await;
+    assert_eq!(running["webhook"], TransportState::Running { detail: Some(addr.to_string()) });
+    let response = reqwest::Client::new()
+        .post(format!("http://{addr}/webhooks/zap"))
+        .bearer_auth(TOKEN)
+        .json(&json!({ "prompt": "over a real socket" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    let body: Value = response.json().await.unwrap();
+    let record =
+        hook.gateway.store().get_run(body["run_id"].as_str().unwrap()).await.unwrap().unwrap();
+    assert_eq!(record.meta["webhook"]["request"]["remote_ip"], "127.0.0.1", "the peer is recorded");
+    hook.stop().await;
+    assert_eq!(statuses.get("webhook"), Some(TransportState::Stopped));
 }
