@@ -986,3 +986,62 @@ token = \"{TOKEN}\"\n",
     hook.stop().await;
     assert_eq!(statuses.get("webhook"), Some(TransportState::Stopped));
 }
+
+// The templates in docs/webhooks send what the normaliser reads.
+
+/// `text` with every `{{ … }}` placeholder of the tools replaced by `value`.
+fn fill_placeholders(text: &str, value: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find("}}").map(|e| start + e + 2).unwrap_or(rest.len());
+        out.push_str(value);
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[track_caller]
+fn check_template(name: &str, body: &str, attachment_source: &str) {
+    let body: Value = serde_json::from_str(&fill_placeholders(body, "https://files.example/x"))
+        .unwrap_or_else(|err| panic!("{name}: the body is not JSON: {err}"));
+    let payload = Payload::from_body(&body).unwrap_or_else(|err| panic!("{name}: {err}"));
+    let (text, section) = payload
+        .prompt
+        .split_once("\n\nAttachments:\n")
+        .unwrap_or_else(|| panic!("{name}: text and attachments expected in {:?}", payload.prompt));
+    assert!(!text.trim().is_empty(), "{name}");
+    assert!(section.starts_with("- "), "{name}: {section}");
+    assert!(payload.attachments.iter().all(|a| a.source == attachment_source), "{name}");
+    assert!(payload.metadata.as_object().is_some_and(|m| !m.is_empty()), "{name}: metadata");
+}
+
+#[test]
+fn the_documented_templates_send_text_attachments_and_metadata() {
+    let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/webhooks/");
+    let read = |file: &str| std::fs::read_to_string(format!("{docs}{file}")).unwrap();
+
+    let make: Value = serde_json::from_str(&read("make.json")).unwrap();
+    check_template("make.json", make["mapper"]["data"].as_str().unwrap(), "attachments");
+    let headers = make["mapper"]["headers"].to_string().to_ascii_lowercase();
+    assert!(headers.contains("x-webhook-token") && headers.contains("idempotency-key"));
+
+    let n8n: Value = serde_json::from_str(&read("n8n.json")).unwrap();
+    let request = &n8n["nodes"][1]["parameters"];
+    let body = request["jsonBody"].as_str().unwrap().trim_start_matches('=');
+    check_template("n8n.json", body, "urls");
+    let headers = request["headerParameters"].to_string().to_ascii_lowercase();
+    assert!(headers.contains("bearer") && headers.contains("idempotency-key"));
+
+    let zapier = read("zapier.md");
+    let json_block = zapier
+        .split("```json")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("zapier.md has a JSON body");
+    check_template("zapier.md", json_block, "files");
+    let curl = zapier.split("-d '").nth(1).and_then(|rest| rest.split('\'').next()).unwrap();
+    check_template("zapier.md (curl)", curl, "files");
+}
