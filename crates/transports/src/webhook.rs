@@ -9,7 +9,8 @@
 //!   attachments in `attachments`, `files` or `urls` (listed in the prompt under
 //!   `Attachments:`), optional `session_key`, `engine`, `queue_mode`, `metadata`,
 //!   `callback_url` (where overriding is allowed) and `idempotency_key` (where
-//!   allowed; the `Idempotency-Key` header always works). See [`payload`].
+//!   allowed; the `Idempotency-Key` header always works). The README lists every
+//!   accepted shape.
 //! - The run's `meta.webhook` holds the integration id, metadata, attachments and
 //!   the request (method, path, query with secrets redacted, remote address,
 //!   user agent, `X-Request-Id`).
