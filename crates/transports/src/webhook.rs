@@ -133,10 +133,7 @@ impl WebhookState {
     /// The state of a webhook router over `deps`, with idempotency keys timed by
     /// the wall clock.
     pub fn new(deps: WebhookDeps) -> Self {
-        WebhookState::with_clock(deps, Arc::new(lemon_core::clock::now_ms))
-    }
-
-    fn with_clock(deps: WebhookDeps, clock: idempotency::Clock) -> Self {
+        let clock = Arc::new(lemon_core::clock::now_ms);
         let keys = IdempotencyKeys::new(deps.store, deps.config.idempotency_ttl_ms, clock);
         WebhookState {
             inner: Arc::new(Inner {
