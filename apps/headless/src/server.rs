@@ -18,6 +18,9 @@ use lemon_core::secrets::{SecretStore, SecretValue};
 use lemon_core::store::StoreHandle;
 use lemon_engines::cli::{build_cli_engines, ApiKey, CliContext};
 use lemon_engines::echo::EchoEngine;
+use lemon_transports::transport::{
+    TransportDeps, TransportRegistry, TransportState, TransportStatuses,
+};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -29,6 +32,10 @@ pub const API_TOKEN_SECRET: &str = "lemon_api_token";
 
 /// How often the config file is checked for edits.
 const RELOAD_POLL: Duration = Duration::from_secs(1);
+
+/// How long start-up waits for transports to bind or fail before the gateway
+/// reports ready; a slower one goes on starting in the background.
+const TRANSPORT_START_WAIT: Duration = Duration::from_secs(5);
 
 /// What the binary hands the server.
 #[derive(Debug, Clone)]
@@ -50,6 +57,8 @@ pub struct Running {
     pub gateway: GatewayHandle,
     /// Every message goes through the router.
     pub router: RouterHandle,
+    /// Every transport's state.
+    pub transports: TransportStatuses,
     pub shutdown_grace: Duration,
     store: StoreHandle,
     token: CancellationToken,
@@ -158,6 +167,11 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let router_config = RouterConfig::from_gateway(&gateway_config);
     let router = RouterHandle::start(router_config, gateway.clone(), token.clone(), &tracker);
 
+    // Transports are checked before anything listens: a config mistake stops the
+    // start, while a port in use only makes that transport fail (and retry).
+    let registry = transports(&gateway_config, &secrets)?;
+    let statuses = registry.statuses().clone();
+
     let api_listener = bind(&gateway_config.api.addr(DEFAULT_API_PORT), "control API").await?;
     let health_listener =
         bind(&gateway_config.health.addr(DEFAULT_HEALTH_PORT), "health endpoint").await?;
@@ -172,13 +186,24 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         version: version.clone(),
         started_at: started,
         shutdown: token.clone(),
+        transports: statuses.clone(),
     });
     let health = lemon_transports::health::health_router(
-        lemon_transports::health::HealthState::new(gateway.clone(), version, started),
+        lemon_transports::health::HealthState::new(gateway.clone(), version, started)
+            .with_transports(statuses.clone()),
     );
     tracker.spawn(serve_logged(api_listener, api, token.clone(), "control API"));
     tracker.spawn(serve_logged(health_listener, health, token.clone(), "health endpoint"));
-    start_webhook(&gateway_config, &secrets, &gateway, &router, &tracker, &token).await?;
+    registry.start(&TransportDeps {
+        router: router.clone(),
+        store: store.clone(),
+        shutdown: token.clone(),
+        tracker: tracker.clone(),
+    });
+    let settled = statuses.wait_for(|map| !map.values().any(|s| *s == TransportState::Starting));
+    if tokio::time::timeout(TRANSPORT_START_WAIT, settled).await.is_err() {
+        tracing::warn!("transports still starting; reporting ready anyway");
+    }
     let watched = WatchedConfig {
         path: opts.paths.config.clone(),
         modified: config_mtime,
@@ -192,6 +217,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         generated_token: generated.then_some(api_token),
         gateway,
         router,
+        transports: statuses,
         shutdown_grace: Duration::from_millis(gateway_config.shutdown_grace_ms),
         store,
         token,
@@ -199,36 +225,28 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     })
 }
 
-/// Starts the webhook listener when `[gateway.webhook]` enables it.
-async fn start_webhook(
-    config: &GatewayConfig,
-    secrets: &SecretStore,
-    gateway: &GatewayHandle,
-    router: &RouterHandle,
-    tracker: &TaskTracker,
-    token: &CancellationToken,
-) -> anyhow::Result<()> {
+/// Every transport the gateway knows, enabled or not; the one place a new
+/// transport is added. Each decides whether it is on with
+/// [`lemon_transports::transport::enabled`] (through its config parser).
+///
+/// # Errors
+/// A transport's section is invalid or names a secret that is not set.
+fn transports(config: &GatewayConfig, secrets: &SecretStore) -> anyhow::Result<TransportRegistry> {
     use lemon_transports::webhook;
-    let Some(webhook_config) =
-        webhook::WebhookConfig::from_gateway(config.enable_webhook, config.webhook.as_ref())?
-    else {
-        return Ok(());
-    };
-    let tokens = webhook_config.resolve_tokens(secrets)?;
-    let listener = bind(&webhook_config.addr(), "webhooks").await?;
-    let webhook_addr = listener.local_addr()?;
-    let state = webhook::WebhookState::new(webhook::WebhookDeps {
-        config: webhook_config,
-        tokens,
-        gateway: gateway.clone(),
-        router: router.clone(),
-        resolver: Arc::new(webhook::SystemResolver),
-        tracker: tracker.clone(),
-        shutdown: token.clone(),
-    });
-    tracker.spawn(serve_logged(listener, webhook::router(state), token.clone(), "webhooks"));
-    tracing::info!(%webhook_addr, "webhooks listening");
-    Ok(())
+    let mut registry = TransportRegistry::default();
+    match webhook::WebhookConfig::from_gateway(config.enable_webhook, config.webhook.as_ref())? {
+        Some(webhook_config) => {
+            let tokens = webhook_config.resolve_tokens(secrets)?;
+            let resolver = Arc::new(webhook::SystemResolver);
+            registry.add(Arc::new(webhook::WebhookTransport::new(
+                webhook_config,
+                tokens,
+                resolver,
+            )))?;
+        }
+        None => registry.add_disabled(webhook::WEBHOOK_TRANSPORT_ID)?,
+    }
+    Ok(registry)
 }
 
 async fn serve_logged(

@@ -12,7 +12,7 @@
 //! | `GET` | `/v1/sessions/{key}` | `200` active runs, queue, chat state |
 //! | `POST` | `/v1/sessions/{key}/cancel` | `202` the session's active runs are cancelled; its queue stays |
 //! | `POST` | `/v1/sessions/{key}/abort` | `202` the session's queue is dropped and its runs cancelled |
-//! | `GET` | `/v1/status` | `200` version, uptime, scheduler counters, engines |
+//! | `GET` | `/v1/status` | `200` version, uptime, scheduler counters, engines, transports |
 //!
 //! Runs are submitted through the router, so queue modes, resume lines, engine
 //! directives and slash commands work here as in every channel. A body may carry
@@ -43,6 +43,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{method_not_allowed, not_found, ApiError, MAX_BODY_BYTES};
+use crate::transport::TransportStatuses;
 
 /// What the control API's handlers share: handles and a few settings. Cheap to clone.
 #[derive(Clone)]
@@ -60,6 +61,8 @@ pub struct ApiState {
     pub started_at: Instant,
     /// Cancelled when the server shuts down; ends open event streams.
     pub shutdown: CancellationToken,
+    /// Every transport's state, reported by `/v1/status`.
+    pub transports: TransportStatuses,
 }
 
 impl fmt::Debug for ApiState {
@@ -72,6 +75,7 @@ impl fmt::Debug for ApiState {
             .field("version", &self.version)
             .field("started_at", &self.started_at)
             .field("shutdown", &self.shutdown)
+            .field("transports", &self.transports)
             .finish()
     }
 }

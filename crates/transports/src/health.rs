@@ -5,6 +5,11 @@
 //! when all pass and `503` otherwise. Built-in checks, in order: `scheduler`
 //! (the scheduler answers), `store` (it accepts writes), `runs` (active runs);
 //! an app adds its own with [`HealthState::with_check`].
+//!
+//! The body also lists every transport's state (`transports`) and sums up in
+//! `status`: `healthy`, `degraded` (the checks pass but a transport is failing:
+//! still `200`, since the gateway serves and restarting it would not free a
+//! port or fix a token) or `unhealthy` (a check failed: `503`).
 
 mod timestamp;
 
@@ -24,6 +29,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::error::{method_not_allowed, not_found};
+use crate::transport::{TransportState, TransportStatuses};
 
 /// How long one check may take before it counts as failed.
 pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -52,6 +58,8 @@ pub struct HealthState {
     pub extra_checks: Vec<Arc<dyn HealthCheck>>,
     /// The bound on each check.
     pub check_timeout: Duration,
+    /// Every transport's state; a failing one makes the gateway `degraded`.
+    pub transports: TransportStatuses,
 }
 
 impl HealthState {
@@ -63,7 +71,15 @@ impl HealthState {
             started_at,
             extra_checks: Vec::new(),
             check_timeout: DEFAULT_CHECK_TIMEOUT,
+            transports: TransportStatuses::default(),
         }
+    }
+
+    /// Reports `transports` (the registry's statuses).
+    #[must_use]
+    pub fn with_transports(mut self, transports: TransportStatuses) -> Self {
+        self.transports = transports;
+        self
     }
 
     /// Adds a check, reported after the ones before it.
@@ -102,12 +118,22 @@ async fn healthz(State(state): State<HealthState>) -> Response {
     )
     .await;
     let ok = results.iter().all(|result| result["ok"] == json!(true));
+    let transports = state.transports.snapshot();
+    let summary = if !ok {
+        "unhealthy"
+    } else if transports.values().any(TransportState::is_failing) {
+        "degraded"
+    } else {
+        "healthy"
+    };
     let body = json!({
         "ok": ok,
+        "status": summary,
         "app": "lemon_gateway",
         "version": &*state.version,
         "timestamp": timestamp::iso8601_now(),
         "checks": results,
+        "transports": state.transports.to_json(),
     });
     let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
@@ -216,6 +242,17 @@ async fn metrics(State(state): State<HealthState>) -> Response {
             "Requests accepted and not yet started.",
             snapshot.queued,
         );
+    }
+    let transports = state.transports.snapshot();
+    if !transports.is_empty() {
+        let _ = writeln!(
+            out,
+            "# HELP lemon_transport_running 1 when the transport serves, else 0.\n# TYPE lemon_transport_running gauge"
+        );
+        for (id, transport) in &transports {
+            let running = u8::from(matches!(transport, TransportState::Running { .. }));
+            let _ = writeln!(out, "lemon_transport_running{{transport=\"{id}\"}} {running}");
+        }
     }
     let uptime = state.started_at.elapsed().as_secs_f64();
     gauge(

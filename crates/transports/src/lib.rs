@@ -6,11 +6,14 @@
 //! - [`health`]: `/healthz`, `/health` and `/metrics`, unauthenticated, meant for a
 //!   loopback or internal port.
 //! - [`webhook`]: `POST /webhooks/{integration}`, generic inbound webhooks with
-//!   per-integration tokens, sync or async answers and callbacks.
+//!   per-integration tokens, attachments, sync or async answers, callbacks and
+//!   idempotency keys kept in the store; run as a transport by
+//!   [`webhook::WebhookTransport`].
 //! - [`telegram`]: the Telegram bot: long polling, progress edits through a
 //!   rate-limited outbox, answers split to Telegram's limits.
-//! - [`transport`]: the contract every channel implements and the states status
-//!   reports.
+//! - [`transport`]: the contract every channel implements, the states status
+//!   reports, the one enable rule, and the [`transport::TransportRegistry`] that
+//!   supervises and restarts transports.
 //! - [`error`]: [`error::ApiError`], the one JSON error shape of every router, and
 //!   extractors whose rejections use it.
 //! - [`serve`]: runs a router on a listener until a shutdown token fires.

@@ -2,20 +2,28 @@
 //! and takes answers back out (webhooks, Telegram, …).
 //!
 //! A transport runs until the gateway shuts down. When it fails (a bad token, a
-//! port in use) it returns an error: the registry reports it as failing, waits,
-//! and starts it again when the error is worth retrying. A failing transport
-//! never takes the gateway down.
+//! port in use) it returns an error: the [`TransportRegistry`] reports it as
+//! failing, waits, and starts it again when the error is worth retrying. A
+//! failing transport never takes the gateway down.
+//!
+//! Whether a transport runs at all is decided by [`enabled`], the one rule every
+//! transport uses.
+
+mod registry;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use lemon_core::router::RouterHandle;
 use lemon_core::store::StoreHandle;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+pub use registry::{RestartPolicy, TransportDeps, TransportRegistry};
 
 /// A channel.
 #[async_trait]
@@ -35,11 +43,15 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
 /// What a transport gets to work with.
 #[derive(Debug, Clone)]
 pub struct TransportContext {
+    /// Every message goes through the router; `router.gateway()` reaches the bus.
     pub router: RouterHandle,
+    /// For the transport's small durable records (`kv_*`): offsets, keys, deliveries.
     pub store: StoreHandle,
+    /// Fires when the gateway shuts down; `run` then returns `Ok`.
     pub shutdown: CancellationToken,
     /// For tasks that must finish before the gateway exits (deliveries).
     pub tracker: TaskTracker,
+    /// This transport's entry in the status map.
     pub status: StatusHandle,
 }
 
@@ -48,6 +60,7 @@ pub struct TransportContext {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct TransportError {
+    /// What went wrong, naming what is involved (an address, a bot), never a secret.
     pub message: String,
     /// Whether starting again later can succeed (a port in use, a network
     /// error); false for errors only a config change can fix.
@@ -55,10 +68,12 @@ pub struct TransportError {
 }
 
 impl TransportError {
+    /// An error worth retrying later.
     pub fn retryable(message: impl Into<String>) -> Self {
         TransportError { message: message.into(), retry: true }
     }
 
+    /// An error only a config change can fix; the transport is not restarted.
     pub fn fatal(message: impl Into<String>) -> Self {
         TransportError { message: message.into(), retry: false }
     }
@@ -69,15 +84,20 @@ impl TransportError {
 pub enum TransportState {
     /// Configured but switched off.
     Disabled,
+    /// Started, not serving yet.
     Starting,
     /// Serving; `detail` says where (an address, a bot name).
     Running {
+        /// Where it serves, shown in status.
         detail: Option<String>,
     },
     /// Stopped by an error; `retry_in_ms` is `None` when it will not be retried.
     Failing {
+        /// The error's message.
         reason: String,
+        /// Failures in a row (reset once it has run a while).
         attempts: u32,
+        /// When it is started again, or `None` for never.
         retry_in_ms: Option<u64>,
     },
     /// Returned after shutdown.
@@ -85,6 +105,7 @@ pub enum TransportState {
 }
 
 impl TransportState {
+    /// `disabled`, `starting`, `running`, `failing` or `stopped`.
     pub fn as_str(&self) -> &'static str {
         match self {
             TransportState::Disabled => "disabled",
@@ -95,6 +116,8 @@ impl TransportState {
         }
     }
 
+    /// `{"state", "detail"?}`, or for a failing one
+    /// `{"state", "reason", "attempts", "retry_in_ms"}` (`null`: not retried).
     pub fn to_json(&self) -> Value {
         match self {
             TransportState::Running { detail: Some(detail) } => {
@@ -109,34 +132,73 @@ impl TransportState {
             _ => json!({ "state": self.as_str() }),
         }
     }
+
+    /// Whether it is stopped by an error.
+    pub fn is_failing(&self) -> bool {
+        matches!(self, TransportState::Failing { .. })
+    }
 }
 
 /// Every transport's state, shared by the registry (writer) and status routes
-/// (readers). Cheap to clone.
-#[derive(Debug, Clone, Default)]
+/// (readers). Cheap to clone. Readers can also wait for a change.
+#[derive(Debug, Clone)]
 pub struct TransportStatuses {
-    inner: Arc<RwLock<BTreeMap<String, TransportState>>>,
+    inner: Arc<watch::Sender<BTreeMap<String, TransportState>>>,
+}
+
+impl Default for TransportStatuses {
+    fn default() -> Self {
+        TransportStatuses { inner: Arc::new(watch::Sender::new(BTreeMap::new())) }
+    }
 }
 
 impl TransportStatuses {
+    /// Sets `id`'s state and wakes whoever waits for a change.
     pub fn set(&self, id: &str, state: TransportState) {
-        let mut map = self.inner.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.insert(id.to_owned(), state);
+        self.inner.send_modify(|map| {
+            map.insert(id.to_owned(), state);
+        });
     }
 
+    /// `id`'s state, if it is registered.
     pub fn get(&self, id: &str) -> Option<TransportState> {
-        let map = self.inner.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.get(id).cloned()
+        self.inner.borrow().get(id).cloned()
     }
 
     /// Id → state, sorted by id.
     pub fn snapshot(&self) -> BTreeMap<String, TransportState> {
-        self.inner.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.inner.borrow().clone()
+    }
+
+    /// `{"<id>": {"state", …}, …}` (see [`TransportState::to_json`]).
+    pub fn to_json(&self) -> Value {
+        let map = self.inner.borrow();
+        Value::Object(
+            map.iter().map(|(id, state)| (id.clone(), state.to_json())).collect::<Map<_, _>>(),
+        )
     }
 
     /// A writer for one transport's entry.
     pub fn handle(&self, id: &str) -> StatusHandle {
         StatusHandle { id: id.into(), statuses: self.clone() }
+    }
+
+    /// Waits until `done` holds for the map (checked now, then on every change)
+    /// and returns the map it held for.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn wait_for(
+        &self,
+        mut done: impl FnMut(&BTreeMap<String, TransportState>) -> bool,
+    ) -> BTreeMap<String, TransportState> {
+        let mut changes = self.inner.subscribe();
+        // The sender lives in `self`, so the channel cannot close while this waits.
+        let result = match changes.wait_for(|map| done(map)).await {
+            Ok(map) => map.clone(),
+            Err(_) => self.snapshot(),
+        };
+        result
     }
 }
 
@@ -148,6 +210,7 @@ pub struct StatusHandle {
 }
 
 impl StatusHandle {
+    /// The transport's id.
     pub fn id(&self) -> &str {
         &self.id
     }
@@ -157,7 +220,61 @@ impl StatusHandle {
         self.statuses.set(&self.id, TransportState::Running { detail });
     }
 
+    /// Sets the transport's state.
     pub fn set(&self, state: TransportState) {
         self.statuses.set(&self.id, state);
     }
+
+    /// The transport's state.
+    pub fn get(&self) -> Option<TransportState> {
+        self.statuses.get(&self.id)
+    }
 }
+
+/// Whether a transport is switched on: `[gateway.<id>] enabled` when the section
+/// sets it (to a boolean), else `[gateway] enable_<id>` (`flag`), else off. So
+/// the section's flag wins when both are set, and a section without `enabled`
+/// does not switch a transport on by itself.
+pub fn enabled(flag: Option<bool>, section: Option<&toml::Table>) -> bool {
+    let own = section.and_then(|table| table.get("enabled")).and_then(toml::Value::as_bool);
+    own.or(flag).unwrap_or(false)
+}
+
+/// Ids status and config cannot use for a transport.
+pub const RESERVED_TRANSPORT_IDS: [&str; 2] = ["default", "all"];
+
+/// A transport id the registry refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportIdError {
+    /// Not `^[a-z][a-z0-9_-]*$`.
+    #[error(
+        "transport id {0:?} is invalid: use lowercase letters, digits, '-' and '_', starting with a letter"
+    )]
+    Invalid(String),
+    /// `default` or `all`.
+    #[error("transport id {0:?} is reserved")]
+    Reserved(String),
+    /// Added twice.
+    #[error("transport {0:?} is registered twice")]
+    Duplicate(String),
+}
+
+/// Checks a transport id: `^[a-z][a-z0-9_-]*$` and not reserved.
+///
+/// # Errors
+/// [`TransportIdError::Invalid`] or [`TransportIdError::Reserved`].
+pub fn validate_id(id: &str) -> Result<(), TransportIdError> {
+    let mut chars = id.chars();
+    let well_formed = chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !well_formed {
+        return Err(TransportIdError::Invalid(id.to_owned()));
+    }
+    if RESERVED_TRANSPORT_IDS.contains(&id) {
+        return Err(TransportIdError::Reserved(id.to_owned()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

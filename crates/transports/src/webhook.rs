@@ -1,46 +1,61 @@
 //! The generic webhook transport: `POST /webhooks/{integration}` turns a JSON
-//! body into a run, submitted through the router like any channel message.
+//! body into a run, submitted through the router like any channel message
+//! (origin `webhook`).
 //!
 //! - Auth: a shared token per integration, in `Authorization: Bearer <token>` or
 //!   `X-Webhook-Token` (compared in constant time); `?token=` and a body `token`
 //!   only where allowed. Tokens are never logged.
-//! - Body: `prompt` (or `text`, `message`), optional `session_key`, `engine`,
-//!   `queue_mode`, `metadata`, `callback_url` (where overriding is allowed) and
-//!   `idempotency_key` (or the `Idempotency-Key` header).
+//! - Body: the text in `prompt` (or `text`, `message`, `input`, `content.text`),
+//!   attachments in `attachments`, `files` or `urls` (listed in the prompt under
+//!   `Attachments:`), optional `session_key`, `engine`, `queue_mode`, `metadata`,
+//!   `callback_url` (where overriding is allowed) and `idempotency_key` (where
+//!   allowed; the `Idempotency-Key` header always works). The README lists every
+//!   accepted shape.
+//! - The run's `meta.webhook` holds the integration id, metadata, attachments and
+//!   the request (method, path, query with secrets redacted, remote address,
+//!   user agent, `X-Request-Id`).
 //! - Async (default): `202 {"run_id", "session_key", "status": "accepted"}`; with a
 //!   callback URL the run's result is POSTed there once it completes, retried with
 //!   exponential backoff. Sync: `200 {"run_id", "ok", "answer", "error", "resume"}`,
 //!   or `504` when the run outlives `timeout_ms` (it keeps running).
 //! - Idempotency: a key seen within `idempotency_ttl_ms` answers with the first
-//!   request's run and `"duplicate": true` without submitting again. Keys live in
-//!   memory: they do not survive a restart.
+//!   request's answer and `"duplicate": true` without submitting again. Answers
+//!   are kept in the store, so they survive a restart.
 //! - Callbacks never reach private or loopback addresses unless allowed: the host
 //!   is resolved, every address checked, and the connection pinned to the
 //!   checked address (no second lookup, no redirects, no proxy).
+//! - [`WebhookTransport`] runs it all as a [`Transport`](crate::transport::Transport):
+//!   it binds its listener when started, so a port in use is reported (and
+//!   retried) without stopping the gateway.
 //!
 //! Every error is `{"error": "..."}`.
 
 mod callback;
 mod config;
 mod idempotency;
+mod payload;
+mod request_info;
+mod service;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
+use axum::extract::connect_info::ConnectInfo;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use lemon_core::bus::{completion_json, BusEvent, EventKind, RecvError, Subscription};
 use lemon_core::config::QueueMode;
-use lemon_core::gateway::GatewayHandle;
 use lemon_core::ids::RunId;
 use lemon_core::router::{Origin, RouterHandle, RunRequest, Submitted};
+use lemon_core::store::StoreHandle;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -49,17 +64,29 @@ pub use callback::{CallbackError, CallbackSettings, Resolve, SystemResolver};
 pub use config::{
     IntegrationConfig, Mode, WebhookConfig, WebhookConfigError, DEFAULT_WEBHOOK_PORT,
 };
+pub use service::WebhookTransport;
+
 use idempotency::{Claim, IdempotencyKeys};
+use payload::Payload;
 
 use crate::error::ApiError;
+
+/// The transport's id, in status and logs.
+pub const WEBHOOK_TRANSPORT_ID: &str = "webhook";
+
+/// Longest idempotency key accepted, in bytes.
+const MAX_IDEMPOTENCY_KEY_BYTES: usize = 256;
 
 /// What the webhook router needs.
 pub struct WebhookDeps {
     pub config: WebhookConfig,
     /// Integration id → token (see [`WebhookConfig::resolve_tokens`]). Never logged.
     pub tokens: BTreeMap<String, String>,
-    pub gateway: GatewayHandle,
+    /// Every submission goes through the router; its gateway's bus tells when a
+    /// run completes.
     pub router: RouterHandle,
+    /// Where idempotency answers are kept.
+    pub store: StoreHandle,
     /// How callback hosts are resolved; [`SystemResolver`] outside tests.
     pub resolver: Arc<dyn Resolve>,
     /// Callback deliveries run on it.
@@ -86,7 +113,6 @@ pub struct WebhookState {
 struct Inner {
     config: WebhookConfig,
     tokens: BTreeMap<String, String>,
-    gateway: GatewayHandle,
     router: RouterHandle,
     resolver: Arc<dyn Resolve>,
     tracker: TaskTracker,
@@ -104,24 +130,27 @@ impl fmt::Debug for WebhookState {
 }
 
 impl WebhookState {
+    /// The state of a webhook router over `deps`, with idempotency keys timed by
+    /// the wall clock.
     pub fn new(deps: WebhookDeps) -> Self {
-        let ttl = Duration::from_millis(deps.config.idempotency_ttl_ms);
+        let clock = Arc::new(lemon_core::clock::now_ms);
+        let keys = IdempotencyKeys::new(deps.store, deps.config.idempotency_ttl_ms, clock);
         WebhookState {
             inner: Arc::new(Inner {
                 config: deps.config,
                 tokens: deps.tokens,
-                gateway: deps.gateway,
                 router: deps.router,
                 resolver: deps.resolver,
                 tracker: deps.tracker,
                 shutdown: deps.shutdown,
-                keys: IdempotencyKeys::new(ttl),
+                keys,
             }),
         }
     }
 }
 
 /// The webhook router: `POST /webhooks/{integration}`; everything else is a 404.
+/// Served with `ConnectInfo<SocketAddr>`, runs record the caller's address.
 pub fn router(state: WebhookState) -> Router {
     let limit = state.inner.config.max_body_bytes;
     Router::new()
@@ -145,30 +174,42 @@ struct Resolved<'a> {
     allow_query_token: bool,
     allow_payload_token: bool,
     allow_callback_override: bool,
+    allow_payload_idempotency_key: bool,
+    /// Integration's, else the section's.
+    callback_url: Option<&'a str>,
     callback: CallbackSettings,
 }
 
 impl<'a> Resolved<'a> {
     fn new(config: &'a WebhookConfig, id: &'a str, integration: &'a IntegrationConfig) -> Self {
         let flag = |own: Option<bool>, global: bool| own.unwrap_or(global);
+        let timeout = Duration::from_millis(integration.timeout_ms.unwrap_or(config.timeout_ms));
+        let blank_is_none =
+            |url: &'a Option<String>| url.as_deref().filter(|u| !u.trim().is_empty());
         Resolved {
             id,
             integration,
             mode: integration.mode.unwrap_or(config.mode),
-            timeout: Duration::from_millis(integration.timeout_ms.unwrap_or(config.timeout_ms)),
+            timeout,
             allow_query_token: flag(integration.allow_query_token, config.allow_query_token),
             allow_payload_token: flag(integration.allow_payload_token, config.allow_payload_token),
             allow_callback_override: flag(
                 integration.allow_callback_override,
                 config.allow_callback_override,
             ),
+            allow_payload_idempotency_key: flag(
+                integration.allow_payload_idempotency_key,
+                config.allow_payload_idempotency_key,
+            ),
+            callback_url: blank_is_none(&integration.callback_url)
+                .or_else(|| blank_is_none(&config.callback_url)),
             callback: CallbackSettings {
                 max_attempts: config.callback_max_attempts.max(1),
                 backoff: Duration::from_millis(config.callback_backoff_ms),
                 backoff_max: Duration::from_millis(
                     config.callback_backoff_max_ms.max(config.callback_backoff_ms),
                 ),
-                timeout: Duration::from_millis(integration.timeout_ms.unwrap_or(config.timeout_ms)),
+                timeout,
                 allow_private_hosts: flag(
                     integration.allow_private_callback_hosts,
                     config.allow_private_callback_hosts,
@@ -181,6 +222,11 @@ impl<'a> Resolved<'a> {
 /// The first non-blank string among `keys` of a JSON object.
 fn first_string<'v>(body: &'v Value, keys: &[&str]) -> Option<&'v str> {
     keys.iter().filter_map(|key| body.get(*key)?.as_str()).map(str::trim).find(|s| !s.is_empty())
+}
+
+/// The first non-blank string at `outer.inner` of a JSON object (nested).
+fn nested_string<'v>(body: &'v Value, outer: &str, inner: &str) -> Option<&'v str> {
+    body.get(outer)?.get(inner)?.as_str().map(str::trim).filter(|s| !s.is_empty())
 }
 
 fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
@@ -227,11 +273,24 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// What the handler knows about the HTTP request besides its body.
+struct RequestParts<'r> {
+    method: &'r Method,
+    uri: &'r Uri,
+    raw_query: Option<&'r str>,
+    remote: Option<SocketAddr>,
+    headers: &'r HeaderMap,
+}
+
 /// `POST /webhooks/{integration}`.
+#[allow(clippy::too_many_arguments)] // One argument per extractor: that is how axum handlers read a request.
 async fn receive(
     State(state): State<WebhookState>,
     Path(integration_id): Path<String>,
+    method: Method,
+    uri: Uri,
     RawQuery(raw_query): RawQuery,
+    connect_info: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -273,32 +332,43 @@ async fn receive(
         Ok(_) => return error(StatusCode::BAD_REQUEST, "the body must be a JSON object"),
         Err(err) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {err}")),
     };
-    let request = match Prepared::new(&settings, &headers, &body) {
+    let parts = RequestParts {
+        method: &method,
+        uri: &uri,
+        raw_query: raw_query.as_deref(),
+        remote: connect_info.map(|Extension(ConnectInfo(addr))| addr),
+        headers: &headers,
+    };
+    let mut request = match Prepared::new(&settings, &parts, &body) {
         Ok(request) => request,
         Err(message) => return error(StatusCode::BAD_REQUEST, &message),
     };
     if let Some(url) = &request.callback_url {
-        if let Err(err) =
-            callback::check(url, inner.resolver.as_ref(), settings.callback.allow_private_hosts)
-                .await
+        match callback::check(url, inner.resolver.as_ref(), settings.callback.allow_private_hosts)
+            .await
         {
-            return error(StatusCode::BAD_REQUEST, &format!("invalid callback url: {err}"));
+            // Delivered to the canonical form (lowercase host, no trailing dot).
+            Ok(target) => request.callback_url = Some(target.url().to_string()),
+            Err(err) => {
+                return error(StatusCode::BAD_REQUEST, &format!("invalid callback url: {err}"))
+            }
         }
     }
     let claim = match &request.idempotency_key {
         None => None,
-        Some(key) => match inner.keys.claim(&integration_id, key) {
-            Claim::New(guard) => Some(guard),
-            Claim::Duplicate { status, mut body } => {
+        Some(key) => match inner.keys.claim(&integration_id, key).await {
+            Ok(Claim::New(guard)) => Some(guard),
+            Ok(Claim::Duplicate { status, mut body }) => {
                 body["duplicate"] = json!(true);
                 return (status, Json(body)).into_response();
             }
-            Claim::InProgress => {
+            Ok(Claim::InProgress) => {
                 return error(
                     StatusCode::CONFLICT,
                     "a request with this idempotency key is being processed",
                 )
             }
+            Err(err) => return ApiError::from(err).into_response(),
         },
     };
     // The key is released when `claim` drops without being recorded.
@@ -307,18 +377,21 @@ async fn receive(
 
 /// A validated request, ready to submit.
 struct Prepared {
-    run_id: RunId,
     req: RunRequest,
     callback_url: Option<String>,
     idempotency_key: Option<String>,
     metadata: Value,
+    attachments: Value,
 }
 
 impl Prepared {
-    fn new(settings: &Resolved<'_>, headers: &HeaderMap, body: &Value) -> Result<Self, String> {
+    fn new(
+        settings: &Resolved<'_>,
+        parts: &RequestParts<'_>,
+        body: &Value,
+    ) -> Result<Self, String> {
         let integration = settings.integration;
-        let prompt = first_string(body, &["prompt", "text", "message"])
-            .ok_or("missing prompt: set \"prompt\" (or \"text\" or \"message\")")?;
+        let payload = Payload::from_body(body)?;
         let session_key = first_string(body, &["session_key"])
             .map(str::to_owned)
             .or_else(|| integration.session_key.clone().filter(|s| !s.trim().is_empty()))
@@ -335,40 +408,57 @@ impl Prepared {
         let engine = first_string(body, &["engine"])
             .map(str::to_owned)
             .or_else(|| integration.engine.clone());
-        let metadata = match body.get("metadata") {
-            None | Some(Value::Null) => Value::Object(Default::default()),
-            Some(meta @ Value::Object(_)) => meta.clone(),
-            Some(_) => return Err("metadata must be an object".to_owned()),
-        };
-        let payload_callback = first_string(body, &["callback_url"]);
+        let payload_callback = first_string(body, &["callback_url", "callbackUrl"])
+            .or_else(|| nested_string(body, "callback", "url"));
         let callback_url = match payload_callback {
             Some(url) if settings.allow_callback_override => Some(url.to_owned()),
             Some(_) => return Err("callback_url may not be set by this integration".to_owned()),
-            None => integration.callback_url.clone(),
+            None => settings.callback_url.map(str::to_owned),
         };
-        let idempotency_key = header_str(headers, "idempotency-key")
-            .or_else(|| first_string(body, &["idempotency_key"]))
+        let payload_key = || {
+            first_string(body, &["idempotency_key", "idempotencyKey"])
+                .or_else(|| nested_string(body, "idempotency", "key"))
+        };
+        let idempotency_key = header_str(parts.headers, "idempotency-key")
+            .or_else(|| settings.allow_payload_idempotency_key.then(payload_key).flatten())
             .map(str::to_owned);
-        let run_id = RunId::generate();
+        if idempotency_key.as_ref().is_some_and(|key| key.len() > MAX_IDEMPOTENCY_KEY_BYTES) {
+            return Err(format!(
+                "the idempotency key is longer than {MAX_IDEMPOTENCY_KEY_BYTES} bytes"
+            ));
+        }
+        let attachments = payload.attachments_json();
+        let request = request_info::request_json(
+            parts.method,
+            parts.uri.path(),
+            parts.raw_query,
+            parts.remote,
+            parts.headers,
+        );
         let mut meta = BTreeMap::new();
         meta.insert(
             "webhook".to_owned(),
-            json!({ "integration_id": settings.id, "metadata": metadata }),
+            json!({
+                "integration_id": settings.id,
+                "metadata": payload.metadata,
+                "attachments": attachments,
+                "request": request,
+            }),
         );
         let req = RunRequest {
-            origin: Origin::Channel,
+            origin: Origin::Webhook,
             session_key,
             agent_id: integration.agent_id.clone(),
-            prompt: prompt.to_owned(),
+            prompt: payload.prompt,
             queue_mode,
             engine,
             resume: None,
             cwd: integration.cwd.clone(),
             meta,
-            run_id: Some(run_id.clone()),
+            run_id: Some(RunId::generate()),
             channel: None,
         };
-        Ok(Prepared { run_id, req, callback_url, idempotency_key, metadata })
+        Ok(Prepared { req, callback_url, idempotency_key, metadata: payload.metadata, attachments })
     }
 }
 
@@ -379,19 +469,21 @@ async fn submit(
     claim: Option<idempotency::Guard>,
 ) -> Response {
     let inner = &state.inner;
-    let callback_url = request.callback_url.clone().or_else(|| inner.config.callback_url.clone());
-    let Prepared { run_id, req, metadata, .. } = request;
+    let Prepared { req, callback_url, metadata, attachments, .. } = request;
     let session_key = req.session_key.clone();
+    let Some(run_id) = req.run_id.clone() else {
+        return ApiError::Internal("webhook request without a run id".into()).into_response();
+    };
     // Subscribed before submitting, so a run that finishes at once is still seen;
     // only when its end is awaited (a topic lives until its run completes).
     let awaited = settings.mode == Mode::Sync || callback_url.is_some();
-    let mut events = awaited.then(|| inner.gateway.bus().subscribe_run(&run_id));
+    let mut events = awaited.then(|| inner.router.gateway().bus().subscribe_run(&run_id));
     let accepted = match inner.router.submit(req).await {
         Ok(Submitted::Run(accepted)) => accepted,
         Ok(Submitted::Command { reply, .. }) => {
             let body = json!({ "reply": reply });
             if let Some(claim) = claim {
-                claim.complete(StatusCode::OK, body.clone());
+                claim.complete(StatusCode::OK, body.clone()).await;
             }
             return (StatusCode::OK, Json(body)).into_response();
         }
@@ -403,13 +495,17 @@ async fn submit(
         "session_key": accepted.session_key,
         "status": "accepted",
     });
-    let claim = claim.map(|claim| claim.submitted(StatusCode::ACCEPTED, accepted_body.clone()));
+    let claim = match claim {
+        Some(claim) => Some(claim.submitted(StatusCode::ACCEPTED, accepted_body.clone()).await),
+        None => None,
+    };
     let delivery = callback_url.map(|url| callback::Delivery {
         url,
         integration_id: settings.id.to_owned(),
         run_id: run_id.clone(),
         session_key: session_key.clone(),
         metadata,
+        attachments,
         settings: settings.callback.clone(),
         resolver: inner.resolver.clone(),
     });
@@ -453,7 +549,7 @@ async fn submit(
             body["run_id"] = json!(run_id.as_str());
             body["session_key"] = json!(session_key);
             if let Some(claim) = claim {
-                claim.complete(StatusCode::OK, body.clone());
+                claim.complete(StatusCode::OK, body.clone()).await;
             }
             if let Some(delivery) = delivery {
                 let shutdown = inner.shutdown.clone();

@@ -1,4 +1,5 @@
-//! `GET /v1/status`: version, uptime, scheduler counters and engines.
+//! `GET /v1/status`: version, uptime, scheduler counters, engines and transports
+//! (`{"<id>": {"state", "detail"?, "reason"?, "attempts"?, "retry_in_ms"?}}`).
 
 use axum::extract::State;
 use axum::Json;
@@ -41,5 +42,6 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
         },
         "engines": engines,
         "default_engine": &*state.default_engine,
+        "transports": state.transports.to_json(),
     })))
 }

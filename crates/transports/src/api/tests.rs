@@ -25,6 +25,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use super::{router, ApiState};
+use crate::transport::{TransportState, TransportStatuses};
 
 const TOKEN: &str = "test-token-6f1c";
 /// A safety net: every wait in these tests ends on an event long before this.
@@ -84,6 +85,7 @@ impl TestGateway {
             version: "1.2.3-test".into(),
             started_at: Instant::now(),
             shutdown: CancellationToken::new(),
+            transports: TransportStatuses::default(),
         };
         TestGateway { state, token, tracker }
     }
@@ -845,6 +847,33 @@ async fn status_reports_scheduler_and_engines() {
         json!([{ "id": "echo", "available": true, "steer": false, "redirect": false }])
     );
     assert_eq!(body["default_engine"], json!("echo"));
+    assert_eq!(body["transports"], json!({}));
+}
+
+#[tokio::test]
+async fn status_reports_every_transport_state() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let transports = &gw.state.transports;
+    transports.set("webhook", TransportState::Running { detail: Some("127.0.0.1:4046".into()) });
+    transports.set(
+        "telegram",
+        TransportState::Failing {
+            reason: "getMe: 401".into(),
+            attempts: 2,
+            retry_in_ms: Some(2000),
+        },
+    );
+    transports.set("sms", TransportState::Disabled);
+    let (status, body) = gw.call(Method::GET, "/v1/status", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["transports"],
+        json!({
+            "webhook": { "state": "running", "detail": "127.0.0.1:4046" },
+            "telegram": { "state": "failing", "reason": "getMe: 401", "attempts": 2, "retry_in_ms": 2000 },
+            "sms": { "state": "disabled" },
+        })
+    );
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use super::{health_router, HealthCheck, HealthState};
+use crate::transport::{TransportState, TransportStatuses};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -148,7 +149,59 @@ async fn healthy_gateway_reports_three_passing_checks() {
         );
         assert_eq!(check(&body, "store")["detail"], Value::Null);
         assert_eq!(check(&body, "runs")["detail"], json!({ "active": 0 }));
+        assert_eq!(body["status"], json!("healthy"));
+        assert_eq!(body["transports"], json!({}));
     }
+}
+
+#[tokio::test]
+async fn a_failing_transport_makes_the_gateway_degraded_but_not_down() {
+    let gw = TestGateway::start();
+    let transports = TransportStatuses::default();
+    transports.set("webhook", TransportState::Running { detail: Some("127.0.0.1:4046".into()) });
+    transports.set("telegram", TransportState::Disabled);
+    let state = || gw.state().with_transports(transports.clone());
+    let (status, body) = get_json(state(), "/healthz").await;
+    assert_eq!((status, &body["status"]), (StatusCode::OK, &json!("healthy")), "{body}");
+    assert_eq!(
+        body["transports"],
+        json!({
+            "telegram": { "state": "disabled" },
+            "webhook": { "state": "running", "detail": "127.0.0.1:4046" },
+        })
+    );
+
+    transports.set(
+        "webhook",
+        TransportState::Failing {
+            reason: "could not listen on 127.0.0.1:4046: Address in use".into(),
+            attempts: 3,
+            retry_in_ms: Some(4000),
+        },
+    );
+    for path in ["/healthz", "/health"] {
+        let (status, body) = get_json(state(), path).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["ok"], json!(true));
+        assert_eq!(body["status"], json!("degraded"));
+        assert_eq!(body["transports"]["webhook"]["state"], json!("failing"));
+        assert_eq!(body["transports"]["webhook"]["attempts"], json!(3));
+    }
+    let (_, _, text) = get(state(), Method::GET, "/metrics").await;
+    assert!(
+        text.lines().any(|l| l == "lemon_transport_running{transport=\"webhook\"} 0"),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l == "lemon_transport_running{transport=\"telegram\"} 0"),
+        "{text}"
+    );
+
+    // A failed check still wins: unhealthy and 503.
+    gw.gateway.store().close().await.unwrap();
+    let (status, body) = get_json(state(), "/healthz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["status"], json!("unhealthy"));
 }
 
 #[tokio::test]

@@ -102,10 +102,24 @@ fn is_localhost_name(host: &str) -> bool {
 /// A checked callback: where to connect.
 #[derive(Debug)]
 pub(super) struct Target {
+    /// With the host canonicalised: trimmed, lowercase, no trailing dot.
     url: reqwest::Url,
     /// The host name to pin, when the URL has a name rather than an address.
     domain: Option<String>,
     addr: SocketAddr,
+}
+
+impl Target {
+    /// The URL to POST to, host canonicalised.
+    pub(super) fn url(&self) -> &reqwest::Url {
+        &self.url
+    }
+}
+
+/// Whether a callback answer counts as delivered: any 2xx, and nothing else
+/// (redirects are not followed).
+pub(super) fn delivered(status: u16) -> bool {
+    (200..300).contains(&status)
 }
 
 /// Parses `raw`, resolves its host and refuses private addresses unless allowed.
@@ -166,6 +180,8 @@ pub(super) struct Delivery {
     pub(super) run_id: RunId,
     pub(super) session_key: String,
     pub(super) metadata: Value,
+    /// The normalised attachments (a JSON list).
+    pub(super) attachments: Value,
     pub(super) settings: CallbackSettings,
     pub(super) resolver: std::sync::Arc<dyn Resolve>,
 }
@@ -182,6 +198,7 @@ impl Delivery {
             "completed": completed,
             "duration_ms": completed["duration_ms"],
             "metadata": self.metadata,
+            "attachments": self.attachments,
         });
         let host = reqwest::Url::parse(&self.url)
             .ok()
@@ -226,7 +243,7 @@ impl Delivery {
             .send()
             .await
             .map_err(|err| CallbackError::Http(err.without_url().to_string()))?;
-        if response.status().is_success() {
+        if delivered(response.status().as_u16()) {
             Ok(())
         } else {
             Err(CallbackError::Status(response.status().as_u16()))

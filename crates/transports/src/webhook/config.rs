@@ -26,36 +26,55 @@ pub enum Mode {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
+    /// Switches the webhook on or off; wins over `[gateway] enable_webhook`.
     #[serde(default)]
     pub enabled: Option<bool>,
+    /// Listen address: an IP, `localhost`, or `any` for every interface.
     #[serde(default = "defaults::bind")]
     pub bind: String,
+    /// Listen port (default 4046; 0 picks a free one).
     #[serde(default = "defaults::port")]
     pub port: u16,
+    /// Whether requests wait for their run (`sync`) or are answered at once.
     #[serde(default)]
     pub mode: Mode,
+    /// How long a sync request waits; also each callback attempt's timeout.
     #[serde(default = "defaults::timeout_ms")]
     pub timeout_ms: u64,
+    /// Largest body accepted; larger ones get `413`.
     #[serde(default = "defaults::max_body_bytes")]
     pub max_body_bytes: usize,
+    /// How long an idempotency key answers with its first request's answer.
     #[serde(default = "defaults::idempotency_ttl_ms")]
     pub idempotency_ttl_ms: u64,
+    /// Where results are POSTed when the integration names no URL.
     #[serde(default)]
     pub callback_url: Option<String>,
+    /// Callback attempts before giving up (at least 1).
     #[serde(default = "defaults::callback_max_attempts")]
     pub callback_max_attempts: u32,
+    /// The wait after a failed callback attempt; doubled after each next one.
     #[serde(default = "defaults::callback_backoff_ms")]
     pub callback_backoff_ms: u64,
+    /// The longest wait between callback attempts.
     #[serde(default = "defaults::callback_backoff_max_ms")]
     pub callback_backoff_max_ms: u64,
+    /// Whether callbacks may go to loopback, private and link-local addresses.
     #[serde(default)]
     pub allow_private_callback_hosts: bool,
+    /// Whether `?token=` authenticates.
     #[serde(default)]
     pub allow_query_token: bool,
+    /// Whether a body `token` authenticates.
     #[serde(default)]
     pub allow_payload_token: bool,
+    /// Whether a body `callback_url` replaces the configured one.
     #[serde(default)]
     pub allow_callback_override: bool,
+    /// Whether a body `idempotency_key` counts (the header always does).
+    #[serde(default)]
+    pub allow_payload_idempotency_key: bool,
+    /// Integration id → its settings; each has its own token.
     #[serde(default)]
     pub integrations: BTreeMap<String, IntegrationConfig>,
 }
@@ -70,30 +89,45 @@ pub struct IntegrationConfig {
     /// The name of a secret holding the token.
     #[serde(default)]
     pub token_secret: Option<String>,
+    /// The session runs go to unless the body names one (default `webhook:<id>`).
     #[serde(default)]
     pub session_key: Option<String>,
+    /// The agent runs are attributed to.
     #[serde(default)]
     pub agent_id: Option<String>,
+    /// The queue mode unless the body names one.
     #[serde(default)]
     pub queue_mode: Option<QueueMode>,
+    /// The runs' working directory.
     #[serde(default)]
     pub cwd: Option<PathBuf>,
+    /// The engine unless the body names one.
     #[serde(default)]
     pub engine: Option<String>,
+    /// Overrides the section's `mode`.
     #[serde(default)]
     pub mode: Option<Mode>,
+    /// Overrides the section's `timeout_ms`.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Overrides the section's `callback_url`.
     #[serde(default)]
     pub callback_url: Option<String>,
+    /// Overrides the section's flag of the same name.
     #[serde(default)]
     pub allow_private_callback_hosts: Option<bool>,
+    /// Overrides the section's flag of the same name.
     #[serde(default)]
     pub allow_query_token: Option<bool>,
+    /// Overrides the section's flag of the same name.
     #[serde(default)]
     pub allow_payload_token: Option<bool>,
+    /// Overrides the section's flag of the same name.
     #[serde(default)]
     pub allow_callback_override: Option<bool>,
+    /// Overrides the section's flag of the same name.
+    #[serde(default)]
+    pub allow_payload_idempotency_key: Option<bool>,
 }
 
 impl std::fmt::Debug for IntegrationConfig {
@@ -109,7 +143,12 @@ impl std::fmt::Debug for IntegrationConfig {
             .field("mode", &self.mode)
             .field("timeout_ms", &self.timeout_ms)
             .field("callback_url", &self.callback_url)
-            .finish_non_exhaustive()
+            .field("allow_private_callback_hosts", &self.allow_private_callback_hosts)
+            .field("allow_query_token", &self.allow_query_token)
+            .field("allow_payload_token", &self.allow_payload_token)
+            .field("allow_callback_override", &self.allow_callback_override)
+            .field("allow_payload_idempotency_key", &self.allow_payload_idempotency_key)
+            .finish()
     }
 }
 
@@ -178,8 +217,9 @@ impl WebhookConfig {
         Ok(config)
     }
 
-    /// The section when the webhook is enabled (`[gateway] enable_webhook = true`
-    /// or `[gateway.webhook] enabled = true`), `None` when it is not.
+    /// The section when the webhook is enabled, `None` when it is not; see
+    /// [`crate::transport::enabled`] for the rule. The section is checked either
+    /// way, so a mistake in it is reported before it is switched on.
     ///
     /// # Errors
     /// See [`WebhookConfig::parse`].
@@ -191,8 +231,7 @@ impl WebhookConfig {
             Some(table) => WebhookConfig::parse(table)?,
             None => WebhookConfig::default(),
         };
-        let enabled = enable_webhook.unwrap_or(false) || config.enabled.unwrap_or(false);
-        Ok(enabled.then_some(config))
+        Ok(crate::transport::enabled(enable_webhook, table).then_some(config))
     }
 
     /// `bind:port`, with `any` meaning every interface.

@@ -4,12 +4,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::transport::{RestartPolicy, TransportDeps, TransportRegistry, TransportState};
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
+use axum::response::IntoResponse;
 use axum::Router;
 use futures::future::BoxFuture;
 use lemon_core::bus::{EventBus, EventKind, Subscription};
@@ -25,9 +27,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
-use super::callback::is_private;
+use super::callback::{check, delivered, is_private};
 use super::idempotency::{Claim, IdempotencyKeys};
-use super::{router, Resolve, WebhookConfig, WebhookDeps, WebhookState};
+use super::payload::Payload;
+use super::request_info::redact_query;
+use super::{
+    constant_time_eq, router, CallbackError, Resolve, WebhookConfig, WebhookDeps, WebhookState,
+    WebhookTransport,
+};
 
 const TOKEN: &str = "hook-token-5d2e";
 /// A safety net: every wait ends on an event long before this.
@@ -62,6 +69,8 @@ impl Resolve for MapResolver {
 struct TestHook {
     state: WebhookState,
     gateway: GatewayHandle,
+    router: RouterHandle,
+    tracker: TaskTracker,
     _token: CancellationToken,
 }
 
@@ -75,6 +84,16 @@ impl TestHook {
     /// A gateway with the echo engine (`word_delay` per word) and the webhook
     /// configured by `toml` (a `[gateway.webhook]` body).
     fn start(toml: &str, word_delay: Duration, resolver: MapResolver) -> Self {
+        TestHook::start_on(StoreHandle::memory(), toml, word_delay, resolver)
+    }
+
+    /// As [`TestHook::start`], on `store`.
+    fn start_on(
+        store: StoreHandle,
+        toml: &str,
+        word_delay: Duration,
+        resolver: MapResolver,
+    ) -> Self {
         let tracker = TaskTracker::new();
         let token = CancellationToken::new();
         let mut engines = EngineRegistry::new();
@@ -82,7 +101,7 @@ impl TestHook {
         let deps = GatewayDeps {
             config: RuntimeConfig::default(),
             engines,
-            store: StoreHandle::memory(),
+            store: store.clone(),
             bus: EventBus::default(),
         };
         let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
@@ -99,13 +118,20 @@ impl TestHook {
         let state = WebhookState::new(WebhookDeps {
             config,
             tokens,
-            gateway: gateway.clone(),
-            router,
+            router: router.clone(),
+            store,
             resolver: Arc::new(resolver),
-            tracker,
+            tracker: tracker.clone(),
             shutdown: token.clone(),
         });
-        TestHook { state, gateway, _token: token }
+        TestHook { state, gateway, router, tracker, _token: token }
+    }
+
+    /// Shuts the gateway down and waits for every task to end.
+    async fn stop(self) {
+        self._token.cancel();
+        self.tracker.close();
+        within("the gateway to stop", self.tracker.wait()).await;
     }
 
     fn simple(extra: &str) -> Self {
@@ -170,22 +196,35 @@ async fn completed_answer(events: &mut Subscription, run_id: &str) -> String {
 async fn callback_server(
     failures: usize,
 ) -> (SocketAddr, Arc<AtomicUsize>, mpsc::UnboundedReceiver<Value>) {
+    callback_server_answering(vec![StatusCode::INTERNAL_SERVER_ERROR; failures]).await
+}
+
+/// A callback receiver that answers attempt n with `answers[n - 1]`, then `200`
+/// and hands the bodies of the attempts it answered with a 2xx over.
+async fn callback_server_answering(
+    answers: Vec<StatusCode>,
+) -> (SocketAddr, Arc<AtomicUsize>, mpsc::UnboundedReceiver<Value>) {
     let attempts = Arc::new(AtomicUsize::new(0));
     let (tx, rx) = mpsc::unbounded_channel();
     let counter = attempts.clone();
+    let answers = Arc::new(answers);
     let app = Router::new().route(
         "/cb",
         axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
             let counter = counter.clone();
             let tx = tx.clone();
+            let answers = answers.clone();
             async move {
-                let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-                if n <= failures {
-                    StatusCode::INTERNAL_SERVER_ERROR
-                } else {
+                let n = counter.fetch_add(1, Ordering::SeqCst);
+                let status = answers.get(n).copied().unwrap_or(StatusCode::OK);
+                if status.is_success() {
                     let _ = tx.send(body);
-                    StatusCode::OK
                 }
+                let mut response = status.into_response();
+                if status.is_redirection() {
+                    response.headers_mut().insert(header::LOCATION, "/cb".parse().unwrap());
+                }
+                response
             }
         }),
     );
@@ -340,9 +379,13 @@ async fn an_idempotency_key_submits_once() {
     assert_eq!(status, StatusCode::ACCEPTED, "{again}");
     assert_eq!(again["duplicate"], true);
     assert_eq!(again["run_id"], winner.1["run_id"]);
-    // The payload key is a fallback for the header; another key is another run.
-    let (status, other) =
-        hook.post(json!({ "prompt": "twice", "idempotency_key": "order-18" })).await;
+    // Another key is another run.
+    let other = post("/webhooks/zap")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("idempotency-key", "order-18")
+        .body(Body::from(r#"{"prompt":"twice"}"#))
+        .unwrap();
+    let (status, other) = hook.send(other).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     assert!(other.get("duplicate").is_none());
     assert_eq!(hook.run_count().await, 2);
@@ -350,7 +393,7 @@ async fn an_idempotency_key_submits_once() {
 
 #[tokio::test]
 async fn a_request_that_fails_before_submitting_releases_its_key() {
-    let hook = TestHook::simple("");
+    let hook = TestHook::simple("allow_payload_idempotency_key = true");
     let body = json!({ "prompt": "x", "engine": "nope", "idempotency_key": "k1" });
     let (status, _) = hook.post(body).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -454,6 +497,18 @@ fn config_defaults_enablement_and_errors() {
     let table: toml::Table = toml::from_str("enabled = true\nbind = \"any\"\nport = 9000").unwrap();
     let config = WebhookConfig::from_gateway(None, Some(&table)).unwrap().unwrap();
     assert_eq!(config.addr(), "0.0.0.0:9000");
+    // The section's `enabled` wins over the flag; a section alone enables nothing.
+    let off: toml::Table = toml::from_str("enabled = false").unwrap();
+    assert!(WebhookConfig::from_gateway(Some(true), Some(&off)).unwrap().is_none());
+    let silent: toml::Table = toml::from_str("port = 9000").unwrap();
+    assert!(WebhookConfig::from_gateway(None, Some(&silent)).unwrap().is_none());
+    // A disabled section is still checked.
+    let broken: toml::Table = toml::from_str(
+        "enabled = false
+port = \"x\"",
+    )
+    .unwrap();
+    assert!(WebhookConfig::from_gateway(None, Some(&broken)).is_err());
 
     let bad = |text: &str| {
         let table: toml::Table = toml::from_str(text).unwrap();
@@ -485,15 +540,508 @@ fn tokens_come_inline_or_from_a_secret() {
     assert!(!format!("{config:?}").contains("inline"), "the token is redacted");
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn idempotency_keys_expire_after_their_ttl() {
-    let keys = IdempotencyKeys::new(Duration::from_secs(60));
-    let Claim::New(guard) = keys.claim("zap", "k") else { panic!("first claim") };
-    guard.complete(StatusCode::OK, json!({ "run_id": "r1" }));
-    assert!(matches!(keys.claim("zap", "k"), Claim::Duplicate { .. }));
-    assert!(matches!(keys.claim("other", "k"), Claim::New(_)), "keys are per integration");
-    tokio::time::advance(Duration::from_secs(61)).await;
-    assert!(matches!(keys.claim("zap", "k"), Claim::New(_)));
-    let Claim::New(_pending) = keys.claim("zap", "p") else { panic!("claim") };
-    assert!(matches!(keys.claim("zap", "p"), Claim::InProgress));
+    let now = Arc::new(AtomicI64::new(1_000_000));
+    let clock = now.clone();
+    let keys = IdempotencyKeys::new(
+        StoreHandle::memory(),
+        60_000,
+        Arc::new(move || clock.load(Ordering::SeqCst)),
+    );
+    let claim = |integration: &'static str, key: &'static str| keys.claim(integration, key);
+    let Claim::New(guard) = claim("zap", "k").await.unwrap() else { panic!("first claim") };
+    guard.complete(StatusCode::OK, json!({ "run_id": "r1" })).await;
+    match claim("zap", "k").await.unwrap() {
+        Claim::Duplicate { status, body } => {
+            assert_eq!((status, body), (StatusCode::OK, json!({ "run_id": "r1" })));
+        }
+        other => panic!("expected a duplicate, got {other:?}"),
+    }
+    assert!(
+        matches!(claim("other", "k").await.unwrap(), Claim::New(_)),
+        "keys are per integration"
+    );
+    now.fetch_add(59_999, Ordering::SeqCst);
+    assert!(matches!(claim("zap", "k").await.unwrap(), Claim::Duplicate { .. }));
+    now.fetch_add(1, Ordering::SeqCst);
+    assert!(matches!(claim("zap", "k").await.unwrap(), Claim::New(_)), "expired");
+
+    // A claim being processed makes a concurrent one wait its turn; dropping it
+    // without an answer frees the key.
+    let Claim::New(pending) = claim("zap", "p").await.unwrap() else { panic!("claim") };
+    assert!(matches!(claim("zap", "p").await.unwrap(), Claim::InProgress));
+    drop(pending);
+    assert!(matches!(claim("zap", "p").await.unwrap(), Claim::New(_)));
+}
+
+// Normalising bodies: text, attachments, metadata.
+
+/// Normalises `body` and compares the prompt and attachments with `expected`.
+#[track_caller]
+fn check_payload(body: Value, expected_prompt: &str, expected_attachments: Value) {
+    let payload = Payload::from_body(&body).unwrap();
+    assert_eq!(payload.prompt, expected_prompt, "{body}");
+    assert_eq!(payload.attachments_json(), expected_attachments, "{body}");
+}
+
+#[test]
+fn text_files_and_urls_make_a_prompt_with_an_attachments_section() {
+    let body = json!({
+        "content": { "text": "Ship this" },
+        "files": [{ "name": "spec.pdf", "url": "https://files.example/spec.pdf" }],
+        "urls": ["https://example.com/board"],
+        "metadata": { "ticket": 7 },
+    });
+    let payload = Payload::from_body(&body).unwrap();
+    assert_eq!(
+        payload.prompt,
+        "Ship this\n\nAttachments:\n- spec.pdf (https://files.example/spec.pdf)\n- https://example.com/board"
+    );
+    assert_eq!(payload.attachments.len(), 2);
+    assert_eq!(payload.metadata, json!({ "ticket": 7 }));
+}
+
+#[test]
+fn text_comes_from_the_first_non_blank_field() {
+    check_payload(
+        json!({ "prompt": " ", "text": "from text", "message": "m" }),
+        "from text",
+        json!([]),
+    );
+    check_payload(json!({ "input": "zapier input" }), "zapier input", json!([]));
+    check_payload(json!({ "body": { "text": "nested body" } }), "nested body", json!([]));
+    check_payload(json!({ "content.text": "literal key" }), "literal key", json!([]));
+    check_payload(json!({ "message": "  trimmed  " }), "trimmed", json!([]));
+}
+
+#[test]
+fn attachment_shapes_are_normalised() {
+    // Objects with other key names, strings holding JSON, plain URL strings,
+    // wrappers, duplicates and empty entries.
+    check_payload(
+        json!({
+            "text": "see",
+            "attachments": [
+                { "href": "https://a.example/1", "filename": "one.png", "mime_type": "image/png", "bytes": "12" },
+                "[{\"uri\": \"https://a.example/2\", \"title\": \"two\"}]",
+                { "file": { "url": "https://a.example/3" } },
+                { "href": "https://a.example/1", "filename": "one.png", "mime_type": "image/png", "bytes": 12 },
+                { "size": 5 },
+                "",
+                null,
+            ],
+            "files": "https://a.example/4",
+            "urls": "[\"https://a.example/5\"]",
+        }),
+        "see\n\nAttachments:\n- one.png (https://a.example/1)\n- two (https://a.example/2)\n\
+         - https://a.example/3\n- https://a.example/4\n- https://a.example/5",
+        json!([
+            { "source": "attachments", "url": "https://a.example/1", "name": "one.png", "content_type": "image/png", "size": 12 },
+            { "source": "attachments", "url": "https://a.example/2", "name": "two" },
+            { "source": "attachments", "url": "https://a.example/3" },
+            { "source": "files", "url": "https://a.example/4" },
+            { "source": "urls", "url": "https://a.example/5" },
+        ]),
+    );
+    // Attachments alone make the prompt; a name without a URL is listed by name.
+    check_payload(
+        json!({ "attachments": [{ "name": "notes.txt" }] }),
+        "Attachments:\n- notes.txt",
+        json!([{ "source": "attachments", "name": "notes.txt" }]),
+    );
+}
+
+#[test]
+fn bodies_without_text_or_attachments_and_bad_metadata_are_refused() {
+    let refused = |body: Value| Payload::from_body(&body).unwrap_err();
+    assert!(refused(json!({ "prompt": "  ", "urls": [] })).starts_with("missing prompt"));
+    assert!(refused(json!({ "files": [{ "size": 3 }] })).starts_with("missing prompt"));
+    assert!(refused(json!({ "prompt": "x", "metadata": [1] })).starts_with("metadata must be"));
+    assert!(
+        refused(json!({ "prompt": "x", "metadata": "not json" })).starts_with("metadata must be")
+    );
+    let many: Vec<String> =
+        (0..=super::payload::MAX_ATTACHMENTS).map(|n| format!("https://a.example/{n}")).collect();
+    assert!(refused(json!({ "prompt": "x", "urls": many })).starts_with("too many attachments"));
+    // Metadata sent as a JSON string (Zapier, Make) is read as the object.
+    let payload = Payload::from_body(&json!({ "prompt": "x", "metadata": "{\"k\":1}" })).unwrap();
+    assert_eq!(payload.metadata, json!({ "k": 1 }));
+}
+
+#[tokio::test]
+async fn runs_record_attachments_metadata_and_the_request_with_secrets_redacted() {
+    let toml = format!("[integrations.zap]\ntoken = \"{TOKEN}\"\nallow_query_token = true\n");
+    let hook = TestHook::start(&toml, Duration::ZERO, MapResolver::default());
+    let mut req = post(&format!(
+        "/webhooks/zap?token={TOKEN}&api_key=k-123&foo=bar&X-Amz-Signature=s1&Password=p"
+    ))
+    .header("user-agent", "Zapier")
+    .header("x-request-id", "req-42")
+    .body(Body::from(
+        json!({
+            "text": "Summarise",
+            "urls": ["https://example.com/a"],
+            "metadata": { "zap": "intake" },
+        })
+        .to_string(),
+    ))
+    .unwrap();
+    let peer: SocketAddr = "[::ffff:203.0.113.9]:55000".parse().unwrap();
+    req.extensions_mut().insert(axum::extract::connect_info::ConnectInfo(peer));
+    let (status, body) = hook.send(req).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let record =
+        hook.gateway.store().get_run(body["run_id"].as_str().unwrap()).await.unwrap().unwrap();
+    assert_eq!(record.prompt, "Summarise\n\nAttachments:\n- https://example.com/a");
+    assert_eq!(record.meta["origin"], "webhook");
+    let webhook = &record.meta["webhook"];
+    assert_eq!(webhook["integration_id"], "zap");
+    assert_eq!(webhook["metadata"], json!({ "zap": "intake" }));
+    assert_eq!(
+        webhook["attachments"],
+        json!([{ "source": "urls", "url": "https://example.com/a" }])
+    );
+    assert_eq!(
+        webhook["request"],
+        json!({
+            "method": "POST",
+            "path": "/webhooks/zap",
+            "query": "token=[REDACTED]&api_key=[REDACTED]&foo=bar&X-Amz-Signature=[REDACTED]&Password=[REDACTED]",
+            "remote_ip": "203.0.113.9",
+            "user_agent": "Zapier",
+            "request_id": "req-42",
+        })
+    );
+    assert!(!record.meta.to_string().contains(TOKEN), "the token is not stored");
+}
+
+#[test]
+fn query_redaction_covers_secret_looking_keys_and_keeps_the_rest() {
+    let check = |raw: &str, expected: Option<&str>| {
+        assert_eq!(redact_query(raw).as_deref(), expected, "{raw}");
+    };
+    check("foo=bar&token=t1&api_key=k", Some("foo=bar&token=[REDACTED]&api_key=[REDACTED]"));
+    check(
+        "webhook_token=a&client_secret=b&apikey=c&sig=d&oauth=e&page=2",
+        Some("webhook_token=[REDACTED]&client_secret=[REDACTED]&apikey=[REDACTED]&sig=[REDACTED]&oauth=[REDACTED]&page=2"),
+    );
+    // Percent-encoded keys are decoded before matching; values stay as sent.
+    check("%74oken=x&q=a%20b", Some("%74oken=[REDACTED]&q=a%20b"));
+    check("flag&&", Some("flag"));
+    check("", None);
+}
+
+#[test]
+fn secure_compare_needs_equal_bytes_and_length() {
+    assert!(constant_time_eq(b"secret-token", b"secret-token"));
+    assert!(!constant_time_eq(b"secret-token", b"secret-tokem"));
+    assert!(!constant_time_eq(b"secret-token", b"secret-token-longer"));
+    assert!(!constant_time_eq(b"", b"secret-token"));
+    assert!(!constant_time_eq(b"secret-token", b""));
+}
+
+#[tokio::test]
+async fn a_blank_token_never_authenticates() {
+    let hook = TestHook::simple("");
+    for (name, value) in [("authorization", "Bearer "), ("x-webhook-token", "   ")] {
+        let req = post("/webhooks/zap").header(name, value);
+        let (status, _) = hook.send(req.body(Body::from(r#"{"prompt":"x"}"#)).unwrap()).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{name}");
+    }
+}
+
+// Callbacks.
+
+#[test]
+fn only_2xx_answers_count_as_delivered() {
+    for status in [200, 201, 204, 299] {
+        assert!(delivered(status), "{status}");
+    }
+    for status in [100, 199, 300, 302, 404, 500] {
+        assert!(!delivered(status), "{status}");
+    }
+}
+
+#[tokio::test]
+async fn a_redirect_is_not_followed_and_counts_as_a_failed_attempt() {
+    let (addr, attempts, mut received) =
+        callback_server_answering(vec![StatusCode::FOUND, StatusCode::MULTIPLE_CHOICES]).await;
+    let toml = format!(
+        "callback_backoff_ms = 1\ncallback_backoff_max_ms = 2\nallow_private_callback_hosts = true\n\
+         [integrations.zap]\ntoken = \"{TOKEN}\"\ncallback_url = \"http://{addr}/cb\"\n"
+    );
+    let hook = TestHook::start(&toml, Duration::ZERO, MapResolver::default());
+    let (status, body) = hook
+        .post(json!({
+            "prompt": "with files",
+            "files": [{ "name": "a.txt", "url": "https://example.com/a.txt" }],
+            "metadata": { "k": "v" },
+        }))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let delivered = within("the callback", received.recv()).await.unwrap();
+    assert_eq!(attempts.load(Ordering::SeqCst), 3, "302 and 300 failed, the third got 200");
+    assert_eq!(delivered["run_id"], body["run_id"]);
+    assert_eq!(delivered["metadata"], json!({ "k": "v" }));
+    assert_eq!(
+        delivered["attachments"],
+        json!([{ "source": "files", "name": "a.txt", "url": "https://example.com/a.txt" }])
+    );
+}
+
+fn resolver(entries: &[(&str, &[&str])]) -> MapResolver {
+    MapResolver(
+        entries
+            .iter()
+            .map(|(host, ips)| {
+                ((*host).to_owned(), ips.iter().map(|ip| ip.parse().unwrap()).collect())
+            })
+            .collect(),
+    )
+}
+
+#[tokio::test]
+async fn callback_urls_are_canonicalised_and_private_hosts_refused_unless_allowed() {
+    let resolver = resolver(&[
+        ("example.test", &["93.184.216.34"]),
+        ("mixed.example.test", &["93.184.216.34", "10.1.2.3"]),
+    ]);
+    let canonical = |raw: &'static str, allow_private: bool| {
+        let resolver = &resolver;
+        async move { check(raw, resolver, allow_private).await.map(|t| t.url().to_string()) }
+    };
+    assert_eq!(
+        canonical("https://EXAMPLE.TEST./callback", false).await.unwrap(),
+        "https://example.test/callback"
+    );
+    assert!(matches!(
+        canonical("ftp://example.test/callback", false).await,
+        Err(CallbackError::InvalidUrl(_))
+    ));
+    assert!(matches!(canonical("not a url", false).await, Err(CallbackError::InvalidUrl(_))));
+    for private in [
+        "http://localhost./callback",
+        "http://api.localhost/callback",
+        "http://127.0.0.1/callback",
+        "http://[::ffff:127.0.0.1]/callback",
+        "http://[::1]:8080/callback",
+        "https://Mixed.Example.Test./callback",
+    ] {
+        assert!(
+            matches!(canonical(private, false).await, Err(CallbackError::PrivateHost(_))),
+            "{private}"
+        );
+    }
+    assert_eq!(
+        canonical("http://127.0.0.1/callback", true).await.unwrap(),
+        "http://127.0.0.1/callback"
+    );
+    assert_eq!(
+        canonical("https://Mixed.Example.Test./callback", true).await.unwrap(),
+        "https://mixed.example.test/callback"
+    );
+    let unresolved = canonical("https://nowhere.example.test/", false).await;
+    assert!(matches!(unresolved, Err(CallbackError::Resolve { .. })), "{unresolved:?}");
+}
+
+// Idempotency keys.
+
+#[tokio::test]
+async fn a_body_idempotency_key_counts_only_where_allowed() {
+    let hook = TestHook::simple("");
+    let body = json!({ "prompt": "x", "idempotency_key": "payload-idem" });
+    let (_, first) = hook.post(body.clone()).await;
+    let (_, second) = hook.post(body.clone()).await;
+    assert!(second.get("duplicate").is_none(), "ignored by default: {second}");
+    assert_ne!(first["run_id"], second["run_id"]);
+    for key in [json!({ "idempotencyKey": "camel" }), json!({ "idempotency": { "key": "nested" } })]
+    {
+        let mut body = key;
+        body["prompt"] = json!("x");
+        let (_, again) = hook.post(body).await;
+        assert!(again.get("duplicate").is_none(), "{again}");
+    }
+    assert_eq!(hook.run_count().await, 4);
+
+    let toml =
+        format!("[integrations.zap]\ntoken = \"{TOKEN}\"\nallow_payload_idempotency_key = true\n");
+    let hook = TestHook::start(&toml, Duration::ZERO, MapResolver::default());
+    let (_, first) = hook.post(body.clone()).await;
+    let (status, second) = hook.post(body).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(second["duplicate"], true, "{second}");
+    assert_eq!(second["run_id"], first["run_id"]);
+    let nested = json!({ "prompt": "x", "idempotency": { "key": "payload-idem" } });
+    let (_, third) = hook.post(nested).await;
+    assert_eq!(third["run_id"], first["run_id"], "the nested form names the same key");
+    assert_eq!(hook.run_count().await, 1);
+}
+
+#[tokio::test]
+async fn an_overlong_idempotency_key_is_refused() {
+    let hook = TestHook::simple("");
+    let req = post("/webhooks/zap")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("idempotency-key", "k".repeat(257))
+        .body(Body::from(r#"{"prompt":"x"}"#))
+        .unwrap();
+    let (status, body) = hook.send(req).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["error"].as_str().unwrap().contains("idempotency key"), "{body}");
+    assert_eq!(hook.run_count().await, 0);
+}
+
+#[tokio::test]
+async fn idempotency_answers_survive_a_restart_on_the_same_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lemon.db");
+    let toml = format!("mode = \"sync\"\n[integrations.zap]\ntoken = \"{TOKEN}\"\n");
+    let keyed = || {
+        post("/webhooks/zap")
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("idempotency-key", "deploy-9")
+            .body(Body::from(r#"{"prompt":"only once"}"#))
+            .unwrap()
+    };
+    let store = StoreHandle::open_sqlite(&path).unwrap();
+    let hook = TestHook::start_on(store.clone(), &toml, Duration::ZERO, MapResolver::default());
+    let (status, first) = hook.send(keyed()).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    hook.stop().await;
+    store.close().await.unwrap();
+
+    let store = StoreHandle::open_sqlite(&path).unwrap();
+    let hook = TestHook::start_on(store.clone(), &toml, Duration::ZERO, MapResolver::default());
+    let (status, again) = hook.send(keyed()).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["duplicate"], true);
+    assert_eq!(again["run_id"], first["run_id"]);
+    assert_eq!(again["answer"], "only once", "the final answer is replayed");
+    assert_eq!(hook.run_count().await, 1);
+    hook.stop().await;
+    store.close().await.unwrap();
+}
+
+// The webhook as a transport.
+
+#[tokio::test]
+async fn the_webhook_transport_reports_a_port_in_use_and_comes_up_once_it_is_free() {
+    let hook = TestHook::simple("");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let table: toml::Table = toml::from_str(&format!(
+        "port = {}
+[integrations.zap]
+token = \"{TOKEN}\"\n",
+        addr.port()
+    ))
+    .unwrap();
+    let config = WebhookConfig::parse(&table).unwrap();
+    let tokens = BTreeMap::from([("zap".to_owned(), TOKEN.to_owned())]);
+    let transport = WebhookTransport::new(config, tokens, Arc::new(MapResolver::default()));
+    assert!(!format!("{transport:?}").contains(TOKEN));
+    let policy = RestartPolicy {
+        initial_backoff: Duration::from_millis(5),
+        max_backoff: Duration::from_millis(20),
+        reset_after: Duration::from_secs(60),
+    };
+    let mut registry = TransportRegistry::default().with_policy(policy);
+    registry.add(Arc::new(transport)).unwrap();
+    let deps = TransportDeps {
+        router: hook.router.clone(),
+        store: hook.gateway.store().clone(),
+        shutdown: hook._token.clone(),
+        tracker: hook.tracker.clone(),
+    };
+    let statuses = registry.start(&deps);
+    let failing =
+        within("webhook failing", statuses.wait_for(|map| map["webhook"].is_failing())).await;
+    let TransportState::Failing { reason, retry_in_ms, .. } = &failing["webhook"] else {
+        unreachable!()
+    };
+    assert!(reason.starts_with(&format!("could not listen on {addr}")), "{reason}");
+    assert!(retry_in_ms.is_some(), "a port in use is retried");
+    assert!(!reason.contains(TOKEN));
+
+    drop(taken);
+    let running = within(
+        "webhook running",
+        statuses.wait_for(|map| matches!(map["webhook"], TransportState::Running { .. })),
+    )
+    .await;
+    assert_eq!(running["webhook"], TransportState::Running { detail: Some(addr.to_string()) });
+    let response = reqwest::Client::new()
+        .post(format!("http://{addr}/webhooks/zap"))
+        .bearer_auth(TOKEN)
+        .json(&json!({ "prompt": "over a real socket" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    let body: Value = response.json().await.unwrap();
+    let record =
+        hook.gateway.store().get_run(body["run_id"].as_str().unwrap()).await.unwrap().unwrap();
+    assert_eq!(record.meta["webhook"]["request"]["remote_ip"], "127.0.0.1", "the peer is recorded");
+    hook.stop().await;
+    assert_eq!(statuses.get("webhook"), Some(TransportState::Stopped));
+}
+
+// The templates in docs/webhooks send what the normaliser reads.
+
+/// `text` with every `{{ … }}` placeholder of the tools replaced by `value`.
+fn fill_placeholders(text: &str, value: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find("}}").map(|e| start + e + 2).unwrap_or(rest.len());
+        out.push_str(value);
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[track_caller]
+fn check_template(name: &str, body: &str, attachment_source: &str) {
+    let body: Value = serde_json::from_str(&fill_placeholders(body, "https://files.example/x"))
+        .unwrap_or_else(|err| panic!("{name}: the body is not JSON: {err}"));
+    let payload = Payload::from_body(&body).unwrap_or_else(|err| panic!("{name}: {err}"));
+    let (text, section) = payload
+        .prompt
+        .split_once("\n\nAttachments:\n")
+        .unwrap_or_else(|| panic!("{name}: text and attachments expected in {:?}", payload.prompt));
+    assert!(!text.trim().is_empty(), "{name}");
+    assert!(section.starts_with("- "), "{name}: {section}");
+    assert!(payload.attachments.iter().all(|a| a.source == attachment_source), "{name}");
+    assert!(payload.metadata.as_object().is_some_and(|m| !m.is_empty()), "{name}: metadata");
+}
+
+#[test]
+fn the_documented_templates_send_text_attachments_and_metadata() {
+    let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/webhooks/");
+    let read = |file: &str| std::fs::read_to_string(format!("{docs}{file}")).unwrap();
+
+    let make: Value = serde_json::from_str(&read("make.json")).unwrap();
+    check_template("make.json", make["mapper"]["data"].as_str().unwrap(), "attachments");
+    let headers = make["mapper"]["headers"].to_string().to_ascii_lowercase();
+    assert!(headers.contains("x-webhook-token") && headers.contains("idempotency-key"));
+
+    let n8n: Value = serde_json::from_str(&read("n8n.json")).unwrap();
+    let request = &n8n["nodes"][1]["parameters"];
+    let body = request["jsonBody"].as_str().unwrap().trim_start_matches('=');
+    check_template("n8n.json", body, "urls");
+    let headers = request["headerParameters"].to_string().to_ascii_lowercase();
+    assert!(headers.contains("bearer") && headers.contains("idempotency-key"));
+
+    let zapier = read("zapier.md");
+    let json_block = zapier
+        .split("```json")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("zapier.md has a JSON body");
+    check_template("zapier.md", json_block, "files");
+    let curl = zapier.split("-d '").nth(1).and_then(|rest| rest.split('\'').next()).unwrap();
+    check_template("zapier.md (curl)", curl, "files");
 }

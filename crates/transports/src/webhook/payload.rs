@@ -1,0 +1,220 @@
+//! A webhook body normalised: the prompt text, the attachments and the metadata,
+//! accepting the shapes Zapier, n8n and Make send.
+//!
+//! - Text: the first non-blank of `prompt`, `text`, `message`, `input`,
+//!   `body.text` and `content.text` (nested objects, or those literal keys).
+//! - Attachments: `attachments` and `files` (objects with `url`/`href`/`uri`,
+//!   `name`/`filename`/`file_name`/`title`, `content_type`/`mime_type`/`type`,
+//!   `size`/`bytes`, or plain URL strings) and `urls` (strings), as lists or
+//!   single values; a string holding a JSON list or object is read as that.
+//!   Entries with neither a URL nor a name are dropped, duplicates kept once.
+//! - The prompt is the text, then an `Attachments:` section with one line per
+//!   attachment (`- name (url)`, `- url` or `- name`); with no text it is the
+//!   section alone.
+//! - Metadata: an object, or a string holding a JSON object; absent means `{}`.
+
+use serde_json::{json, Map, Value};
+
+/// Most attachments one request may carry.
+pub(super) const MAX_ATTACHMENTS: usize = 100;
+
+/// How deep attachment lists and wrapper objects are followed.
+const MAX_DEPTH: usize = 8;
+
+/// Where the text may be, in order of precedence.
+const TEXT_KEYS: [&str; 4] = ["prompt", "text", "message", "input"];
+
+/// The body fields attachments come from, with the name each is reported under.
+const ATTACHMENT_FIELDS: [&str; 3] = ["attachments", "files", "urls"];
+
+/// One attachment, as the prompt lists it and `meta.webhook` and callbacks carry it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Attachment {
+    /// The body field it came from: `attachments`, `files` or `urls`.
+    pub(super) source: &'static str,
+    pub(super) url: Option<String>,
+    pub(super) name: Option<String>,
+    pub(super) content_type: Option<String>,
+    pub(super) size: Option<u64>,
+}
+
+impl Attachment {
+    /// `{"source", "url"?, "name"?, "content_type"?, "size"?}`.
+    pub(super) fn to_json(&self) -> Value {
+        let mut out = Map::new();
+        out.insert("source".to_owned(), json!(self.source));
+        let fields =
+            [("url", &self.url), ("name", &self.name), ("content_type", &self.content_type)];
+        for (key, value) in fields {
+            if let Some(value) = value {
+                out.insert(key.to_owned(), json!(value));
+            }
+        }
+        if let Some(size) = self.size {
+            out.insert("size".to_owned(), json!(size));
+        }
+        Value::Object(out)
+    }
+
+    /// The prompt's line for it.
+    fn line(&self) -> String {
+        match (&self.name, &self.url) {
+            (Some(name), Some(url)) => format!("- {name} ({url})"),
+            (None, Some(url)) => format!("- {url}"),
+            (Some(name), None) => format!("- {name}"),
+            (None, None) => String::new(),
+        }
+    }
+}
+
+/// A normalised body.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Payload {
+    /// The text followed by the `Attachments:` section.
+    pub(super) prompt: String,
+    pub(super) attachments: Vec<Attachment>,
+    /// A JSON object.
+    pub(super) metadata: Value,
+}
+
+impl Payload {
+    /// Normalises `body` (a JSON object).
+    ///
+    /// # Errors
+    /// A message for the caller: no text and no attachments, too many
+    /// attachments, or metadata that is not an object.
+    pub(super) fn from_body(body: &Value) -> Result<Payload, String> {
+        let text = text_of(body);
+        let attachments = attachments_of(body)?;
+        if text.is_none() && attachments.is_empty() {
+            return Err(
+                "missing prompt: set \"prompt\" (or \"text\", \"message\", \"input\", \"content.text\") or attach files"
+                    .to_owned(),
+            );
+        }
+        let mut prompt = text.unwrap_or_default().to_owned();
+        if !attachments.is_empty() {
+            if !prompt.is_empty() {
+                prompt.push_str("\n\n");
+            }
+            prompt.push_str("Attachments:");
+            for attachment in &attachments {
+                prompt.push('\n');
+                prompt.push_str(&attachment.line());
+            }
+        }
+        Ok(Payload { prompt, attachments, metadata: metadata_of(body)? })
+    }
+
+    /// The attachments as a JSON list.
+    pub(super) fn attachments_json(&self) -> Value {
+        Value::Array(self.attachments.iter().map(Attachment::to_json).collect())
+    }
+}
+
+fn non_blank(value: Option<&Value>) -> Option<&str> {
+    value?.as_str().map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// The first non-blank text field.
+fn text_of(body: &Value) -> Option<&str> {
+    let top = TEXT_KEYS.iter().find_map(|key| non_blank(body.get(*key)));
+    top.or_else(|| {
+        ["body", "content"].iter().find_map(|outer| {
+            non_blank(body.get(*outer).and_then(|inner| inner.get("text")))
+                .or_else(|| non_blank(body.get(format!("{outer}.text"))))
+        })
+    })
+}
+
+fn attachments_of(body: &Value) -> Result<Vec<Attachment>, String> {
+    let mut found = Vec::new();
+    for source in ATTACHMENT_FIELDS {
+        if let Some(value) = body.get(source) {
+            collect(source, value, 0, &mut found);
+        }
+    }
+    let mut unique: Vec<Attachment> = Vec::with_capacity(found.len());
+    for attachment in found {
+        if !unique.contains(&attachment) {
+            unique.push(attachment);
+        }
+        if unique.len() > MAX_ATTACHMENTS {
+            return Err(format!("too many attachments: at most {MAX_ATTACHMENTS}"));
+        }
+    }
+    Ok(unique)
+}
+
+/// Adds the attachments `value` holds to `out`.
+fn collect(source: &'static str, value: &Value, depth: usize, out: &mut Vec<Attachment>) {
+    // Bounds the work a hostile body can cause, not only the recursion.
+    if depth > MAX_DEPTH || out.len() > MAX_ATTACHMENTS {
+        return;
+    }
+    match value {
+        Value::String(raw) => {
+            let raw = raw.trim();
+            if raw.is_empty() {
+                return;
+            }
+            match serde_json::from_str::<Value>(raw) {
+                Ok(inner @ (Value::Array(_) | Value::Object(_))) => {
+                    collect(source, &inner, depth + 1, out);
+                }
+                _ => out.push(Attachment {
+                    source,
+                    url: Some(raw.to_owned()),
+                    name: None,
+                    content_type: None,
+                    size: None,
+                }),
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                collect(source, item, depth + 1, out);
+            }
+        }
+        Value::Object(fields) => {
+            let text = |keys: &[&str]| keys.iter().find_map(|key| non_blank(fields.get(*key)));
+            let attachment = Attachment {
+                source,
+                url: text(&["url", "href", "uri"]).map(str::to_owned),
+                name: text(&["name", "filename", "file_name", "title"]).map(str::to_owned),
+                content_type: text(&["content_type", "mime_type", "type"]).map(str::to_owned),
+                size: ["size", "bytes"].iter().find_map(|key| size_of(fields.get(*key)?)),
+            };
+            if attachment.url.is_some() || attachment.name.is_some() {
+                out.push(attachment);
+            } else if attachment.content_type.is_none() && attachment.size.is_none() {
+                // A wrapper (`{"file": {...}}`, `{"0": "https://..."}`): look inside.
+                for inner in fields.values() {
+                    collect(source, inner, depth + 1, out);
+                }
+            }
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
+}
+
+fn size_of(value: &Value) -> Option<u64> {
+    match value {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn metadata_of(body: &Value) -> Result<Value, String> {
+    match body.get("metadata") {
+        None | Some(Value::Null) => Ok(Value::Object(Map::new())),
+        Some(meta @ Value::Object(_)) => Ok(meta.clone()),
+        Some(Value::String(raw)) if raw.trim().is_empty() => Ok(Value::Object(Map::new())),
+        Some(Value::String(raw)) => match serde_json::from_str::<Value>(raw) {
+            Ok(meta @ Value::Object(_)) => Ok(meta),
+            _ => Err("metadata must be an object (or a string holding a JSON object)".to_owned()),
+        },
+        Some(_) => Err("metadata must be an object (or a string holding a JSON object)".to_owned()),
+    }
+}
