@@ -150,7 +150,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         .create(&opts.paths.home)
         .with_context(|| format!("could not create {}", opts.paths.home.display()))?;
     let store = StoreHandle::open_sqlite(&opts.paths.database())?;
-    let secrets = SecretStore::new(opts.env.clone(), opts.paths.secrets());
+    let secrets = Arc::new(SecretStore::new(opts.env.clone(), opts.paths.secrets()));
     let (api_token, generated) = secrets.get_or_generate(API_TOKEN_SECRET)?;
 
     let token = CancellationToken::new();
@@ -231,8 +231,11 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
 ///
 /// # Errors
 /// A transport's section is invalid or names a secret that is not set.
-fn transports(config: &GatewayConfig, secrets: &SecretStore) -> anyhow::Result<TransportRegistry> {
-    use lemon_transports::webhook;
+fn transports(
+    config: &GatewayConfig,
+    secrets: &Arc<SecretStore>,
+) -> anyhow::Result<TransportRegistry> {
+    use lemon_transports::{telegram, webhook};
     let mut registry = TransportRegistry::default();
     match webhook::WebhookConfig::from_gateway(config.enable_webhook, config.webhook.as_ref())? {
         Some(webhook_config) => {
@@ -245,6 +248,24 @@ fn transports(config: &GatewayConfig, secrets: &SecretStore) -> anyhow::Result<T
             )))?;
         }
         None => registry.add_disabled(webhook::WEBHOOK_TRANSPORT_ID)?,
+    }
+    let telegram_section = config.telegram.as_ref();
+    if lemon_transports::transport::enabled(config.enable_telegram, telegram_section) {
+        let section = telegram_section.cloned().unwrap_or_default();
+        let telegram_config = telegram::config::TelegramConfig::parse(&section)?;
+        let bound_chats = config
+            .bindings
+            .iter()
+            .filter(|binding| binding.transport == telegram::inbound::TRANSPORT_ID)
+            .filter_map(lemon_core::config::BindingConfig::chat_id_text)
+            .collect();
+        registry.add(Arc::new(telegram::bot::TelegramTransport::new(
+            telegram_config,
+            secrets.clone(),
+            bound_chats,
+        )))?;
+    } else {
+        registry.add_disabled(telegram::inbound::TRANSPORT_ID)?;
     }
     Ok(registry)
 }

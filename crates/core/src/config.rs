@@ -188,6 +188,26 @@ pub struct BindingConfig {
     pub queue_mode: Option<QueueMode>,
 }
 
+impl BindingConfig {
+    /// `chat_id` as text, whether the file wrote it as a number or a string.
+    pub fn chat_id_text(&self) -> Option<String> {
+        self.chat_id.as_ref().and_then(id_text)
+    }
+
+    /// `topic_id` as text, whether the file wrote it as a number or a string.
+    pub fn topic_id_text(&self) -> Option<String> {
+        self.topic_id.as_ref().and_then(id_text)
+    }
+}
+
+fn id_text(value: &toml::Value) -> Option<String> {
+    match value {
+        toml::Value::String(s) => Some(s.trim().to_owned()),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
 /// How a message sent while a conversation is busy is handled.
 ///
 /// An unknown string in the file is a config error naming the valid modes (the

@@ -2,6 +2,7 @@
 //! runs through the router and streams progress and answers back.
 
 pub mod api;
+pub mod bot;
 pub mod config;
 pub mod format;
 pub mod inbound;

@@ -156,25 +156,17 @@ pub struct BindingDefaults {
     pub queue_mode: Option<QueueMode>,
 }
 
-fn id_text(value: &toml::Value) -> Option<String> {
-    match value {
-        toml::Value::String(s) => Some(s.clone()),
-        toml::Value::Integer(i) => Some(i.to_string()),
-        _ => None,
-    }
-}
-
 /// Resolves the bindings of a channel: a binding for the exact topic wins over the
 /// chat's binding, key by key, and the project gives the working directory and a
 /// fallback engine.
 pub fn resolve_binding(config: &GatewayConfig, channel: &ChannelRef) -> BindingDefaults {
     let matches_chat = |binding: &BindingConfig| {
         binding.transport == channel.transport
-            && binding.chat_id.as_ref().and_then(id_text) == channel.chat_id
+            && binding.chat_id_text() == channel.chat_id
     };
     let topic = channel.topic_id.as_ref().and_then(|topic_id| {
         config.bindings.iter().find(|b| {
-            matches_chat(b) && b.topic_id.as_ref().and_then(id_text).as_ref() == Some(topic_id)
+            matches_chat(b) && b.topic_id_text().as_ref() == Some(topic_id)
         })
     });
     let chat = config.bindings.iter().find(|b| matches_chat(b) && b.topic_id.is_none());

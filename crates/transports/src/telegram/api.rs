@@ -437,3 +437,14 @@ fn decode_update(mut raw: Value) -> Option<Update> {
         channel_post: message("channel_post"),
     })
 }
+
+#[async_trait::async_trait]
+impl super::outbox::BotSender for BotApi {
+    async fn send_message(&self, req: &SendMessage) -> Result<Message, TelegramError> {
+        BotApi::send_message(self, req).await
+    }
+
+    async fn edit_message_text(&self, req: &EditMessageText) -> Result<(), TelegramError> {
+        BotApi::edit_message_text(self, req).await
+    }
+}

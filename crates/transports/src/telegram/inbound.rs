@@ -138,11 +138,11 @@ mod tests {
     fn session_keys_name_the_chat_kind_and_topic() {
         let dm = message("private", 42, Some("hi"));
         assert_eq!(session_key("main", 9, &dm), "agent:main:telegram:9:dm:42");
-        let group = message("supergroup", -100_5, Some("hi"));
+        let group = message("supergroup", -1005, Some("hi"));
         assert_eq!(session_key("main", 9, &group), "agent:main:telegram:9:group:-1005");
-        let channel = message("channel", -100_6, Some("hi"));
+        let channel = message("channel", -1006, Some("hi"));
         assert_eq!(session_key("main", 9, &channel), "agent:main:telegram:9:channel:-1006");
-        let mut topic = message("supergroup", -100_5, Some("hi"));
+        let mut topic = message("supergroup", -1005, Some("hi"));
         topic.message_thread_id = Some(77);
         topic.is_topic_message = true;
         assert_eq!(session_key("main", 9, &topic), "agent:main:telegram:9:group:-1005:thread:77");
@@ -179,7 +179,7 @@ mod tests {
 
     #[test]
     fn the_same_message_always_gets_the_same_run_id() {
-        let m = message("supergroup", -100_5, Some("hi"));
+        let m = message("supergroup", -1005, Some("hi"));
         assert_eq!(run_id(9, &m), run_id(9, &m));
         assert_eq!(run_id(9, &m).as_str(), "telegram:9:-1005:7");
         assert_ne!(run_id(8, &m), run_id(9, &m));

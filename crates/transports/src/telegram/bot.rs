@@ -1,0 +1,584 @@
+//! The running bot: long polling, one follower task per run, deliveries that
+//! survive restarts.
+//!
+//! - Updates are handled in order, one at a time; the offset of the next one is
+//!   saved in the store after each. A message's run id is derived from the
+//!   message, so one handled again after a crash is recognised as a duplicate.
+//! - Before a message is submitted its delivery (chat, reply target, progress
+//!   message) is recorded in the store, and the follower subscribes to the run's
+//!   topic, so no event and no completion can be missed. The record is removed
+//!   once the answer is out; records left by a stop are picked up on the next
+//!   start, and the answer is sent then.
+//! - Every call to Telegram goes through the outbox, which keeps the bot inside
+//!   Telegram's rate limits.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lemon_core::bus::{EventKind, RecvError, Subscription};
+use lemon_core::engine::{Completion, ResumeToken, RunError};
+use lemon_core::ids::RunId;
+use lemon_core::router::resolve::parse_slash_command;
+use lemon_core::router::{Origin, RouterHandle, RunRequest, SlashCommand, Submitted};
+use lemon_core::secrets::SecretStore;
+use lemon_core::store::StoreHandle;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::api::BotApi;
+use super::config::TelegramConfig;
+use super::inbound::{self, Inbound, COMMANDS, TRANSPORT_ID};
+use super::config::TelegramConfigError;
+use super::outbox::{BotSender, DeliveryError, OutboxConfig, OutboxHandle};
+use super::render::{ProgressRenderer, ResumeFormat};
+use super::types::{
+    BotCommand, FormattedText, Message, ReplyParameters, SendMessage, TelegramError, User,
+};
+use crate::transport::{Transport, TransportContext, TransportError};
+
+/// Store namespace of the next `getUpdates` offset, keyed by bot id.
+const OFFSET_NS: &str = "telegram.offset";
+/// Store namespace of answers not yet delivered, keyed by run id.
+const DELIVERY_NS: &str = "telegram.delivery";
+
+/// The longest pause between failed polls.
+const MAX_POLL_BACKOFF: Duration = Duration::from_secs(30);
+
+/// What non-text messages get.
+pub const UNSUPPORTED_REPLY: &str = "Only text messages are supported yet.";
+
+/// The Telegram transport.
+pub struct TelegramTransport {
+    config: TelegramConfig,
+    /// The bot token is read from here at every start, so a secret added after a
+    /// failed start is picked up by the next attempt.
+    secrets: Arc<SecretStore>,
+    /// Chat ids with a `[[gateway.bindings]]` entry for this transport.
+    bound_chats: Vec<String>,
+}
+
+impl std::fmt::Debug for TelegramTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelegramTransport")
+            .field("config", &self.config)
+            .field("bound_chats", &self.bound_chats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TelegramTransport {
+    /// `bound_chats` are the chat ids bound to this transport (for
+    /// `deny_unbound_chats`).
+    pub fn new(config: TelegramConfig, secrets: Arc<SecretStore>, bound_chats: Vec<String>) -> Self {
+        TelegramTransport { config, secrets, bound_chats }
+    }
+}
+
+/// Errors on the first calls: a wrong token needs a config change, anything
+/// else may pass.
+fn startup_error(error: TelegramError) -> TransportError {
+    match error {
+        TelegramError::Unauthorized { .. } => TransportError::fatal(
+            "Telegram rejected the bot token: check bot_token / bot_token_secret",
+        ),
+        other => TransportError::retryable(format!("could not start the bot: {other}")),
+    }
+}
+
+#[async_trait]
+impl Transport for TelegramTransport {
+    fn id(&self) -> &str {
+        TRANSPORT_ID
+    }
+
+    async fn run(&self, ctx: TransportContext) -> Result<(), TransportError> {
+        let token = self
+            .config
+            .resolve_token(&self.secrets)
+            .map_err(|error: TelegramConfigError| TransportError::retryable(error.to_string()))?;
+        let api = BotApi::new(&self.config.api_base_url, &token).map_err(|error| match error {
+            TelegramError::InvalidBaseUrl(_) => TransportError::fatal(error.to_string()),
+            other => startup_error(other),
+        })?;
+        drop(token);
+        let me = tokio::select! {
+            () = ctx.shutdown.cancelled() => return Ok(()),
+            me = api.get_me() => me.map_err(startup_error)?,
+        };
+        // A webhook set on the bot would make every getUpdates fail with 409.
+        api.delete_webhook().await.map_err(startup_error)?;
+        let commands: Vec<BotCommand> = COMMANDS
+            .iter()
+            .map(|(command, description)| BotCommand {
+                command: (*command).to_owned(),
+                description: (*description).to_owned(),
+            })
+            .collect();
+        if let Err(error) = api.set_my_commands(&commands).await {
+            tracing::warn!(%error, "could not register the bot's commands");
+        }
+        let stop = ctx.shutdown.child_token();
+        let outbox = OutboxHandle::spawn(
+            Arc::new(api.clone()) as Arc<dyn BotSender>,
+            OutboxConfig {
+                send_attempts: self.config.delivery_attempts,
+                ..OutboxConfig::default()
+            },
+            stop.clone(),
+            &ctx.tracker,
+        );
+        let bot = Arc::new(Bot {
+            config: self.config.clone(),
+            bound_chats: self.bound_chats.clone(),
+            username: me.username.clone().unwrap_or_default(),
+            me,
+            api,
+            outbox,
+            router: ctx.router.clone(),
+            store: ctx.store.clone(),
+            tracker: ctx.tracker.clone(),
+            shutdown: stop.clone(),
+            progress: Mutex::new(HashMap::new()),
+        });
+        bot.recover_deliveries().await;
+        ctx.status.running(Some(format!("@{}", bot.username)));
+        tracing::info!(bot = %bot.username, "telegram bot polling");
+        let result = bot.poll().await;
+        // Followers and the outbox stop with the transport (a restart makes new ones).
+        stop.cancel();
+        result
+    }
+}
+
+/// An answer on its way to a chat, as stored until it is delivered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Delivery {
+    run_id: String,
+    chat_id: i64,
+    #[serde(default)]
+    thread_id: Option<i64>,
+    /// The user's message: the answer replies to it.
+    reply_to: i64,
+    #[serde(default)]
+    progress_message_id: Option<i64>,
+    /// Answer messages already sent (a stop in the middle resumes after them).
+    #[serde(default)]
+    sent: usize,
+    /// Set once delivery was given up: what Telegram said last.
+    #[serde(default)]
+    failed: Option<String>,
+}
+
+struct Bot {
+    config: TelegramConfig,
+    bound_chats: Vec<String>,
+    me: User,
+    username: String,
+    api: BotApi,
+    outbox: OutboxHandle,
+    router: RouterHandle,
+    store: StoreHandle,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    /// (chat, progress message) → the run it shows, for `/cancel` replies.
+    progress: Mutex<HashMap<(i64, i64), RunId>>,
+}
+
+fn now_ms() -> i64 {
+    lemon_core::clock::now_ms()
+}
+
+impl Bot {
+    async fn poll(self: &Arc<Self>) -> Result<(), TransportError> {
+        let bot_key = self.me.id.to_string();
+        let mut offset = match self.store.kv_get(OFFSET_NS, &bot_key, now_ms()).await {
+            Ok(value) => value.and_then(|v| v.as_i64()),
+            Err(error) => {
+                return Err(TransportError::retryable(format!("could not read the offset: {error}")))
+            }
+        };
+        let mut failures = 0u32;
+        loop {
+            let polled = tokio::select! {
+                () = self.shutdown.cancelled() => return Ok(()),
+                polled = self.api.get_updates(offset, self.config.poll_timeout(), 100) => polled,
+            };
+            match polled {
+                Ok(updates) => {
+                    failures = 0;
+                    for update in updates {
+                        let id = update.update_id;
+                        if offset.is_some_and(|next| id < next) {
+                            continue;
+                        }
+                        self.handle(update.message.or(update.channel_post)).await;
+                        offset = Some(id + 1);
+                        self.store.kv_put(OFFSET_NS, &bot_key, json!(id + 1), None).await;
+                    }
+                }
+                Err(TelegramError::Unauthorized { .. }) => {
+                    return Err(startup_error(TelegramError::Unauthorized {
+                        description: String::new(),
+                    }))
+                }
+                Err(error) => {
+                    failures += 1;
+                    let pause = match &error {
+                        TelegramError::RetryAfter(wait) => *wait,
+                        _ => Duration::from_secs(1u64 << failures.min(5)).min(MAX_POLL_BACKOFF),
+                    };
+                    tracing::warn!(%error, retry_in_ms = pause.as_millis() as u64, "getUpdates failed");
+                    tokio::select! {
+                        () = self.shutdown.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn chat_allowed(&self, chat_id: i64) -> bool {
+        if !self.config.chat_allowed(chat_id) {
+            return false;
+        }
+        !self.config.deny_unbound_chats || self.bound_chats.iter().any(|c| *c == chat_id.to_string())
+    }
+
+    async fn handle(self: &Arc<Self>, message: Option<Message>) {
+        let Some(message) = message else { return };
+        if message.from.as_ref().is_some_and(|from| from.id == self.me.id) {
+            return;
+        }
+        if !self.chat_allowed(message.chat.id) {
+            tracing::info!(chat_id = message.chat.id, "message from a chat that is not allowed");
+            return;
+        }
+        match inbound::classify(&message, &self.username) {
+            Inbound::OtherBot => {}
+            Inbound::Unsupported => self.reply_soon(&message, UNSUPPORTED_REPLY.to_owned()),
+            Inbound::Text(text) => {
+                if parse_slash_command(&text) == Some(SlashCommand::Cancel) {
+                    if let Some(run_id) = self.replied_progress(&message) {
+                        self.cancel_run(&message, &run_id).await;
+                        return;
+                    }
+                }
+                self.submit(message, text).await;
+            }
+        }
+    }
+
+    /// The run whose progress message `message` replies to.
+    fn replied_progress(&self, message: &Message) -> Option<RunId> {
+        let replied = message.reply_to_message.as_ref()?;
+        let progress = self.progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        progress.get(&(message.chat.id, replied.message_id)).cloned()
+    }
+
+    async fn cancel_run(self: &Arc<Self>, message: &Message, run_id: &RunId) {
+        let reply = match self.router.abort_run(run_id).await {
+            Ok(true) => "Cancelling.",
+            Ok(false) => "That job has already finished.",
+            Err(_) => "The gateway is shutting down.",
+        };
+        self.reply_soon(message, reply.to_owned());
+    }
+
+    /// A resume line in the bot message this one replies to continues that session.
+    fn resume_from_reply(&self, message: &Message) -> Option<ResumeToken> {
+        let replied = message.reply_to_message.as_ref()?;
+        if replied.from.as_ref().is_none_or(|from| from.id != self.me.id) {
+            return None;
+        }
+        let text = replied.text.as_deref()?;
+        self.router.gateway().engines().extract_resume(text)
+    }
+
+    async fn submit(self: &Arc<Self>, message: Message, text: String) {
+        let run_id = inbound::run_id(self.me.id, &message);
+        let mut req = RunRequest::new(
+            inbound::session_key(&self.config.agent_id, self.me.id, &message),
+            text.clone(),
+        );
+        req.origin = Origin::Channel;
+        req.agent_id = Some(self.config.agent_id.clone());
+        req.queue_mode = self.config.queue_mode;
+        req.engine = self.config.engine.clone();
+        req.resume = self.resume_from_reply(&message);
+        req.run_id = Some(run_id.clone());
+        req.channel = Some(inbound::channel_ref(&message));
+        req.meta.insert(
+            "telegram".to_owned(),
+            json!({
+                "chat_id": message.chat.id,
+                "message_id": message.message_id,
+                "thread_id": inbound::topic_of(&message),
+                "from": message.from.as_ref().map(|u| u.id),
+            }),
+        );
+        let is_command = parse_slash_command(&text).is_some();
+        let delivery = Delivery {
+            run_id: run_id.to_string(),
+            chat_id: message.chat.id,
+            thread_id: inbound::topic_of(&message),
+            reply_to: message.message_id,
+            progress_message_id: None,
+            sent: 0,
+            failed: None,
+        };
+        // Subscribed and recorded before the run exists: nothing it does is missed.
+        let events = self.router.gateway().bus().subscribe_run(&run_id);
+        if !is_command {
+            self.save(&delivery).await;
+        }
+        match self.router.submit(req).await {
+            Ok(Submitted::Command { reply, .. }) => {
+                if !is_command {
+                    self.store.kv_delete(DELIVERY_NS, &delivery.run_id).await;
+                }
+                self.reply_soon(&message, reply);
+            }
+            // Seen before: the first handling (or the recovery of its delivery) follows it.
+            Ok(Submitted::Run(accepted)) if accepted.duplicate => {}
+            Ok(Submitted::Run(_)) => {
+                let bot = self.clone();
+                self.tracker.spawn(async move { bot.follow(delivery, events, true).await });
+            }
+            Err(error) => {
+                self.store.kv_delete(DELIVERY_NS, &delivery.run_id).await;
+                tracing::warn!(%error, "message not accepted");
+                self.reply_soon(&message, format!("Not accepted: {error}"));
+            }
+        }
+    }
+
+    async fn save(&self, delivery: &Delivery) {
+        let value = serde_json::to_value(delivery).unwrap_or_default();
+        self.store.kv_put(DELIVERY_NS, &delivery.run_id, value, None).await;
+    }
+
+    fn resume_format(&self) -> ResumeFormat {
+        let engines = self.router.gateway().engines().clone();
+        Arc::new(move |token: &ResumeToken| match engines.get(&token.engine) {
+            Some(engine) => engine.format_resume(token),
+            None => format!("`{} resume {}`", token.engine, token.value),
+        })
+    }
+
+    /// Sends a short reply on its own task (the poll loop never waits for Telegram's limits).
+    fn reply_soon(self: &Arc<Self>, message: &Message, text: String) {
+        let mut send = SendMessage::new(message.chat.id, FormattedText::plain(text));
+        send.message_thread_id = inbound::topic_of(message);
+        send.reply_parameters =
+            Some(ReplyParameters { message_id: message.message_id, allow_sending_without_reply: true });
+        let outbox = self.outbox.clone();
+        self.tracker.spawn(async move {
+            if let Err(error) = outbox.send(send).await {
+                tracing::warn!(%error, "reply not delivered");
+            }
+        });
+    }
+
+    /// Follows a run from its events to its answer in the chat.
+    async fn follow(self: Arc<Self>, mut delivery: Delivery, mut events: Subscription, live: bool) {
+        let run_id = RunId::parse(&delivery.run_id).unwrap_or_else(RunId::generate);
+        let mut renderer = ProgressRenderer::new(self.resume_format());
+        let mut started = !live;
+        let mut completion = None;
+        // Whatever already happened is applied before the progress message goes out,
+        // so a quick run gets no "Running…" at all.
+        while completion.is_none() {
+            match events.try_recv() {
+                Ok(Some(event)) => {
+                    started |= matches!(event.kind, EventKind::RunStarted { .. });
+                    renderer.apply(&event);
+                    if let EventKind::RunCompleted { completion: done, .. } = &event.kind {
+                        completion = Some(done.clone());
+                    }
+                }
+                Ok(None) | Err(RecvError::Closed) => break,
+                Err(RecvError::Lagged(_)) => {}
+            }
+        }
+        if completion.is_none() && delivery.progress_message_id.is_none() {
+            let mut send = SendMessage::new(delivery.chat_id, renderer.progress());
+            send.message_thread_id = delivery.thread_id;
+            send.reply_parameters = Some(ReplyParameters {
+                message_id: delivery.reply_to,
+                allow_sending_without_reply: true,
+            });
+            match self.outbox.send(send).await {
+                Ok(sent) => {
+                    delivery.progress_message_id = Some(sent.message_id);
+                    self.save(&delivery).await;
+                }
+                Err(DeliveryError::ShuttingDown) => return,
+                Err(error) => tracing::warn!(%error, run_id = %run_id, "progress message not sent"),
+            }
+        }
+        if let Some(progress) = delivery.progress_message_id {
+            let mut map = self.progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            map.insert((delivery.chat_id, progress), run_id.clone());
+        }
+        let completion = match completion {
+            Some(completion) => completion,
+            None => loop {
+                let event = tokio::select! {
+                    () = self.shutdown.cancelled() => return,
+                    event = events.recv() => event,
+                };
+                match event {
+                    Ok(event) => {
+                        started |= matches!(event.kind, EventKind::RunStarted { .. });
+                        if let EventKind::RunCompleted { completion, .. } = &event.kind {
+                            renderer.apply(&event);
+                            break completion.clone();
+                        }
+                        if renderer.apply(&event) {
+                            self.show_progress(&delivery, renderer.progress()).await;
+                        }
+                    }
+                    Err(RecvError::Lagged(skipped)) => {
+                        tracing::debug!(skipped, run_id = %run_id, "progress skipped events");
+                    }
+                    Err(RecvError::Closed) => match self.stored_completion(&run_id).await {
+                        Some((completion, _)) => break completion,
+                        // The bus is gone: the gateway is stopping; the next start delivers.
+                        None => return,
+                    },
+                }
+            },
+        };
+        self.finish(delivery, renderer, completion, started).await;
+    }
+
+    async fn show_progress(&self, delivery: &Delivery, text: FormattedText) {
+        if let Some(message_id) = delivery.progress_message_id {
+            // Only queued: the outbox merges it with newer edits of the message.
+            let _ = self.outbox.edit(delivery.chat_id, message_id, text).await;
+        }
+    }
+
+    /// The completion of a finished run, from the store, and whether it started.
+    async fn stored_completion(&self, run_id: &RunId) -> Option<(Completion, bool)> {
+        let record = self.store.get_run(run_id.as_str()).await.ok().flatten()?;
+        if !record.status.is_terminal() {
+            return None;
+        }
+        let ok = record.status == lemon_core::bus::RunStatus::Completed;
+        let error = record.error.map(|message| match record.error_code.as_deref() {
+            Some("user_requested") => RunError::UserRequested,
+            Some("interrupted") => RunError::Interrupted,
+            Some("cancelled") => RunError::Cancelled { reason: message },
+            _ => RunError::Engine { message },
+        });
+        let completion = Completion {
+            ok,
+            answer: record.answer.unwrap_or_default(),
+            error,
+            resume: record.resume,
+            usage: record.usage,
+        };
+        Some((completion, record.started_at_ms.is_some()))
+    }
+
+    /// The final progress edit and the answer.
+    async fn finish(
+        &self,
+        mut delivery: Delivery,
+        renderer: ProgressRenderer,
+        completion: Completion,
+        started: bool,
+    ) {
+        let (progress, answer) = final_output(&renderer, &completion, started);
+        if let Some(message_id) = delivery.progress_message_id {
+            let map_key = (delivery.chat_id, message_id);
+            self.progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&map_key);
+            let _ = self.outbox.edit(delivery.chat_id, message_id, progress).await;
+        }
+        for (index, text) in answer.into_iter().enumerate().skip(delivery.sent) {
+            let mut send = SendMessage::new(delivery.chat_id, text);
+            send.message_thread_id = delivery.thread_id;
+            if index == 0 {
+                send.reply_parameters = Some(ReplyParameters {
+                    message_id: delivery.reply_to,
+                    allow_sending_without_reply: true,
+                });
+            }
+            match self.outbox.send(send).await {
+                Ok(_) => {
+                    delivery.sent = index + 1;
+                    self.save(&delivery).await;
+                }
+                // Kept in the store: the next start sends the rest.
+                Err(DeliveryError::ShuttingDown) => return,
+                Err(error) => {
+                    tracing::error!(%error, run_id = %delivery.run_id, chat_id = delivery.chat_id, "answer not delivered");
+                    delivery.failed = Some(error.to_string());
+                    self.save(&delivery).await;
+                    return;
+                }
+            }
+        }
+        self.store.kv_delete(DELIVERY_NS, &delivery.run_id).await;
+    }
+
+    /// Picks up the answers a stop left undelivered.
+    async fn recover_deliveries(self: &Arc<Self>) {
+        let records = match self.store.kv_list(DELIVERY_NS, now_ms()).await {
+            Ok(records) => records,
+            Err(error) => {
+                tracing::warn!(%error, "could not read pending deliveries");
+                return;
+            }
+        };
+        for (_, value) in records {
+            let Ok(delivery) = serde_json::from_value::<Delivery>(value) else { continue };
+            if delivery.failed.is_some() {
+                continue;
+            }
+            let Some(run_id) = RunId::parse(&delivery.run_id) else { continue };
+            let events = self.router.gateway().bus().subscribe_run(&run_id);
+            let bot = self.clone();
+            match self.stored_completion(&run_id).await {
+                Some((completion, started)) => {
+                    drop(events);
+                    let renderer = ProgressRenderer::new(self.resume_format());
+                    self.tracker.spawn(async move {
+                        bot.finish(delivery, renderer, completion, started).await;
+                    });
+                }
+                None => {
+                    self.tracker.spawn(async move { bot.follow(delivery, events, false).await });
+                }
+            }
+        }
+    }
+}
+
+/// The progress message's last text and the answer messages.
+///
+/// A message steered into a running job completes with that job's answer, and
+/// one merged into the next job completes as cancelled: neither started a run
+/// of its own, and the job that took it in delivers the answer once.
+fn final_output(
+    renderer: &ProgressRenderer,
+    completion: &Completion,
+    started: bool,
+) -> (FormattedText, Vec<FormattedText>) {
+    if !started {
+        if let Some(RunError::Cancelled { reason }) = &completion.error {
+            if reason.starts_with("merged into") {
+                return (FormattedText::plain("Added to the next job."), Vec::new());
+            }
+        }
+        if completion.ok {
+            return (FormattedText::plain("Added to the running job."), Vec::new());
+        }
+    }
+    (renderer.progress(), renderer.final_messages(completion))
+}
