@@ -13,4 +13,5 @@ mod router_crash;
 mod router_resume;
 mod support;
 mod telegram_api;
+mod telegram_e2e;
 mod webhook_e2e;

@@ -161,13 +161,13 @@ pub struct BindingDefaults {
 /// fallback engine.
 pub fn resolve_binding(config: &GatewayConfig, channel: &ChannelRef) -> BindingDefaults {
     let matches_chat = |binding: &BindingConfig| {
-        binding.transport == channel.transport
-            && binding.chat_id_text() == channel.chat_id
+        binding.transport == channel.transport && binding.chat_id_text() == channel.chat_id
     };
     let topic = channel.topic_id.as_ref().and_then(|topic_id| {
-        config.bindings.iter().find(|b| {
-            matches_chat(b) && b.topic_id_text().as_ref() == Some(topic_id)
-        })
+        config
+            .bindings
+            .iter()
+            .find(|b| matches_chat(b) && b.topic_id_text().as_ref() == Some(topic_id))
     });
     let chat = config.bindings.iter().find(|b| matches_chat(b) && b.topic_id.is_none());
     let pick = |f: &dyn Fn(&BindingConfig) -> Option<String>| {

@@ -26,13 +26,14 @@ use lemon_core::secrets::SecretStore;
 use lemon_core::store::StoreHandle;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::api::BotApi;
 use super::config::TelegramConfig;
-use super::inbound::{self, Inbound, COMMANDS, TRANSPORT_ID};
 use super::config::TelegramConfigError;
+use super::inbound::{self, Inbound, COMMANDS, TRANSPORT_ID};
 use super::outbox::{BotSender, DeliveryError, OutboxConfig, OutboxHandle};
 use super::render::{ProgressRenderer, ResumeFormat};
 use super::types::{
@@ -73,7 +74,11 @@ impl std::fmt::Debug for TelegramTransport {
 impl TelegramTransport {
     /// `bound_chats` are the chat ids bound to this transport (for
     /// `deny_unbound_chats`).
-    pub fn new(config: TelegramConfig, secrets: Arc<SecretStore>, bound_chats: Vec<String>) -> Self {
+    pub fn new(
+        config: TelegramConfig,
+        secrets: Arc<SecretStore>,
+        bound_chats: Vec<String>,
+    ) -> Self {
         TelegramTransport { config, secrets, bound_chats }
     }
 }
@@ -142,7 +147,7 @@ impl Transport for TelegramTransport {
             store: ctx.store.clone(),
             tracker: ctx.tracker.clone(),
             shutdown: stop.clone(),
-            progress: Mutex::new(HashMap::new()),
+            progress: ProgressIndex::default(),
         });
         bot.recover_deliveries().await;
         ctx.status.running(Some(format!("@{}", bot.username)));
@@ -184,8 +189,7 @@ struct Bot {
     store: StoreHandle,
     tracker: TaskTracker,
     shutdown: CancellationToken,
-    /// (chat, progress message) → the run it shows, for `/cancel` replies.
-    progress: Mutex<HashMap<(i64, i64), RunId>>,
+    progress: ProgressIndex,
 }
 
 fn now_ms() -> i64 {
@@ -198,7 +202,9 @@ impl Bot {
         let mut offset = match self.store.kv_get(OFFSET_NS, &bot_key, now_ms()).await {
             Ok(value) => value.and_then(|v| v.as_i64()),
             Err(error) => {
-                return Err(TransportError::retryable(format!("could not read the offset: {error}")))
+                return Err(TransportError::retryable(format!(
+                    "could not read the offset: {error}"
+                )))
             }
         };
         let mut failures = 0u32;
@@ -245,7 +251,8 @@ impl Bot {
         if !self.config.chat_allowed(chat_id) {
             return false;
         }
-        !self.config.deny_unbound_chats || self.bound_chats.iter().any(|c| *c == chat_id.to_string())
+        !self.config.deny_unbound_chats
+            || self.bound_chats.iter().any(|c| *c == chat_id.to_string())
     }
 
     async fn handle(self: &Arc<Self>, message: Option<Message>) {
@@ -262,7 +269,7 @@ impl Bot {
             Inbound::Unsupported => self.reply_soon(&message, UNSUPPORTED_REPLY.to_owned()),
             Inbound::Text(text) => {
                 if parse_slash_command(&text) == Some(SlashCommand::Cancel) {
-                    if let Some(run_id) = self.replied_progress(&message) {
+                    if let Some(run_id) = self.replied_progress(&message).await {
                         self.cancel_run(&message, &run_id).await;
                         return;
                     }
@@ -273,10 +280,12 @@ impl Bot {
     }
 
     /// The run whose progress message `message` replies to.
-    fn replied_progress(&self, message: &Message) -> Option<RunId> {
+    async fn replied_progress(&self, message: &Message) -> Option<RunId> {
         let replied = message.reply_to_message.as_ref()?;
-        let progress = self.progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        progress.get(&(message.chat.id, replied.message_id)).cloned()
+        if replied.from.as_ref().is_none_or(|from| from.id != self.me.id) {
+            return None;
+        }
+        self.progress.lookup(message.chat.id, replied.message_id).await
     }
 
     async fn cancel_run(self: &Arc<Self>, message: &Message, run_id: &RunId) {
@@ -373,8 +382,10 @@ impl Bot {
     fn reply_soon(self: &Arc<Self>, message: &Message, text: String) {
         let mut send = SendMessage::new(message.chat.id, FormattedText::plain(text));
         send.message_thread_id = inbound::topic_of(message);
-        send.reply_parameters =
-            Some(ReplyParameters { message_id: message.message_id, allow_sending_without_reply: true });
+        send.reply_parameters = Some(ReplyParameters {
+            message_id: message.message_id,
+            allow_sending_without_reply: true,
+        });
         let outbox = self.outbox.clone();
         self.tracker.spawn(async move {
             if let Err(error) = outbox.send(send).await {
@@ -405,6 +416,7 @@ impl Bot {
             }
         }
         if completion.is_none() && delivery.progress_message_id.is_none() {
+            let _sending = self.progress.sending(delivery.chat_id);
             let mut send = SendMessage::new(delivery.chat_id, renderer.progress());
             send.message_thread_id = delivery.thread_id;
             send.reply_parameters = Some(ReplyParameters {
@@ -414,6 +426,7 @@ impl Bot {
             match self.outbox.send(send).await {
                 Ok(sent) => {
                     delivery.progress_message_id = Some(sent.message_id);
+                    self.progress.insert(delivery.chat_id, sent.message_id, &run_id);
                     self.save(&delivery).await;
                 }
                 Err(DeliveryError::ShuttingDown) => return,
@@ -421,8 +434,7 @@ impl Bot {
             }
         }
         if let Some(progress) = delivery.progress_message_id {
-            let mut map = self.progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            map.insert((delivery.chat_id, progress), run_id.clone());
+            self.progress.insert(delivery.chat_id, progress, &run_id);
         }
         let completion = match completion {
             Some(completion) => completion,
@@ -496,8 +508,7 @@ impl Bot {
     ) {
         let (progress, answer) = final_output(&renderer, &completion, started);
         if let Some(message_id) = delivery.progress_message_id {
-            let map_key = (delivery.chat_id, message_id);
-            self.progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&map_key);
+            self.progress.remove(delivery.chat_id, message_id);
             let _ = self.outbox.edit(delivery.chat_id, message_id, progress).await;
         }
         for (index, text) in answer.into_iter().enumerate().skip(delivery.sent) {
@@ -556,6 +567,87 @@ impl Bot {
                     self.tracker.spawn(async move { bot.follow(delivery, events, false).await });
                 }
             }
+        }
+    }
+}
+
+/// Which run each progress message shows, for `/cancel` replies.
+///
+/// A progress message being sent is counted per chat until its id is known, so
+/// a reply that arrives while the send's answer is still on its way waits for it
+/// instead of missing it.
+#[derive(Debug, Default)]
+struct ProgressIndex {
+    state: Mutex<ProgressState>,
+    changed: Notify,
+}
+
+#[derive(Debug, Default)]
+struct ProgressState {
+    /// (chat, progress message) → run.
+    shown: HashMap<(i64, i64), RunId>,
+    /// Chat → progress messages being sent.
+    sending: HashMap<i64, usize>,
+}
+
+/// Counts one progress message being sent; dropped once its id is indexed (or it failed).
+struct Sending<'a> {
+    index: &'a ProgressIndex,
+    chat_id: i64,
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        let mut state = self.index.lock();
+        if let Some(n) = state.sending.get_mut(&self.chat_id) {
+            *n -= 1;
+            if *n == 0 {
+                state.sending.remove(&self.chat_id);
+            }
+        }
+        drop(state);
+        self.index.changed.notify_waiters();
+    }
+}
+
+impl ProgressIndex {
+    /// How long a `/cancel` reply waits for a progress message still being sent.
+    const PATIENCE: Duration = Duration::from_secs(30);
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProgressState> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn sending(&self, chat_id: i64) -> Sending<'_> {
+        *self.lock().sending.entry(chat_id).or_default() += 1;
+        Sending { index: self, chat_id }
+    }
+
+    fn insert(&self, chat_id: i64, message_id: i64, run_id: &RunId) {
+        self.lock().shown.insert((chat_id, message_id), run_id.clone());
+        self.changed.notify_waiters();
+    }
+
+    fn remove(&self, chat_id: i64, message_id: i64) {
+        self.lock().shown.remove(&(chat_id, message_id));
+    }
+
+    async fn lookup(&self, chat_id: i64, message_id: i64) -> Option<RunId> {
+        let deadline = tokio::time::Instant::now() + Self::PATIENCE;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let state = self.lock();
+                if let Some(run_id) = state.shown.get(&(chat_id, message_id)) {
+                    return Some(run_id.clone());
+                }
+                if !state.sending.contains_key(&chat_id) {
+                    return None;
+                }
+            }
+            tokio::time::timeout_at(deadline, changed).await.ok()?;
         }
     }
 }

@@ -96,9 +96,11 @@ pub fn channel_ref(message: &Message) -> ChannelRef {
 }
 
 /// The run id of a message: the same message always gets the same id, so a
-/// message seen twice (a restart before its offset was saved) is one run.
+/// message seen twice (a restart before its offset was saved) is one run. Only
+/// letters, digits, `_` and `-`, so engines that use the run id as their resume
+/// token (echo) give a resume line that can be pasted back.
 pub fn run_id(bot_id: i64, message: &Message) -> RunId {
-    let raw = format!("{TRANSPORT_ID}:{bot_id}:{}:{}", message.chat.id, message.message_id);
+    let raw = format!("tg_{bot_id}_{}_{}", message.chat.id, message.message_id);
     RunId::parse(&raw).unwrap_or_else(RunId::generate)
 }
 
@@ -181,7 +183,7 @@ mod tests {
     fn the_same_message_always_gets_the_same_run_id() {
         let m = message("supergroup", -1005, Some("hi"));
         assert_eq!(run_id(9, &m), run_id(9, &m));
-        assert_eq!(run_id(9, &m).as_str(), "telegram:9:-1005:7");
+        assert_eq!(run_id(9, &m).as_str(), "tg_9_-1005_7");
         assert_ne!(run_id(8, &m), run_id(9, &m));
     }
 }

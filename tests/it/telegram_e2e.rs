@@ -1,0 +1,349 @@
+//! Telegram end to end: the real gateway binary polling a fake Bot API server
+//! in this process, with the echo engine and the fake Claude Code CLI.
+
+use std::time::Duration;
+
+use lemon_tests::fake_telegram::{BotMessage, ChatSpec, FakeTelegram, Fault, Snapshot};
+use serde_json::{json, Value};
+
+use crate::support::{home_with, Gateway, PATIENCE};
+
+const BOT_TOKEN: &str = "424242:test-bot-token-5f1e";
+const BOT_ID: i64 = 424_242;
+const BOT_NAME: &str = "lemon_test_bot";
+const USER: i64 = 1001;
+
+async fn fake_telegram() -> FakeTelegram {
+    FakeTelegram::start(&[(BOT_TOKEN, BOT_ID, BOT_NAME)]).await
+}
+
+/// A config with the bot enabled against `fake`, plus `extra` TOML.
+fn config(fake: &FakeTelegram, telegram_extra: &str, extra: &str) -> String {
+    format!(
+        "[gateway]\nenable_telegram = true\n{extra}\n\
+         [gateway.telegram]\nbot_token = \"{BOT_TOKEN}\"\napi_base_url = \"{}\"\npoll_timeout_s = 5\n{telegram_extra}\n",
+        fake.base_url()
+    )
+}
+
+fn echo_delay(ms: u64) -> String {
+    format!("[gateway.engines.echo]\ndelay_ms = {ms}\n")
+}
+
+/// Starts the gateway and waits until the bot registered its commands (it polls next).
+async fn start(fake: &FakeTelegram, config: &str) -> Gateway {
+    let gateway = Gateway::start(config).await;
+    fake.wait_until("the bot's commands", PATIENCE, |s| s.commands().len() == 4).await;
+    gateway
+}
+
+/// The bot's message in `chat` that replies to `message_id` with text containing `needle`.
+fn reply_containing<'a>(
+    s: &Snapshot<'a>,
+    chat: i64,
+    message_id: i64,
+    needle: &str,
+) -> Option<&'a BotMessage> {
+    s.messages(chat).into_iter().find(|m| m.reply_to == Some(message_id) && m.text.contains(needle))
+}
+
+async fn wait_for_reply(
+    fake: &FakeTelegram,
+    chat: i64,
+    message_id: i64,
+    needle: &str,
+) -> BotMessage {
+    let what = format!("a reply to message {message_id} in chat {chat} containing {needle:?}");
+    fake.wait_until(&what, PATIENCE, |s| reply_containing(s, chat, message_id, needle).is_some())
+        .await;
+    fake.snapshot(|s| reply_containing(s, chat, message_id, needle).cloned()).expect("found")
+}
+
+fn assert_no_flood(fake: &FakeTelegram) {
+    let violations = fake.violations();
+    assert!(
+        violations.is_empty(),
+        "flood limits broken: {violations:?}\n{}",
+        fake.describe_calls()
+    );
+}
+
+fn code_entities(message: &BotMessage) -> Vec<String> {
+    let units: Vec<u16> = message.text.encode_utf16().collect();
+    message
+        .entities
+        .iter()
+        .filter(|e| e.kind == "code")
+        .map(|e| String::from_utf16_lossy(&units[e.offset..e.offset + e.length]))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_message_shows_progress_edits_then_the_answer_with_its_resume_line() {
+    let fake = fake_telegram().await;
+    let fixture =
+        format!("{}/fixtures/cli/claude/synth_tool_use_success.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let claude = format!(
+        "[gateway.engines.claude]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{fixture}\", FAKE_CLI_LINE_DELAY_MS = \"700\" }}\n",
+        env!("CARGO_BIN_EXE_fake-cli")
+    );
+    let gateway = start(&fake, &config(&fake, "engine = \"claude\"", &claude)).await;
+    let commands: Vec<String> = fake.commands().into_iter().map(|c| c.command).collect();
+    assert_eq!(commands, ["cancel", "new", "status", "engine"]);
+
+    let chat = ChatSpec::private(USER);
+    let asked = fake.inject_text(&chat, USER, "how many tests?");
+    let answer = wait_for_reply(&fake, USER, asked.message_id, "There are 2 test files.").await;
+    assert_eq!(
+        code_entities(&answer),
+        ["claude --resume 5b1c7a52-8f0e-4d7b-9c1a-2f3e4d5c6b7a"],
+        "the resume line is code: {answer:?}"
+    );
+
+    let progress = fake
+        .messages(USER)
+        .into_iter()
+        .find(|m| m.reply_to == Some(asked.message_id) && m.message_id != answer.message_id)
+        .expect("a progress message");
+    // The answer goes ahead of the last progress edit, which follows within the chat's pace.
+    fake.wait_until("the progress message says done", PATIENCE, |s| {
+        s.message(USER, progress.message_id).is_some_and(|m| m.text.starts_with("Done."))
+    })
+    .await;
+    let progress = fake.snapshot(|s| s.message(USER, progress.message_id).cloned()).unwrap();
+    assert!(progress.versions[0].starts_with("Running…"), "{:?}", progress.versions);
+    assert!(progress.edits >= 2, "progress was edited as the run went: {:?}", progress.versions);
+    assert!(
+        progress
+            .versions
+            .iter()
+            .any(|v| v.contains("read: `/home/dev/proj/test/a_test.exs`: running")),
+        "an action is shown while it runs: {:?}",
+        progress.versions
+    );
+    let last = progress.versions.last().unwrap();
+    assert!(last.starts_with("Done."), "{last}");
+    assert!(progress.sent_at < answer.sent_at);
+    assert_no_flood(&fake);
+
+    let runs = gateway.get("/v1/runs").send().await.unwrap().json::<Value>().await.unwrap();
+    let run = &runs["runs"][0];
+    assert_eq!(run["session_key"], format!("agent:default:telegram:{BOT_ID}:dm:{USER}"));
+    assert_eq!(run["engine"], "claude");
+}
+
+#[tokio::test]
+async fn ten_chats_at_once_stay_within_telegrams_limits() {
+    let fake = fake_telegram().await;
+    let _gateway = start(&fake, &config(&fake, "", &echo_delay(120))).await;
+    let mut asked = Vec::new();
+    for n in 0..10i64 {
+        let chat = if n % 2 == 0 {
+            ChatSpec::private(2000 + n)
+        } else {
+            ChatSpec::supergroup(-100_000 - n)
+        };
+        let text = format!("chat {n} says one two three four five six seven eight");
+        let message = fake.inject_text(&chat, 2000 + n, &text);
+        asked.push((chat.id, message.message_id, text));
+    }
+    for (chat, message_id, text) in &asked {
+        let answer = wait_for_reply(&fake, *chat, *message_id, text).await;
+        assert!(answer.text.starts_with(text.as_str()), "{}", answer.text);
+    }
+    assert_no_flood(&fake);
+}
+
+#[tokio::test]
+async fn a_429_is_waited_out_and_the_answer_still_arrives() {
+    let fake = fake_telegram().await;
+    let _gateway = start(&fake, &config(&fake, "", "")).await;
+    fake.fail_next("sendMessage", Fault::RetryAfter(2));
+    let asked = fake.inject_text(&ChatSpec::private(USER), USER, "patience pays");
+    wait_for_reply(&fake, USER, asked.message_id, "patience pays").await;
+    let sends: Vec<_> =
+        fake.calls().into_iter().filter(|c| c.method == "sendMessage").collect::<Vec<_>>();
+    let refused = sends.iter().position(|c| c.status == Some(429)).expect("one send got 429");
+    let retried = &sends[refused + 1];
+    assert_eq!(retried.status, Some(200));
+    assert!(
+        retried.at.duration_since(sends[refused].at) >= Duration::from_secs(2),
+        "the retry waited retry_after: {}",
+        fake.describe_calls()
+    );
+    assert_no_flood(&fake);
+}
+
+#[tokio::test]
+async fn a_long_answer_is_split_at_paragraphs_and_code_blocks_stay_whole() {
+    let fake = fake_telegram().await;
+    let _gateway = start(&fake, &config(&fake, "", "")).await;
+    let paragraph = "Lorem ipsum dolor sit amet, consectetur adipiscing elit. ".repeat(20);
+    let code: String = (0..120).map(|i| format!("let value_{i} = {i} * 2;\n")).collect();
+    let prompt = format!("{paragraph}\n\n```rust\n{code}```\n\n{paragraph}\n\nThe end.");
+    assert!(prompt.encode_utf16().count() > 4096);
+    let asked = fake.inject_text(&ChatSpec::private(USER), USER, &prompt);
+    wait_for_reply(&fake, USER, asked.message_id, "Lorem").await;
+    fake.wait_until("the last part of the answer", PATIENCE, |s| {
+        s.messages(USER).iter().any(|m| m.text.contains("The end."))
+    })
+    .await;
+    let parts: Vec<BotMessage> = fake.messages(USER);
+    assert!(parts.len() >= 2, "split into several messages: {}", parts.len());
+    let mut shown = String::new();
+    for part in &parts {
+        assert!(part.text.encode_utf16().count() <= 4096);
+        // The code is sent as `pre` entities, the fences themselves are gone.
+        assert!(!part.text.contains("```"), "no fence left visible: {}", part.text);
+        shown.push_str(&part.text);
+    }
+    for i in 0..120 {
+        assert!(shown.contains(&format!("let value_{i} = {i} * 2;")), "line {i} delivered");
+    }
+    let pre: usize =
+        parts.iter().map(|p| p.entities.iter().filter(|e| e.kind == "pre").count()).sum();
+    assert!(pre >= 1, "the code block is formatted as code");
+    assert_no_flood(&fake);
+}
+
+#[tokio::test]
+async fn cancel_ends_a_slow_run_also_as_a_reply_to_its_progress_message() {
+    let fake = fake_telegram().await;
+    let _gateway = start(&fake, &config(&fake, "", &echo_delay(1_000))).await;
+    let chat = ChatSpec::private(USER);
+    let slow = "one two three four five six seven eight nine ten ".repeat(6);
+
+    let first = fake.inject_text(&chat, USER, &slow);
+    let progress = wait_for_reply(&fake, USER, first.message_id, "Running").await;
+    let cancel = fake.inject_text(&chat, USER, "/cancel");
+    wait_for_reply(&fake, USER, cancel.message_id, "").await;
+    fake.wait_until("the progress message says cancelled", PATIENCE, |s| {
+        s.message(USER, progress.message_id).is_some_and(|m| m.text.starts_with("Cancelled."))
+    })
+    .await;
+
+    let second = fake.inject_text(&chat, USER, &slow);
+    let progress = wait_for_reply(&fake, USER, second.message_id, "Running").await;
+    let cancel = fake.inject_reply(&chat, USER, "/cancel", progress.message_id);
+    wait_for_reply(&fake, USER, cancel.message_id, "Cancelling.").await;
+    fake.wait_until("the second progress message says cancelled", PATIENCE, |s| {
+        s.message(USER, progress.message_id).is_some_and(|m| m.text.starts_with("Cancelled."))
+    })
+    .await;
+    assert_no_flood(&fake);
+}
+
+#[tokio::test]
+async fn a_restart_neither_repeats_nor_loses_a_message() {
+    let fake = fake_telegram().await;
+    let home = home_with(&config(&fake, "", ""));
+    let gateway = Gateway::start_in(home.path()).await;
+    let chat = ChatSpec::private(USER);
+    let first = fake.inject_text(&chat, USER, "before the restart");
+    wait_for_reply(&fake, USER, first.message_id, "before the restart").await;
+    assert!(gateway.terminate().await.success());
+
+    // Written while the gateway is down: picked up after the restart, once.
+    let second = fake.inject_text(&chat, USER, "while it was down");
+    let gateway = Gateway::start_in(home.path()).await;
+    wait_for_reply(&fake, USER, second.message_id, "while it was down").await;
+    let third = fake.inject_text(&chat, USER, "after the restart");
+    wait_for_reply(&fake, USER, third.message_id, "after the restart").await;
+
+    let answers_to =
+        |id: i64| fake.messages(USER).iter().filter(|m| m.reply_to == Some(id)).count();
+    assert_eq!(answers_to(first.message_id), 1, "{}", fake.describe_calls());
+    assert_eq!(answers_to(second.message_id), 1);
+    assert_eq!(answers_to(third.message_id), 1);
+    let runs = gateway.get("/v1/runs").send().await.unwrap().json::<Value>().await.unwrap();
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 3, "{runs}");
+    assert!(fake.confirmed_offset() > third.update_id - 1);
+}
+
+#[tokio::test]
+async fn a_wrong_token_is_reported_and_the_gateway_keeps_serving() {
+    let fake = fake_telegram().await;
+    let config = config(&fake, "", "").replace(BOT_TOKEN, "999:not-the-right-token");
+    let gateway = Gateway::start(&config).await;
+    let status = gateway.status().await;
+    let telegram = &status["transports"]["telegram"];
+    assert_eq!(telegram["state"], "failing", "{status}");
+    assert!(telegram["reason"].as_str().unwrap().contains("token"), "{telegram}");
+    assert!(!status.to_string().contains("not-the-right-token"));
+    let run_id = gateway.submit(json!({ "prompt": "still here" })).await;
+    assert_eq!(gateway.wait(&run_id).await["answer"], "still here");
+}
+
+#[tokio::test]
+async fn only_allowed_chats_get_runs_and_photos_get_a_notice() {
+    let fake = fake_telegram().await;
+    let _gateway = start(&fake, &config(&fake, &format!("allowed_chat_ids = [{USER}]"), "")).await;
+    let stranger = ChatSpec::private(666);
+    let chat = ChatSpec::private(USER);
+    fake.inject_text(&stranger, 666, "let me in");
+    let photo = fake.inject_photo(&chat, USER, Some("look"));
+    wait_for_reply(&fake, USER, photo.message_id, "Only text messages are supported yet.").await;
+    // Updates are handled in order: once this one is answered, the stranger's was handled.
+    let asked = fake.inject_text(&chat, USER, "am I allowed");
+    wait_for_reply(&fake, USER, asked.message_id, "am I allowed").await;
+    assert!(fake.messages(666).is_empty(), "the stranger got nothing");
+}
+
+#[tokio::test]
+async fn forum_topics_are_separate_conversations() {
+    let fake = fake_telegram().await;
+    let gateway = start(&fake, &config(&fake, "", "")).await;
+    let group = -100_777;
+    let topic_a = ChatSpec::forum_topic(group, 5);
+    let topic_b = ChatSpec::forum_topic(group, 7);
+    let in_a = fake.inject_text(&topic_a, USER, "hello topic five");
+    let in_b = fake.inject_text(&topic_b, USER, "hello topic seven");
+    let answer_a = wait_for_reply(&fake, group, in_a.message_id, "hello topic five").await;
+    let answer_b = wait_for_reply(&fake, group, in_b.message_id, "hello topic seven").await;
+    assert_eq!(answer_a.message_thread_id, Some(5));
+    assert_eq!(answer_b.message_thread_id, Some(7));
+    let runs = gateway.get("/v1/runs").send().await.unwrap().json::<Value>().await.unwrap();
+    let mut keys: Vec<String> = runs["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["session_key"].as_str().unwrap().to_owned())
+        .collect();
+    keys.sort();
+    let key = |topic: i64| format!("agent:default:telegram:{BOT_ID}:group:{group}:thread:{topic}");
+    assert_eq!(keys, [key(5), key(7)]);
+    assert_no_flood(&fake);
+}
+
+#[tokio::test]
+async fn a_reply_to_an_answer_continues_the_session_its_resume_line_names() {
+    let fake = fake_telegram().await;
+    let args = tempfile::NamedTempFile::new().unwrap();
+    let fixture =
+        format!("{}/fixtures/cli/claude/synth_tool_use_success.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let claude = format!(
+        "[gateway.engines.claude]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{fixture}\", FAKE_CLI_ARGS_FILE = \"{}\" }}\n",
+        env!("CARGO_BIN_EXE_fake-cli"),
+        args.path().display()
+    );
+    let _gateway = start(&fake, &config(&fake, "engine = \"claude\"", &claude)).await;
+    let chat = ChatSpec::private(USER);
+    let argv = || -> Vec<String> {
+        let text = std::fs::read_to_string(args.path()).unwrap();
+        let first: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        first["argv"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect()
+    };
+
+    let first = fake.inject_text(&chat, USER, "how many tests?");
+    let answer = wait_for_reply(&fake, USER, first.message_id, "There are 2 test files.").await;
+    assert!(!argv().contains(&"--resume".to_owned()), "a new chat starts fresh: {:?}", argv());
+    let new = fake.inject_text(&chat, USER, "/new");
+    wait_for_reply(&fake, USER, new.message_id, "").await;
+
+    let follow_up = fake.inject_reply(&chat, USER, "and how many pass?", answer.message_id);
+    wait_for_reply(&fake, USER, follow_up.message_id, "There are 2 test files.").await;
+    let argv = argv();
+    let at = argv.iter().position(|a| a == "--resume").expect("resumed");
+    assert_eq!(argv[at + 1], "5b1c7a52-8f0e-4d7b-9c1a-2f3e4d5c6b7a", "{argv:?}");
+    assert_no_flood(&fake);
+}
