@@ -428,6 +428,11 @@ impl Bot {
                     delivery.progress_message_id = Some(sent.message_id);
                     self.progress.insert(delivery.chat_id, sent.message_id, &run_id);
                     self.save(&delivery).await;
+                    // Durable now, so a crash leaves no progress message saying
+                    // "Running…" forever: the next start finishes it.
+                    if let Err(error) = self.store.flush().await {
+                        tracing::warn!(%error, "progress message id not saved");
+                    }
                 }
                 Err(DeliveryError::ShuttingDown) => return,
                 Err(error) => tracing::warn!(%error, run_id = %run_id, "progress message not sent"),
@@ -465,6 +470,10 @@ impl Bot {
                 }
             },
         };
+        // The events may have been skipped (a slow follower); the store knows.
+        if !started {
+            started = self.stored_completion(&run_id).await.is_some_and(|(_, started)| started);
+        }
         self.finish(delivery, renderer, completion, started).await;
     }
 

@@ -78,6 +78,9 @@ pub struct OutboxConfig {
     pub shutdown_grace: Duration,
     /// Requests the handle channel holds before callers wait.
     pub queue_capacity: usize,
+    /// No call in the first moments after the start: a restarted gateway does
+    /// not know when the previous process last wrote to a chat.
+    pub quiet_start: Duration,
 }
 
 impl Default for OutboxConfig {
@@ -94,6 +97,7 @@ impl Default for OutboxConfig {
             backoff_max: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(5),
             queue_capacity: 256,
+            quiet_start: Duration::from_secs(1),
         }
     }
 }
@@ -192,6 +196,7 @@ impl OutboxHandle {
     ) -> Self {
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         let counters = Arc::new(Counters::default());
+        let quiet_start = config.quiet_start;
         let outbox = Outbox {
             rx,
             sender,
@@ -204,6 +209,7 @@ impl OutboxHandle {
             migrated: HashMap::new(),
             in_flight: FuturesUnordered::new(),
             next_cleanup: Instant::now() + CLEANUP_EVERY,
+            quiet_until: Instant::now() + quiet_start,
         };
         tracker.spawn(outbox.run());
         OutboxHandle { tx, counters }
@@ -337,13 +343,13 @@ struct ChatQueue {
 }
 
 impl ChatQueue {
-    fn new(now: Instant) -> Self {
+    fn new(now: Instant, not_before: Instant) -> Self {
         ChatQueue {
             sends: VecDeque::new(),
             edit_order: VecDeque::new(),
             edits: HashMap::new(),
             in_flight: None,
-            not_before: now,
+            not_before: not_before.max(now),
             recent_calls: VecDeque::new(),
             shown: VecDeque::new(),
             in_ring: false,
@@ -488,6 +494,8 @@ struct Outbox {
     /// so cancelled) when the outbox stops.
     in_flight: FuturesUnordered<CallFuture>,
     next_cleanup: Instant,
+    /// No chat gets a call before this (see [`OutboxConfig::quiet_start`]).
+    quiet_until: Instant,
 }
 
 impl Outbox {
@@ -515,7 +523,8 @@ impl Outbox {
     }
 
     fn chat(&mut self, chat_id: i64, now: Instant) -> &mut ChatQueue {
-        self.chats.entry(chat_id).or_insert_with(|| ChatQueue::new(now))
+        let quiet_until = self.quiet_until;
+        self.chats.entry(chat_id).or_insert_with(|| ChatQueue::new(now, quiet_until))
     }
 
     /// Puts a chat with work in the ring if it is not there yet.
@@ -539,7 +548,9 @@ impl Outbox {
                 self.enqueue(chat_id);
             }
             OutboxMsg::Edit { chat_id, message_id, text, reply } => {
-                let chat = self.chats.entry(chat_id).or_insert_with(|| ChatQueue::new(now));
+                let quiet_until = self.quiet_until;
+                let chat =
+                    self.chats.entry(chat_id).or_insert_with(|| ChatQueue::new(now, quiet_until));
                 if let Some(pending) = chat.edits.get_mut(&message_id) {
                     pending.text = text;
                     pending.attempts = 0;

@@ -102,11 +102,16 @@ struct Harness {
 }
 
 impl Harness {
+    /// Default limits, but calls may start at once (the quiet start has its own test).
     fn new() -> Self {
         Harness::with_config(OutboxConfig::default())
     }
 
     fn with_config(config: OutboxConfig) -> Self {
+        Harness::with_quiet_start(OutboxConfig { quiet_start: Duration::ZERO, ..config })
+    }
+
+    fn with_quiet_start(config: OutboxConfig) -> Self {
         let bot = Arc::new(FakeBot::default());
         let token = CancellationToken::new();
         let tracker = TaskTracker::new();
@@ -526,4 +531,13 @@ async fn stats_start_at_zero() {
     assert_eq!(h.outbox.stats(), OutboxStats::default());
     h.send(1, "x").await.unwrap();
     assert_eq!(h.outbox.stats(), OutboxStats { n_sent: 1, ..OutboxStats::default() });
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_outbox_waits_a_chat_interval_before_its_first_call() {
+    let h = Harness::with_quiet_start(OutboxConfig::default());
+    h.send(7, "after the restart").await.expect("delivered");
+    let calls = h.bot.calls();
+    assert_eq!(calls.len(), 1);
+    assert!(h.since_start(calls[0].1) >= Duration::from_secs(1), "{calls:?}");
 }
