@@ -294,7 +294,7 @@ async fn an_answer_cut_off_by_a_crash_is_delivered_after_the_restart() {
     assert_eq!(answers.len(), 1, "{}", fake.describe_calls());
     let answer = &answers[0];
     assert!(
-        answer.text.starts_with("Cancelled.") || answer.text.starts_with(slow),
+        answer.text.starts_with("Interrupted.") || answer.text.starts_with(slow),
         "{}",
         answer.text
     );

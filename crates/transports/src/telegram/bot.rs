@@ -683,3 +683,74 @@ fn final_output(
     }
     (renderer.progress(), renderer.final_messages(completion))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use lemon_core::engine::{Completion, ResumeToken, RunError};
+    use lemon_core::ids::RunId;
+
+    use super::{final_output, ProgressIndex, ProgressRenderer};
+
+    fn renderer() -> ProgressRenderer {
+        ProgressRenderer::new(std::sync::Arc::new(|t: &ResumeToken| {
+            format!("`{} resume {}`", t.engine, t.value)
+        }))
+    }
+
+    #[test]
+    fn a_steered_message_gets_a_note_instead_of_a_second_answer() {
+        let done = Completion::success("the answer", None);
+        let (progress, answer) = final_output(&renderer(), &done, false);
+        assert_eq!(progress.text, "Added to the running job.");
+        assert!(answer.is_empty());
+        let merged =
+            Completion::failure(RunError::Cancelled { reason: "merged into r2".into() }, None);
+        let (progress, answer) = final_output(&renderer(), &merged, false);
+        assert_eq!(progress.text, "Added to the next job.");
+        assert!(answer.is_empty());
+    }
+
+    #[test]
+    fn a_run_that_ran_gets_its_answer_and_a_refused_one_its_error() {
+        let done = Completion::success("the answer", None);
+        let (_, answer) = final_output(&renderer(), &done, true);
+        assert_eq!(answer.len(), 1);
+        assert!(answer[0].text.contains("the answer"));
+        let overflow = Completion::failure(RunError::QueueOverflow, None);
+        let (_, answer) = final_output(&renderer(), &overflow, false);
+        assert!(answer[0].text.starts_with("Dropped: too many messages"), "{:?}", answer[0].text);
+        let failed = Completion::failure(RunError::Engine { message: "no disk".into() }, None);
+        let (_, answer) = final_output(&renderer(), &failed, true);
+        assert_eq!(answer[0].text, "Error: no disk");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancel_reply_waits_for_a_progress_message_being_sent() {
+        let index = std::sync::Arc::new(ProgressIndex::default());
+        assert_eq!(index.lookup(1, 10).await, None, "nothing sent, nothing to wait for");
+        let sending = index.sending(1);
+        let waiter = {
+            let index = index.clone();
+            tokio::spawn(async move { index.lookup(1, 10).await })
+        };
+        tokio::task::yield_now().await;
+        let run_id = RunId::parse("run-a").unwrap();
+        index.insert(1, 10, &run_id);
+        drop(sending);
+        assert_eq!(waiter.await.unwrap(), Some(run_id));
+        // Another chat never waits on this one.
+        let _sending = index.sending(1);
+        assert_eq!(index.lookup(2, 10).await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancel_reply_gives_up_when_the_send_takes_too_long() {
+        let index = ProgressIndex::default();
+        let _sending = index.sending(1);
+        let started = tokio::time::Instant::now();
+        assert_eq!(index.lookup(1, 10).await, None);
+        assert!(started.elapsed() >= Duration::from_secs(30));
+    }
+}

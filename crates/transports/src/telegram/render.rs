@@ -14,7 +14,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use lemon_core::bus::{BusEvent, EventKind, RunStatus};
-use lemon_core::engine::{Action, ActionPhase, Completion, ResumeToken};
+use lemon_core::engine::{Action, ActionPhase, Completion, ResumeToken, RunError};
 
 use super::format::{markdown_to_telegram, utf16_len};
 use super::split::split_markdown;
@@ -168,10 +168,12 @@ impl ProgressRenderer {
 
     /// The messages that end the run: the answer split to Telegram's limit with
     /// the resume command after it; `Error: <message>` for a failed run,
-    /// `Cancelled.` for a cancelled one and `Done.` for an empty answer.
+    /// `Cancelled.` (or why it was stopped: interrupted, dropped from a full
+    /// queue, the gateway shutting down) for a cancelled one and `Done.` for an
+    /// empty answer.
     pub fn final_messages(&self, completion: &Completion) -> Vec<FormattedText> {
         let body = match RunStatus::of(completion) {
-            RunStatus::Cancelled => "Cancelled.".to_owned(),
+            RunStatus::Cancelled => cancelled_text(completion.error.as_ref()),
             RunStatus::Failed => match &completion.error {
                 Some(error) => format!("Error: {error}"),
                 None => "Error: the run failed".to_owned(),
@@ -319,3 +321,19 @@ fn trim_outside_entities(mut formatted: FormattedText) -> FormattedText {
 
 #[cfg(test)]
 mod tests;
+
+/// What a user reads when their run was stopped rather than failed.
+fn cancelled_text(error: Option<&RunError>) -> String {
+    match error {
+        Some(RunError::Interrupted) => "Interrupted.".to_owned(),
+        Some(RunError::ShuttingDown) => "Stopped: the gateway shut down.".to_owned(),
+        Some(RunError::QueueOverflow) => {
+            "Dropped: too many messages are waiting in this chat.".to_owned()
+        }
+        Some(RunError::IdleWatchdog) => "Cancelled: the run went quiet for too long.".to_owned(),
+        Some(RunError::Cancelled { reason }) if !reason.trim().is_empty() => {
+            format!("Cancelled: {}.", reason.trim().trim_end_matches('.'))
+        }
+        _ => "Cancelled.".to_owned(),
+    }
+}

@@ -237,8 +237,21 @@ fn a_failed_run_says_error_with_the_message() {
 }
 
 #[test]
-fn a_cancelled_run_says_cancelled() {
-    check_final(&[], &Completion::failure(RunError::Interrupted, None), &["Cancelled."]);
+fn a_stopped_run_says_why() {
+    let stopped = |error| Completion::failure(error, None);
+    check_final(&[], &stopped(RunError::UserRequested), &["Cancelled."]);
+    check_final(&[], &stopped(RunError::Interrupted), &["Interrupted."]);
+    check_final(&[], &stopped(RunError::ShuttingDown), &["Stopped: the gateway shut down."]);
+    check_final(
+        &[],
+        &stopped(RunError::QueueOverflow),
+        &["Dropped: too many messages are waiting in this chat."],
+    );
+    check_final(
+        &[],
+        &stopped(RunError::Cancelled { reason: "stopped by the API".into() }),
+        &["Cancelled: stopped by the API."],
+    );
 }
 
 #[test]
