@@ -240,6 +240,33 @@ pub fn enabled(flag: Option<bool>, section: Option<&toml::Table>) -> bool {
     own.or(flag).unwrap_or(false)
 }
 
+/// A token given inline (`<key> = "…"`) or by the name of a secret
+/// (`<key>_secret = "name"`); the inline value wins when it is not blank.
+///
+/// # Errors
+/// Which key is wrong: `<key>_secret` names a secret that is not set or cannot
+/// be read, neither is given, or the token is blank. Never the value.
+pub fn inline_or_secret(
+    key: &str,
+    inline: Option<&str>,
+    secret: Option<&str>,
+    secrets: &lemon_core::secrets::SecretStore,
+) -> Result<String, String> {
+    let token = match (inline.map(str::trim), secret) {
+        (Some(token), _) if !token.is_empty() => token.to_owned(),
+        (_, Some(name)) => match secrets.get(name) {
+            Ok(Some(value)) => value.expose().trim().to_owned(),
+            Ok(None) => return Err(format!("{key}_secret: secret {name:?} is not set")),
+            Err(err) => return Err(format!("{key}_secret: {err}")),
+        },
+        _ => return Err(format!("{key}: set {key} or {key}_secret")),
+    };
+    if token.is_empty() {
+        return Err(format!("{key}: the token is blank"));
+    }
+    Ok(token)
+}
+
 /// Ids status and config cannot use for a transport.
 pub const RESERVED_TRANSPORT_IDS: [&str; 2] = ["default", "all"];
 

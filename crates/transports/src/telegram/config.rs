@@ -127,23 +127,13 @@ impl TelegramConfig {
     /// # Errors
     /// A secret that is not set or cannot be read; a blank token.
     pub fn resolve_token(&self, secrets: &SecretStore) -> Result<String, TelegramConfigError> {
-        let token = match (&self.bot_token, &self.bot_token_secret) {
-            (Some(token), _) if !token.trim().is_empty() => token.trim().to_owned(),
-            (_, Some(name)) => match secrets.get(name) {
-                Ok(Some(value)) => value.expose().trim().to_owned(),
-                Ok(None) => {
-                    return Err(TelegramConfigError(format!(
-                        "bot_token_secret: secret {name:?} is not set"
-                    )))
-                }
-                Err(err) => return Err(TelegramConfigError(format!("bot_token_secret: {err}"))),
-            },
-            _ => return Err(TelegramConfigError("no bot token".into())),
-        };
-        if token.is_empty() {
-            return Err(TelegramConfigError("the bot token is blank".into()));
-        }
-        Ok(token)
+        crate::transport::inline_or_secret(
+            "bot_token",
+            self.bot_token.as_deref(),
+            self.bot_token_secret.as_deref(),
+            secrets,
+        )
+        .map_err(TelegramConfigError)
     }
 
     /// Whether `chat_id` passes `allowed_chat_ids` (bindings are checked by the caller).
@@ -192,6 +182,21 @@ mod tests {
         assert!(config.chat_allowed(42));
         assert!(config.chat_allowed(-100));
         assert!(!config.chat_allowed(7));
+    }
+
+    #[test]
+    fn the_token_comes_inline_or_from_a_secret_and_errors_never_show_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let env = [("TG_TOKEN".to_owned(), " 77:from-the-env ".to_owned())].into();
+        let secrets = SecretStore::new(env, dir.path().join("secrets.toml"));
+        let inline = parse("bot_token = \"1:inline\"\nbot_token_secret = \"tg_token\"").unwrap();
+        assert_eq!(inline.resolve_token(&secrets).unwrap(), "1:inline");
+        let named = parse("bot_token_secret = \"tg_token\"").unwrap();
+        assert_eq!(named.resolve_token(&secrets).unwrap(), "77:from-the-env");
+        let missing = parse("bot_token_secret = \"other_token\"").unwrap();
+        let err = missing.resolve_token(&secrets).unwrap_err().to_string();
+        assert!(err.contains("bot_token_secret") && err.contains("other_token"), "{err}");
+        assert!(!err.contains("from-the-env"));
     }
 
     #[test]

@@ -257,26 +257,13 @@ impl WebhookConfig {
     ) -> Result<BTreeMap<String, String>, WebhookConfigError> {
         let mut tokens = BTreeMap::new();
         for (id, integration) in &self.integrations {
-            let token = match (&integration.token, &integration.token_secret) {
-                (Some(token), _) if !token.trim().is_empty() => token.trim().to_owned(),
-                (_, Some(name)) => match secrets.get(name) {
-                    Ok(Some(value)) => value.expose().trim().to_owned(),
-                    Ok(None) => {
-                        return Err(WebhookConfigError(format!(
-                            "integrations.{id}.token_secret: secret {name:?} is not set"
-                        )))
-                    }
-                    Err(err) => {
-                        return Err(WebhookConfigError(format!(
-                            "integrations.{id}.token_secret: {err}"
-                        )))
-                    }
-                },
-                _ => return Err(WebhookConfigError(format!("integrations.{id}: no token"))),
-            };
-            if token.is_empty() {
-                return Err(WebhookConfigError(format!("integrations.{id}: the token is blank")));
-            }
+            let token = crate::transport::inline_or_secret(
+                "token",
+                integration.token.as_deref(),
+                integration.token_secret.as_deref(),
+                secrets,
+            )
+            .map_err(|message| WebhookConfigError(format!("integrations.{id}.{message}")))?;
             tokens.insert(id.clone(), token);
         }
         Ok(tokens)
