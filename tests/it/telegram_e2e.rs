@@ -394,3 +394,23 @@ async fn a_reply_to_an_answer_continues_the_session_its_resume_line_names() {
     assert_eq!(argv[at + 1], "5b1c7a52-8f0e-4d7b-9c1a-2f3e4d5c6b7a", "{argv:?}");
     assert_no_flood(&fake);
 }
+
+#[tokio::test]
+async fn a_mistake_in_the_telegram_section_names_file_line_and_column() {
+    let dir = home_with(&format!(
+        "[gateway]\nenable_telegram = true\n[gateway.telegram]\nbot_token = \"{BOT_TOKEN}\"\npoll_timeout = 5\n"
+    ));
+    let output = crate::support::command(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .output();
+    let output = tokio::time::timeout(PATIENCE, output).await.unwrap().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let expected = format!(
+        "{}:5:1: gateway.telegram.poll_timeout: unknown field `poll_timeout`",
+        dir.path().join("config.toml").display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert!(!stderr.contains(BOT_TOKEN), "the token is never printed");
+}

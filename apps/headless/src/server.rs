@@ -169,7 +169,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
 
     // Transports are checked before anything listens: a config mistake stops the
     // start, while a port in use only makes that transport fail (and retry).
-    let registry = transports(&gateway_config, &secrets)?;
+    let registry = transports(&gateway_config, &secrets, &opts.paths.config)?;
     let statuses = registry.statuses().clone();
 
     let api_listener = bind(&gateway_config.api.addr(DEFAULT_API_PORT), "control API").await?;
@@ -234,12 +234,22 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
 fn transports(
     config: &GatewayConfig,
     secrets: &Arc<SecretStore>,
+    config_path: &std::path::Path,
 ) -> anyhow::Result<TransportRegistry> {
     use lemon_transports::{telegram, webhook};
+    // A section's error, placed in the file like every other config error.
+    let located = |section: &str, message: &str| {
+        let text = std::fs::read_to_string(config_path).unwrap_or_default();
+        config::section_error(config_path, &text, &["gateway", section], message)
+    };
     let mut registry = TransportRegistry::default();
-    match webhook::WebhookConfig::from_gateway(config.enable_webhook, config.webhook.as_ref())? {
+    let webhook_config =
+        webhook::WebhookConfig::from_gateway(config.enable_webhook, config.webhook.as_ref())
+            .map_err(|e| located("webhook", &e.0))?;
+    match webhook_config {
         Some(webhook_config) => {
-            let tokens = webhook_config.resolve_tokens(secrets)?;
+            let tokens =
+                webhook_config.resolve_tokens(secrets).map_err(|e| located("webhook", &e.0))?;
             let resolver = Arc::new(webhook::SystemResolver);
             registry.add(Arc::new(webhook::WebhookTransport::new(
                 webhook_config,
@@ -252,7 +262,8 @@ fn transports(
     let telegram_section = config.telegram.as_ref();
     if lemon_transports::transport::enabled(config.enable_telegram, telegram_section) {
         let section = telegram_section.cloned().unwrap_or_default();
-        let telegram_config = telegram::config::TelegramConfig::parse(&section)?;
+        let telegram_config = telegram::config::TelegramConfig::parse(&section)
+            .map_err(|e| located("telegram", &e.0))?;
         let bound_chats = config
             .bindings
             .iter()

@@ -12,7 +12,9 @@
 
 mod loader;
 
-pub use loader::{load_file, load_file_or_default, load_str, ConfigError, LoadedConfig, Position};
+pub use loader::{
+    load_file, load_file_or_default, load_str, section_error, ConfigError, LoadedConfig, Position,
+};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

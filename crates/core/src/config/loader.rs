@@ -165,6 +165,42 @@ fn read_error(path: &Path, e: &std::io::Error) -> ConfigError {
     ConfigError::Read { path: path.to_owned(), message: format!("cannot read config file: {e}") }
 }
 
+/// An error about a section another crate parses (`[gateway.telegram]`, say),
+/// placed in the file: at the first key quoted in `message` (`like_this`) that
+/// the section has (the key itself for an unknown field, else its value), or at
+/// the section's header.
+pub fn section_error(path: &Path, text: &str, section: &[&str], message: &str) -> ConfigError {
+    let mut key = section.join(".");
+    let mut span = None;
+    if let Ok(doc) = ImDocument::parse(text) {
+        let mut table: Option<&dyn TableLike> = Some(doc.as_table());
+        for name in section {
+            let Some((name_key, item)) = table.and_then(|t| t.get_key_value(name)) else {
+                table = None;
+                break;
+            };
+            span = item.span().or_else(|| name_key.span());
+            table = item.as_table_like();
+        }
+        let quoted = message.split('`').skip(1).step_by(2);
+        let found = table.and_then(|t| quoted.into_iter().find_map(|q| t.get_key_value(q)));
+        if let Some((found_key, item)) = found {
+            key = format!("{key}.{}", found_key.get());
+            span = if message.contains("unknown field") {
+                found_key.span().or_else(|| item.span())
+            } else {
+                item.span().or_else(|| found_key.span())
+            };
+        }
+    }
+    ConfigError::Invalid {
+        path: path.to_owned(),
+        at: span.map(|s| Position::of_offset(text, s.start)),
+        key,
+        message: one_line(message),
+    }
+}
+
 /// TOML parser messages span several lines ("invalid string\nexpected …").
 fn one_line(message: &str) -> String {
     message.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")

@@ -431,3 +431,30 @@ fn positions_count_characters_from_one() {
     check("é = 1", 2, 1, 2);
     check("ab", 99, 1, 3);
 }
+
+#[test]
+fn errors_in_sections_other_crates_parse_point_at_the_key() {
+    let text = "[gateway]\nenable_telegram = true\n\n[gateway.telegram]\nbot_token = \"1:a\"\npoll_timeout = 3\npoll_timeout_s = \"x\"\n";
+    let path = std::path::Path::new("/etc/lemon/config.toml");
+    let section = ["gateway", "telegram"];
+    let unknown = super::section_error(
+        path,
+        text,
+        &section,
+        "unknown field `poll_timeout`, expected one of `bot_token`, `poll_timeout_s`",
+    );
+    assert_eq!(
+        unknown.to_string(),
+        "/etc/lemon/config.toml:6:1: gateway.telegram.poll_timeout: unknown field `poll_timeout`, expected one of `bot_token`, `poll_timeout_s`"
+    );
+    let wrong = super::section_error(
+        path,
+        text,
+        &section,
+        "invalid type: string \"x\", expected u64 in `poll_timeout_s`",
+    );
+    assert_eq!(wrong.position(), Some(super::Position { line: 7, column: 18 }));
+    let general = super::section_error(path, text, &section, "set bot_token or bot_token_secret");
+    assert_eq!(general.position(), Some(super::Position { line: 4, column: 1 }));
+    assert!(general.to_string().contains(": gateway.telegram: set bot_token"), "{general}");
+}
