@@ -371,8 +371,23 @@ async fn receive(
             Err(err) => return ApiError::from(err).into_response(),
         },
     };
-    // The key is released when `claim` drops without being recorded.
-    submit(&state, &settings, request, claim).await
+    // The key is released when `claim` drops without being recorded. The rest
+    // runs on its own task: a client that hangs up while its request is being
+    // submitted does not stop the answer from being recorded for its key, so a
+    // retry with that key replays it instead of running again.
+    let task_state = state.clone();
+    let handle = inner.tracker.spawn(async move {
+        let inner = &task_state.inner;
+        let Some(integration) = inner.config.integrations.get(&integration_id) else {
+            return error(StatusCode::NOT_FOUND, "integration not found");
+        };
+        let settings = Resolved::new(&inner.config, &integration_id, integration);
+        submit(&task_state, &settings, request, claim).await
+    });
+    handle.await.unwrap_or_else(|err| {
+        tracing::error!(%err, "webhook request task failed");
+        ApiError::Internal("the request could not be completed".into()).into_response()
+    })
 }
 
 /// A validated request, ready to submit.

@@ -1045,3 +1045,44 @@ fn the_documented_templates_send_text_attachments_and_metadata() {
     let curl = zapier.split("-d '").nth(1).and_then(|rest| rest.split('\'').next()).unwrap();
     check_template("zapier.md (curl)", curl, "files");
 }
+
+#[tokio::test]
+async fn a_client_that_hangs_up_mid_request_still_gets_its_answer_on_retry() {
+    let toml = format!("mode = \"sync\"\n[integrations.zap]\ntoken = \"{TOKEN}\"\n");
+    let hook = TestHook::start(&toml, Duration::from_millis(20), MapResolver::default());
+    let req = || {
+        post("/webhooks/zap")
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("idempotency-key", "hang-up-1")
+            .body(Body::from(r#"{"prompt":"one two three four"}"#))
+            .unwrap()
+    };
+    let mut events = hook.gateway.bus().subscribe_all();
+    let request = tokio::spawn(hook.router().oneshot(req()));
+    within("the run to start", async {
+        while !matches!(events.recv().await.unwrap().kind, EventKind::RunStarted { .. }) {}
+    })
+    .await;
+    // The client hangs up while its run is going.
+    request.abort();
+    within("the run to complete", async {
+        while !matches!(events.recv().await.unwrap().kind, EventKind::RunCompleted { .. }) {}
+    })
+    .await;
+    // The answer is recorded by the request's own task right after the
+    // completion; until then the key is still being processed (409).
+    let (status, body) = within("the recorded answer", async {
+        loop {
+            let (status, body) = hook.send(req()).await;
+            if status != StatusCode::CONFLICT {
+                return (status, body);
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["duplicate"], true, "{body}");
+    assert_eq!(body["answer"], "one two three four");
+    assert_eq!(hook.run_count().await, 1, "the retry did not run again");
+}
