@@ -217,6 +217,10 @@ async fn cancel_ends_a_slow_run_also_as_a_reply_to_its_progress_message() {
 
     let first = fake.inject_text(&chat, USER, &slow);
     let progress = wait_for_reply(&fake, USER, first.message_id, "Running").await;
+    // Commands are answered ahead of the chat's queue, while the run goes on.
+    let status = fake.inject_text(&chat, USER, "/status");
+    let reply = wait_for_reply(&fake, USER, status.message_id, "").await;
+    assert!(reply.text.contains("tg_"), "the status names the running job: {}", reply.text);
     let cancel = fake.inject_text(&chat, USER, "/cancel");
     wait_for_reply(&fake, USER, cancel.message_id, "").await;
     fake.wait_until("the progress message says cancelled", PATIENCE, |s| {
@@ -413,4 +417,27 @@ async fn a_mistake_in_the_telegram_section_names_file_line_and_column() {
     );
     assert!(stderr.contains(&expected), "{stderr}");
     assert!(!stderr.contains(BOT_TOKEN), "the token is never printed");
+}
+
+#[tokio::test]
+async fn bindings_pick_a_chats_engine_and_unbound_chats_can_be_refused() {
+    let fake = fake_telegram().await;
+    let fixture =
+        format!("{}/fixtures/cli/claude/synth_tool_use_success.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let extra = format!(
+        "[gateway.engines.claude]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{fixture}\" }}\n\
+         [[gateway.bindings]]\ntransport = \"telegram\"\nchat_id = {USER}\ndefault_engine = \"claude\"\n",
+        env!("CARGO_BIN_EXE_fake-cli")
+    );
+    let gateway = start(&fake, &config(&fake, "deny_unbound_chats = true", &extra)).await;
+    let stranger = ChatSpec::private(777);
+    fake.inject_text(&stranger, 777, "not bound");
+    let asked = fake.inject_text(&ChatSpec::private(USER), USER, "how many tests?");
+    wait_for_reply(&fake, USER, asked.message_id, "There are 2 test files.").await;
+    // Updates are handled in order, so the unbound chat's message was handled first.
+    assert!(fake.messages(777).is_empty(), "the unbound chat got nothing");
+    let runs = gateway.get("/v1/runs").send().await.unwrap().json::<Value>().await.unwrap();
+    let runs = runs["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0]["engine"], "claude", "the binding's engine");
 }

@@ -39,7 +39,7 @@ use super::render::{ProgressRenderer, ResumeFormat};
 use super::types::{
     BotCommand, FormattedText, Message, ReplyParameters, SendMessage, TelegramError, User,
 };
-use crate::transport::{Transport, TransportContext, TransportError};
+use crate::transport::{StatusHandle, Transport, TransportContext, TransportError, TransportState};
 
 /// Store namespace of the next `getUpdates` offset, keyed by bot id.
 const OFFSET_NS: &str = "telegram.offset";
@@ -148,9 +148,10 @@ impl Transport for TelegramTransport {
             tracker: ctx.tracker.clone(),
             shutdown: stop.clone(),
             progress: ProgressIndex::default(),
+            status: ctx.status.clone(),
         });
         bot.recover_deliveries().await;
-        ctx.status.running(Some(format!("@{}", bot.username)));
+        bot.status.running(Some(bot.detail()));
         tracing::info!(bot = %bot.username, "telegram bot polling");
         let result = bot.poll().await;
         // Followers and the outbox stop with the transport (a restart makes new ones).
@@ -190,6 +191,8 @@ struct Bot {
     tracker: TaskTracker,
     shutdown: CancellationToken,
     progress: ProgressIndex,
+    /// Polling trouble shows as `failing` (with the retry) until a poll succeeds.
+    status: StatusHandle,
 }
 
 fn now_ms() -> i64 {
@@ -215,7 +218,10 @@ impl Bot {
             };
             match polled {
                 Ok(updates) => {
-                    failures = 0;
+                    if failures > 0 {
+                        self.status.running(Some(self.detail()));
+                        failures = 0;
+                    }
                     for update in updates {
                         let id = update.update_id;
                         if offset.is_some_and(|next| id < next) {
@@ -237,7 +243,13 @@ impl Bot {
                         TelegramError::RetryAfter(wait) => *wait,
                         _ => Duration::from_secs(1u64 << failures.min(5)).min(MAX_POLL_BACKOFF),
                     };
-                    tracing::warn!(%error, retry_in_ms = pause.as_millis() as u64, "getUpdates failed");
+                    let retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);
+                    tracing::warn!(%error, retry_in_ms, "getUpdates failed");
+                    self.status.set(TransportState::Failing {
+                        reason: format!("getUpdates failed: {error}"),
+                        attempts: failures,
+                        retry_in_ms: Some(retry_in_ms),
+                    });
                     tokio::select! {
                         () = self.shutdown.cancelled() => return Ok(()),
                         () = tokio::time::sleep(pause) => {}
@@ -245,6 +257,11 @@ impl Bot {
                 }
             }
         }
+    }
+
+    /// What status shows while the bot is serving.
+    fn detail(&self) -> String {
+        format!("@{}", self.username)
     }
 
     fn chat_allowed(&self, chat_id: i64) -> bool {
