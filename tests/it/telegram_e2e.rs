@@ -84,7 +84,7 @@ async fn a_message_shows_progress_edits_then_the_answer_with_its_resume_line() {
     let fixture =
         format!("{}/fixtures/cli/claude/synth_tool_use_success.jsonl", env!("CARGO_MANIFEST_DIR"));
     let claude = format!(
-        "[gateway.engines.claude]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{fixture}\", FAKE_CLI_LINE_DELAY_MS = \"700\" }}\n",
+        "[gateway.engines.claude]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{fixture}\", FAKE_CLI_LINE_DELAY_MS = \"1500\" }}\n",
         env!("CARGO_BIN_EXE_fake-cli")
     );
     let gateway = start(&fake, &config(&fake, "engine = \"claude\"", &claude)).await;

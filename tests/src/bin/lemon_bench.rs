@@ -1,10 +1,11 @@
 //! `lemon-bench`: the gateway's speed and memory, one JSON object per scenario.
 //!
 //! ```text
-//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|latency|conversations|startup]…
+//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|latency|conversations|startup|telegram]…
 //! ```
 //! No argument runs them all. Figures are measured in this process on the echo
-//! engine; `startup` starts the real `lemon-gateway` binary next to this one.
+//! engine; `startup` and `telegram` start the real `lemon-gateway` binary next to
+//! this one (`telegram` against a fake Bot API served from this process).
 
 // The benchmark reports on stdout and starts the server binary it measures.
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::disallowed_methods)]
@@ -248,18 +249,13 @@ async fn conversations(n: usize) -> anyhow::Result<serde_json::Value> {
     }))
 }
 
-async fn startup() -> anyhow::Result<serde_json::Value> {
+/// Starts the real server binary on `home` and waits for its ready line.
+async fn spawn_server(home: &std::path::Path) -> anyhow::Result<(tokio::process::Child, String)> {
     let exe = std::env::current_exe()?;
     let server = exe.with_file_name("lemon-gateway");
     anyhow::ensure!(server.exists(), "build the server first: {} is missing", server.display());
-    let home = tempfile::tempdir()?;
-    std::fs::write(
-        home.path().join("config.toml"),
-        "[gateway.api]\nport = 0\n[gateway.health]\nport = 0\n",
-    )?;
-    let began = Instant::now();
     let mut child = tokio::process::Command::new(&server)
-        .env("LEMON_HOME", home.path())
+        .env("LEMON_HOME", home)
         .env("LEMON_API_TOKEN", "bench-token")
         .env("LEMON_LOG", "warn")
         .stdout(std::process::Stdio::piped())
@@ -277,6 +273,17 @@ async fn startup() -> anyhow::Result<serde_json::Value> {
             break line;
         }
     };
+    Ok((child, ready))
+}
+
+async fn startup() -> anyhow::Result<serde_json::Value> {
+    let home = tempfile::tempdir()?;
+    std::fs::write(
+        home.path().join("config.toml"),
+        "[gateway.api]\nport = 0\n[gateway.health]\nport = 0\n",
+    )?;
+    let began = Instant::now();
+    let (mut child, ready) = spawn_server(home.path()).await?;
     let health = ready
         .split_whitespace()
         .find_map(|w| w.strip_prefix("health="))
@@ -307,6 +314,77 @@ async fn startup() -> anyhow::Result<serde_json::Value> {
     }))
 }
 
+/// The Telegram bot against a fake Bot API in this process: first the time from
+/// a message to its answer in a quiet chat, then a burst of one message in each
+/// of `chats` chats, paced by the outbox within Telegram's limits.
+async fn telegram(lone: usize, chats: usize) -> anyhow::Result<serde_json::Value> {
+    use lemon_tests::fake_telegram::{ChatSpec, FakeTelegram};
+    let fake = FakeTelegram::start(&[("1:bench-bot-token", 1, "bench_bot")]).await;
+    let home = tempfile::tempdir()?;
+    std::fs::write(
+        home.path().join("config.toml"),
+        format!(
+            "[gateway]\nenable_telegram = true\nmax_concurrent_runs = 64\n\
+             [gateway.api]\nport = 0\n[gateway.health]\nport = 0\n\
+             [gateway.telegram]\nbot_token = \"1:bench-bot-token\"\napi_base_url = \"{}\"\n",
+            fake.base_url()
+        ),
+    )?;
+    let (mut child, _ready) = spawn_server(home.path()).await?;
+    let patience = Duration::from_secs(120);
+    fake.wait_until("the bot to poll", patience, |s| s.waiting_polls() > 0).await;
+    // Past the outbox's quiet start.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let answered = |chat: i64, text: &str| {
+        let text = text.to_owned();
+        move |s: &lemon_tests::fake_telegram::Snapshot<'_>| {
+            s.messages(chat).iter().any(|m| m.text.starts_with(&text))
+        }
+    };
+    let mut latencies = Vec::with_capacity(lone);
+    for n in 0..lone {
+        let chat = 10_000 + n as i64;
+        let text = format!("lone message {n}");
+        let began = Instant::now();
+        fake.inject_text(&ChatSpec::private(chat), chat, &text);
+        fake.wait_until("a lone answer", patience, answered(chat, &text)).await;
+        latencies.push(began.elapsed());
+    }
+    latencies.sort();
+    let calls_before = fake.calls().len();
+    let began = Instant::now();
+    for n in 0..chats {
+        let chat = 20_000 + n as i64;
+        fake.inject_text(&ChatSpec::private(chat), chat, &format!("burst message {n}"));
+    }
+    fake.wait_until("every burst answer", patience, |s| {
+        (0..chats).all(|n| {
+            let chat = 20_000 + n as i64;
+            s.messages(chat).iter().any(|m| m.text.starts_with("burst message"))
+        })
+    })
+    .await;
+    let burst = began.elapsed();
+    let writes = fake.calls()[calls_before..]
+        .iter()
+        .filter(|c| matches!(c.method.as_str(), "sendMessage" | "editMessageText"))
+        .count();
+    child.start_kill()?;
+    let _ = child.wait().await;
+    let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
+    Ok(serde_json::json!({
+        "scenario": "telegram",
+        "lone_messages": lone,
+        "message_to_answer_p50_ms": ms(latencies[lone / 2]),
+        "message_to_answer_max_ms": ms(latencies[lone - 1]),
+        "burst_chats": chats,
+        "burst_seconds": (burst.as_secs_f64() * 100.0).round() / 100.0,
+        "burst_answers_per_second": (chats as f64 / burst.as_secs_f64()).round(),
+        "telegram_writes_per_message": (writes as f64 / chats as f64 * 100.0).round() / 100.0,
+        "flood_limit_violations": fake.violations().len(),
+    }))
+}
+
 async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
     Ok(match name {
         "throughput" => vec![
@@ -318,8 +396,9 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
         "latency" => vec![latency(5_000, 1_000).await?],
         "conversations" => vec![conversations(100_000).await?],
         "startup" => vec![startup().await?],
+        "telegram" => vec![telegram(20, 150).await?],
         other => anyhow::bail!(
-            "unknown scenario {other:?}: use throughput, latency, conversations or startup"
+            "unknown scenario {other:?}: use throughput, latency, conversations, startup or telegram"
         ),
     })
 }
@@ -327,7 +406,9 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
 fn main() -> anyhow::Result<()> {
     let mut names: Vec<String> = std::env::args().skip(1).collect();
     if names.is_empty() {
-        names = ["throughput", "latency", "conversations", "startup"].map(str::to_owned).to_vec();
+        names = ["throughput", "latency", "conversations", "startup", "telegram"]
+            .map(str::to_owned)
+            .to_vec();
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     for name in names {

@@ -417,19 +417,28 @@ impl Bot {
         let mut renderer = ProgressRenderer::new(self.resume_format());
         let mut started = !live;
         let mut completion = None;
-        // Whatever already happened is applied before the progress message goes out,
-        // so a quick run gets no "Running…" at all.
-        while completion.is_none() {
-            match events.try_recv() {
-                Ok(Some(event)) => {
-                    started |= matches!(event.kind, EventKind::RunStarted { .. });
-                    renderer.apply(&event);
-                    if let EventKind::RunCompleted { completion: done, .. } = &event.kind {
-                        completion = Some(done.clone());
+        // A run that ends within `progress_delay_ms` gets no progress message: its
+        // answer is the only message, and it is not held back by the chat's pace.
+        if delivery.progress_message_id.is_none() {
+            let deadline = tokio::time::Instant::now() + self.config.progress_delay();
+            while completion.is_none() {
+                let event = tokio::select! {
+                    () = self.shutdown.cancelled() => return,
+                    () = tokio::time::sleep_until(deadline) => break,
+                    event = events.recv() => event,
+                };
+                match event {
+                    Ok(event) => {
+                        started |= matches!(event.kind, EventKind::RunStarted { .. });
+                        renderer.apply(&event);
+                        if let EventKind::RunCompleted { completion: done, .. } = &event.kind {
+                            completion = Some(done.clone());
+                        }
                     }
+                    Err(RecvError::Lagged(_)) => {}
+                    // The main loop below reads the ending from the store.
+                    Err(RecvError::Closed) => break,
                 }
-                Ok(None) | Err(RecvError::Closed) => break,
-                Err(RecvError::Lagged(_)) => {}
             }
         }
         if completion.is_none() && delivery.progress_message_id.is_none() {

@@ -43,6 +43,9 @@ pub struct TelegramConfig {
     /// How many times a final answer is sent before it is recorded as undelivered.
     #[serde(default = "defaults::delivery_attempts")]
     pub delivery_attempts: u32,
+    /// A run that ends sooner gets no progress message, only its answer.
+    #[serde(default = "defaults::progress_delay_ms")]
+    pub progress_delay_ms: u64,
 }
 
 impl std::fmt::Debug for TelegramConfig {
@@ -59,6 +62,7 @@ impl std::fmt::Debug for TelegramConfig {
             .field("queue_mode", &self.queue_mode)
             .field("engine", &self.engine)
             .field("delivery_attempts", &self.delivery_attempts)
+            .field("progress_delay_ms", &self.progress_delay_ms)
             .finish()
     }
 }
@@ -75,6 +79,9 @@ mod defaults {
     }
     pub(super) fn delivery_attempts() -> u32 {
         10
+    }
+    pub(super) fn progress_delay_ms() -> u64 {
+        1000
     }
 }
 
@@ -120,6 +127,10 @@ impl TelegramConfig {
 
     pub fn poll_timeout(&self) -> Duration {
         Duration::from_secs(self.poll_timeout_s)
+    }
+
+    pub fn progress_delay(&self) -> Duration {
+        Duration::from_millis(self.progress_delay_ms)
     }
 
     /// The bot token: inline, or read from the secret store.
