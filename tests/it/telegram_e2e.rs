@@ -326,12 +326,15 @@ async fn a_wrong_token_is_reported_and_the_gateway_keeps_serving() {
 }
 
 #[tokio::test]
-async fn only_allowed_chats_get_runs_and_photos_get_a_notice() {
+async fn only_allowed_chats_get_runs_start_gets_help_and_photos_get_a_notice() {
     let fake = fake_telegram().await;
     let _gateway = start(&fake, &config(&fake, &format!("allowed_chat_ids = [{USER}]"), "")).await;
     let stranger = ChatSpec::private(666);
     let chat = ChatSpec::private(USER);
     fake.inject_text(&stranger, 666, "let me in");
+    let start = fake.inject_text(&chat, USER, "/start");
+    let help = wait_for_reply(&fake, USER, start.message_id, "/cancel").await;
+    assert!(help.text.contains("/engine"), "{}", help.text);
     let photo = fake.inject_photo(&chat, USER, Some("look"));
     wait_for_reply(&fake, USER, photo.message_id, "Only text messages are supported yet.").await;
     // Updates are handled in order: once this one is answered, the stranger's was handled.

@@ -284,6 +284,7 @@ impl Bot {
         match inbound::classify(&message, &self.username) {
             Inbound::OtherBot => {}
             Inbound::Unsupported => self.reply_soon(&message, UNSUPPORTED_REPLY.to_owned()),
+            Inbound::Text(text) if is_help(&text) => self.reply_soon(&message, help_text()),
             Inbound::Text(text) => {
                 if parse_slash_command(&text) == Some(SlashCommand::Cancel) {
                     if let Some(run_id) = self.replied_progress(&message).await {
@@ -604,6 +605,24 @@ impl Bot {
             }
         }
     }
+}
+
+/// `/start` (what Telegram sends when someone opens the bot) and `/help`.
+fn is_help(text: &str) -> bool {
+    let first = text.split_whitespace().next().unwrap_or_default();
+    first.eq_ignore_ascii_case("/start") || first.eq_ignore_ascii_case("/help")
+}
+
+/// What `/start` and `/help` answer.
+fn help_text() -> String {
+    let mut text = String::from(
+        "Send a message and an agent works on it: a progress message shows what it does, \
+         then the answer comes as a reply. Reply to an answer to continue its session.\n",
+    );
+    for (command, description) in COMMANDS {
+        text.push_str(&format!("\n/{command} — {description}"));
+    }
+    text
 }
 
 /// Which run each progress message shows, for `/cancel` replies.

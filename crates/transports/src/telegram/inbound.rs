@@ -41,8 +41,19 @@ pub fn classify(message: &Message, bot_username: &str) -> Inbound {
     }
 }
 
-/// `/cancel@MyBot args` → `/cancel args`; `None` when the command names another bot.
+/// `/cancel@MyBot args` → `/cancel args` and `@MyBot fix it` → `fix it`; `None`
+/// when the command names another bot.
 fn strip_mention(text: &str, bot_username: &str) -> Option<String> {
+    if let Some(rest) = text.strip_prefix('@') {
+        let name_len =
+            rest.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(rest.len());
+        let (name, after) = rest.split_at(name_len);
+        let after = after.trim_start_matches([',', ':']).trim();
+        if name.eq_ignore_ascii_case(bot_username) && !after.is_empty() {
+            return strip_mention(after, bot_username);
+        }
+        return Some(text.to_owned());
+    }
     if !text.starts_with('/') {
         return Some(text.to_owned());
     }
@@ -167,6 +178,10 @@ mod tests {
         assert_eq!(classify(&with_arg, "LemonBot"), Inbound::Text("/engine claude".into()));
         let other = message("group", -1, Some("/cancel@OtherBot"));
         assert_eq!(classify(&other, "LemonBot"), Inbound::OtherBot);
+        let addressed = message("group", -1, Some("@LemonBot, fix the bug"));
+        assert_eq!(classify(&addressed, "lemonbot"), Inbound::Text("fix the bug".into()));
+        let someone_else = message("group", -1, Some("@alice fix the bug"));
+        assert_eq!(classify(&someone_else, "lemonbot"), Inbound::Text("@alice fix the bug".into()));
         let plain = message("private", 1, Some("  fix the bug @someone  "));
         assert_eq!(classify(&plain, "LemonBot"), Inbound::Text("fix the bug @someone".into()));
     }
