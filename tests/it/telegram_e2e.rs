@@ -444,3 +444,33 @@ async fn bindings_pick_a_chats_engine_and_unbound_chats_can_be_refused() {
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert_eq!(runs[0]["engine"], "claude", "the binding's engine");
 }
+
+#[tokio::test]
+async fn an_answer_telegram_refuses_is_recorded_and_shown_in_status() {
+    let fake = fake_telegram().await;
+    let gateway = start(&fake, &config(&fake, "", "")).await;
+    fake.fail_next(
+        "sendMessage",
+        Fault::Status(403, "Forbidden: bot was blocked by the user".into()),
+    );
+    fake.inject_text(&ChatSpec::private(USER), USER, "are you there");
+    fake.wait_until("the refused answer", PATIENCE, |s| {
+        s.calls_to("sendMessage").iter().any(|c| c.status == Some(403))
+    })
+    .await;
+    // Status is read over HTTP from the other process: asked until it says so.
+    let detail = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let status = gateway.status().await;
+            let detail =
+                status["transports"]["telegram"]["detail"].as_str().unwrap_or("").to_owned();
+            if detail.contains("refused") {
+                return detail;
+            }
+        }
+    })
+    .await
+    .expect("status reports the refused answer");
+    assert_eq!(detail, format!("@{BOT_NAME}; 1 answer Telegram refused (see the log)"));
+    assert_eq!(gateway.status().await["transports"]["telegram"]["state"], "running");
+}

@@ -13,6 +13,7 @@
 //!   Telegram's rate limits.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +46,9 @@ use crate::transport::{StatusHandle, Transport, TransportContext, TransportError
 const OFFSET_NS: &str = "telegram.offset";
 /// Store namespace of answers not yet delivered, keyed by run id.
 const DELIVERY_NS: &str = "telegram.delivery";
+
+/// How long an answer Telegram refused stays on record.
+const FAILED_DELIVERY_TTL_MS: i64 = 7 * 24 * 60 * 60 * 1000;
 
 /// The longest pause between failed polls.
 const MAX_POLL_BACKOFF: Duration = Duration::from_secs(30);
@@ -149,6 +153,7 @@ impl Transport for TelegramTransport {
             shutdown: stop.clone(),
             progress: ProgressIndex::default(),
             status: ctx.status.clone(),
+            undelivered: AtomicUsize::new(0),
         });
         bot.recover_deliveries().await;
         bot.status.running(Some(bot.detail()));
@@ -193,6 +198,8 @@ struct Bot {
     progress: ProgressIndex,
     /// Polling trouble shows as `failing` (with the retry) until a poll succeeds.
     status: StatusHandle,
+    /// Answers given up on (kept in the store for a week), shown in status.
+    undelivered: AtomicUsize,
 }
 
 fn now_ms() -> i64 {
@@ -261,7 +268,11 @@ impl Bot {
 
     /// What status shows while the bot is serving.
     fn detail(&self) -> String {
-        format!("@{}", self.username)
+        match self.undelivered.load(Ordering::Relaxed) {
+            0 => format!("@{}", self.username),
+            1 => format!("@{}; 1 answer Telegram refused (see the log)", self.username),
+            n => format!("@{}; {n} answers Telegram refused (see the log)", self.username),
+        }
     }
 
     fn chat_allowed(&self, chat_id: i64) -> bool {
@@ -566,7 +577,11 @@ impl Bot {
                 Err(error) => {
                     tracing::error!(%error, run_id = %delivery.run_id, chat_id = delivery.chat_id, "answer not delivered");
                     delivery.failed = Some(error.to_string());
-                    self.save(&delivery).await;
+                    let value = serde_json::to_value(&delivery).unwrap_or_default();
+                    let expires = now_ms() + FAILED_DELIVERY_TTL_MS;
+                    self.store.kv_put(DELIVERY_NS, &delivery.run_id, value, Some(expires)).await;
+                    self.undelivered.fetch_add(1, Ordering::Relaxed);
+                    self.status.running(Some(self.detail()));
                     return;
                 }
             }
@@ -586,6 +601,7 @@ impl Bot {
         for (_, value) in records {
             let Ok(delivery) = serde_json::from_value::<Delivery>(value) else { continue };
             if delivery.failed.is_some() {
+                self.undelivered.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             let Some(run_id) = RunId::parse(&delivery.run_id) else { continue };
