@@ -474,3 +474,20 @@ async fn an_answer_telegram_refuses_is_recorded_and_shown_in_status() {
     assert_eq!(detail, format!("@{BOT_NAME}; 1 answer Telegram refused (see the log)"));
     assert_eq!(gateway.status().await["transports"]["telegram"]["state"], "running");
 }
+
+#[tokio::test]
+async fn a_poll_conflict_is_waited_out_and_nothing_is_lost() {
+    let fake = fake_telegram().await;
+    let _gateway = start(&fake, &config(&fake, "", "")).await;
+    fake.fail_next(
+        "getUpdates",
+        Fault::Status(409, "Conflict: terminated by other getUpdates request".into()),
+    );
+    // The poll open now ends normally; the next one meets the conflict.
+    let first = fake.inject_text(&ChatSpec::private(USER), USER, "first");
+    wait_for_reply(&fake, USER, first.message_id, "first").await;
+    let second = fake.inject_text(&ChatSpec::private(USER), USER, "after the conflict");
+    wait_for_reply(&fake, USER, second.message_id, "after the conflict").await;
+    let polls = fake.calls().into_iter().filter(|c| c.method == "getUpdates").collect::<Vec<_>>();
+    assert!(polls.iter().any(|c| c.status == Some(409)), "{}", fake.describe_calls());
+}
