@@ -468,6 +468,15 @@ impl EngineRegistry {
         self.engines.keys()
     }
 
+    /// The resume line of `token` as its engine writes it (with backticks), or
+    /// the plain `` `<engine> resume <token>` `` when no such engine is registered.
+    pub fn format_resume(&self, token: &ResumeToken) -> String {
+        match self.get(&token.engine) {
+            Some(engine) => engine.format_resume(token),
+            None => format!("`{} resume {}`", token.engine, token.value),
+        }
+    }
+
     /// Asks every engine, in id order, for a resume line in `text`.
     pub fn extract_resume(&self, text: &str) -> Option<ResumeToken> {
         self.engines.values().find_map(|engine| engine.extract_resume(text))

@@ -45,6 +45,8 @@ fn the_registry_resolves_composite_ids_by_prefix() {
         registry.extract_resume("see claude resume s1"),
         Some(ResumeToken::new("claude", "s1"))
     );
+    assert_eq!(registry.format_resume(&ResumeToken::new("claude", "s1")), "`claude resume s1`");
+    assert_eq!(registry.format_resume(&ResumeToken::new("gone", "s2")), "`gone resume s2`");
 }
 
 #[test]

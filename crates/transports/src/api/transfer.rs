@@ -235,10 +235,7 @@ pub(super) fn run_json(record: &RunRecord, engines: &EngineRegistry) -> Value {
 /// The line a user pastes to continue the session, in the engine's own format
 /// without the surrounding backticks.
 fn resume_line(token: &ResumeToken, engines: &EngineRegistry) -> String {
-    match engines.get(&token.engine) {
-        Some(engine) => engine.format_resume(token).trim_matches('`').to_owned(),
-        None => format!("{} resume {}", token.engine, token.value),
-    }
+    engines.format_resume(token).trim_matches('`').to_owned()
 }
 
 #[cfg(test)]

@@ -401,10 +401,7 @@ impl Bot {
 
     fn resume_format(&self) -> ResumeFormat {
         let engines = self.router.gateway().engines().clone();
-        Arc::new(move |token: &ResumeToken| match engines.get(&token.engine) {
-            Some(engine) => engine.format_resume(token),
-            None => format!("`{} resume {}`", token.engine, token.value),
-        })
+        Arc::new(move |token: &ResumeToken| engines.format_resume(token))
     }
 
     /// Sends a short reply on its own task (the poll loop never waits for Telegram's limits).
