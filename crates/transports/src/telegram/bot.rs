@@ -143,7 +143,6 @@ impl Transport for TelegramTransport {
         let bot = Arc::new(Bot {
             config: self.config.clone(),
             bound_chats: self.bound_chats.clone(),
-            username: me.username.clone().unwrap_or_default(),
             me,
             api,
             outbox,
@@ -157,7 +156,7 @@ impl Transport for TelegramTransport {
         });
         bot.recover_deliveries().await;
         bot.status.running(Some(bot.detail()));
-        tracing::info!(bot = %bot.username, "telegram bot polling");
+        tracing::info!(bot = %bot.username(), "telegram bot polling");
         let result = bot.poll().await;
         // Followers and the outbox stop with the transport (a restart makes new ones).
         stop.cancel();
@@ -188,7 +187,6 @@ struct Bot {
     config: TelegramConfig,
     bound_chats: Vec<String>,
     me: User,
-    username: String,
     api: BotApi,
     outbox: OutboxHandle,
     router: RouterHandle,
@@ -266,12 +264,16 @@ impl Bot {
         }
     }
 
+    fn username(&self) -> &str {
+        self.me.username.as_deref().unwrap_or_default()
+    }
+
     /// What status shows while the bot is serving.
     fn detail(&self) -> String {
         match self.undelivered.load(Ordering::Relaxed) {
-            0 => format!("@{}", self.username),
-            1 => format!("@{}; 1 answer Telegram refused (see the log)", self.username),
-            n => format!("@{}; {n} answers Telegram refused (see the log)", self.username),
+            0 => format!("@{}", self.username()),
+            1 => format!("@{}; 1 answer Telegram refused (see the log)", self.username()),
+            n => format!("@{}; {n} answers Telegram refused (see the log)", self.username()),
         }
     }
 
@@ -292,7 +294,7 @@ impl Bot {
             tracing::info!(chat_id = message.chat.id, "message from a chat that is not allowed");
             return;
         }
-        match inbound::classify(&message, &self.username) {
+        match inbound::classify(&message, self.username()) {
             Inbound::OtherBot => {}
             Inbound::Unsupported => self.reply_soon(&message, UNSUPPORTED_REPLY.to_owned()),
             Inbound::Text(text) if is_help(&text) => self.reply_soon(&message, help_text()),
@@ -371,7 +373,7 @@ impl Bot {
         // Subscribed and recorded before the run exists: nothing it does is missed.
         let events = self.router.gateway().bus().subscribe_run(&run_id);
         if !is_command {
-            self.save(&delivery).await;
+            self.save(&delivery, None).await;
         }
         match self.router.submit(req).await {
             Ok(Submitted::Command { reply, .. }) => {
@@ -394,9 +396,10 @@ impl Bot {
         }
     }
 
-    async fn save(&self, delivery: &Delivery) {
+    /// Records `delivery`; one given up on expires at `expires_at_ms`.
+    async fn save(&self, delivery: &Delivery, expires_at_ms: Option<i64>) {
         let value = serde_json::to_value(delivery).unwrap_or_default();
-        self.store.kv_put(DELIVERY_NS, &delivery.run_id, value, None).await;
+        self.store.kv_put(DELIVERY_NS, &delivery.run_id, value, expires_at_ms).await;
     }
 
     fn resume_format(&self) -> ResumeFormat {
@@ -406,12 +409,12 @@ impl Bot {
 
     /// Sends a short reply on its own task (the poll loop never waits for Telegram's limits).
     fn reply_soon(self: &Arc<Self>, message: &Message, text: String) {
-        let mut send = SendMessage::new(message.chat.id, FormattedText::plain(text));
-        send.message_thread_id = inbound::topic_of(message);
-        send.reply_parameters = Some(ReplyParameters {
-            message_id: message.message_id,
-            allow_sending_without_reply: true,
-        });
+        let send = message_to(
+            message.chat.id,
+            inbound::topic_of(message),
+            Some(message.message_id),
+            FormattedText::plain(text),
+        );
         let outbox = self.outbox.clone();
         self.tracker.spawn(async move {
             if let Err(error) = outbox.send(send).await {
@@ -425,91 +428,91 @@ impl Bot {
         let run_id = RunId::parse(&delivery.run_id).unwrap_or_else(RunId::generate);
         let mut renderer = ProgressRenderer::new(self.resume_format());
         let mut started = !live;
-        let mut completion = None;
-        // A run that ends within `progress_delay_ms` gets no progress message: its
-        // answer is the only message, and it is not held back by the chat's pace.
-        if delivery.progress_message_id.is_none() {
-            let deadline = tokio::time::Instant::now() + self.config.progress_delay();
-            while completion.is_none() {
-                let event = tokio::select! {
-                    () = self.shutdown.cancelled() => return,
-                    () = tokio::time::sleep_until(deadline) => break,
-                    event = events.recv() => event,
-                };
-                match event {
-                    Ok(event) => {
-                        started |= matches!(event.kind, EventKind::RunStarted { .. });
-                        renderer.apply(&event);
-                        if let EventKind::RunCompleted { completion: done, .. } = &event.kind {
-                            completion = Some(done.clone());
-                        }
-                    }
-                    Err(RecvError::Lagged(_)) => {}
-                    // The main loop below reads the ending from the store.
-                    Err(RecvError::Closed) => break,
-                }
-            }
-        }
-        if completion.is_none() && delivery.progress_message_id.is_none() {
-            let _sending = self.progress.sending(delivery.chat_id);
-            let mut send = SendMessage::new(delivery.chat_id, renderer.progress());
-            send.message_thread_id = delivery.thread_id;
-            send.reply_parameters = Some(ReplyParameters {
-                message_id: delivery.reply_to,
-                allow_sending_without_reply: true,
-            });
-            match self.outbox.send(send).await {
-                Ok(sent) => {
-                    delivery.progress_message_id = Some(sent.message_id);
-                    self.progress.insert(delivery.chat_id, sent.message_id, &run_id);
-                    self.save(&delivery).await;
-                    // Durable now, so a crash leaves no progress message saying
-                    // "Running…" forever: the next start finishes it.
-                    if let Err(error) = self.store.flush().await {
-                        tracing::warn!(%error, "progress message id not saved");
-                    }
-                }
-                Err(DeliveryError::ShuttingDown) => return,
-                Err(error) => tracing::warn!(%error, run_id = %run_id, "progress message not sent"),
-            }
-        }
         if let Some(progress) = delivery.progress_message_id {
             self.progress.insert(delivery.chat_id, progress, &run_id);
         }
-        let completion = match completion {
-            Some(completion) => completion,
-            None => loop {
-                let event = tokio::select! {
-                    () = self.shutdown.cancelled() => return,
-                    event = events.recv() => event,
-                };
-                match event {
-                    Ok(event) => {
-                        started |= matches!(event.kind, EventKind::RunStarted { .. });
-                        if let EventKind::RunCompleted { completion, .. } = &event.kind {
-                            renderer.apply(&event);
-                            break completion.clone();
-                        }
-                        if renderer.apply(&event) {
-                            self.show_progress(&delivery, renderer.progress()).await;
-                        }
+        // A run that ends within `progress_delay_ms` gets no progress message: its
+        // answer is the only message, and it is not held back by the chat's pace.
+        let mut progress_due = delivery
+            .progress_message_id
+            .is_none()
+            .then(|| tokio::time::Instant::now() + self.config.progress_delay());
+        let completion = loop {
+            let due = progress_due.unwrap_or_else(tokio::time::Instant::now);
+            let event = tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                () = tokio::time::sleep_until(due), if progress_due.is_some() => {
+                    progress_due = None;
+                    if self.send_progress(&mut delivery, &renderer, &run_id).await.is_err() {
+                        return;
                     }
-                    Err(RecvError::Lagged(skipped)) => {
-                        tracing::debug!(skipped, run_id = %run_id, "progress skipped events");
-                    }
-                    Err(RecvError::Closed) => match self.stored_completion(&run_id).await {
-                        Some((completion, _)) => break completion,
-                        // The bus is gone: the gateway is stopping; the next start delivers.
-                        None => return,
-                    },
+                    continue;
                 }
-            },
+                event = events.recv() => event,
+            };
+            match event {
+                Ok(event) => {
+                    started |= matches!(event.kind, EventKind::RunStarted { .. });
+                    let changed = renderer.apply(&event);
+                    if let EventKind::RunCompleted { completion, .. } = &event.kind {
+                        break completion.clone();
+                    }
+                    if changed {
+                        self.show_progress(&delivery, renderer.progress()).await;
+                    }
+                }
+                Err(RecvError::Lagged(skipped)) => {
+                    tracing::debug!(skipped, run_id = %run_id, "progress skipped events");
+                }
+                Err(RecvError::Closed) => match self.stored_completion(&run_id).await {
+                    Some((completion, _)) => break completion,
+                    // The bus is gone: the gateway is stopping; the next start delivers.
+                    None => return,
+                },
+            }
         };
         // The events may have been skipped (a slow follower); the store knows.
         if !started {
             started = self.stored_completion(&run_id).await.is_some_and(|(_, started)| started);
         }
         self.finish(delivery, renderer, completion, started).await;
+    }
+
+    /// Sends the progress message and records its id.
+    ///
+    /// # Errors
+    /// [`DeliveryError::ShuttingDown`]: the outbox stopped; the next start goes on.
+    async fn send_progress(
+        &self,
+        delivery: &mut Delivery,
+        renderer: &ProgressRenderer,
+        run_id: &RunId,
+    ) -> Result<(), DeliveryError> {
+        let _sending = self.progress.sending(delivery.chat_id);
+        let send = message_to(
+            delivery.chat_id,
+            delivery.thread_id,
+            Some(delivery.reply_to),
+            renderer.progress(),
+        );
+        match self.outbox.send(send).await {
+            Ok(sent) => {
+                delivery.progress_message_id = Some(sent.message_id);
+                self.progress.insert(delivery.chat_id, sent.message_id, run_id);
+                self.save(delivery, None).await;
+                // Durable now, so a crash leaves no progress message saying
+                // "Running…" forever: the next start finishes it.
+                if let Err(error) = self.store.flush().await {
+                    tracing::warn!(%error, "progress message id not saved");
+                }
+                Ok(())
+            }
+            Err(DeliveryError::ShuttingDown) => Err(DeliveryError::ShuttingDown),
+            Err(error) => {
+                tracing::warn!(%error, run_id = %run_id, "progress message not sent");
+                Ok(())
+            }
+        }
     }
 
     async fn show_progress(&self, delivery: &Delivery, text: FormattedText) {
@@ -556,27 +559,20 @@ impl Bot {
             let _ = self.outbox.edit(delivery.chat_id, message_id, progress).await;
         }
         for (index, text) in answer.into_iter().enumerate().skip(delivery.sent) {
-            let mut send = SendMessage::new(delivery.chat_id, text);
-            send.message_thread_id = delivery.thread_id;
-            if index == 0 {
-                send.reply_parameters = Some(ReplyParameters {
-                    message_id: delivery.reply_to,
-                    allow_sending_without_reply: true,
-                });
-            }
+            // The first part answers the user's message; the rest follow it.
+            let reply_to = (index == 0).then_some(delivery.reply_to);
+            let send = message_to(delivery.chat_id, delivery.thread_id, reply_to, text);
             match self.outbox.send(send).await {
                 Ok(_) => {
                     delivery.sent = index + 1;
-                    self.save(&delivery).await;
+                    self.save(&delivery, None).await;
                 }
                 // Kept in the store: the next start sends the rest.
                 Err(DeliveryError::ShuttingDown) => return,
                 Err(error) => {
                     tracing::error!(%error, run_id = %delivery.run_id, chat_id = delivery.chat_id, "answer not delivered");
                     delivery.failed = Some(error.to_string());
-                    let value = serde_json::to_value(&delivery).unwrap_or_default();
-                    let expires = now_ms() + FAILED_DELIVERY_TTL_MS;
-                    self.store.kv_put(DELIVERY_NS, &delivery.run_id, value, Some(expires)).await;
+                    self.save(&delivery, Some(now_ms() + FAILED_DELIVERY_TTL_MS)).await;
                     self.undelivered.fetch_add(1, Ordering::Relaxed);
                     self.status.running(Some(self.detail()));
                     return;
@@ -618,6 +614,21 @@ impl Bot {
             }
         }
     }
+}
+
+/// A message to a chat (and topic), replying to `reply_to` when given, even if
+/// that message is gone by now.
+fn message_to(
+    chat_id: i64,
+    thread_id: Option<i64>,
+    reply_to: Option<i64>,
+    text: FormattedText,
+) -> SendMessage {
+    let mut send = SendMessage::new(chat_id, text);
+    send.message_thread_id = thread_id;
+    send.reply_parameters = reply_to
+        .map(|message_id| ReplyParameters { message_id, allow_sending_without_reply: true });
+    send
 }
 
 /// `/start` (what Telegram sends when someone opens the bot) and `/help`.
