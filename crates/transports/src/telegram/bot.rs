@@ -549,10 +549,13 @@ impl Bot {
     async fn finish(
         &self,
         mut delivery: Delivery,
-        renderer: ProgressRenderer,
+        mut renderer: ProgressRenderer,
         completion: Completion,
         started: bool,
     ) {
+        // The ending may not have come as an event (a restart, a follower that
+        // fell behind): the last progress edit must show it all the same.
+        renderer.complete(&completion);
         let (progress, answer) = final_output(&renderer, &completion, started);
         if let Some(message_id) = delivery.progress_message_id {
             self.progress.remove(delivery.chat_id, message_id);

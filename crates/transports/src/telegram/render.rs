@@ -35,15 +35,6 @@ const MAX_TITLE_CHARS: usize = 80;
 /// left out rather than cut.
 const MAX_RESUME_UTF16: usize = 512;
 
-/// Where the run is, as the first line of the progress message says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    Running,
-    Done,
-    Cancelled,
-    Failed,
-}
-
 /// How far an action got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
@@ -86,7 +77,8 @@ pub struct ProgressRenderer {
     resume_format: ResumeFormat,
     /// The engine's id, from `run_started`.
     engine: Option<String>,
-    state: State,
+    /// Where the run is, as the first line of the progress message says.
+    status: RunStatus,
     /// Actions in the order they were first seen.
     actions: Vec<ActionLine>,
     /// Action id → index in `actions`.
@@ -101,7 +93,7 @@ impl fmt::Debug for ProgressRenderer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProgressRenderer")
             .field("engine", &self.engine)
-            .field("state", &self.state)
+            .field("status", &self.status)
             .field("actions", &self.actions.len())
             .field("resume", &self.resume)
             .finish_non_exhaustive()
@@ -114,7 +106,7 @@ impl ProgressRenderer {
         let mut renderer = ProgressRenderer {
             resume_format,
             engine: None,
-            state: State::Running,
+            status: RunStatus::Running,
             actions: Vec::new(),
             action_index: HashMap::new(),
             resume: None,
@@ -129,30 +121,34 @@ impl ProgressRenderer {
     pub fn apply(&mut self, event: &BusEvent) -> bool {
         match &event.kind {
             EventKind::RunStarted { engine, .. } => self.engine = Some(engine.clone()),
-            EventKind::EngineStarted { resume, .. } => {
-                if let Some(resume) = resume {
-                    self.resume = Some(resume.clone());
-                }
-            }
+            EventKind::EngineStarted { resume, .. } => self.note_resume(resume.as_ref()),
             EventKind::EngineAction(action) => self.upsert_action(action),
-            EventKind::EngineCompleted(completion) => {
-                if let Some(resume) = &completion.resume {
-                    self.resume = Some(resume.clone());
-                }
-            }
+            EventKind::EngineCompleted(completion) => self.note_resume(completion.resume.as_ref()),
             EventKind::RunCompleted { completion, engine, .. } => {
                 self.engine = Some(engine.clone());
-                if let Some(resume) = &completion.resume {
-                    self.resume = Some(resume.clone());
-                }
-                self.state = match RunStatus::of(completion) {
-                    RunStatus::Cancelled => State::Cancelled,
-                    RunStatus::Failed => State::Failed,
-                    _ => State::Done,
-                };
+                return self.complete(completion);
             }
             EventKind::Delta { .. } | EventKind::Phase(_) => return false,
         }
+        self.rerender()
+    }
+
+    /// Takes the run's ending into account, whether it came as an event or was
+    /// read back from the store (a restart, a follower that fell behind).
+    /// Returns true when the progress text changed.
+    pub fn complete(&mut self, completion: &Completion) -> bool {
+        self.note_resume(completion.resume.as_ref());
+        self.status = RunStatus::of(completion);
+        self.rerender()
+    }
+
+    fn note_resume(&mut self, resume: Option<&ResumeToken>) {
+        if let Some(resume) = resume {
+            self.resume = Some(resume.clone());
+        }
+    }
+
+    fn rerender(&mut self) -> bool {
         let rendered = self.render();
         if rendered == self.rendered {
             return false;
@@ -225,12 +221,14 @@ impl ProgressRenderer {
     }
 
     fn render(&self) -> FormattedText {
-        let header = match (self.state, &self.engine) {
-            (State::Running, Some(engine)) => format!("Running… ({})", one_line(engine)),
-            (State::Running, None) => "Running…".to_owned(),
-            (State::Done, _) => "Done.".to_owned(),
-            (State::Cancelled, _) => "Cancelled.".to_owned(),
-            (State::Failed, _) => "Error.".to_owned(),
+        let header = match (self.status, &self.engine) {
+            (RunStatus::Queued | RunStatus::Running, Some(engine)) => {
+                format!("Running… ({})", one_line(engine))
+            }
+            (RunStatus::Queued | RunStatus::Running, None) => "Running…".to_owned(),
+            (RunStatus::Completed, _) => "Done.".to_owned(),
+            (RunStatus::Cancelled, _) => "Cancelled.".to_owned(),
+            (RunStatus::Failed, _) => "Error.".to_owned(),
         };
         let mut out = FormattedText::plain(header);
         // The newest lines that fit both limits; the older ones are only counted.

@@ -363,3 +363,17 @@ proptest! {
         prop_assert_eq!(entity_problem(&progress), None);
     }
 }
+
+#[test]
+fn an_ending_read_back_from_the_store_finishes_the_progress_too() {
+    let mut renderer = renderer();
+    renderer.apply(&action("a1", "ls", ActionPhase::Started, None));
+    let cut_off =
+        Completion::failure(RunError::Interrupted, Some(ResumeToken::new("claude", "s9")));
+    assert!(renderer.complete(&cut_off));
+    assert_eq!(
+        annotate(&renderer.progress()),
+        "Cancelled.\n\n- ls: running\n\n<code>claude --resume s9</code>"
+    );
+    assert!(!renderer.complete(&cut_off), "the same ending twice changes nothing");
+}
