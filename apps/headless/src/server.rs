@@ -18,9 +18,7 @@ use lemon_core::secrets::{SecretStore, SecretValue};
 use lemon_core::store::StoreHandle;
 use lemon_engines::cli::{build_cli_engines, ApiKey, CliContext};
 use lemon_engines::echo::EchoEngine;
-use lemon_transports::transport::{
-    TransportDeps, TransportRegistry, TransportState, TransportStatuses,
-};
+use lemon_transports::transport::{TransportDeps, TransportRegistry, TransportState};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -57,8 +55,6 @@ pub struct Running {
     pub gateway: GatewayHandle,
     /// Every message goes through the router.
     pub router: RouterHandle,
-    /// Every transport's state.
-    pub transports: TransportStatuses,
     pub shutdown_grace: Duration,
     store: StoreHandle,
     token: CancellationToken,
@@ -152,6 +148,10 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let store = StoreHandle::open_sqlite(&opts.paths.database())?;
     let secrets = Arc::new(SecretStore::new(opts.env.clone(), opts.paths.secrets()));
     let (api_token, generated) = secrets.get_or_generate(API_TOKEN_SECRET)?;
+    // Transports are checked before anything starts: a config mistake stops the
+    // start before the router recovers a single request, while a port in use
+    // only makes that transport fail (and retry).
+    let registry = transports(&gateway_config, &secrets, &opts.paths.config)?;
 
     let token = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -166,10 +166,6 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // takes the first new request, so recovered ones keep their place.
     let router_config = RouterConfig::from_gateway(&gateway_config);
     let router = RouterHandle::start(router_config, gateway.clone(), token.clone(), &tracker);
-
-    // Transports are checked before anything listens: a config mistake stops the
-    // start, while a port in use only makes that transport fail (and retry).
-    let registry = transports(&gateway_config, &secrets, &opts.paths.config)?;
     let statuses = registry.statuses().clone();
 
     let api_listener = bind(&gateway_config.api.addr(DEFAULT_API_PORT), "control API").await?;
@@ -217,7 +213,6 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         generated_token: generated.then_some(api_token),
         gateway,
         router,
-        transports: statuses,
         shutdown_grace: Duration::from_millis(gateway_config.shutdown_grace_ms),
         store,
         token,
