@@ -261,7 +261,8 @@ impl Subscription {
     ///
     /// # Errors
     /// As [`Subscription::recv`].
-    pub fn try_recv(&mut self) -> Result<Option<Arc<BusEvent>>, RecvError> {
+    #[cfg(test)]
+    pub(crate) fn try_recv(&mut self) -> Result<Option<Arc<BusEvent>>, RecvError> {
         match self.rx.try_recv() {
             Ok(event) => Ok(Some(event)),
             Err(broadcast::error::TryRecvError::Empty) => Ok(None),
