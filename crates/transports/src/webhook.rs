@@ -220,16 +220,17 @@ impl<'a> Resolved<'a> {
 }
 
 /// The first non-blank string among `keys` of a JSON object.
-fn first_string<'v>(body: &'v Value, keys: &[&str]) -> Option<&'v str> {
+pub(super) fn first_string<'v>(body: &'v Value, keys: &[&str]) -> Option<&'v str> {
     keys.iter().filter_map(|key| body.get(*key)?.as_str()).map(str::trim).find(|s| !s.is_empty())
 }
 
 /// The first non-blank string at `outer.inner` of a JSON object (nested).
-fn nested_string<'v>(body: &'v Value, outer: &str, inner: &str) -> Option<&'v str> {
+pub(super) fn nested_string<'v>(body: &'v Value, outer: &str, inner: &str) -> Option<&'v str> {
     body.get(outer)?.get(inner)?.as_str().map(str::trim).filter(|s| !s.is_empty())
 }
 
-fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+/// A header's value, trimmed; absent when blank or not text.
+pub(super) fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
     headers.get(name)?.to_str().ok().map(str::trim).filter(|s| !s.is_empty())
 }
 

@@ -15,6 +15,8 @@
 
 use serde_json::{json, Map, Value};
 
+use super::{first_string, nested_string};
+
 /// Most attachments one request may carry.
 pub(super) const MAX_ATTACHMENTS: usize = 100;
 
@@ -112,17 +114,12 @@ impl Payload {
     }
 }
 
-fn non_blank(value: Option<&Value>) -> Option<&str> {
-    value?.as_str().map(str::trim).filter(|s| !s.is_empty())
-}
-
 /// The first non-blank text field.
 fn text_of(body: &Value) -> Option<&str> {
-    let top = TEXT_KEYS.iter().find_map(|key| non_blank(body.get(*key)));
-    top.or_else(|| {
+    first_string(body, &TEXT_KEYS).or_else(|| {
         ["body", "content"].iter().find_map(|outer| {
-            non_blank(body.get(*outer).and_then(|inner| inner.get("text")))
-                .or_else(|| non_blank(body.get(format!("{outer}.text"))))
+            nested_string(body, outer, "text")
+                .or_else(|| first_string(body, &[format!("{outer}.text").as_str()]))
         })
     })
 }
@@ -177,7 +174,7 @@ fn collect(source: &'static str, value: &Value, depth: usize, out: &mut Vec<Atta
             }
         }
         Value::Object(fields) => {
-            let text = |keys: &[&str]| keys.iter().find_map(|key| non_blank(fields.get(*key)));
+            let text = |keys: &[&str]| first_string(value, keys);
             let attachment = Attachment {
                 source,
                 url: text(&["url", "href", "uri"]).map(str::to_owned),

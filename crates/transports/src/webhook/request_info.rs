@@ -64,9 +64,5 @@ fn remote_ip(ip: IpAddr) -> String {
 }
 
 fn header(headers: &HeaderMap, name: &str) -> Option<String> {
-    let value = headers.get(name)?.to_str().ok()?.trim();
-    if value.is_empty() {
-        return None;
-    }
-    Some(value.chars().take(MAX_HEADER_CHARS).collect())
+    super::header_str(headers, name).map(|value| value.chars().take(MAX_HEADER_CHARS).collect())
 }
