@@ -377,14 +377,9 @@ async fn receive(
     // submitted does not stop the answer from being recorded for its key, so a
     // retry with that key replays it instead of running again.
     let task_state = state.clone();
-    let handle = inner.tracker.spawn(async move {
-        let inner = &task_state.inner;
-        let Some(integration) = inner.config.integrations.get(&integration_id) else {
-            return error(StatusCode::NOT_FOUND, "integration not found");
-        };
-        let settings = Resolved::new(&inner.config, &integration_id, integration);
-        submit(&task_state, &settings, request, claim).await
-    });
+    let settings = SubmitSettings::of(&settings);
+    let handle =
+        inner.tracker.spawn(async move { submit(&task_state, &settings, request, claim).await });
     handle.await.unwrap_or_else(|err| {
         tracing::error!(%err, "webhook request task failed");
         ApiError::Internal("the request could not be completed".into()).into_response()
@@ -394,6 +389,8 @@ async fn receive(
 /// A validated request, ready to submit.
 struct Prepared {
     req: RunRequest,
+    /// The id the request is submitted with (also in `req`).
+    run_id: RunId,
     callback_url: Option<String>,
     idempotency_key: Option<String>,
     metadata: Value,
@@ -461,6 +458,7 @@ impl Prepared {
                 "request": request,
             }),
         );
+        let run_id = RunId::generate();
         let req = RunRequest {
             origin: Origin::Webhook,
             session_key,
@@ -471,25 +469,48 @@ impl Prepared {
             resume: None,
             cwd: integration.cwd.clone(),
             meta,
-            run_id: Some(RunId::generate()),
+            run_id: Some(run_id.clone()),
             channel: None,
         };
-        Ok(Prepared { req, callback_url, idempotency_key, metadata: payload.metadata, attachments })
+        Ok(Prepared {
+            req,
+            run_id,
+            callback_url,
+            idempotency_key,
+            metadata: payload.metadata,
+            attachments,
+        })
+    }
+}
+
+/// What submitting a prepared request still needs of its integration's settings.
+struct SubmitSettings {
+    id: String,
+    mode: Mode,
+    timeout: Duration,
+    callback: CallbackSettings,
+}
+
+impl SubmitSettings {
+    fn of(settings: &Resolved<'_>) -> Self {
+        SubmitSettings {
+            id: settings.id.to_owned(),
+            mode: settings.mode,
+            timeout: settings.timeout,
+            callback: settings.callback.clone(),
+        }
     }
 }
 
 async fn submit(
     state: &WebhookState,
-    settings: &Resolved<'_>,
+    settings: &SubmitSettings,
     request: Prepared,
     claim: Option<idempotency::Guard>,
 ) -> Response {
     let inner = &state.inner;
-    let Prepared { req, callback_url, metadata, attachments, .. } = request;
+    let Prepared { req, run_id, callback_url, metadata, attachments, .. } = request;
     let session_key = req.session_key.clone();
-    let Some(run_id) = req.run_id.clone() else {
-        return ApiError::Internal("webhook request without a run id".into()).into_response();
-    };
     // Subscribed before submitting, so a run that finishes at once is still seen;
     // only when its end is awaited (a topic lives until its run completes).
     let awaited = settings.mode == Mode::Sync || callback_url.is_some();
@@ -517,7 +538,7 @@ async fn submit(
     };
     let delivery = callback_url.map(|url| callback::Delivery {
         url,
-        integration_id: settings.id.to_owned(),
+        integration_id: settings.id.clone(),
         run_id: run_id.clone(),
         session_key: session_key.clone(),
         metadata,
