@@ -33,7 +33,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// Serves `router` on `listener` until `shutdown` is cancelled, then stops
-/// accepting and waits for in-flight requests. Event streams watch the same token
+/// accepting and waits for in-flight requests. Handlers can read the peer's
+/// address (`ConnectInfo<SocketAddr>`). Event streams watch the same token
 /// (through their router's state), so an open stream does not hold shutdown up.
 ///
 /// # Errors
@@ -46,5 +47,6 @@ pub async fn serve(
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await
+    let app = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
 }

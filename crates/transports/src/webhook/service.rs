@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -76,11 +75,9 @@ impl Transport for WebhookTransport {
             tracker: ctx.tracker.clone(),
             shutdown: ctx.shutdown.clone(),
         });
-        let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
         ctx.status.running(Some(local.to_string()));
         tracing::info!(webhook_addr = %local, "webhooks listening");
-        axum::serve(listener, app)
-            .with_graceful_shutdown(ctx.shutdown.clone().cancelled_owned())
+        crate::serve(listener, router(state), ctx.shutdown.clone())
             .await
             .map_err(|err| TransportError::retryable(format!("webhooks on {local} stopped: {err}")))
     }
