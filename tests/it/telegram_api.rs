@@ -12,8 +12,8 @@ use lemon_tests::fake_telegram::{
 };
 use lemon_transports::telegram::api::BotApi;
 use lemon_transports::telegram::types::{
-    BotCommand, EditMessageText, FormattedText, LinkPreviewOptions, MessageEntity, ReplyParameters,
-    SendMessage, TelegramError,
+    BotCommand, EditMessageText, FormattedText, MessageEntity, ReplyParameters, SendMessage,
+    TelegramError,
 };
 use serde_json::json;
 
@@ -60,13 +60,7 @@ fn text(chat_id: i64, text: &str) -> SendMessage {
 }
 
 fn edit(chat_id: i64, message_id: i64, text: &str) -> EditMessageText {
-    EditMessageText {
-        chat_id,
-        message_id,
-        text: text.to_owned(),
-        entities: Vec::new(),
-        link_preview_options: LinkPreviewOptions { is_disabled: true },
-    }
+    EditMessageText::new(chat_id, message_id, FormattedText::plain(text))
 }
 
 fn assert_rejected(result: Result<impl std::fmt::Debug, TelegramError>, code: u16, needle: &str) {

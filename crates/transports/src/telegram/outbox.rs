@@ -38,9 +38,7 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::types::{
-    EditMessageText, FormattedText, LinkPreviewOptions, Message, SendMessage, TelegramError,
-};
+use super::types::{EditMessageText, FormattedText, Message, SendMessage, TelegramError};
 
 /// The Bot API write calls the outbox makes. The HTTP client implements it; tests
 /// use a fake.
@@ -644,13 +642,7 @@ impl Outbox {
             attempts: 0,
             waiters: Vec::new(),
         });
-        let req = EditMessageText {
-            chat_id,
-            message_id,
-            text: edit.text.text.clone(),
-            entities: edit.text.entities.clone(),
-            link_preview_options: LinkPreviewOptions { is_disabled: true },
-        };
+        let req = EditMessageText::new(chat_id, message_id, edit.text.clone());
         chat.in_flight = Some(InFlight::Edit { message_id, edit });
         Box::pin(async move {
             let result = sender.edit_message_text(&req).await;

@@ -72,13 +72,6 @@ pub struct Chat {
     pub is_forum: bool,
 }
 
-impl Chat {
-    /// Groups and supergroups: they share the 20 messages a minute limit.
-    pub fn is_group(&self) -> bool {
-        matches!(self.kind.as_str(), "group" | "supergroup")
-    }
-}
-
 /// A user or bot.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct User {
@@ -169,6 +162,18 @@ pub struct EditMessageText {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub entities: Vec<MessageEntity>,
     pub link_preview_options: LinkPreviewOptions,
+}
+
+impl EditMessageText {
+    pub fn new(chat_id: i64, message_id: i64, text: FormattedText) -> Self {
+        EditMessageText {
+            chat_id,
+            message_id,
+            text: text.text,
+            entities: text.entities,
+            link_preview_options: LinkPreviewOptions { is_disabled: true },
+        }
+    }
 }
 
 /// One entry of `setMyCommands`.
