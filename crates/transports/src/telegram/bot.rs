@@ -557,10 +557,26 @@ impl Bot {
         // fell behind): the last progress edit must show it all the same.
         renderer.complete(&completion);
         let (progress, answer) = final_output(&renderer, &completion, started);
-        if let Some(message_id) = delivery.progress_message_id {
-            self.progress.remove(delivery.chat_id, message_id);
-            let _ = self.outbox.edit(delivery.chat_id, message_id, progress).await;
+        let (chat_id, progress_id) = (delivery.chat_id, delivery.progress_message_id);
+        // The last edit has a send's attempts; it runs beside the answer, which
+        // the outbox puts first in the chat.
+        let final_edit = async {
+            let Some(message_id) = progress_id else { return };
+            self.progress.remove(chat_id, message_id);
+            match self.outbox.edit_and_wait(chat_id, message_id, progress).await {
+                Ok(()) | Err(DeliveryError::ShuttingDown) => {}
+                Err(error) => tracing::warn!(%error, chat_id, "last progress edit not made"),
+            }
+        };
+        let ((), delivered) = tokio::join!(final_edit, self.send_answer(&mut delivery, answer));
+        if delivered {
+            self.store.kv_delete(DELIVERY_NS, &delivery.run_id).await;
         }
+    }
+
+    /// Sends the answer's parts not sent yet, recording each; false when it
+    /// stopped short (kept for the next start, or given up on and recorded).
+    async fn send_answer(&self, delivery: &mut Delivery, answer: Vec<FormattedText>) -> bool {
         for (index, text) in answer.into_iter().enumerate().skip(delivery.sent) {
             // The first part answers the user's message; the rest follow it.
             let reply_to = (index == 0).then_some(delivery.reply_to);
@@ -568,21 +584,21 @@ impl Bot {
             match self.outbox.send(send).await {
                 Ok(_) => {
                     delivery.sent = index + 1;
-                    self.save(&delivery, None).await;
+                    self.save(delivery, None).await;
                 }
                 // Kept in the store: the next start sends the rest.
-                Err(DeliveryError::ShuttingDown) => return,
+                Err(DeliveryError::ShuttingDown) => return false,
                 Err(error) => {
                     tracing::error!(%error, run_id = %delivery.run_id, chat_id = delivery.chat_id, "answer not delivered");
                     delivery.failed = Some(error.to_string());
-                    self.save(&delivery, Some(now_ms() + FAILED_DELIVERY_TTL_MS)).await;
+                    self.save(delivery, Some(now_ms() + FAILED_DELIVERY_TTL_MS)).await;
                     self.undelivered.fetch_add(1, Ordering::Relaxed);
                     self.status.running(Some(self.detail()));
-                    return;
+                    return false;
                 }
             }
         }
-        self.store.kv_delete(DELIVERY_NS, &delivery.run_id).await;
+        true
     }
 
     /// Picks up the answers a stop left undelivered.
