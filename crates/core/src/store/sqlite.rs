@@ -151,12 +151,22 @@ impl SqliteStore {
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
-    /// Asks the writer to delete a few records expired at `now_ms`. Tidying up is
-    /// optional, so it never waits for a queue slot; a later read asks again.
-    fn purge_expired_kv(&self, now_ms: i64) {
-        if let Some(tx) = &self.tx {
-            let _ = tx.try_send(WriteOp::KvPurgeExpired { now_ms, limit: KV_PURGE_BATCH });
+    /// A `kv` read that also notices records expired at `now_ms` and then asks
+    /// the writer to delete a few. Tidying up is optional, so it never waits for
+    /// a queue slot; a later read asks again.
+    async fn read_kv<T, F>(&self, now_ms: i64, query: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (found, expired) =
+            self.read(move |conn| Ok((query(conn)?, any_kv_expired(conn, now_ms)?))).await?;
+        if expired {
+            if let Some(tx) = &self.tx {
+                let _ = tx.try_send(WriteOp::KvPurgeExpired { now_ms, limit: KV_PURGE_BATCH });
+            }
         }
+        Ok(found)
     }
 
     /// Runs `query` on the read connection after every write queued before this call
@@ -417,29 +427,24 @@ impl StoreBackend for SqliteStore {
         now_ms: i64,
     ) -> Result<Option<serde_json::Value>, StoreError> {
         let (namespace, key) = (namespace.to_owned(), key.to_owned());
-        let (value, expired) = self
-            .read(move |conn| {
-                let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT value FROM kv WHERE namespace = ?1 AND key = ?2
+        self.read_kv(now_ms, move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT value FROM kv WHERE namespace = ?1 AND key = ?2
                          AND (expires_at_ms IS NULL OR expires_at_ms > ?3)",
-                    )
-                    .map_err(db)?;
-                let mut rows = stmt.query(params![namespace, key, now_ms]).map_err(db)?;
-                let value = match rows.next().map_err(db)? {
-                    Some(row) => {
-                        let text: String = row.get(0).map_err(db)?;
-                        Some(parse_json(&text, || format!("kv record {namespace}/{key}"))?)
-                    }
-                    None => None,
-                };
-                Ok((value, any_kv_expired(conn, now_ms)?))
-            })
-            .await?;
-        if expired {
-            self.purge_expired_kv(now_ms);
-        }
-        Ok(value)
+                )
+                .map_err(db)?;
+            let mut rows = stmt.query(params![namespace, key, now_ms]).map_err(db)?;
+            let value = match rows.next().map_err(db)? {
+                Some(row) => {
+                    let text: String = row.get(0).map_err(db)?;
+                    Some(parse_json(&text, || format!("kv record {namespace}/{key}"))?)
+                }
+                None => None,
+            };
+            Ok(value)
+        })
+        .await
     }
 
     async fn kv_delete(&self, namespace: &str, key: &str) {
@@ -453,29 +458,24 @@ impl StoreBackend for SqliteStore {
         now_ms: i64,
     ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
         let namespace = namespace.to_owned();
-        let (records, expired) = self
-            .read(move |conn| {
-                let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT key, value FROM kv WHERE namespace = ?1
+        self.read_kv(now_ms, move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT key, value FROM kv WHERE namespace = ?1
                          AND (expires_at_ms IS NULL OR expires_at_ms > ?2) ORDER BY key",
-                    )
-                    .map_err(db)?;
-                let mut rows = stmt.query(params![namespace, now_ms]).map_err(db)?;
-                let mut records = Vec::new();
-                while let Some(row) = rows.next().map_err(db)? {
-                    let key: String = row.get(0).map_err(db)?;
-                    let text: String = row.get(1).map_err(db)?;
-                    let value = parse_json(&text, || format!("kv record {namespace}/{key}"))?;
-                    records.push((key, value));
-                }
-                Ok((records, any_kv_expired(conn, now_ms)?))
-            })
-            .await?;
-        if expired {
-            self.purge_expired_kv(now_ms);
-        }
-        Ok(records)
+                )
+                .map_err(db)?;
+            let mut rows = stmt.query(params![namespace, now_ms]).map_err(db)?;
+            let mut records = Vec::new();
+            while let Some(row) = rows.next().map_err(db)? {
+                let key: String = row.get(0).map_err(db)?;
+                let text: String = row.get(1).map_err(db)?;
+                let value = parse_json(&text, || format!("kv record {namespace}/{key}"))?;
+                records.push((key, value));
+            }
+            Ok(records)
+        })
+        .await
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
