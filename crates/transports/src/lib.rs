@@ -50,3 +50,27 @@ pub async fn serve(
     let app = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
 }
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    //! What the crate's tests share.
+
+    use std::future::Future;
+    use std::time::Duration;
+
+    /// A safety net: every wait in a test ends on an event long before this.
+    pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
+
+    /// `fut`, or a panic naming `what` after `patience`.
+    pub(crate) async fn within_for<F: Future>(patience: Duration, what: &str, fut: F) -> F::Output {
+        match tokio::time::timeout(patience, fut).await {
+            Ok(output) => output,
+            Err(_) => panic!("timed out waiting for {what}"),
+        }
+    }
+
+    /// `fut`, or a panic naming `what` after [`PATIENCE`].
+    pub(crate) async fn within<F: Future>(what: &str, fut: F) -> F::Output {
+        within_for(PATIENCE, what, fut).await
+    }
+}

@@ -1,7 +1,7 @@
 //! Tests of the control API against a real gateway running the echo engine:
 //! request and response through `oneshot`, event streams over a real socket.
 
-use std::future::Future;
+use crate::test_util::within;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -28,17 +28,8 @@ use super::{router, ApiState};
 use crate::transport::{TransportState, TransportStatuses};
 
 const TOKEN: &str = "test-token-6f1c";
-/// A safety net: every wait in these tests ends on an event long before this.
-const PATIENCE: Duration = Duration::from_secs(20);
 /// Per-word delay of the slow echo engine.
 const SLOW: Duration = Duration::from_millis(20);
-
-async fn within<F: Future>(what: &str, fut: F) -> F::Output {
-    match tokio::time::timeout(PATIENCE, fut).await {
-        Ok(output) => output,
-        Err(_) => panic!("timed out waiting for {what}"),
-    }
-}
 
 /// A prompt of `n` words.
 fn words(n: usize) -> String {

@@ -1,6 +1,6 @@
 //! Tests of the health router against a real gateway.
 
-use std::future::Future;
+use crate::test_util::within;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,15 +20,6 @@ use tower::ServiceExt;
 
 use super::{health_router, HealthCheck, HealthState};
 use crate::transport::{TransportState, TransportStatuses};
-
-const PATIENCE: Duration = Duration::from_secs(20);
-
-async fn within<F: Future>(what: &str, fut: F) -> F::Output {
-    match tokio::time::timeout(PATIENCE, fut).await {
-        Ok(output) => output,
-        Err(_) => panic!("timed out waiting for {what}"),
-    }
-}
 
 struct TestGateway {
     gateway: GatewayHandle,

@@ -23,10 +23,7 @@ use super::*;
 const PATIENCE: Duration = Duration::from_secs(24 * 60 * 60);
 
 async fn within<F: Future>(what: &str, fut: F) -> F::Output {
-    match tokio::time::timeout(PATIENCE, fut).await {
-        Ok(output) => output,
-        Err(_) => panic!("timed out waiting for {what}"),
-    }
+    crate::test_util::within_for(PATIENCE, what, fut).await
 }
 
 /// What one `run` of a fake transport does.

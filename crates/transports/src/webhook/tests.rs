@@ -1,8 +1,8 @@
 //! Tests of the webhook transport against a real gateway and router running the
 //! echo engine, with callbacks delivered to a local server.
 
+use crate::test_util::within;
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -37,15 +37,6 @@ use super::{
 };
 
 const TOKEN: &str = "hook-token-5d2e";
-/// A safety net: every wait ends on an event long before this.
-const PATIENCE: Duration = Duration::from_secs(20);
-
-async fn within<F: Future>(what: &str, fut: F) -> F::Output {
-    match tokio::time::timeout(PATIENCE, fut).await {
-        Ok(output) => output,
-        Err(_) => panic!("timed out waiting for {what}"),
-    }
-}
 
 /// Answers fixed addresses for names, without DNS.
 #[derive(Debug, Default)]
