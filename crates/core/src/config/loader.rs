@@ -170,35 +170,24 @@ fn read_error(path: &Path, e: &std::io::Error) -> ConfigError {
 /// the section has (the key itself for an unknown field, else its value), or at
 /// the section's header.
 pub fn section_error(path: &Path, text: &str, section: &[&str], message: &str) -> ConfigError {
-    let mut key = section.join(".");
-    let mut span = None;
-    if let Ok(doc) = ImDocument::parse(text) {
-        let mut table: Option<&dyn TableLike> = Some(doc.as_table());
-        for name in section {
-            let Some((name_key, item)) = table.and_then(|t| t.get_key_value(name)) else {
-                table = None;
-                break;
-            };
-            span = item.span().or_else(|| name_key.span());
-            table = item.as_table_like();
-        }
-        let quoted = message.split('`').skip(1).step_by(2);
-        let found = table.and_then(|t| quoted.into_iter().find_map(|q| t.get_key_value(q)));
-        if let Some((found_key, item)) = found {
-            key = format!("{key}.{}", found_key.get());
-            span = if message.contains("unknown field") {
-                found_key.span().or_else(|| item.span())
-            } else {
-                item.span().or_else(|| found_key.span())
-            };
-        }
+    let message = one_line(message);
+    let Ok(doc) = ImDocument::parse(text) else {
+        return ConfigError::Invalid {
+            path: path.to_owned(),
+            at: None,
+            key: section.join("."),
+            message,
+        };
+    };
+    let file = ParsedFile { text, path, doc: &doc };
+    let mut segs: Vec<Segment> = section.iter().map(|name| key(name)).collect();
+    let table = segs.iter().try_fold(file.root(), |node, seg| Some(node.child(seg)?.1));
+    let mut quoted = message.split('`').skip(1).step_by(2);
+    if let Some(found) = table.and_then(|table| quoted.find(|q| table.child(&key(q)).is_some())) {
+        segs.push(key(found));
     }
-    ConfigError::Invalid {
-        path: path.to_owned(),
-        at: span.map(|s| Position::of_offset(text, s.start)),
-        key,
-        message: one_line(message),
-    }
+    let anchor = if message.contains("unknown field") { Anchor::Key } else { Anchor::Value };
+    file.invalid(&segs, anchor, message)
 }
 
 /// TOML parser messages span several lines ("invalid string\nexpected …").
