@@ -133,7 +133,7 @@ async fn healthz(State(state): State<HealthState>) -> Response {
         "version": &*state.version,
         "timestamp": timestamp::iso8601_now(),
         "checks": results,
-        "transports": state.transports.to_json(),
+        "transports": crate::transport::states_json(&transports),
     });
     let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()

@@ -172,10 +172,7 @@ impl TransportStatuses {
 
     /// `{"<id>": {"state", …}, …}` (see [`TransportState::to_json`]).
     pub fn to_json(&self) -> Value {
-        let map = self.inner.borrow();
-        Value::Object(
-            map.iter().map(|(id, state)| (id.clone(), state.to_json())).collect::<Map<_, _>>(),
-        )
+        states_json(&self.inner.borrow())
     }
 
     /// A writer for one transport's entry.
@@ -194,12 +191,16 @@ impl TransportStatuses {
     ) -> BTreeMap<String, TransportState> {
         let mut changes = self.inner.subscribe();
         // The sender lives in `self`, so the channel cannot close while this waits.
-        let result = match changes.wait_for(|map| done(map)).await {
-            Ok(map) => map.clone(),
-            Err(_) => self.snapshot(),
-        };
-        result
+        let found = changes.wait_for(|map| done(map)).await.map(|map| map.clone());
+        found.unwrap_or_else(|_| self.snapshot())
     }
+}
+
+/// Id → state as JSON, as status and health show it.
+pub fn states_json(states: &BTreeMap<String, TransportState>) -> Value {
+    Value::Object(
+        states.iter().map(|(id, state)| (id.clone(), state.to_json())).collect::<Map<_, _>>(),
+    )
 }
 
 /// One transport's entry in [`TransportStatuses`].
