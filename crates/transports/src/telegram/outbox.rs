@@ -198,6 +198,7 @@ impl OutboxHandle {
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         let counters = Arc::new(Counters::default());
         let quiet_start = config.quiet_start;
+        let global = CallWindow::new(config.global_max_calls, config.global_window);
         let outbox = Outbox {
             rx,
             sender,
@@ -206,7 +207,7 @@ impl OutboxHandle {
             counters: counters.clone(),
             chats: HashMap::new(),
             ring: VecDeque::new(),
-            recent_calls: VecDeque::new(),
+            global,
             migrated: HashMap::new(),
             in_flight: FuturesUnordered::new(),
             next_cleanup: Instant::now() + CLEANUP_EVERY,
@@ -323,6 +324,36 @@ enum InFlight {
     Edit { message_id: i64, edit: PendingEdit },
 }
 
+/// An "at most `max` calls per `window`" limit: the starts of the calls still
+/// inside the rolling window.
+#[derive(Debug)]
+struct CallWindow {
+    starts: VecDeque<Instant>,
+    max: usize,
+    window: Duration,
+}
+
+impl CallWindow {
+    fn new(max: usize, window: Duration) -> Self {
+        CallWindow { starts: VecDeque::new(), max: max.max(1), window }
+    }
+
+    /// When the next call may start: `now`, or once the oldest call leaves the window.
+    fn free_at(&mut self, now: Instant) -> Instant {
+        while self.starts.front().is_some_and(|&t| t + self.window <= now) {
+            self.starts.pop_front();
+        }
+        match self.starts.front() {
+            Some(&oldest) if self.starts.len() >= self.max => oldest + self.window,
+            _ => now,
+        }
+    }
+
+    fn record(&mut self, now: Instant) {
+        self.starts.push_back(now);
+    }
+}
+
 /// One chat's queue and pacing state.
 #[derive(Debug)]
 struct ChatQueue {
@@ -334,8 +365,8 @@ struct ChatQueue {
     in_flight: Option<InFlight>,
     /// No call before this: spacing, `retry_after` or backoff.
     not_before: Instant,
-    /// For group chats: starts of the calls in the last group window.
-    recent_calls: VecDeque<Instant>,
+    /// For group chats: the calls of the last group window.
+    group: Option<CallWindow>,
     /// What recent messages show, oldest first, to skip identical edits.
     shown: VecDeque<(i64, FormattedText)>,
     /// Whether the chat is in the round-robin ring.
@@ -344,14 +375,16 @@ struct ChatQueue {
 }
 
 impl ChatQueue {
-    fn new(now: Instant, not_before: Instant) -> Self {
+    /// A chat's queue: no call before `not_before`; groups get their own window.
+    fn new(chat_id: i64, now: Instant, not_before: Instant, config: &OutboxConfig) -> Self {
         ChatQueue {
             sends: VecDeque::new(),
             edit_order: VecDeque::new(),
             edits: HashMap::new(),
             in_flight: None,
             not_before: not_before.max(now),
-            recent_calls: VecDeque::new(),
+            group: (chat_id < 0)
+                .then(|| CallWindow::new(config.group_max_calls, config.group_window)),
             shown: VecDeque::new(),
             in_ring: false,
             last_used: now,
@@ -400,19 +433,11 @@ impl ChatQueue {
     }
 
     /// When this chat may make its next call, given its own limits.
-    fn ready_at(&mut self, chat_id: i64, config: &OutboxConfig, now: Instant) -> Instant {
-        let mut ready = self.not_before;
-        if chat_id < 0 {
-            while self.recent_calls.front().is_some_and(|&t| t + config.group_window <= now) {
-                self.recent_calls.pop_front();
-            }
-            if self.recent_calls.len() >= config.group_max_calls.max(1) {
-                if let Some(&oldest) = self.recent_calls.front() {
-                    ready = ready.max(oldest + config.group_window);
-                }
-            }
+    fn ready_at(&mut self, now: Instant) -> Instant {
+        match &mut self.group {
+            Some(group) => self.not_before.max(group.free_at(now)),
+            None => self.not_before,
         }
-        ready
     }
 
     /// Puts a send that has to be made again back at the front.
@@ -487,8 +512,8 @@ struct Outbox {
     /// Chats with queued or in-flight work, in turn order. A chat served goes to
     /// the back.
     ring: VecDeque<i64>,
-    /// Starts of the calls in the last global window.
-    recent_calls: VecDeque<Instant>,
+    /// The calls of the last global window.
+    global: CallWindow,
     /// Groups that became supergroups: old id → new id. Later sends follow.
     migrated: HashMap<i64, i64>,
     /// Calls waiting for Telegram's answer, at most one per chat. Dropped (and
@@ -524,8 +549,10 @@ impl Outbox {
     }
 
     fn chat(&mut self, chat_id: i64, now: Instant) -> &mut ChatQueue {
-        let quiet_until = self.quiet_until;
-        self.chats.entry(chat_id).or_insert_with(|| ChatQueue::new(now, quiet_until))
+        let (quiet_until, config) = (self.quiet_until, &self.config);
+        self.chats
+            .entry(chat_id)
+            .or_insert_with(|| ChatQueue::new(chat_id, now, quiet_until, config))
     }
 
     /// Puts a chat with work in the ring if it is not there yet.
@@ -549,9 +576,11 @@ impl Outbox {
                 self.enqueue(chat_id);
             }
             OutboxMsg::Edit { chat_id, message_id, text, reply } => {
-                let quiet_until = self.quiet_until;
-                let chat =
-                    self.chats.entry(chat_id).or_insert_with(|| ChatQueue::new(now, quiet_until));
+                let (quiet_until, config) = (self.quiet_until, &self.config);
+                let chat = self
+                    .chats
+                    .entry(chat_id)
+                    .or_insert_with(|| ChatQueue::new(chat_id, now, quiet_until, config));
                 if let Some(pending) = chat.edits.get_mut(&message_id) {
                     pending.text = text;
                     pending.attempts = 0;
@@ -578,10 +607,6 @@ impl Outbox {
     /// the next call may be possible, if any work waits.
     fn dispatch(&mut self, now: Instant) -> Option<Instant> {
         self.forget_idle_chats(now);
-        let global_window = self.config.global_window;
-        while self.recent_calls.front().is_some_and(|&t| t + global_window <= now) {
-            self.recent_calls.pop_front();
-        }
         let mut wake: Option<Instant> = None;
         let mut earliest = |at: Instant| wake = Some(wake.map_or(at, |w: Instant| w.min(at)));
         for _ in 0..self.ring.len() {
@@ -596,23 +621,22 @@ impl Outbox {
                 chat.in_ring = false;
                 continue;
             }
-            let ready = chat.ready_at(chat_id, &self.config, now);
+            let ready = chat.ready_at(now);
             if ready > now {
                 earliest(ready);
                 self.ring.push_back(chat_id);
                 continue;
             }
-            if self.recent_calls.len() >= self.config.global_max_calls.max(1) {
-                if let Some(&oldest) = self.recent_calls.front() {
-                    earliest(oldest + global_window);
-                }
+            let free = self.global.free_at(now);
+            if free > now {
+                earliest(free);
                 // This chat keeps its turn: it goes first once the window frees.
                 self.ring.push_front(chat_id);
                 break;
             }
             let call = self.start_call(chat_id, now);
             self.in_flight.push(call);
-            self.recent_calls.push_back(now);
+            self.global.record(now);
             self.ring.push_back(chat_id);
         }
         wake
@@ -625,8 +649,8 @@ impl Outbox {
         let chat = self.chat(chat_id, now);
         chat.not_before = now + interval;
         chat.last_used = now;
-        if chat_id < 0 {
-            chat.recent_calls.push_back(now);
+        if let Some(group) = &mut chat.group {
+            group.record(now);
         }
         if let Some(send) = chat.sends.pop_front() {
             let req = send.req.clone();
