@@ -76,18 +76,21 @@ struct Line {
     end: usize,
 }
 
+/// Bytes of the line break `s` ends with: 2 for `\r\n`, 1 for `\n`, else 0.
+fn line_break_len(s: &str) -> usize {
+    if s.ends_with("\r\n") {
+        2
+    } else {
+        usize::from(s.ends_with('\n'))
+    }
+}
+
 fn lines(src: &str) -> Vec<Line> {
     let mut lines = Vec::new();
     let mut start = 0;
     while start < src.len() {
         let end = src[start..].find('\n').map_or(src.len(), |i| start + i + 1);
-        let mut text_end = end;
-        if src[start..text_end].ends_with('\n') {
-            text_end -= 1;
-            if src[start..text_end].ends_with('\r') {
-                text_end -= 1;
-            }
-        }
+        let text_end = end - line_break_len(&src[start..end]);
         lines.push(Line { start, text_end, end });
         start = end;
     }
@@ -174,14 +177,10 @@ impl Builder {
     }
 
     fn pop_line_break(&mut self) {
-        if self.text.ends_with('\n') {
-            self.text.pop();
-            self.utf16 -= 1;
-            if self.text.ends_with('\r') {
-                self.text.pop();
-                self.utf16 -= 1;
-            }
-        }
+        let n = line_break_len(&self.text);
+        self.text.truncate(self.text.len() - n);
+        // `\r` and `\n` are one UTF-16 unit each.
+        self.utf16 -= n;
     }
 
     fn entity(&mut self, kind: &str, offset: usize, length: usize, language: Option<&str>) {
@@ -209,7 +208,7 @@ fn push_code_block(out: &mut Builder, src: &str, fence: &CodeFence) {
     // The last line break stays plain text after the entity, or goes when the
     // closing fence ended the source.
     let code = &out.text[from..];
-    let line_break = if code.ends_with("\r\n") { 2 } else { usize::from(code.ends_with('\n')) };
+    let line_break = line_break_len(code);
     let length = out.utf16 - offset - line_break;
     out.entity("pre", offset, length, fence.language());
     if fence.close_end == src.len() && fence.close_text_end == fence.close_end {
