@@ -680,17 +680,21 @@ impl Outbox {
         self.config.backoff_initial.saturating_mul(1 << doublings).min(self.config.backoff_max)
     }
 
-    /// Applies a failed call's consequences to the chat's pacing and says whether
-    /// the request is worth another attempt. `attempts` already counts this one
-    /// when it counts at all (429 answers do not).
+    /// Counts the failed attempt (a 429 does not count: it says when to retry),
+    /// applies the failure's consequences to the chat's pacing and says whether
+    /// the request is worth another attempt.
     fn after_error(
         &mut self,
         chat_id: i64,
         error: &TelegramError,
-        attempts: u32,
+        attempts: &mut u32,
         max_attempts: u32,
         now: Instant,
     ) -> AfterError {
+        if !matches!(error, TelegramError::RetryAfter(_)) {
+            *attempts += 1;
+        }
+        let attempts = *attempts;
         let delay = match error {
             TelegramError::RetryAfter(wait) => {
                 Counters::bump(&self.counters.rate_limited);
@@ -752,15 +756,13 @@ impl Outbox {
                 return;
             }
         }
-        if !matches!(error, TelegramError::RetryAfter(_)) {
-            send.attempts += 1;
-        }
-        match self.after_error(chat_id, &error, send.attempts, self.config.send_attempts, now) {
+        let max_attempts = self.config.send_attempts;
+        match self.after_error(chat_id, &error, &mut send.attempts, max_attempts, now) {
             AfterError::Retry => self.chat(chat_id, now).retry_send(send),
             AfterError::GiveUp => {
                 Counters::bump(&self.counters.failed);
                 tracing::warn!(chat_id, attempts = send.attempts, %error, "telegram send failed");
-                let attempts = send.attempts.max(1);
+                let attempts = send.attempts;
                 let _ = send.reply.send(Err(DeliveryError::Failed { attempts, error }));
             }
         }
@@ -803,16 +805,13 @@ impl Outbox {
             }
             Err(error) => error,
         };
-        if !matches!(error, TelegramError::RetryAfter(_)) {
-            edit.attempts += 1;
-        }
         // Someone waiting for this edit gets the persistence of a send.
         let max_attempts = if edit.waiters.is_empty() {
             self.config.edit_attempts
         } else {
             self.config.send_attempts
         };
-        match self.after_error(chat_id, &error, edit.attempts, max_attempts, now) {
+        match self.after_error(chat_id, &error, &mut edit.attempts, max_attempts, now) {
             AfterError::Retry => self.chat(chat_id, now).retry_edit(message_id, edit),
             AfterError::GiveUp => {
                 let chat = self.chat(chat_id, now);
@@ -823,7 +822,7 @@ impl Outbox {
                 }
                 Counters::bump(&self.counters.failed);
                 tracing::debug!(chat_id, message_id, %error, "telegram edit dropped");
-                let attempts = edit.attempts.max(1);
+                let attempts = edit.attempts;
                 edit.answer(&Err(DeliveryError::Failed { attempts, error }));
             }
         }
