@@ -7,10 +7,11 @@
 //!   only where allowed. Tokens are never logged.
 //! - Body: the text in `prompt` (or `text`, `message`, `input`, `content.text`),
 //!   attachments in `attachments`, `files` or `urls` (listed in the prompt under
-//!   `Attachments:`), optional `session_key`, `engine`, `queue_mode`, `metadata`,
-//!   `callback_url` (where overriding is allowed) and `idempotency_key` (where
-//!   allowed; the `Idempotency-Key` header always works). The README lists every
-//!   accepted shape.
+//!   `Attachments:`), optional `engine`, `queue_mode`, `metadata`, `session_key`
+//!   (only where `allow_session_key` is set, and then kept under
+//!   `webhook:<integration>:`), `callback_url` (where overriding is allowed) and
+//!   `idempotency_key` (where allowed; the `Idempotency-Key` header always works).
+//!   The README lists every accepted shape.
 //! - The run's `meta.webhook` holds the integration id, metadata, attachments and
 //!   the request (method, path, query with secrets redacted, remote address,
 //!   user agent, `X-Request-Id`).
@@ -219,6 +220,35 @@ impl<'a> Resolved<'a> {
     }
 }
 
+/// Longest session name a payload may choose.
+const MAX_PAYLOAD_SESSION_BYTES: usize = 200;
+
+/// The session a payload chose, kept under `webhook:<id>:` so that a webhook can
+/// never reach another channel's conversation (a Telegram chat's, say) and resume
+/// its vendor session. Only integrations with `allow_session_key` accept one.
+fn payload_session_key(
+    id: &str,
+    integration: &IntegrationConfig,
+    chosen: &str,
+) -> Result<String, String> {
+    if !integration.allow_session_key {
+        return Err(
+            "session_key may not be set by this integration (allow_session_key is off)".to_owned()
+        );
+    }
+    let prefix = format!("webhook:{id}:");
+    let name = chosen.strip_prefix(&prefix).unwrap_or(chosen);
+    let valid = !name.is_empty()
+        && name.len() <= MAX_PAYLOAD_SESSION_BYTES
+        && name.bytes().all(|b| b.is_ascii_graphic());
+    if !valid {
+        return Err(format!(
+            "invalid session_key: use 1 to {MAX_PAYLOAD_SESSION_BYTES} printable characters without spaces"
+        ));
+    }
+    Ok(format!("{prefix}{name}"))
+}
+
 /// The first non-blank string among `keys` of a JSON object.
 pub(super) fn first_string<'v>(body: &'v Value, keys: &[&str]) -> Option<&'v str> {
     keys.iter().filter_map(|key| body.get(*key)?.as_str()).map(str::trim).find(|s| !s.is_empty())
@@ -405,10 +435,14 @@ impl Prepared {
     ) -> Result<Self, String> {
         let integration = settings.integration;
         let payload = Payload::from_body(body)?;
-        let session_key = first_string(body, &["session_key"])
-            .map(str::to_owned)
-            .or_else(|| integration.session_key.clone().filter(|s| !s.trim().is_empty()))
-            .unwrap_or_else(|| format!("webhook:{}", settings.id));
+        let session_key = match first_string(body, &["session_key"]) {
+            Some(chosen) => payload_session_key(settings.id, integration, chosen)?,
+            None => integration
+                .session_key
+                .clone()
+                .filter(|s| !s.trim().is_empty())
+                .unwrap_or_else(|| format!("webhook:{}", settings.id)),
+        };
         let queue_mode = match first_string(body, &["queue_mode"]) {
             Some(raw) => Some(
                 QueueMode::ALL

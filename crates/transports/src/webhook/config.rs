@@ -89,9 +89,14 @@ pub struct IntegrationConfig {
     /// The name of a secret holding the token.
     #[serde(default)]
     pub token_secret: Option<String>,
-    /// The session runs go to unless the body names one (default `webhook:<id>`).
+    /// The session runs go to (default `webhook:<id>`). A payload's `session_key`
+    /// counts only with `allow_session_key`.
     #[serde(default)]
     pub session_key: Option<String>,
+    /// Whether a payload may choose its session; it is then kept under
+    /// `webhook:<id>:`, so a webhook never reaches another channel's session.
+    #[serde(default)]
+    pub allow_session_key: bool,
     /// The agent runs are attributed to.
     #[serde(default)]
     pub agent_id: Option<String>,
@@ -136,6 +141,7 @@ impl std::fmt::Debug for IntegrationConfig {
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("token_secret", &self.token_secret)
             .field("session_key", &self.session_key)
+            .field("allow_session_key", &self.allow_session_key)
             .field("agent_id", &self.agent_id)
             .field("queue_mode", &self.queue_mode)
             .field("cwd", &self.cwd)

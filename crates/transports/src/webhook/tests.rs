@@ -315,12 +315,11 @@ async fn async_requests_are_accepted_and_the_run_completes() {
 #[tokio::test]
 async fn sync_requests_answer_with_the_result() {
     let hook = TestHook::simple("mode = \"sync\"");
-    let (status, body) =
-        hook.post(json!({ "prompt": "echo this back", "session_key": "s1" })).await;
+    let (status, body) = hook.post(json!({ "prompt": "echo this back" })).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["ok"], true);
     assert_eq!(body["answer"], "echo this back");
-    assert_eq!(body["session_key"], "s1");
+    assert_eq!(body["session_key"], "webhook:zap");
     assert!(body["run_id"].as_str().is_some());
     assert_eq!(body["error"], Value::Null);
     assert_eq!(body["resume"]["engine"], "echo");
@@ -1076,4 +1075,38 @@ async fn a_client_that_hangs_up_mid_request_still_gets_its_answer_on_retry() {
     assert_eq!(body["duplicate"], true, "{body}");
     assert_eq!(body["answer"], "one two three four");
     assert_eq!(hook.run_count().await, 1, "the retry did not run again");
+}
+
+#[tokio::test]
+async fn a_payload_chooses_no_session_unless_the_integration_allows_it() {
+    let hook = TestHook::simple("");
+    let telegram_chat = "agent:default:telegram:bot:dm:42";
+    let (status, body) = hook.post(json!({ "prompt": "hi", "session_key": telegram_chat })).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("allow_session_key"), "{body}");
+    assert_eq!(hook.run_count().await, 0);
+}
+
+#[tokio::test]
+async fn an_allowed_payload_session_stays_under_the_integration() {
+    let toml = format!("[integrations.zap]\ntoken = \"{TOKEN}\"\nallow_session_key = true\n");
+    let hook = TestHook::start(&toml, Duration::ZERO, MapResolver::default());
+    let cases = [
+        ("customer-42", "webhook:zap:customer-42"),
+        ("webhook:zap:customer-42", "webhook:zap:customer-42"),
+        ("agent:default:telegram:bot:dm:42", "webhook:zap:agent:default:telegram:bot:dm:42"),
+        ("webhook:other:x", "webhook:zap:webhook:other:x"),
+    ];
+    for (chosen, expected) in cases {
+        let (status, body) = hook.post(json!({ "prompt": "hi", "session_key": chosen })).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{chosen}: {body}");
+        assert_eq!(body["session_key"], expected, "{chosen}");
+        let record = hook.gateway.store().get_run(body["run_id"].as_str().unwrap()).await;
+        assert_eq!(record.unwrap().unwrap().session_key, expected, "{chosen}");
+    }
+    for bad in ["with space", "line\nbreak", &"x".repeat(201), "webhook:zap:"] {
+        let (status, body) = hook.post(json!({ "prompt": "hi", "session_key": bad })).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad:?}: {body}");
+        assert!(body["error"].as_str().unwrap().contains("invalid session_key"), "{body}");
+    }
 }
