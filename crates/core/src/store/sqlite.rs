@@ -15,6 +15,7 @@ mod schema;
 mod writer;
 
 use std::fmt;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -92,9 +93,13 @@ impl SqliteStore {
         let open_error =
             |message: String| StoreError::Open { path: path.display().to_string(), message };
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
                 .map_err(|e| open_error(format!("cannot create {}: {e}", parent.display())))?;
         }
+        make_private(path).map_err(open_error)?;
         let mut write_conn = connect(path).map_err(open_error)?;
         schema::migrate(&mut write_conn).map_err(open_error)?;
         let pragmas = [
@@ -520,6 +525,35 @@ impl StoreBackend for SqliteStore {
 }
 
 /// Opens one connection with the settings every connection shares.
+/// Creates the database file with mode 0600 when it is missing and sets an existing
+/// one (and its `-wal` and `-shm` files) to 0600, whatever the directory's mode or
+/// the process's umask: the file holds every prompt, answer and resume id. SQLite
+/// gives the log and shared-memory files the database file's mode when it creates
+/// them.
+fn make_private(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let private = std::fs::Permissions::from_mode(0o600);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        match std::fs::set_permissions(&file, private.clone()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(format!("cannot make {} private: {e}", Path::new(&file).display()))
+            }
+        }
+    }
+    Ok(())
+}
+
 fn connect(path: &Path) -> Result<Connection, String> {
     let conn = Connection::open(path).map_err(|e| e.to_string())?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| e.to_string())?;
