@@ -79,10 +79,10 @@ async fn sigkill_loses_no_accepted_run_and_runs_none_twice() {
     // The first request after the crash continued the interrupted session.
     let first_after = gateway.run("queued-b-1").await;
     assert_eq!(first_after["meta"]["resume_source"], "auto", "{first_after}");
-    // The same id again is the same run, not a new one.
+    // The same request again is the same run, not a new one.
     let again = gateway
         .post("/v1/runs")
-        .json(&json!({ "prompt": "again", "session_key": "a", "run_id": "queued-a-1" }))
+        .json(&json!({ "prompt": "queued a 1", "session_key": "a", "run_id": "queued-a-1" }))
         .send()
         .await
         .unwrap();

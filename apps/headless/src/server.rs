@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -23,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::paths::Paths;
+use crate::paths::{secure_home, HomeAccess, Paths};
 
 /// The secret holding the control API's bearer token.
 pub const API_TOKEN_SECRET: &str = "lemon_api_token";
@@ -71,6 +70,7 @@ pub fn runtime_config(gateway: &GatewayConfig, user_home: Option<PathBuf>) -> Ru
         max_pending_runs: gateway.max_pending_runs,
         default_cwd: gateway.default_cwd.clone(),
         home_dir: user_home,
+        allowed_cwd_roots: gateway.allowed_cwd_roots.clone(),
         ..RuntimeConfig::default()
     }
 }
@@ -140,11 +140,18 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let config_mtime = modified(&opts.paths.config);
     let gateway_config = load_config(&opts.paths)?;
     // Private to the user: the database holds every prompt and answer.
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&opts.paths.home)
-        .with_context(|| format!("could not create {}", opts.paths.home.display()))?;
+    let home = &opts.paths.home;
+    match secure_home(home).with_context(|| format!("could not secure {}", home.display()))? {
+        HomeAccess::Private => {}
+        HomeAccess::Tightened(mode) => tracing::warn!(
+            home = %home.display(),
+            "the state directory was readable by other users (mode {mode:o}); it is now 0700"
+        ),
+        HomeAccess::SharedNotOurs(mode) => tracing::warn!(
+            home = %home.display(),
+            "the state directory is readable by other users (mode {mode:o}) and belongs to another user; run `chmod 700` on it"
+        ),
+    }
     let store = StoreHandle::open_sqlite(&opts.paths.database())?;
     let secrets = Arc::new(SecretStore::new(opts.env.clone(), opts.paths.secrets()));
     let (api_token, generated) = secrets.get_or_generate(API_TOKEN_SECRET)?;

@@ -17,7 +17,7 @@ pub use loader::{
 };
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -56,6 +56,14 @@ pub struct GatewayConfig {
     /// On SIGINT/SIGTERM, how long running runs may finish before they are cancelled.
     #[serde(default = "defaults::shutdown_grace_ms")]
     pub shutdown_grace_ms: u64,
+    /// A request left queued by a shutdown or a crash runs at the next start unless
+    /// it was accepted longer ago than this; then it completes `expired`.
+    #[serde(default = "defaults::recovered_max_age_ms")]
+    pub recovered_max_age_ms: u64,
+    /// When set, every run's working directory must be inside one of these
+    /// (absolute) directories, whoever chose it.
+    #[serde(default)]
+    pub allowed_cwd_roots: Vec<PathBuf>,
     /// Requests waiting in all queues together before submits are refused.
     #[serde(default = "defaults::max_pending_runs")]
     pub max_pending_runs: usize,
@@ -302,6 +310,18 @@ impl ListenConfig {
     }
 }
 
+/// Whether `dir` lies inside one of `roots` (`[gateway] allowed_cwd_roots`) once
+/// the symlinks of both are resolved, so a link inside a root cannot lead out of
+/// it. With no roots every directory is allowed; a directory that cannot be
+/// resolved (it does not exist) is inside none.
+pub fn cwd_allowed(roots: &[PathBuf], dir: &Path) -> bool {
+    if roots.is_empty() {
+        return true;
+    }
+    let Ok(dir) = dir.canonicalize() else { return false };
+    roots.iter().filter_map(|root| root.canonicalize().ok()).any(|root| dir.starts_with(root))
+}
+
 /// The control API's default port.
 pub const DEFAULT_API_PORT: u16 = 4040;
 /// The health endpoint's default port.
@@ -327,6 +347,9 @@ mod defaults {
     }
     pub(super) fn shutdown_grace_ms() -> u64 {
         10_000
+    }
+    pub(super) fn recovered_max_age_ms() -> u64 {
+        60 * 60 * 1000
     }
     pub(super) fn max_pending_runs() -> usize {
         1_000_000

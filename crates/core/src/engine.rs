@@ -122,6 +122,9 @@ pub enum RunError {
     QueueOverflow,
     /// Cancelled by the router's idle watchdog.
     IdleWatchdog,
+    /// A request left queued by a shutdown or a crash that waited longer than
+    /// `recovered_max_age_ms` for the next start.
+    Expired,
     /// Any other cancellation reason a caller named.
     Cancelled { reason: String },
     /// The engine reported a failure; the text is the engine's.
@@ -143,6 +146,7 @@ impl RunError {
             RunError::ShuttingDown => "shutting_down",
             RunError::QueueOverflow => "queue_overflow",
             RunError::IdleWatchdog => "run_idle_watchdog_timeout",
+            RunError::Expired => "expired",
             RunError::Cancelled { .. } => "cancelled",
             RunError::Engine { .. } => "engine_error",
         }
@@ -158,6 +162,7 @@ impl RunError {
                 | RunError::Cancelled { .. }
                 | RunError::IdleWatchdog
                 | RunError::QueueOverflow
+                | RunError::Expired
         )
     }
 }

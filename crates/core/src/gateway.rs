@@ -47,6 +47,9 @@ pub struct RuntimeConfig {
     pub default_cwd: Option<PathBuf>,
     /// The user's home directory, the fallback working directory.
     pub home_dir: Option<PathBuf>,
+    /// When not empty, a run whose working directory is outside all of these
+    /// fails to start (`[gateway] allowed_cwd_roots`).
+    pub allowed_cwd_roots: Vec<PathBuf>,
     /// Capacity of each run's engine event channel.
     pub engine_event_buffer: usize,
 }
@@ -62,6 +65,7 @@ impl Default for RuntimeConfig {
             max_pending_runs: 1_000_000,
             default_cwd: None,
             home_dir: None,
+            allowed_cwd_roots: Vec::new(),
             engine_event_buffer: 64,
         }
     }
@@ -81,6 +85,10 @@ pub struct ExecutionRequest {
     pub resume: Option<ResumeToken>,
     pub cwd: Option<PathBuf>,
     pub meta: BTreeMap<String, serde_json::Value>,
+    /// The caller keeps the request in a durable journal and runs it again after a
+    /// restart (the router does). At shutdown such a request, if it is still
+    /// waiting for a slot, is left queued rather than completed `shutting_down`.
+    pub journaled: bool,
 }
 
 impl ExecutionRequest {
@@ -100,6 +108,7 @@ impl ExecutionRequest {
             resume: None,
             cwd: None,
             meta: BTreeMap::new(),
+            journaled: false,
         }
     }
 }

@@ -178,6 +178,13 @@ pub enum RouteError {
     Refused(#[from] crate::gateway::SubmitError),
     #[error("the request could not be journaled: {0}")]
     Journal(#[from] StoreError),
+    /// A caller's run id names an earlier request with another prompt, engine or
+    /// session.
+    #[error("run_id {run_id} already used for another request")]
+    RunIdConflict { run_id: String },
+    /// The working directory is outside `[gateway] allowed_cwd_roots`.
+    #[error("cwd {cwd} is outside allowed_cwd_roots")]
+    CwdNotAllowed { cwd: String },
 }
 
 /// What a conversation-wide cancel or abort did.
@@ -213,6 +220,9 @@ pub struct RouterConfig {
     pub limits: Limits,
     /// Cancels a run with no event for this long; `None` disables it.
     pub idle_watchdog: Option<Duration>,
+    /// Requests recovered from the journal that were accepted longer ago than
+    /// this complete `expired` instead of running.
+    pub recovered_max_age: Duration,
     /// Bindings and projects, for `ChannelRef` lookups.
     pub gateway: Arc<GatewayConfig>,
 }
@@ -237,6 +247,7 @@ impl RouterConfig {
                 drop: gateway.queue.drop.unwrap_or(crate::config::DropPolicy::Oldest),
             },
             idle_watchdog,
+            recovered_max_age: Duration::from_millis(gateway.recovered_max_age_ms),
             gateway: Arc::new(gateway.clone()),
         }
     }
@@ -255,6 +266,8 @@ pub struct Recovered {
     pub requeued: usize,
     /// Requests that were running, completed as `interrupted`.
     pub interrupted: usize,
+    /// Requests that waited longer than `recovered_max_age_ms`, completed `expired`.
+    pub expired: usize,
 }
 
 /// The handle to the router. Cheap to clone.

@@ -452,6 +452,14 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
         }
     }
 
+    for (i, root) in gateway.allowed_cwd_roots.iter().enumerate() {
+        if !root.is_absolute() {
+            let segs = [key("gateway"), key("allowed_cwd_roots"), Segment::Index(i)];
+            let message = format!("{} is not an absolute path", root.display());
+            return Err(at(&segs, Anchor::Value, message));
+        }
+    }
+
     if gateway.queue.cap == Some(0) {
         let segs = [key("gateway"), key("queue"), key("cap")];
         return Err(at(&segs, Anchor::Value, "must be at least 1".to_owned()));

@@ -458,3 +458,28 @@ fn errors_in_sections_other_crates_parse_point_at_the_key() {
     assert_eq!(general.position(), Some(super::Position { line: 4, column: 1 }));
     assert!(general.to_string().contains(": gateway.telegram: set bot_token"), "{general}");
 }
+
+#[test]
+fn cwd_allowed_resolves_symlinks_before_checking_the_roots() {
+    let root = tempfile::tempdir().unwrap();
+    let inside = root.path().join("project");
+    std::fs::create_dir(&inside).unwrap();
+    std::os::unix::fs::symlink("/", inside.join("out")).unwrap();
+    let roots = vec![root.path().to_owned()];
+    assert!(crate::config::cwd_allowed(&[], Path::new("/")), "no roots: anything");
+    assert!(crate::config::cwd_allowed(&roots, &inside));
+    assert!(crate::config::cwd_allowed(&roots, &inside.join("..").join("project")));
+    assert!(!crate::config::cwd_allowed(&roots, &inside.join("out")), "a link out of the root");
+    assert!(!crate::config::cwd_allowed(&roots, Path::new("/")));
+    assert!(!crate::config::cwd_allowed(&roots, &inside.join("missing")));
+}
+
+#[test]
+fn allowed_cwd_roots_must_be_absolute() {
+    let err =
+        load_str("[gateway]\nallowed_cwd_roots = [\"/srv\", \"projects\"]\n", Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+    assert!(err.starts_with("c.toml:2:"), "{err}");
+    assert!(err.contains("projects is not an absolute path"), "{err}");
+}

@@ -186,6 +186,10 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
         Some(requested) => resolve_cwd(Some(requested), &ctx.config),
         None => ctx.fallback_cwd.to_path_buf(),
     };
+    if !crate::config::cwd_allowed(&ctx.config.allowed_cwd_roots, &cwd) {
+        let detail = format!("working directory {} is outside allowed_cwd_roots", cwd.display());
+        return Completion::failure(RunError::StartFailed { detail }, None);
+    }
     ctx.publish(
         state,
         EventKind::RunStarted { engine: state.engine.clone(), model: model.clone() },

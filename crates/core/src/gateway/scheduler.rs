@@ -204,9 +204,10 @@ impl Scheduler {
                 }
             }
         }
-        // Hard stop: queued requests still end in exactly one completion. Running
-        // runs see the cancelled token and complete themselves.
-        self.fail_queued(RunError::ShuttingDown).await;
+        // Hard stop: queued requests the router journaled wait for the next start;
+        // the others still end in exactly one completion. Running runs see the
+        // cancelled token and complete themselves.
+        self.stop_queued(RunError::ShuttingDown).await;
     }
 
     async fn handle(&mut self, msg: SchedulerMsg) {
@@ -417,18 +418,41 @@ impl Scheduler {
         CancelOutcome::Cancelling
     }
 
-    /// Completes every queued request with `error`.
-    async fn fail_queued(&mut self, error: RunError) {
-        let queued: Vec<RunId> = self
+    /// At shutdown, takes every request still waiting for a slot out of the queues.
+    /// A journaled one is left as it is stored (`queued`), so the router's journal
+    /// runs it at the next start; any other completes with `error`.
+    async fn stop_queued(&mut self, error: RunError) {
+        let queued: Vec<(RunId, bool)> = self
             .runs
             .iter()
             .filter(|(_, e)| e.shared.is_none())
-            .map(|(id, _)| id.clone())
+            .map(|(id, e)| (id.clone(), e.req.as_ref().is_some_and(|r| r.journaled)))
             .collect();
-        for run_id in queued {
-            self.cancel(&run_id, error.clone()).await;
+        let mut left = 0usize;
+        for (run_id, journaled) in queued {
+            if journaled {
+                self.unqueue(&run_id);
+                left += 1;
+            } else {
+                self.cancel(&run_id, error.clone()).await;
+            }
         }
         self.waitq.clear();
+        if left > 0 {
+            tracing::info!(queued = left, "queued requests left for the next start");
+        }
+    }
+
+    /// Forgets a request that is waiting for a slot, without completing it.
+    fn unqueue(&mut self, run_id: &RunId) {
+        let Some(entry) = self.runs.remove(run_id) else { return };
+        self.n_queued -= 1;
+        if let Some(conversation) = self.conversations.get_mut(&entry.conversation) {
+            conversation.queue.retain(|id| id != run_id);
+            if conversation.queue.is_empty() && conversation.running.is_none() {
+                self.conversations.remove(&entry.conversation);
+            }
+        }
     }
 
     fn cancel_running(&mut self, error: RunError) {
@@ -452,7 +476,7 @@ impl Scheduler {
                     Some(Draining { deadline: Instant::now() + grace, replies: vec![reply] });
             }
         }
-        self.fail_queued(RunError::ShuttingDown).await;
+        self.stop_queued(RunError::ShuttingDown).await;
         self.maybe_finish_drain();
     }
 

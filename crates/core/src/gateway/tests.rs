@@ -7,7 +7,7 @@ use tokio_util::task::TaskTracker;
 
 use super::lock::{EngineLock, LockKey};
 use super::*;
-use crate::bus::{BusEvent, EventKind, Subscription};
+use crate::bus::{BusEvent, EventKind, RunStatus, Subscription};
 use crate::engine::Completion;
 use crate::testing::FakeEngine;
 
@@ -353,6 +353,34 @@ async fn drain_lets_runs_finish_within_the_grace_then_cancels_the_rest() {
     h.tracker.wait().await;
     assert_eq!(h.fake.running(), 0);
     assert_eq!(h.gateway.snapshot().await, Err(ShuttingDown));
+}
+
+/// A request its caller journaled (the router's) is left queued by a drain, to run
+/// at the next start; one nobody journaled still completes `shutting_down`.
+#[tokio::test(start_paused = true)]
+async fn drain_leaves_journaled_requests_queued_for_the_next_start() {
+    let mut h = harness(config(1));
+    let running = h.gateway.submit(request("a", "sleep:100 done")).await.unwrap();
+    let kept = h
+        .gateway
+        .submit(ExecutionRequest { journaled: true, ..request("b", "ok later") })
+        .await
+        .unwrap();
+    let unjournaled = h.gateway.submit(request("c", "ok never")).await.unwrap();
+    h.gateway.drain(Duration::from_secs(10)).await.unwrap();
+    let events = collect(&mut h.events, 2).await;
+    assert!(completion(&events[&running]).ok);
+    assert_eq!(error_code(&completion(&events[&unjournaled])), Some("shutting_down"));
+    assert!(!events.contains_key(&kept));
+    h.token.cancel();
+    h.tracker.close();
+    h.tracker.wait().await;
+    while let Ok(Some(event)) = h.events.try_recv() {
+        assert_ne!(event.run_id, kept, "no event for the kept request: {:?}", event.kind);
+    }
+    let row = h.gateway.store().get_run(kept.as_str()).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Queued);
+    assert_eq!(h.fake.started(), ["sleep:100 done"]);
 }
 
 #[tokio::test(start_paused = true)]

@@ -108,6 +108,14 @@ fn parse_conversation(raw: &str) -> Option<ConversationKey> {
     Some(ConversationKey::resume(engine, token))
 }
 
+/// A run the router already knows by its id.
+#[derive(Debug)]
+struct KnownRun {
+    accepted: Accepted,
+    /// The prompt as stored.
+    prompt: String,
+}
+
 fn session_of(raw: &str) -> Arc<str> {
     let trimmed = raw.trim();
     if trimmed.is_empty() {
@@ -285,8 +293,11 @@ impl Router {
             return Ok(Submitted::Command { command, reply });
         }
         if let Some(run_id) = &req.run_id {
-            if let Some(accepted) = self.known_run(run_id).await? {
-                return Ok(Submitted::Run(accepted));
+            if let Some(known) = self.known_run(run_id).await? {
+                if !self.same_request(&req, &session_key, &known) {
+                    return Err(RouteError::RunIdConflict { run_id: run_id.to_string() });
+                }
+                return Ok(Submitted::Run(known.accepted));
             }
         }
         let item = self.prepare(req, session_key).await?;
@@ -349,29 +360,69 @@ impl Router {
         }
     }
 
-    /// A caller id seen before is the same request: answer with it, queue nothing.
-    async fn known_run(&self, run_id: &RunId) -> Result<Option<Accepted>, RouteError> {
+    /// A caller id seen before, with what the first request asked for.
+    async fn known_run(&self, run_id: &RunId) -> Result<Option<KnownRun>, RouteError> {
         if let Some(key) = self.runs.get(run_id) {
             if let Some(item) = self.conversations.get(key).and_then(|c| c.find(run_id)) {
-                return Ok(Some(Accepted {
-                    run_id: run_id.clone(),
-                    session_key: item.session_key.to_string(),
-                    conversation: key.clone(),
-                    engine: item.engine.clone(),
-                    duplicate: true,
+                return Ok(Some(KnownRun {
+                    accepted: Accepted {
+                        run_id: run_id.clone(),
+                        session_key: item.session_key.to_string(),
+                        conversation: key.clone(),
+                        engine: item.engine.clone(),
+                        duplicate: true,
+                    },
+                    prompt: item.prompt.clone(),
                 }));
             }
         }
         let Some(record) = self.store.get_run(run_id.as_str()).await? else { return Ok(None) };
         let conversation = parse_conversation(&record.conversation)
             .unwrap_or_else(|| ConversationKey::session(&record.session_key));
-        Ok(Some(Accepted {
-            run_id: run_id.clone(),
-            session_key: record.session_key,
-            conversation,
-            engine: record.engine,
-            duplicate: true,
+        Ok(Some(KnownRun {
+            accepted: Accepted {
+                run_id: run_id.clone(),
+                session_key: record.session_key,
+                conversation,
+                engine: record.engine,
+                duplicate: true,
+            },
+            prompt: record.prompt,
         }))
+    }
+
+    /// Whether a request that reuses a known run id asks for the same thing: the
+    /// same session, the same prompt (as the router stored it, after taking out a
+    /// resume line and a directive; a queued followup may have had later text
+    /// merged after it) and, when it names one, the same engine. A repeated
+    /// request is a retry and answers `duplicate`; anything else is a conflict.
+    fn same_request(&self, req: &RunRequest, session_key: &str, known: &KnownRun) -> bool {
+        if known.accepted.session_key != session_key {
+            return false;
+        }
+        let mut prompt = req.prompt.clone();
+        if req.resume.is_none() {
+            if let Some(found) = extract_resume_line(&self.engines, &prompt) {
+                prompt = found.prompt;
+            }
+        }
+        let directive =
+            if self.config.native_only { None } else { parse_directive(&self.engines, &prompt) };
+        if let Some(directive) = &directive {
+            prompt.clone_from(&directive.prompt);
+        }
+        let same_prompt = known.prompt == prompt
+            || known.prompt == req.prompt
+            || known.prompt.starts_with(&format!("{prompt}\n"));
+        let base = |engine: &str| engine.split(':').next().unwrap_or(engine).to_owned();
+        let named = req
+            .engine
+            .as_deref()
+            .filter(|e| !e.trim().is_empty())
+            .map(str::to_owned)
+            .or_else(|| directive.map(|d| d.engine));
+        let same_engine = named.is_none_or(|e| base(&e) == base(&known.accepted.engine));
+        same_prompt && same_engine
     }
 
     /// Resolves resume, engine, conversation, cwd and queue mode.
@@ -439,6 +490,12 @@ impl Router {
         if let Some(source) = choice.source {
             meta.insert("resume_source".to_owned(), source.as_str().into());
         }
+        let cwd = req.cwd.filter(|c| !c.as_os_str().is_empty()).or(binding.cwd);
+        if let Some(cwd) = &cwd {
+            if !crate::config::cwd_allowed(&self.config.gateway.allowed_cwd_roots, cwd) {
+                return Err(RouteError::CwdNotAllowed { cwd: cwd.display().to_string() });
+            }
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
         Ok(Item {
@@ -448,7 +505,7 @@ impl Router {
             prompt,
             engine: choice.engine,
             resume: choice.resume,
-            cwd: req.cwd.filter(|c| !c.as_os_str().is_empty()).or(binding.cwd),
+            cwd,
             meta,
             origin: req.origin,
             mode,
@@ -484,8 +541,12 @@ impl Router {
             match effect {
                 Effect::Dispatch(item) => {
                     if let Err((item, error)) = self.dispatch(&key, item, false).await {
+                        if matches!(error, SubmitError::ShuttingDown) {
+                            // Accepted and journaled: it runs at the next start.
+                            tracing::debug!(run_id = %item.run_id, "queued request left for the next start");
+                            continue;
+                        }
                         let error = match error {
-                            SubmitError::ShuttingDown => RunError::ShuttingDown,
                             SubmitError::UnknownEngine { engine } => {
                                 RunError::UnknownEngine { engine }
                             }
@@ -577,6 +638,7 @@ impl Router {
             resume: item.resume.clone(),
             cwd: item.cwd.clone(),
             meta: item.meta.clone(),
+            journaled: true,
         };
         match self.gateway.submit(req).await {
             Ok(_) => {
@@ -791,6 +853,14 @@ impl Router {
                 self.interrupt_recovered(&entry).await?;
                 continue;
             }
+            let age_ms = now_ms().saturating_sub(entry.accepted_at_ms);
+            if u128::try_from(age_ms).unwrap_or(0) > self.config.recovered_max_age.as_millis() {
+                recovered.expired += 1;
+                let completion = Completion::failure(RunError::Expired, entry.resume.clone());
+                let session_key = session_of(&entry.session_key);
+                self.complete(&entry.run_id, &session_key, &entry.engine, completion, 1).await;
+                continue;
+            }
             recovered.requeued += 1;
             let item = item_from_entry(entry);
             let key = item.conversation.clone();
@@ -807,6 +877,7 @@ impl Router {
             tracing::info!(
                 requeued = recovered.requeued,
                 interrupted = recovered.interrupted,
+                expired = recovered.expired,
                 "journal recovered"
             );
         }

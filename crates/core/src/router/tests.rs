@@ -553,7 +553,8 @@ fn journaled(
             "queue_mode": "collect", "auto_resume": true, "fallback_engine": "fake",
         }),
         state,
-        accepted_at_ms: 1_000 + seq as i64,
+        // Accepted a moment ago, well within `recovered_max_age`.
+        accepted_at_ms: crate::clock::now_ms() - 1_000 + seq as i64,
     }
 }
 
@@ -755,4 +756,28 @@ async fn native_only_runs_lemon_and_keeps_a_stored_vendor_session_unused() {
             other => panic!("{other:?}"),
         };
     assert_eq!(accepted.conversation.as_str(), "resume:lemon:n-1");
+}
+
+/// A request the journal held for longer than `recovered_max_age` completes
+/// `expired` without running; a fresh one beside it still runs.
+#[tokio::test(start_paused = true)]
+async fn recovery_expires_requests_older_than_the_recovered_max_age() {
+    use crate::store::JournalState;
+    let store = StoreHandle::memory();
+    let mut stale = journaled("r-stale", 1, "ok stale", JournalState::Queued);
+    stale.accepted_at_ms = crate::clock::now_ms() - 2 * 60 * 60 * 1000;
+    let fresh = journaled("r-fresh", 2, "ok fresh", JournalState::Queued);
+    for entry in [&stale, &fresh] {
+        leave_row(&store, entry).await;
+    }
+    let config = RouterConfig { recovered_max_age: Duration::from_secs(3600), ..router_config() };
+    let mut h = harness_with(config, FakeEngine::new("fake"), store.clone()).await;
+    let finished = h.completions(2).await;
+    let ids: Vec<&str> = finished.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["r-stale", "r-fresh"]);
+    assert_eq!(code(&finished[0].1), Some("expired"));
+    assert!(finished[1].1.ok);
+    assert_eq!(h.fake.started(), ["ok fresh"], "the expired one never ran");
+    let stale_run = store.get_run("r-stale").await.unwrap().unwrap();
+    assert_eq!(stale_run.error_code.as_deref(), Some("expired"));
 }

@@ -362,8 +362,8 @@ async fn submit_with_wait_answers_with_the_finished_run() {
     assert_eq!(run["answer"], json!("wait for me"));
     assert_eq!(run["resume"], json!({ "engine": "echo", "value": "wait-1" }));
 
-    // The same id again is the same run, even though that run has finished.
-    let body = json!({ "prompt": "again", "run_id": "wait-1" });
+    // The same request again is the same run, even though that run has finished.
+    let body = json!({ "prompt": "wait for me", "session_key": "s-wait", "run_id": "wait-1" });
     let (status, again) = gw.call(Method::POST, "/v1/runs", Some(body.clone())).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{again}");
     assert_eq!(again["run_id"], json!("wait-1"));
@@ -371,6 +371,12 @@ async fn submit_with_wait_answers_with_the_finished_run() {
     let (status, run) = gw.call(Method::POST, "/v1/runs?wait=true", Some(body)).await;
     assert_eq!(status, StatusCode::OK, "{run}");
     assert_eq!(run["answer"], json!("wait for me"), "the first request's run, not a new one");
+
+    // Another request under the same id is a conflict, not a silent duplicate.
+    let body = json!({ "prompt": "again", "session_key": "s-wait", "run_id": "wait-1" });
+    let (status, error) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{error}");
+    assert_eq!(error, json!({ "error": "run_id wait-1 already used for another request" }));
 }
 
 #[tokio::test]

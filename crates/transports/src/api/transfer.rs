@@ -71,6 +71,10 @@ impl SubmitBody {
                 })?)
             }
         };
+        let cwd = self.cwd.filter(|cwd| !cwd.as_os_str().is_empty());
+        if let Some(cwd) = &cwd {
+            check_cwd(cwd)?;
+        }
         let resume = match self.resume {
             None => None,
             Some(ResumeBody { engine, value }) => {
@@ -91,7 +95,7 @@ impl SubmitBody {
             queue_mode,
             engine: non_blank(self.engine),
             resume,
-            cwd: self.cwd.filter(|cwd| !cwd.as_os_str().is_empty()),
+            cwd,
             meta: self.meta.unwrap_or_default(),
             run_id: Some(run_id),
             channel: None,
@@ -109,8 +113,29 @@ impl From<RouteError> for ApiError {
             RouteError::UnsupportedResumeEngine { message, .. } => ApiError::BadRequest(message),
             RouteError::Refused(err) => err.into(),
             RouteError::Journal(err) => err.into(),
+            RouteError::RunIdConflict { .. } => ApiError::Conflict(err.to_string()),
+            RouteError::CwdNotAllowed { .. } => ApiError::BadRequest(err.to_string()),
         }
     }
+}
+
+/// A caller's working directory must be an absolute path to an existing
+/// directory: a relative one would resolve against wherever the gateway was
+/// started.
+fn check_cwd(cwd: &std::path::Path) -> Result<(), ApiError> {
+    if !cwd.is_absolute() {
+        return Err(ApiError::BadRequest(format!(
+            "invalid cwd {:?}: use an absolute path",
+            cwd.display().to_string()
+        )));
+    }
+    if !cwd.is_dir() {
+        return Err(ApiError::BadRequest(format!(
+            "invalid cwd {:?}: not an existing directory",
+            cwd.display().to_string()
+        )));
+    }
+    Ok(())
 }
 
 fn non_blank(value: Option<String>) -> Option<String> {
