@@ -2,8 +2,9 @@
 //!
 //! With `delay_ms = 0` and a short prompt every event fits the run's channel, so
 //! `start` sends them inline without spawning a task; otherwise a task streams the
-//! words with the delay between them. Either way the resume token is
-//! `echo resume <run id>` and a cancel stops the stream.
+//! words with the delay between them. Either way a cancel stops the stream. A
+//! fresh run starts session `<run id>` (`echo resume <run id>`); a resumed run
+//! reports the session it continued.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,7 +65,13 @@ fn chunks(text: &str) -> Vec<String> {
 }
 
 fn events_of(req: &StartRequest) -> Vec<EngineEvent> {
-    let resume = ResumeToken::new("echo", req.run_id.as_str());
+    // A resumed run continues the session it was given; a fresh one starts a
+    // session named after itself.
+    let resume = req
+        .resume
+        .clone()
+        .filter(|token| token.engine == "echo")
+        .unwrap_or_else(|| ResumeToken::new("echo", req.run_id.as_str()));
     let mut events = Vec::with_capacity(8);
     events.push(EngineEvent::Started {
         resume: Some(resume.clone()),

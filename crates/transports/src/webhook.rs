@@ -68,7 +68,7 @@ pub use config::{
 pub use service::WebhookTransport;
 
 use idempotency::{Claim, IdempotencyKeys};
-use payload::Payload;
+use payload::{Payload, PayloadError};
 
 use crate::error::ApiError;
 
@@ -372,7 +372,11 @@ async fn receive(
     };
     let mut request = match Prepared::new(&settings, &parts, &body) {
         Ok(request) => request,
-        Err(message) => return error(StatusCode::BAD_REQUEST, &message),
+        Err(Refusal::BadRequest(message)) => return error(StatusCode::BAD_REQUEST, &message),
+        Err(Refusal::MissingPrompt(detail)) => {
+            let body = json!({ "error": "invalid request payload", "detail": detail });
+            return (StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response();
+        }
     };
     if let Some(url) = &request.callback_url {
         match callback::check(url, inner.resolver.as_ref(), settings.callback.allow_private_hosts)
@@ -416,6 +420,22 @@ async fn receive(
     })
 }
 
+/// Why a request was not prepared.
+#[derive(Debug)]
+enum Refusal {
+    /// `400` with the message.
+    BadRequest(String),
+    /// No prompt: `422 {"error": "invalid request payload", "detail"}`, as the
+    /// reference answers.
+    MissingPrompt(String),
+}
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Self {
+        Refusal::BadRequest(message)
+    }
+}
+
 /// A validated request, ready to submit.
 struct Prepared {
     req: RunRequest,
@@ -432,9 +452,12 @@ impl Prepared {
         settings: &Resolved<'_>,
         parts: &RequestParts<'_>,
         body: &Value,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, Refusal> {
         let integration = settings.integration;
-        let payload = Payload::from_body(body)?;
+        let payload = Payload::from_body(body).map_err(|err| match err {
+            PayloadError::MissingPrompt => Refusal::MissingPrompt(err.to_string()),
+            PayloadError::Invalid(message) => Refusal::BadRequest(message),
+        })?;
         let session_key = match first_string(body, &["session_key"]) {
             Some(chosen) => payload_session_key(settings.id, integration, chosen)?,
             None => integration
@@ -459,7 +482,11 @@ impl Prepared {
             .or_else(|| nested_string(body, "callback", "url"));
         let callback_url = match payload_callback {
             Some(url) if settings.allow_callback_override => Some(url.to_owned()),
-            Some(_) => return Err("callback_url may not be set by this integration".to_owned()),
+            Some(_) => {
+                return Err(Refusal::BadRequest(
+                    "callback_url may not be set by this integration".to_owned(),
+                ))
+            }
             None => settings.callback_url.map(str::to_owned),
         };
         let payload_key = || {
@@ -470,9 +497,9 @@ impl Prepared {
             .or_else(|| settings.allow_payload_idempotency_key.then(payload_key).flatten())
             .map(str::to_owned);
         if idempotency_key.as_ref().is_some_and(|key| key.len() > MAX_IDEMPOTENCY_KEY_BYTES) {
-            return Err(format!(
+            return Err(Refusal::BadRequest(format!(
                 "the idempotency key is longer than {MAX_IDEMPOTENCY_KEY_BYTES} bytes"
-            ));
+            )));
         }
         let attachments = payload.attachments_json();
         let request = request_info::request_json(

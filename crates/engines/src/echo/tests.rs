@@ -63,3 +63,19 @@ async fn cancel_stops_a_delayed_stream() {
     // The task ends without a completion; the channel closes.
     assert_eq!(rx.recv().await, None);
 }
+
+#[tokio::test]
+async fn a_resumed_run_reports_the_session_it_continued() {
+    let engine = EchoEngine::new(Duration::ZERO, TaskTracker::new());
+    let (sink, mut rx) = EventSink::channel(16);
+    let req =
+        StartRequest { resume: Some(ResumeToken::new("echo", "first-run")), ..request("again") };
+    let _control = engine.start(req, sink).await.unwrap();
+    let resume = Some(ResumeToken::new("echo", "first-run"));
+    assert!(matches!(rx.recv().await, Some(EngineEvent::Started { resume: r, .. }) if r == resume));
+    let mut last = None;
+    while let Some(event) = rx.recv().await {
+        last = Some(event);
+    }
+    assert_eq!(last, Some(EngineEvent::Completed(Completion::success("", resume))));
+}

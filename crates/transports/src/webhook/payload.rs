@@ -79,20 +79,29 @@ pub(super) struct Payload {
     pub(super) metadata: Value,
 }
 
+/// Why a body is not a payload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum PayloadError {
+    /// No text and no attachments: answered `422 invalid request payload`.
+    #[error("missing prompt: set \"prompt\" (or \"text\", \"message\", \"input\", \"content.text\") or attach files")]
+    MissingPrompt,
+    /// A field of the wrong shape: answered `400` with the message.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 impl Payload {
     /// Normalises `body` (a JSON object).
     ///
     /// # Errors
-    /// A message for the caller: no text and no attachments, too many
-    /// attachments, or metadata that is not an object.
-    pub(super) fn from_body(body: &Value) -> Result<Payload, String> {
+    /// [`PayloadError::MissingPrompt`] without text and attachments;
+    /// [`PayloadError::Invalid`] for too many attachments or metadata that is
+    /// not an object.
+    pub(super) fn from_body(body: &Value) -> Result<Payload, PayloadError> {
         let text = text_of(body);
-        let attachments = attachments_of(body)?;
+        let attachments = attachments_of(body).map_err(PayloadError::Invalid)?;
         if text.is_none() && attachments.is_empty() {
-            return Err(
-                "missing prompt: set \"prompt\" (or \"text\", \"message\", \"input\", \"content.text\") or attach files"
-                    .to_owned(),
-            );
+            return Err(PayloadError::MissingPrompt);
         }
         let mut prompt = text.unwrap_or_default().to_owned();
         if !attachments.is_empty() {
@@ -105,7 +114,8 @@ impl Payload {
                 prompt.push_str(&attachment.line());
             }
         }
-        Ok(Payload { prompt, attachments, metadata: metadata_of(body)? })
+        let metadata = metadata_of(body).map_err(PayloadError::Invalid)?;
+        Ok(Payload { prompt, attachments, metadata })
     }
 
     /// The attachments as a JSON list.

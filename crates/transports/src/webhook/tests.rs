@@ -286,8 +286,9 @@ async fn bad_requests_get_json_errors() {
     assert!(body["error"].as_str().unwrap().contains("invalid JSON"), "{body}");
 
     let (status, body) = hook.post(json!({ "prompt": "  ", "metadata": {} })).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(body["error"].as_str().unwrap().contains("missing prompt"), "{body}");
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["error"], "invalid request payload", "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("missing prompt"), "{body}");
 
     let (status, body) = hook.post(json!({ "prompt": "x".repeat(100) })).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
@@ -644,7 +645,7 @@ fn attachment_shapes_are_normalised() {
 
 #[test]
 fn bodies_without_text_or_attachments_and_bad_metadata_are_refused() {
-    let refused = |body: Value| Payload::from_body(&body).unwrap_err();
+    let refused = |body: Value| Payload::from_body(&body).unwrap_err().to_string();
     assert!(refused(json!({ "prompt": "  ", "urls": [] })).starts_with("missing prompt"));
     assert!(refused(json!({ "files": [{ "size": 3 }] })).starts_with("missing prompt"));
     assert!(refused(json!({ "prompt": "x", "metadata": [1] })).starts_with("metadata must be"));
