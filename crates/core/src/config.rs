@@ -257,6 +257,24 @@ impl QueueMode {
     }
 }
 
+/// A name that is not a queue mode; its message lists the valid ones.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid queue_mode {given:?}: expected one of collect, followup, steer, steer_backlog, redirect, interrupt")]
+pub struct UnknownQueueMode {
+    pub given: String,
+}
+
+impl std::str::FromStr for QueueMode {
+    type Err = UnknownQueueMode;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        QueueMode::ALL
+            .into_iter()
+            .find(|mode| mode.as_str() == raw)
+            .ok_or_else(|| UnknownQueueMode { given: raw.to_owned() })
+    }
+}
+
 /// Which request a full conversation queue drops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -467,12 +467,7 @@ impl Prepared {
                 .unwrap_or_else(|| format!("webhook:{}", settings.id)),
         };
         let queue_mode = match first_string(body, &["queue_mode"]) {
-            Some(raw) => Some(
-                QueueMode::ALL
-                    .into_iter()
-                    .find(|mode| mode.as_str() == raw)
-                    .ok_or_else(|| format!("unknown queue_mode {raw:?}"))?,
-            ),
+            Some(raw) => Some(raw.parse::<QueueMode>().map_err(|err| err.to_string())?),
             None => integration.queue_mode,
         };
         let engine = first_string(body, &["engine"])

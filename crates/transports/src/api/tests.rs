@@ -934,11 +934,13 @@ async fn a_session_shows_its_active_run_queue_and_chat_state() {
     until_completed(&mut all, "sess-2").await;
     let (_, run) = gw.call(Method::GET, "/v1/runs/sess-2", None).await;
     assert_eq!(run["status"], json!("completed"), "{run}");
+    assert_eq!(run["resume"], json!({ "engine": "echo", "value": "sess-1" }), "continued: {run}");
     // The router writes chat state as it handles the end; poll the session for it.
+    // The queued run continued the cancelled run's session, which stays the session's.
     let session = within("chat state", async {
         loop {
             let (_, session) = gw.call(Method::GET, "/v1/sessions/s", None).await;
-            if session["chat_state"]["resume_token"] == json!("sess-2") {
+            if session["chat_state"]["resume_token"] == json!("sess-1") {
                 return session;
             }
             tokio::task::yield_now().await;

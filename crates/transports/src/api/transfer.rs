@@ -59,18 +59,10 @@ impl SubmitBody {
             })?,
         };
         let session_key = non_blank(self.session_key).unwrap_or_else(|| "default".to_owned());
-        let queue_mode = match non_blank(self.queue_mode) {
-            None => None,
-            Some(raw) => {
-                Some(QueueMode::ALL.into_iter().find(|m| m.as_str() == raw).ok_or_else(|| {
-                    let modes: Vec<&str> = QueueMode::ALL.iter().map(|m| m.as_str()).collect();
-                    ApiError::BadRequest(format!(
-                        "invalid queue_mode {raw:?}: expected one of {}",
-                        modes.join(", ")
-                    ))
-                })?)
-            }
-        };
+        let queue_mode = non_blank(self.queue_mode)
+            .map(|raw| raw.parse::<QueueMode>())
+            .transpose()
+            .map_err(|err| ApiError::BadRequest(err.to_string()))?;
         let cwd = self.cwd.filter(|cwd| !cwd.as_os_str().is_empty());
         if let Some(cwd) = &cwd {
             check_cwd(cwd)?;
