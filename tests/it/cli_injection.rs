@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use lemon_core::store::StoreHandle;
 use lemon_engines::cli::Vendor;
 use lemon_tests::fake_cli::fixture;
 use lemon_tests::fake_telegram::ChatSpec;
@@ -235,6 +236,36 @@ async fn a_telegram_message_with_an_injected_value_gets_a_short_reply_and_runs_n
     for vendor in Vendor::ALL {
         assert!(!args_file(dir.path(), vendor).exists(), "{vendor} was started");
     }
+}
+
+#[tokio::test]
+async fn a_stored_session_token_that_could_be_an_option_is_ignored_and_a_new_session_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = home_with(&engines_config(dir.path()));
+    let store = StoreHandle::open_sqlite(&home.path().join("lemon.db")).unwrap();
+    store.put_chat_state("poisoned", "claude", SKIP, lemon_core::clock::now_ms()).await;
+    store.close().await.unwrap();
+    drop(store);
+
+    let gateway = Gateway::start_in(home.path()).await;
+    let run_id = gateway
+        .submit(json!({ "prompt": "hi", "session_key": "poisoned", "engine": "claude" }))
+        .await;
+    let record = gateway.wait(&run_id).await;
+    assert_eq!(record["status"], "completed", "{record}");
+    assert!(record["meta"].get("resume_source").is_none(), "a new session: {record}");
+    let argv = read_args(&args_file(dir.path(), Vendor::Claude)).argv;
+    assert!(!argv.iter().any(|a| a.starts_with("--resume") || a.contains(SKIP)), "{argv:?}");
+    // The run's own session replaced the stored one: the next message continues it.
+    let next = gateway
+        .submit(json!({ "prompt": "again", "session_key": "poisoned", "engine": "claude" }))
+        .await;
+    assert_eq!(gateway.wait(&next).await["meta"]["resume_source"], "auto");
+    let argv = read_args(&args_file(dir.path(), Vendor::Claude)).argv;
+    assert_eq!(
+        argv.last().map(String::as_str),
+        Some("--resume=5b1c7a52-8f0e-4d7b-9c1a-2f3e4d5c6b7a")
+    );
 }
 
 #[tokio::test]

@@ -478,7 +478,7 @@ fn check_engine_ref(raw: &str) -> Result<(), String> {
         Some(m) if m.trim().is_empty() => {
             Err(format!("engine {raw:?} has an empty model after `:`"))
         }
-        Some(m) => check_model(m).map_err(|why| model_message(why)),
+        Some(m) => check_model(m).map_err(model_message),
         None => Ok(()),
     }
 }

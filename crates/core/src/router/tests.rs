@@ -789,9 +789,9 @@ async fn values_that_could_be_options_are_refused_naming_their_field_and_nothing
             RunRequest { engine: Some(format!("fake:{dash}")), ..RunRequest::new("s", "hi") },
             ("engine", "invalid model for fake"),
         ),
-        (RunRequest::new("s", &format!("/fake:{dash} hi")), ("prompt", "invalid model for fake")),
+        (RunRequest::new("s", format!("/fake:{dash} hi")), ("prompt", "invalid model for fake")),
         (
-            RunRequest::new("s", &format!("fake resume {dash}\nok hi")),
+            RunRequest::new("s", format!("fake resume {dash}\nok hi")),
             ("prompt", "invalid resume token for fake"),
         ),
         (
