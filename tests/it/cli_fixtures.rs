@@ -207,7 +207,7 @@ async fn claude_resumed_stream_without_result_fails_on_clean_exit() {
     case.resume = Some(CLAUDE_RESUMED);
     let (harness, _) = replay(&case).await;
     let argv = read_args(&harness.file("args")).argv;
-    assert_eq!(argv[argv.len() - 2..], ["--resume", CLAUDE_RESUMED]);
+    assert_eq!(argv.last(), Some(&format!("--resume={CLAUDE_RESUMED}")));
 }
 
 #[tokio::test]
@@ -411,7 +411,10 @@ async fn codex_reconnect_then_turn_failed() {
     let (harness, events) = replay(&case).await;
     assert_eq!(action_detail(&events, "codex.reconnect", "updated")["attempt"], 2);
     let argv = read_args(&harness.file("args")).argv;
-    assert_eq!(argv[argv.len() - 3..], ["resume", "0199a213-9999-7000-8000-000000000abc", "-"]);
+    assert_eq!(
+        argv[argv.len() - 4..],
+        ["resume", "--", "0199a213-9999-7000-8000-000000000abc", "-"]
+    );
 }
 
 #[tokio::test]

@@ -14,7 +14,7 @@ use crate::support::{home_with, Gateway, PATIENCE};
 const HOOK_TOKEN: &str = "hook-e2e-token-7a31";
 
 /// A free port on loopback (bound, read, released: a small race acceptable in tests).
-async fn free_port() -> u16 {
+pub(crate) async fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     listener.local_addr().unwrap().port()
 }

@@ -17,6 +17,10 @@ use tokio::sync::mpsc;
 
 use crate::ids::{EngineId, RunId};
 
+pub mod validate;
+
+pub use validate::{Field, InvalidValue};
+
 /// A session handle an engine can continue: `<engine> resume <value>`.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct ResumeToken {
@@ -385,6 +389,17 @@ pub trait Engine: Send + Sync + fmt::Debug + 'static {
         extract_plain_resume(self.id().as_str(), text)
     }
 
+    /// Checks the value of a resume token of this engine before anything is queued:
+    /// a value without the shape of this engine's session ids is refused, so none
+    /// can reach a command line as an option. The default is
+    /// [`validate::check_token`].
+    ///
+    /// # Errors
+    /// [`InvalidValue`] saying what is wrong with the value.
+    fn check_resume(&self, value: &str) -> Result<(), InvalidValue> {
+        validate::check_token(value)
+    }
+
     /// Whether the whole (trimmed) line is a resume command of this engine.
     fn is_resume_line(&self, line: &str) -> bool {
         let line = line.trim().trim_matches('`').trim();
@@ -479,6 +494,18 @@ impl EngineRegistry {
         match self.get(&token.engine) {
             Some(engine) => engine.format_resume(token),
             None => format!("`{} resume {}`", token.engine, token.value),
+        }
+    }
+
+    /// Checks `token` against its engine's shape ([`Engine::check_resume`]); a
+    /// token of no registered engine is left to the caller's unknown-engine check.
+    ///
+    /// # Errors
+    /// [`InvalidValue`] when the engine refuses the value.
+    pub fn check_resume(&self, token: &ResumeToken) -> Result<(), InvalidValue> {
+        match self.get(&token.engine) {
+            Some(engine) => engine.check_resume(&token.value),
+            None => Ok(()),
         }
     }
 

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{GatewayConfig, QueueMode};
-use crate::engine::ResumeToken;
+use crate::engine::{Field, InvalidValue, ResumeToken};
 use crate::gateway::GatewayHandle;
 use crate::ids::{ConversationKey, RunId};
 use crate::store::{ChatState, StoreError};
@@ -173,6 +173,11 @@ pub enum RouteError {
     UnknownEngine { engine: String },
     #[error("{message}")]
     UnsupportedResumeEngine { engine: String, message: String },
+    /// A value of the request does not have the shape its engine accepts (a
+    /// resume token, a model name), so it could be read as an option by a CLI.
+    /// `what` is a short lowercase phrase such as "invalid resume token for claude".
+    #[error("{field}: {what} ({why})")]
+    Invalid { field: Field, what: String, why: InvalidValue },
     /// The gateway refused the request (overloaded, shutting down…).
     #[error(transparent)]
     Refused(#[from] crate::gateway::SubmitError),
@@ -185,6 +190,26 @@ pub enum RouteError {
     /// The working directory is outside `[gateway] allowed_cwd_roots`.
     #[error("cwd {cwd} is outside allowed_cwd_roots")]
     CwdNotAllowed { cwd: String },
+}
+
+impl RouteError {
+    /// The error as a short reply in a chat: a refused value reads
+    /// `Invalid resume token for claude.`, anything else `Not accepted: <error>`.
+    pub fn chat_reply(&self) -> String {
+        match self {
+            RouteError::Invalid { what, .. } => sentence(what),
+            other => format!("Not accepted: {other}"),
+        }
+    }
+}
+
+/// `invalid model for claude` → `Invalid model for claude.`
+fn sentence(phrase: &str) -> String {
+    let mut chars = phrase.chars();
+    match chars.next() {
+        Some(first) => format!("{}{}.", first.to_uppercase(), chars.as_str()),
+        None => String::new(),
+    }
 }
 
 /// What a conversation-wide cancel or abort did.

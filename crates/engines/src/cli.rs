@@ -72,9 +72,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lemon_core::config::EngineSection;
+use lemon_core::engine::validate::check_model;
 use lemon_core::engine::{
-    Availability, Capabilities, Engine, EngineError, EventSink, ResumeToken, RunControl,
-    StartRequest,
+    Availability, Capabilities, Engine, EngineError, EventSink, InvalidValue, ResumeToken,
+    RunControl, StartRequest,
 };
 use lemon_core::ids::EngineId;
 use tokio_util::sync::CancellationToken;
@@ -322,6 +323,23 @@ impl CliEngine {
         self.vendor
     }
 
+    /// The values of a run that go on the command line, checked once more here so
+    /// that no caller can start a CLI with a token or a model it would read as an
+    /// option, whatever path the request took.
+    fn check_command_values(&self, req: &StartRequest) -> Result<(), EngineError> {
+        let refuse = |what: &str, why: InvalidValue| {
+            EngineError::Start(format!("invalid {what} for {}: {why}", self.vendor))
+        };
+        if let Some(token) = req.resume.as_ref().filter(|t| t.engine == self.vendor.id()) {
+            resume::check(self.vendor, &token.value).map_err(|why| refuse("resume token", why))?;
+        }
+        let models = req.model.iter().chain(self.settings.model.iter());
+        for model in models.map(|m| m.trim()).filter(|m| !m.is_empty()) {
+            check_model(model).map_err(|why| refuse("model", why))?;
+        }
+        Ok(())
+    }
+
     fn resolve_program(&self) -> Result<PathBuf, String> {
         settings::resolve_program(
             self.vendor,
@@ -356,6 +374,7 @@ impl Engine for CliEngine {
         req: StartRequest,
         sink: EventSink,
     ) -> Result<Arc<dyn RunControl>, EngineError> {
+        self.check_command_values(&req)?;
         let program = self
             .resolve_program()
             .map_err(|reason| EngineError::Unavailable { engine: self.id.to_string(), reason })?;
@@ -373,6 +392,10 @@ impl Engine for CliEngine {
 
     fn format_resume(&self, token: &ResumeToken) -> String {
         resume::format(self.vendor, &token.value)
+    }
+
+    fn check_resume(&self, value: &str) -> Result<(), InvalidValue> {
+        resume::check(self.vendor, value)
     }
 
     fn extract_resume(&self, text: &str) -> Option<ResumeToken> {

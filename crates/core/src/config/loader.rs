@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use toml_edit::{ImDocument, Item, Key, Table, TableLike, Value};
 
 use super::Config;
+use crate::engine::validate::{check_model, MAX_MODEL_LEN};
+use crate::engine::InvalidValue;
 use crate::ids::EngineId;
 
 /// A 1-based line and column (columns count characters, not bytes).
@@ -422,10 +424,16 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
     check_engine_ref(&gateway.default_engine)
         .map_err(|m| at(&[key("gateway"), key("default_engine")], Anchor::Value, m))?;
 
-    for id in gateway.engines.keys() {
+    for (id, section) in &gateway.engines {
         EngineId::parse(id).map_err(|e| {
             at(&[key("gateway"), key("engines"), key(id)], Anchor::Key, e.to_string())
         })?;
+        if let Some(model) = section.model.as_deref().filter(|m| !m.trim().is_empty()) {
+            check_model(model.trim()).map_err(|why| {
+                let segs = [key("gateway"), key("engines"), key(id), key("model")];
+                at(&segs, Anchor::Value, model_message(why))
+            })?;
+        }
     }
 
     for (id, project) in &gateway.projects {
@@ -474,8 +482,18 @@ fn check_engine_ref(raw: &str) -> Result<(), String> {
         None => (raw, None),
     };
     EngineId::parse(engine).map_err(|e| e.to_string())?;
-    if model.is_some_and(|m| m.trim().is_empty()) {
-        return Err(format!("engine {raw:?} has an empty model after `:`"));
+    match model {
+        Some(m) if m.trim().is_empty() => {
+            Err(format!("engine {raw:?} has an empty model after `:`"))
+        }
+        Some(m) => check_model(m).map_err(model_message),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// Why a model name was refused, for a config error.
+fn model_message(why: InvalidValue) -> String {
+    format!(
+        "invalid model: {why}; use up to {MAX_MODEL_LEN} ASCII letters, digits and `._:/@-`, not starting with `-`"
+    )
 }

@@ -342,6 +342,38 @@ fn engine_ids_are_checked() {
 }
 
 #[test]
+fn models_that_could_reach_a_command_line_as_an_option_are_config_errors() {
+    let rule = "use up to 128 ASCII letters, digits and `._:/@-`, not starting with `-`";
+    check_error(
+        "[gateway]\ndefault_engine = \"claude:--dangerously-skip-permissions\"\n",
+        &format!("{FILE}:2:18: gateway.default_engine: invalid model: it starts with '-'; {rule}"),
+    );
+    check_error(
+        "[gateway.projects.demo]\nroot = \"/tmp\"\ndefault_engine = \"codex:gpt 5\"\n",
+        &format!(
+            "{FILE}:3:18: gateway.projects.demo.default_engine: invalid model: it contains a character that is not allowed; {rule}"
+        ),
+    );
+    check_error(
+        "[[gateway.bindings]]\ntransport = \"telegram\"\ndefault_engine = \"claude:--allowedTools=Bash\"\n",
+        &format!(
+            "{FILE}:3:18: gateway.bindings[0].default_engine: invalid model: it starts with '-'; {rule}"
+        ),
+    );
+    check_error(
+        "[gateway.engines.claude]\nmodel = \"-x\"\n",
+        &format!(
+            "{FILE}:2:9: gateway.engines.claude.model: invalid model: it starts with '-'; {rule}"
+        ),
+    );
+    let config = check_ok(
+        "[gateway]\ndefault_engine = \"pi:anthropic/claude-sonnet-4-5\"\n[gateway.engines.claude]\nmodel = \"claude-opus-4-1@20250805\"\n",
+        &[],
+    );
+    assert_eq!(config.gateway.default_engine, "pi:anthropic/claude-sonnet-4-5");
+}
+
+#[test]
 fn values_are_validated() {
     check_error(
         "[gateway.queue]\ncap = 0\n",

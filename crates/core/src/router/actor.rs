@@ -13,9 +13,10 @@ use tokio_util::task::TaskTracker;
 use super::journal::Journal;
 use super::queue::{Conversation, Effect, Item, RouteChoice, SteerKind};
 use super::resolve::{
-    choose_engine, conversation_key, extract_resume_line, is_context_overflow, meta_flag,
-    parse_directive, parse_slash_command, queue_mode, resolve_binding, ChoiceError, EngineInputs,
-    SlashCommand, NATIVE_ONLY_RESUME_MESSAGE,
+    check_engine_model, check_meta_model, check_resume_token, choose_engine, conversation_key,
+    extract_resume_line, is_context_overflow, meta_flag, parse_directive, parse_slash_command,
+    queue_mode, resolve_binding, ChoiceError, EngineInputs, Refusal, SlashCommand,
+    NATIVE_ONLY_RESUME_MESSAGE,
 };
 use super::watch::Watch;
 use super::{
@@ -25,7 +26,7 @@ use super::{
 use crate::bus::{BusEvent, EventBus, EventKind, RunPhase, RunStatus};
 use crate::clock::now_ms;
 use crate::config::QueueMode;
-use crate::engine::{Completion, EngineRegistry, ResumeToken, RunError};
+use crate::engine::{Completion, EngineRegistry, Field, ResumeToken, RunError};
 use crate::gateway::{ExecutionRequest, GatewayHandle, SubmitError};
 use crate::ids::{ConversationKey, RunId};
 use crate::store::{FinishedRun, JournalEntry, JournalState, StoreHandle};
@@ -114,6 +115,10 @@ struct KnownRun {
     accepted: Accepted,
     /// The prompt as stored.
     prompt: String,
+}
+
+fn refused(refusal: Refusal) -> RouteError {
+    RouteError::Invalid { field: refusal.field, what: refusal.what, why: refusal.why }
 }
 
 fn session_of(raw: &str) -> Arc<str> {
@@ -438,22 +443,29 @@ impl Router {
             .unwrap_or_default();
         let mut prompt = req.prompt;
         let mut explicit = req.resume;
-        if explicit.is_none() {
-            if let Some(found) = extract_resume_line(&self.engines, &prompt) {
-                explicit = Some(found.token);
-                prompt = found.prompt;
-            }
+        if let Some(token) = &explicit {
+            check_resume_token(&self.engines, token, Field::ResumeEngine, Field::ResumeValue)
+                .map_err(refused)?;
+        } else if let Some(found) = extract_resume_line(&self.engines, &prompt) {
+            check_resume_token(&self.engines, &found.token, Field::Prompt, Field::Prompt)
+                .map_err(refused)?;
+            explicit = Some(found.token);
+            prompt = found.prompt;
         }
         let native_only = self.config.native_only;
         let directive = if native_only { None } else { parse_directive(&self.engines, &prompt) };
         if let Some(directive) = &directive {
+            check_engine_model(&directive.engine, Field::Prompt).map_err(refused)?;
             prompt.clone_from(&directive.prompt);
+        }
+        let requested_engine = req.engine.filter(|e| !e.trim().is_empty());
+        if let Some(engine) = &requested_engine {
+            check_engine_model(engine, Field::Engine).map_err(refused)?;
         }
         let chosen_engine = if native_only {
             None
         } else {
-            req.engine
-                .filter(|e| !e.trim().is_empty())
+            requested_engine
                 .or_else(|| directive.map(|d| d.engine))
                 .or_else(|| self.sticky.get(&session_key).cloned())
         };
@@ -479,6 +491,10 @@ impl Router {
         if self.engines.resolve(&choice.engine).is_none() {
             return Err(RouteError::UnknownEngine { engine: choice.engine });
         }
+        // Whatever chose it (a binding, a project, `default_engine`, `/engine`), the
+        // model part goes to a command line too.
+        check_engine_model(&choice.engine, Field::Engine).map_err(refused)?;
+        check_meta_model(&req.meta, &choice.engine).map_err(refused)?;
         let conversation = conversation_key(&session_key, explicit.as_ref());
         let mode = queue_mode(req.queue_mode, binding.queue_mode, self.config.queue_mode);
         let mut meta = req.meta;
@@ -515,11 +531,27 @@ impl Router {
         })
     }
 
+    /// The session's stored engine and token. A token its engine would refuse (a
+    /// store written by hand, or by an older version) is ignored with a warning, so
+    /// it never reaches a command line.
     async fn chat_state(&self, session_key: &str) -> Option<ResumeToken> {
-        match self.store.get_chat_state(session_key, now_ms()).await {
-            Ok(state) => state.map(|s| ResumeToken::new(s.last_engine, s.last_resume_token)),
+        let token = match self.store.get_chat_state(session_key, now_ms()).await {
+            Ok(state) => state.map(|s| ResumeToken::new(s.last_engine, s.last_resume_token))?,
             Err(error) => {
                 tracing::warn!(%error, session_key, "chat state unreadable; starting a new session");
+                return None;
+            }
+        };
+        match check_resume_token(&self.engines, &token, Field::ResumeEngine, Field::ResumeValue) {
+            Ok(()) => Some(token),
+            Err(refusal) => {
+                tracing::warn!(
+                    session_key,
+                    field = %refusal.field,
+                    reason = %refusal.why,
+                    "{}; the stored session is ignored and a new one starts",
+                    refusal.what
+                );
                 None
             }
         }
@@ -826,6 +858,9 @@ impl Router {
             SlashCommand::Engine(Some(engine)) => {
                 if self.engines.resolve(engine).is_none() {
                     return format!("Unknown engine {engine}.");
+                }
+                if let Err(refusal) = check_engine_model(engine, Field::Prompt) {
+                    return super::sentence(&refusal.what);
                 }
                 self.sticky.insert(session_key.clone(), engine.clone());
                 format!("This session now uses {engine}.")

@@ -6,8 +6,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::config::{BindingConfig, GatewayConfig, QueueMode};
-use crate::engine::{extract_plain_resume, EngineRegistry, ResumeToken, RunError};
-use crate::ids::ConversationKey;
+use crate::engine::validate::{check_engine_ref_model, check_model};
+use crate::engine::{
+    extract_plain_resume, EngineRegistry, Field, InvalidValue, ResumeToken, RunError,
+};
+use crate::ids::{ConversationKey, EngineId};
 
 use super::ChannelRef;
 
@@ -278,6 +281,75 @@ pub fn choose_engine(inputs: EngineInputs<'_>) -> Result<EngineChoice, ChoiceErr
     }
     let engine = inputs.binding_engine.unwrap_or(inputs.default_engine).to_owned();
     Ok(EngineChoice { engine, resume: None, source: None })
+}
+
+/// A value of a request refused before anything was queued: which field, what
+/// it was meant to be (`invalid resume token for claude`) and why it was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub field: Field,
+    pub what: String,
+    pub why: InvalidValue,
+}
+
+/// The engine part of an engine reference, for messages: the id when it is one,
+/// else a neutral word (the raw text is the caller's and is not repeated).
+fn engine_name(engine_ref: &str) -> &str {
+    let prefix = engine_ref.split(':').next().unwrap_or(engine_ref);
+    if EngineId::parse(prefix).is_ok() {
+        prefix
+    } else {
+        "the engine"
+    }
+}
+
+/// The model part of a composite engine reference (`claude:opus`), from `field`.
+///
+/// # Errors
+/// A [`Refusal`] naming `field` when the model is not a safe model name.
+pub fn check_engine_model(engine_ref: &str, field: Field) -> Result<(), Refusal> {
+    check_engine_ref_model(engine_ref).map_err(|why| Refusal {
+        field,
+        what: format!("invalid model for {}", engine_name(engine_ref)),
+        why,
+    })
+}
+
+/// `meta.model`, when it is a string (the only form the gateway passes on).
+///
+/// # Errors
+/// A [`Refusal`] of [`Field::MetaModel`] when it is not a safe model name.
+pub fn check_meta_model(
+    meta: &BTreeMap<String, serde_json::Value>,
+    engine_ref: &str,
+) -> Result<(), Refusal> {
+    match meta.get("model").and_then(|m| m.as_str()).map(str::trim).filter(|m| !m.is_empty()) {
+        Some(model) => check_model(model).map_err(|why| Refusal {
+            field: Field::MetaModel,
+            what: format!("invalid model for {}", engine_name(engine_ref)),
+            why,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// A resume token: its engine's model part (from `engine_field`), then its value
+/// against the shape its engine accepts (from `value_field`).
+///
+/// # Errors
+/// A [`Refusal`] naming the field whose value was refused.
+pub fn check_resume_token(
+    engines: &EngineRegistry,
+    token: &ResumeToken,
+    engine_field: Field,
+    value_field: Field,
+) -> Result<(), Refusal> {
+    check_engine_model(&token.engine, engine_field)?;
+    engines.check_resume(token).map_err(|why| Refusal {
+        field: value_field,
+        what: format!("invalid resume token for {}", engine_name(&token.engine)),
+        why,
+    })
 }
 
 /// The conversation a request belongs to: the explicit token's, else its session's.

@@ -781,3 +781,88 @@ async fn recovery_expires_requests_older_than_the_recovered_max_age() {
     let stale_run = store.get_run("r-stale").await.unwrap().unwrap();
     assert_eq!(stale_run.error_code.as_deref(), Some("expired"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn values_that_could_be_options_are_refused_naming_their_field_and_nothing_runs() {
+    let mut h = harness(router_config()).await;
+    let dash = "--dangerously-skip-permissions";
+    let invalid = |req: RunRequest| {
+        let router = h.router.clone();
+        async move {
+            match router.submit(req).await {
+                Err(RouteError::Invalid { field, what, .. }) => (field.as_str(), what),
+                other => panic!("expected a refusal, got {other:?}"),
+            }
+        }
+    };
+    let cases = [
+        (
+            RunRequest {
+                resume: Some(ResumeToken::new("fake", dash)),
+                ..RunRequest::new("s", "hi")
+            },
+            ("resume.value", "invalid resume token for fake"),
+        ),
+        (
+            RunRequest {
+                resume: Some(ResumeToken::new(format!("fake:{dash}"), "abc")),
+                ..RunRequest::new("s", "hi")
+            },
+            ("resume.engine", "invalid model for fake"),
+        ),
+        (
+            RunRequest { engine: Some(format!("fake:{dash}")), ..RunRequest::new("s", "hi") },
+            ("engine", "invalid model for fake"),
+        ),
+        (RunRequest::new("s", format!("/fake:{dash} hi")), ("prompt", "invalid model for fake")),
+        (
+            RunRequest::new("s", format!("fake resume {dash}\nok hi")),
+            ("prompt", "invalid resume token for fake"),
+        ),
+        (
+            RunRequest {
+                meta: [("model".to_owned(), "--allowedTools=Bash".into())].into(),
+                ..RunRequest::new("s", "hi")
+            },
+            ("meta.model", "invalid model for fake"),
+        ),
+    ];
+    for (req, (field, what)) in cases {
+        assert_eq!(invalid(req).await, (field, what.to_owned()));
+    }
+    let err = h
+        .router
+        .submit(RunRequest {
+            resume: Some(ResumeToken::new("fake", dash)),
+            ..RunRequest::new("s", "hi")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.chat_reply(), "Invalid resume token for fake.");
+    assert!(!err.to_string().contains(dash), "the value is not repeated: {err}");
+    assert_eq!(h.command("s", &format!("/engine fake:{dash}")).await, "Invalid model for fake.");
+    // The sticky engine did not change, and nothing above ran.
+    let ok = h.submit("s", "ok fine", None).await;
+    h.completion_of(&ok).await;
+    assert_eq!(h.fake.started(), ["ok fine"]);
+    assert_eq!(
+        h.store
+            .list_runs(crate::store::RunFilter { status: None, limit: 100 })
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stored_session_token_its_engine_would_refuse_is_ignored() {
+    let mut h = harness(router_config()).await;
+    h.store.put_chat_state("s", "fake", "--yolo", crate::clock::now_ms()).await;
+    let run = h.submit("s", "ok hi", None).await;
+    let done = h.completion_of(&run).await;
+    assert!(done.ok);
+    let record = h.store.get_run(run.as_str()).await.unwrap().unwrap();
+    assert!(record.meta.get("resume_source").is_none(), "a new session: {:?}", record.meta);
+    assert!(record.resume.as_ref().is_some_and(|t| t.value != "--yolo"), "{:?}", record.resume);
+}

@@ -1,8 +1,8 @@
 //! Claude Code: `claude -p --output-format stream-json --verbose`, the prompt on stdin.
 //!
 //! Command line: `claude -p --output-format stream-json --input-format text|stream-json
-//! --verbose [--dangerously-skip-permissions] [--allowedTools t…] [--model m]
-//! [extra_args…] [--resume <session_id>]`. Without steering the prompt goes on stdin
+//! --verbose [--dangerously-skip-permissions] [--allowedTools t…] [--model=m]
+//! [extra_args…] [--resume=<session_id>]`. Without steering the prompt goes on stdin
 //! as text and stdin is closed; with steering stdin carries stream-json user messages
 //! and stays open until the run's `result`.
 //!
@@ -44,11 +44,13 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
     }
     let model = input.model(&["claude:", "claude/", "anthropic:", "anthropic/"]);
     if let Some(model) = &model {
-        args.extend(["--model".to_owned(), model.clone()]);
+        args.push(format!("--model={model}"));
     }
     args.extend(settings.extra_args.iter().cloned());
     if let Some(session) = input.resume {
-        args.extend(["--resume".to_owned(), session.to_owned()]);
+        // `--resume` takes an optional value: in the `=` form the value is never
+        // mistaken for an option, nor an option for a missing value.
+        args.push(format!("--resume={session}"));
     }
     let stdin = if settings.steering {
         StdinMode::KeepOpen(user_message(input.prompt))

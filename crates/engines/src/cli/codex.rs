@@ -1,8 +1,8 @@
 //! Codex: `codex exec --json`, the prompt on stdin.
 //!
-//! Command line: `codex [extra_args…] exec [--model m] --json --skip-git-repo-check
+//! Command line: `codex [extra_args…] exec [--model=m] --json --skip-git-repo-check
 //! --color=never [--dangerously-bypass-approvals-and-sandbox]
-//! -c model_auto_compact_token_limit=170000 [resume <thread_id>] -`; the prompt and a
+//! -c model_auto_compact_token_limit=170000 [resume -- <thread_id>] -`; the prompt and a
 //! newline go on stdin, which is then closed.
 //!
 //! Schema (`type`): `thread.started`, `turn.started`, `turn.completed`,
@@ -34,7 +34,7 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
     args.push("exec".to_owned());
     let model = input.model(&["codex:", "openai-codex:", "openai:", "chatgpt:"]);
     if let Some(model) = &model {
-        args.extend(["--model".to_owned(), model.clone()]);
+        args.push(format!("--model={model}"));
     }
     args.extend(["--json", "--skip-git-repo-check", "--color=never"].map(str::to_owned));
     if settings.skip_permissions {
@@ -42,7 +42,8 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
     }
     args.extend(["-c", "model_auto_compact_token_limit=170000"].map(str::to_owned));
     if let Some(thread) = input.resume {
-        args.extend(["resume".to_owned(), thread.to_owned()]);
+        // After `--` the thread id and `-` are positional, whatever they start with.
+        args.extend(["resume".to_owned(), "--".to_owned(), thread.to_owned()]);
     }
     args.push("-".to_owned());
     let stdin = StdinMode::Write(format!("{}\n", input.prompt).into_bytes());

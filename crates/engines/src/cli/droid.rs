@@ -48,9 +48,20 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
         args.extend(["--reasoning-effort".to_owned(), effort.clone()]);
     }
     args.extend(settings.extra_args.iter().cloned());
-    args.extend(["--cwd".to_owned(), input.cwd.to_string_lossy().into_owned()]);
+    args.extend(["--cwd".to_owned(), path_arg(input.cwd)]);
     args.push(prompt_arg(input.prompt));
     Invocation::prompt_last(args, model)
+}
+
+/// A path argument that cannot read as an option: a relative path starting with
+/// `-` is written `./-…`.
+pub(super) fn path_arg(path: &std::path::Path) -> String {
+    let text = path.to_string_lossy();
+    if text.starts_with('-') {
+        format!("./{text}")
+    } else {
+        text.into_owned()
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,6 +1,6 @@
 //! OpenCode: `opencode run --format json`, the prompt as the last argument.
 //!
-//! Command line: `opencode run --format json [--session ses_…] [--model m]
+//! Command line: `opencode run --format json [--session=ses_…] [--model=m]
 //! [extra_args…] -- <prompt>`; stdin is `/dev/null`.
 //!
 //! Schema: every line is `{type, timestamp, sessionID, part}`; types `step_start`,
@@ -28,11 +28,11 @@ const OUTPUT_PREVIEW_BYTES: usize = 500;
 pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
     let mut args: Vec<String> = ["run", "--format", "json"].map(str::to_owned).to_vec();
     if let Some(session) = input.resume {
-        args.extend(["--session".to_owned(), session.to_owned()]);
+        args.push(format!("--session={session}"));
     }
     let model = input.model(&[]);
     if let Some(model) = &model {
-        args.extend(["--model".to_owned(), model.clone()]);
+        args.push(format!("--model={model}"));
     }
     args.extend(input.settings.extra_args.iter().cloned());
     // After `--` the prompt cannot be read as an option, whatever it starts with.

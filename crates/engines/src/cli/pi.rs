@@ -46,7 +46,14 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
         }
     };
     args.extend(["--session".to_owned(), token]);
-    args.push(prompt_arg(input.prompt));
+    // Pi reads an argument starting with `@` as a file to include: a prompt that
+    // starts so gets the same leading space as one starting with `-`.
+    let prompt = if input.prompt.starts_with('@') {
+        format!(" {}", input.prompt)
+    } else {
+        prompt_arg(input.prompt)
+    };
+    args.push(prompt);
     Invocation {
         env: vec![("NO_COLOR", "1"), ("CI", "1")],
         new_session,

@@ -11,8 +11,10 @@
 //! Words match case-insensitively, optionally inside backticks, anywhere in a text
 //! for [`extract`] (the command word must start a word) and as the whole trimmed
 //! line for [`is_resume_line`]. [`format()`] renders the first form, in backticks.
+//! [`check`] is the shape a token must have before it may reach the command line.
 
-use lemon_core::engine::ResumeToken;
+use lemon_core::engine::validate::{check_word_token, MAX_TOKEN_LEN};
+use lemon_core::engine::{InvalidValue, ResumeToken};
 
 use super::Vendor;
 
@@ -36,6 +38,62 @@ fn quote_pi(value: &str) -> String {
         format!("\"{escaped}\"")
     } else {
         value.to_owned()
+    }
+}
+
+/// The longest pi token accepted: a session file path.
+pub(crate) const MAX_PI_TOKEN_LEN: usize = 4096;
+
+/// Whether `value` has the shape of a `vendor` session id, and so may follow its
+/// option on the command line:
+/// - claude, codex, droid: `[A-Za-z0-9_-]+`, not starting with `-` (UUIDs, `sess_1`);
+/// - opencode: `ses_` and ASCII letters and digits;
+/// - pi: a short id (`[A-Za-z0-9_.-]+`, not starting with `-`), or a session file
+///   path (it holds `/` or starts with `~`) without control characters that does
+///   not start with `-`.
+///
+/// Every shape is bounded in length ([`MAX_TOKEN_LEN`], pi paths [`MAX_PI_TOKEN_LEN`]).
+pub(crate) fn check(vendor: Vendor, value: &str) -> Result<(), InvalidValue> {
+    match vendor {
+        Vendor::Claude | Vendor::Codex | Vendor::Droid => check_word_token(value),
+        Vendor::Opencode => {
+            check_word_token(value)?;
+            let id = value.get(..4).filter(|p| p.eq_ignore_ascii_case("ses_")).map(|_| &value[4..]);
+            match id {
+                Some(id) if !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric()) => {
+                    Ok(())
+                }
+                _ => Err(InvalidValue::Shape),
+            }
+        }
+        Vendor::Pi => check_pi(value),
+    }
+}
+
+fn check_pi(value: &str) -> Result<(), InvalidValue> {
+    if value.is_empty() {
+        return Err(InvalidValue::Empty);
+    }
+    if value.starts_with('-') {
+        return Err(InvalidValue::LeadingDash);
+    }
+    let word = value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if word {
+        return match value.len() {
+            len if len > MAX_TOKEN_LEN => Err(InvalidValue::TooLong { max: MAX_TOKEN_LEN }),
+            _ => Ok(()),
+        };
+    }
+    if value.len() > MAX_PI_TOKEN_LEN {
+        return Err(InvalidValue::TooLong { max: MAX_PI_TOKEN_LEN });
+    }
+    if value.chars().any(char::is_control) {
+        return Err(InvalidValue::Character);
+    }
+    if value.contains('/') || value.starts_with('~') {
+        Ok(())
+    } else {
+        Err(InvalidValue::Shape)
     }
 }
 

@@ -76,3 +76,84 @@ fn a_prompt_argument_never_reads_as_an_option() {
     assert_eq!(prompt_arg("--help me"), " --help me");
     assert_eq!(prompt_arg("help me"), "help me");
 }
+
+#[test]
+fn values_follow_their_option_in_a_form_no_cli_reads_as_another_option() {
+    let settings = |vendor| CliSettings::from_section(vendor, &EngineSection::default());
+    let base = BTreeMap::new();
+    let argv = |vendor: Vendor, resume: &str, prompt: &str| {
+        let settings = settings(vendor);
+        let input = CommandInput {
+            settings: &settings,
+            prompt,
+            resume: Some(resume),
+            model: Some("opus"),
+            cwd: std::path::Path::new("/work"),
+            base_env: &base,
+        };
+        match vendor {
+            Vendor::Claude => claude::command(&input),
+            Vendor::Codex => codex::command(&input),
+            Vendor::Opencode => opencode::command(&input),
+            Vendor::Pi => pi::command(&input),
+            Vendor::Droid => droid::command(&input),
+        }
+        .args
+    };
+    let claude = argv(Vendor::Claude, "sess_1", "--yolo");
+    assert!(claude.ends_with(&["--model=opus".to_owned(), "--resume=sess_1".to_owned()]));
+    let codex = argv(Vendor::Codex, "sess_1", "--yolo");
+    assert!(codex.contains(&"--model=opus".to_owned()), "{codex:?}");
+    assert!(codex.ends_with(&["resume", "--", "sess_1", "-"].map(str::to_owned)), "{codex:?}");
+    let opencode = argv(Vendor::Opencode, "ses_1", "--yolo");
+    assert_eq!(
+        opencode,
+        ["run", "--format", "json", "--session=ses_1", "--model=opus", "--", "--yolo"]
+    );
+    let pi = argv(Vendor::Pi, "sess_1", "--yolo");
+    assert!(pi.ends_with(&["--session", "sess_1", " --yolo"].map(str::to_owned)), "{pi:?}");
+    let pi = argv(Vendor::Pi, "sess_1", "@/etc/passwd");
+    assert_eq!(pi.last().map(String::as_str), Some(" @/etc/passwd"));
+    let droid = argv(Vendor::Droid, "sess_1", "-x");
+    assert!(droid.ends_with(&["--cwd", "/work", " -x"].map(str::to_owned)), "{droid:?}");
+    assert_eq!(droid::path_arg(std::path::Path::new("-rf")), "./-rf");
+}
+
+#[tokio::test]
+async fn an_engine_refuses_to_start_with_a_token_or_model_that_could_be_an_option() {
+    let ctx = CliContext::default();
+    for vendor in Vendor::ALL {
+        let engine = CliEngine::new(vendor, &EngineSection::default(), &ctx);
+        let request = |resume: Option<&str>, model: Option<&str>| StartRequest {
+            run_id: lemon_core::ids::RunId::generate(),
+            session_key: "s".to_owned(),
+            prompt: "hi".to_owned(),
+            resume: resume.map(|value| ResumeToken::new(vendor.id(), value)),
+            cwd: PathBuf::from("/"),
+            model: model.map(str::to_owned),
+            meta: BTreeMap::new(),
+        };
+        for req in [request(Some("--yolo"), None), request(None, Some("--yolo"))] {
+            let (sink, _events) = EventSink::channel(8);
+            let err = engine.start(req, sink).await.expect_err("refused");
+            assert!(
+                matches!(&err, EngineError::Start(m) if m.starts_with("invalid ") && !m.contains("--yolo")),
+                "{vendor}: {err}"
+            );
+        }
+        assert_eq!(engine.check_resume("--yolo"), Err(InvalidValue::LeadingDash));
+    }
+    let bad_config = EngineSection { model: Some("-x".to_owned()), ..EngineSection::default() };
+    let engine = CliEngine::new(Vendor::Claude, &bad_config, &ctx);
+    let (sink, _events) = EventSink::channel(8);
+    let req = StartRequest {
+        run_id: lemon_core::ids::RunId::generate(),
+        session_key: "s".to_owned(),
+        prompt: "hi".to_owned(),
+        resume: None,
+        cwd: PathBuf::from("/"),
+        model: None,
+        meta: BTreeMap::new(),
+    };
+    assert!(engine.start(req, sink).await.is_err());
+}

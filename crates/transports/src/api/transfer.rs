@@ -103,6 +103,8 @@ impl From<RouteError> for ApiError {
                 ApiError::BadRequest(format!("unknown engine {engine:?}"))
             }
             RouteError::UnsupportedResumeEngine { message, .. } => ApiError::BadRequest(message),
+            // `resume.value: invalid resume token for claude (it starts with '-')`
+            invalid @ RouteError::Invalid { .. } => ApiError::BadRequest(invalid.to_string()),
             RouteError::Refused(err) => err.into(),
             RouteError::Journal(err) => err.into(),
             RouteError::RunIdConflict { .. } => ApiError::Conflict(err.to_string()),

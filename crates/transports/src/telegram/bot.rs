@@ -391,7 +391,7 @@ impl Bot {
             Err(error) => {
                 self.store.kv_delete(DELIVERY_NS, &delivery.run_id).await;
                 tracing::warn!(%error, "message not accepted");
-                self.reply_soon(&message, format!("Not accepted: {error}"));
+                self.reply_soon(&message, error.chat_reply());
             }
         }
     }

@@ -250,3 +250,38 @@ fn meta_flags() {
     assert!(meta_flag(&meta, "c"));
     assert!(!meta_flag(&meta, "missing"));
 }
+
+#[test]
+fn resume_tokens_are_checked_by_their_engine_and_refusals_name_the_field() {
+    let engines = registry(&["claude"]);
+    let check = |engine: &str, value: &str| {
+        check_resume_token(&engines, &token(engine, value), Field::ResumeEngine, Field::ResumeValue)
+    };
+    assert_eq!(check("claude", "5b1c7a52-8f0e-4d7b-9c1a-2f3e4d5c6b7a"), Ok(()));
+    assert_eq!(check("claude:opus", "sess_1"), Ok(()));
+    assert_eq!(
+        check("claude", "--dangerously-skip-permissions"),
+        Err(Refusal {
+            field: Field::ResumeValue,
+            what: "invalid resume token for claude".to_owned(),
+            why: InvalidValue::LeadingDash,
+        })
+    );
+    assert_eq!(check("claude:-x", "sess_1").map_err(|r| r.field), Err(Field::ResumeEngine));
+    // An unknown engine is the unknown-engine check's to report.
+    assert_eq!(check("nope", "sess_1"), Ok(()));
+    let odd = check_engine_model("Bad\nId:-x", Field::Engine).unwrap_err();
+    assert_eq!(odd.what, "invalid model for the engine", "the caller's text is not repeated");
+}
+
+#[test]
+fn only_a_non_blank_string_meta_model_is_checked() {
+    let meta = |value: serde_json::Value| BTreeMap::from([("model".to_owned(), value)]);
+    assert_eq!(check_meta_model(&BTreeMap::new(), "claude"), Ok(()));
+    assert_eq!(check_meta_model(&meta("opus".into()), "claude"), Ok(()));
+    assert_eq!(check_meta_model(&meta("  ".into()), "claude"), Ok(()));
+    assert_eq!(check_meta_model(&meta(7.into()), "claude"), Ok(()));
+    let refused = check_meta_model(&meta("opus --yolo".into()), "claude:opus").unwrap_err();
+    assert_eq!((refused.field, refused.why), (Field::MetaModel, InvalidValue::Character));
+    assert_eq!(refused.what, "invalid model for claude");
+}

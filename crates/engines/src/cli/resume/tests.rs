@@ -73,3 +73,95 @@ fn formatted_lines_round_trip() {
     assert_eq!(format(Vendor::Droid, "x"), "`droid exec -s x`");
     assert_eq!(format(Vendor::Pi, "a b"), r#"`pi --session "a b"`"#);
 }
+
+#[test]
+fn every_fixture_token_has_its_vendors_shape() {
+    let tokens: [(Vendor, &[&str]); 5] = [
+        (
+            Vendor::Claude,
+            &[
+                "5b1c7a52-8f0e-4d7b-9c1a-2f3e4d5c6b7a",
+                "a7c3e9f1-2b4d-4c6e-8f0a-1b2c3d4e5f60",
+                "c0ffee00-aaaa-4bbb-8ccc-dddddddddddd",
+                "9d8e7f60-1111-4222-8333-444455556666",
+                "steer-0001",
+                "prev-1",
+            ],
+        ),
+        (
+            Vendor::Codex,
+            &[
+                "0199a213-81c0-7800-8aa1-bbab2a035a53",
+                "0199a213-9999-7000-8000-000000000abc",
+                "full_lifecycle",
+                "invalid_json_test",
+                "fake-thread",
+                "abc123",
+            ],
+        ),
+        (Vendor::Opencode, &["ses_7c1e2f3a4b5cXyZ", "ses_abc", "ses_prev1", "SES_abc9"]),
+        (
+            Vendor::Pi,
+            &[
+                "3f2a9c1e",
+                "pi_session_0123456789abcdef0123456789abcdef",
+                "/home/dev/.pi/agent/sessions/--home-dev-proj--/2026-08-01T12-00-00-000Z_0123abcd.jsonl",
+                "/home/dev/my projects/s.jsonl",
+                "~/.pi/agent/sessions/x.jsonl",
+            ],
+        ),
+        (Vendor::Droid, &["sess_1", "sess_123", "9d8e7f60-1111-4222-8333-444455556666"]),
+    ];
+    for (vendor, tokens) in tokens {
+        for token in tokens {
+            assert_eq!(check(vendor, token), Ok(()), "{vendor} {token}");
+        }
+    }
+}
+
+#[test]
+fn tokens_that_could_be_options_or_split_are_refused_for_every_vendor() {
+    let long = "a".repeat(MAX_TOKEN_LEN + 1);
+    let bad = [
+        "",
+        "-x",
+        "--dangerously-skip-permissions",
+        "--dangerously-bypass-approvals-and-sandbox",
+        "-s=abc",
+        "abc def",
+        "abc\n--yolo",
+        "abc\t-x",
+        "\u{2010}\u{2010}yolo",
+        "\u{2014}x",
+        long.as_str(),
+    ];
+    for vendor in Vendor::ALL {
+        for token in bad {
+            assert!(check(vendor, token).is_err(), "{vendor} accepted {token:?}");
+        }
+    }
+    for token in ["abc=--x", "ses_abc=--x", "abc\u{0430}"] {
+        for vendor in [Vendor::Claude, Vendor::Codex, Vendor::Opencode, Vendor::Droid] {
+            assert!(check(vendor, token).is_err(), "{vendor} accepted {token:?}");
+        }
+    }
+    assert_eq!(check(Vendor::Opencode, "abc"), Err(InvalidValue::Shape));
+    assert_eq!(check(Vendor::Opencode, "ses_"), Err(InvalidValue::Shape));
+    assert_eq!(check(Vendor::Opencode, "ses_ab-c"), Err(InvalidValue::Shape));
+    assert_eq!(check(Vendor::Pi, "/tmp/s\n--x.jsonl"), Err(InvalidValue::Character));
+    assert_eq!(check(Vendor::Pi, "abc def"), Err(InvalidValue::Shape));
+    assert_eq!(check(Vendor::Pi, "-/x.jsonl"), Err(InvalidValue::LeadingDash));
+    let long_path = format!("/{}", "a".repeat(MAX_PI_TOKEN_LEN));
+    assert_eq!(check(Vendor::Pi, &long_path), Err(InvalidValue::TooLong { max: MAX_PI_TOKEN_LEN }));
+}
+
+#[test]
+fn every_extracted_token_that_is_accepted_formats_back_to_a_line_with_the_same_token() {
+    for vendor in Vendor::ALL {
+        let token = if vendor == Vendor::Opencode { "ses_Ab1" } else { "sess_1" };
+        let line = format(vendor, token);
+        let found = extract(vendor, &line).expect("extracted");
+        assert_eq!(found.value, token);
+        assert_eq!(check(vendor, &found.value), Ok(()));
+    }
+}
