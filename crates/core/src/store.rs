@@ -336,7 +336,8 @@ impl StoreHandle {
     /// # Errors
     /// The store is closed or cannot be read.
     pub async fn process_groups(&self) -> Result<Vec<ProcessGroupRecord>, StoreError> {
-        let records = self.backend.kv_list(PROCESS_GROUPS_NAMESPACE, crate::clock::now_ms()).await?;
+        let records =
+            self.backend.kv_list(PROCESS_GROUPS_NAMESPACE, crate::clock::now_ms()).await?;
         let mut groups = Vec::with_capacity(records.len());
         for (key, value) in records {
             match ProcessGroupRecord::from_json(&value) {

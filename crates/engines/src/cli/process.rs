@@ -209,9 +209,10 @@ struct SpawnJob {
 /// Hands `command` to the spawner thread and waits for its child.
 async fn spawn_on_spawner(command: Command) -> Result<io::Result<Child>, SpawnError> {
     static SPAWNER: OnceLock<Result<mpsc::UnboundedSender<SpawnJob>, String>> = OnceLock::new();
-    let spawner = SPAWNER.get_or_init(start_spawner).as_ref().map_err(|err| {
-        SpawnError::Spawner(err.clone())
-    })?;
+    let spawner = SPAWNER
+        .get_or_init(start_spawner)
+        .as_ref()
+        .map_err(|err| SpawnError::Spawner(err.clone()))?;
     let (reply, rx) = oneshot::channel();
     spawner
         .send(SpawnJob { command, reply })

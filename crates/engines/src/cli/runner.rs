@@ -68,8 +68,7 @@ pub(crate) async fn start(
     req: StartRequest,
     sink: EventSink,
 ) -> Result<Arc<dyn RunControl>, EngineError> {
-    let Launch { vendor, program, settings, base_env, api_key, tracker, cancel, recorder } =
-        launch;
+    let Launch { vendor, program, settings, base_env, api_key, tracker, cancel, recorder } = launch;
     // A token of another engine cannot be continued here: the run is a new session.
     let resume = req.resume.clone().filter(|token| token.engine == vendor.id());
     let input = CommandInput {

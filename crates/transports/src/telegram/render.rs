@@ -225,7 +225,9 @@ impl ProgressRenderer {
             (RunStatus::Queued | RunStatus::Running | RunStatus::Cancelling, Some(engine)) => {
                 format!("Running… ({})", one_line(engine))
             }
-            (RunStatus::Queued | RunStatus::Running | RunStatus::Cancelling, None) => "Running…".to_owned(),
+            (RunStatus::Queued | RunStatus::Running | RunStatus::Cancelling, None) => {
+                "Running…".to_owned()
+            }
             (RunStatus::Completed, _) => "Done.".to_owned(),
             (RunStatus::Cancelled, _) => "Cancelled.".to_owned(),
             (RunStatus::Failed, _) => "Error.".to_owned(),

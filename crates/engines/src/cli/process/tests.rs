@@ -168,7 +168,8 @@ async fn terminate_stops_the_whole_group() {
 #[test]
 fn stat_fields_are_counted_after_the_command_name() {
     // A command name may hold spaces and parentheses.
-    let text = "4242 (evil) (name) S 1 4242 4100 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+    let text =
+        "4242 (evil) (name) S 1 4242 4100 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
     let stat = parse_stat(4242, text).unwrap();
     assert_eq!(
         stat,
@@ -214,7 +215,10 @@ async fn a_leftover_group_is_killed_only_while_its_leader_is_the_recorded_proces
     stale.start_time -= 1;
 
     assert_eq!(kill_leftover_group(&stale), Leftover::Reused);
-    assert!(proc_stat(stale.pgid).is_some_and(|stat| stat.alive), "a reused pid is never signalled");
+    assert!(
+        proc_stat(stale.pgid).is_some_and(|stat| stat.alive),
+        "a reused pid is never signalled"
+    );
     assert_eq!(kill_leftover_group(&ours_group), Leftover::Killed { processes: 1 });
     assert_eq!(ours.child.wait().await.signal, Some(9));
     // Reaped: nothing of it is left to kill, and a later record of it finds nothing.
