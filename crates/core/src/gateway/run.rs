@@ -4,7 +4,10 @@
 //! `run_started`, starts the engine and relays its events (numbering deltas 1, 2,
 //! 3…), until the engine completes, the run is cancelled, the engine goes quiet
 //! for the inactivity timeout, or the engine dies (its event channel closes, or
-//! the run panics). Whatever happens, [`execute`] then finalizes once, in order:
+//! the run panics). A cancelled or timed-out run first waits (bounded by
+//! `engine_stop_timeout`) until its engine has stopped, as `cancelling`, so its
+//! process is gone before its lock, slot and conversation are free again.
+//! Whatever happens, [`execute`] then finalizes once, in order:
 //! lock released (the guard is dropped with the body) → the final row and
 //! `run_completed` queued for the store → `run_completed` published → slot
 //! released and the conversation notified. Every event is queued for the store

@@ -208,7 +208,7 @@ struct SpawnJob {
 
 /// Hands `command` to the spawner thread and waits for its child.
 async fn spawn_on_spawner(command: Command) -> Result<io::Result<Child>, SpawnError> {
-    static SPAWNER: OnceLock<Result<mpsc::UnboundedSender<SpawnJob>, String>> = OnceLock::new();
+    static SPAWNER: OnceLock<Result<mpsc::Sender<SpawnJob>, String>> = OnceLock::new();
     let spawner = SPAWNER
         .get_or_init(start_spawner)
         .as_ref()
@@ -216,6 +216,7 @@ async fn spawn_on_spawner(command: Command) -> Result<io::Result<Child>, SpawnEr
     let (reply, rx) = oneshot::channel();
     spawner
         .send(SpawnJob { command, reply })
+        .await
         .map_err(|_| SpawnError::Spawner("it stopped".to_owned()))?;
     rx.await.map_err(|_| SpawnError::Spawner("it dropped the request".to_owned()))
 }
@@ -224,12 +225,12 @@ async fn spawn_on_spawner(command: Command) -> Result<io::Result<Child>, SpawnEr
 /// fires when the thread that forked it exits, so this thread lives as long as the
 /// process. Its own runtime (not the caller's, which may be shorter-lived) owns the
 /// children's pipes and exit notifications.
-fn start_spawner() -> Result<mpsc::UnboundedSender<SpawnJob>, String> {
+fn start_spawner() -> Result<mpsc::Sender<SpawnJob>, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|err| format!("no runtime: {err}"))?;
-    let (tx, mut rx) = mpsc::unbounded_channel::<SpawnJob>();
+    let (tx, mut rx) = mpsc::channel::<SpawnJob>(64);
     std::thread::Builder::new()
         .name("lemon-spawner".to_owned())
         .spawn(move || {
