@@ -83,6 +83,7 @@ impl Harness {
             tracker: self.tracker.clone(),
             shutdown: self.shutdown.clone(),
             api_keys: self.api_keys.clone(),
+            recorder: None,
         }
     }
 

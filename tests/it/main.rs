@@ -7,6 +7,7 @@
 mod cli_compliance;
 mod cli_fixtures;
 mod cli_injection;
+mod cli_lifetime;
 mod cli_process;
 mod cli_support;
 mod gateway_e2e;

@@ -21,6 +21,7 @@ fn server_engines() -> EngineRegistry {
         tracker: tracker.clone(),
         shutdown: CancellationToken::new(),
         api_keys: Default::default(),
+        recorder: None,
     };
     let mut engines = EngineRegistry::new();
     engines.register(Arc::new(EchoEngine::new(Duration::ZERO, tracker))).unwrap();

@@ -87,8 +87,18 @@ impl Gateway {
         gateway
     }
 
-    async fn spawn(mut command: Command, home: &Path) -> Gateway {
-        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+    async fn spawn(command: Command, home: &Path) -> Gateway {
+        Gateway::spawn_with_stderr(command, home, Stdio::inherit()).await
+    }
+
+    /// Starts `command` (from [`command`] or [`command_with_path`]) with its log
+    /// (stderr) going to `stderr`.
+    pub(crate) async fn spawn_with_stderr(
+        mut command: Command,
+        home: &Path,
+        stderr: Stdio,
+    ) -> Gateway {
+        let mut child = command.stdout(Stdio::piped()).stderr(stderr).spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
         let ready = tokio::time::timeout(PATIENCE, async {

@@ -14,8 +14,10 @@ use lemon_core::engine::{Availability, EngineRegistry};
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::router::{RouterConfig, RouterHandle};
 use lemon_core::secrets::{SecretStore, SecretValue};
-use lemon_core::store::StoreHandle;
-use lemon_engines::cli::{build_cli_engines, ApiKey, CliContext};
+use lemon_core::store::{ProcessGroupRecord, StoreHandle};
+use lemon_engines::cli::{
+    build_cli_engines, kill_leftover_group, ApiKey, CliContext, Leftover, ProcessRecorder,
+};
 use lemon_engines::echo::EchoEngine;
 use lemon_transports::transport::{TransportDeps, TransportRegistry, TransportState};
 use tokio::net::TcpListener;
@@ -60,9 +62,22 @@ pub struct Running {
     tracker: TaskTracker,
 }
 
+/// How much longer than the longest `cancel_grace_ms` a cancelled run waits for
+/// its engine to stop before it completes anyway.
+const ENGINE_STOP_MARGIN: Duration = Duration::from_secs(30);
+
 /// Maps `[gateway]` to the runtime's settings.
 pub fn runtime_config(gateway: &GatewayConfig, user_home: Option<PathBuf>) -> RuntimeConfig {
+    // A CLI is SIGKILLed after its grace, so the wait is over soon after that;
+    // the margin only matters for an engine that is broken.
+    let longest_grace = gateway
+        .engines
+        .values()
+        .filter_map(|section| section.cancel_grace_ms)
+        .max()
+        .map_or(Duration::from_secs(2), Duration::from_millis);
     RuntimeConfig {
+        engine_stop_timeout: longest_grace + ENGINE_STOP_MARGIN,
         max_concurrent_runs: gateway.max_concurrent_runs,
         require_engine_lock: gateway.require_engine_lock,
         engine_lock_timeout: Duration::from_millis(gateway.engine_lock_timeout_ms),
@@ -81,6 +96,7 @@ fn engines(
     gateway: &GatewayConfig,
     opts: &ServeOptions,
     secrets: &SecretStore,
+    store: &StoreHandle,
     tracker: &TaskTracker,
     token: &CancellationToken,
 ) -> anyhow::Result<EngineRegistry> {
@@ -106,6 +122,7 @@ fn engines(
         tracker: tracker.clone(),
         shutdown: token.clone(),
         api_keys,
+        recorder: Some(Arc::new(StoreRecorder { store: store.clone() })),
     };
     for engine in build_cli_engines(&gateway.engines, &ctx) {
         if let Availability::Unavailable { reason } = engine.availability() {
@@ -114,6 +131,59 @@ fn engines(
         registry.register(engine)?;
     }
     Ok(registry)
+}
+
+/// Records the process groups of CLI runs in the store while they run.
+#[derive(Debug)]
+struct StoreRecorder {
+    store: StoreHandle,
+}
+
+#[async_trait::async_trait]
+impl ProcessRecorder for StoreRecorder {
+    async fn started(&self, group: ProcessGroupRecord) {
+        if let Err(error) = self.store.record_process_group(group).await {
+            tracing::warn!(pgid = group.pgid, %error, "process group not recorded");
+        }
+    }
+
+    async fn reaped(&self, pgid: i32) {
+        self.store.forget_process_group(pgid).await;
+    }
+}
+
+/// Kills every process group an earlier gateway recorded and did not reap (it
+/// was killed), unless its pid now belongs to another process; then forgets them.
+async fn kill_leftover_processes(store: &StoreHandle) {
+    let groups = match store.process_groups().await {
+        Ok(groups) => groups,
+        Err(error) => {
+            tracing::error!(%error, "recorded process groups unreadable; none killed");
+            return;
+        }
+    };
+    for group in groups {
+        match kill_leftover_group(&group) {
+            Leftover::Killed { processes } => {
+                tracing::warn!(
+                    pgid = group.pgid,
+                    processes,
+                    "killed processes a previous gateway left running"
+                );
+            }
+            Leftover::Reused => {
+                tracing::info!(
+                    pgid = group.pgid,
+                    "leftover process group is gone; its pid is used by another process"
+                );
+            }
+            Leftover::Gone => {}
+        }
+        store.forget_process_group(group.pgid).await;
+    }
+    if let Err(error) = store.flush().await {
+        tracing::warn!(%error, "leftover process group records not removed");
+    }
 }
 
 fn load_config(paths: &Paths) -> anyhow::Result<GatewayConfig> {
@@ -153,6 +223,9 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         ),
     }
     let store = StoreHandle::open_sqlite(&opts.paths.database())?;
+    // Before anything runs (and before the router resumes a single session): a
+    // gateway that was killed may have left CLIs' grandchildren behind.
+    kill_leftover_processes(&store).await;
     let secrets = Arc::new(SecretStore::new(opts.env.clone(), opts.paths.secrets()));
     let (api_token, generated) = secrets.get_or_generate(API_TOKEN_SECRET)?;
     // Transports are checked before anything starts: a config mistake stops the
@@ -164,7 +237,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let tracker = TaskTracker::new();
     let deps = GatewayDeps {
         config: runtime_config(&gateway_config, opts.user_home.clone()),
-        engines: engines(&gateway_config, &opts, &secrets, &tracker, &token)?,
+        engines: engines(&gateway_config, &opts, &secrets, &store, &tracker, &token)?,
         store: store.clone(),
         bus: EventBus::default(),
     };

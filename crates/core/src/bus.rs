@@ -48,6 +48,10 @@ impl RunPhase {
 pub enum RunStatus {
     Queued,
     Running,
+    /// Cancelled (or timed out, or stopped by a shutdown) while running, and
+    /// waiting for its engine to let go: the CLI's process group is not reaped yet.
+    /// The run still holds its slot and its engine lock.
+    Cancelling,
     Completed,
     Failed,
     Cancelled,
@@ -58,6 +62,7 @@ impl RunStatus {
         match self {
             RunStatus::Queued => "queued",
             RunStatus::Running => "running",
+            RunStatus::Cancelling => "cancelling",
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
             RunStatus::Cancelled => "cancelled",
@@ -68,6 +73,7 @@ impl RunStatus {
         Some(match raw {
             "queued" => RunStatus::Queued,
             "running" => RunStatus::Running,
+            "cancelling" => RunStatus::Cancelling,
             "completed" => RunStatus::Completed,
             "failed" => RunStatus::Failed,
             "cancelled" => RunStatus::Cancelled,
@@ -119,6 +125,8 @@ pub enum EventKind {
     },
     /// The run moved to another phase.
     Phase(RunPhase),
+    /// The run's status changed without it completing (`cancelling`).
+    Status(RunStatus),
 }
 
 impl EventKind {
@@ -132,6 +140,7 @@ impl EventKind {
             EventKind::EngineCompleted(_) => "engine_completed",
             EventKind::RunCompleted { .. } => "run_completed",
             EventKind::Phase(_) => "run_phase",
+            EventKind::Status(_) => "run_status",
         }
     }
 }
@@ -202,6 +211,7 @@ impl BusEvent {
                 body
             }
             EventKind::Phase(phase) => serde_json::json!({ "phase": phase.as_str() }),
+            EventKind::Status(status) => serde_json::json!({ "status": status.as_str() }),
         };
         body["type"] = serde_json::json!(self.kind.type_name());
         body["run_id"] = serde_json::json!(self.run_id.as_str());

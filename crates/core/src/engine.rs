@@ -315,6 +315,15 @@ pub enum SteerError {
 pub trait RunControl: Send + Sync + fmt::Debug + 'static {
     fn cancel(&self);
 
+    /// Resolves once the run holds nothing any more: for a CLI, once its process
+    /// group is reaped. A cancelled run completes (and frees its slot, its engine
+    /// lock and its conversation) only after this. Engines that hold no processes
+    /// resolve at once, the default.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: waiting again starts over, nothing is lost.
+    async fn stopped(&self) {}
+
     /// Sends more input into the live run.
     ///
     /// # Errors

@@ -52,6 +52,11 @@ pub struct RuntimeConfig {
     pub allowed_cwd_roots: Vec<PathBuf>,
     /// Capacity of each run's engine event channel.
     pub engine_event_buffer: usize,
+    /// How long a cancelled (or timed-out) run waits for its engine to stop
+    /// ([`RunControl::stopped`](crate::engine::RunControl::stopped)) before it
+    /// completes anyway: a safety bound, so a broken engine cannot hold a slot
+    /// forever. It must exceed the engines' own SIGTERM → SIGKILL grace.
+    pub engine_stop_timeout: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -67,6 +72,7 @@ impl Default for RuntimeConfig {
             home_dir: None,
             allowed_cwd_roots: Vec::new(),
             engine_event_buffer: 64,
+            engine_stop_timeout: Duration::from_millis(30_000),
         }
     }
 }

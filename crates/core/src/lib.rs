@@ -14,6 +14,7 @@
 //! - [`config`]: the `config.toml` types and loader.
 //! - [`secrets`]: where secret values come from.
 //! - [`clock`]: wall-clock milliseconds for timestamps.
+//! - [`log_text`]: outside text (stderr, engine errors) escaped for a log field.
 //! - `testing` (feature `test-util`): a scriptable fake engine.
 
 pub mod bus;
@@ -22,6 +23,7 @@ pub mod config;
 pub mod engine;
 pub mod gateway;
 pub mod ids;
+pub mod log_text;
 pub mod router;
 pub mod secrets;
 pub mod store;

@@ -179,12 +179,47 @@ impl JournalEntry {
     }
 }
 
+/// The `kv` namespace of [`ProcessGroupRecord`]s.
+pub const PROCESS_GROUPS_NAMESPACE: &str = "process_groups";
+
+/// A process group the gateway started (a CLI run) and has not reaped yet.
+/// Written when the group starts and removed once it is reaped; what a start
+/// finds left over belonged to a gateway that died without reaping it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessGroupRecord {
+    /// The group id: the leader's pid.
+    pub pgid: i32,
+    /// The leader's start time (clock ticks after boot, `/proc/<pid>/stat` field
+    /// 22), so that a pid used again by another process is never taken for it.
+    pub start_time: u64,
+    /// The leader's session id: every member of the group is in it.
+    pub session: i32,
+}
+
+impl ProcessGroupRecord {
+    fn to_json(self) -> serde_json::Value {
+        serde_json::json!({ "pgid": self.pgid, "start_time": self.start_time, "session": self.session })
+    }
+
+    fn from_json(value: &serde_json::Value) -> Option<Self> {
+        let int = |key: &str| value.get(key).and_then(serde_json::Value::as_i64);
+        Some(ProcessGroupRecord {
+            pgid: i32::try_from(int("pgid")?).ok()?,
+            start_time: value.get("start_time")?.as_u64()?,
+            session: i32::try_from(int("session")?).ok()?,
+        })
+    }
+}
+
 /// What a backend implements. Write methods queue and return; read methods see
 /// every write queued before them on the same handle.
 #[async_trait]
 pub trait StoreBackend: Send + Sync + fmt::Debug + 'static {
     async fn insert_run(&self, run: NewRun);
     async fn mark_running(&self, run_id: RunId, engine: String, started_at_ms: i64);
+    /// Marks a running run as `cancelling` (it waits for its engine to stop); a
+    /// queued or finished run keeps its status.
+    async fn mark_cancelling(&self, run_id: RunId);
     async fn append_event(&self, event: Arc<BusEvent>);
     async fn finalize_run(&self, run: FinishedRun);
     async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
@@ -277,6 +312,43 @@ impl StoreHandle {
 
     pub fn backend(&self) -> &Arc<dyn StoreBackend> {
         &self.backend
+    }
+
+    /// Records a started process group and waits until the record is durable, so
+    /// a gateway killed from now on leaves it for the next start to find.
+    ///
+    /// # Errors
+    /// The store could not make the record durable.
+    pub async fn record_process_group(&self, group: ProcessGroupRecord) -> Result<(), StoreError> {
+        self.backend
+            .kv_put(PROCESS_GROUPS_NAMESPACE, &group.pgid.to_string(), group.to_json(), None)
+            .await;
+        self.backend.flush().await
+    }
+
+    /// Removes the record of a reaped process group.
+    pub async fn forget_process_group(&self, pgid: i32) {
+        self.backend.kv_delete(PROCESS_GROUPS_NAMESPACE, &pgid.to_string()).await;
+    }
+
+    /// Every recorded process group; an unreadable record is dropped with a warning.
+    ///
+    /// # Errors
+    /// The store is closed or cannot be read.
+    pub async fn process_groups(&self) -> Result<Vec<ProcessGroupRecord>, StoreError> {
+        let records =
+            self.backend.kv_list(PROCESS_GROUPS_NAMESPACE, crate::clock::now_ms()).await?;
+        let mut groups = Vec::with_capacity(records.len());
+        for (key, value) in records {
+            match ProcessGroupRecord::from_json(&value) {
+                Some(group) => groups.push(group),
+                None => {
+                    tracing::warn!(key, "unreadable process group record dropped");
+                    self.backend.kv_delete(PROCESS_GROUPS_NAMESPACE, &key).await;
+                }
+            }
+        }
+        Ok(groups)
     }
 }
 

@@ -5,6 +5,9 @@
 //! - `ok …`: started, deltas, completed ok (the default for any other word too);
 //! - `sleep:<ms> …`: like `ok`, after waiting `ms` (use paused time);
 //! - `hang`: started, then nothing until cancelled;
+//! - `linger:<ms>`: like `hang`, but after a cancel it takes `ms` more to stop
+//!   ([`RunControl::stopped`] resolves then), like a CLI that ignores SIGTERM until
+//!   its grace ends; `linger:forever` never stops;
 //! - `crash …`: started, the deltas, then the event channel closes with no completion;
 //! - `taskpanic`: the engine's task panics after `started`;
 //! - `panic`: `start` itself panics;
@@ -122,12 +125,20 @@ struct FakeControl {
     token: CancellationToken,
     steer: bool,
     stats: Arc<Stats>,
+    /// For `linger`: cancelled when the run's task has ended.
+    stopped: Option<CancellationToken>,
 }
 
 #[async_trait]
 impl RunControl for FakeControl {
     fn cancel(&self) {
         self.token.cancel();
+    }
+
+    async fn stopped(&self) {
+        if let Some(stopped) = &self.stopped {
+            stopped.cancelled().await;
+        }
     }
 
     async fn steer(&self, text: &str) -> Result<(), SteerError> {
@@ -170,15 +181,25 @@ impl Engine for FakeEngine {
         let guard = InProgress::enter(&self.stats, &req.session_key);
         let resume = Some(ResumeToken::new(self.id.as_str(), format!("{}-session", req.run_id)));
         let task_token = token.clone();
+        let linger = command.strip_prefix("linger:").map(|ms| ms.parse::<u64>().ok());
+        let stopped = linger.map(|_| CancellationToken::new());
+        let task_stopped = stopped.clone();
         tokio::spawn(async move {
+            // Dropped last: the run counts as stopped once it is no longer in progress.
+            let _stopped = task_stopped.map(CancellationToken::drop_guard);
             let _guard = guard;
             let run = script(command, rest, sink, resume);
             tokio::select! {
                 () = task_token.cancelled() => {}
                 () = run => {}
             }
+            match linger {
+                Some(Some(ms)) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                Some(None) => std::future::pending().await,
+                None => {}
+            }
         });
-        Ok(Arc::new(FakeControl { token, steer: self.steer, stats: self.stats.clone() }))
+        Ok(Arc::new(FakeControl { token, steer: self.steer, stats: self.stats.clone(), stopped }))
     }
 }
 
@@ -196,6 +217,7 @@ async fn script(command: String, rest: Vec<String>, sink: EventSink, resume: Opt
     }
     match command.as_str() {
         "hang" => return std::future::pending().await,
+        linger if linger.starts_with("linger:") => return std::future::pending().await,
         "taskpanic" => panic!("fake engine task panicked"),
         _ => {}
     }

@@ -63,6 +63,7 @@ mod settings;
 mod tools;
 mod translate;
 
+pub use process::{kill_leftover_group, Leftover, ProcessRecorder};
 pub use translate::describe;
 
 use std::collections::BTreeMap;
@@ -247,6 +248,9 @@ pub struct CliContext {
     pub shutdown: CancellationToken,
     /// Resolved API keys by engine id (from each section's `api_key_secret`).
     pub api_keys: BTreeMap<String, ApiKey>,
+    /// Keeps a record of every process group while it runs (the app: in the
+    /// store), so the next start can kill what a killed gateway left.
+    pub recorder: Option<Arc<dyn ProcessRecorder>>,
 }
 
 /// Builds the five vendor engines from `[gateway.engines.*]`: every vendor not
@@ -281,6 +285,7 @@ pub struct CliEngine {
     api_key: Option<ApiKey>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
+    recorder: Option<Arc<dyn ProcessRecorder>>,
 }
 
 impl fmt::Debug for CliEngine {
@@ -316,6 +321,7 @@ impl CliEngine {
             api_key,
             tracker: ctx.tracker.clone(),
             shutdown: ctx.shutdown.clone(),
+            recorder: ctx.recorder.clone(),
         }
     }
 
@@ -386,8 +392,9 @@ impl Engine for CliEngine {
             api_key: self.api_key.as_ref().map(|key| key.expose().to_owned()),
             tracker: self.tracker.clone(),
             cancel: self.shutdown.child_token(),
+            recorder: self.recorder.clone(),
         };
-        runner::start(launch, req, sink)
+        runner::start(launch, req, sink).await
     }
 
     fn format_resume(&self, token: &ResumeToken) -> String {

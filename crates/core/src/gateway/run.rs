@@ -4,7 +4,10 @@
 //! `run_started`, starts the engine and relays its events (numbering deltas 1, 2,
 //! 3…), until the engine completes, the run is cancelled, the engine goes quiet
 //! for the inactivity timeout, or the engine dies (its event channel closes, or
-//! the run panics). Whatever happens, [`execute`] then finalizes once, in order:
+//! the run panics). A cancelled or timed-out run first waits (bounded by
+//! `engine_stop_timeout`) until its engine has stopped, as `cancelling`, so its
+//! process is gone before its lock, slot and conversation are free again.
+//! Whatever happens, [`execute`] then finalizes once, in order:
 //! lock released (the guard is dropped with the body) → the final row and
 //! `run_completed` queued for the store → `run_completed` published → slot
 //! released and the conversation notified. Every event is queued for the store
@@ -12,6 +15,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::FutureExt;
@@ -29,6 +33,7 @@ use crate::engine::{
     RunControl, RunError, StartRequest,
 };
 use crate::ids::RunId;
+use crate::log_text;
 use crate::store::{FinishedRun, StoreHandle};
 
 /// What the scheduler and the run share: how to cancel it and how to steer it.
@@ -39,11 +44,18 @@ pub(super) struct RunShared {
     reason: Mutex<Option<RunError>>,
     /// Set once the engine started.
     control: OnceLock<Arc<dyn RunControl>>,
+    /// Set while a cancelled run waits for its engine to stop.
+    cancelling: AtomicBool,
 }
 
 impl RunShared {
     pub(super) fn new(token: CancellationToken) -> Self {
-        RunShared { token, reason: Mutex::new(None), control: OnceLock::new() }
+        RunShared {
+            token,
+            reason: Mutex::new(None),
+            control: OnceLock::new(),
+            cancelling: AtomicBool::new(false),
+        }
     }
 
     pub(super) fn cancel(&self, reason: RunError) {
@@ -57,6 +69,11 @@ impl RunShared {
 
     pub(super) fn control(&self) -> Option<Arc<dyn RunControl>> {
         self.control.get().cloned()
+    }
+
+    /// Whether the run was stopped and waits for its engine to let go.
+    pub(super) fn is_cancelling(&self) -> bool {
+        self.cancelling.load(Ordering::Relaxed)
     }
 
     fn reason(&self) -> RunError {
@@ -237,7 +254,7 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
         tokio::select! {
             biased;
             () = token.cancelled() => {
-                control.cancel();
+                stop_engine(ctx, state, &*control, &mut events).await;
                 return cancelled(ctx, state);
             }
             event = events.recv() => {
@@ -251,9 +268,48 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
                 }
             }
             () = &mut quiet => {
-                control.cancel();
+                stop_engine(ctx, state, &*control, &mut events).await;
                 return Completion::failure(RunError::Timeout, state.last_resume.clone());
             }
+        }
+    }
+}
+
+/// Cancels the engine and waits until it has let go of everything (a CLI's
+/// process group is reaped), for at most `engine_stop_timeout`. An engine that
+/// stops at once is not waited for; otherwise the run is `cancelling` meanwhile,
+/// in the store and as a `run_status` event. Events the engine still sends are
+/// dropped: the run is over. The lock guard and the slot stay held until this returns.
+async fn stop_engine(
+    ctx: &RunContext,
+    state: &mut RunState,
+    control: &dyn RunControl,
+    events: &mut mpsc::Receiver<EngineEvent>,
+) {
+    control.cancel();
+    let stopped = control.stopped();
+    tokio::pin!(stopped);
+    if stopped.as_mut().now_or_never().is_some() {
+        return;
+    }
+    ctx.shared.cancelling.store(true, Ordering::Relaxed);
+    ctx.store.mark_cancelling(ctx.run_id.clone()).await;
+    ctx.publish(state, EventKind::Status(RunStatus::Cancelling)).await;
+    let drain = async {
+        while events.recv().await.is_some() {}
+        std::future::pending::<()>().await;
+    };
+    let bound = ctx.config.engine_stop_timeout;
+    tokio::select! {
+        () = &mut stopped => {}
+        () = drain => {}
+        () = tokio::time::sleep(bound) => {
+            tracing::warn!(
+                run_id = %ctx.run_id,
+                engine = %state.engine,
+                bound_ms = bound.as_millis() as u64,
+                "engine did not stop after cancel; completing the run anyway"
+            );
         }
     }
 }
@@ -313,20 +369,6 @@ pub(super) fn resolve_cwd(requested: Option<&Path>, config: &RuntimeConfig) -> P
         .unwrap_or_else(|| PathBuf::from("/"))
 }
 
-/// Longest error text written to the log.
-const MAX_LOGGED_ERROR: usize = 4096;
-
-fn truncate_for_log(text: &str) -> String {
-    if text.len() <= MAX_LOGGED_ERROR {
-        return text.to_owned();
-    }
-    let mut cut = MAX_LOGGED_ERROR;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}...[truncated {} bytes]", &text[..cut], text.len() - cut)
-}
-
 async fn finalize(
     ctx: &RunContext,
     state: &mut RunState,
@@ -344,7 +386,8 @@ async fn finalize(
             tracing::info!(%run_id, engine = %state.engine, code = error.code(), "run aborted")
         }
         Some(error) => {
-            let error = truncate_for_log(&error.to_string());
+            // The text is the engine's (a CLI's stderr): one escaped field, never raw lines.
+            let error = log_text::escape(&error.to_string());
             tracing::warn!(%run_id, engine = %state.engine, %error, "run failed")
         }
     }
@@ -396,9 +439,4 @@ pub(super) async fn complete_unstarted(
     store.append_event(completed.clone()).await;
     store.finalize_run(finished).await;
     bus.publish(completed);
-}
-
-#[cfg(test)]
-pub(super) fn truncate_for_log_for_test(text: &str) -> String {
-    truncate_for_log(text)
 }

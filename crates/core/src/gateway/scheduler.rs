@@ -104,7 +104,11 @@ impl RunEntry {
             session_key: self.session_key.to_string(),
             conversation: self.conversation.clone(),
             engine: self.engine.clone(),
-            status: if self.shared.is_some() { RunStatus::Running } else { RunStatus::Queued },
+            status: match &self.shared {
+                None => RunStatus::Queued,
+                Some(shared) if shared.is_cancelling() => RunStatus::Cancelling,
+                Some(_) => RunStatus::Running,
+            },
             created_at_ms: self.created_at_ms,
             started_at_ms: self.started_at_ms,
         }

@@ -11,6 +11,7 @@ use crate::bus::{BusEvent, EventKind, RunStatus, Subscription};
 use crate::engine::Completion;
 use crate::testing::FakeEngine;
 
+mod cancel_tests;
 mod lock_tests;
 mod properties;
 
@@ -425,15 +426,6 @@ fn cwd_falls_back_from_request_to_default_to_home() {
     let missing_default =
         RuntimeConfig { default_cwd: Some(home.join("missing")), ..config.clone() };
     assert_eq!(run::resolve_cwd(None, &missing_default), dir, "missing default falls back to home");
-}
-
-#[test]
-fn logged_errors_are_truncated_on_a_char_boundary() {
-    let long = "é".repeat(3000);
-    let cut = run::truncate_for_log_for_test(&long);
-    assert!(cut.ends_with("bytes]"));
-    assert!(cut.starts_with("éé"));
-    assert_eq!(run::truncate_for_log_for_test("short"), "short");
 }
 
 #[test]

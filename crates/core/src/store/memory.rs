@@ -146,6 +146,17 @@ impl StoreBackend for MemoryStore {
         }
     }
 
+    async fn mark_cancelling(&self, run_id: RunId) {
+        if !self.writable() {
+            return;
+        }
+        if let Some(run) = self.tables().runs.get_mut(run_id.as_str()) {
+            if run.status == RunStatus::Running {
+                run.status = RunStatus::Cancelling;
+            }
+        }
+    }
+
     async fn append_event(&self, event: Arc<BusEvent>) {
         if !self.writable() {
             return;

@@ -225,6 +225,10 @@ impl StoreBackend for SqliteStore {
         self.queue(WriteOp::MarkRunning { run_id, engine, started_at_ms }).await;
     }
 
+    async fn mark_cancelling(&self, run_id: RunId) {
+        self.queue(WriteOp::MarkCancelling { run_id }).await;
+    }
+
     async fn append_event(&self, event: Arc<BusEvent>) {
         self.queue(WriteOp::AppendEvent(event)).await;
     }

@@ -114,6 +114,7 @@ fn every_kind_of_event(id: &str) -> Vec<Arc<BusEvent>> {
         }),
         EventKind::Delta { seq: 1, text: "hello ".to_owned() },
         EventKind::Delta { seq: 2, text: "wörld \u{1f34b} \"quoted\"\n".to_owned() },
+        EventKind::Status(RunStatus::Cancelling),
         EventKind::EngineCompleted(completion.clone()),
         EventKind::RunCompleted { completion, engine: "echo".to_owned(), duration_ms: 42 },
     ];

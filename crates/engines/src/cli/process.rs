@@ -7,23 +7,36 @@
 //! dropping a [`CliChild`] that was never reaped SIGKILLs its whole group, so a
 //! dropped run (gateway shutdown) leaves no process behind.
 //!
+//! No CLI outlives the gateway. On Linux every child is started with a
+//! parent-death signal (SIGKILL): the kernel sends it when the *thread* that
+//! forked the child exits, so children are forked by one spawner thread that
+//! lives as long as the process (it runs its own small runtime, which drives the
+//! children's pipes and exits). Grandchildren get no such signal; for them every
+//! group is recorded (pgid, the leader's start time and session, through a
+//! [`ProcessRecorder`]) while it runs, and the next start kills what a killed
+//! gateway left ([`kill_leftover_group`]).
+//!
 //! Output is read through bounded buffers: [`LineReader`] yields stdout lines up to a
 //! limit and skips (without storing) the rest of a longer line; [`StderrTail`] keeps
 //! the last few KiB of stderr.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
+use async_trait::async_trait;
+use lemon_core::store::ProcessGroupRecord;
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
@@ -65,6 +78,8 @@ pub(crate) enum SpawnError {
     Vanished(PathBuf),
     #[error("{} started without its output pipes", .0.display())]
     Pipes(PathBuf),
+    #[error("the process spawner is not running: {0}")]
+    Spawner(String),
 }
 
 /// A started process and its pipes.
@@ -75,14 +90,21 @@ pub(crate) struct Spawned {
     pub(crate) stderr: StderrTail<ChildStderr>,
     /// Present in [`StdinMode::KeepOpen`]; dropping it closes the child's stdin.
     pub(crate) stdin: Option<StdinHandle>,
+    /// The group as it is recorded; `None` where `/proc` cannot tell the leader's
+    /// start time (then nothing is recorded).
+    pub(crate) group: Option<ProcessGroupRecord>,
 }
 
-/// Starts `spec` in its own process group. Stdin is written by a task on `tracker`
-/// that ends when the payload is written (or the handle drops, or the child dies).
+/// Starts `spec` in its own process group, from the spawner thread. Stdin is
+/// written by a task on `tracker` that ends when the payload is written (or the
+/// handle drops, or the child dies).
 ///
 /// # Errors
 /// [`SpawnError`] when the working directory is missing or the exec fails.
-pub(crate) fn spawn(
+///
+/// # Cancel safety
+/// Not cancel safe: a child started for a cancelled call is killed when dropped.
+pub(crate) async fn spawn(
     spec: ProcessSpec,
     max_line_bytes: usize,
     tracker: &TaskTracker,
@@ -104,13 +126,21 @@ pub(crate) fn spawn(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = command
-        .spawn()
+    #[cfg(target_os = "linux")]
+    die_with_gateway(&mut command);
+    let mut child = spawn_on_spawner(command)
+        .await?
         .map_err(|source| SpawnError::Spawn { program: spec.program.clone(), source })?;
     let pid = child.id().ok_or_else(|| SpawnError::Vanished(spec.program.clone()))?;
     // A pid always fits an i32 on the platforms we run on; the leader's pid is the group id.
     let pgid =
         Pid::from_raw(i32::try_from(pid).map_err(|_| SpawnError::Vanished(spec.program.clone()))?);
+    // The leader is not reaped yet, so its /proc entry is there (a zombie at worst).
+    let group = proc_stat(pgid.as_raw()).map(|stat| ProcessGroupRecord {
+        pgid: pgid.as_raw(),
+        start_time: stat.start_time,
+        session: stat.session,
+    });
     tracing::debug!(
         pid,
         program = %spec.program.display(),
@@ -141,7 +171,193 @@ pub(crate) fn spawn(
         stdout: LineReader::new(stdout, max_line_bytes),
         stderr: StderrTail::new(stderr, STDERR_TAIL_BYTES),
         stdin,
+        group,
     })
+}
+
+/// Sets the child's parent-death signal to SIGKILL, so that it dies with the
+/// gateway even when the gateway is killed with SIGKILL.
+// The workspace's only unsafe code: `pre_exec` is unsafe because the closure runs
+// in the forked child, where only async-signal-safe calls are allowed.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn die_with_gateway(command: &mut Command) {
+    let gateway = nix::unistd::getpid();
+    // SAFETY: the closure runs in the child between fork and exec. It only makes the
+    // system calls prctl(2), getppid(2), getpid(2) and kill(2) through nix's thin
+    // wrappers, all async-signal-safe; it allocates nothing (an errno converts to an
+    // `io::Error` without allocating), takes no lock and shares no state with the
+    // parent's threads.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // The gateway died between fork and prctl: no signal will come, so go now.
+            if nix::unistd::getppid() != gateway {
+                let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A command for the spawner thread, and where its child goes.
+struct SpawnJob {
+    command: Command,
+    reply: oneshot::Sender<io::Result<Child>>,
+}
+
+/// Hands `command` to the spawner thread and waits for its child.
+async fn spawn_on_spawner(command: Command) -> Result<io::Result<Child>, SpawnError> {
+    static SPAWNER: OnceLock<Result<mpsc::Sender<SpawnJob>, String>> = OnceLock::new();
+    let spawner = SPAWNER
+        .get_or_init(start_spawner)
+        .as_ref()
+        .map_err(|err| SpawnError::Spawner(err.clone()))?;
+    let (reply, rx) = oneshot::channel();
+    spawner
+        .send(SpawnJob { command, reply })
+        .await
+        .map_err(|_| SpawnError::Spawner("it stopped".to_owned()))?;
+    rx.await.map_err(|_| SpawnError::Spawner("it dropped the request".to_owned()))
+}
+
+/// Starts the thread that forks every child. It never ends: a child's death signal
+/// fires when the thread that forked it exits, so this thread lives as long as the
+/// process. Its own runtime (not the caller's, which may be shorter-lived) owns the
+/// children's pipes and exit notifications.
+fn start_spawner() -> Result<mpsc::Sender<SpawnJob>, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| format!("no runtime: {err}"))?;
+    let (tx, mut rx) = mpsc::channel::<SpawnJob>(64);
+    std::thread::Builder::new()
+        .name("lemon-spawner".to_owned())
+        .spawn(move || {
+            runtime.block_on(async move {
+                while let Some(mut job) = rx.recv().await {
+                    // A caller that went away drops the child, which kills it.
+                    let _ = job.reply.send(job.command.spawn());
+                }
+                // Every sender is gone only at process exit; keep the children's
+                // parent thread (and the runtime driving their pipes) alive until then.
+                std::future::pending::<()>().await;
+            });
+        })
+        .map_err(|err| format!("no thread: {err}"))?;
+    Ok(tx)
+}
+
+impl fmt::Debug for SpawnJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpawnJob").finish_non_exhaustive()
+    }
+}
+
+/// What `/proc/<pid>/stat` says about a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProcStat {
+    pid: i32,
+    /// Running or sleeping, not a zombie waiting to be reaped.
+    alive: bool,
+    pgrp: i32,
+    session: i32,
+    /// Clock ticks after boot (field 22).
+    start_time: u64,
+}
+
+fn proc_stat(pid: i32) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(pid, &text)
+}
+
+/// Parses `pid (comm) state ppid pgrp session … starttime …`; `comm` may hold
+/// spaces and parentheses, so fields are counted after its last `)`.
+fn parse_stat(pid: i32, text: &str) -> Option<ProcStat> {
+    let (_, rest) = text.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `fields[0]` is field 3 (state), so field n is `fields[n - 3]`.
+    let state = *fields.first()?;
+    Some(ProcStat {
+        pid,
+        alive: state != "Z" && state != "X",
+        pgrp: fields.get(2)?.parse().ok()?,
+        session: fields.get(3)?.parse().ok()?,
+        start_time: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// Live processes that can belong to the recorded group: in it, in its session,
+/// and started no earlier than its leader.
+fn leftover_members(group: &ProcessGroupRecord) -> Vec<ProcStat> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(proc_stat)
+        .filter(|stat| {
+            stat.alive
+                && stat.pgrp == group.pgid
+                && stat.session == group.session
+                && stat.start_time >= group.start_time
+        })
+        .collect()
+}
+
+/// What became of a process group a previous gateway recorded and never reaped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leftover {
+    /// It was still running and was killed (SIGKILL to the group).
+    Killed {
+        /// Live processes it had.
+        processes: usize,
+    },
+    /// Nothing of it runs any more.
+    Gone,
+    /// Its leader's pid belongs to a process started later: left alone.
+    Reused,
+}
+
+/// Kills what is left of a recorded process group, and only that. The group is
+/// taken to be the recorded one if its leader still has the recorded start time;
+/// if the leader is gone, if live processes are still in the group (a group id
+/// cannot be handed out again while any member lives), in the recorded session
+/// and started no earlier than the leader. A leader pid now held by a process
+/// with another start time means the group is gone and the id reused: nothing is
+/// signalled.
+pub fn kill_leftover_group(group: &ProcessGroupRecord) -> Leftover {
+    let leader = proc_stat(group.pgid);
+    if leader.is_some_and(|stat| stat.start_time != group.start_time) {
+        return Leftover::Reused;
+    }
+    let members = leftover_members(group);
+    let leader_alive = leader.is_some_and(|stat| stat.alive);
+    if members.is_empty() && !leader_alive {
+        return Leftover::Gone;
+    }
+    let pgid = Pid::from_raw(group.pgid);
+    match killpg(pgid, Signal::SIGKILL) {
+        Ok(()) | Err(Errno::ESRCH) => {}
+        Err(err) => {
+            tracing::warn!(pgid = group.pgid, error = %err, "could not kill a leftover process group");
+        }
+    }
+    // A leader that moved to another group is still the recorded process.
+    if let Some(stat) = leader.filter(|stat| stat.alive && stat.pgrp != group.pgid) {
+        let _ = nix::sys::signal::kill(Pid::from_raw(stat.pid), Signal::SIGKILL);
+    }
+    let processes =
+        members.len() + usize::from(leader.is_some_and(|s| s.alive && s.pgrp != group.pgid));
+    Leftover::Killed { processes }
+}
+
+/// Told when a process group starts and when it has been reaped, so that a
+/// record of the groups in flight survives a gateway that is killed.
+#[async_trait]
+pub trait ProcessRecorder: Send + Sync + fmt::Debug + 'static {
+    /// A group started; return once it is recorded durably.
+    async fn started(&self, group: ProcessGroupRecord);
+    /// The group's leader was reaped and the group killed.
+    async fn reaped(&self, pgid: i32);
 }
 
 fn loggable_args(spec: &ProcessSpec) -> Vec<&str> {

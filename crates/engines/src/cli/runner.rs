@@ -16,6 +16,8 @@
 //!
 //! In every case the leader is reaped and the group killed before the run's last
 //! event is sent, so a `Completed` (or the sink closing) means no process is left.
+//! A cancelled run sends nothing; its [`RunControl::stopped`] resolves once the
+//! supervisor has reaped the group, and the gateway completes it only then.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -31,11 +33,12 @@ use nix::sys::signal::Signal;
 use tokio::process::{ChildStderr, ChildStdout};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 use super::process::{
-    self, CliChild, Exit, LineReader, ProcessSpec, StderrTail, StdinHandle, StdoutLine,
+    self, CliChild, Exit, LineReader, ProcessRecorder, ProcessSpec, StderrTail, StdinHandle,
+    StdoutLine,
 };
 use super::settings::{self, CliSettings};
 use super::translate::{ParseContext, StreamParser, Translator};
@@ -52,18 +55,20 @@ pub(crate) struct Launch {
     pub(crate) tracker: TaskTracker,
     /// Cancels this run; a child of the gateway's shutdown token.
     pub(crate) cancel: CancellationToken,
+    /// Keeps the record of the run's process group, when the app keeps one.
+    pub(crate) recorder: Option<Arc<dyn ProcessRecorder>>,
 }
 
-/// Spawns the CLI and its supervisor.
+/// Spawns the CLI, records its process group, and starts its supervisor.
 ///
 /// # Errors
 /// [`EngineError::Start`] when the process could not be started; nothing was sent.
-pub(crate) fn start(
+pub(crate) async fn start(
     launch: Launch,
     req: StartRequest,
     sink: EventSink,
 ) -> Result<Arc<dyn RunControl>, EngineError> {
-    let Launch { vendor, program, settings, base_env, api_key, tracker, cancel } = launch;
+    let Launch { vendor, program, settings, base_env, api_key, tracker, cancel, recorder } = launch;
     // A token of another engine cannot be continued here: the run is a new session.
     let resume = req.resume.clone().filter(|token| token.engine == vendor.id());
     let input = CommandInput {
@@ -91,11 +96,18 @@ pub(crate) fn start(
     let env = settings::child_env(&base_env, &invocation.env, &settings, api_key.as_deref());
     let Invocation { args, stdin, prompt_is_last_arg, .. } = invocation;
     let spec = ProcessSpec { program, args, cwd: req.cwd.clone(), env, stdin, prompt_is_last_arg };
-    let spawned = process::spawn(spec, settings.max_line_bytes, &tracker).map_err(|err| {
-        tracing::warn!(run_id = %req.run_id, engine = vendor.id(), error = %err, "cli process did not start");
+    let spawned = process::spawn(spec, settings.max_line_bytes, &tracker).await.map_err(|err| {
+        let error = lemon_core::log_text::escape(&err.to_string());
+        tracing::warn!(run_id = %req.run_id, engine = vendor.id(), %error, "cli process did not start");
         EngineError::Start(err.to_string())
     })?;
     tracing::info!(run_id = %req.run_id, engine = vendor.id(), pgid = spawned.child.pgid(), "cli run started");
+    // Recorded before the run sees any event, so a gateway killed from then on
+    // leaves the group for the next start to kill.
+    let recorder = recorder.filter(|_| spawned.group.is_some());
+    if let (Some(recorder), Some(group)) = (&recorder, spawned.group) {
+        recorder.started(group).await;
+    }
 
     let (steer_tx, steer_rx) = match spawned.stdin {
         Some(_) => {
@@ -104,6 +116,7 @@ pub(crate) fn start(
         }
         None => (None, None),
     };
+    let stopped = CancellationToken::new();
     let supervisor = Supervisor {
         run_id: req.run_id,
         vendor,
@@ -118,9 +131,11 @@ pub(crate) fn start(
         timeout: settings.timeout,
         grace: settings.cancel_grace,
         max_line_bytes: settings.max_line_bytes,
+        recorder,
+        _stopped: stopped.clone().drop_guard(),
     };
     tracker.spawn(supervisor.run());
-    Ok(Arc::new(CliControl { cancel, steer: steer_tx }))
+    Ok(Arc::new(CliControl { cancel, steer: steer_tx, stopped }))
 }
 
 fn parser(
@@ -150,12 +165,18 @@ struct SteerRequest {
 struct CliControl {
     cancel: CancellationToken,
     steer: Option<mpsc::Sender<SteerRequest>>,
+    /// Cancelled when the supervisor is gone: the process group is reaped.
+    stopped: CancellationToken,
 }
 
 #[async_trait]
 impl RunControl for CliControl {
     fn cancel(&self) {
         self.cancel.cancel();
+    }
+
+    async fn stopped(&self) {
+        self.stopped.cancelled().await;
     }
 
     async fn steer(&self, text: &str) -> Result<(), SteerError> {
@@ -195,6 +216,11 @@ struct Supervisor {
     timeout: Option<Duration>,
     grace: Duration,
     max_line_bytes: usize,
+    /// Told when the group is reaped; `None` when nothing was recorded.
+    recorder: Option<Arc<dyn ProcessRecorder>>,
+    /// Fires [`CliControl::stopped`] when the supervisor is gone; declared after
+    /// `child`, so a child dropped unreaped is killed first.
+    _stopped: DropGuard,
 }
 
 impl Supervisor {
@@ -207,6 +233,9 @@ impl Supervisor {
                 let exit = self.child.terminate(self.grace).await;
                 tracing::info!(run_id = %self.run_id, engine = self.vendor.id(), ?stop, ?exit, "cli run stopped");
             }
+        }
+        if let Some(recorder) = &self.recorder {
+            recorder.reaped(self.child.pgid()).await;
         }
     }
 

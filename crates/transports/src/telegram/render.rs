@@ -128,7 +128,7 @@ impl ProgressRenderer {
                 self.engine = Some(engine.clone());
                 return self.complete(completion);
             }
-            EventKind::Delta { .. } | EventKind::Phase(_) => return false,
+            EventKind::Delta { .. } | EventKind::Phase(_) | EventKind::Status(_) => return false,
         }
         self.rerender()
     }
@@ -222,10 +222,12 @@ impl ProgressRenderer {
 
     fn render(&self) -> FormattedText {
         let header = match (self.status, &self.engine) {
-            (RunStatus::Queued | RunStatus::Running, Some(engine)) => {
+            (RunStatus::Queued | RunStatus::Running | RunStatus::Cancelling, Some(engine)) => {
                 format!("Running… ({})", one_line(engine))
             }
-            (RunStatus::Queued | RunStatus::Running, None) => "Running…".to_owned(),
+            (RunStatus::Queued | RunStatus::Running | RunStatus::Cancelling, None) => {
+                "Running…".to_owned()
+            }
             (RunStatus::Completed, _) => "Done.".to_owned(),
             (RunStatus::Cancelled, _) => "Cancelled.".to_owned(),
             (RunStatus::Failed, _) => "Error.".to_owned(),

@@ -41,6 +41,7 @@ pub(super) fn write(buf: &mut Vec<u8>, event: &BusEvent) -> serde_json::Result<(
             map.serialize_entry("status", RunStatus::of(completion).as_str())?;
         }
         EventKind::Phase(phase) => map.serialize_entry("phase", phase.as_str())?,
+        EventKind::Status(status) => map.serialize_entry("status", status.as_str())?,
     }
     map.serialize_entry("type", event.kind.type_name())?;
     map.serialize_entry("run_id", event.run_id.as_str())?;

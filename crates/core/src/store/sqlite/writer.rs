@@ -53,6 +53,10 @@ pub(super) enum WriteOp {
         engine: String,
         started_at_ms: i64,
     },
+    /// Running → cancelling; any other status stays.
+    MarkCancelling {
+        run_id: RunId,
+    },
     /// Serialised to JSON here on the writer thread, not by the publisher.
     AppendEvent(Arc<BusEvent>),
     FinalizeRun(FinishedRun),
@@ -114,6 +118,7 @@ impl WriteOp {
         match self {
             WriteOp::InsertRun(_) => "insert_run",
             WriteOp::MarkRunning { .. } => "mark_running",
+            WriteOp::MarkCancelling { .. } => "mark_cancelling",
             WriteOp::AppendEvent(_) => "append_event",
             WriteOp::FinalizeRun(_) => "finalize_run",
             WriteOp::PutChatState { .. } => "put_chat_state",
@@ -497,6 +502,18 @@ impl Writer {
                         stmt.execute(params![run_id.as_str(), engine, started_at_ms])?;
                     }
                 }
+            }
+            WriteOp::MarkCancelling { run_id } => {
+                if let Some(row) = self.pending_run(&run_id) {
+                    if row.status == RunStatus::Running {
+                        row.status = RunStatus::Cancelling;
+                    }
+                    return Ok(());
+                }
+                let mut stmt = self.conn.prepare_cached(
+                    "UPDATE runs SET status = 'cancelling' WHERE run_id = ?1 AND status = 'running'",
+                )?;
+                stmt.execute(params![run_id.as_str()])?;
             }
             WriteOp::AppendEvent(event) => {
                 let seq = self.event_seq(&event.run_id)?;

@@ -115,6 +115,7 @@ async fn a_child_gets_exactly_its_environment_its_cwd_and_its_stdin() {
         1024,
         &tracker,
     )
+    .await
     .unwrap();
     let mut out = Vec::new();
     while let Some(StdoutLine::Line(line)) = spawned.stdout.next_line().await.unwrap() {
@@ -135,10 +136,13 @@ async fn a_child_gets_exactly_its_environment_its_cwd_and_its_stdin() {
 async fn a_missing_cwd_or_program_is_a_spawn_error() {
     let tracker = TaskTracker::new();
     let missing = std::env::temp_dir().join("lemon-no-such-dir-for-spawn");
-    assert!(matches!(spawn(spec("true", missing, &[]), 64, &tracker), Err(SpawnError::Cwd(_))));
+    assert!(matches!(
+        spawn(spec("true", missing, &[]), 64, &tracker).await,
+        Err(SpawnError::Cwd(_))
+    ));
     let mut bad = spec("true", std::env::temp_dir(), &[]);
     bad.program = PathBuf::from("/nonexistent/lemon-cli");
-    assert!(matches!(spawn(bad, 64, &tracker), Err(SpawnError::Spawn { .. })));
+    assert!(matches!(spawn(bad, 64, &tracker).await, Err(SpawnError::Spawn { .. })));
 }
 
 #[tokio::test]
@@ -150,6 +154,7 @@ async fn terminate_stops_the_whole_group() {
         64,
         &tracker,
     )
+    .await
     .unwrap();
     assert_eq!(spawned.stdout.next_line().await.unwrap(), Some(line("started")));
     let exit = spawned.child.terminate(Duration::from_secs(5)).await;
@@ -158,4 +163,65 @@ async fn terminate_stops_the_whole_group() {
     // (An orphaned member may linger as a zombie until init reaps it, so the group id
     // itself can still answer for a moment.)
     assert_eq!(spawned.stdout.next_line().await.unwrap(), None);
+}
+
+#[test]
+fn stat_fields_are_counted_after_the_command_name() {
+    // A command name may hold spaces and parentheses.
+    let text =
+        "4242 (evil) (name) S 1 4242 4100 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+    let stat = parse_stat(4242, text).unwrap();
+    assert_eq!(
+        stat,
+        ProcStat { pid: 4242, alive: true, pgrp: 4242, session: 4100, start_time: 987_654 }
+    );
+    let zombie = text.replace(") S ", ") Z ");
+    assert!(!parse_stat(4242, &zombie).unwrap().alive);
+    assert_eq!(parse_stat(1, "1 (short) S 0"), None);
+}
+
+async fn sleeper(tracker: &TaskTracker) -> Spawned {
+    let spec = ProcessSpec {
+        program: PathBuf::from("/bin/sleep"),
+        args: vec!["1000".to_owned()],
+        cwd: std::env::temp_dir(),
+        env: BTreeMap::new(),
+        stdin: StdinMode::Null,
+        prompt_is_last_arg: false,
+    };
+    spawn(spec, 64, tracker).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_spawned_group_is_described_by_its_leaders_start_time_and_session() {
+    let tracker = TaskTracker::new();
+    let mut spawned = sleeper(&tracker).await;
+    let group = spawned.group.expect("the leader's /proc entry is readable");
+    let pgid = spawned.child.pgid();
+    assert_eq!(group.pgid, pgid);
+    let stat = proc_stat(pgid).unwrap();
+    assert_eq!((stat.pgrp, stat.start_time, stat.session), (pgid, group.start_time, group.session));
+    assert_eq!(spawned.child.kill().await.signal, Some(9));
+}
+
+#[tokio::test]
+async fn a_leftover_group_is_killed_only_while_its_leader_is_the_recorded_process() {
+    let tracker = TaskTracker::new();
+    let mut ours = sleeper(&tracker).await;
+    let mut reused = sleeper(&tracker).await;
+    let ours_group = ours.group.unwrap();
+    // A record of an earlier process that had the pid the second sleeper has now.
+    let mut stale = reused.group.unwrap();
+    stale.start_time -= 1;
+
+    assert_eq!(kill_leftover_group(&stale), Leftover::Reused);
+    assert!(
+        proc_stat(stale.pgid).is_some_and(|stat| stat.alive),
+        "a reused pid is never signalled"
+    );
+    assert_eq!(kill_leftover_group(&ours_group), Leftover::Killed { processes: 1 });
+    assert_eq!(ours.child.wait().await.signal, Some(9));
+    // Reaped: nothing of it is left to kill, and a later record of it finds nothing.
+    assert_eq!(kill_leftover_group(&ours_group), Leftover::Gone);
+    assert_eq!(reused.child.kill().await.signal, Some(9));
 }
