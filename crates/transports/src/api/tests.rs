@@ -442,6 +442,7 @@ async fn overloaded_gateway_is_429_with_retry_after() {
         .method(Method::POST)
         .uri("/v1/runs")
         .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(json!({ "prompt": "one too many" }).to_string()))
         .unwrap();
     let (status, headers, error) = gw.send(req).await;
