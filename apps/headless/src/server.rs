@@ -14,7 +14,9 @@ use lemon_core::config::{self, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_P
 use lemon_core::engine::{Availability, EngineRegistry};
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::router::{RouterConfig, RouterHandle};
-use lemon_core::secrets::{SecretStore, SecretValue};
+use lemon_core::secrets::{
+    check_bearer_token, env_var_name, SecretStore, SecretValue, SecretsFile,
+};
 use lemon_core::store::StoreHandle;
 use lemon_engines::cli::{build_cli_engines, ApiKey, CliContext};
 use lemon_engines::echo::EchoEngine;
@@ -73,6 +75,32 @@ pub fn runtime_config(gateway: &GatewayConfig, user_home: Option<PathBuf>) -> Ru
         default_cwd: gateway.default_cwd.clone(),
         home_dir: user_home,
         ..RuntimeConfig::default()
+    }
+}
+
+/// The control API's bearer token, trimmed: from `LEMON_API_TOKEN` when it is
+/// set at all (blank too), else from the secrets file (a blank entry too), else
+/// generated and saved (the flag). A blank or short token stops the start with
+/// an error naming where it came from, never the value.
+fn api_token(
+    env: &BTreeMap<String, String>,
+    secrets: &SecretStore,
+) -> anyhow::Result<(SecretValue, bool)> {
+    let var = env_var_name(API_TOKEN_SECRET);
+    let configured = match env.get(&var) {
+        Some(value) => {
+            Some((SecretValue::new(value.as_str()), format!("the environment variable {var}")))
+        }
+        None => {
+            let file = SecretsFile::new(secrets.file_path().to_owned());
+            file.get_as_written(API_TOKEN_SECRET)?.map(|value| {
+                (value, format!("{} (`{API_TOKEN_SECRET}`)", secrets.file_path().display()))
+            })
+        }
+    };
+    match configured {
+        Some((value, origin)) => Ok((check_bearer_token(&value, &origin)?, false)),
+        None => Ok(secrets.get_or_generate(API_TOKEN_SECRET)?),
     }
 }
 
@@ -201,7 +229,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         .with_context(|| format!("could not create {}", opts.paths.home.display()))?;
     let store = StoreHandle::open_sqlite(&opts.paths.database())?;
     let secrets = Arc::new(SecretStore::new(opts.env.clone(), opts.paths.secrets()));
-    let (api_token, generated) = secrets.get_or_generate(API_TOKEN_SECRET)?;
+    let (api_token, generated) = api_token(&opts.env, &secrets)?;
     // Transports are checked before anything starts: a config mistake stops the
     // start before the router recovers a single request, while a port in use
     // only makes that transport fail (and retry).
