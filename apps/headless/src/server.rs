@@ -269,7 +269,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     });
     let health = lemon_transports::health::health_router(
         lemon_transports::health::HealthState::new(gateway.clone(), version, started)
-            .with_transports(statuses.clone()),
+            .with_transports(statuses.clone())
+            .with_detail_token(api_token.expose()),
     );
     tracker.spawn(serve_logged(
         api_listener,
