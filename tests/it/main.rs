@@ -9,6 +9,7 @@ mod cli_fixtures;
 mod cli_process;
 mod cli_support;
 mod gateway_e2e;
+mod http_hardening;
 mod router_crash;
 mod router_resume;
 mod support;

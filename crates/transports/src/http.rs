@@ -12,7 +12,8 @@
 //!   says the limit was reached;
 //! - the responses hyper writes by itself for requests it cannot parse (`400`,
 //!   `414`, `431`, with an empty body) are rewritten into the JSON error shape
-//!   (see [`conn_io`]).
+//!   (the connection's I/O recognises them: nothing else writes an error
+//!   status with an empty body).
 //!
 //! [`ConnectionLimits`] derives the caps of each listener from the process's
 //! descriptor limit, so a saturated API cannot take the descriptors the health
@@ -153,8 +154,8 @@ pub async fn serve_with(
             Ok(pair) => pair,
             Err(error) if is_connection_error(&error) => continue,
             Err(error) if is_resource_error(&error) => {
-                if let Some(more) = accept_errors.note() {
-                    tracing::warn!(addr = %local, %error, more, "cannot accept connections; retrying");
+                if let Some(suppressed) = accept_errors.note() {
+                    tracing::warn!(addr = %local, %error, suppressed, "cannot accept connections; retrying");
                 }
                 tokio::select! {
                     () = shutdown.cancelled() => break Ok(()),
@@ -165,11 +166,11 @@ pub async fn serve_with(
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             refuse(&stream);
-            if let Some(more) = refusals.note() {
+            if let Some(suppressed) = refusals.note() {
                 tracing::warn!(
                     addr = %local,
                     max_connections = config.max_connections,
-                    more,
+                    suppressed,
                     "connection limit reached; refusing new connections"
                 );
             }
