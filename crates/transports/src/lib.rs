@@ -3,8 +3,8 @@
 //! # Layout
 //! - [`api`]: the control API (`/v1/...`): submit, inspect, cancel and steer runs,
 //!   and follow their events over Server-Sent Events. Bearer-token protected.
-//! - [`health`]: `/healthz`, `/health` and `/metrics`, unauthenticated, meant for a
-//!   loopback or internal port.
+//! - [`health`]: `/healthz`, `/health` and `/metrics`, meant for a loopback or
+//!   internal port; without the API token `/healthz` shows states only.
 //! - [`webhook`]: `POST /webhooks/{integration}`, generic inbound webhooks with
 //!   per-integration tokens, attachments, sync or async answers, callbacks and
 //!   idempotency keys kept in the store; run as a transport by
