@@ -84,7 +84,8 @@ fn descriptor_limits(pid: i32) -> (u64, u64) {
 #[tokio::test]
 async fn idle_sockets_beyond_the_descriptor_limit_starve_neither_health_nor_the_api() {
     const HARD: u64 = 256;
-    let dir = home_with("[gateway]\nhttp_header_read_timeout_ms = 3000\n");
+    let dir =
+        home_with("[gateway]\nhttp_header_read_timeout_ms = 5000\nhttp_idle_timeout_ms = 60000\n");
     let gateway =
         Gateway::spawn(command_with_descriptor_limit(dir.path(), 128, HARD), dir.path()).await;
     let pid = gateway.pid();
