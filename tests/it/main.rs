@@ -12,6 +12,7 @@ mod cli_process;
 mod cli_support;
 mod gateway_e2e;
 mod hardening_e2e;
+mod http_hardening;
 mod router_crash;
 mod router_resume;
 mod support;

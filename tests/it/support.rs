@@ -53,7 +53,18 @@ pub(crate) fn command(home: &Path) -> Command {
 
 /// The gateway binary with `path` as its `PATH` (e.g. with the fake CLI first).
 pub(crate) fn command_with_path(home: &Path, path: &str) -> Command {
-    let mut command = Command::new(gateway_bin());
+    configure(Command::new(gateway_bin()), home, path)
+}
+
+/// The gateway binary started through `prlimit` with descriptor limits `soft`
+/// and `hard`.
+pub(crate) fn command_with_descriptor_limit(home: &Path, soft: u64, hard: u64) -> Command {
+    let mut command = Command::new("prlimit");
+    command.arg(format!("--nofile={soft}:{hard}")).arg("--").arg(gateway_bin());
+    configure(command, home, &std::env::var("PATH").unwrap_or_default())
+}
+
+fn configure(mut command: Command, home: &Path, path: &str) -> Command {
     command
         .env_clear()
         .env("PATH", path)
@@ -87,7 +98,8 @@ impl Gateway {
         gateway
     }
 
-    async fn spawn(command: Command, home: &Path) -> Gateway {
+    /// Starts `command` (a gateway on `home`) and waits for its ready line.
+    pub(crate) async fn spawn(command: Command, home: &Path) -> Gateway {
         Gateway::spawn_with_stderr(command, home, Stdio::inherit()).await
     }
 

@@ -13,12 +13,15 @@ use lemon_core::config::{self, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_P
 use lemon_core::engine::{Availability, EngineRegistry};
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::router::{RouterConfig, RouterHandle};
-use lemon_core::secrets::{SecretStore, SecretValue};
+use lemon_core::secrets::{
+    check_bearer_token, env_var_name, SecretStore, SecretValue, SecretsFile,
+};
 use lemon_core::store::{ProcessGroupRecord, StoreHandle};
 use lemon_engines::cli::{
     build_cli_engines, kill_leftover_group, ApiKey, CliContext, Leftover, ProcessRecorder,
 };
 use lemon_engines::echo::EchoEngine;
+use lemon_transports::http::{ConnectionLimits, ServeConfig};
 use lemon_transports::transport::{TransportDeps, TransportRegistry, TransportState};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -88,6 +91,84 @@ pub fn runtime_config(gateway: &GatewayConfig, user_home: Option<PathBuf>) -> Ru
         allowed_cwd_roots: gateway.allowed_cwd_roots.clone(),
         ..RuntimeConfig::default()
     }
+}
+
+/// The control API's bearer token, trimmed: from `LEMON_API_TOKEN` when it is
+/// set at all (blank too), else from the secrets file (a blank entry too), else
+/// generated and saved (the flag). A blank or short token stops the start with
+/// an error naming where it came from, never the value.
+fn api_token(
+    env: &BTreeMap<String, String>,
+    secrets: &SecretStore,
+) -> anyhow::Result<(SecretValue, bool)> {
+    let var = env_var_name(API_TOKEN_SECRET);
+    let configured = match env.get(&var) {
+        Some(value) => {
+            Some((SecretValue::new(value.as_str()), format!("the environment variable {var}")))
+        }
+        None => {
+            let file = SecretsFile::new(secrets.file_path().to_owned());
+            file.get_as_written(API_TOKEN_SECRET)?.map(|value| {
+                (value, format!("{} (`{API_TOKEN_SECRET}`)", secrets.file_path().display()))
+            })
+        }
+    };
+    match configured {
+        Some((value, origin)) => Ok((check_bearer_token(&value, &origin)?, false)),
+        None => Ok(secrets.get_or_generate(API_TOKEN_SECRET)?),
+    }
+}
+
+/// Raises the soft limit on open descriptors to the hard one, so connections get
+/// every descriptor the system allows; the limit in force.
+fn raise_descriptor_limit() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+    // Linux refuses an infinite descriptor limit; this is its usual ceiling.
+    const CEILING: u64 = 1 << 20;
+    let (soft, hard) = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok(limits) => limits,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the descriptor limit; assuming 1024");
+            return 1024;
+        }
+    };
+    let target = if hard == RLIM_INFINITY { CEILING.max(soft) } else { hard };
+    if soft >= target {
+        tracing::debug!(limit = soft, "descriptor limit");
+        return soft;
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, target, hard) {
+        Ok(()) => {
+            tracing::debug!(limit = target, was = soft, "descriptor limit raised");
+            target
+        }
+        Err(error) => {
+            tracing::warn!(%error, limit = soft, "cannot raise the descriptor limit");
+            soft
+        }
+    }
+}
+
+/// How the control API and the transports' listeners (`listener`) and the
+/// health listener (`health`) serve connections, from `[gateway]` and the
+/// descriptor limit.
+fn serve_configs(gateway: &GatewayConfig, descriptor_limit: u64) -> (ServeConfig, ServeConfig) {
+    let limits = ConnectionLimits::from_descriptor_limit(descriptor_limit);
+    let base = ServeConfig {
+        header_read_timeout: Duration::from_millis(gateway.http_header_read_timeout_ms),
+        idle_timeout: Duration::from_millis(gateway.http_idle_timeout_ms),
+        max_connections: limits.listener,
+    };
+    let listener =
+        base.clone().with_max_connections(gateway.http_max_connections.unwrap_or(limits.listener));
+    let health = base.with_max_connections(limits.health);
+    tracing::debug!(
+        descriptor_limit,
+        max_connections = listener.max_connections,
+        health_max_connections = health.max_connections,
+        "connection caps"
+    );
+    (listener, health)
 }
 
 /// Builds every engine the config enables: echo (always) and the vendor CLIs.
@@ -206,6 +287,7 @@ async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
 /// Config errors (with file, line and column), an unopenable store, a port in use.
 pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let started = tokio::time::Instant::now();
+    let descriptor_limit = raise_descriptor_limit();
     // Taken before reading, so an edit made while starting is still picked up.
     let config_mtime = modified(&opts.paths.config);
     let gateway_config = load_config(&opts.paths)?;
@@ -227,11 +309,12 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // gateway that was killed may have left CLIs' grandchildren behind.
     kill_leftover_processes(&store).await;
     let secrets = Arc::new(SecretStore::new(opts.env.clone(), opts.paths.secrets()));
-    let (api_token, generated) = secrets.get_or_generate(API_TOKEN_SECRET)?;
+    let (api_token, generated) = api_token(&opts.env, &secrets)?;
     // Transports are checked before anything starts: a config mistake stops the
     // start before the router recovers a single request, while a port in use
     // only makes that transport fail (and retry).
     let registry = transports(&gateway_config, &secrets, &opts.paths.config)?;
+    let (listener_serve, health_serve) = serve_configs(&gateway_config, descriptor_limit);
 
     let token = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -266,15 +349,29 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     });
     let health = lemon_transports::health::health_router(
         lemon_transports::health::HealthState::new(gateway.clone(), version, started)
-            .with_transports(statuses.clone()),
+            .with_transports(statuses.clone())
+            .with_detail_token(api_token.expose()),
     );
-    tracker.spawn(serve_logged(api_listener, api, token.clone(), "control API"));
-    tracker.spawn(serve_logged(health_listener, health, token.clone(), "health endpoint"));
+    tracker.spawn(serve_logged(
+        api_listener,
+        api,
+        token.clone(),
+        listener_serve.clone(),
+        "control API",
+    ));
+    tracker.spawn(serve_logged(
+        health_listener,
+        health,
+        token.clone(),
+        health_serve,
+        "health endpoint",
+    ));
     registry.start(&TransportDeps {
         router: router.clone(),
         store: store.clone(),
         shutdown: token.clone(),
         tracker: tracker.clone(),
+        http: listener_serve,
     });
     let settled = statuses.wait_for(|map| !map.values().any(|s| *s == TransportState::Starting));
     if tokio::time::timeout(TRANSPORT_START_WAIT, settled).await.is_err() {
@@ -360,9 +457,10 @@ async fn serve_logged(
     listener: TcpListener,
     router: axum::Router,
     token: CancellationToken,
+    config: ServeConfig,
     what: &'static str,
 ) {
-    if let Err(error) = lemon_transports::serve(listener, router, token).await {
+    if let Err(error) = lemon_transports::serve_with(listener, router, token, config).await {
         tracing::error!(%error, "{what} stopped");
     }
 }

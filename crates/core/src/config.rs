@@ -67,6 +67,18 @@ pub struct GatewayConfig {
     /// Requests waiting in all queues together before submits are refused.
     #[serde(default = "defaults::max_pending_runs")]
     pub max_pending_runs: usize,
+    /// HTTP listeners: how long a client has to send a request head, from the
+    /// connection opening or the previous response ending.
+    #[serde(default = "defaults::http_header_read_timeout_ms")]
+    pub http_header_read_timeout_ms: u64,
+    /// HTTP listeners: a connection with no request in flight that sends nothing
+    /// this long is closed (an open event stream is never cut).
+    #[serde(default = "defaults::http_idle_timeout_ms")]
+    pub http_idle_timeout_ms: u64,
+    /// Connections the control API (and each transport's listener) keeps open at
+    /// once; unset: derived from the descriptor limit.
+    #[serde(default)]
+    pub http_max_connections: Option<usize>,
     #[serde(default)]
     pub enable_telegram: Option<bool>,
     #[serde(default)]
@@ -371,6 +383,12 @@ mod defaults {
     }
     pub(super) fn max_pending_runs() -> usize {
         1_000_000
+    }
+    pub(super) fn http_header_read_timeout_ms() -> u64 {
+        10_000
+    }
+    pub(super) fn http_idle_timeout_ms() -> u64 {
+        5_000
     }
 }
 

@@ -56,6 +56,38 @@ impl fmt::Display for SecretValue {
     }
 }
 
+/// Fewest characters a bearer token may have (a generated one has 64).
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+/// A configured bearer token that must not be used. Names where the token came
+/// from, never its value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// Empty or only whitespace.
+    #[error("the API token from {origin} is blank; set one of at least {MIN_TOKEN_CHARS} characters, or remove it to have one generated")]
+    Blank { origin: String },
+    /// Fewer than [`MIN_TOKEN_CHARS`] characters after trimming.
+    #[error("the API token from {origin} is shorter than {MIN_TOKEN_CHARS} characters; use a longer one, or remove it to have one generated")]
+    TooShort { origin: String },
+}
+
+/// `value` as a bearer token: trimmed (tokens are compared trimmed), and refused
+/// when blank or shorter than [`MIN_TOKEN_CHARS`]. `origin` says where it came
+/// from (`the environment variable LEMON_API_TOKEN`, a file) for the error.
+///
+/// # Errors
+/// [`TokenError`] naming `origin`.
+pub fn check_bearer_token(value: &SecretValue, origin: &str) -> Result<SecretValue, TokenError> {
+    let trimmed = value.expose().trim();
+    if trimmed.is_empty() {
+        return Err(TokenError::Blank { origin: origin.to_owned() });
+    }
+    if trimmed.chars().count() < MIN_TOKEN_CHARS {
+        return Err(TokenError::TooShort { origin: origin.to_owned() });
+    }
+    Ok(SecretValue::new(trimmed))
+}
+
 /// A secret that could not be looked up or saved. Messages name the file and the
 /// secret, never its value.
 #[derive(Debug, Clone, PartialEq, Eq)]

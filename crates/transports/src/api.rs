@@ -32,7 +32,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::header;
+use axum::http::{header, HeaderMap};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -107,21 +107,29 @@ struct BearerToken(Arc<str>);
 
 /// Lets the request through only with the right `Authorization: Bearer` header.
 async fn require_bearer(State(expected): State<BearerToken>, req: Request, next: Next) -> Response {
-    let presented = req
-        .headers()
+    if bearer_matches(req.headers(), &expected.0) {
+        next.run(req).await
+    } else {
+        ApiError::Unauthorized.into_response()
+    }
+}
+
+/// Whether `headers` carry `Authorization: Bearer <expected>`. Both tokens are
+/// trimmed the same way and compared once, in constant time; a blank expected
+/// token matches nothing.
+pub(crate) fn bearer_matches(headers: &HeaderMap, expected: &str) -> bool {
+    let expected = expected.trim();
+    let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split_once(' '))
+        .and_then(|value| value.trim().split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
     match presented {
-        Some(token)
-            if !expected.0.is_empty()
-                && constant_time_eq(token.as_bytes(), expected.0.as_bytes()) =>
-        {
-            next.run(req).await
+        Some(token) => {
+            !expected.is_empty() && constant_time_eq(token.as_bytes(), expected.as_bytes())
         }
-        _ => ApiError::Unauthorized.into_response(),
+        None => false,
     }
 }
 

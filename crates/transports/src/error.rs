@@ -33,6 +33,9 @@ pub enum ApiError {
     Conflict(String),
     #[error("request body is larger than {MAX_BODY_BYTES} bytes")]
     PayloadTooLarge,
+    /// The body is not JSON by its `content-type` (or has none).
+    #[error("request body must be JSON: send content-type: application/json")]
+    UnsupportedMediaType,
     /// Too much work is waiting; the client should retry later.
     #[error("the gateway is overloaded: {pending} requests are already waiting")]
     Overloaded { pending: usize },
@@ -57,6 +60,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -139,10 +143,10 @@ impl From<PathRejection> for ApiError {
     }
 }
 
-/// A JSON request body. Unlike `axum::Json` it ignores the `content-type` header
-/// (`curl -d` sends form encoding; the bearer token, not the content type, keeps
-/// browsers out), it maps every failure to [`ApiError`], and a body over the
-/// router's limit is a 413.
+/// A JSON request body: `content-type` must be `application/json` or a `+json`
+/// type (`application/merge-patch+json`), parameters such as `; charset=utf-8`
+/// allowed; any other type, or none with a non-empty body, is a 415. Every
+/// failure maps to [`ApiError`], and a body over the router's limit is a 413.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct JsonBody<T>(pub T);
 
@@ -154,11 +158,34 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let declared = match req.headers().get(header::CONTENT_TYPE) {
+            Some(value) => Some(value.to_str().map_err(|_| ApiError::UnsupportedMediaType)?),
+            None => None,
+        };
+        if declared.is_some_and(|value| !is_json_content_type(value)) {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+        let undeclared = declared.is_none();
         let bytes = axum::body::Bytes::from_request(req, state).await?;
+        if undeclared && !bytes.is_empty() {
+            return Err(ApiError::UnsupportedMediaType);
+        }
         serde_json::from_slice(&bytes)
             .map(JsonBody)
             .map_err(|err| ApiError::BadRequest(format!("invalid JSON body: {err}")))
     }
+}
+
+/// Whether a `content-type` value names JSON: `application/json` or
+/// `application/<anything>+json`, any case, with or without parameters.
+pub fn is_json_content_type(value: &str) -> bool {
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    let Some((kind, subtype)) = essence.split_once('/') else {
+        return false;
+    };
+    let subtype = subtype.to_ascii_lowercase();
+    kind.eq_ignore_ascii_case("application")
+        && (subtype == "json" || (subtype.len() > "+json".len() && subtype.ends_with("+json")))
 }
 
 /// Query parameters, with rejections mapped to [`ApiError`].
@@ -206,3 +233,6 @@ pub async fn not_found() -> ApiError {
 pub async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
 }
+
+#[cfg(test)]
+mod tests;

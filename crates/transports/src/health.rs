@@ -1,8 +1,16 @@
 //! Health and metrics: `GET /healthz` (and its alias `/health`) and `GET /metrics`.
 //!
-//! Unauthenticated, so it belongs on a loopback or internal port. `/healthz`
-//! runs every check concurrently, each bounded by a timeout, and answers `200`
-//! when all pass and `503` otherwise. Built-in checks, in order: `scheduler`
+//! Meant for a loopback or internal port, and answered without a token: a
+//! load balancer or a supervisor learns whether the gateway is up, nothing
+//! more. Without `Authorization: Bearer <API token>` `/healthz` says only
+//! `ok`, `status`, each check's name and `ok`, and each transport's `state`;
+//! with the token it adds the version, the checks' counters, durations and
+//! errors, and the transports' addresses and failure reasons. `/metrics` needs
+//! no token (Prometheus scrapers usually have none) and holds only counters and
+//! transport ids: no addresses, versions or error texts.
+//!
+//! `/healthz` runs every check concurrently, each bounded by a timeout, and
+//! answers `200` when all pass and `503` otherwise. Built-in checks, in order: `scheduler`
 //! (the scheduler answers), `store` (it accepts writes), `runs` (active runs);
 //! an app adds its own with [`HealthState::with_check`].
 //!
@@ -20,7 +28,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -60,6 +68,8 @@ pub struct HealthState {
     pub check_timeout: Duration,
     /// Every transport's state; a failing one makes the gateway `degraded`.
     pub transports: TransportStatuses,
+    /// The API token that unlocks the detailed report; `None`: never detailed.
+    pub detail_token: Option<Arc<str>>,
 }
 
 impl HealthState {
@@ -72,7 +82,15 @@ impl HealthState {
             extra_checks: Vec::new(),
             check_timeout: DEFAULT_CHECK_TIMEOUT,
             transports: TransportStatuses::default(),
+            detail_token: None,
         }
+    }
+
+    /// Shows the detailed report to requests that carry `token` as their bearer.
+    #[must_use]
+    pub fn with_detail_token(mut self, token: impl Into<Arc<str>>) -> Self {
+        self.detail_token = Some(token.into());
+        self
     }
 
     /// Reports `transports` (the registry's statuses).
@@ -112,7 +130,11 @@ pub fn health_router(state: HealthState) -> Router {
         .with_state(state)
 }
 
-async fn healthz(State(state): State<HealthState>) -> Response {
+async fn healthz(State(state): State<HealthState>, headers: HeaderMap) -> Response {
+    let detailed = state
+        .detail_token
+        .as_deref()
+        .is_some_and(|token| crate::api::bearer_matches(&headers, token));
     let results = futures::future::join_all(
         state.checks().iter().map(|check| run_check(&**check, state.check_timeout)),
     )
@@ -126,15 +148,27 @@ async fn healthz(State(state): State<HealthState>) -> Response {
     } else {
         "healthy"
     };
-    let body = json!({
-        "ok": ok,
-        "status": summary,
-        "app": "lemon_gateway",
-        "version": &*state.version,
-        "timestamp": timestamp::iso8601_now(),
-        "checks": results,
-        "transports": crate::transport::states_json(&transports),
-    });
+    let body = if detailed {
+        json!({
+            "ok": ok,
+            "status": summary,
+            "app": "lemon_gateway",
+            "version": &*state.version,
+            "timestamp": timestamp::iso8601_now(),
+            "checks": results,
+            "transports": crate::transport::states_json(&transports),
+        })
+    } else {
+        let checks: Vec<Value> = results
+            .iter()
+            .map(|result| json!({ "name": result["name"], "ok": result["ok"] }))
+            .collect();
+        let transports: serde_json::Map<String, Value> = transports
+            .iter()
+            .map(|(id, transport)| (id.clone(), json!({ "state": transport.as_str() })))
+            .collect();
+        json!({ "ok": ok, "status": summary, "checks": checks, "transports": transports })
+    };
     let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
 }

@@ -3,8 +3,8 @@
 //! # Layout
 //! - [`api`]: the control API (`/v1/...`): submit, inspect, cancel and steer runs,
 //!   and follow their events over Server-Sent Events. Bearer-token protected.
-//! - [`health`]: `/healthz`, `/health` and `/metrics`, unauthenticated, meant for a
-//!   loopback or internal port.
+//! - [`health`]: `/healthz`, `/health` and `/metrics`, meant for a loopback or
+//!   internal port; without the API token `/healthz` shows states only.
 //! - [`webhook`]: `POST /webhooks/{integration}`, generic inbound webhooks with
 //!   per-integration tokens, attachments, sync or async answers, callbacks and
 //!   idempotency keys kept in the store; run as a transport by
@@ -16,7 +16,9 @@
 //!   supervises and restarts transports.
 //! - [`error`]: [`error::ApiError`], the one JSON error shape of every router, and
 //!   extractors whose rejections use it.
-//! - [`serve`]: runs a router on a listener until a shutdown token fires.
+//! - [`http`]: runs a router on a listener until a shutdown token fires
+//!   ([`serve`], [`serve_with`]), with header and idle timeouts, a connection cap,
+//!   and JSON bodies on the errors hyper answers by itself.
 //!
 //! Handlers parse, call the gateway or the store, and map errors; they hold no
 //! business rules and never call engines.
@@ -24,32 +26,12 @@
 pub mod api;
 pub mod error;
 pub mod health;
+pub mod http;
 pub mod telegram;
 pub mod transport;
 pub mod webhook;
 
-use axum::Router;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-
-/// Serves `router` on `listener` until `shutdown` is cancelled, then stops
-/// accepting and waits for in-flight requests. Handlers can read the peer's
-/// address (`ConnectInfo<SocketAddr>`). Event streams watch the same token
-/// (through their router's state), so an open stream does not hold shutdown up.
-///
-/// # Errors
-/// An I/O error from the listener.
-///
-/// # Cancel safety
-/// Dropping the future stops the server at once, without a graceful shutdown.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let app = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
-}
+pub use http::{serve, serve_with};
 
 #[cfg(test)]
 pub(crate) mod test_util {

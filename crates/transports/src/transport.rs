@@ -53,6 +53,9 @@ pub struct TransportContext {
     pub tracker: TaskTracker,
     /// This transport's entry in the status map.
     pub status: StatusHandle,
+    /// Timeouts and connection cap for a listener the transport serves with
+    /// [`crate::serve_with`].
+    pub http: crate::http::ServeConfig,
 }
 
 /// Why a transport stopped serving. The message is shown in `/v1/status` and

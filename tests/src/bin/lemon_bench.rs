@@ -256,7 +256,7 @@ async fn spawn_server(home: &std::path::Path) -> anyhow::Result<(tokio::process:
     anyhow::ensure!(server.exists(), "build the server first: {} is missing", server.display());
     let mut child = tokio::process::Command::new(&server)
         .env("LEMON_HOME", home)
-        .env("LEMON_API_TOKEN", "bench-token")
+        .env("LEMON_API_TOKEN", "bench-token-0123456789")
         .env("LEMON_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())

@@ -415,7 +415,7 @@ fn key(k: &str) -> Segment {
 }
 
 /// Checks serde cannot express. The first failure in a fixed order (engines,
-/// projects, bindings, queue) is returned.
+/// projects, bindings, queue, HTTP limits) is returned.
 fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
     let gateway = &config.gateway;
     let at =
@@ -470,6 +470,15 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
 
     if gateway.queue.cap == Some(0) {
         let segs = [key("gateway"), key("queue"), key("cap")];
+        return Err(at(&segs, Anchor::Value, "must be at least 1".to_owned()));
+    }
+    let http_keys = [
+        ("http_header_read_timeout_ms", gateway.http_header_read_timeout_ms == 0),
+        ("http_idle_timeout_ms", gateway.http_idle_timeout_ms == 0),
+        ("http_max_connections", gateway.http_max_connections == Some(0)),
+    ];
+    if let Some((name, _)) = http_keys.iter().find(|(_, zero)| *zero) {
+        let segs = [key("gateway"), key(name)];
         return Err(at(&segs, Anchor::Value, "must be at least 1".to_owned()));
     }
     Ok(())

@@ -394,6 +394,29 @@ fn values_are_validated() {
 }
 
 #[test]
+fn http_limits_have_defaults_and_refuse_zero() {
+    let config = check_ok("", &[]);
+    assert_eq!(config.gateway.http_header_read_timeout_ms, 10_000);
+    assert_eq!(config.gateway.http_idle_timeout_ms, 5_000);
+    assert_eq!(config.gateway.http_max_connections, None);
+    let config = check_ok(
+        "[gateway]\nhttp_header_read_timeout_ms = 500\nhttp_idle_timeout_ms = 250\nhttp_max_connections = 64\n",
+        &[],
+    );
+    assert_eq!(config.gateway.http_header_read_timeout_ms, 500);
+    assert_eq!(config.gateway.http_idle_timeout_ms, 250);
+    assert_eq!(config.gateway.http_max_connections, Some(64));
+    check_error(
+        "[gateway]\nhttp_idle_timeout_ms = 0\n",
+        "/home/u/.lemon/config.toml:2:24: gateway.http_idle_timeout_ms: must be at least 1",
+    );
+    check_error(
+        "[gateway]\nhttp_max_connections = 0\n",
+        "/home/u/.lemon/config.toml:2:24: gateway.http_max_connections: must be at least 1",
+    );
+}
+
+#[test]
 fn load_file_or_default_treats_a_missing_file_as_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let loaded = load_file_or_default(&dir.path().join("config.toml")).unwrap();

@@ -124,17 +124,28 @@ impl SecretsFile {
     }
 }
 
+impl SecretsFile {
+    /// The value of `name` exactly as the file has it, an empty string too (which
+    /// [`SecretSource::get`] counts as unset).
+    ///
+    /// # Errors
+    /// [`SecretsError::Read`], [`SecretsError::Malformed`].
+    pub fn get_as_written(&self, name: &str) -> Result<Option<SecretValue>, SecretsError> {
+        let Some(text) = self.read_text()? else {
+            return Ok(None);
+        };
+        let doc = self.parse(&text)?;
+        Ok(doc.get(name).and_then(Item::as_str).map(SecretValue::new))
+    }
+}
+
 impl SecretSource for SecretsFile {
     fn describe(&self) -> String {
         self.path.display().to_string()
     }
 
     fn get(&self, name: &str) -> Result<Option<SecretValue>, SecretsError> {
-        let Some(text) = self.read_text()? else {
-            return Ok(None);
-        };
-        let doc = self.parse(&text)?;
-        Ok(doc.get(name).and_then(Item::as_str).filter(|v| !v.is_empty()).map(SecretValue::new))
+        Ok(self.get_as_written(name)?.filter(|v| !v.expose().is_empty()))
     }
 }
 

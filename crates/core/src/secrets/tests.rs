@@ -265,3 +265,36 @@ fn read_errors_name_the_file() {
         "{err}"
     );
 }
+
+#[test]
+fn bearer_tokens_are_trimmed_and_refused_when_blank_or_short() {
+    let origin = "the environment variable LEMON_API_TOKEN";
+    let check_refused = |value: &str, expected: TokenError| {
+        let err = check_bearer_token(&SecretValue::new(value), origin).unwrap_err();
+        assert_eq!(err, expected, "{value:?}");
+        let message = err.to_string();
+        assert!(message.contains(origin), "{message}");
+        if !value.trim().is_empty() {
+            assert!(!message.contains(value.trim()), "the value is in {message}");
+        }
+    };
+    check_refused("", TokenError::Blank { origin: origin.to_owned() });
+    check_refused(" \t\n ", TokenError::Blank { origin: origin.to_owned() });
+    check_refused("short-secret", TokenError::TooShort { origin: origin.to_owned() });
+    // Fifteen characters once trimmed, even with padding around them.
+    check_refused("   fifteen-chars-x   ", TokenError::TooShort { origin: origin.to_owned() });
+    let token = check_bearer_token(&SecretValue::new("  sixteen-chars-xy\n"), origin).unwrap();
+    assert_eq!(token.expose(), "sixteen-chars-xy");
+}
+
+#[test]
+fn a_blank_entry_is_unset_for_lookups_but_visible_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("secrets.toml");
+    fs::write(&path, "lemon_api_token = \"\"\nother = \"  \"\n").unwrap();
+    let file = SecretsFile::new(path);
+    assert_eq!(file.get("lemon_api_token").unwrap(), None);
+    assert_eq!(file.get_as_written("lemon_api_token").unwrap(), Some(SecretValue::new("")));
+    assert_eq!(file.get_as_written("other").unwrap(), Some(SecretValue::new("  ")));
+    assert_eq!(file.get_as_written("missing").unwrap(), None);
+}

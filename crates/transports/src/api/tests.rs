@@ -448,6 +448,7 @@ async fn overloaded_gateway_is_429_with_retry_after() {
         .method(Method::POST)
         .uri("/v1/runs")
         .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(json!({ "prompt": "one too many" }).to_string()))
         .unwrap();
     let (status, headers, error) = gw.send(req).await;
@@ -1018,4 +1019,27 @@ async fn slash_commands_and_resume_lines_go_through_the_router() {
     let (status, error) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
     assert!(error_of(&error).contains("queue_mode"), "{error}");
+}
+
+#[test]
+fn bearer_tokens_are_compared_after_the_same_trimming() {
+    let headers = |value: &str| {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, value.parse().unwrap());
+        headers
+    };
+    let expected = "  expected-token-0123 \n";
+    let check = |value: &str, matches: bool| {
+        assert_eq!(super::bearer_matches(&headers(value), expected), matches, "{value:?}");
+    };
+    check("Bearer expected-token-0123", true);
+    check("bearer   expected-token-0123  ", true);
+    check("BEARER expected-token-0123", true);
+    check("Bearer expected-token-012", false);
+    check("Bearer expected-token-01234", false);
+    check("Basic expected-token-0123", false);
+    check("expected-token-0123", false);
+    assert!(!super::bearer_matches(&HeaderMap::new(), expected));
+    // A blank expected token lets nothing through, not even a blank bearer.
+    assert!(!super::bearer_matches(&headers("Bearer "), "  "));
 }

@@ -43,8 +43,10 @@ impl TestGateway {
         TestGateway { gateway, token, tracker }
     }
 
+    /// The state the server builds: detail for requests with [`DETAIL_TOKEN`].
     fn state(&self) -> HealthState {
         HealthState::new(self.gateway.clone(), "9.9.9", Instant::now())
+            .with_detail_token(DETAIL_TOKEN)
     }
 
     async fn shut_down(&self) {
@@ -60,8 +62,25 @@ impl Drop for TestGateway {
     }
 }
 
+/// The API token, which unlocks the detailed health report.
+const DETAIL_TOKEN: &str = "health-detail-token-0123";
+
+/// `path` with the API token: the detailed report.
 async fn get(state: HealthState, method: Method, path: &str) -> (StatusCode, String, String) {
-    let req = Request::builder().method(method).uri(path).body(Body::empty()).unwrap();
+    get_with(state, method, path, Some(DETAIL_TOKEN)).await
+}
+
+async fn get_with(
+    state: HealthState,
+    method: Method,
+    path: &str,
+    bearer: Option<&str>,
+) -> (StatusCode, String, String) {
+    let mut req = Request::builder().method(method).uri(path);
+    if let Some(token) = bearer {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let req = req.body(Body::empty()).unwrap();
     let response = within(path, health_router(state).oneshot(req)).await.unwrap();
     let status = response.status();
     let content_type = response.headers()[header::CONTENT_TYPE].to_str().unwrap().to_owned();
@@ -274,5 +293,77 @@ async fn unknown_paths_and_methods_are_json_errors() {
     assert_eq!(
         serde_json::from_str::<Value>(&body).unwrap(),
         json!({ "error": "method not allowed" })
+    );
+}
+
+#[tokio::test]
+async fn without_the_token_health_names_checks_and_states_only() {
+    let gw = TestGateway::start();
+    let transports = TransportStatuses::default();
+    transports.set(
+        "webhook",
+        TransportState::Failing {
+            reason: "could not listen on 127.0.0.1:4046: Address in use".into(),
+            attempts: 3,
+            retry_in_ms: Some(4000),
+        },
+    );
+    transports.set("telegram", TransportState::Running { detail: Some("@my_bot".into()) });
+    let state = || gw.state().with_transports(transports.clone());
+    gw.gateway.store().close().await.unwrap();
+
+    for bearer in [None, Some("wrong-token-0123456789"), Some("")] {
+        for path in ["/healthz", "/health"] {
+            let (status, _, text) = get_with(state(), Method::GET, path, bearer).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
+            let body: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(
+                body,
+                json!({
+                    "ok": false,
+                    "status": "unhealthy",
+                    "checks": [
+                        { "name": "scheduler", "ok": true },
+                        { "name": "store", "ok": false },
+                        { "name": "runs", "ok": true },
+                    ],
+                    "transports": {
+                        "telegram": { "state": "running" },
+                        "webhook": { "state": "failing" },
+                    },
+                }),
+                "{bearer:?} {path}"
+            );
+            for secret in ["127.0.0.1", "@my_bot", "9.9.9", "store is closed", "in_flight"] {
+                assert!(!text.contains(secret), "{secret} in {text}");
+            }
+        }
+    }
+
+    // With the token: everything, as before.
+    let (_, body) = get_json(state(), "/healthz").await;
+    assert_eq!(body["version"], json!("9.9.9"));
+    assert_eq!(check(&body, "store")["error"], json!("store is closed"));
+    assert_eq!(check(&body, "scheduler")["detail"]["max"], json!(4));
+    assert_eq!(
+        body["transports"]["webhook"]["reason"],
+        json!("could not listen on 127.0.0.1:4046: Address in use")
+    );
+    assert_eq!(body["transports"]["telegram"]["detail"], json!("@my_bot"));
+
+    // A state without a token never shows the detail.
+    let anonymous_state = HealthState::new(gw.gateway.clone(), "9.9.9", Instant::now());
+    let (_, _, text) = get(anonymous_state, Method::GET, "/healthz").await;
+    assert!(!text.contains("9.9.9") && !text.contains("store is closed"), "{text}");
+
+    // Metrics need no token and carry no addresses, names or error texts.
+    let (status, _, text) = get_with(state(), Method::GET, "/metrics", None).await;
+    assert_eq!(status, StatusCode::OK);
+    for secret in ["127.0.0.1", "@my_bot", "Address in use", "9.9.9"] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+    assert!(
+        text.lines().any(|l| l == "lemon_transport_running{transport=\"webhook\"} 0"),
+        "{text}"
     );
 }

@@ -17,6 +17,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::http::ServeConfig;
 use futures::FutureExt;
 use lemon_core::router::RouterHandle;
 use lemon_core::store::StoreHandle;
@@ -63,6 +64,8 @@ pub struct TransportDeps {
     pub shutdown: CancellationToken,
     /// The gateway's tracker: supervisors and the transports' own tasks run on it.
     pub tracker: TaskTracker,
+    /// How transports that listen for HTTP serve their connections.
+    pub http: ServeConfig,
 }
 
 /// A registered transport.
@@ -183,6 +186,7 @@ impl TransportRegistry {
                 shutdown: deps.shutdown.clone(),
                 tracker: deps.tracker.clone(),
                 status: self.statuses.handle(transport.id()),
+                http: deps.http.clone(),
             };
             deps.tracker.spawn(supervise(transport, ctx, self.policy));
         }

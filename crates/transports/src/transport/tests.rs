@@ -125,7 +125,16 @@ impl Harness {
             shutdown.clone(),
             &tracker,
         );
-        Harness { deps: TransportDeps { router, store, shutdown, tracker }, _gateway: gateway }
+        Harness {
+            deps: TransportDeps {
+                router,
+                store,
+                shutdown,
+                tracker,
+                http: crate::http::ServeConfig::default(),
+            },
+            _gateway: gateway,
+        }
     }
 
     fn start(&self, transports: Vec<Arc<dyn Transport>>) -> TransportStatuses {

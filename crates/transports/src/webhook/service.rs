@@ -77,7 +77,7 @@ impl Transport for WebhookTransport {
         });
         ctx.status.running(Some(local.to_string()));
         tracing::info!(webhook_addr = %local, "webhooks listening");
-        crate::serve(listener, router(state), ctx.shutdown.clone())
+        crate::serve_with(listener, router(state), ctx.shutdown.clone(), ctx.http.clone())
             .await
             .map_err(|err| TransportError::retryable(format!("webhooks on {local} stopped: {err}")))
     }

@@ -940,6 +940,7 @@ token = \"{TOKEN}\"\n",
     let mut registry = TransportRegistry::default().with_policy(policy);
     registry.add(Arc::new(transport)).unwrap();
     let deps = TransportDeps {
+        http: crate::http::ServeConfig::default(),
         router: hook.router.clone(),
         store: hook.gateway.store().clone(),
         shutdown: hook._token.clone(),

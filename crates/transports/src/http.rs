@@ -1,0 +1,400 @@
+//! Serving a router over HTTP/1 so that connections cannot exhaust the gateway.
+//!
+//! Every listener (control API, health, webhooks) goes through [`serve_with`]:
+//! - a request head must arrive within [`ServeConfig::header_read_timeout`],
+//!   counted from when the server starts waiting for it (the connection opening,
+//!   or the previous response ending), so half-sent requests are closed;
+//! - a connection with no request in flight that receives nothing for
+//!   [`ServeConfig::idle_timeout`] is closed; a request in flight (an open event
+//!   stream, however quiet) is never cut by it;
+//! - at most [`ServeConfig::max_connections`] connections are open at once; one
+//!   more is answered `503 {"error": ...}` and closed, and a rate-limited warning
+//!   says the limit was reached;
+//! - the responses hyper writes by itself for requests it cannot parse (`400`,
+//!   `414`, `431`, with an empty body) are rewritten into the JSON error shape
+//!   (the connection's I/O recognises them: nothing else writes an error
+//!   status with an empty body).
+//!
+//! [`ConnectionLimits`] derives the caps of each listener from the process's
+//! descriptor limit, so a saturated API cannot take the descriptors the health
+//! listener and the gateway's own files need.
+//!
+//! On shutdown the listener is closed, idle connections are closed at once, and
+//! requests in flight finish (event streams end on the same token).
+
+mod conn_io;
+mod limits;
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::ConnectInfo;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt as _;
+
+pub use limits::ConnectionLimits;
+
+use conn_io::ConnIo;
+
+/// How one listener treats its connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServeConfig {
+    /// How long a client has to send a complete request head, from the moment
+    /// the server starts waiting for it.
+    pub header_read_timeout: Duration,
+    /// How long a connection with no request in flight may stay silent.
+    pub idle_timeout: Duration,
+    /// Connections open at once; more are refused with `503`.
+    pub max_connections: usize,
+}
+
+/// Default of [`ServeConfig::header_read_timeout`].
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default of [`ServeConfig::idle_timeout`].
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Default for ServeConfig {
+    /// The default timeouts, and the API's cap under a 1 024-descriptor limit.
+    fn default() -> Self {
+        ServeConfig {
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connections: ConnectionLimits::from_descriptor_limit(1024).listener,
+        }
+    }
+}
+
+impl ServeConfig {
+    /// The same timeouts with another connection cap (at least 1).
+    #[must_use]
+    pub fn with_max_connections(mut self, max_connections: usize) -> Self {
+        self.max_connections = max_connections.max(1);
+        self
+    }
+}
+
+/// How often the connection-limit and accept-error warnings may repeat.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The pause after an accept error caused by missing resources (descriptors,
+/// memory), so a full descriptor table does not spin the accept loop.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// What a connection over the cap is told before it is closed.
+static REFUSED_RESPONSE: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    conn_io::json_error_response(
+        503,
+        "Service Unavailable",
+        "too many open connections; retry in a moment",
+        "retry-after: 1\r\n",
+    )
+});
+
+/// Serves `router` on `listener` with [`ServeConfig::default`]; see [`serve_with`].
+///
+/// # Errors
+/// As [`serve_with`].
+///
+/// # Cancel safety
+/// As [`serve_with`].
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    serve_with(listener, router, shutdown, ServeConfig::default()).await
+}
+
+/// Serves `router` on `listener` until `shutdown` is cancelled, then stops
+/// accepting and waits for in-flight requests. Handlers can read the peer's
+/// address (`ConnectInfo<SocketAddr>`). Event streams watch the same token
+/// (through their router's state), so an open stream does not hold shutdown up.
+///
+/// Accept errors caused by missing resources (no free descriptor, no memory) are
+/// logged, at most every 10 s, and retried after a short pause; a connection
+/// reset before it was accepted is skipped.
+///
+/// # Errors
+/// Any other I/O error from the listener.
+///
+/// # Cancel safety
+/// Dropping the future stops accepting at once; connections already open are
+/// served to their end on their own tasks only until the runtime stops.
+pub async fn serve_with(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+    config: ServeConfig,
+) -> io::Result<()> {
+    let local = listener.local_addr()?;
+    let permits = Arc::new(Semaphore::new(config.max_connections.max(1)));
+    let connections = TaskTracker::new();
+    let mut refusals = RateLimitedWarning::default();
+    let mut accept_errors = RateLimitedWarning::default();
+    let result = loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break Ok(()),
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(error) if is_connection_error(&error) => continue,
+            Err(error) if is_resource_error(&error) => {
+                if let Some(suppressed) = accept_errors.note() {
+                    tracing::warn!(addr = %local, %error, suppressed, "cannot accept connections; retrying");
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => break Ok(()),
+                    () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+                }
+            }
+            Err(error) => break Err(error),
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            refuse(&stream);
+            if let Some(suppressed) = refusals.note() {
+                tracing::warn!(
+                    addr = %local,
+                    max_connections = config.max_connections,
+                    suppressed,
+                    "connection limit reached; refusing new connections"
+                );
+            }
+            continue;
+        };
+        connections.spawn(serve_connection(
+            stream,
+            peer,
+            router.clone(),
+            config.clone(),
+            shutdown.clone(),
+            permit,
+        ));
+    };
+    drop(listener);
+    connections.close();
+    connections.wait().await;
+    result
+}
+
+/// A connection beyond the cap: a best-effort `503` (the socket is fresh, so the
+/// short answer fits its buffer), then closed by the drop.
+fn refuse(stream: &TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let _ = stream.try_write(&REFUSED_RESPONSE);
+}
+
+/// The peer went away between the handshake and `accept`.
+fn is_connection_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    )
+}
+
+/// No descriptor or memory for the new socket: it passes when connections close.
+fn is_resource_error(error: &io::Error) -> bool {
+    const EMFILE: i32 = 24;
+    const ENFILE: i32 = 23;
+    const ENOMEM: i32 = 12;
+    const ENOBUFS: i32 = 105;
+    matches!(error.raw_os_error(), Some(EMFILE | ENFILE | ENOMEM | ENOBUFS))
+        || error.kind() == io::ErrorKind::OutOfMemory
+}
+
+/// A warning that is logged at most every [`WARN_EVERY`], with the number of
+/// occurrences since the last one it logged.
+#[derive(Debug, Default)]
+struct RateLimitedWarning {
+    last_logged: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimitedWarning {
+    /// Counts one occurrence; `Some(occurrences left unlogged before it)` when
+    /// this one is to be logged.
+    fn note(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        match self.last_logged {
+            Some(last) if now.duration_since(last) < WARN_EVERY => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last_logged = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+/// Serves one connection until it ends, is idle too long, or shutdown.
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    router: Router,
+    config: ServeConfig,
+    shutdown: CancellationToken,
+    _permit: OwnedSemaphorePermit,
+) {
+    let activity = Arc::new(Activity::new());
+    let io = TokioIo::new(ConnIo::new(stream, activity.clone()));
+    let service_activity = activity.clone();
+    let service = hyper::service::service_fn(move |request| {
+        handle(router.clone(), peer, service_activity.clone(), request)
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout);
+    let connection = builder.serve_connection(io, service);
+    tokio::pin!(connection);
+    let idle = activity.idle_for(config.idle_timeout);
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(error) = result {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+            return;
+        }
+        () = shutdown.cancelled() => {}
+        () = idle => tracing::debug!(%peer, "idle connection closed"),
+    }
+    connection.as_mut().graceful_shutdown();
+    if let Err(error) = connection.await {
+        tracing::debug!(%peer, %error, "connection ended with an error");
+    }
+}
+
+/// One request through the router, counted as in flight until its response
+/// body is done.
+async fn handle(
+    router: Router,
+    peer: SocketAddr,
+    activity: Arc<Activity>,
+    mut request: hyper::Request<Incoming>,
+) -> Result<axum::response::Response, Infallible> {
+    let in_flight = activity.begin();
+    request.extensions_mut().insert(ConnectInfo(peer));
+    let response = router.oneshot(request).await?;
+    Ok(response.map(|body| Body::new(TrackedBody { body, _in_flight: in_flight })))
+}
+
+/// What a connection is doing, shared by its I/O (reads), its requests (in
+/// flight) and its idle watch.
+#[derive(Debug)]
+struct Activity {
+    /// Requests whose response body is not finished yet.
+    in_flight: AtomicUsize,
+    /// The last byte received or response finished.
+    last: Mutex<Instant>,
+    /// Woken when a request begins or ends.
+    changed: Notify,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            in_flight: AtomicUsize::new(0),
+            last: Mutex::new(Instant::now()),
+            changed: Notify::new(),
+        }
+    }
+
+    fn touch(&self) {
+        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+    }
+
+    fn last(&self) -> Instant {
+        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn is_busy(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0
+    }
+
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
+        InFlight(self.clone())
+    }
+
+    /// Resolves once no request has been in flight and nothing has been
+    /// received for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_busy() {
+                changed.await;
+                continue;
+            }
+            let deadline = self.last() + idle;
+            if deadline <= Instant::now() {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {}
+                () = changed => {}
+            }
+        }
+    }
+}
+
+/// A request in flight; dropped with its response body.
+#[derive(Debug)]
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// A response body that keeps its request counted as in flight.
+struct TrackedBody {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl HttpBody for TrackedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests;
