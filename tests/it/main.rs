@@ -15,6 +15,7 @@ mod hardening_e2e;
 mod http_hardening;
 mod router_crash;
 mod router_resume;
+mod server_embed;
 mod support;
 mod telegram_api;
 mod telegram_e2e;

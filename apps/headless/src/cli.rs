@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::client::{self, ClientConfig};
-use crate::paths::Paths;
-use crate::server::{self, ServeOptions};
 use clap::{Parser, Subcommand, ValueEnum};
+use lemon_server::paths::Paths;
+use lemon_server::{self as server, ServeOptions};
 
 #[derive(Debug, Parser)]
 #[command(name = "lemon-gateway", version, about = "Self-hosted execution gateway for AI agents")]
@@ -87,7 +87,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             println!("lemon-gateway ready api={api} health=http://{}", running.health_addr);
             std::io::stdout().flush()?;
-            server::wait_for_signal(running.token()).await;
+            wait_for_signal(running.token()).await;
             running.shutdown().await?;
             Ok(ExitCode::SUCCESS)
         }
@@ -136,5 +136,25 @@ pub fn main() -> ExitCode {
             eprintln!("lemon-gateway: {error:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Waits for SIGINT or SIGTERM, or for `token` to be cancelled.
+async fn wait_for_signal(token: tokio_util::sync::CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+        () = token.cancelled() => {}
     }
 }

@@ -7,9 +7,9 @@ use futures::StreamExt;
 use lemon_core::config::{self, DEFAULT_API_PORT};
 use lemon_core::secrets::{SecretStore, SecretValue};
 
-use crate::paths::Paths;
-use crate::server::API_TOKEN_SECRET;
 use crate::sse::SseParser;
+use lemon_server::paths::Paths;
+use lemon_server::API_TOKEN_SECRET;
 
 /// Where the gateway is and how to authenticate.
 #[derive(Debug, Clone)]

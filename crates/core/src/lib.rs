@@ -15,7 +15,11 @@
 //! - [`secrets`]: where secret values come from.
 //! - [`clock`]: wall-clock milliseconds for timestamps.
 //! - [`log_text`]: outside text (stderr, engine errors) escaped for a log field.
-//! - `testing` (feature `test-util`): a scriptable fake engine.
+//! - [`transport`]: the contract every channel implements, the states status
+//!   reports, the one enable rule, the [`transport::TransportRegistry`] that
+//!   supervises and restarts transports, and the listener settings
+//!   ([`transport::listener`]) a listening transport is served with.
+//! - `testing` (feature `test-util`): a scriptable fake engine and bounded waits.
 
 pub mod bus;
 pub mod clock;
@@ -29,3 +33,4 @@ pub mod secrets;
 pub mod store;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+pub mod transport;

@@ -233,3 +233,23 @@ async fn script(command: String, rest: Vec<String>, sink: EventSink, resume: Opt
     };
     let _ = sink.send(EngineEvent::Completed(completion)).await;
 }
+
+/// A safety net for tests: every wait ends on an event long before this.
+pub const PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// `fut`, or a panic naming `what` after `patience`.
+pub async fn within_for<F: std::future::Future>(
+    patience: std::time::Duration,
+    what: &str,
+    fut: F,
+) -> F::Output {
+    match tokio::time::timeout(patience, fut).await {
+        Ok(output) => output,
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+/// `fut`, or a panic naming `what` after [`PATIENCE`].
+pub async fn within<F: std::future::Future>(what: &str, fut: F) -> F::Output {
+    within_for(PATIENCE, what, fut).await
+}

@@ -25,7 +25,7 @@
 //! - Callbacks never reach private or loopback addresses unless allowed: the host
 //!   is resolved, every address checked, and the connection pinned to the
 //!   checked address (no second lookup, no redirects, no proxy).
-//! - [`WebhookTransport`] runs it all as a [`Transport`](crate::transport::Transport):
+//! - [`WebhookTransport`] runs it all as a [`Transport`](lemon_core::transport::Transport):
 //!   it binds its listener when started, so a port in use is reported (and
 //!   retried) without stopping the gateway.
 //!
@@ -70,7 +70,7 @@ pub use service::WebhookTransport;
 use idempotency::{Claim, IdempotencyKeys};
 use payload::{Payload, PayloadError};
 
-use crate::error::ApiError;
+use lemon_api::error::ApiError;
 
 /// The transport's id, in status and logs.
 pub const WEBHOOK_TRANSPORT_ID: &str = "webhook";
@@ -156,8 +156,8 @@ pub fn router(state: WebhookState) -> Router {
     let limit = state.inner.config.max_body_bytes;
     Router::new()
         .route("/webhooks/{integration}", post(receive))
-        .method_not_allowed_fallback(crate::error::method_not_allowed)
-        .fallback(crate::error::not_found)
+        .method_not_allowed_fallback(lemon_api::error::method_not_allowed)
+        .fallback(lemon_api::error::not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }

@@ -40,7 +40,9 @@ use super::render::{ProgressRenderer, ResumeFormat};
 use super::types::{
     BotCommand, FormattedText, Message, ReplyParameters, SendMessage, TelegramError, User,
 };
-use crate::transport::{StatusHandle, Transport, TransportContext, TransportError, TransportState};
+use lemon_core::transport::{
+    StatusHandle, Transport, TransportContext, TransportError, TransportState,
+};
 
 /// Store namespace of the next `getUpdates` offset, keyed by bot id.
 const OFFSET_NS: &str = "telegram.offset";

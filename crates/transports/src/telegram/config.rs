@@ -138,7 +138,7 @@ impl TelegramConfig {
     /// # Errors
     /// A secret that is not set or cannot be read; a blank token.
     pub fn resolve_token(&self, secrets: &SecretStore) -> Result<String, TelegramConfigError> {
-        crate::transport::inline_or_secret(
+        lemon_core::transport::inline_or_secret(
             "bot_token",
             self.bot_token.as_deref(),
             self.bot_token_secret.as_deref(),

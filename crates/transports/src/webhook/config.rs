@@ -224,7 +224,7 @@ impl WebhookConfig {
     }
 
     /// The section when the webhook is enabled, `None` when it is not; see
-    /// [`crate::transport::enabled`] for the rule. The section is checked either
+    /// [`lemon_core::transport::enabled`] for the rule. The section is checked either
     /// way, so a mistake in it is reported before it is switched on.
     ///
     /// # Errors
@@ -237,7 +237,7 @@ impl WebhookConfig {
             Some(table) => WebhookConfig::parse(table)?,
             None => WebhookConfig::default(),
         };
-        Ok(crate::transport::enabled(enable_webhook, table).then_some(config))
+        Ok(lemon_core::transport::enabled(enable_webhook, table).then_some(config))
     }
 
     /// `bind:port`, with `any` meaning every interface.
@@ -263,7 +263,7 @@ impl WebhookConfig {
     ) -> Result<BTreeMap<String, String>, WebhookConfigError> {
         let mut tokens = BTreeMap::new();
         for (id, integration) in &self.integrations {
-            let token = crate::transport::inline_or_secret(
+            let token = lemon_core::transport::inline_or_secret(
                 "token",
                 integration.token.as_deref(),
                 integration.token_secret.as_deref(),

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use tokio::net::TcpListener;
 
 use super::{router, Resolve, WebhookConfig, WebhookDeps, WebhookState, WEBHOOK_TRANSPORT_ID};
-use crate::transport::{Transport, TransportContext, TransportError};
+use lemon_core::transport::{Transport, TransportContext, TransportError};
 
 /// The generic webhook transport (`POST /webhooks/{integration}`).
 pub struct WebhookTransport {
@@ -77,7 +77,7 @@ impl Transport for WebhookTransport {
         });
         ctx.status.running(Some(local.to_string()));
         tracing::info!(webhook_addr = %local, "webhooks listening");
-        crate::serve_with(listener, router(state), ctx.shutdown.clone(), ctx.http.clone())
+        lemon_api::serve_with(listener, router(state), ctx.shutdown.clone(), ctx.http.clone())
             .await
             .map_err(|err| TransportError::retryable(format!("webhooks on {local} stopped: {err}")))
     }

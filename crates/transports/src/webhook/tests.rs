@@ -1,14 +1,13 @@
 //! Tests of the webhook transport against a real gateway and router running the
 //! echo engine, with callbacks delivered to a local server.
 
-use crate::test_util::within;
+use lemon_core::testing::within;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::transport::{RestartPolicy, TransportDeps, TransportRegistry, TransportState};
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::response::IntoResponse;
@@ -20,6 +19,7 @@ use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::router::{RouterConfig, RouterHandle};
 use lemon_core::secrets::SecretStore;
 use lemon_core::store::{RunFilter, StoreHandle};
+use lemon_core::transport::{RestartPolicy, TransportDeps, TransportRegistry, TransportState};
 use lemon_engines::echo::EchoEngine;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -940,7 +940,7 @@ token = \"{TOKEN}\"\n",
     let mut registry = TransportRegistry::default().with_policy(policy);
     registry.add(Arc::new(transport)).unwrap();
     let deps = TransportDeps {
-        http: crate::http::ServeConfig::default(),
+        http: lemon_api::http::ServeConfig::default(),
         router: hook.router.clone(),
         store: hook.gateway.store().clone(),
         shutdown: hook._token.clone(),

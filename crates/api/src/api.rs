@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{method_not_allowed, not_found, ApiError, MAX_BODY_BYTES};
-use crate::transport::TransportStatuses;
+use lemon_core::transport::TransportStatuses;
 
 /// What the control API's handlers share: handles and a few settings. Cheap to clone.
 #[derive(Clone)]

@@ -37,7 +37,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::error::{method_not_allowed, not_found};
-use crate::transport::{TransportState, TransportStatuses};
+use lemon_core::transport::{TransportState, TransportStatuses};
 
 /// How long one check may take before it counts as failed.
 pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -156,7 +156,7 @@ async fn healthz(State(state): State<HealthState>, headers: HeaderMap) -> Respon
             "version": &*state.version,
             "timestamp": timestamp::iso8601_now(),
             "checks": results,
-            "transports": crate::transport::states_json(&transports),
+            "transports": lemon_core::transport::states_json(&transports),
         })
     } else {
         let checks: Vec<Value> = results

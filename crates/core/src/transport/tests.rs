@@ -6,12 +6,12 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::bus::EventBus;
+use crate::engine::EngineRegistry;
+use crate::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
+use crate::router::{RouterConfig, RouterHandle};
+use crate::store::StoreHandle;
 use async_trait::async_trait;
-use lemon_core::bus::EventBus;
-use lemon_core::engine::EngineRegistry;
-use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
-use lemon_core::router::{RouterConfig, RouterHandle};
-use lemon_core::store::StoreHandle;
 use serde_json::json;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -23,7 +23,7 @@ use super::*;
 const PATIENCE: Duration = Duration::from_secs(24 * 60 * 60);
 
 async fn within<F: Future>(what: &str, fut: F) -> F::Output {
-    crate::test_util::within_for(PATIENCE, what, fut).await
+    crate::testing::within_for(PATIENCE, what, fut).await
 }
 
 /// What one `run` of a fake transport does.
@@ -131,7 +131,7 @@ impl Harness {
                 store,
                 shutdown,
                 tracker,
-                http: crate::http::ServeConfig::default(),
+                http: super::listener::ServeConfig::default(),
             },
             _gateway: gateway,
         }

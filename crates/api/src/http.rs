@@ -23,7 +23,6 @@
 //! requests in flight finish (event streams end on the same token).
 
 mod conn_io;
-mod limits;
 
 use std::convert::Infallible;
 use std::io;
@@ -46,46 +45,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
-pub use limits::ConnectionLimits;
+pub use lemon_core::transport::listener::{
+    ConnectionLimits, ServeConfig, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+};
 
 use conn_io::ConnIo;
-
-/// How one listener treats its connections.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServeConfig {
-    /// How long a client has to send a complete request head, from the moment
-    /// the server starts waiting for it.
-    pub header_read_timeout: Duration,
-    /// How long a connection with no request in flight may stay silent.
-    pub idle_timeout: Duration,
-    /// Connections open at once; more are refused with `503`.
-    pub max_connections: usize,
-}
-
-/// Default of [`ServeConfig::header_read_timeout`].
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default of [`ServeConfig::idle_timeout`].
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
-
-impl Default for ServeConfig {
-    /// The default timeouts, and the API's cap under a 1 024-descriptor limit.
-    fn default() -> Self {
-        ServeConfig {
-            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
-            idle_timeout: DEFAULT_IDLE_TIMEOUT,
-            max_connections: ConnectionLimits::from_descriptor_limit(1024).listener,
-        }
-    }
-}
-
-impl ServeConfig {
-    /// The same timeouts with another connection cap (at least 1).
-    #[must_use]
-    pub fn with_max_connections(mut self, max_connections: usize) -> Self {
-        self.max_connections = max_connections.max(1);
-        self
-    }
-}
 
 /// How often the connection-limit and accept-error warnings may repeat.
 const WARN_EVERY: Duration = Duration::from_secs(10);

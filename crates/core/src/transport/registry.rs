@@ -17,10 +17,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::http::ServeConfig;
+use super::listener::ServeConfig;
+use crate::router::RouterHandle;
+use crate::store::StoreHandle;
 use futures::FutureExt;
-use lemon_core::router::RouterHandle;
-use lemon_core::store::StoreHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::conn_io::json_replacement;
 use super::{serve_with, ConnectionLimits, ServeConfig};
-use crate::test_util::within;
+use lemon_core::testing::within;
 
 const LONG: Duration = Duration::from_secs(600);
 const SHORT: Duration = Duration::from_millis(200);

@@ -9,15 +9,16 @@
 //! Whether a transport runs at all is decided by [`enabled`], the one rule every
 //! transport uses.
 
+pub mod listener;
 mod registry;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::router::RouterHandle;
+use crate::store::StoreHandle;
 use async_trait::async_trait;
-use lemon_core::router::RouterHandle;
-use lemon_core::store::StoreHandle;
 use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -54,8 +55,8 @@ pub struct TransportContext {
     /// This transport's entry in the status map.
     pub status: StatusHandle,
     /// Timeouts and connection cap for a listener the transport serves with
-    /// [`crate::serve_with`].
-    pub http: crate::http::ServeConfig,
+    /// `lemon_api::serve_with`.
+    pub http: listener::ServeConfig,
 }
 
 /// Why a transport stopped serving. The message is shown in `/v1/status` and
@@ -254,7 +255,7 @@ pub fn inline_or_secret(
     key: &str,
     inline: Option<&str>,
     secret: Option<&str>,
-    secrets: &lemon_core::secrets::SecretStore,
+    secrets: &crate::secrets::SecretStore,
 ) -> Result<String, String> {
     let token = match (inline.map(str::trim), secret) {
         (Some(token), _) if !token.is_empty() => token.to_owned(),

@@ -1,6 +1,6 @@
 //! Tests of the health router against a real gateway.
 
-use crate::test_util::within;
+use lemon_core::testing::within;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use super::{health_router, HealthCheck, HealthState};
-use crate::transport::{TransportState, TransportStatuses};
+use lemon_core::transport::{TransportState, TransportStatuses};
 
 struct TestGateway {
     gateway: GatewayHandle,

@@ -1,7 +1,7 @@
 //! Tests of the control API against a real gateway running the echo engine:
 //! request and response through `oneshot`, event streams over a real socket.
 
-use crate::test_util::within;
+use lemon_core::testing::within;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -25,7 +25,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use super::{router, ApiState};
-use crate::transport::{TransportState, TransportStatuses};
+use lemon_core::transport::{TransportState, TransportStatuses};
 
 const TOKEN: &str = "test-token-6f1c";
 /// Per-word delay of the slow echo engine.

@@ -1,5 +1,16 @@
-//! The server: config → gateway → listeners, then reload on edits and drain on
-//! shutdown.
+//! Lemon Gateway assembled from its library crates: config, environment and
+//! secrets in; a running gateway (store, engines, runtime, router, control API,
+//! health and every enabled channel) out, with its config reloaded on edits and
+//! drained on shutdown. Both front ends embed it: the `lemon-gateway` binary
+//! adds a command line, logging and signals; a desktop app adds its window.
+//!
+//! # Layout
+//! - [`start`] builds and starts everything from [`ServeOptions`] and returns
+//!   the [`Running`] gateway; [`Running::shutdown`] drains it.
+//! - [`paths`]: where state lives (`$LEMON_HOME`, `config.toml`, the database,
+//!   secrets), decided by the caller and passed in.
+
+pub mod paths;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -8,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
+use lemon_api::http::{ConnectionLimits, ServeConfig};
 use lemon_core::bus::EventBus;
 use lemon_core::config::{self, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT};
 use lemon_core::engine::{Availability, EngineRegistry};
@@ -17,12 +29,11 @@ use lemon_core::secrets::{
     check_bearer_token, env_var_name, SecretStore, SecretValue, SecretsFile,
 };
 use lemon_core::store::{ProcessGroupRecord, StoreHandle};
+use lemon_core::transport::{TransportDeps, TransportRegistry, TransportState};
 use lemon_engines::cli::{
     build_cli_engines, kill_leftover_group, ApiKey, CliContext, Leftover, ProcessRecorder,
 };
 use lemon_engines::echo::EchoEngine;
-use lemon_transports::http::{ConnectionLimits, ServeConfig};
-use lemon_transports::transport::{TransportDeps, TransportRegistry, TransportState};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -337,7 +348,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let api_addr = api_listener.local_addr()?;
     let health_addr = health_listener.local_addr()?;
     let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
-    let api = lemon_transports::api::router(lemon_transports::api::ApiState {
+    let api = lemon_api::api::router(lemon_api::api::ApiState {
         gateway: gateway.clone(),
         router: router.clone(),
         token: api_token.expose().into(),
@@ -347,8 +358,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         shutdown: token.clone(),
         transports: statuses.clone(),
     });
-    let health = lemon_transports::health::health_router(
-        lemon_transports::health::HealthState::new(gateway.clone(), version, started)
+    let health = lemon_api::health::health_router(
+        lemon_api::health::HealthState::new(gateway.clone(), version, started)
             .with_transports(statuses.clone())
             .with_detail_token(api_token.expose()),
     );
@@ -399,7 +410,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
 
 /// Every transport the gateway knows, enabled or not; the one place a new
 /// transport is added. Each decides whether it is on with
-/// [`lemon_transports::transport::enabled`] (through its config parser).
+/// [`lemon_core::transport::enabled`] (through its config parser).
 ///
 /// # Errors
 /// A transport's section is invalid or names a secret that is not set.
@@ -432,7 +443,7 @@ fn transports(
         None => registry.add_disabled(webhook::WEBHOOK_TRANSPORT_ID)?,
     }
     let telegram_section = config.telegram.as_ref();
-    if lemon_transports::transport::enabled(config.enable_telegram, telegram_section) {
+    if lemon_core::transport::enabled(config.enable_telegram, telegram_section) {
         let section = telegram_section.cloned().unwrap_or_default();
         let telegram_config = telegram::config::TelegramConfig::parse(&section)
             .map_err(|e| located("telegram", &e.0))?;
@@ -460,7 +471,7 @@ async fn serve_logged(
     config: ServeConfig,
     what: &'static str,
 ) {
-    if let Err(error) = lemon_transports::serve_with(listener, router, token, config).await {
+    if let Err(error) = lemon_api::serve_with(listener, router, token, config).await {
         tracing::error!(%error, "{what} stopped");
     }
 }
@@ -534,25 +545,5 @@ impl Running {
         self.store.close().await.context("could not flush the store")?;
         tracing::info!("stopped");
         Ok(())
-    }
-}
-
-/// Waits for SIGINT or SIGTERM, or for `token` to be cancelled.
-pub async fn wait_for_signal(token: CancellationToken) {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
-        () = token.cancelled() => {}
     }
 }

@@ -1,0 +1,24 @@
+//! Lemon Gateway's HTTP face: the control API, health and metrics, and the
+//! HTTP plumbing every listener shares.
+//!
+//! # Layout
+//! - [`api`]: the control API (`/v1/...`): submit, inspect, cancel and steer runs,
+//!   and follow their events over Server-Sent Events. Bearer-token protected.
+//! - [`health`]: `/healthz`, `/health` and `/metrics`, meant for a loopback or
+//!   internal port; without the API token `/healthz` shows states only.
+//! - [`error`]: [`error::ApiError`], the one JSON error shape of every router
+//!   (the control API's and every channel's), and extractors whose rejections
+//!   use it.
+//! - [`http`]: runs a router on a listener until a shutdown token fires
+//!   ([`serve`], [`serve_with`]), with header and idle timeouts, a connection cap,
+//!   and JSON bodies on the errors hyper answers by itself.
+//!
+//! Handlers parse, call the router, the gateway or the store, and map errors;
+//! they hold no business rules and never call engines.
+
+pub mod api;
+pub mod error;
+pub mod health;
+pub mod http;
+
+pub use http::{serve, serve_with};

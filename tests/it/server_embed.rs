@@ -1,0 +1,61 @@
+//! `lemon-server` embedded in another program, as a desktop app does: start it
+//! in-process on a private home, run a prompt through the router, shut it down.
+//! No command line and no child gateway process are involved.
+
+use std::collections::BTreeMap;
+
+use lemon_core::bus::EventKind;
+use lemon_core::ids::RunId;
+use lemon_core::router::{RunRequest, Submitted};
+use lemon_server::paths::Paths;
+use lemon_server::ServeOptions;
+
+use crate::support::{write_config, PATIENCE, TOKEN};
+
+#[tokio::test]
+async fn an_embedded_server_runs_a_prompt_and_shuts_down() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), "");
+    let env = BTreeMap::from([("LEMON_API_TOKEN".to_owned(), TOKEN.to_owned())]);
+    let paths = Paths::resolve(
+        None,
+        &BTreeMap::from([("LEMON_HOME".to_owned(), dir.path().display().to_string())]),
+        None,
+    );
+    let running = lemon_server::start(ServeOptions { paths, env, user_home: None }).await.unwrap();
+
+    let run_id = RunId::parse("embedded-1").unwrap();
+    let mut events = running.gateway.bus().subscribe_run(&run_id);
+    let request =
+        RunRequest { run_id: Some(run_id.clone()), ..RunRequest::new("desk", "hello from inside") };
+    let accepted = match running.router.submit(request).await.unwrap() {
+        Submitted::Run(accepted) => accepted,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(accepted.run_id, run_id);
+    let answer = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let event = events.recv().await.unwrap();
+            if let EventKind::RunCompleted { completion, .. } = &event.kind {
+                return completion.answer.clone();
+            }
+        }
+    })
+    .await
+    .expect("the run completes");
+    assert_eq!(answer, "hello from inside");
+
+    // Its control API answers too, on the address it bound.
+    let status = reqwest::Client::new()
+        .get(format!("http://{}/v1/runs/embedded-1", running.api_addr))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status.status(), 200);
+    let api = running.api_addr;
+    tokio::time::timeout(PATIENCE, running.shutdown()).await.expect("drains in time").unwrap();
+    assert!(reqwest::get(format!("http://{api}/v1/runs")).await.is_err(), "the listener is closed");
+    let db = dir.path().join("lemon.db");
+    assert!(db.exists(), "state is in the embedding program's home");
+}
