@@ -115,6 +115,22 @@ pub struct StoredEvent {
     pub data: serde_json::Value,
 }
 
+impl StoredEvent {
+    /// The resume token the event carries (`engine_started`, `engine_completed`,
+    /// `run_completed`), if any.
+    pub fn resume(&self) -> Option<ResumeToken> {
+        let stored = StoredResume::deserialize(self.data.get("resume")?).ok()?;
+        Some(ResumeToken::new(stored.engine, stored.value))
+    }
+}
+
+/// A resume token as events store it: `{"engine", "value"}`.
+#[derive(Debug, Deserialize)]
+struct StoredResume {
+    engine: String,
+    value: String,
+}
+
 /// Which runs to list; newest first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunFilter {

@@ -925,10 +925,7 @@ impl Router {
         let resume = events
             .iter()
             .rev()
-            .filter_map(|e| e.data.get("resume"))
-            .find_map(|r| {
-                Some(ResumeToken::new(r.get("engine")?.as_str()?, r.get("value")?.as_str()?))
-            })
+            .find_map(crate::store::StoredEvent::resume)
             .or_else(|| entry.resume.clone());
         let completion = Completion::failure(RunError::Interrupted, resume);
         let session_key = session_of(&entry.session_key);

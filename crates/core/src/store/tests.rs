@@ -1255,3 +1255,24 @@ async fn each_concern_is_reachable_through_its_own_trait() {
         store.lifecycle().check_writable().await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn stored_events_give_back_their_resume_token() {
+    for Backend { name, store, _dir } in backends() {
+        for event in every_kind_of_event("run_tok") {
+            store.append_event(event).await;
+        }
+        let resumes: Vec<(String, Option<ResumeToken>)> = store
+            .run_events("run_tok")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.kind.clone(), e.resume()))
+            .filter(|(_, resume)| resume.is_some())
+            .collect();
+        let token = Some(ResumeToken::new("echo", "tok-1"));
+        let expected = ["engine_started", "engine_completed", "run_completed"]
+            .map(|kind| (kind.to_owned(), token.clone()));
+        assert_eq!(resumes, expected, "{name}");
+    }
+}
