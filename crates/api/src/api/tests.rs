@@ -687,6 +687,7 @@ async fn quiet_event_stream_rereads_the_store() {
             engine: "echo".to_owned(),
             prompt: "hi".to_owned(),
             meta: json!({}),
+            resumed_from: None,
             created_at_ms: 1,
         })
         .await;
@@ -1019,6 +1020,29 @@ async fn slash_commands_and_resume_lines_go_through_the_router() {
     let (status, error) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
     assert!(error_of(&error).contains("queue_mode"), "{error}");
+}
+
+#[tokio::test]
+async fn a_run_shows_the_session_it_resumed() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let body = json!({ "prompt": "first", "session_key": "s-from", "run_id": "from-1" });
+    let (status, first) = gw.call(Method::POST, "/v1/runs?wait=true", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["resumed_from"], Value::Null, "a new session continues nothing");
+
+    let body = json!({
+        "prompt": "second",
+        "session_key": "s-other",
+        "run_id": "from-2",
+        "resume": { "engine": "echo", "value": "from-1" },
+    });
+    let (status, second) = gw.call(Method::POST, "/v1/runs?wait=true", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    let (status, run) = gw.call(Method::GET, "/v1/runs/from-2", None).await;
+    assert_eq!(status, StatusCode::OK, "{run}");
+    assert_eq!(run["resumed_from"], json!({ "engine": "echo", "value": "from-1" }));
+    let (_, first) = gw.call(Method::GET, "/v1/runs/from-1", None).await;
+    assert_eq!(first.get("resumed_from"), Some(&Value::Null), "shown as null: {first}");
 }
 
 #[test]

@@ -229,8 +229,8 @@ pub(super) fn apply_completion(
 
 /// The JSON form of a run, as `GET /v1/runs/{id}` returns it.
 pub(super) fn run_json(record: &RunRecord, engines: &EngineRegistry) -> Value {
-    let resume =
-        record.resume.as_ref().map(|token| json!({ "engine": token.engine, "value": token.value }));
+    let token_json = |token: &ResumeToken| json!({ "engine": token.engine, "value": token.value });
+    let resume = record.resume.as_ref().map(token_json);
     json!({
         "run_id": record.run_id,
         "session_key": record.session_key,
@@ -241,6 +241,7 @@ pub(super) fn run_json(record: &RunRecord, engines: &EngineRegistry) -> Value {
         "answer": record.answer,
         "error": record.error,
         "error_code": record.error_code,
+        "resumed_from": record.resumed_from.as_ref().map(token_json),
         "resume": resume,
         "resume_line": record.resume.as_ref().map(|token| resume_line(token, engines)),
         "usage": record.usage,

@@ -302,6 +302,7 @@ impl Scheduler {
                 engine: req.engine.clone(),
                 prompt: req.prompt.clone(),
                 meta,
+                resumed_from: req.resume.clone(),
                 created_at_ms,
             })
             .await;

@@ -29,7 +29,7 @@ use crate::config::QueueMode;
 use crate::engine::{Completion, EngineRegistry, Field, ResumeToken, RunError};
 use crate::gateway::{ExecutionRequest, GatewayHandle, SubmitError};
 use crate::ids::{ConversationKey, RunId};
-use crate::store::{FinishedRun, JournalEntry, JournalState, StoreHandle};
+use crate::store::{FinishedRun, JournalEntry, JournalRoute, JournalState, StoreHandle};
 
 /// A steer whose engine has not answered within this is treated as refused, so
 /// a stuck engine cannot hold its conversation's queue forever.
@@ -925,10 +925,7 @@ impl Router {
         let resume = events
             .iter()
             .rev()
-            .filter_map(|e| e.data.get("resume"))
-            .find_map(|r| {
-                Some(ResumeToken::new(r.get("engine")?.as_str()?, r.get("value")?.as_str()?))
-            })
+            .find_map(crate::store::StoredEvent::resume)
             .or_else(|| entry.resume.clone());
         let completion = Completion::failure(RunError::Interrupted, resume);
         let session_key = session_of(&entry.session_key);
@@ -953,21 +950,20 @@ fn journal_entry(item: &Item, accepted_at_ms: i64) -> JournalEntry {
         resume: item.resume.clone(),
         cwd: item.cwd.clone(),
         meta: meta_json(item),
-        route: serde_json::json!({
-            "origin": item.origin.as_str(),
-            "queue_mode": item.mode.as_str(),
-            "auto_resume": item.route.auto_resume,
-            "chosen_engine": item.route.chosen_engine,
-            "fallback_engine": item.route.fallback_engine,
-        }),
+        route: JournalRoute {
+            origin: Some(item.origin.as_str().to_owned()),
+            queue_mode: Some(item.mode.as_str().to_owned()),
+            auto_resume: item.route.auto_resume,
+            chosen_engine: item.route.chosen_engine.clone(),
+            fallback_engine: Some(item.route.fallback_engine.clone()),
+        },
         state: JournalState::Queued,
         accepted_at_ms,
     }
 }
 
 fn item_from_entry(entry: JournalEntry) -> Item {
-    let route = &entry.route;
-    let text = |key: &str| route.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+    let route = entry.route;
     let meta = entry.meta.as_object().map(|m| m.clone().into_iter().collect()).unwrap_or_default();
     Item {
         conversation: parse_conversation(&entry.conversation)
@@ -976,15 +972,15 @@ fn item_from_entry(entry: JournalEntry) -> Item {
         run_id: entry.run_id,
         prompt: entry.prompt,
         route: RouteChoice {
-            auto_resume: route.get("auto_resume").and_then(|v| v.as_bool()).unwrap_or(false),
-            chosen_engine: text("chosen_engine"),
-            fallback_engine: text("fallback_engine").unwrap_or_else(|| entry.engine.clone()),
+            auto_resume: route.auto_resume,
+            chosen_engine: route.chosen_engine,
+            fallback_engine: route.fallback_engine.unwrap_or_else(|| entry.engine.clone()),
         },
         engine: entry.engine,
         resume: entry.resume,
         cwd: entry.cwd,
         meta,
-        origin: text("origin").and_then(|o| Origin::parse(&o)).unwrap_or(Origin::Internal),
+        origin: route.origin.as_deref().and_then(Origin::parse).unwrap_or(Origin::Internal),
         // Recovered requests keep their order: nothing merges, steers or interrupts.
         mode: QueueMode::Collect,
         seq: entry.seq,

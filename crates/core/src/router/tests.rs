@@ -549,9 +549,12 @@ fn journaled(
         resume: None,
         cwd: None,
         meta: serde_json::json!({ "origin": "control_plane" }),
-        route: serde_json::json!({
-            "queue_mode": "collect", "auto_resume": true, "fallback_engine": "fake",
-        }),
+        route: crate::store::JournalRoute {
+            queue_mode: Some("collect".to_owned()),
+            auto_resume: true,
+            fallback_engine: Some("fake".to_owned()),
+            ..Default::default()
+        },
         state,
         // Accepted a moment ago, well within `recovered_max_age`.
         accepted_at_ms: crate::clock::now_ms() - 1_000 + seq as i64,
@@ -658,7 +661,7 @@ async fn a_webhook_request_is_journaled_and_stored_with_its_origin() {
     let pending = h.store.journal_pending().await.unwrap();
     let entry = pending.iter().find(|e| e.run_id == queued).unwrap();
     assert_eq!(entry.meta["origin"], "webhook");
-    assert_eq!(entry.route["origin"], "webhook");
+    assert_eq!(entry.route.origin.as_deref(), Some("webhook"));
     h.router.abort_run(&busy).await.unwrap();
     assert!(h.completion_of(&queued).await.ok);
     let record = h.store.get_run(queued.as_str()).await.unwrap().unwrap();
