@@ -449,6 +449,29 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     })
 }
 
+/// Checks the config file at `file` as a start would: core's keys, every
+/// transport's section and the secrets they name (from `env`, then the
+/// secrets file of `paths`). The warnings (unknown keys) when it would load.
+///
+/// # Errors
+/// The first problem, with file, line and column where it has them.
+pub fn check_config(
+    file: &std::path::Path,
+    paths: &Paths,
+    env: &BTreeMap<String, String>,
+) -> Result<Vec<String>, config::ConfigError> {
+    let text = std::fs::read_to_string(file).map_err(|e| config::ConfigError::Read {
+        path: file.to_owned(),
+        message: format!("cannot read config file: {e}"),
+    })?;
+    let loaded = config::load_str(&text, file)?;
+    let gateway = &loaded.config.gateway;
+    let secrets = Arc::new(SecretStore::new(env.clone(), paths.secrets()));
+    webhook_transport(gateway, &secrets, file, &text)?;
+    telegram_transport(gateway, &secrets, file, &text)?;
+    Ok(loaded.warnings)
+}
+
 /// Every transport the gateway knows, enabled or not; the one place a new
 /// transport is added. Each decides whether it is on with
 /// [`lemon_core::transport::enabled`] (through its config parser).
