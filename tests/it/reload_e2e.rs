@@ -368,3 +368,21 @@ async fn config_check_and_config_path_on_the_command_line() {
     assert!(stderr.contains("other.toml:"), "{stderr}");
     assert!(stderr.contains("set token or token_secret"), "{stderr}");
 }
+
+#[tokio::test]
+async fn an_engine_section_the_engines_refuse_is_rejected_with_its_location() {
+    let gateway = Gateway::start("[gateway]\nmax_concurrent_runs = 2\n").await;
+    let mut notices = Notices::subscribe(&gateway).await;
+    write_config(
+        &gateway.home,
+        "[gateway]\nmax_concurrent_runs = 3\n[gateway.engines.codex]\nmax_line_bytes = \"lots\"\n",
+    );
+    let (kind, data) = notices.next().await;
+    assert_eq!(kind, "config_rejected", "{data}");
+    let error = data["error"].as_str().unwrap();
+    assert!(
+        error.contains("config.toml:4:18: gateway.engines.codex.max_line_bytes: `max_line_bytes`"),
+        "{error}"
+    );
+    assert_eq!(gateway.status().await["scheduler"]["max"], 2, "nothing of the edit applied");
+}

@@ -319,6 +319,11 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // The text read here is compared with the file once it is watched, so an
     // edit made while starting is still picked up.
     let (config_text, gateway_config) = load_config(&opts.paths)?;
+    check_engine_sections(
+        &gateway_config,
+        &opts.paths.config,
+        config_text.as_deref().unwrap_or(""),
+    )?;
     let config_status =
         ConfigStatus::new(reload::initial_report(&gateway_config, config_text.is_none()));
     // Private to the user: the database holds every prompt and answer.
@@ -466,10 +471,29 @@ pub fn check_config(
     })?;
     let loaded = config::load_str(&text, file)?;
     let gateway = &loaded.config.gateway;
+    check_engine_sections(gateway, file, &text)?;
     let secrets = Arc::new(SecretStore::new(env.clone(), paths.secrets()));
     webhook_transport(gateway, &secrets, file, &text)?;
     telegram_transport(gateway, &secrets, file, &text)?;
     Ok(loaded.warnings)
+}
+
+/// Checks every `[gateway.engines.<id>]` with the engines' own rules
+/// ([`lemon_engines::cli::check_section`]); `text` places an error in the file.
+///
+/// # Errors
+/// The first section with a wrong engine-specific key.
+fn check_engine_sections(
+    config: &GatewayConfig,
+    config_path: &std::path::Path,
+    text: &str,
+) -> Result<(), config::ConfigError> {
+    for (id, section) in &config.engines {
+        lemon_engines::cli::check_section(section).map_err(|message| {
+            config::section_error(config_path, text, &["gateway", "engines", id], &message)
+        })?;
+    }
+    Ok(())
 }
 
 /// Every transport the gateway knows, enabled or not; the one place a new

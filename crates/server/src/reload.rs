@@ -296,6 +296,7 @@ impl Reloader {
             tracing::warn!("{warning}");
         }
         let config = loaded.config.gateway;
+        crate::check_engine_sections(&config, &self.path, text).map_err(|e| e.to_string())?;
         let plan = plan(&self.current, &config);
         let webhook = if plan.webhook {
             Some(
