@@ -181,13 +181,13 @@ async fn healthz(State(state): State<HealthState>, headers: HeaderMap) -> Respon
             .iter()
             .map(|(id, transport)| (id.clone(), json!({ "state": transport.as_str() })))
             .collect();
-        json!({
-            "ok": ok,
-            "status": summary,
-            "checks": checks,
-            "transports": transports,
-            "config": config_json(&config, false),
-        })
+        let mut body =
+            json!({ "ok": ok, "status": summary, "checks": checks, "transports": transports });
+        // Only a refused edit is news to a prober.
+        if config.rejected.is_some() {
+            body["config"] = config_json(&config, false);
+        }
+        body
     };
     let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
