@@ -22,6 +22,7 @@
 //! Every route needs `Authorization: Bearer <token>`. Every error is
 //! `{"error": "..."}` (see [`ApiError`]).
 
+mod config;
 mod events;
 mod runs;
 mod sessions;
@@ -37,6 +38,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use lemon_core::config::ConfigStatus;
 use lemon_core::gateway::GatewayHandle;
 use lemon_core::router::RouterHandle;
 use tokio::time::Instant;
@@ -63,6 +65,8 @@ pub struct ApiState {
     pub shutdown: CancellationToken,
     /// Every transport's state, reported by `/v1/status`.
     pub transports: TransportStatuses,
+    /// The config in force, reported by `/v1/config`.
+    pub config: ConfigStatus,
 }
 
 impl fmt::Debug for ApiState {
@@ -76,6 +80,7 @@ impl fmt::Debug for ApiState {
             .field("started_at", &self.started_at)
             .field("shutdown", &self.shutdown)
             .field("transports", &self.transports)
+            .field("config", &self.config.get().generation)
             .finish()
     }
 }
@@ -94,6 +99,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/sessions/{key}/cancel", post(sessions::cancel))
         .route("/v1/sessions/{key}/abort", post(sessions::abort))
         .route("/v1/status", get(status::status))
+        .route("/v1/config", get(config::get))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

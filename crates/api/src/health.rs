@@ -15,7 +15,8 @@
 //! an app adds its own with [`HealthState::with_check`].
 //!
 //! The body also lists every transport's state (`transports`) and sums up in
-//! `status`: `healthy`, `degraded` (the checks pass but a transport is failing:
+//! `status`: `healthy`, `degraded` (the checks pass but a transport is failing
+//! or an edit of the config file was refused, `config.state = "rejected"`:
 //! still `200`, since the gateway serves and restarting it would not free a
 //! port or fix a token) or `unhealthy` (a check failed: `503`).
 
@@ -32,6 +33,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use lemon_core::config::{ConfigReport, ConfigStatus};
 use lemon_core::gateway::GatewayHandle;
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -70,6 +72,8 @@ pub struct HealthState {
     pub transports: TransportStatuses,
     /// The API token that unlocks the detailed report; `None`: never detailed.
     pub detail_token: Option<Arc<str>>,
+    /// The config in force; a refused edit makes the gateway `degraded`.
+    pub config: ConfigStatus,
 }
 
 impl HealthState {
@@ -83,7 +87,15 @@ impl HealthState {
             check_timeout: DEFAULT_CHECK_TIMEOUT,
             transports: TransportStatuses::default(),
             detail_token: None,
+            config: ConfigStatus::default(),
         }
+    }
+
+    /// Reports the config's state (`config`): a refused edit of the file is `degraded`.
+    #[must_use]
+    pub fn with_config(mut self, config: ConfigStatus) -> Self {
+        self.config = config;
+        self
     }
 
     /// Shows the detailed report to requests that carry `token` as their bearer.
@@ -141,9 +153,10 @@ async fn healthz(State(state): State<HealthState>, headers: HeaderMap) -> Respon
     .await;
     let ok = results.iter().all(|result| result["ok"] == json!(true));
     let transports = state.transports.snapshot();
+    let config = state.config.get();
     let summary = if !ok {
         "unhealthy"
-    } else if transports.values().any(TransportState::is_failing) {
+    } else if transports.values().any(TransportState::is_failing) || config.rejected.is_some() {
         "degraded"
     } else {
         "healthy"
@@ -157,6 +170,7 @@ async fn healthz(State(state): State<HealthState>, headers: HeaderMap) -> Respon
             "timestamp": timestamp::iso8601_now(),
             "checks": results,
             "transports": lemon_core::transport::states_json(&transports),
+            "config": config_json(&config, true),
         })
     } else {
         let checks: Vec<Value> = results
@@ -167,10 +181,30 @@ async fn healthz(State(state): State<HealthState>, headers: HeaderMap) -> Respon
             .iter()
             .map(|(id, transport)| (id.clone(), json!({ "state": transport.as_str() })))
             .collect();
-        json!({ "ok": ok, "status": summary, "checks": checks, "transports": transports })
+        let mut body =
+            json!({ "ok": ok, "status": summary, "checks": checks, "transports": transports });
+        // Only a refused edit is news to a prober.
+        if config.rejected.is_some() {
+            body["config"] = config_json(&config, false);
+        }
+        body
     };
     let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
+}
+
+/// The config's state: `ok`, or `rejected` (with the reason when `detailed`)
+/// while the file on disk is refused and the last good config runs.
+fn config_json(config: &ConfigReport, detailed: bool) -> Value {
+    let mut out = match &config.rejected {
+        None => json!({ "state": "ok" }),
+        Some(rejection) if detailed => json!({ "state": "rejected", "reason": rejection.error }),
+        Some(_) => json!({ "state": "rejected" }),
+    };
+    if detailed {
+        out["generation"] = json!(config.generation);
+    }
+    out
 }
 
 /// Runs one check under `timeout` and reports it.

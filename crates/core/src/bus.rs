@@ -222,6 +222,28 @@ impl BusEvent {
     }
 }
 
+/// A gateway-wide event that belongs to no run (`config_reloaded`,
+/// `config_rejected`), published on the bus's notice channel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notice {
+    /// The event's type name on the wire (SSE `event:`).
+    pub type_name: &'static str,
+    /// Wall-clock milliseconds.
+    pub ts_ms: i64,
+    /// What the event says, as its JSON fields.
+    pub body: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Notice {
+    /// The notice as JSON: its body with `type` and `ts_ms`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut body = self.body.clone();
+        body.insert("type".to_owned(), serde_json::json!(self.type_name));
+        body.insert("ts_ms".to_owned(), serde_json::json!(self.ts_ms));
+        serde_json::Value::Object(body)
+    }
+}
+
 /// Why a subscription yielded no event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RecvError {
@@ -291,6 +313,8 @@ pub struct EventBus {
 #[derive(Debug)]
 struct BusInner {
     firehose: broadcast::Sender<Arc<BusEvent>>,
+    /// Gateway-wide notices; few, so a small buffer.
+    notices: broadcast::Sender<Arc<Notice>>,
     /// Per-run topics, created by the first subscriber and removed when the run
     /// completes. Locked only for a map lookup, never across an await.
     topics: Mutex<HashMap<RunId, broadcast::Sender<Arc<BusEvent>>>>,
@@ -309,9 +333,11 @@ impl Default for EventBus {
 impl EventBus {
     pub fn new(firehose_capacity: usize, topic_capacity: usize) -> Self {
         let (firehose, _) = broadcast::channel(firehose_capacity.max(1));
+        let (notices, _) = broadcast::channel(64);
         EventBus {
             inner: Arc::new(BusInner {
                 firehose,
+                notices,
                 topics: Mutex::new(HashMap::new()),
                 n_topics: AtomicUsize::new(0),
                 topic_capacity: topic_capacity.max(1),
@@ -322,6 +348,16 @@ impl EventBus {
     /// Every event of every run from now on.
     pub fn subscribe_all(&self) -> Subscription {
         Subscription { rx: self.inner.firehose.subscribe(), topic: None }
+    }
+
+    /// Gateway-wide notices from now on.
+    pub fn subscribe_notices(&self) -> broadcast::Receiver<Arc<Notice>> {
+        self.inner.notices.subscribe()
+    }
+
+    /// Publishes a gateway-wide notice; never waits.
+    pub fn publish_notice(&self, notice: Notice) {
+        let _ = self.inner.notices.send(Arc::new(notice));
     }
 
     /// Events of one run from now on. The subscription closes after the run's

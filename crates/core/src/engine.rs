@@ -446,10 +446,16 @@ pub fn extract_plain_resume(engine: &str, text: &str) -> Option<ResumeToken> {
 
 /// The engines a gateway can run, by id. Lookups of composite ids
 /// (`claude:opus`) fall back to the part before the first `:`.
+///
+/// Clones share one table: [`EngineRegistry::replace`] swaps it for every
+/// holder at once (a config reload), while a run keeps the `Arc` of the engine
+/// it resolved, so running runs finish on the engine they started with.
 #[derive(Debug, Clone, Default)]
 pub struct EngineRegistry {
-    engines: BTreeMap<EngineId, Arc<dyn Engine>>,
+    engines: Arc<std::sync::RwLock<Arc<EngineTable>>>,
 }
+
+type EngineTable = BTreeMap<EngineId, Arc<dyn Engine>>;
 
 /// Why an engine could not be registered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -463,24 +469,37 @@ impl EngineRegistry {
         EngineRegistry::default()
     }
 
+    fn table(&self) -> Arc<EngineTable> {
+        self.engines.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// # Errors
     /// [`RegistryError::Duplicate`] when the id is taken.
     pub fn register(&mut self, engine: Arc<dyn Engine>) -> Result<(), RegistryError> {
         let id = engine.id().clone();
-        if self.engines.contains_key(&id) {
+        let mut guard = self.engines.write().unwrap_or_else(|e| e.into_inner());
+        if guard.contains_key(&id) {
             return Err(RegistryError::Duplicate(id.to_string()));
         }
-        self.engines.insert(id, engine);
+        Arc::make_mut(&mut guard).insert(id, engine);
         Ok(())
+    }
+
+    /// Puts the engines of `next` in place of this registry's, for every clone.
+    /// Runs that already resolved an engine keep it.
+    pub fn replace(&self, next: &EngineRegistry) {
+        let table = next.table();
+        *self.engines.write().unwrap_or_else(|e| e.into_inner()) = table;
     }
 
     /// The engine for `id`, trying the prefix of a composite id; with the model part.
     pub fn resolve(&self, id: &str) -> Option<(Arc<dyn Engine>, Option<String>)> {
-        if let Some(engine) = self.engines.get(id) {
+        let table = self.table();
+        if let Some(engine) = table.get(id) {
             return Some((engine.clone(), None));
         }
         let (prefix, model) = id.split_once(':')?;
-        let engine = self.engines.get(prefix)?;
+        let engine = table.get(prefix)?;
         let model = (!model.is_empty()).then(|| model.to_owned());
         Some((engine.clone(), model))
     }
@@ -489,12 +508,14 @@ impl EngineRegistry {
         self.resolve(id).map(|(engine, _)| engine)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Engine>> {
-        self.engines.values()
+    /// The engines registered now, in id order.
+    pub fn iter(&self) -> impl Iterator<Item = Arc<dyn Engine>> {
+        self.table().values().cloned().collect::<Vec<_>>().into_iter()
     }
 
-    pub fn ids(&self) -> impl Iterator<Item = &EngineId> {
-        self.engines.keys()
+    /// The ids registered now, in order.
+    pub fn ids(&self) -> impl Iterator<Item = EngineId> {
+        self.table().keys().cloned().collect::<Vec<_>>().into_iter()
     }
 
     /// The resume line of `token` as its engine writes it (with backticks), or
@@ -520,7 +541,7 @@ impl EngineRegistry {
 
     /// Asks every engine, in id order, for a resume line in `text`.
     pub fn extract_resume(&self, text: &str) -> Option<ResumeToken> {
-        self.engines.values().find_map(|engine| engine.extract_resume(text))
+        self.table().values().find_map(|engine| engine.extract_resume(text))
     }
 }
 

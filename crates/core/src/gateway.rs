@@ -306,6 +306,17 @@ impl GatewayHandle {
         self.tx.send(SchedulerMsg::SetMax { max }).await.map_err(|_| ShuttingDown)
     }
 
+    /// Puts a new generation of the settings in force: runs that start from now
+    /// on use it (slots, timeouts, the engine lock, working directories), runs
+    /// already started keep the one they started with.
+    ///
+    /// # Errors
+    /// [`ShuttingDown`] when the gateway is gone.
+    pub async fn reload(&self, config: RuntimeConfig) -> Result<(), ShuttingDown> {
+        let msg = SchedulerMsg::Reload { config: Box::new(config) };
+        self.tx.send(msg).await.map_err(|_| ShuttingDown)
+    }
+
     /// Stops accepting, lets running runs finish for up to `grace`, then cancels
     /// them with `shutting_down`; queued requests complete with `shutting_down`.
     /// Returns when every run has completed.

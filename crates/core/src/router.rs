@@ -385,6 +385,17 @@ impl RouterHandle {
         self.ask(|reply| RouterMsg::Session { session_key: session_key.to_owned(), reply }).await
     }
 
+    /// Puts a new generation of the settings in force (default engine, bindings,
+    /// projects, queue defaults, the idle watchdog): requests accepted from now
+    /// on use it; runs already dispatched keep their watchdog.
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`] when the router is gone.
+    pub async fn reload(&self, config: RouterConfig) -> Result<(), RouteError> {
+        let msg = RouterMsg::Reload { config: Box::new(config) };
+        self.tx.send(msg).await.map_err(|_| RouteError::ShuttingDown)
+    }
+
     pub fn gateway(&self) -> &GatewayHandle {
         &self.gateway
     }

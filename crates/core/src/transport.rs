@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use registry::{RestartPolicy, TransportDeps, TransportRegistry};
+pub use registry::{RestartPolicy, RunningTransports, TransportDeps, TransportRegistry};
 
 /// A channel.
 #[async_trait]

@@ -76,8 +76,12 @@ pub(super) async fn run_events(
 /// `GET /v1/events`: every event of every run, until shutdown. A subscriber that
 /// falls behind gets `event: lagged` with `{"skipped": n}` and carries on.
 pub(super) async fn firehose(State(state): State<ApiState>) -> Response {
-    let stream =
-        Firehose { live: state.gateway.bus().subscribe_all(), shutdown: state.shutdown.clone() };
+    let bus = state.gateway.bus();
+    let stream = Firehose {
+        live: bus.subscribe_all(),
+        notices: bus.subscribe_notices(),
+        shutdown: state.shutdown.clone(),
+    };
     sse(futures::stream::unfold(stream, |mut stream| async move {
         let event = stream.next().await?;
         Some((Ok(event), stream))
@@ -201,6 +205,8 @@ impl RunEventStream {
 #[derive(Debug)]
 struct Firehose {
     live: Subscription,
+    /// Gateway-wide events (`config_reloaded`, `config_rejected`).
+    notices: tokio::sync::broadcast::Receiver<std::sync::Arc<lemon_core::bus::Notice>>,
     shutdown: CancellationToken,
 }
 
@@ -209,6 +215,11 @@ impl Firehose {
         let received = tokio::select! {
             biased;
             () = self.shutdown.cancelled() => return None,
+            Ok(notice) = self.notices.recv() => {
+                return Some(
+                    Event::default().event(notice.type_name).data(notice.to_json().to_string()),
+                );
+            }
             received = self.live.recv() => received,
         };
         match received {

@@ -41,7 +41,13 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
             "queued": snapshot.queued,
         },
         "engines": engines,
-        "default_engine": &*state.default_engine,
+        "default_engine": state
+            .config
+            .get()
+            .effective
+            .get("default_engine")
+            .cloned()
+            .unwrap_or_else(|| json!(&*state.default_engine)),
         "transports": state.transports.to_json(),
     })))
 }

@@ -77,6 +77,7 @@ impl TestGateway {
             started_at: Instant::now(),
             shutdown: CancellationToken::new(),
             transports: TransportStatuses::default(),
+            config: lemon_core::config::ConfigStatus::default(),
         };
         TestGateway { state, token, tracker }
     }

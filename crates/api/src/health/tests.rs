@@ -367,3 +367,31 @@ async fn without_the_token_health_names_checks_and_states_only() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_refused_config_edit_makes_health_degraded_with_the_reason_behind_the_token() {
+    let gw = TestGateway::start();
+    let config = lemon_core::config::ConfigStatus::default();
+    let state = || gw.state().with_config(config.clone());
+    let (status, _, text) = get_with(state(), Method::GET, "/healthz", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["status"], "healthy", "{text}");
+
+    config.update(|report| {
+        report.rejected = Some(lemon_core::config::Rejection {
+            error: "/h/config.toml:2:23: gateway.max_concurrent_runs: too large".into(),
+            at_ms: 1,
+        });
+    });
+    let (status, _, text) = get_with(state(), Method::GET, "/healthz", None).await;
+    assert_eq!(status, StatusCode::OK, "the gateway serves on the last good config");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["status"], "degraded", "{text}");
+    assert_eq!(body["config"], json!({ "state": "rejected" }), "no reason without the token");
+    let (_, _, text) = get_with(state(), Method::GET, "/healthz", Some(DETAIL_TOKEN)).await;
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["status"], "degraded", "{text}");
+    assert_eq!(body["config"]["state"], "rejected");
+    assert!(body["config"]["reason"].as_str().unwrap().contains("config.toml:2:23"), "{text}");
+}

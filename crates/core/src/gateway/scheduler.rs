@@ -63,6 +63,10 @@ pub(super) enum SchedulerMsg {
     SetMax {
         max: usize,
     },
+    /// A new generation of the settings: runs granted from now on use it.
+    Reload {
+        config: Box<RuntimeConfig>,
+    },
     Drain {
         grace: Duration,
         reply: oneshot::Sender<()>,
@@ -250,6 +254,19 @@ impl Scheduler {
             SchedulerMsg::SetMax { max } => {
                 tracing::info!(from = self.max, to = max, "max_concurrent_runs changed");
                 self.max = max;
+                self.grant_until_full();
+            }
+            SchedulerMsg::Reload { config } => {
+                if config.max_concurrent_runs != self.max {
+                    tracing::info!(
+                        from = self.max,
+                        to = config.max_concurrent_runs,
+                        "max_concurrent_runs changed"
+                    );
+                }
+                self.max = config.max_concurrent_runs;
+                self.fallback_cwd = run::resolve_cwd(None, &config).into();
+                self.config = Arc::new(*config);
                 self.grant_until_full();
             }
             SchedulerMsg::Drain { grace, reply } => {

@@ -61,6 +61,10 @@ pub(super) enum RouterMsg {
         session_key: String,
         reply: oneshot::Sender<SessionView>,
     },
+    /// A new generation of the settings: requests accepted from now on use it.
+    Reload {
+        config: Box<RouterConfig>,
+    },
     /// From a run's watcher: the run published `run_completed`.
     RunEnded {
         run_id: RunId,
@@ -245,6 +249,10 @@ impl Router {
             RouterMsg::Session { session_key, reply } => {
                 let view = self.session_view(&session_of(&session_key)).await;
                 let _ = reply.send(view);
+            }
+            RouterMsg::Reload { config } => {
+                self.config = *config;
+                tracing::debug!("router settings reloaded");
             }
             RouterMsg::RunEnded { run_id, conversation, completion, engine } => {
                 self.run_ended(run_id, conversation, completion, engine).await;
