@@ -19,8 +19,8 @@
 mod actor;
 mod follow;
 mod journal;
-pub mod queue;
 mod query;
+pub mod queue;
 pub mod resolve;
 mod watch;
 

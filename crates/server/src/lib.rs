@@ -349,8 +349,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let health_addr = health_listener.local_addr()?;
     let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
     let api = lemon_api::api::router(lemon_api::api::ApiState {
-        gateway: gateway.clone(),
         router: router.clone(),
+        runs: router.query(),
         token: api_token.expose().into(),
         default_engine: gateway_config.default_engine.as_str().into(),
         version: version.clone(),
@@ -359,7 +359,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         transports: statuses.clone(),
     });
     let health = lemon_api::health::health_router(
-        lemon_api::health::HealthState::new(gateway.clone(), version, started)
+        lemon_api::health::HealthState::new(router.query(), version, started)
             .with_transports(statuses.clone())
             .with_detail_token(api_token.expose()),
     );

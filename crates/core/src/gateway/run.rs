@@ -103,7 +103,9 @@ pub(super) struct RunContext {
 /// The run's report to whoever granted its slot: called once, after
 /// `run_completed` is published, with the run's terminal status. The run knows
 /// nothing else of its supervisor.
-pub(super) struct OnFinished(Box<dyn FnOnce(RunId, RunStatus) -> BoxFuture<'static, ()> + Send + Sync>);
+pub(super) struct OnFinished(
+    Box<dyn FnOnce(RunId, RunStatus) -> BoxFuture<'static, ()> + Send + Sync>,
+);
 
 impl OnFinished {
     pub(super) fn new(

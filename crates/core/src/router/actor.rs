@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::follow::RunFollower;
 use super::journal::Journal;
 use super::queue::{Conversation, Effect, Item, RouteChoice, SteerKind};
 use super::resolve::{
@@ -18,7 +19,6 @@ use super::resolve::{
     queue_mode, resolve_binding, ChoiceError, EngineInputs, Refusal, SlashCommand,
     NATIVE_ONLY_RESUME_MESSAGE,
 };
-use super::follow::RunFollower;
 use super::watch::{publish_phase, Watch};
 use super::{
     Accepted, CancelSummary, Origin, Recovered, RouteError, RouterConfig, RunRequest, SessionView,

@@ -163,7 +163,9 @@ impl RunFollower {
             };
             match received {
                 Ok(event) if event.index == 0 || event.index <= self.last_index => {}
-                Ok(event) if event.index == self.last_index + 1 => self.push(Followed::Event(event)),
+                Ok(event) if event.index == self.last_index + 1 => {
+                    self.push(Followed::Event(event))
+                }
                 Ok(event) => {
                     tracing::debug!(run_id = %self.run_id, index = event.index, "gap in a run's events; reading the store");
                     self.held = Some(event);
@@ -282,7 +284,9 @@ fn stored_completion(run_id: &RunId, event: &StoredEvent) -> Arc<BusEvent> {
 
 /// The error whose code and display text are stored.
 fn run_error(code: &str, text: String) -> RunError {
-    let detail = |text: &str| text.strip_prefix(code).and_then(|rest| rest.strip_prefix(": ")).map(str::to_owned);
+    let detail = |text: &str| {
+        text.strip_prefix(code).and_then(|rest| rest.strip_prefix(": ")).map(str::to_owned)
+    };
     match code {
         "user_requested" => RunError::UserRequested,
         "interrupted" => RunError::Interrupted,

@@ -459,7 +459,9 @@ async fn a_caller_run_id_submitted_twice_is_one_run() {
     let req = RunRequest { run_id: Some(id.clone()), ..RunRequest::new("s", "sleep:10 once") };
     let first = h.router.submit(req.clone()).await.unwrap();
     let second = h.router.submit(req).await.unwrap();
-    let (Submitted::Run(first, _), Submitted::Run(second, _)) = (first, second) else { panic!("runs") };
+    let (Submitted::Run(first, _), Submitted::Run(second, _)) = (first, second) else {
+        panic!("runs")
+    };
     assert!(!first.duplicate);
     assert!(second.duplicate);
     assert_eq!(second.run_id, id);

@@ -66,7 +66,8 @@ async fn events_before_and_after_subscribing_are_joined_without_gaps_or_repeats(
     // Published before anyone followed.
     emit(&bus, &store, delta(1)).await;
     emit(&bus, &store, delta(2)).await;
-    let mut follower = RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), false);
+    let mut follower =
+        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), false);
     // Live and in the first store read alike.
     emit(&bus, &store, delta(3)).await;
     // A phase is a hint, not one of the run's events.
@@ -143,7 +144,8 @@ async fn a_lagged_follower_resynchronises_from_the_store() {
     // A run topic holds two events; the follower reads none until all are out.
     let bus = EventBus::new(64, 2);
     let store = store_with_run().await;
-    let mut follower = RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true);
+    let mut follower =
+        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true);
     for index in 1..=6 {
         emit(&bus, &store, delta(index)).await;
     }
@@ -155,7 +157,8 @@ async fn a_lagged_follower_resynchronises_from_the_store() {
 async fn a_gap_in_live_events_is_filled_from_the_store() {
     let bus = EventBus::default();
     let store = store_with_run().await;
-    let mut follower = RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true);
+    let mut follower =
+        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true);
     emit(&bus, &store, delta(1)).await;
     // Stored but never seen live.
     store.append_event(delta(2)).await;
@@ -168,7 +171,8 @@ async fn a_gap_in_live_events_is_filled_from_the_store() {
 async fn exactly_one_completion_ends_the_follower() {
     let bus = EventBus::default();
     let store = store_with_run().await;
-    let mut follower = RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true);
+    let mut follower =
+        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true);
     emit(&bus, &store, delta(1)).await;
     emit(&bus, &store, completed(2, Completion::success("", None))).await;
     // Whatever is stored after the completion is never handed out.
@@ -183,7 +187,8 @@ async fn exactly_one_completion_ends_the_follower() {
 async fn a_closed_topic_without_a_completion_ends_after_the_stored_events() {
     let bus = EventBus::default();
     let store = store_with_run().await;
-    let mut follower = RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true);
+    let mut follower =
+        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true);
     emit(&bus, &store, delta(1)).await;
     store.append_event(delta(2)).await;
     drop(bus);
@@ -195,8 +200,9 @@ async fn a_closed_topic_without_a_completion_ends_after_the_stored_events() {
 async fn a_quiet_topic_finds_a_completion_written_only_to_the_store() {
     let bus = EventBus::default();
     let store = store_with_run().await;
-    let mut follower = RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true)
-        .check_store_when_quiet(Duration::from_secs(1));
+    let mut follower =
+        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true)
+            .check_store_when_quiet(Duration::from_secs(1));
     store.append_event(delta(1)).await;
     store.append_event(completed(2, Completion::success("", None))).await;
     store
