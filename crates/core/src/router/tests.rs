@@ -21,6 +21,7 @@ use crate::ids::EngineId;
 use crate::store::StoreHandle;
 use crate::testing::FakeEngine;
 
+mod follow;
 mod properties;
 
 /// Always fails as if the model's context overflowed, after reporting a session.
