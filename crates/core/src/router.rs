@@ -10,8 +10,8 @@
 //! active run completes the router writes chat state, and submits the next item.
 //!
 //! One actor owns every conversation. It never waits on a run: a small watcher
-//! task per dispatched run follows the run's bus topic (phases, idle watchdog)
-//! and reports the completion back, and steers are delivered by short tasks that
+//! task per dispatched run follows the run ([`RunFollower`]: phases, idle
+//! watchdog) and reports the completion back, and steers are delivered by short tasks that
 //! report the engine's answer back. Every request the router accepts ends in
 //! exactly one `run_completed`: from the gateway when it ran, from the router when
 //! it was dropped, merged, cancelled while queued, or steered into another run.

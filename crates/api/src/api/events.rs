@@ -3,8 +3,8 @@
 //! A run's stream is the router's [`RunFollower`]: it loses nothing and
 //! repeats nothing, each event's `id:` is its index, and it ends after
 //! `run_completed`, when no more events can come, or at shutdown. It also checks
-//! the store whenever the run has been quiet for [`IDLE_RESYNC`], so a run
-//! completed by another process sharing the store ends the stream too.
+//! the store whenever the run has been quiet for [`IDLE_RESYNC`], so a
+//! completion that was stored but never published ends the stream too.
 
 use std::convert::Infallible;
 use std::time::Duration;

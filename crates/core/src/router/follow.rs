@@ -23,18 +23,20 @@ const RUN_COMPLETED: &str = "run_completed";
 /// One event of a followed run.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Followed {
-    /// An event as published; the run's `run_completed` is always one of these.
+    /// An event as published.
     Event(Arc<BusEvent>),
     /// An event read back from the store (published before the follower
     /// subscribed, or skipped by a lag), in its JSON form.
     Stored(StoredEvent),
+    /// The run's `run_completed` read back from the store: typed, and as stored.
+    StoredCompletion { event: Arc<BusEvent>, stored: StoredEvent },
 }
 
 impl Followed {
     /// 1, 2, 3… over the run's events.
     pub fn index(&self) -> u64 {
         match self {
-            Followed::Event(event) => event.index,
+            Followed::Event(event) | Followed::StoredCompletion { event, .. } => event.index,
             Followed::Stored(event) => event.index,
         }
     }
@@ -42,7 +44,9 @@ impl Followed {
     /// The event's type name (`run_started`, `delta`, …, `run_completed`).
     pub fn type_name(&self) -> &str {
         match self {
-            Followed::Event(event) => event.kind.type_name(),
+            Followed::Event(event) | Followed::StoredCompletion { event, .. } => {
+                event.kind.type_name()
+            }
             Followed::Stored(event) => &event.kind,
         }
     }
@@ -51,14 +55,16 @@ impl Followed {
     pub fn to_json(&self) -> serde_json::Value {
         match self {
             Followed::Event(event) => event.to_json(),
-            Followed::Stored(event) => event.data.clone(),
+            Followed::Stored(event) | Followed::StoredCompletion { stored: event, .. } => {
+                event.data.clone()
+            }
         }
     }
 
-    /// The typed event, when it was seen live (always for `run_completed`).
+    /// The typed event: one seen live, and always `run_completed`.
     pub fn event(&self) -> Option<&Arc<BusEvent>> {
         match self {
-            Followed::Event(event) => Some(event),
+            Followed::Event(event) | Followed::StoredCompletion { event, .. } => Some(event),
             Followed::Stored(_) => None,
         }
     }
@@ -126,8 +132,7 @@ impl RunFollower {
     }
 
     /// Also checks the store whenever the run's topic has been quiet for
-    /// `every`: a completion written without being published (by another
-    /// process sharing the store) is found too.
+    /// `every`, so a completion that was stored but never published is found.
     #[must_use]
     pub fn check_store_when_quiet(mut self, every: Duration) -> Self {
         self.quiet_check = Some(every);
@@ -197,12 +202,15 @@ impl RunFollower {
     }
 
     fn push(&mut self, event: Followed) {
-        if self.finished || event.index() <= self.last_index {
+        if self.finished {
             return;
         }
-        self.last_index = event.index();
+        // Also when the caller is already past it: nothing follows `run_completed`.
         self.finished = event.completed().is_some();
-        self.pending.push_back(event);
+        if event.index() > self.last_index {
+            self.last_index = event.index();
+            self.pending.push_back(event);
+        }
     }
 
     /// Queues the stored events after the last one, then the held live event.
@@ -214,7 +222,8 @@ impl RunFollower {
                 events.sort_by_key(|event| event.index);
                 for event in events {
                     let followed = if event.kind == RUN_COMPLETED {
-                        Followed::Event(stored_completion(&self.run_id, &event))
+                        let typed = stored_completion(&self.run_id, &event);
+                        Followed::StoredCompletion { event: typed, stored: event }
                     } else {
                         Followed::Stored(event)
                     };

@@ -98,8 +98,13 @@ async fn a_run_that_finished_before_following_ends_with_its_stored_completion() 
     let bus = EventBus::default();
     let store = store_with_run().await;
     emit(&bus, &store, completed(1, completion.clone())).await;
-    let mut follower = RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store, false);
-    let end = within("the completion", follower.completion()).await.unwrap();
+    let mut follower =
+        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), false);
+    let last = within("the completion", follower.next()).await.unwrap();
+    // Its JSON is the stored one, byte for byte.
+    let stored = store.run_events("r1").await.unwrap().pop().unwrap();
+    assert_eq!(last.to_json(), stored.data);
+    let end = last.completed().unwrap().clone();
     match &end.kind {
         EventKind::RunCompleted { completion: seen, engine, duration_ms } => {
             assert_eq!(seen, &completion);
@@ -231,4 +236,15 @@ async fn resuming_after_an_index_skips_what_the_client_has() {
         collect(&mut follower).await,
         [("delta".to_owned(), 3), ("run_completed".to_owned(), 4)]
     );
+}
+
+#[tokio::test]
+async fn resuming_past_the_completion_ends_at_once() {
+    let bus = EventBus::default();
+    let store = store_with_run().await;
+    emit(&bus, &store, delta(1)).await;
+    emit(&bus, &store, completed(2, Completion::success("", None))).await;
+    let mut follower =
+        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store, false).after(2);
+    assert!(collect(&mut follower).await.is_empty());
 }

@@ -7,7 +7,8 @@ async fn drain(follower: &mut RunFollower) -> Vec<(String, u64, bool)> {
     crate::testing::within("the follower to end", async {
         let mut seen = Vec::new();
         while let Some(event) = follower.next().await {
-            seen.push((event.type_name().to_owned(), event.index(), event.event().is_some()));
+            let live = matches!(event, Followed::Event(_));
+            seen.push((event.type_name().to_owned(), event.index(), live));
         }
         seen
     })
