@@ -39,8 +39,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use lemon_core::config::ConfigStatus;
-use lemon_core::gateway::GatewayHandle;
-use lemon_core::router::RouterHandle;
+use lemon_core::router::{RouterHandle, Runs};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -50,9 +49,10 @@ use lemon_core::transport::TransportStatuses;
 /// What the control API's handlers share: handles and a few settings. Cheap to clone.
 #[derive(Clone)]
 pub struct ApiState {
-    pub gateway: GatewayHandle,
-    /// Every submission goes through the router.
+    /// Every submission, cancel and steer goes through the router.
     pub router: RouterHandle,
+    /// The router's read-only side: runs, events, sessions, status.
+    pub runs: Runs,
     /// The bearer token every request must carry. Never logged.
     pub token: Arc<str>,
     /// The engine of requests that name none.
@@ -72,8 +72,8 @@ pub struct ApiState {
 impl fmt::Debug for ApiState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ApiState")
-            .field("gateway", &self.gateway)
             .field("router", &self.router)
+            .field("runs", &self.runs)
             .field("token", &"<redacted>")
             .field("default_engine", &self.default_engine)
             .field("version", &self.version)

@@ -34,7 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use lemon_core::config::{ConfigReport, ConfigStatus};
-use lemon_core::gateway::GatewayHandle;
+use lemon_core::router::Runs;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -60,7 +60,8 @@ pub trait HealthCheck: Send + Sync + fmt::Debug + 'static {
 /// What the health router needs. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct HealthState {
-    pub gateway: GatewayHandle,
+    /// The router's read-only side: scheduler counters, active runs, the store.
+    pub runs: Runs,
     pub version: Arc<str>,
     /// When the gateway started, for uptime.
     pub started_at: Instant,
@@ -78,9 +79,9 @@ pub struct HealthState {
 
 impl HealthState {
     /// The built-in checks only, each bounded by [`DEFAULT_CHECK_TIMEOUT`].
-    pub fn new(gateway: GatewayHandle, version: impl Into<Arc<str>>, started_at: Instant) -> Self {
+    pub fn new(runs: Runs, version: impl Into<Arc<str>>, started_at: Instant) -> Self {
         HealthState {
-            gateway,
+            runs,
             version: version.into(),
             started_at,
             extra_checks: Vec::new(),
@@ -120,11 +121,11 @@ impl HealthState {
     }
 
     fn checks(&self) -> Vec<Arc<dyn HealthCheck>> {
-        let gateway = &self.gateway;
+        let runs = &self.runs;
         let mut checks: Vec<Arc<dyn HealthCheck>> = vec![
-            Arc::new(SchedulerCheck { gateway: gateway.clone() }),
-            Arc::new(StoreCheck { gateway: gateway.clone() }),
-            Arc::new(RunsCheck { gateway: gateway.clone() }),
+            Arc::new(SchedulerCheck { runs: runs.clone() }),
+            Arc::new(StoreCheck { runs: runs.clone() }),
+            Arc::new(RunsCheck { runs: runs.clone() }),
         ];
         checks.extend(self.extra_checks.iter().cloned());
         checks
@@ -229,7 +230,7 @@ async fn run_check(check: &dyn HealthCheck, timeout: Duration) -> Value {
 /// The scheduler answers; detail is its slot counters.
 #[derive(Debug)]
 struct SchedulerCheck {
-    gateway: GatewayHandle,
+    runs: Runs,
 }
 
 #[async_trait]
@@ -239,7 +240,7 @@ impl HealthCheck for SchedulerCheck {
     }
 
     async fn check(&self) -> Result<Value, String> {
-        let snapshot = self.gateway.snapshot().await.map_err(|err| err.to_string())?;
+        let snapshot = self.runs.snapshot().await.map_err(|err| err.to_string())?;
         Ok(json!({ "in_flight": snapshot.in_flight, "waitq": snapshot.waitq, "max": snapshot.max }))
     }
 }
@@ -247,7 +248,7 @@ impl HealthCheck for SchedulerCheck {
 /// The store accepts writes.
 #[derive(Debug)]
 struct StoreCheck {
-    gateway: GatewayHandle,
+    runs: Runs,
 }
 
 #[async_trait]
@@ -257,7 +258,7 @@ impl HealthCheck for StoreCheck {
     }
 
     async fn check(&self) -> Result<Value, String> {
-        self.gateway.store().check_writable().await.map_err(|err| err.to_string())?;
+        self.runs.check_store().await.map_err(|err| err.to_string())?;
         Ok(Value::Null)
     }
 }
@@ -265,7 +266,7 @@ impl HealthCheck for StoreCheck {
 /// The number of queued and running runs.
 #[derive(Debug)]
 struct RunsCheck {
-    gateway: GatewayHandle,
+    runs: Runs,
 }
 
 #[async_trait]
@@ -275,7 +276,7 @@ impl HealthCheck for RunsCheck {
     }
 
     async fn check(&self) -> Result<Value, String> {
-        let active = self.gateway.active_runs().await.map_err(|err| err.to_string())?;
+        let active = self.runs.active_runs().await.map_err(|err| err.to_string())?;
         Ok(json!({ "active": active.len() }))
     }
 }
@@ -283,7 +284,7 @@ impl HealthCheck for RunsCheck {
 /// `GET /metrics`: Prometheus text. Scheduler gauges are left out while the
 /// scheduler does not answer, and `lemon_up` says so.
 async fn metrics(State(state): State<HealthState>) -> Response {
-    let snapshot = tokio::time::timeout(state.check_timeout, state.gateway.snapshot())
+    let snapshot = tokio::time::timeout(state.check_timeout, state.runs.snapshot())
         .await
         .ok()
         .and_then(Result::ok);

@@ -16,6 +16,7 @@ mod run;
 mod scheduler;
 
 pub use lock::{EngineLock, LockGuard, LockKey, LockTimeout};
+pub(crate) use run::{complete, RunEnd};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -329,15 +330,15 @@ impl GatewayHandle {
         rx.await.map_err(|_| ShuttingDown)
     }
 
-    pub fn bus(&self) -> &EventBus {
+    pub(crate) fn bus(&self) -> &EventBus {
         &self.bus
     }
 
-    pub fn store(&self) -> &StoreHandle {
+    pub(crate) fn store(&self) -> &StoreHandle {
         &self.store
     }
 
-    pub fn engines(&self) -> &EngineRegistry {
+    pub(crate) fn engines(&self) -> &EngineRegistry {
         &self.engines
     }
 }

@@ -10,14 +10,16 @@
 //! active run completes the router writes chat state, and submits the next item.
 //!
 //! One actor owns every conversation. It never waits on a run: a small watcher
-//! task per dispatched run follows the run's bus topic (phases, idle watchdog)
-//! and reports the completion back, and steers are delivered by short tasks that
+//! task per dispatched run follows the run ([`RunFollower`]: phases, idle
+//! watchdog) and reports the completion back, and steers are delivered by short tasks that
 //! report the engine's answer back. Every request the router accepts ends in
 //! exactly one `run_completed`: from the gateway when it ran, from the router when
 //! it was dropped, merged, cancelled while queued, or steered into another run.
 
 mod actor;
+mod follow;
 mod journal;
+mod query;
 pub mod queue;
 pub mod resolve;
 mod watch;
@@ -31,13 +33,16 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::bus::{EventBus, Subscription};
 use crate::config::{GatewayConfig, QueueMode};
-use crate::engine::{Field, InvalidValue, ResumeToken};
-use crate::gateway::GatewayHandle;
+use crate::engine::{Field, InvalidValue, ResumeToken, RunError, SteerError};
+use crate::gateway::{CancelOutcome, GatewayHandle};
 use crate::ids::{ConversationKey, RunId};
-use crate::store::{ChatState, StoreError};
+use crate::store::{ChatState, StoreError, StoreHandle};
 
-use actor::{Router, RouterMsg};
+use actor::{Admitted, Router, RouterMsg};
+pub use follow::{Followed, RunFollower};
+pub use query::{EngineInfo, Runs};
 pub use queue::Limits;
 pub use resolve::SlashCommand;
 
@@ -145,10 +150,11 @@ impl RunRequest {
 }
 
 /// What became of a submitted message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Submitted {
-    /// Accepted as a run; it ends in exactly one `run_completed`.
-    Run(Accepted),
+    /// Accepted as a run; it ends in exactly one `run_completed`, which the
+    /// follower yields last. Dropping the follower does not affect the run.
+    Run(Accepted, RunFollower),
     /// A slash command the router answered itself; nothing runs.
     Command { command: SlashCommand, reply: String },
 }
@@ -300,6 +306,8 @@ pub struct Recovered {
 pub struct RouterHandle {
     tx: mpsc::Sender<RouterMsg>,
     gateway: GatewayHandle,
+    bus: EventBus,
+    store: StoreHandle,
 }
 
 impl RouterHandle {
@@ -315,7 +323,8 @@ impl RouterHandle {
         let (tx, rx) = mpsc::channel(1024);
         let router = Router::new(config, gateway.clone(), rx, tx.clone(), token, tracker.clone());
         tracker.spawn(router.run());
-        RouterHandle { tx, gateway }
+        let (bus, store) = (gateway.bus().clone(), gateway.store().clone());
+        RouterHandle { tx, gateway, bus, store }
     }
 
     async fn ask<T>(
@@ -328,7 +337,9 @@ impl RouterHandle {
     }
 
     /// Accepts a message: a slash command is answered, anything else is
-    /// journaled, gets a run id and is queued in its conversation.
+    /// journaled, gets a run id and is queued in its conversation. An accepted
+    /// run comes with its follower: every event of the run, ending with its
+    /// completion.
     ///
     /// # Errors
     /// [`RouteError`] when the message was not accepted.
@@ -336,7 +347,70 @@ impl RouterHandle {
     /// # Cancel safety
     /// Not cancel safe: a cancelled call may or may not have accepted the request.
     pub async fn submit(&self, req: RunRequest) -> Result<Submitted, RouteError> {
-        self.ask(|reply| RouterMsg::Submit { req: Box::new(req), reply }).await?
+        // With a caller's id the run's topic is taken before the run exists, so
+        // a new run's events all arrive live and nothing needs reading back.
+        let early = req.run_id.as_ref().map(|run_id| self.bus.subscribe_run(run_id));
+        let admitted = self.ask(|reply| RouterMsg::Submit { req: Box::new(req), reply }).await??;
+        Ok(match admitted {
+            Admitted::Run(accepted) => {
+                let fresh = early.is_some() && !accepted.duplicate;
+                let live = early.unwrap_or_else(|| self.bus.subscribe_run(&accepted.run_id));
+                let follower = self.follower(accepted.run_id.clone(), live, fresh);
+                Submitted::Run(accepted, follower)
+            }
+            Admitted::Command { command, reply } => Submitted::Command { command, reply },
+        })
+    }
+
+    fn follower(&self, run_id: RunId, live: Subscription, fresh: bool) -> RunFollower {
+        RunFollower::new(run_id, live, self.store.clone(), fresh)
+    }
+
+    /// Follows a run from its first stored event to its completion; a run that
+    /// already finished yields its stored events and its completion at once. An
+    /// unknown run yields nothing until it exists.
+    pub fn follow(&self, run_id: &RunId) -> RunFollower {
+        self.follower(run_id.clone(), self.bus.subscribe_run(run_id), false)
+    }
+
+    /// Every event of every run from now on, phases included (the `/v1/events`
+    /// firehose). A subscriber that falls behind is told how many it missed.
+    pub fn subscribe_all(&self) -> Subscription {
+        self.bus.subscribe_all()
+    }
+
+    /// Gateway-wide notices that belong to no run (config reloaded or rejected).
+    pub fn subscribe_notices(&self) -> tokio::sync::broadcast::Receiver<Arc<crate::bus::Notice>> {
+        self.bus.subscribe_notices()
+    }
+
+    /// The read-only view of runs, sessions, engines and the scheduler.
+    pub fn query(&self) -> Runs {
+        Runs::new(self.clone())
+    }
+
+    /// Cancels one run: dropped if the router still holds it queued, else
+    /// stopped at the gateway. Idempotent; a finished run is
+    /// [`CancelOutcome::NotActive`].
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`] when the router or the gateway is gone.
+    pub async fn cancel_run(&self, run_id: &RunId) -> Result<CancelOutcome, RouteError> {
+        if self.abort_run(run_id).await? {
+            return Ok(CancelOutcome::Cancelling);
+        }
+        self.gateway
+            .cancel(run_id, RunError::UserRequested)
+            .await
+            .map_err(|_| RouteError::ShuttingDown)
+    }
+
+    /// Sends more input into a running run.
+    ///
+    /// # Errors
+    /// [`SteerError`] when the run is not running or its engine refused.
+    pub async fn steer(&self, run_id: &RunId, text: &str) -> Result<(), SteerError> {
+        self.gateway.steer(run_id, text).await
     }
 
     /// Cancels a conversation: drops its queue and in-flight steers, cancels its run.
@@ -394,10 +468,6 @@ impl RouterHandle {
     pub async fn reload(&self, config: RouterConfig) -> Result<(), RouteError> {
         let msg = RouterMsg::Reload { config: Box::new(config) };
         self.tx.send(msg).await.map_err(|_| RouteError::ShuttingDown)
-    }
-
-    pub fn gateway(&self) -> &GatewayHandle {
-        &self.gateway
     }
 }
 

@@ -361,9 +361,11 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         })
     };
     let bus = EventBus::default();
+    // Clones share one table: a reload swaps the engines for every holder.
+    let engine_table = build_engines(&gateway_config)?;
     let deps = GatewayDeps {
         config: runtime_config(&gateway_config, opts.user_home.clone()),
-        engines: build_engines(&gateway_config)?,
+        engines: engine_table.clone(),
         store: store.clone(),
         bus: bus.clone(),
     };
@@ -381,8 +383,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let health_addr = health_listener.local_addr()?;
     let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
     let api = lemon_api::api::router(lemon_api::api::ApiState {
-        gateway: gateway.clone(),
         router: router.clone(),
+        runs: router.query(),
         token: api_token.expose().into(),
         default_engine: gateway_config.default_engine.as_str().into(),
         version: version.clone(),
@@ -392,7 +394,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         config: config_status.clone(),
     });
     let health = lemon_api::health::health_router(
-        lemon_api::health::HealthState::new(gateway.clone(), version, started)
+        lemon_api::health::HealthState::new(router.query(), version, started)
             .with_transports(statuses.clone())
             .with_detail_token(api_token.expose())
             .with_config(config_status.clone()),
@@ -431,6 +433,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         status: config_status.clone(),
         bus,
         gateway: gateway.clone(),
+        engines: engine_table,
         router: router.clone(),
         transports: running_transports,
         secrets: secrets.clone(),

@@ -233,6 +233,8 @@ pub(crate) struct Reloader {
     pub(crate) status: ConfigStatus,
     pub(crate) bus: EventBus,
     pub(crate) gateway: GatewayHandle,
+    /// The engine table the gateway and the router share.
+    pub(crate) engines: lemon_core::engine::EngineRegistry,
     pub(crate) router: RouterHandle,
     pub(crate) transports: RunningTransports,
     pub(crate) secrets: Arc<lemon_core::secrets::SecretStore>,
@@ -355,7 +357,7 @@ impl Reloader {
             return;
         }
         if let Some(engines) = engines {
-            self.gateway.engines().replace(&engines);
+            self.engines.replace(&engines);
         }
         if plan.runtime
             && self

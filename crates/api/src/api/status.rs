@@ -10,20 +10,19 @@ use super::ApiState;
 use crate::error::ApiError;
 
 pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
-    let snapshot = state.gateway.snapshot().await?;
+    let snapshot = state.runs.snapshot().await?;
     let engines: Vec<Value> = state
-        .gateway
+        .runs
         .engines()
-        .iter()
+        .into_iter()
         .map(|engine| {
-            let capabilities = engine.capabilities();
             let mut body = json!({
-                "id": engine.id().as_str(),
+                "id": engine.id,
                 "available": true,
-                "steer": capabilities.steer,
-                "redirect": capabilities.redirect,
+                "steer": engine.steer,
+                "redirect": engine.redirect,
             });
-            if let Availability::Unavailable { reason } = engine.availability() {
+            if let Availability::Unavailable { reason } = engine.availability {
                 body["available"] = json!(false);
                 body["reason"] = json!(reason);
             }

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use lemon_core::bus::RunStatus;
 use lemon_core::config::QueueMode;
-use lemon_core::engine::{Completion, EngineRegistry, ResumeToken};
+use lemon_core::engine::{Completion, ResumeToken};
 use lemon_core::ids::RunId;
+use lemon_core::router::Runs;
 use lemon_core::router::{Origin, RouteError, RunRequest};
 use lemon_core::store::{RunFilter, RunRecord};
 use serde::Deserialize;
@@ -228,7 +229,7 @@ pub(super) fn apply_completion(
 }
 
 /// The JSON form of a run, as `GET /v1/runs/{id}` returns it.
-pub(super) fn run_json(record: &RunRecord, engines: &EngineRegistry) -> Value {
+pub(super) fn run_json(record: &RunRecord, runs: &Runs) -> Value {
     let token_json = |token: &ResumeToken| json!({ "engine": token.engine, "value": token.value });
     let resume = record.resume.as_ref().map(token_json);
     json!({
@@ -243,7 +244,7 @@ pub(super) fn run_json(record: &RunRecord, engines: &EngineRegistry) -> Value {
         "error_code": record.error_code,
         "resumed_from": record.resumed_from.as_ref().map(token_json),
         "resume": resume,
-        "resume_line": record.resume.as_ref().map(|token| resume_line(token, engines)),
+        "resume_line": record.resume.as_ref().map(|token| resume_line(token, runs)),
         "usage": record.usage,
         "created_at_ms": record.created_at_ms,
         "started_at_ms": record.started_at_ms,
@@ -254,8 +255,8 @@ pub(super) fn run_json(record: &RunRecord, engines: &EngineRegistry) -> Value {
 
 /// The line a user pastes to continue the session, in the engine's own format
 /// without the surrounding backticks.
-fn resume_line(token: &ResumeToken, engines: &EngineRegistry) -> String {
-    engines.format_resume(token).trim_matches('`').to_owned()
+fn resume_line(token: &ResumeToken, runs: &Runs) -> String {
+    runs.format_resume(token).trim_matches('`').to_owned()
 }
 
 #[cfg(test)]

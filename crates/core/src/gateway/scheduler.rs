@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::lock::EngineLock;
-use super::run::{self, RunContext, RunShared};
+use super::run::{self, OnFinished, RunContext, RunShared};
 use super::{
     ActiveRun, CancelOutcome, ExecutionRequest, GatewayDeps, RuntimeConfig, SchedulerSnapshot,
     SubmitError,
@@ -383,10 +383,20 @@ impl Scheduler {
             store: self.store.clone(),
             bus: self.bus.clone(),
             lock: self.lock.clone(),
-            scheduler: self.tx.clone(),
+            finished: self.on_finished(),
             fallback_cwd: self.fallback_cwd.clone(),
         };
         self.tracker.spawn(run::execute(ctx));
+    }
+
+    /// How a run reports back: `RunFinished` through the handles' channel.
+    fn on_finished(&self) -> OnFinished {
+        let tx = self.tx.clone();
+        OnFinished::new(move |run_id, status| {
+            Box::pin(async move {
+                let _ = tx.send(SchedulerMsg::RunFinished { run_id, status }).await;
+            })
+        })
     }
 
     fn run_finished(&mut self, run_id: &RunId, status: RunStatus) {

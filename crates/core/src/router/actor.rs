@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::follow::RunFollower;
 use super::journal::Journal;
 use super::queue::{Conversation, Effect, Item, RouteChoice, SteerKind};
 use super::resolve::{
@@ -18,28 +19,34 @@ use super::resolve::{
     queue_mode, resolve_binding, ChoiceError, EngineInputs, Refusal, SlashCommand,
     NATIVE_ONLY_RESUME_MESSAGE,
 };
-use super::watch::Watch;
+use super::watch::{publish_phase, Watch};
 use super::{
     Accepted, CancelSummary, Origin, Recovered, RouteError, RouterConfig, RunRequest, SessionView,
-    Submitted,
 };
-use crate::bus::{BusEvent, EventBus, EventKind, RunPhase, RunStatus};
+use crate::bus::{EventBus, RunPhase, RunStatus};
 use crate::clock::now_ms;
 use crate::config::QueueMode;
 use crate::engine::{Completion, EngineRegistry, Field, ResumeToken, RunError};
-use crate::gateway::{ExecutionRequest, GatewayHandle, SubmitError};
+use crate::gateway::{self, ExecutionRequest, GatewayHandle, RunEnd, SubmitError};
 use crate::ids::{ConversationKey, RunId};
-use crate::store::{FinishedRun, JournalEntry, JournalRoute, JournalState, StoreHandle};
+use crate::store::{JournalEntry, JournalRoute, JournalState, StoreHandle};
 
 /// A steer whose engine has not answered within this is treated as refused, so
 /// a stuck engine cannot hold its conversation's queue forever.
 const STEER_ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What the actor made of a submitted message; the handle adds the follower.
+#[derive(Debug)]
+pub(super) enum Admitted {
+    Run(Accepted),
+    Command { command: SlashCommand, reply: String },
+}
+
 #[derive(Debug)]
 pub(super) enum RouterMsg {
     Submit {
         req: Box<RunRequest>,
-        reply: oneshot::Sender<Result<Submitted, RouteError>>,
+        reply: oneshot::Sender<Result<Admitted, RouteError>>,
     },
     CancelConversation {
         key: ConversationKey,
@@ -78,23 +85,6 @@ pub(super) enum RouterMsg {
         run_id: RunId,
         accepted: bool,
     },
-}
-
-/// Publishes a phase on the run's topic. Phases are hints for UIs: they are not
-/// stored and carry index 0, so they never take an index of the run's own events.
-pub(super) fn publish_phase(
-    bus: &EventBus,
-    run_id: &RunId,
-    session_key: &Arc<str>,
-    phase: RunPhase,
-) {
-    bus.publish(Arc::new(BusEvent {
-        run_id: run_id.clone(),
-        session_key: session_key.clone(),
-        index: 0,
-        ts_ms: now_ms(),
-        kind: EventKind::Phase(phase),
-    }));
 }
 
 fn terminal_phase(completion: &Completion) -> RunPhase {
@@ -299,18 +289,18 @@ impl Router {
         summary
     }
 
-    async fn submit(&mut self, req: RunRequest) -> Result<Submitted, RouteError> {
+    async fn submit(&mut self, req: RunRequest) -> Result<Admitted, RouteError> {
         let session_key = session_of(&req.session_key);
         if let Some(command) = parse_slash_command(&req.prompt) {
             let reply = self.command(&command, &session_key).await;
-            return Ok(Submitted::Command { command, reply });
+            return Ok(Admitted::Command { command, reply });
         }
         if let Some(run_id) = &req.run_id {
             if let Some(known) = self.known_run(run_id).await? {
                 if !self.same_request(&req, &session_key, &known) {
                     return Err(RouteError::RunIdConflict { run_id: run_id.to_string() });
                 }
-                return Ok(Submitted::Run(known.accepted));
+                return Ok(Admitted::Run(known.accepted));
             }
         }
         let item = self.prepare(req, session_key).await?;
@@ -342,11 +332,11 @@ impl Router {
                 other => {
                     effects.extend(other);
                     self.apply(key, effects).await;
-                    return Ok(Submitted::Run(accepted));
+                    return Ok(Admitted::Run(accepted));
                 }
             };
             return match self.dispatch(&key, first, true).await {
-                Ok(()) => Ok(Submitted::Run(accepted)),
+                Ok(()) => Ok(Admitted::Run(accepted)),
                 Err((_, error)) => {
                     self.journal.complete(&run_id).await;
                     self.forget(&key, &run_id);
@@ -362,7 +352,7 @@ impl Router {
         let effects =
             self.conversations.entry(key.clone()).or_default().submit(item, Instant::now(), limits);
         self.apply(key, effects).await;
-        Ok(Submitted::Run(accepted))
+        Ok(Admitted::Run(accepted))
     }
 
     /// Drops a request that was never accepted from the router's tables.
@@ -668,7 +658,9 @@ impl Router {
                 }
             }
         }
-        let events = self.bus.subscribe_run(&item.run_id);
+        // Subscribed before the gateway has the run, so every event arrives live.
+        let live = self.bus.subscribe_run(&item.run_id);
+        let events = RunFollower::new(item.run_id.clone(), live, self.store.clone(), true);
         let req = ExecutionRequest {
             run_id: Some(item.run_id.clone()),
             conversation: item.conversation.clone(),
@@ -696,17 +688,25 @@ impl Router {
                 let watch = Watch {
                     run_id: item.run_id.clone(),
                     session_key: item.session_key.clone(),
-                    conversation: key.clone(),
                     events,
-                    router: self.tx.clone(),
                     gateway: self.gateway.clone(),
                     journal: self.journal.clone(),
                     bus: self.bus.clone(),
                     idle_watchdog: self.config.idle_watchdog,
                     suppress_phases: item.suppress_phases,
-                    token: self.token.clone(),
                 };
-                self.tracker.spawn(watch.run());
+                let (router, token) = (self.tx.clone(), self.token.clone());
+                let (run_id, conversation) = (item.run_id.clone(), key.clone());
+                self.tracker.spawn(async move {
+                    let ended = tokio::select! {
+                        biased;
+                        () = token.cancelled() => return,
+                        ended = watch.run() => ended,
+                    };
+                    let (completion, engine) = ended;
+                    let msg = RouterMsg::RunEnded { run_id, conversation, completion, engine };
+                    let _ = router.send(msg).await;
+                });
                 self.conversations.entry(key.clone()).or_default().set_active(&item);
                 Ok(())
             }
@@ -738,8 +738,8 @@ impl Router {
         });
     }
 
-    /// Completes a run the gateway never finished: store (event, then final row),
-    /// then the bus, then the journal.
+    /// Completes a run the gateway never finished (the store and the bus, as
+    /// every completion), then the journal.
     async fn complete(
         &mut self,
         run_id: &RunId,
@@ -749,29 +749,15 @@ impl Router {
         index: u64,
     ) {
         self.runs.remove(run_id);
-        let kind = EventKind::RunCompleted {
-            completion: completion.clone(),
-            engine: engine.to_owned(),
-            duration_ms: 0,
-        };
-        let event = Arc::new(BusEvent {
+        let end = RunEnd {
             run_id: run_id.clone(),
             session_key: session_key.clone(),
             index,
-            ts_ms: now_ms(),
-            kind,
-        });
-        self.store.append_event(event.clone()).await;
-        self.store
-            .finalize_run(FinishedRun {
-                run_id: run_id.clone(),
-                engine: engine.to_owned(),
-                completion,
-                completed_at_ms: now_ms(),
-                duration_ms: 0,
-            })
-            .await;
-        self.bus.publish(event);
+            engine: engine.to_owned(),
+            completion,
+            duration_ms: 0,
+        };
+        gateway::complete(&self.bus, &self.store, end).await;
         self.journal.complete(run_id).await;
     }
 

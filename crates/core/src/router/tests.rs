@@ -21,6 +21,7 @@ use crate::ids::EngineId;
 use crate::store::StoreHandle;
 use crate::testing::FakeEngine;
 
+mod follow;
 mod properties;
 
 /// Always fails as if the model's context overflowed, after reporting a session.
@@ -117,7 +118,7 @@ impl Harness {
 
     pub(super) async fn submit_req(&self, req: RunRequest) -> RunId {
         match self.router.submit(req).await.unwrap() {
-            Submitted::Run(accepted) => accepted.run_id,
+            Submitted::Run(accepted, _) => accepted.run_id,
             other => panic!("expected a run, got {other:?}"),
         }
     }
@@ -381,7 +382,7 @@ async fn an_explicit_resume_line_continues_that_session_on_its_engine() {
         ..request("s", "fake resume abc\nok go on", None)
     };
     let run = match h.router.submit(req).await.unwrap() {
-        Submitted::Run(accepted) => accepted,
+        Submitted::Run(accepted, _) => accepted,
         other => panic!("{other:?}"),
     };
     assert_eq!(run.conversation.as_str(), "resume:fake:abc");
@@ -415,7 +416,7 @@ async fn a_context_overflow_forgets_the_session() {
 async fn directives_and_sticky_engines_pick_the_engine() {
     let mut h = harness(router_config()).await;
     let accepted = match h.router.submit(RunRequest::new("s", "/plain ok hi")).await.unwrap() {
-        Submitted::Run(accepted) => accepted,
+        Submitted::Run(accepted, _) => accepted,
         other => panic!("{other:?}"),
     };
     assert_eq!(accepted.engine, "plain");
@@ -423,7 +424,7 @@ async fn directives_and_sticky_engines_pick_the_engine() {
     assert_eq!(h.command("s", "/engine nope").await, "Unknown engine nope.");
     assert_eq!(h.command("s", "/engine plain").await, "This session now uses plain.");
     let next = match h.router.submit(RunRequest::new("s", "ok again")).await.unwrap() {
-        Submitted::Run(accepted) => accepted,
+        Submitted::Run(accepted, _) => accepted,
         other => panic!("{other:?}"),
     };
     assert_eq!(next.engine, "plain");
@@ -437,9 +438,10 @@ async fn an_unknown_engine_is_refused_with_its_name() {
     let err = h
         .router
         .submit(RunRequest { engine: Some("nope".into()), ..RunRequest::new("s", "hi") })
-        .await;
+        .await
+        .map(drop);
     assert_eq!(err, Err(RouteError::UnknownEngine { engine: "nope".to_owned() }));
-    let err = h.router.submit(RunRequest::new("s", "/claude fix it")).await;
+    let err = h.router.submit(RunRequest::new("s", "/claude fix it")).await.map(drop);
     assert_eq!(err, Err(RouteError::UnknownEngine { engine: "claude".to_owned() }));
 }
 
@@ -458,7 +460,9 @@ async fn a_caller_run_id_submitted_twice_is_one_run() {
     let req = RunRequest { run_id: Some(id.clone()), ..RunRequest::new("s", "sleep:10 once") };
     let first = h.router.submit(req.clone()).await.unwrap();
     let second = h.router.submit(req).await.unwrap();
-    let (Submitted::Run(first), Submitted::Run(second)) = (first, second) else { panic!("runs") };
+    let (Submitted::Run(first, _), Submitted::Run(second, _)) = (first, second) else {
+        panic!("runs")
+    };
     assert!(!first.duplicate);
     assert!(second.duplicate);
     assert_eq!(second.run_id, id);
@@ -736,7 +740,7 @@ async fn native_only_runs_lemon_and_keeps_a_stored_vendor_session_unused() {
     let config = RouterConfig { native_only: true, ..router_config() };
     let mut h = harness_with(config, FakeEngine::new("lemon"), StoreHandle::memory()).await;
     let accepted = match h.router.submit(RunRequest::new("d", "/plain ok hi")).await.unwrap() {
-        Submitted::Run(accepted) => accepted,
+        Submitted::Run(accepted, _) => accepted,
         other => panic!("{other:?}"),
     };
     assert_eq!(accepted.engine, "lemon", "directives are ignored");
@@ -755,7 +759,7 @@ async fn native_only_runs_lemon_and_keeps_a_stored_vendor_session_unused() {
 
     let accepted =
         match h.router.submit(RunRequest::new("s", "lemon resume n-1\nok go")).await.unwrap() {
-            Submitted::Run(accepted) => accepted,
+            Submitted::Run(accepted, _) => accepted,
             other => panic!("{other:?}"),
         };
     assert_eq!(accepted.conversation.as_str(), "resume:lemon:n-1");
