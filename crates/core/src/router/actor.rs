@@ -14,9 +14,8 @@ use super::journal::Journal;
 use super::queue::{Conversation, Effect, Item, RouteChoice, SteerKind};
 use super::resolve::{
     check_engine_model, check_meta_model, check_resume_token, choose_engine, conversation_key,
-    extract_resume_line, is_context_overflow, meta_flag, parse_directive, parse_slash_command,
-    queue_mode, resolve_binding, ChoiceError, EngineInputs, Refusal, SlashCommand,
-    NATIVE_ONLY_RESUME_MESSAGE,
+    extract_resume_line, meta_flag, parse_directive, parse_slash_command, queue_mode,
+    resolve_binding, ChoiceError, EngineInputs, Refusal, SlashCommand, NATIVE_ONLY_RESUME_MESSAGE,
 };
 use super::watch::Watch;
 use super::{
@@ -791,7 +790,7 @@ impl Router {
     /// Chat state after a run: an overflow forgets the session so the next
     /// message starts fresh; otherwise a resume token is kept for auto-resume.
     async fn record_session(&self, session_key: &str, completion: &Completion) {
-        if completion.error.as_ref().is_some_and(is_context_overflow) {
+        if completion.error.as_ref().is_some_and(RunError::is_context_overflow) {
             tracing::info!(session_key, "context overflow; the next message starts a new session");
             self.store.delete_chat_state(session_key).await;
             return;

@@ -318,8 +318,7 @@ impl Conversation {
                 merged.meta = meta;
                 merged.seq = previous.seq;
                 effects.extend(previous.phase(RunPhase::Aborted));
-                let reason =
-                    RunError::Cancelled { reason: format!("merged into {}", merged.run_id) };
+                let reason = RunError::Merged { into: merged.run_id.clone() };
                 effects.push(Effect::Complete {
                     engine: previous.engine.clone(),
                     completion: aborted(reason),

@@ -1,15 +1,12 @@
 //! Pure resolution of a request: explicit resume lines, engine directives, slash
-//! commands, bindings, the engine and the conversation key, and context-overflow
-//! detection. Nothing here touches the store or the bus, so every rule is a unit test.
+//! commands, bindings, the engine and the conversation key. Nothing here touches the store or the bus, so every rule is a unit test.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::config::{BindingConfig, GatewayConfig, QueueMode};
 use crate::engine::validate::{check_engine_ref_model, check_model};
-use crate::engine::{
-    extract_plain_resume, EngineRegistry, Field, InvalidValue, ResumeToken, RunError,
-};
+use crate::engine::{extract_plain_resume, EngineRegistry, Field, InvalidValue, ResumeToken};
 use crate::ids::{ConversationKey, EngineId};
 
 use super::ChannelRef;
@@ -25,32 +22,6 @@ pub const DIRECTIVE_ENGINES: [&str; 7] =
 
 /// The message shown when `native_only` refuses a vendor resume token.
 pub const NATIVE_ONLY_RESUME_MESSAGE: &str = "Top-level router resumes support only the native \"lemon\" engine. Use `lemon resume <id>` or omit the resume token.";
-
-/// Lower-case fragments of an error text that mean the model's context overflowed.
-const OVERFLOW_MARKERS: [&str; 15] = [
-    "context_length_exceeded",
-    "context length exceeded",
-    "context window",
-    "http 413",
-    "payload too large",
-    "request entity too large",
-    "string too long",
-    "maximum length",
-    "invalid 'input[",
-    "input[",
-    "上下文长度超过限制",
-    "令牌数量超出",
-    "输入过长",
-    "超出最大长度",
-    "上下文窗口已满",
-];
-
-/// Whether a run's error means its session no longer fits the model's context,
-/// so the next message must start a fresh session.
-pub fn is_context_overflow(error: &RunError) -> bool {
-    let text = error.to_string().to_lowercase();
-    OVERFLOW_MARKERS.iter().any(|marker| text.contains(marker))
-}
 
 /// A prompt with its explicit resume line taken out.
 #[derive(Debug, Clone, PartialEq, Eq)]

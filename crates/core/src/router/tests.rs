@@ -48,7 +48,9 @@ impl Engine for OverflowEngine {
         sink: EventSink,
     ) -> Result<Arc<dyn RunControl>, EngineError> {
         let resume = Some(ResumeToken::new("overflow", format!("{}-session", req.run_id)));
-        let error = RunError::Engine { message: "Codex error: context_length_exceeded".to_owned() };
+        let error = RunError::ContextOverflow {
+            message: "Codex error: context_length_exceeded".to_owned(),
+        };
         tokio::spawn(async move {
             let _ = sink.send(EngineEvent::Completed(Completion::failure(error, resume))).await;
         });
@@ -248,8 +250,8 @@ async fn followups_sent_together_become_one_turn() {
     let first = h.submit("s", "ok fix the test", Some(QueueMode::Followup)).await;
     let second = h.submit("s", "and the docs", Some(QueueMode::Followup)).await;
     let merged = h.completion_of(&first).await;
-    assert_eq!(code(&merged), Some("cancelled"));
-    assert!(merged.error.unwrap().to_string().contains(second.as_str()));
+    assert_eq!(code(&merged), Some("merged"));
+    assert_eq!(merged.error, Some(RunError::Merged { into: second.clone() }));
     h.router.abort_run(&busy).await.unwrap();
     assert!(h.completion_of(&second).await.ok);
     assert_eq!(h.fake.started(), ["hang", "ok fix the test\nand the docs"]);
@@ -705,7 +707,7 @@ async fn a_channel_binding_gives_project_cwd_agent_engine_and_queue_mode() {
     assert_eq!(entry.cwd.as_deref(), Some(std::path::Path::new("/srv/app")));
     assert_eq!(entry.meta["agent_id"], "helper");
     assert_eq!(entry.meta["origin"], "channel");
-    assert_eq!(code(&h.completion_of(&first).await), Some("cancelled"));
+    assert_eq!(code(&h.completion_of(&first).await), Some("merged"));
     h.router.abort_run(&busy).await.unwrap();
     assert!(h.completion_of(&second).await.ok);
 }

@@ -101,7 +101,9 @@ impl Watch {
                 let completion = Completion {
                     ok: record.status == crate::bus::RunStatus::Completed,
                     answer: record.answer.unwrap_or_default(),
-                    error: record.error.map(|message| RunError::Engine { message }),
+                    error: record
+                        .error
+                        .map(|text| RunError::from_stored(record.error_code.as_deref(), text)),
                     resume: record.resume,
                     usage: record.usage,
                 };

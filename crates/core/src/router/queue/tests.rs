@@ -118,7 +118,7 @@ fn followups_within_the_window_merge_keeping_the_newer_identity() {
         now + Duration::from_millis(500),
         Limits::default(),
     );
-    assert_eq!(completed_ids(&effects), [("r1".to_owned(), Some("cancelled".to_owned()))]);
+    assert_eq!(completed_ids(&effects), [("r1".to_owned(), Some("merged".to_owned()))]);
     assert!(effects.iter().any(
         |e| matches!(e, Effect::Phase { run_id, phase: RunPhase::Aborted, .. } if *run_id == id(1))
     ));

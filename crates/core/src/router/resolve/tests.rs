@@ -230,16 +230,6 @@ fn bindings_prefer_the_topic_then_the_chat_then_the_project() {
 }
 
 #[test]
-fn overflow_markers_are_found_in_any_case() {
-    let engine = |message: &str| RunError::Engine { message: message.to_owned() };
-    assert!(is_context_overflow(&engine("Codex error: context_length_exceeded")));
-    assert!(is_context_overflow(&engine("HTTP 413 Payload Too Large")));
-    assert!(is_context_overflow(&engine("模型输入过长：上下文长度超过限制")));
-    assert!(!is_context_overflow(&engine("rate limited")));
-    assert!(!is_context_overflow(&RunError::Interrupted));
-}
-
-#[test]
 fn meta_flags() {
     let mut meta = BTreeMap::new();
     meta.insert("a".to_owned(), serde_json::json!(true));

@@ -252,6 +252,8 @@ fn a_stopped_run_says_why() {
         &stopped(RunError::Cancelled { reason: "stopped by the API".into() }),
         &["Cancelled: stopped by the API."],
     );
+    let into = lemon_core::ids::RunId::parse("r2").unwrap();
+    check_final(&[], &stopped(RunError::Merged { into }), &["Added to the next job."]);
 }
 
 #[test]
