@@ -90,6 +90,8 @@ pub struct ExecutionRequest {
     pub engine: String,
     pub resume: Option<ResumeToken>,
     pub cwd: Option<PathBuf>,
+    /// The model to run with when the engine id names none (`claude:opus` does).
+    pub model: Option<String>,
     pub meta: BTreeMap<String, serde_json::Value>,
     /// The caller keeps the request in a durable journal and runs it again after a
     /// restart (the router does). At shutdown such a request, if it is still
@@ -113,6 +115,7 @@ impl ExecutionRequest {
             engine: engine.into(),
             resume: None,
             cwd: None,
+            model: None,
             meta: BTreeMap::new(),
             journaled: false,
         }

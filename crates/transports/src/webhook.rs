@@ -55,7 +55,7 @@ use axum::{Extension, Json, Router};
 use lemon_core::bus::{completion_json, BusEvent, EventKind, RecvError, Subscription};
 use lemon_core::config::QueueMode;
 use lemon_core::ids::RunId;
-use lemon_core::router::{Origin, RouterHandle, RunRequest, Submitted};
+use lemon_core::router::{Origin, RequestFlags, RouterHandle, RunRequest, Submitted};
 use lemon_core::store::StoreHandle;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -524,6 +524,8 @@ impl Prepared {
             engine,
             resume: None,
             cwd: integration.cwd.clone(),
+            model: None,
+            flags: RequestFlags::default(),
             meta,
             run_id: Some(run_id.clone()),
             channel: None,

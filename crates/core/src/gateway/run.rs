@@ -197,8 +197,7 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
         );
     };
     state.engine = engine.id().to_string();
-    let model = composite_model
-        .or_else(|| ctx.req.meta.get("model").and_then(|m| m.as_str()).map(str::to_owned));
+    let model = composite_model.or_else(|| ctx.req.model.clone());
     let cwd = match ctx.req.cwd.as_deref().filter(|p| !p.as_os_str().is_empty()) {
         Some(requested) => resolve_cwd(Some(requested), &ctx.config),
         None => ctx.fallback_cwd.to_path_buf(),

@@ -13,14 +13,14 @@ use tokio_util::task::TaskTracker;
 use super::journal::Journal;
 use super::queue::{Conversation, Effect, Item, RouteChoice, SteerKind};
 use super::resolve::{
-    check_engine_model, check_meta_model, check_resume_token, choose_engine, conversation_key,
-    extract_resume_line, meta_flag, parse_directive, parse_slash_command, queue_mode,
-    resolve_binding, ChoiceError, EngineInputs, Refusal, SlashCommand, NATIVE_ONLY_RESUME_MESSAGE,
+    check_engine_model, check_request_model, check_resume_token, choose_engine, conversation_key,
+    extract_resume_line, parse_directive, parse_slash_command, queue_mode, resolve_binding,
+    ChoiceError, EngineInputs, Refusal, SlashCommand, NATIVE_ONLY_RESUME_MESSAGE,
 };
 use super::watch::Watch;
 use super::{
-    Accepted, CancelSummary, Origin, Recovered, RouteError, RouterConfig, RunRequest, SessionView,
-    Submitted,
+    model_from_meta, Accepted, CancelSummary, Origin, Recovered, RequestFlags, RouteError,
+    RouterConfig, RunRequest, SessionView, Submitted,
 };
 use crate::bus::{BusEvent, EventBus, EventKind, RunPhase, RunStatus};
 use crate::clock::now_ms;
@@ -468,7 +468,7 @@ impl Router {
                 .or_else(|| directive.map(|d| d.engine))
                 .or_else(|| self.sticky.get(&session_key).cloned())
         };
-        let auto_resume = explicit.is_none() && !meta_flag(&req.meta, "disable_auto_resume");
+        let auto_resume = explicit.is_none() && !req.flags.no_auto_resume;
         let fallback_engine =
             binding.default_engine.clone().unwrap_or_else(|| self.config.default_engine.clone());
         let route = RouteChoice { auto_resume, chosen_engine, fallback_engine };
@@ -493,7 +493,9 @@ impl Router {
         // Whatever chose it (a binding, a project, `default_engine`, `/engine`), the
         // model part goes to a command line too.
         check_engine_model(&choice.engine, Field::Engine).map_err(refused)?;
-        check_meta_model(&req.meta, &choice.engine).map_err(refused)?;
+        if let Some(model) = &req.model {
+            check_request_model(model, &choice.engine).map_err(refused)?;
+        }
         let conversation = conversation_key(&session_key, explicit.as_ref());
         let mode = queue_mode(req.queue_mode, binding.queue_mode, self.config.queue_mode);
         let mut meta = req.meta;
@@ -521,6 +523,8 @@ impl Router {
             engine: choice.engine,
             resume: choice.resume,
             cwd,
+            model: req.model,
+            flags: req.flags,
             meta,
             origin: req.origin,
             mode,
@@ -668,6 +672,7 @@ impl Router {
             engine: item.engine.clone(),
             resume: item.resume.clone(),
             cwd: item.cwd.clone(),
+            model: item.model.clone(),
             meta: item.meta.clone(),
             journaled: true,
         };
@@ -958,6 +963,10 @@ fn journal_entry(item: &Item, accepted_at_ms: i64) -> JournalEntry {
             "auto_resume": item.route.auto_resume,
             "chosen_engine": item.route.chosen_engine,
             "fallback_engine": item.route.fallback_engine,
+            "model": item.model,
+            "no_auto_resume": item.flags.no_auto_resume,
+            "goal_continuation": item.flags.goal_continuation,
+            "auto_followup": item.flags.auto_followup,
         }),
         state: JournalState::Queued,
         accepted_at_ms,
@@ -968,6 +977,18 @@ fn item_from_entry(entry: JournalEntry) -> Item {
     let route = &entry.route;
     let text = |key: &str| route.get(key).and_then(|v| v.as_str()).map(str::to_owned);
     let meta = entry.meta.as_object().map(|m| m.clone().into_iter().collect()).unwrap_or_default();
+    // A journal written before the router kept its own flags has them in `meta`.
+    let legacy = RequestFlags::from_meta(&meta);
+    let flag = |key: &str, legacy: bool| route.get(key).and_then(|v| v.as_bool()).unwrap_or(legacy);
+    let flags = RequestFlags {
+        no_auto_resume: flag("no_auto_resume", legacy.no_auto_resume),
+        goal_continuation: flag("goal_continuation", legacy.goal_continuation),
+        auto_followup: flag("auto_followup", legacy.auto_followup),
+    };
+    let model = match route.get("model") {
+        Some(model) => model.as_str().map(str::to_owned),
+        None => model_from_meta(&meta),
+    };
     Item {
         conversation: parse_conversation(&entry.conversation)
             .unwrap_or_else(|| ConversationKey::session(&entry.session_key)),
@@ -982,11 +1003,61 @@ fn item_from_entry(entry: JournalEntry) -> Item {
         engine: entry.engine,
         resume: entry.resume,
         cwd: entry.cwd,
+        model,
+        flags,
         meta,
         origin: text("origin").and_then(|o| Origin::parse(&o)).unwrap_or(Origin::Internal),
         // Recovered requests keep their order: nothing merges, steers or interrupts.
         mode: QueueMode::Collect,
         seq: entry.seq,
         suppress_phases: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn item(flags: RequestFlags, model: Option<&str>) -> Item {
+        Item {
+            run_id: RunId::parse("r1").unwrap(),
+            session_key: "s".into(),
+            conversation: ConversationKey::session("s"),
+            prompt: "p".to_owned(),
+            engine: "fake".to_owned(),
+            resume: None,
+            cwd: None,
+            model: model.map(str::to_owned),
+            flags,
+            meta: BTreeMap::new(),
+            origin: Origin::Cron,
+            mode: QueueMode::Followup,
+            seq: 1,
+            suppress_phases: false,
+            route: RouteChoice::default(),
+        }
+    }
+
+    #[test]
+    fn a_journaled_request_keeps_its_flags_and_model() {
+        let flags =
+            RequestFlags { no_auto_resume: true, goal_continuation: true, auto_followup: true };
+        let recovered = item_from_entry(journal_entry(&item(flags, Some("opus")), 0));
+        assert_eq!((recovered.flags, recovered.model.as_deref()), (flags, Some("opus")));
+        let plain = item_from_entry(journal_entry(&item(RequestFlags::default(), None), 0));
+        assert_eq!((plain.flags, plain.model), (RequestFlags::default(), None));
+    }
+
+    #[test]
+    fn a_journal_of_an_older_version_has_the_flags_in_meta() {
+        let mut entry = journal_entry(&item(RequestFlags::default(), None), 0);
+        entry.route = serde_json::json!({ "origin": "cron", "queue_mode": "followup" });
+        entry.meta = serde_json::json!({ "goal_continuation": true, "model": "opus" });
+        let recovered = item_from_entry(entry);
+        assert!(recovered.flags.goal_continuation);
+        assert!(!recovered.flags.auto_followup);
+        assert_eq!(recovered.model.as_deref(), Some("opus"));
     }
 }

@@ -368,7 +368,7 @@ async fn disable_auto_resume_starts_fresh() {
     let first = h.submit("s", "ok hello", None).await;
     h.completion_of(&first).await;
     let mut req = request("s", "ok fresh", None);
-    req.meta.insert("disable_auto_resume".into(), true.into());
+    req.flags.no_auto_resume = true;
     let second = h.submit_req(req).await;
     h.completion_of(&second).await;
     let record = h.store.get_run(second.as_str()).await.unwrap().unwrap();
@@ -401,7 +401,7 @@ async fn a_context_overflow_forgets_the_session() {
     h.settled(&first).await;
     assert!(h.store.get_chat_state("s", crate::clock::now_ms()).await.unwrap().is_some());
     let req = RunRequest {
-        meta: [("disable_auto_resume".to_owned(), true.into())].into(),
+        flags: RequestFlags { no_auto_resume: true, ..RequestFlags::default() },
         ..request("s", "/overflow too much", None)
     };
     let second = h.submit_req(req).await;
@@ -823,7 +823,7 @@ async fn values_that_could_be_options_are_refused_naming_their_field_and_nothing
         ),
         (
             RunRequest {
-                meta: [("model".to_owned(), "--allowedTools=Bash".into())].into(),
+                model: Some("--allowedTools=Bash".to_owned()),
                 ..RunRequest::new("s", "hi")
             },
             ("meta.model", "invalid model for fake"),
