@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::broadcast;
 
 use crate::engine::{Action, Completion, ResumeToken};
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionKey};
 
 mod json;
 
@@ -153,7 +153,7 @@ impl EventKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BusEvent {
     pub run_id: RunId,
-    pub session_key: Arc<str>,
+    pub session_key: SessionKey,
     /// 1, 2, 3… over all events of the run; lets a reader join stored and live events.
     pub index: u64,
     /// Wall-clock milliseconds.

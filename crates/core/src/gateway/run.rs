@@ -32,7 +32,7 @@ use crate::engine::{
     Availability, Completion, EngineError, EngineEvent, EngineRegistry, EventSink, ResumeToken,
     RunControl, RunError, StartRequest,
 };
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionKey};
 use crate::log_text;
 use crate::store::{FinishedRun, StoreHandle};
 
@@ -87,7 +87,7 @@ impl RunShared {
 pub(super) struct RunContext {
     pub(super) run_id: RunId,
     pub(super) req: ExecutionRequest,
-    pub(super) session_key: Arc<str>,
+    pub(super) session_key: SessionKey,
     pub(super) shared: Arc<RunShared>,
     pub(super) config: Arc<RuntimeConfig>,
     pub(super) engines: EngineRegistry,
@@ -109,7 +109,7 @@ struct RunState {
     engine: String,
 }
 
-fn event(run_id: &RunId, session: &Arc<str>, index: u64, kind: EventKind) -> Arc<BusEvent> {
+fn event(run_id: &RunId, session: &SessionKey, index: u64, kind: EventKind) -> Arc<BusEvent> {
     Arc::new(BusEvent {
         run_id: run_id.clone(),
         session_key: session.clone(),
@@ -126,7 +126,7 @@ async fn publish(
     bus: &EventBus,
     store: &StoreHandle,
     run_id: &RunId,
-    session: &Arc<str>,
+    session: &SessionKey,
     index: u64,
     kind: EventKind,
 ) {
@@ -418,7 +418,7 @@ pub(super) async fn complete_unstarted(
     bus: &EventBus,
     store: &StoreHandle,
     run_id: &RunId,
-    session_key: &Arc<str>,
+    session_key: &SessionKey,
     engine: &str,
     completion: Completion,
 ) {

@@ -27,7 +27,7 @@ use crate::clock::now_ms;
 use crate::config::QueueMode;
 use crate::engine::{Completion, EngineRegistry, Field, ResumeToken, RunError};
 use crate::gateway::{ExecutionRequest, GatewayHandle, SubmitError};
-use crate::ids::{ConversationKey, RunId};
+use crate::ids::{ConversationKey, RunId, SessionKey};
 use crate::store::{FinishedRun, JournalEntry, JournalState, StoreHandle};
 
 /// A steer whose engine has not answered within this is treated as refused, so
@@ -80,7 +80,7 @@ pub(super) enum RouterMsg {
 pub(super) fn publish_phase(
     bus: &EventBus,
     run_id: &RunId,
-    session_key: &Arc<str>,
+    session_key: &SessionKey,
     phase: RunPhase,
 ) {
     bus.publish(Arc::new(BusEvent {
@@ -120,7 +120,7 @@ fn refused(refusal: Refusal) -> RouteError {
     RouteError::Invalid { field: refusal.field, what: refusal.what, why: refusal.why }
 }
 
-fn session_of(raw: &str) -> Arc<str> {
+fn session_of(raw: &str) -> SessionKey {
     let trimmed = raw.trim();
     if trimmed.is_empty() {
         "default".into()
@@ -147,7 +147,7 @@ pub(super) struct Router {
     /// The conversation of every run the router has not seen complete.
     runs: HashMap<RunId, ConversationKey>,
     /// `/engine <id>` choices per session, for the life of the process.
-    sticky: HashMap<Arc<str>, String>,
+    sticky: HashMap<SessionKey, String>,
     next_seq: u64,
 }
 
@@ -433,7 +433,7 @@ impl Router {
     async fn prepare(
         &mut self,
         req: RunRequest,
-        session_key: Arc<str>,
+        session_key: SessionKey,
     ) -> Result<Item, RouteError> {
         let binding = req
             .channel
@@ -739,7 +739,7 @@ impl Router {
     async fn complete(
         &mut self,
         run_id: &RunId,
-        session_key: &Arc<str>,
+        session_key: &SessionKey,
         engine: &str,
         completion: Completion,
         index: u64,
@@ -805,7 +805,7 @@ impl Router {
         }
     }
 
-    async fn session_view(&self, session_key: &Arc<str>) -> SessionView {
+    async fn session_view(&self, session_key: &SessionKey) -> SessionView {
         let mut view =
             SessionView { session_key: session_key.to_string(), ..SessionView::default() };
         let mut queued: Vec<&Item> = Vec::new();
@@ -822,7 +822,7 @@ impl Router {
         view
     }
 
-    async fn command(&mut self, command: &SlashCommand, session_key: &Arc<str>) -> String {
+    async fn command(&mut self, command: &SlashCommand, session_key: &SessionKey) -> String {
         match command {
             SlashCommand::Cancel => {
                 let reason = RunError::UserRequested;

@@ -12,7 +12,6 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -20,7 +19,7 @@ use tokio::time::Instant;
 use crate::bus::RunPhase;
 use crate::config::{DropPolicy, QueueMode};
 use crate::engine::{Completion, ResumeToken, RunError};
-use crate::ids::{ConversationKey, RunId};
+use crate::ids::{ConversationKey, RunId, SessionKey};
 
 use super::{Origin, RequestFlags};
 
@@ -31,7 +30,7 @@ pub const FOLLOWUP_MERGE_WINDOW: Duration = Duration::from_millis(500);
 #[derive(Debug, Clone, PartialEq)]
 pub struct Item {
     pub run_id: RunId,
-    pub session_key: Arc<str>,
+    pub session_key: SessionKey,
     pub conversation: ConversationKey,
     pub prompt: String,
     /// The resolved engine id (possibly composite).
@@ -137,7 +136,7 @@ pub enum Effect {
     Rejournal(Item),
     Phase {
         run_id: RunId,
-        session_key: Arc<str>,
+        session_key: SessionKey,
         phase: RunPhase,
     },
 }
@@ -155,7 +154,7 @@ struct PendingSteer {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Active {
     pub run_id: RunId,
-    pub session_key: Arc<str>,
+    pub session_key: SessionKey,
     pub engine: String,
     /// A cancel was sent; a second interrupt does not send another.
     cancelling: bool,

@@ -5,7 +5,6 @@
 //! The subscription is taken before the run is submitted, so no event is missed;
 //! `run_completed` is the topic's last event and survives a lag.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -17,13 +16,13 @@ use super::journal::Journal;
 use crate::bus::{EventBus, EventKind, RecvError, RunPhase, Subscription};
 use crate::engine::{Completion, RunError};
 use crate::gateway::GatewayHandle;
-use crate::ids::{ConversationKey, RunId};
+use crate::ids::{ConversationKey, RunId, SessionKey};
 
 /// One run's watcher, moved into its task.
 #[derive(Debug)]
 pub(super) struct Watch {
     pub(super) run_id: RunId,
-    pub(super) session_key: Arc<str>,
+    pub(super) session_key: SessionKey,
     pub(super) conversation: ConversationKey,
     pub(super) events: Subscription,
     pub(super) router: mpsc::Sender<RouterMsg>,

@@ -1,13 +1,11 @@
 //! An event's JSON text (as stored and streamed) and its `Value` form are the form
 //! written out field by field below, which stored events of earlier versions have.
 
-use std::sync::Arc;
-
 use serde_json::{json, Value};
 
 use crate::bus::{BusEvent, EventKind, RunPhase, RunStatus};
 use crate::engine::{Action, ActionKind, ActionPhase, Completion, ResumeToken, RunError};
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionKey};
 
 fn resume(resume: &Option<ResumeToken>) -> Value {
     match resume {
@@ -67,7 +65,7 @@ fn expected(event: &BusEvent) -> Value {
 fn check(kind: EventKind) {
     let event = BusEvent {
         run_id: RunId::parse("run_json").unwrap(),
-        session_key: Arc::from("sess \"quoted\" \u{1f34b}"),
+        session_key: SessionKey::from("sess \"quoted\" \u{1f34b}"),
         index: u64::MAX,
         ts_ms: -5,
         kind,

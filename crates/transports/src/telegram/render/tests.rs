@@ -23,7 +23,7 @@ fn renderer() -> ProgressRenderer {
 fn event(kind: EventKind) -> BusEvent {
     BusEvent {
         run_id: RunId::parse("run_1").unwrap(),
-        session_key: Arc::from("telegram:1"),
+        session_key: "telegram:1".into(),
         index: 0,
         ts_ms: 0,
         kind,
