@@ -28,7 +28,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::bus::{EventBus, RunStatus};
 use crate::engine::{EngineRegistry, ResumeToken, RunError, SteerError};
-use crate::ids::{ConversationKey, RunId};
+use crate::ids::{ConversationKey, RunId, SessionKey};
 use crate::store::StoreHandle;
 
 use scheduler::{Scheduler, SchedulerMsg};
@@ -84,7 +84,7 @@ pub struct ExecutionRequest {
     /// A caller-supplied id, or `None` for a generated one.
     pub run_id: Option<RunId>,
     pub conversation: ConversationKey,
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub prompt: String,
     /// Engine id, possibly composite (`claude:opus`).
     pub engine: String,
@@ -102,7 +102,7 @@ pub struct ExecutionRequest {
 impl ExecutionRequest {
     /// A request on the session's own conversation with no extras.
     pub fn new(
-        session_key: impl Into<String>,
+        session_key: impl Into<SessionKey>,
         engine: impl Into<String>,
         prompt: impl Into<String>,
     ) -> Self {

@@ -34,7 +34,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{GatewayConfig, QueueMode};
 use crate::engine::{Field, InvalidValue, ResumeToken};
 use crate::gateway::GatewayHandle;
-use crate::ids::{ConversationKey, RunId};
+use crate::ids::{ConversationKey, RunId, SessionKey};
 use crate::store::{ChatState, StoreError};
 
 use actor::{Router, RouterMsg};
@@ -157,7 +157,7 @@ pub fn model_from_meta(meta: &BTreeMap<String, serde_json::Value>) -> Option<Str
 pub struct RunRequest {
     pub origin: Origin,
     /// Blank means the `default` session.
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub agent_id: Option<String>,
     pub prompt: String,
     /// `None`: the binding's mode, then `[gateway.queue] mode`, then `collect`.
@@ -179,7 +179,7 @@ pub struct RunRequest {
 
 impl RunRequest {
     /// A control-plane request with no extras.
-    pub fn new(session_key: impl Into<String>, prompt: impl Into<String>) -> Self {
+    pub fn new(session_key: impl Into<SessionKey>, prompt: impl Into<String>) -> Self {
         RunRequest {
             origin: Origin::ControlPlane,
             session_key: session_key.into(),
@@ -211,7 +211,7 @@ pub enum Submitted {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Accepted {
     pub run_id: RunId,
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub conversation: ConversationKey,
     pub engine: String,
     /// The id was already known: this is the earlier request, nothing new was queued.

@@ -517,7 +517,7 @@ impl Prepared {
         let run_id = RunId::generate();
         let req = RunRequest {
             origin: Origin::Webhook,
-            session_key,
+            session_key: session_key.into(),
             agent_id: integration.agent_id.clone(),
             prompt: payload.prompt,
             queue_mode,
@@ -587,7 +587,7 @@ async fn submit(
     let run_id = accepted.run_id;
     let accepted_body = json!({
         "run_id": run_id.as_str(),
-        "session_key": accepted.session_key,
+        "session_key": accepted.session_key.as_str(),
         "status": "accepted",
     });
     let claim = match claim {
@@ -598,7 +598,7 @@ async fn submit(
         url,
         integration_id: settings.id.clone(),
         run_id: run_id.clone(),
-        session_key: session_key.clone(),
+        session_key: session_key.to_string(),
         metadata,
         attachments,
         settings: settings.callback.clone(),
@@ -642,7 +642,7 @@ async fn submit(
             };
             let mut body = completed_json(&event);
             body["run_id"] = json!(run_id.as_str());
-            body["session_key"] = json!(session_key);
+            body["session_key"] = json!(session_key.as_str());
             if let Some(claim) = claim {
                 claim.complete(StatusCode::OK, body.clone()).await;
             }

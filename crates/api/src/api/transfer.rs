@@ -82,7 +82,7 @@ impl SubmitBody {
         let meta = self.meta.unwrap_or_default();
         Ok(RunRequest {
             origin: Origin::ControlPlane,
-            session_key,
+            session_key: session_key.into(),
             agent_id: None,
             prompt,
             queue_mode,

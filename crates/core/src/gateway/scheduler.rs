@@ -288,7 +288,7 @@ impl Scheduler {
         let session_key: SessionKey = if req.session_key.trim().is_empty() {
             "default".into()
         } else {
-            req.session_key.as_str().into()
+            req.session_key.clone()
         };
         // The row goes to the store before any event of the run can.
         let meta = serde_json::Value::Object(

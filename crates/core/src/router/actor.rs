@@ -307,7 +307,7 @@ impl Router {
         let item = self.prepare(req, session_key).await?;
         let accepted = Accepted {
             run_id: item.run_id.clone(),
-            session_key: item.session_key.to_string(),
+            session_key: item.session_key.clone(),
             conversation: item.conversation.clone(),
             engine: item.engine.clone(),
             duplicate: false,
@@ -371,7 +371,7 @@ impl Router {
                 return Ok(Some(KnownRun {
                     accepted: Accepted {
                         run_id: run_id.clone(),
-                        session_key: item.session_key.to_string(),
+                        session_key: item.session_key.clone(),
                         conversation: key.clone(),
                         engine: item.engine.clone(),
                         duplicate: true,
@@ -386,7 +386,7 @@ impl Router {
         Ok(Some(KnownRun {
             accepted: Accepted {
                 run_id: run_id.clone(),
-                session_key: record.session_key,
+                session_key: record.session_key.into(),
                 conversation,
                 engine: record.engine,
                 duplicate: true,
@@ -667,7 +667,7 @@ impl Router {
         let req = ExecutionRequest {
             run_id: Some(item.run_id.clone()),
             conversation: item.conversation.clone(),
-            session_key: item.session_key.to_string(),
+            session_key: item.session_key.clone(),
             prompt: item.prompt.clone(),
             engine: item.engine.clone(),
             resume: item.resume.clone(),
