@@ -13,7 +13,11 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::broadcast;
 
 use crate::engine::{Action, Completion, ResumeToken};
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionKey};
+
+mod json;
+
+pub use json::{ActionJson, CompletionJson, EventJson};
 
 /// Where a run is, as UIs show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -149,7 +153,7 @@ impl EventKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BusEvent {
     pub run_id: RunId,
-    pub session_key: Arc<str>,
+    pub session_key: SessionKey,
     /// 1, 2, 3… over all events of the run; lets a reader join stored and live events.
     pub index: u64,
     /// Wall-clock milliseconds.
@@ -157,68 +161,32 @@ pub struct BusEvent {
     pub kind: EventKind,
 }
 
-fn resume_json(resume: &Option<ResumeToken>) -> serde_json::Value {
-    match resume {
-        Some(token) => serde_json::json!({ "engine": token.engine, "value": token.value }),
-        None => serde_json::Value::Null,
-    }
-}
-
 /// The JSON form of a completion, used by the API, SSE and the store.
 pub fn completion_json(completion: &Completion) -> serde_json::Value {
-    serde_json::json!({
-        "ok": completion.ok,
-        "answer": completion.answer,
-        "error": completion.error.as_ref().map(|e| e.to_string()),
-        "error_code": completion.error.as_ref().map(|e| e.code()),
-        "resume": resume_json(&completion.resume),
-        "usage": completion.usage,
-    })
+    to_value(CompletionJson(completion))
 }
 
 /// The JSON form of an action.
 pub fn action_json(action: &Action) -> serde_json::Value {
-    serde_json::json!({
-        "id": action.id,
-        "kind": action.kind.as_str(),
-        "title": action.title,
-        "detail": action.detail,
-        "phase": action.phase.as_str(),
-        "ok": action.ok,
-        "message": action.message,
-        "level": action.level,
-    })
+    to_value(ActionJson(action))
+}
+
+/// A JSON form as a `Value`. Every form has string keys and finite or written-as-is
+/// numbers, so it always converts.
+fn to_value(form: impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(form).unwrap_or(serde_json::Value::Null)
 }
 
 impl BusEvent {
-    /// The event as JSON, for SSE and the store.
+    /// The event's one JSON form, for SSE, callbacks and the store; serialise it
+    /// straight to text where no `Value` is needed.
+    pub fn json(&self) -> EventJson<'_> {
+        EventJson(self)
+    }
+
+    /// The event's JSON form as a `Value`.
     pub fn to_json(&self) -> serde_json::Value {
-        let mut body = match &self.kind {
-            EventKind::RunStarted { engine, model } => {
-                serde_json::json!({ "engine": engine, "model": model })
-            }
-            EventKind::EngineStarted { resume, title, meta } => {
-                serde_json::json!({ "resume": resume_json(resume), "title": title, "meta": meta })
-            }
-            EventKind::EngineAction(action) => serde_json::json!({ "action": action_json(action) }),
-            EventKind::Delta { seq, text } => serde_json::json!({ "seq": seq, "text": text }),
-            EventKind::EngineCompleted(completion) => completion_json(completion),
-            EventKind::RunCompleted { completion, engine, duration_ms } => {
-                let mut body = completion_json(completion);
-                body["engine"] = serde_json::json!(engine);
-                body["duration_ms"] = serde_json::json!(duration_ms);
-                body["status"] = serde_json::json!(RunStatus::of(completion).as_str());
-                body
-            }
-            EventKind::Phase(phase) => serde_json::json!({ "phase": phase.as_str() }),
-            EventKind::Status(status) => serde_json::json!({ "status": status.as_str() }),
-        };
-        body["type"] = serde_json::json!(self.kind.type_name());
-        body["run_id"] = serde_json::json!(self.run_id.as_str());
-        body["session_key"] = serde_json::json!(&*self.session_key);
-        body["index"] = serde_json::json!(self.index);
-        body["ts_ms"] = serde_json::json!(self.ts_ms);
-        body
+        to_value(self.json())
     }
 }
 

@@ -131,6 +131,12 @@ pub enum RunError {
     Expired,
     /// Any other cancellation reason a caller named.
     Cancelled { reason: String },
+    /// The queued request was merged into a later one, which answers both.
+    Merged { into: RunId },
+    /// The session no longer fits the model's context, as the engine that saw the
+    /// vendor's error classified it; the next message starts a fresh session. The
+    /// text is the engine's.
+    ContextOverflow { message: String },
     /// The engine reported a failure; the text is the engine's.
     Engine { message: String },
 }
@@ -152,8 +158,56 @@ impl RunError {
             RunError::IdleWatchdog => "run_idle_watchdog_timeout",
             RunError::Expired => "expired",
             RunError::Cancelled { .. } => "cancelled",
+            RunError::Merged { .. } => "merged",
+            RunError::ContextOverflow { .. } => "context_overflow",
             RunError::Engine { .. } => "engine_error",
         }
+    }
+
+    /// The error back from its stored form: the [`code`](Self::code) and the
+    /// [`Display`](fmt::Display) text a run record keeps. A code this version does
+    /// not know (or none) reads as the engine's own message.
+    pub fn from_stored(code: Option<&str>, text: String) -> Self {
+        let detail = |prefix: &str| text.strip_prefix(prefix).unwrap_or(&text).to_owned();
+        match code {
+            Some("user_requested") => RunError::UserRequested,
+            Some("interrupted") => RunError::Interrupted,
+            Some("lock_timeout") => RunError::LockTimeout,
+            Some("timeout") => RunError::Timeout,
+            Some("engine_crashed") => {
+                RunError::EngineCrashed { detail: detail("engine_crashed: ") }
+            }
+            Some("start_failed") => RunError::StartFailed { detail: detail("start_failed: ") },
+            Some("engine_unavailable") => {
+                let rest = detail("engine_unavailable: ");
+                match rest.strip_suffix(')').and_then(|rest| rest.split_once(" (")) {
+                    Some((engine, reason)) => RunError::EngineUnavailable {
+                        engine: engine.to_owned(),
+                        reason: reason.to_owned(),
+                    },
+                    None => RunError::EngineUnavailable { engine: rest, reason: String::new() },
+                }
+            }
+            Some("unknown_engine") => {
+                RunError::UnknownEngine { engine: detail("unknown_engine: ") }
+            }
+            Some("shutting_down") => RunError::ShuttingDown,
+            Some("queue_overflow") => RunError::QueueOverflow,
+            Some("run_idle_watchdog_timeout") => RunError::IdleWatchdog,
+            Some("expired") => RunError::Expired,
+            Some("cancelled") => RunError::Cancelled { reason: detail("cancelled: ") },
+            Some("merged") => match RunId::parse(&detail("merged into ")) {
+                Some(into) => RunError::Merged { into },
+                None => RunError::Cancelled { reason: text },
+            },
+            Some("context_overflow") => RunError::ContextOverflow { message: text },
+            _ => RunError::Engine { message: text },
+        }
+    }
+
+    /// Whether the session no longer fits the model's context.
+    pub fn is_context_overflow(&self) -> bool {
+        matches!(self, RunError::ContextOverflow { .. })
     }
 
     /// Whether this ends the run as aborted (by someone's choice) rather than failed.
@@ -164,6 +218,7 @@ impl RunError {
                 | RunError::Interrupted
                 | RunError::ShuttingDown
                 | RunError::Cancelled { .. }
+                | RunError::Merged { .. }
                 | RunError::IdleWatchdog
                 | RunError::QueueOverflow
                 | RunError::Expired
@@ -181,7 +236,10 @@ impl fmt::Display for RunError {
             }
             RunError::UnknownEngine { engine } => write!(f, "unknown_engine: {engine}"),
             RunError::Cancelled { reason } => write!(f, "cancelled: {reason}"),
-            RunError::Engine { message } => f.write_str(message),
+            RunError::Merged { into } => write!(f, "merged into {into}"),
+            RunError::ContextOverflow { message } | RunError::Engine { message } => {
+                f.write_str(message)
+            }
             other => f.write_str(other.code()),
         }
     }

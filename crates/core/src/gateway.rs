@@ -29,7 +29,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::bus::{EventBus, RunStatus};
 use crate::engine::{EngineRegistry, ResumeToken, RunError, SteerError};
-use crate::ids::{ConversationKey, RunId};
+use crate::ids::{ConversationKey, RunId, SessionKey};
 use crate::store::StoreHandle;
 
 use scheduler::{Scheduler, SchedulerMsg};
@@ -85,12 +85,14 @@ pub struct ExecutionRequest {
     /// A caller-supplied id, or `None` for a generated one.
     pub run_id: Option<RunId>,
     pub conversation: ConversationKey,
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub prompt: String,
     /// Engine id, possibly composite (`claude:opus`).
     pub engine: String,
     pub resume: Option<ResumeToken>,
     pub cwd: Option<PathBuf>,
+    /// The model to run with when the engine id names none (`claude:opus` does).
+    pub model: Option<String>,
     pub meta: BTreeMap<String, serde_json::Value>,
     /// The caller keeps the request in a durable journal and runs it again after a
     /// restart (the router does). At shutdown such a request, if it is still
@@ -101,7 +103,7 @@ pub struct ExecutionRequest {
 impl ExecutionRequest {
     /// A request on the session's own conversation with no extras.
     pub fn new(
-        session_key: impl Into<String>,
+        session_key: impl Into<SessionKey>,
         engine: impl Into<String>,
         prompt: impl Into<String>,
     ) -> Self {
@@ -114,6 +116,7 @@ impl ExecutionRequest {
             engine: engine.into(),
             resume: None,
             cwd: None,
+            model: None,
             meta: BTreeMap::new(),
             journaled: false,
         }

@@ -37,7 +37,7 @@ use crate::bus::{EventBus, Subscription};
 use crate::config::{GatewayConfig, QueueMode};
 use crate::engine::{Field, InvalidValue, ResumeToken, RunError, SteerError};
 use crate::gateway::{CancelOutcome, GatewayHandle};
-use crate::ids::{ConversationKey, RunId};
+use crate::ids::{ConversationKey, RunId, SessionKey};
 use crate::store::{ChatState, StoreError, StoreHandle};
 
 use actor::{Admitted, Router, RouterMsg};
@@ -109,12 +109,60 @@ pub struct ChannelRef {
     pub topic_id: Option<String>,
 }
 
+/// Switches of a request that the router acts on. Edges set them; the control
+/// API reads them from the request's `meta` keys of the same names, as it always
+/// accepted them ([`RequestFlags::from_meta`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RequestFlags {
+    /// Start a new session instead of continuing the session's stored one
+    /// (`meta.disable_auto_resume`).
+    pub no_auto_resume: bool,
+    /// A goal's next step: a user's `collect` message goes ahead of it
+    /// (`meta.goal_continuation`, in `followup` mode).
+    pub goal_continuation: bool,
+    /// An engine's own follow-up of a background task or delegated work: never
+    /// merged with other followups (`meta.task_auto_followup`,
+    /// `meta.delegated_auto_followup`, or a non-empty `meta.async_followups` list).
+    pub auto_followup: bool,
+}
+
+impl RequestFlags {
+    /// The flags named by `meta` keys. A key counts as set when it is `true`, a
+    /// non-zero number, or a non-empty string other than `"false"`.
+    pub fn from_meta(meta: &BTreeMap<String, serde_json::Value>) -> Self {
+        let flag = |key: &str| match meta.get(key) {
+            Some(serde_json::Value::Bool(b)) => *b,
+            Some(serde_json::Value::String(s)) => !s.is_empty() && s != "false",
+            Some(serde_json::Value::Number(n)) => n.as_f64().is_some_and(|n| n != 0.0),
+            _ => false,
+        };
+        let async_followups = meta
+            .get("async_followups")
+            .and_then(|v| v.as_array())
+            .is_some_and(|list| !list.is_empty());
+        RequestFlags {
+            no_auto_resume: flag("disable_auto_resume"),
+            goal_continuation: flag("goal_continuation"),
+            auto_followup: flag("task_auto_followup")
+                || flag("delegated_auto_followup")
+                || async_followups,
+        }
+    }
+}
+
+/// `meta.model` when it is a non-blank string: the model the control API's
+/// caller asks for.
+pub fn model_from_meta(meta: &BTreeMap<String, serde_json::Value>) -> Option<String> {
+    let model = meta.get("model")?.as_str()?.trim();
+    (!model.is_empty()).then(|| model.to_owned())
+}
+
 /// A message to run, as a transport hands it over.
 #[derive(Debug, Clone)]
 pub struct RunRequest {
     pub origin: Origin,
     /// Blank means the `default` session.
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub agent_id: Option<String>,
     pub prompt: String,
     /// `None`: the binding's mode, then `[gateway.queue] mode`, then `collect`.
@@ -124,6 +172,10 @@ pub struct RunRequest {
     /// A structured token to continue; a resume line in the prompt works too.
     pub resume: Option<ResumeToken>,
     pub cwd: Option<PathBuf>,
+    /// The model to run with, unless the engine names one (`claude:opus`).
+    pub model: Option<String>,
+    pub flags: RequestFlags,
+    /// Free-form metadata, kept with the run; the router reads none of it.
     pub meta: BTreeMap<String, serde_json::Value>,
     /// A caller-chosen id; submitting the same id twice is one run.
     pub run_id: Option<RunId>,
@@ -132,7 +184,7 @@ pub struct RunRequest {
 
 impl RunRequest {
     /// A control-plane request with no extras.
-    pub fn new(session_key: impl Into<String>, prompt: impl Into<String>) -> Self {
+    pub fn new(session_key: impl Into<SessionKey>, prompt: impl Into<String>) -> Self {
         RunRequest {
             origin: Origin::ControlPlane,
             session_key: session_key.into(),
@@ -142,6 +194,8 @@ impl RunRequest {
             engine: None,
             resume: None,
             cwd: None,
+            model: None,
+            flags: RequestFlags::default(),
             meta: BTreeMap::new(),
             run_id: None,
             channel: None,
@@ -163,7 +217,7 @@ pub enum Submitted {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Accepted {
     pub run_id: RunId,
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub conversation: ConversationKey,
     pub engine: String,
     /// The id was already known: this is the earlier request, nothing new was queued.

@@ -226,6 +226,13 @@ pub struct JournalRoute {
     pub chosen_engine: Option<String>,
     /// The engine used without a stored session; `None` means the entry's engine.
     pub fallback_engine: Option<String>,
+    /// The model the request asked for; `None` in journals written before the
+    /// router kept it (it is then read from the entry's `meta`).
+    pub model: Option<String>,
+    /// The request's flags; `None` in older journals, which had them in `meta`.
+    pub no_auto_resume: Option<bool>,
+    pub goal_continuation: Option<bool>,
+    pub auto_followup: Option<bool>,
 }
 
 /// The `kv` namespace of [`ProcessGroupRecord`]s.

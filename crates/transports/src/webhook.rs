@@ -55,7 +55,7 @@ use axum::{Extension, Json, Router};
 use lemon_core::bus::{completion_json, BusEvent, EventKind};
 use lemon_core::config::QueueMode;
 use lemon_core::ids::RunId;
-use lemon_core::router::{Origin, RouterHandle, RunRequest, Submitted};
+use lemon_core::router::{Origin, RequestFlags, RouterHandle, RunRequest, Submitted};
 use lemon_core::store::StoreHandle;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -515,13 +515,15 @@ impl Prepared {
         let run_id = RunId::generate();
         let req = RunRequest {
             origin: Origin::Webhook,
-            session_key,
+            session_key: session_key.into(),
             agent_id: integration.agent_id.clone(),
             prompt: payload.prompt,
             queue_mode,
             engine,
             resume: None,
             cwd: integration.cwd.clone(),
+            model: None,
+            flags: RequestFlags::default(),
             meta,
             run_id: Some(run_id),
             channel: None,
@@ -572,7 +574,7 @@ async fn submit(
     let run_id = accepted.run_id;
     let accepted_body = json!({
         "run_id": run_id.as_str(),
-        "session_key": accepted.session_key,
+        "session_key": accepted.session_key.as_str(),
         "status": "accepted",
     });
     let claim = match claim {
@@ -583,7 +585,7 @@ async fn submit(
         url,
         integration_id: settings.id.clone(),
         run_id: run_id.clone(),
-        session_key: session_key.clone(),
+        session_key: session_key.to_string(),
         metadata,
         attachments,
         settings: settings.callback.clone(),
@@ -622,7 +624,7 @@ async fn submit(
             };
             let mut body = completed_json(&event);
             body["run_id"] = json!(run_id.as_str());
-            body["session_key"] = json!(session_key);
+            body["session_key"] = json!(session_key.as_str());
             if let Some(claim) = claim {
                 claim.complete(StatusCode::OK, body.clone()).await;
             }

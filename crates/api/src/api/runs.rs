@@ -38,7 +38,7 @@ pub(super) async fn submit(
     }
     let mut body = json!({
         "run_id": accepted.run_id.as_str(),
-        "session_key": accepted.session_key,
+        "session_key": accepted.session_key.as_str(),
         "status": "accepted",
         "conversation": accepted.conversation.as_str(),
         "engine": accepted.engine,

@@ -1067,3 +1067,28 @@ fn bearer_tokens_are_compared_after_the_same_trimming() {
     // A blank expected token lets nothing through, not even a blank bearer.
     assert!(!super::bearer_matches(&headers("Bearer "), "  "));
 }
+
+#[tokio::test]
+async fn meta_switches_still_act_on_the_run() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let first = gw.run_to_completion("first", "hello").await;
+    assert!(first.to_json()["ok"].as_bool().unwrap(), "{:?}", first.to_json());
+    let continued = gw.run_to_completion("continued", "again").await;
+    assert!(continued.to_json()["ok"].as_bool().unwrap());
+    let (_, run) = gw.call(Method::GET, "/v1/runs/continued", None).await;
+    assert_eq!(run["meta"]["resume_source"], json!("auto"), "{run}");
+
+    let mut events = gw.bus.subscribe_run(&RunId::parse("fresh").unwrap());
+    let body = json!({"prompt": "anew", "run_id": "fresh", "meta": {"disable_auto_resume": true}});
+    let (status, answer) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    until_completed(&mut events, "fresh").await;
+    let (_, run) = gw.call(Method::GET, "/v1/runs/fresh", None).await;
+    assert_eq!(run["meta"], json!({"disable_auto_resume": true, "origin": "control_plane"}));
+    assert_eq!(run["resume"], json!({"engine": "echo", "value": "fresh"}), "a new session");
+
+    let body = json!({"prompt": "hi", "meta": {"model": "--yolo"}});
+    let (status, answer) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(error_of(&answer).starts_with("meta.model"), "{answer}");
+}

@@ -7,8 +7,7 @@ use lemon_core::bus::RunStatus;
 use lemon_core::config::QueueMode;
 use lemon_core::engine::{Completion, ResumeToken};
 use lemon_core::ids::RunId;
-use lemon_core::router::Runs;
-use lemon_core::router::{Origin, RouteError, RunRequest};
+use lemon_core::router::{model_from_meta, Origin, RequestFlags, RouteError, RunRequest, Runs};
 use lemon_core::store::{RunFilter, RunRecord};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -80,16 +79,21 @@ impl SubmitBody {
                 Some(ResumeToken::new(engine, value))
             }
         };
+        let meta = self.meta.unwrap_or_default();
         Ok(RunRequest {
             origin: Origin::ControlPlane,
-            session_key,
+            session_key: session_key.into(),
             agent_id: None,
             prompt,
             queue_mode,
             engine: non_blank(self.engine),
             resume,
             cwd,
-            meta: self.meta.unwrap_or_default(),
+            // The API takes the router's switches as `meta` keys; they stay in `meta`
+            // too, so the run's record shows what the caller sent.
+            model: model_from_meta(&meta),
+            flags: RequestFlags::from_meta(&meta),
+            meta,
             run_id: Some(run_id),
             channel: None,
         })

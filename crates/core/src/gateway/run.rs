@@ -32,7 +32,7 @@ use crate::engine::{
     Availability, Completion, EngineError, EngineEvent, EngineRegistry, EventSink, ResumeToken,
     RunControl, RunError, StartRequest,
 };
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionKey};
 use crate::log_text;
 use crate::store::{FinishedRun, StoreHandle};
 
@@ -87,7 +87,7 @@ impl RunShared {
 pub(super) struct RunContext {
     pub(super) run_id: RunId,
     pub(super) req: ExecutionRequest,
-    pub(super) session_key: Arc<str>,
+    pub(super) session_key: SessionKey,
     pub(super) shared: Arc<RunShared>,
     pub(super) config: Arc<RuntimeConfig>,
     pub(super) engines: EngineRegistry,
@@ -131,7 +131,7 @@ struct RunState {
     engine: String,
 }
 
-fn event(run_id: &RunId, session: &Arc<str>, index: u64, kind: EventKind) -> Arc<BusEvent> {
+fn event(run_id: &RunId, session: &SessionKey, index: u64, kind: EventKind) -> Arc<BusEvent> {
     Arc::new(BusEvent {
         run_id: run_id.clone(),
         session_key: session.clone(),
@@ -148,7 +148,7 @@ async fn publish(
     bus: &EventBus,
     store: &StoreHandle,
     run_id: &RunId,
-    session: &Arc<str>,
+    session: &SessionKey,
     index: u64,
     kind: EventKind,
 ) {
@@ -222,8 +222,7 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
         );
     };
     state.engine = engine.id().to_string();
-    let model = composite_model
-        .or_else(|| ctx.req.meta.get("model").and_then(|m| m.as_str()).map(str::to_owned));
+    let model = composite_model.or_else(|| ctx.req.model.clone());
     let cwd = match ctx.req.cwd.as_deref().filter(|p| !p.as_os_str().is_empty()) {
         Some(requested) => resolve_cwd(Some(requested), &ctx.config),
         None => ctx.fallback_cwd.to_path_buf(),
@@ -398,7 +397,7 @@ async fn finalize(
     bus: &EventBus,
     store: &StoreHandle,
     run_id: RunId,
-    session_key: Arc<str>,
+    session_key: SessionKey,
     state: &mut RunState,
     mut completion: Completion,
     started: Instant,
@@ -434,7 +433,7 @@ async fn finalize(
 #[derive(Debug)]
 pub(crate) struct RunEnd {
     pub(crate) run_id: RunId,
-    pub(crate) session_key: Arc<str>,
+    pub(crate) session_key: SessionKey,
     /// The index of `run_completed`: one past the run's last event.
     pub(crate) index: u64,
     pub(crate) engine: String,
@@ -467,7 +466,7 @@ pub(super) async fn complete_unstarted(
     bus: &EventBus,
     store: &StoreHandle,
     run_id: &RunId,
-    session_key: &Arc<str>,
+    session_key: &SessionKey,
     engine: &str,
     completion: Completion,
 ) {

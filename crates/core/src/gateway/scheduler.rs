@@ -29,7 +29,7 @@ use super::{
 use crate::bus::{EventBus, RunStatus};
 use crate::clock::now_ms;
 use crate::engine::{Completion, EngineRegistry, RunControl, RunError};
-use crate::ids::{ConversationKey, RunId};
+use crate::ids::{ConversationKey, RunId, SessionKey};
 use crate::store::{NewRun, StoreHandle};
 
 /// How many queued messages the actor takes per wake-up.
@@ -92,7 +92,7 @@ struct Conversation {
 struct RunEntry {
     /// The request; taken when the run starts.
     req: Option<ExecutionRequest>,
-    session_key: Arc<str>,
+    session_key: SessionKey,
     conversation: ConversationKey,
     engine: String,
     created_at_ms: i64,
@@ -302,10 +302,10 @@ impl Scheduler {
             return Err(SubmitError::Overloaded { pending: self.n_queued });
         }
         let created_at_ms = now_ms();
-        let session_key: Arc<str> = if req.session_key.trim().is_empty() {
+        let session_key: SessionKey = if req.session_key.trim().is_empty() {
             "default".into()
         } else {
-            req.session_key.as_str().into()
+            req.session_key.clone()
         };
         // The row goes to the store before any event of the run can.
         let meta = serde_json::Value::Object(

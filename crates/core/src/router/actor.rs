@@ -2,7 +2,6 @@
 //! interpreter of the queue state machine's effects.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -14,21 +13,21 @@ use super::follow::RunFollower;
 use super::journal::Journal;
 use super::queue::{Conversation, Effect, Item, RouteChoice, SteerKind};
 use super::resolve::{
-    check_engine_model, check_meta_model, check_resume_token, choose_engine, conversation_key,
-    extract_resume_line, is_context_overflow, meta_flag, parse_directive, parse_slash_command,
-    queue_mode, resolve_binding, ChoiceError, EngineInputs, Refusal, SlashCommand,
-    NATIVE_ONLY_RESUME_MESSAGE,
+    check_engine_model, check_request_model, check_resume_token, choose_engine, conversation_key,
+    extract_resume_line, parse_directive, parse_slash_command, queue_mode, resolve_binding,
+    ChoiceError, EngineInputs, Refusal, SlashCommand, NATIVE_ONLY_RESUME_MESSAGE,
 };
 use super::watch::{publish_phase, Watch};
 use super::{
-    Accepted, CancelSummary, Origin, Recovered, RouteError, RouterConfig, RunRequest, SessionView,
+    model_from_meta, Accepted, CancelSummary, Origin, Recovered, RequestFlags, RouteError,
+    RouterConfig, RunRequest, SessionView,
 };
 use crate::bus::{EventBus, RunPhase, RunStatus};
 use crate::clock::now_ms;
 use crate::config::QueueMode;
 use crate::engine::{Completion, EngineRegistry, Field, ResumeToken, RunError};
 use crate::gateway::{self, ExecutionRequest, GatewayHandle, RunEnd, SubmitError};
-use crate::ids::{ConversationKey, RunId};
+use crate::ids::{ConversationKey, RunId, SessionKey};
 use crate::store::{JournalEntry, JournalRoute, JournalState, StoreHandle};
 
 /// A steer whose engine has not answered within this is treated as refused, so
@@ -115,7 +114,7 @@ fn refused(refusal: Refusal) -> RouteError {
     RouteError::Invalid { field: refusal.field, what: refusal.what, why: refusal.why }
 }
 
-fn session_of(raw: &str) -> Arc<str> {
+fn session_of(raw: &str) -> SessionKey {
     let trimmed = raw.trim();
     if trimmed.is_empty() {
         "default".into()
@@ -142,7 +141,7 @@ pub(super) struct Router {
     /// The conversation of every run the router has not seen complete.
     runs: HashMap<RunId, ConversationKey>,
     /// `/engine <id>` choices per session, for the life of the process.
-    sticky: HashMap<Arc<str>, String>,
+    sticky: HashMap<SessionKey, String>,
     next_seq: u64,
 }
 
@@ -306,7 +305,7 @@ impl Router {
         let item = self.prepare(req, session_key).await?;
         let accepted = Accepted {
             run_id: item.run_id.clone(),
-            session_key: item.session_key.to_string(),
+            session_key: item.session_key.clone(),
             conversation: item.conversation.clone(),
             engine: item.engine.clone(),
             duplicate: false,
@@ -370,7 +369,7 @@ impl Router {
                 return Ok(Some(KnownRun {
                     accepted: Accepted {
                         run_id: run_id.clone(),
-                        session_key: item.session_key.to_string(),
+                        session_key: item.session_key.clone(),
                         conversation: key.clone(),
                         engine: item.engine.clone(),
                         duplicate: true,
@@ -385,7 +384,7 @@ impl Router {
         Ok(Some(KnownRun {
             accepted: Accepted {
                 run_id: run_id.clone(),
-                session_key: record.session_key,
+                session_key: record.session_key.into(),
                 conversation,
                 engine: record.engine,
                 duplicate: true,
@@ -432,7 +431,7 @@ impl Router {
     async fn prepare(
         &mut self,
         req: RunRequest,
-        session_key: Arc<str>,
+        session_key: SessionKey,
     ) -> Result<Item, RouteError> {
         let binding = req
             .channel
@@ -467,7 +466,7 @@ impl Router {
                 .or_else(|| directive.map(|d| d.engine))
                 .or_else(|| self.sticky.get(&session_key).cloned())
         };
-        let auto_resume = explicit.is_none() && !meta_flag(&req.meta, "disable_auto_resume");
+        let auto_resume = explicit.is_none() && !req.flags.no_auto_resume;
         let fallback_engine =
             binding.default_engine.clone().unwrap_or_else(|| self.config.default_engine.clone());
         let route = RouteChoice { auto_resume, chosen_engine, fallback_engine };
@@ -492,7 +491,9 @@ impl Router {
         // Whatever chose it (a binding, a project, `default_engine`, `/engine`), the
         // model part goes to a command line too.
         check_engine_model(&choice.engine, Field::Engine).map_err(refused)?;
-        check_meta_model(&req.meta, &choice.engine).map_err(refused)?;
+        if let Some(model) = &req.model {
+            check_request_model(model, &choice.engine).map_err(refused)?;
+        }
         let conversation = conversation_key(&session_key, explicit.as_ref());
         let mode = queue_mode(req.queue_mode, binding.queue_mode, self.config.queue_mode);
         let mut meta = req.meta;
@@ -520,6 +521,8 @@ impl Router {
             engine: choice.engine,
             resume: choice.resume,
             cwd,
+            model: req.model,
+            flags: req.flags,
             meta,
             origin: req.origin,
             mode,
@@ -664,11 +667,12 @@ impl Router {
         let req = ExecutionRequest {
             run_id: Some(item.run_id.clone()),
             conversation: item.conversation.clone(),
-            session_key: item.session_key.to_string(),
+            session_key: item.session_key.clone(),
             prompt: item.prompt.clone(),
             engine: item.engine.clone(),
             resume: item.resume.clone(),
             cwd: item.cwd.clone(),
+            model: item.model.clone(),
             meta: item.meta.clone(),
             journaled: true,
         };
@@ -743,7 +747,7 @@ impl Router {
     async fn complete(
         &mut self,
         run_id: &RunId,
-        session_key: &Arc<str>,
+        session_key: &SessionKey,
         engine: &str,
         completion: Completion,
         index: u64,
@@ -785,7 +789,7 @@ impl Router {
     /// Chat state after a run: an overflow forgets the session so the next
     /// message starts fresh; otherwise a resume token is kept for auto-resume.
     async fn record_session(&self, session_key: &str, completion: &Completion) {
-        if completion.error.as_ref().is_some_and(is_context_overflow) {
+        if completion.error.as_ref().is_some_and(RunError::is_context_overflow) {
             tracing::info!(session_key, "context overflow; the next message starts a new session");
             self.store.delete_chat_state(session_key).await;
             return;
@@ -795,7 +799,7 @@ impl Router {
         }
     }
 
-    async fn session_view(&self, session_key: &Arc<str>) -> SessionView {
+    async fn session_view(&self, session_key: &SessionKey) -> SessionView {
         let mut view =
             SessionView { session_key: session_key.to_string(), ..SessionView::default() };
         let mut queued: Vec<&Item> = Vec::new();
@@ -812,7 +816,7 @@ impl Router {
         view
     }
 
-    async fn command(&mut self, command: &SlashCommand, session_key: &Arc<str>) -> String {
+    async fn command(&mut self, command: &SlashCommand, session_key: &SessionKey) -> String {
         match command {
             SlashCommand::Cancel => {
                 let reason = RunError::UserRequested;
@@ -950,6 +954,10 @@ fn journal_entry(item: &Item, accepted_at_ms: i64) -> JournalEntry {
             auto_resume: item.route.auto_resume,
             chosen_engine: item.route.chosen_engine.clone(),
             fallback_engine: Some(item.route.fallback_engine.clone()),
+            model: item.model.clone(),
+            no_auto_resume: Some(item.flags.no_auto_resume),
+            goal_continuation: Some(item.flags.goal_continuation),
+            auto_followup: Some(item.flags.auto_followup),
         },
         state: JournalState::Queued,
         accepted_at_ms,
@@ -959,6 +967,14 @@ fn journal_entry(item: &Item, accepted_at_ms: i64) -> JournalEntry {
 fn item_from_entry(entry: JournalEntry) -> Item {
     let route = entry.route;
     let meta = entry.meta.as_object().map(|m| m.clone().into_iter().collect()).unwrap_or_default();
+    // A journal written before the router kept its own flags has them in `meta`.
+    let legacy = RequestFlags::from_meta(&meta);
+    let flags = RequestFlags {
+        no_auto_resume: route.no_auto_resume.unwrap_or(legacy.no_auto_resume),
+        goal_continuation: route.goal_continuation.unwrap_or(legacy.goal_continuation),
+        auto_followup: route.auto_followup.unwrap_or(legacy.auto_followup),
+    };
+    let model = route.model.clone().or_else(|| model_from_meta(&meta));
     Item {
         conversation: parse_conversation(&entry.conversation)
             .unwrap_or_else(|| ConversationKey::session(&entry.session_key)),
@@ -973,11 +989,65 @@ fn item_from_entry(entry: JournalEntry) -> Item {
         engine: entry.engine,
         resume: entry.resume,
         cwd: entry.cwd,
+        model,
+        flags,
         meta,
         origin: route.origin.as_deref().and_then(Origin::parse).unwrap_or(Origin::Internal),
         // Recovered requests keep their order: nothing merges, steers or interrupts.
         mode: QueueMode::Collect,
         seq: entry.seq,
         suppress_phases: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn item(flags: RequestFlags, model: Option<&str>) -> Item {
+        Item {
+            run_id: RunId::parse("r1").unwrap(),
+            session_key: "s".into(),
+            conversation: ConversationKey::session("s"),
+            prompt: "p".to_owned(),
+            engine: "fake".to_owned(),
+            resume: None,
+            cwd: None,
+            model: model.map(str::to_owned),
+            flags,
+            meta: BTreeMap::new(),
+            origin: Origin::Cron,
+            mode: QueueMode::Followup,
+            seq: 1,
+            suppress_phases: false,
+            route: RouteChoice::default(),
+        }
+    }
+
+    #[test]
+    fn a_journaled_request_keeps_its_flags_and_model() {
+        let flags =
+            RequestFlags { no_auto_resume: true, goal_continuation: true, auto_followup: true };
+        let recovered = item_from_entry(journal_entry(&item(flags, Some("opus")), 0));
+        assert_eq!((recovered.flags, recovered.model.as_deref()), (flags, Some("opus")));
+        let plain = item_from_entry(journal_entry(&item(RequestFlags::default(), None), 0));
+        assert_eq!((plain.flags, plain.model), (RequestFlags::default(), None));
+    }
+
+    #[test]
+    fn a_journal_of_an_older_version_has_the_flags_in_meta() {
+        let mut entry = journal_entry(&item(RequestFlags::default(), None), 0);
+        entry.route = JournalRoute {
+            origin: Some("cron".to_owned()),
+            queue_mode: Some("followup".to_owned()),
+            ..JournalRoute::default()
+        };
+        entry.meta = serde_json::json!({ "goal_continuation": true, "model": "opus" });
+        let recovered = item_from_entry(entry);
+        assert!(recovered.flags.goal_continuation);
+        assert!(!recovered.flags.auto_followup);
+        assert_eq!(recovered.model.as_deref(), Some("opus"));
     }
 }

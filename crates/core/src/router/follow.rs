@@ -262,7 +262,9 @@ fn stored_completion(run_id: &RunId, event: &StoredEvent) -> Arc<BusEvent> {
     let data = &event.data;
     let text = |key: &str| data.get(key).and_then(|v| v.as_str()).map(str::to_owned);
     let error = match (text("error_code"), text("error")) {
-        (Some(code), message) => Some(run_error(&code, message.unwrap_or_default())),
+        (Some(code), message) => {
+            Some(RunError::from_stored(Some(&code), message.unwrap_or_default()))
+        }
         (None, Some(message)) => Some(RunError::Engine { message }),
         (None, None) => None,
     };
@@ -289,38 +291,6 @@ fn stored_completion(run_id: &RunId, event: &StoredEvent) -> Arc<BusEvent> {
             duration_ms: data.get("duration_ms").and_then(serde_json::Value::as_u64).unwrap_or(0),
         },
     })
-}
-
-/// The error whose code and display text are stored.
-fn run_error(code: &str, text: String) -> RunError {
-    let detail = |text: &str| {
-        text.strip_prefix(code).and_then(|rest| rest.strip_prefix(": ")).map(str::to_owned)
-    };
-    match code {
-        "user_requested" => RunError::UserRequested,
-        "interrupted" => RunError::Interrupted,
-        "lock_timeout" => RunError::LockTimeout,
-        "timeout" => RunError::Timeout,
-        "shutting_down" => RunError::ShuttingDown,
-        "queue_overflow" => RunError::QueueOverflow,
-        "run_idle_watchdog_timeout" => RunError::IdleWatchdog,
-        "expired" => RunError::Expired,
-        "engine_crashed" => RunError::EngineCrashed { detail: detail(&text).unwrap_or(text) },
-        "start_failed" => RunError::StartFailed { detail: detail(&text).unwrap_or(text) },
-        "unknown_engine" => RunError::UnknownEngine { engine: detail(&text).unwrap_or(text) },
-        "cancelled" => RunError::Cancelled { reason: detail(&text).unwrap_or(text) },
-        "engine_unavailable" => {
-            let rest = detail(&text).unwrap_or_else(|| text.clone());
-            match rest.split_once(" (") {
-                Some((engine, reason)) => RunError::EngineUnavailable {
-                    engine: engine.to_owned(),
-                    reason: reason.strip_suffix(')').unwrap_or(reason).to_owned(),
-                },
-                None => RunError::Engine { message: text },
-            }
-        }
-        _ => RunError::Engine { message: text },
-    }
 }
 
 #[cfg(test)]

@@ -49,7 +49,9 @@ impl Engine for OverflowEngine {
         sink: EventSink,
     ) -> Result<Arc<dyn RunControl>, EngineError> {
         let resume = Some(ResumeToken::new("overflow", format!("{}-session", req.run_id)));
-        let error = RunError::Engine { message: "Codex error: context_length_exceeded".to_owned() };
+        let error = RunError::ContextOverflow {
+            message: "Codex error: context_length_exceeded".to_owned(),
+        };
         tokio::spawn(async move {
             let _ = sink.send(EngineEvent::Completed(Completion::failure(error, resume))).await;
         });
@@ -249,8 +251,8 @@ async fn followups_sent_together_become_one_turn() {
     let first = h.submit("s", "ok fix the test", Some(QueueMode::Followup)).await;
     let second = h.submit("s", "and the docs", Some(QueueMode::Followup)).await;
     let merged = h.completion_of(&first).await;
-    assert_eq!(code(&merged), Some("cancelled"));
-    assert!(merged.error.unwrap().to_string().contains(second.as_str()));
+    assert_eq!(code(&merged), Some("merged"));
+    assert_eq!(merged.error, Some(RunError::Merged { into: second.clone() }));
     h.router.abort_run(&busy).await.unwrap();
     assert!(h.completion_of(&second).await.ok);
     assert_eq!(h.fake.started(), ["hang", "ok fix the test\nand the docs"]);
@@ -367,7 +369,7 @@ async fn disable_auto_resume_starts_fresh() {
     let first = h.submit("s", "ok hello", None).await;
     h.completion_of(&first).await;
     let mut req = request("s", "ok fresh", None);
-    req.meta.insert("disable_auto_resume".into(), true.into());
+    req.flags.no_auto_resume = true;
     let second = h.submit_req(req).await;
     h.completion_of(&second).await;
     let record = h.store.get_run(second.as_str()).await.unwrap().unwrap();
@@ -400,7 +402,7 @@ async fn a_context_overflow_forgets_the_session() {
     h.settled(&first).await;
     assert!(h.store.get_chat_state("s", crate::clock::now_ms()).await.unwrap().is_some());
     let req = RunRequest {
-        meta: [("disable_auto_resume".to_owned(), true.into())].into(),
+        flags: RequestFlags { no_auto_resume: true, ..RequestFlags::default() },
         ..request("s", "/overflow too much", None)
     };
     let second = h.submit_req(req).await;
@@ -712,7 +714,7 @@ async fn a_channel_binding_gives_project_cwd_agent_engine_and_queue_mode() {
     assert_eq!(entry.cwd.as_deref(), Some(std::path::Path::new("/srv/app")));
     assert_eq!(entry.meta["agent_id"], "helper");
     assert_eq!(entry.meta["origin"], "channel");
-    assert_eq!(code(&h.completion_of(&first).await), Some("cancelled"));
+    assert_eq!(code(&h.completion_of(&first).await), Some("merged"));
     h.router.abort_run(&busy).await.unwrap();
     assert!(h.completion_of(&second).await.ok);
 }
@@ -828,7 +830,7 @@ async fn values_that_could_be_options_are_refused_naming_their_field_and_nothing
         ),
         (
             RunRequest {
-                meta: [("model".to_owned(), "--allowedTools=Bash".into())].into(),
+                model: Some("--allowedTools=Bash".to_owned()),
                 ..RunRequest::new("s", "hi")
             },
             ("meta.model", "invalid model for fake"),

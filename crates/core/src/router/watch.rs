@@ -5,7 +5,6 @@
 //! The follower subscribed before the run was submitted, so no event is missed;
 //! a lag is resynchronised from the store.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -16,14 +15,16 @@ use crate::bus::{BusEvent, EventBus, EventKind, RunPhase};
 use crate::clock::now_ms;
 use crate::engine::{Completion, RunError};
 use crate::gateway::GatewayHandle;
-use crate::ids::RunId;
+use std::sync::Arc;
+
+use crate::ids::{RunId, SessionKey};
 
 /// Publishes a phase on the run's topic. Phases are hints for UIs: they are not
 /// stored and carry index 0, so they never take an index of the run's own events.
 pub(super) fn publish_phase(
     bus: &EventBus,
     run_id: &RunId,
-    session_key: &Arc<str>,
+    session_key: &SessionKey,
     phase: RunPhase,
 ) {
     bus.publish(Arc::new(BusEvent {
@@ -39,7 +40,7 @@ pub(super) fn publish_phase(
 #[derive(Debug)]
 pub(super) struct Watch {
     pub(super) run_id: RunId,
-    pub(super) session_key: Arc<str>,
+    pub(super) session_key: SessionKey,
     pub(super) events: RunFollower,
     pub(super) gateway: GatewayHandle,
     pub(super) journal: Journal,

@@ -7,10 +7,9 @@
 //! channel, then query the read connection on a blocking task, so a read sees every
 //! write queued before it on the same store.
 //!
-//! Files: `schema` (migrations), `writer` (the writer and checkpointer threads),
-//! `event_json` (an event's stored JSON, written without building a `Value`).
+//! Files: `schema` (migrations), `writer` (the writer and checkpointer threads).
+//! Events are stored in their one JSON form, [`crate::bus::EventJson`].
 
-mod event_json;
 mod schema;
 mod writer;
 

@@ -830,6 +830,7 @@ fn journal_entry(id: &str, seq: u64) -> JournalEntry {
             auto_resume: true,
             chosen_engine: Some("codex".to_owned()),
             fallback_engine: None,
+            ..JournalRoute::default()
         },
         state: JournalState::Queued,
         accepted_at_ms: 1_000 + seq as i64,

@@ -718,10 +718,8 @@ fn final_output(
     started: bool,
 ) -> (FormattedText, Vec<FormattedText>) {
     if !started {
-        if let Some(RunError::Cancelled { reason }) = &completion.error {
-            if reason.starts_with("merged into") {
-                return (FormattedText::plain("Added to the next job."), Vec::new());
-            }
+        if let Some(RunError::Merged { .. }) = &completion.error {
+            return (FormattedText::plain("Added to the next job."), Vec::new());
         }
         if completion.ok {
             return (FormattedText::plain("Added to the running job."), Vec::new());
@@ -752,7 +750,7 @@ mod tests {
         assert_eq!(progress.text, "Added to the running job.");
         assert!(answer.is_empty());
         let merged =
-            Completion::failure(RunError::Cancelled { reason: "merged into r2".into() }, None);
+            Completion::failure(RunError::Merged { into: RunId::parse("r2").unwrap() }, None);
         let (progress, answer) = final_output(&renderer(), &merged, false);
         assert_eq!(progress.text, "Added to the next job.");
         assert!(answer.is_empty());

@@ -22,7 +22,6 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 
 use super::super::{FinishedRun, JournalEntry, NewRun, StoreError};
-use super::event_json;
 use crate::bus::{BusEvent, RunStatus};
 use crate::ids::RunId;
 
@@ -518,7 +517,7 @@ impl Writer {
             WriteOp::AppendEvent(event) => {
                 let seq = self.event_seq(&event.run_id)?;
                 self.json.clear();
-                event_json::write(&mut self.json, &event).map_err(to_sql_error)?;
+                serde_json::to_writer(&mut self.json, &event.json()).map_err(to_sql_error)?;
                 let data = std::str::from_utf8(&self.json).map_err(to_sql_error)?;
                 let open =
                     self.event_group_index.get(&seq).and_then(|&at| self.event_groups.get_mut(at));
