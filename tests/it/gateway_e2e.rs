@@ -317,3 +317,25 @@ async fn a_new_lemon_home_is_created_private_to_the_user() {
     assert!(home.join("lemon.db").exists());
     child.kill().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_run_shows_the_session_it_resumed_from() {
+    let gateway = Gateway::start("").await;
+    let first = gateway.submit(json!({ "prompt": "start here", "session_key": "s-first" })).await;
+    let first = gateway.wait(&first).await;
+    assert_eq!(first.get("resumed_from"), Some(&serde_json::Value::Null), "{first}");
+    let first_id = first["run_id"].as_str().unwrap();
+
+    // A resume line continues the session it names, from any chat.
+    let line = format!("echo resume {first_id}\ncarry on");
+    let resumed = gateway.submit(json!({ "prompt": line, "session_key": "s-elsewhere" })).await;
+    let resumed = gateway.wait(&resumed).await;
+    assert_eq!(resumed["status"], "completed", "{resumed}");
+    assert_eq!(resumed["resumed_from"], json!({ "engine": "echo", "value": first_id }));
+
+    // The next prompt of the first chat continues its stored session by itself.
+    let again = gateway.submit(json!({ "prompt": "and again", "session_key": "s-first" })).await;
+    let again = gateway.wait(&again).await;
+    assert_eq!(first["resume"]["engine"], "echo", "{first}");
+    assert_eq!(again["resumed_from"], first["resume"], "{again}");
+}

@@ -13,6 +13,7 @@ mod cli_support;
 mod gateway_e2e;
 mod hardening_e2e;
 mod http_hardening;
+mod reload_e2e;
 mod router_crash;
 mod router_resume;
 mod server_embed;

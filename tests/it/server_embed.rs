@@ -25,18 +25,18 @@ async fn an_embedded_server_runs_a_prompt_and_shuts_down() {
     let running = lemon_server::start(ServeOptions { paths, env, user_home: None }).await.unwrap();
 
     let run_id = RunId::parse("embedded-1").unwrap();
-    let mut events = running.gateway.bus().subscribe_run(&run_id);
     let request =
         RunRequest { run_id: Some(run_id.clone()), ..RunRequest::new("desk", "hello from inside") };
-    let accepted = match running.router.submit(request).await.unwrap() {
-        Submitted::Run(accepted) => accepted,
+    let (accepted, mut events) = match running.router.submit(request).await.unwrap() {
+        Submitted::Run(accepted, events) => (accepted, events),
         other => panic!("{other:?}"),
     };
     assert_eq!(accepted.run_id, run_id);
     let answer = tokio::time::timeout(PATIENCE, async {
         loop {
-            let event = events.recv().await.unwrap();
-            if let EventKind::RunCompleted { completion, .. } = &event.kind {
+            let event = events.next().await.unwrap();
+            if let Some(EventKind::RunCompleted { completion, .. }) = event.event().map(|e| &e.kind)
+            {
                 return completion.answer.clone();
             }
         }

@@ -1,4 +1,5 @@
-//! The command line: `serve` (the default), `run` and `status`. The binaries are
+//! The command line: `serve` (the default), `run`, `status` and `config`
+//! (`check [FILE]`, `path`). The binaries are
 //! one-line wrappers around [`main`].
 
 use std::collections::BTreeMap;
@@ -55,6 +56,22 @@ enum Command {
         #[arg(long, env = "LEMON_URL")]
         url: Option<String>,
     },
+    /// Check or locate the config file.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Check a config file as the gateway would load it (default: the one in use).
+    Check {
+        /// The file to check.
+        file: Option<PathBuf>,
+    },
+    /// Print where the config file is read from.
+    Path,
 }
 
 fn init_logging(format: LogFormat) {
@@ -107,6 +124,26 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                     outcome.error.as_deref().unwrap_or("unknown error")
                 );
                 Ok(ExitCode::FAILURE)
+            }
+        }
+        Command::Config { command: ConfigCommand::Path } => {
+            println!("{}", paths.config.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config { command: ConfigCommand::Check { file } } => {
+            let file = file.unwrap_or_else(|| paths.config.clone());
+            match server::check_config(&file, &paths, &env) {
+                Ok(warnings) => {
+                    for warning in warnings {
+                        eprintln!("warning: {warning}");
+                    }
+                    println!("{}: ok", file.display());
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(error) => {
+                    eprintln!("{error}");
+                    Ok(ExitCode::FAILURE)
+                }
             }
         }
         Command::Status { url } => {

@@ -22,6 +22,7 @@
 //! Every route needs `Authorization: Bearer <token>`. Every error is
 //! `{"error": "..."}` (see [`ApiError`]).
 
+mod config;
 mod events;
 mod runs;
 mod sessions;
@@ -37,8 +38,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use lemon_core::gateway::GatewayHandle;
-use lemon_core::router::RouterHandle;
+use lemon_core::config::ConfigStatus;
+use lemon_core::router::{RouterHandle, Runs};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -48,9 +49,10 @@ use lemon_core::transport::TransportStatuses;
 /// What the control API's handlers share: handles and a few settings. Cheap to clone.
 #[derive(Clone)]
 pub struct ApiState {
-    pub gateway: GatewayHandle,
-    /// Every submission goes through the router.
+    /// Every submission, cancel and steer goes through the router.
     pub router: RouterHandle,
+    /// The router's read-only side: runs, events, sessions, status.
+    pub runs: Runs,
     /// The bearer token every request must carry. Never logged.
     pub token: Arc<str>,
     /// The engine of requests that name none.
@@ -63,19 +65,22 @@ pub struct ApiState {
     pub shutdown: CancellationToken,
     /// Every transport's state, reported by `/v1/status`.
     pub transports: TransportStatuses,
+    /// The config in force, reported by `/v1/config`.
+    pub config: ConfigStatus,
 }
 
 impl fmt::Debug for ApiState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ApiState")
-            .field("gateway", &self.gateway)
             .field("router", &self.router)
+            .field("runs", &self.runs)
             .field("token", &"<redacted>")
             .field("default_engine", &self.default_engine)
             .field("version", &self.version)
             .field("started_at", &self.started_at)
             .field("shutdown", &self.shutdown)
             .field("transports", &self.transports)
+            .field("config", &self.config.get().generation)
             .finish()
     }
 }
@@ -94,6 +99,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/sessions/{key}/cancel", post(sessions::cancel))
         .route("/v1/sessions/{key}/abort", post(sessions::abort))
         .route("/v1/status", get(status::status))
+        .route("/v1/config", get(config::get))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -15,7 +15,8 @@
 //! an app adds its own with [`HealthState::with_check`].
 //!
 //! The body also lists every transport's state (`transports`) and sums up in
-//! `status`: `healthy`, `degraded` (the checks pass but a transport is failing:
+//! `status`: `healthy`, `degraded` (the checks pass but a transport is failing
+//! or an edit of the config file was refused, `config.state = "rejected"`:
 //! still `200`, since the gateway serves and restarting it would not free a
 //! port or fix a token) or `unhealthy` (a check failed: `503`).
 
@@ -32,7 +33,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use lemon_core::gateway::GatewayHandle;
+use lemon_core::config::{ConfigReport, ConfigStatus};
+use lemon_core::router::Runs;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -58,7 +60,8 @@ pub trait HealthCheck: Send + Sync + fmt::Debug + 'static {
 /// What the health router needs. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct HealthState {
-    pub gateway: GatewayHandle,
+    /// The router's read-only side: scheduler counters, active runs, the store.
+    pub runs: Runs,
     pub version: Arc<str>,
     /// When the gateway started, for uptime.
     pub started_at: Instant,
@@ -70,20 +73,30 @@ pub struct HealthState {
     pub transports: TransportStatuses,
     /// The API token that unlocks the detailed report; `None`: never detailed.
     pub detail_token: Option<Arc<str>>,
+    /// The config in force; a refused edit makes the gateway `degraded`.
+    pub config: ConfigStatus,
 }
 
 impl HealthState {
     /// The built-in checks only, each bounded by [`DEFAULT_CHECK_TIMEOUT`].
-    pub fn new(gateway: GatewayHandle, version: impl Into<Arc<str>>, started_at: Instant) -> Self {
+    pub fn new(runs: Runs, version: impl Into<Arc<str>>, started_at: Instant) -> Self {
         HealthState {
-            gateway,
+            runs,
             version: version.into(),
             started_at,
             extra_checks: Vec::new(),
             check_timeout: DEFAULT_CHECK_TIMEOUT,
             transports: TransportStatuses::default(),
             detail_token: None,
+            config: ConfigStatus::default(),
         }
+    }
+
+    /// Reports the config's state (`config`): a refused edit of the file is `degraded`.
+    #[must_use]
+    pub fn with_config(mut self, config: ConfigStatus) -> Self {
+        self.config = config;
+        self
     }
 
     /// Shows the detailed report to requests that carry `token` as their bearer.
@@ -108,11 +121,11 @@ impl HealthState {
     }
 
     fn checks(&self) -> Vec<Arc<dyn HealthCheck>> {
-        let gateway = &self.gateway;
+        let runs = &self.runs;
         let mut checks: Vec<Arc<dyn HealthCheck>> = vec![
-            Arc::new(SchedulerCheck { gateway: gateway.clone() }),
-            Arc::new(StoreCheck { gateway: gateway.clone() }),
-            Arc::new(RunsCheck { gateway: gateway.clone() }),
+            Arc::new(SchedulerCheck { runs: runs.clone() }),
+            Arc::new(StoreCheck { runs: runs.clone() }),
+            Arc::new(RunsCheck { runs: runs.clone() }),
         ];
         checks.extend(self.extra_checks.iter().cloned());
         checks
@@ -141,9 +154,10 @@ async fn healthz(State(state): State<HealthState>, headers: HeaderMap) -> Respon
     .await;
     let ok = results.iter().all(|result| result["ok"] == json!(true));
     let transports = state.transports.snapshot();
+    let config = state.config.get();
     let summary = if !ok {
         "unhealthy"
-    } else if transports.values().any(TransportState::is_failing) {
+    } else if transports.values().any(TransportState::is_failing) || config.rejected.is_some() {
         "degraded"
     } else {
         "healthy"
@@ -157,6 +171,7 @@ async fn healthz(State(state): State<HealthState>, headers: HeaderMap) -> Respon
             "timestamp": timestamp::iso8601_now(),
             "checks": results,
             "transports": lemon_core::transport::states_json(&transports),
+            "config": config_json(&config, true),
         })
     } else {
         let checks: Vec<Value> = results
@@ -167,10 +182,30 @@ async fn healthz(State(state): State<HealthState>, headers: HeaderMap) -> Respon
             .iter()
             .map(|(id, transport)| (id.clone(), json!({ "state": transport.as_str() })))
             .collect();
-        json!({ "ok": ok, "status": summary, "checks": checks, "transports": transports })
+        let mut body =
+            json!({ "ok": ok, "status": summary, "checks": checks, "transports": transports });
+        // Only a refused edit is news to a prober.
+        if config.rejected.is_some() {
+            body["config"] = config_json(&config, false);
+        }
+        body
     };
     let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
+}
+
+/// The config's state: `ok`, or `rejected` (with the reason when `detailed`)
+/// while the file on disk is refused and the last good config runs.
+fn config_json(config: &ConfigReport, detailed: bool) -> Value {
+    let mut out = match &config.rejected {
+        None => json!({ "state": "ok" }),
+        Some(rejection) if detailed => json!({ "state": "rejected", "reason": rejection.error }),
+        Some(_) => json!({ "state": "rejected" }),
+    };
+    if detailed {
+        out["generation"] = json!(config.generation);
+    }
+    out
 }
 
 /// Runs one check under `timeout` and reports it.
@@ -195,7 +230,7 @@ async fn run_check(check: &dyn HealthCheck, timeout: Duration) -> Value {
 /// The scheduler answers; detail is its slot counters.
 #[derive(Debug)]
 struct SchedulerCheck {
-    gateway: GatewayHandle,
+    runs: Runs,
 }
 
 #[async_trait]
@@ -205,7 +240,7 @@ impl HealthCheck for SchedulerCheck {
     }
 
     async fn check(&self) -> Result<Value, String> {
-        let snapshot = self.gateway.snapshot().await.map_err(|err| err.to_string())?;
+        let snapshot = self.runs.snapshot().await.map_err(|err| err.to_string())?;
         Ok(json!({ "in_flight": snapshot.in_flight, "waitq": snapshot.waitq, "max": snapshot.max }))
     }
 }
@@ -213,7 +248,7 @@ impl HealthCheck for SchedulerCheck {
 /// The store accepts writes.
 #[derive(Debug)]
 struct StoreCheck {
-    gateway: GatewayHandle,
+    runs: Runs,
 }
 
 #[async_trait]
@@ -223,7 +258,7 @@ impl HealthCheck for StoreCheck {
     }
 
     async fn check(&self) -> Result<Value, String> {
-        self.gateway.store().check_writable().await.map_err(|err| err.to_string())?;
+        self.runs.check_store().await.map_err(|err| err.to_string())?;
         Ok(Value::Null)
     }
 }
@@ -231,7 +266,7 @@ impl HealthCheck for StoreCheck {
 /// The number of queued and running runs.
 #[derive(Debug)]
 struct RunsCheck {
-    gateway: GatewayHandle,
+    runs: Runs,
 }
 
 #[async_trait]
@@ -241,7 +276,7 @@ impl HealthCheck for RunsCheck {
     }
 
     async fn check(&self) -> Result<Value, String> {
-        let active = self.gateway.active_runs().await.map_err(|err| err.to_string())?;
+        let active = self.runs.active_runs().await.map_err(|err| err.to_string())?;
         Ok(json!({ "active": active.len() }))
     }
 }
@@ -249,7 +284,7 @@ impl HealthCheck for RunsCheck {
 /// `GET /metrics`: Prometheus text. Scheduler gauges are left out while the
 /// scheduler does not answer, and `lemon_up` says so.
 async fn metrics(State(state): State<HealthState>) -> Response {
-    let snapshot = tokio::time::timeout(state.check_timeout, state.gateway.snapshot())
+    let snapshot = tokio::time::timeout(state.check_timeout, state.runs.snapshot())
         .await
         .ok()
         .and_then(Result::ok);

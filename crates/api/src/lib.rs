@@ -13,7 +13,7 @@
 //!   ([`serve`], [`serve_with`]), with header and idle timeouts, a connection cap,
 //!   and JSON bodies on the errors hyper answers by itself.
 //!
-//! Handlers parse, call the router, the gateway or the store, and map errors;
+//! Handlers parse, call the router or its read-only query handle, and map errors;
 //! they hold no business rules and never call engines.
 
 pub mod api;

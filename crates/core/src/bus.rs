@@ -13,7 +13,11 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::broadcast;
 
 use crate::engine::{Action, Completion, ResumeToken};
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionKey};
+
+mod json;
+
+pub use json::{ActionJson, CompletionJson, EventJson};
 
 /// Where a run is, as UIs show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -149,7 +153,7 @@ impl EventKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BusEvent {
     pub run_id: RunId,
-    pub session_key: Arc<str>,
+    pub session_key: SessionKey,
     /// 1, 2, 3… over all events of the run; lets a reader join stored and live events.
     pub index: u64,
     /// Wall-clock milliseconds.
@@ -157,68 +161,54 @@ pub struct BusEvent {
     pub kind: EventKind,
 }
 
-fn resume_json(resume: &Option<ResumeToken>) -> serde_json::Value {
-    match resume {
-        Some(token) => serde_json::json!({ "engine": token.engine, "value": token.value }),
-        None => serde_json::Value::Null,
-    }
-}
-
 /// The JSON form of a completion, used by the API, SSE and the store.
 pub fn completion_json(completion: &Completion) -> serde_json::Value {
-    serde_json::json!({
-        "ok": completion.ok,
-        "answer": completion.answer,
-        "error": completion.error.as_ref().map(|e| e.to_string()),
-        "error_code": completion.error.as_ref().map(|e| e.code()),
-        "resume": resume_json(&completion.resume),
-        "usage": completion.usage,
-    })
+    to_value(CompletionJson(completion))
 }
 
 /// The JSON form of an action.
 pub fn action_json(action: &Action) -> serde_json::Value {
-    serde_json::json!({
-        "id": action.id,
-        "kind": action.kind.as_str(),
-        "title": action.title,
-        "detail": action.detail,
-        "phase": action.phase.as_str(),
-        "ok": action.ok,
-        "message": action.message,
-        "level": action.level,
-    })
+    to_value(ActionJson(action))
+}
+
+/// A JSON form as a `Value`. Every form has string keys and finite or written-as-is
+/// numbers, so it always converts.
+fn to_value(form: impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(form).unwrap_or(serde_json::Value::Null)
 }
 
 impl BusEvent {
-    /// The event as JSON, for SSE and the store.
+    /// The event's one JSON form, for SSE, callbacks and the store; serialise it
+    /// straight to text where no `Value` is needed.
+    pub fn json(&self) -> EventJson<'_> {
+        EventJson(self)
+    }
+
+    /// The event's JSON form as a `Value`.
     pub fn to_json(&self) -> serde_json::Value {
-        let mut body = match &self.kind {
-            EventKind::RunStarted { engine, model } => {
-                serde_json::json!({ "engine": engine, "model": model })
-            }
-            EventKind::EngineStarted { resume, title, meta } => {
-                serde_json::json!({ "resume": resume_json(resume), "title": title, "meta": meta })
-            }
-            EventKind::EngineAction(action) => serde_json::json!({ "action": action_json(action) }),
-            EventKind::Delta { seq, text } => serde_json::json!({ "seq": seq, "text": text }),
-            EventKind::EngineCompleted(completion) => completion_json(completion),
-            EventKind::RunCompleted { completion, engine, duration_ms } => {
-                let mut body = completion_json(completion);
-                body["engine"] = serde_json::json!(engine);
-                body["duration_ms"] = serde_json::json!(duration_ms);
-                body["status"] = serde_json::json!(RunStatus::of(completion).as_str());
-                body
-            }
-            EventKind::Phase(phase) => serde_json::json!({ "phase": phase.as_str() }),
-            EventKind::Status(status) => serde_json::json!({ "status": status.as_str() }),
-        };
-        body["type"] = serde_json::json!(self.kind.type_name());
-        body["run_id"] = serde_json::json!(self.run_id.as_str());
-        body["session_key"] = serde_json::json!(&*self.session_key);
-        body["index"] = serde_json::json!(self.index);
-        body["ts_ms"] = serde_json::json!(self.ts_ms);
-        body
+        to_value(self.json())
+    }
+}
+
+/// A gateway-wide event that belongs to no run (`config_reloaded`,
+/// `config_rejected`), published on the bus's notice channel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notice {
+    /// The event's type name on the wire (SSE `event:`).
+    pub type_name: &'static str,
+    /// Wall-clock milliseconds.
+    pub ts_ms: i64,
+    /// What the event says, as its JSON fields.
+    pub body: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Notice {
+    /// The notice as JSON: its body with `type` and `ts_ms`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut body = self.body.clone();
+        body.insert("type".to_owned(), serde_json::json!(self.type_name));
+        body.insert("ts_ms".to_owned(), serde_json::json!(self.ts_ms));
+        serde_json::Value::Object(body)
     }
 }
 
@@ -291,6 +281,8 @@ pub struct EventBus {
 #[derive(Debug)]
 struct BusInner {
     firehose: broadcast::Sender<Arc<BusEvent>>,
+    /// Gateway-wide notices; few, so a small buffer.
+    notices: broadcast::Sender<Arc<Notice>>,
     /// Per-run topics, created by the first subscriber and removed when the run
     /// completes. Locked only for a map lookup, never across an await.
     topics: Mutex<HashMap<RunId, broadcast::Sender<Arc<BusEvent>>>>,
@@ -309,9 +301,11 @@ impl Default for EventBus {
 impl EventBus {
     pub fn new(firehose_capacity: usize, topic_capacity: usize) -> Self {
         let (firehose, _) = broadcast::channel(firehose_capacity.max(1));
+        let (notices, _) = broadcast::channel(64);
         EventBus {
             inner: Arc::new(BusInner {
                 firehose,
+                notices,
                 topics: Mutex::new(HashMap::new()),
                 n_topics: AtomicUsize::new(0),
                 topic_capacity: topic_capacity.max(1),
@@ -322,6 +316,16 @@ impl EventBus {
     /// Every event of every run from now on.
     pub fn subscribe_all(&self) -> Subscription {
         Subscription { rx: self.inner.firehose.subscribe(), topic: None }
+    }
+
+    /// Gateway-wide notices from now on.
+    pub fn subscribe_notices(&self) -> broadcast::Receiver<Arc<Notice>> {
+        self.inner.notices.subscribe()
+    }
+
+    /// Publishes a gateway-wide notice; never waits.
+    pub fn publish_notice(&self, notice: Notice) {
+        let _ = self.inner.notices.send(Arc::new(notice));
     }
 
     /// Events of one run from now on. The subscription closes after the run's

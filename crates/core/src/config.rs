@@ -11,25 +11,28 @@
 //! defaults.
 
 mod loader;
+mod status;
 
 pub use loader::{
     load_file, load_file_or_default, load_str, section_error, ConfigError, LoadedConfig, Position,
+    MAX_CONCURRENT_RUNS, MAX_CONNECTIONS, MAX_DURATION_MS, MAX_PENDING_RUNS, MAX_QUEUE_CAP,
 };
+pub use status::{ConfigReport, ConfigStatus, PendingRestart, Rejection};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The whole file.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct Config {
     #[serde(default)]
     pub gateway: GatewayConfig,
 }
 
 /// `[gateway]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct GatewayConfig {
     /// Runs that may execute at once across all conversations; 0 queues everything.
     #[serde(default = "defaults::max_concurrent_runs")]
@@ -151,7 +154,7 @@ impl GatewayConfig {
 }
 
 /// `[gateway.engines.<id>]`: common keys plus whatever the engine reads itself.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct EngineSection {
     #[serde(default)]
     pub enabled: Option<bool>,
@@ -185,7 +188,7 @@ pub struct EngineSection {
 }
 
 /// `[gateway.projects.<id>]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct ProjectConfig {
     pub root: PathBuf,
     #[serde(default)]
@@ -193,7 +196,7 @@ pub struct ProjectConfig {
 }
 
 /// One `[[gateway.bindings]]` entry.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct BindingConfig {
     pub transport: String,
     #[serde(default)]
@@ -234,7 +237,7 @@ fn id_text(value: &toml::Value) -> Option<String> {
 ///
 /// An unknown string in the file is a config error naming the valid modes (the
 /// reference crashed at start-up instead).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum QueueMode {
     Collect,
@@ -288,7 +291,7 @@ impl std::str::FromStr for QueueMode {
 }
 
 /// Which request a full conversation queue drops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DropPolicy {
     Oldest,
@@ -309,7 +312,7 @@ impl DropPolicy {
 }
 
 /// `[gateway.queue]`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct QueueConfig {
     #[serde(default)]
     pub mode: Option<QueueMode>,
@@ -321,7 +324,7 @@ pub struct QueueConfig {
 }
 
 /// A listener: `bind` address and `port`; unset keys take the section's defaults.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct ListenConfig {
     #[serde(default)]
     pub bind: Option<String>,

@@ -131,6 +131,12 @@ pub enum RunError {
     Expired,
     /// Any other cancellation reason a caller named.
     Cancelled { reason: String },
+    /// The queued request was merged into a later one, which answers both.
+    Merged { into: RunId },
+    /// The session no longer fits the model's context, as the engine that saw the
+    /// vendor's error classified it; the next message starts a fresh session. The
+    /// text is the engine's.
+    ContextOverflow { message: String },
     /// The engine reported a failure; the text is the engine's.
     Engine { message: String },
 }
@@ -152,8 +158,56 @@ impl RunError {
             RunError::IdleWatchdog => "run_idle_watchdog_timeout",
             RunError::Expired => "expired",
             RunError::Cancelled { .. } => "cancelled",
+            RunError::Merged { .. } => "merged",
+            RunError::ContextOverflow { .. } => "context_overflow",
             RunError::Engine { .. } => "engine_error",
         }
+    }
+
+    /// The error back from its stored form: the [`code`](Self::code) and the
+    /// [`Display`](fmt::Display) text a run record keeps. A code this version does
+    /// not know (or none) reads as the engine's own message.
+    pub fn from_stored(code: Option<&str>, text: String) -> Self {
+        let detail = |prefix: &str| text.strip_prefix(prefix).unwrap_or(&text).to_owned();
+        match code {
+            Some("user_requested") => RunError::UserRequested,
+            Some("interrupted") => RunError::Interrupted,
+            Some("lock_timeout") => RunError::LockTimeout,
+            Some("timeout") => RunError::Timeout,
+            Some("engine_crashed") => {
+                RunError::EngineCrashed { detail: detail("engine_crashed: ") }
+            }
+            Some("start_failed") => RunError::StartFailed { detail: detail("start_failed: ") },
+            Some("engine_unavailable") => {
+                let rest = detail("engine_unavailable: ");
+                match rest.strip_suffix(')').and_then(|rest| rest.split_once(" (")) {
+                    Some((engine, reason)) => RunError::EngineUnavailable {
+                        engine: engine.to_owned(),
+                        reason: reason.to_owned(),
+                    },
+                    None => RunError::EngineUnavailable { engine: rest, reason: String::new() },
+                }
+            }
+            Some("unknown_engine") => {
+                RunError::UnknownEngine { engine: detail("unknown_engine: ") }
+            }
+            Some("shutting_down") => RunError::ShuttingDown,
+            Some("queue_overflow") => RunError::QueueOverflow,
+            Some("run_idle_watchdog_timeout") => RunError::IdleWatchdog,
+            Some("expired") => RunError::Expired,
+            Some("cancelled") => RunError::Cancelled { reason: detail("cancelled: ") },
+            Some("merged") => match RunId::parse(&detail("merged into ")) {
+                Some(into) => RunError::Merged { into },
+                None => RunError::Cancelled { reason: text },
+            },
+            Some("context_overflow") => RunError::ContextOverflow { message: text },
+            _ => RunError::Engine { message: text },
+        }
+    }
+
+    /// Whether the session no longer fits the model's context.
+    pub fn is_context_overflow(&self) -> bool {
+        matches!(self, RunError::ContextOverflow { .. })
     }
 
     /// Whether this ends the run as aborted (by someone's choice) rather than failed.
@@ -164,6 +218,7 @@ impl RunError {
                 | RunError::Interrupted
                 | RunError::ShuttingDown
                 | RunError::Cancelled { .. }
+                | RunError::Merged { .. }
                 | RunError::IdleWatchdog
                 | RunError::QueueOverflow
                 | RunError::Expired
@@ -181,7 +236,10 @@ impl fmt::Display for RunError {
             }
             RunError::UnknownEngine { engine } => write!(f, "unknown_engine: {engine}"),
             RunError::Cancelled { reason } => write!(f, "cancelled: {reason}"),
-            RunError::Engine { message } => f.write_str(message),
+            RunError::Merged { into } => write!(f, "merged into {into}"),
+            RunError::ContextOverflow { message } | RunError::Engine { message } => {
+                f.write_str(message)
+            }
             other => f.write_str(other.code()),
         }
     }
@@ -446,10 +504,16 @@ pub fn extract_plain_resume(engine: &str, text: &str) -> Option<ResumeToken> {
 
 /// The engines a gateway can run, by id. Lookups of composite ids
 /// (`claude:opus`) fall back to the part before the first `:`.
+///
+/// Clones share one table: [`EngineRegistry::replace`] swaps it for every
+/// holder at once (a config reload), while a run keeps the `Arc` of the engine
+/// it resolved, so running runs finish on the engine they started with.
 #[derive(Debug, Clone, Default)]
 pub struct EngineRegistry {
-    engines: BTreeMap<EngineId, Arc<dyn Engine>>,
+    engines: Arc<std::sync::RwLock<Arc<EngineTable>>>,
 }
+
+type EngineTable = BTreeMap<EngineId, Arc<dyn Engine>>;
 
 /// Why an engine could not be registered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -463,24 +527,37 @@ impl EngineRegistry {
         EngineRegistry::default()
     }
 
+    fn table(&self) -> Arc<EngineTable> {
+        self.engines.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// # Errors
     /// [`RegistryError::Duplicate`] when the id is taken.
     pub fn register(&mut self, engine: Arc<dyn Engine>) -> Result<(), RegistryError> {
         let id = engine.id().clone();
-        if self.engines.contains_key(&id) {
+        let mut guard = self.engines.write().unwrap_or_else(|e| e.into_inner());
+        if guard.contains_key(&id) {
             return Err(RegistryError::Duplicate(id.to_string()));
         }
-        self.engines.insert(id, engine);
+        Arc::make_mut(&mut guard).insert(id, engine);
         Ok(())
+    }
+
+    /// Puts the engines of `next` in place of this registry's, for every clone.
+    /// Runs that already resolved an engine keep it.
+    pub fn replace(&self, next: &EngineRegistry) {
+        let table = next.table();
+        *self.engines.write().unwrap_or_else(|e| e.into_inner()) = table;
     }
 
     /// The engine for `id`, trying the prefix of a composite id; with the model part.
     pub fn resolve(&self, id: &str) -> Option<(Arc<dyn Engine>, Option<String>)> {
-        if let Some(engine) = self.engines.get(id) {
+        let table = self.table();
+        if let Some(engine) = table.get(id) {
             return Some((engine.clone(), None));
         }
         let (prefix, model) = id.split_once(':')?;
-        let engine = self.engines.get(prefix)?;
+        let engine = table.get(prefix)?;
         let model = (!model.is_empty()).then(|| model.to_owned());
         Some((engine.clone(), model))
     }
@@ -489,12 +566,14 @@ impl EngineRegistry {
         self.resolve(id).map(|(engine, _)| engine)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Engine>> {
-        self.engines.values()
+    /// The engines registered now, in id order.
+    pub fn iter(&self) -> impl Iterator<Item = Arc<dyn Engine>> {
+        self.table().values().cloned().collect::<Vec<_>>().into_iter()
     }
 
-    pub fn ids(&self) -> impl Iterator<Item = &EngineId> {
-        self.engines.keys()
+    /// The ids registered now, in order.
+    pub fn ids(&self) -> impl Iterator<Item = EngineId> {
+        self.table().keys().cloned().collect::<Vec<_>>().into_iter()
     }
 
     /// The resume line of `token` as its engine writes it (with backticks), or
@@ -520,7 +599,7 @@ impl EngineRegistry {
 
     /// Asks every engine, in id order, for a resume line in `text`.
     pub fn extract_resume(&self, text: &str) -> Option<ResumeToken> {
-        self.engines.values().find_map(|engine| engine.extract_resume(text))
+        self.table().values().find_map(|engine| engine.extract_resume(text))
     }
 }
 

@@ -16,6 +16,7 @@ mod run;
 mod scheduler;
 
 pub use lock::{EngineLock, LockGuard, LockKey, LockTimeout};
+pub(crate) use run::{complete, RunEnd};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -28,7 +29,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::bus::{EventBus, RunStatus};
 use crate::engine::{EngineRegistry, ResumeToken, RunError, SteerError};
-use crate::ids::{ConversationKey, RunId};
+use crate::ids::{ConversationKey, RunId, SessionKey};
 use crate::store::StoreHandle;
 
 use scheduler::{Scheduler, SchedulerMsg};
@@ -84,12 +85,14 @@ pub struct ExecutionRequest {
     /// A caller-supplied id, or `None` for a generated one.
     pub run_id: Option<RunId>,
     pub conversation: ConversationKey,
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub prompt: String,
     /// Engine id, possibly composite (`claude:opus`).
     pub engine: String,
     pub resume: Option<ResumeToken>,
     pub cwd: Option<PathBuf>,
+    /// The model to run with when the engine id names none (`claude:opus` does).
+    pub model: Option<String>,
     pub meta: BTreeMap<String, serde_json::Value>,
     /// The caller keeps the request in a durable journal and runs it again after a
     /// restart (the router does). At shutdown such a request, if it is still
@@ -100,7 +103,7 @@ pub struct ExecutionRequest {
 impl ExecutionRequest {
     /// A request on the session's own conversation with no extras.
     pub fn new(
-        session_key: impl Into<String>,
+        session_key: impl Into<SessionKey>,
         engine: impl Into<String>,
         prompt: impl Into<String>,
     ) -> Self {
@@ -113,6 +116,7 @@ impl ExecutionRequest {
             engine: engine.into(),
             resume: None,
             cwd: None,
+            model: None,
             meta: BTreeMap::new(),
             journaled: false,
         }
@@ -306,6 +310,17 @@ impl GatewayHandle {
         self.tx.send(SchedulerMsg::SetMax { max }).await.map_err(|_| ShuttingDown)
     }
 
+    /// Puts a new generation of the settings in force: runs that start from now
+    /// on use it (slots, timeouts, the engine lock, working directories), runs
+    /// already started keep the one they started with.
+    ///
+    /// # Errors
+    /// [`ShuttingDown`] when the gateway is gone.
+    pub async fn reload(&self, config: RuntimeConfig) -> Result<(), ShuttingDown> {
+        let msg = SchedulerMsg::Reload { config: Box::new(config) };
+        self.tx.send(msg).await.map_err(|_| ShuttingDown)
+    }
+
     /// Stops accepting, lets running runs finish for up to `grace`, then cancels
     /// them with `shutting_down`; queued requests complete with `shutting_down`.
     /// Returns when every run has completed.
@@ -318,15 +333,15 @@ impl GatewayHandle {
         rx.await.map_err(|_| ShuttingDown)
     }
 
-    pub fn bus(&self) -> &EventBus {
+    pub(crate) fn bus(&self) -> &EventBus {
         &self.bus
     }
 
-    pub fn store(&self) -> &StoreHandle {
+    pub(crate) fn store(&self) -> &StoreHandle {
         &self.store
     }
 
-    pub fn engines(&self) -> &EngineRegistry {
+    pub(crate) fn engines(&self) -> &EngineRegistry {
         &self.engines
     }
 }

@@ -52,6 +52,68 @@ impl fmt::Debug for RunId {
     }
 }
 
+/// A session's key as the caller named it (a chat, an API caller's `session_key`):
+/// the session's chat state, `/engine` choice and default conversation hang off it.
+/// Cheap to clone; reads as the `str` it holds.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionKey(Arc<str>);
+
+impl SessionKey {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for SessionKey {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for SessionKey {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for SessionKey {
+    fn from(raw: &str) -> Self {
+        SessionKey(raw.into())
+    }
+}
+
+impl From<String> for SessionKey {
+    fn from(raw: String) -> Self {
+        SessionKey(raw.into())
+    }
+}
+
+impl PartialEq<str> for SessionKey {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for SessionKey {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+impl fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SessionKey({})", self.0)
+    }
+}
+
 /// The key that orders work: requests with the same key run one at a time, in
 /// submission order. `session:<session_key>` or `resume:<engine>:<token>`.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -10,6 +10,8 @@
 //!   runs, the engine lock and the [`gateway::GatewayHandle`] callers use.
 //! - [`router`]: conversations, queue modes, resume, engine selection, slash
 //!   commands and the admission journal; decides what the gateway runs and when.
+//!   The way back up: [`router::RunFollower`] follows one run to its completion,
+//!   [`router::Runs`] answers reads.
 //! - [`store`]: durable state (runs, run events, chat state) in SQLite, or in memory.
 //! - [`config`]: the `config.toml` types and loader.
 //! - [`secrets`]: where secret values come from.

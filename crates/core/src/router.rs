@@ -10,14 +10,16 @@
 //! active run completes the router writes chat state, and submits the next item.
 //!
 //! One actor owns every conversation. It never waits on a run: a small watcher
-//! task per dispatched run follows the run's bus topic (phases, idle watchdog)
-//! and reports the completion back, and steers are delivered by short tasks that
+//! task per dispatched run follows the run ([`RunFollower`]: phases, idle
+//! watchdog) and reports the completion back, and steers are delivered by short tasks that
 //! report the engine's answer back. Every request the router accepts ends in
 //! exactly one `run_completed`: from the gateway when it ran, from the router when
 //! it was dropped, merged, cancelled while queued, or steered into another run.
 
 mod actor;
+mod follow;
 mod journal;
+mod query;
 pub mod queue;
 pub mod resolve;
 mod watch;
@@ -31,13 +33,16 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::bus::{EventBus, Subscription};
 use crate::config::{GatewayConfig, QueueMode};
-use crate::engine::{Field, InvalidValue, ResumeToken};
-use crate::gateway::GatewayHandle;
-use crate::ids::{ConversationKey, RunId};
-use crate::store::{ChatState, StoreError};
+use crate::engine::{Field, InvalidValue, ResumeToken, RunError, SteerError};
+use crate::gateway::{CancelOutcome, GatewayHandle};
+use crate::ids::{ConversationKey, RunId, SessionKey};
+use crate::store::{ChatState, StoreError, StoreHandle};
 
-use actor::{Router, RouterMsg};
+use actor::{Admitted, Router, RouterMsg};
+pub use follow::{Followed, RunFollower};
+pub use query::{EngineInfo, Runs};
 pub use queue::Limits;
 pub use resolve::SlashCommand;
 
@@ -104,12 +109,60 @@ pub struct ChannelRef {
     pub topic_id: Option<String>,
 }
 
+/// Switches of a request that the router acts on. Edges set them; the control
+/// API reads them from the request's `meta` keys of the same names, as it always
+/// accepted them ([`RequestFlags::from_meta`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RequestFlags {
+    /// Start a new session instead of continuing the session's stored one
+    /// (`meta.disable_auto_resume`).
+    pub no_auto_resume: bool,
+    /// A goal's next step: a user's `collect` message goes ahead of it
+    /// (`meta.goal_continuation`, in `followup` mode).
+    pub goal_continuation: bool,
+    /// An engine's own follow-up of a background task or delegated work: never
+    /// merged with other followups (`meta.task_auto_followup`,
+    /// `meta.delegated_auto_followup`, or a non-empty `meta.async_followups` list).
+    pub auto_followup: bool,
+}
+
+impl RequestFlags {
+    /// The flags named by `meta` keys. A key counts as set when it is `true`, a
+    /// non-zero number, or a non-empty string other than `"false"`.
+    pub fn from_meta(meta: &BTreeMap<String, serde_json::Value>) -> Self {
+        let flag = |key: &str| match meta.get(key) {
+            Some(serde_json::Value::Bool(b)) => *b,
+            Some(serde_json::Value::String(s)) => !s.is_empty() && s != "false",
+            Some(serde_json::Value::Number(n)) => n.as_f64().is_some_and(|n| n != 0.0),
+            _ => false,
+        };
+        let async_followups = meta
+            .get("async_followups")
+            .and_then(|v| v.as_array())
+            .is_some_and(|list| !list.is_empty());
+        RequestFlags {
+            no_auto_resume: flag("disable_auto_resume"),
+            goal_continuation: flag("goal_continuation"),
+            auto_followup: flag("task_auto_followup")
+                || flag("delegated_auto_followup")
+                || async_followups,
+        }
+    }
+}
+
+/// `meta.model` when it is a non-blank string: the model the control API's
+/// caller asks for.
+pub fn model_from_meta(meta: &BTreeMap<String, serde_json::Value>) -> Option<String> {
+    let model = meta.get("model")?.as_str()?.trim();
+    (!model.is_empty()).then(|| model.to_owned())
+}
+
 /// A message to run, as a transport hands it over.
 #[derive(Debug, Clone)]
 pub struct RunRequest {
     pub origin: Origin,
     /// Blank means the `default` session.
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub agent_id: Option<String>,
     pub prompt: String,
     /// `None`: the binding's mode, then `[gateway.queue] mode`, then `collect`.
@@ -119,6 +172,10 @@ pub struct RunRequest {
     /// A structured token to continue; a resume line in the prompt works too.
     pub resume: Option<ResumeToken>,
     pub cwd: Option<PathBuf>,
+    /// The model to run with, unless the engine names one (`claude:opus`).
+    pub model: Option<String>,
+    pub flags: RequestFlags,
+    /// Free-form metadata, kept with the run; the router reads none of it.
     pub meta: BTreeMap<String, serde_json::Value>,
     /// A caller-chosen id; submitting the same id twice is one run.
     pub run_id: Option<RunId>,
@@ -127,7 +184,7 @@ pub struct RunRequest {
 
 impl RunRequest {
     /// A control-plane request with no extras.
-    pub fn new(session_key: impl Into<String>, prompt: impl Into<String>) -> Self {
+    pub fn new(session_key: impl Into<SessionKey>, prompt: impl Into<String>) -> Self {
         RunRequest {
             origin: Origin::ControlPlane,
             session_key: session_key.into(),
@@ -137,6 +194,8 @@ impl RunRequest {
             engine: None,
             resume: None,
             cwd: None,
+            model: None,
+            flags: RequestFlags::default(),
             meta: BTreeMap::new(),
             run_id: None,
             channel: None,
@@ -145,10 +204,11 @@ impl RunRequest {
 }
 
 /// What became of a submitted message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Submitted {
-    /// Accepted as a run; it ends in exactly one `run_completed`.
-    Run(Accepted),
+    /// Accepted as a run; it ends in exactly one `run_completed`, which the
+    /// follower yields last. Dropping the follower does not affect the run.
+    Run(Accepted, RunFollower),
     /// A slash command the router answered itself; nothing runs.
     Command { command: SlashCommand, reply: String },
 }
@@ -157,7 +217,7 @@ pub enum Submitted {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Accepted {
     pub run_id: RunId,
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub conversation: ConversationKey,
     pub engine: String,
     /// The id was already known: this is the earlier request, nothing new was queued.
@@ -300,6 +360,8 @@ pub struct Recovered {
 pub struct RouterHandle {
     tx: mpsc::Sender<RouterMsg>,
     gateway: GatewayHandle,
+    bus: EventBus,
+    store: StoreHandle,
 }
 
 impl RouterHandle {
@@ -315,7 +377,8 @@ impl RouterHandle {
         let (tx, rx) = mpsc::channel(1024);
         let router = Router::new(config, gateway.clone(), rx, tx.clone(), token, tracker.clone());
         tracker.spawn(router.run());
-        RouterHandle { tx, gateway }
+        let (bus, store) = (gateway.bus().clone(), gateway.store().clone());
+        RouterHandle { tx, gateway, bus, store }
     }
 
     async fn ask<T>(
@@ -328,7 +391,9 @@ impl RouterHandle {
     }
 
     /// Accepts a message: a slash command is answered, anything else is
-    /// journaled, gets a run id and is queued in its conversation.
+    /// journaled, gets a run id and is queued in its conversation. An accepted
+    /// run comes with its follower: every event of the run, ending with its
+    /// completion.
     ///
     /// # Errors
     /// [`RouteError`] when the message was not accepted.
@@ -336,7 +401,70 @@ impl RouterHandle {
     /// # Cancel safety
     /// Not cancel safe: a cancelled call may or may not have accepted the request.
     pub async fn submit(&self, req: RunRequest) -> Result<Submitted, RouteError> {
-        self.ask(|reply| RouterMsg::Submit { req: Box::new(req), reply }).await?
+        // With a caller's id the run's topic is taken before the run exists, so
+        // a new run's events all arrive live and nothing needs reading back.
+        let early = req.run_id.as_ref().map(|run_id| self.bus.subscribe_run(run_id));
+        let admitted = self.ask(|reply| RouterMsg::Submit { req: Box::new(req), reply }).await??;
+        Ok(match admitted {
+            Admitted::Run(accepted) => {
+                let fresh = early.is_some() && !accepted.duplicate;
+                let live = early.unwrap_or_else(|| self.bus.subscribe_run(&accepted.run_id));
+                let follower = self.follower(accepted.run_id.clone(), live, fresh);
+                Submitted::Run(accepted, follower)
+            }
+            Admitted::Command { command, reply } => Submitted::Command { command, reply },
+        })
+    }
+
+    fn follower(&self, run_id: RunId, live: Subscription, fresh: bool) -> RunFollower {
+        RunFollower::new(run_id, live, self.store.clone(), fresh)
+    }
+
+    /// Follows a run from its first stored event to its completion; a run that
+    /// already finished yields its stored events and its completion at once. An
+    /// unknown run yields nothing until it exists.
+    pub fn follow(&self, run_id: &RunId) -> RunFollower {
+        self.follower(run_id.clone(), self.bus.subscribe_run(run_id), false)
+    }
+
+    /// Every event of every run from now on, phases included (the `/v1/events`
+    /// firehose). A subscriber that falls behind is told how many it missed.
+    pub fn subscribe_all(&self) -> Subscription {
+        self.bus.subscribe_all()
+    }
+
+    /// Gateway-wide notices that belong to no run (config reloaded or rejected).
+    pub fn subscribe_notices(&self) -> tokio::sync::broadcast::Receiver<Arc<crate::bus::Notice>> {
+        self.bus.subscribe_notices()
+    }
+
+    /// The read-only view of runs, sessions, engines and the scheduler.
+    pub fn query(&self) -> Runs {
+        Runs::new(self.clone())
+    }
+
+    /// Cancels one run: dropped if the router still holds it queued, else
+    /// stopped at the gateway. Idempotent; a finished run is
+    /// [`CancelOutcome::NotActive`].
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`] when the router or the gateway is gone.
+    pub async fn cancel_run(&self, run_id: &RunId) -> Result<CancelOutcome, RouteError> {
+        if self.abort_run(run_id).await? {
+            return Ok(CancelOutcome::Cancelling);
+        }
+        self.gateway
+            .cancel(run_id, RunError::UserRequested)
+            .await
+            .map_err(|_| RouteError::ShuttingDown)
+    }
+
+    /// Sends more input into a running run.
+    ///
+    /// # Errors
+    /// [`SteerError`] when the run is not running or its engine refused.
+    pub async fn steer(&self, run_id: &RunId, text: &str) -> Result<(), SteerError> {
+        self.gateway.steer(run_id, text).await
     }
 
     /// Cancels a conversation: drops its queue and in-flight steers, cancels its run.
@@ -385,8 +513,15 @@ impl RouterHandle {
         self.ask(|reply| RouterMsg::Session { session_key: session_key.to_owned(), reply }).await
     }
 
-    pub fn gateway(&self) -> &GatewayHandle {
-        &self.gateway
+    /// Puts a new generation of the settings in force (default engine, bindings,
+    /// projects, queue defaults, the idle watchdog): requests accepted from now
+    /// on use it; runs already dispatched keep their watchdog.
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`] when the router is gone.
+    pub async fn reload(&self, config: RouterConfig) -> Result<(), RouteError> {
+        let msg = RouterMsg::Reload { config: Box::new(config) };
+        self.tx.send(msg).await.map_err(|_| RouteError::ShuttingDown)
     }
 }
 

@@ -1,14 +1,22 @@
-//! Durable state: runs, every event of every run, chat state, and small records
-//! that channels keep (the `kv` methods: a namespaced key/value table with
-//! optional expiry, for idempotency keys, update offsets, pending deliveries).
+//! Durable state: runs, every event of every run, chat state, the router's
+//! admission journal, and small records that channels keep (the `kv` methods: a
+//! namespaced key/value table with optional expiry, for idempotency keys, update
+//! offsets, pending deliveries, and the process groups of running CLIs).
 //!
-//! [`StoreHandle`] is what the rest of the gateway holds. Two backends share its
-//! interface: [`sqlite`] (one file under `$LEMON_HOME`, WAL, a single writer thread
-//! that batches writes into transactions) and [`memory`] (for unit tests and
-//! benchmarks). Writes are queued and return once queued; [`StoreBackend::flush`]
-//! waits until everything queued before it is durable, and [`StoreBackend::close`]
-//! flushes and stops the writer, so nothing a run published is lost on a clean
-//! shutdown.
+//! Each concern is a small trait: [`RunStore`], [`RunEventStore`],
+//! [`ChatStateStore`], [`JournalStore`], [`KvStore`], plus [`StoreLifecycle`]
+//! (flush, probe, close). A backend implements all of them ([`StoreBackend`]);
+//! [`StoreHandle`] is what the rest of the gateway holds, so callers never name
+//! a backend. Two backends exist: [`sqlite`] (one file under `$LEMON_HOME`, WAL,
+//! a single writer thread that batches writes into transactions) and [`memory`]
+//! (for unit tests and benchmarks). Writes are queued and return once queued;
+//! [`StoreLifecycle::flush`] waits until everything queued before it is durable,
+//! and [`StoreLifecycle::close`] flushes and stops the writer, so nothing a run
+//! published is lost on a clean shutdown.
+//!
+//! Every JSON shape the store itself reads back has a serde type
+//! ([`JournalRoute`], [`ProcessGroupRecord`], the head of a stored event);
+//! request metadata, usage and channel records are kept as the caller's JSON.
 
 pub mod memory;
 pub mod sqlite;
@@ -20,6 +28,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 
 use crate::bus::{BusEvent, RunStatus};
 use crate::engine::{Completion, ResumeToken};
@@ -55,6 +64,8 @@ pub struct NewRun {
     pub prompt: String,
     /// Request metadata as given by the caller (JSON object).
     pub meta: serde_json::Value,
+    /// The session the run continues: the resume token it was started with.
+    pub resumed_from: Option<ResumeToken>,
     pub created_at_ms: i64,
 }
 
@@ -84,6 +95,9 @@ pub struct RunRecord {
     pub error: Option<String>,
     /// The error's stable code.
     pub error_code: Option<String>,
+    /// The session the run continued (the token it was started with), if any.
+    pub resumed_from: Option<ResumeToken>,
+    /// The session to continue after it: the token its engine reported.
     pub resume: Option<ResumeToken>,
     pub usage: serde_json::Value,
     pub created_at_ms: i64,
@@ -99,6 +113,22 @@ pub struct StoredEvent {
     pub index: u64,
     pub kind: String,
     pub data: serde_json::Value,
+}
+
+impl StoredEvent {
+    /// The resume token the event carries (`engine_started`, `engine_completed`,
+    /// `run_completed`), if any.
+    pub fn resume(&self) -> Option<ResumeToken> {
+        let stored = StoredResume::deserialize(self.data.get("resume")?).ok()?;
+        Some(ResumeToken::new(stored.engine, stored.value))
+    }
+}
+
+/// A resume token as events store it: `{"engine", "value"}`.
+#[derive(Debug, Deserialize)]
+struct StoredResume {
+    engine: String,
+    value: String,
 }
 
 /// Which runs to list; newest first.
@@ -158,8 +188,8 @@ pub struct JournalEntry {
     pub cwd: Option<std::path::PathBuf>,
     /// Request metadata (JSON object).
     pub meta: serde_json::Value,
-    /// The router's own fields: origin, queue mode, engine choice (JSON object).
-    pub route: serde_json::Value,
+    /// The router's own fields: origin, queue mode, engine choice.
+    pub route: JournalRoute,
     pub state: JournalState,
     pub accepted_at_ms: i64,
 }
@@ -174,9 +204,35 @@ impl JournalEntry {
             engine: self.engine.clone(),
             prompt: self.prompt.clone(),
             meta: self.meta.clone(),
+            resumed_from: self.resume.clone(),
             created_at_ms: self.accepted_at_ms,
         }
     }
+}
+
+/// How the router routed a journaled request, stored as a JSON object so
+/// that entries written by older builds (missing keys) or newer ones (unknown
+/// keys) still read: a missing key takes its default, an unknown one is ignored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct JournalRoute {
+    /// Where the request came from, by `router::Origin::as_str`; `None` reads as internal.
+    pub origin: Option<String>,
+    /// The queue mode it was accepted with, by `QueueMode::as_str`.
+    pub queue_mode: Option<String>,
+    /// Continue the session's stored token when it is dispatched.
+    pub auto_resume: bool,
+    /// The engine the caller, a directive or `/engine` chose.
+    pub chosen_engine: Option<String>,
+    /// The engine used without a stored session; `None` means the entry's engine.
+    pub fallback_engine: Option<String>,
+    /// The model the request asked for; `None` in journals written before the
+    /// router kept it (it is then read from the entry's `meta`).
+    pub model: Option<String>,
+    /// The request's flags; `None` in older journals, which had them in `meta`.
+    pub no_auto_resume: Option<bool>,
+    pub goal_continuation: Option<bool>,
+    pub auto_followup: Option<bool>,
 }
 
 /// The `kv` namespace of [`ProcessGroupRecord`]s.
@@ -185,7 +241,8 @@ pub const PROCESS_GROUPS_NAMESPACE: &str = "process_groups";
 /// A process group the gateway started (a CLI run) and has not reaped yet.
 /// Written when the group starts and removed once it is reaped; what a start
 /// finds left over belonged to a gateway that died without reaping it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Stored in `kv` as `{"pgid", "start_time", "session"}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessGroupRecord {
     /// The group id: the leader's pid.
     pub pgid: i32,
@@ -196,35 +253,36 @@ pub struct ProcessGroupRecord {
     pub session: i32,
 }
 
-impl ProcessGroupRecord {
-    fn to_json(self) -> serde_json::Value {
-        serde_json::json!({ "pgid": self.pgid, "start_time": self.start_time, "session": self.session })
-    }
-
-    fn from_json(value: &serde_json::Value) -> Option<Self> {
-        let int = |key: &str| value.get(key).and_then(serde_json::Value::as_i64);
-        Some(ProcessGroupRecord {
-            pgid: i32::try_from(int("pgid")?).ok()?,
-            start_time: value.get("start_time")?.as_u64()?,
-            session: i32::try_from(int("session")?).ok()?,
-        })
-    }
-}
-
-/// What a backend implements. Write methods queue and return; read methods see
-/// every write queued before them on the same handle.
+/// The runs: one row per accepted run, from `queued` to its final status.
+///
+/// Write methods queue and return; read methods see every write queued before
+/// them on the same backend (as do the reads of the other concerns).
 #[async_trait]
-pub trait StoreBackend: Send + Sync + fmt::Debug + 'static {
+pub trait RunStore: Send + Sync + fmt::Debug + 'static {
+    /// Writes a queued run. A repeated id replaces the run but keeps its place
+    /// and creation time.
     async fn insert_run(&self, run: NewRun);
     async fn mark_running(&self, run_id: RunId, engine: String, started_at_ms: i64);
     /// Marks a running run as `cancelling` (it waits for its engine to stop); a
     /// queued or finished run keeps its status.
     async fn mark_cancelling(&self, run_id: RunId);
-    async fn append_event(&self, event: Arc<BusEvent>);
     async fn finalize_run(&self, run: FinishedRun);
     async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
     async fn list_runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, StoreError>;
+}
+
+/// Every event of every run, by run and index. Events may arrive for a run that
+/// was never inserted (or before it is); they stay with it.
+#[async_trait]
+pub trait RunEventStore: Send + Sync + fmt::Debug + 'static {
+    async fn append_event(&self, event: Arc<BusEvent>);
+    /// The run's events in index order.
     async fn run_events(&self, run_id: &str) -> Result<Vec<StoredEvent>, StoreError>;
+}
+
+/// The last engine and resume token of each session, for auto-resume, with expiry.
+#[async_trait]
+pub trait ChatStateStore: Send + Sync + fmt::Debug + 'static {
     /// Writes chat state; `expires_at_ms` is `updated_at_ms` plus the store's TTL.
     async fn put_chat_state(
         &self,
@@ -240,6 +298,11 @@ pub trait StoreBackend: Send + Sync + fmt::Debug + 'static {
         now_ms: i64,
     ) -> Result<Option<ChatState>, StoreError>;
     async fn delete_chat_state(&self, session_key: &str);
+}
+
+/// The router's admission journal: accepted requests until their completion.
+#[async_trait]
+pub trait JournalStore: Send + Sync + fmt::Debug + 'static {
     /// Writes (or rewrites, by run id) an admission journal entry.
     async fn journal_admit(&self, entry: JournalEntry);
     /// Marks a journaled request as started; unknown ids are ignored.
@@ -248,6 +311,11 @@ pub trait StoreBackend: Send + Sync + fmt::Debug + 'static {
     async fn journal_complete(&self, run_id: &RunId);
     /// Every journal entry, in `seq` order.
     async fn journal_pending(&self) -> Result<Vec<JournalEntry>, StoreError>;
+}
+
+/// Small namespaced records with optional expiry, for channel state.
+#[async_trait]
+pub trait KvStore: Send + Sync + fmt::Debug + 'static {
     /// Writes (or overwrites) the record `key` of `namespace`. With `expires_at_ms`
     /// it reads as absent from that moment on and is purged some time later.
     async fn kv_put(
@@ -278,6 +346,11 @@ pub trait StoreBackend: Send + Sync + fmt::Debug + 'static {
         namespace: &str,
         now_ms: i64,
     ) -> Result<Vec<(String, serde_json::Value)>, StoreError>;
+}
+
+/// Durability and lifetime of a backend, across all that it holds.
+#[async_trait]
+pub trait StoreLifecycle: Send + Sync + fmt::Debug + 'static {
     /// Waits until every write queued before this call is durable.
     async fn flush(&self) -> Result<(), StoreError>;
     /// Proves the store accepts writes right now.
@@ -286,14 +359,31 @@ pub trait StoreBackend: Send + Sync + fmt::Debug + 'static {
     async fn close(&self) -> Result<(), StoreError>;
 }
 
+/// A backend that holds everything: what [`StoreHandle::new`] takes. Implemented
+/// for every type that implements each concern's trait.
+pub trait StoreBackend:
+    RunStore + RunEventStore + ChatStateStore + JournalStore + KvStore + StoreLifecycle
+{
+}
+
+impl<T> StoreBackend for T where
+    T: RunStore + RunEventStore + ChatStateStore + JournalStore + KvStore + StoreLifecycle
+{
+}
+
 /// The store, as the gateway holds it. Cheap to clone.
+///
+/// Callers use its methods (one per operation, named as in the concern's trait)
+/// or the typed views [`StoreHandle::runs`], [`StoreHandle::events`],
+/// [`StoreHandle::chat_state`], [`StoreHandle::journal`] and [`StoreHandle::kv`];
+/// neither depends on which backend is behind it.
 #[derive(Debug, Clone)]
 pub struct StoreHandle {
     backend: Arc<dyn StoreBackend>,
 }
 
 impl StoreHandle {
-    pub fn new(backend: Arc<dyn StoreBackend>) -> Self {
+    pub fn new<B: StoreBackend>(backend: Arc<B>) -> Self {
         StoreHandle { backend }
     }
 
@@ -310,8 +400,199 @@ impl StoreHandle {
         Ok(StoreHandle::new(Arc::new(sqlite::SqliteStore::open(path, DEFAULT_CHAT_STATE_TTL_MS)?)))
     }
 
-    pub fn backend(&self) -> &Arc<dyn StoreBackend> {
-        &self.backend
+    /// The runs.
+    pub fn runs(&self) -> &dyn RunStore {
+        &*self.backend
+    }
+
+    /// The runs' events.
+    pub fn events(&self) -> &dyn RunEventStore {
+        &*self.backend
+    }
+
+    /// The sessions' chat state.
+    pub fn chat_state(&self) -> &dyn ChatStateStore {
+        &*self.backend
+    }
+
+    /// The admission journal.
+    pub fn journal(&self) -> &dyn JournalStore {
+        &*self.backend
+    }
+
+    /// The small namespaced records.
+    pub fn kv(&self) -> &dyn KvStore {
+        &*self.backend
+    }
+
+    /// Flushing, the writable probe and closing.
+    pub fn lifecycle(&self) -> &dyn StoreLifecycle {
+        &*self.backend
+    }
+
+    /// See [`RunStore::insert_run`].
+    pub async fn insert_run(&self, run: NewRun) {
+        self.runs().insert_run(run).await;
+    }
+
+    /// See [`RunStore::mark_running`].
+    pub async fn mark_running(&self, run_id: RunId, engine: String, started_at_ms: i64) {
+        self.runs().mark_running(run_id, engine, started_at_ms).await;
+    }
+
+    /// See [`RunStore::mark_cancelling`].
+    pub async fn mark_cancelling(&self, run_id: RunId) {
+        self.runs().mark_cancelling(run_id).await;
+    }
+
+    /// See [`RunStore::finalize_run`].
+    pub async fn finalize_run(&self, run: FinishedRun) {
+        self.runs().finalize_run(run).await;
+    }
+
+    /// See [`RunStore::get_run`].
+    ///
+    /// # Errors
+    /// The store is closed or the run cannot be read.
+    pub async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        self.runs().get_run(run_id).await
+    }
+
+    /// See [`RunStore::list_runs`].
+    ///
+    /// # Errors
+    /// The store is closed or a run cannot be read.
+    pub async fn list_runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, StoreError> {
+        self.runs().list_runs(filter).await
+    }
+
+    /// See [`RunEventStore::append_event`].
+    pub async fn append_event(&self, event: Arc<BusEvent>) {
+        self.events().append_event(event).await;
+    }
+
+    /// See [`RunEventStore::run_events`].
+    ///
+    /// # Errors
+    /// The store is closed or an event cannot be read.
+    pub async fn run_events(&self, run_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
+        self.events().run_events(run_id).await
+    }
+
+    /// See [`ChatStateStore::put_chat_state`].
+    pub async fn put_chat_state(
+        &self,
+        session_key: &str,
+        last_engine: &str,
+        last_resume_token: &str,
+        now_ms: i64,
+    ) {
+        self.chat_state().put_chat_state(session_key, last_engine, last_resume_token, now_ms).await;
+    }
+
+    /// See [`ChatStateStore::get_chat_state`].
+    ///
+    /// # Errors
+    /// The store is closed or the state cannot be read.
+    pub async fn get_chat_state(
+        &self,
+        session_key: &str,
+        now_ms: i64,
+    ) -> Result<Option<ChatState>, StoreError> {
+        self.chat_state().get_chat_state(session_key, now_ms).await
+    }
+
+    /// See [`ChatStateStore::delete_chat_state`].
+    pub async fn delete_chat_state(&self, session_key: &str) {
+        self.chat_state().delete_chat_state(session_key).await;
+    }
+
+    /// See [`JournalStore::journal_admit`].
+    pub async fn journal_admit(&self, entry: JournalEntry) {
+        self.journal().journal_admit(entry).await;
+    }
+
+    /// See [`JournalStore::journal_mark_started`].
+    pub async fn journal_mark_started(&self, run_id: &RunId) {
+        self.journal().journal_mark_started(run_id).await;
+    }
+
+    /// See [`JournalStore::journal_complete`].
+    pub async fn journal_complete(&self, run_id: &RunId) {
+        self.journal().journal_complete(run_id).await;
+    }
+
+    /// See [`JournalStore::journal_pending`].
+    ///
+    /// # Errors
+    /// The store is closed or an entry cannot be read.
+    pub async fn journal_pending(&self) -> Result<Vec<JournalEntry>, StoreError> {
+        self.journal().journal_pending().await
+    }
+
+    /// See [`KvStore::kv_put`].
+    pub async fn kv_put(
+        &self,
+        namespace: &str,
+        key: &str,
+        value: serde_json::Value,
+        expires_at_ms: Option<i64>,
+    ) {
+        self.kv().kv_put(namespace, key, value, expires_at_ms).await;
+    }
+
+    /// See [`KvStore::kv_get`].
+    ///
+    /// # Errors
+    /// The store is closed or the record cannot be read.
+    pub async fn kv_get(
+        &self,
+        namespace: &str,
+        key: &str,
+        now_ms: i64,
+    ) -> Result<Option<serde_json::Value>, StoreError> {
+        self.kv().kv_get(namespace, key, now_ms).await
+    }
+
+    /// See [`KvStore::kv_delete`].
+    pub async fn kv_delete(&self, namespace: &str, key: &str) {
+        self.kv().kv_delete(namespace, key).await;
+    }
+
+    /// See [`KvStore::kv_list`].
+    ///
+    /// # Errors
+    /// The store is closed or a record cannot be read.
+    pub async fn kv_list(
+        &self,
+        namespace: &str,
+        now_ms: i64,
+    ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+        self.kv().kv_list(namespace, now_ms).await
+    }
+
+    /// See [`StoreLifecycle::flush`].
+    ///
+    /// # Errors
+    /// The store is closed or a queued write failed.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.lifecycle().flush().await
+    }
+
+    /// See [`StoreLifecycle::check_writable`].
+    ///
+    /// # Errors
+    /// The store is closed or cannot write.
+    pub async fn check_writable(&self) -> Result<(), StoreError> {
+        self.lifecycle().check_writable().await
+    }
+
+    /// See [`StoreLifecycle::close`].
+    ///
+    /// # Errors
+    /// The last writes could not be made durable.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        self.lifecycle().close().await
     }
 
     /// Records a started process group and waits until the record is durable, so
@@ -320,15 +601,15 @@ impl StoreHandle {
     /// # Errors
     /// The store could not make the record durable.
     pub async fn record_process_group(&self, group: ProcessGroupRecord) -> Result<(), StoreError> {
-        self.backend
-            .kv_put(PROCESS_GROUPS_NAMESPACE, &group.pgid.to_string(), group.to_json(), None)
-            .await;
-        self.backend.flush().await
+        let value = serde_json::to_value(group)
+            .map_err(|e| StoreError::Corrupt(format!("process group {}: {e}", group.pgid)))?;
+        self.kv_put(PROCESS_GROUPS_NAMESPACE, &group.pgid.to_string(), value, None).await;
+        self.flush().await
     }
 
     /// Removes the record of a reaped process group.
     pub async fn forget_process_group(&self, pgid: i32) {
-        self.backend.kv_delete(PROCESS_GROUPS_NAMESPACE, &pgid.to_string()).await;
+        self.kv_delete(PROCESS_GROUPS_NAMESPACE, &pgid.to_string()).await;
     }
 
     /// Every recorded process group; an unreadable record is dropped with a warning.
@@ -336,26 +617,17 @@ impl StoreHandle {
     /// # Errors
     /// The store is closed or cannot be read.
     pub async fn process_groups(&self) -> Result<Vec<ProcessGroupRecord>, StoreError> {
-        let records =
-            self.backend.kv_list(PROCESS_GROUPS_NAMESPACE, crate::clock::now_ms()).await?;
+        let records = self.kv_list(PROCESS_GROUPS_NAMESPACE, crate::clock::now_ms()).await?;
         let mut groups = Vec::with_capacity(records.len());
         for (key, value) in records {
-            match ProcessGroupRecord::from_json(&value) {
-                Some(group) => groups.push(group),
-                None => {
-                    tracing::warn!(key, "unreadable process group record dropped");
-                    self.backend.kv_delete(PROCESS_GROUPS_NAMESPACE, &key).await;
+            match ProcessGroupRecord::deserialize(&value) {
+                Ok(group) => groups.push(group),
+                Err(error) => {
+                    tracing::warn!(key, %error, "unreadable process group record dropped");
+                    self.kv_delete(PROCESS_GROUPS_NAMESPACE, &key).await;
                 }
             }
         }
         Ok(groups)
-    }
-}
-
-impl std::ops::Deref for StoreHandle {
-    type Target = dyn StoreBackend;
-
-    fn deref(&self) -> &Self::Target {
-        &*self.backend
     }
 }

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use registry::{RestartPolicy, TransportDeps, TransportRegistry};
+pub use registry::{RestartPolicy, RunningTransports, TransportDeps, TransportRegistry};
 
 /// A channel.
 #[async_trait]
@@ -44,7 +44,8 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
 /// What a transport gets to work with.
 #[derive(Debug, Clone)]
 pub struct TransportContext {
-    /// Every message goes through the router; `router.gateway()` reaches the bus.
+    /// Every message goes through the router, which hands back a follower of
+    /// each run it accepts (`RouterHandle::follow` follows any other).
     pub router: RouterHandle,
     /// For the transport's small durable records (`kv_*`): offsets, keys, deliveries.
     pub store: StoreHandle,

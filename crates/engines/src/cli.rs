@@ -64,6 +64,7 @@ mod tools;
 mod translate;
 
 pub use process::{kill_leftover_group, Leftover, ProcessRecorder};
+pub use settings::{check_section, MAX_LINE_BYTES_LIMIT};
 pub use translate::describe;
 
 use std::collections::BTreeMap;

@@ -11,17 +11,21 @@
 //!   secrets), decided by the caller and passed in.
 
 pub mod paths;
+mod reload;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::Context;
 use lemon_api::http::{ConnectionLimits, ServeConfig};
 use lemon_core::bus::EventBus;
-use lemon_core::config::{self, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT};
+use lemon_core::config::{
+    self, ConfigStatus, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT,
+};
 use lemon_core::engine::{Availability, EngineRegistry};
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::router::{RouterConfig, RouterHandle};
@@ -42,9 +46,6 @@ use crate::paths::{secure_home, HomeAccess, Paths};
 
 /// The secret holding the control API's bearer token.
 pub const API_TOKEN_SECRET: &str = "lemon_api_token";
-
-/// How often the config file is checked for edits.
-const RELOAD_POLL: Duration = Duration::from_secs(1);
 
 /// How long start-up waits for transports to bind or fail before the gateway
 /// reports ready; a slower one goes on starting in the background.
@@ -70,7 +71,10 @@ pub struct Running {
     pub gateway: GatewayHandle,
     /// Every message goes through the router.
     pub router: RouterHandle,
-    pub shutdown_grace: Duration,
+    /// `shutdown_grace_ms` in force (it follows edits of the config).
+    shutdown_grace_ms: Arc<AtomicU64>,
+    /// The config in force, as `GET /v1/config` reports it.
+    pub config: ConfigStatus,
     store: StoreHandle,
     token: CancellationToken,
     tracker: TaskTracker,
@@ -278,12 +282,25 @@ async fn kill_leftover_processes(store: &StoreHandle) {
     }
 }
 
-fn load_config(paths: &Paths) -> anyhow::Result<GatewayConfig> {
-    let loaded = config::load_file_or_default(&paths.config)?;
+/// The config file's text (`None`: there is none) and its `[gateway]`.
+fn load_config(paths: &Paths) -> anyhow::Result<(Option<String>, GatewayConfig)> {
+    let text = match std::fs::read_to_string(&paths.config) {
+        Ok(text) => Some(text),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+        Err(_) => {
+            // The loader names the path and the reason.
+            config::load_file(&paths.config)?;
+            None
+        }
+    };
+    let loaded = match &text {
+        Some(text) => config::load_str(text, &paths.config)?,
+        None => config::LoadedConfig { config: config::Config::default(), warnings: Vec::new() },
+    };
     for warning in &loaded.warnings {
         tracing::warn!("{warning}");
     }
-    Ok(loaded.config.gateway)
+    Ok((text, loaded.config.gateway))
 }
 
 async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
@@ -299,9 +316,16 @@ async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
 pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let started = tokio::time::Instant::now();
     let descriptor_limit = raise_descriptor_limit();
-    // Taken before reading, so an edit made while starting is still picked up.
-    let config_mtime = modified(&opts.paths.config);
-    let gateway_config = load_config(&opts.paths)?;
+    // The text read here is compared with the file once it is watched, so an
+    // edit made while starting is still picked up.
+    let (config_text, gateway_config) = load_config(&opts.paths)?;
+    check_engine_sections(
+        &gateway_config,
+        &opts.paths.config,
+        config_text.as_deref().unwrap_or(""),
+    )?;
+    let config_status =
+        ConfigStatus::new(reload::initial_report(&gateway_config, config_text.is_none()));
     // Private to the user: the database holds every prompt and answer.
     let home = &opts.paths.home;
     match secure_home(home).with_context(|| format!("could not secure {}", home.display()))? {
@@ -329,11 +353,21 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
 
     let token = CancellationToken::new();
     let tracker = TaskTracker::new();
+    let build_engines: reload::BuildEngines = {
+        let (opts, secrets, store) = (opts.clone(), secrets.clone(), store.clone());
+        let (tracker, token) = (tracker.clone(), token.clone());
+        Arc::new(move |config: &GatewayConfig| {
+            engines(config, &opts, &secrets, &store, &tracker, &token)
+        })
+    };
+    let bus = EventBus::default();
+    // Clones share one table: a reload swaps the engines for every holder.
+    let engine_table = build_engines(&gateway_config)?;
     let deps = GatewayDeps {
         config: runtime_config(&gateway_config, opts.user_home.clone()),
-        engines: engines(&gateway_config, &opts, &secrets, &store, &tracker, &token)?,
+        engines: engine_table.clone(),
         store: store.clone(),
-        bus: EventBus::default(),
+        bus: bus.clone(),
     };
     let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
     // The router recovers its journal (requests a crash left behind) before it
@@ -349,19 +383,21 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let health_addr = health_listener.local_addr()?;
     let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
     let api = lemon_api::api::router(lemon_api::api::ApiState {
-        gateway: gateway.clone(),
         router: router.clone(),
+        runs: router.query(),
         token: api_token.expose().into(),
         default_engine: gateway_config.default_engine.as_str().into(),
         version: version.clone(),
         started_at: started,
         shutdown: token.clone(),
         transports: statuses.clone(),
+        config: config_status.clone(),
     });
     let health = lemon_api::health::health_router(
-        lemon_api::health::HealthState::new(gateway.clone(), version, started)
+        lemon_api::health::HealthState::new(router.query(), version, started)
             .with_transports(statuses.clone())
-            .with_detail_token(api_token.expose()),
+            .with_detail_token(api_token.expose())
+            .with_config(config_status.clone()),
     );
     tracker.spawn(serve_logged(
         api_listener,
@@ -377,7 +413,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         health_serve,
         "health endpoint",
     ));
-    registry.start(&TransportDeps {
+    let running_transports = registry.start_supervised(&TransportDeps {
         router: router.clone(),
         store: store.clone(),
         shutdown: token.clone(),
@@ -388,12 +424,24 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     if tokio::time::timeout(TRANSPORT_START_WAIT, settled).await.is_err() {
         tracing::warn!("transports still starting; reporting ready anyway");
     }
-    let watched = WatchedConfig {
+    let shutdown_grace_ms = Arc::new(AtomicU64::new(gateway_config.shutdown_grace_ms));
+    let reloader = reload::Reloader {
         path: opts.paths.config.clone(),
-        modified: config_mtime,
+        started: gateway_config.clone(),
         current: gateway_config.clone(),
+        last_text: config_text,
+        status: config_status.clone(),
+        bus,
+        gateway: gateway.clone(),
+        engines: engine_table,
+        router: router.clone(),
+        transports: running_transports,
+        secrets: secrets.clone(),
+        build_engines,
+        user_home: opts.user_home.clone(),
+        shutdown_grace_ms: shutdown_grace_ms.clone(),
     };
-    tracker.spawn(watch_config(watched, gateway.clone(), token.clone()));
+    tracker.spawn(reload::watch(reloader, token.clone()));
     tracing::info!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");
     Ok(Running {
         api_addr,
@@ -401,11 +449,54 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         generated_token: generated.then_some(api_token),
         gateway,
         router,
-        shutdown_grace: Duration::from_millis(gateway_config.shutdown_grace_ms),
+        shutdown_grace_ms,
+        config: config_status,
         store,
         token,
         tracker,
     })
+}
+
+/// Checks the config file at `file` as a start would: core's keys, every
+/// transport's section and the secrets they name (from `env`, then the
+/// secrets file of `paths`). The warnings (unknown keys) when it would load.
+///
+/// # Errors
+/// The first problem, with file, line and column where it has them.
+pub fn check_config(
+    file: &std::path::Path,
+    paths: &Paths,
+    env: &BTreeMap<String, String>,
+) -> Result<Vec<String>, config::ConfigError> {
+    let text = std::fs::read_to_string(file).map_err(|e| config::ConfigError::Read {
+        path: file.to_owned(),
+        message: format!("cannot read config file: {e}"),
+    })?;
+    let loaded = config::load_str(&text, file)?;
+    let gateway = &loaded.config.gateway;
+    check_engine_sections(gateway, file, &text)?;
+    let secrets = Arc::new(SecretStore::new(env.clone(), paths.secrets()));
+    webhook_transport(gateway, &secrets, file, &text)?;
+    telegram_transport(gateway, &secrets, file, &text)?;
+    Ok(loaded.warnings)
+}
+
+/// Checks every `[gateway.engines.<id>]` with the engines' own rules
+/// ([`lemon_engines::cli::check_section`]); `text` places an error in the file.
+///
+/// # Errors
+/// The first section with a wrong engine-specific key.
+fn check_engine_sections(
+    config: &GatewayConfig,
+    config_path: &std::path::Path,
+    text: &str,
+) -> Result<(), config::ConfigError> {
+    for (id, section) in &config.engines {
+        lemon_engines::cli::check_section(section).map_err(|message| {
+            config::section_error(config_path, text, &["gateway", "engines", id], &message)
+        })?;
+    }
+    Ok(())
 }
 
 /// Every transport the gateway knows, enabled or not; the one place a new
@@ -420,48 +511,71 @@ fn transports(
     config_path: &std::path::Path,
 ) -> anyhow::Result<TransportRegistry> {
     use lemon_transports::{telegram, webhook};
-    // A section's error, placed in the file like every other config error.
-    let located = |section: &str, message: &str| {
-        let text = std::fs::read_to_string(config_path).unwrap_or_default();
-        config::section_error(config_path, &text, &["gateway", section], message)
-    };
+    let text = std::fs::read_to_string(config_path).unwrap_or_default();
     let mut registry = TransportRegistry::default();
-    let webhook_config =
-        webhook::WebhookConfig::from_gateway(config.enable_webhook, config.webhook.as_ref())
-            .map_err(|e| located("webhook", &e.0))?;
-    match webhook_config {
-        Some(webhook_config) => {
-            let tokens =
-                webhook_config.resolve_tokens(secrets).map_err(|e| located("webhook", &e.0))?;
-            let resolver = Arc::new(webhook::SystemResolver);
-            registry.add(Arc::new(webhook::WebhookTransport::new(
-                webhook_config,
-                tokens,
-                resolver,
-            )))?;
-        }
+    match webhook_transport(config, secrets, config_path, &text)? {
+        Some(transport) => registry.add(transport)?,
         None => registry.add_disabled(webhook::WEBHOOK_TRANSPORT_ID)?,
     }
-    let telegram_section = config.telegram.as_ref();
-    if lemon_core::transport::enabled(config.enable_telegram, telegram_section) {
-        let section = telegram_section.cloned().unwrap_or_default();
-        let telegram_config = telegram::config::TelegramConfig::parse(&section)
-            .map_err(|e| located("telegram", &e.0))?;
-        let bound_chats = config
-            .bindings
-            .iter()
-            .filter(|binding| binding.transport == telegram::inbound::TRANSPORT_ID)
-            .filter_map(lemon_core::config::BindingConfig::chat_id_text)
-            .collect();
-        registry.add(Arc::new(telegram::bot::TelegramTransport::new(
-            telegram_config,
-            secrets.clone(),
-            bound_chats,
-        )))?;
-    } else {
-        registry.add_disabled(telegram::inbound::TRANSPORT_ID)?;
+    match telegram_transport(config, secrets, config_path, &text)? {
+        Some(transport) => registry.add(transport)?,
+        None => registry.add_disabled(telegram::inbound::TRANSPORT_ID)?,
     }
     Ok(registry)
+}
+
+/// The webhook transport `config` asks for (`None`: switched off). `text` is
+/// the file's text, to place a section's error in it.
+///
+/// # Errors
+/// `[gateway.webhook]` is invalid or names a secret that is not set.
+fn webhook_transport(
+    config: &GatewayConfig,
+    secrets: &Arc<SecretStore>,
+    config_path: &std::path::Path,
+    text: &str,
+) -> Result<Option<Arc<dyn lemon_core::transport::Transport>>, config::ConfigError> {
+    use lemon_transports::webhook;
+    let located =
+        |message: &str| config::section_error(config_path, text, &["gateway", "webhook"], message);
+    let webhook_config =
+        webhook::WebhookConfig::from_gateway(config.enable_webhook, config.webhook.as_ref())
+            .map_err(|e| located(&e.0))?;
+    let Some(webhook_config) = webhook_config else { return Ok(None) };
+    let tokens = webhook_config.resolve_tokens(secrets).map_err(|e| located(&e.0))?;
+    let resolver = Arc::new(webhook::SystemResolver);
+    Ok(Some(Arc::new(webhook::WebhookTransport::new(webhook_config, tokens, resolver))))
+}
+
+/// The Telegram transport `config` asks for (`None`: switched off).
+///
+/// # Errors
+/// `[gateway.telegram]` is invalid.
+fn telegram_transport(
+    config: &GatewayConfig,
+    secrets: &Arc<SecretStore>,
+    config_path: &std::path::Path,
+    text: &str,
+) -> Result<Option<Arc<dyn lemon_core::transport::Transport>>, config::ConfigError> {
+    use lemon_transports::telegram;
+    let telegram_section = config.telegram.as_ref();
+    if !lemon_core::transport::enabled(config.enable_telegram, telegram_section) {
+        return Ok(None);
+    }
+    let section = telegram_section.cloned().unwrap_or_default();
+    let telegram_config = telegram::config::TelegramConfig::parse(&section)
+        .map_err(|e| config::section_error(config_path, text, &["gateway", "telegram"], &e.0))?;
+    let bound_chats = config
+        .bindings
+        .iter()
+        .filter(|binding| binding.transport == telegram::inbound::TRANSPORT_ID)
+        .filter_map(lemon_core::config::BindingConfig::chat_id_text)
+        .collect();
+    Ok(Some(Arc::new(telegram::bot::TelegramTransport::new(
+        telegram_config,
+        secrets.clone(),
+        bound_chats,
+    ))))
 }
 
 async fn serve_logged(
@@ -476,54 +590,12 @@ async fn serve_logged(
     }
 }
 
-fn modified(path: &std::path::Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
-
-/// The config file as last read.
-#[derive(Debug)]
-struct WatchedConfig {
-    path: PathBuf,
-    modified: Option<SystemTime>,
-    current: GatewayConfig,
-}
-
-/// Applies edits of `config.toml` that can change live; others are logged.
-async fn watch_config(watched: WatchedConfig, gateway: GatewayHandle, token: CancellationToken) {
-    let WatchedConfig { path, modified: mut last, mut current } = watched;
-    let mut tick = tokio::time::interval(RELOAD_POLL);
-    loop {
-        tokio::select! {
-            () = token.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let now = modified(&path);
-        if now == last {
-            continue;
-        }
-        last = now;
-        let next = match config::load_file_or_default(&path) {
-            Ok(loaded) => loaded,
-            Err(error) => {
-                tracing::error!(%error, "config not reloaded; keeping the running config");
-                continue;
-            }
-        };
-        for warning in &next.warnings {
-            tracing::warn!("{warning}");
-        }
-        let next = next.config.gateway;
-        if next.max_concurrent_runs != current.max_concurrent_runs
-            && gateway.set_max_concurrent_runs(next.max_concurrent_runs).await.is_err()
-        {
-            return;
-        }
-        tracing::info!(path = %path.display(), "config reloaded");
-        current = next;
-    }
-}
-
 impl Running {
+    /// How long running runs may finish at shutdown (`shutdown_grace_ms` in force).
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown_grace_ms.load(Ordering::Relaxed))
+    }
+
     /// The token that stops everything.
     pub fn token(&self) -> CancellationToken {
         self.token.clone()
@@ -535,8 +607,9 @@ impl Running {
     /// # Errors
     /// When the store could not be flushed.
     pub async fn shutdown(self) -> anyhow::Result<()> {
-        tracing::info!(grace_ms = self.shutdown_grace.as_millis() as u64, "shutting down");
-        let _ = self.gateway.drain(self.shutdown_grace).await;
+        let grace = self.shutdown_grace();
+        tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down");
+        let _ = self.gateway.drain(grace).await;
         self.token.cancel();
         self.tracker.close();
         if tokio::time::timeout(Duration::from_secs(10), self.tracker.wait()).await.is_err() {

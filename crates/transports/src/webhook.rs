@@ -52,10 +52,10 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
-use lemon_core::bus::{completion_json, BusEvent, EventKind, RecvError, Subscription};
+use lemon_core::bus::{completion_json, BusEvent, EventKind};
 use lemon_core::config::QueueMode;
 use lemon_core::ids::RunId;
-use lemon_core::router::{Origin, RouterHandle, RunRequest, Submitted};
+use lemon_core::router::{Origin, RequestFlags, RouterHandle, RunRequest, Submitted};
 use lemon_core::store::StoreHandle;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -439,8 +439,6 @@ impl From<String> for Refusal {
 /// A validated request, ready to submit.
 struct Prepared {
     req: RunRequest,
-    /// The id the request is submitted with (also in `req`).
-    run_id: RunId,
     callback_url: Option<String>,
     idempotency_key: Option<String>,
     metadata: Value,
@@ -517,25 +515,20 @@ impl Prepared {
         let run_id = RunId::generate();
         let req = RunRequest {
             origin: Origin::Webhook,
-            session_key,
+            session_key: session_key.into(),
             agent_id: integration.agent_id.clone(),
             prompt: payload.prompt,
             queue_mode,
             engine,
             resume: None,
             cwd: integration.cwd.clone(),
+            model: None,
+            flags: RequestFlags::default(),
             meta,
-            run_id: Some(run_id.clone()),
+            run_id: Some(run_id),
             channel: None,
         };
-        Ok(Prepared {
-            req,
-            run_id,
-            callback_url,
-            idempotency_key,
-            metadata: payload.metadata,
-            attachments,
-        })
+        Ok(Prepared { req, callback_url, idempotency_key, metadata: payload.metadata, attachments })
     }
 }
 
@@ -565,14 +558,10 @@ async fn submit(
     claim: Option<idempotency::Guard>,
 ) -> Response {
     let inner = &state.inner;
-    let Prepared { req, run_id, callback_url, metadata, attachments, .. } = request;
+    let Prepared { req, callback_url, metadata, attachments, .. } = request;
     let session_key = req.session_key.clone();
-    // Subscribed before submitting, so a run that finishes at once is still seen;
-    // only when its end is awaited (a topic lives until its run completes).
-    let awaited = settings.mode == Mode::Sync || callback_url.is_some();
-    let mut events = awaited.then(|| inner.router.gateway().bus().subscribe_run(&run_id));
-    let accepted = match inner.router.submit(req).await {
-        Ok(Submitted::Run(accepted)) => accepted,
+    let (accepted, mut follower) = match inner.router.submit(req).await {
+        Ok(Submitted::Run(accepted, follower)) => (accepted, follower),
         Ok(Submitted::Command { reply, .. }) => {
             let body = json!({ "reply": reply });
             if let Some(claim) = claim {
@@ -585,7 +574,7 @@ async fn submit(
     let run_id = accepted.run_id;
     let accepted_body = json!({
         "run_id": run_id.as_str(),
-        "session_key": accepted.session_key,
+        "session_key": accepted.session_key.as_str(),
         "status": "accepted",
     });
     let claim = match claim {
@@ -596,7 +585,7 @@ async fn submit(
         url,
         integration_id: settings.id.clone(),
         run_id: run_id.clone(),
-        session_key: session_key.clone(),
+        session_key: session_key.to_string(),
         metadata,
         attachments,
         settings: settings.callback.clone(),
@@ -604,10 +593,10 @@ async fn submit(
     });
     match settings.mode {
         Mode::Async => {
-            if let (Some(delivery), Some(mut events)) = (delivery, events) {
+            if let Some(delivery) = delivery {
                 let shutdown = inner.shutdown.clone();
                 let deliver = async move {
-                    if let Some(event) = next_run_completed(&mut events).await {
+                    if let Some(event) = follower.completion().await {
                         delivery.deliver(&event).await;
                     }
                 };
@@ -622,12 +611,7 @@ async fn submit(
             (StatusCode::ACCEPTED, Json(accepted_body)).into_response()
         }
         Mode::Sync => {
-            let Some(events) = events.as_mut() else {
-                return ApiError::Internal("sync request without a subscription".into())
-                    .into_response();
-            };
-            let completed =
-                tokio::time::timeout(settings.timeout, next_run_completed(events)).await;
+            let completed = tokio::time::timeout(settings.timeout, follower.completion()).await;
             let event = match completed {
                 Ok(Some(event)) => event,
                 Ok(None) => {
@@ -640,7 +624,7 @@ async fn submit(
             };
             let mut body = completed_json(&event);
             body["run_id"] = json!(run_id.as_str());
-            body["session_key"] = json!(session_key);
+            body["session_key"] = json!(session_key.as_str());
             if let Some(claim) = claim {
                 claim.complete(StatusCode::OK, body.clone()).await;
             }
@@ -668,20 +652,6 @@ fn completed_json(event: &BusEvent) -> Value {
             body
         }
         _ => Value::Null,
-    }
-}
-
-/// The run's `run_completed`, or `None` when the topic closed without one.
-async fn next_run_completed(events: &mut Subscription) -> Option<Arc<BusEvent>> {
-    loop {
-        match events.recv().await {
-            Ok(event) if matches!(event.kind, EventKind::RunCompleted { .. }) => {
-                return Some(event)
-            }
-            // `run_completed` is the topic's last event, so a lag never skips it.
-            Ok(_) | Err(RecvError::Lagged(_)) => {}
-            Err(RecvError::Closed) => return None,
-        }
     }
 }
 

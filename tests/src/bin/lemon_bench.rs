@@ -32,6 +32,7 @@ const SUBMITTERS: usize = 64;
 
 struct Bench {
     gateway: GatewayHandle,
+    store: StoreHandle,
     token: CancellationToken,
     tracker: TaskTracker,
     _dir: Option<tempfile::TempDir>,
@@ -54,14 +55,14 @@ fn start(store: &str, max: usize, bus: EventBus) -> anyhow::Result<Bench> {
         max_pending_runs: usize::MAX,
         ..RuntimeConfig::default()
     };
-    let gateway =
-        GatewayHandle::start(GatewayDeps { config, engines, store, bus }, token.clone(), &tracker);
-    Ok(Bench { gateway, token, tracker, _dir: dir })
+    let deps = GatewayDeps { config, engines, store: store.clone(), bus };
+    let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
+    Ok(Bench { gateway, store, token, tracker, _dir: dir })
 }
 
 impl Bench {
     async fn stop(self) {
-        let _ = self.gateway.store().close().await;
+        let _ = self.store.close().await;
         self.token.cancel();
         self.tracker.close();
         self.tracker.wait().await;
@@ -76,7 +77,7 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        self.gateway.store().flush().await?;
+        self.store.flush().await?;
         Ok(())
     }
 }
@@ -229,12 +230,12 @@ async fn conversations(n: usize) -> anyhow::Result<serde_json::Value> {
     for i in 0..1000 {
         bench.gateway.submit(request(n + i)).await?;
     }
-    bench.gateway.store().flush().await?;
+    bench.store.flush().await?;
     let before = rss_bytes("self")?;
     for i in 0..n {
         bench.gateway.submit(request(i)).await?;
     }
-    bench.gateway.store().flush().await?;
+    bench.store.flush().await?;
     let after = rss_bytes("self")?;
     let snapshot = bench.gateway.snapshot().await?;
     anyhow::ensure!(snapshot.conversations == n + 1000, "every conversation holds its request");

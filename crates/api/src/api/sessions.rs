@@ -15,7 +15,7 @@ pub(super) async fn get(
     State(state): State<ApiState>,
     PathParams(key): PathParams<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let view = state.router.session(&key).await?;
+    let view = state.runs.session(&key).await?;
     let chat_state = view.chat_state.as_ref().map(|chat| {
         json!({
             "engine": chat.last_engine,

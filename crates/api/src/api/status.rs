@@ -10,20 +10,19 @@ use super::ApiState;
 use crate::error::ApiError;
 
 pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
-    let snapshot = state.gateway.snapshot().await?;
+    let snapshot = state.runs.snapshot().await?;
     let engines: Vec<Value> = state
-        .gateway
+        .runs
         .engines()
-        .iter()
+        .into_iter()
         .map(|engine| {
-            let capabilities = engine.capabilities();
             let mut body = json!({
-                "id": engine.id().as_str(),
+                "id": engine.id,
                 "available": true,
-                "steer": capabilities.steer,
-                "redirect": capabilities.redirect,
+                "steer": engine.steer,
+                "redirect": engine.redirect,
             });
-            if let Availability::Unavailable { reason } = engine.availability() {
+            if let Availability::Unavailable { reason } = engine.availability {
                 body["available"] = json!(false);
                 body["reason"] = json!(reason);
             }
@@ -41,7 +40,13 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
             "queued": snapshot.queued,
         },
         "engines": engines,
-        "default_engine": &*state.default_engine,
+        "default_engine": state
+            .config
+            .get()
+            .effective
+            .get("default_engine")
+            .cloned()
+            .unwrap_or_else(|| json!(&*state.default_engine)),
         "transports": state.transports.to_json(),
     })))
 }

@@ -39,6 +39,8 @@ fn words(n: usize) -> String {
 /// A gateway with the echo engine and an API state over it.
 struct TestGateway {
     state: ApiState,
+    bus: EventBus,
+    store: StoreHandle,
     /// The gateway's own token; cancelled on drop.
     token: CancellationToken,
     tracker: TaskTracker,
@@ -63,13 +65,14 @@ impl TestGateway {
         let token = CancellationToken::new();
         let mut engines = EngineRegistry::new();
         engines.register(Arc::new(EchoEngine::new(word_delay, tracker.clone()))).unwrap();
-        let deps = GatewayDeps { config, engines, store: StoreHandle::memory(), bus };
+        let store = StoreHandle::memory();
+        let deps = GatewayDeps { config, engines, store: store.clone(), bus: bus.clone() };
         let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
         let router_config =
             RouterConfig { default_engine: "echo".to_owned(), ..RouterConfig::default() };
-        let router = RouterHandle::start(router_config, gateway.clone(), token.clone(), &tracker);
+        let router = RouterHandle::start(router_config, gateway, token.clone(), &tracker);
         let state = ApiState {
-            gateway,
+            runs: router.query(),
             router,
             token: TOKEN.into(),
             default_engine: "echo".into(),
@@ -77,12 +80,9 @@ impl TestGateway {
             started_at: Instant::now(),
             shutdown: CancellationToken::new(),
             transports: TransportStatuses::default(),
+            config: lemon_core::config::ConfigStatus::default(),
         };
-        TestGateway { state, token, tracker }
-    }
-
-    fn gateway(&self) -> &GatewayHandle {
-        &self.state.gateway
+        TestGateway { state, bus, store, token, tracker }
     }
 
     fn router(&self) -> Router {
@@ -116,7 +116,7 @@ impl TestGateway {
 
     /// Submits a run with a chosen id and waits for its `run_completed`.
     async fn run_to_completion(&self, run_id: &str, prompt: &str) -> Arc<BusEvent> {
-        let mut events = self.gateway().bus().subscribe_run(&RunId::parse(run_id).unwrap());
+        let mut events = self.bus.subscribe_run(&RunId::parse(run_id).unwrap());
         let (status, body) = self
             .call(Method::POST, "/v1/runs", Some(json!({ "prompt": prompt, "run_id": run_id })))
             .await;
@@ -317,7 +317,7 @@ async fn requests_need_the_bearer_token() {
 #[tokio::test]
 async fn submitted_run_completes_with_the_echoed_answer() {
     let gw = TestGateway::start(Duration::ZERO);
-    let mut all = gw.gateway().bus().subscribe_all();
+    let mut all = gw.bus.subscribe_all();
     let (status, body) = gw
         .call(
             Method::POST,
@@ -382,7 +382,7 @@ async fn submit_with_wait_answers_with_the_finished_run() {
 #[tokio::test]
 async fn duplicate_id_of_an_active_run_is_the_same_run() {
     let gw = TestGateway::start(SLOW);
-    let mut events = gw.gateway().bus().subscribe_run(&RunId::parse("dup-1").unwrap());
+    let mut events = gw.bus.subscribe_run(&RunId::parse("dup-1").unwrap());
     let body = json!({ "prompt": words(200), "run_id": "dup-1" });
     let (status, _) = gw.call(Method::POST, "/v1/runs", Some(body.clone())).await;
     assert_eq!(status, StatusCode::ACCEPTED);
@@ -540,7 +540,7 @@ async fn list_filters_by_status_and_limit_newest_first() {
 #[tokio::test]
 async fn cancelling_a_running_run_ends_it_cancelled() {
     let gw = TestGateway::start(SLOW);
-    let mut events = gw.gateway().bus().subscribe_run(&RunId::parse("slow-1").unwrap());
+    let mut events = gw.bus.subscribe_run(&RunId::parse("slow-1").unwrap());
     let (status, _) = gw
         .call(Method::POST, "/v1/runs", Some(json!({ "prompt": words(500), "run_id": "slow-1" })))
         .await;
@@ -565,7 +565,7 @@ async fn cancelling_a_running_run_ends_it_cancelled() {
 #[tokio::test]
 async fn steering_echo_is_not_accepted() {
     let gw = TestGateway::start(SLOW);
-    let mut events = gw.gateway().bus().subscribe_run(&RunId::parse("steer-1").unwrap());
+    let mut events = gw.bus.subscribe_run(&RunId::parse("steer-1").unwrap());
     let (status, _) = gw
         .call(Method::POST, "/v1/runs", Some(json!({ "prompt": words(500), "run_id": "steer-1" })))
         .await;
@@ -624,7 +624,7 @@ async fn event_stream_of_a_live_run_joins_stored_and_live_events() {
     let gw = TestGateway::start(SLOW);
     let (addr, _server) = gw.serve().await;
     let prompt = words(40);
-    let mut events = gw.gateway().bus().subscribe_run(&RunId::parse("live-1").unwrap());
+    let mut events = gw.bus.subscribe_run(&RunId::parse("live-1").unwrap());
     let (status, _) = gw
         .call(Method::POST, "/v1/runs", Some(json!({ "prompt": prompt, "run_id": "live-1" })))
         .await;
@@ -652,7 +652,7 @@ async fn event_stream_that_lags_catches_up_from_the_store() {
     // Run topics hold 4 events, so a reader that waits falls behind.
     let gw = TestGateway::with_bus(SLOW, 2, EventBus::new(4096, 4));
     let prompt = words(30);
-    let mut all = gw.gateway().bus().subscribe_all();
+    let mut all = gw.bus.subscribe_all();
     let (status, _) = gw
         .call(Method::POST, "/v1/runs", Some(json!({ "prompt": prompt, "run_id": "lag-1" })))
         .await;
@@ -677,7 +677,7 @@ async fn quiet_event_stream_rereads_the_store() {
     // before the stream subscribed, stored after its first read) still arrive
     // once the run's row says it has finished.
     let gw = TestGateway::start(Duration::ZERO);
-    let store = gw.gateway().store();
+    let store = &gw.store;
     let run_id = RunId::parse("quiet-1").unwrap();
     store
         .insert_run(NewRun {
@@ -687,6 +687,7 @@ async fn quiet_event_stream_rereads_the_store() {
             engine: "echo".to_owned(),
             prompt: "hi".to_owned(),
             meta: json!({}),
+            resumed_from: None,
             created_at_ms: 1,
         })
         .await;
@@ -800,7 +801,7 @@ async fn shutdown_ends_open_event_streams_and_the_server() {
     let gw = TestGateway::start(SLOW);
     let (addr, server) = gw.serve().await;
     let client = reqwest::Client::new();
-    let mut events = gw.gateway().bus().subscribe_run(&RunId::parse("held-1").unwrap());
+    let mut events = gw.bus.subscribe_run(&RunId::parse("held-1").unwrap());
     let (status, _) = gw
         .call(Method::POST, "/v1/runs", Some(json!({ "prompt": words(1000), "run_id": "held-1" })))
         .await;
@@ -916,7 +917,7 @@ async fn submit_as(gw: &TestGateway, run_id: &str, session: &str, prompt: &str, 
 #[tokio::test]
 async fn a_session_shows_its_active_run_queue_and_chat_state() {
     let gw = TestGateway::start(SLOW);
-    let mut all = gw.gateway().bus().subscribe_all();
+    let mut all = gw.bus.subscribe_all();
     submit_as(&gw, "sess-1", "s", &words(200), json!({})).await;
     submit_as(&gw, "sess-2", "s", "queued one", json!({})).await;
     let (_, queued) = gw.call(Method::GET, "/v1/runs/sess-2", None).await;
@@ -954,7 +955,7 @@ async fn a_session_shows_its_active_run_queue_and_chat_state() {
 #[tokio::test]
 async fn aborting_a_session_drops_its_queue() {
     let gw = TestGateway::start(SLOW);
-    let topic = |id: &str| gw.gateway().bus().subscribe_run(&RunId::parse(id).unwrap());
+    let topic = |id: &str| gw.bus.subscribe_run(&RunId::parse(id).unwrap());
     let mut topics = [("ab-1", topic("ab-1")), ("ab-2", topic("ab-2"))];
     submit_as(&gw, "ab-1", "s", &words(200), json!({})).await;
     submit_as(&gw, "ab-2", "s", "never runs", json!({})).await;
@@ -972,7 +973,7 @@ async fn aborting_a_session_drops_its_queue() {
 #[tokio::test]
 async fn a_run_queued_in_its_session_can_be_cancelled_before_it_starts() {
     let gw = TestGateway::start(SLOW);
-    let mut all = gw.gateway().bus().subscribe_all();
+    let mut all = gw.bus.subscribe_all();
     submit_as(&gw, "qc-1", "s", &words(200), json!({})).await;
     submit_as(&gw, "qc-2", "s", "cancel me", json!({})).await;
     let (status, body) = gw.call(Method::POST, "/v1/runs/qc-2/cancel", None).await;
@@ -989,7 +990,7 @@ async fn a_run_queued_in_its_session_can_be_cancelled_before_it_starts() {
 #[tokio::test]
 async fn interrupt_mode_over_the_api_cancels_the_live_run() {
     let gw = TestGateway::start(SLOW);
-    let mut all = gw.gateway().bus().subscribe_all();
+    let mut all = gw.bus.subscribe_all();
     submit_as(&gw, "int-1", "s", &words(200), json!({})).await;
     until_first_delta(&mut all, "int-1").await;
     submit_as(&gw, "int-2", "s", "right now", json!({ "queue_mode": "interrupt" })).await;
@@ -1021,6 +1022,29 @@ async fn slash_commands_and_resume_lines_go_through_the_router() {
     assert!(error_of(&error).contains("queue_mode"), "{error}");
 }
 
+#[tokio::test]
+async fn a_run_shows_the_session_it_resumed() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let body = json!({ "prompt": "first", "session_key": "s-from", "run_id": "from-1" });
+    let (status, first) = gw.call(Method::POST, "/v1/runs?wait=true", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["resumed_from"], Value::Null, "a new session continues nothing");
+
+    let body = json!({
+        "prompt": "second",
+        "session_key": "s-other",
+        "run_id": "from-2",
+        "resume": { "engine": "echo", "value": "from-1" },
+    });
+    let (status, second) = gw.call(Method::POST, "/v1/runs?wait=true", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    let (status, run) = gw.call(Method::GET, "/v1/runs/from-2", None).await;
+    assert_eq!(status, StatusCode::OK, "{run}");
+    assert_eq!(run["resumed_from"], json!({ "engine": "echo", "value": "from-1" }));
+    let (_, first) = gw.call(Method::GET, "/v1/runs/from-1", None).await;
+    assert_eq!(first.get("resumed_from"), Some(&Value::Null), "shown as null: {first}");
+}
+
 #[test]
 fn bearer_tokens_are_compared_after_the_same_trimming() {
     let headers = |value: &str| {
@@ -1042,4 +1066,29 @@ fn bearer_tokens_are_compared_after_the_same_trimming() {
     assert!(!super::bearer_matches(&HeaderMap::new(), expected));
     // A blank expected token lets nothing through, not even a blank bearer.
     assert!(!super::bearer_matches(&headers("Bearer "), "  "));
+}
+
+#[tokio::test]
+async fn meta_switches_still_act_on_the_run() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let first = gw.run_to_completion("first", "hello").await;
+    assert!(first.to_json()["ok"].as_bool().unwrap(), "{:?}", first.to_json());
+    let continued = gw.run_to_completion("continued", "again").await;
+    assert!(continued.to_json()["ok"].as_bool().unwrap());
+    let (_, run) = gw.call(Method::GET, "/v1/runs/continued", None).await;
+    assert_eq!(run["meta"]["resume_source"], json!("auto"), "{run}");
+
+    let mut events = gw.bus.subscribe_run(&RunId::parse("fresh").unwrap());
+    let body = json!({"prompt": "anew", "run_id": "fresh", "meta": {"disable_auto_resume": true}});
+    let (status, answer) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    until_completed(&mut events, "fresh").await;
+    let (_, run) = gw.call(Method::GET, "/v1/runs/fresh", None).await;
+    assert_eq!(run["meta"], json!({"disable_auto_resume": true, "origin": "control_plane"}));
+    assert_eq!(run["resume"], json!({"engine": "echo", "value": "fresh"}), "a new session");
+
+    let body = json!({"prompt": "hi", "meta": {"model": "--yolo"}});
+    let (status, answer) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(error_of(&answer).starts_with("meta.model"), "{answer}");
 }

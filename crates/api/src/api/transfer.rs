@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use lemon_core::bus::RunStatus;
 use lemon_core::config::QueueMode;
-use lemon_core::engine::{Completion, EngineRegistry, ResumeToken};
+use lemon_core::engine::{Completion, ResumeToken};
 use lemon_core::ids::RunId;
-use lemon_core::router::{Origin, RouteError, RunRequest};
+use lemon_core::router::{model_from_meta, Origin, RequestFlags, RouteError, RunRequest, Runs};
 use lemon_core::store::{RunFilter, RunRecord};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -79,16 +79,21 @@ impl SubmitBody {
                 Some(ResumeToken::new(engine, value))
             }
         };
+        let meta = self.meta.unwrap_or_default();
         Ok(RunRequest {
             origin: Origin::ControlPlane,
-            session_key,
+            session_key: session_key.into(),
             agent_id: None,
             prompt,
             queue_mode,
             engine: non_blank(self.engine),
             resume,
             cwd,
-            meta: self.meta.unwrap_or_default(),
+            // The API takes the router's switches as `meta` keys; they stay in `meta`
+            // too, so the run's record shows what the caller sent.
+            model: model_from_meta(&meta),
+            flags: RequestFlags::from_meta(&meta),
+            meta,
             run_id: Some(run_id),
             channel: None,
         })
@@ -228,9 +233,9 @@ pub(super) fn apply_completion(
 }
 
 /// The JSON form of a run, as `GET /v1/runs/{id}` returns it.
-pub(super) fn run_json(record: &RunRecord, engines: &EngineRegistry) -> Value {
-    let resume =
-        record.resume.as_ref().map(|token| json!({ "engine": token.engine, "value": token.value }));
+pub(super) fn run_json(record: &RunRecord, runs: &Runs) -> Value {
+    let token_json = |token: &ResumeToken| json!({ "engine": token.engine, "value": token.value });
+    let resume = record.resume.as_ref().map(token_json);
     json!({
         "run_id": record.run_id,
         "session_key": record.session_key,
@@ -241,8 +246,9 @@ pub(super) fn run_json(record: &RunRecord, engines: &EngineRegistry) -> Value {
         "answer": record.answer,
         "error": record.error,
         "error_code": record.error_code,
+        "resumed_from": record.resumed_from.as_ref().map(token_json),
         "resume": resume,
-        "resume_line": record.resume.as_ref().map(|token| resume_line(token, engines)),
+        "resume_line": record.resume.as_ref().map(|token| resume_line(token, runs)),
         "usage": record.usage,
         "created_at_ms": record.created_at_ms,
         "started_at_ms": record.started_at_ms,
@@ -253,8 +259,8 @@ pub(super) fn run_json(record: &RunRecord, engines: &EngineRegistry) -> Value {
 
 /// The line a user pastes to continue the session, in the engine's own format
 /// without the surrounding backticks.
-fn resume_line(token: &ResumeToken, engines: &EngineRegistry) -> String {
-    engines.format_resume(token).trim_matches('`').to_owned()
+fn resume_line(token: &ResumeToken, runs: &Runs) -> String {
+    runs.format_resume(token).trim_matches('`').to_owned()
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use axum::http::{header, Method, Request, StatusCode};
 use lemon_core::bus::EventBus;
 use lemon_core::engine::EngineRegistry;
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
+use lemon_core::router::{RouterConfig, RouterHandle};
 use lemon_core::store::StoreHandle;
 use lemon_engines::echo::EchoEngine;
 use serde_json::{json, Value};
@@ -22,7 +23,8 @@ use super::{health_router, HealthCheck, HealthState};
 use lemon_core::transport::{TransportState, TransportStatuses};
 
 struct TestGateway {
-    gateway: GatewayHandle,
+    router: RouterHandle,
+    store: StoreHandle,
     token: CancellationToken,
     tracker: TaskTracker,
 }
@@ -33,19 +35,22 @@ impl TestGateway {
         let token = CancellationToken::new();
         let mut engines = EngineRegistry::new();
         engines.register(Arc::new(EchoEngine::new(Duration::ZERO, tracker.clone()))).unwrap();
+        let store = StoreHandle::memory();
         let deps = GatewayDeps {
             config: RuntimeConfig { max_concurrent_runs: 4, ..RuntimeConfig::default() },
             engines,
-            store: StoreHandle::memory(),
+            store: store.clone(),
             bus: EventBus::default(),
         };
         let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
-        TestGateway { gateway, token, tracker }
+        let config = RouterConfig { default_engine: "echo".to_owned(), ..RouterConfig::default() };
+        let router = RouterHandle::start(config, gateway, token.clone(), &tracker);
+        TestGateway { router, store, token, tracker }
     }
 
     /// The state the server builds: detail for requests with [`DETAIL_TOKEN`].
     fn state(&self) -> HealthState {
-        HealthState::new(self.gateway.clone(), "9.9.9", Instant::now())
+        HealthState::new(self.router.query(), "9.9.9", Instant::now())
             .with_detail_token(DETAIL_TOKEN)
     }
 
@@ -208,7 +213,7 @@ async fn a_failing_transport_makes_the_gateway_degraded_but_not_down() {
     );
 
     // A failed check still wins: unhealthy and 503.
-    gw.gateway.store().close().await.unwrap();
+    gw.store.close().await.unwrap();
     let (status, body) = get_json(state(), "/healthz").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["status"], json!("unhealthy"));
@@ -232,7 +237,7 @@ async fn stopped_gateway_is_unhealthy() {
 #[tokio::test]
 async fn closed_store_is_unhealthy() {
     let gw = TestGateway::start();
-    gw.gateway.store().close().await.unwrap();
+    gw.store.close().await.unwrap();
     let (status, body) = get_json(gw.state(), "/healthz").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(check(&body, "store")["error"], json!("store is closed"));
@@ -310,7 +315,7 @@ async fn without_the_token_health_names_checks_and_states_only() {
     );
     transports.set("telegram", TransportState::Running { detail: Some("@my_bot".into()) });
     let state = || gw.state().with_transports(transports.clone());
-    gw.gateway.store().close().await.unwrap();
+    gw.store.close().await.unwrap();
 
     for bearer in [None, Some("wrong-token-0123456789"), Some("")] {
         for path in ["/healthz", "/health"] {
@@ -352,7 +357,7 @@ async fn without_the_token_health_names_checks_and_states_only() {
     assert_eq!(body["transports"]["telegram"]["detail"], json!("@my_bot"));
 
     // A state without a token never shows the detail.
-    let anonymous_state = HealthState::new(gw.gateway.clone(), "9.9.9", Instant::now());
+    let anonymous_state = HealthState::new(gw.router.query(), "9.9.9", Instant::now());
     let (_, _, text) = get(anonymous_state, Method::GET, "/healthz").await;
     assert!(!text.contains("9.9.9") && !text.contains("store is closed"), "{text}");
 
@@ -366,4 +371,32 @@ async fn without_the_token_health_names_checks_and_states_only() {
         text.lines().any(|l| l == "lemon_transport_running{transport=\"webhook\"} 0"),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn a_refused_config_edit_makes_health_degraded_with_the_reason_behind_the_token() {
+    let gw = TestGateway::start();
+    let config = lemon_core::config::ConfigStatus::default();
+    let state = || gw.state().with_config(config.clone());
+    let (status, _, text) = get_with(state(), Method::GET, "/healthz", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["status"], "healthy", "{text}");
+
+    config.update(|report| {
+        report.rejected = Some(lemon_core::config::Rejection {
+            error: "/h/config.toml:2:23: gateway.max_concurrent_runs: too large".into(),
+            at_ms: 1,
+        });
+    });
+    let (status, _, text) = get_with(state(), Method::GET, "/healthz", None).await;
+    assert_eq!(status, StatusCode::OK, "the gateway serves on the last good config");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["status"], "degraded", "{text}");
+    assert_eq!(body["config"], json!({ "state": "rejected" }), "no reason without the token");
+    let (_, _, text) = get_with(state(), Method::GET, "/healthz", Some(DETAIL_TOKEN)).await;
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["status"], "degraded", "{text}");
+    assert_eq!(body["config"]["state"], "rejected");
+    assert!(body["config"]["reason"].as_str().unwrap().contains("config.toml:2:23"), "{text}");
 }

@@ -481,6 +481,67 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
         let segs = [key("gateway"), key(name)];
         return Err(at(&segs, Anchor::Value, "must be at least 1".to_owned()));
     }
+    check_ranges(config).map_err(|(segs, message)| at(&segs, Anchor::Value, message))
+}
+
+/// The largest count of concurrent runs, pending runs or queued requests
+/// per conversation, and the longest timeouts, that the file may ask for:
+/// far beyond any real setup, short of values that are typos.
+pub const MAX_CONCURRENT_RUNS: u64 = 4096;
+/// See [`MAX_CONCURRENT_RUNS`].
+pub const MAX_PENDING_RUNS: u64 = 100_000_000;
+/// See [`MAX_CONCURRENT_RUNS`].
+pub const MAX_QUEUE_CAP: u64 = 1_000_000;
+/// See [`MAX_CONCURRENT_RUNS`]: 30 days, in milliseconds.
+pub const MAX_DURATION_MS: u64 = 30 * 24 * 60 * 60 * 1000;
+/// See [`MAX_CONCURRENT_RUNS`].
+pub const MAX_CONNECTIONS: u64 = 10_000_000;
+
+/// Counts and durations above their bounds: the key path and the message.
+fn check_ranges(config: &Config) -> Result<(), (Vec<Segment>, String)> {
+    let gateway = &config.gateway;
+    let as_u64 = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+    let mut checks: Vec<(Vec<Segment>, Option<u64>, u64)> = vec![
+        (
+            vec![key("max_concurrent_runs")],
+            Some(as_u64(gateway.max_concurrent_runs)),
+            MAX_CONCURRENT_RUNS,
+        ),
+        (vec![key("max_pending_runs")], Some(as_u64(gateway.max_pending_runs)), MAX_PENDING_RUNS),
+        (vec![key("queue"), key("cap")], gateway.queue.cap.map(as_u64), MAX_QUEUE_CAP),
+        (
+            vec![key("http_max_connections")],
+            gateway.http_max_connections.map(as_u64),
+            MAX_CONNECTIONS,
+        ),
+    ];
+    let durations = [
+        ("engine_lock_timeout_ms", Some(gateway.engine_lock_timeout_ms)),
+        ("run_inactivity_timeout_ms", Some(gateway.run_inactivity_timeout_ms)),
+        ("run_idle_watchdog_ms", gateway.run_idle_watchdog_ms),
+        ("shutdown_grace_ms", Some(gateway.shutdown_grace_ms)),
+        ("recovered_max_age_ms", Some(gateway.recovered_max_age_ms)),
+        ("http_header_read_timeout_ms", Some(gateway.http_header_read_timeout_ms)),
+        ("http_idle_timeout_ms", Some(gateway.http_idle_timeout_ms)),
+    ];
+    for (name, value) in durations {
+        checks.push((vec![key(name)], value, MAX_DURATION_MS));
+    }
+    for (id, section) in &gateway.engines {
+        for (name, value) in [
+            ("delay_ms", section.delay_ms),
+            ("timeout_ms", section.timeout_ms),
+            ("cancel_grace_ms", section.cancel_grace_ms),
+        ] {
+            checks.push((vec![key("engines"), key(id), key(name)], value, MAX_DURATION_MS));
+        }
+    }
+    for (segs, value, max) in checks {
+        if let Some(value) = value.filter(|v| *v > max) {
+            let segs = [vec![key("gateway")], segs].concat();
+            return Err((segs, format!("{value} is too large: must be at most {max}")));
+        }
+    }
     Ok(())
 }
 

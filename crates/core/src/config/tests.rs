@@ -538,3 +538,30 @@ fn allowed_cwd_roots_must_be_absolute() {
     assert!(err.starts_with("c.toml:2:"), "{err}");
     assert!(err.contains("projects is not an absolute path"), "{err}");
 }
+
+#[test]
+fn counts_and_durations_have_upper_bounds() {
+    check_error(
+        "[gateway]\nmax_concurrent_runs = 99999999999999\n",
+        "/home/u/.lemon/config.toml:2:23: gateway.max_concurrent_runs: 99999999999999 is too large: must be at most 4096",
+    );
+    check_error(
+        "[gateway]\nmax_pending_runs = 99999999999999\n",
+        "/home/u/.lemon/config.toml:2:20: gateway.max_pending_runs: 99999999999999 is too large: must be at most 100000000",
+    );
+    check_error(
+        "[gateway.queue]\ncap = 99999999999999\n",
+        "/home/u/.lemon/config.toml:2:7: gateway.queue.cap: 99999999999999 is too large: must be at most 1000000",
+    );
+    check_error(
+        "[gateway]\nrun_inactivity_timeout_ms = 99999999999999\n",
+        "/home/u/.lemon/config.toml:2:29: gateway.run_inactivity_timeout_ms: 99999999999999 is too large: must be at most 2592000000",
+    );
+    check_error(
+        "[gateway.engines.echo]\ndelay_ms = 99999999999999\n",
+        "/home/u/.lemon/config.toml:2:12: gateway.engines.echo.delay_ms: 99999999999999 is too large: must be at most 2592000000",
+    );
+    let config =
+        check_ok("[gateway]\nmax_concurrent_runs = 4096\nshutdown_grace_ms = 2592000000\n", &[]);
+    assert_eq!(config.gateway.max_concurrent_runs, 4096);
+}

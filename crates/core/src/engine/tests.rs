@@ -59,3 +59,50 @@ fn errors_have_stable_codes_and_readable_text() {
     assert!(RunError::Interrupted.is_abort());
     assert!(!RunError::Timeout.is_abort());
 }
+
+#[test]
+fn merged_and_overflow_errors_have_their_own_codes() {
+    let merged = RunError::Merged { into: RunId::parse("r2").unwrap() };
+    assert_eq!(merged.code(), "merged");
+    assert_eq!(merged.to_string(), "merged into r2");
+    assert!(merged.is_abort(), "a merged request was not run, it did not fail");
+    let overflow = RunError::ContextOverflow { message: "context_length_exceeded".into() };
+    assert_eq!(overflow.code(), "context_overflow");
+    assert_eq!(overflow.to_string(), "context_length_exceeded", "the engine's text, verbatim");
+    assert!(overflow.is_context_overflow());
+    assert!(!overflow.is_abort());
+    assert!(!RunError::Engine { message: "context_length_exceeded".into() }.is_context_overflow());
+}
+
+#[test]
+fn every_error_reads_back_from_its_stored_code_and_text() {
+    let errors = [
+        RunError::UserRequested,
+        RunError::Interrupted,
+        RunError::LockTimeout,
+        RunError::Timeout,
+        RunError::EngineCrashed { detail: "it died: badly".into() },
+        RunError::StartFailed { detail: "no binary".into() },
+        RunError::EngineUnavailable { engine: "codex".into(), reason: "not found (PATH)".into() },
+        RunError::UnknownEngine { engine: "kimi".into() },
+        RunError::ShuttingDown,
+        RunError::QueueOverflow,
+        RunError::IdleWatchdog,
+        RunError::Expired,
+        RunError::Cancelled { reason: "stopped by the API".into() },
+        RunError::Merged { into: RunId::parse("run-9").unwrap() },
+        RunError::ContextOverflow { message: "HTTP 413 Payload Too Large".into() },
+        RunError::Engine { message: "cancelled: not really".into() },
+    ];
+    for error in errors {
+        assert_eq!(RunError::from_stored(Some(error.code()), error.to_string()), error);
+    }
+    assert_eq!(
+        RunError::from_stored(Some("from_a_newer_version"), "text".into()),
+        RunError::Engine { message: "text".into() }
+    );
+    assert_eq!(
+        RunError::from_stored(None, "text".into()),
+        RunError::Engine { message: "text".into() }
+    );
+}

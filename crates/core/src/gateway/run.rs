@@ -18,13 +18,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lock::{EngineLock, LockKey};
-use super::scheduler::SchedulerMsg;
 use super::{ExecutionRequest, RuntimeConfig};
 use crate::bus::{BusEvent, EventBus, EventKind, RunStatus};
 use crate::clock::now_ms;
@@ -32,7 +32,7 @@ use crate::engine::{
     Availability, Completion, EngineError, EngineEvent, EngineRegistry, EventSink, ResumeToken,
     RunControl, RunError, StartRequest,
 };
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionKey};
 use crate::log_text;
 use crate::store::{FinishedRun, StoreHandle};
 
@@ -87,16 +87,38 @@ impl RunShared {
 pub(super) struct RunContext {
     pub(super) run_id: RunId,
     pub(super) req: ExecutionRequest,
-    pub(super) session_key: Arc<str>,
+    pub(super) session_key: SessionKey,
     pub(super) shared: Arc<RunShared>,
     pub(super) config: Arc<RuntimeConfig>,
     pub(super) engines: EngineRegistry,
     pub(super) store: StoreHandle,
     pub(super) bus: EventBus,
     pub(super) lock: EngineLock,
-    pub(super) scheduler: mpsc::Sender<SchedulerMsg>,
+    /// Told once the run has completed, so its slot can be freed.
+    pub(super) finished: OnFinished,
     /// The working directory of requests without one, resolved once at start.
     pub(super) fallback_cwd: Arc<Path>,
+}
+
+/// The run's report to whoever granted its slot: called once, after
+/// `run_completed` is published, with the run's terminal status. The run knows
+/// nothing else of its supervisor.
+pub(super) struct OnFinished(
+    Box<dyn FnOnce(RunId, RunStatus) -> BoxFuture<'static, ()> + Send + Sync>,
+);
+
+impl OnFinished {
+    pub(super) fn new(
+        report: impl FnOnce(RunId, RunStatus) -> BoxFuture<'static, ()> + Send + Sync + 'static,
+    ) -> Self {
+        OnFinished(Box::new(report))
+    }
+}
+
+impl std::fmt::Debug for OnFinished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnFinished")
+    }
 }
 
 /// What the run has seen so far; survives a panic of the body.
@@ -109,7 +131,7 @@ struct RunState {
     engine: String,
 }
 
-fn event(run_id: &RunId, session: &Arc<str>, index: u64, kind: EventKind) -> Arc<BusEvent> {
+fn event(run_id: &RunId, session: &SessionKey, index: u64, kind: EventKind) -> Arc<BusEvent> {
     Arc::new(BusEvent {
         run_id: run_id.clone(),
         session_key: session.clone(),
@@ -126,7 +148,7 @@ async fn publish(
     bus: &EventBus,
     store: &StoreHandle,
     run_id: &RunId,
-    session: &Arc<str>,
+    session: &SessionKey,
     index: u64,
     kind: EventKind,
 ) {
@@ -162,7 +184,10 @@ pub(super) async fn execute(ctx: RunContext) {
             state.last_resume.clone(),
         )
     });
-    finalize(&ctx, &mut state, completion, started).await;
+    let RunContext { run_id, session_key, store, bus, finished, .. } = ctx;
+    let status = RunStatus::of(&completion);
+    finalize(&bus, &store, run_id.clone(), session_key, &mut state, completion, started).await;
+    (finished.0)(run_id, status).await;
 }
 
 fn cancelled(ctx: &RunContext, state: &RunState) -> Completion {
@@ -197,8 +222,7 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
         );
     };
     state.engine = engine.id().to_string();
-    let model = composite_model
-        .or_else(|| ctx.req.meta.get("model").and_then(|m| m.as_str()).map(str::to_owned));
+    let model = composite_model.or_else(|| ctx.req.model.clone());
     let cwd = match ctx.req.cwd.as_deref().filter(|p| !p.as_os_str().is_empty()) {
         Some(requested) => resolve_cwd(Some(requested), &ctx.config),
         None => ctx.fallback_cwd.to_path_buf(),
@@ -370,7 +394,10 @@ pub(super) fn resolve_cwd(requested: Option<&Path>, config: &RuntimeConfig) -> P
 }
 
 async fn finalize(
-    ctx: &RunContext,
+    bus: &EventBus,
+    store: &StoreHandle,
+    run_id: RunId,
+    session_key: SessionKey,
     state: &mut RunState,
     mut completion: Completion,
     started: Instant,
@@ -379,7 +406,6 @@ async fn finalize(
         completion.answer = std::mem::take(&mut state.text);
     }
     let duration_ms = started.elapsed().as_millis() as u64;
-    let run_id = &ctx.run_id;
     match &completion.error {
         None => tracing::debug!(%run_id, engine = %state.engine, duration_ms, "run completed"),
         Some(error) if error.is_abort() => {
@@ -391,27 +417,48 @@ async fn finalize(
             tracing::warn!(%run_id, engine = %state.engine, %error, "run failed")
         }
     }
-    let status = RunStatus::of(&completion);
     state.index += 1;
-    let kind = EventKind::RunCompleted {
-        completion: completion.clone(),
-        engine: state.engine.clone(),
-        duration_ms,
-    };
-    let completed = event(run_id, &ctx.session_key, state.index, kind);
-    let finished = FinishedRun {
-        run_id: run_id.clone(),
+    let end = RunEnd {
+        run_id,
+        session_key,
+        index: state.index,
         engine: state.engine.clone(),
         completion,
-        completed_at_ms: now_ms(),
         duration_ms,
     };
-    // The final row is queued before `run_completed` is published, so whoever
-    // sees the completion reads the finished run.
-    ctx.store.append_event(completed.clone()).await;
-    ctx.store.finalize_run(finished).await;
-    ctx.bus.publish(completed);
-    let _ = ctx.scheduler.send(SchedulerMsg::RunFinished { run_id: run_id.clone(), status }).await;
+    complete(bus, store, end).await;
+}
+
+/// A run's completion, as [`complete`] writes it.
+#[derive(Debug)]
+pub(crate) struct RunEnd {
+    pub(crate) run_id: RunId,
+    pub(crate) session_key: SessionKey,
+    /// The index of `run_completed`: one past the run's last event.
+    pub(crate) index: u64,
+    pub(crate) engine: String,
+    pub(crate) completion: Completion,
+    pub(crate) duration_ms: u64,
+}
+
+/// The one place a run's completion is written, for runs that ran and for
+/// requests that never did (cancelled while queued, dropped, merged, recovered):
+/// `run_completed` and the final row are queued for the store, then
+/// `run_completed` is published, so whoever sees the completion reads the
+/// finished run.
+pub(crate) async fn complete(bus: &EventBus, store: &StoreHandle, end: RunEnd) {
+    let RunEnd { run_id, session_key, index, engine, completion, duration_ms } = end;
+    let kind = EventKind::RunCompleted {
+        completion: completion.clone(),
+        engine: engine.clone(),
+        duration_ms,
+    };
+    let completed = event(&run_id, &session_key, index, kind);
+    let finished =
+        FinishedRun { run_id, engine, completion, completed_at_ms: now_ms(), duration_ms };
+    store.append_event(completed.clone()).await;
+    store.finalize_run(finished).await;
+    bus.publish(completed);
 }
 
 /// Completes a request that never started (cancelled or dropped while queued).
@@ -419,24 +466,17 @@ pub(super) async fn complete_unstarted(
     bus: &EventBus,
     store: &StoreHandle,
     run_id: &RunId,
-    session_key: &Arc<str>,
+    session_key: &SessionKey,
     engine: &str,
     completion: Completion,
 ) {
-    let kind = EventKind::RunCompleted {
-        completion: completion.clone(),
-        engine: engine.to_owned(),
-        duration_ms: 0,
-    };
-    let completed = event(run_id, session_key, 1, kind);
-    let finished = FinishedRun {
+    let end = RunEnd {
         run_id: run_id.clone(),
+        session_key: session_key.clone(),
+        index: 1,
         engine: engine.to_owned(),
         completion,
-        completed_at_ms: now_ms(),
         duration_ms: 0,
     };
-    store.append_event(completed.clone()).await;
-    store.finalize_run(finished).await;
-    bus.publish(completed);
+    complete(bus, store, end).await;
 }

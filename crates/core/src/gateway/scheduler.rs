@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::lock::EngineLock;
-use super::run::{self, RunContext, RunShared};
+use super::run::{self, OnFinished, RunContext, RunShared};
 use super::{
     ActiveRun, CancelOutcome, ExecutionRequest, GatewayDeps, RuntimeConfig, SchedulerSnapshot,
     SubmitError,
@@ -29,7 +29,7 @@ use super::{
 use crate::bus::{EventBus, RunStatus};
 use crate::clock::now_ms;
 use crate::engine::{Completion, EngineRegistry, RunControl, RunError};
-use crate::ids::{ConversationKey, RunId};
+use crate::ids::{ConversationKey, RunId, SessionKey};
 use crate::store::{NewRun, StoreHandle};
 
 /// How many queued messages the actor takes per wake-up.
@@ -63,6 +63,10 @@ pub(super) enum SchedulerMsg {
     SetMax {
         max: usize,
     },
+    /// A new generation of the settings: runs granted from now on use it.
+    Reload {
+        config: Box<RuntimeConfig>,
+    },
     Drain {
         grace: Duration,
         reply: oneshot::Sender<()>,
@@ -88,7 +92,7 @@ struct Conversation {
 struct RunEntry {
     /// The request; taken when the run starts.
     req: Option<ExecutionRequest>,
-    session_key: Arc<str>,
+    session_key: SessionKey,
     conversation: ConversationKey,
     engine: String,
     created_at_ms: i64,
@@ -252,6 +256,19 @@ impl Scheduler {
                 self.max = max;
                 self.grant_until_full();
             }
+            SchedulerMsg::Reload { config } => {
+                if config.max_concurrent_runs != self.max {
+                    tracing::info!(
+                        from = self.max,
+                        to = config.max_concurrent_runs,
+                        "max_concurrent_runs changed"
+                    );
+                }
+                self.max = config.max_concurrent_runs;
+                self.fallback_cwd = run::resolve_cwd(None, &config).into();
+                self.config = Arc::new(*config);
+                self.grant_until_full();
+            }
             SchedulerMsg::Drain { grace, reply } => {
                 self.start_drain(grace, reply).await;
             }
@@ -285,10 +302,10 @@ impl Scheduler {
             return Err(SubmitError::Overloaded { pending: self.n_queued });
         }
         let created_at_ms = now_ms();
-        let session_key: Arc<str> = if req.session_key.trim().is_empty() {
+        let session_key: SessionKey = if req.session_key.trim().is_empty() {
             "default".into()
         } else {
-            req.session_key.as_str().into()
+            req.session_key.clone()
         };
         // The row goes to the store before any event of the run can.
         let meta = serde_json::Value::Object(
@@ -302,6 +319,7 @@ impl Scheduler {
                 engine: req.engine.clone(),
                 prompt: req.prompt.clone(),
                 meta,
+                resumed_from: req.resume.clone(),
                 created_at_ms,
             })
             .await;
@@ -365,10 +383,20 @@ impl Scheduler {
             store: self.store.clone(),
             bus: self.bus.clone(),
             lock: self.lock.clone(),
-            scheduler: self.tx.clone(),
+            finished: self.on_finished(),
             fallback_cwd: self.fallback_cwd.clone(),
         };
         self.tracker.spawn(run::execute(ctx));
+    }
+
+    /// How a run reports back: `RunFinished` through the handles' channel.
+    fn on_finished(&self) -> OnFinished {
+        let tx = self.tx.clone();
+        OnFinished::new(move |run_id, status| {
+            Box::pin(async move {
+                let _ = tx.send(SchedulerMsg::RunFinished { run_id, status }).await;
+            })
+        })
     }
 
     fn run_finished(&mut self, run_id: &RunId, status: RunStatus) {

@@ -2,7 +2,6 @@
 //! interpreter of the queue state machine's effects.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -10,36 +9,43 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::follow::RunFollower;
 use super::journal::Journal;
 use super::queue::{Conversation, Effect, Item, RouteChoice, SteerKind};
 use super::resolve::{
-    check_engine_model, check_meta_model, check_resume_token, choose_engine, conversation_key,
-    extract_resume_line, is_context_overflow, meta_flag, parse_directive, parse_slash_command,
-    queue_mode, resolve_binding, ChoiceError, EngineInputs, Refusal, SlashCommand,
-    NATIVE_ONLY_RESUME_MESSAGE,
+    check_engine_model, check_request_model, check_resume_token, choose_engine, conversation_key,
+    extract_resume_line, parse_directive, parse_slash_command, queue_mode, resolve_binding,
+    ChoiceError, EngineInputs, Refusal, SlashCommand, NATIVE_ONLY_RESUME_MESSAGE,
 };
-use super::watch::Watch;
+use super::watch::{publish_phase, Watch};
 use super::{
-    Accepted, CancelSummary, Origin, Recovered, RouteError, RouterConfig, RunRequest, SessionView,
-    Submitted,
+    model_from_meta, Accepted, CancelSummary, Origin, Recovered, RequestFlags, RouteError,
+    RouterConfig, RunRequest, SessionView,
 };
-use crate::bus::{BusEvent, EventBus, EventKind, RunPhase, RunStatus};
+use crate::bus::{EventBus, RunPhase, RunStatus};
 use crate::clock::now_ms;
 use crate::config::QueueMode;
 use crate::engine::{Completion, EngineRegistry, Field, ResumeToken, RunError};
-use crate::gateway::{ExecutionRequest, GatewayHandle, SubmitError};
-use crate::ids::{ConversationKey, RunId};
-use crate::store::{FinishedRun, JournalEntry, JournalState, StoreHandle};
+use crate::gateway::{self, ExecutionRequest, GatewayHandle, RunEnd, SubmitError};
+use crate::ids::{ConversationKey, RunId, SessionKey};
+use crate::store::{JournalEntry, JournalRoute, JournalState, StoreHandle};
 
 /// A steer whose engine has not answered within this is treated as refused, so
 /// a stuck engine cannot hold its conversation's queue forever.
 const STEER_ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What the actor made of a submitted message; the handle adds the follower.
+#[derive(Debug)]
+pub(super) enum Admitted {
+    Run(Accepted),
+    Command { command: SlashCommand, reply: String },
+}
+
 #[derive(Debug)]
 pub(super) enum RouterMsg {
     Submit {
         req: Box<RunRequest>,
-        reply: oneshot::Sender<Result<Submitted, RouteError>>,
+        reply: oneshot::Sender<Result<Admitted, RouteError>>,
     },
     CancelConversation {
         key: ConversationKey,
@@ -61,6 +67,10 @@ pub(super) enum RouterMsg {
         session_key: String,
         reply: oneshot::Sender<SessionView>,
     },
+    /// A new generation of the settings: requests accepted from now on use it.
+    Reload {
+        config: Box<RouterConfig>,
+    },
     /// From a run's watcher: the run published `run_completed`.
     RunEnded {
         run_id: RunId,
@@ -74,23 +84,6 @@ pub(super) enum RouterMsg {
         run_id: RunId,
         accepted: bool,
     },
-}
-
-/// Publishes a phase on the run's topic. Phases are hints for UIs: they are not
-/// stored and carry index 0, so they never take an index of the run's own events.
-pub(super) fn publish_phase(
-    bus: &EventBus,
-    run_id: &RunId,
-    session_key: &Arc<str>,
-    phase: RunPhase,
-) {
-    bus.publish(Arc::new(BusEvent {
-        run_id: run_id.clone(),
-        session_key: session_key.clone(),
-        index: 0,
-        ts_ms: now_ms(),
-        kind: EventKind::Phase(phase),
-    }));
 }
 
 fn terminal_phase(completion: &Completion) -> RunPhase {
@@ -121,7 +114,7 @@ fn refused(refusal: Refusal) -> RouteError {
     RouteError::Invalid { field: refusal.field, what: refusal.what, why: refusal.why }
 }
 
-fn session_of(raw: &str) -> Arc<str> {
+fn session_of(raw: &str) -> SessionKey {
     let trimmed = raw.trim();
     if trimmed.is_empty() {
         "default".into()
@@ -148,7 +141,7 @@ pub(super) struct Router {
     /// The conversation of every run the router has not seen complete.
     runs: HashMap<RunId, ConversationKey>,
     /// `/engine <id>` choices per session, for the life of the process.
-    sticky: HashMap<Arc<str>, String>,
+    sticky: HashMap<SessionKey, String>,
     next_seq: u64,
 }
 
@@ -246,6 +239,10 @@ impl Router {
                 let view = self.session_view(&session_of(&session_key)).await;
                 let _ = reply.send(view);
             }
+            RouterMsg::Reload { config } => {
+                self.config = *config;
+                tracing::debug!("router settings reloaded");
+            }
             RouterMsg::RunEnded { run_id, conversation, completion, engine } => {
                 self.run_ended(run_id, conversation, completion, engine).await;
             }
@@ -291,24 +288,24 @@ impl Router {
         summary
     }
 
-    async fn submit(&mut self, req: RunRequest) -> Result<Submitted, RouteError> {
+    async fn submit(&mut self, req: RunRequest) -> Result<Admitted, RouteError> {
         let session_key = session_of(&req.session_key);
         if let Some(command) = parse_slash_command(&req.prompt) {
             let reply = self.command(&command, &session_key).await;
-            return Ok(Submitted::Command { command, reply });
+            return Ok(Admitted::Command { command, reply });
         }
         if let Some(run_id) = &req.run_id {
             if let Some(known) = self.known_run(run_id).await? {
                 if !self.same_request(&req, &session_key, &known) {
                     return Err(RouteError::RunIdConflict { run_id: run_id.to_string() });
                 }
-                return Ok(Submitted::Run(known.accepted));
+                return Ok(Admitted::Run(known.accepted));
             }
         }
         let item = self.prepare(req, session_key).await?;
         let accepted = Accepted {
             run_id: item.run_id.clone(),
-            session_key: item.session_key.to_string(),
+            session_key: item.session_key.clone(),
             conversation: item.conversation.clone(),
             engine: item.engine.clone(),
             duplicate: false,
@@ -334,11 +331,11 @@ impl Router {
                 other => {
                     effects.extend(other);
                     self.apply(key, effects).await;
-                    return Ok(Submitted::Run(accepted));
+                    return Ok(Admitted::Run(accepted));
                 }
             };
             return match self.dispatch(&key, first, true).await {
-                Ok(()) => Ok(Submitted::Run(accepted)),
+                Ok(()) => Ok(Admitted::Run(accepted)),
                 Err((_, error)) => {
                     self.journal.complete(&run_id).await;
                     self.forget(&key, &run_id);
@@ -354,7 +351,7 @@ impl Router {
         let effects =
             self.conversations.entry(key.clone()).or_default().submit(item, Instant::now(), limits);
         self.apply(key, effects).await;
-        Ok(Submitted::Run(accepted))
+        Ok(Admitted::Run(accepted))
     }
 
     /// Drops a request that was never accepted from the router's tables.
@@ -372,7 +369,7 @@ impl Router {
                 return Ok(Some(KnownRun {
                     accepted: Accepted {
                         run_id: run_id.clone(),
-                        session_key: item.session_key.to_string(),
+                        session_key: item.session_key.clone(),
                         conversation: key.clone(),
                         engine: item.engine.clone(),
                         duplicate: true,
@@ -387,7 +384,7 @@ impl Router {
         Ok(Some(KnownRun {
             accepted: Accepted {
                 run_id: run_id.clone(),
-                session_key: record.session_key,
+                session_key: record.session_key.into(),
                 conversation,
                 engine: record.engine,
                 duplicate: true,
@@ -434,7 +431,7 @@ impl Router {
     async fn prepare(
         &mut self,
         req: RunRequest,
-        session_key: Arc<str>,
+        session_key: SessionKey,
     ) -> Result<Item, RouteError> {
         let binding = req
             .channel
@@ -469,7 +466,7 @@ impl Router {
                 .or_else(|| directive.map(|d| d.engine))
                 .or_else(|| self.sticky.get(&session_key).cloned())
         };
-        let auto_resume = explicit.is_none() && !meta_flag(&req.meta, "disable_auto_resume");
+        let auto_resume = explicit.is_none() && !req.flags.no_auto_resume;
         let fallback_engine =
             binding.default_engine.clone().unwrap_or_else(|| self.config.default_engine.clone());
         let route = RouteChoice { auto_resume, chosen_engine, fallback_engine };
@@ -494,7 +491,9 @@ impl Router {
         // Whatever chose it (a binding, a project, `default_engine`, `/engine`), the
         // model part goes to a command line too.
         check_engine_model(&choice.engine, Field::Engine).map_err(refused)?;
-        check_meta_model(&req.meta, &choice.engine).map_err(refused)?;
+        if let Some(model) = &req.model {
+            check_request_model(model, &choice.engine).map_err(refused)?;
+        }
         let conversation = conversation_key(&session_key, explicit.as_ref());
         let mode = queue_mode(req.queue_mode, binding.queue_mode, self.config.queue_mode);
         let mut meta = req.meta;
@@ -522,6 +521,8 @@ impl Router {
             engine: choice.engine,
             resume: choice.resume,
             cwd,
+            model: req.model,
+            flags: req.flags,
             meta,
             origin: req.origin,
             mode,
@@ -660,15 +661,18 @@ impl Router {
                 }
             }
         }
-        let events = self.bus.subscribe_run(&item.run_id);
+        // Subscribed before the gateway has the run, so every event arrives live.
+        let live = self.bus.subscribe_run(&item.run_id);
+        let events = RunFollower::new(item.run_id.clone(), live, self.store.clone(), true);
         let req = ExecutionRequest {
             run_id: Some(item.run_id.clone()),
             conversation: item.conversation.clone(),
-            session_key: item.session_key.to_string(),
+            session_key: item.session_key.clone(),
             prompt: item.prompt.clone(),
             engine: item.engine.clone(),
             resume: item.resume.clone(),
             cwd: item.cwd.clone(),
+            model: item.model.clone(),
             meta: item.meta.clone(),
             journaled: true,
         };
@@ -688,17 +692,25 @@ impl Router {
                 let watch = Watch {
                     run_id: item.run_id.clone(),
                     session_key: item.session_key.clone(),
-                    conversation: key.clone(),
                     events,
-                    router: self.tx.clone(),
                     gateway: self.gateway.clone(),
                     journal: self.journal.clone(),
                     bus: self.bus.clone(),
                     idle_watchdog: self.config.idle_watchdog,
                     suppress_phases: item.suppress_phases,
-                    token: self.token.clone(),
                 };
-                self.tracker.spawn(watch.run());
+                let (router, token) = (self.tx.clone(), self.token.clone());
+                let (run_id, conversation) = (item.run_id.clone(), key.clone());
+                self.tracker.spawn(async move {
+                    let ended = tokio::select! {
+                        biased;
+                        () = token.cancelled() => return,
+                        ended = watch.run() => ended,
+                    };
+                    let (completion, engine) = ended;
+                    let msg = RouterMsg::RunEnded { run_id, conversation, completion, engine };
+                    let _ = router.send(msg).await;
+                });
                 self.conversations.entry(key.clone()).or_default().set_active(&item);
                 Ok(())
             }
@@ -730,40 +742,26 @@ impl Router {
         });
     }
 
-    /// Completes a run the gateway never finished: store (event, then final row),
-    /// then the bus, then the journal.
+    /// Completes a run the gateway never finished (the store and the bus, as
+    /// every completion), then the journal.
     async fn complete(
         &mut self,
         run_id: &RunId,
-        session_key: &Arc<str>,
+        session_key: &SessionKey,
         engine: &str,
         completion: Completion,
         index: u64,
     ) {
         self.runs.remove(run_id);
-        let kind = EventKind::RunCompleted {
-            completion: completion.clone(),
-            engine: engine.to_owned(),
-            duration_ms: 0,
-        };
-        let event = Arc::new(BusEvent {
+        let end = RunEnd {
             run_id: run_id.clone(),
             session_key: session_key.clone(),
             index,
-            ts_ms: now_ms(),
-            kind,
-        });
-        self.store.append_event(event.clone()).await;
-        self.store
-            .finalize_run(FinishedRun {
-                run_id: run_id.clone(),
-                engine: engine.to_owned(),
-                completion,
-                completed_at_ms: now_ms(),
-                duration_ms: 0,
-            })
-            .await;
-        self.bus.publish(event);
+            engine: engine.to_owned(),
+            completion,
+            duration_ms: 0,
+        };
+        gateway::complete(&self.bus, &self.store, end).await;
         self.journal.complete(run_id).await;
     }
 
@@ -791,7 +789,7 @@ impl Router {
     /// Chat state after a run: an overflow forgets the session so the next
     /// message starts fresh; otherwise a resume token is kept for auto-resume.
     async fn record_session(&self, session_key: &str, completion: &Completion) {
-        if completion.error.as_ref().is_some_and(is_context_overflow) {
+        if completion.error.as_ref().is_some_and(RunError::is_context_overflow) {
             tracing::info!(session_key, "context overflow; the next message starts a new session");
             self.store.delete_chat_state(session_key).await;
             return;
@@ -801,7 +799,7 @@ impl Router {
         }
     }
 
-    async fn session_view(&self, session_key: &Arc<str>) -> SessionView {
+    async fn session_view(&self, session_key: &SessionKey) -> SessionView {
         let mut view =
             SessionView { session_key: session_key.to_string(), ..SessionView::default() };
         let mut queued: Vec<&Item> = Vec::new();
@@ -818,7 +816,7 @@ impl Router {
         view
     }
 
-    async fn command(&mut self, command: &SlashCommand, session_key: &Arc<str>) -> String {
+    async fn command(&mut self, command: &SlashCommand, session_key: &SessionKey) -> String {
         match command {
             SlashCommand::Cancel => {
                 let reason = RunError::UserRequested;
@@ -925,10 +923,7 @@ impl Router {
         let resume = events
             .iter()
             .rev()
-            .filter_map(|e| e.data.get("resume"))
-            .find_map(|r| {
-                Some(ResumeToken::new(r.get("engine")?.as_str()?, r.get("value")?.as_str()?))
-            })
+            .find_map(crate::store::StoredEvent::resume)
             .or_else(|| entry.resume.clone());
         let completion = Completion::failure(RunError::Interrupted, resume);
         let session_key = session_of(&entry.session_key);
@@ -953,22 +948,33 @@ fn journal_entry(item: &Item, accepted_at_ms: i64) -> JournalEntry {
         resume: item.resume.clone(),
         cwd: item.cwd.clone(),
         meta: meta_json(item),
-        route: serde_json::json!({
-            "origin": item.origin.as_str(),
-            "queue_mode": item.mode.as_str(),
-            "auto_resume": item.route.auto_resume,
-            "chosen_engine": item.route.chosen_engine,
-            "fallback_engine": item.route.fallback_engine,
-        }),
+        route: JournalRoute {
+            origin: Some(item.origin.as_str().to_owned()),
+            queue_mode: Some(item.mode.as_str().to_owned()),
+            auto_resume: item.route.auto_resume,
+            chosen_engine: item.route.chosen_engine.clone(),
+            fallback_engine: Some(item.route.fallback_engine.clone()),
+            model: item.model.clone(),
+            no_auto_resume: Some(item.flags.no_auto_resume),
+            goal_continuation: Some(item.flags.goal_continuation),
+            auto_followup: Some(item.flags.auto_followup),
+        },
         state: JournalState::Queued,
         accepted_at_ms,
     }
 }
 
 fn item_from_entry(entry: JournalEntry) -> Item {
-    let route = &entry.route;
-    let text = |key: &str| route.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+    let route = entry.route;
     let meta = entry.meta.as_object().map(|m| m.clone().into_iter().collect()).unwrap_or_default();
+    // A journal written before the router kept its own flags has them in `meta`.
+    let legacy = RequestFlags::from_meta(&meta);
+    let flags = RequestFlags {
+        no_auto_resume: route.no_auto_resume.unwrap_or(legacy.no_auto_resume),
+        goal_continuation: route.goal_continuation.unwrap_or(legacy.goal_continuation),
+        auto_followup: route.auto_followup.unwrap_or(legacy.auto_followup),
+    };
+    let model = route.model.clone().or_else(|| model_from_meta(&meta));
     Item {
         conversation: parse_conversation(&entry.conversation)
             .unwrap_or_else(|| ConversationKey::session(&entry.session_key)),
@@ -976,18 +982,72 @@ fn item_from_entry(entry: JournalEntry) -> Item {
         run_id: entry.run_id,
         prompt: entry.prompt,
         route: RouteChoice {
-            auto_resume: route.get("auto_resume").and_then(|v| v.as_bool()).unwrap_or(false),
-            chosen_engine: text("chosen_engine"),
-            fallback_engine: text("fallback_engine").unwrap_or_else(|| entry.engine.clone()),
+            auto_resume: route.auto_resume,
+            chosen_engine: route.chosen_engine,
+            fallback_engine: route.fallback_engine.unwrap_or_else(|| entry.engine.clone()),
         },
         engine: entry.engine,
         resume: entry.resume,
         cwd: entry.cwd,
+        model,
+        flags,
         meta,
-        origin: text("origin").and_then(|o| Origin::parse(&o)).unwrap_or(Origin::Internal),
+        origin: route.origin.as_deref().and_then(Origin::parse).unwrap_or(Origin::Internal),
         // Recovered requests keep their order: nothing merges, steers or interrupts.
         mode: QueueMode::Collect,
         seq: entry.seq,
         suppress_phases: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn item(flags: RequestFlags, model: Option<&str>) -> Item {
+        Item {
+            run_id: RunId::parse("r1").unwrap(),
+            session_key: "s".into(),
+            conversation: ConversationKey::session("s"),
+            prompt: "p".to_owned(),
+            engine: "fake".to_owned(),
+            resume: None,
+            cwd: None,
+            model: model.map(str::to_owned),
+            flags,
+            meta: BTreeMap::new(),
+            origin: Origin::Cron,
+            mode: QueueMode::Followup,
+            seq: 1,
+            suppress_phases: false,
+            route: RouteChoice::default(),
+        }
+    }
+
+    #[test]
+    fn a_journaled_request_keeps_its_flags_and_model() {
+        let flags =
+            RequestFlags { no_auto_resume: true, goal_continuation: true, auto_followup: true };
+        let recovered = item_from_entry(journal_entry(&item(flags, Some("opus")), 0));
+        assert_eq!((recovered.flags, recovered.model.as_deref()), (flags, Some("opus")));
+        let plain = item_from_entry(journal_entry(&item(RequestFlags::default(), None), 0));
+        assert_eq!((plain.flags, plain.model), (RequestFlags::default(), None));
+    }
+
+    #[test]
+    fn a_journal_of_an_older_version_has_the_flags_in_meta() {
+        let mut entry = journal_entry(&item(RequestFlags::default(), None), 0);
+        entry.route = JournalRoute {
+            origin: Some("cron".to_owned()),
+            queue_mode: Some("followup".to_owned()),
+            ..JournalRoute::default()
+        };
+        entry.meta = serde_json::json!({ "goal_continuation": true, "model": "opus" });
+        let recovered = item_from_entry(entry);
+        assert!(recovered.flags.goal_continuation);
+        assert!(!recovered.flags.auto_followup);
+        assert_eq!(recovered.model.as_deref(), Some("opus"));
     }
 }

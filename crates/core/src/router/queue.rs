@@ -12,7 +12,6 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -20,10 +19,9 @@ use tokio::time::Instant;
 use crate::bus::RunPhase;
 use crate::config::{DropPolicy, QueueMode};
 use crate::engine::{Completion, ResumeToken, RunError};
-use crate::ids::{ConversationKey, RunId};
+use crate::ids::{ConversationKey, RunId, SessionKey};
 
-use super::resolve::meta_flag;
-use super::Origin;
+use super::{Origin, RequestFlags};
 
 /// Two followups closer than this are merged into one turn.
 pub const FOLLOWUP_MERGE_WINDOW: Duration = Duration::from_millis(500);
@@ -32,13 +30,15 @@ pub const FOLLOWUP_MERGE_WINDOW: Duration = Duration::from_millis(500);
 #[derive(Debug, Clone, PartialEq)]
 pub struct Item {
     pub run_id: RunId,
-    pub session_key: Arc<str>,
+    pub session_key: SessionKey,
     pub conversation: ConversationKey,
     pub prompt: String,
     /// The resolved engine id (possibly composite).
     pub engine: String,
     pub resume: Option<ResumeToken>,
     pub cwd: Option<PathBuf>,
+    pub model: Option<String>,
+    pub flags: RequestFlags,
     pub meta: BTreeMap<String, serde_json::Value>,
     pub origin: Origin,
     /// The mode it was queued in (a steer that fell back is queued as its fallback).
@@ -66,17 +66,11 @@ pub struct RouteChoice {
 impl Item {
     /// Task and delegated auto-followups are never merged and steer a live run.
     pub fn is_async_followup(&self) -> bool {
-        meta_flag(&self.meta, "task_auto_followup")
-            || meta_flag(&self.meta, "delegated_auto_followup")
-            || self
-                .meta
-                .get("async_followups")
-                .and_then(|v| v.as_array())
-                .is_some_and(|list| !list.is_empty())
+        self.flags.auto_followup
     }
 
     fn is_goal_continuation(&self) -> bool {
-        self.mode == QueueMode::Followup && meta_flag(&self.meta, "goal_continuation")
+        self.mode == QueueMode::Followup && self.flags.goal_continuation
     }
 
     fn phase(&self, phase: RunPhase) -> Option<Effect> {
@@ -142,7 +136,7 @@ pub enum Effect {
     Rejournal(Item),
     Phase {
         run_id: RunId,
-        session_key: Arc<str>,
+        session_key: SessionKey,
         phase: RunPhase,
     },
 }
@@ -160,7 +154,7 @@ struct PendingSteer {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Active {
     pub run_id: RunId,
-    pub session_key: Arc<str>,
+    pub session_key: SessionKey,
     pub engine: String,
     /// A cancel was sent; a second interrupt does not send another.
     cancelling: bool,
@@ -316,10 +310,12 @@ impl Conversation {
                 let mut meta = previous.meta.clone();
                 meta.append(&mut merged.meta);
                 merged.meta = meta;
+                // As with `meta`, the newer request's settings win over the earlier's.
+                merged.model = merged.model.take().or_else(|| previous.model.clone());
+                merged.flags.goal_continuation |= previous.flags.goal_continuation;
                 merged.seq = previous.seq;
                 effects.extend(previous.phase(RunPhase::Aborted));
-                let reason =
-                    RunError::Cancelled { reason: format!("merged into {}", merged.run_id) };
+                let reason = RunError::Merged { into: merged.run_id.clone() };
                 effects.push(Effect::Complete {
                     engine: previous.engine.clone(),
                     completion: aborted(reason),

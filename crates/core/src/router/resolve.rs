@@ -1,15 +1,11 @@
 //! Pure resolution of a request: explicit resume lines, engine directives, slash
-//! commands, bindings, the engine and the conversation key, and context-overflow
-//! detection. Nothing here touches the store or the bus, so every rule is a unit test.
+//! commands, bindings, the engine and the conversation key. Nothing here touches the store or the bus, so every rule is a unit test.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::config::{BindingConfig, GatewayConfig, QueueMode};
 use crate::engine::validate::{check_engine_ref_model, check_model};
-use crate::engine::{
-    extract_plain_resume, EngineRegistry, Field, InvalidValue, ResumeToken, RunError,
-};
+use crate::engine::{extract_plain_resume, EngineRegistry, Field, InvalidValue, ResumeToken};
 use crate::ids::{ConversationKey, EngineId};
 
 use super::ChannelRef;
@@ -25,32 +21,6 @@ pub const DIRECTIVE_ENGINES: [&str; 7] =
 
 /// The message shown when `native_only` refuses a vendor resume token.
 pub const NATIVE_ONLY_RESUME_MESSAGE: &str = "Top-level router resumes support only the native \"lemon\" engine. Use `lemon resume <id>` or omit the resume token.";
-
-/// Lower-case fragments of an error text that mean the model's context overflowed.
-const OVERFLOW_MARKERS: [&str; 15] = [
-    "context_length_exceeded",
-    "context length exceeded",
-    "context window",
-    "http 413",
-    "payload too large",
-    "request entity too large",
-    "string too long",
-    "maximum length",
-    "invalid 'input[",
-    "input[",
-    "上下文长度超过限制",
-    "令牌数量超出",
-    "输入过长",
-    "超出最大长度",
-    "上下文窗口已满",
-];
-
-/// Whether a run's error means its session no longer fits the model's context,
-/// so the next message must start a fresh session.
-pub fn is_context_overflow(error: &RunError) -> bool {
-    let text = error.to_string().to_lowercase();
-    OVERFLOW_MARKERS.iter().any(|marker| text.contains(marker))
-}
 
 /// A prompt with its explicit resume line taken out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -315,22 +285,16 @@ pub fn check_engine_model(engine_ref: &str, field: Field) -> Result<(), Refusal>
     })
 }
 
-/// `meta.model`, when it is a string (the only form the gateway passes on).
+/// The request's model (the control API's `meta.model`).
 ///
 /// # Errors
 /// A [`Refusal`] of [`Field::MetaModel`] when it is not a safe model name.
-pub fn check_meta_model(
-    meta: &BTreeMap<String, serde_json::Value>,
-    engine_ref: &str,
-) -> Result<(), Refusal> {
-    match meta.get("model").and_then(|m| m.as_str()).map(str::trim).filter(|m| !m.is_empty()) {
-        Some(model) => check_model(model).map_err(|why| Refusal {
-            field: Field::MetaModel,
-            what: format!("invalid model for {}", engine_name(engine_ref)),
-            why,
-        }),
-        None => Ok(()),
-    }
+pub fn check_request_model(model: &str, engine_ref: &str) -> Result<(), Refusal> {
+    check_model(model).map_err(|why| Refusal {
+        field: Field::MetaModel,
+        what: format!("invalid model for {}", engine_name(engine_ref)),
+        why,
+    })
 }
 
 /// A resume token: its engine's model part (from `engine_field`), then its value
@@ -368,16 +332,6 @@ pub fn queue_mode(
     configured: Option<QueueMode>,
 ) -> QueueMode {
     requested.or(binding).or(configured).unwrap_or(QueueMode::Collect)
-}
-
-/// Whether a meta flag is set (`true`, or a non-empty string other than "false").
-pub fn meta_flag(meta: &BTreeMap<String, serde_json::Value>, key: &str) -> bool {
-    match meta.get(key) {
-        Some(serde_json::Value::Bool(b)) => *b,
-        Some(serde_json::Value::String(s)) => !s.is_empty() && s != "false",
-        Some(serde_json::Value::Number(n)) => n.as_f64().is_some_and(|n| n != 0.0),
-        _ => false,
-    }
 }
 
 #[cfg(test)]

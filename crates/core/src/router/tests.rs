@@ -21,6 +21,7 @@ use crate::ids::EngineId;
 use crate::store::StoreHandle;
 use crate::testing::FakeEngine;
 
+mod follow;
 mod properties;
 
 /// Always fails as if the model's context overflowed, after reporting a session.
@@ -48,7 +49,9 @@ impl Engine for OverflowEngine {
         sink: EventSink,
     ) -> Result<Arc<dyn RunControl>, EngineError> {
         let resume = Some(ResumeToken::new("overflow", format!("{}-session", req.run_id)));
-        let error = RunError::Engine { message: "Codex error: context_length_exceeded".to_owned() };
+        let error = RunError::ContextOverflow {
+            message: "Codex error: context_length_exceeded".to_owned(),
+        };
         tokio::spawn(async move {
             let _ = sink.send(EngineEvent::Completed(Completion::failure(error, resume))).await;
         });
@@ -117,7 +120,7 @@ impl Harness {
 
     pub(super) async fn submit_req(&self, req: RunRequest) -> RunId {
         match self.router.submit(req).await.unwrap() {
-            Submitted::Run(accepted) => accepted.run_id,
+            Submitted::Run(accepted, _) => accepted.run_id,
             other => panic!("expected a run, got {other:?}"),
         }
     }
@@ -248,8 +251,8 @@ async fn followups_sent_together_become_one_turn() {
     let first = h.submit("s", "ok fix the test", Some(QueueMode::Followup)).await;
     let second = h.submit("s", "and the docs", Some(QueueMode::Followup)).await;
     let merged = h.completion_of(&first).await;
-    assert_eq!(code(&merged), Some("cancelled"));
-    assert!(merged.error.unwrap().to_string().contains(second.as_str()));
+    assert_eq!(code(&merged), Some("merged"));
+    assert_eq!(merged.error, Some(RunError::Merged { into: second.clone() }));
     h.router.abort_run(&busy).await.unwrap();
     assert!(h.completion_of(&second).await.ok);
     assert_eq!(h.fake.started(), ["hang", "ok fix the test\nand the docs"]);
@@ -366,7 +369,7 @@ async fn disable_auto_resume_starts_fresh() {
     let first = h.submit("s", "ok hello", None).await;
     h.completion_of(&first).await;
     let mut req = request("s", "ok fresh", None);
-    req.meta.insert("disable_auto_resume".into(), true.into());
+    req.flags.no_auto_resume = true;
     let second = h.submit_req(req).await;
     h.completion_of(&second).await;
     let record = h.store.get_run(second.as_str()).await.unwrap().unwrap();
@@ -381,7 +384,7 @@ async fn an_explicit_resume_line_continues_that_session_on_its_engine() {
         ..request("s", "fake resume abc\nok go on", None)
     };
     let run = match h.router.submit(req).await.unwrap() {
-        Submitted::Run(accepted) => accepted,
+        Submitted::Run(accepted, _) => accepted,
         other => panic!("{other:?}"),
     };
     assert_eq!(run.conversation.as_str(), "resume:fake:abc");
@@ -399,7 +402,7 @@ async fn a_context_overflow_forgets_the_session() {
     h.settled(&first).await;
     assert!(h.store.get_chat_state("s", crate::clock::now_ms()).await.unwrap().is_some());
     let req = RunRequest {
-        meta: [("disable_auto_resume".to_owned(), true.into())].into(),
+        flags: RequestFlags { no_auto_resume: true, ..RequestFlags::default() },
         ..request("s", "/overflow too much", None)
     };
     let second = h.submit_req(req).await;
@@ -415,7 +418,7 @@ async fn a_context_overflow_forgets_the_session() {
 async fn directives_and_sticky_engines_pick_the_engine() {
     let mut h = harness(router_config()).await;
     let accepted = match h.router.submit(RunRequest::new("s", "/plain ok hi")).await.unwrap() {
-        Submitted::Run(accepted) => accepted,
+        Submitted::Run(accepted, _) => accepted,
         other => panic!("{other:?}"),
     };
     assert_eq!(accepted.engine, "plain");
@@ -423,7 +426,7 @@ async fn directives_and_sticky_engines_pick_the_engine() {
     assert_eq!(h.command("s", "/engine nope").await, "Unknown engine nope.");
     assert_eq!(h.command("s", "/engine plain").await, "This session now uses plain.");
     let next = match h.router.submit(RunRequest::new("s", "ok again")).await.unwrap() {
-        Submitted::Run(accepted) => accepted,
+        Submitted::Run(accepted, _) => accepted,
         other => panic!("{other:?}"),
     };
     assert_eq!(next.engine, "plain");
@@ -437,9 +440,10 @@ async fn an_unknown_engine_is_refused_with_its_name() {
     let err = h
         .router
         .submit(RunRequest { engine: Some("nope".into()), ..RunRequest::new("s", "hi") })
-        .await;
+        .await
+        .map(drop);
     assert_eq!(err, Err(RouteError::UnknownEngine { engine: "nope".to_owned() }));
-    let err = h.router.submit(RunRequest::new("s", "/claude fix it")).await;
+    let err = h.router.submit(RunRequest::new("s", "/claude fix it")).await.map(drop);
     assert_eq!(err, Err(RouteError::UnknownEngine { engine: "claude".to_owned() }));
 }
 
@@ -458,7 +462,9 @@ async fn a_caller_run_id_submitted_twice_is_one_run() {
     let req = RunRequest { run_id: Some(id.clone()), ..RunRequest::new("s", "sleep:10 once") };
     let first = h.router.submit(req.clone()).await.unwrap();
     let second = h.router.submit(req).await.unwrap();
-    let (Submitted::Run(first), Submitted::Run(second)) = (first, second) else { panic!("runs") };
+    let (Submitted::Run(first, _), Submitted::Run(second, _)) = (first, second) else {
+        panic!("runs")
+    };
     assert!(!first.duplicate);
     assert!(second.duplicate);
     assert_eq!(second.run_id, id);
@@ -549,9 +555,12 @@ fn journaled(
         resume: None,
         cwd: None,
         meta: serde_json::json!({ "origin": "control_plane" }),
-        route: serde_json::json!({
-            "queue_mode": "collect", "auto_resume": true, "fallback_engine": "fake",
-        }),
+        route: crate::store::JournalRoute {
+            queue_mode: Some("collect".to_owned()),
+            auto_resume: true,
+            fallback_engine: Some("fake".to_owned()),
+            ..Default::default()
+        },
         state,
         // Accepted a moment ago, well within `recovered_max_age`.
         accepted_at_ms: crate::clock::now_ms() - 1_000 + seq as i64,
@@ -658,7 +667,7 @@ async fn a_webhook_request_is_journaled_and_stored_with_its_origin() {
     let pending = h.store.journal_pending().await.unwrap();
     let entry = pending.iter().find(|e| e.run_id == queued).unwrap();
     assert_eq!(entry.meta["origin"], "webhook");
-    assert_eq!(entry.route["origin"], "webhook");
+    assert_eq!(entry.route.origin.as_deref(), Some("webhook"));
     h.router.abort_run(&busy).await.unwrap();
     assert!(h.completion_of(&queued).await.ok);
     let record = h.store.get_run(queued.as_str()).await.unwrap().unwrap();
@@ -705,7 +714,7 @@ async fn a_channel_binding_gives_project_cwd_agent_engine_and_queue_mode() {
     assert_eq!(entry.cwd.as_deref(), Some(std::path::Path::new("/srv/app")));
     assert_eq!(entry.meta["agent_id"], "helper");
     assert_eq!(entry.meta["origin"], "channel");
-    assert_eq!(code(&h.completion_of(&first).await), Some("cancelled"));
+    assert_eq!(code(&h.completion_of(&first).await), Some("merged"));
     h.router.abort_run(&busy).await.unwrap();
     assert!(h.completion_of(&second).await.ok);
 }
@@ -733,7 +742,7 @@ async fn native_only_runs_lemon_and_keeps_a_stored_vendor_session_unused() {
     let config = RouterConfig { native_only: true, ..router_config() };
     let mut h = harness_with(config, FakeEngine::new("lemon"), StoreHandle::memory()).await;
     let accepted = match h.router.submit(RunRequest::new("d", "/plain ok hi")).await.unwrap() {
-        Submitted::Run(accepted) => accepted,
+        Submitted::Run(accepted, _) => accepted,
         other => panic!("{other:?}"),
     };
     assert_eq!(accepted.engine, "lemon", "directives are ignored");
@@ -752,7 +761,7 @@ async fn native_only_runs_lemon_and_keeps_a_stored_vendor_session_unused() {
 
     let accepted =
         match h.router.submit(RunRequest::new("s", "lemon resume n-1\nok go")).await.unwrap() {
-            Submitted::Run(accepted) => accepted,
+            Submitted::Run(accepted, _) => accepted,
             other => panic!("{other:?}"),
         };
     assert_eq!(accepted.conversation.as_str(), "resume:lemon:n-1");
@@ -821,7 +830,7 @@ async fn values_that_could_be_options_are_refused_naming_their_field_and_nothing
         ),
         (
             RunRequest {
-                meta: [("model".to_owned(), "--allowedTools=Bash".into())].into(),
+                model: Some("--allowedTools=Bash".to_owned()),
                 ..RunRequest::new("s", "hi")
             },
             ("meta.model", "invalid model for fake"),

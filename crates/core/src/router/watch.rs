@@ -1,38 +1,52 @@
-//! Follows one dispatched run on its bus topic: publishes the `dispatched` and
-//! `streaming` phases, marks the journal entry started, runs the idle watchdog,
-//! and reports the run's completion to the router.
+//! Follows one dispatched run: publishes the `dispatched` and `streaming`
+//! phases, marks the journal entry started, runs the idle watchdog, and returns
+//! the run's completion for the router.
 //!
-//! The subscription is taken before the run is submitted, so no event is missed;
-//! `run_completed` is the topic's last event and survives a lag.
+//! The follower subscribed before the run was submitted, so no event is missed;
+//! a lag is resynchronised from the store.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use super::actor::{publish_phase, RouterMsg};
+use super::follow::RunFollower;
 use super::journal::Journal;
-use crate::bus::{EventBus, EventKind, RecvError, RunPhase, Subscription};
+use crate::bus::{BusEvent, EventBus, EventKind, RunPhase};
+use crate::clock::now_ms;
 use crate::engine::{Completion, RunError};
 use crate::gateway::GatewayHandle;
-use crate::ids::{ConversationKey, RunId};
+use std::sync::Arc;
+
+use crate::ids::{RunId, SessionKey};
+
+/// Publishes a phase on the run's topic. Phases are hints for UIs: they are not
+/// stored and carry index 0, so they never take an index of the run's own events.
+pub(super) fn publish_phase(
+    bus: &EventBus,
+    run_id: &RunId,
+    session_key: &SessionKey,
+    phase: RunPhase,
+) {
+    bus.publish(Arc::new(BusEvent {
+        run_id: run_id.clone(),
+        session_key: session_key.clone(),
+        index: 0,
+        ts_ms: now_ms(),
+        kind: EventKind::Phase(phase),
+    }));
+}
 
 /// One run's watcher, moved into its task.
 #[derive(Debug)]
 pub(super) struct Watch {
     pub(super) run_id: RunId,
-    pub(super) session_key: Arc<str>,
-    pub(super) conversation: ConversationKey,
-    pub(super) events: Subscription,
-    pub(super) router: mpsc::Sender<RouterMsg>,
+    pub(super) session_key: SessionKey,
+    pub(super) events: RunFollower,
     pub(super) gateway: GatewayHandle,
     pub(super) journal: Journal,
     pub(super) bus: EventBus,
     pub(super) idle_watchdog: Option<Duration>,
     pub(super) suppress_phases: bool,
-    pub(super) token: CancellationToken,
 }
 
 impl Watch {
@@ -42,74 +56,46 @@ impl Watch {
         }
     }
 
-    pub(super) async fn run(mut self) {
+    /// Follows the run to its end: its completion and engine.
+    pub(super) async fn run(mut self) -> (Completion, String) {
         let mut streaming = false;
         // Armed when the run starts: time spent waiting for a slot is not idleness.
         let mut deadline: Option<Instant> = None;
-        let (completion, engine) = loop {
+        loop {
             tokio::select! {
                 biased;
-                () = self.token.cancelled() => return,
-                event = self.events.recv() => match event {
-                    Ok(event) => {
-                        if matches!(event.kind, EventKind::Phase(_)) {
-                            continue;
-                        }
-                        if let Some(idle) = self.idle_watchdog {
-                            deadline = Some(Instant::now() + idle);
-                        }
-                        match &event.kind {
-                            EventKind::RunStarted { .. } => {
-                                self.journal.mark_started(&self.run_id).await;
-                                self.phase(RunPhase::Dispatched);
-                            }
-                            EventKind::RunCompleted { completion, engine, .. } => {
-                                break (completion.clone(), engine.clone());
-                            }
-                            _ if !streaming => {
-                                streaming = true;
-                                self.phase(RunPhase::Streaming);
-                            }
-                            _ => {}
+                event = self.events.next() => {
+                    let Some(event) = event else {
+                        // The bus went away and the store holds no completion.
+                        let detail = "the run's events stopped before its completion".to_owned();
+                        let crashed = RunError::EngineCrashed { detail };
+                        return (Completion::failure(crashed, None), String::new());
+                    };
+                    if let Some(idle) = self.idle_watchdog {
+                        deadline = Some(Instant::now() + idle);
+                    }
+                    if let Some(completed) = event.completed() {
+                        if let EventKind::RunCompleted { completion, engine, .. } = &completed.kind {
+                            return (completion.clone(), engine.clone());
                         }
                     }
-                    Err(RecvError::Lagged(_)) => {}
-                    Err(RecvError::Closed) => break self.completion_from_store().await,
+                    match event.type_name() {
+                        "run_started" => {
+                            self.journal.mark_started(&self.run_id).await;
+                            self.phase(RunPhase::Dispatched);
+                        }
+                        _ if !streaming => {
+                            streaming = true;
+                            self.phase(RunPhase::Streaming);
+                        }
+                        _ => {}
+                    }
                 },
                 () = sleep_until_opt(deadline) => {
                     deadline = None;
                     tracing::info!(run_id = %self.run_id, "idle watchdog cancels the run");
                     let _ = self.gateway.cancel(&self.run_id, RunError::IdleWatchdog).await;
                 }
-            }
-        };
-        let msg = RouterMsg::RunEnded {
-            run_id: self.run_id.clone(),
-            conversation: self.conversation.clone(),
-            completion,
-            engine,
-        };
-        let _ = self.router.send(msg).await;
-    }
-
-    /// The topic closed without a completion (the bus went away): the store knows
-    /// how the run ended, or it is reported as crashed so the conversation moves on.
-    async fn completion_from_store(&self) -> (Completion, String) {
-        let record = self.gateway.store().get_run(self.run_id.as_str()).await.ok().flatten();
-        match record {
-            Some(record) if record.status.is_terminal() => {
-                let completion = Completion {
-                    ok: record.status == crate::bus::RunStatus::Completed,
-                    answer: record.answer.unwrap_or_default(),
-                    error: record.error.map(|message| RunError::Engine { message }),
-                    resume: record.resume,
-                    usage: record.usage,
-                };
-                (completion, record.engine)
-            }
-            _ => {
-                let detail = "the run's events stopped before its completion".to_owned();
-                (Completion::failure(RunError::EngineCrashed { detail }, None), String::new())
             }
         }
     }

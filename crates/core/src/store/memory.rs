@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use super::{
-    ChatState, FinishedRun, JournalEntry, JournalState, NewRun, RunFilter, RunRecord, StoreBackend,
-    StoreError, StoredEvent,
+    ChatState, ChatStateStore, FinishedRun, JournalEntry, JournalState, JournalStore, KvStore,
+    NewRun, RunEventStore, RunFilter, RunRecord, RunStore, StoreError, StoreLifecycle, StoredEvent,
 };
 use crate::bus::{BusEvent, RunStatus};
 use crate::ids::RunId;
@@ -85,7 +85,7 @@ impl MemoryStore {
 }
 
 #[async_trait]
-impl StoreBackend for MemoryStore {
+impl RunStore for MemoryStore {
     async fn insert_run(&self, run: NewRun) {
         if !self.writable() {
             return;
@@ -101,6 +101,7 @@ impl StoreBackend for MemoryStore {
             answer: None,
             error: None,
             error_code: None,
+            resumed_from: run.resumed_from,
             resume: None,
             usage: serde_json::Value::Null,
             created_at_ms: run.created_at_ms,
@@ -157,13 +158,6 @@ impl StoreBackend for MemoryStore {
         }
     }
 
-    async fn append_event(&self, event: Arc<BusEvent>) {
-        if !self.writable() {
-            return;
-        }
-        self.tables().events.entry(event.run_id.clone()).or_default().push(event);
-    }
-
     async fn finalize_run(&self, run: FinishedRun) {
         if !self.writable() {
             return;
@@ -198,6 +192,16 @@ impl StoreBackend for MemoryStore {
             .cloned()
             .collect())
     }
+}
+
+#[async_trait]
+impl RunEventStore for MemoryStore {
+    async fn append_event(&self, event: Arc<BusEvent>) {
+        if !self.writable() {
+            return;
+        }
+        self.tables().events.entry(event.run_id.clone()).or_default().push(event);
+    }
 
     async fn run_events(&self, run_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
         let tables = self.tables();
@@ -216,7 +220,10 @@ impl StoreBackend for MemoryStore {
             })
             .unwrap_or_default())
     }
+}
 
+#[async_trait]
+impl ChatStateStore for MemoryStore {
     async fn put_chat_state(
         &self,
         session_key: &str,
@@ -254,7 +261,10 @@ impl StoreBackend for MemoryStore {
     async fn delete_chat_state(&self, session_key: &str) {
         self.tables().chat.remove(session_key);
     }
+}
 
+#[async_trait]
+impl JournalStore for MemoryStore {
     async fn journal_admit(&self, entry: JournalEntry) {
         if !self.writable() {
             return;
@@ -283,7 +293,10 @@ impl StoreBackend for MemoryStore {
         entries.sort_by_key(|e| e.seq);
         Ok(entries)
     }
+}
 
+#[async_trait]
+impl KvStore for MemoryStore {
     async fn kv_put(
         &self,
         namespace: &str,
@@ -336,7 +349,10 @@ impl StoreBackend for MemoryStore {
         records.retain(|_, record| record.live_at(now_ms));
         Ok(records.iter().map(|(key, record)| (key.clone(), record.value.clone())).collect())
     }
+}
 
+#[async_trait]
+impl StoreLifecycle for MemoryStore {
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }

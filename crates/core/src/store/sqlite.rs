@@ -7,10 +7,9 @@
 //! channel, then query the read connection on a blocking task, so a read sees every
 //! write queued before it on the same store.
 //!
-//! Files: `schema` (migrations), `writer` (the writer and checkpointer threads),
-//! `event_json` (an event's stored JSON, written without building a `Value`).
+//! Files: `schema` (migrations), `writer` (the writer and checkpointer threads).
+//! Events are stored in their one JSON form, [`crate::bus::EventJson`].
 
-mod event_json;
 mod schema;
 mod writer;
 
@@ -24,12 +23,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, Row, Rows};
+use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
 use self::writer::{Reply, WriteOp};
 use super::{
-    ChatState, FinishedRun, JournalEntry, JournalState, NewRun, RunFilter, RunRecord, StoreBackend,
-    StoreError, StoredEvent, KV_PURGE_BATCH,
+    ChatState, ChatStateStore, FinishedRun, JournalEntry, JournalRoute, JournalState, JournalStore,
+    KvStore, NewRun, RunEventStore, RunFilter, RunRecord, RunStore, StoreError, StoreLifecycle,
+    StoredEvent, KV_PURGE_BATCH,
 };
 use crate::bus::{BusEvent, RunStatus};
 use crate::engine::ResumeToken;
@@ -49,11 +50,12 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 macro_rules! run_columns {
     () => {
         "run_id, session_key, conversation, engine, prompt, meta, status, answer, error, error_code, \
-         resume_engine, resume_value, usage, created_at_ms, started_at_ms, completed_at_ms, duration_ms"
+         resume_engine, resume_value, usage, created_at_ms, started_at_ms, completed_at_ms, duration_ms, \
+         resumed_from_engine, resumed_from_value"
     };
 }
 
-/// The SQLite store. Dropping it without [`StoreBackend::close`] still applies every
+/// The SQLite store. Dropping it without [`StoreLifecycle::close`] still applies every
 /// write already queued: the writer drains its queue once the sender is gone, and
 /// drop waits for it (and the writer for the checkpointer).
 pub struct SqliteStore {
@@ -216,7 +218,7 @@ impl Drop for SqliteStore {
 }
 
 #[async_trait]
-impl StoreBackend for SqliteStore {
+impl RunStore for SqliteStore {
     async fn insert_run(&self, run: NewRun) {
         self.queue(WriteOp::InsertRun(run)).await;
     }
@@ -227,10 +229,6 @@ impl StoreBackend for SqliteStore {
 
     async fn mark_cancelling(&self, run_id: RunId) {
         self.queue(WriteOp::MarkCancelling { run_id }).await;
-    }
-
-    async fn append_event(&self, event: Arc<BusEvent>) {
-        self.queue(WriteOp::AppendEvent(event)).await;
     }
 
     async fn finalize_run(&self, run: FinishedRun) {
@@ -283,6 +281,13 @@ impl StoreBackend for SqliteStore {
         })
         .await
     }
+}
+
+#[async_trait]
+impl RunEventStore for SqliteStore {
+    async fn append_event(&self, event: Arc<BusEvent>) {
+        self.queue(WriteOp::AppendEvent(event)).await;
+    }
 
     async fn run_events(&self, run_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
         let run_id = run_id.to_owned();
@@ -303,17 +308,10 @@ impl StoreBackend for SqliteStore {
                 // A row holds one or more consecutive events, one JSON object per line.
                 for line in data.split('\n') {
                     let data = parse_json(line, || format!("event row {first} of run {run_id}"))?;
-                    let index =
-                        data.get("index").and_then(serde_json::Value::as_u64).ok_or_else(|| {
-                            StoreError::Corrupt(format!(
-                                "run {run_id} has an event without an index"
-                            ))
-                        })?;
-                    let kind = data
-                        .get("type")
-                        .and_then(serde_json::Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned();
+                    let head = StoredEventHead::deserialize(&data).map_err(|e| {
+                        StoreError::Corrupt(format!("event row {first} of run {run_id}: {e}"))
+                    })?;
+                    let (index, kind) = (head.index, head.kind);
                     events.push(StoredEvent { index, kind, data });
                 }
             }
@@ -321,7 +319,10 @@ impl StoreBackend for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl ChatStateStore for SqliteStore {
     async fn put_chat_state(
         &self,
         session_key: &str,
@@ -381,7 +382,10 @@ impl StoreBackend for SqliteStore {
     async fn delete_chat_state(&self, session_key: &str) {
         self.queue(WriteOp::DeleteChatState { session_key: session_key.to_owned() }).await;
     }
+}
 
+#[async_trait]
+impl JournalStore for SqliteStore {
     async fn journal_admit(&self, entry: JournalEntry) {
         self.queue(WriteOp::JournalAdmit(Box::new(entry))).await;
     }
@@ -412,7 +416,10 @@ impl StoreBackend for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl KvStore for SqliteStore {
     async fn kv_put(
         &self,
         namespace: &str,
@@ -486,7 +493,10 @@ impl StoreBackend for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl StoreLifecycle for SqliteStore {
     async fn flush(&self) -> Result<(), StoreError> {
         if self.is_closed() {
             return Err(StoreError::Closed);
@@ -612,6 +622,8 @@ fn run_from_row(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     let resume_value: Option<String> = row.get(11).map_err(db)?;
     let usage: String = row.get(12).map_err(db)?;
     let duration_ms: Option<i64> = row.get(16).map_err(db)?;
+    let resumed_from_engine: Option<String> = row.get(17).map_err(db)?;
+    let resumed_from_value: Option<String> = row.get(18).map_err(db)?;
     Ok(RunRecord {
         session_key: row.get(1).map_err(db)?,
         conversation: row.get(2).map_err(db)?,
@@ -623,6 +635,9 @@ fn run_from_row(row: &Row<'_>) -> Result<RunRecord, StoreError> {
         answer: row.get(7).map_err(db)?,
         error: row.get(8).map_err(db)?,
         error_code: row.get(9).map_err(db)?,
+        resumed_from: resumed_from_engine
+            .zip(resumed_from_value)
+            .map(|(engine, value)| ResumeToken { engine, value }),
         resume: match (resume_engine, resume_value) {
             (Some(engine), Some(value)) => Some(ResumeToken { engine, value }),
             _ => None,
@@ -641,8 +656,27 @@ fn run_from_row(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     })
 }
 
+/// The fields of a stored event's JSON that the store itself reads back.
+#[derive(Debug, Deserialize)]
+struct StoredEventHead {
+    index: u64,
+    #[serde(rename = "type", default)]
+    kind: String,
+}
+
 fn parse_json(text: &str, what: impl FnOnce() -> String) -> Result<serde_json::Value, StoreError> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{}: {e}", what())))
+}
+
+/// The route of a journal entry. Text that is not JSON is corrupt; JSON of another
+/// shape (a key of the wrong type) is read as the default route with a warning,
+/// as it was read before the route had a type.
+fn journal_route(text: &str, run_id: &str) -> Result<JournalRoute, StoreError> {
+    let value = parse_json(text, || format!("route of journal entry {run_id}"))?;
+    Ok(JournalRoute::deserialize(&value).unwrap_or_else(|error| {
+        tracing::warn!(%run_id, %error, "unreadable journal route; the default route is used");
+        JournalRoute::default()
+    }))
 }
 
 fn journal_from_row(row: &Row<'_>) -> Result<JournalEntry, StoreError> {
@@ -665,7 +699,7 @@ fn journal_from_row(row: &Row<'_>) -> Result<JournalEntry, StoreError> {
         resume: resume_engine.zip(resume_value).map(|(e, v)| ResumeToken::new(e, v)),
         cwd: cwd.map(std::path::PathBuf::from),
         meta: parse_json(&meta, || format!("meta of journal entry {run_id}"))?,
-        route: parse_json(&route, || format!("route of journal entry {run_id}"))?,
+        route: journal_route(&route, &run_id)?,
         state: JournalState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
         accepted_at_ms: row.get(12).map_err(db)?,
     })

@@ -48,6 +48,7 @@ fn new_run(id: &str, created_at_ms: i64) -> NewRun {
         engine: "echo".to_owned(),
         prompt: format!("prompt of {id}"),
         meta: json!({ "source": "test", "tags": ["a", "b"], "n": 1 }),
+        resumed_from: None,
         created_at_ms,
     }
 }
@@ -66,6 +67,7 @@ fn queued_record(id: &str, created_at_ms: i64) -> RunRecord {
         answer: None,
         error: None,
         error_code: None,
+        resumed_from: None,
         resume: None,
         usage: serde_json::Value::Null,
         created_at_ms,
@@ -738,8 +740,12 @@ async fn check_backends_agree(steps: Vec<Step>) {
         for store in [&memory, &sqlite] {
             match step.clone() {
                 Step::Insert(run) if !inserted[run] => {
-                    // Halving the clock makes runs share a millisecond now and then.
-                    store.insert_run(new_run(ids[run], 1_000 + clock / 2)).await;
+                    // Halving the clock makes runs share a millisecond now and then;
+                    // every other run continues a session.
+                    let resumed_from =
+                        (clock % 2 == 1).then(|| ResumeToken::new("echo", format!("tok-{clock}")));
+                    let run = NewRun { resumed_from, ..new_run(ids[run], 1_000 + clock / 2) };
+                    store.insert_run(run).await;
                 }
                 Step::Insert(_) => {}
                 Step::Start(run) => {
@@ -818,7 +824,14 @@ fn journal_entry(id: &str, seq: u64) -> JournalEntry {
         resume: Some(ResumeToken::new("codex", "t-1")),
         cwd: Some(PathBuf::from("/srv/app")),
         meta: json!({ "origin": "channel" }),
-        route: json!({ "queue_mode": "followup" }),
+        route: JournalRoute {
+            origin: Some("channel".to_owned()),
+            queue_mode: Some("followup".to_owned()),
+            auto_resume: true,
+            chosen_engine: Some("codex".to_owned()),
+            fallback_engine: None,
+            ..JournalRoute::default()
+        },
         state: JournalState::Queued,
         accepted_at_ms: 1_000 + seq as i64,
     }
@@ -1026,7 +1039,8 @@ async fn sqlite_a_file_from_before_the_kv_table_is_migrated_and_keeps_its_runs()
     store.close().await.unwrap();
     // Make the file look like one written before migration 3.
     let conn = rusqlite::Connection::open(&path).unwrap();
-    conn.execute_batch("DROP TABLE kv; PRAGMA user_version = 2;").unwrap();
+    conn.execute_batch(&format!("{UNDO_RESUMED_FROM} DROP TABLE kv; PRAGMA user_version = 2;"))
+        .unwrap();
     drop(conn);
 
     let store = open(&path);
@@ -1035,4 +1049,231 @@ async fn sqlite_a_file_from_before_the_kv_table_is_migrated_and_keeps_its_runs()
     store.kv_put("ns", "k", json!(1), None).await;
     assert_eq!(store.kv_get("ns", "k", 0).await.unwrap(), Some(json!(1)));
     store.close().await.unwrap();
+}
+
+/// Undoes migration 4 (the `resumed_from` columns), to make a file look older.
+const UNDO_RESUMED_FROM: &str = "ALTER TABLE runs DROP COLUMN resumed_from_engine;
+     ALTER TABLE runs DROP COLUMN resumed_from_value;";
+
+#[tokio::test]
+async fn sqlite_a_file_from_before_resumed_from_is_migrated_and_keeps_its_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    store.insert_run(new_run("run_old", 1_000)).await;
+    store.close().await.unwrap();
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(&format!("{UNDO_RESUMED_FROM} PRAGMA user_version = 3;")).unwrap();
+    drop(conn);
+
+    let store = open(&path);
+    assert_eq!(user_version(&path), SCHEMA_VERSION);
+    assert_eq!(store.get_run("run_old").await.unwrap(), Some(queued_record("run_old", 1_000)));
+    let resumed = NewRun {
+        resumed_from: Some(ResumeToken::new("echo", "tok-9")),
+        ..new_run("run_new", 2_000)
+    };
+    store.insert_run(resumed).await;
+    let record = store.get_run("run_new").await.unwrap().unwrap();
+    assert_eq!(record.resumed_from, Some(ResumeToken::new("echo", "tok-9")));
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_run_keeps_the_session_it_resumed_through_its_end() {
+    for Backend { name, store, _dir } in backends() {
+        let from = ResumeToken::new("echo", "tok-before");
+        store
+            .insert_run(NewRun { resumed_from: Some(from.clone()), ..new_run("run_res", 1_000) })
+            .await;
+        let queued = store.get_run("run_res").await.unwrap().unwrap();
+        assert_eq!(queued.resumed_from, Some(from.clone()), "{name}");
+        assert_eq!(queued.resume, None, "{name}");
+        store.mark_running(run_id("run_res"), "echo".to_owned(), 1_010).await;
+        let after = Some(ResumeToken::new("echo", "tok-after"));
+        store.finalize_run(finished("run_res", Completion::success("ok", after.clone()))).await;
+        let done = store.get_run("run_res").await.unwrap().unwrap();
+        assert_eq!(done.resumed_from, Some(from.clone()), "{name}");
+        assert_eq!(done.resume, after, "{name}");
+        let listed = store.list_runs(RunFilter { status: None, limit: 10 }).await.unwrap();
+        assert_eq!(listed[0].resumed_from, Some(from), "{name}");
+        // A run started without a token continued nothing.
+        store.insert_run(new_run("run_fresh", 2_000)).await;
+        assert_eq!(store.get_run("run_fresh").await.unwrap().unwrap().resumed_from, None, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn inserting_a_run_again_takes_the_later_resumed_from() {
+    for Backend { name, store, _dir } in backends() {
+        // The router admits without a token; the gateway inserts it again with the
+        // token it was dispatched with.
+        store.insert_run(new_run("run_twice", 1_000)).await;
+        let token = ResumeToken::new("echo", "tok-auto");
+        store
+            .insert_run(NewRun { resumed_from: Some(token.clone()), ..new_run("run_twice", 1_500) })
+            .await;
+        let record = store.get_run("run_twice").await.unwrap().unwrap();
+        assert_eq!(record.resumed_from, Some(token), "{name}");
+        assert_eq!(record.created_at_ms, 1_000, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn journal_route_round_trips_on_every_backend() {
+    for Backend { name, store, _dir } in backends() {
+        let entry = journal_entry("j_route", 1);
+        store.journal_admit(entry.clone()).await;
+        let pending = store.journal().journal_pending().await.unwrap();
+        assert_eq!(pending, vec![entry], "{name}");
+    }
+}
+
+/// Rewrites the stored route of journal entry `run_id` to `route` (raw text).
+fn set_stored_route(path: &Path, run_id: &str, route: &str) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute(
+        "UPDATE journal SET route = ?1 WHERE run_id = ?2",
+        rusqlite::params![route, run_id],
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn sqlite_journal_routes_of_older_and_newer_builds_still_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    for (id, seq) in [("j_old", 1), ("j_new", 2), ("j_odd", 3), ("j_empty", 4)] {
+        store.journal_admit(journal_entry(id, seq)).await;
+    }
+    store.close().await.unwrap();
+    // As the first builds wrote it: some keys, no fallback engine.
+    set_stored_route(
+        &path,
+        "j_old",
+        r#"{"origin":"webhook","queue_mode":"collect","auto_resume":true}"#,
+    );
+    // A later build's key this one does not know.
+    set_stored_route(
+        &path,
+        "j_new",
+        r#"{"origin":"cron","auto_resume":false,"chosen_engine":"claude","priority":7}"#,
+    );
+    // A key of the wrong type: read as the default route.
+    set_stored_route(&path, "j_odd", r#"{"auto_resume":"yes","origin":"channel"}"#);
+    set_stored_route(&path, "j_empty", "{}");
+
+    let store = open(&path);
+    let routes: Vec<(String, JournalRoute)> = store
+        .journal_pending()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.run_id.to_string(), e.route))
+        .collect();
+    let expected = vec![
+        (
+            "j_old".to_owned(),
+            JournalRoute {
+                origin: Some("webhook".to_owned()),
+                queue_mode: Some("collect".to_owned()),
+                auto_resume: true,
+                ..JournalRoute::default()
+            },
+        ),
+        (
+            "j_new".to_owned(),
+            JournalRoute {
+                origin: Some("cron".to_owned()),
+                chosen_engine: Some("claude".to_owned()),
+                ..JournalRoute::default()
+            },
+        ),
+        ("j_odd".to_owned(), JournalRoute::default()),
+        ("j_empty".to_owned(), JournalRoute::default()),
+    ];
+    assert_eq!(routes, expected);
+    // A route that is not JSON at all is a corrupt entry.
+    store.close().await.unwrap();
+    set_stored_route(&path, "j_empty", "not json");
+    let store = open(&path);
+    assert!(matches!(store.journal_pending().await, Err(StoreError::Corrupt(_))));
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn process_groups_are_recorded_listed_and_forgotten_on_every_backend() {
+    for Backend { name, store, _dir } in backends() {
+        let group = ProcessGroupRecord { pgid: 4321, start_time: 987_654, session: 4000 };
+        store.record_process_group(group).await.unwrap();
+        assert_eq!(store.process_groups().await.unwrap(), vec![group], "{name}");
+        // Stored as plain JSON, readable by any backend or tool.
+        let raw = store.kv_get(PROCESS_GROUPS_NAMESPACE, "4321", 0).await.unwrap();
+        assert_eq!(
+            raw,
+            Some(json!({ "pgid": 4321, "start_time": 987_654, "session": 4000 })),
+            "{name}"
+        );
+        // An unreadable record is dropped, the others kept.
+        store.kv_put(PROCESS_GROUPS_NAMESPACE, "77", json!({ "pgid": "x" }), None).await;
+        assert_eq!(store.process_groups().await.unwrap(), vec![group], "{name}");
+        assert_eq!(store.kv_get(PROCESS_GROUPS_NAMESPACE, "77", 0).await.unwrap(), None, "{name}");
+        store.forget_process_group(4321).await;
+        assert_eq!(store.process_groups().await.unwrap(), vec![], "{name}");
+    }
+}
+
+#[tokio::test]
+async fn each_concern_is_reachable_through_its_own_trait() {
+    for Backend { name, store, _dir } in backends() {
+        let runs: &dyn RunStore = store.runs();
+        runs.insert_run(new_run("run_view", 1_000)).await;
+        let events: &dyn RunEventStore = store.events();
+        let one = event("run_view", 1, EventKind::Phase(RunPhase::Dispatched));
+        events.append_event(Arc::clone(&one)).await;
+        let chat: &dyn ChatStateStore = store.chat_state();
+        chat.put_chat_state("sv", "echo", "tok", 1_000).await;
+        let kv: &dyn KvStore = store.kv();
+        kv.kv_put("ns", "k", json!("v"), None).await;
+        let journal: &dyn JournalStore = store.journal();
+        journal.journal_admit(journal_entry("j_view", 1)).await;
+        store.lifecycle().flush().await.unwrap();
+
+        assert_eq!(
+            runs.get_run("run_view").await.unwrap(),
+            Some(queued_record("run_view", 1_000)),
+            "{name}"
+        );
+        assert_eq!(events.run_events("run_view").await.unwrap(), stored(&[one]), "{name}");
+        assert_eq!(
+            chat.get_chat_state("sv", 1_001).await.unwrap().unwrap().last_resume_token,
+            "tok",
+            "{name}"
+        );
+        assert_eq!(kv.kv_get("ns", "k", 0).await.unwrap(), Some(json!("v")), "{name}");
+        assert_eq!(journal.journal_pending().await.unwrap().len(), 1, "{name}");
+        store.lifecycle().check_writable().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn stored_events_give_back_their_resume_token() {
+    for Backend { name, store, _dir } in backends() {
+        for event in every_kind_of_event("run_tok") {
+            store.append_event(event).await;
+        }
+        let resumes: Vec<(String, Option<ResumeToken>)> = store
+            .run_events("run_tok")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.kind.clone(), e.resume()))
+            .filter(|(_, resume)| resume.is_some())
+            .collect();
+        let token = Some(ResumeToken::new("echo", "tok-1"));
+        let expected = ["engine_started", "engine_completed", "run_completed"]
+            .map(|kind| (kind.to_owned(), token.clone()));
+        assert_eq!(resumes, expected, "{name}");
+    }
 }

@@ -171,6 +171,12 @@ impl TransportRegistry {
     /// starts a supervisor for each enabled one on `deps.tracker`. Returns at
     /// once; the statuses tell how each is doing.
     pub fn start(self, deps: &TransportDeps) -> TransportStatuses {
+        self.start_supervised(deps).statuses().clone()
+    }
+
+    /// As [`TransportRegistry::start`], keeping the supervisors so that one
+    /// transport can be restarted with new settings while the others run on.
+    pub fn start_supervised(self, deps: &TransportDeps) -> RunningTransports {
         for entry in &self.entries {
             let state = match entry {
                 Entry::Enabled(_) => TransportState::Starting,
@@ -178,19 +184,107 @@ impl TransportRegistry {
             };
             self.statuses.set(entry.id(), state);
         }
+        let running = RunningTransports {
+            deps: deps.clone(),
+            statuses: self.statuses,
+            policy: self.policy,
+            supervisors: Arc::new(tokio::sync::Mutex::new(Vec::new())),
+        };
+        let mut supervisors = Vec::new();
         for entry in self.entries {
             let Entry::Enabled(transport) = entry else { continue };
-            let ctx = TransportContext {
-                router: deps.router.clone(),
-                store: deps.store.clone(),
-                shutdown: deps.shutdown.clone(),
-                tracker: deps.tracker.clone(),
-                status: self.statuses.handle(transport.id()),
-                http: deps.http.clone(),
-            };
-            deps.tracker.spawn(supervise(transport, ctx, self.policy));
+            supervisors.push(running.spawn(transport));
         }
-        self.statuses
+        if let Ok(mut slot) = running.supervisors.try_lock() {
+            *slot = supervisors;
+        }
+        running
+    }
+}
+
+/// One transport's supervisor while it runs.
+#[derive(Debug)]
+struct Supervisor {
+    id: String,
+    stop: CancellationToken,
+    done: tokio::task::JoinHandle<()>,
+}
+
+/// The supervisors of a started registry. Cheap to clone.
+#[derive(Clone)]
+pub struct RunningTransports {
+    deps: TransportDeps,
+    statuses: TransportStatuses,
+    policy: RestartPolicy,
+    supervisors: Arc<tokio::sync::Mutex<Vec<Supervisor>>>,
+}
+
+impl fmt::Debug for RunningTransports {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunningTransports").field("policy", &self.policy).finish_non_exhaustive()
+    }
+}
+
+impl RunningTransports {
+    /// Where states are reported.
+    pub fn statuses(&self) -> &TransportStatuses {
+        &self.statuses
+    }
+
+    fn spawn(&self, transport: Arc<dyn Transport>) -> Supervisor {
+        let id = transport.id().to_owned();
+        // The transport sees its own stop as the gateway's shutdown; the
+        // gateway's shutdown still stops it.
+        let stop = self.deps.shutdown.child_token();
+        let ctx = TransportContext {
+            router: self.deps.router.clone(),
+            store: self.deps.store.clone(),
+            shutdown: stop.clone(),
+            tracker: self.deps.tracker.clone(),
+            status: self.statuses.handle(&id),
+            http: self.deps.http.clone(),
+        };
+        let done = self.deps.tracker.spawn(supervise(transport, ctx, self.policy));
+        Supervisor { id, stop, done }
+    }
+
+    /// Stops the transport with this id (if it runs) and waits until it has
+    /// stopped; its status becomes `disabled`. Other transports are untouched.
+    pub async fn stop(&self, id: &str) {
+        let mut supervisors = self.supervisors.lock().await;
+        Self::stop_locked(&mut supervisors, id).await;
+        self.statuses.set(id, TransportState::Disabled);
+    }
+
+    async fn stop_locked(supervisors: &mut Vec<Supervisor>, id: &str) {
+        if let Some(at) = supervisors.iter().position(|s| s.id == id) {
+            let supervisor = supervisors.remove(at);
+            supervisor.stop.cancel();
+            if let Err(error) = supervisor.done.await {
+                tracing::warn!(transport = %id, %error, "transport supervisor ended abnormally");
+            }
+        }
+    }
+
+    /// Stops the running transport with `transport`'s id, waits until it has
+    /// stopped (its listener is closed), and starts `transport` in its place;
+    /// a transport that was not running is started. Other transports are
+    /// untouched.
+    ///
+    /// # Errors
+    /// Its id is malformed or reserved.
+    pub async fn restart(&self, transport: Arc<dyn Transport>) -> Result<(), TransportIdError> {
+        let id = transport.id().to_owned();
+        validate_id(&id)?;
+        let mut supervisors = self.supervisors.lock().await;
+        Self::stop_locked(&mut supervisors, &id).await;
+        if self.deps.shutdown.is_cancelled() {
+            return Ok(());
+        }
+        self.statuses.set(&id, TransportState::Starting);
+        supervisors.push(self.spawn(transport));
+        tracing::info!(transport = %id, "transport restarted with new settings");
+        Ok(())
     }
 }
 

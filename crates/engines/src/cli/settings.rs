@@ -86,6 +86,41 @@ fn other_str(section: &EngineSection, key: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The longest `max_line_bytes` a section may set (1 GiB).
+pub const MAX_LINE_BYTES_LIMIT: i64 = 1 << 30;
+
+/// Checks the keys of `[gateway.engines.<id>]` that only the CLI engines read
+/// (`max_line_bytes`, `api_key_env`, `provider`, `reasoning_effort`): their
+/// types and ranges. The message quotes the key (`like_this`), so the caller
+/// can place it in the file.
+///
+/// # Errors
+/// The first key with a wrong type or value.
+pub fn check_section(section: &EngineSection) -> Result<(), String> {
+    if let Some(value) = section.other.get("max_line_bytes") {
+        match value.as_integer() {
+            Some(n) if (1..=MAX_LINE_BYTES_LIMIT).contains(&n) => {}
+            Some(n) => {
+                return Err(format!(
+                    "`max_line_bytes` = {n}: must be between 1 and {MAX_LINE_BYTES_LIMIT}"
+                ))
+            }
+            None => {
+                return Err(format!(
+                    "`max_line_bytes`: invalid type: {}, expected an integer",
+                    value.type_str()
+                ))
+            }
+        }
+    }
+    for key in ["api_key_env", "provider", "reasoning_effort"] {
+        if let Some(value) = section.other.get(key).filter(|value| !value.is_str()) {
+            return Err(format!("`{key}`: invalid type: {}, expected a string", value.type_str()));
+        }
+    }
+    Ok(())
+}
+
 impl CliSettings {
     pub(crate) fn from_section(vendor: Vendor, section: &EngineSection) -> Self {
         let timeout_ms = section.timeout_ms.unwrap_or(DEFAULT_TIMEOUT.as_millis() as u64);

@@ -29,6 +29,41 @@ const BAD_LINE_PREVIEW_CHARS: usize = 200;
 /// How much of stderr a failed completion's message carries.
 const STDERR_IN_ERROR_CHARS: usize = 2000;
 
+/// Lower-case fragments of a vendor's error text that mean the model's context
+/// overflowed: OpenAI's codes and messages (through codex, opencode, pi), HTTP 413
+/// from any provider, and the messages of Chinese providers (through opencode and
+/// pi). Every vendor's failures are checked against all of them, because each CLI
+/// can sit in front of any provider.
+const OVERFLOW_MARKERS: [&str; 15] = [
+    "context_length_exceeded",
+    "context length exceeded",
+    "context window",
+    "http 413",
+    "payload too large",
+    "request entity too large",
+    "string too long",
+    "maximum length",
+    "invalid 'input[",
+    "input[",
+    "上下文长度超过限制",
+    "令牌数量超出",
+    "输入过长",
+    "超出最大长度",
+    "上下文窗口已满",
+];
+
+/// A CLI's failure as the run's error: [`RunError::ContextOverflow`] when the
+/// vendor's text says the session no longer fits the model, so the router starts
+/// the next message fresh; otherwise the engine's message as it is.
+pub(crate) fn classify_failure(message: String) -> RunError {
+    let lower = message.to_lowercase();
+    if OVERFLOW_MARKERS.iter().any(|marker| lower.contains(marker)) {
+        RunError::ContextOverflow { message }
+    } else {
+        RunError::Engine { message }
+    }
+}
+
 /// A line that is not an event of the vendor's schema.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -318,9 +353,10 @@ impl Emitter {
         self.finish(completion);
     }
 
-    /// A failed completion with the engine's own message.
+    /// A failed completion with the engine's own message, classified by
+    /// [`classify_failure`].
     pub(crate) fn complete_error(&mut self, message: String, answer: String, usage: Value) {
-        self.complete_failure(RunError::Engine { message }, answer, usage);
+        self.complete_failure(classify_failure(message), answer, usage);
     }
 
     pub(crate) fn complete_failure(&mut self, error: RunError, answer: String, usage: Value) {

@@ -18,11 +18,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lemon_core::bus::{EventKind, RecvError, Subscription};
+use lemon_core::bus::EventKind;
 use lemon_core::engine::{Completion, ResumeToken, RunError};
 use lemon_core::ids::RunId;
 use lemon_core::router::resolve::parse_slash_command;
-use lemon_core::router::{Origin, RouterHandle, RunRequest, SlashCommand, Submitted};
+use lemon_core::router::{Origin, RouterHandle, RunFollower, RunRequest, SlashCommand, Submitted};
 use lemon_core::secrets::SecretStore;
 use lemon_core::store::StoreHandle;
 use serde::{Deserialize, Serialize};
@@ -337,7 +337,7 @@ impl Bot {
             return None;
         }
         let text = replied.text.as_deref()?;
-        self.router.gateway().engines().extract_resume(text)
+        self.router.query().extract_resume(text)
     }
 
     async fn submit(self: &Arc<Self>, message: Message, text: String) {
@@ -372,8 +372,8 @@ impl Bot {
             sent: 0,
             failed: None,
         };
-        // Subscribed and recorded before the run exists: nothing it does is missed.
-        let events = self.router.gateway().bus().subscribe_run(&run_id);
+        // Recorded before the run exists, so a restart finds it; the follower
+        // the router hands back sees everything the run does.
         if !is_command {
             self.save(&delivery, None).await;
         }
@@ -385,10 +385,10 @@ impl Bot {
                 self.reply_soon(&message, reply);
             }
             // Seen before: the first handling (or the recovery of its delivery) follows it.
-            Ok(Submitted::Run(accepted)) if accepted.duplicate => {}
-            Ok(Submitted::Run(_)) => {
+            Ok(Submitted::Run(accepted, _)) if accepted.duplicate => {}
+            Ok(Submitted::Run(_, events)) => {
                 let bot = self.clone();
-                self.tracker.spawn(async move { bot.follow(delivery, events, true).await });
+                self.tracker.spawn(async move { bot.follow(delivery, events).await });
             }
             Err(error) => {
                 self.store.kv_delete(DELIVERY_NS, &delivery.run_id).await;
@@ -405,8 +405,8 @@ impl Bot {
     }
 
     fn resume_format(&self) -> ResumeFormat {
-        let engines = self.router.gateway().engines().clone();
-        Arc::new(move |token: &ResumeToken| engines.format_resume(token))
+        let runs = self.router.query();
+        Arc::new(move |token: &ResumeToken| runs.format_resume(token))
     }
 
     /// Sends a short reply on its own task (the poll loop never waits for Telegram's limits).
@@ -425,11 +425,12 @@ impl Bot {
         });
     }
 
-    /// Follows a run from its events to its answer in the chat.
-    async fn follow(self: Arc<Self>, mut delivery: Delivery, mut events: Subscription, live: bool) {
-        let run_id = RunId::parse(&delivery.run_id).unwrap_or_else(RunId::generate);
+    /// Follows a run from its events to its answer in the chat. A run that
+    /// finished before (a delivery recovered after a restart) ends at once.
+    async fn follow(self: Arc<Self>, mut delivery: Delivery, mut events: RunFollower) {
+        let run_id = events.run_id().clone();
         let mut renderer = ProgressRenderer::new(self.resume_format());
-        let mut started = !live;
+        let mut started = false;
         if let Some(progress) = delivery.progress_message_id {
             self.progress.insert(delivery.chat_id, progress, &run_id);
         }
@@ -450,33 +451,22 @@ impl Bot {
                     }
                     continue;
                 }
-                event = events.recv() => event,
+                event = events.next() => event,
             };
-            match event {
-                Ok(event) => {
-                    started |= matches!(event.kind, EventKind::RunStarted { .. });
-                    let changed = renderer.apply(&event);
-                    if let EventKind::RunCompleted { completion, .. } = &event.kind {
-                        break completion.clone();
-                    }
-                    if changed {
-                        self.show_progress(&delivery, renderer.progress()).await;
-                    }
-                }
-                Err(RecvError::Lagged(skipped)) => {
-                    tracing::debug!(skipped, run_id = %run_id, "progress skipped events");
-                }
-                Err(RecvError::Closed) => match self.stored_completion(&run_id).await {
-                    Some((completion, _)) => break completion,
-                    // The bus is gone: the gateway is stopping; the next start delivers.
-                    None => return,
-                },
+            // No completion will come: the gateway is stopping; the next start delivers.
+            let Some(event) = event else { return };
+            started |= event.type_name() == "run_started";
+            // Events read back from the store are not drawn: progress shows
+            // what happens from now on, and the answer is complete either way.
+            let Some(typed) = event.event() else { continue };
+            let changed = renderer.apply(typed);
+            if let EventKind::RunCompleted { completion, .. } = &typed.kind {
+                break completion.clone();
+            }
+            if changed {
+                self.show_progress(&delivery, renderer.progress()).await;
             }
         };
-        // The events may have been skipped (a slow follower); the store knows.
-        if !started {
-            started = self.stored_completion(&run_id).await.is_some_and(|(_, started)| started);
-        }
         self.finish(delivery, renderer, completion, started).await;
     }
 
@@ -522,29 +512,6 @@ impl Bot {
             // Only queued: the outbox merges it with newer edits of the message.
             let _ = self.outbox.edit(delivery.chat_id, message_id, text).await;
         }
-    }
-
-    /// The completion of a finished run, from the store, and whether it started.
-    async fn stored_completion(&self, run_id: &RunId) -> Option<(Completion, bool)> {
-        let record = self.store.get_run(run_id.as_str()).await.ok().flatten()?;
-        if !record.status.is_terminal() {
-            return None;
-        }
-        let ok = record.status == lemon_core::bus::RunStatus::Completed;
-        let error = record.error.map(|message| match record.error_code.as_deref() {
-            Some("user_requested") => RunError::UserRequested,
-            Some("interrupted") => RunError::Interrupted,
-            Some("cancelled") => RunError::Cancelled { reason: message },
-            _ => RunError::Engine { message },
-        });
-        let completion = Completion {
-            ok,
-            answer: record.answer.unwrap_or_default(),
-            error,
-            resume: record.resume,
-            usage: record.usage,
-        };
-        Some((completion, record.started_at_ms.is_some()))
     }
 
     /// The final progress edit and the answer.
@@ -619,20 +586,9 @@ impl Bot {
                 continue;
             }
             let Some(run_id) = RunId::parse(&delivery.run_id) else { continue };
-            let events = self.router.gateway().bus().subscribe_run(&run_id);
+            let events = self.router.follow(&run_id);
             let bot = self.clone();
-            match self.stored_completion(&run_id).await {
-                Some((completion, started)) => {
-                    drop(events);
-                    let renderer = ProgressRenderer::new(self.resume_format());
-                    self.tracker.spawn(async move {
-                        bot.finish(delivery, renderer, completion, started).await;
-                    });
-                }
-                None => {
-                    self.tracker.spawn(async move { bot.follow(delivery, events, false).await });
-                }
-            }
+            self.tracker.spawn(async move { bot.follow(delivery, events).await });
         }
     }
 }
@@ -762,10 +718,8 @@ fn final_output(
     started: bool,
 ) -> (FormattedText, Vec<FormattedText>) {
     if !started {
-        if let Some(RunError::Cancelled { reason }) = &completion.error {
-            if reason.starts_with("merged into") {
-                return (FormattedText::plain("Added to the next job."), Vec::new());
-            }
+        if let Some(RunError::Merged { .. }) = &completion.error {
+            return (FormattedText::plain("Added to the next job."), Vec::new());
         }
         if completion.ok {
             return (FormattedText::plain("Added to the running job."), Vec::new());
@@ -796,7 +750,7 @@ mod tests {
         assert_eq!(progress.text, "Added to the running job.");
         assert!(answer.is_empty());
         let merged =
-            Completion::failure(RunError::Cancelled { reason: "merged into r2".into() }, None);
+            Completion::failure(RunError::Merged { into: RunId::parse("r2").unwrap() }, None);
         let (progress, answer) = final_output(&renderer(), &merged, false);
         assert_eq!(progress.text, "Added to the next job.");
         assert!(answer.is_empty());

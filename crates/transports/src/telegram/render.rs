@@ -331,6 +331,7 @@ fn cancelled_text(error: Option<&RunError>) -> String {
             "Dropped: too many messages are waiting in this chat.".to_owned()
         }
         Some(RunError::IdleWatchdog) => "Cancelled: the run went quiet for too long.".to_owned(),
+        Some(RunError::Merged { .. }) => "Added to the next job.".to_owned(),
         Some(RunError::Cancelled { reason }) if !reason.trim().is_empty() => {
             format!("Cancelled: {}.", reason.trim().trim_end_matches('.'))
         }

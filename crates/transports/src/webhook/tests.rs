@@ -59,7 +59,8 @@ impl Resolve for MapResolver {
 
 struct TestHook {
     state: WebhookState,
-    gateway: GatewayHandle,
+    bus: EventBus,
+    store: StoreHandle,
     router: RouterHandle,
     tracker: TaskTracker,
     _token: CancellationToken,
@@ -89,16 +90,17 @@ impl TestHook {
         let token = CancellationToken::new();
         let mut engines = EngineRegistry::new();
         engines.register(Arc::new(EchoEngine::new(word_delay, tracker.clone()))).unwrap();
+        let bus = EventBus::default();
         let deps = GatewayDeps {
             config: RuntimeConfig::default(),
             engines,
             store: store.clone(),
-            bus: EventBus::default(),
+            bus: bus.clone(),
         };
         let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
         let router_config =
             RouterConfig { default_engine: "echo".to_owned(), ..RouterConfig::default() };
-        let router = RouterHandle::start(router_config, gateway.clone(), token.clone(), &tracker);
+        let router = RouterHandle::start(router_config, gateway, token.clone(), &tracker);
         let table: toml::Table = toml::from_str(toml).unwrap();
         let config = WebhookConfig::parse(&table).unwrap();
         let tokens = config
@@ -110,12 +112,12 @@ impl TestHook {
             config,
             tokens,
             router: router.clone(),
-            store,
+            store: store.clone(),
             resolver: Arc::new(resolver),
             tracker: tracker.clone(),
             shutdown: token.clone(),
         });
-        TestHook { state, gateway, router, tracker, _token: token }
+        TestHook { state, bus, store, router, tracker, _token: token }
     }
 
     /// Shuts the gateway down and waits for every task to end.
@@ -158,7 +160,7 @@ impl TestHook {
 
     async fn run_count(&self) -> usize {
         let filter = RunFilter { status: None, limit: 100 };
-        self.gateway.store().list_runs(filter).await.unwrap().len()
+        self.store.list_runs(filter).await.unwrap().len()
     }
 }
 
@@ -303,13 +305,13 @@ async fn bad_requests_get_json_errors() {
 #[tokio::test]
 async fn async_requests_are_accepted_and_the_run_completes() {
     let hook = TestHook::simple("");
-    let mut events = hook.gateway.bus().subscribe_all();
+    let mut events = hook.bus.subscribe_all();
     let (status, body) =
         hook.post(json!({ "message": "hello from zapier", "metadata": { "k": 1 } })).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let run_id = body["run_id"].as_str().unwrap();
     assert_eq!(completed_answer(&mut events, run_id).await, "hello from zapier");
-    let record = hook.gateway.store().get_run(run_id).await.unwrap().unwrap();
+    let record = hook.store.get_run(run_id).await.unwrap().unwrap();
     assert_eq!(record.session_key, "webhook:zap");
 }
 
@@ -335,7 +337,7 @@ async fn a_sync_request_that_outlives_its_timeout_is_504_and_the_run_goes_on() {
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
     assert_eq!(body["error"], "run timed out");
     let run_id = body["run_id"].as_str().unwrap();
-    let record = hook.gateway.store().get_run(run_id).await.unwrap().unwrap();
+    let record = hook.store.get_run(run_id).await.unwrap().unwrap();
     assert!(!record.status.is_terminal(), "{:?}", record.status);
 }
 
@@ -682,8 +684,7 @@ async fn runs_record_attachments_metadata_and_the_request_with_secrets_redacted(
     req.extensions_mut().insert(axum::extract::connect_info::ConnectInfo(peer));
     let (status, body) = hook.send(req).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    let record =
-        hook.gateway.store().get_run(body["run_id"].as_str().unwrap()).await.unwrap().unwrap();
+    let record = hook.store.get_run(body["run_id"].as_str().unwrap()).await.unwrap().unwrap();
     assert_eq!(record.prompt, "Summarise\n\nAttachments:\n- https://example.com/a");
     assert_eq!(record.meta["origin"], "webhook");
     let webhook = &record.meta["webhook"];
@@ -942,7 +943,7 @@ token = \"{TOKEN}\"\n",
     let deps = TransportDeps {
         http: lemon_api::http::ServeConfig::default(),
         router: hook.router.clone(),
-        store: hook.gateway.store().clone(),
+        store: hook.store.clone(),
         shutdown: hook._token.clone(),
         tracker: hook.tracker.clone(),
     };
@@ -972,8 +973,7 @@ token = \"{TOKEN}\"\n",
         .unwrap();
     assert_eq!(response.status(), 202);
     let body: Value = response.json().await.unwrap();
-    let record =
-        hook.gateway.store().get_run(body["run_id"].as_str().unwrap()).await.unwrap().unwrap();
+    let record = hook.store.get_run(body["run_id"].as_str().unwrap()).await.unwrap().unwrap();
     assert_eq!(record.meta["webhook"]["request"]["remote_ip"], "127.0.0.1", "the peer is recorded");
     hook.stop().await;
     assert_eq!(statuses.get("webhook"), Some(TransportState::Stopped));
@@ -1049,7 +1049,7 @@ async fn a_client_that_hangs_up_mid_request_still_gets_its_answer_on_retry() {
             .body(Body::from(r#"{"prompt":"one two three four"}"#))
             .unwrap()
     };
-    let mut events = hook.gateway.bus().subscribe_all();
+    let mut events = hook.bus.subscribe_all();
     let request = tokio::spawn(hook.router().oneshot(req()));
     within("the run to start", async {
         while !matches!(events.recv().await.unwrap().kind, EventKind::RunStarted { .. }) {}
@@ -1103,7 +1103,7 @@ async fn an_allowed_payload_session_stays_under_the_integration() {
         let (status, body) = hook.post(json!({ "prompt": "hi", "session_key": chosen })).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{chosen}: {body}");
         assert_eq!(body["session_key"], expected, "{chosen}");
-        let record = hook.gateway.store().get_run(body["run_id"].as_str().unwrap()).await;
+        let record = hook.store.get_run(body["run_id"].as_str().unwrap()).await;
         assert_eq!(record.unwrap().unwrap().session_key, expected, "{chosen}");
     }
     for bad in ["with space", "line\nbreak", &"x".repeat(201), "webhook:zap:"] {

@@ -14,6 +14,8 @@ fn item(n: u64, mode: QueueMode) -> Item {
         engine: "fake".to_owned(),
         resume: None,
         cwd: None,
+        model: None,
+        flags: RequestFlags::default(),
         meta: BTreeMap::new(),
         origin: Origin::Cron,
         mode,
@@ -94,7 +96,7 @@ fn user_collect_goes_before_queued_goal_continuations() {
         let mut conv = busy();
         let now = t0();
         let mut goal = item(1, QueueMode::Followup);
-        goal.meta.insert("goal_continuation".into(), true.into());
+        goal.flags.goal_continuation = true;
         conv.submit(goal, now, Limits::default());
         conv.submit(item(2, QueueMode::Collect), now, Limits::default());
         let mut sent = item(3, QueueMode::Collect);
@@ -118,7 +120,7 @@ fn followups_within_the_window_merge_keeping_the_newer_identity() {
         now + Duration::from_millis(500),
         Limits::default(),
     );
-    assert_eq!(completed_ids(&effects), [("r1".to_owned(), Some("cancelled".to_owned()))]);
+    assert_eq!(completed_ids(&effects), [("r1".to_owned(), Some("merged".to_owned()))]);
     assert!(effects.iter().any(
         |e| matches!(e, Effect::Phase { run_id, phase: RunPhase::Aborted, .. } if *run_id == id(1))
     ));
@@ -144,7 +146,7 @@ fn async_followups_never_merge() {
     let mut conv = busy();
     let now = t0();
     let mut first = item(1, QueueMode::Followup);
-    first.meta.insert("async_followups".into(), serde_json::json!([{"id": 1}]));
+    first.flags.auto_followup = true;
     // With a live run an async followup steers instead of queueing.
     let effects = conv.submit(first, now, Limits::default());
     assert!(matches!(&effects[..], [Effect::Steer { kind: SteerKind::Steer, .. }]));

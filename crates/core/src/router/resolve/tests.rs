@@ -1,10 +1,12 @@
 //! Resolution rules: resume lines, directives, slash commands, bindings, engine
-//! selection, conversation keys and overflow markers.
+//! selection, conversation keys, meta flags and models.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::*;
 use crate::config::load_str;
+use crate::router::{model_from_meta, RequestFlags};
 use crate::testing::FakeEngine;
 
 fn registry(ids: &[&str]) -> EngineRegistry {
@@ -230,25 +232,25 @@ fn bindings_prefer_the_topic_then_the_chat_then_the_project() {
 }
 
 #[test]
-fn overflow_markers_are_found_in_any_case() {
-    let engine = |message: &str| RunError::Engine { message: message.to_owned() };
-    assert!(is_context_overflow(&engine("Codex error: context_length_exceeded")));
-    assert!(is_context_overflow(&engine("HTTP 413 Payload Too Large")));
-    assert!(is_context_overflow(&engine("模型输入过长：上下文长度超过限制")));
-    assert!(!is_context_overflow(&engine("rate limited")));
-    assert!(!is_context_overflow(&RunError::Interrupted));
-}
-
-#[test]
 fn meta_flags() {
     let mut meta = BTreeMap::new();
-    meta.insert("a".to_owned(), serde_json::json!(true));
-    meta.insert("b".to_owned(), serde_json::json!("false"));
-    meta.insert("c".to_owned(), serde_json::json!(1));
-    assert!(meta_flag(&meta, "a"));
-    assert!(!meta_flag(&meta, "b"));
-    assert!(meta_flag(&meta, "c"));
-    assert!(!meta_flag(&meta, "missing"));
+    meta.insert("disable_auto_resume".to_owned(), serde_json::json!(true));
+    meta.insert("goal_continuation".to_owned(), serde_json::json!("false"));
+    meta.insert("task_auto_followup".to_owned(), serde_json::json!(1));
+    let flags = RequestFlags::from_meta(&meta);
+    assert!(flags.no_auto_resume);
+    assert!(!flags.goal_continuation);
+    assert!(flags.auto_followup);
+    assert_eq!(RequestFlags::from_meta(&BTreeMap::new()), RequestFlags::default());
+    let flag = |key: &str, value: serde_json::Value| {
+        RequestFlags::from_meta(&BTreeMap::from([(key.to_owned(), value)]))
+    };
+    assert!(flag("goal_continuation", "yes".into()).goal_continuation);
+    assert!(!flag("goal_continuation", "".into()).goal_continuation);
+    assert!(!flag("disable_auto_resume", 0.into()).no_auto_resume);
+    assert!(flag("delegated_auto_followup", true.into()).auto_followup);
+    assert!(flag("async_followups", serde_json::json!([{"id": 1}])).auto_followup);
+    assert!(!flag("async_followups", serde_json::json!([])).auto_followup);
 }
 
 #[test]
@@ -275,13 +277,15 @@ fn resume_tokens_are_checked_by_their_engine_and_refusals_name_the_field() {
 }
 
 #[test]
-fn only_a_non_blank_string_meta_model_is_checked() {
+fn only_a_non_blank_string_meta_model_is_taken_and_checked() {
     let meta = |value: serde_json::Value| BTreeMap::from([("model".to_owned(), value)]);
-    assert_eq!(check_meta_model(&BTreeMap::new(), "claude"), Ok(()));
-    assert_eq!(check_meta_model(&meta("opus".into()), "claude"), Ok(()));
-    assert_eq!(check_meta_model(&meta("  ".into()), "claude"), Ok(()));
-    assert_eq!(check_meta_model(&meta(7.into()), "claude"), Ok(()));
-    let refused = check_meta_model(&meta("opus --yolo".into()), "claude:opus").unwrap_err();
+    assert_eq!(model_from_meta(&BTreeMap::new()), None);
+    assert_eq!(model_from_meta(&meta(" opus ".into())).as_deref(), Some("opus"));
+    assert_eq!(model_from_meta(&meta("  ".into())), None);
+    assert_eq!(model_from_meta(&meta(7.into())), None);
+    assert_eq!(check_request_model("opus", "claude"), Ok(()));
+    let model = model_from_meta(&meta("opus --yolo".into())).unwrap();
+    let refused = check_request_model(&model, "claude:opus").unwrap_err();
     assert_eq!((refused.field, refused.why), (Field::MetaModel, InvalidValue::Character));
     assert_eq!(refused.what, "invalid model for claude");
 }

@@ -149,7 +149,7 @@ async fn scenario(ops: Vec<Op>, cap: Option<usize>) {
             tokio::task::yield_now().await;
         }
     }
-    let snapshot = h.router.gateway().snapshot().await.unwrap();
+    let snapshot = h.router.query().snapshot().await.unwrap();
     assert_eq!((snapshot.in_flight, snapshot.queued), (0, 0));
     while let Ok(Some(event)) = h.events.try_recv() {
         assert!(

@@ -9,6 +9,7 @@ fn new_run(id: &str) -> NewRun {
         engine: "echo".into(),
         prompt: "p".into(),
         meta: serde_json::Value::Null,
+        resumed_from: None,
         created_at_ms: 1,
     }
 }

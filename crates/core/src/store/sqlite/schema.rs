@@ -88,6 +88,9 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (namespace, key)
     ) WITHOUT ROWID;
     CREATE INDEX kv_by_expiry ON kv (expires_at_ms) WHERE expires_at_ms IS NOT NULL;",
+    // 4: the session a run continued: the resume token it was started with.
+    "ALTER TABLE runs ADD COLUMN resumed_from_engine TEXT;
+    ALTER TABLE runs ADD COLUMN resumed_from_value TEXT;",
 ];
 
 /// The version a fully migrated file has.

@@ -22,7 +22,6 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 
 use super::super::{FinishedRun, JournalEntry, NewRun, StoreError};
-use super::event_json;
 use crate::bus::{BusEvent, RunStatus};
 use crate::ids::RunId;
 
@@ -518,7 +517,7 @@ impl Writer {
             WriteOp::AppendEvent(event) => {
                 let seq = self.event_seq(&event.run_id)?;
                 self.json.clear();
-                event_json::write(&mut self.json, &event).map_err(to_sql_error)?;
+                serde_json::to_writer(&mut self.json, &event.json()).map_err(to_sql_error)?;
                 let data = std::str::from_utf8(&self.json).map_err(to_sql_error)?;
                 let open =
                     self.event_group_index.get(&seq).and_then(|&at| self.event_groups.get_mut(at));
@@ -628,7 +627,7 @@ impl Writer {
                     resume.map(|r| r.value.as_str()),
                     entry.cwd.as_ref().map(|c| c.to_string_lossy().into_owned()),
                     entry.meta.to_string(),
-                    entry.route.to_string(),
+                    serde_json::to_string(&entry.route).map_err(to_sql_error)?,
                     entry.state.as_str(),
                     entry.accepted_at_ms,
                 ])?;
@@ -791,9 +790,11 @@ impl Writer {
         let mut stmt = self.conn.prepare_cached(
             "INSERT OR REPLACE INTO runs (seq, run_id, session_key, conversation, engine, prompt, meta, status,
                 answer, error, error_code, resume_engine, resume_value, usage,
-                created_at_ms, started_at_ms, completed_at_ms, duration_ms)
+                created_at_ms, started_at_ms, completed_at_ms, duration_ms,
+                resumed_from_engine, resumed_from_value)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
-                 coalesce((SELECT created_at_ms FROM runs WHERE seq = ?1), ?15), ?16, ?17, ?18)",
+                 coalesce((SELECT created_at_ms FROM runs WHERE seq = ?1), ?15), ?16, ?17, ?18,
+                 ?19, ?20)",
         )?;
         let run = &row.run;
         let finished = row.finished.as_ref();
@@ -821,6 +822,8 @@ impl Writer {
         stmt.raw_bind_parameter(16, row.started_at_ms)?;
         stmt.raw_bind_parameter(17, finished.map(|f| f.completed_at_ms))?;
         stmt.raw_bind_parameter(18, finished.map(|f| to_i64(f.duration_ms)))?;
+        stmt.raw_bind_parameter(19, run.resumed_from.as_ref().map(|r| r.engine.as_str()))?;
+        stmt.raw_bind_parameter(20, run.resumed_from.as_ref().map(|r| r.value.as_str()))?;
         stmt.raw_execute()?;
         Ok(())
     }

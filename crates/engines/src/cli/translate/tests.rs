@@ -185,3 +185,78 @@ fn long_stderr_is_cut_to_its_tail() {
     assert_eq!(tail_chars("abcdef", 2), "ef");
     assert_eq!(head_chars("abcdef", 2), "ab");
 }
+
+/// The completion a vendor's parser makes of `lines`.
+fn vendor_completion(vendor: Vendor, lines: &[&str]) -> Completion {
+    let ctx = ParseContext::default();
+    let parser: Box<dyn StreamParser> = match vendor {
+        Vendor::Claude => Box::new(super::super::claude::Parser::new(ctx)),
+        Vendor::Codex => Box::new(super::super::codex::Parser::new(ctx)),
+        Vendor::Opencode => Box::new(super::super::opencode::Parser::new(ctx)),
+        Vendor::Pi => Box::new(super::super::pi::Parser::new(ctx, None, false)),
+        Vendor::Droid => Box::new(super::super::droid::Parser::new(ctx)),
+    };
+    let mut t = Translator::new(vendor, parser, None);
+    let mut events: Vec<EngineEvent> = lines.iter().flat_map(|line| t.line(line)).collect();
+    events.extend(t.exited(Exit { code: Some(1), signal: None }, "", false));
+    events
+        .into_iter()
+        .find_map(|event| match event {
+            EngineEvent::Completed(completion) => Some(completion),
+            _ => None,
+        })
+        .expect("every run completes")
+}
+
+#[test]
+fn each_vendor_classifies_its_own_context_overflow() {
+    let overflow = |message: &str| Some(RunError::ContextOverflow { message: message.to_owned() });
+    let engine = |message: &str| Some(RunError::Engine { message: message.to_owned() });
+    let codex = |message: &str| {
+        let line = json!({"type": "turn.failed", "error": {"message": message}}).to_string();
+        vendor_completion(Vendor::Codex, &[r#"{"type":"thread.started","thread_id":"t1"}"#, &line])
+            .error
+    };
+    let text = "Codex error: context_length_exceeded";
+    assert_eq!(codex(text), overflow(text));
+    assert_eq!(codex("Something went wrong"), engine("Something went wrong"));
+
+    let claude = |message: &str| {
+        let line = json!({"type": "result", "subtype": "error", "is_error": true, "result": message, "session_id": "s1"}).to_string();
+        vendor_completion(Vendor::Claude, &[&line]).error
+    };
+    assert_eq!(claude("HTTP 413 Payload Too Large"), overflow("HTTP 413 Payload Too Large"));
+    assert_eq!(claude("Something went wrong"), engine("Something went wrong"));
+
+    let opencode = |message: &str| {
+        let line = json!({"type": "error", "sessionID": "ses_1", "error": {"name": "APIError", "data": {"message": message}}}).to_string();
+        vendor_completion(Vendor::Opencode, &[&line]).error
+    };
+    let text = "模型输入过长：上下文长度超过限制";
+    assert_eq!(opencode(text), overflow(text));
+    assert_eq!(opencode("Rate limit exceeded"), engine("Rate limit exceeded"));
+
+    let pi = |message: &str| {
+        let reply = json!({"role": "assistant", "content": [], "stopReason": "error", "errorMessage": message});
+        let line = json!({"type": "agent_end", "messages": [reply]}).to_string();
+        vendor_completion(Vendor::Pi, &[&line]).error
+    };
+    let text = "400 Invalid 'input[12].content': string too long";
+    assert_eq!(pi(text), overflow(text));
+    assert_eq!(pi("overloaded_error: Overloaded"), engine("overloaded_error: Overloaded"));
+
+    // Droid reports failures only by its exit and stderr.
+    let mut t = Translator::new(
+        Vendor::Droid,
+        Box::new(super::super::droid::Parser::new(ParseContext::default())),
+        None,
+    );
+    let exit = Exit { code: Some(1), signal: None };
+    let events = t.exited(exit, "request entity too large", false);
+    let text = "droid exited with status 1: request entity too large";
+    assert!(
+        matches!(&events[..], [_, EngineEvent::Completed(c)] if c.error == overflow(text)),
+        "{events:?}"
+    );
+    assert_eq!(vendor_completion(Vendor::Droid, &[]).error, engine("droid exited with status 1"));
+}

@@ -23,7 +23,7 @@ fn renderer() -> ProgressRenderer {
 fn event(kind: EventKind) -> BusEvent {
     BusEvent {
         run_id: RunId::parse("run_1").unwrap(),
-        session_key: Arc::from("telegram:1"),
+        session_key: "telegram:1".into(),
         index: 0,
         ts_ms: 0,
         kind,
@@ -252,6 +252,8 @@ fn a_stopped_run_says_why() {
         &stopped(RunError::Cancelled { reason: "stopped by the API".into() }),
         &["Cancelled: stopped by the API."],
     );
+    let into = lemon_core::ids::RunId::parse("r2").unwrap();
+    check_final(&[], &stopped(RunError::Merged { into }), &["Added to the next job."]);
 }
 
 #[test]

@@ -1,26 +1,80 @@
-//! The stored event JSON must parse back to exactly `BusEvent::to_json()`.
+//! An event's JSON text (as stored and streamed) and its `Value` form are the form
+//! written out field by field below, which stored events of earlier versions have.
 
-use std::sync::Arc;
+use serde_json::{json, Value};
 
-use serde_json::json;
-
-use crate::bus::{BusEvent, EventKind, RunPhase};
+use crate::bus::{BusEvent, EventKind, RunPhase, RunStatus};
 use crate::engine::{Action, ActionKind, ActionPhase, Completion, ResumeToken, RunError};
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionKey};
+
+fn resume(resume: &Option<ResumeToken>) -> Value {
+    match resume {
+        Some(token) => json!({ "engine": token.engine, "value": token.value }),
+        None => Value::Null,
+    }
+}
+
+fn completion(completion: &Completion) -> Value {
+    json!({
+        "ok": completion.ok,
+        "answer": completion.answer,
+        "error": completion.error.as_ref().map(|e| e.to_string()),
+        "error_code": completion.error.as_ref().map(|e| e.code()),
+        "resume": resume(&completion.resume),
+        "usage": completion.usage,
+    })
+}
+
+/// The JSON form of an event, field by field.
+fn expected(event: &BusEvent) -> Value {
+    let mut body = match &event.kind {
+        EventKind::RunStarted { engine, model } => json!({ "engine": engine, "model": model }),
+        EventKind::EngineStarted { resume: token, title, meta } => {
+            json!({ "resume": resume(token), "title": title, "meta": meta })
+        }
+        EventKind::EngineAction(action) => json!({ "action": {
+            "id": action.id,
+            "kind": action.kind.as_str(),
+            "title": action.title,
+            "detail": action.detail,
+            "phase": action.phase.as_str(),
+            "ok": action.ok,
+            "message": action.message,
+            "level": action.level,
+        }}),
+        EventKind::Delta { seq, text } => json!({ "seq": seq, "text": text }),
+        EventKind::EngineCompleted(done) => completion(done),
+        EventKind::RunCompleted { completion: done, engine, duration_ms } => {
+            let mut body = completion(done);
+            body["engine"] = json!(engine);
+            body["duration_ms"] = json!(duration_ms);
+            body["status"] = json!(RunStatus::of(done).as_str());
+            body
+        }
+        EventKind::Phase(phase) => json!({ "phase": phase.as_str() }),
+        EventKind::Status(status) => json!({ "status": status.as_str() }),
+    };
+    body["type"] = json!(event.kind.type_name());
+    body["run_id"] = json!(event.run_id.as_str());
+    body["session_key"] = json!(&*event.session_key);
+    body["index"] = json!(event.index);
+    body["ts_ms"] = json!(event.ts_ms);
+    body
+}
 
 fn check(kind: EventKind) {
     let event = BusEvent {
         run_id: RunId::parse("run_json").unwrap(),
-        session_key: Arc::from("sess \"quoted\" \u{1f34b}"),
+        session_key: SessionKey::from("sess \"quoted\" \u{1f34b}"),
         index: u64::MAX,
         ts_ms: -5,
         kind,
     };
-    let mut buf = b"left over".to_vec();
-    buf.clear();
-    super::write(&mut buf, &event).unwrap();
-    let written: serde_json::Value = serde_json::from_slice(&buf).unwrap();
-    assert_eq!(written, event.to_json(), "{}", String::from_utf8_lossy(&buf));
+    let text = serde_json::to_vec(&event.json()).unwrap();
+    let written: Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(written, expected(&event), "{}", String::from_utf8_lossy(&text));
+    assert!(!text.contains(&b'\n'), "one line per event");
+    assert_eq!(event.to_json(), written);
 }
 
 /// Text with everything JSON has to escape.
@@ -40,7 +94,10 @@ fn every_error() -> Vec<RunError> {
         RunError::ShuttingDown,
         RunError::QueueOverflow,
         RunError::IdleWatchdog,
+        RunError::Expired,
         RunError::Cancelled { reason: text() },
+        RunError::Merged { into: RunId::parse("run-2").unwrap() },
+        RunError::ContextOverflow { message: text() },
         RunError::Engine { message: text() },
     ]
 }
@@ -117,7 +174,7 @@ fn engine_action_matches_to_json_for_every_kind_and_phase() {
 }
 
 #[test]
-fn delta_and_phase_match_to_json() {
+fn delta_phase_and_status_match_to_json() {
     check(EventKind::Delta { seq: 0, text: String::new() });
     check(EventKind::Delta { seq: u64::MAX, text: AWKWARD.to_owned() });
     let phases = [
@@ -133,6 +190,7 @@ fn delta_and_phase_match_to_json() {
     for phase in phases {
         check(EventKind::Phase(phase));
     }
+    check(EventKind::Status(RunStatus::Cancelling));
 }
 
 #[test]

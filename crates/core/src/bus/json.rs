@@ -1,23 +1,44 @@
-//! Writes the JSON text of [`BusEvent::to_json`] straight into a buffer.
+//! The one JSON form of an event, used by the bus's subscribers (SSE, webhook
+//! callbacks) and the store alike.
 //!
-//! `to_json` builds a `serde_json::Value` (a map with an allocated key per field) only
-//! to have it turned into text, which was a quarter of the writer thread's time per
-//! run. This writes the same object directly. The tests hold it to `to_json`: for
-//! every kind of event, the stored text parses back to exactly `to_json()`, so a
-//! change to one without the other fails them.
+//! [`EventJson`] serialises an event straight to its text: the store writes it into
+//! its buffer without building a `serde_json::Value` (a map with an allocated key
+//! per field, once a quarter of the writer thread's time per run), and
+//! [`BusEvent::to_json`](super::BusEvent::to_json) makes the `Value` from the same
+//! code. Stored events of every earlier version have this form; the tests hold it to
+//! the field list written out by hand.
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use crate::bus::{BusEvent, EventKind, RunStatus};
 use crate::engine::{Action, Completion, ResumeToken, RunError};
 
-/// Appends the JSON of `event` to `buf`; the text equals `event.to_json()` once parsed.
-///
-/// # Errors
-/// Only if a nested `serde_json::Value` cannot be written, which it always can.
-pub(super) fn write(buf: &mut Vec<u8>, event: &BusEvent) -> serde_json::Result<()> {
-    let mut serializer = serde_json::Serializer::new(buf);
-    let mut map = serializer.serialize_map(None)?;
+/// An event in its JSON form (`{type, run_id, session_key, index, ts_ms, …}`).
+#[derive(Debug, Clone, Copy)]
+pub struct EventJson<'a>(pub &'a BusEvent);
+
+impl Serialize for EventJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let event = self.0;
+        let mut map = serializer.serialize_map(None)?;
+        event_entries(&mut map, event)?;
+        map.end()
+    }
+}
+
+/// A completion in its JSON form (`{ok, answer, error, error_code, resume, usage}`).
+#[derive(Debug, Clone, Copy)]
+pub struct CompletionJson<'a>(pub &'a Completion);
+
+impl Serialize for CompletionJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(6))?;
+        completion_entries(&mut map, self.0)?;
+        map.end()
+    }
+}
+
+fn event_entries<M: SerializeMap>(map: &mut M, event: &BusEvent) -> Result<(), M::Error> {
     match &event.kind {
         EventKind::RunStarted { engine, model } => {
             map.serialize_entry("engine", engine)?;
@@ -28,14 +49,14 @@ pub(super) fn write(buf: &mut Vec<u8>, event: &BusEvent) -> serde_json::Result<(
             map.serialize_entry("title", title)?;
             map.serialize_entry("meta", meta)?;
         }
-        EventKind::EngineAction(action) => map.serialize_entry("action", &ActionBody(action))?,
+        EventKind::EngineAction(action) => map.serialize_entry("action", &ActionJson(action))?,
         EventKind::Delta { seq, text } => {
             map.serialize_entry("seq", seq)?;
             map.serialize_entry("text", text)?;
         }
-        EventKind::EngineCompleted(completion) => completion_entries(&mut map, completion)?,
+        EventKind::EngineCompleted(completion) => completion_entries(map, completion)?,
         EventKind::RunCompleted { completion, engine, duration_ms } => {
-            completion_entries(&mut map, completion)?;
+            completion_entries(map, completion)?;
             map.serialize_entry("engine", engine)?;
             map.serialize_entry("duration_ms", duration_ms)?;
             map.serialize_entry("status", RunStatus::of(completion).as_str())?;
@@ -47,11 +68,10 @@ pub(super) fn write(buf: &mut Vec<u8>, event: &BusEvent) -> serde_json::Result<(
     map.serialize_entry("run_id", event.run_id.as_str())?;
     map.serialize_entry("session_key", &*event.session_key)?;
     map.serialize_entry("index", &event.index)?;
-    map.serialize_entry("ts_ms", &event.ts_ms)?;
-    map.end()
+    map.serialize_entry("ts_ms", &event.ts_ms)
 }
 
-/// The fields of `bus::completion_json`.
+/// The fields of a completion.
 fn completion_entries<M: SerializeMap>(
     map: &mut M,
     completion: &Completion,
@@ -64,7 +84,7 @@ fn completion_entries<M: SerializeMap>(
     map.serialize_entry("usage", &completion.usage)
 }
 
-/// `bus::resume_json`: `{engine, value}` or `null`.
+/// A resume token: `{engine, value}` or `null`.
 struct Resume<'a>(Option<&'a ResumeToken>);
 
 impl Serialize for Resume<'_> {
@@ -89,10 +109,11 @@ impl Serialize for ErrorText<'_> {
     }
 }
 
-/// `bus::action_json`.
-struct ActionBody<'a>(&'a Action);
+/// An action in its JSON form (`{id, kind, title, detail, phase, ok, message, level}`).
+#[derive(Debug, Clone, Copy)]
+pub struct ActionJson<'a>(pub &'a Action);
 
-impl Serialize for ActionBody<'_> {
+impl Serialize for ActionJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let action = self.0;
         let mut map = serializer.serialize_map(Some(8))?;

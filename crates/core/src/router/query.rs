@@ -1,0 +1,117 @@
+//! The read-only side of the router: runs and their events as stored, sessions,
+//! the scheduler's counters and what the engines offer. The control API and
+//! health read through it; nothing here changes state.
+
+use crate::engine::{Availability, ResumeToken};
+use crate::gateway::{ActiveRun, SchedulerSnapshot, ShuttingDown};
+use crate::ids::RunId;
+use crate::store::{RunFilter, RunRecord, StoreError, StoredEvent};
+
+use super::{RouteError, RouterHandle, SessionView};
+
+/// An engine as status reports show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineInfo {
+    pub id: String,
+    pub steer: bool,
+    pub redirect: bool,
+    pub availability: Availability,
+}
+
+/// Read-only queries. Cheap to clone; made by [`RouterHandle::query`].
+#[derive(Debug, Clone)]
+pub struct Runs {
+    router: RouterHandle,
+}
+
+impl Runs {
+    pub(super) fn new(router: RouterHandle) -> Self {
+        Runs { router }
+    }
+
+    /// A run as stored (queued, running or finished).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store cannot be read.
+    pub async fn get(&self, run_id: &RunId) -> Result<Option<RunRecord>, StoreError> {
+        self.router.store.get_run(run_id.as_str()).await
+    }
+
+    /// Runs as stored, newest first.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store cannot be read.
+    pub async fn list(&self, filter: RunFilter) -> Result<Vec<RunRecord>, StoreError> {
+        self.router.store.list_runs(filter).await
+    }
+
+    /// A run's stored events, in index order.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store cannot be read.
+    pub async fn events(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
+        let mut events = self.router.store.run_events(run_id.as_str()).await?;
+        events.sort_by_key(|event| event.index);
+        Ok(events)
+    }
+
+    /// The session's active runs, queue and chat state.
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`] when the router is gone.
+    pub async fn session(&self, session_key: &str) -> Result<SessionView, RouteError> {
+        self.router.session(session_key).await
+    }
+
+    /// The scheduler's counters.
+    ///
+    /// # Errors
+    /// [`ShuttingDown`] when the gateway is gone.
+    pub async fn snapshot(&self) -> Result<SchedulerSnapshot, ShuttingDown> {
+        self.router.gateway.snapshot().await
+    }
+
+    /// Every queued or running run at the gateway, oldest first.
+    ///
+    /// # Errors
+    /// [`ShuttingDown`] when the gateway is gone.
+    pub async fn active_runs(&self) -> Result<Vec<ActiveRun>, ShuttingDown> {
+        self.router.gateway.active_runs().await
+    }
+
+    /// Whether the store accepts writes (for health).
+    ///
+    /// # Errors
+    /// [`StoreError`] when it does not.
+    pub async fn check_store(&self) -> Result<(), StoreError> {
+        self.router.store.check_writable().await
+    }
+
+    /// Every registered engine, in registration order.
+    pub fn engines(&self) -> Vec<EngineInfo> {
+        self.router
+            .gateway
+            .engines()
+            .iter()
+            .map(|engine| {
+                let capabilities = engine.capabilities();
+                EngineInfo {
+                    id: engine.id().to_string(),
+                    steer: capabilities.steer,
+                    redirect: capabilities.redirect,
+                    availability: engine.availability(),
+                }
+            })
+            .collect()
+    }
+
+    /// The line that continues `token`'s session, as its engine writes it.
+    pub fn format_resume(&self, token: &ResumeToken) -> String {
+        self.router.gateway.engines().format_resume(token)
+    }
+
+    /// A resume line of any engine found in `text`.
+    pub fn extract_resume(&self, text: &str) -> Option<ResumeToken> {
+        self.router.gateway.engines().extract_resume(text)
+    }
+}

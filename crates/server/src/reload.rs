@@ -1,0 +1,486 @@
+//! Live edits of `config.toml`.
+//!
+//! The file's directory is watched (editors save by writing a new file and
+//! renaming it over the old one), events are debounced, and the file is read
+//! again. Its text is compared with the last text seen, so an edit that keeps
+//! the size and the modification time is still seen and a touch that changes
+//! nothing applies nothing. A new text is parsed and validated whole (core's
+//! keys, every transport's section, the engines) before anything is applied:
+//! a refused edit changes nothing, is logged and published (`config_rejected`)
+//! with its file, line and column, and the gateway reports `degraded` until the
+//! file is good again. An accepted one is a new generation: each component
+//! takes its part ([`plan`] says which), runs already started keep the
+//! generation they started with, and `config_reloaded` lists what was applied
+//! and what waits for a restart (listen addresses, ports, HTTP limits).
+//! A deleted file keeps the running config, with a warning.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lemon_core::bus::{EventBus, Notice};
+use lemon_core::config::{
+    self, ConfigReport, ConfigStatus, GatewayConfig, PendingRestart, Rejection,
+};
+use lemon_core::gateway::GatewayHandle;
+use lemon_core::router::{RouterConfig, RouterHandle};
+use lemon_core::transport::RunningTransports;
+use lemon_transports::{telegram, webhook};
+use notify_debouncer_mini::notify::RecursiveMode;
+use notify_debouncer_mini::{new_debouncer, DebounceEventResult};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// How long the watcher waits for a burst of file events to end.
+const DEBOUNCE: Duration = Duration::from_millis(150);
+
+/// How often the file is read when its directory cannot be watched.
+const FALLBACK_POLL: Duration = Duration::from_secs(1);
+
+/// Keys of `[gateway]` that the running gateway takes live.
+const LIVE_KEYS: &[&str] = &[
+    "max_concurrent_runs",
+    "default_engine",
+    "default_cwd",
+    "auto_resume",
+    "require_engine_lock",
+    "engine_lock_timeout_ms",
+    "run_inactivity_timeout_ms",
+    "run_idle_watchdog_ms",
+    "shutdown_grace_ms",
+    "recovered_max_age_ms",
+    "allowed_cwd_roots",
+    "max_pending_runs",
+    "native_only",
+    "engines",
+    "projects",
+    "bindings",
+    "queue",
+    "enable_webhook",
+    "webhook",
+    "enable_telegram",
+    "telegram",
+];
+
+/// Keys of `[gateway]` whose edits wait for a restart.
+const RESTART_KEYS: &[&str] = &[
+    "api",
+    "health",
+    "http_header_read_timeout_ms",
+    "http_idle_timeout_ms",
+    "http_max_connections",
+];
+
+/// What an accepted edit changes, component by component.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// `[gateway]` keys applied live, in file order of [`LIVE_KEYS`].
+    pub(crate) applied: Vec<String>,
+    /// The scheduler's settings (slots, timeouts, lock, working directories).
+    pub(crate) runtime: bool,
+    /// The router's settings (default engine, bindings, projects, queue, watchdog).
+    pub(crate) router: bool,
+    /// The engine table is rebuilt.
+    pub(crate) engines: bool,
+    pub(crate) webhook: bool,
+    pub(crate) telegram: bool,
+    pub(crate) shutdown_grace: bool,
+}
+
+impl Plan {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.applied.is_empty()
+    }
+}
+
+/// The JSON form of `[gateway]` with every default filled in, secrets left in.
+fn raw_json(config: &GatewayConfig) -> serde_json::Map<String, Value> {
+    match serde_json::to_value(config) {
+        Ok(Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    }
+}
+
+/// What changes from `current` to `next`, by the key paths of `[gateway]`.
+pub(crate) fn plan(current: &GatewayConfig, next: &GatewayConfig) -> Plan {
+    let (before, after) = (raw_json(current), raw_json(next));
+    let changed = |key: &str| before.get(key) != after.get(key);
+    let mut plan = Plan::default();
+    for key in LIVE_KEYS.iter().copied().filter(|key| changed(key)) {
+        plan.applied.push(key.to_owned());
+        match key {
+            "shutdown_grace_ms" => plan.shutdown_grace = true,
+            "engines" => {
+                plan.engines = true;
+                // The stop bound follows the engines' cancel grace.
+                plan.runtime = true;
+            }
+            "enable_webhook" | "webhook" => plan.webhook = true,
+            "enable_telegram" | "telegram" => plan.telegram = true,
+            "default_engine"
+            | "native_only"
+            | "queue"
+            | "run_idle_watchdog_ms"
+            | "recovered_max_age_ms"
+            | "projects" => plan.router = true,
+            "bindings" => {
+                plan.router = true;
+                // Bound chats are let through Telegram's allow list.
+                plan.telegram = true;
+            }
+            "allowed_cwd_roots" => {
+                plan.router = true;
+                plan.runtime = true;
+            }
+            _ => plan.runtime = true,
+        }
+    }
+    plan
+}
+
+/// Settings edited in `file` that differ from the ones the gateway `started`
+/// with and wait for a restart.
+pub(crate) fn pending_restarts(
+    started: &GatewayConfig,
+    file: &GatewayConfig,
+) -> Vec<PendingRestart> {
+    let (before, after) = (raw_json(started), raw_json(file));
+    let mut pending = Vec::new();
+    for key in RESTART_KEYS {
+        let running = before.get(*key).cloned().unwrap_or(Value::Null);
+        let in_file = after.get(*key).cloned().unwrap_or(Value::Null);
+        match (&running, &in_file) {
+            (Value::Object(a), Value::Object(b)) => {
+                let mut fields: Vec<&String> = a.keys().chain(b.keys()).collect();
+                fields.sort();
+                fields.dedup();
+                for field in fields {
+                    let (was, now) = (a.get(field), b.get(field));
+                    if was != now {
+                        pending.push(PendingRestart {
+                            key: format!("gateway.{key}.{field}"),
+                            running: was.cloned().unwrap_or(Value::Null),
+                            file: now.cloned().unwrap_or(Value::Null),
+                        });
+                    }
+                }
+            }
+            _ if running != in_file => pending.push(PendingRestart {
+                key: format!("gateway.{key}"),
+                running,
+                file: in_file,
+            }),
+            _ => {}
+        }
+    }
+    pending
+}
+
+/// `[gateway]` as `GET /v1/config` shows it: defaults filled in, every value
+/// that may be a secret replaced by `"[REDACTED]"` (inline tokens, passwords,
+/// engines' environments). Names of secrets (`*_secret`) stay.
+pub(crate) fn effective_json(config: &GatewayConfig) -> Value {
+    let mut value = Value::Object(raw_json(config));
+    redact(&mut value, false);
+    value
+}
+
+fn is_secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    if key.ends_with("_secret") || key.starts_with("allow_") {
+        return false;
+    }
+    ["token", "password", "secret", "api_key", "apikey", "credential"]
+        .iter()
+        .any(|word| key.contains(word))
+}
+
+fn redact(value: &mut Value, secret: bool) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map.iter_mut() {
+                redact(child, secret || key == "env" || is_secret_key(key));
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|item| redact(item, secret)),
+        Value::Null | Value::Bool(_) => {}
+        _ if secret => *value = json!("[REDACTED]"),
+        _ => {}
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Builds an engine table from `[gateway]` (the server's `engines`).
+pub(crate) type BuildEngines =
+    Arc<dyn Fn(&GatewayConfig) -> anyhow::Result<lemon_core::engine::EngineRegistry> + Send + Sync>;
+
+/// Everything a reload reaches.
+pub(crate) struct Reloader {
+    pub(crate) path: PathBuf,
+    /// The config the gateway started with (listeners, HTTP limits).
+    pub(crate) started: GatewayConfig,
+    /// The config in force.
+    pub(crate) current: GatewayConfig,
+    /// The text last read, good or not; `None` when there was no file.
+    pub(crate) last_text: Option<String>,
+    pub(crate) status: ConfigStatus,
+    pub(crate) bus: EventBus,
+    pub(crate) gateway: GatewayHandle,
+    /// The engine table the gateway and the router share.
+    pub(crate) engines: lemon_core::engine::EngineRegistry,
+    pub(crate) router: RouterHandle,
+    pub(crate) transports: RunningTransports,
+    pub(crate) secrets: Arc<lemon_core::secrets::SecretStore>,
+    pub(crate) build_engines: BuildEngines,
+    pub(crate) user_home: Option<PathBuf>,
+    pub(crate) shutdown_grace_ms: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloader").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+/// A new text, checked whole, ready to apply.
+struct Checked {
+    config: GatewayConfig,
+    engines: Option<lemon_core::engine::EngineRegistry>,
+    webhook: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
+    telegram: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
+    plan: Plan,
+}
+
+impl Reloader {
+    /// Reads the file and applies it if its text changed.
+    pub(crate) async fn check_file(&mut self) {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                if !self.status.get().missing {
+                    tracing::warn!(
+                        path = %self.path.display(),
+                        "config file deleted; keeping the running config"
+                    );
+                    self.status.update(|report| report.missing = true);
+                }
+                return;
+            }
+            Err(error) => {
+                let message = format!("{}: cannot read config file: {error}", self.path.display());
+                self.reject(message);
+                return;
+            }
+        };
+        if self.status.get().missing {
+            self.status.update(|report| report.missing = false);
+        }
+        if self.last_text.as_deref() == Some(text.as_str()) {
+            return;
+        }
+        self.last_text = Some(text.clone());
+        match self.checked(&text) {
+            Ok(checked) => self.apply(checked).await,
+            Err(message) => self.reject(message),
+        }
+    }
+
+    fn checked(&self, text: &str) -> Result<Checked, String> {
+        let loaded = config::load_str(text, &self.path).map_err(|e| e.to_string())?;
+        for warning in &loaded.warnings {
+            tracing::warn!("{warning}");
+        }
+        let config = loaded.config.gateway;
+        crate::check_engine_sections(&config, &self.path, text).map_err(|e| e.to_string())?;
+        let plan = plan(&self.current, &config);
+        let webhook = if plan.webhook {
+            Some(
+                crate::webhook_transport(&config, &self.secrets, &self.path, text)
+                    .map_err(|e| e.to_string())?,
+            )
+        } else {
+            None
+        };
+        let telegram = if plan.telegram {
+            Some(
+                crate::telegram_transport(&config, &self.secrets, &self.path, text)
+                    .map_err(|e| e.to_string())?,
+            )
+        } else {
+            None
+        };
+        let engines = if plan.engines {
+            Some(
+                (self.build_engines)(&config)
+                    .map_err(|e| format!("{}: {e}", self.path.display()))?,
+            )
+        } else {
+            None
+        };
+        Ok(Checked { config, engines, webhook, telegram, plan })
+    }
+
+    fn reject(&mut self, error: String) {
+        tracing::error!(%error, "config edit rejected; keeping the running config");
+        let at_ms = now_ms();
+        self.status.update(|report| {
+            report.rejected = Some(Rejection { error: error.clone(), at_ms });
+        });
+        let mut body = serde_json::Map::new();
+        body.insert("error".to_owned(), json!(error));
+        body.insert("path".to_owned(), json!(self.path.display().to_string()));
+        self.bus.publish_notice(Notice { type_name: "config_rejected", ts_ms: at_ms, body });
+    }
+
+    async fn apply(&mut self, checked: Checked) {
+        let Checked { config, engines, webhook, telegram, plan } = checked;
+        let pending = pending_restarts(&self.started, &config);
+        if plan.is_empty() {
+            self.status.update(|report| {
+                report.rejected = None;
+                report.pending_restart = pending.clone();
+            });
+            if pending.is_empty() {
+                tracing::info!(path = %self.path.display(), "config file edited; no setting changed");
+            }
+            for p in &pending {
+                tracing::warn!(key = %p.key, "config edit waits for a restart to take effect");
+            }
+            self.publish_pending_only(&pending);
+            return;
+        }
+        if let Some(engines) = engines {
+            self.engines.replace(&engines);
+        }
+        if plan.runtime
+            && self
+                .gateway
+                .reload(crate::runtime_config(&config, self.user_home.clone()))
+                .await
+                .is_err()
+        {
+            return;
+        }
+        if plan.router && self.router.reload(RouterConfig::from_gateway(&config)).await.is_err() {
+            return;
+        }
+        if plan.shutdown_grace {
+            self.shutdown_grace_ms.store(config.shutdown_grace_ms, Ordering::Relaxed);
+        }
+        for (id, transport) in
+            [(webhook::WEBHOOK_TRANSPORT_ID, webhook), (telegram::inbound::TRANSPORT_ID, telegram)]
+        {
+            match transport {
+                None => {}
+                Some(None) => self.transports.stop(id).await,
+                Some(Some(transport)) => {
+                    if let Err(error) = self.transports.restart(transport).await {
+                        tracing::error!(transport = id, %error, "transport not restarted");
+                    }
+                }
+            }
+        }
+        let effective = effective_json(&config);
+        self.current = config;
+        let mut generation = 0;
+        self.status.update(|report| {
+            report.generation += 1;
+            generation = report.generation;
+            report.effective = effective;
+            report.pending_restart = pending.clone();
+            report.rejected = None;
+        });
+        let pending_keys: Vec<&str> = pending.iter().map(|p| p.key.as_str()).collect();
+        tracing::info!(
+            path = %self.path.display(),
+            generation,
+            applied = %plan.applied.join(", "),
+            pending_restart = %pending_keys.join(", "),
+            "config reloaded"
+        );
+        let mut body = serde_json::Map::new();
+        body.insert("generation".to_owned(), json!(generation));
+        body.insert("applied".to_owned(), json!(plan.applied));
+        body.insert("pending_restart".to_owned(), json!(pending_keys));
+        self.bus.publish_notice(Notice { type_name: "config_reloaded", ts_ms: now_ms(), body });
+    }
+
+    /// An edit that changes only settings needing a restart: nothing is
+    /// applied, which is said as such.
+    fn publish_pending_only(&self, pending: &[PendingRestart]) {
+        if pending.is_empty() {
+            return;
+        }
+        let keys: Vec<&str> = pending.iter().map(|p| p.key.as_str()).collect();
+        let mut body = serde_json::Map::new();
+        body.insert("generation".to_owned(), json!(self.status.get().generation));
+        body.insert("applied".to_owned(), json!(Vec::<String>::new()));
+        body.insert("pending_restart".to_owned(), json!(keys));
+        self.bus.publish_notice(Notice {
+            type_name: "config_pending_restart",
+            ts_ms: now_ms(),
+            body,
+        });
+    }
+}
+
+/// The report of the config read at start.
+pub(crate) fn initial_report(config: &GatewayConfig, missing: bool) -> ConfigReport {
+    ConfigReport {
+        generation: 1,
+        effective: effective_json(config),
+        pending_restart: Vec::new(),
+        rejected: None,
+        missing,
+    }
+}
+
+/// Watches the config file's directory and hands every debounced change of
+/// the file to `reloader`, until `token` is cancelled. Without a watcher (the
+/// directory cannot be watched) it reads the file every second instead.
+pub(crate) async fn watch(mut reloader: Reloader, token: CancellationToken) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let name = reloader.path.file_name().map(ToOwned::to_owned);
+    let dir = reloader.path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let watcher = new_debouncer(DEBOUNCE, move |result: DebounceEventResult| match result {
+        Ok(events) => {
+            if events.iter().any(|event| event.path.file_name() == name.as_deref()) {
+                let _ = tx.send(());
+            }
+        }
+        Err(error) => tracing::warn!(%error, "config watcher error"),
+    })
+    .and_then(|mut debouncer| {
+        debouncer.watcher().watch(&dir, RecursiveMode::NonRecursive)?;
+        Ok(debouncer)
+    });
+    let _watcher = match watcher {
+        Ok(watcher) => Some(watcher),
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), %error, "cannot watch the config directory; reading the file every second");
+            None
+        }
+    };
+    let polling = _watcher.is_none();
+    let mut tick = tokio::time::interval(FALLBACK_POLL);
+    // An edit made while the gateway started is picked up here.
+    reloader.check_file().await;
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            event = rx.recv(), if !polling => if event.is_none() { return },
+            _ = tick.tick(), if polling => {}
+        }
+        reloader.check_file().await;
+    }
+}
+
+#[cfg(test)]
+mod tests;
