@@ -271,13 +271,8 @@ async fn a_stored_session_token_that_could_be_an_option_is_ignored_and_a_new_ses
 #[tokio::test]
 async fn a_config_model_that_could_be_an_option_stops_the_gateway_naming_file_line_and_column() {
     let home = home_with(&format!("[gateway]\ndefault_engine = \"claude:{SKIP}\"\n"));
-    let output = crate::support::command(home.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .output();
-    let output = tokio::time::timeout(PATIENCE, output).await.unwrap().unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (code, stderr) = crate::support::failed_start(home.path()).await;
+    assert_eq!(code, Some(2));
     let expected = format!(
         "{}:2:18: gateway.default_engine: invalid model: it starts with '-'",
         home.path().join("config.toml").display()

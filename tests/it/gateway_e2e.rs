@@ -171,10 +171,8 @@ async fn the_cli_runs_a_prompt_and_prints_the_resume_line() {
 #[tokio::test]
 async fn a_config_error_names_file_line_and_column() {
     let dir = home_with("[gateway]\nmax_concurrent_runs = \"two\"\n");
-    let output = command(dir.path()).stdout(Stdio::piped()).stderr(Stdio::piped()).output();
-    let output = tokio::time::timeout(PATIENCE, output).await.unwrap().unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (code, stderr) = crate::support::failed_start(dir.path()).await;
+    assert_eq!(code, Some(2));
     let expected = format!("{}:2:23", dir.path().join("config.toml").display());
     assert!(stderr.contains(&expected), "{stderr}");
     assert!(stderr.contains("max_concurrent_runs"), "{stderr}");

@@ -76,6 +76,15 @@ fn configure(mut command: Command, home: &Path, path: &str) -> Command {
     command
 }
 
+/// Starts the gateway on `home` expecting it to refuse to start: its exit code
+/// and what it wrote to stderr.
+pub(crate) async fn failed_start(home: &Path) -> (Option<i32>, String) {
+    let output = command(home).stdout(Stdio::piped()).stderr(Stdio::piped()).output();
+    let output =
+        tokio::time::timeout(PATIENCE, output).await.expect("the gateway exits in time").unwrap();
+    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
 impl Gateway {
     /// Starts a gateway on a new home with `config`.
     pub(crate) async fn start(config: &str) -> Gateway {

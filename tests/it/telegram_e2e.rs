@@ -413,13 +413,8 @@ async fn a_mistake_in_the_telegram_section_names_file_line_and_column() {
     let dir = home_with(&format!(
         "[gateway]\nenable_telegram = true\n[gateway.telegram]\nbot_token = \"{BOT_TOKEN}\"\npoll_timeout = 5\n"
     ));
-    let output = crate::support::command(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .output();
-    let output = tokio::time::timeout(PATIENCE, output).await.unwrap().unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (code, stderr) = crate::support::failed_start(dir.path()).await;
+    assert_eq!(code, Some(2));
     let expected = format!(
         "{}:5:1: gateway.telegram.poll_timeout: unknown field `poll_timeout`",
         dir.path().join("config.toml").display()
