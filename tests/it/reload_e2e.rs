@@ -344,6 +344,20 @@ async fn deleting_the_file_keeps_the_running_config() {
 }
 
 #[tokio::test]
+async fn a_file_emptied_for_good_falls_back_to_the_defaults() {
+    let gateway = Gateway::start("[gateway]\nmax_concurrent_runs = 3\n").await;
+    let mut notices = Notices::subscribe(&gateway).await;
+    std::fs::write(gateway.home.join("config.toml"), "").unwrap();
+    let (kind, data) = notices.next().await;
+    assert_eq!(kind, "config_reloaded", "{data}");
+    assert_eq!(data["applied"], json!(["max_concurrent_runs"]));
+    assert_eq!(gateway.status().await["scheduler"]["max"], 2, "the default");
+    // The listeners keep the ports they were started on.
+    let pending = data["pending_restart"].as_array().unwrap();
+    assert!(pending.contains(&json!("gateway.api.port")), "{data}");
+}
+
+#[tokio::test]
 async fn config_check_and_config_path_on_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
     write_config(dir.path(), "[gateway]\nmax_concurrent_runs = 2\n");

@@ -430,6 +430,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         started: gateway_config.clone(),
         current: gateway_config.clone(),
         last_text: config_text,
+        empty_since: None,
         status: config_status.clone(),
         bus,
         gateway: gateway.clone(),

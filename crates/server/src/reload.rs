@@ -12,12 +12,17 @@
 //! takes its part ([`plan`] says which), runs already started keep the
 //! generation they started with, and `config_reloaded` lists what was applied
 //! and what waits for a restart (listen addresses, ports, HTTP limits).
-//! A deleted file keeps the running config, with a warning.
+//! A deleted file keeps the running config, with a warning. A file that
+//! turns empty is taken only once it has stayed empty for [`EMPTY_SETTLE`]:
+//! an editor saving in place truncates the file before it writes the new
+//! text, and a reader in between must not apply the defaults for a moment.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use lemon_core::bus::{EventBus, Notice};
 use lemon_core::config::{
@@ -38,6 +43,41 @@ const DEBOUNCE: Duration = Duration::from_millis(150);
 
 /// How often the file is read when its directory cannot be watched.
 const FALLBACK_POLL: Duration = Duration::from_secs(1);
+
+/// How long a file that turned empty must stay empty to count as an edit.
+pub(crate) const EMPTY_SETTLE: Duration = Duration::from_secs(1);
+
+/// What to do with a text just read.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// Check and apply it.
+    Take,
+    /// The file just turned empty: read it again after this long.
+    Wait(Duration),
+}
+
+/// Whether `text` is taken now. `empty_since` is when the file was first seen
+/// empty after having content; it is set and cleared here.
+pub(crate) fn settle(
+    text: &str,
+    last_text: Option<&str>,
+    empty_since: &mut Option<Instant>,
+    now: Instant,
+) -> Settle {
+    let had_content = last_text.is_some_and(|last| !last.trim().is_empty());
+    if !text.trim().is_empty() || !had_content {
+        *empty_since = None;
+        return Settle::Take;
+    }
+    let since = *empty_since.get_or_insert(now);
+    let waited = now.saturating_duration_since(since);
+    if waited >= EMPTY_SETTLE {
+        *empty_since = None;
+        Settle::Take
+    } else {
+        Settle::Wait(EMPTY_SETTLE - waited)
+    }
+}
 
 /// Keys of `[gateway]` that the running gateway takes live.
 const LIVE_KEYS: &[&str] = &[
@@ -230,6 +270,8 @@ pub(crate) struct Reloader {
     pub(crate) current: GatewayConfig,
     /// The text last read, good or not; `None` when there was no file.
     pub(crate) last_text: Option<String>,
+    /// When the file was first seen empty after having content.
+    pub(crate) empty_since: Option<Instant>,
     pub(crate) status: ConfigStatus,
     pub(crate) bus: EventBus,
     pub(crate) gateway: GatewayHandle,
@@ -259,8 +301,9 @@ struct Checked {
 }
 
 impl Reloader {
-    /// Reads the file and applies it if its text changed.
-    pub(crate) async fn check_file(&mut self) {
+    /// Reads the file and applies it if its text changed. Returns when to
+    /// read it again if it just turned empty.
+    pub(crate) async fn check_file(&mut self) -> Option<Duration> {
         let text = match std::fs::read_to_string(&self.path) {
             Ok(text) => text,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
@@ -271,25 +314,33 @@ impl Reloader {
                     );
                     self.status.update(|report| report.missing = true);
                 }
-                return;
+                return None;
             }
             Err(error) => {
                 let message = format!("{}: cannot read config file: {error}", self.path.display());
                 self.reject(message);
-                return;
+                return None;
             }
         };
         if self.status.get().missing {
             self.status.update(|report| report.missing = false);
         }
         if self.last_text.as_deref() == Some(text.as_str()) {
-            return;
+            self.empty_since = None;
+            return None;
+        }
+        if let Settle::Wait(delay) =
+            settle(&text, self.last_text.as_deref(), &mut self.empty_since, Instant::now())
+        {
+            tracing::debug!(path = %self.path.display(), "config file is empty; waiting for it to settle");
+            return Some(delay);
         }
         self.last_text = Some(text.clone());
         match self.checked(&text) {
             Ok(checked) => self.apply(checked).await,
             Err(message) => self.reject(message),
         }
+        None
     }
 
     fn checked(&self, text: &str) -> Result<Checked, String> {
@@ -471,14 +522,16 @@ pub(crate) async fn watch(mut reloader: Reloader, token: CancellationToken) {
     let polling = _watcher.is_none();
     let mut tick = tokio::time::interval(FALLBACK_POLL);
     // An edit made while the gateway started is picked up here.
-    reloader.check_file().await;
+    let mut recheck = reloader.check_file().await;
     loop {
+        let again = tokio::time::sleep(recheck.unwrap_or_default());
         tokio::select! {
             () = token.cancelled() => return,
             event = rx.recv(), if !polling => if event.is_none() { return },
             _ = tick.tick(), if polling => {}
+            () = again, if recheck.is_some() => {}
         }
-        reloader.check_file().await;
+        recheck = reloader.check_file().await;
     }
 }
 

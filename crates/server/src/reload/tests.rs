@@ -1,10 +1,13 @@
 //! Tests of what an edit changes and how the config is reported.
 
 use std::path::Path;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use lemon_core::config::{load_str, GatewayConfig};
 
-use super::{effective_json, pending_restarts, plan, Plan};
+use super::{effective_json, pending_restarts, plan, settle, Plan, Settle, EMPTY_SETTLE};
 
 fn gateway(text: &str) -> GatewayConfig {
     load_str(text, Path::new("/tmp/config.toml")).expect("valid config").config.gateway
@@ -86,4 +89,27 @@ fn the_effective_config_has_defaults_and_no_secrets() {
     assert_eq!(effective["telegram"]["bot_token"], "[REDACTED]");
     assert_eq!(effective["engines"]["claude"]["env"]["ANTHROPIC_API_KEY"], "[REDACTED]");
     assert_eq!(effective["engines"]["claude"]["api_key_secret"], "anthropic");
+}
+
+#[test]
+fn a_file_that_turns_empty_is_taken_only_once_it_stays_empty() {
+    let start = Instant::now();
+    let mut since = None;
+    let before = Some("[gateway]\nmax_concurrent_runs = 3\n");
+    // An in-place save truncates first: the empty text waits.
+    assert_eq!(settle("", before, &mut since, start), Settle::Wait(EMPTY_SETTLE));
+    let later = start + Duration::from_millis(400);
+    assert_eq!(
+        settle(" \n", before, &mut since, later),
+        Settle::Wait(EMPTY_SETTLE - Duration::from_millis(400))
+    );
+    // The new text arrives: taken at once, and the wait is forgotten.
+    assert_eq!(settle("[gateway]\n", before, &mut since, later), Settle::Take);
+    assert_eq!(since, None);
+    // Emptied for good: taken once it has stayed empty long enough.
+    assert!(matches!(settle("", before, &mut since, later), Settle::Wait(_)));
+    assert_eq!(settle("", before, &mut since, later + EMPTY_SETTLE), Settle::Take);
+    // A file that was empty before, or had none, is taken as it is.
+    assert_eq!(settle("", Some(""), &mut None, start), Settle::Take);
+    assert_eq!(settle("", None, &mut None, start), Settle::Take);
 }
