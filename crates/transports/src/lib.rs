@@ -2,6 +2,8 @@
 //! [`Transport`](lemon_core::transport::Transport) run by the registry in core.
 //!
 //! # Layout
+//! - [`delivery`]: what every channel shares on the way out (backoff between
+//!   attempts).
 //! - [`webhook`]: `POST /webhooks/{integration}`, generic inbound webhooks with
 //!   per-integration tokens, attachments, sync or async answers, callbacks and
 //!   idempotency keys kept in the store; run as a transport by
@@ -12,5 +14,6 @@
 //! Listening channels serve with `lemon_api::serve_with` and answer errors with
 //! `lemon_api::error::ApiError`, like the control API.
 
+pub mod delivery;
 pub mod telegram;
 pub mod webhook;

@@ -38,6 +38,8 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::delivery::Backoff;
+
 use super::types::{EditMessageText, FormattedText, Message, SendMessage, TelegramError};
 
 /// The Bot API write calls the outbox makes. The HTTP client implements it; tests
@@ -676,8 +678,7 @@ impl Outbox {
 
     /// Delay before attempt `attempts + 1` after a server or network error.
     fn backoff(&self, attempts: u32) -> Duration {
-        let doublings = attempts.saturating_sub(1).min(20);
-        self.config.backoff_initial.saturating_mul(1 << doublings).min(self.config.backoff_max)
+        Backoff::new(self.config.backoff_initial, self.config.backoff_max).delay(attempts)
     }
 
     /// Counts the failed attempt (a 429 does not count: it says when to retry),

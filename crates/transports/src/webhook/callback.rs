@@ -9,6 +9,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use crate::delivery::Backoff;
 use futures::future::BoxFuture;
 use lemon_core::bus::BusEvent;
 use lemon_core::ids::RunId;
@@ -204,7 +205,7 @@ impl Delivery {
             .ok()
             .and_then(|u| u.host_str().map(str::to_owned))
             .unwrap_or_default();
-        let mut wait = self.settings.backoff;
+        let backoff = Backoff::new(self.settings.backoff, self.settings.backoff_max);
         for attempt in 1..=self.settings.max_attempts {
             match self.attempt(&body).await {
                 Ok(()) => return true,
@@ -217,8 +218,7 @@ impl Delivery {
                 }
             }
             if attempt < self.settings.max_attempts {
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(self.settings.backoff_max);
+                tokio::time::sleep(backoff.delay(attempt)).await;
             }
         }
         false
