@@ -11,11 +11,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lemon_core::config::{load_str, EngineSection};
 use lemon_core::engine::{
     Availability, Engine, EngineError, EngineEvent, ResumeToken, RunError, SteerError,
 };
 use lemon_engines::cli::{build_cli_engines, CliContext, Vendor};
+use lemon_engines::config::EngineSection;
 use lemon_engines::echo::EchoEngine;
 use tokio_util::task::TaskTracker;
 
@@ -268,8 +268,8 @@ async fn an_oversized_line_is_a_warning_and_the_run_still_completes() {
     for vendor in Vendor::ALL {
         let harness = Harness::new();
         let config = format!("[gateway.engines.{vendor}]\nmax_line_bytes = 4096\n");
-        let loaded = load_str(&config, Path::new("config.toml")).expect("valid config");
-        let mut section = loaded.config.gateway.engines[vendor.id()].clone();
+        let sections = crate::cli_support::sections_from(&config);
+        let mut section = sections.get(vendor.id()).expect("a section").clone();
         section.env =
             fake_vars(&harness, vendor, None, &[("FAKE_CLI_OVERSIZED_LINE_BYTES", "1000000")])
                 .into_iter()

@@ -1,17 +1,16 @@
 //! What the CLI engines put on the command line and stdin, Claude steering through
 //! a kept-open stdin, and config turned into engines.
 
-use std::path::Path;
-
-use lemon_core::config::{load_str, EngineSection};
 use lemon_core::engine::{Engine, EngineError, EngineEvent, EventSink, ResumeToken, SteerError};
 use lemon_engines::cli::{build_cli_engines, Vendor};
+use lemon_engines::config::EngineSection;
 
-use crate::cli_support::{describe_all, read_args, request, section, start, Harness};
+use crate::cli_support::{
+    describe_all, read_args, request, section, sections_from, start, Harness,
+};
 
 fn engines_from(config: &str, harness: &Harness) -> Vec<std::sync::Arc<dyn Engine>> {
-    let loaded = load_str(config, Path::new("config.toml")).expect("valid config");
-    build_cli_engines(&loaded.config.gateway.engines, &harness.context())
+    build_cli_engines(&sections_from(config), &harness.context())
 }
 
 #[tokio::test]
@@ -90,10 +89,10 @@ async fn config_keys_reach_each_vendors_command_line() {
         reasoning_effort = "high"
         extra_args = ["--auto", "medium"]
     "#;
-    let loaded = load_str(config, Path::new("config.toml")).expect("valid config");
+    let sections = sections_from(config);
     let cwd = harness.cwd().to_string_lossy().into_owned();
     for vendor in Vendor::ALL {
-        let mut section: EngineSection = loaded.config.gateway.engines[vendor.id()].clone();
+        let mut section: EngineSection = sections.get(vendor.id()).expect("a section").clone();
         let fixture =
             harness.fixture(vendor, crate::cli_support::success_fixture(vendor), false, None);
         let args = harness.file(&format!("{vendor}.args"));

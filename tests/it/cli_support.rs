@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lemon_core::config::EngineSection;
 use lemon_core::engine::{Engine, EngineEvent, EventSink, ResumeToken, RunControl, StartRequest};
 use lemon_core::ids::RunId;
 use lemon_engines::cli::{ApiKey, CliContext, CliEngine, Vendor};
+use lemon_engines::config::{EngineSection, EngineSections};
 use lemon_tests::fake_cli::{fixture, FakeCliDir};
 use nix::errno::Errno;
 use nix::sys::signal::kill;
@@ -117,6 +117,13 @@ impl Harness {
 }
 
 /// A section whose `env` is `vars` (the fake's instructions) and otherwise defaults.
+/// The engine sections of `config`, parsed as a start parses them.
+pub(crate) fn sections_from(config: &str) -> EngineSections {
+    let path = std::path::Path::new("config.toml");
+    let loaded = lemon_core::config::load_str(config, path).expect("valid config");
+    EngineSections::parse(&loaded.config.gateway.engines, path, config).expect("valid engines")
+}
+
 pub(crate) fn section(vars: &[(&str, String)]) -> EngineSection {
     EngineSection {
         env: vars.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect(),

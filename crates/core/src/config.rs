@@ -14,8 +14,9 @@ mod loader;
 mod status;
 
 pub use loader::{
-    load_file, load_file_or_default, load_str, section_error, ConfigError, LoadedConfig, Position,
-    MAX_CONCURRENT_RUNS, MAX_CONNECTIONS, MAX_DURATION_MS, MAX_PENDING_RUNS, MAX_QUEUE_CAP,
+    invalid_model_message, load_file, load_file_or_default, load_str, section_error, ConfigError,
+    LoadedConfig, Position, MAX_CONCURRENT_RUNS, MAX_CONNECTIONS, MAX_DURATION_MS,
+    MAX_PENDING_RUNS, MAX_QUEUE_CAP,
 };
 pub use status::{ConfigReport, ConfigStatus, PendingRestart, Rejection};
 
@@ -92,8 +93,10 @@ pub struct GatewayConfig {
     pub enable_webhook: Option<bool>,
     #[serde(default)]
     pub native_only: Option<bool>,
+    /// `[gateway.engines.<id>]`, kept raw: each engine parses its own section
+    /// (`lemon_engines::config`); core checks only the ids.
     #[serde(default)]
-    pub engines: BTreeMap<String, EngineSection>,
+    pub engines: BTreeMap<String, toml::Table>,
     #[serde(default)]
     pub projects: BTreeMap<String, ProjectConfig>,
     #[serde(default)]
@@ -132,8 +135,8 @@ impl Default for GatewayConfig {
 }
 
 impl GatewayConfig {
-    /// The `[gateway.engines.<id>]` section of an engine, if the file has one.
-    pub fn engine(&self, id: &str) -> Option<&EngineSection> {
+    /// The raw `[gateway.engines.<id>]` section of an engine, if the file has one.
+    pub fn engine(&self, id: &str) -> Option<&toml::Table> {
         self.engines.get(id)
     }
 
@@ -151,40 +154,6 @@ impl GatewayConfig {
     pub fn health_addr(&self) -> String {
         self.health.addr(DEFAULT_HEALTH_PORT)
     }
-}
-
-/// `[gateway.engines.<id>]`: common keys plus whatever the engine reads itself.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-pub struct EngineSection {
-    #[serde(default)]
-    pub enabled: Option<bool>,
-    /// Echo: milliseconds between streamed words.
-    #[serde(default)]
-    pub delay_ms: Option<u64>,
-    #[serde(default)]
-    pub cli_path: Option<PathBuf>,
-    #[serde(default)]
-    pub extra_args: Vec<String>,
-    #[serde(default)]
-    pub model: Option<String>,
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    #[serde(default)]
-    pub timeout_ms: Option<u64>,
-    #[serde(default)]
-    pub cancel_grace_ms: Option<u64>,
-    #[serde(default)]
-    pub dangerously_skip_permissions: Option<bool>,
-    #[serde(default)]
-    pub allowed_tools: Vec<String>,
-    #[serde(default)]
-    pub steering: Option<bool>,
-    /// Name of the secret holding the engine's API key.
-    #[serde(default)]
-    pub api_key_secret: Option<String>,
-    /// Engine-specific keys.
-    #[serde(flatten)]
-    pub other: toml::Table,
 }
 
 /// `[gateway.projects.<id>]`.

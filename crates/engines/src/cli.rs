@@ -64,7 +64,6 @@ mod tools;
 mod translate;
 
 pub use process::{kill_leftover_group, Leftover, ProcessRecorder};
-pub use settings::{check_section, MAX_LINE_BYTES_LIMIT};
 pub use translate::describe;
 
 use std::collections::BTreeMap;
@@ -72,8 +71,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::config::{EngineSection, EngineSections};
 use async_trait::async_trait;
-use lemon_core::config::EngineSection;
 use lemon_core::engine::validate::check_model;
 use lemon_core::engine::{
     Availability, Capabilities, Engine, EngineError, EventSink, InvalidValue, ResumeToken,
@@ -257,10 +256,7 @@ pub struct CliContext {
 /// Builds the five vendor engines from `[gateway.engines.*]`: every vendor not
 /// disabled with `enabled = false`, configured by its section (or defaults).
 /// An engine whose CLI is missing is still built; it reports itself unavailable.
-pub fn build_cli_engines(
-    sections: &BTreeMap<String, EngineSection>,
-    ctx: &CliContext,
-) -> Vec<Arc<dyn Engine>> {
+pub fn build_cli_engines(sections: &EngineSections, ctx: &CliContext) -> Vec<Arc<dyn Engine>> {
     let default_section = EngineSection::default();
     Vendor::ALL
         .into_iter()

@@ -26,7 +26,7 @@ use lemon_core::bus::EventBus;
 use lemon_core::config::{
     self, ConfigStatus, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT,
 };
-use lemon_core::engine::{Availability, EngineRegistry};
+use lemon_core::engine::EngineRegistry;
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::router::{RouterConfig, RouterHandle};
 use lemon_core::secrets::{
@@ -34,10 +34,8 @@ use lemon_core::secrets::{
 };
 use lemon_core::store::{ProcessGroupRecord, StoreHandle};
 use lemon_core::transport::{TransportDeps, TransportRegistry, TransportState};
-use lemon_engines::cli::{
-    build_cli_engines, kill_leftover_group, ApiKey, CliContext, Leftover, ProcessRecorder,
-};
-use lemon_engines::echo::EchoEngine;
+use lemon_engines::cli::{kill_leftover_group, ApiKey, CliContext, Leftover, ProcessRecorder};
+use lemon_engines::config::EngineSections;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -85,15 +83,14 @@ pub struct Running {
 const ENGINE_STOP_MARGIN: Duration = Duration::from_secs(30);
 
 /// Maps `[gateway]` to the runtime's settings.
-pub fn runtime_config(gateway: &GatewayConfig, user_home: Option<PathBuf>) -> RuntimeConfig {
+pub fn runtime_config(
+    gateway: &GatewayConfig,
+    engines: &EngineSections,
+    user_home: Option<PathBuf>,
+) -> RuntimeConfig {
     // A CLI is SIGKILLed after its grace, so the wait is over soon after that;
     // the margin only matters for an engine that is broken.
-    let longest_grace = gateway
-        .engines
-        .values()
-        .filter_map(|section| section.cancel_grace_ms)
-        .max()
-        .map_or(Duration::from_secs(2), Duration::from_millis);
+    let longest_grace = engines.longest_cancel_grace().unwrap_or(Duration::from_secs(2));
     RuntimeConfig {
         engine_stop_timeout: longest_grace + ENGINE_STOP_MARGIN,
         max_concurrent_runs: gateway.max_concurrent_runs,
@@ -186,26 +183,22 @@ fn serve_configs(gateway: &GatewayConfig, descriptor_limit: u64) -> (ServeConfig
     (listener, health)
 }
 
-/// Builds every engine the config enables: echo (always) and the vendor CLIs.
-/// A CLI that is not installed is registered as unavailable, with the reason.
+/// Builds every engine the sections enable ([`lemon_engines::build_registry`])
+/// with the API keys their `api_key_secret`s name.
 fn engines(
-    gateway: &GatewayConfig,
+    sections: &EngineSections,
     opts: &ServeOptions,
     secrets: &SecretStore,
     store: &StoreHandle,
     tracker: &TaskTracker,
     token: &CancellationToken,
 ) -> anyhow::Result<EngineRegistry> {
-    let mut registry = EngineRegistry::new();
-    let echo_delay = gateway.engines.get("echo").and_then(|e| e.delay_ms).unwrap_or(0);
-    registry
-        .register(Arc::new(EchoEngine::new(Duration::from_millis(echo_delay), tracker.clone())))?;
     let mut api_keys = BTreeMap::new();
-    for (id, section) in &gateway.engines {
+    for (id, section) in sections.iter() {
         let Some(name) = &section.api_key_secret else { continue };
         match secrets.get(name)? {
             Some(value) => {
-                api_keys.insert(id.clone(), ApiKey::new(value.expose()));
+                api_keys.insert(id.to_owned(), ApiKey::new(value.expose()));
             }
             None => {
                 tracing::warn!(engine = %id, secret = %name, "api_key_secret names a secret that is not set")
@@ -220,13 +213,7 @@ fn engines(
         api_keys,
         recorder: Some(Arc::new(StoreRecorder { store: store.clone() })),
     };
-    for engine in build_cli_engines(&gateway.engines, &ctx) {
-        if let Availability::Unavailable { reason } = engine.availability() {
-            tracing::info!(engine = %engine.id(), %reason, "engine unavailable");
-        }
-        registry.register(engine)?;
-    }
-    Ok(registry)
+    Ok(lemon_engines::build_registry(sections, &ctx)?)
 }
 
 /// Records the process groups of CLI runs in the store while they run.
@@ -319,13 +306,16 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // The text read here is compared with the file once it is watched, so an
     // edit made while starting is still picked up.
     let (config_text, gateway_config) = load_config(&opts.paths)?;
-    check_engine_sections(
-        &gateway_config,
+    let engine_sections = EngineSections::parse(
+        &gateway_config.engines,
         &opts.paths.config,
         config_text.as_deref().unwrap_or(""),
     )?;
-    let config_status =
-        ConfigStatus::new(reload::initial_report(&gateway_config, config_text.is_none()));
+    let config_status = ConfigStatus::new(reload::initial_report(
+        &gateway_config,
+        &engine_sections,
+        config_text.is_none(),
+    ));
     // Private to the user: the database holds every prompt and answer.
     let home = &opts.paths.home;
     match secure_home(home).with_context(|| format!("could not secure {}", home.display()))? {
@@ -356,15 +346,15 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let build_engines: reload::BuildEngines = {
         let (opts, secrets, store) = (opts.clone(), secrets.clone(), store.clone());
         let (tracker, token) = (tracker.clone(), token.clone());
-        Arc::new(move |config: &GatewayConfig| {
-            engines(config, &opts, &secrets, &store, &tracker, &token)
+        Arc::new(move |sections: &EngineSections| {
+            engines(sections, &opts, &secrets, &store, &tracker, &token)
         })
     };
     let bus = EventBus::default();
     // Clones share one table: a reload swaps the engines for every holder.
-    let engine_table = build_engines(&gateway_config)?;
+    let engine_table = build_engines(&engine_sections)?;
     let deps = GatewayDeps {
-        config: runtime_config(&gateway_config, opts.user_home.clone()),
+        config: runtime_config(&gateway_config, &engine_sections, opts.user_home.clone()),
         engines: engine_table.clone(),
         store: store.clone(),
         bus: bus.clone(),
@@ -458,8 +448,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     })
 }
 
-/// Checks the config file at `file` as a start would: core's keys, every
-/// transport's section and the secrets they name (from `env`, then the
+/// Checks the config file at `file` as a start would: core's keys, the
+/// engines' sections, every transport's section and the secrets they name (from `env`, then the
 /// secrets file of `paths`). The warnings (unknown keys) when it would load.
 ///
 /// # Errors
@@ -475,29 +465,11 @@ pub fn check_config(
     })?;
     let loaded = config::load_str(&text, file)?;
     let gateway = &loaded.config.gateway;
-    check_engine_sections(gateway, file, &text)?;
+    EngineSections::parse(&gateway.engines, file, &text)?;
     let secrets = Arc::new(SecretStore::new(env.clone(), paths.secrets()));
     webhook_transport(gateway, &secrets, file, &text)?;
     telegram_transport(gateway, &secrets, file, &text)?;
     Ok(loaded.warnings)
-}
-
-/// Checks every `[gateway.engines.<id>]` with the engines' own rules
-/// ([`lemon_engines::cli::check_section`]); `text` places an error in the file.
-///
-/// # Errors
-/// The first section with a wrong engine-specific key.
-fn check_engine_sections(
-    config: &GatewayConfig,
-    config_path: &std::path::Path,
-    text: &str,
-) -> Result<(), config::ConfigError> {
-    for (id, section) in &config.engines {
-        lemon_engines::cli::check_section(section).map_err(|message| {
-            config::section_error(config_path, text, &["gateway", "engines", id], &message)
-        })?;
-    }
-    Ok(())
 }
 
 /// Every transport the gateway knows, enabled or not; the one place a new

@@ -31,6 +31,7 @@ use lemon_core::config::{
 use lemon_core::gateway::GatewayHandle;
 use lemon_core::router::{RouterConfig, RouterHandle};
 use lemon_core::transport::RunningTransports;
+use lemon_engines::config::EngineSections;
 use lemon_transports::{telegram, webhook};
 use notify_debouncer_mini::notify::RecursiveMode;
 use notify_debouncer_mini::{new_debouncer, DebounceEventResult};
@@ -218,11 +219,16 @@ pub(crate) fn pending_restarts(
     pending
 }
 
-/// `[gateway]` as `GET /v1/config` shows it: defaults filled in, every value
-/// that may be a secret replaced by `"[REDACTED]"` (inline tokens, passwords,
-/// engines' environments). Names of secrets (`*_secret`) stay.
-pub(crate) fn effective_json(config: &GatewayConfig) -> Value {
-    let mut value = Value::Object(raw_json(config));
+/// `[gateway]` as `GET /v1/config` shows it: defaults filled in (the engine
+/// sections as the engines parsed them), every value that may be a secret
+/// replaced by `"[REDACTED]"` (inline tokens, passwords, engines'
+/// environments). Names of secrets (`*_secret`) stay.
+pub(crate) fn effective_json(config: &GatewayConfig, engines: &EngineSections) -> Value {
+    let mut map = raw_json(config);
+    if let Ok(engines) = serde_json::to_value(engines) {
+        map.insert("engines".to_owned(), engines);
+    }
+    let mut value = Value::Object(map);
     redact(&mut value, false);
     value
 }
@@ -257,9 +263,10 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// Builds an engine table from `[gateway]` (the server's `engines`).
-pub(crate) type BuildEngines =
-    Arc<dyn Fn(&GatewayConfig) -> anyhow::Result<lemon_core::engine::EngineRegistry> + Send + Sync>;
+/// Builds an engine table from the parsed engine sections (the server's `engines`).
+pub(crate) type BuildEngines = Arc<
+    dyn Fn(&EngineSections) -> anyhow::Result<lemon_core::engine::EngineRegistry> + Send + Sync,
+>;
 
 /// Everything a reload reaches.
 pub(crate) struct Reloader {
@@ -294,6 +301,7 @@ impl std::fmt::Debug for Reloader {
 /// A new text, checked whole, ready to apply.
 struct Checked {
     config: GatewayConfig,
+    sections: EngineSections,
     engines: Option<lemon_core::engine::EngineRegistry>,
     webhook: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
     telegram: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
@@ -349,7 +357,8 @@ impl Reloader {
             tracing::warn!("{warning}");
         }
         let config = loaded.config.gateway;
-        crate::check_engine_sections(&config, &self.path, text).map_err(|e| e.to_string())?;
+        let sections =
+            EngineSections::parse(&config.engines, &self.path, text).map_err(|e| e.to_string())?;
         let plan = plan(&self.current, &config);
         let webhook = if plan.webhook {
             Some(
@@ -369,13 +378,13 @@ impl Reloader {
         };
         let engines = if plan.engines {
             Some(
-                (self.build_engines)(&config)
+                (self.build_engines)(&sections)
                     .map_err(|e| format!("{}: {e}", self.path.display()))?,
             )
         } else {
             None
         };
-        Ok(Checked { config, engines, webhook, telegram, plan })
+        Ok(Checked { config, sections, engines, webhook, telegram, plan })
     }
 
     fn reject(&mut self, error: String) {
@@ -391,7 +400,7 @@ impl Reloader {
     }
 
     async fn apply(&mut self, checked: Checked) {
-        let Checked { config, engines, webhook, telegram, plan } = checked;
+        let Checked { config, sections, engines, webhook, telegram, plan } = checked;
         let pending = pending_restarts(&self.started, &config);
         if plan.is_empty() {
             self.status.update(|report| {
@@ -413,7 +422,7 @@ impl Reloader {
         if plan.runtime
             && self
                 .gateway
-                .reload(crate::runtime_config(&config, self.user_home.clone()))
+                .reload(crate::runtime_config(&config, &sections, self.user_home.clone()))
                 .await
                 .is_err()
         {
@@ -438,7 +447,7 @@ impl Reloader {
                 }
             }
         }
-        let effective = effective_json(&config);
+        let effective = effective_json(&config, &sections);
         self.current = config;
         let mut generation = 0;
         self.status.update(|report| {
@@ -483,10 +492,14 @@ impl Reloader {
 }
 
 /// The report of the config read at start.
-pub(crate) fn initial_report(config: &GatewayConfig, missing: bool) -> ConfigReport {
+pub(crate) fn initial_report(
+    config: &GatewayConfig,
+    engines: &EngineSections,
+    missing: bool,
+) -> ConfigReport {
     ConfigReport {
         generation: 1,
-        effective: effective_json(config),
+        effective: effective_json(config, engines),
         pending_restart: Vec::new(),
         rejected: None,
         missing,

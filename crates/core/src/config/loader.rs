@@ -424,16 +424,12 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
     check_engine_ref(&gateway.default_engine)
         .map_err(|m| at(&[key("gateway"), key("default_engine")], Anchor::Value, m))?;
 
-    for (id, section) in &gateway.engines {
+    // The sections' own keys are the engines' to check (`lemon_engines::config`);
+    // their ids are names the router resolves, so they are checked here.
+    for id in gateway.engines.keys() {
         EngineId::parse(id).map_err(|e| {
             at(&[key("gateway"), key("engines"), key(id)], Anchor::Key, e.to_string())
         })?;
-        if let Some(model) = section.model.as_deref().filter(|m| !m.trim().is_empty()) {
-            check_model(model.trim()).map_err(|why| {
-                let segs = [key("gateway"), key("engines"), key(id), key("model")];
-                at(&segs, Anchor::Value, model_message(why))
-            })?;
-        }
     }
 
     for (id, project) in &gateway.projects {
@@ -527,15 +523,6 @@ fn check_ranges(config: &Config) -> Result<(), (Vec<Segment>, String)> {
     for (name, value) in durations {
         checks.push((vec![key(name)], value, MAX_DURATION_MS));
     }
-    for (id, section) in &gateway.engines {
-        for (name, value) in [
-            ("delay_ms", section.delay_ms),
-            ("timeout_ms", section.timeout_ms),
-            ("cancel_grace_ms", section.cancel_grace_ms),
-        ] {
-            checks.push((vec![key("engines"), key(id), key(name)], value, MAX_DURATION_MS));
-        }
-    }
     for (segs, value, max) in checks {
         if let Some(value) = value.filter(|v| *v > max) {
             let segs = [vec![key("gateway")], segs].concat();
@@ -556,13 +543,14 @@ fn check_engine_ref(raw: &str) -> Result<(), String> {
         Some(m) if m.trim().is_empty() => {
             Err(format!("engine {raw:?} has an empty model after `:`"))
         }
-        Some(m) => check_model(m).map_err(model_message),
+        Some(m) => check_model(m).map_err(invalid_model_message),
         None => Ok(()),
     }
 }
 
-/// Why a model name was refused, for a config error.
-fn model_message(why: InvalidValue) -> String {
+/// Why a model name was refused, as a config error says it (here and in the
+/// engines' own sections).
+pub fn invalid_model_message(why: InvalidValue) -> String {
     format!(
         "invalid model: {why}; use up to {MAX_MODEL_LEN} ASCII letters, digits and `._:/@-`, not starting with `-`"
     )

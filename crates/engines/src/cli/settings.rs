@@ -7,7 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lemon_core::config::EngineSection;
+use crate::config::EngineSection;
 
 use super::Vendor;
 
@@ -76,51 +76,6 @@ impl fmt::Debug for CliSettings {
     }
 }
 
-fn other_str(section: &EngineSection, key: &str) -> Option<String> {
-    section
-        .other
-        .get(key)
-        .and_then(|value| value.as_str())
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-}
-
-/// The longest `max_line_bytes` a section may set (1 GiB).
-pub const MAX_LINE_BYTES_LIMIT: i64 = 1 << 30;
-
-/// Checks the keys of `[gateway.engines.<id>]` that only the CLI engines read
-/// (`max_line_bytes`, `api_key_env`, `provider`, `reasoning_effort`): their
-/// types and ranges. The message quotes the key (`like_this`), so the caller
-/// can place it in the file.
-///
-/// # Errors
-/// The first key with a wrong type or value.
-pub fn check_section(section: &EngineSection) -> Result<(), String> {
-    if let Some(value) = section.other.get("max_line_bytes") {
-        match value.as_integer() {
-            Some(n) if (1..=MAX_LINE_BYTES_LIMIT).contains(&n) => {}
-            Some(n) => {
-                return Err(format!(
-                    "`max_line_bytes` = {n}: must be between 1 and {MAX_LINE_BYTES_LIMIT}"
-                ))
-            }
-            None => {
-                return Err(format!(
-                    "`max_line_bytes`: invalid type: {}, expected an integer",
-                    value.type_str()
-                ))
-            }
-        }
-    }
-    for key in ["api_key_env", "provider", "reasoning_effort"] {
-        if let Some(value) = section.other.get(key).filter(|value| !value.is_str()) {
-            return Err(format!("`{key}`: invalid type: {}, expected a string", value.type_str()));
-        }
-    }
-    Ok(())
-}
-
 impl CliSettings {
     pub(crate) fn from_section(vendor: Vendor, section: &EngineSection) -> Self {
         let timeout_ms = section.timeout_ms.unwrap_or(DEFAULT_TIMEOUT.as_millis() as u64);
@@ -144,10 +99,11 @@ impl CliSettings {
             allowed_tools: section.allowed_tools.clone(),
             steering: section.steering.unwrap_or(false),
             max_line_bytes,
-            api_key_env: other_str(section, "api_key_env")
+            api_key_env: section
+                .other_str("api_key_env")
                 .or_else(|| vendor.default_api_key_env().map(str::to_owned)),
-            provider: other_str(section, "provider"),
-            reasoning_effort: other_str(section, "reasoning_effort"),
+            provider: section.other_str("provider"),
+            reasoning_effort: section.other_str("reasoning_effort"),
         }
     }
 }

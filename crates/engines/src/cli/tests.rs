@@ -15,13 +15,13 @@ fn every_vendor_has_an_id_and_a_title() {
 #[test]
 fn build_makes_every_enabled_vendor() {
     let ctx = CliContext::default();
-    let ids = |sections: &BTreeMap<String, EngineSection>| -> Vec<String> {
+    let ids = |sections: &EngineSections| -> Vec<String> {
         build_cli_engines(sections, &ctx).iter().map(|e| e.id().to_string()).collect()
     };
-    assert_eq!(ids(&BTreeMap::new()), ["claude", "codex", "opencode", "pi", "droid"]);
+    assert_eq!(ids(&EngineSections::default()), ["claude", "codex", "opencode", "pi", "droid"]);
     let disabled = EngineSection { enabled: Some(false), ..EngineSection::default() };
-    let sections =
-        BTreeMap::from([("pi".to_owned(), disabled.clone()), ("droid".to_owned(), disabled)]);
+    let sections: EngineSections =
+        [("pi".to_owned(), disabled.clone()), ("droid".to_owned(), disabled)].into_iter().collect();
     assert_eq!(ids(&sections), ["claude", "codex", "opencode"]);
 }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use lemon_core::config::{load_str, GatewayConfig};
+use lemon_engines::config::EngineSections;
 
 use super::{effective_json, pending_restarts, plan, settle, Plan, Settle, EMPTY_SETTLE};
 
@@ -77,7 +78,9 @@ fn the_effective_config_has_defaults_and_no_secrets() {
          [gateway.telegram]\nbot_token = \"123:abcdef\"\n\
          [gateway.engines.claude]\nenv = { ANTHROPIC_API_KEY = \"sk-live\" }\napi_key_secret = \"anthropic\"\n",
     );
-    let effective = effective_json(&config);
+    let sections = EngineSections::parse(&config.engines, Path::new("/tmp/config.toml"), "")
+        .expect("valid engine sections");
+    let effective = effective_json(&config, &sections);
     let text = effective.to_string();
     for secret in ["hunter2-hunter2", "123:abcdef", "sk-live"] {
         assert!(!text.contains(secret), "{secret} leaked: {text}");
@@ -89,6 +92,7 @@ fn the_effective_config_has_defaults_and_no_secrets() {
     assert_eq!(effective["telegram"]["bot_token"], "[REDACTED]");
     assert_eq!(effective["engines"]["claude"]["env"]["ANTHROPIC_API_KEY"], "[REDACTED]");
     assert_eq!(effective["engines"]["claude"]["api_key_secret"], "anthropic");
+    assert_eq!(effective["engines"]["claude"]["extra_args"], serde_json::json!([]), "as parsed");
 }
 
 #[test]

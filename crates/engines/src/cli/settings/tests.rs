@@ -106,29 +106,3 @@ fn the_child_environment_is_the_allowlist_then_the_vendor_then_env_then_the_key(
     let debug = format!("{settings:?}");
     assert!(!debug.contains("from-env-config") && debug.contains("ANTHROPIC_API_KEY"), "{debug}");
 }
-
-#[test]
-fn engine_specific_keys_are_checked_by_type_and_range() {
-    let section = |text: &str| -> EngineSection {
-        let file = format!("[gateway.engines.claude]\n{text}\n");
-        let loaded = lemon_core::config::load_str(&file, Path::new("config.toml")).unwrap();
-        loaded.config.gateway.engines["claude"].clone()
-    };
-    assert_eq!(check_section(&section("max_line_bytes = 4096\nprovider = \"x\"")), Ok(()));
-    assert_eq!(
-        check_section(&section("max_line_bytes = 0")),
-        Err("`max_line_bytes` = 0: must be between 1 and 1073741824".to_owned())
-    );
-    assert_eq!(
-        check_section(&section("max_line_bytes = 99999999999999")),
-        Err("`max_line_bytes` = 99999999999999: must be between 1 and 1073741824".to_owned())
-    );
-    assert_eq!(
-        check_section(&section("max_line_bytes = \"big\"")),
-        Err("`max_line_bytes`: invalid type: string, expected an integer".to_owned())
-    );
-    assert_eq!(
-        check_section(&section("reasoning_effort = 3")),
-        Err("`reasoning_effort`: invalid type: integer, expected a string".to_owned())
-    );
-}

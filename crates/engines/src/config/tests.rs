@@ -1,0 +1,141 @@
+//! Tests of `[gateway.engines.*]` parsing and where its errors point.
+
+use super::*;
+
+const FILE: &str = "/home/u/.lemon/config.toml";
+
+/// Loads `text` as a start does: core's keys, then the engines' sections.
+fn load(text: &str) -> Result<EngineSections, ConfigError> {
+    let loaded = lemon_core::config::load_str(text, Path::new(FILE))?;
+    EngineSections::parse(&loaded.config.gateway.engines, Path::new(FILE), text)
+}
+
+fn check_error(text: &str, expect: &str) {
+    match load(text) {
+        Ok(sections) => panic!("expected an error, parsed {sections:?}\n--- input ---\n{text}"),
+        Err(e) => assert_eq!(e.to_string(), expect, "error for\n{text}"),
+    }
+}
+
+#[test]
+fn the_reference_example_parses() {
+    let sections = load(include_str!("../../../core/src/config/reference_example.toml")).unwrap();
+    assert_eq!(sections.get("echo").unwrap().delay_ms, Some(25));
+    assert_eq!(sections.echo_delay(), Duration::from_millis(25));
+    let claude = sections.get("claude").unwrap();
+    assert_eq!(claude.enabled, Some(true));
+    assert_eq!(claude.cli_path.as_deref(), Some(Path::new("/usr/local/bin/claude")));
+    assert_eq!(claude.extra_args, ["--verbose"]);
+    assert_eq!(claude.model.as_deref(), Some("opus"));
+    assert_eq!(claude.timeout_ms, Some(1_800_000));
+    assert_eq!(claude.env.get("CLAUDE_CODE_MAX_OUTPUT_TOKENS").map(String::as_str), Some("32000"));
+    assert_eq!(claude.dangerously_skip_permissions, Some(false));
+    assert_eq!(claude.allowed_tools, ["Read", "Edit", "Bash"]);
+    assert_eq!(claude.steering, Some(true));
+    assert_eq!(claude.api_key_secret.as_deref(), Some("anthropic_api_key"));
+    assert!(claude.other.is_empty(), "{:?}", claude.other);
+    let codex = sections.get("codex").unwrap();
+    assert_eq!(codex.other.get("sandbox").and_then(|v| v.as_str()), Some("workspace-write"));
+    assert!(sections.get("pi").is_none());
+    assert_eq!(sections.longest_cancel_grace(), Some(Duration::from_millis(5000)));
+}
+
+#[test]
+fn no_sections_give_the_defaults() {
+    let sections = load("").unwrap();
+    assert_eq!(sections, EngineSections::default());
+    assert_eq!(sections.echo_delay(), Duration::ZERO);
+    assert_eq!(sections.longest_cancel_grace(), None);
+}
+
+#[test]
+fn engine_specific_keys_are_kept_for_the_engine() {
+    let sections = load("[gateway.engines.pi]\nthinking = \"high\"\n").unwrap();
+    assert_eq!(sections.get("pi").unwrap().other["thinking"].as_str(), Some("high"));
+}
+
+#[test]
+fn wrong_types_point_at_the_value() {
+    check_error(
+        "[gateway.engines.echo]\ndelay_ms = \"fast\"\n",
+        r#"/home/u/.lemon/config.toml:2:12: gateway.engines.echo.delay_ms: invalid type: string "fast", expected u64"#,
+    );
+    check_error(
+        "[gateway.engines.claude]\nenv = { A = 1 }\n",
+        "/home/u/.lemon/config.toml:2:7: gateway.engines.claude.env: invalid type: integer `1`, expected a string",
+    );
+    check_error(
+        "[gateway]\nengines = { codex = { steering = \"yes\" } }\n",
+        r#"/home/u/.lemon/config.toml:2:34: gateway.engines.codex.steering: invalid type: string "yes", expected a boolean"#,
+    );
+}
+
+#[test]
+fn models_are_checked() {
+    let rule = "use up to 128 ASCII letters, digits and `._:/@-`, not starting with `-`";
+    check_error(
+        "[gateway.engines.claude]\nmodel = \"-x\"\n",
+        &format!(
+            "{FILE}:2:9: gateway.engines.claude.model: invalid model: it starts with '-'; {rule}"
+        ),
+    );
+    let sections =
+        load("[gateway.engines.claude]\nmodel = \"claude-opus-4-1@20250805\"\n").unwrap();
+    assert_eq!(sections.get("claude").unwrap().model.as_deref(), Some("claude-opus-4-1@20250805"));
+    // A blank model means none.
+    assert!(load("[gateway.engines.claude]\nmodel = \"  \"\n").is_ok());
+}
+
+#[test]
+fn durations_are_bounded() {
+    check_error(
+        "[gateway.engines.echo]\ndelay_ms = 99999999999999\n",
+        "/home/u/.lemon/config.toml:2:12: gateway.engines.echo.delay_ms: 99999999999999 is too large: must be at most 2592000000",
+    );
+    check_error(
+        "[gateway.engines.codex]\ncancel_grace_ms = 2592000001\n",
+        "/home/u/.lemon/config.toml:2:19: gateway.engines.codex.cancel_grace_ms: 2592000001 is too large: must be at most 2592000000",
+    );
+    let sections = load("[gateway.engines.claude]\ntimeout_ms = 2592000000\n").unwrap();
+    assert_eq!(sections.get("claude").unwrap().timeout_ms, Some(MAX_DURATION_MS));
+}
+
+#[test]
+fn engine_specific_keys_are_checked_by_type_and_range() {
+    let section = |text: &str| -> Result<EngineSection, SectionError> {
+        let file = format!("[gateway.engines.claude]\n{text}\n");
+        let loaded = lemon_core::config::load_str(&file, Path::new("config.toml")).unwrap();
+        EngineSection::parse(&loaded.config.gateway.engines["claude"])
+    };
+    let err = |text: &str| section(text).map(|_| ()).map_err(|e| e.message);
+    assert_eq!(err("max_line_bytes = 4096\nprovider = \"x\""), Ok(()));
+    assert_eq!(
+        err("max_line_bytes = 0"),
+        Err("`max_line_bytes` = 0: must be between 1 and 1073741824".to_owned())
+    );
+    assert_eq!(
+        err("max_line_bytes = 99999999999999"),
+        Err("`max_line_bytes` = 99999999999999: must be between 1 and 1073741824".to_owned())
+    );
+    assert_eq!(
+        err("max_line_bytes = \"big\""),
+        Err("`max_line_bytes`: invalid type: string, expected an integer".to_owned())
+    );
+    assert_eq!(
+        err("reasoning_effort = 3"),
+        Err("`reasoning_effort`: invalid type: integer, expected a string".to_owned())
+    );
+    // In the file, the quoted key places the error.
+    check_error(
+        "[gateway.engines.codex]\nmax_line_bytes = \"lots\"\n",
+        "/home/u/.lemon/config.toml:2:18: gateway.engines.codex.max_line_bytes: `max_line_bytes`: invalid type: string, expected an integer",
+    );
+}
+
+#[test]
+fn debug_output_shows_no_environment_values() {
+    let sections =
+        load("[gateway.engines.claude]\nenv = { ANTHROPIC_API_KEY = \"sk-live\" }\n").unwrap();
+    let debug = format!("{sections:?}");
+    assert!(debug.contains("ANTHROPIC_API_KEY") && !debug.contains("sk-live"), "{debug}");
+}
