@@ -179,6 +179,20 @@ async fn a_config_error_names_file_line_and_column() {
 }
 
 #[tokio::test]
+async fn an_engine_section_error_stops_the_start_naming_file_line_and_column() {
+    let dir = home_with(
+        "[gateway]\nmax_concurrent_runs = 2\n[gateway.engines.echo]\ndelay_ms = \"fast\"\n",
+    );
+    let (code, stderr) = crate::support::failed_start(dir.path()).await;
+    assert_eq!(code, Some(2));
+    let expected = format!(
+        "{}:4:12: gateway.engines.echo.delay_ms: invalid type: string \"fast\", expected u64",
+        dir.path().join("config.toml").display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+}
+
+#[tokio::test]
 async fn editing_the_config_resizes_the_slots_live() {
     let gateway = Gateway::start("[gateway]\nmax_concurrent_runs = 2\n").await;
     write_config(&gateway.home, "[gateway]\nmax_concurrent_runs = 7\n");

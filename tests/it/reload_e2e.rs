@@ -384,6 +384,56 @@ async fn config_check_and_config_path_on_the_command_line() {
 }
 
 #[tokio::test]
+async fn config_check_reads_the_engine_sections() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), "[gateway.engines.claude]\nmodel = \"opus\"\ntimeout_ms = 600000\n");
+    let output = command(dir.path()).args(["config", "check"]).output().await.unwrap();
+    assert!(output.status.success(), "{output:?}");
+
+    let bad = dir.path().join("other.toml");
+    std::fs::write(&bad, "[gateway.engines.claude]\nmodel = \"--yolo\"\n").unwrap();
+    let output = command(dir.path()).args(["config", "check"]).arg(&bad).output().await.unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let expected = format!(
+        "{}:2:9: gateway.engines.claude.model: invalid model: it starts with '-'",
+        bad.display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+}
+
+#[tokio::test]
+async fn an_engine_edit_is_checked_by_the_engines_and_shown_as_they_read_it() {
+    let gateway = Gateway::start("[gateway.engines.echo]\ndelay_ms = 1\n").await;
+    let report = config_report(&gateway).await;
+    assert_eq!(report["effective"]["engines"]["echo"]["delay_ms"], 1, "{report}");
+    assert_eq!(report["effective"]["engines"]["echo"]["extra_args"], json!([]), "{report}");
+
+    let mut notices = Notices::subscribe(&gateway).await;
+    write_config(&gateway.home, "[gateway.engines.echo]\ndelay_ms = 99999999999999\n");
+    let (kind, data) = notices.next().await;
+    assert_eq!(kind, "config_rejected", "{data}");
+    let error = data["error"].as_str().unwrap();
+    assert!(
+        error.contains(
+            "config.toml:2:12: gateway.engines.echo.delay_ms: 99999999999999 is too large"
+        ),
+        "{error}"
+    );
+
+    write_config(&gateway.home, "[gateway.engines.echo]\ndelay_ms = 2\nsteering = false\n");
+    let (kind, data) = notices.next().await;
+    assert_eq!(kind, "config_reloaded", "{data}");
+    assert_eq!(data["applied"], json!(["engines"]));
+    let report = config_report(&gateway).await;
+    assert_eq!(report["effective"]["engines"]["echo"]["delay_ms"], 2, "{report}");
+    assert_eq!(report["effective"]["engines"]["echo"]["steering"], false, "{report}");
+    assert!(report["rejected"].is_null(), "{report}");
+    let run_id = gateway.submit(json!({ "prompt": "still here" })).await;
+    assert_eq!(gateway.wait(&run_id).await["answer"], "still here");
+}
+
+#[tokio::test]
 async fn an_engine_section_the_engines_refuse_is_rejected_with_its_location() {
     let gateway = Gateway::start("[gateway]\nmax_concurrent_runs = 2\n").await;
     let mut notices = Notices::subscribe(&gateway).await;
