@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::support::{home_with, Gateway, PATIENCE};
+use crate::support::{command, home_with, Gateway, PATIENCE};
 use crate::webhook_e2e::free_port;
 
 const HOOK_TOKEN: &str = "hook-restart-token-51c2";
@@ -121,12 +121,18 @@ async fn a_callback_retried_at_a_stop_is_delivered_once_after_the_restart() {
     let mut receiver = Receiver::start(false).await;
     let home = home_with(&config(port, &receiver.url, ""));
 
-    let gateway = Gateway::start_in(home.path()).await;
+    let log_path = home.path().join("first-run.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let gateway = Gateway::spawn_with_stderr(command(home.path()), home.path(), log.into()).await;
     let run_id = post_hook(&gateway, port, "deploy finished").await;
     assert_eq!(receiver.next_attempt().await, 503);
     assert_eq!(receiver.next_attempt().await, 503, "retried");
     let stopped = gateway.terminate().await;
     assert!(stopped.success(), "clean exit: {stopped}");
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(log.contains("webhook callback failed"), "{log}");
+    assert!(log.contains("127.0.0.1"), "the host is logged: {log}");
+    assert!(!log.contains("cb-secret-9f"), "the callback URL is never logged: {log}");
 
     receiver.up.store(true, Ordering::SeqCst);
     let gateway = Gateway::start_in(home.path()).await;
