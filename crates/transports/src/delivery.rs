@@ -3,7 +3,11 @@
 //! only renders and sends.
 //!
 //! - [`Backoff`]: how long to wait before the next attempt after a failure.
+//! - [`DeliveryRecords`]: durable records of what is still owed, so a restart
+//!   delivers it, and a count of what was given up on.
 
 mod backoff;
+mod records;
 
 pub use backoff::Backoff;
+pub use records::{DeliveryRecord, DeliveryRecords, Recovered};

@@ -67,6 +67,8 @@ pub use config::{
 };
 pub use service::WebhookTransport;
 
+use crate::delivery::DeliveryRecords;
+use callback::CallbackRecord;
 use idempotency::{Claim, IdempotencyKeys};
 use payload::{Payload, PayloadError};
 
@@ -119,6 +121,8 @@ struct Inner {
     tracker: TaskTracker,
     shutdown: CancellationToken,
     keys: IdempotencyKeys,
+    /// Callbacks not delivered yet.
+    callbacks: DeliveryRecords<CallbackRecord>,
 }
 
 impl fmt::Debug for WebhookState {
@@ -135,6 +139,8 @@ impl WebhookState {
     /// the wall clock.
     pub fn new(deps: WebhookDeps) -> Self {
         let clock = Arc::new(lemon_core::clock::now_ms);
+        let callbacks =
+            DeliveryRecords::new(deps.store.clone(), callback::CALLBACK_NS, callback::GIVEN_UP_TTL);
         let keys = IdempotencyKeys::new(deps.store, deps.config.idempotency_ttl_ms, clock);
         WebhookState {
             inner: Arc::new(Inner {
@@ -145,8 +151,42 @@ impl WebhookState {
                 tracker: deps.tracker,
                 shutdown: deps.shutdown,
                 keys,
+                callbacks,
             }),
         }
+    }
+
+    /// Picks up the callbacks a stop left undelivered: each follows its run
+    /// (one that finished yields its completion at once) and is delivered with
+    /// the attempts it has left. Returns how many were picked up.
+    pub async fn recover_callbacks(&self) -> usize {
+        let inner = &self.inner;
+        let recovered = inner.callbacks.recover().await;
+        if recovered.given_up > 0 {
+            tracing::warn!(
+                given_up = recovered.given_up,
+                "webhook callbacks given up on are on record"
+            );
+        }
+        let mut picked_up = 0;
+        for (_, record) in recovered.pending {
+            let Some(run_id) = RunId::parse(&record.run_id) else { continue };
+            let fallback = IntegrationConfig::default();
+            let integration = inner.config.integrations.get(&record.integration_id);
+            let integration = integration.unwrap_or(&fallback);
+            let settings =
+                Resolved::new(&inner.config, &record.integration_id, integration).callback;
+            let delivery = callback::Delivery {
+                record,
+                settings,
+                resolver: inner.resolver.clone(),
+                records: inner.callbacks.clone(),
+            };
+            let run = inner.router.follow(&run_id);
+            inner.tracker.spawn(delivery.follow(run, inner.shutdown.clone()));
+            picked_up += 1;
+        }
+        picked_up
     }
 }
 
@@ -560,7 +600,36 @@ async fn submit(
     let inner = &state.inner;
     let Prepared { req, callback_url, metadata, attachments, .. } = request;
     let session_key = req.session_key.clone();
-    let (accepted, mut follower) = match inner.router.submit(req).await {
+    // On record before the run exists, so a restart finds it.
+    let delivery = match (callback_url, &req.run_id) {
+        (Some(url), Some(run_id)) => {
+            let record = CallbackRecord {
+                url,
+                integration_id: settings.id.clone(),
+                run_id: run_id.as_str().to_owned(),
+                session_key: session_key.to_string(),
+                metadata,
+                attachments,
+                attempts: 0,
+                failed: None,
+            };
+            inner.callbacks.record(&record.run_id, &record).await;
+            Some(callback::Delivery {
+                record,
+                settings: settings.callback.clone(),
+                resolver: inner.resolver.clone(),
+                records: inner.callbacks.clone(),
+            })
+        }
+        _ => None,
+    };
+    let submitted = inner.router.submit(req).await;
+    if !matches!(submitted, Ok(Submitted::Run(..))) {
+        if let Some(delivery) = &delivery {
+            inner.callbacks.finish(&delivery.record.run_id).await;
+        }
+    }
+    let (accepted, mut follower) = match submitted {
         Ok(Submitted::Run(accepted, follower)) => (accepted, follower),
         Ok(Submitted::Command { reply, .. }) => {
             let body = json!({ "reply": reply });
@@ -581,32 +650,10 @@ async fn submit(
         Some(claim) => Some(claim.submitted(StatusCode::ACCEPTED, accepted_body.clone()).await),
         None => None,
     };
-    let delivery = callback_url.map(|url| callback::Delivery {
-        url,
-        integration_id: settings.id.clone(),
-        run_id: run_id.clone(),
-        session_key: session_key.to_string(),
-        metadata,
-        attachments,
-        settings: settings.callback.clone(),
-        resolver: inner.resolver.clone(),
-    });
     match settings.mode {
         Mode::Async => {
             if let Some(delivery) = delivery {
-                let shutdown = inner.shutdown.clone();
-                let deliver = async move {
-                    if let Some(event) = follower.completion().await {
-                        delivery.deliver(&event).await;
-                    }
-                };
-                // Shutdown drops pending and unfinished deliveries.
-                inner.tracker.spawn(async move {
-                    tokio::select! {
-                        () = shutdown.cancelled() => {}
-                        () = deliver => {}
-                    }
-                });
+                inner.tracker.spawn(delivery.follow(follower, inner.shutdown.clone()));
             }
             (StatusCode::ACCEPTED, Json(accepted_body)).into_response()
         }
@@ -618,6 +665,10 @@ async fn submit(
                     return error(StatusCode::SERVICE_UNAVAILABLE, "the gateway is shutting down")
                 }
                 Err(_) => {
+                    // The run goes on; its callback comes once it completes.
+                    if let Some(delivery) = delivery {
+                        inner.tracker.spawn(delivery.follow(follower, inner.shutdown.clone()));
+                    }
                     let body = json!({ "error": "run timed out", "run_id": run_id.as_str() });
                     return (StatusCode::GATEWAY_TIMEOUT, Json(body)).into_response();
                 }
@@ -628,13 +679,10 @@ async fn submit(
             if let Some(claim) = claim {
                 claim.complete(StatusCode::OK, body.clone()).await;
             }
-            if let Some(delivery) = delivery {
+            if let Some(mut delivery) = delivery {
                 let shutdown = inner.shutdown.clone();
                 inner.tracker.spawn(async move {
-                    tokio::select! {
-                        () = shutdown.cancelled() => {}
-                        _ = delivery.deliver(&event) => {}
-                    }
+                    delivery.deliver(&event, &shutdown).await;
                 });
             }
             (StatusCode::OK, Json(body)).into_response()

@@ -13,7 +13,6 @@
 //!   Telegram's rate limits.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,6 +39,7 @@ use super::render::{ProgressRenderer, ResumeFormat};
 use super::types::{
     BotCommand, FormattedText, Message, ReplyParameters, SendMessage, TelegramError, User,
 };
+use crate::delivery::{DeliveryRecord, DeliveryRecords};
 use lemon_core::transport::{
     StatusHandle, Transport, TransportContext, TransportError, TransportState,
 };
@@ -50,7 +50,7 @@ const OFFSET_NS: &str = "telegram.offset";
 const DELIVERY_NS: &str = "telegram.delivery";
 
 /// How long an answer Telegram refused stays on record.
-const FAILED_DELIVERY_TTL_MS: i64 = 7 * 24 * 60 * 60 * 1000;
+const FAILED_DELIVERY_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 /// The longest pause between failed polls.
 const MAX_POLL_BACKOFF: Duration = Duration::from_secs(30);
@@ -154,7 +154,7 @@ impl Transport for TelegramTransport {
             shutdown: stop.clone(),
             progress: ProgressIndex::default(),
             status: ctx.status.clone(),
-            undelivered: AtomicUsize::new(0),
+            deliveries: DeliveryRecords::new(ctx.store.clone(), DELIVERY_NS, FAILED_DELIVERY_TTL),
         });
         bot.recover_deliveries().await;
         bot.status.running(Some(bot.detail()));
@@ -185,6 +185,12 @@ struct Delivery {
     failed: Option<String>,
 }
 
+impl DeliveryRecord for Delivery {
+    fn given_up(&self) -> bool {
+        self.failed.is_some()
+    }
+}
+
 struct Bot {
     config: TelegramConfig,
     bound_chats: Vec<String>,
@@ -198,8 +204,9 @@ struct Bot {
     progress: ProgressIndex,
     /// Polling trouble shows as `failing` (with the retry) until a poll succeeds.
     status: StatusHandle,
-    /// Answers given up on (kept in the store for a week), shown in status.
-    undelivered: AtomicUsize,
+    /// Answers on their way; those given up on are kept for a week and
+    /// counted in status.
+    deliveries: DeliveryRecords<Delivery>,
 }
 
 fn now_ms() -> i64 {
@@ -272,7 +279,7 @@ impl Bot {
 
     /// What status shows while the bot is serving.
     fn detail(&self) -> String {
-        match self.undelivered.load(Ordering::Relaxed) {
+        match self.deliveries.given_up_count() {
             0 => format!("@{}", self.username()),
             1 => format!("@{}; 1 answer Telegram refused (see the log)", self.username()),
             n => format!("@{}; {n} answers Telegram refused (see the log)", self.username()),
@@ -375,12 +382,12 @@ impl Bot {
         // Recorded before the run exists, so a restart finds it; the follower
         // the router hands back sees everything the run does.
         if !is_command {
-            self.save(&delivery, None).await;
+            self.deliveries.record(&delivery.run_id, &delivery).await;
         }
         match self.router.submit(req).await {
             Ok(Submitted::Command { reply, .. }) => {
                 if !is_command {
-                    self.store.kv_delete(DELIVERY_NS, &delivery.run_id).await;
+                    self.deliveries.finish(&delivery.run_id).await;
                 }
                 self.reply_soon(&message, reply);
             }
@@ -391,17 +398,11 @@ impl Bot {
                 self.tracker.spawn(async move { bot.follow(delivery, events).await });
             }
             Err(error) => {
-                self.store.kv_delete(DELIVERY_NS, &delivery.run_id).await;
+                self.deliveries.finish(&delivery.run_id).await;
                 tracing::warn!(%error, "message not accepted");
                 self.reply_soon(&message, error.chat_reply());
             }
         }
-    }
-
-    /// Records `delivery`; one given up on expires at `expires_at_ms`.
-    async fn save(&self, delivery: &Delivery, expires_at_ms: Option<i64>) {
-        let value = serde_json::to_value(delivery).unwrap_or_default();
-        self.store.kv_put(DELIVERY_NS, &delivery.run_id, value, expires_at_ms).await;
     }
 
     fn resume_format(&self) -> ResumeFormat {
@@ -491,12 +492,9 @@ impl Bot {
             Ok(sent) => {
                 delivery.progress_message_id = Some(sent.message_id);
                 self.progress.insert(delivery.chat_id, sent.message_id, run_id);
-                self.save(delivery, None).await;
                 // Durable now, so a crash leaves no progress message saying
                 // "Running…" forever: the next start finishes it.
-                if let Err(error) = self.store.flush().await {
-                    tracing::warn!(%error, "progress message id not saved");
-                }
+                self.deliveries.record_durably(&delivery.run_id, delivery).await;
                 Ok(())
             }
             Err(DeliveryError::ShuttingDown) => Err(DeliveryError::ShuttingDown),
@@ -539,7 +537,7 @@ impl Bot {
         };
         let ((), delivered) = tokio::join!(final_edit, self.send_answer(&mut delivery, answer));
         if delivered {
-            self.store.kv_delete(DELIVERY_NS, &delivery.run_id).await;
+            self.deliveries.finish(&delivery.run_id).await;
         }
     }
 
@@ -553,15 +551,14 @@ impl Bot {
             match self.outbox.send(send).await {
                 Ok(_) => {
                     delivery.sent = index + 1;
-                    self.save(delivery, None).await;
+                    self.deliveries.record(&delivery.run_id, delivery).await;
                 }
                 // Kept in the store: the next start sends the rest.
                 Err(DeliveryError::ShuttingDown) => return false,
                 Err(error) => {
                     tracing::error!(%error, run_id = %delivery.run_id, chat_id = delivery.chat_id, "answer not delivered");
                     delivery.failed = Some(error.to_string());
-                    self.save(delivery, Some(now_ms() + FAILED_DELIVERY_TTL_MS)).await;
-                    self.undelivered.fetch_add(1, Ordering::Relaxed);
+                    self.deliveries.give_up(&delivery.run_id, delivery).await;
                     self.status.running(Some(self.detail()));
                     return false;
                 }
@@ -572,19 +569,7 @@ impl Bot {
 
     /// Picks up the answers a stop left undelivered.
     async fn recover_deliveries(self: &Arc<Self>) {
-        let records = match self.store.kv_list(DELIVERY_NS, now_ms()).await {
-            Ok(records) => records,
-            Err(error) => {
-                tracing::warn!(%error, "could not read pending deliveries");
-                return;
-            }
-        };
-        for (_, value) in records {
-            let Ok(delivery) = serde_json::from_value::<Delivery>(value) else { continue };
-            if delivery.failed.is_some() {
-                self.undelivered.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
+        for (_, delivery) in self.deliveries.recover().await.pending {
             let Some(run_id) = RunId::parse(&delivery.run_id) else { continue };
             let events = self.router.follow(&run_id);
             let bot = self.clone();
@@ -735,7 +720,62 @@ mod tests {
     use lemon_core::engine::{Completion, ResumeToken, RunError};
     use lemon_core::ids::RunId;
 
-    use super::{final_output, ProgressIndex, ProgressRenderer};
+    use lemon_core::store::StoreHandle;
+    use serde_json::json;
+
+    use super::{
+        final_output, Delivery, DeliveryRecords, ProgressIndex, ProgressRenderer, DELIVERY_NS,
+        FAILED_DELIVERY_TTL,
+    };
+
+    #[tokio::test]
+    async fn deliveries_recorded_in_the_stored_shape_recover() {
+        let store = StoreHandle::memory();
+        let in_progress = json!({
+            "run_id": "run-7", "chat_id": -100, "thread_id": 3, "reply_to": 5,
+            "progress_message_id": 9, "sent": 1, "failed": null,
+        });
+        store.kv_put("telegram.delivery", "run-7", in_progress.clone(), None).await;
+        // Recorded before the progress message was sent: optional fields absent.
+        let fresh = json!({ "run_id": "run-8", "chat_id": 42, "reply_to": 6 });
+        store.kv_put("telegram.delivery", "run-8", fresh, None).await;
+        let refused = json!({
+            "run_id": "run-9", "chat_id": 42, "reply_to": 7, "failed": "Forbidden: bot was blocked",
+        });
+        let expires = lemon_core::clock::now_ms() + 60_000;
+        store.kv_put("telegram.delivery", "run-9", refused, Some(expires)).await;
+
+        let records = DeliveryRecords::<Delivery>::new(store, DELIVERY_NS, FAILED_DELIVERY_TTL);
+        let found = records.recover().await;
+        assert_eq!(found.given_up, 1);
+        assert_eq!(records.given_up_count(), 1);
+        let pending: Vec<&Delivery> = found.pending.iter().map(|(_, d)| d).collect();
+        assert_eq!(
+            pending,
+            [
+                &Delivery {
+                    run_id: "run-7".into(),
+                    chat_id: -100,
+                    thread_id: Some(3),
+                    reply_to: 5,
+                    progress_message_id: Some(9),
+                    sent: 1,
+                    failed: None,
+                },
+                &Delivery {
+                    run_id: "run-8".into(),
+                    chat_id: 42,
+                    thread_id: None,
+                    reply_to: 6,
+                    progress_message_id: None,
+                    sent: 0,
+                    failed: None,
+                },
+            ]
+        );
+        // Written back in the same shape.
+        assert_eq!(serde_json::to_value(pending[0]).unwrap(), in_progress);
+    }
 
     fn renderer() -> ProgressRenderer {
         ProgressRenderer::new(std::sync::Arc::new(|t: &ResumeToken| {

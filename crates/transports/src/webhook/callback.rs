@@ -4,16 +4,30 @@
 //! The host is resolved once per attempt, every address is checked, and the
 //! connection is pinned to the checked address, so a second DNS answer cannot
 //! point it elsewhere. Redirects are not followed and no proxy is used.
+//!
+//! Every callback is on record (in the store's key-value records, namespace
+//! `webhook.callback`) from before its run is submitted until it is delivered,
+//! with the attempts made so far, so a restart delivers what a stop left
+//! pending and the attempts are counted across restarts. One given up on is
+//! kept for a week.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::delivery::Backoff;
+use crate::delivery::{Backoff, DeliveryRecord, DeliveryRecords};
 use futures::future::BoxFuture;
 use lemon_core::bus::BusEvent;
-use lemon_core::ids::RunId;
+use lemon_core::router::RunFollower;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+/// Store namespace of the callbacks not delivered yet, keyed by run id.
+pub(super) const CALLBACK_NS: &str = "webhook.callback";
+
+/// How long a callback given up on stays on record.
+pub(super) const GIVEN_UP_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 /// Resolves a host name to addresses; injectable so tests need no DNS.
 pub trait Resolve: Send + Sync + fmt::Debug {
@@ -173,60 +187,120 @@ pub(super) async fn check(
     Ok(Target { url, domain, addr: first })
 }
 
+/// One run's callback as it is kept on record until delivered. The URL is
+/// stored (it may carry a token) but never logged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(super) struct CallbackRecord {
+    pub(super) url: String,
+    pub(super) integration_id: String,
+    pub(super) run_id: String,
+    pub(super) session_key: String,
+    #[serde(default)]
+    pub(super) metadata: Value,
+    /// The normalised attachments (a JSON list).
+    #[serde(default)]
+    pub(super) attachments: Value,
+    /// Attempts made so far, across restarts.
+    #[serde(default)]
+    pub(super) attempts: u32,
+    /// Set once delivery was given up: the last attempt's error.
+    #[serde(default)]
+    pub(super) failed: Option<String>,
+}
+
+impl DeliveryRecord for CallbackRecord {
+    fn given_up(&self) -> bool {
+        self.failed.is_some()
+    }
+}
+
 /// One run's callback, delivered once the run completes.
 #[derive(Debug)]
 pub(super) struct Delivery {
-    pub(super) url: String,
-    pub(super) integration_id: String,
-    pub(super) run_id: RunId,
-    pub(super) session_key: String,
-    pub(super) metadata: Value,
-    /// The normalised attachments (a JSON list).
-    pub(super) attachments: Value,
+    pub(super) record: CallbackRecord,
     pub(super) settings: CallbackSettings,
     pub(super) resolver: std::sync::Arc<dyn Resolve>,
+    pub(super) records: DeliveryRecords<CallbackRecord>,
 }
 
 impl Delivery {
-    /// POSTs the result, retrying with exponential backoff; `true` on a 2xx.
-    /// Failures are logged (with the host only: a URL may carry a token).
-    pub(super) async fn deliver(&self, event: &BusEvent) -> bool {
+    /// Waits for the run's completion, then delivers it. A stop before that
+    /// leaves the record for the next start.
+    pub(super) async fn follow(mut self, mut run: RunFollower, shutdown: CancellationToken) {
+        let completed = tokio::select! {
+            () = shutdown.cancelled() => return,
+            completed = run.completion() => completed,
+        };
+        if let Some(event) = completed {
+            self.deliver(&event, &shutdown).await;
+        }
+    }
+
+    /// POSTs the result, retrying with exponential backoff up to the attempts
+    /// allowed (counting those made before a restart); `true` on a 2xx, after
+    /// which the record goes. A stop between attempts keeps the record; a
+    /// callback out of attempts, or refused outright, is given up on. Failures
+    /// are logged with the host only: a URL may carry a token.
+    pub(super) async fn deliver(&mut self, event: &BusEvent, shutdown: &CancellationToken) -> bool {
         let completed = super::completed_json(event);
+        let record = &self.record;
         let body = json!({
-            "integration_id": self.integration_id,
-            "run_id": self.run_id.as_str(),
-            "session_key": self.session_key,
+            "integration_id": record.integration_id,
+            "run_id": record.run_id,
+            "session_key": record.session_key,
             "completed": completed,
             "duration_ms": completed["duration_ms"],
-            "metadata": self.metadata,
-            "attachments": self.attachments,
+            "metadata": record.metadata,
+            "attachments": record.attachments,
         });
-        let host = reqwest::Url::parse(&self.url)
+        let host = reqwest::Url::parse(&record.url)
             .ok()
             .and_then(|u| u.host_str().map(str::to_owned))
             .unwrap_or_default();
         let backoff = Backoff::new(self.settings.backoff, self.settings.backoff_max);
-        for attempt in 1..=self.settings.max_attempts {
-            match self.attempt(&body).await {
-                Ok(()) => return true,
+        let mut last_error = None;
+        while self.record.attempts < self.settings.max_attempts {
+            let wait = backoff.delay(self.record.attempts);
+            tokio::select! {
+                () = shutdown.cancelled() => return false,
+                () = tokio::time::sleep(wait) => {}
+            }
+            // An attempt under way is not cut short by a stop (its timeout
+            // bounds it), so a callback the receiver took is not sent again.
+            let result = self.attempt(&body).await;
+            self.record.attempts += 1;
+            let attempt = self.record.attempts;
+            let run_id = self.record.run_id.as_str();
+            match result {
+                Ok(()) => {
+                    self.records.finish(run_id).await;
+                    return true;
+                }
                 Err(error) => {
-                    tracing::warn!(run_id = %self.run_id.as_str(), %host, attempt, %error, "webhook callback failed");
-                    if matches!(error, CallbackError::InvalidUrl(_) | CallbackError::PrivateHost(_))
-                    {
-                        return false;
+                    tracing::warn!(%run_id, %host, attempt, %error, "webhook callback failed");
+                    let refused = matches!(
+                        error,
+                        CallbackError::InvalidUrl(_) | CallbackError::PrivateHost(_)
+                    );
+                    last_error = Some(error);
+                    if refused {
+                        break;
                     }
+                    self.records.record(run_id, &self.record).await;
                 }
             }
-            if attempt < self.settings.max_attempts {
-                tokio::time::sleep(backoff.delay(attempt)).await;
-            }
         }
+        let reason = last_error.map_or_else(|| "no attempts left".to_owned(), |e| e.to_string());
+        tracing::error!(run_id = %self.record.run_id, %host, attempts = self.record.attempts, %reason, "webhook callback given up");
+        self.record.failed = Some(reason);
+        self.records.give_up(&self.record.run_id, &self.record).await;
         false
     }
 
     async fn attempt(&self, body: &Value) -> Result<(), CallbackError> {
         let target =
-            check(&self.url, self.resolver.as_ref(), self.settings.allow_private_hosts).await?;
+            check(&self.record.url, self.resolver.as_ref(), self.settings.allow_private_hosts)
+                .await?;
         let timeout = self.settings.timeout;
         let mut builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())

@@ -66,6 +66,9 @@ impl Transport for WebhookTransport {
         let addr = self.config.addr();
         let listener = TcpListener::bind(&addr).await.map_err(|err| bind_error(&addr, &err))?;
         let local = listener.local_addr().map_err(|err| bind_error(&addr, &err))?;
+        // Callback deliveries stop with this run of the transport; the next
+        // start picks up what they left on record.
+        let stop = ctx.shutdown.child_token();
         let state = WebhookState::new(WebhookDeps {
             config: self.config.clone(),
             tokens: self.tokens.clone(),
@@ -73,12 +76,16 @@ impl Transport for WebhookTransport {
             store: ctx.store.clone(),
             resolver: self.resolver.clone(),
             tracker: ctx.tracker.clone(),
-            shutdown: ctx.shutdown.clone(),
+            shutdown: stop.clone(),
         });
+        state.recover_callbacks().await;
         ctx.status.running(Some(local.to_string()));
         tracing::info!(webhook_addr = %local, "webhooks listening");
-        lemon_api::serve_with(listener, router(state), ctx.shutdown.clone(), ctx.http.clone())
-            .await
+        let served =
+            lemon_api::serve_with(listener, router(state), ctx.shutdown.clone(), ctx.http.clone())
+                .await;
+        stop.cancel();
+        served
             .map_err(|err| TransportError::retryable(format!("webhooks on {local} stopped: {err}")))
     }
 }

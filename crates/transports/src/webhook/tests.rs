@@ -1112,3 +1112,111 @@ async fn an_allowed_payload_session_stays_under_the_integration() {
         assert!(body["error"].as_str().unwrap().contains("invalid session_key"), "{body}");
     }
 }
+
+/// The callback record of `run_id` once `wanted` accepts it (polled, bounded).
+async fn callback_record(
+    store: &StoreHandle,
+    run_id: &str,
+    wanted: impl Fn(&Value) -> bool,
+) -> Value {
+    within("the callback record", async {
+        loop {
+            let now = lemon_core::clock::now_ms();
+            let record = store.kv_get("webhook.callback", run_id, now).await.unwrap();
+            if let Some(record) = record.filter(|r| wanted(r)) {
+                return record;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_callback_pending_at_a_stop_is_delivered_once_after_a_restart() {
+    let (addr, attempts, mut received) = callback_server(1).await;
+    let hook_toml = |backoff_ms: u64| {
+        format!(
+            "callback_max_attempts = 3\ncallback_backoff_ms = {backoff_ms}\n\
+             allow_private_callback_hosts = true\n\
+             [integrations.zap]\ntoken = \"{TOKEN}\"\ncallback_url = \"http://{addr}/cb?key=s3cr3t\"\n"
+        )
+    };
+    let store = StoreHandle::memory();
+    // A long wait after the first failure: the stop comes while it waits.
+    let hook = TestHook::start_on(
+        store.clone(),
+        &hook_toml(600_000),
+        Duration::ZERO,
+        MapResolver::default(),
+    );
+    let (status, body) =
+        hook.post(json!({ "prompt": "after the restart", "metadata": { "n": 1 } })).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let run_id = body["run_id"].as_str().unwrap().to_owned();
+    let record = callback_record(&store, &run_id, |r| r["attempts"] == 1).await;
+    assert_eq!(record["url"], format!("http://{addr}/cb?key=s3cr3t"));
+    assert_eq!(record["integration_id"], "zap");
+    assert_eq!(record["metadata"], json!({ "n": 1 }));
+    hook.stop().await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+
+    let hook =
+        TestHook::start_on(store.clone(), &hook_toml(1), Duration::ZERO, MapResolver::default());
+    assert_eq!(hook.state.recover_callbacks().await, 1);
+    let delivered = within("the callback", received.recv()).await.unwrap();
+    assert_eq!(delivered["run_id"], run_id.as_str());
+    assert_eq!(delivered["completed"]["answer"], "after the restart");
+    assert_eq!(delivered["metadata"], json!({ "n": 1 }));
+    hook.stop().await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 2, "delivered by the second attempt");
+    let now = lemon_core::clock::now_ms();
+    assert_eq!(store.kv_get("webhook.callback", &run_id, now).await.unwrap(), None);
+
+    // Nothing is left for a third start.
+    let hook = TestHook::start_on(store, &hook_toml(1), Duration::ZERO, MapResolver::default());
+    assert_eq!(hook.state.recover_callbacks().await, 0);
+    hook.stop().await;
+    assert!(received.try_recv().is_err(), "delivered once");
+}
+
+#[tokio::test]
+async fn attempts_are_counted_across_restarts_and_a_callback_out_of_them_is_given_up() {
+    let (addr, attempts, _received) = callback_server(10).await;
+    let toml = format!(
+        "callback_max_attempts = 2\ncallback_backoff_ms = 1\nallow_private_callback_hosts = true\n\
+         [integrations.zap]\ntoken = \"{TOKEN}\"\ncallback_url = \"http://{addr}/cb\"\n"
+    );
+    let store = StoreHandle::memory();
+    let hook = TestHook::start_on(store.clone(), &toml, Duration::ZERO, MapResolver::default());
+    let (status, body) = hook.post(json!({ "prompt": "nobody listens" })).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let run_id = body["run_id"].as_str().unwrap().to_owned();
+    let record = callback_record(&store, &run_id, |r| !r["failed"].is_null()).await;
+    assert_eq!(record["attempts"], 2);
+    assert_eq!(record["failed"], "unexpected status 500");
+    hook.stop().await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+
+    // Given up on: kept on record, not tried again.
+    let hook = TestHook::start_on(store, &toml, Duration::ZERO, MapResolver::default());
+    assert_eq!(hook.state.recover_callbacks().await, 0);
+    hook.stop().await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_request_the_router_refuses_leaves_no_callback_record() {
+    let (addr, attempts, _received) = callback_server(0).await;
+    let toml = format!(
+        "allow_private_callback_hosts = true\n\
+         [integrations.zap]\ntoken = \"{TOKEN}\"\ncallback_url = \"http://{addr}/cb\"\n"
+    );
+    let hook = TestHook::start(&toml, Duration::ZERO, MapResolver::default());
+    let (status, body) = hook.post(json!({ "prompt": "x", "engine": "no-such-engine" })).await;
+    assert!(status.is_client_error(), "{status} {body}");
+    let now = lemon_core::clock::now_ms();
+    assert_eq!(hook.store.kv_list("webhook.callback", now).await.unwrap(), vec![]);
+    hook.stop().await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 0);
+}
