@@ -254,7 +254,7 @@ pub async fn follow(
     let status = completed["status"].as_str().unwrap_or("failed");
     if json {
         println!("{}", serde_json::to_string_pretty(&record)?);
-    } else {
+    } else if status == "completed" {
         let answer = completed["answer"].as_str().filter(|a| !a.is_empty()).unwrap_or(&streamed);
         if !answer.is_empty() {
             println!("{}", answer.trim_end_matches('\n'));

@@ -55,7 +55,7 @@ pub fn status_text(status: &Value, url: &str, style: Style) -> String {
     }
     let transports = status["transports"].as_object();
     if transports.is_none_or(|t| t.is_empty()) {
-        out.push("channels  none enabled".to_owned());
+        out.push("channels  none".to_owned());
     }
     for (i, (id, transport)) in transports.into_iter().flatten().enumerate() {
         let label = if i == 0 { "channels" } else { "" };
@@ -63,6 +63,7 @@ pub fn status_text(status: &Value, url: &str, style: Style) -> String {
         let painted = match state {
             "running" => style.green(state),
             "failing" | "stopped" => style.red(state),
+            "disabled" => style.dim(state),
             _ => style.yellow(state),
         };
         let mut line = format!("{label:<9} {id:<12} {painted}");
