@@ -225,11 +225,9 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             Ok(failure::OK)
         }
         Command::Run { continue_session, session, engine, cwd, json, detach, remote, prompt } => {
-            // Listening before anything is submitted: an early Ctrl-C is answered too.
-            let mut interrupts = Interrupts::listen()?;
             let client = client(&paths, &env, remote)?;
             let args = RunArgs { session, continue_session, engine, cwd, json, detach, prompt };
-            run_cmd::run(&client, args, ui, &paths.home, &mut interrupts).await
+            run_cmd::run(&client, args, ui, &paths.home).await
         }
         Command::Attach { run, json, remote } => {
             let mut interrupts = Interrupts::listen()?;

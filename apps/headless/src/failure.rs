@@ -3,7 +3,7 @@
 //! | code | meaning |
 //! |---|---|
 //! | 0 | ok |
-//! | 1 | the run failed, or the gateway refused the request |
+//! | 1 | the run failed, or another error (the gateway refused the request) |
 //! | 2 | usage error |
 //! | 3 | cannot reach the gateway |
 //! | 4 | authentication (no token, or the gateway refused it) |
@@ -26,7 +26,7 @@ pub const INTERRUPTED: u8 = 130;
 pub const HELP: &str = "\
 Exit codes:
   0    ok
-  1    the run failed, or the gateway refused the request
+  1    the run failed, or another error (the gateway refused the request)
   2    usage error
   3    cannot reach the gateway
   4    authentication (no API token, or the gateway refused it)

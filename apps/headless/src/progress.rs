@@ -109,6 +109,10 @@ impl Progress {
                 if let Some(engine) = data["engine"].as_str() {
                     engine.clone_into(&mut self.engine);
                 }
+                // The time counts from the run's start, also when attaching later.
+                if let Some(started) = data["ts_ms"].as_u64().and_then(since) {
+                    self.started = started;
+                }
                 if self.mode == Mode::Spinner {
                     self.draw();
                 }
@@ -138,6 +142,13 @@ impl Progress {
         }
         Some(format!("  {} {kind}: {title}", self.style.dim("▸")))
     }
+}
+
+/// The instant `ts_ms` (milliseconds since the epoch) was, if it is in the past.
+fn since(ts_ms: u64) -> Option<Instant> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?;
+    let ago = u64::try_from(now.as_millis()).ok()?.checked_sub(ts_ms)?;
+    Instant::now().checked_sub(std::time::Duration::from_millis(ago))
 }
 
 /// Outside text as one short line without control characters.

@@ -129,14 +129,11 @@ fn fresh_session() -> String {
 /// # Errors
 /// Usage mistakes, and the gateway unreachable or refusing.
 #[allow(clippy::print_stdout, clippy::print_stderr)] // The command's own output.
-pub async fn run(
-    client: &Client,
-    args: RunArgs,
-    ui: Ui,
-    state_home: &Path,
-    interrupts: &mut Interrupts,
-) -> anyhow::Result<u8> {
+pub async fn run(client: &Client, args: RunArgs, ui: Ui, state_home: &Path) -> anyhow::Result<u8> {
     let prompt = prompt(&args.prompt)?;
+    // Listening from before the submit, so an early Ctrl-C is answered too; and
+    // only after stdin is read, so Ctrl-C still ends a prompt being typed.
+    let mut interrupts = Interrupts::listen()?;
     let cwd = working_dir(args.cwd.as_deref())?;
     let record = last_session::file(state_home);
     let session = match (args.session, args.continue_session) {
@@ -183,7 +180,7 @@ pub async fn run(
         println!("{run_id}");
         return Ok(failure::OK);
     }
-    follow(client, &run_id, ui, OnInterrupt::Cancel, args.json, interrupts).await
+    follow(client, &run_id, ui, OnInterrupt::Cancel, args.json, &mut interrupts).await
 }
 
 /// What the first Ctrl-C does.
