@@ -77,7 +77,7 @@ impl Interrupts {
 }
 
 /// The prompt from the arguments and, when it is piped or `-` is given, stdin:
-/// `git diff | lemon-gateway run "review this"` is "review this\n\n<diff>".
+/// `git diff | lemon-gateway run "review this"` is `"review this\n\n<diff>"`.
 ///
 /// # Errors
 /// No prompt at all (usage), or stdin cannot be read.
