@@ -272,7 +272,7 @@ async fn a_stored_session_token_that_could_be_an_option_is_ignored_and_a_new_ses
 async fn a_config_model_that_could_be_an_option_stops_the_gateway_naming_file_line_and_column() {
     let home = home_with(&format!("[gateway]\ndefault_engine = \"claude:{SKIP}\"\n"));
     let (code, stderr) = crate::support::failed_start(home.path()).await;
-    assert_eq!(code, Some(2));
+    assert_eq!(code, Some(5));
     let expected = format!(
         "{}:2:18: gateway.default_engine: invalid model: it starts with '-'",
         home.path().join("config.toml").display()

@@ -157,10 +157,11 @@ async fn the_cli_runs_a_prompt_and_prints_the_resume_line() {
     let output = tokio::time::timeout(PATIENCE, output).await.unwrap().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout} {}", String::from_utf8_lossy(&output.stderr));
-    assert!(stdout.starts_with("hello from the cli\n"), "{stdout}");
-    assert!(stdout.contains("`echo resume run_"), "{stdout}");
+    assert_eq!(stdout, "hello from the cli\n", "the answer alone on stdout");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("`echo resume run_"), "the resume line on stderr: {stderr}");
 
-    let status = command(&gateway.home).args(["status", "--url", &gateway.api]).output();
+    let status = command(&gateway.home).args(["status", "--json", "--url", &gateway.api]).output();
     let status = tokio::time::timeout(PATIENCE, status).await.unwrap().unwrap();
     assert!(status.status.success());
     let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
@@ -172,7 +173,7 @@ async fn the_cli_runs_a_prompt_and_prints_the_resume_line() {
 async fn a_config_error_names_file_line_and_column() {
     let dir = home_with("[gateway]\nmax_concurrent_runs = \"two\"\n");
     let (code, stderr) = crate::support::failed_start(dir.path()).await;
-    assert_eq!(code, Some(2));
+    assert_eq!(code, Some(5));
     let expected = format!("{}:2:23", dir.path().join("config.toml").display());
     assert!(stderr.contains(&expected), "{stderr}");
     assert!(stderr.contains("max_concurrent_runs"), "{stderr}");

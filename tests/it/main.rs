@@ -11,6 +11,7 @@ mod cli_injection;
 mod cli_lifetime;
 mod cli_process;
 mod cli_support;
+mod cli_ux;
 mod gateway_e2e;
 mod hardening_e2e;
 mod http_hardening;

@@ -377,7 +377,7 @@ async fn config_check_and_config_path_on_the_command_line() {
     )
     .unwrap();
     let output = command(dir.path()).args(["config", "check"]).arg(&bad).output().await.unwrap();
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(5));
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.contains("other.toml:"), "{stderr}");
     assert!(stderr.contains("set token or token_secret"), "{stderr}");

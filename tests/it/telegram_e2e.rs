@@ -414,7 +414,7 @@ async fn a_mistake_in_the_telegram_section_names_file_line_and_column() {
         "[gateway]\nenable_telegram = true\n[gateway.telegram]\nbot_token = \"{BOT_TOKEN}\"\npoll_timeout = 5\n"
     ));
     let (code, stderr) = crate::support::failed_start(dir.path()).await;
-    assert_eq!(code, Some(2));
+    assert_eq!(code, Some(5));
     let expected = format!(
         "{}:5:1: gateway.telegram.poll_timeout: unknown field `poll_timeout`",
         dir.path().join("config.toml").display()

@@ -1,19 +1,29 @@
-//! The command line: `serve` (the default), `run`, `status` and `config`
-//! (`check [FILE]`, `path`). The binaries are
-//! one-line wrappers around [`main`].
+//! The command line: `serve` (the default), `run`, `attach`, `cancel`, `runs`,
+//! `logs`, `status`, `engines`, `config` (`check [FILE]`, `path`) and
+//! `completions`. The binaries are one-line wrappers around [`main`]; exit codes
+//! are in [`crate::failure`].
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::client::{self, ClientConfig};
-use clap::{Parser, Subcommand, ValueEnum};
+use crate::client::{Client, ClientConfig};
+use crate::failure::{self, code_of};
+use crate::run::{self as run_cmd, Interrupts, OnInterrupt, RunArgs, Ui};
+use crate::show;
+use crate::style::{ColorChoice, Style};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use lemon_server::paths::Paths;
 use lemon_server::{self as server, ServeOptions};
 
 #[derive(Debug, Parser)]
-#[command(name = "lemon-gateway", version, about = "Self-hosted execution gateway for AI agents")]
+#[command(
+    name = "lemon-gateway",
+    version,
+    about = "Self-hosted execution gateway for AI agents",
+    after_help = failure::HELP
+)]
 struct Cli {
     /// Config file (default: $LEMON_CONFIG, else $LEMON_HOME/config.toml).
     #[arg(long, global = true)]
@@ -21,6 +31,15 @@ struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
     log_format: LogFormat,
+    /// When to use colours: auto (on a terminal, unless NO_COLOR is set), always, never.
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
+    color: ColorChoice,
+    /// More output: the run id and actions even off a terminal; debug logs for `serve`.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    verbose: u8,
+    /// Less output: no progress, resume line or notices; warnings only for `serve`.
+    #[arg(short, long, global = true)]
+    quiet: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -31,35 +50,111 @@ enum LogFormat {
     Json,
 }
 
+/// `--url` of the client commands.
+#[derive(Debug, Clone, clap::Args)]
+struct Remote {
+    /// Gateway URL (default: from config, http://127.0.0.1:4040).
+    #[arg(long, env = "LEMON_URL")]
+    url: Option<String>,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the gateway (the default).
     Serve,
-    /// Send a prompt to a running gateway and stream the answer.
+    /// Send a prompt to a running gateway, in this directory, and print the answer.
+    #[command(after_help = failure::HELP)]
     Run {
-        /// Session key (conversation) to use.
+        /// Continue the last session used from this directory.
+        #[arg(short = 'c', long = "continue", conflicts_with = "session")]
+        continue_session: bool,
+        /// Session key (conversation) to use; default: a fresh session.
         #[arg(long)]
         session: Option<String>,
         /// Engine id, e.g. `echo` or `claude:opus`.
         #[arg(long)]
         engine: Option<String>,
-        /// Gateway URL (default: from config, http://127.0.0.1:4040).
-        #[arg(long, env = "LEMON_URL")]
-        url: Option<String>,
-        /// The prompt; several words are joined with spaces.
-        #[arg(required = true)]
+        /// Directory the engine works in (default: the current one).
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<PathBuf>,
+        /// Print the final run record as JSON instead of the answer.
+        #[arg(long, conflicts_with = "detach")]
+        json: bool,
+        /// Print the run id and return without waiting.
+        #[arg(long)]
+        detach: bool,
+        #[command(flatten)]
+        remote: Remote,
+        /// The prompt; several words are joined with spaces. `-` or a piped
+        /// stdin reads it from stdin (after the words, when both are given).
         prompt: Vec<String>,
     },
-    /// Show a running gateway's status.
+    /// Follow a run to its end and print its answer (Ctrl-C stops following).
+    Attach {
+        /// The run id.
+        run: String,
+        /// Print the final run record as JSON instead of the answer.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Cancel a queued or running run.
+    Cancel {
+        /// The run id.
+        run: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// List runs, newest first.
+    Runs {
+        /// Only runs in this status: queued, running, completed, failed or cancelled.
+        #[arg(long)]
+        status: Option<String>,
+        /// At most this many runs (default 50).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Print a run's events, following a running run to its end.
+    Logs {
+        /// The run id.
+        run: String,
+        /// One JSON object per event.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Show a running gateway's state: uptime, slots, engines, channels.
     Status {
-        /// Gateway URL (default: from config, http://127.0.0.1:4040).
-        #[arg(long, env = "LEMON_URL")]
-        url: Option<String>,
+        /// Print the full status as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// List the engines and whether each is available.
+    Engines {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
     },
     /// Check or locate the config file.
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
+    },
+    /// Print a shell completion script.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -74,11 +169,22 @@ enum ConfigCommand {
     Path,
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(cli: &Cli) {
+    let default = if cli.quiet {
+        "warn"
+    } else if cli.verbose > 0 {
+        "debug"
+    } else {
+        "info"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEMON_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match format {
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let ansi = cli.color.enabled(std::io::stderr().is_terminal(), &std::env::vars().collect());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
@@ -88,11 +194,21 @@ fn user_home(env: &BTreeMap<String, String>) -> Option<PathBuf> {
     env.get("HOME").filter(|h| !h.is_empty()).map(PathBuf::from)
 }
 
+fn client(paths: &Paths, env: &BTreeMap<String, String>, remote: Remote) -> anyhow::Result<Client> {
+    Ok(Client::new(ClientConfig::resolve(paths, env.clone(), remote.url)?))
+}
+
 // The binary's own output goes to the terminal.
 #[allow(clippy::print_stdout, clippy::print_stderr)]
-async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
+async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
     let env: BTreeMap<String, String> = std::env::vars().collect();
     let paths = Paths::resolve(cli.config.clone(), &env, user_home(&env));
+    let ui = Ui {
+        out: Style { color: cli.color.enabled(std::io::stdout().is_terminal(), &env) },
+        err: Style { color: cli.color.enabled(std::io::stderr().is_terminal(), &env) },
+        verbose: cli.verbose,
+        quiet: cli.quiet,
+    };
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
             let opts = ServeOptions { paths, env: env.clone(), user_home: user_home(&env) };
@@ -106,29 +222,37 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             std::io::stdout().flush()?;
             wait_for_signal(running.token()).await;
             running.shutdown().await?;
-            Ok(ExitCode::SUCCESS)
+            Ok(failure::OK)
         }
-        Command::Run { session, engine, url, prompt } => {
-            let client = ClientConfig::resolve(&paths, env, url)?;
-            let prompt = prompt.join(" ");
-            let mut stdout = std::io::stdout();
-            let outcome =
-                client::run(&client, session.as_deref(), engine.as_deref(), &prompt, &mut stdout)
-                    .await?;
-            if outcome.ok {
-                Ok(ExitCode::SUCCESS)
-            } else {
-                eprintln!(
-                    "run {} failed: {}",
-                    outcome.run_id,
-                    outcome.error.as_deref().unwrap_or("unknown error")
-                );
-                Ok(ExitCode::FAILURE)
-            }
+        Command::Run { continue_session, session, engine, cwd, json, detach, remote, prompt } => {
+            let client = client(&paths, &env, remote)?;
+            let args = RunArgs { session, continue_session, engine, cwd, json, detach, prompt };
+            run_cmd::run(&client, args, ui, &paths.home).await
+        }
+        Command::Attach { run, json, remote } => {
+            let mut interrupts = Interrupts::listen()?;
+            let client = client(&paths, &env, remote)?;
+            run_cmd::follow(&client, &run, ui, OnInterrupt::Detach, json, &mut interrupts).await
+        }
+        Command::Cancel { run, remote } => {
+            run_cmd::cancel(&client(&paths, &env, remote)?, &run).await
+        }
+        Command::Runs { status, limit, json, remote } => {
+            let client = client(&paths, &env, remote)?;
+            show::runs(&client, status.as_deref(), limit, json, ui.out).await
+        }
+        Command::Logs { run, json, remote } => {
+            show::logs(&client(&paths, &env, remote)?, &run, json).await
+        }
+        Command::Status { json, remote } => {
+            show::status(&client(&paths, &env, remote)?, json, ui.out).await
+        }
+        Command::Engines { json, remote } => {
+            show::engines(&client(&paths, &env, remote)?, json, ui.out).await
         }
         Command::Config { command: ConfigCommand::Path } => {
             println!("{}", paths.config.display());
-            Ok(ExitCode::SUCCESS)
+            Ok(failure::OK)
         }
         Command::Config { command: ConfigCommand::Check { file } } => {
             let file = file.unwrap_or_else(|| paths.config.clone());
@@ -138,28 +262,29 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                         eprintln!("warning: {warning}");
                     }
                     println!("{}: ok", file.display());
-                    Ok(ExitCode::SUCCESS)
+                    Ok(failure::OK)
                 }
                 Err(error) => {
                     eprintln!("{error}");
-                    Ok(ExitCode::FAILURE)
+                    Ok(failure::CONFIG)
                 }
             }
         }
-        Command::Status { url } => {
-            let client = ClientConfig::resolve(&paths, env, url)?;
-            let status = client::status(&client).await?;
-            println!("{}", serde_json::to_string_pretty(&status)?);
-            Ok(ExitCode::SUCCESS)
+        Command::Completions { shell } => {
+            let mut out = std::io::stdout();
+            clap_complete::generate(shell, &mut Cli::command(), "lemon-gateway", &mut out);
+            out.flush()?;
+            Ok(failure::OK)
         }
     }
 }
 
-/// Parses the command line and runs the command; the process exit code.
+/// Parses the command line and runs the command; the process exit code (see
+/// [`crate::failure`]).
 #[allow(clippy::print_stderr)] // The binary reports fatal errors on the terminal.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    init_logging(&cli);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -167,11 +292,14 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let style = Style {
+        color: cli.color.enabled(std::io::stderr().is_terminal(), &std::env::vars().collect()),
+    };
     match runtime.block_on(main_inner(cli)) {
-        Ok(code) => code,
+        Ok(code) => ExitCode::from(code),
         Err(error) => {
-            eprintln!("lemon-gateway: {error:#}");
-            ExitCode::from(2)
+            eprintln!("{} {error:#}", style.red("lemon-gateway:"));
+            ExitCode::from(code_of(&error))
         }
     }
 }

@@ -1,21 +1,101 @@
-//! `lemon-gateway run` and `status`: a client of a running gateway's control API.
+//! A client of a running gateway's control API: where it is, the token, and
+//! errors a person can act on ([`ClientError`]) instead of transport errors.
 
-use std::io::Write;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
 
-use anyhow::{bail, Context};
 use futures::StreamExt;
 use lemon_core::config::{self, DEFAULT_API_PORT};
-use lemon_core::secrets::{SecretStore, SecretValue};
-
-use crate::sse::SseParser;
+use lemon_core::secrets::{env_var_name, SecretStore, SecretValue};
 use lemon_server::paths::Paths;
 use lemon_server::API_TOKEN_SECRET;
+use serde_json::Value;
+
+use crate::sse::SseParser;
+
+/// Where the API token was found, for the message when the gateway refuses it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// The environment variable (`LEMON_API_TOKEN`).
+    Env(String),
+    /// The secrets file.
+    File(PathBuf),
+}
+
+impl fmt::Display for TokenSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenSource::Env(var) => write!(f, "${var}"),
+            TokenSource::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// Why a request to the gateway did not get an answer to work with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientError {
+    /// Nothing answers at the URL.
+    Unreachable { url: String },
+    /// The connection broke while following a run.
+    Lost { url: String, run_id: String },
+    /// No token in the environment or the secrets file.
+    NoToken { var: String, file: PathBuf },
+    /// The gateway refused the token.
+    Unauthorized { url: String, source: TokenSource },
+    /// The gateway answered with an error (`{"error": …}`).
+    Refused { status: u16, message: String },
+    /// The gateway's answer was not what this client understands.
+    Protocol(String),
+}
+
+impl ClientError {
+    /// The process exit code for this error (see [`crate::cli`]).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ClientError::Unreachable { .. } | ClientError::Lost { .. } => 3,
+            ClientError::NoToken { .. } | ClientError::Unauthorized { .. } => 4,
+            ClientError::Refused { .. } | ClientError::Protocol(_) => 1,
+        }
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::Unreachable { url } => write!(
+                f,
+                "cannot reach the gateway at {url}: is it running? start it with `lemon-gateway`"
+            ),
+            ClientError::Lost { url, run_id } => write!(
+                f,
+                "lost the connection to the gateway at {url} while following run {run_id}; once it is back, follow the run with `lemon-gateway attach {run_id}`"
+            ),
+            ClientError::NoToken { var, file } => write!(
+                f,
+                "no API token: looked in ${var} and {}; set {var}, or start the gateway once so it creates the file",
+                file.display()
+            ),
+            ClientError::Unauthorized { url, source } => write!(
+                f,
+                "the gateway at {url} refused the API token from {source}; use the token the gateway printed when it created it (in its secrets.toml)"
+            ),
+            ClientError::Refused { status, message } => {
+                write!(f, "the gateway refused the request ({status}): {message}")
+            }
+            ClientError::Protocol(message) => write!(f, "unexpected answer from the gateway: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
 
 /// Where the gateway is and how to authenticate.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     pub base_url: String,
     pub token: SecretValue,
+    pub token_source: TokenSource,
 }
 
 impl ClientConfig {
@@ -23,10 +103,11 @@ impl ClientConfig {
     /// from `LEMON_API_TOKEN` or `$LEMON_HOME/secrets.toml`.
     ///
     /// # Errors
-    /// A bad config file, or no token anywhere.
+    /// A bad config file ([`config::ConfigError`]), or no token anywhere
+    /// ([`ClientError::NoToken`]).
     pub fn resolve(
         paths: &Paths,
-        env: std::collections::BTreeMap<String, String>,
+        env: BTreeMap<String, String>,
         url: Option<String>,
     ) -> anyhow::Result<Self> {
         let base_url = match url {
@@ -42,134 +123,146 @@ impl ClientConfig {
                 format!("http://{bind}:{}", api.port.unwrap_or(DEFAULT_API_PORT))
             }
         };
+        let var = env_var_name(API_TOKEN_SECRET);
+        let from_env = env.get(&var).is_some_and(|value| !value.trim().is_empty());
         let secrets = SecretStore::new(env, paths.secrets());
         let Some(token) = secrets.get(API_TOKEN_SECRET)? else {
-            bail!(
-                "no API token: set LEMON_API_TOKEN, or start the gateway once so it creates {}",
-                paths.secrets().display()
-            );
+            return Err(ClientError::NoToken { var, file: paths.secrets() }.into());
         };
-        Ok(ClientConfig { base_url, token })
-    }
-
-    fn http(&self) -> reqwest::Client {
-        reqwest::Client::new()
-    }
-
-    fn get(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http().get(format!("{}{path}", self.base_url)).bearer_auth(self.token.expose())
-    }
-
-    fn post(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http().post(format!("{}{path}", self.base_url)).bearer_auth(self.token.expose())
+        let token_source =
+            if from_env { TokenSource::Env(var) } else { TokenSource::File(paths.secrets()) };
+        Ok(ClientConfig { base_url, token, token_source })
     }
 }
 
-/// How a run ended, as the client saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunOutcome {
-    /// The run's id, or the slash command that was answered instead.
-    pub run_id: String,
-    pub ok: bool,
-    pub error: Option<String>,
+/// A connection to the gateway's control API.
+#[derive(Debug, Clone)]
+pub struct Client {
+    config: ClientConfig,
+    http: reqwest::Client,
 }
 
-async fn error_of(response: reqwest::Response) -> anyhow::Error {
-    let status = response.status();
-    let body: serde_json::Value = response.json().await.unwrap_or_default();
-    let message = body.get("error").and_then(|e| e.as_str()).unwrap_or("no error message");
-    anyhow::anyhow!("gateway answered {status}: {message}")
+impl Client {
+    pub fn new(config: ClientConfig) -> Self {
+        Client { config, http: reqwest::Client::new() }
+    }
+
+    /// The gateway's base URL.
+    pub fn url(&self) -> &str {
+        &self.config.base_url
+    }
+
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ClientError> {
+        let response = request
+            .bearer_auth(self.config.token.expose())
+            .send()
+            .await
+            .map_err(|_| ClientError::Unreachable { url: self.config.base_url.clone() })?;
+        let status = response.status();
+        if status == reqwest::StatusCode::UNAUTHORIZED {
+            return Err(ClientError::Unauthorized {
+                url: self.config.base_url.clone(),
+                source: self.config.token_source.clone(),
+            });
+        }
+        if !status.is_success() {
+            let body: Value = response.json().await.unwrap_or_default();
+            let message = body["error"].as_str().unwrap_or("no error message").to_owned();
+            return Err(ClientError::Refused { status: status.as_u16(), message });
+        }
+        Ok(response)
+    }
+
+    async fn json(&self, request: reqwest::RequestBuilder) -> Result<Value, ClientError> {
+        let response = self.send(request).await?;
+        response.json().await.map_err(|e| ClientError::Protocol(format!("not JSON: {e}")))
+    }
+
+    /// `GET path` as JSON.
+    ///
+    /// # Errors
+    /// See [`ClientError`].
+    pub async fn get(&self, path: &str) -> Result<Value, ClientError> {
+        self.json(self.http.get(format!("{}{path}", self.config.base_url))).await
+    }
+
+    /// `POST path` with a JSON `body`, as JSON.
+    ///
+    /// # Errors
+    /// See [`ClientError`].
+    pub async fn post(&self, path: &str, body: &Value) -> Result<Value, ClientError> {
+        self.json(self.http.post(format!("{}{path}", self.config.base_url)).json(body)).await
+    }
+
+    /// The run's events (`GET /v1/runs/{id}/events`): stored ones first, then
+    /// live ones, ending with `run_completed`.
+    ///
+    /// # Errors
+    /// See [`ClientError`].
+    pub async fn events(&self, run_id: &str) -> Result<Events, ClientError> {
+        let url = format!("{}/v1/runs/{run_id}/events", self.config.base_url);
+        let response = self.send(self.http.get(url)).await?;
+        Ok(Events {
+            stream: Box::pin(
+                response.bytes_stream().map(|chunk| chunk.map(|bytes| bytes.to_vec())),
+            ),
+            parser: SseParser::default(),
+            pending: std::collections::VecDeque::new(),
+            url: self.config.base_url.clone(),
+            run_id: run_id.to_owned(),
+        })
+    }
 }
 
-/// Submits a prompt, streams its answer to `out`, then prints the resume line.
-///
-/// # Errors
-/// The gateway is unreachable or refused the request.
-pub async fn run(
-    client: &ClientConfig,
-    session: Option<&str>,
-    engine: Option<&str>,
-    prompt: &str,
-    out: &mut dyn Write,
-) -> anyhow::Result<RunOutcome> {
-    let body = serde_json::json!({ "prompt": prompt, "session_key": session, "engine": engine });
-    let response = client
-        .post("/v1/runs")
-        .json(&body)
-        .send()
-        .await
-        .with_context(|| format!("could not reach the gateway at {}", client.base_url))?;
-    if !response.status().is_success() {
-        return Err(error_of(response).await);
-    }
-    let accepted: serde_json::Value = response.json().await?;
-    // Slash commands (`/status`, `/cancel`, …) are answered at once, without a run.
-    if let (Some(command), Some(reply)) = (accepted["command"].as_str(), accepted["reply"].as_str())
-    {
-        writeln!(out, "{reply}")?;
-        return Ok(RunOutcome { run_id: format!("/{command}"), ok: true, error: None });
-    }
-    let run_id =
-        accepted["run_id"].as_str().context("the gateway answered without a run id")?.to_owned();
+type ByteStream = std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<Vec<u8>>> + Send>>;
 
-    let response = client.get(&format!("/v1/runs/{run_id}/events")).send().await?;
-    if !response.status().is_success() {
-        return Err(error_of(response).await);
+/// A run's event stream: `(type, data)` pairs.
+pub struct Events {
+    stream: ByteStream,
+    parser: SseParser,
+    pending: std::collections::VecDeque<(String, Value)>,
+    url: String,
+    run_id: String,
+}
+
+impl fmt::Debug for Events {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Events").field("run_id", &self.run_id).finish_non_exhaustive()
     }
-    let mut stream = response.bytes_stream();
-    let mut parser = SseParser::default();
-    let mut streamed = String::new();
-    let mut completed: Option<serde_json::Value> = None;
-    'stream: while let Some(chunk) = stream.next().await {
-        for event in parser.push(&chunk?) {
-            let data: serde_json::Value = serde_json::from_str(&event.data).unwrap_or_default();
-            match event.event.as_str() {
-                "delta" => {
-                    let text = data["text"].as_str().unwrap_or_default();
-                    streamed.push_str(text);
-                    out.write_all(text.as_bytes())?;
-                    out.flush()?;
+}
+
+impl Events {
+    /// The next event; `None` when the stream ended.
+    ///
+    /// # Errors
+    /// [`ClientError::Lost`] when the connection breaks.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a chunk read is parsed before the future completes, and
+    /// events not yet returned wait in the queue.
+    pub async fn next(&mut self) -> Result<Option<(String, Value)>, ClientError> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Ok(Some(event));
+            }
+            match self.stream.next().await {
+                None => return Ok(None),
+                Some(Err(_)) => {
+                    return Err(ClientError::Lost {
+                        url: self.url.clone(),
+                        run_id: self.run_id.clone(),
+                    })
                 }
-                "run_completed" => {
-                    completed = Some(data);
-                    break 'stream;
+                Some(Ok(chunk)) => {
+                    for event in self.parser.push(&chunk) {
+                        let data = serde_json::from_str(&event.data).unwrap_or_default();
+                        self.pending.push_back((event.event, data));
+                    }
                 }
-                _ => {}
             }
         }
     }
-    let Some(completed) = completed else {
-        bail!("the event stream of run {run_id} ended before the run completed")
-    };
-    let answer = completed["answer"].as_str().unwrap_or_default();
-    if streamed.is_empty() && !answer.is_empty() {
-        out.write_all(answer.as_bytes())?;
-    }
-    if !streamed.is_empty() || !answer.is_empty() {
-        writeln!(out)?;
-    }
-    let run: serde_json::Value =
-        client.get(&format!("/v1/runs/{run_id}")).send().await?.json().await?;
-    if let Some(line) = run["resume_line"].as_str() {
-        writeln!(out, "\n`{line}`")?;
-    }
-    let ok = completed["ok"].as_bool().unwrap_or(false);
-    let error = completed["error"].as_str().map(str::to_owned);
-    Ok(RunOutcome { run_id, ok, error })
-}
-
-/// The gateway's `/v1/status`.
-///
-/// # Errors
-/// The gateway is unreachable or refused the request.
-pub async fn status(client: &ClientConfig) -> anyhow::Result<serde_json::Value> {
-    let response = client
-        .get("/v1/status")
-        .send()
-        .await
-        .with_context(|| format!("could not reach the gateway at {}", client.base_url))?;
-    if !response.status().is_success() {
-        return Err(error_of(response).await);
-    }
-    Ok(response.json().await?)
 }

@@ -2,10 +2,22 @@
 //! [`lemon_server`].
 //!
 //! # Layout
-//! - [`cli`]: the command line (`serve`, `run`, `status`), logging and signals.
-//! - [`client`]: the `run` and `status` commands, talking to a running gateway.
+//! - [`cli`]: the command line, logging and signals.
+//! - [`client`]: talking to a running gateway; errors a person can act on.
+//! - [`run`]: `run`, `attach`, `cancel`: following a run, Ctrl-C.
+//! - [`show`]: `status`, `engines`, `runs`, `logs` as text or JSON.
+//! - [`progress`]: the spinner and action lines on stderr.
+//! - [`last_session`]: the last session of each directory, for `run --continue`.
+//! - [`failure`]: exit codes.
+//! - [`style`]: `--color` and `NO_COLOR`.
 //! - [`sse`]: a small Server-Sent Events reader for the client.
 
 pub mod cli;
 pub mod client;
+pub mod failure;
+pub mod last_session;
+pub mod progress;
+pub mod run;
+pub mod show;
 pub mod sse;
+pub mod style;
