@@ -225,13 +225,15 @@ async fn the_first_ctrl_c_cancels_the_run_and_exits_130() {
 #[tokio::test]
 async fn a_second_ctrl_c_leaves_the_run_and_attach_follows_it_to_its_end() {
     let dir = tempfile::tempdir().unwrap();
-    // The CLI ignores SIGTERM, so the cancelled run stays `cancelling` until the
-    // grace period ends and it is killed.
+    let pid_file = dir.path().join("pids.json");
+    // The CLI ignores SIGTERM and the grace period is long, so the cancelled
+    // run stays `cancelling` until the test ends the CLI itself.
     let env = format!(
-        "FAKE_CLI_FIXTURE = \"{}\", FAKE_CLI_HANG = \"1\", FAKE_CLI_IGNORE_SIGTERM = \"1\"",
-        unfinished_fixture(dir.path()).display()
+        "FAKE_CLI_FIXTURE = \"{}\", FAKE_CLI_HANG = \"1\", FAKE_CLI_IGNORE_SIGTERM = \"1\", FAKE_CLI_PID_FILE = \"{}\"",
+        unfinished_fixture(dir.path()).display(),
+        pid_file.display()
     );
-    let gateway = Gateway::start(&claude_config(&env, "cancel_grace_ms = 5000")).await;
+    let gateway = Gateway::start(&claude_config(&env, "cancel_grace_ms = 600000")).await;
     let mut run = cli(&gateway, dir.path());
     run.args(["-v", "run", "--engine", "claude", "go"]);
     let mut child = run.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
@@ -250,8 +252,15 @@ async fn a_second_ctrl_c_leaves_the_run_and_attach_follows_it_to_its_end() {
     assert_eq!(gateway.run(&run_id).await["status"], "cancelling", "still stopping");
 
     let mut attach = cli(&gateway, dir.path());
-    attach.args(["attach", &run_id]);
-    let out = output(attach).await;
+    attach.args(["attach", &run_id]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let attached = attach.spawn().unwrap();
+    // The CLI goes: the run ends, and `attach` sees its end.
+    let pids: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&pid_file).unwrap()).unwrap();
+    let cli_pid = i32::try_from(pids["pid"].as_i64().unwrap()).unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(cli_pid), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    let out = tokio::time::timeout(PATIENCE, attached.wait_with_output()).await.unwrap().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains(&format!("run {run_id} was cancelled")));
     assert_eq!(gateway.run(&run_id).await["status"], "cancelled");
