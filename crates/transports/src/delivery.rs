@@ -3,7 +3,12 @@
 //! only renders and sends.
 //!
 //! - [`Backoff`]: how long to wait before the next attempt after a failure.
+//! - [`Outbox`]: every write call of a channel, paced within the channel's
+//!   limits, in order per destination, with edits coalesced and failures
+//!   retried as the channel's [`Sink`] classifies them.
 
 mod backoff;
+pub mod outbox;
 
 pub use backoff::Backoff;
+pub use outbox::{DeliveryError, Failure, Outbox, OutboxSettings, OutboxStats, Sink, Window};
