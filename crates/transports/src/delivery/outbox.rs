@@ -950,3 +950,6 @@ impl<S: Sink> Actor<S> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
