@@ -1,5 +1,5 @@
 //! The Telegram side of the outbox: every Telegram write call of the bot goes
-//! through a [`delivery::Outbox`](crate::delivery::Outbox), paced so that
+//! through a [`delivery::Outbox`], paced so that
 //! Telegram never has a reason to flood-ban the bot.
 //!
 //! What is Telegram's here:
