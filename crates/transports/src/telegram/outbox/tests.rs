@@ -1,5 +1,8 @@
-//! Tests of the outbox under paused time, against a fake bot that records every
-//! call with the (virtual) time it was made and can be told to fail.
+//! Tests of the Telegram side of the outbox under paused time: Telegram's
+//! limits, what its answers mean, and `sendMessage`/`editMessageText` as
+//! made, against a fake bot that records every call with the (virtual) time it
+//! was made and can be told to fail. The generic behaviour (order, coalescing,
+//! attempts, shutdown) is tested in `delivery/outbox/tests.rs`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -13,7 +16,8 @@ use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{BotSender, DeliveryError, OutboxConfig, OutboxHandle, OutboxStats};
+use super::{BotSender, DeliveryError, OutboxConfig, OutboxHandle, TelegramSink};
+use crate::delivery::{Failure, Sink, Window};
 use crate::telegram::types::{
     EditMessageText, FormattedText, Message, MessageEntity, SendMessage, TelegramError,
 };
@@ -96,8 +100,6 @@ impl BotSender for FakeBot {
 struct Harness {
     outbox: OutboxHandle,
     bot: Arc<FakeBot>,
-    token: CancellationToken,
-    tracker: TaskTracker,
     start: Instant,
 }
 
@@ -113,10 +115,9 @@ impl Harness {
 
     fn with_quiet_start(config: OutboxConfig) -> Self {
         let bot = Arc::new(FakeBot::default());
-        let token = CancellationToken::new();
-        let tracker = TaskTracker::new();
-        let outbox = OutboxHandle::spawn(bot.clone(), config, token.clone(), &tracker);
-        Harness { outbox, bot, token, tracker, start: Instant::now() }
+        let outbox =
+            OutboxHandle::spawn(bot.clone(), config, CancellationToken::new(), &TaskTracker::new());
+        Harness { outbox, bot, start: Instant::now() }
     }
 
     async fn send(&self, chat_id: i64, text: &str) -> Result<Message, DeliveryError> {
@@ -174,19 +175,6 @@ async fn calls_to_one_chat_are_at_least_a_second_apart() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn sends_to_a_chat_keep_their_order_even_through_retries() {
-    let h = Harness::new();
-    h.bot
-        .fail_next(7, [TelegramError::Server { code: 502, description: "Bad Gateway".to_owned() }]);
-    let results = join_all(["first", "second", "third"].map(|text| h.send(7, text))).await;
-    assert!(results.iter().all(Result::is_ok), "{results:?}");
-    assert_eq!(
-        just_calls(&h.bot.calls()),
-        [send(7, "first"), send(7, "first"), send(7, "second"), send(7, "third")]
-    );
-}
-
-#[tokio::test(start_paused = true)]
 async fn a_group_never_gets_more_than_20_calls_in_a_minute() {
     let h = Harness::new();
     let texts: Vec<String> = (0..45).map(|i| format!("g{i}")).collect();
@@ -231,40 +219,6 @@ async fn many_chats_never_exceed_30_calls_a_second_and_all_are_served() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_busy_chat_does_not_starve_the_others() {
-    let h = Harness::new();
-    let busy: Vec<String> = (0..10).map(|i| format!("busy {i}")).collect();
-    let busy_sends = join_all(busy.iter().map(|text| h.send(1, text)));
-    let other = async {
-        sleep(Duration::from_millis(2500)).await;
-        h.send(2, "other").await.unwrap();
-        Instant::now()
-    };
-    let (_, other_done) = tokio::join!(busy_sends, other);
-    assert_eq!(h.since_start(other_done), Duration::from_millis(2500));
-}
-
-#[tokio::test(start_paused = true)]
-async fn quick_edits_collapse_and_the_last_text_wins() {
-    let h = Harness::new();
-    let message = h.send(7, "Running…").await.unwrap();
-    for i in 0..9 {
-        h.outbox
-            .edit(7, message.message_id, FormattedText::plain(format!("step {i}")))
-            .await
-            .unwrap();
-    }
-    h.outbox.edit_and_wait(7, message.message_id, FormattedText::plain("Done.")).await.unwrap();
-
-    let edits: Vec<Call> =
-        just_calls(&h.bot.calls()).into_iter().filter(|c| matches!(c, Call::Edit { .. })).collect();
-    assert_eq!(edits, [edit(7, message.message_id, "Done.")]);
-    let stats = h.outbox.stats();
-    assert_eq!(stats.n_coalesced, 9);
-    assert_eq!(stats.n_edited, 1);
-}
-
-#[tokio::test(start_paused = true)]
 async fn an_edit_identical_to_what_is_shown_makes_no_call() {
     let h = Harness::new();
     let message = h.send(7, "hello").await.unwrap();
@@ -292,26 +246,6 @@ async fn an_edit_identical_to_what_is_shown_makes_no_call() {
         ]
     );
     assert_eq!(h.outbox.stats().n_skipped_identical, 2);
-}
-
-#[tokio::test(start_paused = true)]
-async fn an_edit_back_to_the_shown_text_while_another_is_in_flight_is_made() {
-    // While "b" is on its way, the message still shows "a"; going back to "a"
-    // needs a call of its own once "b" has landed.
-    let h = Harness::new();
-    let message = h.send(7, "a").await.unwrap();
-    *h.bot.latency.lock().unwrap() = Duration::from_millis(500);
-    h.outbox.edit(7, message.message_id, FormattedText::plain("b")).await.unwrap();
-    sleep(Duration::from_millis(1200)).await;
-    h.outbox.edit_and_wait(7, message.message_id, FormattedText::plain("a")).await.unwrap();
-
-    let calls = h.bot.calls();
-    assert_eq!(
-        just_calls(&calls),
-        [send(7, "a"), edit(7, message.message_id, "b"), edit(7, message.message_id, "a")]
-    );
-    // Recorded when answered: "b" at 1.5 s, "a" started at 2 s and answered at 2.5 s.
-    assert_eq!(h.since_start(calls[2].1), Duration::from_millis(2500));
 }
 
 #[tokio::test(start_paused = true)]
@@ -399,50 +333,6 @@ async fn a_rejected_send_fails_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_send_gives_up_after_its_attempts_with_the_last_error() {
-    let config = OutboxConfig { send_attempts: 3, ..OutboxConfig::default() };
-    let h = Harness::with_config(config);
-    let down = TelegramError::Network("timed out".to_owned());
-    h.bot.fail_next(7, std::iter::repeat_n(down.clone(), 10));
-    let result = h.send(7, "hello").await;
-    assert_eq!(result, Err(DeliveryError::Failed { attempts: 3, error: down }));
-    assert_eq!(h.bot.calls().len(), 3);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_failing_progress_edit_is_dropped_but_an_awaited_one_reports_its_error() {
-    let h = Harness::new();
-    let message = h.send(7, "a").await.unwrap();
-    let down = TelegramError::Server { code: 503, description: "busy".to_owned() };
-    h.bot.fail_next(7, std::iter::repeat_n(down, 3));
-    h.outbox.edit(7, message.message_id, FormattedText::plain("b")).await.unwrap();
-    sleep(Duration::from_secs(30)).await;
-    assert_eq!(h.bot.calls().len(), 4, "one send and three attempts of the edit");
-    assert_eq!(h.outbox.stats().n_failed, 1);
-
-    let gone =
-        TelegramError::Rejected { code: 400, description: "message to edit not found".to_owned() };
-    h.bot.fail_next(7, [gone.clone()]);
-    let result = h.outbox.edit_and_wait(7, message.message_id, FormattedText::plain("c")).await;
-    assert_eq!(result, Err(DeliveryError::Failed { attempts: 1, error: gone }));
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_send_goes_ahead_of_queued_edits() {
-    let h = Harness::new();
-    let progress = h.send(7, "Running…").await.unwrap();
-    h.outbox.edit(7, progress.message_id, FormattedText::plain("Running… 1")).await.unwrap();
-    let answer = h.send(7, "The answer").await.unwrap();
-    h.outbox.edit_and_wait(7, progress.message_id, FormattedText::plain("Done.")).await.unwrap();
-
-    assert_eq!(
-        just_calls(&h.bot.calls()),
-        [send(7, "Running…"), send(7, "The answer"), edit(7, progress.message_id, "Done."),]
-    );
-    assert_ne!(answer.message_id, progress.message_id);
-}
-
-#[tokio::test(start_paused = true)]
 async fn a_migrated_group_gets_the_message_at_its_new_id() {
     let h = Harness::new();
     h.bot.fail_next(-5, [TelegramError::MigratedTo(-1005)]);
@@ -457,87 +347,34 @@ async fn a_migrated_group_gets_the_message_at_its_new_id() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn shutdown_answers_pending_sends() {
-    let h = Harness::new();
-    let sends = join_all(["one", "two", "three"].map(|text| h.send(7, text)));
-    let stop = async {
-        sleep(Duration::from_millis(1500)).await;
-        h.token.cancel();
-    };
-    let (results, ()) = tokio::join!(sends, stop);
-    assert!(results[0].is_ok());
-    assert!(results[1].is_ok());
-    assert_eq!(results[2], Err(DeliveryError::ShuttingDown));
-    assert_eq!(h.bot.calls().len(), 2);
-
-    h.tracker.close();
-    h.tracker.wait().await;
-    assert_eq!(h.send(7, "late").await, Err(DeliveryError::ShuttingDown));
-    assert_eq!(
-        h.outbox.edit(7, 1, FormattedText::plain("x")).await,
-        Err(DeliveryError::ShuttingDown)
-    );
-}
-
-#[tokio::test(start_paused = true)]
-async fn shutdown_lets_a_call_already_made_finish() {
-    // Answering "shutting down" for a message that did arrive would make the
-    // caller deliver it twice.
-    let h = Harness::new();
-    *h.bot.latency.lock().unwrap() = Duration::from_millis(500);
-    let stop = async {
-        sleep(Duration::from_millis(200)).await;
-        h.token.cancel();
-    };
-    let (result, ()) = tokio::join!(h.send(7, "in flight"), stop);
-    assert_eq!(result.unwrap().text.as_deref(), Some("in flight"));
-    h.tracker.close();
-    h.tracker.wait().await;
-    assert_eq!(h.since_start(Instant::now()), Duration::from_millis(500));
-}
-
-#[tokio::test(start_paused = true)]
-async fn shutdown_does_not_wait_longer_than_its_grace() {
-    let config = OutboxConfig { shutdown_grace: Duration::from_secs(2), ..OutboxConfig::default() };
-    let h = Harness::with_config(config);
-    *h.bot.latency.lock().unwrap() = Duration::from_secs(3600);
-    let stop = async {
-        sleep(Duration::from_secs(1)).await;
-        h.token.cancel();
-    };
-    let (result, ()) = tokio::join!(h.send(7, "stuck"), stop);
-    assert_eq!(result, Err(DeliveryError::ShuttingDown));
-    assert_eq!(h.since_start(Instant::now()), Duration::from_secs(3));
-}
-
-#[tokio::test(start_paused = true)]
-async fn dropping_every_handle_delivers_queued_edits_then_stops() {
-    let h = Harness::new();
-    let message = h.send(7, "Running…").await.unwrap();
-    h.outbox.edit(7, message.message_id, FormattedText::plain("Done.")).await.unwrap();
-    let Harness { outbox, bot, tracker, .. } = h;
-    drop(outbox);
-    tracker.close();
-    tracker.wait().await;
-    assert_eq!(
-        just_calls(&bot.calls()),
-        [send(7, "Running…"), edit(7, message.message_id, "Done.")]
-    );
-}
-
-#[tokio::test(start_paused = true)]
-async fn stats_start_at_zero() {
-    let h = Harness::new();
-    assert_eq!(h.outbox.stats(), OutboxStats::default());
-    h.send(1, "x").await.unwrap();
-    assert_eq!(h.outbox.stats(), OutboxStats { n_sent: 1, ..OutboxStats::default() });
-}
-
-#[tokio::test(start_paused = true)]
 async fn a_restarted_outbox_waits_a_chat_interval_before_its_first_call() {
     let h = Harness::with_quiet_start(OutboxConfig::default());
     h.send(7, "after the restart").await.expect("delivered");
     let calls = h.bot.calls();
     assert_eq!(calls.len(), 1);
     assert!(h.since_start(calls[0].1) >= Duration::from_secs(1), "{calls:?}");
+}
+
+#[test]
+fn telegram_errors_are_classified_as_their_meaning() {
+    let sink = TelegramSink::new(Arc::new(FakeBot::default()), &OutboxConfig::default());
+    let wait = Duration::from_secs(7);
+    let server = TelegramError::Server { code: 502, description: "Bad Gateway".to_owned() };
+    let cases = [
+        (TelegramError::RetryAfter(wait), Failure::RetryAfter(wait)),
+        (TelegramError::NotModified, Failure::AlreadyShown),
+        (TelegramError::MigratedTo(-1005), Failure::MovedTo(-1005)),
+        (server, Failure::Transient),
+        (TelegramError::Network("reset".to_owned()), Failure::Transient),
+        (TelegramError::Rejected { code: 400, description: "x".to_owned() }, Failure::Fatal),
+        (TelegramError::Unauthorized { description: "x".to_owned() }, Failure::Fatal),
+        (TelegramError::Conflict { description: "x".to_owned() }, Failure::Fatal),
+        (TelegramError::InvalidBaseUrl("x".to_owned()), Failure::Fatal),
+    ];
+    for (error, failure) in cases {
+        assert_eq!(sink.classify(&error), failure, "{error:?}");
+    }
+    // Groups (negative ids) have the group cap; private chats none.
+    assert_eq!(sink.window(&-100), Some(Window::new(20, Duration::from_secs(60))));
+    assert_eq!(sink.window(&100), None);
 }
