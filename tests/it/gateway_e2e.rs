@@ -185,7 +185,7 @@ async fn an_engine_section_error_stops_the_start_naming_file_line_and_column() {
         "[gateway]\nmax_concurrent_runs = 2\n[gateway.engines.echo]\ndelay_ms = \"fast\"\n",
     );
     let (code, stderr) = crate::support::failed_start(dir.path()).await;
-    assert_eq!(code, Some(2));
+    assert_eq!(code, Some(5), "a configuration error");
     let expected = format!(
         "{}:4:12: gateway.engines.echo.delay_ms: invalid type: string \"fast\", expected u64",
         dir.path().join("config.toml").display()

@@ -393,7 +393,7 @@ async fn config_check_reads_the_engine_sections() {
     let bad = dir.path().join("other.toml");
     std::fs::write(&bad, "[gateway.engines.claude]\nmodel = \"--yolo\"\n").unwrap();
     let output = command(dir.path()).args(["config", "check"]).arg(&bad).output().await.unwrap();
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(5), "a configuration error");
     let stderr = String::from_utf8(output.stderr).unwrap();
     let expected = format!(
         "{}:2:9: gateway.engines.claude.model: invalid model: it starts with '-'",
