@@ -119,6 +119,9 @@ struct Inner {
     router: RouterHandle,
     resolver: Arc<dyn Resolve>,
     tracker: TaskTracker,
+    /// Callback deliveries: waited for when the transport stops, so the next
+    /// start never picks up a record whose attempt is still under way.
+    deliveries: TaskTracker,
     shutdown: CancellationToken,
     keys: IdempotencyKeys,
     /// Callbacks not delivered yet.
@@ -149,6 +152,7 @@ impl WebhookState {
                 router: deps.router,
                 resolver: deps.resolver,
                 tracker: deps.tracker,
+                deliveries: TaskTracker::new(),
                 shutdown: deps.shutdown,
                 keys,
                 callbacks,
@@ -183,10 +187,18 @@ impl WebhookState {
                 records: inner.callbacks.clone(),
             };
             let run = inner.router.follow(&run_id);
-            inner.tracker.spawn(delivery.follow(run, inner.shutdown.clone()));
+            inner.deliveries.spawn(delivery.follow(run, inner.shutdown.clone()));
             picked_up += 1;
         }
         picked_up
+    }
+
+    /// Waits for the callback deliveries under way once the shutdown token is
+    /// cancelled: each stops waiting at once, and an attempt already made ends
+    /// within its timeout. A transport calls it before its run ends.
+    pub async fn finish_deliveries(&self) {
+        self.inner.deliveries.close();
+        self.inner.deliveries.wait().await;
     }
 }
 
@@ -653,7 +665,7 @@ async fn submit(
     match settings.mode {
         Mode::Async => {
             if let Some(delivery) = delivery {
-                inner.tracker.spawn(delivery.follow(follower, inner.shutdown.clone()));
+                inner.deliveries.spawn(delivery.follow(follower, inner.shutdown.clone()));
             }
             (StatusCode::ACCEPTED, Json(accepted_body)).into_response()
         }
@@ -667,7 +679,7 @@ async fn submit(
                 Err(_) => {
                     // The run goes on; its callback comes once it completes.
                     if let Some(delivery) = delivery {
-                        inner.tracker.spawn(delivery.follow(follower, inner.shutdown.clone()));
+                        inner.deliveries.spawn(delivery.follow(follower, inner.shutdown.clone()));
                     }
                     let body = json!({ "error": "run timed out", "run_id": run_id.as_str() });
                     return (StatusCode::GATEWAY_TIMEOUT, Json(body)).into_response();
@@ -681,7 +693,7 @@ async fn submit(
             }
             if let Some(mut delivery) = delivery {
                 let shutdown = inner.shutdown.clone();
-                inner.tracker.spawn(async move {
+                inner.deliveries.spawn(async move {
                     delivery.deliver(&event, &shutdown).await;
                 });
             }

@@ -79,12 +79,16 @@ impl Transport for WebhookTransport {
             shutdown: stop.clone(),
         });
         state.recover_callbacks().await;
+        let deliveries = state.clone();
         ctx.status.running(Some(local.to_string()));
         tracing::info!(webhook_addr = %local, "webhooks listening");
         let served =
             lemon_api::serve_with(listener, router(state), ctx.shutdown.clone(), ctx.http.clone())
                 .await;
         stop.cancel();
+        // A restart's recovery must not find a record whose attempt is still
+        // under way here.
+        deliveries.finish_deliveries().await;
         served
             .map_err(|err| TransportError::retryable(format!("webhooks on {local} stopped: {err}")))
     }
