@@ -421,9 +421,6 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
     let at =
         |segs: &[Segment], anchor: Anchor, message: String| file.invalid(segs, anchor, message);
 
-    check_engine_ref(&gateway.default_engine)
-        .map_err(|m| at(&[key("gateway"), key("default_engine")], Anchor::Value, m))?;
-
     for (id, section) in &gateway.engines {
         EngineId::parse(id).map_err(|e| {
             at(&[key("gateway"), key("engines"), key(id)], Anchor::Key, e.to_string())
@@ -442,10 +439,6 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
             let segs = [segs.as_slice(), &[key("root")]].concat();
             return Err(at(&segs, Anchor::Value, "must not be empty".to_owned()));
         }
-        if let Some(engine) = &project.default_engine {
-            let segs = [segs.as_slice(), &[key("default_engine")]].concat();
-            check_engine_ref(engine).map_err(|m| at(&segs, Anchor::Value, m))?;
-        }
     }
 
     for (i, binding) in gateway.bindings.iter().enumerate() {
@@ -453,10 +446,6 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
         if binding.transport.trim().is_empty() {
             let segs = [segs.as_slice(), &[key("transport")]].concat();
             return Err(at(&segs, Anchor::Value, "must not be empty".to_owned()));
-        }
-        if let Some(engine) = &binding.default_engine {
-            let segs = [segs.as_slice(), &[key("default_engine")]].concat();
-            check_engine_ref(engine).map_err(|m| at(&segs, Anchor::Value, m))?;
         }
     }
 
@@ -543,22 +532,6 @@ fn check_ranges(config: &Config) -> Result<(), (Vec<Segment>, String)> {
         }
     }
     Ok(())
-}
-
-/// An engine reference: an engine id, optionally with a model (`claude:opus`).
-fn check_engine_ref(raw: &str) -> Result<(), String> {
-    let (engine, model) = match raw.split_once(':') {
-        Some((engine, model)) => (engine, Some(model)),
-        None => (raw, None),
-    };
-    EngineId::parse(engine).map_err(|e| e.to_string())?;
-    match model {
-        Some(m) if m.trim().is_empty() => {
-            Err(format!("engine {raw:?} has an empty model after `:`"))
-        }
-        Some(m) => check_model(m).map_err(model_message),
-        None => Ok(()),
-    }
 }
 
 /// Why a model name was refused, for a config error.
