@@ -210,7 +210,7 @@ impl fmt::Debug for EngineId {
 }
 
 /// A model name as an engine's command line takes it, checked by
-/// [`check_model`](crate::engine::validate::check_model) (`opus`,
+/// [`check_model`] (`opus`,
 /// `anthropic/claude-sonnet-4-5`). Cheap to clone.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Model(Arc<str>);
