@@ -25,6 +25,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::EngineRef;
+
 /// The whole file.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct Config {
@@ -40,7 +42,7 @@ pub struct GatewayConfig {
     pub max_concurrent_runs: usize,
     /// Engine used when nothing else picks one.
     #[serde(default = "defaults::default_engine")]
-    pub default_engine: String,
+    pub default_engine: EngineRef,
     /// Working directory for runs without a project or explicit cwd.
     #[serde(default)]
     pub default_cwd: Option<PathBuf>,
@@ -161,7 +163,7 @@ impl GatewayConfig {
 pub struct ProjectConfig {
     pub root: PathBuf,
     #[serde(default)]
-    pub default_engine: Option<String>,
+    pub default_engine: Option<EngineRef>,
 }
 
 /// One `[[gateway.bindings]]` entry.
@@ -177,7 +179,7 @@ pub struct BindingConfig {
     #[serde(default)]
     pub agent_id: Option<String>,
     #[serde(default)]
-    pub default_engine: Option<String>,
+    pub default_engine: Option<EngineRef>,
     #[serde(default)]
     pub queue_mode: Option<QueueMode>,
 }
@@ -335,8 +337,8 @@ mod defaults {
         2
     }
     // `echo` until the native `lemon` engine ships; then the design's `lemon`.
-    pub(super) fn default_engine() -> String {
-        "echo".to_owned()
+    pub(super) fn default_engine() -> super::EngineRef {
+        super::EngineRef::new(crate::ids::EngineId::builtin("echo"))
     }
     pub(super) fn yes() -> bool {
         true

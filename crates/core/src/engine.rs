@@ -550,6 +550,11 @@ impl EngineRegistry {
         *self.engines.write().unwrap_or_else(|e| e.into_inner()) = table;
     }
 
+    /// The engine registered as `id`.
+    pub fn engine(&self, id: &EngineId) -> Option<Arc<dyn Engine>> {
+        self.table().get(id).cloned()
+    }
+
     /// The engine for `id`, trying the prefix of a composite id; with the model part.
     pub fn resolve(&self, id: &str) -> Option<(Arc<dyn Engine>, Option<String>)> {
         let table = self.table();

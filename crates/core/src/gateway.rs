@@ -29,7 +29,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::bus::{EventBus, RunStatus};
 use crate::engine::{EngineRegistry, ResumeToken, RunError, SteerError};
-use crate::ids::{ConversationKey, RunId, SessionKey};
+use crate::ids::{ConversationKey, EngineRef, Model, RunId, SessionKey};
 use crate::store::StoreHandle;
 
 use scheduler::{Scheduler, SchedulerMsg};
@@ -87,12 +87,12 @@ pub struct ExecutionRequest {
     pub conversation: ConversationKey,
     pub session_key: SessionKey,
     pub prompt: String,
-    /// Engine id, possibly composite (`claude:opus`).
-    pub engine: String,
+    /// The engine, with the model it names when composite (`claude:opus`).
+    pub engine: EngineRef,
     pub resume: Option<ResumeToken>,
     pub cwd: Option<PathBuf>,
-    /// The model to run with when the engine id names none (`claude:opus` does).
-    pub model: Option<String>,
+    /// The model to run with when the engine names none (`claude:opus` does).
+    pub model: Option<Model>,
     pub meta: BTreeMap<String, serde_json::Value>,
     /// The caller keeps the request in a durable journal and runs it again after a
     /// restart (the router does). At shutdown such a request, if it is still
@@ -104,7 +104,7 @@ impl ExecutionRequest {
     /// A request on the session's own conversation with no extras.
     pub fn new(
         session_key: impl Into<SessionKey>,
-        engine: impl Into<String>,
+        engine: EngineRef,
         prompt: impl Into<String>,
     ) -> Self {
         let session_key = session_key.into();
@@ -113,7 +113,7 @@ impl ExecutionRequest {
             conversation: ConversationKey::session(&session_key),
             session_key,
             prompt: prompt.into(),
-            engine: engine.into(),
+            engine,
             resume: None,
             cwd: None,
             model: None,
@@ -154,9 +154,9 @@ pub enum CancelOutcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ActiveRun {
     pub run_id: RunId,
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub conversation: ConversationKey,
-    pub engine: String,
+    pub engine: EngineRef,
     pub status: RunStatus,
     pub created_at_ms: i64,
     pub started_at_ms: Option<i64>,
@@ -217,8 +217,8 @@ impl GatewayHandle {
     /// # Cancel safety
     /// Not cancel safe: a cancelled call may or may not have queued the request.
     pub async fn submit(&self, req: ExecutionRequest) -> Result<RunId, SubmitError> {
-        if self.engines.resolve(&req.engine).is_none() {
-            return Err(SubmitError::UnknownEngine { engine: req.engine });
+        if self.engines.engine(req.engine.id()).is_none() {
+            return Err(SubmitError::UnknownEngine { engine: req.engine.to_string() });
         }
         let (reply, rx) = oneshot::channel();
         self.tx

@@ -4,6 +4,8 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::engine::validate::{check_model, InvalidValue, MAX_MODEL_LEN};
+
 /// A run's id, `run_<uuid>` when the gateway makes it, or whatever non-empty id a
 /// caller supplied. Cheap to clone.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -178,6 +180,12 @@ impl EngineId {
         Ok(EngineId(raw.into()))
     }
 
+    /// An id written in the source (`echo`, `lemon`), which has the right shape.
+    pub fn builtin(id: &'static str) -> Self {
+        debug_assert!(EngineId::parse(id).is_ok(), "{id} is not an engine id");
+        EngineId(id.into())
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -198,6 +206,171 @@ impl fmt::Display for EngineId {
 impl fmt::Debug for EngineId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "EngineId({})", self.0)
+    }
+}
+
+/// A model name as an engine's command line takes it, checked by
+/// [`check_model`] (`opus`,
+/// `anthropic/claude-sonnet-4-5`). Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Model(Arc<str>);
+
+impl Model {
+    /// # Errors
+    /// [`InvalidValue`] saying what is wrong with the name.
+    pub fn parse(raw: &str) -> Result<Self, InvalidValue> {
+        check_model(raw)?;
+        Ok(Model(raw.into()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for Model {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Model {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Model {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Model({})", self.0)
+    }
+}
+
+/// Why an engine reference was refused by [`EngineRef::parse`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineRefError {
+    /// The part before `:` is not an engine id.
+    #[error(transparent)]
+    Id(#[from] EngineIdError),
+    /// `claude:` with nothing after the colon.
+    #[error("engine {0:?} has an empty model after `:`")]
+    EmptyModel(String),
+    /// The part after `:` is not a safe model name. The message does not repeat it.
+    #[error("invalid model: {0}; use up to {MAX_MODEL_LEN} ASCII letters, digits and `._:/@-`, not starting with `-`")]
+    Model(InvalidValue),
+}
+
+/// An engine and, optionally, the model it runs with: `claude` or `claude:opus`.
+/// Parsed once where a request, a directive or the config names an engine, and
+/// carried typed from there to the engine; the composite text is its
+/// [`Display`](fmt::Display) and serde form. Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EngineRef {
+    id: EngineId,
+    model: Option<Model>,
+}
+
+impl EngineRef {
+    /// `<id>` or `<id>:<model>`.
+    ///
+    /// # Errors
+    /// [`EngineRefError`] naming the part that was refused.
+    pub fn parse(raw: &str) -> Result<Self, EngineRefError> {
+        let (id, model) = match raw.split_once(':') {
+            Some((id, model)) => (id, Some(model)),
+            None => (raw, None),
+        };
+        let id = EngineId::parse(id)?;
+        let model = match model {
+            None => None,
+            Some(m) if m.trim().is_empty() => {
+                return Err(EngineRefError::EmptyModel(raw.to_owned()))
+            }
+            Some(m) => Some(Model::parse(m).map_err(EngineRefError::Model)?),
+        };
+        Ok(EngineRef { id, model })
+    }
+
+    /// The engine itself, with no model.
+    pub fn new(id: EngineId) -> Self {
+        EngineRef { id, model: None }
+    }
+
+    pub fn with_model(id: EngineId, model: Option<Model>) -> Self {
+        EngineRef { id, model }
+    }
+
+    pub fn id(&self) -> &EngineId {
+        &self.id
+    }
+
+    pub fn model(&self) -> Option<&Model> {
+        self.model.as_ref()
+    }
+
+    /// Whether this names the engine `id`, whatever the model.
+    pub fn is(&self, id: &str) -> bool {
+        self.id.as_str() == id
+    }
+}
+
+impl From<EngineId> for EngineRef {
+    fn from(id: EngineId) -> Self {
+        EngineRef::new(id)
+    }
+}
+
+impl std::str::FromStr for EngineRef {
+    type Err = EngineRefError;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        EngineRef::parse(raw)
+    }
+}
+
+impl fmt::Display for EngineRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.model {
+            Some(model) => write!(f, "{}:{model}", self.id),
+            None => f.write_str(self.id.as_str()),
+        }
+    }
+}
+
+impl fmt::Debug for EngineRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "EngineRef({self})")
+    }
+}
+
+impl PartialEq<str> for EngineRef {
+    fn eq(&self, other: &str) -> bool {
+        match (other.split_once(':'), &self.model) {
+            (None, None) => self.id.as_str() == other,
+            (Some((id, model)), Some(own)) => self.id.as_str() == id && own.as_str() == model,
+            _ => false,
+        }
+    }
+}
+
+impl PartialEq<&str> for EngineRef {
+    fn eq(&self, other: &&str) -> bool {
+        self == *other
+    }
+}
+
+impl serde::Serialize for EngineRef {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for EngineRef {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        EngineRef::parse(&raw).map_err(serde::de::Error::custom)
     }
 }
 

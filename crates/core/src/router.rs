@@ -37,7 +37,7 @@ use crate::bus::{EventBus, Subscription};
 use crate::config::{GatewayConfig, QueueMode};
 use crate::engine::{Field, InvalidValue, ResumeToken, RunError, SteerError};
 use crate::gateway::{CancelOutcome, GatewayHandle};
-use crate::ids::{ConversationKey, RunId, SessionKey};
+use crate::ids::{ConversationKey, EngineRef, RunId, SessionKey};
 use crate::store::{ChatState, StoreError, StoreHandle};
 
 use actor::{Admitted, Router, RouterMsg};
@@ -167,8 +167,8 @@ pub struct RunRequest {
     pub prompt: String,
     /// `None`: the binding's mode, then `[gateway.queue] mode`, then `collect`.
     pub queue_mode: Option<QueueMode>,
-    /// An engine the caller asks for (possibly composite).
-    pub engine: Option<String>,
+    /// An engine the caller asks for (possibly composite), parsed where it entered.
+    pub engine: Option<EngineRef>,
     /// A structured token to continue; a resume line in the prompt works too.
     pub resume: Option<ResumeToken>,
     pub cwd: Option<PathBuf>,
@@ -219,7 +219,7 @@ pub struct Accepted {
     pub run_id: RunId,
     pub session_key: SessionKey,
     pub conversation: ConversationKey,
-    pub engine: String,
+    pub engine: EngineRef,
     /// The id was already known: this is the earlier request, nothing new was queued.
     pub duplicate: bool,
 }
@@ -293,13 +293,13 @@ pub struct SessionView {
     pub pending_steers: usize,
     pub chat_state: Option<ChatState>,
     /// The engine chosen with `/engine`.
-    pub sticky_engine: Option<String>,
+    pub sticky_engine: Option<EngineRef>,
 }
 
 /// The router's settings, from `[gateway]`.
 #[derive(Debug, Clone)]
 pub struct RouterConfig {
-    pub default_engine: String,
+    pub default_engine: EngineRef,
     pub native_only: bool,
     pub queue_mode: Option<QueueMode>,
     pub limits: Limits,

@@ -376,7 +376,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         router: router.clone(),
         runs: router.query(),
         token: api_token.expose().into(),
-        default_engine: gateway_config.default_engine.as_str().into(),
+        default_engine: gateway_config.default_engine.to_string().into(),
         version: version.clone(),
         started_at: started,
         shutdown: token.clone(),

@@ -54,8 +54,10 @@ use axum::routing::post;
 use axum::{Extension, Json, Router};
 use lemon_core::bus::{completion_json, BusEvent, EventKind};
 use lemon_core::config::QueueMode;
+use lemon_core::engine::Field;
 use lemon_core::ids::RunId;
-use lemon_core::router::{Origin, RequestFlags, RouterHandle, RunRequest, Submitted};
+use lemon_core::router::resolve::parse_engine_ref;
+use lemon_core::router::{Origin, RequestFlags, RouteError, RouterHandle, RunRequest, Submitted};
 use lemon_core::store::StoreHandle;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -520,9 +522,13 @@ impl Prepared {
             Some(raw) => Some(raw.parse::<QueueMode>().map_err(|err| err.to_string())?),
             None => integration.queue_mode,
         };
-        let engine = first_string(body, &["engine"])
-            .map(str::to_owned)
-            .or_else(|| integration.engine.clone());
+        let engine = match first_string(body, &["engine"]) {
+            Some(raw) => Some(
+                parse_engine_ref(raw.trim(), Field::Engine)
+                    .map_err(|refusal| RouteError::from(refusal).to_string())?,
+            ),
+            None => integration.engine.clone(),
+        };
         let payload_callback = first_string(body, &["callback_url", "callbackUrl"])
             .or_else(|| nested_string(body, "callback", "url"));
         let callback_url = match payload_callback {

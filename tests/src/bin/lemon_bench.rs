@@ -11,13 +11,13 @@
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::disallowed_methods)]
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use lemon_core::bus::{EventBus, EventKind};
 use lemon_core::engine::EngineRegistry;
 use lemon_core::gateway::{ExecutionRequest, GatewayDeps, GatewayHandle, RuntimeConfig};
-use lemon_core::ids::RunId;
+use lemon_core::ids::{EngineId, EngineRef, RunId};
 use lemon_core::store::StoreHandle;
 use lemon_engines::echo::EchoEngine;
 use tokio::time::Instant;
@@ -82,8 +82,11 @@ impl Bench {
     }
 }
 
+/// Parsed once, as the router parses its `default_engine`, and shared by every request.
+static ECHO: LazyLock<EngineRef> = LazyLock::new(|| EngineRef::new(EngineId::builtin("echo")));
+
 fn request(conversation: usize) -> ExecutionRequest {
-    ExecutionRequest::new(format!("bench:{conversation}"), "echo", "hello from the benchmark")
+    ExecutionRequest::new(format!("bench:{conversation}"), ECHO.clone(), "hello from the benchmark")
 }
 
 async fn throughput(

@@ -69,7 +69,7 @@ impl TestGateway {
         let deps = GatewayDeps { config, engines, store: store.clone(), bus: bus.clone() };
         let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
         let router_config =
-            RouterConfig { default_engine: "echo".to_owned(), ..RouterConfig::default() };
+            RouterConfig { default_engine: "echo".parse().unwrap(), ..RouterConfig::default() };
         let router = RouterHandle::start(router_config, gateway, token.clone(), &tracker);
         let state = ApiState {
             runs: router.query(),

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use lemon_core::bus::RunStatus;
 use lemon_core::config::QueueMode;
-use lemon_core::engine::{Completion, ResumeToken};
+use lemon_core::engine::{Completion, Field, ResumeToken};
 use lemon_core::ids::RunId;
+use lemon_core::router::resolve::parse_engine_ref;
 use lemon_core::router::{model_from_meta, Origin, RequestFlags, RouteError, RunRequest, Runs};
 use lemon_core::store::{RunFilter, RunRecord};
 use serde::Deserialize;
@@ -79,6 +80,11 @@ impl SubmitBody {
                 Some(ResumeToken::new(engine, value))
             }
         };
+        // `engine: invalid model for claude (it starts with '-')`
+        let engine = non_blank(self.engine)
+            .map(|raw| parse_engine_ref(raw.trim(), Field::Engine))
+            .transpose()
+            .map_err(|refusal| ApiError::BadRequest(RouteError::from(refusal).to_string()))?;
         let meta = self.meta.unwrap_or_default();
         Ok(RunRequest {
             origin: Origin::ControlPlane,
@@ -86,7 +92,7 @@ impl SubmitBody {
             agent_id: None,
             prompt,
             queue_mode,
-            engine: non_blank(self.engine),
+            engine,
             resume,
             cwd,
             // The API takes the router's switches as `meta` keys; they stay in `meta`

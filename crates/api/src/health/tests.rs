@@ -43,7 +43,8 @@ impl TestGateway {
             bus: EventBus::default(),
         };
         let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
-        let config = RouterConfig { default_engine: "echo".to_owned(), ..RouterConfig::default() };
+        let config =
+            RouterConfig { default_engine: "echo".parse().unwrap(), ..RouterConfig::default() };
         let router = RouterHandle::start(config, gateway, token.clone(), &tracker);
         TestGateway { router, store, token, tracker }
     }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use toml_edit::{ImDocument, Item, Key, Table, TableLike, Value};
 
 use super::Config;
-use crate::engine::validate::{check_model, MAX_MODEL_LEN};
+use crate::engine::validate::MAX_MODEL_LEN;
 use crate::engine::InvalidValue;
 use crate::ids::EngineId;
 
@@ -421,9 +421,6 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
     let at =
         |segs: &[Segment], anchor: Anchor, message: String| file.invalid(segs, anchor, message);
 
-    check_engine_ref(&gateway.default_engine)
-        .map_err(|m| at(&[key("gateway"), key("default_engine")], Anchor::Value, m))?;
-
     // The sections' own keys are the engines' to check (`lemon_engines::config`);
     // their ids are names the router resolves, so they are checked here.
     for id in gateway.engines.keys() {
@@ -438,10 +435,6 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
             let segs = [segs.as_slice(), &[key("root")]].concat();
             return Err(at(&segs, Anchor::Value, "must not be empty".to_owned()));
         }
-        if let Some(engine) = &project.default_engine {
-            let segs = [segs.as_slice(), &[key("default_engine")]].concat();
-            check_engine_ref(engine).map_err(|m| at(&segs, Anchor::Value, m))?;
-        }
     }
 
     for (i, binding) in gateway.bindings.iter().enumerate() {
@@ -449,10 +442,6 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
         if binding.transport.trim().is_empty() {
             let segs = [segs.as_slice(), &[key("transport")]].concat();
             return Err(at(&segs, Anchor::Value, "must not be empty".to_owned()));
-        }
-        if let Some(engine) = &binding.default_engine {
-            let segs = [segs.as_slice(), &[key("default_engine")]].concat();
-            check_engine_ref(engine).map_err(|m| at(&segs, Anchor::Value, m))?;
         }
     }
 
@@ -530,22 +519,6 @@ fn check_ranges(config: &Config) -> Result<(), (Vec<Segment>, String)> {
         }
     }
     Ok(())
-}
-
-/// An engine reference: an engine id, optionally with a model (`claude:opus`).
-fn check_engine_ref(raw: &str) -> Result<(), String> {
-    let (engine, model) = match raw.split_once(':') {
-        Some((engine, model)) => (engine, Some(model)),
-        None => (raw, None),
-    };
-    EngineId::parse(engine).map_err(|e| e.to_string())?;
-    match model {
-        Some(m) if m.trim().is_empty() => {
-            Err(format!("engine {raw:?} has an empty model after `:`"))
-        }
-        Some(m) => check_model(m).map_err(invalid_model_message),
-        None => Ok(()),
-    }
 }
 
 /// Why a model name was refused, as a config error says it (here and in the

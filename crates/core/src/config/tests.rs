@@ -74,7 +74,16 @@ fn reference_example_loads_without_errors_or_warnings() {
     assert_eq!(gateway.engine("echo").unwrap()["delay_ms"].as_integer(), Some(25));
     assert!(gateway.engine("pi").is_none());
 
-    assert_eq!(gateway.project("myapp").unwrap().default_engine.as_deref(), Some("codex"));
+    assert_eq!(
+        gateway
+            .project("myapp")
+            .unwrap()
+            .default_engine
+            .as_ref()
+            .map(ToString::to_string)
+            .as_deref(),
+        Some("codex")
+    );
     assert_eq!(gateway.bindings.len(), 3);
     assert_eq!(gateway.bindings[1].topic_id.as_ref().and_then(|v| v.as_integer()), Some(123));
     assert_eq!(gateway.bindings[1].queue_mode, Some(QueueMode::Interrupt));

@@ -169,7 +169,7 @@ pub(super) async fn execute(ctx: RunContext) {
     let started = Instant::now();
     let mut state = RunState {
         last_resume: ctx.req.resume.clone(),
-        engine: ctx.req.engine.clone(),
+        engine: ctx.req.engine.to_string(),
         ..RunState::default()
     };
     let body = AssertUnwindSafe(drive(&ctx, &mut state)).catch_unwind().await;
@@ -215,14 +215,14 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
         None
     };
 
-    let Some((engine, composite_model)) = ctx.engines.resolve(&ctx.req.engine) else {
+    let Some(engine) = ctx.engines.engine(ctx.req.engine.id()) else {
         return Completion::failure(
-            RunError::UnknownEngine { engine: ctx.req.engine.clone() },
+            RunError::UnknownEngine { engine: ctx.req.engine.to_string() },
             None,
         );
     };
     state.engine = engine.id().to_string();
-    let model = composite_model.or_else(|| ctx.req.model.clone());
+    let model = ctx.req.engine.model().or(ctx.req.model.as_ref()).map(|m| m.as_str().to_owned());
     let cwd = match ctx.req.cwd.as_deref().filter(|p| !p.as_os_str().is_empty()) {
         Some(requested) => resolve_cwd(Some(requested), &ctx.config),
         None => ctx.fallback_cwd.to_path_buf(),

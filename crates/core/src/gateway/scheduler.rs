@@ -29,7 +29,7 @@ use super::{
 use crate::bus::{EventBus, RunStatus};
 use crate::clock::now_ms;
 use crate::engine::{Completion, EngineRegistry, RunControl, RunError};
-use crate::ids::{ConversationKey, RunId, SessionKey};
+use crate::ids::{ConversationKey, EngineRef, RunId, SessionKey};
 use crate::store::{NewRun, StoreHandle};
 
 /// How many queued messages the actor takes per wake-up.
@@ -79,42 +79,95 @@ pub(super) enum SchedulerMsg {
 }
 
 /// One conversation with queued or running work.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Conversation {
+    /// Most conversations hold one request at a time, so the queue starts with
+    /// room for one.
     queue: VecDeque<RunId>,
     running: Option<RunId>,
     /// Whether the conversation sits in the slot queue.
     waiting: bool,
 }
 
-/// A queued or running request.
+impl Default for Conversation {
+    fn default() -> Self {
+        Conversation { queue: VecDeque::with_capacity(1), running: None, waiting: false }
+    }
+}
+
+/// A queued or running request. Kept small: a gateway may hold a great many
+/// queued requests (one per waiting conversation), so the table holds a pointer
+/// to each request rather than the request itself.
 #[derive(Debug)]
 struct RunEntry {
-    /// The request; taken when the run starts.
-    req: Option<ExecutionRequest>,
+    created_at_ms: i64,
+    stage: Stage,
+}
+
+#[derive(Debug)]
+enum Stage {
+    /// Waiting for a slot: the request as it will run (a blank session key is
+    /// already the `default` session).
+    Queued(Box<ExecutionRequest>),
+    /// Holding a slot; the request went to the run task.
+    Running(Box<Running>),
+}
+
+/// What the table keeps of a run that holds a slot.
+#[derive(Debug)]
+struct Running {
     session_key: SessionKey,
     conversation: ConversationKey,
-    engine: String,
-    created_at_ms: i64,
-    started_at_ms: Option<i64>,
-    /// Present once running.
-    shared: Option<Arc<RunShared>>,
+    engine: EngineRef,
+    started_at_ms: i64,
+    shared: Arc<RunShared>,
 }
 
 impl RunEntry {
+    fn session_key(&self) -> &SessionKey {
+        match &self.stage {
+            Stage::Queued(req) => &req.session_key,
+            Stage::Running(running) => &running.session_key,
+        }
+    }
+
+    fn conversation(&self) -> &ConversationKey {
+        match &self.stage {
+            Stage::Queued(req) => &req.conversation,
+            Stage::Running(running) => &running.conversation,
+        }
+    }
+
+    fn engine(&self) -> &EngineRef {
+        match &self.stage {
+            Stage::Queued(req) => &req.engine,
+            Stage::Running(running) => &running.engine,
+        }
+    }
+
+    fn shared(&self) -> Option<&Arc<RunShared>> {
+        match &self.stage {
+            Stage::Queued(_) => None,
+            Stage::Running(running) => Some(&running.shared),
+        }
+    }
+
     fn view(&self, run_id: &RunId) -> ActiveRun {
         ActiveRun {
             run_id: run_id.clone(),
-            session_key: self.session_key.to_string(),
-            conversation: self.conversation.clone(),
-            engine: self.engine.clone(),
-            status: match &self.shared {
+            session_key: self.session_key().clone(),
+            conversation: self.conversation().clone(),
+            engine: self.engine().clone(),
+            status: match self.shared() {
                 None => RunStatus::Queued,
                 Some(shared) if shared.is_cancelling() => RunStatus::Cancelling,
                 Some(_) => RunStatus::Running,
             },
             created_at_ms: self.created_at_ms,
-            started_at_ms: self.started_at_ms,
+            started_at_ms: match &self.stage {
+                Stage::Queued(_) => None,
+                Stage::Running(running) => Some(running.started_at_ms),
+            },
         }
     }
 }
@@ -230,11 +283,8 @@ impl Scheduler {
                 let _ = reply.send(outcome);
             }
             SchedulerMsg::Control { run_id, reply } => {
-                let control = self
-                    .runs
-                    .get(&run_id)
-                    .and_then(|e| e.shared.as_ref())
-                    .and_then(|s| s.control());
+                let control =
+                    self.runs.get(&run_id).and_then(RunEntry::shared).and_then(|s| s.control());
                 let _ = reply.send(control);
             }
             SchedulerMsg::ActiveRun { run_id, reply } => {
@@ -302,11 +352,9 @@ impl Scheduler {
             return Err(SubmitError::Overloaded { pending: self.n_queued });
         }
         let created_at_ms = now_ms();
-        let session_key: SessionKey = if req.session_key.trim().is_empty() {
-            "default".into()
-        } else {
-            req.session_key.clone()
-        };
+        if req.session_key.trim().is_empty() {
+            req.session_key = "default".into();
+        }
         // The row goes to the store before any event of the run can.
         let meta = serde_json::Value::Object(
             req.meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
@@ -314,9 +362,9 @@ impl Scheduler {
         self.store
             .insert_run(NewRun {
                 run_id: run_id.clone(),
-                session_key: session_key.to_string(),
+                session_key: req.session_key.to_string(),
                 conversation: req.conversation.to_string(),
-                engine: req.engine.clone(),
+                engine: req.engine.to_string(),
                 prompt: req.prompt.clone(),
                 meta,
                 resumed_from: req.resume.clone(),
@@ -324,15 +372,7 @@ impl Scheduler {
             })
             .await;
         let conversation_key = req.conversation.clone();
-        let entry = RunEntry {
-            session_key,
-            conversation: conversation_key.clone(),
-            engine: req.engine.clone(),
-            req: Some(req),
-            created_at_ms,
-            started_at_ms: None,
-            shared: None,
-        };
+        let entry = RunEntry { created_at_ms, stage: Stage::Queued(Box::new(req)) };
         self.runs.insert(run_id.clone(), entry);
         self.n_queued += 1;
         let conversation = self.conversations.entry(conversation_key.clone()).or_default();
@@ -367,16 +407,26 @@ impl Scheduler {
 
     fn start_run(&mut self, run_id: RunId) {
         let Some(entry) = self.runs.get_mut(&run_id) else { return };
-        let Some(req) = entry.req.take() else { return };
+        let Stage::Queued(req) = &entry.stage else { return };
+        let shared = Arc::new(RunShared::new(self.token.child_token()));
+        let running = Running {
+            session_key: req.session_key.clone(),
+            conversation: req.conversation.clone(),
+            engine: req.engine.clone(),
+            started_at_ms: now_ms(),
+            shared: shared.clone(),
+        };
+        let Stage::Queued(req) =
+            std::mem::replace(&mut entry.stage, Stage::Running(Box::new(running)))
+        else {
+            return;
+        };
         self.n_queued -= 1;
         self.in_flight += 1;
-        let shared = Arc::new(RunShared::new(self.token.child_token()));
-        entry.shared = Some(shared.clone());
-        entry.started_at_ms = Some(now_ms());
         let ctx = RunContext {
             run_id,
-            session_key: entry.session_key.clone(),
-            req,
+            session_key: req.session_key.clone(),
+            req: *req,
             shared,
             config: self.config.clone(),
             engines: self.engines.clone(),
@@ -406,7 +456,7 @@ impl Scheduler {
         };
         tracing::trace!(%run_id, status = status.as_str(), "slot released");
         self.in_flight = self.in_flight.saturating_sub(1);
-        let key = entry.conversation;
+        let key = entry.conversation().clone();
         let Some(conversation) = self.conversations.get_mut(&key) else { return };
         conversation.running = None;
         if conversation.queue.is_empty() {
@@ -421,29 +471,31 @@ impl Scheduler {
 
     async fn cancel(&mut self, run_id: &RunId, reason: RunError) -> CancelOutcome {
         let Some(entry) = self.runs.get(run_id) else { return CancelOutcome::NotActive };
-        if let Some(shared) = &entry.shared {
+        if let Some(shared) = entry.shared() {
             shared.cancel(reason);
             return CancelOutcome::Cancelling;
         }
         // Queued: take it out of its conversation and complete it here.
         let Some(entry) = self.runs.remove(run_id) else { return CancelOutcome::NotActive };
+        let Stage::Queued(req) = entry.stage else { return CancelOutcome::NotActive };
         self.n_queued -= 1;
-        if let Some(conversation) = self.conversations.get_mut(&entry.conversation) {
+        if let Some(conversation) = self.conversations.get_mut(&req.conversation) {
             conversation.queue.retain(|id| id != run_id);
             if conversation.queue.is_empty()
                 && conversation.running.is_none()
                 && !conversation.waiting
             {
-                self.conversations.remove(&entry.conversation);
+                self.conversations.remove(&req.conversation);
             }
         }
-        let completion = Completion::failure(reason, entry.req.and_then(|r| r.resume));
+        let ExecutionRequest { session_key, engine, resume, .. } = *req;
+        let completion = Completion::failure(reason, resume);
         run::complete_unstarted(
             &self.bus,
             &self.store,
             run_id,
-            &entry.session_key,
-            &entry.engine,
+            &session_key,
+            &engine.to_string(),
             completion,
         )
         .await;
@@ -457,8 +509,10 @@ impl Scheduler {
         let queued: Vec<(RunId, bool)> = self
             .runs
             .iter()
-            .filter(|(_, e)| e.shared.is_none())
-            .map(|(id, e)| (id.clone(), e.req.as_ref().is_some_and(|r| r.journaled)))
+            .filter_map(|(id, e)| match &e.stage {
+                Stage::Queued(req) => Some((id.clone(), req.journaled)),
+                Stage::Running(_) => None,
+            })
             .collect();
         let mut left = 0usize;
         for (run_id, journaled) in queued {
@@ -479,10 +533,11 @@ impl Scheduler {
     fn unqueue(&mut self, run_id: &RunId) {
         let Some(entry) = self.runs.remove(run_id) else { return };
         self.n_queued -= 1;
-        if let Some(conversation) = self.conversations.get_mut(&entry.conversation) {
+        let key = entry.conversation();
+        if let Some(conversation) = self.conversations.get_mut(key) {
             conversation.queue.retain(|id| id != run_id);
             if conversation.queue.is_empty() && conversation.running.is_none() {
-                self.conversations.remove(&entry.conversation);
+                self.conversations.remove(key);
             }
         }
     }
@@ -492,10 +547,8 @@ impl Scheduler {
             // Far future: the deadline fired once.
             draining.deadline = Instant::now() + Duration::from_secs(86_400 * 365);
         }
-        for entry in self.runs.values() {
-            if let Some(shared) = &entry.shared {
-                shared.cancel(error.clone());
-            }
+        for shared in self.runs.values().filter_map(RunEntry::shared) {
+            shared.cancel(error.clone());
         }
     }
 

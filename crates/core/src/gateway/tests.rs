@@ -43,8 +43,12 @@ fn config(max: usize) -> RuntimeConfig {
     RuntimeConfig { max_concurrent_runs: max, ..RuntimeConfig::default() }
 }
 
+fn engine(raw: &str) -> crate::ids::EngineRef {
+    raw.parse().unwrap()
+}
+
 fn request(session: &str, prompt: &str) -> ExecutionRequest {
-    ExecutionRequest::new(session, "fake", prompt)
+    ExecutionRequest::new(session, engine("fake"), prompt)
 }
 
 /// Every event per run, until `n` runs have completed.
@@ -308,7 +312,7 @@ async fn steering_reaches_engines_that_support_it() {
 #[tokio::test(start_paused = true)]
 async fn submit_errors_are_typed_and_queue_nothing() {
     let h = harness(RuntimeConfig { max_pending_runs: 1, ..config(0) });
-    let unknown = ExecutionRequest::new("s", "nope", "x");
+    let unknown = ExecutionRequest::new("s", engine("nope"), "x");
     assert_eq!(
         h.gateway.submit(unknown).await,
         Err(SubmitError::UnknownEngine { engine: "nope".into() })
@@ -330,7 +334,8 @@ async fn submit_errors_are_typed_and_queue_nothing() {
 #[tokio::test(start_paused = true)]
 async fn composite_engine_ids_resolve_to_their_prefix() {
     let mut h = harness(config(1));
-    let run_id = h.gateway.submit(ExecutionRequest::new("s", "fake:big", "ok a")).await.unwrap();
+    let run_id =
+        h.gateway.submit(ExecutionRequest::new("s", engine("fake:big"), "ok a")).await.unwrap();
     let events = collect(&mut h.events, 1).await.remove(&run_id).unwrap();
     assert!(
         matches!(&events[0].kind, EventKind::RunStarted { engine, model } if engine == "fake" && model.as_deref() == Some("big"))

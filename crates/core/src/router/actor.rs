@@ -13,9 +13,9 @@ use super::follow::RunFollower;
 use super::journal::Journal;
 use super::queue::{Conversation, Effect, Item, RouteChoice, SteerKind};
 use super::resolve::{
-    check_engine_model, check_request_model, check_resume_token, choose_engine, conversation_key,
-    extract_resume_line, parse_directive, parse_slash_command, queue_mode, resolve_binding,
-    ChoiceError, EngineInputs, Refusal, SlashCommand, NATIVE_ONLY_RESUME_MESSAGE,
+    check_resume_token, choose_engine, conversation_key, parse_engine_ref, parse_slash_command,
+    queue_mode, request_model, resolve_binding, strip_prompt, ChoiceError, EngineInputs, Refusal,
+    SlashCommand, NATIVE_ONLY_RESUME_MESSAGE,
 };
 use super::watch::{publish_phase, Watch};
 use super::{
@@ -25,10 +25,10 @@ use super::{
 use crate::bus::{EventBus, RunPhase, RunStatus};
 use crate::clock::now_ms;
 use crate::config::QueueMode;
-use crate::engine::{Completion, EngineRegistry, Field, ResumeToken, RunError};
+use crate::engine::{Completion, EngineRegistry, Field, InvalidValue, ResumeToken, RunError};
 use crate::gateway::{self, ExecutionRequest, GatewayHandle, RunEnd, SubmitError};
-use crate::ids::{ConversationKey, RunId, SessionKey};
-use crate::store::{JournalEntry, JournalRoute, JournalState, StoreHandle};
+use crate::ids::{ConversationKey, EngineRef, Model, RunId, SessionKey};
+use crate::store::{JournalEntry, JournalRoute, JournalState, StoreError, StoreHandle};
 
 /// A steer whose engine has not answered within this is treated as refused, so
 /// a stuck engine cannot hold its conversation's queue forever.
@@ -111,7 +111,7 @@ struct KnownRun {
 }
 
 fn refused(refusal: Refusal) -> RouteError {
-    RouteError::Invalid { field: refusal.field, what: refusal.what, why: refusal.why }
+    refusal.into()
 }
 
 fn session_of(raw: &str) -> SessionKey {
@@ -141,7 +141,7 @@ pub(super) struct Router {
     /// The conversation of every run the router has not seen complete.
     runs: HashMap<RunId, ConversationKey>,
     /// `/engine <id>` choices per session, for the life of the process.
-    sticky: HashMap<SessionKey, String>,
+    sticky: HashMap<SessionKey, EngineRef>,
     next_seq: u64,
 }
 
@@ -386,7 +386,12 @@ impl Router {
                 run_id: run_id.clone(),
                 session_key: record.session_key.into(),
                 conversation,
-                engine: record.engine,
+                engine: EngineRef::parse(&record.engine).map_err(|err| {
+                    StoreError::Corrupt(format!(
+                        "run {run_id} names engine {:?}: {err}",
+                        record.engine
+                    ))
+                })?,
                 duplicate: true,
             },
             prompt: record.prompt,
@@ -398,32 +403,21 @@ impl Router {
     /// resume line and a directive; a queued followup may have had later text
     /// merged after it) and, when it names one, the same engine. A repeated
     /// request is a retry and answers `duplicate`; anything else is a conflict.
-    fn same_request(&self, req: &RunRequest, session_key: &str, known: &KnownRun) -> bool {
-        if known.accepted.session_key != session_key {
+    fn same_request(&self, req: &RunRequest, session_key: &SessionKey, known: &KnownRun) -> bool {
+        if known.accepted.session_key != *session_key {
             return false;
         }
-        let mut prompt = req.prompt.clone();
-        if req.resume.is_none() {
-            if let Some(found) = extract_resume_line(&self.engines, &prompt) {
-                prompt = found.prompt;
-            }
-        }
-        let directive =
-            if self.config.native_only { None } else { parse_directive(&self.engines, &prompt) };
-        if let Some(directive) = &directive {
-            prompt.clone_from(&directive.prompt);
-        }
+        let stripped =
+            strip_prompt(&self.engines, &req.prompt, req.resume.is_some(), self.config.native_only);
+        let prompt = stripped.prompt;
         let same_prompt = known.prompt == prompt
             || known.prompt == req.prompt
             || known.prompt.starts_with(&format!("{prompt}\n"));
-        let base = |engine: &str| engine.split(':').next().unwrap_or(engine).to_owned();
         let named = req
             .engine
-            .as_deref()
-            .filter(|e| !e.trim().is_empty())
-            .map(str::to_owned)
-            .or_else(|| directive.map(|d| d.engine));
-        let same_engine = named.is_none_or(|e| base(&e) == base(&known.accepted.engine));
+            .clone()
+            .or_else(|| stripped.directive.and_then(Result::ok).map(|d| d.engine));
+        let same_engine = named.is_none_or(|e| e.id() == known.accepted.engine.id());
         same_prompt && same_engine
     }
 
@@ -438,31 +432,23 @@ impl Router {
             .as_ref()
             .map(|c| resolve_binding(&self.config.gateway, c))
             .unwrap_or_default();
-        let mut prompt = req.prompt;
+        let native_only = self.config.native_only;
+        let stripped = strip_prompt(&self.engines, &req.prompt, req.resume.is_some(), native_only);
         let mut explicit = req.resume;
         if let Some(token) = &explicit {
             check_resume_token(&self.engines, token, Field::ResumeEngine, Field::ResumeValue)
                 .map_err(refused)?;
-        } else if let Some(found) = extract_resume_line(&self.engines, &prompt) {
-            check_resume_token(&self.engines, &found.token, Field::Prompt, Field::Prompt)
+        } else if let Some(token) = stripped.resume {
+            check_resume_token(&self.engines, &token, Field::Prompt, Field::Prompt)
                 .map_err(refused)?;
-            explicit = Some(found.token);
-            prompt = found.prompt;
+            explicit = Some(token);
         }
-        let native_only = self.config.native_only;
-        let directive = if native_only { None } else { parse_directive(&self.engines, &prompt) };
-        if let Some(directive) = &directive {
-            check_engine_model(&directive.engine, Field::Prompt).map_err(refused)?;
-            prompt.clone_from(&directive.prompt);
-        }
-        let requested_engine = req.engine.filter(|e| !e.trim().is_empty());
-        if let Some(engine) = &requested_engine {
-            check_engine_model(engine, Field::Engine).map_err(refused)?;
-        }
+        let prompt = stripped.prompt;
+        let directive = stripped.directive.transpose().map_err(refused)?;
         let chosen_engine = if native_only {
             None
         } else {
-            requested_engine
+            req.engine
                 .or_else(|| directive.map(|d| d.engine))
                 .or_else(|| self.sticky.get(&session_key).cloned())
         };
@@ -473,27 +459,32 @@ impl Router {
         let chat_state = if auto_resume { self.chat_state(&session_key).await } else { None };
         let choice = choose_engine(EngineInputs {
             explicit_resume: explicit.clone(),
-            chosen: route.chosen_engine.as_deref(),
+            chosen: route.chosen_engine.as_ref(),
             chat_state,
             binding_engine: Some(&route.fallback_engine),
             default_engine: &self.config.default_engine,
             native_only,
         })
-        .map_err(|ChoiceError::UnsupportedResumeEngine { engine }| {
-            RouteError::UnsupportedResumeEngine {
-                engine,
-                message: NATIVE_ONLY_RESUME_MESSAGE.to_owned(),
+        .map_err(|err| match err {
+            ChoiceError::UnsupportedResumeEngine { engine } => {
+                RouteError::UnsupportedResumeEngine {
+                    engine,
+                    message: NATIVE_ONLY_RESUME_MESSAGE.to_owned(),
+                }
             }
+            ChoiceError::UnknownEngine { engine } => RouteError::UnknownEngine { engine },
         })?;
-        if self.engines.resolve(&choice.engine).is_none() {
-            return Err(RouteError::UnknownEngine { engine: choice.engine });
+        if self.engines.engine(choice.engine.id()).is_none() {
+            return Err(RouteError::UnknownEngine { engine: choice.engine.to_string() });
         }
         // Whatever chose it (a binding, a project, `default_engine`, `/engine`), the
-        // model part goes to a command line too.
-        check_engine_model(&choice.engine, Field::Engine).map_err(refused)?;
-        if let Some(model) = &req.model {
-            check_request_model(model, &choice.engine).map_err(refused)?;
-        }
+        // model part was checked when it was parsed; the request's model is checked here.
+        let model = req
+            .model
+            .as_deref()
+            .map(|m| request_model(m, &choice.engine))
+            .transpose()
+            .map_err(refused)?;
         let conversation = conversation_key(&session_key, explicit.as_ref());
         let mode = queue_mode(req.queue_mode, binding.queue_mode, self.config.queue_mode);
         let mut meta = req.meta;
@@ -521,7 +512,7 @@ impl Router {
             engine: choice.engine,
             resume: choice.resume,
             cwd,
-            model: req.model,
+            model,
             flags: req.flags,
             meta,
             origin: req.origin,
@@ -595,7 +586,8 @@ impl Router {
                                 RunPhase::Failed,
                             );
                         }
-                        self.complete(&item.run_id, &item.session_key, &item.engine, completion, 1)
+                        let engine = item.engine.to_string();
+                        self.complete(&item.run_id, &item.session_key, &engine, completion, 1)
                             .await;
                         if let Some(conv) = self.conversations.get_mut(&key) {
                             work.extend(conv.dispatch_failed());
@@ -641,13 +633,13 @@ impl Router {
             let chat_state = self.chat_state(&item.session_key).await;
             if let Ok(choice) = choose_engine(EngineInputs {
                 explicit_resume: None,
-                chosen: item.route.chosen_engine.as_deref(),
+                chosen: item.route.chosen_engine.as_ref(),
                 chat_state,
                 binding_engine: Some(&item.route.fallback_engine),
                 default_engine: &self.config.default_engine,
                 native_only: self.config.native_only,
             }) {
-                if self.engines.resolve(&choice.engine).is_some() {
+                if self.engines.engine(choice.engine.id()).is_some() {
                     item.engine = choice.engine;
                     item.resume = choice.resume;
                     match choice.source {
@@ -841,9 +833,10 @@ impl Router {
                 };
                 let engine = view
                     .sticky_engine
-                    .clone()
+                    .as_ref()
+                    .map(ToString::to_string)
                     .or_else(|| view.chat_state.as_ref().map(|s| s.last_engine.clone()))
-                    .unwrap_or_else(|| self.config.default_engine.clone());
+                    .unwrap_or_else(|| self.config.default_engine.to_string());
                 format!(
                     "Session {session_key}: {running}, {} queued, engine {engine}.",
                     view.queued.len()
@@ -853,14 +846,18 @@ impl Router {
                 Some(engine) => format!("This session uses {engine}."),
                 None => format!("No engine chosen; the default is {}.", self.config.default_engine),
             },
-            SlashCommand::Engine(Some(engine)) => {
-                if self.engines.resolve(engine).is_none() {
+            SlashCommand::Engine(Some(raw)) => {
+                let engine = match parse_engine_ref(raw, Field::Prompt) {
+                    Ok(engine) => engine,
+                    // An id of the wrong shape names no engine.
+                    Err(refusal) if refusal.why == InvalidValue::Shape => {
+                        return format!("Unknown engine {raw}.")
+                    }
+                    Err(refusal) => return super::sentence(&refusal.what),
+                };
+                if self.engines.engine(engine.id()).is_none() {
                     return format!("Unknown engine {engine}.");
                 }
-                if let Err(refusal) = check_engine_model(engine, Field::Prompt) {
-                    return super::sentence(&refusal.what);
-                }
-                self.sticky.insert(session_key.clone(), engine.clone());
                 format!("This session now uses {engine}.")
             }
         }
@@ -894,8 +891,19 @@ impl Router {
                 self.complete(&entry.run_id, &session_key, &entry.engine, completion, 1).await;
                 continue;
             }
+            let item = match item_from_entry(entry.clone()) {
+                Ok(item) => item,
+                Err(engine) => {
+                    // A journal written with an engine this version cannot name.
+                    tracing::warn!(run_id = %entry.run_id, "journaled request names no engine id");
+                    let error = RunError::UnknownEngine { engine };
+                    let completion = Completion::failure(error, entry.resume.clone());
+                    let session_key = session_of(&entry.session_key);
+                    self.complete(&entry.run_id, &session_key, &entry.engine, completion, 1).await;
+                    continue;
+                }
+            };
             recovered.requeued += 1;
-            let item = item_from_entry(entry);
             let key = item.conversation.clone();
             self.runs.insert(item.run_id.clone(), key.clone());
             let limits = super::Limits { cap: None, ..self.config.limits };
@@ -944,7 +952,7 @@ fn journal_entry(item: &Item, accepted_at_ms: i64) -> JournalEntry {
         session_key: item.session_key.to_string(),
         conversation: item.conversation.to_string(),
         prompt: item.prompt.clone(),
-        engine: item.engine.clone(),
+        engine: item.engine.to_string(),
         resume: item.resume.clone(),
         cwd: item.cwd.clone(),
         meta: meta_json(item),
@@ -952,9 +960,9 @@ fn journal_entry(item: &Item, accepted_at_ms: i64) -> JournalEntry {
             origin: Some(item.origin.as_str().to_owned()),
             queue_mode: Some(item.mode.as_str().to_owned()),
             auto_resume: item.route.auto_resume,
-            chosen_engine: item.route.chosen_engine.clone(),
-            fallback_engine: Some(item.route.fallback_engine.clone()),
-            model: item.model.clone(),
+            chosen_engine: item.route.chosen_engine.as_ref().map(ToString::to_string),
+            fallback_engine: Some(item.route.fallback_engine.to_string()),
+            model: item.model.as_ref().map(ToString::to_string),
             no_auto_resume: Some(item.flags.no_auto_resume),
             goal_continuation: Some(item.flags.goal_continuation),
             auto_followup: Some(item.flags.auto_followup),
@@ -964,7 +972,9 @@ fn journal_entry(item: &Item, accepted_at_ms: i64) -> JournalEntry {
     }
 }
 
-fn item_from_entry(entry: JournalEntry) -> Item {
+/// The item a journal entry holds; `Err` with the text of an engine reference
+/// that does not parse.
+fn item_from_entry(entry: JournalEntry) -> Result<Item, String> {
     let route = entry.route;
     let meta = entry.meta.as_object().map(|m| m.clone().into_iter().collect()).unwrap_or_default();
     // A journal written before the router kept its own flags has them in `meta`.
@@ -975,18 +985,23 @@ fn item_from_entry(entry: JournalEntry) -> Item {
         auto_followup: route.auto_followup.unwrap_or(legacy.auto_followup),
     };
     let model = route.model.clone().or_else(|| model_from_meta(&meta));
-    Item {
+    let engine_ref = |raw: &str| EngineRef::parse(raw).map_err(|_| raw.to_owned());
+    let engine = engine_ref(&entry.engine)?;
+    let chosen_engine = route.chosen_engine.as_deref().map(engine_ref).transpose()?;
+    let fallback_engine = match &route.fallback_engine {
+        Some(raw) => engine_ref(raw)?,
+        None => engine.clone(),
+    };
+    // A model the router accepted before; one that no longer passes is dropped.
+    let model = model.and_then(|m| Model::parse(&m).ok());
+    Ok(Item {
         conversation: parse_conversation(&entry.conversation)
             .unwrap_or_else(|| ConversationKey::session(&entry.session_key)),
         session_key: session_of(&entry.session_key),
         run_id: entry.run_id,
         prompt: entry.prompt,
-        route: RouteChoice {
-            auto_resume: route.auto_resume,
-            chosen_engine: route.chosen_engine,
-            fallback_engine: route.fallback_engine.unwrap_or_else(|| entry.engine.clone()),
-        },
-        engine: entry.engine,
+        route: RouteChoice { auto_resume: route.auto_resume, chosen_engine, fallback_engine },
+        engine,
         resume: entry.resume,
         cwd: entry.cwd,
         model,
@@ -997,7 +1012,7 @@ fn item_from_entry(entry: JournalEntry) -> Item {
         mode: QueueMode::Collect,
         seq: entry.seq,
         suppress_phases: false,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -1012,17 +1027,21 @@ mod tests {
             session_key: "s".into(),
             conversation: ConversationKey::session("s"),
             prompt: "p".to_owned(),
-            engine: "fake".to_owned(),
+            engine: "fake".parse().unwrap(),
             resume: None,
             cwd: None,
-            model: model.map(str::to_owned),
+            model: model.map(|m| Model::parse(m).unwrap()),
             flags,
             meta: BTreeMap::new(),
             origin: Origin::Cron,
             mode: QueueMode::Followup,
             seq: 1,
             suppress_phases: false,
-            route: RouteChoice::default(),
+            route: RouteChoice {
+                auto_resume: false,
+                chosen_engine: None,
+                fallback_engine: "fake".parse().unwrap(),
+            },
         }
     }
 
@@ -1030,9 +1049,10 @@ mod tests {
     fn a_journaled_request_keeps_its_flags_and_model() {
         let flags =
             RequestFlags { no_auto_resume: true, goal_continuation: true, auto_followup: true };
-        let recovered = item_from_entry(journal_entry(&item(flags, Some("opus")), 0));
+        let recovered = item_from_entry(journal_entry(&item(flags, Some("opus")), 0)).unwrap();
         assert_eq!((recovered.flags, recovered.model.as_deref()), (flags, Some("opus")));
-        let plain = item_from_entry(journal_entry(&item(RequestFlags::default(), None), 0));
+        let plain =
+            item_from_entry(journal_entry(&item(RequestFlags::default(), None), 0)).unwrap();
         assert_eq!((plain.flags, plain.model), (RequestFlags::default(), None));
     }
 
@@ -1045,7 +1065,7 @@ mod tests {
             ..JournalRoute::default()
         };
         entry.meta = serde_json::json!({ "goal_continuation": true, "model": "opus" });
-        let recovered = item_from_entry(entry);
+        let recovered = item_from_entry(entry).unwrap();
         assert!(recovered.flags.goal_continuation);
         assert!(!recovered.flags.auto_followup);
         assert_eq!(recovered.model.as_deref(), Some("opus"));

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use crate::bus::RunPhase;
 use crate::config::{DropPolicy, QueueMode};
 use crate::engine::{Completion, ResumeToken, RunError};
-use crate::ids::{ConversationKey, RunId, SessionKey};
+use crate::ids::{ConversationKey, EngineRef, Model, RunId, SessionKey};
 
 use super::{Origin, RequestFlags};
 
@@ -33,11 +33,11 @@ pub struct Item {
     pub session_key: SessionKey,
     pub conversation: ConversationKey,
     pub prompt: String,
-    /// The resolved engine id (possibly composite).
-    pub engine: String,
+    /// The resolved engine, with its model when composite.
+    pub engine: EngineRef,
     pub resume: Option<ResumeToken>,
     pub cwd: Option<PathBuf>,
-    pub model: Option<String>,
+    pub model: Option<Model>,
     pub flags: RequestFlags,
     pub meta: BTreeMap<String, serde_json::Value>,
     pub origin: Origin,
@@ -53,14 +53,14 @@ pub struct Item {
 }
 
 /// The engine choice of an item before chat state was consulted.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteChoice {
     /// Continue the session's stored token (no explicit token, not disabled).
     pub auto_resume: bool,
     /// The engine the caller, a directive or `/engine` chose.
-    pub chosen_engine: Option<String>,
+    pub chosen_engine: Option<EngineRef>,
     /// The binding's, project's or global engine, used without a stored session.
-    pub fallback_engine: String,
+    pub fallback_engine: EngineRef,
 }
 
 impl Item {
@@ -155,7 +155,7 @@ struct PendingSteer {
 pub struct Active {
     pub run_id: RunId,
     pub session_key: SessionKey,
-    pub engine: String,
+    pub engine: EngineRef,
     /// A cancel was sent; a second interrupt does not send another.
     cancelling: bool,
     /// Steers the run took; they complete with the run.
@@ -317,7 +317,7 @@ impl Conversation {
                 effects.extend(previous.phase(RunPhase::Aborted));
                 let reason = RunError::Merged { into: merged.run_id.clone() };
                 effects.push(Effect::Complete {
-                    engine: previous.engine.clone(),
+                    engine: previous.engine.to_string(),
                     completion: aborted(reason),
                     item: previous,
                 });
@@ -349,7 +349,7 @@ impl Conversation {
             let item = self.queue.remove(at).expect("index from the queue");
             effects.extend(item.phase(RunPhase::Aborted));
             effects.push(Effect::Complete {
-                engine: item.engine.clone(),
+                engine: item.engine.to_string(),
                 completion: aborted(RunError::QueueOverflow),
                 item,
             });
@@ -381,13 +381,13 @@ impl Conversation {
                 },
                 // Unreachable by construction: steers are only in flight with an active run.
                 None => effects.push(Effect::Complete {
-                    engine: pending.item.engine.clone(),
+                    engine: pending.item.engine.to_string(),
                     completion: aborted(RunError::Interrupted),
                     item: pending.item,
                 }),
             },
             (false, Some(reason)) => effects.push(Effect::Complete {
-                engine: pending.item.engine.clone(),
+                engine: pending.item.engine.to_string(),
                 completion: aborted(reason),
                 item: pending.item,
             }),
@@ -471,7 +471,7 @@ impl Conversation {
             if matches(&item) {
                 effects.extend(item.phase(RunPhase::Aborted));
                 effects.push(Effect::Complete {
-                    engine: item.engine.clone(),
+                    engine: item.engine.to_string(),
                     completion: aborted(reason.clone()),
                     item,
                 });

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use crate::config::{BindingConfig, GatewayConfig, QueueMode};
 use crate::engine::validate::{check_engine_ref_model, check_model};
 use crate::engine::{extract_plain_resume, EngineRegistry, Field, InvalidValue, ResumeToken};
-use crate::ids::{ConversationKey, EngineId};
+use crate::ids::{ConversationKey, EngineId, EngineRef, EngineRefError, Model};
 
 use super::ChannelRef;
 
@@ -68,14 +68,18 @@ fn resume_of_line(engines: &EngineRegistry, line: &str) -> Option<ResumeToken> {
 /// A leading `/<engine>` directive and the prompt after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Directive {
-    /// The engine id as written, possibly composite (`claude:opus`).
-    pub engine: String,
+    /// The engine as written, possibly composite (`claude:opus`).
+    pub engine: EngineRef,
     pub prompt: String,
 }
 
 /// Parses `/<engine> rest…` where `<engine>` (or its prefix before `:`) is a known
-/// directive name or a registered engine. Anything else is not a directive.
-pub fn parse_directive(engines: &EngineRegistry, prompt: &str) -> Option<Directive> {
+/// directive name or a registered engine. Anything else is not a directive; a
+/// directive whose model part is not a safe model name is refused.
+pub fn parse_directive(
+    engines: &EngineRegistry,
+    prompt: &str,
+) -> Option<Result<Directive, Refusal>> {
     let trimmed = prompt.trim_start();
     let rest = trimmed.strip_prefix('/')?;
     let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
@@ -88,7 +92,68 @@ pub fn parse_directive(engines: &EngineRegistry, prompt: &str) -> Option<Directi
     }
     let after = rest[end..].trim();
     let prompt = if after.is_empty() { CONTINUE_PROMPT.to_owned() } else { after.to_owned() };
-    Some(Directive { engine: name.to_owned(), prompt })
+    Some(parse_engine_ref(name, Field::Prompt).map(|engine| Directive { engine, prompt }))
+}
+
+/// Strips what the router takes out of a prompt before it runs: an explicit
+/// resume line (unless the request carries a structured token) and a leading
+/// `/<engine>` directive (unless `native_only`). Gives the prompt as it runs, the
+/// resume line found and the directive.
+pub fn strip_prompt(
+    engines: &EngineRegistry,
+    prompt: &str,
+    structured_resume: bool,
+    native_only: bool,
+) -> StrippedPrompt {
+    let mut prompt = prompt.to_owned();
+    let mut resume = None;
+    if !structured_resume {
+        if let Some(found) = extract_resume_line(engines, &prompt) {
+            prompt = found.prompt;
+            resume = Some(found.token);
+        }
+    }
+    let directive = if native_only { None } else { parse_directive(engines, &prompt) };
+    if let Some(Ok(directive)) = &directive {
+        prompt.clone_from(&directive.prompt);
+    }
+    StrippedPrompt { prompt, resume, directive }
+}
+
+/// A prompt with its resume line and directive taken out, by [`strip_prompt`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StrippedPrompt {
+    pub prompt: String,
+    /// The resume line found in the prompt (not checked yet).
+    pub resume: Option<ResumeToken>,
+    /// The leading directive, or why its engine was refused.
+    pub directive: Option<Result<Directive, Refusal>>,
+}
+
+/// An engine reference a caller or a message wrote (`claude`, `claude:opus`),
+/// parsed; a refusal names `field` and does not repeat the caller's text.
+///
+/// # Errors
+/// A [`Refusal`] when the id has the wrong shape or the model is not a safe
+/// model name.
+pub fn parse_engine_ref(raw: &str, field: Field) -> Result<EngineRef, Refusal> {
+    EngineRef::parse(raw).map_err(|err| match err {
+        EngineRefError::Id(_) => Refusal {
+            field,
+            what:
+                "invalid engine id, which must match ^[a-z][a-z0-9_-]*$ and not be default or help"
+                    .to_owned(),
+            why: InvalidValue::Shape,
+        },
+        EngineRefError::EmptyModel(_) => Refusal {
+            field,
+            what: format!("invalid model for {}", engine_name(raw)),
+            why: InvalidValue::Empty,
+        },
+        EngineRefError::Model(why) => {
+            Refusal { field, what: format!("invalid model for {}", engine_name(raw)), why }
+        }
+    })
 }
 
 /// A command the router answers itself instead of running it.
@@ -125,7 +190,7 @@ pub struct BindingDefaults {
     pub cwd: Option<PathBuf>,
     pub agent_id: Option<String>,
     /// The topic binding's engine, then the chat binding's, then the project's.
-    pub default_engine: Option<String>,
+    pub default_engine: Option<EngineRef>,
     pub queue_mode: Option<QueueMode>,
 }
 
@@ -143,14 +208,19 @@ pub fn resolve_binding(config: &GatewayConfig, channel: &ChannelRef) -> BindingD
             .find(|b| matches_chat(b) && b.topic_id_text().as_ref() == Some(topic_id))
     });
     let chat = config.bindings.iter().find(|b| matches_chat(b) && b.topic_id.is_none());
-    let pick = |f: &dyn Fn(&BindingConfig) -> Option<String>| {
-        topic.and_then(f).or_else(|| chat.and_then(f))
-    };
-    let project = pick(&|b| b.project.clone()).and_then(|id| config.project(&id).cloned());
+    fn pick<T>(
+        topic: Option<&BindingConfig>,
+        chat: Option<&BindingConfig>,
+        f: impl Fn(&BindingConfig) -> Option<T>,
+    ) -> Option<T> {
+        topic.and_then(&f).or_else(|| chat.and_then(&f))
+    }
+    let project =
+        pick(topic, chat, |b| b.project.clone()).and_then(|id| config.project(&id).cloned());
     BindingDefaults {
         cwd: project.as_ref().map(|p| p.root.clone()),
-        agent_id: pick(&|b| b.agent_id.clone()),
-        default_engine: pick(&|b| b.default_engine.clone())
+        agent_id: pick(topic, chat, |b| b.agent_id.clone()),
+        default_engine: pick(topic, chat, |b| b.default_engine.clone())
             .or_else(|| project.as_ref().and_then(|p| p.default_engine.clone())),
         queue_mode: topic.and_then(|b| b.queue_mode).or_else(|| chat.and_then(|b| b.queue_mode)),
     }
@@ -175,22 +245,22 @@ impl ResumeSource {
 }
 
 /// The inputs of engine selection, already extracted from the request.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct EngineInputs<'a> {
     pub explicit_resume: Option<ResumeToken>,
     /// The caller's engine hint, then an inline directive, then the sticky choice.
-    pub chosen: Option<&'a str>,
+    pub chosen: Option<&'a EngineRef>,
     /// The session's last engine and token, unless auto-resume is disabled.
     pub chat_state: Option<ResumeToken>,
-    pub binding_engine: Option<&'a str>,
-    pub default_engine: &'a str,
+    pub binding_engine: Option<&'a EngineRef>,
+    pub default_engine: &'a EngineRef,
     pub native_only: bool,
 }
 
 /// The engine a request runs on and the token it continues.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineChoice {
-    pub engine: String,
+    pub engine: EngineRef,
     pub resume: Option<ResumeToken>,
     pub source: Option<ResumeSource>,
 }
@@ -200,13 +270,25 @@ pub struct EngineChoice {
 pub enum ChoiceError {
     /// `native_only` refuses explicit vendor tokens.
     UnsupportedResumeEngine { engine: String },
+    /// A resume token names no engine id (its engine part has the wrong shape).
+    UnknownEngine { engine: String },
 }
 
 /// The native engine's id, the only one `native_only` runs.
 pub const NATIVE_ENGINE: &str = "lemon";
 
-fn same_engine(chosen: &str, token_engine: &str) -> bool {
-    chosen == token_engine || chosen.split(':').next() == Some(token_engine)
+fn same_engine(chosen: &EngineRef, token_engine: &str) -> bool {
+    chosen == token_engine || chosen.is(token_engine)
+}
+
+/// The engine a resume token names.
+fn engine_of(token: &ResumeToken) -> Result<EngineRef, ChoiceError> {
+    EngineRef::parse(&token.engine)
+        .map_err(|_| ChoiceError::UnknownEngine { engine: token.engine.clone() })
+}
+
+fn native() -> EngineRef {
+    EngineRef::new(EngineId::builtin(NATIVE_ENGINE))
 }
 
 /// Engine selection: explicit resume token's engine → caller hint / directive /
@@ -220,7 +302,7 @@ pub fn choose_engine(inputs: EngineInputs<'_>) -> Result<EngineChoice, ChoiceErr
                 return Err(ChoiceError::UnsupportedResumeEngine { engine: token.engine });
             }
             return Ok(EngineChoice {
-                engine: NATIVE_ENGINE.to_owned(),
+                engine: native(),
                 resume: Some(token),
                 source: Some(ResumeSource::Explicit),
             });
@@ -228,11 +310,11 @@ pub fn choose_engine(inputs: EngineInputs<'_>) -> Result<EngineChoice, ChoiceErr
         // Stored vendor tokens stay in the store ("quarantined") but are not used.
         let resume = inputs.chat_state.filter(|t| t.engine == NATIVE_ENGINE);
         let source = resume.as_ref().map(|_| ResumeSource::Auto);
-        return Ok(EngineChoice { engine: NATIVE_ENGINE.to_owned(), resume, source });
+        return Ok(EngineChoice { engine: native(), resume, source });
     }
     if let Some(token) = inputs.explicit_resume {
         return Ok(EngineChoice {
-            engine: token.engine.clone(),
+            engine: engine_of(&token)?,
             resume: Some(token),
             source: Some(ResumeSource::Explicit),
         });
@@ -240,16 +322,16 @@ pub fn choose_engine(inputs: EngineInputs<'_>) -> Result<EngineChoice, ChoiceErr
     if let Some(chosen) = inputs.chosen {
         let resume = inputs.chat_state.filter(|t| same_engine(chosen, &t.engine));
         let source = resume.as_ref().map(|_| ResumeSource::Auto);
-        return Ok(EngineChoice { engine: chosen.to_owned(), resume, source });
+        return Ok(EngineChoice { engine: chosen.clone(), resume, source });
     }
     if let Some(token) = inputs.chat_state {
         return Ok(EngineChoice {
-            engine: token.engine.clone(),
+            engine: engine_of(&token)?,
             resume: Some(token),
             source: Some(ResumeSource::Auto),
         });
     }
-    let engine = inputs.binding_engine.unwrap_or(inputs.default_engine).to_owned();
+    let engine = inputs.binding_engine.unwrap_or(inputs.default_engine).clone();
     Ok(EngineChoice { engine, resume: None, source: None })
 }
 
@@ -260,6 +342,12 @@ pub struct Refusal {
     pub field: Field,
     pub what: String,
     pub why: InvalidValue,
+}
+
+impl From<Refusal> for super::RouteError {
+    fn from(refusal: Refusal) -> Self {
+        super::RouteError::Invalid { field: refusal.field, what: refusal.what, why: refusal.why }
+    }
 }
 
 /// The engine part of an engine reference, for messages: the id when it is one,
@@ -293,6 +381,18 @@ pub fn check_request_model(model: &str, engine_ref: &str) -> Result<(), Refusal>
     check_model(model).map_err(|why| Refusal {
         field: Field::MetaModel,
         what: format!("invalid model for {}", engine_name(engine_ref)),
+        why,
+    })
+}
+
+/// The request's model, checked as [`check_request_model`] does, for `engine`.
+///
+/// # Errors
+/// A [`Refusal`] of [`Field::MetaModel`] when it is not a safe model name.
+pub fn request_model(model: &str, engine: &EngineRef) -> Result<Model, Refusal> {
+    Model::parse(model).map_err(|why| Refusal {
+        field: Field::MetaModel,
+        what: format!("invalid model for {}", engine.id()),
         why,
     })
 }

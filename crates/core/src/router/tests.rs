@@ -75,7 +75,7 @@ impl Drop for Harness {
 }
 
 pub(super) fn router_config() -> RouterConfig {
-    RouterConfig { default_engine: "fake".to_owned(), ..RouterConfig::default() }
+    RouterConfig { default_engine: "fake".parse().unwrap(), ..RouterConfig::default() }
 }
 
 pub(super) async fn harness(config: RouterConfig) -> Harness {
@@ -285,7 +285,10 @@ async fn steer_goes_into_the_live_run_and_completes_with_it() {
 async fn a_refused_steer_runs_as_a_followup() {
     let mut h = harness(router_config()).await;
     let busy = h
-        .submit_req(RunRequest { engine: Some("plain".into()), ..request("s", "hang", None) })
+        .submit_req(RunRequest {
+            engine: Some("plain".parse().unwrap()),
+            ..request("s", "hang", None)
+        })
         .await;
     h.started(&busy).await;
     let steer = h.submit("s", "ok instead", Some(QueueMode::Steer)).await;
@@ -380,7 +383,7 @@ async fn disable_auto_resume_starts_fresh() {
 async fn an_explicit_resume_line_continues_that_session_on_its_engine() {
     let mut h = harness(router_config()).await;
     let req = RunRequest {
-        engine: Some("plain".into()),
+        engine: Some("plain".parse().unwrap()),
         ..request("s", "fake resume abc\nok go on", None)
     };
     let run = match h.router.submit(req).await.unwrap() {
@@ -439,7 +442,7 @@ async fn an_unknown_engine_is_refused_with_its_name() {
     let h = harness(router_config()).await;
     let err = h
         .router
-        .submit(RunRequest { engine: Some("nope".into()), ..RunRequest::new("s", "hi") })
+        .submit(RunRequest { engine: Some("nope".parse().unwrap()), ..RunRequest::new("s", "hi") })
         .await
         .map(drop);
     assert_eq!(err, Err(RouteError::UnknownEngine { engine: "nope".to_owned() }));
@@ -819,10 +822,6 @@ async fn values_that_could_be_options_are_refused_naming_their_field_and_nothing
             },
             ("resume.engine", "invalid model for fake"),
         ),
-        (
-            RunRequest { engine: Some(format!("fake:{dash}")), ..RunRequest::new("s", "hi") },
-            ("engine", "invalid model for fake"),
-        ),
         (RunRequest::new("s", format!("/fake:{dash} hi")), ("prompt", "invalid model for fake")),
         (
             RunRequest::new("s", format!("fake resume {dash}\nok hi")),
@@ -839,6 +838,13 @@ async fn values_that_could_be_options_are_refused_naming_their_field_and_nothing
     for (req, (field, what)) in cases {
         assert_eq!(invalid(req).await, (field, what.to_owned()));
     }
+    // A request's engine is parsed where it enters (the API, a webhook), so an
+    // engine reference with a bad model never reaches the router.
+    let refused = super::resolve::parse_engine_ref(&format!("fake:{dash}"), Field::Engine)
+        .map_err(RouteError::from)
+        .unwrap_err();
+    let RouteError::Invalid { field, what, .. } = refused else { panic!("{refused:?}") };
+    assert_eq!((field.as_str(), what), ("engine", "invalid model for fake".to_owned()));
     let err = h
         .router
         .submit(RunRequest {

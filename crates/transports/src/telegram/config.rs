@@ -1,5 +1,6 @@
 //! `[gateway.telegram]`: the raw TOML section parsed into typed settings.
 
+use lemon_core::ids::EngineRef;
 use std::time::Duration;
 
 use lemon_core::config::QueueMode;
@@ -39,7 +40,7 @@ pub struct TelegramConfig {
     pub queue_mode: Option<QueueMode>,
     /// The engine unless a binding, a directive or `/engine` picks one.
     #[serde(default)]
-    pub engine: Option<String>,
+    pub engine: Option<EngineRef>,
     /// How many times a final answer is sent before it is recorded as undelivered.
     #[serde(default = "defaults::delivery_attempts")]
     pub delivery_attempts: u32,

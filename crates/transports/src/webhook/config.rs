@@ -1,5 +1,6 @@
 //! `[gateway.webhook]`: the raw TOML section parsed into typed settings.
 
+use lemon_core::ids::EngineRef;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -108,7 +109,7 @@ pub struct IntegrationConfig {
     pub cwd: Option<PathBuf>,
     /// The engine unless the body names one.
     #[serde(default)]
-    pub engine: Option<String>,
+    pub engine: Option<EngineRef>,
     /// Overrides the section's `mode`.
     #[serde(default)]
     pub mode: Option<Mode>,

@@ -99,7 +99,7 @@ impl TestHook {
         };
         let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
         let router_config =
-            RouterConfig { default_engine: "echo".to_owned(), ..RouterConfig::default() };
+            RouterConfig { default_engine: "echo".parse().unwrap(), ..RouterConfig::default() };
         let router = RouterHandle::start(router_config, gateway, token.clone(), &tracker);
         let table: toml::Table = toml::from_str(toml).unwrap();
         let config = WebhookConfig::parse(&table).unwrap();

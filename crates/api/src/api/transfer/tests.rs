@@ -32,7 +32,7 @@ fn submit_body_takes_every_field() {
     }))
     .unwrap();
     assert_eq!(req.session_key, "s1");
-    assert_eq!(req.engine.as_deref(), Some("claude:opus"));
+    assert_eq!(req.engine.map(|e| e.to_string()).as_deref(), Some("claude:opus"));
     assert_eq!(req.queue_mode, Some(lemon_core::config::QueueMode::SteerBacklog));
     assert_eq!(req.resume, Some(lemon_core::engine::ResumeToken::new("codex", "t-1")));
     assert_eq!(req.cwd.as_deref(), Some(std::path::Path::new("/tmp")));
@@ -57,6 +57,19 @@ fn submit_body_refuses_bad_input() {
         "invalid queue_mode \"later\": expected one of collect, followup",
     );
     check(json!({ "prompt": "hi", "resume": { "engine": "codex", "value": " " } }), "resume needs");
+    // The engine is parsed here, once: a bad composite id is refused naming the field,
+    // without repeating the caller's text.
+    check(json!({ "prompt": "hi", "engine": "Claude:opus" }), "engine: invalid engine id");
+    check(json!({ "prompt": "hi", "engine": "default" }), "engine: invalid engine id");
+    check(
+        json!({ "prompt": "hi", "engine": "claude:--yolo" }),
+        "engine: invalid model for claude (it starts with '-')",
+    );
+    check(json!({ "prompt": "hi", "engine": "claude:" }), "engine: invalid model for claude");
+    match submit(json!({ "prompt": "hi", "engine": "Bad Id:--yolo" })) {
+        Err(ApiError::BadRequest(message)) => assert!(!message.contains("yolo"), "{message}"),
+        other => panic!("expected a bad request, got {other:?}"),
+    }
 }
 
 #[test]

@@ -11,7 +11,7 @@ fn item(n: u64, mode: QueueMode) -> Item {
         session_key: "s".into(),
         conversation: ConversationKey::session("s"),
         prompt: format!("p{n}"),
-        engine: "fake".to_owned(),
+        engine: "fake".parse().unwrap(),
         resume: None,
         cwd: None,
         model: None,
@@ -21,7 +21,11 @@ fn item(n: u64, mode: QueueMode) -> Item {
         mode,
         seq: n,
         suppress_phases: false,
-        route: RouteChoice::default(),
+        route: RouteChoice {
+            auto_resume: false,
+            chosen_engine: None,
+            fallback_engine: "fake".parse().unwrap(),
+        },
     }
 }
 

@@ -58,9 +58,8 @@ fn a_resume_command_inside_a_sentence_is_text() {
 fn directives_pick_the_engine_and_are_stripped() {
     let engines = registry(&["echo"]);
     let check = |prompt: &str, expected: Option<(&str, &str)>| {
-        let expected = expected.map(|(engine, prompt)| Directive {
-            engine: engine.to_owned(),
-            prompt: prompt.to_owned(),
+        let expected = expected.map(|(engine, prompt)| {
+            Ok(Directive { engine: engine.parse().unwrap(), prompt: prompt.to_owned() })
         });
         assert_eq!(parse_directive(&engines, prompt), expected, "prompt {prompt:?}");
     };
@@ -86,12 +85,24 @@ fn slash_commands_are_whole_messages() {
     assert_eq!(parse_slash_command("please /cancel"), None);
 }
 
-fn inputs<'a>(default_engine: &'a str) -> EngineInputs<'a> {
-    EngineInputs { default_engine, ..EngineInputs::default() }
+/// An engine reference that lives as long as the test, as `EngineInputs` borrows them.
+fn e(raw: &str) -> &'static EngineRef {
+    Box::leak(Box::new(raw.parse().unwrap()))
+}
+
+fn inputs(default_engine: &str) -> EngineInputs<'static> {
+    EngineInputs {
+        explicit_resume: None,
+        chosen: None,
+        chat_state: None,
+        binding_engine: None,
+        default_engine: e(default_engine),
+        native_only: false,
+    }
 }
 
 fn choice(engine: &str, resume: Option<ResumeToken>, source: Option<ResumeSource>) -> EngineChoice {
-    EngineChoice { engine: engine.to_owned(), resume, source }
+    EngineChoice { engine: engine.parse().unwrap(), resume, source }
 }
 
 #[test]
@@ -99,9 +110,9 @@ fn engine_priority_resume_then_directive_then_binding_then_default() {
     let explicit = token("codex", "t1");
     let all = EngineInputs {
         explicit_resume: Some(explicit.clone()),
-        chosen: Some("claude"),
+        chosen: Some(e("claude")),
         chat_state: Some(token("pi", "p1")),
-        binding_engine: Some("droid"),
+        binding_engine: Some(e("droid")),
         ..inputs("echo")
     };
     assert_eq!(
@@ -125,7 +136,7 @@ fn engine_priority_resume_then_directive_then_binding_then_default() {
 fn auto_resume_applies_to_a_chosen_engine_only_when_it_matches() {
     let stored = token("claude", "c1");
     let composite = EngineInputs {
-        chosen: Some("claude:opus"),
+        chosen: Some(e("claude:opus")),
         chat_state: Some(stored.clone()),
         ..inputs("echo")
     };
@@ -147,7 +158,7 @@ fn native_only_rejects_explicit_vendor_tokens_and_ignores_stored_ones() {
         Err(ChoiceError::UnsupportedResumeEngine { engine: "codex".to_owned() })
     );
     let stored = EngineInputs {
-        chosen: Some("claude"),
+        chosen: Some(e("claude")),
         chat_state: Some(token("codex", "t1")),
         native_only: true,
         ..inputs("echo")
@@ -213,7 +224,7 @@ fn bindings_prefer_the_topic_then_the_chat_then_the_project() {
         BindingDefaults {
             cwd: Some("/srv/app".into()),
             agent_id: Some("helper".into()),
-            default_engine: Some("codex".into()),
+            default_engine: Some("codex".parse().unwrap()),
             queue_mode: Some(QueueMode::Followup),
         }
     );
@@ -223,7 +234,7 @@ fn bindings_prefer_the_topic_then_the_chat_then_the_project() {
         BindingDefaults {
             cwd: Some("/srv/app".into()),
             agent_id: Some("helper".into()),
-            default_engine: Some("claude".into()),
+            default_engine: Some("claude".parse().unwrap()),
             queue_mode: Some(QueueMode::Steer),
         }
     );
