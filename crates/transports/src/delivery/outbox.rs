@@ -952,4 +952,6 @@ impl<S: Sink> Actor<S> {
 }
 
 #[cfg(test)]
+pub(crate) mod checks;
+#[cfg(test)]
 mod tests;

@@ -15,6 +15,7 @@ use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::checks::{assert_spaced, just_calls, most_calls_in_any_window};
 use super::{DeliveryError, Failure, Outbox, OutboxSettings, OutboxStats, Sink, Window};
 use crate::delivery::Backoff;
 
@@ -231,27 +232,6 @@ fn send(to: &str, body: &str) -> Call {
 
 fn edit(to: &str, id: u64, body: &str) -> Call {
     Call::Edit { to: to.to_owned(), id, body: body.to_owned() }
-}
-
-fn just_calls(calls: &[(Call, Instant)]) -> Vec<Call> {
-    calls.iter().map(|(call, _)| call.clone()).collect()
-}
-
-/// The most calls that started within any window of `window` (half-open).
-fn most_calls_in_any_window(times: &[Instant], window: Duration) -> usize {
-    let mut times = times.to_vec();
-    times.sort();
-    (0..times.len())
-        .map(|i| times[i..].iter().take_while(|&&t| t < times[i] + window).count())
-        .max()
-        .unwrap_or(0)
-}
-
-fn assert_spaced(calls: &[(Call, Instant)], at_least: Duration) {
-    for pair in calls.windows(2) {
-        let gap = pair[1].1 - pair[0].1;
-        assert!(gap >= at_least, "{:?} then {:?} only {gap:?} apart", pair[0].0, pair[1].0);
-    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{BotSender, DeliveryError, OutboxConfig, OutboxHandle, TelegramSink};
+use crate::delivery::outbox::checks::{assert_spaced, just_calls, most_calls_in_any_window};
 use crate::delivery::{Failure, Sink, Window};
 use crate::telegram::types::{
     EditMessageText, FormattedText, Message, MessageEntity, SendMessage, TelegramError,
@@ -135,27 +136,6 @@ fn send(chat_id: i64, text: &str) -> Call {
 
 fn edit(chat_id: i64, message_id: i64, text: &str) -> Call {
     Call::Edit { chat_id, message_id, text: text.to_owned() }
-}
-
-fn just_calls(calls: &[(Call, Instant)]) -> Vec<Call> {
-    calls.iter().map(|(call, _)| call.clone()).collect()
-}
-
-/// The most calls that started within any window of `window` (half-open).
-fn most_calls_in_any_window(times: &[Instant], window: Duration) -> usize {
-    let mut times = times.to_vec();
-    times.sort();
-    (0..times.len())
-        .map(|i| times[i..].iter().take_while(|&&t| t < times[i] + window).count())
-        .max()
-        .unwrap_or(0)
-}
-
-fn assert_spaced(calls: &[(Call, Instant)], at_least: Duration) {
-    for pair in calls.windows(2) {
-        let gap = pair[1].1 - pair[0].1;
-        assert!(gap >= at_least, "{:?} then {:?} only {gap:?} apart", pair[0].0, pair[1].0);
-    }
 }
 
 #[tokio::test(start_paused = true)]
