@@ -387,7 +387,7 @@ impl Router {
         Ok(Some(KnownRun {
             accepted: Accepted {
                 run_id: run_id.clone(),
-                session_key: record.session_key.into(),
+                session_key: record.session_key,
                 conversation,
                 engine: EngineRef::parse(&record.engine).map_err(|err| {
                     StoreError::Corrupt(format!(
