@@ -243,7 +243,7 @@ async fn a_stored_session_token_that_could_be_an_option_is_ignored_and_a_new_ses
     let dir = tempfile::tempdir().unwrap();
     let home = home_with(&engines_config(dir.path()));
     let store = StoreHandle::open_sqlite(&home.path().join("lemon.db")).unwrap();
-    store.put_chat_state("poisoned", "claude", SKIP, lemon_core::clock::now_ms()).await;
+    store.put_chat_state(&"poisoned".into(), "claude", SKIP, lemon_core::clock::now_ms()).await;
     store.close().await.unwrap();
     drop(store);
 

@@ -134,7 +134,7 @@ pub(crate) fn section(vars: &[(&str, String)]) -> EngineSection {
 pub(crate) fn request(prompt: &str, cwd: &Path, resume: Option<ResumeToken>) -> StartRequest {
     StartRequest {
         run_id: RunId::generate(),
-        session_key: "test".to_owned(),
+        session_key: "test".into(),
         prompt: prompt.to_owned(),
         resume,
         cwd: cwd.to_path_buf(),

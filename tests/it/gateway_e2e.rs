@@ -118,6 +118,27 @@ async fn bad_requests_get_json_errors() {
 }
 
 #[tokio::test]
+async fn session_keys_with_control_characters_are_refused_with_a_json_400() {
+    let gateway = Gateway::start("").await;
+    let submitted = gateway
+        .post("/v1/runs")
+        .json(&json!({ "prompt": "x", "session_key": "me\nINFO forged line" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(submitted.status(), 400);
+    let body: serde_json::Value = submitted.json().await.unwrap();
+    assert!(body["error"].as_str().unwrap().contains("invalid session_key"), "{body}");
+    let looked_up = gateway.get("/v1/sessions/me%0Aforged").send().await.unwrap();
+    assert_eq!(looked_up.status(), 400);
+    let body: serde_json::Value = looked_up.json().await.unwrap();
+    assert!(body["error"].as_str().unwrap().contains("invalid session_key"), "{body}");
+    // A well-formed key is still the caller's own.
+    let run_id = gateway.submit(json!({ "prompt": "fine", "session_key": "me" })).await;
+    assert_eq!(gateway.wait(&run_id).await["session_key"], json!("me"));
+}
+
+#[tokio::test]
 async fn sigterm_drains_runs_and_nothing_is_lost_across_a_restart() {
     let dir =
         home_with("[gateway]\nshutdown_grace_ms = 300\n[gateway.engines.echo]\ndelay_ms = 50\n");

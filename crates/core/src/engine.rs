@@ -15,7 +15,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 
-use crate::ids::{EngineId, RunId};
+use crate::ids::{EngineId, RunId, SessionKey};
 
 pub mod validate;
 
@@ -345,7 +345,7 @@ pub enum TrySendError {
 #[derive(Debug, Clone)]
 pub struct StartRequest {
     pub run_id: RunId,
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub prompt: String,
     /// A token of this engine to continue; tokens of other engines never reach here.
     pub resume: Option<ResumeToken>,

@@ -60,8 +60,36 @@ impl fmt::Debug for RunId {
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionKey(Arc<str>);
 
+/// Why a session key was refused by [`SessionKey::parse`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionKeyError {
+    /// A newline, tab or other control character, which would let the key forge
+    /// log lines and status output. The message does not repeat the key.
+    #[error("invalid session_key: control characters are not allowed")]
+    ControlCharacter,
+}
+
 impl SessionKey {
+    /// A key from outside (an API path or body). Keys with control characters are
+    /// refused; anything else is the key as given (the router reads a blank key
+    /// as the `default` session).
+    ///
+    /// # Errors
+    /// [`SessionKeyError`] saying why the key was refused.
+    pub fn parse(raw: &str) -> Result<Self, SessionKeyError> {
+        if raw.chars().any(char::is_control) {
+            return Err(SessionKeyError::ControlCharacter);
+        }
+        Ok(SessionKey(raw.into()))
+    }
+
     pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for SessionKey {
+    fn as_ref(&self) -> &str {
         &self.0
     }
 }
@@ -113,6 +141,21 @@ impl fmt::Display for SessionKey {
 impl fmt::Debug for SessionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "SessionKey({})", self.0)
+    }
+}
+
+// Serialised as the plain string it holds, as stored rows and JSON bodies have
+// always carried it.
+impl serde::Serialize for SessionKey {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for SessionKey {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        Ok(SessionKey(raw.as_ref().into()))
     }
 }
 

@@ -282,9 +282,9 @@ pub struct CancelSummary {
 }
 
 /// A session as `/status` and `GET /v1/sessions/{key}` show it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionView {
-    pub session_key: String,
+    pub session_key: SessionKey,
     /// Active runs of the session (one per conversation it has).
     pub active: Vec<RunId>,
     /// Queued run ids, in the order they will run.
@@ -482,18 +482,22 @@ impl RouterHandle {
     ///
     /// # Errors
     /// [`RouteError::ShuttingDown`] when the router is gone.
-    pub async fn cancel_session(&self, session_key: &str) -> Result<CancelSummary, RouteError> {
-        self.ask(|reply| RouterMsg::CancelSession { session_key: session_key.to_owned(), reply })
-            .await
+    pub async fn cancel_session(
+        &self,
+        session_key: &SessionKey,
+    ) -> Result<CancelSummary, RouteError> {
+        self.ask(|reply| RouterMsg::CancelSession { session_key: session_key.clone(), reply }).await
     }
 
     /// Drops the session's queued work and cancels its active runs.
     ///
     /// # Errors
     /// [`RouteError::ShuttingDown`] when the router is gone.
-    pub async fn abort_session(&self, session_key: &str) -> Result<CancelSummary, RouteError> {
-        self.ask(|reply| RouterMsg::AbortSession { session_key: session_key.to_owned(), reply })
-            .await
+    pub async fn abort_session(
+        &self,
+        session_key: &SessionKey,
+    ) -> Result<CancelSummary, RouteError> {
+        self.ask(|reply| RouterMsg::AbortSession { session_key: session_key.clone(), reply }).await
     }
 
     /// Drops (queued or in flight) or cancels (active) one run. `false` when the
@@ -509,8 +513,8 @@ impl RouterHandle {
     ///
     /// # Errors
     /// [`RouteError::ShuttingDown`] when the router is gone.
-    pub async fn session(&self, session_key: &str) -> Result<SessionView, RouteError> {
-        self.ask(|reply| RouterMsg::Session { session_key: session_key.to_owned(), reply }).await
+    pub async fn session(&self, session_key: &SessionKey) -> Result<SessionView, RouteError> {
+        self.ask(|reply| RouterMsg::Session { session_key: session_key.clone(), reply }).await
     }
 
     /// Puts a new generation of the settings in force (default engine, bindings,

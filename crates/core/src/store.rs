@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bus::{BusEvent, RunStatus};
 use crate::engine::{Completion, ResumeToken};
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionKey};
 
 /// Chat state lives this long after its last write unless configured otherwise.
 pub const DEFAULT_CHAT_STATE_TTL_MS: i64 = 24 * 60 * 60 * 1000;
@@ -58,7 +58,7 @@ pub enum StoreError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewRun {
     pub run_id: RunId,
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub conversation: String,
     pub engine: String,
     pub prompt: String,
@@ -84,7 +84,7 @@ pub struct FinishedRun {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRecord {
     pub run_id: String,
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub conversation: String,
     pub engine: String,
     pub prompt: String,
@@ -180,7 +180,7 @@ pub struct JournalEntry {
     /// Acceptance order; recovery re-queues in this order.
     pub seq: u64,
     pub run_id: RunId,
-    pub session_key: String,
+    pub session_key: SessionKey,
     pub conversation: String,
     pub prompt: String,
     pub engine: String,
@@ -286,7 +286,7 @@ pub trait ChatStateStore: Send + Sync + fmt::Debug + 'static {
     /// Writes chat state; `expires_at_ms` is `updated_at_ms` plus the store's TTL.
     async fn put_chat_state(
         &self,
-        session_key: &str,
+        session_key: &SessionKey,
         last_engine: &str,
         last_resume_token: &str,
         now_ms: i64,
@@ -294,10 +294,10 @@ pub trait ChatStateStore: Send + Sync + fmt::Debug + 'static {
     /// Chat state that has not expired at `now_ms`.
     async fn get_chat_state(
         &self,
-        session_key: &str,
+        session_key: &SessionKey,
         now_ms: i64,
     ) -> Result<Option<ChatState>, StoreError>;
-    async fn delete_chat_state(&self, session_key: &str);
+    async fn delete_chat_state(&self, session_key: &SessionKey);
 }
 
 /// The router's admission journal: accepted requests until their completion.
@@ -482,7 +482,7 @@ impl StoreHandle {
     /// See [`ChatStateStore::put_chat_state`].
     pub async fn put_chat_state(
         &self,
-        session_key: &str,
+        session_key: &SessionKey,
         last_engine: &str,
         last_resume_token: &str,
         now_ms: i64,
@@ -496,14 +496,14 @@ impl StoreHandle {
     /// The store is closed or the state cannot be read.
     pub async fn get_chat_state(
         &self,
-        session_key: &str,
+        session_key: &SessionKey,
         now_ms: i64,
     ) -> Result<Option<ChatState>, StoreError> {
         self.chat_state().get_chat_state(session_key, now_ms).await
     }
 
     /// See [`ChatStateStore::delete_chat_state`].
-    pub async fn delete_chat_state(&self, session_key: &str) {
+    pub async fn delete_chat_state(&self, session_key: &SessionKey) {
         self.chat_state().delete_chat_state(session_key).await;
     }
 

@@ -29,7 +29,7 @@ use crate::engine::{
     Capabilities, Completion, Engine, EngineError, EngineEvent, EventSink, ResumeToken, RunControl,
     RunError, StartRequest, SteerError,
 };
-use crate::ids::EngineId;
+use crate::ids::{EngineId, SessionKey};
 
 /// A scriptable engine. Cheap to clone; clones share counters.
 #[derive(Debug, Clone)]
@@ -45,7 +45,7 @@ struct Stats {
     max_running: AtomicUsize,
     started: Mutex<Vec<String>>,
     /// Runs in progress per session, to prove per-conversation exclusivity.
-    per_session: Mutex<HashMap<String, usize>>,
+    per_session: Mutex<HashMap<SessionKey, usize>>,
     max_per_session: AtomicUsize,
     steered: Mutex<Vec<String>>,
 }
@@ -95,18 +95,18 @@ impl FakeEngine {
 #[derive(Debug)]
 struct InProgress {
     stats: Arc<Stats>,
-    session: String,
+    session: SessionKey,
 }
 
 impl InProgress {
-    fn enter(stats: &Arc<Stats>, session: &str) -> Self {
+    fn enter(stats: &Arc<Stats>, session: &SessionKey) -> Self {
         let now = stats.running.fetch_add(1, Ordering::SeqCst) + 1;
         stats.max_running.fetch_max(now, Ordering::SeqCst);
         let mut per = stats.per_session.lock().unwrap_or_else(|e| e.into_inner());
-        let count = per.entry(session.to_owned()).or_default();
+        let count = per.entry(session.clone()).or_default();
         *count += 1;
         stats.max_per_session.fetch_max(*count, Ordering::SeqCst);
-        InProgress { stats: stats.clone(), session: session.to_owned() }
+        InProgress { stats: stats.clone(), session: session.clone() }
     }
 }
 

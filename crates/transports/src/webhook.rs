@@ -55,7 +55,7 @@ use axum::{Extension, Json, Router};
 use lemon_core::bus::{completion_json, BusEvent, EventKind};
 use lemon_core::config::QueueMode;
 use lemon_core::engine::Field;
-use lemon_core::ids::RunId;
+use lemon_core::ids::{RunId, SessionKey};
 use lemon_core::router::resolve::parse_engine_ref;
 use lemon_core::router::{Origin, RequestFlags, RouteError, RouterHandle, RunRequest, Submitted};
 use lemon_core::store::StoreHandle;
@@ -284,7 +284,7 @@ fn payload_session_key(
     id: &str,
     integration: &IntegrationConfig,
     chosen: &str,
-) -> Result<String, String> {
+) -> Result<SessionKey, String> {
     if !integration.allow_session_key {
         return Err(
             "session_key may not be set by this integration (allow_session_key is off)".to_owned()
@@ -300,7 +300,7 @@ fn payload_session_key(
             "invalid session_key: use 1 to {MAX_PAYLOAD_SESSION_BYTES} printable characters without spaces"
         ));
     }
-    Ok(format!("{prefix}{name}"))
+    Ok(format!("{prefix}{name}").into())
 }
 
 /// The first non-blank string among `keys` of a JSON object.
@@ -516,7 +516,7 @@ impl Prepared {
                 .session_key
                 .clone()
                 .filter(|s| !s.trim().is_empty())
-                .unwrap_or_else(|| format!("webhook:{}", settings.id)),
+                .map_or_else(|| format!("webhook:{}", settings.id).into(), SessionKey::from),
         };
         let queue_mode = match first_string(body, &["queue_mode"]) {
             Some(raw) => Some(raw.parse::<QueueMode>().map_err(|err| err.to_string())?),
@@ -573,7 +573,7 @@ impl Prepared {
         let run_id = RunId::generate();
         let req = RunRequest {
             origin: Origin::Webhook,
-            session_key: session_key.into(),
+            session_key,
             agent_id: integration.agent_id.clone(),
             prompt: payload.prompt,
             queue_mode,
@@ -625,7 +625,7 @@ async fn submit(
                 url,
                 integration_id: settings.id.clone(),
                 run_id: run_id.as_str().to_owned(),
-                session_key: session_key.to_string(),
+                session_key: session_key.clone(),
                 metadata,
                 attachments,
                 attempts: 0,

@@ -4,18 +4,24 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use lemon_core::ids::SessionKey;
 use lemon_core::router::CancelSummary;
 use serde_json::json;
 
 use super::ApiState;
 use crate::error::{ApiError, PathParams};
 
+/// The session a path names; a key the product refuses is a 400 naming the field.
+fn session_key(raw: &str) -> Result<SessionKey, ApiError> {
+    SessionKey::parse(raw).map_err(|err| ApiError::BadRequest(err.to_string()))
+}
+
 /// `GET /v1/sessions/{key}`: active runs, queued runs in order, chat state.
 pub(super) async fn get(
     State(state): State<ApiState>,
     PathParams(key): PathParams<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let view = state.runs.session(&key).await?;
+    let view = state.runs.session(&session_key(&key)?).await?;
     let chat_state = view.chat_state.as_ref().map(|chat| {
         json!({
             "engine": chat.last_engine,
@@ -39,7 +45,7 @@ pub(super) async fn get(
     })))
 }
 
-fn summary(key: &str, summary: CancelSummary) -> Response {
+fn summary(key: &SessionKey, summary: CancelSummary) -> Response {
     let body = json!({
         "session_key": key,
         "dropped": summary.dropped,
@@ -53,6 +59,7 @@ pub(super) async fn cancel(
     State(state): State<ApiState>,
     PathParams(key): PathParams<String>,
 ) -> Result<Response, ApiError> {
+    let key = session_key(&key)?;
     Ok(summary(&key, state.router.cancel_session(&key).await?))
 }
 
@@ -61,5 +68,6 @@ pub(super) async fn abort(
     State(state): State<ApiState>,
     PathParams(key): PathParams<String>,
 ) -> Result<Response, ApiError> {
+    let key = session_key(&key)?;
     Ok(summary(&key, state.router.abort_session(&key).await?))
 }

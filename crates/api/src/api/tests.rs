@@ -682,7 +682,7 @@ async fn quiet_event_stream_rereads_the_store() {
     store
         .insert_run(NewRun {
             run_id: run_id.clone(),
-            session_key: "default".to_owned(),
+            session_key: "default".into(),
             conversation: "session:default".to_owned(),
             engine: "echo".to_owned(),
             prompt: "hi".to_owned(),
@@ -950,6 +950,29 @@ async fn a_session_shows_its_active_run_queue_and_chat_state() {
     })
     .await;
     assert_eq!(session["chat_state"]["engine"], json!("echo"));
+}
+
+#[tokio::test]
+async fn a_session_key_with_control_characters_is_400_naming_the_field() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let (status, error) = gw
+        .call(Method::POST, "/v1/runs", Some(json!({ "prompt": "hi", "session_key": "a\nforged" })))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    assert!(error_of(&error).contains("invalid session_key"), "{error}");
+    assert!(!error.to_string().contains("forged"), "the key is not repeated: {error}");
+    for (method, path) in [
+        (Method::GET, "/v1/sessions/a%0Ab"),
+        (Method::POST, "/v1/sessions/a%0Ab/cancel"),
+        (Method::POST, "/v1/sessions/a%09b/abort"),
+    ] {
+        let (status, error) = gw.call(method, path, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {error}");
+        assert!(error_of(&error).contains("invalid session_key"), "{path}: {error}");
+    }
+    // Nothing was accepted.
+    let (_, list) = gw.call(Method::GET, "/v1/runs", None).await;
+    assert_eq!(list, json!({ "runs": [] }));
 }
 
 #[tokio::test]

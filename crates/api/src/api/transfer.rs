@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use lemon_core::bus::RunStatus;
 use lemon_core::config::QueueMode;
 use lemon_core::engine::{Completion, Field, ResumeToken};
-use lemon_core::ids::RunId;
+use lemon_core::ids::{RunId, SessionKey};
 use lemon_core::router::resolve::parse_engine_ref;
 use lemon_core::router::{model_from_meta, Origin, RequestFlags, RouteError, RunRequest, Runs};
 use lemon_core::store::{RunFilter, RunRecord};
@@ -59,7 +59,12 @@ impl SubmitBody {
                 ))
             })?,
         };
-        let session_key = non_blank(self.session_key).unwrap_or_else(|| "default".to_owned());
+        let session_key = match non_blank(self.session_key) {
+            None => SessionKey::from("default"),
+            Some(raw) => {
+                SessionKey::parse(&raw).map_err(|err| ApiError::BadRequest(err.to_string()))?
+            }
+        };
         let queue_mode = non_blank(self.queue_mode)
             .map(|raw| raw.parse::<QueueMode>())
             .transpose()
@@ -88,7 +93,7 @@ impl SubmitBody {
         let meta = self.meta.unwrap_or_default();
         Ok(RunRequest {
             origin: Origin::ControlPlane,
-            session_key: session_key.into(),
+            session_key,
             agent_id: None,
             prompt,
             queue_mode,

@@ -16,11 +16,13 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::ids::SessionKey;
+
 /// What a lock protects: a resume token's session, else a gateway session.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum LockKey {
     Resume(String),
-    Session(String),
+    Session(SessionKey),
 }
 
 /// The lock was not granted in time.

@@ -201,7 +201,7 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
     let _guard = if ctx.config.require_engine_lock {
         let key = match &ctx.req.resume {
             Some(resume) => LockKey::Resume(resume.value.clone()),
-            None => LockKey::Session(ctx.session_key.to_string()),
+            None => LockKey::Session(ctx.session_key.clone()),
         };
         tokio::select! {
             biased;
@@ -249,7 +249,7 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
     let (sink, mut events) = EventSink::channel(ctx.config.engine_event_buffer);
     let start = StartRequest {
         run_id: ctx.run_id.clone(),
-        session_key: ctx.session_key.to_string(),
+        session_key: ctx.session_key.clone(),
         prompt: ctx.req.prompt.clone(),
         resume,
         cwd,

@@ -362,7 +362,7 @@ impl Scheduler {
         self.store
             .insert_run(NewRun {
                 run_id: run_id.clone(),
-                session_key: req.session_key.to_string(),
+                session_key: req.session_key.clone(),
                 conversation: req.conversation.to_string(),
                 engine: req.engine.to_string(),
                 prompt: req.prompt.clone(),

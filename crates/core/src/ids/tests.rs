@@ -24,6 +24,25 @@ fn blank_session_is_the_default_conversation() {
 }
 
 #[test]
+fn session_keys_refuse_control_characters_and_serialise_as_their_text() {
+    let key = SessionKey::parse("agent:main:telegram:9:dm:42").unwrap();
+    assert_eq!(key.as_str(), "agent:main:telegram:9:dm:42");
+    assert_eq!(key, "agent:main:telegram:9:dm:42");
+    assert_eq!(key.to_string(), "agent:main:telegram:9:dm:42");
+    assert_eq!(SessionKey::parse(" spaced key ").unwrap().as_str(), " spaced key ");
+    assert_eq!(SessionKey::parse("a\nb"), Err(SessionKeyError::ControlCharacter));
+    assert_eq!(SessionKey::parse("tab\there"), Err(SessionKeyError::ControlCharacter));
+    assert!(!SessionKeyError::ControlCharacter.to_string().contains("tab"));
+
+    let json = serde_json::to_value(&key).unwrap();
+    assert_eq!(json, serde_json::json!("agent:main:telegram:9:dm:42"));
+    assert_eq!(serde_json::from_value::<SessionKey>(json).unwrap(), key);
+    // Maps keyed by session keys are searched with a plain `&str`.
+    let map = std::collections::HashMap::from([(key.clone(), 1)]);
+    assert_eq!(map.get("agent:main:telegram:9:dm:42"), Some(&1));
+}
+
+#[test]
 fn caller_run_ids_are_trimmed_and_checked() {
     assert_eq!(RunId::parse(" abc-1 ").unwrap().as_str(), "abc-1");
     assert!(RunId::parse("").is_none());

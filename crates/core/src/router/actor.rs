@@ -52,11 +52,11 @@ pub(super) enum RouterMsg {
         reply: oneshot::Sender<CancelSummary>,
     },
     CancelSession {
-        session_key: String,
+        session_key: SessionKey,
         reply: oneshot::Sender<CancelSummary>,
     },
     AbortSession {
-        session_key: String,
+        session_key: SessionKey,
         reply: oneshot::Sender<CancelSummary>,
     },
     AbortRun {
@@ -64,7 +64,7 @@ pub(super) enum RouterMsg {
         reply: oneshot::Sender<bool>,
     },
     Session {
-        session_key: String,
+        session_key: SessionKey,
         reply: oneshot::Sender<SessionView>,
     },
     /// A new generation of the settings: requests accepted from now on use it.
@@ -114,10 +114,13 @@ fn refused(refusal: Refusal) -> RouteError {
     refusal.into()
 }
 
-fn session_of(raw: &str) -> SessionKey {
+/// The session a key names: trimmed, and a blank key is the `default` session.
+fn session_of(raw: &SessionKey) -> SessionKey {
     let trimmed = raw.trim();
     if trimmed.is_empty() {
         "default".into()
+    } else if trimmed.len() == raw.len() {
+        raw.clone()
     } else {
         trimmed.into()
     }
@@ -384,7 +387,7 @@ impl Router {
         Ok(Some(KnownRun {
             accepted: Accepted {
                 run_id: run_id.clone(),
-                session_key: record.session_key.into(),
+                session_key: record.session_key,
                 conversation,
                 engine: EngineRef::parse(&record.engine).map_err(|err| {
                     StoreError::Corrupt(format!(
@@ -526,11 +529,15 @@ impl Router {
     /// The session's stored engine and token. A token its engine would refuse (a
     /// store written by hand, or by an older version) is ignored with a warning, so
     /// it never reaches a command line.
-    async fn chat_state(&self, session_key: &str) -> Option<ResumeToken> {
+    async fn chat_state(&self, session_key: &SessionKey) -> Option<ResumeToken> {
         let token = match self.store.get_chat_state(session_key, now_ms()).await {
             Ok(state) => state.map(|s| ResumeToken::new(s.last_engine, s.last_resume_token))?,
             Err(error) => {
-                tracing::warn!(%error, session_key, "chat state unreadable; starting a new session");
+                tracing::warn!(
+                    %error,
+                    session_key = session_key.as_str(),
+                    "chat state unreadable; starting a new session"
+                );
                 return None;
             }
         };
@@ -538,7 +545,7 @@ impl Router {
             Ok(()) => Some(token),
             Err(refusal) => {
                 tracing::warn!(
-                    session_key,
+                    session_key = session_key.as_str(),
                     field = %refusal.field,
                     reason = %refusal.why,
                     "{}; the stored session is ignored and a new one starts",
@@ -780,9 +787,12 @@ impl Router {
 
     /// Chat state after a run: an overflow forgets the session so the next
     /// message starts fresh; otherwise a resume token is kept for auto-resume.
-    async fn record_session(&self, session_key: &str, completion: &Completion) {
+    async fn record_session(&self, session_key: &SessionKey, completion: &Completion) {
         if completion.error.as_ref().is_some_and(RunError::is_context_overflow) {
-            tracing::info!(session_key, "context overflow; the next message starts a new session");
+            tracing::info!(
+                session_key = session_key.as_str(),
+                "context overflow; the next message starts a new session"
+            );
             self.store.delete_chat_state(session_key).await;
             return;
         }
@@ -792,8 +802,14 @@ impl Router {
     }
 
     async fn session_view(&self, session_key: &SessionKey) -> SessionView {
-        let mut view =
-            SessionView { session_key: session_key.to_string(), ..SessionView::default() };
+        let mut view = SessionView {
+            session_key: session_key.clone(),
+            active: Vec::new(),
+            queued: Vec::new(),
+            pending_steers: 0,
+            chat_state: None,
+            sticky_engine: None,
+        };
         let mut queued: Vec<&Item> = Vec::new();
         for conv in self.conversations.values() {
             if let Some(active) = conv.active().filter(|a| &a.session_key == session_key) {
@@ -949,7 +965,7 @@ fn journal_entry(item: &Item, accepted_at_ms: i64) -> JournalEntry {
     JournalEntry {
         seq: item.seq,
         run_id: item.run_id.clone(),
-        session_key: item.session_key.to_string(),
+        session_key: item.session_key.clone(),
         conversation: item.conversation.to_string(),
         prompt: item.prompt.clone(),
         engine: item.engine.to_string(),

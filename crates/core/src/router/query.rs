@@ -4,7 +4,7 @@
 
 use crate::engine::{Availability, ResumeToken};
 use crate::gateway::{ActiveRun, SchedulerSnapshot, ShuttingDown};
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionKey};
 use crate::store::{RunFilter, RunRecord, StoreError, StoredEvent};
 
 use super::{RouteError, RouterHandle, SessionView};
@@ -59,7 +59,7 @@ impl Runs {
     ///
     /// # Errors
     /// [`RouteError::ShuttingDown`] when the router is gone.
-    pub async fn session(&self, session_key: &str) -> Result<SessionView, RouteError> {
+    pub async fn session(&self, session_key: &SessionKey) -> Result<SessionView, RouteError> {
         self.router.session(session_key).await
     }
 

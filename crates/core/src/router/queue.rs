@@ -204,8 +204,8 @@ impl Conversation {
     }
 
     /// Steers of `session_key` waiting for the engine's answer.
-    pub fn pending_steers_of(&self, session_key: &str) -> usize {
-        self.pending.iter().filter(|p| &*p.item.session_key == session_key).count()
+    pub fn pending_steers_of(&self, session_key: &SessionKey) -> usize {
+        self.pending.iter().filter(|p| p.item.session_key == *session_key).count()
     }
 
     /// Nothing active, queued or in flight: the conversation can be forgotten.
@@ -496,14 +496,14 @@ impl Conversation {
     }
 
     /// Cancels the active run if it belongs to `session_key`; the queue stays.
-    pub fn cancel_session(&mut self, session_key: &str, reason: &RunError) -> Vec<Effect> {
-        self.cancel_active_if(reason, |a| &*a.session_key == session_key)
+    pub fn cancel_session(&mut self, session_key: &SessionKey, reason: &RunError) -> Vec<Effect> {
+        self.cancel_active_if(reason, |a| a.session_key == *session_key)
     }
 
     /// Drops the session's queued work and in-flight steers and cancels its active run.
-    pub fn abort_session(&mut self, session_key: &str, reason: &RunError) -> Vec<Effect> {
-        let mut effects = self.drop_queued_if(reason, |i| &*i.session_key == session_key);
-        effects.extend(self.cancel_active_if(reason, |a| &*a.session_key == session_key));
+    pub fn abort_session(&mut self, session_key: &SessionKey, reason: &RunError) -> Vec<Effect> {
+        let mut effects = self.drop_queued_if(reason, |i| i.session_key == *session_key);
+        effects.extend(self.cancel_active_if(reason, |a| a.session_key == *session_key));
         effects
     }
 

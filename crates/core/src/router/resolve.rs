@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use crate::config::{BindingConfig, GatewayConfig, QueueMode};
 use crate::engine::validate::{check_engine_ref_model, check_model};
 use crate::engine::{extract_plain_resume, EngineRegistry, Field, InvalidValue, ResumeToken};
-use crate::ids::{ConversationKey, EngineId, EngineRef, EngineRefError, Model};
+use crate::ids::{ConversationKey, EngineId, EngineRef, EngineRefError, Model, SessionKey};
 
 use super::ChannelRef;
 
@@ -417,7 +417,10 @@ pub fn check_resume_token(
 }
 
 /// The conversation a request belongs to: the explicit token's, else its session's.
-pub fn conversation_key(session_key: &str, explicit: Option<&ResumeToken>) -> ConversationKey {
+pub fn conversation_key(
+    session_key: &SessionKey,
+    explicit: Option<&ResumeToken>,
+) -> ConversationKey {
     match explicit {
         Some(token) => ConversationKey::resume(&token.engine, &token.value),
         None => ConversationKey::session(session_key),

@@ -214,7 +214,10 @@ async fn a_queued_run_is_visible_as_queued_before_it_starts() {
     let record =
         h.store.get_run(waiting.as_str()).await.unwrap().expect("row written at acceptance");
     assert_eq!(record.status, crate::bus::RunStatus::Queued);
-    assert_eq!(h.router.session("s").await.unwrap().queued, std::slice::from_ref(&waiting));
+    assert_eq!(
+        h.router.session(&SessionKey::from("s")).await.unwrap().queued,
+        std::slice::from_ref(&waiting)
+    );
     assert!(h.router.abort_run(&busy).await.unwrap());
     assert!(h.completion_of(&waiting).await.ok);
 }
@@ -267,7 +270,7 @@ async fn steer_goes_into_the_live_run_and_completes_with_it() {
     h.until(|e| e.run_id == steer && matches!(e.kind, EventKind::Phase(RunPhase::Accepted))).await;
     // Wait until the router has the engine's answer: the session shows no pending steer.
     loop {
-        if h.router.session("s").await.unwrap().pending_steers == 0 {
+        if h.router.session(&SessionKey::from("s")).await.unwrap().pending_steers == 0 {
             break;
         }
         tokio::task::yield_now().await;
@@ -293,7 +296,7 @@ async fn a_refused_steer_runs_as_a_followup() {
     h.started(&busy).await;
     let steer = h.submit("s", "ok instead", Some(QueueMode::Steer)).await;
     loop {
-        let view = h.router.session("s").await.unwrap();
+        let view = h.router.session(&SessionKey::from("s")).await.unwrap();
         if view.queued == std::slice::from_ref(&steer) {
             break;
         }
@@ -340,7 +343,12 @@ async fn sessions_continue_automatically_until_new() {
     let done = h.completion_of(&first).await;
     h.settled(&first).await;
     let token = done.resume.clone().expect("fake reports a session");
-    let state = h.store.get_chat_state("s", crate::clock::now_ms()).await.unwrap().unwrap();
+    let state = h
+        .store
+        .get_chat_state(&SessionKey::from("s"), crate::clock::now_ms())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (state.last_engine.as_str(), state.last_resume_token.as_str()),
         ("fake", token.value.as_str())
@@ -403,7 +411,12 @@ async fn a_context_overflow_forgets_the_session() {
     let mut h = harness(router_config()).await;
     let first = h.submit("s", "ok hello", None).await;
     h.settled(&first).await;
-    assert!(h.store.get_chat_state("s", crate::clock::now_ms()).await.unwrap().is_some());
+    assert!(h
+        .store
+        .get_chat_state(&SessionKey::from("s"), crate::clock::now_ms())
+        .await
+        .unwrap()
+        .is_some());
     let req = RunRequest {
         flags: RequestFlags { no_auto_resume: true, ..RequestFlags::default() },
         ..request("s", "/overflow too much", None)
@@ -414,7 +427,10 @@ async fn a_context_overflow_forgets_the_session() {
     h.settled(&second).await;
     // The router handles the run's end completely before the next message.
     let _ = h.command("s", "/status").await;
-    assert_eq!(h.store.get_chat_state("s", crate::clock::now_ms()).await.unwrap(), None);
+    assert_eq!(
+        h.store.get_chat_state(&SessionKey::from("s"), crate::clock::now_ms()).await.unwrap(),
+        None
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -494,14 +510,14 @@ async fn cancel_and_abort_variants() {
     // Cancel a session: the active run only.
     let a1 = h.submit("a", "hang", None).await;
     let a2 = h.submit("a", "ok kept", None).await;
-    let summary = h.router.cancel_session("a").await.unwrap();
+    let summary = h.router.cancel_session(&SessionKey::from("a")).await.unwrap();
     assert_eq!(summary, CancelSummary { dropped: 0, cancelled: 1 });
     assert_eq!(code(&h.completion_of(&a1).await), Some("user_requested"));
     assert!(h.completion_of(&a2).await.ok);
     // Abort a session: queue and active.
     let b1 = h.submit("b", "hang", None).await;
     let b2 = h.submit("b", "ok dropped", None).await;
-    let summary = h.router.abort_session("b").await.unwrap();
+    let summary = h.router.abort_session(&SessionKey::from("b")).await.unwrap();
     assert_eq!(summary, CancelSummary { dropped: 1, cancelled: 1 });
     let done = h.completions(2).await;
     let ids: Vec<&RunId> = done.iter().map(|(id, _)| id).collect();
@@ -538,7 +554,7 @@ async fn conversations_are_forgotten_when_idle() {
     let mut h = harness(router_config()).await;
     let run = h.submit("s", "ok hi", None).await;
     h.settled(&run).await;
-    let view = h.router.session("s").await.unwrap();
+    let view = h.router.session(&SessionKey::from("s")).await.unwrap();
     assert!(view.active.is_empty() && view.queued.is_empty());
 }
 
@@ -551,7 +567,7 @@ fn journaled(
     crate::store::JournalEntry {
         seq,
         run_id: RunId::parse(id).unwrap(),
-        session_key: "s".to_owned(),
+        session_key: "s".into(),
         conversation: "session:s".to_owned(),
         prompt: prompt.to_owned(),
         engine: "fake".to_owned(),
@@ -729,7 +745,9 @@ async fn redirect_falls_back_to_a_followup_when_the_engine_cannot_redirect() {
     h.started(&busy).await;
     let redirect = h.submit("s", "ok do this instead", Some(QueueMode::Redirect)).await;
     loop {
-        if h.router.session("s").await.unwrap().queued == std::slice::from_ref(&redirect) {
+        if h.router.session(&SessionKey::from("s")).await.unwrap().queued
+            == std::slice::from_ref(&redirect)
+        {
             break;
         }
         tokio::task::yield_now().await;
@@ -751,11 +769,18 @@ async fn native_only_runs_lemon_and_keeps_a_stored_vendor_session_unused() {
     assert_eq!(accepted.engine, "lemon", "directives are ignored");
     h.settled(&accepted.run_id).await;
 
-    h.store.put_chat_state("s", "codex", "vendor-1", crate::clock::now_ms()).await;
+    h.store
+        .put_chat_state(&SessionKey::from("s"), "codex", "vendor-1", crate::clock::now_ms())
+        .await;
     let run = h.submit("s", "hang", None).await;
     h.started(&run).await;
     // Until a native session replaces it, the vendor session stays stored.
-    let kept = h.store.get_chat_state("s", crate::clock::now_ms()).await.unwrap().unwrap();
+    let kept = h
+        .store
+        .get_chat_state(&SessionKey::from("s"), crate::clock::now_ms())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(kept.last_resume_token, "vendor-1", "quarantined, not deleted");
     let record = h.store.get_run(run.as_str()).await.unwrap().unwrap();
     assert!(record.meta.get("resume_source").is_none(), "the vendor session was not continued");
@@ -873,7 +898,7 @@ async fn values_that_could_be_options_are_refused_naming_their_field_and_nothing
 #[tokio::test(start_paused = true)]
 async fn a_stored_session_token_its_engine_would_refuse_is_ignored() {
     let mut h = harness(router_config()).await;
-    h.store.put_chat_state("s", "fake", "--yolo", crate::clock::now_ms()).await;
+    h.store.put_chat_state(&SessionKey::from("s"), "fake", "--yolo", crate::clock::now_ms()).await;
     let run = h.submit("s", "ok hi", None).await;
     let done = h.completion_of(&run).await;
     assert!(done.ok);

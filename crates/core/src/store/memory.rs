@@ -14,7 +14,7 @@ use super::{
     NewRun, RunEventStore, RunFilter, RunRecord, RunStore, StoreError, StoreLifecycle, StoredEvent,
 };
 use crate::bus::{BusEvent, RunStatus};
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionKey};
 
 /// Runs, events and chat state in maps. Keeps at most `max_runs` runs: past
 /// that, the oldest finished runs are forgotten with their events, so a
@@ -36,7 +36,7 @@ struct Tables {
     /// Insertion order of runs, for newest-first listing and eviction.
     order: VecDeque<String>,
     events: HashMap<RunId, Vec<Arc<BusEvent>>, RandomState>,
-    chat: HashMap<String, ChatState, RandomState>,
+    chat: HashMap<SessionKey, ChatState, RandomState>,
     /// The admission journal by run id.
     journal: HashMap<RunId, JournalEntry, RandomState>,
     /// Small records: namespace → key → record, keys in order for listing.
@@ -226,7 +226,7 @@ impl RunEventStore for MemoryStore {
 impl ChatStateStore for MemoryStore {
     async fn put_chat_state(
         &self,
-        session_key: &str,
+        session_key: &SessionKey,
         last_engine: &str,
         last_resume_token: &str,
         now_ms: i64,
@@ -240,12 +240,12 @@ impl ChatStateStore for MemoryStore {
             updated_at_ms: now_ms,
             expires_at_ms: now_ms + self.chat_state_ttl_ms,
         };
-        self.tables().chat.insert(session_key.to_owned(), state);
+        self.tables().chat.insert(session_key.clone(), state);
     }
 
     async fn get_chat_state(
         &self,
-        session_key: &str,
+        session_key: &SessionKey,
         now_ms: i64,
     ) -> Result<Option<ChatState>, StoreError> {
         let mut tables = self.tables();
@@ -258,7 +258,7 @@ impl ChatStateStore for MemoryStore {
         }
     }
 
-    async fn delete_chat_state(&self, session_key: &str) {
+    async fn delete_chat_state(&self, session_key: &SessionKey) {
         self.tables().chat.remove(session_key);
     }
 }

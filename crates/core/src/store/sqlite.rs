@@ -34,7 +34,7 @@ use super::{
 };
 use crate::bus::{BusEvent, RunStatus};
 use crate::engine::ResumeToken;
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionKey};
 
 #[cfg(test)]
 pub(crate) use self::schema::SCHEMA_VERSION;
@@ -325,13 +325,13 @@ impl RunEventStore for SqliteStore {
 impl ChatStateStore for SqliteStore {
     async fn put_chat_state(
         &self,
-        session_key: &str,
+        session_key: &SessionKey,
         last_engine: &str,
         last_resume_token: &str,
         now_ms: i64,
     ) {
         self.queue(WriteOp::PutChatState {
-            session_key: session_key.to_owned(),
+            session_key: session_key.clone(),
             last_engine: last_engine.to_owned(),
             last_resume_token: last_resume_token.to_owned(),
             updated_at_ms: now_ms,
@@ -342,10 +342,10 @@ impl ChatStateStore for SqliteStore {
 
     async fn get_chat_state(
         &self,
-        session_key: &str,
+        session_key: &SessionKey,
         now_ms: i64,
     ) -> Result<Option<ChatState>, StoreError> {
-        let key = session_key.to_owned();
+        let key = session_key.clone();
         let state = self
             .read(move |conn| {
                 let mut stmt = conn
@@ -354,7 +354,7 @@ impl ChatStateStore for SqliteStore {
                          FROM chat_state WHERE session_key = ?1",
                     )
                     .map_err(db)?;
-                let mut rows = stmt.query(params![key]).map_err(db)?;
+                let mut rows = stmt.query(params![key.as_str()]).map_err(db)?;
                 let Some(row) = rows.next().map_err(db)? else { return Ok(None) };
                 Ok(Some(ChatState {
                     last_engine: row.get(0).map_err(db)?,
@@ -369,7 +369,7 @@ impl ChatStateStore for SqliteStore {
                 // Tidying up is optional, so it never waits for a queue slot.
                 if let Some(tx) = &self.tx {
                     let _ = tx.try_send(WriteOp::DeleteExpiredChatState {
-                        session_key: session_key.to_owned(),
+                        session_key: session_key.clone(),
                         now_ms,
                     });
                 }
@@ -379,8 +379,8 @@ impl ChatStateStore for SqliteStore {
         }
     }
 
-    async fn delete_chat_state(&self, session_key: &str) {
-        self.queue(WriteOp::DeleteChatState { session_key: session_key.to_owned() }).await;
+    async fn delete_chat_state(&self, session_key: &SessionKey) {
+        self.queue(WriteOp::DeleteChatState { session_key: session_key.clone() }).await;
     }
 }
 
@@ -625,7 +625,7 @@ fn run_from_row(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     let resumed_from_engine: Option<String> = row.get(17).map_err(db)?;
     let resumed_from_value: Option<String> = row.get(18).map_err(db)?;
     Ok(RunRecord {
-        session_key: row.get(1).map_err(db)?,
+        session_key: row.get::<_, String>(1).map_err(db)?.into(),
         conversation: row.get(2).map_err(db)?,
         engine: row.get(3).map_err(db)?,
         prompt: row.get(4).map_err(db)?,
@@ -692,7 +692,7 @@ fn journal_from_row(row: &Row<'_>) -> Result<JournalEntry, StoreError> {
     Ok(JournalEntry {
         run_id: RunId::parse(&run_id).ok_or_else(|| corrupt("bad run id"))?,
         seq: u64::try_from(seq).map_err(|_| corrupt("negative seq"))?,
-        session_key: row.get(2).map_err(db)?,
+        session_key: row.get::<_, String>(2).map_err(db)?.into(),
         conversation: row.get(3).map_err(db)?,
         prompt: row.get(4).map_err(db)?,
         engine: row.get(5).map_err(db)?,

@@ -43,7 +43,7 @@ fn run_id(raw: &str) -> RunId {
 fn new_run(id: &str, created_at_ms: i64) -> NewRun {
     NewRun {
         run_id: run_id(id),
-        session_key: format!("session-{id}"),
+        session_key: format!("session-{id}").into(),
         conversation: format!("session:session-{id}"),
         engine: "echo".to_owned(),
         prompt: format!("prompt of {id}"),
@@ -338,20 +338,28 @@ async fn runs_created_in_the_same_millisecond_list_in_insertion_order() {
 #[tokio::test]
 async fn chat_state_put_get_overwrite_delete() {
     for Backend { name, store, _dir } in backends() {
-        assert_eq!(store.get_chat_state("s1", 1_000).await.unwrap(), None, "{name}");
+        assert_eq!(
+            store.get_chat_state(&SessionKey::from("s1"), 1_000).await.unwrap(),
+            None,
+            "{name}"
+        );
 
-        store.put_chat_state("s1", "claude", "tok-1", 1_000).await;
+        store.put_chat_state(&SessionKey::from("s1"), "claude", "tok-1", 1_000).await;
         let expected = ChatState {
             last_engine: "claude".to_owned(),
             last_resume_token: "tok-1".to_owned(),
             updated_at_ms: 1_000,
             expires_at_ms: 1_000 + DEFAULT_CHAT_STATE_TTL_MS,
         };
-        assert_eq!(store.get_chat_state("s1", 1_001).await.unwrap(), Some(expected), "{name}");
+        assert_eq!(
+            store.get_chat_state(&SessionKey::from("s1"), 1_001).await.unwrap(),
+            Some(expected),
+            "{name}"
+        );
 
-        store.put_chat_state("s1", "codex", "tok-2", 2_000).await;
-        store.put_chat_state("s2", "echo", "tok-3", 2_000).await;
-        let state = store.get_chat_state("s1", 2_001).await.unwrap().unwrap();
+        store.put_chat_state(&SessionKey::from("s1"), "codex", "tok-2", 2_000).await;
+        store.put_chat_state(&SessionKey::from("s2"), "echo", "tok-3", 2_000).await;
+        let state = store.get_chat_state(&SessionKey::from("s1"), 2_001).await.unwrap().unwrap();
         assert_eq!(
             (state.last_engine.as_str(), state.last_resume_token.as_str()),
             ("codex", "tok-2"),
@@ -359,26 +367,45 @@ async fn chat_state_put_get_overwrite_delete() {
         );
         assert_eq!(state.expires_at_ms, 2_000 + DEFAULT_CHAT_STATE_TTL_MS, "{name}");
 
-        store.delete_chat_state("s1").await;
-        assert_eq!(store.get_chat_state("s1", 2_002).await.unwrap(), None, "{name}");
-        assert!(store.get_chat_state("s2", 2_002).await.unwrap().is_some(), "{name}");
+        store.delete_chat_state(&SessionKey::from("s1")).await;
+        assert_eq!(
+            store.get_chat_state(&SessionKey::from("s1"), 2_002).await.unwrap(),
+            None,
+            "{name}"
+        );
+        assert!(
+            store.get_chat_state(&SessionKey::from("s2"), 2_002).await.unwrap().is_some(),
+            "{name}"
+        );
     }
 }
 
 #[tokio::test]
 async fn chat_state_expires_after_its_ttl() {
     for Backend { name, store, _dir } in backends() {
-        store.put_chat_state("s1", "claude", "tok-1", 1_000).await;
+        store.put_chat_state(&SessionKey::from("s1"), "claude", "tok-1", 1_000).await;
         let expiry = 1_000 + DEFAULT_CHAT_STATE_TTL_MS;
-        assert!(store.get_chat_state("s1", expiry - 1).await.unwrap().is_some(), "{name}");
-        assert_eq!(store.get_chat_state("s1", expiry).await.unwrap(), None, "{name}");
+        assert!(
+            store.get_chat_state(&SessionKey::from("s1"), expiry - 1).await.unwrap().is_some(),
+            "{name}"
+        );
+        assert_eq!(
+            store.get_chat_state(&SessionKey::from("s1"), expiry).await.unwrap(),
+            None,
+            "{name}"
+        );
         // Expired state stays gone even when asked about an earlier moment.
         store.flush().await.unwrap();
-        assert_eq!(store.get_chat_state("s1", expiry - 1).await.unwrap(), None, "{name}");
+        assert_eq!(
+            store.get_chat_state(&SessionKey::from("s1"), expiry - 1).await.unwrap(),
+            None,
+            "{name}"
+        );
 
         // A fresh put after expiry is visible again.
-        store.put_chat_state("s1", "codex", "tok-2", expiry + 10).await;
-        let state = store.get_chat_state("s1", expiry + 11).await.unwrap().unwrap();
+        store.put_chat_state(&SessionKey::from("s1"), "codex", "tok-2", expiry + 10).await;
+        let state =
+            store.get_chat_state(&SessionKey::from("s1"), expiry + 11).await.unwrap().unwrap();
         assert_eq!(state.last_resume_token, "tok-2", "{name}");
     }
 }
@@ -455,13 +482,13 @@ async fn sqlite_data_survives_close_and_reopen() {
     for event in &events {
         store.append_event(event.clone()).await;
     }
-    store.put_chat_state("s1", "echo", "tok-1", 1_000).await;
+    store.put_chat_state(&SessionKey::from("s1"), "echo", "tok-1", 1_000).await;
     store.close().await.unwrap();
 
     let store = open(&db_path(&dir));
     assert_eq!(store.get_run("run_kept").await.unwrap(), Some(before));
     assert_eq!(store.run_events("run_kept").await.unwrap(), stored(&events));
-    let state = store.get_chat_state("s1", 1_001).await.unwrap().unwrap();
+    let state = store.get_chat_state(&SessionKey::from("s1"), 1_001).await.unwrap().unwrap();
     assert_eq!(state.last_resume_token, "tok-1");
     store.close().await.unwrap();
 }
@@ -583,7 +610,7 @@ async fn sqlite_after_close_reads_fail_and_writes_are_dropped() {
         Err(StoreError::Closed)
     );
     assert_eq!(store.run_events("run_1").await, Err(StoreError::Closed));
-    assert_eq!(store.get_chat_state("s1", 1).await, Err(StoreError::Closed));
+    assert_eq!(store.get_chat_state(&SessionKey::from("s1"), 1).await, Err(StoreError::Closed));
     assert_eq!(store.flush().await, Err(StoreError::Closed));
     assert_eq!(store.check_writable().await, Err(StoreError::Closed));
 
@@ -591,8 +618,8 @@ async fn sqlite_after_close_reads_fail_and_writes_are_dropped() {
     store.mark_running(run_id("run_1"), "echo".to_owned(), 1).await;
     store.append_event(event("run_1", 1, EventKind::Phase(RunPhase::Accepted))).await;
     store.finalize_run(finished("run_1", Completion::success("x", None))).await;
-    store.put_chat_state("s1", "echo", "tok", 1).await;
-    store.delete_chat_state("s1").await;
+    store.put_chat_state(&SessionKey::from("s1"), "echo", "tok", 1).await;
+    store.delete_chat_state(&SessionKey::from("s1")).await;
     drop(store);
 
     assert_eq!(n_rows(&path, "runs"), 1);
@@ -817,7 +844,7 @@ fn journal_entry(id: &str, seq: u64) -> JournalEntry {
     JournalEntry {
         seq,
         run_id: run_id(id),
-        session_key: "s1".to_owned(),
+        session_key: "s1".into(),
         conversation: "resume:codex:t-1".to_owned(),
         prompt: "fix the test".to_owned(),
         engine: "codex".to_owned(),
@@ -1233,7 +1260,7 @@ async fn each_concern_is_reachable_through_its_own_trait() {
         let one = event("run_view", 1, EventKind::Phase(RunPhase::Dispatched));
         events.append_event(Arc::clone(&one)).await;
         let chat: &dyn ChatStateStore = store.chat_state();
-        chat.put_chat_state("sv", "echo", "tok", 1_000).await;
+        chat.put_chat_state(&SessionKey::from("sv"), "echo", "tok", 1_000).await;
         let kv: &dyn KvStore = store.kv();
         kv.kv_put("ns", "k", json!("v"), None).await;
         let journal: &dyn JournalStore = store.journal();
@@ -1247,7 +1274,11 @@ async fn each_concern_is_reachable_through_its_own_trait() {
         );
         assert_eq!(events.run_events("run_view").await.unwrap(), stored(&[one]), "{name}");
         assert_eq!(
-            chat.get_chat_state("sv", 1_001).await.unwrap().unwrap().last_resume_token,
+            chat.get_chat_state(&SessionKey::from("sv"), 1_001)
+                .await
+                .unwrap()
+                .unwrap()
+                .last_resume_token,
             "tok",
             "{name}"
         );

@@ -126,7 +126,7 @@ async fn an_engine_refuses_to_start_with_a_token_or_model_that_could_be_an_optio
         let engine = CliEngine::new(vendor, &EngineSection::default(), &ctx);
         let request = |resume: Option<&str>, model: Option<&str>| StartRequest {
             run_id: lemon_core::ids::RunId::generate(),
-            session_key: "s".to_owned(),
+            session_key: "s".into(),
             prompt: "hi".to_owned(),
             resume: resume.map(|value| ResumeToken::new(vendor.id(), value)),
             cwd: PathBuf::from("/"),
@@ -148,7 +148,7 @@ async fn an_engine_refuses_to_start_with_a_token_or_model_that_could_be_an_optio
     let (sink, _events) = EventSink::channel(8);
     let req = StartRequest {
         run_id: lemon_core::ids::RunId::generate(),
-        session_key: "s".to_owned(),
+        session_key: "s".into(),
         prompt: "hi".to_owned(),
         resume: None,
         cwd: PathBuf::from("/"),

@@ -12,7 +12,7 @@ fn chunks_concatenate_back_to_the_prompt() {
 fn request(prompt: &str) -> StartRequest {
     StartRequest {
         run_id: lemon_core::ids::RunId::parse("run-1").unwrap(),
-        session_key: "s".to_owned(),
+        session_key: "s".into(),
         prompt: prompt.to_owned(),
         resume: None,
         cwd: std::env::temp_dir(),

@@ -1,7 +1,7 @@
 //! What an incoming Telegram message means: which conversation it belongs to,
 //! whether it is a command, a prompt, or something the bot cannot take yet.
 
-use lemon_core::ids::RunId;
+use lemon_core::ids::{RunId, SessionKey};
 use lemon_core::router::ChannelRef;
 
 use super::types::Message;
@@ -86,14 +86,15 @@ pub fn topic_of(message: &Message) -> Option<i64> {
 }
 
 /// `agent:<agent_id>:telegram:<bot_id>:<dm|group|channel>:<chat_id>[:thread:<topic_id>]`.
-pub fn session_key(agent_id: &str, bot_id: i64, message: &Message) -> String {
+pub fn session_key(agent_id: &str, bot_id: i64, message: &Message) -> SessionKey {
     let kind = chat_kind(&message.chat.kind);
     let chat_id = message.chat.id;
     match topic_of(message) {
         Some(topic) => {
             format!("agent:{agent_id}:{TRANSPORT_ID}:{bot_id}:{kind}:{chat_id}:thread:{topic}")
+                .into()
         }
-        None => format!("agent:{agent_id}:{TRANSPORT_ID}:{bot_id}:{kind}:{chat_id}"),
+        None => format!("agent:{agent_id}:{TRANSPORT_ID}:{bot_id}:{kind}:{chat_id}").into(),
     }
 }
 

@@ -18,6 +18,7 @@ use std::time::Duration;
 use crate::delivery::{Backoff, DeliveryRecord, DeliveryRecords};
 use futures::future::BoxFuture;
 use lemon_core::bus::BusEvent;
+use lemon_core::ids::SessionKey;
 use lemon_core::router::RunFollower;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -194,7 +195,7 @@ pub(super) struct CallbackRecord {
     pub(super) url: String,
     pub(super) integration_id: String,
     pub(super) run_id: String,
-    pub(super) session_key: String,
+    pub(super) session_key: SessionKey,
     #[serde(default)]
     pub(super) metadata: Value,
     /// The normalised attachments (a JSON list).

@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::{EngineLock, LockKey};
 
 fn key(name: &str) -> LockKey {
-    LockKey::Session(name.to_owned())
+    LockKey::Session(name.into())
 }
 
 const LONG: Duration = Duration::from_secs(60);

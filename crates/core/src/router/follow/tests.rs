@@ -24,7 +24,7 @@ async fn store_with_run() -> StoreHandle {
     store
         .insert_run(NewRun {
             run_id: run_id(),
-            session_key: "s".to_owned(),
+            session_key: "s".into(),
             conversation: "session:s".to_owned(),
             engine: "echo".to_owned(),
             prompt: "hi".to_owned(),

@@ -293,13 +293,13 @@ fn cancel_all_clears_queue_and_steers_and_cancels_the_run() {
 fn cancel_session_keeps_the_queue() {
     let mut conv = busy();
     conv.submit(item(1, QueueMode::Collect), t0(), Limits::default());
-    let effects = conv.cancel_session("s", &RunError::UserRequested);
+    let effects = conv.cancel_session(&SessionKey::from("s"), &RunError::UserRequested);
     assert_eq!(
         effects,
         vec![Effect::CancelActive { run_id: id(0), reason: RunError::UserRequested }]
     );
     assert_eq!(queued(&conv), ["p1"]);
-    assert!(conv.cancel_session("other", &RunError::UserRequested).is_empty());
+    assert!(conv.cancel_session(&SessionKey::from("other"), &RunError::UserRequested).is_empty());
 }
 
 #[test]
@@ -309,7 +309,7 @@ fn abort_session_drops_only_that_sessions_work() {
     let mut other = item(2, QueueMode::Collect);
     other.session_key = "t".into();
     conv.submit(other, t0(), Limits::default());
-    let effects = acts(conv.abort_session("s", &RunError::UserRequested));
+    let effects = acts(conv.abort_session(&SessionKey::from("s"), &RunError::UserRequested));
     assert_eq!(completed_ids(&effects), [("r1".to_owned(), Some("user_requested".to_owned()))]);
     assert!(effects.iter().any(|e| matches!(e, Effect::CancelActive { .. })));
     assert_eq!(queued(&conv), ["p2"]);

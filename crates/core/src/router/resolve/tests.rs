@@ -177,9 +177,12 @@ fn native_only_rejects_explicit_vendor_tokens_and_ignores_stored_ones() {
 
 #[test]
 fn conversation_keys() {
-    assert_eq!(conversation_key("s1", None).as_str(), "session:s1");
-    assert_eq!(conversation_key("  ", None).as_str(), "session:default");
-    assert_eq!(conversation_key("s1", Some(&token("codex", "abc"))).as_str(), "resume:codex:abc");
+    assert_eq!(conversation_key(&SessionKey::from("s1"), None).as_str(), "session:s1");
+    assert_eq!(conversation_key(&SessionKey::from("  "), None).as_str(), "session:default");
+    assert_eq!(
+        conversation_key(&SessionKey::from("s1"), Some(&token("codex", "abc"))).as_str(),
+        "resume:codex:abc"
+    );
 }
 
 #[test]

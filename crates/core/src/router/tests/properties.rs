@@ -74,10 +74,10 @@ async fn scenario(ops: Vec<Op>, cap: Option<usize>) {
                 accepted.push(Submitted { run_id, session, prompt, mode });
             }
             Op::CancelSession { session } => {
-                h.router.cancel_session(&format!("s{session}")).await.unwrap();
+                h.router.cancel_session(&SessionKey::from(format!("s{session}"))).await.unwrap();
             }
             Op::AbortSession { session } => {
-                h.router.abort_session(&format!("s{session}")).await.unwrap();
+                h.router.abort_session(&SessionKey::from(format!("s{session}"))).await.unwrap();
             }
             Op::AbortRun { pick } if !accepted.is_empty() => {
                 let run_id = &accepted[pick as usize % accepted.len()].run_id;
@@ -92,7 +92,7 @@ async fn scenario(ops: Vec<Op>, cap: Option<usize>) {
     let mut completions: HashMap<RunId, Completion> = HashMap::new();
     while completions.len() < accepted.len() {
         for session in 0..3 {
-            h.router.cancel_session(&format!("s{session}")).await.unwrap();
+            h.router.cancel_session(&SessionKey::from(format!("s{session}"))).await.unwrap();
         }
         let wait = tokio::time::timeout(Duration::from_secs(5), h.completions(1)).await;
         for (run_id, completion) in wait.into_iter().flatten() {
@@ -141,7 +141,7 @@ async fn scenario(ops: Vec<Op>, cap: Option<usize>) {
     // Nothing is left behind, so no completion can still come.
     for session in 0..3 {
         loop {
-            let view = h.router.session(&format!("s{session}")).await.unwrap();
+            let view = h.router.session(&SessionKey::from(format!("s{session}"))).await.unwrap();
             if view.active.is_empty() && view.queued.is_empty() && view.pending_steers == 0 {
                 break;
             }

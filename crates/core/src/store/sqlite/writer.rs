@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::super::{FinishedRun, JournalEntry, NewRun, StoreError};
 use crate::bus::{BusEvent, RunStatus};
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionKey};
 
 /// Most ops applied in one transaction; bounds how long a barrier waits behind a burst.
 const MAX_BATCH: usize = 4096;
@@ -60,18 +60,18 @@ pub(super) enum WriteOp {
     AppendEvent(Arc<BusEvent>),
     FinalizeRun(FinishedRun),
     PutChatState {
-        session_key: String,
+        session_key: SessionKey,
         last_engine: String,
         last_resume_token: String,
         updated_at_ms: i64,
         expires_at_ms: i64,
     },
     DeleteChatState {
-        session_key: String,
+        session_key: SessionKey,
     },
     /// Deletes chat state that is still expired at `now_ms`, so a put queued in between wins.
     DeleteExpiredChatState {
-        session_key: String,
+        session_key: SessionKey,
         now_ms: i64,
     },
     JournalAdmit(Box<JournalEntry>),
@@ -591,7 +591,7 @@ impl Writer {
                      VALUES (?1, ?2, ?3, ?4, ?5)",
                 )?;
                 stmt.execute(params![
-                    session_key,
+                    session_key.as_str(),
                     last_engine,
                     last_resume_token,
                     updated_at_ms,
@@ -601,13 +601,13 @@ impl Writer {
             WriteOp::DeleteChatState { session_key } => {
                 let mut stmt =
                     self.conn.prepare_cached("DELETE FROM chat_state WHERE session_key = ?1")?;
-                stmt.execute(params![session_key])?;
+                stmt.execute(params![session_key.as_str()])?;
             }
             WriteOp::DeleteExpiredChatState { session_key, now_ms } => {
                 let mut stmt = self.conn.prepare_cached(
                     "DELETE FROM chat_state WHERE session_key = ?1 AND expires_at_ms <= ?2",
                 )?;
-                stmt.execute(params![session_key, now_ms])?;
+                stmt.execute(params![session_key.as_str(), now_ms])?;
             }
             WriteOp::JournalAdmit(entry) => {
                 let mut stmt = self.conn.prepare_cached(
@@ -619,7 +619,7 @@ impl Writer {
                 stmt.execute(params![
                     entry.run_id.as_str(),
                     to_i64(entry.seq),
-                    entry.session_key,
+                    entry.session_key.as_str(),
                     entry.conversation,
                     entry.prompt,
                     entry.engine,
@@ -808,7 +808,7 @@ impl Writer {
         stmt.raw_bind_parameter(14, json_text(&mut self.json, usage)?)?;
         stmt.raw_bind_parameter(1, row.seq)?;
         stmt.raw_bind_parameter(2, run.run_id.as_str())?;
-        stmt.raw_bind_parameter(3, &run.session_key)?;
+        stmt.raw_bind_parameter(3, run.session_key.as_str())?;
         stmt.raw_bind_parameter(4, &run.conversation)?;
         stmt.raw_bind_parameter(5, &run.engine)?;
         stmt.raw_bind_parameter(6, &run.prompt)?;
