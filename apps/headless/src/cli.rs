@@ -211,6 +211,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
     };
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
+            // Listening before the ready line: a SIGTERM right after it drains.
+            let signals = StopSignals::listen();
             let opts = ServeOptions { paths, env: env.clone(), user_home: user_home(&env) };
             let running = server::start(opts).await?;
             let api = format!("http://{}", running.api_addr);
@@ -220,7 +222,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             }
             println!("lemon-gateway ready api={api} health=http://{}", running.health_addr);
             std::io::stdout().flush()?;
-            wait_for_signal(running.token()).await;
+            signals.wait(running.token()).await;
             running.shutdown().await?;
             Ok(failure::OK)
         }
@@ -304,22 +306,39 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Waits for SIGINT or SIGTERM, or for `token` to be cancelled.
-async fn wait_for_signal(token: tokio_util::sync::CancellationToken) {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
+/// SIGINT and SIGTERM, listened for from the moment this is made.
+struct StopSignals {
+    interrupt: Option<tokio::signal::unix::Signal>,
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    fn listen() -> Self {
+        let listen = |kind: tokio::signal::unix::SignalKind, name: &str| {
+            tokio::signal::unix::signal(kind)
+                .map_err(|error| tracing::warn!(%error, "cannot listen for {name}"))
+                .ok()
+        };
+        StopSignals {
+            interrupt: listen(tokio::signal::unix::SignalKind::interrupt(), "SIGINT"),
+            terminate: listen(tokio::signal::unix::SignalKind::terminate(), "SIGTERM"),
+        }
+    }
+
+    /// Waits for SIGINT or SIGTERM, or for `token` to be cancelled.
+    async fn wait(mut self, token: tokio_util::sync::CancellationToken) {
+        async fn next(signal: Option<&mut tokio::signal::unix::Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
-        () = token.cancelled() => {}
+        tokio::select! {
+            () = next(self.interrupt.as_mut()) => {}
+            () = next(self.terminate.as_mut()) => {}
+            () = token.cancelled() => {}
+        }
     }
 }
