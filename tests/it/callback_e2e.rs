@@ -175,3 +175,46 @@ async fn a_run_still_running_at_a_stop_gets_its_callback_once_after_the_restart(
     start_and_stop(home.path()).await;
     assert_eq!(receiver.taken.load(Ordering::SeqCst), 1, "delivered exactly once");
 }
+
+/// The webhook transport's status detail, once `accept` takes it.
+async fn webhook_detail(gateway: &Gateway, accept: impl Fn(&str) -> bool) -> String {
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let status = gateway.status().await;
+            let detail =
+                status["transports"]["webhook"]["detail"].as_str().unwrap_or("").to_owned();
+            if accept(&detail) {
+                return detail;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+    })
+    .await
+    .expect("the webhook's status in time")
+}
+
+#[tokio::test]
+async fn a_callback_given_up_on_shows_in_status_also_after_a_restart() {
+    let port = free_port().await;
+    let mut receiver = Receiver::start(false).await;
+    let config = config(port, &receiver.url, "")
+        .replace("callback_max_attempts = 50", "callback_max_attempts = 2");
+    let home = home_with(&config);
+    let gateway = Gateway::start_in(home.path()).await;
+    let plain = webhook_detail(&gateway, |d| !d.is_empty()).await;
+    assert_eq!(plain, format!("127.0.0.1:{port}"), "nothing given up yet");
+    post_hook(&gateway, port, "nobody listens").await;
+    assert_eq!(receiver.next_attempt().await, 503);
+    assert_eq!(receiver.next_attempt().await, 503);
+    let detail = webhook_detail(&gateway, |d| d.contains("given up")).await;
+    assert_eq!(detail, format!("127.0.0.1:{port}; 1 callback given up (see the log)"));
+    assert!(gateway.terminate().await.success());
+
+    // Still on record, so the next start says so too, and tries no more.
+    let gateway = Gateway::start_in(home.path()).await;
+    let detail = webhook_detail(&gateway, |d| !d.is_empty()).await;
+    assert_eq!(detail, format!("127.0.0.1:{port}; 1 callback given up (see the log)"));
+    assert!(gateway.terminate().await.success());
+    assert!(receiver.attempts.try_recv().is_err(), "no attempt after it was given up");
+    assert_eq!(receiver.taken.load(Ordering::SeqCst), 0);
+}

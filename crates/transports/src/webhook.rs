@@ -59,6 +59,7 @@ use lemon_core::ids::{RunId, SessionKey};
 use lemon_core::router::resolve::parse_engine_ref;
 use lemon_core::router::{Origin, RequestFlags, RouteError, RouterHandle, RunRequest, Submitted};
 use lemon_core::store::StoreHandle;
+use lemon_core::transport::StatusHandle;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -98,6 +99,9 @@ pub struct WebhookDeps {
     pub tracker: TaskTracker,
     /// Stops pending callback deliveries.
     pub shutdown: CancellationToken,
+    /// The transport's status entry and the address it shows, kept up to date
+    /// with the callbacks given up on; `None` where nothing shows a status.
+    pub status: Option<(StatusHandle, String)>,
 }
 
 impl fmt::Debug for WebhookDeps {
@@ -128,6 +132,7 @@ struct Inner {
     keys: IdempotencyKeys,
     /// Callbacks not delivered yet.
     callbacks: DeliveryRecords<CallbackRecord>,
+    status: Option<callback::CallbackStatus>,
 }
 
 impl fmt::Debug for WebhookState {
@@ -157,6 +162,11 @@ impl WebhookState {
                 deliveries: TaskTracker::new(),
                 shutdown: deps.shutdown,
                 keys,
+                status: deps.status.map(|(handle, addr)| callback::CallbackStatus {
+                    handle,
+                    addr,
+                    records: callbacks.clone(),
+                }),
                 callbacks,
             }),
         }
@@ -168,6 +178,9 @@ impl WebhookState {
     pub async fn recover_callbacks(&self) -> usize {
         let inner = &self.inner;
         let recovered = inner.callbacks.recover().await;
+        if let Some(status) = &inner.status {
+            status.show();
+        }
         if recovered.given_up > 0 {
             tracing::warn!(
                 given_up = recovered.given_up,
@@ -187,6 +200,7 @@ impl WebhookState {
                 settings,
                 resolver: inner.resolver.clone(),
                 records: inner.callbacks.clone(),
+                status: inner.status.clone(),
             };
             let run = inner.router.follow(&run_id);
             inner.deliveries.spawn(delivery.follow(run, inner.shutdown.clone()));
@@ -637,6 +651,7 @@ async fn submit(
                 settings: settings.callback.clone(),
                 resolver: inner.resolver.clone(),
                 records: inner.callbacks.clone(),
+                status: inner.status.clone(),
             })
         }
         _ => None,

@@ -20,6 +20,7 @@ use futures::future::BoxFuture;
 use lemon_core::bus::BusEvent;
 use lemon_core::ids::SessionKey;
 use lemon_core::router::RunFollower;
+use lemon_core::transport::StatusHandle;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -222,6 +223,29 @@ pub(super) struct Delivery {
     pub(super) settings: CallbackSettings,
     pub(super) resolver: std::sync::Arc<dyn Resolve>,
     pub(super) records: DeliveryRecords<CallbackRecord>,
+    /// Shown again when this callback is given up on.
+    pub(super) status: Option<CallbackStatus>,
+}
+
+/// The webhook transport's status line: where it listens and, once any
+/// callback was given up on, how many.
+#[derive(Debug, Clone)]
+pub(super) struct CallbackStatus {
+    pub(super) handle: StatusHandle,
+    pub(super) addr: String,
+    pub(super) records: DeliveryRecords<CallbackRecord>,
+}
+
+impl CallbackStatus {
+    /// Shows the transport as running with its current detail.
+    pub(super) fn show(&self) {
+        let detail = match self.records.given_up_count() {
+            0 => self.addr.clone(),
+            1 => format!("{}; 1 callback given up (see the log)", self.addr),
+            n => format!("{}; {n} callbacks given up (see the log)", self.addr),
+        };
+        self.handle.running(Some(detail));
+    }
 }
 
 impl Delivery {
@@ -295,6 +319,9 @@ impl Delivery {
         tracing::error!(run_id = %self.record.run_id, %host, attempts = self.record.attempts, %reason, "webhook callback given up");
         self.record.failed = Some(reason);
         self.records.give_up(&self.record.run_id, &self.record).await;
+        if let Some(status) = &self.status {
+            status.show();
+        }
         false
     }
 

@@ -77,10 +77,10 @@ impl Transport for WebhookTransport {
             resolver: self.resolver.clone(),
             tracker: ctx.tracker.clone(),
             shutdown: stop.clone(),
+            status: Some((ctx.status.clone(), local.to_string())),
         });
         state.recover_callbacks().await;
         let deliveries = state.clone();
-        ctx.status.running(Some(local.to_string()));
         tracing::info!(webhook_addr = %local, "webhooks listening");
         let served =
             lemon_api::serve_with(listener, router(state), ctx.shutdown.clone(), ctx.http.clone())

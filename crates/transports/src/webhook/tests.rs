@@ -116,6 +116,7 @@ impl TestHook {
             resolver: Arc::new(resolver),
             tracker: tracker.clone(),
             shutdown: token.clone(),
+            status: None,
         });
         TestHook { state, bus, store, router, tracker, _token: token }
     }
