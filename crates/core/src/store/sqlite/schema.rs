@@ -125,6 +125,6 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), String> {
         tx.execute_batch(sql).map_err(|e| format!("migration {next} failed: {e}"))?;
         tx.pragma_update(None, "user_version", next).map_err(|e| e.to_string())?;
         tx.commit().map_err(|e| format!("migration {next} failed to commit: {e}"))?;
-        tracing::info!(version = next, "store schema migrated");
+        tracing::debug!(version = next, "store schema migrated");
     }
 }
