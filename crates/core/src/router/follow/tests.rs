@@ -37,6 +37,11 @@ async fn store_with_run() -> StoreHandle {
 }
 
 /// Queued for the store, then published: the order every publisher keeps.
+/// A follower of the run over `bus` and `store`; `fresh` as for [`RunFollower::new`].
+fn follow_run(bus: &EventBus, store: &StoreHandle, fresh: bool) -> RunFollower {
+    RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), fresh)
+}
+
 async fn emit(bus: &EventBus, store: &StoreHandle, event: Arc<BusEvent>) {
     store.append_event(event.clone()).await;
     bus.publish(event);
@@ -67,8 +72,7 @@ async fn events_before_and_after_subscribing_are_joined_without_gaps_or_repeats(
     // Published before anyone followed.
     emit(&bus, &store, delta(1)).await;
     emit(&bus, &store, delta(2)).await;
-    let mut follower =
-        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), false);
+    let mut follower = follow_run(&bus, &store, false);
     // Live and in the first store read alike.
     emit(&bus, &store, delta(3)).await;
     // A phase is a hint, not one of the run's events.
@@ -92,15 +96,14 @@ async fn a_run_that_finished_before_following_ends_with_its_stored_completion() 
     let completion = Completion::failure(error, resume);
     emit(&bus, &store, completed(2, completion.clone())).await;
 
-    let mut follower = RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store, false);
+    let mut follower = follow_run(&bus, &store, false);
     assert_eq!(collect(&mut follower).await, expected(1));
 
     // The typed completion is the one that was published.
     let bus = EventBus::default();
     let store = store_with_run().await;
     emit(&bus, &store, completed(1, completion.clone())).await;
-    let mut follower =
-        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), false);
+    let mut follower = follow_run(&bus, &store, false);
     let last = within("the completion", follower.next()).await.unwrap();
     // Its JSON is the stored one, byte for byte.
     let stored = store.run_events("r1").await.unwrap().pop().unwrap();
@@ -150,8 +153,7 @@ async fn a_lagged_follower_resynchronises_from_the_store() {
     // A run topic holds two events; the follower reads none until all are out.
     let bus = EventBus::new(64, 2);
     let store = store_with_run().await;
-    let mut follower =
-        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true);
+    let mut follower = follow_run(&bus, &store, true);
     for index in 1..=6 {
         emit(&bus, &store, delta(index)).await;
     }
@@ -163,8 +165,7 @@ async fn a_lagged_follower_resynchronises_from_the_store() {
 async fn a_gap_in_live_events_is_filled_from_the_store() {
     let bus = EventBus::default();
     let store = store_with_run().await;
-    let mut follower =
-        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true);
+    let mut follower = follow_run(&bus, &store, true);
     emit(&bus, &store, delta(1)).await;
     // Stored but never seen live.
     store.append_event(delta(2)).await;
@@ -177,8 +178,7 @@ async fn a_gap_in_live_events_is_filled_from_the_store() {
 async fn exactly_one_completion_ends_the_follower() {
     let bus = EventBus::default();
     let store = store_with_run().await;
-    let mut follower =
-        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true);
+    let mut follower = follow_run(&bus, &store, true);
     emit(&bus, &store, delta(1)).await;
     emit(&bus, &store, completed(2, Completion::success("", None))).await;
     // Whatever is stored after the completion is never handed out.
@@ -193,8 +193,7 @@ async fn exactly_one_completion_ends_the_follower() {
 async fn a_closed_topic_without_a_completion_ends_after_the_stored_events() {
     let bus = EventBus::default();
     let store = store_with_run().await;
-    let mut follower =
-        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true);
+    let mut follower = follow_run(&bus, &store, true);
     emit(&bus, &store, delta(1)).await;
     store.append_event(delta(2)).await;
     drop(bus);
@@ -206,9 +205,7 @@ async fn a_closed_topic_without_a_completion_ends_after_the_stored_events() {
 async fn a_quiet_topic_finds_a_completion_written_only_to_the_store() {
     let bus = EventBus::default();
     let store = store_with_run().await;
-    let mut follower =
-        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store.clone(), true)
-            .check_store_when_quiet(Duration::from_secs(1));
+    let mut follower = follow_run(&bus, &store, true).check_store_when_quiet(Duration::from_secs(1));
     store.append_event(delta(1)).await;
     store.append_event(completed(2, Completion::success("", None))).await;
     store
@@ -231,8 +228,7 @@ async fn resuming_after_an_index_skips_what_the_client_has() {
         emit(&bus, &store, delta(index)).await;
     }
     emit(&bus, &store, completed(4, Completion::success("", None))).await;
-    let mut follower =
-        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store, false).after(2);
+    let mut follower = follow_run(&bus, &store, false).after(2);
     assert_eq!(
         collect(&mut follower).await,
         [("delta".to_owned(), 3), ("run_completed".to_owned(), 4)]
@@ -245,7 +241,6 @@ async fn resuming_past_the_completion_ends_at_once() {
     let store = store_with_run().await;
     emit(&bus, &store, delta(1)).await;
     emit(&bus, &store, completed(2, Completion::success("", None))).await;
-    let mut follower =
-        RunFollower::new(run_id(), bus.subscribe_run(&run_id()), store, false).after(2);
+    let mut follower = follow_run(&bus, &store, false).after(2);
     assert!(collect(&mut follower).await.is_empty());
 }
