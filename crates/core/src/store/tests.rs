@@ -1061,14 +1061,8 @@ async fn sqlite_reading_purges_expired_kv_rows_a_batch_at_a_time() {
 async fn sqlite_a_file_from_before_the_kv_table_is_migrated_and_keeps_its_runs() {
     let dir = tempfile::tempdir().unwrap();
     let path = db_path(&dir);
-    let store = open(&path);
-    store.insert_run(new_run("run_old", 1_000)).await;
-    store.close().await.unwrap();
     // Make the file look like one written before migration 3.
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    conn.execute_batch(&format!("{UNDO_RESUMED_FROM} DROP TABLE kv; PRAGMA user_version = 2;"))
-        .unwrap();
-    drop(conn);
+    older_file_with_a_run(&path, &format!("{UNDO_RESUMED_FROM} DROP TABLE kv;"), 2).await;
 
     let store = open(&path);
     assert_eq!(user_version(&path), SCHEMA_VERSION);
@@ -1076,6 +1070,16 @@ async fn sqlite_a_file_from_before_the_kv_table_is_migrated_and_keeps_its_runs()
     store.kv_put("ns", "k", json!(1), None).await;
     assert_eq!(store.kv_get("ns", "k", 0).await.unwrap(), Some(json!(1)));
     store.close().await.unwrap();
+}
+
+/// Writes a file at `path` holding the queued run `run_old`, then makes it
+/// look like one of schema `version`: `undo` takes out what came later.
+async fn older_file_with_a_run(path: &Path, undo: &str, version: u32) {
+    let store = open(path);
+    store.insert_run(new_run("run_old", 1_000)).await;
+    store.close().await.unwrap();
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(&format!("{undo} PRAGMA user_version = {version};")).unwrap();
 }
 
 /// Undoes migration 4 (the `resumed_from` columns), to make a file look older.
@@ -1086,12 +1090,7 @@ const UNDO_RESUMED_FROM: &str = "ALTER TABLE runs DROP COLUMN resumed_from_engin
 async fn sqlite_a_file_from_before_resumed_from_is_migrated_and_keeps_its_runs() {
     let dir = tempfile::tempdir().unwrap();
     let path = db_path(&dir);
-    let store = open(&path);
-    store.insert_run(new_run("run_old", 1_000)).await;
-    store.close().await.unwrap();
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    conn.execute_batch(&format!("{UNDO_RESUMED_FROM} PRAGMA user_version = 3;")).unwrap();
-    drop(conn);
+    older_file_with_a_run(&path, UNDO_RESUMED_FROM, 3).await;
 
     let store = open(&path);
     assert_eq!(user_version(&path), SCHEMA_VERSION);

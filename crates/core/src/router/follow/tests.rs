@@ -205,7 +205,8 @@ async fn a_closed_topic_without_a_completion_ends_after_the_stored_events() {
 async fn a_quiet_topic_finds_a_completion_written_only_to_the_store() {
     let bus = EventBus::default();
     let store = store_with_run().await;
-    let mut follower = follow_run(&bus, &store, true).check_store_when_quiet(Duration::from_secs(1));
+    let mut follower =
+        follow_run(&bus, &store, true).check_store_when_quiet(Duration::from_secs(1));
     store.append_event(delta(1)).await;
     store.append_event(completed(2, Completion::success("", None))).await;
     store
