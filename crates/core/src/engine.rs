@@ -609,4 +609,4 @@ impl EngineRegistry {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

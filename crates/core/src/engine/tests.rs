@@ -74,9 +74,9 @@ fn merged_and_overflow_errors_have_their_own_codes() {
     assert!(!RunError::Engine { message: "context_length_exceeded".into() }.is_context_overflow());
 }
 
-#[test]
-fn every_error_reads_back_from_its_stored_code_and_text() {
-    let errors = [
+/// One error of every kind, each with a text worth keeping.
+pub(crate) fn one_of_each_error() -> Vec<RunError> {
+    vec![
         RunError::UserRequested,
         RunError::Interrupted,
         RunError::LockTimeout,
@@ -93,7 +93,12 @@ fn every_error_reads_back_from_its_stored_code_and_text() {
         RunError::Merged { into: RunId::parse("run-9").unwrap() },
         RunError::ContextOverflow { message: "HTTP 413 Payload Too Large".into() },
         RunError::Engine { message: "cancelled: not really".into() },
-    ];
+    ]
+}
+
+#[test]
+fn every_error_reads_back_from_its_stored_code_and_text() {
+    let errors = one_of_each_error();
     for error in errors {
         assert_eq!(RunError::from_stored(Some(error.code()), error.to_string()), error);
     }

@@ -122,23 +122,7 @@ async fn a_run_that_finished_before_following_ends_with_its_stored_completion() 
 
 #[test]
 fn stored_errors_keep_their_code_and_text() {
-    let errors = [
-        RunError::UserRequested,
-        RunError::Interrupted,
-        RunError::LockTimeout,
-        RunError::Timeout,
-        RunError::EngineCrashed { detail: "panic: boom".into() },
-        RunError::StartFailed { detail: "no such dir".into() },
-        RunError::EngineUnavailable { engine: "codex".into(), reason: "missing (on PATH)".into() },
-        RunError::UnknownEngine { engine: "nope".into() },
-        RunError::ShuttingDown,
-        RunError::QueueOverflow,
-        RunError::IdleWatchdog,
-        RunError::Expired,
-        RunError::Cancelled { reason: "merged into r0".into() },
-        RunError::Engine { message: "Codex error: context_length_exceeded".into() },
-    ];
-    for error in errors {
+    for error in crate::engine::tests::one_of_each_error() {
         let json = crate::bus::completion_json(&Completion::failure(error.clone(), None));
         let stored = StoredEvent { index: 1, kind: RUN_COMPLETED.to_owned(), data: json };
         let event = stored_completion(&run_id(), &stored);
