@@ -255,9 +255,7 @@ async fn a_second_ctrl_c_leaves_the_run_and_attach_follows_it_to_its_end() {
     attach.args(["attach", &run_id]).stdout(Stdio::piped()).stderr(Stdio::piped());
     let attached = attach.spawn().unwrap();
     // The CLI goes: the run ends, and `attach` sees its end.
-    let pids: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&pid_file).unwrap()).unwrap();
-    let cli_pid = i32::try_from(pids["pid"].as_i64().unwrap()).unwrap();
+    let cli_pid = crate::cli_support::read_pids(&pid_file).pid;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(cli_pid), nix::sys::signal::Signal::SIGKILL)
         .unwrap();
     let out = tokio::time::timeout(PATIENCE, attached.wait_with_output()).await.unwrap().unwrap();
