@@ -360,30 +360,22 @@ impl Reloader {
         let sections =
             EngineSections::parse(&config.engines, &self.path, text).map_err(|e| e.to_string())?;
         let plan = plan(&self.current, &config);
-        let webhook = if plan.webhook {
-            Some(
-                crate::webhook_transport(&config, &self.secrets, &self.path, text)
-                    .map_err(|e| e.to_string())?,
-            )
-        } else {
-            None
-        };
-        let telegram = if plan.telegram {
-            Some(
-                crate::telegram_transport(&config, &self.secrets, &self.path, text)
-                    .map_err(|e| e.to_string())?,
-            )
-        } else {
-            None
-        };
-        let engines = if plan.engines {
-            Some(
-                (self.build_engines)(&sections)
-                    .map_err(|e| format!("{}: {e}", self.path.display()))?,
-            )
-        } else {
-            None
-        };
+        // Only the parts the edit changes are built again.
+        let webhook = plan
+            .webhook
+            .then(|| crate::webhook_transport(&config, &self.secrets, &self.path, text))
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        let telegram = plan
+            .telegram
+            .then(|| crate::telegram_transport(&config, &self.secrets, &self.path, text))
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        let engines = plan
+            .engines
+            .then(|| (self.build_engines)(&sections))
+            .transpose()
+            .map_err(|e| format!("{}: {e}", self.path.display()))?;
         Ok(Checked { config, sections, engines, webhook, telegram, plan })
     }
 
