@@ -338,7 +338,12 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // Transports are checked before anything starts: a config mistake stops the
     // start before the router recovers a single request, while a port in use
     // only makes that transport fail (and retry).
-    let registry = transports(&gateway_config, &secrets, &opts.paths.config)?;
+    let registry = transports(
+        &gateway_config,
+        &secrets,
+        &opts.paths.config,
+        config_text.as_deref().unwrap_or(""),
+    )?;
     let (listener_serve, health_serve) = serve_configs(&gateway_config, descriptor_limit);
 
     let token = CancellationToken::new();
@@ -482,15 +487,15 @@ fn transports(
     config: &GatewayConfig,
     secrets: &Arc<SecretStore>,
     config_path: &std::path::Path,
+    text: &str,
 ) -> anyhow::Result<TransportRegistry> {
     use lemon_transports::{telegram, webhook};
-    let text = std::fs::read_to_string(config_path).unwrap_or_default();
     let mut registry = TransportRegistry::default();
-    match webhook_transport(config, secrets, config_path, &text)? {
+    match webhook_transport(config, secrets, config_path, text)? {
         Some(transport) => registry.add(transport)?,
         None => registry.add_disabled(webhook::WEBHOOK_TRANSPORT_ID)?,
     }
-    match telegram_transport(config, secrets, config_path, &text)? {
+    match telegram_transport(config, secrets, config_path, text)? {
         Some(transport) => registry.add(transport)?,
         None => registry.add_disabled(telegram::inbound::TRANSPORT_ID)?,
     }
