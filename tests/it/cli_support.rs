@@ -84,6 +84,7 @@ impl Harness {
             shutdown: self.shutdown.clone(),
             api_keys: self.api_keys.clone(),
             recorder: None,
+            ..CliContext::default()
         }
     }
 

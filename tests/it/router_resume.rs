@@ -22,6 +22,7 @@ fn server_engines() -> EngineRegistry {
         shutdown: CancellationToken::new(),
         api_keys: Default::default(),
         recorder: None,
+        ..CliContext::default()
     };
     let mut engines = EngineRegistry::new();
     engines.register(Arc::new(EchoEngine::new(Duration::ZERO, tracker))).unwrap();

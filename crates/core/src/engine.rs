@@ -98,6 +98,9 @@ pub struct Action {
     pub ok: Option<bool>,
     pub message: Option<String>,
     pub level: Option<String>,
+    /// Safe failure fields of a completed step (`error_type`, `timeout_ms`,
+    /// `exit_code`); `Null` when there is none.
+    pub result_meta: serde_json::Value,
 }
 
 /// Why a run did not succeed. The code is stable and shown to users and APIs;
@@ -137,6 +140,9 @@ pub enum RunError {
     /// vendor's error classified it; the next message starts a fresh session. The
     /// text is the engine's.
     ContextOverflow { message: String },
+    /// A spending limit of `[gateway.budgets]` was reached; the text says which
+    /// limit and what was spent.
+    BudgetExceeded { detail: String },
     /// The engine reported a failure; the text is the engine's.
     Engine { message: String },
 }
@@ -160,6 +166,7 @@ impl RunError {
             RunError::Cancelled { .. } => "cancelled",
             RunError::Merged { .. } => "merged",
             RunError::ContextOverflow { .. } => "context_overflow",
+            RunError::BudgetExceeded { .. } => "budget_exceeded",
             RunError::Engine { .. } => "engine_error",
         }
     }
@@ -201,6 +208,9 @@ impl RunError {
                 None => RunError::Cancelled { reason: text },
             },
             Some("context_overflow") => RunError::ContextOverflow { message: text },
+            Some("budget_exceeded") => {
+                RunError::BudgetExceeded { detail: detail("budget_exceeded: ") }
+            }
             _ => RunError::Engine { message: text },
         }
     }
@@ -235,6 +245,7 @@ impl fmt::Display for RunError {
                 write!(f, "engine_unavailable: {engine} ({reason})")
             }
             RunError::UnknownEngine { engine } => write!(f, "unknown_engine: {engine}"),
+            RunError::BudgetExceeded { detail } => write!(f, "budget_exceeded: {detail}"),
             RunError::Cancelled { reason } => write!(f, "cancelled: {reason}"),
             RunError::Merged { into } => write!(f, "merged into {into}"),
             RunError::ContextOverflow { message } | RunError::Engine { message } => {

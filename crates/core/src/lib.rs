@@ -15,17 +15,23 @@
 //! - [`store`]: durable state (runs, run events, chat state) in SQLite, or in memory.
 //! - [`config`]: the `config.toml` types and loader.
 //! - [`secrets`]: where secret values come from.
+//! - [`contain`]: file paths kept inside the directories a run may touch.
 //! - [`clock`]: wall-clock milliseconds for timestamps.
 //! - [`log_text`]: outside text (stderr, engine errors) escaped for a log field.
 //! - [`transport`]: the contract every channel implements, the states status
 //!   reports, the one enable rule, the [`transport::TransportRegistry`] that
 //!   supervises and restarts transports, and the listener settings
 //!   ([`transport::listener`]) a listening transport is served with.
+//! - [`tool`]: the contract of the tools a native run can call, and the
+//!   registry of the gateway's tools.
+//! - [`budget`]: the spending check engines make between model turns.
 //! - `testing` (feature `test-util`): a scriptable fake engine and bounded waits.
 
+pub mod budget;
 pub mod bus;
 pub mod clock;
 pub mod config;
+pub mod contain;
 pub mod engine;
 pub mod gateway;
 pub mod ids;
@@ -35,4 +41,5 @@ pub mod secrets;
 pub mod store;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+pub mod tool;
 pub mod transport;

@@ -251,6 +251,10 @@ pub struct CliContext {
     /// Keeps a record of every process group while it runs (the app: in the
     /// store), so the next start can kill what a killed gateway left.
     pub recorder: Option<Arc<dyn ProcessRecorder>>,
+    /// The gateway's tools (`cron`, `sms_*`…), offered to native runs.
+    pub tools: lemon_core::tool::ToolRegistry,
+    /// The spending check native runs make between model turns.
+    pub budget: Option<Arc<dyn lemon_core::budget::BudgetGuard>>,
 }
 
 /// Builds the five vendor engines from `[gateway.engines.*]`: every vendor not

@@ -6,6 +6,7 @@
 //! - [`echo`]: streams the prompt back word by word; for tests, benchmarks and smoke checks.
 //! - [`cli`]: vendor coding CLIs (Claude Code, Codex, OpenCode, Pi, Droid) run as child processes;
 //!   [`cli::build_cli_engines`] turns their sections into engines.
+//! - [`llm`]: the LLM clients of the native engine, over one request/event model.
 //! - [`build_registry`]: the whole engine table, at a start and after every config edit.
 
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use lemon_core::engine::{Availability, EngineRegistry, RegistryError};
 pub mod cli;
 pub mod config;
 pub mod echo;
+pub mod llm;
 
 /// The engine table `sections` ask for: echo (always, paced by its
 /// `delay_ms`) and every vendor CLI not disabled. A CLI that is not installed

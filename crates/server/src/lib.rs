@@ -33,6 +33,7 @@ use lemon_core::secrets::{
     check_bearer_token, env_var_name, SecretStore, SecretValue, SecretsFile,
 };
 use lemon_core::store::{ProcessGroupRecord, StoreHandle};
+use lemon_core::tool::ToolRegistry;
 use lemon_core::transport::{TransportDeps, TransportRegistry, TransportState};
 use lemon_engines::cli::{kill_leftover_group, ApiKey, CliContext, Leftover, ProcessRecorder};
 use lemon_engines::config::EngineSections;
@@ -183,6 +184,15 @@ fn serve_configs(gateway: &GatewayConfig, descriptor_limit: u64) -> (ServeConfig
     (listener, health)
 }
 
+/// What every engine table of one gateway shares: its task tracker, its
+/// shutdown token and its tools.
+#[derive(Debug, Clone, Copy)]
+struct Shared<'a> {
+    tracker: &'a TaskTracker,
+    token: &'a CancellationToken,
+    tools: &'a ToolRegistry,
+}
+
 /// Builds every engine the sections enable ([`lemon_engines::build_registry`])
 /// with the API keys their `api_key_secret`s name.
 fn engines(
@@ -190,8 +200,7 @@ fn engines(
     opts: &ServeOptions,
     secrets: &SecretStore,
     store: &StoreHandle,
-    tracker: &TaskTracker,
-    token: &CancellationToken,
+    shared: Shared<'_>,
 ) -> anyhow::Result<EngineRegistry> {
     let mut api_keys = BTreeMap::new();
     for (id, section) in sections.iter() {
@@ -208,10 +217,12 @@ fn engines(
     let ctx = CliContext {
         base_env: opts.env.clone(),
         search_path: None,
-        tracker: tracker.clone(),
-        shutdown: token.clone(),
+        tracker: shared.tracker.clone(),
+        shutdown: shared.token.clone(),
         api_keys,
         recorder: Some(Arc::new(StoreRecorder { store: store.clone() })),
+        tools: shared.tools.clone(),
+        budget: None,
     };
     Ok(lemon_engines::build_registry(sections, &ctx)?)
 }
@@ -348,11 +359,15 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
 
     let token = CancellationToken::new();
     let tracker = TaskTracker::new();
+    // The gateway's tools, offered to native runs; registered below once what
+    // they use exists, and kept across reloads.
+    let tools = ToolRegistry::new();
     let build_engines: reload::BuildEngines = {
         let (opts, secrets, store) = (opts.clone(), secrets.clone(), store.clone());
-        let (tracker, token) = (tracker.clone(), token.clone());
+        let (tracker, token, tools) = (tracker.clone(), token.clone(), tools.clone());
         Arc::new(move |sections: &EngineSections| {
-            engines(sections, &opts, &secrets, &store, &tracker, &token)
+            let shared = Shared { tracker: &tracker, token: &token, tools: &tools };
+            engines(sections, &opts, &secrets, &store, shared)
         })
     };
     let bus = EventBus::default();

@@ -92,6 +92,7 @@ pub(crate) fn one_of_each_error() -> Vec<RunError> {
         RunError::Cancelled { reason: "stopped by the API".into() },
         RunError::Merged { into: RunId::parse("run-9").unwrap() },
         RunError::ContextOverflow { message: "HTTP 413 Payload Too Large".into() },
+        RunError::BudgetExceeded { detail: "daily usd (limit 1.00, spent 1.02)".into() },
         RunError::Engine { message: "cancelled: not really".into() },
     ]
 }

@@ -113,6 +113,7 @@ fn every_kind_of_event(id: &str) -> Vec<Arc<BusEvent>> {
             ok: Some(true),
             message: None,
             level: None,
+            result_meta: serde_json::Value::Null,
         }),
         EventKind::Delta { seq: 1, text: "hello ".to_owned() },
         EventKind::Delta { seq: 2, text: "wörld \u{1f34b} \"quoted\"\n".to_owned() },

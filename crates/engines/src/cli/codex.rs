@@ -301,6 +301,7 @@ impl Parser {
                 ok: None,
                 message: Some(message),
                 level: Some("info".to_owned()),
+                result_meta: serde_json::Value::Null,
             }),
             None => out.note(message, false),
         }

@@ -309,6 +309,7 @@ impl Emitter {
             ok: Some(ok),
             message: Some(message),
             level: Some(if ok { "info" } else { "warning" }.to_owned()),
+            result_meta: serde_json::Value::Null,
         });
     }
 
@@ -323,6 +324,7 @@ impl Emitter {
             ok: Some(false),
             message: Some(title.to_owned()),
             level: Some("warning".to_owned()),
+            result_meta: serde_json::Value::Null,
         });
     }
 
@@ -389,7 +391,17 @@ fn action(
     phase: ActionPhase,
     ok: Option<bool>,
 ) -> Action {
-    Action { id: id.to_owned(), kind, title, detail, phase, ok, message: None, level: None }
+    Action {
+        id: id.to_owned(),
+        kind,
+        title,
+        detail,
+        phase,
+        ok,
+        message: None,
+        level: None,
+        result_meta: serde_json::Value::Null,
+    }
 }
 
 /// `extra`'s keys over `base`'s when both are objects; otherwise whichever is set.

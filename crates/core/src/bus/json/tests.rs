@@ -158,6 +158,7 @@ fn engine_action_matches_to_json_for_every_kind_and_phase() {
                 ok: None,
                 message: None,
                 level: None,
+                result_meta: serde_json::Value::Null,
             }));
         }
     }
@@ -170,6 +171,7 @@ fn engine_action_matches_to_json_for_every_kind_and_phase() {
         ok: Some(false),
         message: Some(AWKWARD.to_owned()),
         level: Some("error".to_owned()),
+        result_meta: serde_json::Value::Null,
     }));
 }
 

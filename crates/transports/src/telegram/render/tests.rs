@@ -40,6 +40,7 @@ fn action(id: &str, title: &str, phase: ActionPhase, ok: Option<bool>) -> BusEve
         ok,
         message: None,
         level: None,
+        result_meta: serde_json::Value::Null,
     }))
 }
 
