@@ -222,7 +222,7 @@ impl ApiKey {
         ApiKey(value.into())
     }
 
-    fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -255,6 +255,8 @@ pub struct CliContext {
     pub tools: lemon_core::tool::ToolRegistry,
     /// The spending check native runs make between model turns.
     pub budget: Option<Arc<dyn lemon_core::budget::BudgetGuard>>,
+    /// The gateway's store: native sessions are kept in it (in memory without one).
+    pub store: Option<lemon_core::store::StoreHandle>,
 }
 
 /// Builds the five vendor engines from `[gateway.engines.*]`: every vendor not

@@ -76,7 +76,7 @@ pub struct SectionError {
 }
 
 impl SectionError {
-    fn at(key: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn at(key: &str, message: impl Into<String>) -> Self {
         SectionError { key: Some(key.to_owned()), message: message.into() }
     }
 }
@@ -200,7 +200,14 @@ impl EngineSections {
     ) -> Result<Self, ConfigError> {
         let mut sections = BTreeMap::new();
         for (id, table) in raw {
-            let section = EngineSection::parse(table).map_err(|e| {
+            let section = EngineSection::parse(table)
+                .and_then(|section| {
+                    if id == crate::native::ENGINE_ID {
+                        crate::native::NativeSettings::from_section(Some(&section))?;
+                    }
+                    Ok(section)
+                })
+                .map_err(|e| {
                 // With the key in the section path the error points at its value.
                 let mut at = vec!["gateway", "engines", id.as_str()];
                 at.extend(e.key.as_deref());

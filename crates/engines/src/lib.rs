@@ -7,6 +7,7 @@
 //! - [`cli`]: vendor coding CLIs (Claude Code, Codex, OpenCode, Pi, Droid) run as child processes;
 //!   [`cli::build_cli_engines`] turns their sections into engines.
 //! - [`llm`]: the LLM clients of the native engine, over one request/event model.
+//! - [`native`]: the native `lemon` engine: the agent loop over an LLM client and tools.
 //! - [`build_registry`]: the whole engine table, at a start and after every config edit.
 
 use std::sync::Arc;
@@ -17,6 +18,7 @@ pub mod cli;
 pub mod config;
 pub mod echo;
 pub mod llm;
+pub mod native;
 
 /// The engine table `sections` ask for: echo (always, paced by its
 /// `delay_ms`) and every vendor CLI not disabled. A CLI that is not installed

@@ -223,6 +223,7 @@ fn engines(
         recorder: Some(Arc::new(StoreRecorder { store: store.clone() })),
         tools: shared.tools.clone(),
         budget: None,
+        store: Some(store.clone()),
     };
     Ok(lemon_engines::build_registry(sections, &ctx)?)
 }

@@ -1,0 +1,271 @@
+//! The native `lemon` engine: an LLM agent loop in the gateway itself.
+//!
+//! A run sends the session's history and the tools to the model, streams the
+//! answer's text as deltas, runs every tool call the model makes as an action,
+//! appends the results and asks again, until the model answers without calling
+//! a tool or `max_turns` model turns were taken.
+//!
+//! - **Steering**: a steer is a user message injected at the next model-turn
+//!   boundary (after the running tools finish); a redirect drops the current
+//!   model turn, cancels its running tools and goes on with the new instruction.
+//! - **Cancel** stops the stream and every running tool at once (each tool gets
+//!   a cancelled token; a command's process group is killed); like the CLI
+//!   engines, a cancelled run sends no `Completed` and [`RunControl::stopped`]
+//!   resolves once every tool task has ended.
+//! - **Sessions**: the conversation is kept in the store under a session id
+//!   (`lemon resume <id>`) and written after every model turn.
+//! - **Compaction**: a request estimated over 90% of `context_window`, or one
+//!   the provider refuses as too long, has the older turns summarised by the
+//!   model into one message; the run shows a `compaction` action.
+//! - **Budgets**: before every model turn the run's usage is checked against
+//!   [`BudgetGuard`]; a reached limit ends the run with `budget_exceeded`.
+//!
+//! # Layout
+//! - `settings`: `[gateway.engines.lemon]`.
+//! - `session`: the session records and their ids.
+//! - `compact`: token estimates, where to cut, the summary request's text.
+//! - `agent`: one run's loop.
+
+mod agent;
+pub mod compact;
+pub mod session;
+pub mod settings;
+
+pub use settings::{NativeSettings, ProviderKind, BUILTIN_TOOLS, ENGINE_ID};
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use lemon_core::budget::BudgetGuard;
+use lemon_core::engine::{
+    Availability, Capabilities, Engine, EngineError, EventSink, InvalidValue, RunControl,
+    StartRequest, SteerError,
+};
+use lemon_core::ids::EngineId;
+use lemon_core::tool::{Tool, ToolRegistry};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::cli::ApiKey;
+use crate::llm::LlmClient;
+
+use self::session::Sessions;
+
+/// Everything a native engine is built from.
+#[derive(Debug)]
+pub struct NativeParts {
+    pub settings: NativeSettings,
+    /// The client for the provider, or why there is none (no key).
+    pub client: Result<Arc<dyn LlmClient>, String>,
+    /// The key, only to keep it out of every text a run shows.
+    pub api_key: Option<ApiKey>,
+    /// The built-in tools before the allow list.
+    pub builtins: Vec<Arc<dyn Tool>>,
+    /// The gateway's tools.
+    pub gateway_tools: ToolRegistry,
+    pub budget: Option<Arc<dyn BudgetGuard>>,
+    pub store: Option<lemon_core::store::StoreHandle>,
+    /// Run tasks are spawned here.
+    pub tracker: TaskTracker,
+    /// Cancelled when the gateway shuts down: every run stops.
+    pub shutdown: CancellationToken,
+    pub workspace: Option<PathBuf>,
+}
+
+/// The native engine.
+pub struct NativeEngine {
+    id: EngineId,
+    settings: Arc<NativeSettings>,
+    client: Result<Arc<dyn LlmClient>, String>,
+    api_key: Option<ApiKey>,
+    builtins: Vec<Arc<dyn Tool>>,
+    gateway_tools: ToolRegistry,
+    budget: Option<Arc<dyn BudgetGuard>>,
+    sessions: Sessions,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    workspace: Option<PathBuf>,
+}
+
+impl fmt::Debug for NativeEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NativeEngine")
+            .field("settings", &self.settings)
+            .field("available", &self.client.is_ok())
+            .finish_non_exhaustive()
+    }
+}
+
+impl NativeEngine {
+    pub fn new(parts: NativeParts) -> Self {
+        let settings = parts.settings;
+        let builtins =
+            parts.builtins.into_iter().filter(|tool| settings.allows(&tool.spec().name)).collect();
+        NativeEngine {
+            id: EngineId::parse(ENGINE_ID).expect("lemon is a valid engine id"),
+            settings: Arc::new(settings),
+            client: parts.client,
+            api_key: parts.api_key,
+            builtins,
+            gateway_tools: parts.gateway_tools,
+            budget: parts.budget,
+            sessions: Sessions::new(parts.store),
+            tracker: parts.tracker,
+            shutdown: parts.shutdown,
+            workspace: parts.workspace,
+        }
+    }
+
+    pub fn settings(&self) -> &NativeSettings {
+        &self.settings
+    }
+}
+
+/// Why the engine has no client: the key's secret is not set.
+pub fn missing_key_reason(settings: &NativeSettings) -> String {
+    let secret = &settings.api_key_secret;
+    format!(
+        "no {secret} set: store the {} API key as `{secret}` in secrets.toml or the {} environment variable",
+        settings.provider,
+        lemon_core::secrets::env_var_name(secret)
+    )
+}
+
+#[async_trait]
+impl Engine for NativeEngine {
+    fn id(&self) -> &EngineId {
+        &self.id
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { steer: true, redirect: true }
+    }
+
+    fn availability(&self) -> Availability {
+        match &self.client {
+            Ok(_) => Availability::Available,
+            Err(reason) => Availability::Unavailable { reason: reason.clone() },
+        }
+    }
+
+    fn check_resume(&self, value: &str) -> Result<(), InvalidValue> {
+        session::check_id(value)
+    }
+
+    async fn start(
+        &self,
+        req: StartRequest,
+        sink: EventSink,
+    ) -> Result<Arc<dyn RunControl>, EngineError> {
+        let client = self.client.clone().map_err(|reason| EngineError::Unavailable {
+            engine: ENGINE_ID.to_owned(),
+            reason,
+        })?;
+        let resume = req.resume.as_ref().filter(|token| token.engine == ENGINE_ID);
+        let (session_id, history) = match resume {
+            Some(token) => {
+                session::check_id(&token.value).map_err(|why| {
+                    EngineError::Start(format!("invalid resume token for lemon: {why}"))
+                })?;
+                let auto = req.meta.get("resume_source").and_then(|v| v.as_str()) == Some("auto");
+                match self.sessions.load(&token.value).await {
+                    Ok(history) => (token.value.clone(), history),
+                    Err(error) if auto => {
+                        tracing::warn!(run_id = %req.run_id, %error, "lemon session not continued; starting a new one");
+                        (session::new_id(), Vec::new())
+                    }
+                    Err(error) => return Err(EngineError::Start(error.to_string())),
+                }
+            }
+            None => (session::new_id(), Vec::new()),
+        };
+        let mut tools: Vec<Arc<dyn Tool>> = self.builtins.clone();
+        for tool in self.gateway_tools.list() {
+            let name = tool.spec().name;
+            if tool.offered(&req.session_key) && !tools.iter().any(|t| t.spec().name == name) {
+                tools.push(tool);
+            }
+        }
+        let cancel = self.shutdown.child_token();
+        let (controls_tx, controls_rx) = mpsc::channel(16);
+        let stopped = CancellationToken::new();
+        let agent = agent::Agent::new(agent::AgentParts {
+            req,
+            settings: self.settings.clone(),
+            client,
+            api_key: self.api_key.clone(),
+            tools,
+            budget: self.budget.clone(),
+            sessions: self.sessions.clone(),
+            session_id,
+            history,
+            sink,
+            cancel: cancel.clone(),
+            controls: controls_rx,
+            workspace: self.workspace.clone(),
+        });
+        let guard = stopped.clone().drop_guard();
+        self.tracker.spawn(async move {
+            agent.run().await;
+            drop(guard);
+        });
+        Ok(Arc::new(NativeControl { cancel, controls: controls_tx, stopped }))
+    }
+}
+
+/// A steer or redirect on its way to the run.
+#[derive(Debug)]
+pub(crate) enum Control {
+    Steer(String, oneshot::Sender<Result<(), SteerError>>),
+    Redirect(String, oneshot::Sender<Result<(), SteerError>>),
+}
+
+/// The handle the gateway holds on a native run.
+#[derive(Debug)]
+struct NativeControl {
+    cancel: CancellationToken,
+    controls: mpsc::Sender<Control>,
+    /// Cancelled once the run and every tool task it started have ended.
+    stopped: CancellationToken,
+}
+
+impl NativeControl {
+    async fn send(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<(), SteerError>>) -> Control,
+    ) -> Result<(), SteerError> {
+        if self.cancel.is_cancelled() {
+            return Err(SteerError::Finished);
+        }
+        let (reply, rx) = oneshot::channel();
+        self.controls.send(make(reply)).await.map_err(|_| SteerError::Finished)?;
+        rx.await.map_err(|_| SteerError::Finished)?
+    }
+}
+
+#[async_trait]
+impl RunControl for NativeControl {
+    fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    async fn stopped(&self) {
+        self.stopped.cancelled().await;
+    }
+
+    async fn steer(&self, text: &str) -> Result<(), SteerError> {
+        let text = text.to_owned();
+        self.send(|reply| Control::Steer(text, reply)).await
+    }
+
+    async fn redirect(&self, text: &str) -> Result<(), SteerError> {
+        let text = text.to_owned();
+        self.send(|reply| Control::Redirect(text, reply)).await
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,246 @@
+//! `[gateway.engines.lemon]`: the native engine's provider, model, limits and
+//! tools, checked when the config is read.
+
+use std::fmt;
+
+use lemon_core::config::invalid_model_message;
+use lemon_core::engine::validate::check_model;
+
+use crate::config::{EngineSection, SectionError};
+
+/// The engine's id.
+pub const ENGINE_ID: &str = "lemon";
+
+/// The built-in tools a `tools` allow list may name.
+pub const BUILTIN_TOOLS: &[&str] =
+    &["bash", "read", "write", "edit", "list", "grep", "glob", "fetch"];
+
+/// Model turns of one run unless `max_turns` says otherwise.
+pub const DEFAULT_MAX_TURNS: u32 = 25;
+
+/// The wire protocol the engine speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    /// OpenAI Chat Completions (and every compatible server).
+    OpenAi,
+    /// OpenAI Responses.
+    OpenAiResponses,
+    /// Anthropic Messages.
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::OpenAiResponses => "openai-responses",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+
+    fn parse(value: &str) -> Option<Self> {
+        [ProviderKind::OpenAi, ProviderKind::OpenAiResponses, ProviderKind::Anthropic]
+            .into_iter()
+            .find(|kind| kind.as_str() == value)
+    }
+
+    /// The secret holding the key unless `api_key_secret` names another.
+    pub fn default_secret(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAi | ProviderKind::OpenAiResponses => "openai_api_key",
+            ProviderKind::Anthropic => "anthropic_api_key",
+        }
+    }
+
+    /// The model unless `model` names another.
+    pub fn default_model(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAi | ProviderKind::OpenAiResponses => "gpt-4o-mini",
+            ProviderKind::Anthropic => "claude-sonnet-4-5",
+        }
+    }
+
+    /// Tokens of context unless `context_window` says otherwise.
+    pub fn default_context_window(self) -> u64 {
+        match self {
+            ProviderKind::OpenAi | ProviderKind::OpenAiResponses => 128_000,
+            ProviderKind::Anthropic => 200_000,
+        }
+    }
+}
+
+impl fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The settings of `[gateway.engines.lemon]`, defaults filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NativeSettings {
+    pub enabled: bool,
+    pub provider: ProviderKind,
+    /// `None`: the provider's public endpoint.
+    pub base_url: Option<String>,
+    pub model: String,
+    pub api_key_secret: String,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub system_prompt: Option<String>,
+    pub max_turns: u32,
+    /// Built-in tools offered; `None`: all of them.
+    pub tools: Option<Vec<String>>,
+    pub context_window: u64,
+}
+
+impl Default for NativeSettings {
+    fn default() -> Self {
+        let provider = ProviderKind::OpenAi;
+        NativeSettings {
+            enabled: true,
+            provider,
+            base_url: None,
+            model: provider.default_model().to_owned(),
+            api_key_secret: provider.default_secret().to_owned(),
+            max_tokens: None,
+            temperature: None,
+            system_prompt: None,
+            max_turns: DEFAULT_MAX_TURNS,
+            tools: None,
+            context_window: provider.default_context_window(),
+        }
+    }
+}
+
+fn str_key(section: &EngineSection, key: &str) -> Result<Option<String>, SectionError> {
+    match section.other.get(key) {
+        None => Ok(None),
+        Some(value) => match value.as_str() {
+            Some(text) => Ok(Some(text.trim().to_owned()).filter(|t| !t.is_empty())),
+            None => Err(SectionError::at(
+                key,
+                format!("invalid type: {}, expected a string", value.type_str()),
+            )),
+        },
+    }
+}
+
+fn int_key(section: &EngineSection, key: &str, min: i64, max: i64) -> Result<Option<i64>, SectionError> {
+    match section.other.get(key) {
+        None => Ok(None),
+        Some(value) => match value.as_integer() {
+            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            Some(n) => Err(SectionError::at(key, format!("{n}: must be between {min} and {max}"))),
+            None => Err(SectionError::at(
+                key,
+                format!("invalid type: {}, expected an integer", value.type_str()),
+            )),
+        },
+    }
+}
+
+impl NativeSettings {
+    /// The settings `section` (the engine's `[gateway.engines.lemon]`, if the
+    /// file has one) asks for.
+    ///
+    /// # Errors
+    /// The first key with a wrong type or value, naming the key.
+    pub fn from_section(section: Option<&EngineSection>) -> Result<Self, SectionError> {
+        let Some(section) = section else { return Ok(NativeSettings::default()) };
+        let provider = match str_key(section, "provider")? {
+            None => ProviderKind::OpenAi,
+            Some(name) => ProviderKind::parse(&name).ok_or_else(|| {
+                SectionError::at(
+                    "provider",
+                    format!(
+                        "unknown provider {name:?}: expected \"openai\", \"openai-responses\" or \"anthropic\""
+                    ),
+                )
+            })?,
+        };
+        let model = section
+            .model
+            .as_deref()
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .unwrap_or(provider.default_model())
+            .to_owned();
+        check_model(&model).map_err(|why| SectionError::at("model", invalid_model_message(why)))?;
+        let base_url = str_key(section, "base_url")?;
+        if let Some(url) = &base_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(SectionError::at(
+                    "base_url",
+                    format!("{url:?} is not an http:// or https:// URL"),
+                ));
+            }
+        }
+        let api_key_secret = section
+            .api_key_secret
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .unwrap_or(provider.default_secret())
+            .to_owned();
+        let temperature = match section.other.get("temperature") {
+            None => None,
+            Some(value) => {
+                let t = value.as_float().or_else(|| value.as_integer().map(|n| n as f64));
+                match t {
+                    Some(t) if (0.0..=2.0).contains(&t) => Some(t as f32),
+                    Some(t) => {
+                        return Err(SectionError::at(
+                            "temperature",
+                            format!("{t}: must be between 0 and 2"),
+                        ))
+                    }
+                    None => {
+                        return Err(SectionError::at(
+                            "temperature",
+                            format!("invalid type: {}, expected a number", value.type_str()),
+                        ))
+                    }
+                }
+            }
+        };
+        let tools = match section.other.get("tools") {
+            None => None,
+            Some(value) => {
+                let names: Vec<String> = value.clone().try_into().map_err(|_| {
+                    SectionError::at(
+                        "tools",
+                        format!("invalid type: {}, expected a list of tool names", value.type_str()),
+                    )
+                })?;
+                if let Some(unknown) = names.iter().find(|n| !BUILTIN_TOOLS.contains(&n.as_str())) {
+                    return Err(SectionError::at(
+                        "tools",
+                        format!("unknown tool {unknown:?}: the tools are {}", BUILTIN_TOOLS.join(", ")),
+                    ));
+                }
+                Some(names)
+            }
+        };
+        Ok(NativeSettings {
+            enabled: section.enabled != Some(false),
+            provider,
+            base_url,
+            model,
+            api_key_secret,
+            max_tokens: int_key(section, "max_tokens", 1, i64::from(u32::MAX))?
+                .map(|n| n as u32),
+            temperature,
+            system_prompt: str_key(section, "system_prompt")?,
+            max_turns: int_key(section, "max_turns", 1, 1000)?
+                .map_or(DEFAULT_MAX_TURNS, |n| n as u32),
+            tools,
+            context_window: int_key(section, "context_window", 1000, 100_000_000)?
+                .map_or(provider.default_context_window(), |n| n as u64),
+        })
+    }
+
+    /// Whether the allow list lets built-in tool `name` through.
+    pub fn allows(&self, name: &str) -> bool {
+        self.tools.as_ref().is_none_or(|tools| tools.iter().any(|t| t == name))
+    }
+}
