@@ -139,3 +139,56 @@ fn debug_output_shows_no_environment_values() {
     let debug = format!("{sections:?}");
     assert!(debug.contains("ANTHROPIC_API_KEY") && !debug.contains("sk-live"), "{debug}");
 }
+
+#[test]
+fn the_lemon_section_is_parsed_with_defaults_per_provider() {
+    use crate::native::{NativeSettings, ProviderKind};
+    let defaults = NativeSettings::from_section(None).unwrap();
+    assert_eq!(defaults.provider, ProviderKind::OpenAi);
+    assert_eq!(defaults.api_key_secret, "openai_api_key");
+    assert_eq!(defaults.context_window, 128_000);
+    assert_eq!(defaults.max_turns, 25);
+    assert!(defaults.enabled && defaults.tools.is_none());
+    let text = "[gateway.engines.lemon]\nprovider = \"anthropic\"\nbase_url = \"http://127.0.0.1:9\"\nmodel = \"claude-x\"\nmax_tokens = 512\ntemperature = 0.5\nsystem_prompt = \"be brief\"\nmax_turns = 4\ntools = [\"bash\", \"edit\"]\n";
+    let sections = load(text).unwrap();
+    let settings = NativeSettings::from_section(sections.get("lemon")).unwrap();
+    assert_eq!(settings.provider, ProviderKind::Anthropic);
+    assert_eq!(settings.api_key_secret, "anthropic_api_key");
+    assert_eq!(settings.context_window, 200_000);
+    assert_eq!(settings.base_url.as_deref(), Some("http://127.0.0.1:9"));
+    assert_eq!(settings.model, "claude-x");
+    assert_eq!((settings.max_tokens, settings.temperature, settings.max_turns), (Some(512), Some(0.5), 4));
+    assert_eq!(settings.system_prompt.as_deref(), Some("be brief"));
+    assert!(settings.allows("bash") && !settings.allows("fetch"));
+    let custom = load("[gateway.engines.lemon]\napi_key_secret = \"my_key\"\ncontext_window = 8000\nenabled = false\n").unwrap();
+    let custom = NativeSettings::from_section(custom.get("lemon")).unwrap();
+    assert_eq!((custom.api_key_secret.as_str(), custom.context_window, custom.enabled), ("my_key", 8000, false));
+}
+
+#[test]
+fn wrong_lemon_keys_point_at_the_value() {
+    check_error(
+        "[gateway.engines.lemon]\nprovider = \"gemini\"\n",
+        r#"/home/u/.lemon/config.toml:2:12: gateway.engines.lemon.provider: unknown provider "gemini": expected "openai", "openai-responses" or "anthropic""#,
+    );
+    check_error(
+        "[gateway.engines.lemon]\ntools = [\"bash\", \"rm\"]\n",
+        r#"/home/u/.lemon/config.toml:2:9: gateway.engines.lemon.tools: unknown tool "rm": the tools are bash, read, write, edit, list, grep, glob, fetch"#,
+    );
+    check_error(
+        "[gateway.engines.lemon]\nmax_turns = 0\n",
+        "/home/u/.lemon/config.toml:2:13: gateway.engines.lemon.max_turns: 0: must be between 1 and 1000",
+    );
+    check_error(
+        "[gateway.engines.lemon]\ntemperature = \"hot\"\n",
+        "/home/u/.lemon/config.toml:2:15: gateway.engines.lemon.temperature: invalid type: string, expected a number",
+    );
+    check_error(
+        "[gateway.engines.lemon]\nbase_url = \"ftp://x\"\n",
+        r#"/home/u/.lemon/config.toml:2:12: gateway.engines.lemon.base_url: "ftp://x" is not an http:// or https:// URL"#,
+    );
+    check_error(
+        "[gateway.engines.lemon]\nmodel = \"-x\"\n",
+        "/home/u/.lemon/config.toml:2:9: gateway.engines.lemon.model: invalid model: it starts with '-'; use up to 128 ASCII letters, digits and `._:/@-`, not starting with `-`",
+    );
+}

@@ -484,7 +484,10 @@ impl Agent {
             return Ok(());
         }
         let overflow = |message: String| Halt::Fail(RunError::ContextOverflow { message });
-        let Some(cut) = compact::split_point(&self.messages, window) else {
+        let Some(cut) = compact::split_point(
+            &self.messages,
+            compact::keep_budget(window, estimate, force),
+        ) else {
             return Err(overflow(format!(
                 "context overflow: the conversation (about {estimate} tokens) does not fit the context window of {window} tokens and cannot be compacted"
             )));

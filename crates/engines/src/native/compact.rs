@@ -47,12 +47,24 @@ pub fn estimate(system: Option<&str>, messages: &[ChatMessage], tools: &[ToolSpe
     system as u64 + (tools / 4) as u64 + messages.iter().map(message_tokens).sum::<u64>()
 }
 
-/// Where to cut `messages` for a window of `window` tokens: the messages before
-/// the index are summarised, the rest kept. The kept part starts at a user or an
-/// assistant message (a tool result stays with its call) and holds at least the
-/// last message. `None` when nothing older can be summarised.
-pub fn split_point(messages: &[ChatMessage], window: u64) -> Option<usize> {
-    let keep_budget = (window as f64 * KEEP_SHARE) as u64;
+/// How many tokens of recent turns a compaction keeps whole: a share of the
+/// window, and at most half of the conversation when the provider refused it
+/// (`forced`) although the estimate fit.
+pub fn keep_budget(window: u64, estimate: u64, forced: bool) -> u64 {
+    let share = (window as f64 * KEEP_SHARE) as u64;
+    if forced {
+        share.min(estimate / 2)
+    } else {
+        share
+    }
+}
+
+/// Where to cut `messages` to keep about `keep_budget` tokens of recent turns:
+/// the messages before the index are summarised, the rest kept. The kept part
+/// starts at a user or an assistant message (a tool result stays with its call)
+/// and holds at least the last message. `None` when nothing older can be
+/// summarised.
+pub fn split_point(messages: &[ChatMessage], keep_budget: u64) -> Option<usize> {
     let mut kept = 0u64;
     let mut cut = messages.len();
     while cut > 0 {
