@@ -55,8 +55,11 @@ pub struct ApiState {
     pub runs: Runs,
     /// The bearer token every request must carry. Never logged.
     pub token: Arc<str>,
-    /// The engine of requests that name none.
+    /// The engine of requests that name none, when `default_engine` is unset
+    /// (the gateway chose it at start).
     pub default_engine: Arc<str>,
+    /// Why the gateway chose [`ApiState::default_engine`] (`no openai_api_key set`).
+    pub default_engine_reason: Arc<str>,
     /// The gateway's version, reported by `/v1/status`.
     pub version: Arc<str>,
     /// When the gateway started, for uptime.
@@ -76,6 +79,7 @@ impl fmt::Debug for ApiState {
             .field("runs", &self.runs)
             .field("token", &"<redacted>")
             .field("default_engine", &self.default_engine)
+            .field("default_engine_reason", &self.default_engine_reason)
             .field("version", &self.version)
             .field("started_at", &self.started_at)
             .field("shutdown", &self.shutdown)

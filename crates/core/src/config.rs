@@ -40,9 +40,11 @@ pub struct GatewayConfig {
     /// Runs that may execute at once across all conversations; 0 queues everything.
     #[serde(default = "defaults::max_concurrent_runs")]
     pub max_concurrent_runs: usize,
-    /// Engine used when nothing else picks one.
-    #[serde(default = "defaults::default_engine")]
-    pub default_engine: EngineRef,
+    /// Engine used when nothing else picks one. Unset, the gateway picks
+    /// `lemon` when its provider key is set, else `echo`
+    /// ([`FALLBACK_ENGINE`] where nothing decides).
+    #[serde(default)]
+    pub default_engine: Option<EngineRef>,
     /// Working directory for runs without a project or explicit cwd.
     #[serde(default)]
     pub default_cwd: Option<PathBuf>,
@@ -331,14 +333,19 @@ pub const DEFAULT_API_PORT: u16 = 4040;
 /// The health endpoint's default port.
 pub const DEFAULT_HEALTH_PORT: u16 = 4042;
 
+/// The engine of a gateway whose `default_engine` is unset and that has not
+/// chosen one itself: `echo`, which needs nothing.
+pub fn fallback_engine() -> EngineRef {
+    EngineRef::new(crate::ids::EngineId::builtin(FALLBACK_ENGINE))
+}
+
+/// The id of [`fallback_engine`].
+pub const FALLBACK_ENGINE: &str = "echo";
+
 /// Default values, as functions serde can call.
 mod defaults {
     pub(super) fn max_concurrent_runs() -> usize {
         2
-    }
-    // `echo` until the native `lemon` engine ships; then the design's `lemon`.
-    pub(super) fn default_engine() -> super::EngineRef {
-        super::EngineRef::new(crate::ids::EngineId::builtin("echo"))
     }
     pub(super) fn yes() -> bool {
         true

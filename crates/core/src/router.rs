@@ -324,7 +324,10 @@ impl RouterConfig {
             None => Some(DEFAULT_IDLE_WATCHDOG),
         };
         RouterConfig {
-            default_engine: gateway.default_engine.clone(),
+            default_engine: gateway
+                .default_engine
+                .clone()
+                .unwrap_or_else(crate::config::fallback_engine),
             native_only: gateway.native_only.unwrap_or(false),
             queue_mode: gateway.queue.mode,
             limits: Limits {

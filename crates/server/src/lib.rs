@@ -27,6 +27,7 @@ use lemon_core::config::{
     self, ConfigStatus, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT,
 };
 use lemon_core::engine::EngineRegistry;
+use lemon_core::ids::{EngineId, EngineRef};
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::router::{RouterConfig, RouterHandle};
 use lemon_core::secrets::{
@@ -37,6 +38,7 @@ use lemon_core::tool::ToolRegistry;
 use lemon_core::transport::{TransportDeps, TransportRegistry, TransportState};
 use lemon_engines::cli::{kill_leftover_group, ApiKey, CliContext, Leftover, ProcessRecorder};
 use lemon_engines::config::EngineSections;
+use lemon_engines::native::{self, NativeSettings};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -204,6 +206,9 @@ fn engines(
 ) -> anyhow::Result<EngineRegistry> {
     let mut api_keys = BTreeMap::new();
     for (id, section) in sections.iter() {
+        if id == native::ENGINE_ID {
+            continue;
+        }
         let Some(name) = &section.api_key_secret else { continue };
         match secrets.get(name)? {
             Some(value) => {
@@ -212,6 +217,13 @@ fn engines(
             None => {
                 tracing::warn!(engine = %id, secret = %name, "api_key_secret names a secret that is not set")
             }
+        }
+    }
+    // The native engine's key has a default secret per provider.
+    let native = NativeSettings::from_section(sections.get(native::ENGINE_ID))?;
+    if native.enabled {
+        if let Some(value) = secrets.get(&native.api_key_secret)? {
+            api_keys.insert(native::ENGINE_ID.to_owned(), ApiKey::new(value.expose()));
         }
     }
     let ctx = CliContext {
@@ -226,6 +238,50 @@ fn engines(
         store: Some(store.clone()),
     };
     Ok(lemon_engines::build_registry(sections, &ctx)?)
+}
+
+/// The engine of requests nothing else routes, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefaultEngine {
+    pub engine: EngineRef,
+    pub reason: String,
+}
+
+/// `default_engine` as configured; unset, `lemon` when its provider key is
+/// set, else `echo`.
+///
+/// # Errors
+/// A secrets file that cannot be read.
+pub fn default_engine(
+    gateway: &GatewayConfig,
+    sections: &EngineSections,
+    secrets: &SecretStore,
+) -> anyhow::Result<DefaultEngine> {
+    if let Some(engine) = &gateway.default_engine {
+        let reason = "set by default_engine in config.toml".to_owned();
+        return Ok(DefaultEngine { engine: engine.clone(), reason });
+    }
+    let native = NativeSettings::from_section(sections.get(native::ENGINE_ID))?;
+    let secret = &native.api_key_secret;
+    let (engine, reason) = if !native.enabled {
+        (config::FALLBACK_ENGINE, "the lemon engine is disabled".to_owned())
+    } else if secrets.get(secret)?.is_some() {
+        (native::ENGINE_ID, format!("{secret} is set"))
+    } else {
+        (config::FALLBACK_ENGINE, format!("no {secret} set"))
+    };
+    let engine = EngineRef::new(EngineId::parse(engine).expect("built-in engine ids are valid"));
+    Ok(DefaultEngine { engine, reason })
+}
+
+/// The router's settings, with the default engine the gateway chose when
+/// `default_engine` is unset.
+pub(crate) fn router_config(gateway: &GatewayConfig, chosen: &DefaultEngine) -> RouterConfig {
+    let mut router = RouterConfig::from_gateway(gateway);
+    if gateway.default_engine.is_none() {
+        router.default_engine = chosen.engine.clone();
+    }
+    router
 }
 
 /// Records the process groups of CLI runs in the store while they run.
@@ -383,7 +439,13 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
     // The router recovers its journal (requests a crash left behind) before it
     // takes the first new request, so recovered ones keep their place.
-    let router_config = RouterConfig::from_gateway(&gateway_config);
+    let chosen_default = default_engine(&gateway_config, &engine_sections, &secrets)?;
+    tracing::info!(
+        "default engine: {} ({})",
+        chosen_default.engine,
+        chosen_default.reason
+    );
+    let router_config = router_config(&gateway_config, &chosen_default);
     let router = RouterHandle::start(router_config, gateway.clone(), token.clone(), &tracker);
     let statuses = registry.statuses().clone();
 
@@ -397,7 +459,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         router: router.clone(),
         runs: router.query(),
         token: api_token.expose().into(),
-        default_engine: gateway_config.default_engine.to_string().into(),
+        default_engine: chosen_default.engine.to_string().into(),
+        default_engine_reason: chosen_default.reason.clone().into(),
         version: version.clone(),
         started_at: started,
         shutdown: token.clone(),
@@ -452,6 +515,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         build_engines,
         user_home: opts.user_home.clone(),
         shutdown_grace_ms: shutdown_grace_ms.clone(),
+        default_engine: chosen_default,
     };
     tracker.spawn(reload::watch(reloader, token.clone()));
     tracing::info!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");

@@ -29,7 +29,7 @@ use lemon_core::config::{
     self, ConfigReport, ConfigStatus, GatewayConfig, PendingRestart, Rejection,
 };
 use lemon_core::gateway::GatewayHandle;
-use lemon_core::router::{RouterConfig, RouterHandle};
+use lemon_core::router::RouterHandle;
 use lemon_core::transport::RunningTransports;
 use lemon_engines::config::EngineSections;
 use lemon_transports::{telegram, webhook};
@@ -290,6 +290,8 @@ pub(crate) struct Reloader {
     pub(crate) build_engines: BuildEngines,
     pub(crate) user_home: Option<PathBuf>,
     pub(crate) shutdown_grace_ms: Arc<AtomicU64>,
+    /// The engine chosen at start for an unset `default_engine`.
+    pub(crate) default_engine: crate::DefaultEngine,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -420,7 +422,7 @@ impl Reloader {
         {
             return;
         }
-        if plan.router && self.router.reload(RouterConfig::from_gateway(&config)).await.is_err() {
+        if plan.router && self.router.reload(crate::router_config(&config, &self.default_engine)).await.is_err() {
             return;
         }
         if plan.shutdown_grace {

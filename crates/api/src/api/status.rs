@@ -29,6 +29,14 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
             body
         })
         .collect();
+    // An unset `default_engine` is the one the gateway chose at start.
+    let configured = state
+        .config
+        .get()
+        .effective
+        .get("default_engine")
+        .filter(|value| !value.is_null())
+        .cloned();
     Ok(Json(json!({
         "version": &*state.version,
         "uptime_ms": u64::try_from(state.started_at.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -40,13 +48,11 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
             "queued": snapshot.queued,
         },
         "engines": engines,
-        "default_engine": state
-            .config
-            .get()
-            .effective
-            .get("default_engine")
-            .cloned()
-            .unwrap_or_else(|| json!(&*state.default_engine)),
+        "default_engine": configured.clone().unwrap_or_else(|| json!(&*state.default_engine)),
+        "default_engine_reason": match configured {
+            Some(_) => json!("set by default_engine in config.toml"),
+            None => json!(&*state.default_engine_reason),
+        },
         "transports": state.transports.to_json(),
     })))
 }

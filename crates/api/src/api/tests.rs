@@ -76,6 +76,7 @@ impl TestGateway {
             router,
             token: TOKEN.into(),
             default_engine: "echo".into(),
+            default_engine_reason: "no openai_api_key set".into(),
             version: "1.2.3-test".into(),
             started_at: Instant::now(),
             shutdown: CancellationToken::new(),

@@ -39,7 +39,7 @@ fn empty_file_gives_the_defaults() {
     assert_eq!(gateway.engine_lock_timeout_ms, 60_000);
     assert_eq!(gateway.run_inactivity_timeout_ms, 300_000);
     assert_eq!(gateway.shutdown_grace_ms, 10_000);
-    assert_eq!(gateway.default_engine, "echo");
+    assert_eq!(gateway.default_engine, None, "unset: the gateway decides");
     assert_eq!(gateway.api.addr(DEFAULT_API_PORT), "127.0.0.1:4040");
     assert_eq!(gateway.health.addr(DEFAULT_HEALTH_PORT), "127.0.0.1:4042");
     assert_eq!(gateway.api_addr(), "127.0.0.1:4040");
@@ -63,7 +63,7 @@ fn reference_example_loads_without_errors_or_warnings() {
     let config = check_ok(include_str!("reference_example.toml"), &[]);
     let gateway = &config.gateway;
     assert_eq!(gateway.max_concurrent_runs, 4);
-    assert_eq!(gateway.default_engine, "claude:opus");
+    assert_eq!(gateway.default_engine.as_ref().unwrap(), "claude:opus");
     assert!(!gateway.require_engine_lock);
     assert_eq!(gateway.native_only, Some(false));
     assert_eq!(gateway.api_addr(), "127.0.0.1:4040");
@@ -336,7 +336,7 @@ fn engine_ids_are_checked() {
         r#"/home/u/.lemon/config.toml:3:18: gateway.bindings[0].default_engine: invalid engine id "9lives": must match ^[a-z][a-z0-9_-]*$"#,
     );
     let config = check_ok("[gateway]\ndefault_engine = \"claude:opus\"\n", &[]);
-    assert_eq!(config.gateway.default_engine, "claude:opus");
+    assert_eq!(config.gateway.default_engine.as_ref().unwrap(), "claude:opus");
 }
 
 #[test]
@@ -362,7 +362,7 @@ fn models_that_could_reach_a_command_line_as_an_option_are_config_errors() {
         "[gateway]\ndefault_engine = \"pi:anthropic/claude-sonnet-4-5\"\n[gateway.engines.claude]\nmodel = \"claude-opus-4-1@20250805\"\n",
         &[],
     );
-    assert_eq!(config.gateway.default_engine, "pi:anthropic/claude-sonnet-4-5");
+    assert_eq!(config.gateway.default_engine.as_ref().unwrap(), "pi:anthropic/claude-sonnet-4-5");
 }
 
 #[test]
