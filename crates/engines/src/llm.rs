@@ -4,14 +4,39 @@
 //!
 //! A client streams one model turn: text deltas as they arrive, reasoning,
 //! each tool call once its arguments are complete, the usage, then `Done`.
+//!
+//! # Layout
+//! - [`sse`]: the incremental Server-Sent Events parser all three read with.
+//! - [`openai_chat`], [`openai_responses`], [`anthropic`]: the wire protocols.
+//! - [`retry`]: retries before any output, with backoff and `Retry-After`.
+//! - [`build_client`]: a [`Provider`] and [`ClientOptions`] to a retrying client.
+//!
+//! The API key travels in a sensitive header only: `Debug` of every client
+//! prints `SecretValue(***)` and error messages have it replaced by `***`.
 
 use std::fmt;
 use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::Stream;
+use lemon_core::secrets::SecretValue;
 use lemon_core::tool::ToolSpec;
+
+pub mod anthropic;
+mod http;
+pub mod openai_chat;
+pub mod openai_responses;
+pub mod retry;
+pub mod sse;
+
+pub use anthropic::AnthropicClient;
+pub use http::is_context_overflow;
+pub use openai_chat::OpenAiChatClient;
+pub use openai_responses::OpenAiResponsesClient;
+pub use retry::{RetryPolicy, RetryingClient};
 
 /// One tool call the model asked for; `arguments` is the raw JSON text the
 /// model produced (assembled from every delta), not yet parsed.
@@ -133,4 +158,156 @@ pub trait LlmClient: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// [`LlmError`] when the request was refused before anything streamed.
     async fn stream(&self, request: LlmRequest) -> Result<LlmStream, LlmError>;
+}
+
+/// The wire protocol a client speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Provider {
+    /// OpenAI Chat Completions, and every OpenAI-compatible server.
+    OpenAi,
+    /// OpenAI Responses.
+    OpenAiResponses,
+    /// Anthropic Messages.
+    Anthropic,
+}
+
+impl Provider {
+    /// Every provider, in the order of their config names.
+    pub const ALL: [Provider; 3] =
+        [Provider::OpenAi, Provider::OpenAiResponses, Provider::Anthropic];
+
+    /// The config name: `openai`, `openai-responses` or `anthropic`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::OpenAi => "openai",
+            Provider::OpenAiResponses => "openai-responses",
+            Provider::Anthropic => "anthropic",
+        }
+    }
+
+    /// Where the provider's API lives when no `base_url` is given.
+    pub fn default_base_url(self) -> &'static str {
+        match self {
+            Provider::OpenAi | Provider::OpenAiResponses => "https://api.openai.com/v1",
+            Provider::Anthropic => "https://api.anthropic.com",
+        }
+    }
+
+    /// The secret the API key is read from when none is named.
+    pub fn default_key_secret(self) -> &'static str {
+        match self {
+            Provider::OpenAi | Provider::OpenAiResponses => "openai_api_key",
+            Provider::Anthropic => "anthropic_api_key",
+        }
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A provider name that is none of `openai`, `openai-responses`, `anthropic`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown provider `{name}`: expected `openai`, `openai-responses` or `anthropic`")]
+pub struct UnknownProvider {
+    pub name: String,
+}
+
+impl FromStr for Provider {
+    type Err = UnknownProvider;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Provider::ALL
+            .into_iter()
+            .find(|provider| provider.as_str() == name)
+            .ok_or_else(|| UnknownProvider { name: name.to_owned() })
+    }
+}
+
+/// How to reach a provider. `Debug` shows no key.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// The API root (`https://api.openai.com/v1`, `http://127.0.0.1:11434/v1`, …);
+    /// the provider's own when `None`.
+    pub base_url: Option<String>,
+    /// Sent as `Authorization: Bearer` (OpenAI) or `x-api-key` (Anthropic);
+    /// an empty key sends no header, for local servers that need none.
+    pub api_key: SecretValue,
+    /// No byte for this long, before or during a stream, is [`LlmError::Stalled`].
+    pub stall_timeout: Duration,
+    /// The longest wait for a TCP (and TLS) connection.
+    pub connect_timeout: Duration,
+    pub retry: RetryPolicy,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            base_url: None,
+            api_key: SecretValue::new(""),
+            stall_timeout: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(10),
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// The client for `provider`, retrying under `options.retry`.
+pub fn build_client(provider: Provider, options: ClientOptions) -> Arc<dyn LlmClient> {
+    let base = options.base_url.as_deref().unwrap_or(provider.default_base_url());
+    let base = base.trim_end_matches('/').to_owned();
+    let client = reqwest::Client::builder()
+        .connect_timeout(options.connect_timeout)
+        .build()
+        .unwrap_or_default();
+    let endpoint = |key_header| http::Endpoint {
+        client,
+        url: String::new(),
+        api_key: options.api_key.clone(),
+        key_header,
+        stall_timeout: options.stall_timeout,
+    };
+    let inner: Arc<dyn LlmClient> = match provider {
+        Provider::OpenAi => {
+            Arc::new(OpenAiChatClient::new(&base, endpoint(http::KeyHeader::Bearer)))
+        }
+        Provider::OpenAiResponses => {
+            Arc::new(OpenAiResponsesClient::new(&base, endpoint(http::KeyHeader::Bearer)))
+        }
+        Provider::Anthropic => {
+            Arc::new(AnthropicClient::new(&base, endpoint(http::KeyHeader::Anthropic)))
+        }
+    };
+    Arc::new(RetryingClient::new(inner, options.retry))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn providers_parse_from_their_config_names() {
+        for provider in Provider::ALL {
+            assert_eq!(provider.as_str().parse::<Provider>(), Ok(provider));
+        }
+        let error = "gemini".parse::<Provider>().expect_err("not a provider");
+        assert!(error.to_string().contains("`gemini`"), "{error}");
+    }
+
+    #[test]
+    fn debug_of_a_client_shows_no_key() {
+        for provider in Provider::ALL {
+            let options = ClientOptions {
+                api_key: SecretValue::new("sk-very-secret"),
+                ..ClientOptions::default()
+            };
+            assert!(!format!("{options:?}").contains("sk-very-secret"));
+            let client = build_client(provider, options);
+            let debug = format!("{client:?}");
+            assert!(!debug.contains("sk-very-secret"), "{debug}");
+            assert!(debug.contains("SecretValue(***)"), "{debug}");
+        }
+    }
 }

@@ -1,0 +1,433 @@
+//! Anthropic Messages streaming (`POST {base_url}/v1/messages`, or
+//! `{base_url}/messages` when the base URL already ends in `/v1`), with
+//! `x-api-key` and `anthropic-version`.
+//!
+//! A turn is `message_start` (input usage), content blocks (`text`,
+//! `tool_use`, `thinking`) opened by `content_block_start`, streamed by
+//! `content_block_delta` (`text_delta`, `input_json_delta`, `thinking_delta`)
+//! and closed by `content_block_stop`, then `message_delta` (stop reason,
+//! output usage) and `message_stop`. `ping` may come anywhere; an `error`
+//! event (`overloaded_error`, …) ends the turn.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+
+use super::http::{self, Decoder, Endpoint};
+use super::sse::SseEvent;
+use super::{
+    ChatMessage, LlmClient, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage, StopReason,
+    ToolCall,
+};
+
+/// What `max_tokens` is when the request sets none: Anthropic requires it.
+pub const DEFAULT_MAX_TOKENS: u32 = 8192;
+
+/// A Messages client for one base URL and key.
+#[derive(Debug, Clone)]
+pub struct AnthropicClient {
+    endpoint: Endpoint,
+}
+
+impl AnthropicClient {
+    /// A client of `{base}/v1/messages`, or `{base}/messages` for a `base`
+    /// ending in `/v1` (`base` without a trailing `/`).
+    pub(crate) fn new(base: &str, mut endpoint: Endpoint) -> Self {
+        endpoint.url = if base.ends_with("/v1") {
+            format!("{base}/messages")
+        } else {
+            format!("{base}/v1/messages")
+        };
+        AnthropicClient { endpoint }
+    }
+}
+
+#[async_trait]
+impl LlmClient for AnthropicClient {
+    async fn stream(&self, request: LlmRequest) -> Result<LlmStream, LlmError> {
+        self.endpoint.stream(&request_body(&request), MessagesDecoder::default()).await
+    }
+}
+
+/// A message's role and content blocks, merged with the previous message of
+/// the same role (tool results and a user text after them are one user turn).
+fn push_blocks(messages: &mut Vec<Value>, role: &str, blocks: Vec<Value>) {
+    if blocks.is_empty() {
+        return;
+    }
+    if let Some(last) = messages.last_mut() {
+        if last["role"] == role {
+            if let Some(content) = last["content"].as_array_mut() {
+                content.extend(blocks);
+                return;
+            }
+        }
+    }
+    messages.push(json!({"role": role, "content": blocks}));
+}
+
+/// The wire request for `request`.
+pub(crate) fn request_body(request: &LlmRequest) -> Value {
+    let mut messages = Vec::with_capacity(request.messages.len());
+    for message in &request.messages {
+        match message {
+            ChatMessage::User { text } => {
+                push_blocks(&mut messages, "user", vec![json!({"type": "text", "text": text})]);
+            }
+            ChatMessage::Assistant { text, tool_calls } => {
+                let mut blocks = Vec::with_capacity(tool_calls.len() + 1);
+                if !text.is_empty() {
+                    blocks.push(json!({"type": "text", "text": text}));
+                }
+                for call in tool_calls {
+                    // The model's arguments were JSON text; an object is what
+                    // the API takes back, so unreadable ones go back empty.
+                    let input = serde_json::from_str::<Value>(&call.arguments)
+                        .ok()
+                        .filter(Value::is_object)
+                        .unwrap_or_else(|| json!({}));
+                    blocks.push(json!({
+                        "type": "tool_use",
+                        "id": call.id,
+                        "name": call.name,
+                        "input": input,
+                    }));
+                }
+                push_blocks(&mut messages, "assistant", blocks);
+            }
+            ChatMessage::ToolResult { call_id, content, is_error, .. } => {
+                let mut block = json!({
+                    "type": "tool_result",
+                    "tool_use_id": call_id,
+                    "content": content,
+                });
+                if *is_error {
+                    block["is_error"] = json!(true);
+                }
+                push_blocks(&mut messages, "user", vec![block]);
+            }
+        }
+    }
+    let mut body = json!({
+        "model": request.model,
+        "max_tokens": request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        "messages": messages,
+        "stream": true,
+    });
+    if let Some(system) = &request.system {
+        body["system"] = json!(system);
+    }
+    if !request.tools.is_empty() {
+        body["tools"] = request
+            .tools
+            .iter()
+            .map(|tool| {
+                json!({
+                    "name": tool.name,
+                    "description": tool.description,
+                    "input_schema": tool.parameters,
+                })
+            })
+            .collect();
+    }
+    if let Some(temperature) = request.temperature {
+        body["temperature"] = json!(temperature);
+    }
+    body
+}
+
+/// Reads Messages events.
+#[derive(Debug, Default)]
+pub(crate) struct MessagesDecoder {
+    /// Open `tool_use` blocks by index, with their partial JSON so far.
+    tools: HashMap<u64, ToolCall>,
+    usage: LlmUsage,
+    stop: Option<StopReason>,
+}
+
+fn text<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
+    value.get(key).and_then(Value::as_str)
+}
+
+fn stop_reason(reason: &str) -> StopReason {
+    match reason {
+        "end_turn" | "stop_sequence" => StopReason::EndTurn,
+        "tool_use" => StopReason::ToolUse,
+        "max_tokens" | "model_context_window_exceeded" => StopReason::MaxTokens,
+        other => StopReason::Other(other.to_owned()),
+    }
+}
+
+impl Decoder for MessagesDecoder {
+    fn event(&mut self, event: SseEvent, out: &mut Vec<LlmEvent>) -> Result<bool, LlmError> {
+        let value: Value = serde_json::from_str(&event.data).map_err(|error| {
+            LlmError::Invalid { message: format!("a message event is not valid JSON: {error}") }
+        })?;
+        let kind = text(&value, "type").or(event.event.as_deref()).unwrap_or_default();
+        let index = value.get("index").and_then(Value::as_u64).unwrap_or(0);
+        let count = |usage: &Value, key| usage.get(key).and_then(Value::as_u64);
+        match kind {
+            "message_start" => {
+                if let Some(usage) = value.pointer("/message/usage") {
+                    self.usage.input_tokens = count(usage, "input_tokens").unwrap_or(0);
+                    self.usage.output_tokens = count(usage, "output_tokens").unwrap_or(0);
+                }
+            }
+            "content_block_start" => {
+                let block = value.get("content_block").unwrap_or(&Value::Null);
+                match text(block, "type") {
+                    Some("tool_use") => {
+                        self.tools.insert(
+                            index,
+                            ToolCall {
+                                id: text(block, "id").unwrap_or_default().to_owned(),
+                                name: text(block, "name").unwrap_or_default().to_owned(),
+                                arguments: String::new(),
+                            },
+                        );
+                    }
+                    Some("text") => {
+                        if let Some(start) = text(block, "text").filter(|t| !t.is_empty()) {
+                            out.push(LlmEvent::TextDelta(start.to_owned()));
+                        }
+                    }
+                    Some("thinking") => {
+                        if let Some(start) = text(block, "thinking").filter(|t| !t.is_empty()) {
+                            out.push(LlmEvent::ReasoningDelta(start.to_owned()));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "content_block_delta" => {
+                let delta = value.get("delta").unwrap_or(&Value::Null);
+                match text(delta, "type") {
+                    Some("text_delta") => {
+                        if let Some(piece) = text(delta, "text").filter(|t| !t.is_empty()) {
+                            out.push(LlmEvent::TextDelta(piece.to_owned()));
+                        }
+                    }
+                    Some("thinking_delta") => {
+                        if let Some(piece) = text(delta, "thinking").filter(|t| !t.is_empty()) {
+                            out.push(LlmEvent::ReasoningDelta(piece.to_owned()));
+                        }
+                    }
+                    Some("input_json_delta") => {
+                        if let Some(call) = self.tools.get_mut(&index) {
+                            call.arguments
+                                .push_str(text(delta, "partial_json").unwrap_or_default());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "content_block_stop" => {
+                if let Some(mut call) = self.tools.remove(&index) {
+                    if call.arguments.trim().is_empty() {
+                        call.arguments = "{}".to_owned();
+                    }
+                    out.push(LlmEvent::ToolCall(call));
+                }
+            }
+            "message_delta" => {
+                if let Some(reason) = value.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    self.stop = Some(stop_reason(reason));
+                }
+                if let Some(usage) = value.get("usage") {
+                    if let Some(input) = count(usage, "input_tokens") {
+                        self.usage.input_tokens = input;
+                    }
+                    if let Some(output) = count(usage, "output_tokens") {
+                        self.usage.output_tokens = output;
+                    }
+                }
+            }
+            "message_stop" => {
+                out.push(LlmEvent::Usage(self.usage));
+                out.push(LlmEvent::Done(self.stop.take().unwrap_or(StopReason::EndTurn)));
+                return Ok(true);
+            }
+            "error" => {
+                let (message, kind, code) = http::error_fields(&value);
+                let kind = kind.filter(|k| k != "error");
+                return Err(http::error_from_kind(kind.as_deref(), code.as_deref(), &message));
+            }
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    fn end(&mut self, _out: &mut Vec<LlmEvent>) -> Result<(), LlmError> {
+        Err(LlmError::Network {
+            message: "the stream ended before the message was complete".to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lemon_core::tool::ToolSpec;
+
+    use super::*;
+    use crate::llm::http::decode_all;
+
+    fn ok(events: Vec<Result<LlmEvent, LlmError>>) -> Vec<LlmEvent> {
+        events.into_iter().map(|e| e.expect("no error")).collect()
+    }
+
+    #[test]
+    fn thinking_text_tool_use_and_usage() {
+        let stream = concat!(
+            "event: message_start\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-sonnet-4-5\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":472,\"output_tokens\":2}}}\n\n",
+            "event: ping\n",
+            "data: {\"type\": \"ping\"}\n\n",
+            "event: content_block_start\n",
+            "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}\n\n",
+            "event: content_block_delta\n",
+            "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"Let me check.\"}}\n\n",
+            "event: content_block_delta\n",
+            "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"EqQBCgIYAhIM\"}}\n\n",
+            "event: content_block_stop\n",
+            "data: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+            "event: content_block_start\n",
+            "data: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+            "event: content_block_delta\n",
+            "data: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"text_delta\",\"text\":\"Okay\"}}\n\n",
+            "event: content_block_stop\n",
+            "data: {\"type\":\"content_block_stop\",\"index\":1}\n\n",
+            "event: content_block_start\n",
+            "data: {\"type\":\"content_block_start\",\"index\":2,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_01\",\"name\":\"get_weather\",\"input\":{}}}\n\n",
+            "event: content_block_delta\n",
+            "data: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"\"}}\n\n",
+            "event: content_block_delta\n",
+            "data: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"location\\\": \\\"San Fra\"}}\n\n",
+            "event: content_block_delta\n",
+            "data: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"ncisco\\\"}\"}}\n\n",
+            "event: content_block_stop\n",
+            "data: {\"type\":\"content_block_stop\",\"index\":2}\n\n",
+            "event: content_block_start\n",
+            "data: {\"type\":\"content_block_start\",\"index\":3,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_02\",\"name\":\"list\",\"input\":{}}}\n\n",
+            "event: content_block_stop\n",
+            "data: {\"type\":\"content_block_stop\",\"index\":3}\n\n",
+            "event: message_delta\n",
+            "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":89}}\n\n",
+            "event: message_stop\n",
+            "data: {\"type\":\"message_stop\"}\n\n",
+        );
+        assert_eq!(
+            ok(decode_all(MessagesDecoder::default(), stream)),
+            vec![
+                LlmEvent::ReasoningDelta("Let me check.".to_owned()),
+                LlmEvent::TextDelta("Okay".to_owned()),
+                LlmEvent::ToolCall(ToolCall {
+                    id: "toolu_01".to_owned(),
+                    name: "get_weather".to_owned(),
+                    arguments: "{\"location\": \"San Francisco\"}".to_owned(),
+                }),
+                LlmEvent::ToolCall(ToolCall {
+                    id: "toolu_02".to_owned(),
+                    name: "list".to_owned(),
+                    arguments: "{}".to_owned(),
+                }),
+                LlmEvent::Usage(LlmUsage { input_tokens: 472, output_tokens: 89 }),
+                LlmEvent::Done(StopReason::ToolUse),
+            ]
+        );
+    }
+
+    #[test]
+    fn stop_reasons() {
+        for (wire, reason) in [
+            ("end_turn", StopReason::EndTurn),
+            ("max_tokens", StopReason::MaxTokens),
+            ("model_context_window_exceeded", StopReason::MaxTokens),
+            ("refusal", StopReason::Other("refusal".to_owned())),
+        ] {
+            let stream = format!(
+                "event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{wire}\"}},\"usage\":{{\"output_tokens\":1}}}}\n\nevent: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
+            );
+            let events = ok(decode_all(MessagesDecoder::default(), &stream));
+            assert_eq!(events.last(), Some(&LlmEvent::Done(reason)), "{wire}");
+        }
+    }
+
+    #[test]
+    fn error_events_are_typed() {
+        let overloaded = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+        assert_eq!(
+            decode_all(MessagesDecoder::default(), overloaded),
+            vec![Err(LlmError::Server { status: 529, message: "Overloaded".to_owned() })]
+        );
+        let long = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"prompt is too long: 208656 tokens > 200000 maximum\"}}\n\n";
+        assert!(matches!(
+            decode_all(MessagesDecoder::default(), long)[0],
+            Err(LlmError::ContextOverflow { .. })
+        ));
+        let cut = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"a\"}}\n\n";
+        let events = decode_all(MessagesDecoder::default(), cut);
+        assert_eq!(events[0], Ok(LlmEvent::TextDelta("a".to_owned())));
+        assert!(matches!(events[1], Err(LlmError::Network { .. })));
+    }
+
+    #[test]
+    fn the_request_maps_history_and_tools() {
+        let call = |id: &str| ToolCall {
+            id: id.to_owned(),
+            name: "read".to_owned(),
+            arguments: "{\"path\":\"a\"}".to_owned(),
+        };
+        let result = |id: &str, is_error| ChatMessage::ToolResult {
+            call_id: id.to_owned(),
+            name: "read".to_owned(),
+            content: format!("result {id}"),
+            is_error,
+        };
+        let request = LlmRequest {
+            model: "claude-sonnet-4-5".to_owned(),
+            system: Some("be brief".to_owned()),
+            messages: vec![
+                ChatMessage::User { text: "read a twice".to_owned() },
+                ChatMessage::Assistant {
+                    text: "Reading.".to_owned(),
+                    tool_calls: vec![call("t1"), call("t2")],
+                },
+                result("t1", false),
+                result("t2", true),
+                ChatMessage::User { text: "and now?".to_owned() },
+            ],
+            tools: vec![ToolSpec {
+                name: "read".to_owned(),
+                description: "Reads a file".to_owned(),
+                parameters: json!({"type": "object"}),
+            }],
+            max_tokens: None,
+            temperature: Some(0.25),
+        };
+        assert_eq!(
+            request_body(&request),
+            json!({
+                "model": "claude-sonnet-4-5",
+                "max_tokens": DEFAULT_MAX_TOKENS,
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "read a twice"}]},
+                    {"role": "assistant", "content": [
+                        {"type": "text", "text": "Reading."},
+                        {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a"}},
+                        {"type": "tool_use", "id": "t2", "name": "read", "input": {"path": "a"}},
+                    ]},
+                    {"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": "t1", "content": "result t1"},
+                        {"type": "tool_result", "tool_use_id": "t2", "content": "result t2", "is_error": true},
+                        {"type": "text", "text": "and now?"},
+                    ]},
+                ],
+                "stream": true,
+                "system": "be brief",
+                "tools": [{"name": "read", "description": "Reads a file", "input_schema": {"type": "object"}}],
+                "temperature": 0.25,
+            })
+        );
+    }
+}
