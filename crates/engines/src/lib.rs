@@ -7,6 +7,8 @@
 //! - [`cli`]: vendor coding CLIs (Claude Code, Codex, OpenCode, Pi, Droid) run as child processes;
 //!   [`cli::build_cli_engines`] turns their sections into engines.
 //! - [`llm`]: the LLM clients of the native engine, over one request/event model.
+//! - [`tools`]: the native engine's built-in tools (`bash`, `read`, `edit`, `fetch`…) and
+//!   the gateway's tools (`sms_*`, `telegram_send_image`, `discord_send_file`).
 //! - [`build_registry`]: the whole engine table, at a start and after every config edit.
 
 use std::sync::Arc;
@@ -17,6 +19,7 @@ pub mod cli;
 pub mod config;
 pub mod echo;
 pub mod llm;
+pub mod tools;
 
 /// The engine table `sections` ask for: echo (always, paced by its
 /// `delay_ms`) and every vendor CLI not disabled. A CLI that is not installed
