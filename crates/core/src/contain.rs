@@ -42,11 +42,17 @@ pub fn resolve_inside(roots: &[&Path], path: &Path) -> Result<PathBuf, ContainEr
     Err(ContainError::Outside { path: shown() })
 }
 
+/// How many dangling symlinks one path may go through before it counts as a loop.
+const MAX_DANGLING_LINKS: usize = 40;
+
 /// Canonicalises the deepest existing ancestor of `path` and appends the
 /// components below it; `..` below the existing part is refused as not found.
+/// A dangling symlink on the way (a link to a file not created yet) is
+/// followed to where it points, so a write through it is judged by its target.
 fn resolve_existing_prefix(path: &Path) -> io::Result<PathBuf> {
     let mut existing = path.to_path_buf();
     let mut rest = Vec::new();
+    let mut links = 0;
     loop {
         match existing.canonicalize() {
             Ok(base) => {
@@ -57,6 +63,16 @@ fn resolve_existing_prefix(path: &Path) -> io::Result<PathBuf> {
                 return Ok(out);
             }
             Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                if existing.symlink_metadata().is_ok_and(|meta| meta.file_type().is_symlink()) {
+                    links += 1;
+                    if links > MAX_DANGLING_LINKS {
+                        return Err(io::Error::other("too many levels of symbolic links"));
+                    }
+                    let target = std::fs::read_link(&existing)?;
+                    let parent = existing.parent().map(Path::to_path_buf).unwrap_or_default();
+                    existing = parent.join(target);
+                    continue;
+                }
                 let name = match existing.components().next_back() {
                     Some(Component::Normal(name)) => name.to_owned(),
                     _ => return Err(err),
@@ -111,5 +127,18 @@ mod tests {
         assert!(matches!(err, ContainError::Outside { .. }), "{err}");
         let ok = resolve_inside(&[&root, &other], Path::new("link/secret")).unwrap();
         assert_eq!(ok, other.canonicalize().unwrap().join("secret"));
+    }
+    #[test]
+    fn a_dangling_symlink_is_judged_by_its_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("elsewhere/new"), root.join("out")).unwrap();
+        std::os::unix::fs::symlink(root.join("later"), root.join("in")).unwrap();
+
+        let err = resolve_inside(&[&root], Path::new("out")).unwrap_err();
+        assert!(matches!(err, ContainError::Outside { .. }), "{err}");
+        let inside = resolve_inside(&[&root], Path::new("in")).unwrap();
+        assert_eq!(inside, root.canonicalize().unwrap().join("later"));
     }
 }

@@ -16,6 +16,8 @@
 //! - [`config`]: the `config.toml` types and loader.
 //! - [`secrets`]: where secret values come from.
 //! - [`contain`]: file paths kept inside the directories a run may touch.
+//! - [`net`]: which addresses count as private or loopback (webhook callbacks, `fetch`).
+//! - [`sms`]: the SMS inbox the `sms_*` tools read verification codes from.
 //! - [`clock`]: wall-clock milliseconds for timestamps.
 //! - [`log_text`]: outside text (stderr, engine errors) escaped for a log field.
 //! - [`transport`]: the contract every channel implements, the states status
@@ -36,8 +38,10 @@ pub mod engine;
 pub mod gateway;
 pub mod ids;
 pub mod log_text;
+pub mod net;
 pub mod router;
 pub mod secrets;
+pub mod sms;
 pub mod store;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

@@ -56,7 +56,7 @@ mod codex;
 mod droid;
 mod opencode;
 mod pi;
-mod process;
+pub(crate) mod process;
 mod resume;
 mod runner;
 mod settings;

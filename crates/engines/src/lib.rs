@@ -8,6 +8,8 @@
 //!   [`cli::build_cli_engines`] turns their sections into engines.
 //! - [`llm`]: the LLM clients of the native engine, over one request/event model.
 //! - [`native`]: the native `lemon` engine: the agent loop over an LLM client and tools.
+//! - [`tools`]: the native engine's built-in tools (`bash`, `read`, `edit`, `fetch`…) and
+//!   the gateway's tools (`sms_*`, `telegram_send_image`, `discord_send_file`).
 //! - [`build_registry`]: the whole engine table, at a start and after every config edit.
 
 use std::sync::Arc;
@@ -19,6 +21,7 @@ pub mod config;
 pub mod echo;
 pub mod llm;
 pub mod native;
+pub mod tools;
 
 /// The engine table `sections` ask for: echo (always, paced by its
 /// `delay_ms`) and every vendor CLI not disabled. A CLI that is not installed

@@ -609,6 +609,12 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         }
     }
 
+    /// The stream itself, for a caller that reads bytes rather than lines;
+    /// nothing read so far is lost (it is in the returned buffer).
+    pub(crate) fn into_inner(self) -> BufReader<R> {
+        self.inner
+    }
+
     fn take_line(&mut self) -> StdoutLine {
         let bytes = std::mem::take(&mut self.buf);
         StdoutLine::Line(match String::from_utf8(bytes) {
@@ -650,6 +656,11 @@ impl<R: AsyncRead + Unpin> StderrTail<R> {
                 true
             }
         }
+    }
+
+    /// The stream itself, for a caller that keeps its own bytes.
+    pub(crate) fn into_inner(self) -> R {
+        self.inner
     }
 
     /// The kept text, and whether earlier bytes were dropped.

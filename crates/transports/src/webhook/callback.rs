@@ -19,6 +19,7 @@ use crate::delivery::{Backoff, DeliveryRecord, DeliveryRecords};
 use futures::future::BoxFuture;
 use lemon_core::bus::BusEvent;
 use lemon_core::ids::SessionKey;
+use lemon_core::net::{is_localhost_name, is_private};
 use lemon_core::router::RunFollower;
 use lemon_core::transport::StatusHandle;
 use serde::{Deserialize, Serialize};
@@ -79,41 +80,6 @@ pub enum CallbackError {
     Http(String),
     #[error("unexpected status {0}")]
     Status(u16),
-}
-
-/// Loopback, private, link-local, shared, unspecified, broadcast and multicast.
-pub(super) fn is_private(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            a == 0
-                || a == 10
-                || a == 127
-                || (a == 169 && b == 254)
-                || (a == 172 && (16..32).contains(&b))
-                || (a == 192 && b == 168)
-                || (a == 100 && (64..128).contains(&b))
-                || a >= 224
-        }
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_private(IpAddr::V4(v4));
-            }
-            let first = v6.segments()[0];
-            v6.is_unspecified()
-                || v6.is_loopback()
-                || (first & 0xfe00) == 0xfc00
-                || (first & 0xffc0) == 0xfe80
-                || (first & 0xff00) == 0xff00
-        }
-    }
-}
-
-fn is_localhost_name(host: &str) -> bool {
-    matches!(
-        host,
-        "localhost" | "localhost.localdomain" | "localhost6" | "ip6-localhost" | "ip6-loopback"
-    ) || host.ends_with(".localhost")
 }
 
 /// A checked callback: where to connect.
