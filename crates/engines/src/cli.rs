@@ -259,6 +259,14 @@ pub struct CliContext {
     pub store: Option<lemon_core::store::StoreHandle>,
 }
 
+/// The allowlisted part of `base` (the variables every child gets).
+pub(crate) fn allowlisted_env(base: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    base.iter()
+        .filter(|(key, _)| settings::ENV_ALLOWLIST.contains(&key.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 /// Builds the five vendor engines from `[gateway.engines.*]`: every vendor not
 /// disabled with `enabled = false`, configured by its section (or defaults).
 /// An engine whose CLI is missing is still built; it reports itself unavailable.

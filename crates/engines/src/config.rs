@@ -208,11 +208,11 @@ impl EngineSections {
                     Ok(section)
                 })
                 .map_err(|e| {
-                // With the key in the section path the error points at its value.
-                let mut at = vec!["gateway", "engines", id.as_str()];
-                at.extend(e.key.as_deref());
-                section_error(path, text, &at, &e.message)
-            })?;
+                    // With the key in the section path the error points at its value.
+                    let mut at = vec!["gateway", "engines", id.as_str()];
+                    at.extend(e.key.as_deref());
+                    section_error(path, text, &at, &e.message)
+                })?;
             sections.insert(id.clone(), section);
         }
         Ok(EngineSections { sections })

@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use lemon_core::engine::{Availability, EngineRegistry, RegistryError};
+use lemon_core::engine::{Availability, Engine, EngineRegistry, RegistryError};
 
 pub mod cli;
 pub mod config;
@@ -24,7 +24,8 @@ pub mod native;
 pub mod tools;
 
 /// The engine table `sections` ask for: echo (always, paced by its
-/// `delay_ms`) and every vendor CLI not disabled. A CLI that is not installed
+/// `delay_ms`), every vendor CLI not disabled and the native `lemon` engine
+/// (unavailable without its provider key) unless disabled. A CLI that is not installed
 /// is still registered, as unavailable, and its reason is logged.
 ///
 /// # Errors
@@ -36,7 +37,8 @@ pub fn build_registry(
     let mut registry = EngineRegistry::new();
     registry
         .register(Arc::new(echo::EchoEngine::new(sections.echo_delay(), ctx.tracker.clone())))?;
-    for engine in cli::build_cli_engines(sections, ctx) {
+    let native = native::build(sections, ctx).map(|engine| Arc::new(engine) as Arc<dyn Engine>);
+    for engine in cli::build_cli_engines(sections, ctx).into_iter().chain(native) {
         if let Availability::Unavailable { reason } = engine.availability() {
             tracing::info!(engine = %engine.id(), %reason, "engine unavailable");
         }

@@ -124,6 +124,56 @@ impl NativeEngine {
     }
 }
 
+/// The native engine `[gateway.engines.lemon]` asks for, with its key from
+/// `ctx.api_keys["lemon"]` and the built-in tools; `None` when it is disabled.
+pub fn build(
+    sections: &crate::config::EngineSections,
+    ctx: &crate::cli::CliContext,
+) -> Option<NativeEngine> {
+    // The sections were checked when the config was read.
+    let settings = NativeSettings::from_section(sections.get(ENGINE_ID)).unwrap_or_else(|error| {
+        tracing::warn!(%error, "[gateway.engines.lemon] unreadable; using the defaults");
+        NativeSettings::default()
+    });
+    if !settings.enabled {
+        return None;
+    }
+    let api_key = ctx.api_keys.get(ENGINE_ID).cloned();
+    let provider = match settings.provider {
+        ProviderKind::OpenAi => crate::llm::Provider::OpenAi,
+        ProviderKind::OpenAiResponses => crate::llm::Provider::OpenAiResponses,
+        ProviderKind::Anthropic => crate::llm::Provider::Anthropic,
+    };
+    let client = match &api_key {
+        Some(key) => Ok(crate::llm::build_client(
+            provider,
+            crate::llm::ClientOptions {
+                base_url: settings.base_url.clone(),
+                api_key: lemon_core::secrets::SecretValue::new(key.expose()),
+                ..crate::llm::ClientOptions::default()
+            },
+        )),
+        None => Err(missing_key_reason(&settings)),
+    };
+    let options = crate::tools::BuiltinOptions {
+        bash_env: crate::cli::allowlisted_env(&ctx.base_env),
+        recorder: ctx.recorder.clone(),
+        ..crate::tools::BuiltinOptions::default()
+    };
+    Some(NativeEngine::new(NativeParts {
+        settings,
+        client,
+        api_key,
+        builtins: crate::tools::builtin(&options),
+        gateway_tools: ctx.tools.clone(),
+        budget: ctx.budget.clone(),
+        store: ctx.store.clone(),
+        tracker: ctx.tracker.clone(),
+        shutdown: ctx.shutdown.clone(),
+        workspace: None,
+    }))
+}
+
 /// Why the engine has no client: the key's secret is not set.
 pub fn missing_key_reason(settings: &NativeSettings) -> String {
     let secret = &settings.api_key_secret;
@@ -160,10 +210,10 @@ impl Engine for NativeEngine {
         req: StartRequest,
         sink: EventSink,
     ) -> Result<Arc<dyn RunControl>, EngineError> {
-        let client = self.client.clone().map_err(|reason| EngineError::Unavailable {
-            engine: ENGINE_ID.to_owned(),
-            reason,
-        })?;
+        let client = self
+            .client
+            .clone()
+            .map_err(|reason| EngineError::Unavailable { engine: ENGINE_ID.to_owned(), reason })?;
         let resume = req.resume.as_ref().filter(|token| token.engine == ENGINE_ID);
         let (session_id, history) = match resume {
             Some(token) => {

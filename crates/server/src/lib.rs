@@ -27,8 +27,8 @@ use lemon_core::config::{
     self, ConfigStatus, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT,
 };
 use lemon_core::engine::EngineRegistry;
-use lemon_core::ids::{EngineId, EngineRef};
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
+use lemon_core::ids::{EngineId, EngineRef};
 use lemon_core::router::{RouterConfig, RouterHandle};
 use lemon_core::secrets::{
     check_bearer_token, env_var_name, SecretStore, SecretValue, SecretsFile,
@@ -440,11 +440,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // The router recovers its journal (requests a crash left behind) before it
     // takes the first new request, so recovered ones keep their place.
     let chosen_default = default_engine(&gateway_config, &engine_sections, &secrets)?;
-    tracing::info!(
-        "default engine: {} ({})",
-        chosen_default.engine,
-        chosen_default.reason
-    );
+    tracing::info!("default engine: {} ({})", chosen_default.engine, chosen_default.reason);
     let router_config = router_config(&gateway_config, &chosen_default);
     let router = RouterHandle::start(router_config, gateway.clone(), token.clone(), &tracker);
     let statuses = registry.statuses().clone();

@@ -422,7 +422,13 @@ impl Reloader {
         {
             return;
         }
-        if plan.router && self.router.reload(crate::router_config(&config, &self.default_engine)).await.is_err() {
+        if plan.router
+            && self
+                .router
+                .reload(crate::router_config(&config, &self.default_engine))
+                .await
+                .is_err()
+        {
             return;
         }
         if plan.shutdown_grace {

@@ -157,12 +157,18 @@ fn the_lemon_section_is_parsed_with_defaults_per_provider() {
     assert_eq!(settings.context_window, 200_000);
     assert_eq!(settings.base_url.as_deref(), Some("http://127.0.0.1:9"));
     assert_eq!(settings.model, "claude-x");
-    assert_eq!((settings.max_tokens, settings.temperature, settings.max_turns), (Some(512), Some(0.5), 4));
+    assert_eq!(
+        (settings.max_tokens, settings.temperature, settings.max_turns),
+        (Some(512), Some(0.5), 4)
+    );
     assert_eq!(settings.system_prompt.as_deref(), Some("be brief"));
     assert!(settings.allows("bash") && !settings.allows("fetch"));
     let custom = load("[gateway.engines.lemon]\napi_key_secret = \"my_key\"\ncontext_window = 8000\nenabled = false\n").unwrap();
     let custom = NativeSettings::from_section(custom.get("lemon")).unwrap();
-    assert_eq!((custom.api_key_secret.as_str(), custom.context_window, custom.enabled), ("my_key", 8000, false));
+    assert_eq!(
+        (custom.api_key_secret.as_str(), custom.context_window, custom.enabled),
+        ("my_key", 8000, false)
+    );
 }
 
 #[test]

@@ -58,7 +58,10 @@ enum Halt {
 /// How one streamed model turn ended.
 #[derive(Debug)]
 enum Turn {
-    Done { text: String, calls: Vec<ToolCall> },
+    Done {
+        text: String,
+        calls: Vec<ToolCall>,
+    },
     /// A redirect dropped the turn; its instruction comes next.
     Redirected(String),
     Failed(LlmError),
@@ -200,8 +203,10 @@ impl Agent {
             match self.stream_turn(request).await? {
                 Turn::Done { text, calls } => {
                     overflow_compacted = false;
-                    self.messages
-                        .push(ChatMessage::Assistant { text: text.clone(), tool_calls: calls.clone() });
+                    self.messages.push(ChatMessage::Assistant {
+                        text: text.clone(),
+                        tool_calls: calls.clone(),
+                    });
                     if calls.is_empty() {
                         self.save().await;
                         self.take_controls();
@@ -429,7 +434,8 @@ impl Agent {
                         workspace: self.workspace.clone(),
                         cancel: turn_cancel.child_token(),
                     };
-                    let handle = self.tool_tasks.spawn(async move { tool.execute(args, ctx).await });
+                    let handle =
+                        self.tool_tasks.spawn(async move { tool.execute(args, ctx).await });
                     running.push(async move { (index, handle.await) });
                 }
             }
@@ -484,18 +490,22 @@ impl Agent {
             return Ok(());
         }
         let overflow = |message: String| Halt::Fail(RunError::ContextOverflow { message });
-        let Some(cut) = compact::split_point(
-            &self.messages,
-            compact::keep_budget(window, estimate, force),
-        ) else {
+        let Some(cut) =
+            compact::split_point(&self.messages, compact::keep_budget(window, estimate, force))
+        else {
             return Err(overflow(format!(
                 "context overflow: the conversation (about {estimate} tokens) does not fit the context window of {window} tokens and cannot be compacted"
             )));
         };
         self.compactions += 1;
         let id = format!("lemon.compaction.{}", self.compactions);
-        self.send(EngineEvent::Action(action(&id, ActionKind::Note, "compaction", ActionPhase::Started)))
-            .await?;
+        self.send(EngineEvent::Action(action(
+            &id,
+            ActionKind::Note,
+            "compaction",
+            ActionPhase::Started,
+        )))
+        .await?;
         let max_chars = (window as f64 * 4.0 * 0.6) as usize;
         let transcript = compact::transcript(&self.messages[..cut], max_chars);
         let request = LlmRequest {
@@ -510,9 +520,14 @@ impl Agent {
         };
         let summary = self.summarise(request).await?;
         if summary.trim().is_empty() {
-            return Err(overflow("context overflow: the model gave no summary to compact the conversation with".to_owned()));
+            return Err(overflow(
+                "context overflow: the model gave no summary to compact the conversation with"
+                    .to_owned(),
+            ));
         }
-        let mut messages = vec![ChatMessage::User { text: format!("{}{}", compact::SUMMARY_PREFIX, summary.trim()) }];
+        let mut messages = vec![ChatMessage::User {
+            text: format!("{}{}", compact::SUMMARY_PREFIX, summary.trim()),
+        }];
         messages.extend(self.messages.drain(cut..));
         self.messages = messages;
         self.save().await;

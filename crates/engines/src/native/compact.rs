@@ -24,7 +24,10 @@ fn message_chars(message: &ChatMessage) -> usize {
         ChatMessage::User { text } => text.len(),
         ChatMessage::Assistant { text, tool_calls } => {
             text.len()
-                + tool_calls.iter().map(|c| c.id.len() + c.name.len() + c.arguments.len()).sum::<usize>()
+                + tool_calls
+                    .iter()
+                    .map(|c| c.id.len() + c.name.len() + c.arguments.len())
+                    .sum::<usize>()
         }
         ChatMessage::ToolResult { call_id, name, content, .. } => {
             call_id.len() + name.len() + content.len()
@@ -76,7 +79,8 @@ pub fn split_point(messages: &[ChatMessage], keep_budget: u64) -> Option<usize> 
         cut -= 1;
     }
     // Never start the kept part with a tool result: its call goes with it.
-    while cut > 0 && cut < messages.len() && matches!(messages[cut], ChatMessage::ToolResult { .. }) {
+    while cut > 0 && cut < messages.len() && matches!(messages[cut], ChatMessage::ToolResult { .. })
+    {
         cut -= 1;
     }
     while cut < messages.len() && matches!(messages[cut], ChatMessage::ToolResult { .. }) {

@@ -138,9 +138,7 @@ impl Sessions {
                 .kv_get(NAMESPACE, id, lemon_core::clock::now_ms())
                 .await
                 .map_err(|_| LoadError::Invalid(id.to_owned()))?,
-            Sessions::Memory(map) => {
-                map.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
-            }
+            Sessions::Memory(map) => map.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned(),
         };
         let value = value.ok_or_else(|| LoadError::Missing(id.to_owned()))?;
         value

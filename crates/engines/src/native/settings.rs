@@ -125,7 +125,12 @@ fn str_key(section: &EngineSection, key: &str) -> Result<Option<String>, Section
     }
 }
 
-fn int_key(section: &EngineSection, key: &str, min: i64, max: i64) -> Result<Option<i64>, SectionError> {
+fn int_key(
+    section: &EngineSection,
+    key: &str,
+    min: i64,
+    max: i64,
+) -> Result<Option<i64>, SectionError> {
     match section.other.get(key) {
         None => Ok(None),
         Some(value) => match value.as_integer() {
@@ -209,13 +214,19 @@ impl NativeSettings {
                 let names: Vec<String> = value.clone().try_into().map_err(|_| {
                     SectionError::at(
                         "tools",
-                        format!("invalid type: {}, expected a list of tool names", value.type_str()),
+                        format!(
+                            "invalid type: {}, expected a list of tool names",
+                            value.type_str()
+                        ),
                     )
                 })?;
                 if let Some(unknown) = names.iter().find(|n| !BUILTIN_TOOLS.contains(&n.as_str())) {
                     return Err(SectionError::at(
                         "tools",
-                        format!("unknown tool {unknown:?}: the tools are {}", BUILTIN_TOOLS.join(", ")),
+                        format!(
+                            "unknown tool {unknown:?}: the tools are {}",
+                            BUILTIN_TOOLS.join(", ")
+                        ),
                     ));
                 }
                 Some(names)
@@ -227,8 +238,7 @@ impl NativeSettings {
             base_url,
             model,
             api_key_secret,
-            max_tokens: int_key(section, "max_tokens", 1, i64::from(u32::MAX))?
-                .map(|n| n as u32),
+            max_tokens: int_key(section, "max_tokens", 1, i64::from(u32::MAX))?.map(|n| n as u32),
             temperature,
             system_prompt: str_key(section, "system_prompt")?,
             max_turns: int_key(section, "max_turns", 1, 1000)?

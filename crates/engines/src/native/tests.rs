@@ -6,16 +6,16 @@ use std::sync::Mutex;
 
 use futures::StreamExt;
 use lemon_core::budget::{BudgetExceeded, BudgetScope, TokenUsage};
-use lemon_core::engine::{
-    Action, ActionKind, ActionPhase, Completion, EngineEvent, ResumeToken,
-};
+use lemon_core::engine::{Action, ActionKind, ActionPhase, Completion, EngineEvent, ResumeToken};
 use lemon_core::testing::within;
 use lemon_core::tool::{ToolContext, ToolOutput, ToolSpec};
 use serde_json::json;
 use tokio::sync::{mpsc, Notify};
 
 use super::*;
-use crate::llm::{ChatMessage, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage, StopReason, ToolCall};
+use crate::llm::{
+    ChatMessage, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage, StopReason, ToolCall,
+};
 
 /// One step of a scripted turn.
 #[derive(Debug, Clone)]
@@ -48,7 +48,9 @@ impl LlmClient for Scripted {
     async fn stream(&self, request: LlmRequest) -> Result<LlmStream, LlmError> {
         self.requests.lock().unwrap().push(request);
         let turn = self.turns.lock().unwrap().pop_front();
-        let steps = turn.unwrap_or_else(|| Err(LlmError::Invalid { message: "no more turns scripted".into() }))?;
+        let steps = turn.unwrap_or_else(|| {
+            Err(LlmError::Invalid { message: "no more turns scripted".into() })
+        })?;
         let stream = futures::stream::iter(steps).then(|step| async move {
             match step {
                 Step::Event(event) => Some(Ok(event)),
@@ -132,7 +134,11 @@ impl std::ops::Deref for GateTool {
 #[async_trait]
 impl Tool for GateTool {
     fn spec(&self) -> ToolSpec {
-        ToolSpec { name: "wait".into(), description: "waits".into(), parameters: json!({"type": "object"}) }
+        ToolSpec {
+            name: "wait".into(),
+            description: "waits".into(),
+            parameters: json!({"type": "object"}),
+        }
     }
 
     async fn execute(&self, _args: serde_json::Value, ctx: ToolContext) -> ToolOutput {
@@ -335,7 +341,10 @@ async fn a_tool_call_runs_as_an_action_and_its_result_goes_back_to_the_model() {
     assert_eq!(done.usage, json!({ "input_tokens": 15, "output_tokens": 3 }));
     let acts = actions(&events);
     assert_eq!(acts.len(), 2, "{acts:?}");
-    assert_eq!((acts[0].id.as_str(), acts[0].phase, acts[0].kind), ("tool_c1", ActionPhase::Started, ActionKind::Tool));
+    assert_eq!(
+        (acts[0].id.as_str(), acts[0].phase, acts[0].kind),
+        ("tool_c1", ActionPhase::Started, ActionKind::Tool)
+    );
     assert_eq!(acts[0].detail, json!({ "name": "echo_args", "args": { "x": 1 } }));
     assert_eq!(acts[1].phase, ActionPhase::Completed);
     assert_eq!(acts[1].ok, Some(true));
@@ -348,9 +357,18 @@ async fn a_tool_call_runs_as_an_action_and_its_result_goes_back_to_the_model() {
         [
             ChatMessage::Assistant {
                 text: "Let me look. ".into(),
-                tool_calls: vec![ToolCall { id: "c1".into(), name: "echo_args".into(), arguments: r#"{"x":1}"#.into() }],
+                tool_calls: vec![ToolCall {
+                    id: "c1".into(),
+                    name: "echo_args".into(),
+                    arguments: r#"{"x":1}"#.into()
+                }],
             },
-            ChatMessage::ToolResult { call_id: "c1".into(), name: "echo_args".into(), content: r#"got {"x":1}"#.into(), is_error: false },
+            ChatMessage::ToolResult {
+                call_id: "c1".into(),
+                name: "echo_args".into(),
+                content: r#"got {"x":1}"#.into(),
+                is_error: false
+            },
         ]
     );
 }
@@ -365,7 +383,8 @@ async fn unparsable_arguments_and_unknown_tools_become_error_results() {
     let (_control, mut rx) = start(&engine, request("go", None)).await;
     let events = collect(&mut rx).await;
     assert!(completion(&events).ok);
-    let completed: Vec<_> = actions(&events).into_iter().filter(|a| a.phase == ActionPhase::Completed).collect();
+    let completed: Vec<_> =
+        actions(&events).into_iter().filter(|a| a.phase == ActionPhase::Completed).collect();
     assert_eq!(completed.len(), 2);
     assert!(completed.iter().all(|a| a.ok == Some(false)), "{completed:?}");
     let results: Vec<_> = client.requests()[1]
@@ -401,10 +420,8 @@ async fn gateway_tools_are_offered_only_to_the_sessions_they_are_for() {
 #[tokio::test]
 async fn a_steer_is_injected_at_the_next_turn_boundary() {
     let gate = GateTool::default();
-    let client = Scripted::new(vec![
-        Ok(vec![call("w1", "wait", "{}"), done()]),
-        answer("Done, in French."),
-    ]);
+    let client =
+        Scripted::new(vec![Ok(vec![call("w1", "wait", "{}"), done()]), answer("Done, in French.")]);
     let setup = Setup { tools: vec![Arc::new(gate.clone())], ..Setup::default() };
     let engine = new_engine(client.clone(), setup);
     let (control, mut rx) = start(&engine, request("work", None)).await;
@@ -414,7 +431,9 @@ async fn a_steer_is_injected_at_the_next_turn_boundary() {
     let events = collect(&mut rx).await;
     assert_eq!(completion(&events).answer, "Done, in French.");
     let second = &client.requests()[1];
-    assert!(matches!(second.messages[2], ChatMessage::ToolResult { ref content, .. } if content == "opened"));
+    assert!(
+        matches!(second.messages[2], ChatMessage::ToolResult { ref content, .. } if content == "opened")
+    );
     assert_eq!(second.messages[3], ChatMessage::User { text: "answer in French".into() });
     assert_eq!(control.steer("late").await, Err(SteerError::Finished));
 }
@@ -422,7 +441,10 @@ async fn a_steer_is_injected_at_the_next_turn_boundary() {
 #[tokio::test]
 async fn a_steer_during_the_last_turn_gets_another_turn() {
     let gate = Arc::new(Notify::new());
-    let client = Scripted::new(vec![Ok(vec![text("first"), Step::Gate(gate.clone()), done()]), answer("second")]);
+    let client = Scripted::new(vec![
+        Ok(vec![text("first"), Step::Gate(gate.clone()), done()]),
+        answer("second"),
+    ]);
     let engine = new_engine(client.clone(), Setup::default());
     let (control, mut rx) = start(&engine, request("go", None)).await;
     let first = within("the first delta", rx.recv()).await.unwrap();
@@ -439,7 +461,8 @@ async fn a_steer_during_the_last_turn_gets_another_turn() {
 #[tokio::test]
 async fn a_redirect_drops_the_turn_and_its_tools_and_goes_on_with_the_new_instruction() {
     let gate = GateTool::default();
-    let client = Scripted::new(vec![Ok(vec![call("w1", "wait", "{}"), done()]), answer("redirected")]);
+    let client =
+        Scripted::new(vec![Ok(vec![call("w1", "wait", "{}"), done()]), answer("redirected")]);
     let setup = Setup { tools: vec![Arc::new(gate.clone())], ..Setup::default() };
     let engine = new_engine(client.clone(), setup);
     let (control, mut rx) = start(&engine, request("work", None)).await;
@@ -456,7 +479,8 @@ async fn a_redirect_drops_the_turn_and_its_tools_and_goes_on_with_the_new_instru
 #[tokio::test]
 async fn a_redirect_mid_stream_drops_the_model_turn() {
     let gate = Arc::new(Notify::new());
-    let client = Scripted::new(vec![Ok(vec![text("partial"), Step::Gate(gate), done()]), answer("new")]);
+    let client =
+        Scripted::new(vec![Ok(vec![text("partial"), Step::Gate(gate), done()]), answer("new")]);
     let engine = new_engine(client.clone(), Setup::default());
     let (control, mut rx) = start(&engine, request("go", None)).await;
     rx.recv().await;
@@ -489,7 +513,8 @@ async fn cancel_stops_the_running_tools_and_sends_no_completion() {
 
 #[tokio::test]
 async fn the_turn_limit_ends_the_run_with_a_clear_failure() {
-    let loops = (0..3).map(|i| Ok(vec![call(&format!("c{i}"), "echo_args", "{}"), done()])).collect();
+    let loops =
+        (0..3).map(|i| Ok(vec![call(&format!("c{i}"), "echo_args", "{}"), done()])).collect();
     let client = Scripted::new(loops);
     let mut settings = NativeSettings::default();
     settings.max_turns = 2;
@@ -552,7 +577,13 @@ async fn an_unknown_session_fails_an_explicit_resume_and_starts_fresh_on_an_auto
 fn only_session_ids_are_accepted_as_resume_tokens() {
     let engine = new_engine(Scripted::new(vec![]), Setup::default());
     assert!(engine.check_resume(&session::new_id()).is_ok());
-    for bad in ["", "abc", "--help", "0192F0A0B1C2D3E4F5A6B7C8D9E0F1A2", "0192f0a0b1c2d3e4f5a6b7c8d9e0f1a2x"] {
+    for bad in [
+        "",
+        "abc",
+        "--help",
+        "0192F0A0B1C2D3E4F5A6B7C8D9E0F1A2",
+        "0192f0a0b1c2d3e4f5a6b7c8d9e0f1a2x",
+    ] {
         assert!(engine.check_resume(bad).is_err(), "{bad:?}");
     }
     let text = "continue with `lemon resume 0192f0a0b1c2d3e4f5a6b7c8d9e0f1a2`";
@@ -562,7 +593,9 @@ fn only_session_ids_are_accepted_as_resume_tokens() {
     );
 }
 
-fn long_history(store: &lemon_core::store::StoreHandle) -> impl std::future::Future<Output = String> + '_ {
+fn long_history(
+    store: &lemon_core::store::StoreHandle,
+) -> impl std::future::Future<Output = String> + '_ {
     async move {
         let id = session::new_id();
         let mut messages = Vec::new();
@@ -570,7 +603,11 @@ fn long_history(store: &lemon_core::store::StoreHandle) -> impl std::future::Fut
             messages.push(ChatMessage::User { text: format!("question {i} {}", "x".repeat(400)) });
             messages.push(ChatMessage::Assistant {
                 text: String::new(),
-                tool_calls: vec![ToolCall { id: format!("t{i}"), name: "echo_args".into(), arguments: "{}".into() }],
+                tool_calls: vec![ToolCall {
+                    id: format!("t{i}"),
+                    name: "echo_args".into(),
+                    arguments: "{}".into(),
+                }],
             });
             messages.push(ChatMessage::ToolResult {
                 call_id: format!("t{i}"),
@@ -578,7 +615,8 @@ fn long_history(store: &lemon_core::store::StoreHandle) -> impl std::future::Fut
                 content: "y".repeat(400),
                 is_error: false,
             });
-            messages.push(ChatMessage::Assistant { text: format!("answer {i}"), tool_calls: vec![] });
+            messages
+                .push(ChatMessage::Assistant { text: format!("answer {i}"), tool_calls: vec![] });
         }
         Sessions::new(Some(store.clone())).save(&id, &messages).await;
         id
@@ -601,7 +639,10 @@ async fn a_conversation_over_the_window_is_compacted_and_goes_on() {
     let client = Scripted::new(vec![answer("the summary"), answer("still going")]);
     let mut settings = NativeSettings::default();
     settings.context_window = 2000;
-    let engine = new_engine(client.clone(), Setup { settings, store: Some(store.clone()), ..Setup::default() });
+    let engine = new_engine(
+        client.clone(),
+        Setup { settings, store: Some(store.clone()), ..Setup::default() },
+    );
     let (_c, mut rx) = start(&engine, request("next", Some(&id))).await;
     let events = collect(&mut rx).await;
     let done = completion(&events);
@@ -614,9 +655,15 @@ async fn a_conversation_over_the_window_is_compacted_and_goes_on() {
     let sent = client.requests();
     assert!(sent[0].tools.is_empty(), "the summary request has no tools");
     let ChatMessage::User { text } = &sent[0].messages[0] else { panic!() };
-    assert!(text.contains("question 6") && text.ends_with("Summarise the conversation above."), "{text}");
+    assert!(
+        text.contains("question 6") && text.ends_with("Summarise the conversation above."),
+        "{text}"
+    );
     let after = &sent[1].messages;
-    assert_eq!(after[0], ChatMessage::User { text: format!("{}the summary", compact::SUMMARY_PREFIX) });
+    assert_eq!(
+        after[0],
+        ChatMessage::User { text: format!("{}the summary", compact::SUMMARY_PREFIX) }
+    );
     assert_eq!(after.last(), Some(&ChatMessage::User { text: "next".into() }));
     assert_calls_paired(after);
     assert!(compact::estimate(None, after, &sent[1].tools) <= 1800);
@@ -643,9 +690,7 @@ async fn an_overflow_error_compacts_and_retries_the_turn() {
 
 #[tokio::test]
 async fn a_conversation_that_cannot_be_compacted_fails_with_context_overflow() {
-    let client = Scripted::new(vec![
-        Err(LlmError::ContextOverflow { message: "too long".into() }),
-    ]);
+    let client = Scripted::new(vec![Err(LlmError::ContextOverflow { message: "too long".into() })]);
     let engine = new_engine(client, Setup::default());
     let (_c, mut rx) = start(&engine, request("only one message", None)).await;
     let events = collect(&mut rx).await;
@@ -656,7 +701,10 @@ async fn a_conversation_that_cannot_be_compacted_fails_with_context_overflow() {
 #[tokio::test]
 async fn a_budget_stops_the_run_between_turns() {
     let budget = Arc::new(Budget { allow_turns: Mutex::new(1), seen: Mutex::default() });
-    let client = Scripted::new(vec![Ok(vec![call("c1", "echo_args", "{}"), usage(40, 2), done()]), answer("never")]);
+    let client = Scripted::new(vec![
+        Ok(vec![call("c1", "echo_args", "{}"), usage(40, 2), done()]),
+        answer("never"),
+    ]);
     let setup = Setup { budget: Some(budget.clone()), ..Setup::default() };
     let engine = new_engine(client.clone(), setup);
     let (_c, mut rx) = start(&engine, request("spend", None)).await;
@@ -665,7 +713,10 @@ async fn a_budget_stops_the_run_between_turns() {
     assert!(!done.ok);
     let error = done.error.clone().unwrap();
     assert_eq!(error.code(), "budget_exceeded");
-    assert_eq!(error.to_string(), "budget_exceeded: the run tokens limit of 10 was reached (40 spent)");
+    assert_eq!(
+        error.to_string(),
+        "budget_exceeded: the run tokens limit of 10 was reached (40 spent)"
+    );
     assert_eq!(client.requests().len(), 1);
     let seen = budget.seen.lock().unwrap().clone();
     assert_eq!(seen, [TokenUsage::default(), TokenUsage { input_tokens: 40, output_tokens: 2 }]);
@@ -673,15 +724,22 @@ async fn a_budget_stops_the_run_between_turns() {
 
 #[tokio::test]
 async fn a_refused_key_names_the_secret_and_never_shows_the_key() {
-    let client = Scripted::new(vec![Err(LlmError::Auth { message: "bad key sk-secret-value".into() })]);
+    let client =
+        Scripted::new(vec![Err(LlmError::Auth { message: "bad key sk-secret-value".into() })]);
     let engine = new_engine(client, Setup::default());
     let (_c, mut rx) = start(&engine, request("x", None)).await;
     let events = collect(&mut rx).await;
     let error = completion(&events).error.clone().unwrap().to_string();
-    assert!(error.contains("refused the key in `openai_api_key`") && error.contains("OPENAI_API_KEY"), "{error}");
+    assert!(
+        error.contains("refused the key in `openai_api_key`") && error.contains("OPENAI_API_KEY"),
+        "{error}"
+    );
     assert!(!format!("{events:?}").contains("sk-secret-value"));
 
-    let client = Scripted::new(vec![Ok(vec![text("par"), Step::Fail(LlmError::Server { status: 500, message: "echo sk-secret-value".into() })])]);
+    let client = Scripted::new(vec![Ok(vec![
+        text("par"),
+        Step::Fail(LlmError::Server { status: 500, message: "echo sk-secret-value".into() }),
+    ])]);
     let engine = new_engine(client, Setup::default());
     let (_c, mut rx) = start(&engine, request("x", None)).await;
     let events = collect(&mut rx).await;
@@ -732,8 +790,16 @@ fn without_a_key_the_engine_is_unavailable_and_says_which_secret_to_set() {
 fn the_split_keeps_tool_results_with_their_calls() {
     let messages = vec![
         ChatMessage::User { text: "a".repeat(4000) },
-        ChatMessage::Assistant { text: String::new(), tool_calls: vec![ToolCall { id: "1".into(), name: "n".into(), arguments: "{}".into() }] },
-        ChatMessage::ToolResult { call_id: "1".into(), name: "n".into(), content: "r".repeat(100), is_error: false },
+        ChatMessage::Assistant {
+            text: String::new(),
+            tool_calls: vec![ToolCall { id: "1".into(), name: "n".into(), arguments: "{}".into() }],
+        },
+        ChatMessage::ToolResult {
+            call_id: "1".into(),
+            name: "n".into(),
+            content: "r".repeat(100),
+            is_error: false,
+        },
         ChatMessage::User { text: "b".into() },
     ];
     let cut = compact::split_point(&messages, 30).unwrap();
@@ -746,8 +812,20 @@ fn the_split_keeps_tool_results_with_their_calls() {
 fn messages_survive_their_json_form() {
     let messages = [
         ChatMessage::User { text: "u".into() },
-        ChatMessage::Assistant { text: "a".into(), tool_calls: vec![ToolCall { id: "1".into(), name: "n".into(), arguments: "{\"k\":1}".into() }] },
-        ChatMessage::ToolResult { call_id: "1".into(), name: "n".into(), content: "r".into(), is_error: true },
+        ChatMessage::Assistant {
+            text: "a".into(),
+            tool_calls: vec![ToolCall {
+                id: "1".into(),
+                name: "n".into(),
+                arguments: "{\"k\":1}".into(),
+            }],
+        },
+        ChatMessage::ToolResult {
+            call_id: "1".into(),
+            name: "n".into(),
+            content: "r".into(),
+            is_error: true,
+        },
     ];
     for message in messages {
         assert_eq!(session::message_from_json(&session::message_to_json(&message)), Some(message));
