@@ -166,9 +166,9 @@ async fn unknown_keys_warn_with_the_closest_key_in_every_section_enabled_or_not(
     for expected in [
         format!("{file}:2:1: unknown key gateway.max_concurent_runs (ignored); did you mean `max_concurrent_runs`?"),
         format!("{file}:3:18: unknown engine section gateway.engines.cluade (ignored); did you mean `claude`?"),
-        format!("{file}:7:1: unknown key gateway.engines.codex.cli_pth (ignored); did you mean `cli_path`?"),
-        format!("{file}:10:1: unknown key gateway.telegram.allowed_chat_id (ignored); did you mean `allowed_chat_ids`?"),
-        format!("{file}:13:1: unknown key gateway.webhook.prot (ignored); did you mean `port`?"),
+        format!("{file}:6:1: unknown key gateway.engines.codex.cli_pth (ignored); did you mean `cli_path`?"),
+        format!("{file}:9:1: unknown key gateway.telegram.allowed_chat_id (ignored); did you mean `allowed_chat_ids`?"),
+        format!("{file}:12:1: unknown key gateway.webhook.prot (ignored); did you mean `port`?"),
     ] {
         assert!(out.stderr.contains(&expected), "{expected}\n--- stderr ---\n{}", out.stderr);
     }
