@@ -33,6 +33,7 @@
 //! | `extra_args` | `[]` | arguments added to the vendor's command line |
 //! | `model` | none | model when the run names none (`claude:opus` names `opus`) |
 //! | `env` | `{}` | variables added to the child's environment |
+//! | `env_passthrough` | `[]` | variables of the gateway's environment passed to the child: names or `PREFIX_*` (never `LEMON_*`); logged by name only |
 //! | `timeout_ms` | `300000` | inactivity timeout: no output for this long fails the run with `timeout`; `0` disables it |
 //! | `cancel_grace_ms` | `2000` | after SIGTERM on cancel, how long before SIGKILL |
 //! | `dangerously_skip_permissions` | `false` | claude `--dangerously-skip-permissions`, codex `--dangerously-bypass-approvals-and-sandbox`, droid `--skip-permissions-unsafe` |
@@ -47,7 +48,7 @@
 //! The child's environment is built from nothing: the allowlisted variables of
 //! [`CliContext::base_env`] (`PATH`, `HOME`, `USER`, `LOGNAME`, `SHELL`, `TMPDIR`,
 //! `TMP`, `TEMP`, `LANG`, `LC_ALL`, `LC_CTYPE`, `TERM`, `XDG_CONFIG_HOME`,
-//! `XDG_CACHE_HOME`), then the vendor's own (`NO_COLOR=1` and `CI=1` for pi), then
+//! `XDG_CACHE_HOME`) and those `env_passthrough` names, then the vendor's own (`NO_COLOR=1` and `CI=1` for pi), then
 //! `env`, then the API key. The gateway's own secrets are never inherited, and
 //! secrets never appear on the command line or in logs.
 
