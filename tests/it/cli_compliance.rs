@@ -394,6 +394,7 @@ async fn a_missing_cli_is_unavailable_and_refuses_to_start() {
         let Availability::Unavailable { reason } = engine.availability() else {
             panic!("{id} is unavailable without its CLI")
         };
+        let reason = reason.to_string();
         assert!(reason.contains(&format!("{id} not found on PATH")), "{reason}");
         assert!(reason.contains(&search_path), "the reason names where it looked: {reason}");
         let (sink, mut rx) = lemon_core::engine::EventSink::channel(8);
@@ -413,6 +414,7 @@ async fn a_missing_cli_is_unavailable_and_refuses_to_start() {
         EngineSection { cli_path: Some("/opt/nowhere/claude".into()), ..EngineSection::default() };
     let engine = harness.engine(Vendor::Claude, &section);
     let Availability::Unavailable { reason } = engine.availability() else { panic!("unavailable") };
+    let reason = reason.to_string();
     assert!(reason.contains("/opt/nowhere/claude"), "{reason}");
     // A bare name on the harness PATH is found.
     assert_eq!(

@@ -190,6 +190,36 @@ fn init_logging(cli: &Cli) {
     }
 }
 
+/// The line printed once when the API token was generated: plain text, or
+/// with `--log-format json` a JSON object like the log lines around it.
+fn token_line(token: &str, secrets: &std::path::Path, format: LogFormat) -> String {
+    match format {
+        LogFormat::Human => {
+            format!("API token (saved to {}, shown once): {token}", secrets.display())
+        }
+        LogFormat::Json => serde_json::json!({
+            "level": "INFO",
+            "fields": { "message": "API token generated (saved, shown once)" },
+            "api_token": token,
+            "saved_to": secrets.display().to_string(),
+        })
+        .to_string(),
+    }
+}
+
+/// `lemon-gateway ready api=… health=… <channel>=…` on stdout: the one line
+/// scripts wait for, with every enabled channel's address or state.
+fn ready_line(running: &server::Running) -> String {
+    let mut line = format!(
+        "lemon-gateway ready api=http://{} health=http://{}",
+        running.api_addr, running.health_addr
+    );
+    for (id, at) in &running.channels {
+        line.push_str(&format!(" {id}={at}"));
+    }
+    line
+}
+
 fn user_home(env: &BTreeMap<String, String>) -> Option<PathBuf> {
     env.get("HOME").filter(|h| !h.is_empty()).map(PathBuf::from)
 }
@@ -213,14 +243,13 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
         Command::Serve => {
             // Listening before the ready line: a SIGTERM right after it drains.
             let signals = StopSignals::listen();
-            let opts = ServeOptions { paths, env: env.clone(), user_home: user_home(&env) };
+            let opts =
+                ServeOptions { paths: paths.clone(), env: env.clone(), user_home: user_home(&env) };
             let running = server::start(opts).await?;
-            let api = format!("http://{}", running.api_addr);
             if let Some(token) = &running.generated_token {
-                eprintln!("Control API: {api}");
-                eprintln!("API token (saved, shown once): {}", token.expose());
+                eprintln!("{}", token_line(token.expose(), &paths.secrets(), cli.log_format));
             }
-            println!("lemon-gateway ready api={api} health=http://{}", running.health_addr);
+            println!("{}", ready_line(&running));
             std::io::stdout().flush()?;
             signals.wait(running.token()).await;
             running.shutdown().await?;

@@ -112,6 +112,12 @@ pub async fn engines(client: &Client, json: bool, style: Style) -> anyhow::Resul
         if engine["id"] == default {
             line.push_str(" (default)");
         }
+        if let Some(version) = engine["version"].as_str() {
+            line.push_str(&format!("  {}", one_line(version)));
+        }
+        if let Some(path) = engine["path"].as_str() {
+            line.push_str(&format!("  {}", style.dim(path)));
+        }
         println!("{line}");
     }
     Ok(failure::OK)

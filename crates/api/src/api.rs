@@ -70,6 +70,9 @@ pub struct ApiState {
     pub transports: TransportStatuses,
     /// The config in force, reported by `/v1/config`.
     pub config: ConfigStatus,
+    /// Where each secret the config names was found at start (never its
+    /// value), reported by `/v1/status` as `secrets`.
+    pub secret_sources: Arc<[(String, lemon_core::secrets::SecretOrigin)]>,
 }
 
 impl fmt::Debug for ApiState {

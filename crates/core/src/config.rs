@@ -10,13 +10,15 @@
 //! A missing file is not an error of [`load_file_or_default`]: it gives the
 //! defaults.
 
+mod keys;
 mod loader;
 mod status;
 
+pub use keys::{did_you_mean, field_names, parse_table, TableError, UnknownKey};
 pub use loader::{
-    invalid_model_message, load_file, load_file_or_default, load_str, section_error, ConfigError,
-    LoadedConfig, Position, MAX_CONCURRENT_RUNS, MAX_CONNECTIONS, MAX_DURATION_MS,
-    MAX_PENDING_RUNS, MAX_QUEUE_CAP,
+    invalid_model_message, load_file, load_file_or_default, load_str, section_error,
+    unknown_key_warning, ConfigError, LoadedConfig, Position, MAX_CONCURRENT_RUNS, MAX_CONNECTIONS,
+    MAX_DURATION_MS, MAX_PENDING_RUNS, MAX_QUEUE_CAP,
 };
 pub use status::{ConfigReport, ConfigStatus, PendingRestart, Rejection};
 

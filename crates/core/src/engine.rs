@@ -421,7 +421,68 @@ pub struct Capabilities {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Availability {
     Available,
-    Unavailable { reason: String },
+    Unavailable { reason: UnavailableReason },
+}
+
+/// Why an engine cannot run; its `Display` is one line for a person, naming
+/// what was looked at and the setting that fixes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnavailableReason {
+    /// The executable `program` is on none of the directories of `search_path`.
+    NotFound { program: String, search_path: String },
+    /// The configured `cli_path` does not exist.
+    MissingPath { path: std::path::PathBuf },
+    /// The configured `cli_path` exists but is not an executable file.
+    NotExecutable { path: std::path::PathBuf },
+    /// Anything else, said in words.
+    Other(String),
+}
+
+impl UnavailableReason {
+    /// The reason without the places that were searched: what a summary of
+    /// several engines shows (`not found on PATH; set cli_path`).
+    pub fn short(&self) -> String {
+        match self {
+            UnavailableReason::NotFound { .. } => "not found on PATH; set cli_path".to_owned(),
+            UnavailableReason::MissingPath { path } => {
+                format!("cli_path {} does not exist", path.display())
+            }
+            UnavailableReason::NotExecutable { path } => {
+                format!("cli_path {} is not an executable file", path.display())
+            }
+            UnavailableReason::Other(text) => text.clone(),
+        }
+    }
+}
+
+impl fmt::Display for UnavailableReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UnavailableReason::NotFound { program, search_path } => {
+                let searched = if search_path.is_empty() { "an empty PATH" } else { search_path };
+                write!(f, "{program} not found on PATH (looked in {searched}); set cli_path")
+            }
+            UnavailableReason::MissingPath { path } => {
+                write!(f, "not found at {} (cli_path)", path.display())
+            }
+            UnavailableReason::NotExecutable { path } => {
+                write!(f, "{} is not an executable file (cli_path)", path.display())
+            }
+            UnavailableReason::Other(text) => f.write_str(text),
+        }
+    }
+}
+
+impl From<String> for UnavailableReason {
+    fn from(text: String) -> Self {
+        UnavailableReason::Other(text)
+    }
+}
+
+impl From<&str> for UnavailableReason {
+    fn from(text: &str) -> Self {
+        UnavailableReason::Other(text.to_owned())
+    }
 }
 
 /// Why an engine could not start a run.
@@ -444,6 +505,18 @@ pub trait Engine: Send + Sync + fmt::Debug + 'static {
 
     fn availability(&self) -> Availability {
         Availability::Available
+    }
+
+    /// The program the engine runs, where it was found; `None` for an engine
+    /// that runs none or whose program is missing.
+    fn program(&self) -> Option<PathBuf> {
+        None
+    }
+
+    /// The engine's version as its program reports it (read once, then
+    /// cached); `None` when it has none or did not say in time.
+    async fn version(&self) -> Option<String> {
+        None
     }
 
     /// Starts a run. Events go to `sink`; the returned control cancels or steers it.

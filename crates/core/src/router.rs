@@ -229,8 +229,9 @@ pub struct Accepted {
 pub enum RouteError {
     #[error("the router is shutting down")]
     ShuttingDown,
-    #[error("unknown engine {engine:?}")]
-    UnknownEngine { engine: String },
+    /// No engine with that id; `known` lists the ids there are, sorted.
+    #[error("unknown engine {engine:?}; the engines are {}", known.join(", "))]
+    UnknownEngine { engine: String, known: Vec<String> },
     #[error("{message}")]
     UnsupportedResumeEngine { engine: String, message: String },
     /// A value of the request does not have the shape its engine accepts (a

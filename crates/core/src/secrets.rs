@@ -162,6 +162,13 @@ pub trait SecretSource: fmt::Debug + Send + Sync {
     /// What the source is, for messages: `environment`, a file path, `keychain`.
     fn describe(&self) -> String;
 
+    /// Where this source looks for secret `name`, for a message saying it is
+    /// missing: `the environment variable ZAPIER_WEBHOOK_TOKEN`. By default
+    /// [`SecretSource::describe`].
+    fn location(&self, _name: &str) -> String {
+        self.describe()
+    }
+
     /// The value of secret `name`, or `None` when this source does not have it.
     ///
     /// # Errors
@@ -203,9 +210,22 @@ impl SecretSource for EnvSource {
         "environment".to_owned()
     }
 
+    fn location(&self, name: &str) -> String {
+        format!("the environment variable {}", env_var_name(name))
+    }
+
     fn get(&self, name: &str) -> Result<Option<SecretValue>, SecretsError> {
         Ok(self.vars.get(&env_var_name(name)).filter(|v| !v.is_empty()).map(SecretValue::new))
     }
+}
+
+/// Where a secret's value comes from; see [`SecretStore::origin`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretOrigin {
+    /// The source in use (`the environment variable TELEGRAM_BOT_TOKEN`).
+    pub source: String,
+    /// Later sources that have it too and are not used.
+    pub overrides: Vec<String>,
 }
 
 /// The chain of secret sources, plus the secrets file that new secrets are saved
@@ -242,6 +262,47 @@ impl SecretStore {
     /// What each source is, in lookup order, for `doctor`-style output.
     pub fn describe_sources(&self) -> Vec<String> {
         self.sources.iter().map(|s| s.describe()).collect()
+    }
+
+    /// Why secret `name` is missing, for an error: where it was looked for, in
+    /// lookup order, and how to set it: `secret "zapier_webhook_token" is not
+    /// set (looked in the environment variable ZAPIER_WEBHOOK_TOKEN,
+    /// /home/u/.lemon/secrets.toml); add zapier_webhook_token = "…" to
+    /// /home/u/.lemon/secrets.toml (mode 0600) or set ZAPIER_WEBHOOK_TOKEN in the
+    /// gateway's environment`.
+    pub fn not_set_message(&self, name: &str) -> String {
+        let looked: Vec<String> = self.sources.iter().map(|s| s.location(name)).collect();
+        format!(
+            "secret {name:?} is not set (looked in {}); add {name} = \"…\" to {} (mode 0600) or set {} in the gateway's environment",
+            looked.join(", "),
+            self.file.path().display(),
+            env_var_name(name)
+        )
+    }
+
+    /// Which source secret `name` comes from ([`SecretSource::describe`]) and
+    /// the later sources that also have it and are overridden by it (a stale
+    /// `TELEGRAM_BOT_TOKEN` in the environment over `secrets.toml`, say).
+    /// `None` when no source has it.
+    ///
+    /// # Errors
+    /// As [`SecretStore::get`].
+    pub fn origin(&self, name: &str) -> Result<Option<SecretOrigin>, SecretsError> {
+        check_name(name)?;
+        let mut found: Option<SecretOrigin> = None;
+        for source in &self.sources {
+            if source.get(name)?.is_none() {
+                continue;
+            }
+            match &mut found {
+                None => {
+                    found =
+                        Some(SecretOrigin { source: source.location(name), overrides: Vec::new() });
+                }
+                Some(origin) => origin.overrides.push(source.location(name)),
+            }
+        }
+        Ok(found)
     }
 
     /// The value of secret `name` from the first source that has it.

@@ -262,7 +262,7 @@ pub fn inline_or_secret(
         (Some(token), _) if !token.is_empty() => token.to_owned(),
         (_, Some(name)) => match secrets.get(name) {
             Ok(Some(value)) => value.expose().trim().to_owned(),
-            Ok(None) => return Err(format!("{key}_secret: secret {name:?} is not set")),
+            Ok(None) => return Err(format!("{key}_secret: {}", secrets.not_set_message(name))),
             Err(err) => return Err(format!("{key}_secret: {err}")),
         },
         _ => return Err(format!("{key}: set {key} or {key}_secret")),

@@ -33,6 +33,7 @@
 //! | `extra_args` | `[]` | arguments added to the vendor's command line |
 //! | `model` | none | model when the run names none (`claude:opus` names `opus`) |
 //! | `env` | `{}` | variables added to the child's environment |
+//! | `env_passthrough` | `[]` | variables of the gateway's environment passed to the child: names or `PREFIX_*` (never `LEMON_*`); logged by name only |
 //! | `timeout_ms` | `300000` | inactivity timeout: no output for this long fails the run with `timeout`; `0` disables it |
 //! | `cancel_grace_ms` | `2000` | after SIGTERM on cancel, how long before SIGKILL |
 //! | `dangerously_skip_permissions` | `false` | claude `--dangerously-skip-permissions`, codex `--dangerously-bypass-approvals-and-sandbox`, droid `--skip-permissions-unsafe` |
@@ -47,7 +48,7 @@
 //! The child's environment is built from nothing: the allowlisted variables of
 //! [`CliContext::base_env`] (`PATH`, `HOME`, `USER`, `LOGNAME`, `SHELL`, `TMPDIR`,
 //! `TMP`, `TEMP`, `LANG`, `LC_ALL`, `LC_CTYPE`, `TERM`, `XDG_CONFIG_HOME`,
-//! `XDG_CACHE_HOME`), then the vendor's own (`NO_COLOR=1` and `CI=1` for pi), then
+//! `XDG_CACHE_HOME`) and those `env_passthrough` names, then the vendor's own (`NO_COLOR=1` and `CI=1` for pi), then
 //! `env`, then the API key. The gateway's own secrets are never inherited, and
 //! secrets never appear on the command line or in logs.
 
@@ -76,7 +77,7 @@ use async_trait::async_trait;
 use lemon_core::engine::validate::check_model;
 use lemon_core::engine::{
     Availability, Capabilities, Engine, EngineError, EventSink, InvalidValue, ResumeToken,
-    RunControl, StartRequest,
+    RunControl, StartRequest, UnavailableReason,
 };
 use lemon_core::ids::EngineId;
 use tokio_util::sync::CancellationToken;
@@ -127,7 +128,7 @@ impl Vendor {
     }
 
     /// Where the API key goes unless `api_key_env` says otherwise.
-    fn default_api_key_env(self) -> Option<&'static str> {
+    pub(crate) fn default_api_key_env(self) -> Option<&'static str> {
         match self {
             Vendor::Claude => Some("ANTHROPIC_API_KEY"),
             Vendor::Codex => Some("OPENAI_API_KEY"),
@@ -297,7 +298,12 @@ pub struct CliEngine {
     tracker: TaskTracker,
     shutdown: CancellationToken,
     recorder: Option<Arc<dyn ProcessRecorder>>,
+    /// The first line of `<program> --version`, once asked.
+    version: tokio::sync::OnceCell<Option<String>>,
 }
+
+/// How long `<cli> --version` may take before the engine is listed without one.
+const VERSION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl fmt::Debug for CliEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -333,7 +339,38 @@ impl CliEngine {
             tracker: ctx.tracker.clone(),
             shutdown: ctx.shutdown.clone(),
             recorder: ctx.recorder.clone(),
+            version: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// The first non-empty line `<program> --version` prints, within
+    /// [`VERSION_TIMEOUT`]; the child is killed if it takes longer.
+    async fn read_version(&self) -> Option<String> {
+        let program = self.resolve_program().ok()?;
+        let spec = process::ProcessSpec {
+            program,
+            args: vec!["--version".to_owned()],
+            cwd: PathBuf::from("/"),
+            env: settings::child_env(&self.base_env, &[], &self.settings, None),
+            stdin: process::StdinMode::Null,
+            prompt_is_last_arg: false,
+        };
+        let read = async {
+            let mut spawned = process::spawn(spec, 64 * 1024, &self.tracker).await.ok()?;
+            let mut first = None;
+            while let Ok(Some(line)) = spawned.stdout.next_line().await {
+                if let (None, process::StdoutLine::Line(text)) = (&first, line) {
+                    let text = text.trim();
+                    if !text.is_empty() {
+                        first =
+                            Some(lemon_core::log_text::escape(text).chars().take(200).collect());
+                    }
+                }
+            }
+            spawned.child.wait().await;
+            first
+        };
+        tokio::time::timeout(VERSION_TIMEOUT, read).await.ok().flatten()
     }
 
     pub fn vendor(&self) -> Vendor {
@@ -357,7 +394,7 @@ impl CliEngine {
         Ok(())
     }
 
-    fn resolve_program(&self) -> Result<PathBuf, String> {
+    fn resolve_program(&self) -> Result<PathBuf, UnavailableReason> {
         settings::resolve_program(
             self.vendor,
             self.settings.cli_path.as_deref(),
@@ -379,6 +416,16 @@ impl Engine for CliEngine {
         }
     }
 
+    fn program(&self) -> Option<PathBuf> {
+        self.resolve_program().ok()
+    }
+
+    async fn version(&self) -> Option<String> {
+        // A program still missing is asked again once it is installed.
+        self.resolve_program().ok()?;
+        self.version.get_or_init(|| self.read_version()).await.clone()
+    }
+
     fn availability(&self) -> Availability {
         match self.resolve_program() {
             Ok(_) => Availability::Available,
@@ -392,9 +439,10 @@ impl Engine for CliEngine {
         sink: EventSink,
     ) -> Result<Arc<dyn RunControl>, EngineError> {
         self.check_command_values(&req)?;
-        let program = self
-            .resolve_program()
-            .map_err(|reason| EngineError::Unavailable { engine: self.id.to_string(), reason })?;
+        let program = self.resolve_program().map_err(|reason| EngineError::Unavailable {
+            engine: self.id.to_string(),
+            reason: reason.to_string(),
+        })?;
         let launch = runner::Launch {
             vendor: self.vendor,
             program,

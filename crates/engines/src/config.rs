@@ -11,7 +11,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lemon_core::config::{invalid_model_message, section_error, ConfigError, MAX_DURATION_MS};
+use lemon_core::config::{
+    invalid_model_message, section_error, unknown_key_warning, ConfigError, UnknownKey,
+    MAX_DURATION_MS,
+};
 use lemon_core::engine::validate::check_model;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -32,6 +35,10 @@ pub struct EngineSection {
     pub model: Option<String>,
     /// Added to a CLI's environment; values may be secrets, so `Debug` shows keys only.
     pub env: BTreeMap<String, String>,
+    /// Variables of the gateway's own environment passed to the CLI: names
+    /// (`ANTHROPIC_API_KEY`) or prefixes (`ANTHROPIC_*`), checked by
+    /// [`check_passthrough`].
+    pub env_passthrough: Vec<String>,
     pub timeout_ms: Option<u64>,
     pub cancel_grace_ms: Option<u64>,
     pub dangerously_skip_permissions: Option<bool>,
@@ -54,6 +61,7 @@ impl fmt::Debug for EngineSection {
             .field("extra_args", &self.extra_args)
             .field("model", &self.model)
             .field("env_keys", &self.env.keys().collect::<Vec<_>>())
+            .field("env_passthrough", &self.env_passthrough)
             .field("timeout_ms", &self.timeout_ms)
             .field("cancel_grace_ms", &self.cancel_grace_ms)
             .field("dangerously_skip_permissions", &self.dangerously_skip_permissions)
@@ -119,6 +127,14 @@ impl EngineSection {
                 "extra_args" => section.extra_args = value(key, raw)?,
                 "model" => section.model = Some(value(key, raw)?),
                 "env" => section.env = value(key, raw)?,
+                "env_passthrough" => {
+                    section.env_passthrough = value(key, raw)?;
+                    for (i, pattern) in section.env_passthrough.iter().enumerate() {
+                        check_passthrough(pattern).map_err(|why| {
+                            SectionError::at(key, format!("entry {i} {pattern:?}: {why}"))
+                        })?;
+                    }
+                }
                 "timeout_ms" => section.timeout_ms = Some(millis(key, raw)?),
                 "cancel_grace_ms" => section.cancel_grace_ms = Some(millis(key, raw)?),
                 "dangerously_skip_permissions" => {
@@ -151,6 +167,38 @@ impl EngineSection {
     }
 }
 
+/// Checks one `env_passthrough` entry: a variable name of ASCII letters,
+/// digits and `_` not starting with a digit, optionally ending in `*` to
+/// match every variable with that prefix (`ANTHROPIC_*`). A bare `*` and the
+/// gateway's own `LEMON_*` variables are refused: they would hand the CLI the
+/// gateway's secrets.
+///
+/// # Errors
+/// Why the entry is refused.
+pub fn check_passthrough(pattern: &str) -> Result<(), &'static str> {
+    let name = pattern.strip_suffix('*').unwrap_or(pattern);
+    if name.is_empty() {
+        return Err("must name a variable or a prefix (`*` alone would pass everything)");
+    }
+    let valid = name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit());
+    if !valid {
+        return Err("use ASCII letters, digits and `_`, optionally ending in `*`");
+    }
+    if name.to_ascii_uppercase().starts_with("LEMON_") || "LEMON_".starts_with(name) {
+        return Err("the gateway's own LEMON_* variables are never passed through");
+    }
+    Ok(())
+}
+
+/// Whether variable `name` matches one of `patterns` (see [`check_passthrough`]).
+pub fn passes_through(patterns: &[String], name: &str) -> bool {
+    patterns.iter().any(|pattern| match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == pattern,
+    })
+}
+
 /// Checks the keys only the CLI engines read (`max_line_bytes`, `api_key_env`,
 /// `provider`, `reasoning_effort`): their types and ranges. The message quotes
 /// the key (`like_this`), which places it in the file.
@@ -178,6 +226,26 @@ fn check_cli_keys(other: &toml::Table) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The keys every engine section shares, as [`EngineSection::parse`] reads them.
+pub const SHARED_KEYS: [&str; 13] = [
+    "enabled",
+    "delay_ms",
+    "cli_path",
+    "extra_args",
+    "model",
+    "env",
+    "env_passthrough",
+    "timeout_ms",
+    "cancel_grace_ms",
+    "dangerously_skip_permissions",
+    "allowed_tools",
+    "steering",
+    "api_key_secret",
+];
+
+/// The keys only the CLI engines read (kept in [`EngineSection::other`]).
+pub const CLI_KEYS: [&str; 4] = ["max_line_bytes", "api_key_env", "provider", "reasoning_effort"];
 
 /// Every `[gateway.engines.<id>]` of a config, parsed, by engine id.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -216,6 +284,35 @@ impl EngineSections {
             sections.insert(id.clone(), section);
         }
         Ok(EngineSections { sections })
+    }
+
+    /// Warnings about the sections, placed in the file like core's: a section
+    /// named after no engine (`[gateway.engines.cluade]`, with the closest of
+    /// `engines` and the vendor CLIs, enabled or not), and in the sections of
+    /// echo and the vendor CLIs a key none of them reads (`cli_pth`). Another
+    /// engine's section keeps its own keys.
+    pub fn warnings(&self, path: &Path, text: &str, engines: &[&str]) -> Vec<String> {
+        let vendors = crate::cli::Vendor::ALL.map(crate::cli::Vendor::id);
+        let known_ids: Vec<&str> = engines.iter().copied().chain(vendors).chain(["echo"]).collect();
+        let mut out = Vec::new();
+        for (id, section) in &self.sections {
+            if !known_ids.contains(&id.as_str()) {
+                let unknown = UnknownKey::new(vec![id.clone()], known_ids.iter().copied());
+                let warning = unknown_key_warning(path, text, &["gateway", "engines"], &unknown)
+                    .replace(": unknown key ", ": unknown engine section ");
+                out.push(warning);
+                continue;
+            }
+            if id != "echo" && !vendors.contains(&id.as_str()) {
+                continue;
+            }
+            for key in section.other.keys().filter(|key| !CLI_KEYS.contains(&key.as_str())) {
+                let known = SHARED_KEYS.iter().chain(CLI_KEYS.iter()).copied();
+                let unknown = UnknownKey::new(vec![key.clone()], known);
+                out.push(unknown_key_warning(path, text, &["gateway", "engines", id], &unknown));
+            }
+        }
+        out
     }
 
     /// The section of engine `id`, if the file has one.

@@ -197,7 +197,7 @@ impl Engine for NativeEngine {
     fn availability(&self) -> Availability {
         match &self.client {
             Ok(_) => Availability::Available,
-            Err(reason) => Availability::Unavailable { reason: reason.clone() },
+            Err(reason) => Availability::Unavailable { reason: reason.clone().into() },
         }
     }
 

@@ -69,6 +69,11 @@ pub struct Running {
     pub health_addr: SocketAddr,
     /// Set when the API token was generated on this start; shown to the user once.
     pub generated_token: Option<SecretValue>,
+    /// Every enabled channel and where it is reached once started, as
+    /// `(id, where)` with no whitespace in `where`: the webhook's URL
+    /// (`http://127.0.0.1:4046/webhooks/`), Telegram's mode (`polling:@bot`), or
+    /// the state of one that is not running (`failing`).
+    pub channels: Vec<(String, String)>,
     pub gateway: GatewayHandle,
     /// Every message goes through the router.
     pub router: RouterHandle,
@@ -215,7 +220,7 @@ fn engines(
                 api_keys.insert(id.to_owned(), ApiKey::new(value.expose()));
             }
             None => {
-                tracing::warn!(engine = %id, secret = %name, "api_key_secret names a secret that is not set")
+                tracing::warn!(engine = %id, "api_key_secret: {}", secrets.not_set_message(name))
             }
         }
     }
@@ -352,10 +357,236 @@ fn load_config(paths: &Paths) -> anyhow::Result<(Option<String>, GatewayConfig)>
         Some(text) => config::load_str(text, &paths.config)?,
         None => config::LoadedConfig { config: config::Config::default(), warnings: Vec::new() },
     };
+    match &text {
+        Some(_) => tracing::info!(config = %paths.config.display(), "config read"),
+        None => tracing::info!(
+            config = %paths.config.display(),
+            "no config file; defaults apply"
+        ),
+    }
     for warning in &loaded.warnings {
         tracing::warn!("{warning}");
     }
     Ok((text, loaded.config.gateway))
+}
+
+/// The enabled webhook's configured callback URLs, checked once: a malformed
+/// or private one stops the start, one whose host does not resolve is a
+/// warning.
+///
+/// # Errors
+/// The first URL the webhook cannot use, placed in the file.
+async fn check_webhook_callbacks(
+    config: &GatewayConfig,
+    path: &std::path::Path,
+    text: &str,
+) -> Result<(), config::ConfigError> {
+    use lemon_transports::webhook;
+    let Ok(Some(hook)) =
+        webhook::WebhookConfig::from_gateway(config.enable_webhook, config.webhook.as_ref())
+    else {
+        return Ok(());
+    };
+    for problem in webhook::check_callback_urls(&hook, &webhook::SystemResolver).await {
+        let (key, message, fatal) = match problem {
+            webhook::CallbackUrlProblem::Invalid { key, message } => (key, message, true),
+            webhook::CallbackUrlProblem::Unresolved { key, message } => (key, message, false),
+        };
+        let mut at = vec!["gateway", "webhook"];
+        at.extend(key[..key.len() - 1].iter().map(String::as_str));
+        let error = config::section_error(path, text, &at, &format!("`callback_url`: {message}"));
+        if fatal {
+            return Err(error);
+        }
+        tracing::warn!("{error}");
+    }
+    Ok(())
+}
+
+/// Where each secret the config names (and the API token) comes from; a
+/// source that overrides another (a stale variable in the environment over
+/// `secrets.toml`) is logged, naming both and never the value.
+fn secret_sources(
+    config: &GatewayConfig,
+    engines: &EngineSections,
+    secrets: &SecretStore,
+) -> Vec<(String, lemon_core::secrets::SecretOrigin)> {
+    let mut names = vec![API_TOKEN_SECRET.to_owned()];
+    names.extend(engines.iter().filter_map(|(_, section)| section.api_key_secret.clone()));
+    let named = |section: Option<&toml::Table>, key: &str| -> Option<String> {
+        section?.get(key)?.as_str().map(str::to_owned)
+    };
+    names.extend(named(config.telegram.as_ref(), "bot_token_secret"));
+    if let Some(integrations) = config
+        .webhook
+        .as_ref()
+        .and_then(|section| section.get("integrations"))
+        .and_then(|value| value.as_table())
+    {
+        for integration in integrations.values() {
+            names.extend(named(integration.as_table(), "token_secret"));
+        }
+    }
+    names.sort();
+    names.dedup();
+    let mut out = Vec::new();
+    for name in names {
+        let Ok(Some(origin)) = secrets.origin(&name) else { continue };
+        if !origin.overrides.is_empty() {
+            tracing::warn!(
+                secret = %name,
+                source = %origin.source,
+                overrides = %origin.overrides.join(", "),
+                "secret set in more than one place; the first is used"
+            );
+        }
+        out.push((name, origin));
+    }
+    out
+}
+
+/// Where each enabled channel is reached, for the ready line (see
+/// [`Running::channels`]).
+fn channel_lines(states: &BTreeMap<String, TransportState>) -> Vec<(String, String)> {
+    use lemon_transports::{telegram, webhook};
+    states
+        .iter()
+        .filter(|(_, state)| **state != TransportState::Disabled)
+        .map(|(id, state)| {
+            // A detail may go on after its address (`; 1 callback given up`).
+            let detail = match state {
+                TransportState::Running { detail } => detail
+                    .as_deref()
+                    .and_then(|d| d.split([';', ' ']).next())
+                    .filter(|d| !d.is_empty()),
+                _ => None,
+            };
+            let at = match (id.as_str(), detail) {
+                (webhook::WEBHOOK_TRANSPORT_ID, Some(addr)) => format!("http://{addr}/webhooks/"),
+                (telegram::inbound::TRANSPORT_ID, Some(bot)) => format!("polling:{bot}"),
+                (_, Some(detail)) => detail.to_owned(),
+                (_, None) => state.as_str().to_owned(),
+            };
+            (id.clone(), at)
+        })
+        .collect()
+}
+
+/// Every engine a config names — `default_engine`, each project's and
+/// binding's, Telegram's `engine`, each webhook integration's — is one of
+/// `registry`, checked at start and for every edit.
+///
+/// # Errors
+/// The first engine that is not, naming the key, its place in the file and the
+/// engines there are.
+fn check_engine_refs(
+    config: &GatewayConfig,
+    registry: &EngineRegistry,
+    path: &std::path::Path,
+    text: &str,
+) -> Result<(), config::ConfigError> {
+    let mut refs: Vec<(Vec<String>, &lemon_core::ids::EngineRef)> = Vec::new();
+    if let Some(engine) = &config.default_engine {
+        refs.push((vec!["default_engine".to_owned()], engine));
+    }
+    for (id, project) in &config.projects {
+        if let Some(engine) = &project.default_engine {
+            refs.push((vec!["projects".into(), id.clone(), "default_engine".into()], engine));
+        }
+    }
+    let bindings: Vec<_> = config.bindings.iter().enumerate().collect();
+    for (i, binding) in &bindings {
+        if let Some(engine) = &binding.default_engine {
+            refs.push((vec!["bindings".into(), i.to_string(), "default_engine".into()], engine));
+        }
+    }
+    let telegram_engine = config
+        .telegram
+        .as_ref()
+        .and_then(|section| section.get("engine"))
+        .and_then(|value| value.as_str())
+        .and_then(|raw| lemon_core::ids::EngineRef::parse(raw).ok());
+    if let Some(engine) = &telegram_engine {
+        refs.push((vec!["telegram".into(), "engine".into()], engine));
+    }
+    let integration_engines: Vec<(String, lemon_core::ids::EngineRef)> = config
+        .webhook
+        .as_ref()
+        .and_then(|section| section.get("integrations"))
+        .and_then(|value| value.as_table())
+        .map(|integrations| {
+            integrations
+                .iter()
+                .filter_map(|(id, integration)| {
+                    let raw = integration.get("engine")?.as_str()?;
+                    Some((id.clone(), lemon_core::ids::EngineRef::parse(raw).ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for (id, engine) in &integration_engines {
+        refs.push((
+            vec!["webhook".into(), "integrations".into(), id.clone(), "engine".into()],
+            engine,
+        ));
+    }
+    for (key, engine) in refs {
+        if registry.engine(engine.id()).is_some() {
+            continue;
+        }
+        let mut known: Vec<String> = registry.ids().map(|id| id.to_string()).collect();
+        known.sort();
+        let suggestion =
+            config::did_you_mean(engine.id().as_str(), known.iter().map(String::as_str))
+                .map(|s| format!("did you mean {s:?}? "))
+                .unwrap_or_default();
+        let message = format!(
+            "unknown engine {:?}: {suggestion}the engines are {}",
+            engine.id().as_str(),
+            known.join(", ")
+        );
+        let mut at = vec!["gateway".to_owned()];
+        let last = key.last().cloned().unwrap_or_default();
+        at.extend(key[..key.len() - 1].iter().cloned());
+        let at: Vec<&str> = at.iter().map(String::as_str).collect();
+        let error = config::section_error(path, text, &at, &format!("`{last}`: {message}"));
+        return Err(error);
+    }
+    Ok(())
+}
+
+/// Warnings about keys the channels' and engines' sections do not know, placed
+/// in the file with the closest known key, whether the section is enabled or
+/// not. A section that does not parse gives none here: its error is reported
+/// where it is built.
+fn section_warnings(
+    config: &GatewayConfig,
+    engines: &EngineSections,
+    registry: &EngineRegistry,
+    path: &std::path::Path,
+    text: &str,
+) -> Vec<String> {
+    use lemon_transports::{telegram, webhook};
+    let mut out = Vec::new();
+    let mut place = |section: &str, unknown: Vec<config::UnknownKey>| {
+        for key in unknown {
+            out.push(config::unknown_key_warning(path, text, &["gateway", section], &key));
+        }
+    };
+    if let Some(table) = &config.webhook {
+        if let Ok((_, unknown)) = webhook::WebhookConfig::parse_with_unknown_keys(table) {
+            place("webhook", unknown);
+        }
+    }
+    if let Some(table) = &config.telegram {
+        if let Ok((_, unknown)) = telegram::config::TelegramConfig::parse_values(table) {
+            place("telegram", unknown);
+        }
+    }
+    let ids: Vec<String> = registry.ids().map(|id| id.to_string()).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    out.extend(engines.warnings(path, text, &ids));
+    out
 }
 
 async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
@@ -398,6 +629,12 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         ),
     }
     let store = StoreHandle::open_sqlite(&opts.paths.database())?;
+    tracing::info!(
+        home = %home.display(),
+        database = %opts.paths.database().display(),
+        secrets = %opts.paths.secrets().display(),
+        "state"
+    );
     // Before anything runs (and before the router resumes a single session): a
     // gateway that was killed may have left CLIs' grandchildren behind.
     kill_leftover_processes(&store).await;
@@ -412,6 +649,12 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         &opts.paths.config,
         config_text.as_deref().unwrap_or(""),
     )?;
+    check_webhook_callbacks(
+        &gateway_config,
+        &opts.paths.config,
+        config_text.as_deref().unwrap_or(""),
+    )
+    .await?;
     let (listener_serve, health_serve) = serve_configs(&gateway_config, descriptor_limit);
 
     let token = CancellationToken::new();
@@ -430,6 +673,13 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let bus = EventBus::default();
     // Clones share one table: a reload swaps the engines for every holder.
     let engine_table = build_engines(&engine_sections)?;
+    let text = config_text.as_deref().unwrap_or("");
+    check_engine_refs(&gateway_config, &engine_table, &opts.paths.config, text)?;
+    for warning in
+        section_warnings(&gateway_config, &engine_sections, &engine_table, &opts.paths.config, text)
+    {
+        tracing::warn!("{warning}");
+    }
     let deps = GatewayDeps {
         config: runtime_config(&gateway_config, &engine_sections, opts.user_home.clone()),
         engines: engine_table.clone(),
@@ -462,6 +712,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         shutdown: token.clone(),
         transports: statuses.clone(),
         config: config_status.clone(),
+        secret_sources: secret_sources(&gateway_config, &engine_sections, &secrets).into(),
     });
     let health = lemon_api::health::health_router(
         lemon_api::health::HealthState::new(router.query(), version, started)
@@ -519,6 +770,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         api_addr,
         health_addr,
         generated_token: generated.then_some(api_token),
+        channels: channel_lines(&statuses.snapshot()),
         gateway,
         router,
         shutdown_grace_ms,
@@ -546,11 +798,24 @@ pub fn check_config(
     })?;
     let loaded = config::load_str(&text, file)?;
     let gateway = &loaded.config.gateway;
-    EngineSections::parse(&gateway.engines, file, &text)?;
+    let sections = EngineSections::parse(&gateway.engines, file, &text)?;
     let secrets = Arc::new(SecretStore::new(env.clone(), paths.secrets()));
     webhook_transport(gateway, &secrets, file, &text)?;
     telegram_transport(gateway, &secrets, file, &text)?;
-    Ok(loaded.warnings)
+    // The engine table as a start would build it, to check the names against.
+    let ctx = CliContext { base_env: env.clone(), ..CliContext::default() };
+    let registry = lemon_engines::build_registry(&sections, &ctx).map_err(|e| {
+        config::ConfigError::Invalid {
+            path: file.to_owned(),
+            at: None,
+            key: "gateway.engines".to_owned(),
+            message: e.to_string(),
+        }
+    })?;
+    check_engine_refs(gateway, &registry, file, &text)?;
+    let mut warnings = loaded.warnings;
+    warnings.extend(section_warnings(gateway, &sections, &registry, file, &text));
+    Ok(warnings)
 }
 
 /// Every transport the gateway knows, enabled or not; the one place a new
@@ -613,12 +878,18 @@ fn telegram_transport(
 ) -> Result<Option<Arc<dyn lemon_core::transport::Transport>>, config::ConfigError> {
     use lemon_transports::telegram;
     let telegram_section = config.telegram.as_ref();
+    let located =
+        |message: &str| config::section_error(config_path, text, &["gateway", "telegram"], message);
     if !lemon_core::transport::enabled(config.enable_telegram, telegram_section) {
+        // Switched off, its types and values are still checked.
+        if let Some(section) = telegram_section {
+            telegram::config::TelegramConfig::parse_values(section).map_err(|e| located(&e.0))?;
+        }
         return Ok(None);
     }
     let section = telegram_section.cloned().unwrap_or_default();
-    let telegram_config = telegram::config::TelegramConfig::parse(&section)
-        .map_err(|e| config::section_error(config_path, text, &["gateway", "telegram"], &e.0))?;
+    let telegram_config =
+        telegram::config::TelegramConfig::parse(&section).map_err(|e| located(&e.0))?;
     let bound_chats = config
         .bindings
         .iter()

@@ -378,6 +378,12 @@ impl Reloader {
             .then(|| (self.build_engines)(&sections))
             .transpose()
             .map_err(|e| format!("{}: {e}", self.path.display()))?;
+        // Engine names are checked against the table the edit leaves in force.
+        let table = engines.as_ref().unwrap_or(&self.engines);
+        crate::check_engine_refs(&config, table, &self.path, text).map_err(|e| e.to_string())?;
+        for warning in crate::section_warnings(&config, &sections, table, &self.path, text) {
+            tracing::warn!("{warning}");
+        }
         Ok(Checked { config, sections, engines, webhook, telegram, plan })
     }
 

@@ -32,11 +32,14 @@
 //! Every error is `{"error": "..."}`.
 
 mod callback;
+mod check;
 mod config;
 mod idempotency;
 mod payload;
 mod request_info;
 mod service;
+
+pub use check::{check_callback_urls, CallbackUrlProblem};
 
 use std::collections::BTreeMap;
 use std::fmt;

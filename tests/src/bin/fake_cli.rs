@@ -15,6 +15,9 @@
 //! | `FAKE_CLI_PID_FILE` | JSON `{pid, pgid, grandchild}`, written before the first line |
 //! | `FAKE_CLI_ARGS_FILE` | line 1: JSON `{argv, cwd}`; then everything read from stdin |
 //! | `FAKE_CLI_ENV_FILE` | the whole environment as a JSON object |
+//! | `FAKE_CLI_VERSION` | what `--version` prints (default `1.0.0-fake (fake-cli)`) |
+//!
+//! Run as `<cli> --version` it prints its version and exits, like the real ones.
 //!
 //! A fixture line `{"fake_cli":"wait_stdin_lines","count":N}` is not printed: the
 //! replay waits until N lines have arrived on stdin (steering tests).
@@ -68,6 +71,11 @@ fn main() -> ExitCode {
 }
 
 fn run() -> io::Result<ExitCode> {
+    if std::env::args().skip(1).eq(["--version"]) {
+        let version = var("FAKE_CLI_VERSION").unwrap_or_else(|| "1.0.0-fake (fake-cli)".to_owned());
+        println!("{version}");
+        return Ok(ExitCode::SUCCESS);
+    }
     let args_file = var("FAKE_CLI_ARGS_FILE").map(PathBuf::from);
     if let Some(path) = &args_file {
         let header = serde_json::json!({

@@ -1,5 +1,7 @@
-//! `GET /v1/status`: version, uptime, scheduler counters, engines and transports
-//! (`{"<id>": {"state", "detail"?, "reason"?, "attempts"?, "retry_in_ms"?}}`).
+//! `GET /v1/status`: version, uptime, scheduler counters, engines (with `path`
+//! and `version` where known) and transports
+//! (`{"<id>": {"state", "detail"?, "reason"?, "attempts"?, "retry_in_ms"?}}`),
+//! and where the config's secrets come from (`{"<name>": {"source", "overrides"}}`).
 
 use axum::extract::State;
 use axum::Json;
@@ -13,7 +15,8 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
     let snapshot = state.runs.snapshot().await?;
     let engines: Vec<Value> = state
         .runs
-        .engines()
+        .engines_with_versions()
+        .await
         .into_iter()
         .map(|engine| {
             let mut body = json!({
@@ -22,9 +25,15 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
                 "steer": engine.steer,
                 "redirect": engine.redirect,
             });
+            if let Some(path) = &engine.path {
+                body["path"] = json!(path.display().to_string());
+            }
+            if let Some(version) = &engine.version {
+                body["version"] = json!(version);
+            }
             if let Availability::Unavailable { reason } = engine.availability {
                 body["available"] = json!(false);
-                body["reason"] = json!(reason);
+                body["reason"] = json!(reason.to_string());
             }
             body
         })
@@ -54,5 +63,12 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
             None => json!(&*state.default_engine_reason),
         },
         "transports": state.transports.to_json(),
+        "secrets": state
+            .secret_sources
+            .iter()
+            .map(|(name, origin)| {
+                (name.clone(), json!({ "source": origin.source, "overrides": origin.overrides }))
+            })
+            .collect::<serde_json::Map<String, Value>>(),
     })))
 }

@@ -82,6 +82,7 @@ impl TestGateway {
             shutdown: CancellationToken::new(),
             transports: TransportStatuses::default(),
             config: lemon_core::config::ConfigStatus::default(),
+            secret_sources: Arc::from([]),
         };
         TestGateway { state, bus, store, token, tracker }
     }

@@ -115,9 +115,7 @@ impl From<RouteError> for ApiError {
     fn from(err: RouteError) -> Self {
         match err {
             RouteError::ShuttingDown => ApiError::ShuttingDown,
-            RouteError::UnknownEngine { engine } => {
-                ApiError::BadRequest(format!("unknown engine {engine:?}"))
-            }
+            unknown @ RouteError::UnknownEngine { .. } => ApiError::BadRequest(unknown.to_string()),
             RouteError::UnsupportedResumeEngine { message, .. } => ApiError::BadRequest(message),
             // `resume.value: invalid resume token for claude (it starts with '-')`
             invalid @ RouteError::Invalid { .. } => ApiError::BadRequest(invalid.to_string()),

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use toml_edit::{ImDocument, Item, Key, Table, TableLike, Value};
 
+use super::keys::{did_you_mean, field_names, UnknownKey};
 use super::Config;
 use crate::engine::validate::MAX_MODEL_LEN;
 use crate::engine::InvalidValue;
@@ -133,9 +134,68 @@ pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigError> {
         serde_ignored::deserialize(toml::Deserializer::new(text), |p| ignored.push(segments(&p)))
             .map_err(|e: toml::de::Error| file.deserialize_error(&e))?;
 
-    let warnings = ignored.iter().map(|segs| file.unknown_key_warning(segs)).collect();
+    let warnings = ignored
+        .iter()
+        .map(|segs| {
+            let last = match segs.last() {
+                Some(Segment::Key(last)) => Some(last.as_str()),
+                _ => None,
+            };
+            let suggestion =
+                last.and_then(|last| did_you_mean(last, known_keys(segs).iter().copied()));
+            file.unknown_key_warning(segs, suggestion)
+        })
+        .collect();
     validate(&config, &file)?;
     Ok(LoadedConfig { config, warnings })
+}
+
+/// The keys the table holding the last key of `segs` knows.
+fn known_keys(segs: &[Segment]) -> &'static [&'static str] {
+    use super::{BindingConfig, GatewayConfig, ListenConfig, ProjectConfig, QueueConfig};
+    let keys: Vec<&str> = segs
+        .iter()
+        .map(|seg| match seg {
+            Segment::Key(k) => k.as_str(),
+            Segment::Index(_) => "[]",
+        })
+        .collect();
+    match keys.as_slice() {
+        [_] => field_names::<Config>(),
+        ["gateway", _] => field_names::<GatewayConfig>(),
+        ["gateway", "queue", _] => field_names::<QueueConfig>(),
+        ["gateway", "api" | "health", _] => field_names::<ListenConfig>(),
+        ["gateway", "projects", _, _] => field_names::<ProjectConfig>(),
+        ["gateway", "bindings", "[]", _] => field_names::<BindingConfig>(),
+        _ => &[],
+    }
+}
+
+/// A warning for a key a section another crate parses does not know, placed in
+/// the file like core's own: `<file>:<line>:<column>: unknown key
+/// gateway.webhook.tokn (ignored); did you mean `token`?`. `section` is the
+/// section's path and `key` the path inside it.
+pub fn unknown_key_warning(path: &Path, text: &str, section: &[&str], key: &UnknownKey) -> String {
+    let segs: Vec<Segment> = section
+        .iter()
+        .map(|name| Segment::Key((*name).to_owned()))
+        .chain(key.path.iter().map(|part| match part.parse::<usize>() {
+            Ok(index) => Segment::Index(index),
+            Err(_) => Segment::Key(part.clone()),
+        }))
+        .collect();
+    match ImDocument::parse(text) {
+        Ok(doc) => ParsedFile { text, path, doc: &doc }
+            .unknown_key_warning(&segs, key.suggestion.as_deref()),
+        Err(_) => {
+            let mut out =
+                format!("{}: unknown key {} (ignored)", path.display(), format_path(&segs));
+            if let Some(suggestion) = &key.suggestion {
+                out.push_str(&format!("; did you mean `{suggestion}`?"));
+            }
+            out
+        }
+    }
 }
 
 /// Reads, parses and validates the file at `path`.
@@ -182,11 +242,31 @@ pub fn section_error(path: &Path, text: &str, section: &[&str], message: &str) -
         };
     };
     let file = ParsedFile { text, path, doc: &doc };
-    let mut segs: Vec<Segment> = section.iter().map(|name| key(name)).collect();
-    let table = segs.iter().try_fold(file.root(), |node, seg| Some(node.child(seg)?.1));
+    // A part of digits names an entry of an array of tables (`bindings`, `0`).
+    let mut segs: Vec<Segment> = Vec::new();
+    let mut table = Some(file.root());
+    for name in section {
+        let seg = match (table, name.parse::<usize>()) {
+            (Some(node), Ok(index)) if node.child(&key(name)).is_none() => Segment::Index(index),
+            _ => key(name),
+        };
+        table = table.and_then(|node| Some(node.child(&seg)?.1));
+        segs.push(seg);
+    }
+    // A quoted `a.b.c` names a key in a nested table of the section.
     let mut quoted = message.split('`').skip(1).step_by(2);
-    if let Some(found) = table.and_then(|table| quoted.find(|q| table.child(&key(q)).is_some())) {
-        segs.push(key(found));
+    let found = table.and_then(|table| {
+        quoted.find_map(|q| {
+            let parts: Vec<Segment> = q.split('.').map(key).collect();
+            let mut node = table;
+            for part in &parts {
+                node = node.child(part)?.1;
+            }
+            Some(parts)
+        })
+    });
+    if let Some(parts) = found {
+        segs.extend(parts);
     }
     let anchor = if message.contains("unknown field") { Anchor::Key } else { Anchor::Value };
     file.invalid(&segs, anchor, message)
@@ -400,12 +480,15 @@ impl ParsedFile<'_> {
         }
     }
 
-    fn unknown_key_warning(&self, segs: &[Segment]) -> String {
+    fn unknown_key_warning(&self, segs: &[Segment], suggestion: Option<&str>) -> String {
         let mut out = self.path.display().to_string();
         if let Some(at) = self.position_of(segs, Anchor::Key) {
             out.push_str(&format!(":{at}"));
         }
         out.push_str(&format!(": unknown key {} (ignored)", format_path(segs)));
+        if let Some(suggestion) = suggestion {
+            out.push_str(&format!("; did you mean `{suggestion}`?"));
+        }
         out
     }
 }

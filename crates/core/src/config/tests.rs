@@ -277,7 +277,8 @@ fn unknown_keys_are_warnings_with_their_dotted_path() {
     let config = check_ok(
         "[gateway]\nmax_concurent_runs = 3\n\n[gateway.queue]\nmode = \"collect\"\nsize = 4\n",
         &[
-            "/home/u/.lemon/config.toml:2:1: unknown key gateway.max_concurent_runs (ignored)",
+            // With the closest known key where one is close (new with the suggestions).
+            "/home/u/.lemon/config.toml:2:1: unknown key gateway.max_concurent_runs (ignored); did you mean `max_concurrent_runs`?",
             "/home/u/.lemon/config.toml:6:1: unknown key gateway.queue.size (ignored)",
         ],
     );
@@ -289,13 +290,13 @@ fn unknown_keys_are_warnings_with_their_dotted_path() {
          [gateway.projects.demo]\nroot = \"/tmp\"\n\"odd key\" = 1\n",
         &[
             "/home/u/.lemon/config.toml:1:2: unknown key agent (ignored)",
-            "/home/u/.lemon/config.toml:6:1: unknown key gateway.bindings[0].chat (ignored)",
+            "/home/u/.lemon/config.toml:6:1: unknown key gateway.bindings[0].chat (ignored); did you mean `chat_id`?",
             "/home/u/.lemon/config.toml:10:1: unknown key gateway.projects.demo.\"odd key\" (ignored)",
         ],
     );
     check_ok(
         "gateway.api = { bind = \"::1\", prot = 1 }\n",
-        &["/home/u/.lemon/config.toml:1:31: unknown key gateway.api.prot (ignored)"],
+        &["/home/u/.lemon/config.toml:1:31: unknown key gateway.api.prot (ignored); did you mean `port`?"],
     );
 }
 

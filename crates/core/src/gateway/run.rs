@@ -240,7 +240,10 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
 
     if let Availability::Unavailable { reason } = engine.availability() {
         return Completion::failure(
-            RunError::EngineUnavailable { engine: state.engine.clone(), reason },
+            RunError::EngineUnavailable {
+                engine: state.engine.clone(),
+                reason: reason.to_string(),
+            },
             None,
         );
     }

@@ -25,7 +25,9 @@ use super::{
 use crate::bus::{EventBus, RunPhase, RunStatus};
 use crate::clock::now_ms;
 use crate::config::QueueMode;
-use crate::engine::{Completion, EngineRegistry, Field, InvalidValue, ResumeToken, RunError};
+use crate::engine::{
+    Availability, Completion, EngineRegistry, Field, InvalidValue, ResumeToken, RunError,
+};
 use crate::gateway::{self, ExecutionRequest, GatewayHandle, RunEnd, SubmitError};
 use crate::ids::{ConversationKey, EngineRef, Model, RunId, SessionKey};
 use crate::store::{JournalEntry, JournalRoute, JournalState, StoreError, StoreHandle};
@@ -475,10 +477,15 @@ impl Router {
                     message: NATIVE_ONLY_RESUME_MESSAGE.to_owned(),
                 }
             }
-            ChoiceError::UnknownEngine { engine } => RouteError::UnknownEngine { engine },
+            ChoiceError::UnknownEngine { engine } => {
+                RouteError::UnknownEngine { engine, known: self.engine_ids() }
+            }
         })?;
         if self.engines.engine(choice.engine.id()).is_none() {
-            return Err(RouteError::UnknownEngine { engine: choice.engine.to_string() });
+            return Err(RouteError::UnknownEngine {
+                engine: choice.engine.to_string(),
+                known: self.engine_ids(),
+            });
         }
         // Whatever chose it (a binding, a project, `default_engine`, `/engine`), the
         // model part was checked when it was parsed; the request's model is checked here.
@@ -824,6 +831,44 @@ impl Router {
         view
     }
 
+    /// Every registered engine's id, sorted.
+    fn engine_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.engines.ids().map(|id| id.to_string()).collect();
+        ids.sort();
+        ids
+    }
+
+    /// The engine a session's next message runs on: its `/engine` choice, else
+    /// the one it last ran, else the default.
+    async fn current_engine(&self, session_key: &SessionKey) -> String {
+        let view = self.session_view(session_key).await;
+        view.sticky_engine
+            .as_ref()
+            .map(ToString::to_string)
+            .or_else(|| view.chat_state.as_ref().map(|s| s.last_engine.clone()))
+            .unwrap_or_else(|| self.config.default_engine.to_string())
+    }
+
+    /// `/engine`: every engine, available or why not, and the session's current one.
+    async fn engine_list(&self, session_key: &SessionKey) -> String {
+        let mut engines: Vec<_> = self.engines.iter().collect();
+        engines.sort_by_key(|engine| engine.id().to_string());
+        let lines: Vec<String> = engines
+            .iter()
+            .map(|engine| match engine.availability() {
+                Availability::Available => format!("{}: available", engine.id()),
+                Availability::Unavailable { reason } => {
+                    format!("{}: not available ({})", engine.id(), reason.short())
+                }
+            })
+            .collect();
+        format!(
+            "This session uses {}.\nEngines:\n{}\nChoose one with /engine <name>.",
+            self.current_engine(session_key).await,
+            lines.join("\n")
+        )
+    }
+
     async fn command(&mut self, command: &SlashCommand, session_key: &SessionKey) -> String {
         match command {
             SlashCommand::Cancel => {
@@ -847,33 +892,39 @@ impl Router {
                     Some(run_id) => format!("running {run_id}"),
                     None => "idle".to_owned(),
                 };
-                let engine = view
-                    .sticky_engine
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .or_else(|| view.chat_state.as_ref().map(|s| s.last_engine.clone()))
-                    .unwrap_or_else(|| self.config.default_engine.to_string());
+                let engine = self.current_engine(session_key).await;
                 format!(
                     "Session {session_key}: {running}, {} queued, engine {engine}.",
                     view.queued.len()
                 )
             }
-            SlashCommand::Engine(None) => match self.sticky.get(session_key) {
-                Some(engine) => format!("This session uses {engine}."),
-                None => format!("No engine chosen; the default is {}.", self.config.default_engine),
-            },
+            SlashCommand::Engine(None) => self.engine_list(session_key).await,
             SlashCommand::Engine(Some(raw)) => {
                 let engine = match parse_engine_ref(raw, Field::Prompt) {
                     Ok(engine) => engine,
                     // An id of the wrong shape names no engine.
                     Err(refusal) if refusal.why == InvalidValue::Shape => {
-                        return format!("Unknown engine {raw}.")
+                        return format!(
+                            "Unknown engine {raw}. The engines are {}.",
+                            self.engine_ids().join(", ")
+                        );
                     }
                     Err(refusal) => return super::sentence(&refusal.what),
                 };
-                if self.engines.engine(engine.id()).is_none() {
-                    return format!("Unknown engine {engine}.");
+                let Some(found) = self.engines.engine(engine.id()) else {
+                    return format!(
+                        "Unknown engine {engine}. The engines are {}.",
+                        self.engine_ids().join(", ")
+                    );
+                };
+                if let Availability::Unavailable { reason } = found.availability() {
+                    return format!(
+                        "{engine} is not available: {}. This session keeps {}.",
+                        reason.short(),
+                        self.current_engine(session_key).await
+                    );
                 }
+                self.sticky.insert(session_key.clone(), engine.clone());
                 format!("This session now uses {engine}.")
             }
         }

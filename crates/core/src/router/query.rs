@@ -16,6 +16,10 @@ pub struct EngineInfo {
     pub steer: bool,
     pub redirect: bool,
     pub availability: Availability,
+    /// Where the engine's program was found ([`Engine::program`](crate::engine::Engine::program)).
+    pub path: Option<std::path::PathBuf>,
+    /// Filled by [`Runs::engines_with_versions`] only.
+    pub version: Option<String>,
 }
 
 /// Read-only queries. Cheap to clone; made by [`RouterHandle::query`].
@@ -100,9 +104,24 @@ impl Runs {
                     steer: capabilities.steer,
                     redirect: capabilities.redirect,
                     availability: engine.availability(),
+                    path: engine.program(),
+                    version: None,
                 }
             })
             .collect()
+    }
+
+    /// As [`Runs::engines`], with each engine's version: the first call per
+    /// engine asks its program (bounded by the engine), later ones read its cache.
+    pub async fn engines_with_versions(&self) -> Vec<EngineInfo> {
+        let registry = self.router.gateway.engines();
+        let mut out = self.engines();
+        for info in &mut out {
+            if let Some(engine) = registry.get(&info.id) {
+                info.version = engine.version().await;
+            }
+        }
+        out
     }
 
     /// The line that continues `token`'s session, as its engine writes it.

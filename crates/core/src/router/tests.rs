@@ -33,6 +33,36 @@ struct OverflowEngine {
 #[derive(Debug)]
 struct NoControl;
 
+/// An engine whose program is not installed.
+#[derive(Debug)]
+struct MissingEngine {
+    id: EngineId,
+}
+
+#[async_trait]
+impl Engine for MissingEngine {
+    fn id(&self) -> &EngineId {
+        &self.id
+    }
+
+    fn availability(&self) -> crate::engine::Availability {
+        crate::engine::Availability::Unavailable {
+            reason: crate::engine::UnavailableReason::NotFound {
+                program: "missing".to_owned(),
+                search_path: "/usr/bin".to_owned(),
+            },
+        }
+    }
+
+    async fn start(
+        &self,
+        _req: StartRequest,
+        _sink: EventSink,
+    ) -> Result<Arc<dyn RunControl>, EngineError> {
+        Err(EngineError::Start("not installed".to_owned()))
+    }
+}
+
 impl RunControl for NoControl {
     fn cancel(&self) {}
 }
@@ -93,6 +123,7 @@ pub(super) async fn harness_with(
     engines
         .register(Arc::new(OverflowEngine { id: EngineId::parse("overflow").unwrap() }))
         .unwrap();
+    engines.register(Arc::new(MissingEngine { id: EngineId::parse("missing").unwrap() })).unwrap();
     let bus = EventBus::new(65_536, 1024);
     let events = bus.subscribe_all();
     let token = CancellationToken::new();
@@ -442,8 +473,20 @@ async fn directives_and_sticky_engines_pick_the_engine() {
     };
     assert_eq!(accepted.engine, "plain");
     h.completion_of(&accepted.run_id).await;
-    assert_eq!(h.command("s", "/engine nope").await, "Unknown engine nope.");
+    // The list of engines is new in the answer to an unknown one.
+    assert_eq!(
+        h.command("s", "/engine nope").await,
+        "Unknown engine nope. The engines are fake, missing, overflow, plain."
+    );
+    assert_eq!(
+        h.command("s", "/engine missing").await,
+        "missing is not available: not found on PATH; set cli_path. This session keeps plain."
+    );
     assert_eq!(h.command("s", "/engine plain").await, "This session now uses plain.");
+    assert_eq!(
+        h.command("s", "/engine").await,
+        "This session uses plain.\nEngines:\nfake: available\nmissing: not available (not found on PATH; set cli_path)\noverflow: available\nplain: available\nChoose one with /engine <name>."
+    );
     let next = match h.router.submit(RunRequest::new("s", "ok again")).await.unwrap() {
         Submitted::Run(accepted, _) => accepted,
         other => panic!("{other:?}"),
@@ -461,9 +504,19 @@ async fn an_unknown_engine_is_refused_with_its_name() {
         .submit(RunRequest { engine: Some("nope".parse().unwrap()), ..RunRequest::new("s", "hi") })
         .await
         .map(drop);
-    assert_eq!(err, Err(RouteError::UnknownEngine { engine: "nope".to_owned() }));
+    // The engines there are are listed (new with the list).
+    let known: Vec<String> =
+        ["fake", "missing", "overflow", "plain"].into_iter().map(str::to_owned).collect();
+    assert_eq!(
+        err,
+        Err(RouteError::UnknownEngine { engine: "nope".to_owned(), known: known.clone() })
+    );
     let err = h.router.submit(RunRequest::new("s", "/claude fix it")).await.map(drop);
-    assert_eq!(err, Err(RouteError::UnknownEngine { engine: "claude".to_owned() }));
+    assert_eq!(err, Err(RouteError::UnknownEngine { engine: "claude".to_owned(), known }));
+    assert_eq!(
+        err.unwrap_err().to_string(),
+        "unknown engine \"claude\"; the engines are fake, missing, overflow, plain"
+    );
 }
 
 #[tokio::test(start_paused = true)]

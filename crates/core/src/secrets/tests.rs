@@ -298,3 +298,35 @@ fn a_blank_entry_is_unset_for_lookups_but_visible_as_written() {
     assert_eq!(file.get_as_written("other").unwrap(), Some(SecretValue::new("  ")));
     assert_eq!(file.get_as_written("missing").unwrap(), None);
 }
+
+#[test]
+fn a_missing_secret_says_where_it_was_looked_for_and_how_to_set_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secrets.toml");
+    let store = SecretStore::new(BTreeMap::new(), file.clone());
+    let message = store.not_set_message("zapier_webhook_token");
+    let path = file.display();
+    assert_eq!(
+        message,
+        format!(
+            "secret \"zapier_webhook_token\" is not set (looked in the environment variable ZAPIER_WEBHOOK_TOKEN, {path}); add zapier_webhook_token = \"…\" to {path} (mode 0600) or set ZAPIER_WEBHOOK_TOKEN in the gateway's environment"
+        )
+    );
+}
+
+#[test]
+fn the_origin_of_a_secret_names_the_source_in_use_and_the_ones_it_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secrets.toml");
+    let env = BTreeMap::from([("TELEGRAM_BOT_TOKEN".to_owned(), "1:stale".to_owned())]);
+    let store = SecretStore::new(env, file.clone());
+    assert_eq!(
+        store.origin("telegram_bot_token").unwrap().unwrap().overrides,
+        Vec::<String>::new()
+    );
+    store.set("telegram_bot_token", "2:fresh").unwrap();
+    let origin = store.origin("telegram_bot_token").unwrap().unwrap();
+    assert_eq!(origin.source, "the environment variable TELEGRAM_BOT_TOKEN");
+    assert_eq!(origin.overrides, [file.display().to_string()]);
+    assert_eq!(store.origin("other").unwrap(), None);
+}

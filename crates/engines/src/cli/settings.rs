@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::EngineSection;
+use lemon_core::engine::UnavailableReason;
 
 use super::Vendor;
 
@@ -44,6 +45,8 @@ pub(crate) struct CliSettings {
     pub(crate) model: Option<String>,
     /// Added to the child's environment; values may be secrets, so `Debug` shows keys only.
     pub(crate) env: BTreeMap<String, String>,
+    /// Variables of the gateway's environment passed through (names or `PREFIX_*`).
+    pub(crate) env_passthrough: Vec<String>,
     /// `None` disables the inactivity timeout.
     pub(crate) timeout: Option<Duration>,
     pub(crate) cancel_grace: Duration,
@@ -63,6 +66,7 @@ impl fmt::Debug for CliSettings {
             .field("extra_args", &self.extra_args)
             .field("model", &self.model)
             .field("env_keys", &self.env.keys().collect::<Vec<_>>())
+            .field("env_passthrough", &self.env_passthrough)
             .field("timeout", &self.timeout)
             .field("cancel_grace", &self.cancel_grace)
             .field("skip_permissions", &self.skip_permissions)
@@ -91,6 +95,7 @@ impl CliSettings {
             extra_args: section.extra_args.clone(),
             model: section.model.clone().map(|m| m.trim().to_owned()).filter(|m| !m.is_empty()),
             env: section.env.clone(),
+            env_passthrough: section.env_passthrough.clone(),
             timeout: (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms)),
             cancel_grace: section
                 .cancel_grace_ms
@@ -108,8 +113,9 @@ impl CliSettings {
     }
 }
 
-/// The child's environment: the allowlisted part of `base`, then the vendor's
-/// variables (only where unset), then the section's `env`, then the API key.
+/// The child's environment: the allowlisted part of `base` and the variables
+/// `env_passthrough` names, then the vendor's variables (only where unset), then
+/// the section's `env`, then the API key.
 pub(crate) fn child_env(
     base: &BTreeMap<String, String>,
     vendor_defaults: &[(&str, &str)],
@@ -118,7 +124,10 @@ pub(crate) fn child_env(
 ) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = base
         .iter()
-        .filter(|(key, _)| ENV_ALLOWLIST.contains(&key.as_str()))
+        .filter(|(key, _)| {
+            ENV_ALLOWLIST.contains(&key.as_str())
+                || crate::config::passes_through(&settings.env_passthrough, key)
+        })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     for (key, value) in vendor_defaults {
@@ -137,24 +146,21 @@ pub(crate) fn resolve_program(
     vendor: Vendor,
     cli_path: Option<&Path>,
     search_path: Option<&str>,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, UnavailableReason> {
     let name = cli_path.unwrap_or_else(|| Path::new(vendor.id()));
     if name.components().count() > 1 || name.is_absolute() {
         return if is_executable(name) {
             Ok(name.to_path_buf())
         } else if name.exists() {
-            Err(format!("{vendor} CLI at {} is not an executable file (cli_path)", name.display()))
+            Err(UnavailableReason::NotExecutable { path: name.to_path_buf() })
         } else {
-            Err(format!("{vendor} not found at {} (cli_path)", name.display()))
+            Err(UnavailableReason::MissingPath { path: name.to_path_buf() })
         };
     }
     let search = search_path.unwrap_or("");
-    which(name, search).ok_or_else(|| {
-        format!(
-            "{vendor} not found on PATH (looked for {} in {})",
-            name.display(),
-            if search.is_empty() { "an empty PATH" } else { search }
-        )
+    which(name, search).ok_or_else(|| UnavailableReason::NotFound {
+        program: name.display().to_string(),
+        search_path: search.to_owned(),
     })
 }
 

@@ -64,6 +64,57 @@ pub(crate) fn classify_failure(message: String) -> RunError {
     }
 }
 
+/// Lower-case fragments of a vendor's error text that mean the CLI has no
+/// credentials: Claude Code's `Not logged in · Please run /login` and
+/// `Invalid API key`, and the missing or refused keys of the others (a 401
+/// from the provider, OpenCode's `ProviderAuthError`, Pi's `No API key`).
+const LOGIN_MARKERS: [&str; 10] = [
+    "not logged in",
+    "please run /login",
+    "invalid api key",
+    "invalid x-api-key",
+    "authentication_error",
+    "401 unauthorized",
+    "providerautherror",
+    "no api key",
+    "api key is missing",
+    "missing api key",
+];
+
+/// What to do when `vendor`'s CLI has no credentials: the secret to set (and
+/// where it goes) or the variables to pass through.
+pub(crate) fn login_fix(vendor: Vendor) -> String {
+    let section = format!("[gateway.engines.{vendor}]");
+    match vendor.default_api_key_env() {
+        Some(var) => {
+            let secret = var.to_ascii_lowercase();
+            let prefix = var.split('_').next().unwrap_or(var);
+            format!(
+                "the {vendor} CLI has no credentials: log it in as the user the gateway runs as, \
+                 or set api_key_secret = \"{secret}\" in {section} and put the key in \
+                 $LEMON_HOME/secrets.toml (default ~/.lemon/secrets.toml) as {secret} = \"…\" \
+                 or in the gateway's environment as {var}, \
+                 or pass your environment through with env_passthrough = [\"{prefix}_*\"]"
+            )
+        }
+        None => format!(
+            "the {vendor} CLI has no credentials: log it in as the user the gateway runs as, \
+             or pass its provider's key variables through with env_passthrough = [\"PROVIDER_*\"] \
+             in {section} (the gateway does not pass its environment to CLIs by default)"
+        ),
+    }
+}
+
+/// As [`classify_failure`], and a failure that says the CLI has no
+/// credentials gets the fix after the vendor's own words.
+pub(crate) fn classify_failure_for(vendor: Vendor, message: String) -> RunError {
+    let lower = message.to_lowercase();
+    if LOGIN_MARKERS.iter().any(|marker| lower.contains(marker)) {
+        return RunError::Engine { message: format!("{message} — {}", login_fix(vendor)) };
+    }
+    classify_failure(message)
+}
+
 /// A line that is not an event of the vendor's schema.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -356,9 +407,9 @@ impl Emitter {
     }
 
     /// A failed completion with the engine's own message, classified by
-    /// [`classify_failure`].
+    /// [`classify_failure_for`].
     pub(crate) fn complete_error(&mut self, message: String, answer: String, usage: Value) {
-        self.complete_failure(classify_failure(message), answer, usage);
+        self.complete_failure(classify_failure_for(self.vendor, message), answer, usage);
     }
 
     pub(crate) fn complete_failure(&mut self, error: RunError, answer: String, usage: Value) {

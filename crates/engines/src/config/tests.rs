@@ -198,3 +198,39 @@ fn wrong_lemon_keys_point_at_the_value() {
         "/home/u/.lemon/config.toml:2:9: gateway.engines.lemon.model: invalid model: it starts with '-'; use up to 128 ASCII letters, digits and `._:/@-`, not starting with `-`",
     );
 }
+
+#[test]
+fn env_passthrough_takes_names_and_prefixes_and_refuses_the_rest() {
+    let parse = |text: &str| EngineSection::parse(&toml::from_str(text).unwrap());
+    let section = parse("env_passthrough = [\"ANTHROPIC_*\", \"GH_TOKEN\"]").unwrap();
+    assert_eq!(section.env_passthrough, ["ANTHROPIC_*", "GH_TOKEN"]);
+    for (text, why) in [
+        ("env_passthrough = [\"*\"]", "`*` alone"),
+        ("env_passthrough = [\"A-B\"]", "ASCII letters"),
+        ("env_passthrough = [\"1X\"]", "ASCII letters"),
+        ("env_passthrough = [\"LEMON_*\"]", "LEMON_*"),
+        ("env_passthrough = [\"LEMON_API_TOKEN\"]", "LEMON_*"),
+        ("env_passthrough = \"ANTHROPIC_*\"", "expected a sequence"),
+    ] {
+        let err = parse(text).expect_err(text);
+        assert_eq!(err.key.as_deref(), Some("env_passthrough"), "{text}");
+        assert!(err.message.contains(why), "{text}: {}", err.message);
+    }
+}
+
+#[test]
+fn unknown_engine_sections_and_keys_warn_with_the_closest_name() {
+    let text = "[gateway.engines.cluade]\ncli_path = \"x\"\n\n[gateway.engines.codex]\ncli_pth = \"/bin/codex\"\nmax_line_bytes = 10\n\n[gateway.engines.lemon]\nwhatever = 1\n";
+    let config = lemon_core::config::load_str(text, Path::new("/etc/lemon.toml")).unwrap().config;
+    let sections =
+        EngineSections::parse(&config.gateway.engines, Path::new("/etc/lemon.toml"), text).unwrap();
+    let warnings =
+        sections.warnings(Path::new("/etc/lemon.toml"), text, &["echo", "codex", "lemon"]);
+    assert_eq!(
+        warnings,
+        [
+            "/etc/lemon.toml:1:18: unknown engine section gateway.engines.cluade (ignored); did you mean `claude`?",
+            "/etc/lemon.toml:5:1: unknown key gateway.engines.codex.cli_pth (ignored); did you mean `cli_path`?",
+        ]
+    );
+}

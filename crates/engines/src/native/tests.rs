@@ -782,7 +782,7 @@ fn without_a_key_the_engine_is_unavailable_and_says_which_secret_to_set() {
         shutdown: CancellationToken::new(),
         workspace: None,
     });
-    assert_eq!(engine.availability(), Availability::Unavailable { reason: reason.clone() });
+    assert_eq!(engine.availability(), Availability::Unavailable { reason: reason.clone().into() });
     assert!(reason.contains("openai_api_key") && reason.contains("OPENAI_API_KEY"), "{reason}");
 }
 

@@ -3,13 +3,12 @@
 use lemon_core::ids::EngineRef;
 use std::time::Duration;
 
-use lemon_core::config::QueueMode;
+use lemon_core::config::{field_names, parse_table, QueueMode, UnknownKey};
 use lemon_core::secrets::SecretStore;
 use serde::Deserialize;
 
 /// `[gateway.telegram]`.
 #[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TelegramConfig {
     #[serde(default)]
     pub enabled: Option<bool>,
@@ -97,14 +96,29 @@ impl TelegramConfig {
     /// # Errors
     /// A wrong type, an unknown key, no token source, a bad URL or number.
     pub fn parse(table: &toml::Table) -> Result<Self, TelegramConfigError> {
-        let config: TelegramConfig =
-            toml::Value::Table(table.clone()).try_into().map_err(|err: toml::de::Error| {
-                TelegramConfigError(err.to_string().trim().replace('\n', " "))
-            })?;
+        let (config, _) = TelegramConfig::parse_values(table)?;
         let inline = config.bot_token.as_deref().is_some_and(|t| !t.trim().is_empty());
         if !inline && config.bot_token_secret.is_none() {
             return Err(TelegramConfigError("set bot_token or bot_token_secret".into()));
         }
+        Ok(config)
+    }
+
+    /// Parses the raw section's types and values, with the keys it does not
+    /// know (ignored), each with the closest known key; a section that is
+    /// switched off is checked this far, so a mistake in it is found before it
+    /// is switched on. A token source is required only by [`TelegramConfig::parse`].
+    ///
+    /// # Errors
+    /// A wrong type, a bad URL or number.
+    pub fn parse_values(
+        table: &toml::Table,
+    ) -> Result<(Self, Vec<UnknownKey>), TelegramConfigError> {
+        let (config, ignored) = parse_table::<TelegramConfig>(table)
+            .map_err(|err| TelegramConfigError(err.to_string()))?;
+        let known = field_names::<TelegramConfig>();
+        let unknown =
+            ignored.into_iter().map(|path| UnknownKey::new(path, known.iter().copied())).collect();
         let url = config.api_base_url.trim();
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(TelegramConfigError(format!(
@@ -123,7 +137,7 @@ impl TelegramConfig {
                 "agent_id: {agent:?} must be a non-empty word without ':'"
             )));
         }
-        Ok(config)
+        Ok((config, unknown))
     }
 
     pub fn poll_timeout(&self) -> Duration {
@@ -179,9 +193,21 @@ mod tests {
     }
 
     #[test]
-    fn unknown_keys_and_bad_values_are_named() {
-        let err = parse("bot_token = \"1:a\"\npoll_timeout = 3").expect_err("unknown key");
-        assert!(err.to_string().contains("poll_timeout"), "{err}");
+    fn unknown_keys_are_suggested_and_bad_values_are_named() {
+        // An unknown key is ignored with a suggestion (it was an error before).
+        let table = "bot_token = \"1:a\"\npoll_timeout = 3".parse::<toml::Table>().unwrap();
+        let (_, unknown) = TelegramConfig::parse_values(&table).expect("unknown keys are ignored");
+        assert_eq!(
+            unknown,
+            [UnknownKey {
+                path: vec!["poll_timeout".into()],
+                suggestion: Some("poll_timeout_s".into())
+            }]
+        );
+        // Types and values are checked without a token, as for a section switched off.
+        let off = "enabled = false\nallowed_chat_ids = 5".parse::<toml::Table>().unwrap();
+        let err = TelegramConfig::parse_values(&off).expect_err("wrong type");
+        assert!(err.to_string().contains("allowed_chat_ids"), "{err}");
         let err = parse("bot_token = \"1:a\"\napi_base_url = \"ftp://x\"").expect_err("bad url");
         assert!(err.to_string().contains("api_base_url"), "{err}");
         let err = parse("bot_token = \"1:a\"\nagent_id = \"a:b\"").expect_err("bad agent");

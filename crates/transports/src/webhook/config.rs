@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use lemon_core::config::QueueMode;
+use lemon_core::config::{field_names, parse_table, QueueMode, UnknownKey};
 use lemon_core::secrets::SecretStore;
 use serde::Deserialize;
 
@@ -25,7 +25,6 @@ pub enum Mode {
 
 /// `[gateway.webhook]`.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     /// Switches the webhook on or off; wins over `[gateway] enable_webhook`.
     #[serde(default)]
@@ -82,7 +81,6 @@ pub struct WebhookConfig {
 
 /// `[gateway.webhook.integrations.<id>]`; unset values fall back to the section's.
 #[derive(Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct IntegrationConfig {
     /// The shared token, inline. Never logged.
     #[serde(default)]
@@ -203,10 +201,38 @@ impl WebhookConfig {
     /// # Errors
     /// A wrong type, an unknown key, a bad queue mode, an integration without a token.
     pub fn parse(table: &toml::Table) -> Result<Self, WebhookConfigError> {
-        let config: WebhookConfig =
-            toml::Value::Table(table.clone()).try_into().map_err(|err: toml::de::Error| {
-                WebhookConfigError(err.to_string().trim().replace('\n', " "))
-            })?;
+        WebhookConfig::parse_with_unknown_keys(table).map(|(config, _)| config)
+    }
+
+    /// As [`WebhookConfig::parse`], with the keys the section does not know
+    /// (ignored), each with the closest known key.
+    ///
+    /// # Errors
+    /// See [`WebhookConfig::parse`].
+    pub fn parse_with_unknown_keys(
+        table: &toml::Table,
+    ) -> Result<(Self, Vec<UnknownKey>), WebhookConfigError> {
+        let (config, ignored) = parse_table::<WebhookConfig>(table)
+            .map_err(|err| WebhookConfigError(err.to_string()))?;
+        let unknown = ignored
+            .into_iter()
+            .map(|path| {
+                let known = match path.as_slice() {
+                    [section, _, _] if section == "integrations" => {
+                        field_names::<IntegrationConfig>()
+                    }
+                    _ => field_names::<WebhookConfig>(),
+                };
+                UnknownKey::new(path, known.iter().copied())
+            })
+            .collect();
+        let config = config.checked()?;
+        Ok((config, unknown))
+    }
+
+    /// The checks serde cannot make.
+    fn checked(self) -> Result<Self, WebhookConfigError> {
+        let config = self;
         if config.callback_max_attempts == 0 {
             return Err(WebhookConfigError("callback_max_attempts must be at least 1".into()));
         }

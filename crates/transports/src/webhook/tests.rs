@@ -489,7 +489,16 @@ port = \"x\"",
     assert!(err.contains("`port`") && err.starts_with("invalid [gateway.webhook]"), "{err}");
     assert!(!err.contains('\n'), "{err}");
     assert!(bad("mode = \"later\"").contains("mode"));
-    assert!(bad("prot = 1").contains("prot"));
+    // An unknown key is ignored with a suggestion (it stopped the gateway before).
+    let typo: toml::Table = toml::from_str("prot = 1").unwrap();
+    let (_, unknown) = WebhookConfig::parse_with_unknown_keys(&typo).unwrap();
+    assert_eq!(
+        unknown,
+        [lemon_core::config::UnknownKey {
+            path: vec!["prot".into()],
+            suggestion: Some("port".into())
+        }]
+    );
     assert!(bad("[integrations.a]\nqueue_mode = \"collect\"").contains("integrations.a"));
     assert!(bad("[integrations.a]\ntoken = \"t\"\nqueue_mode = \"fifo\"").contains("queue_mode"));
 }
@@ -1197,4 +1206,44 @@ async fn a_request_the_router_refuses_leaves_no_callback_record() {
     assert_eq!(hook.store.kv_list("webhook.callback", now).await.unwrap(), vec![]);
     hook.stop().await;
     assert_eq!(attempts.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn configured_callback_urls_are_checked_once_at_start() {
+    use super::{check_callback_urls, CallbackUrlProblem};
+    let resolver = MapResolver(HashMap::from([
+        ("hooks.example.com".to_owned(), vec!["93.184.216.34".parse().unwrap()]),
+        ("intranet.example.com".to_owned(), vec!["10.0.0.7".parse().unwrap()]),
+    ]));
+    let config = WebhookConfig::parse(
+        &toml::from_str(
+            "callback_url = \"https://hooks.example.com/in\"\n\
+             [integrations.ok]\ntoken = \"t\"\n\
+             [integrations.bad]\ntoken = \"t\"\ncallback_url = \"ftp://hooks.example.com/\"\n\
+             [integrations.private]\ntoken = \"t\"\ncallback_url = \"http://intranet.example.com/\"\n\
+             [integrations.allowed]\ntoken = \"t\"\ncallback_url = \"http://intranet.example.com/\"\nallow_private_callback_hosts = true\n\
+             [integrations.gone]\ntoken = \"t\"\ncallback_url = \"https://nowhere.example.com/?key=s3cr3t\"\n",
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let problems = check_callback_urls(&config, &resolver).await;
+    let key = |id: &str| vec!["integrations".to_owned(), id.to_owned(), "callback_url".to_owned()];
+    assert_eq!(
+        problems,
+        [
+            CallbackUrlProblem::Invalid {
+                key: key("bad"),
+                message: "invalid callback url: the scheme must be http or https".into()
+            },
+            CallbackUrlProblem::Unresolved {
+                key: key("gone"),
+                message: "the host \"nowhere.example.com\" does not resolve now; callbacks fail until it does".into()
+            },
+            CallbackUrlProblem::Invalid {
+                key: key("private"),
+                message: "10.0.0.7 is a private or loopback address; set allow_private_callback_hosts = true to allow it".into()
+            },
+        ]
+    );
 }

@@ -29,15 +29,20 @@ fn resolution_says_where_it_looked() {
     let dir = tempfile::tempdir().unwrap();
     let search = dir.path().to_string_lossy().into_owned();
     let err = resolve_program(Vendor::Pi, None, Some(&search)).unwrap_err();
-    assert_eq!(err, format!("pi not found on PATH (looked for pi in {search})"));
-    let err = resolve_program(Vendor::Pi, None, None).unwrap_err();
-    assert!(err.ends_with("in an empty PATH)"), "{err}");
+    assert_eq!(
+        err,
+        UnavailableReason::NotFound { program: "pi".into(), search_path: search.clone() }
+    );
+    assert_eq!(err.to_string(), format!("pi not found on PATH (looked in {search}); set cli_path"));
+    assert_eq!(err.short(), "not found on PATH; set cli_path");
+    let err = resolve_program(Vendor::Pi, None, None).unwrap_err().to_string();
+    assert!(err.ends_with("in an empty PATH); set cli_path"), "{err}");
 
     let configured = dir.path().join("my-claude");
     let err = resolve_program(Vendor::Claude, Some(&configured), None).unwrap_err();
-    assert_eq!(err, format!("claude not found at {} (cli_path)", configured.display()));
+    assert_eq!(err.to_string(), format!("not found at {} (cli_path)", configured.display()));
     write_file(&configured, 0o644);
-    let err = resolve_program(Vendor::Claude, Some(&configured), None).unwrap_err();
+    let err = resolve_program(Vendor::Claude, Some(&configured), None).unwrap_err().to_string();
     assert!(err.contains("is not an executable file"), "{err}");
     write_file(&configured, 0o755);
     assert_eq!(resolve_program(Vendor::Claude, Some(&configured), None), Ok(configured.clone()));
@@ -105,4 +110,25 @@ fn the_child_environment_is_the_allowlist_then_the_vendor_then_env_then_the_key(
     );
     let debug = format!("{settings:?}");
     assert!(!debug.contains("from-env-config") && debug.contains("ANTHROPIC_API_KEY"), "{debug}");
+}
+
+#[test]
+fn env_passthrough_adds_the_named_variables_and_prefixes_only() {
+    let base = BTreeMap::from([
+        ("PATH".to_owned(), "/bin".to_owned()),
+        ("ANTHROPIC_API_KEY".to_owned(), "sk-ant".to_owned()),
+        ("ANTHROPIC_BASE_URL".to_owned(), "https://proxy".to_owned()),
+        ("OPENAI_API_KEY".to_owned(), "sk-openai".to_owned()),
+        ("GH_TOKEN".to_owned(), "gh".to_owned()),
+        ("LEMON_API_TOKEN".to_owned(), "secret".to_owned()),
+    ]);
+    let section = EngineSection {
+        env_passthrough: vec!["ANTHROPIC_*".to_owned(), "GH_TOKEN".to_owned()],
+        ..EngineSection::default()
+    };
+    let env = child_env(&base, &[], &settings(&section), None);
+    let keys: Vec<&str> = env.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "GH_TOKEN", "PATH"]);
+    let debug = format!("{:?}", settings(&section));
+    assert!(!debug.contains("sk-ant"), "{debug}");
 }

@@ -260,3 +260,31 @@ fn each_vendor_classifies_its_own_context_overflow() {
     );
     assert_eq!(vendor_completion(Vendor::Droid, &[]).error, engine("droid exited with status 1"));
 }
+
+#[test]
+fn a_cli_without_credentials_fails_with_the_fix() {
+    for message in [
+        "Not logged in · Please run /login",
+        "Invalid API key · Fix external API key",
+        "codex exited with status 1: stream error: unexpected status 401 Unauthorized",
+    ] {
+        let RunError::Engine { message: text } =
+            classify_failure_for(Vendor::Claude, message.to_owned())
+        else {
+            panic!("{message} is an engine error")
+        };
+        assert!(text.starts_with(message), "the vendor's words first: {text}");
+        assert!(text.contains("api_key_secret = \"anthropic_api_key\""), "{text}");
+        assert!(text.contains("secrets.toml") && text.contains("ANTHROPIC_API_KEY"), "{text}");
+        assert!(text.contains("env_passthrough = [\"ANTHROPIC_*\"]"), "{text}");
+    }
+    let RunError::Engine { message } = classify_failure_for(Vendor::Codex, "Not logged in".into())
+    else {
+        panic!("engine error")
+    };
+    assert!(message.contains("openai_api_key") && message.contains("OPENAI_*"), "{message}");
+    assert_eq!(
+        classify_failure_for(Vendor::Claude, "tool crashed".into()),
+        RunError::Engine { message: "tool crashed".into() }
+    );
+}
