@@ -15,6 +15,7 @@ mod cli_ux;
 mod gateway_e2e;
 mod hardening_e2e;
 mod http_hardening;
+mod llm_clients;
 mod reload_e2e;
 mod router_crash;
 mod router_resume;
