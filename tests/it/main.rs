@@ -17,6 +17,7 @@ mod gateway_e2e;
 mod hardening_e2e;
 mod http_hardening;
 mod native_e2e;
+mod llm_clients;
 mod reload_e2e;
 mod router_crash;
 mod router_resume;
