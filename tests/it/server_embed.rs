@@ -5,10 +5,12 @@
 use std::collections::BTreeMap;
 
 use lemon_core::bus::EventKind;
-use lemon_core::ids::RunId;
+use lemon_core::ids::{RunId, SessionKey};
 use lemon_core::router::{RunRequest, Submitted};
+use lemon_core::tool::ToolContext;
 use lemon_server::paths::Paths;
 use lemon_server::ServeOptions;
+use tokio_util::sync::CancellationToken;
 
 use crate::support::{write_config, PATIENCE, TOKEN};
 
@@ -58,4 +60,46 @@ async fn an_embedded_server_runs_a_prompt_and_shuts_down() {
     assert!(reqwest::get(format!("http://{api}/v1/runs")).await.is_err(), "the listener is closed");
     let db = dir.path().join("lemon.db");
     assert!(db.exists(), "state is in the embedding program's home");
+}
+
+#[tokio::test]
+async fn an_embedded_server_offers_the_gateway_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), "");
+    let env = BTreeMap::from([("LEMON_API_TOKEN".to_owned(), TOKEN.to_owned())]);
+    let paths = Paths::resolve(
+        None,
+        &BTreeMap::from([("LEMON_HOME".to_owned(), dir.path().display().to_string())]),
+        None,
+    );
+    let running = lemon_server::start(ServeOptions { paths, env, user_home: None }).await.unwrap();
+    let names: Vec<String> = running.tools.list().iter().map(|tool| tool.spec().name).collect();
+    for name in [
+        "discord_send_file",
+        "sms_claim_message",
+        "sms_get_inbox_number",
+        "sms_list_messages",
+        "sms_wait_for_code",
+        "telegram_send_image",
+    ] {
+        assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+    }
+    let telegram = running.tools.get("telegram_send_image").unwrap();
+    assert!(telegram.offered(&SessionKey::from("agent:main:telegram:9:dm:42")));
+    assert!(!telegram.offered(&SessionKey::from("desk")));
+
+    // No SMS inbox is configured: the tools say so.
+    let ctx = ToolContext {
+        run_id: RunId::parse("tool-1").unwrap(),
+        session_key: SessionKey::from("desk"),
+        call_id: "call_1".to_owned(),
+        cwd: dir.path().to_path_buf(),
+        workspace: None,
+        cancel: CancellationToken::new(),
+    };
+    let sms = running.tools.get("sms_wait_for_code").unwrap();
+    let out = sms.execute(serde_json::json!({}), ctx).await;
+    assert!(out.is_error);
+    assert_eq!(out.text, "SMS is not configured on this gateway: no inbox receives messages.");
+    tokio::time::timeout(PATIENCE, running.shutdown()).await.expect("drains in time").unwrap();
 }

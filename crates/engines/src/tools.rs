@@ -7,10 +7,9 @@
 //! the `telegram_send_image` / `discord_send_file` tools that hand a file to
 //! the chat.
 //!
-//! Every path a tool is given goes through
-//! [`resolve_inside`](lemon_core::contain::resolve_inside) with the run's cwd
-//! and the workspace as roots, so `../`, absolute paths elsewhere and symlinks
-//! out are refused. A tool never panics: bad arguments, refusals and failures
+//! Every path a tool is given goes through [`resolve_inside`] with the run's
+//! cwd and the workspace as roots, so `../`, absolute paths elsewhere and
+//! symlinks out are refused. A tool never panics: bad arguments, refusals and failures
 //! are error results the model reads.
 //!
 //! # Layout

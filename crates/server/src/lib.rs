@@ -39,6 +39,7 @@ use lemon_core::transport::{TransportDeps, TransportRegistry, TransportState};
 use lemon_engines::cli::{kill_leftover_group, ApiKey, CliContext, Leftover, ProcessRecorder};
 use lemon_engines::config::EngineSections;
 use lemon_engines::native::{self, NativeSettings};
+use lemon_engines::tools::GatewayToolOptions;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -81,6 +82,8 @@ pub struct Running {
     shutdown_grace_ms: Arc<AtomicU64>,
     /// The config in force, as `GET /v1/config` reports it.
     pub config: ConfigStatus,
+    /// The gateway's tools, as native runs are offered them.
+    pub tools: ToolRegistry,
     store: StoreHandle,
     token: CancellationToken,
     tracker: TaskTracker,
@@ -662,6 +665,9 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // The gateway's tools, offered to native runs; registered below once what
     // they use exists, and kept across reloads.
     let tools = ToolRegistry::new();
+    // SMS has no inbox yet: the sms_* tools answer that SMS is not configured.
+    let gateway_tools = GatewayToolOptions { home: opts.user_home.clone(), ..Default::default() };
+    lemon_engines::tools::register_gateway_tools(&tools, &gateway_tools);
     let build_engines: reload::BuildEngines = {
         let (opts, secrets, store) = (opts.clone(), secrets.clone(), store.clone());
         let (tracker, token, tools) = (tracker.clone(), token.clone(), tools.clone());
@@ -775,6 +781,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         router,
         shutdown_grace_ms,
         config: config_status,
+        tools,
         store,
         token,
         tracker,

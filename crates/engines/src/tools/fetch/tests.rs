@@ -39,7 +39,7 @@ async fn serve(ip: &str, other: Option<SocketAddr>) -> SocketAddr {
             "/missing",
             get(|| async { (StatusCode::NOT_FOUND, "no such page").into_response() }),
         )
-        .route("/slow", get(|| std::future::pending::<String>()))
+        .route("/slow", get(std::future::pending::<String>))
         .route("/here", get(|| async { Redirect::to("/text") }))
         .route("/away", get(move || async move { Redirect::to(&away) }))
         .route("/loop", get(|| async { Redirect::to("/loop") }));
