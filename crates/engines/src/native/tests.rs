@@ -516,8 +516,7 @@ async fn the_turn_limit_ends_the_run_with_a_clear_failure() {
     let loops =
         (0..3).map(|i| Ok(vec![call(&format!("c{i}"), "echo_args", "{}"), done()])).collect();
     let client = Scripted::new(loops);
-    let mut settings = NativeSettings::default();
-    settings.max_turns = 2;
+    let settings = NativeSettings { max_turns: 2, ..NativeSettings::default() };
     let engine = new_engine(client.clone(), Setup { settings, ..Setup::default() });
     let (_c, mut rx) = start(&engine, request("loop", None)).await;
     let events = collect(&mut rx).await;
@@ -593,34 +592,29 @@ fn only_session_ids_are_accepted_as_resume_tokens() {
     );
 }
 
-fn long_history(
-    store: &lemon_core::store::StoreHandle,
-) -> impl std::future::Future<Output = String> + '_ {
-    async move {
-        let id = session::new_id();
-        let mut messages = Vec::new();
-        for i in 0..10 {
-            messages.push(ChatMessage::User { text: format!("question {i} {}", "x".repeat(400)) });
-            messages.push(ChatMessage::Assistant {
-                text: String::new(),
-                tool_calls: vec![ToolCall {
-                    id: format!("t{i}"),
-                    name: "echo_args".into(),
-                    arguments: "{}".into(),
-                }],
-            });
-            messages.push(ChatMessage::ToolResult {
-                call_id: format!("t{i}"),
+async fn long_history(store: &lemon_core::store::StoreHandle) -> String {
+    let id = session::new_id();
+    let mut messages = Vec::new();
+    for i in 0..10 {
+        messages.push(ChatMessage::User { text: format!("question {i} {}", "x".repeat(400)) });
+        messages.push(ChatMessage::Assistant {
+            text: String::new(),
+            tool_calls: vec![ToolCall {
+                id: format!("t{i}"),
                 name: "echo_args".into(),
-                content: "y".repeat(400),
-                is_error: false,
-            });
-            messages
-                .push(ChatMessage::Assistant { text: format!("answer {i}"), tool_calls: vec![] });
-        }
-        Sessions::new(Some(store.clone())).save(&id, &messages).await;
-        id
+                arguments: "{}".into(),
+            }],
+        });
+        messages.push(ChatMessage::ToolResult {
+            call_id: format!("t{i}"),
+            name: "echo_args".into(),
+            content: "y".repeat(400),
+            is_error: false,
+        });
+        messages.push(ChatMessage::Assistant { text: format!("answer {i}"), tool_calls: vec![] });
     }
+    Sessions::new(Some(store.clone())).save(&id, &messages).await;
+    id
 }
 
 fn assert_calls_paired(messages: &[ChatMessage]) {
@@ -637,8 +631,7 @@ async fn a_conversation_over_the_window_is_compacted_and_goes_on() {
     let store = lemon_core::store::StoreHandle::memory();
     let id = long_history(&store).await;
     let client = Scripted::new(vec![answer("the summary"), answer("still going")]);
-    let mut settings = NativeSettings::default();
-    settings.context_window = 2000;
+    let settings = NativeSettings { context_window: 2000, ..NativeSettings::default() };
     let engine = new_engine(
         client.clone(),
         Setup { settings, store: Some(store.clone()), ..Setup::default() },
