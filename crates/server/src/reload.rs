@@ -418,7 +418,12 @@ impl Reloader {
         if plan.runtime
             && self
                 .gateway
-                .reload(crate::runtime_config(&config, &sections, self.user_home.clone(), &self.lemon_home))
+                .reload(crate::runtime_config(
+                    &config,
+                    &sections,
+                    self.user_home.clone(),
+                    &self.lemon_home,
+                ))
                 .await
                 .is_err()
         {

@@ -15,6 +15,7 @@
 //! | `FAKE_CLI_PID_FILE` | JSON `{pid, pgid, grandchild}`, written before the first line |
 //! | `FAKE_CLI_ARGS_FILE` | line 1: JSON `{argv, cwd}`; then everything read from stdin |
 //! | `FAKE_CLI_ENV_FILE` | the whole environment as a JSON object |
+//! | `FAKE_CLI_WRITE_FILE` | `name=content`: writes that file in the working directory first |
 //!
 //! A fixture line `{"fake_cli":"wait_stdin_lines","count":N}` is not printed: the
 //! replay waits until N lines have arrived on stdin (steering tests).
@@ -79,6 +80,10 @@ fn run() -> io::Result<ExitCode> {
     if let Some(path) = var("FAKE_CLI_ENV_FILE") {
         let env: BTreeMap<String, String> = std::env::vars().collect();
         fs::write(path, serde_json::to_string(&env)?)?;
+    }
+    if let Some(spec) = var("FAKE_CLI_WRITE_FILE") {
+        let (name, content) = spec.split_once('=').unwrap_or((&spec, ""));
+        fs::write(name, content)?;
     }
     let grandchild = if flag("FAKE_CLI_GRANDCHILD") {
         let child = Command::new(std::env::current_exe()?)

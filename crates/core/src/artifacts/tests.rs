@@ -157,7 +157,8 @@ fn the_collector_tolerates_missing_keys_and_ignores_failed_or_unfinished_actions
     let mut collector = ArtifactCollector::default();
     collector.action(&completed(ActionKind::Tool, Value::Null));
     collector.action(&completed(ActionKind::FileChange, json!({ "changes": "nope" })));
-    let mut failed = completed(ActionKind::Tool, json!({ "auto_send_files": [{ "path": "a.png" }] }));
+    let mut failed =
+        completed(ActionKind::Tool, json!({ "auto_send_files": [{ "path": "a.png" }] }));
     failed.ok = Some(false);
     collector.action(&failed);
     let mut started = failed.clone();

@@ -25,8 +25,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lock::{EngineLock, LockKey};
-use crate::artifacts::{ArtifactCollector, ArtifactRoots};
 use super::{ExecutionRequest, RuntimeConfig};
+use crate::artifacts::{ArtifactCollector, ArtifactRoots};
 use crate::bus::{BusEvent, EventBus, EventKind, RunStatus};
 use crate::clock::now_ms;
 use crate::engine::{

@@ -353,7 +353,8 @@ impl Emitter {
     }
 
     pub(crate) fn complete_ok(&mut self, answer: String, usage: Value) {
-        let completion = Completion { usage, ..Completion::success(answer, self.resume().cloned()) };
+        let completion =
+            Completion { usage, ..Completion::success(answer, self.resume().cloned()) };
         self.finish(completion);
     }
 

@@ -296,7 +296,13 @@ fn steps_that_did_not_fail_warnings_and_notes_have_no_result_meta() {
 #[test]
 fn the_emitter_fills_result_meta_of_failed_completions() {
     let mut out = Emitter::new(Vendor::Codex, None);
-    out.completed_action("c1", ActionKind::Command, "ls".to_owned(), json!({"exit_code": 2}), false);
+    out.completed_action(
+        "c1",
+        ActionKind::Command,
+        "ls".to_owned(),
+        json!({"exit_code": 2}),
+        false,
+    );
     let done = out
         .take()
         .into_iter()
