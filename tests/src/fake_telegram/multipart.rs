@@ -3,12 +3,12 @@
 
 use super::Upload;
 
+/// A body's text fields (name, value) and its file.
+pub(super) type Parts = (Vec<(String, String)>, Option<Upload>);
+
 /// The text fields and the file of a body, or `None` when it is not a
 /// well-formed multipart body with this boundary (or has two files).
-pub(super) fn parse(
-    body: &[u8],
-    boundary: &str,
-) -> Option<(Vec<(String, String)>, Option<Upload>)> {
+pub(super) fn parse(body: &[u8], boundary: &str) -> Option<Parts> {
     let delimiter = format!("--{boundary}");
     let mut fields = Vec::new();
     let mut upload = None;
