@@ -5,7 +5,7 @@
 //! filename, caption}]`, as the file tools write it), and — when `[gateway]
 //! auto_send_generated_images` is on — image files the run added through its
 //! file-change actions. Each path is checked with
-//! [`resolve_inside`](crate::contain::resolve_inside) against the run's working
+//! [`resolve_inside`] against the run's working
 //! directory and the workspace (symlinks resolved) and must name an existing
 //! regular file; the rest are refused with a reason and never sent. Files are
 //! deduplicated (the same path under the same name once; a `MEDIA:` line or a
