@@ -20,7 +20,7 @@ pub(crate) async fn free_port() -> u16 {
 }
 
 /// Accepts one HTTP request on `listener`, answers `200`, and returns its JSON body.
-async fn receive_one(listener: TcpListener) -> Value {
+pub(crate) async fn receive_one(listener: TcpListener) -> Value {
     let (stream, _) = listener.accept().await.unwrap();
     let mut reader = BufReader::new(stream);
     let mut length = 0usize;

@@ -14,6 +14,7 @@
 //! violations can be read at any time. Bot tokens appear in no output of the fake.
 
 mod limits;
+mod multipart;
 mod state;
 
 use std::fmt::{self, Write as _};
@@ -338,6 +339,31 @@ pub struct BotMessage {
     pub edited_at: Option<Instant>,
 }
 
+/// A file in a `multipart/form-data` call, as it arrived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upload {
+    /// The form field that carried it (`photo`, `document`).
+    pub field: String,
+    pub filename: String,
+    pub content_type: String,
+    pub content: Vec<u8>,
+}
+
+/// A file a bot sent with `sendPhoto` or `sendDocument`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BotFile {
+    pub bot_id: i64,
+    pub chat_id: i64,
+    pub message_id: i64,
+    /// `sendPhoto` or `sendDocument`.
+    pub method: &'static str,
+    pub filename: String,
+    pub content_type: String,
+    pub caption: Option<String>,
+    pub message_thread_id: Option<i64>,
+    pub content: Vec<u8>,
+}
+
 /// A call that broke a flood limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
@@ -384,6 +410,11 @@ impl<'a> Snapshot<'a> {
     /// The messages this bot sent to `chat_id`, oldest first.
     pub fn messages(&self, chat_id: i64) -> Vec<&'a BotMessage> {
         self.state.bot_messages(self.bot, chat_id)
+    }
+
+    /// The files this bot uploaded to `chat_id`, oldest first.
+    pub fn files(&self, chat_id: i64) -> Vec<&'a BotFile> {
+        self.state.bot_files(self.bot, chat_id)
     }
 
     /// One message this bot sent.
@@ -542,6 +573,11 @@ impl FakeTelegram {
     /// The messages this bot sent to `chat_id`, oldest first.
     pub fn messages(&self, chat_id: i64) -> Vec<BotMessage> {
         self.snapshot(|s| s.messages(chat_id).into_iter().cloned().collect())
+    }
+
+    /// The files this bot uploaded to `chat_id`, oldest first.
+    pub fn files(&self, chat_id: i64) -> Vec<BotFile> {
+        self.snapshot(|s| s.files(chat_id).into_iter().cloned().collect())
     }
 
     /// The commands this bot last set.
@@ -734,6 +770,10 @@ async fn handle(
     let bot =
         bot_segment.strip_prefix("bot").and_then(|token| shared.read(|s| s.bot_by_token(token)));
     let params = parse_params(&headers, query, &body);
+    let (params, upload) = match params {
+        Ok((params, upload)) => (Ok(params), upload),
+        Err(reply) => (Err(reply), None),
+    };
     let Some(bot) = bot else {
         let params = params.unwrap_or_else(|_| Map::new());
         let reply = Reply::error(401, "Unauthorized");
@@ -752,7 +792,7 @@ async fn handle(
         get_updates(&shared, bot, call, &params).await
     } else {
         shared.update(|s| {
-            let reply = s.answer(bot, &method, &params);
+            let reply = s.answer(bot, &method, &params, upload);
             s.finish_call(call, reply.status());
             reply
         })
@@ -841,11 +881,11 @@ fn parse_params(
     headers: &HeaderMap,
     query: Vec<(String, String)>,
     body: &[u8],
-) -> Result<Map<String, Value>, Reply> {
+) -> Result<(Map<String, Value>, Option<Upload>), Reply> {
     let mut params: Map<String, Value> =
         query.into_iter().map(|(name, value)| (name, Value::String(value))).collect();
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(params);
+        return Ok((params, None));
     }
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -856,13 +896,26 @@ fn parse_params(
         let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(body)
             .map_err(|_| Reply::bad_request("can't parse the form body"))?;
         params.extend(pairs.into_iter().map(|(name, value)| (name, Value::String(value))));
-    } else if content_type.starts_with("multipart/") {
-        return Err(Reply::bad_request("multipart bodies are not supported by this server"));
+    } else if content_type.starts_with("multipart/form-data") {
+        let boundary = content_type
+            .split(';')
+            .find_map(|part| part.trim().strip_prefix("boundary="))
+            .map(|b| b.trim_matches('"').to_owned())
+            .ok_or_else(|| Reply::bad_request("multipart body without a boundary"))?;
+        // The boundary as sent (the lower-cased header only finds it).
+        let raw_type =
+            headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let start = raw_type.to_ascii_lowercase().find(&boundary).unwrap_or(0);
+        let boundary = raw_type.get(start..start + boundary.len()).unwrap_or(&boundary);
+        let (fields, upload) = multipart::parse(body, boundary)
+            .ok_or_else(|| Reply::bad_request("can't parse the multipart body"))?;
+        params.extend(fields.into_iter().map(|(name, value)| (name, Value::String(value))));
+        return Ok((params, upload));
     } else {
         match serde_json::from_slice::<Value>(body) {
             Ok(Value::Object(body)) => params.extend(body),
             _ => return Err(Reply::bad_request("can't parse JSON object")),
         }
     }
-    Ok(params)
+    Ok((params, None))
 }

@@ -17,7 +17,7 @@ use crate::ids::{RunId, SessionKey};
 
 mod json;
 
-pub use json::{ActionJson, CompletionJson, EventJson};
+pub use json::{artifact_from_json, ActionJson, ArtifactJson, CompletionJson, EventJson};
 
 /// Where a run is, as UIs show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -77,6 +77,14 @@ pub struct GatewayConfig {
     /// Requests waiting in all queues together before submits are refused.
     #[serde(default = "defaults::max_pending_runs")]
     pub max_pending_runs: usize,
+    /// The gateway's workspace: files a run sends back may be here as well as in
+    /// its working directory. `~` is the user's home and a relative path is under
+    /// `$LEMON_HOME`; unset, `$LEMON_HOME/workspace`.
+    #[serde(default)]
+    pub workspace_dir: Option<PathBuf>,
+    /// Images a run adds through its file changes are sent with its answer.
+    #[serde(default)]
+    pub auto_send_generated_images: bool,
     /// HTTP listeners: how long a client has to send a request head, from the
     /// connection opening or the previous response ending.
     #[serde(default = "defaults::http_header_read_timeout_ms")]
@@ -149,6 +157,18 @@ impl GatewayConfig {
     /// The `[gateway.projects.<id>]` section of a project, if the file has one.
     pub fn project(&self, id: &str) -> Option<&ProjectConfig> {
         self.projects.get(id)
+    }
+
+    /// `workspace_dir` expanded: `~` to `user_home`, a relative path (and the
+    /// default `workspace`) under `lemon_home`.
+    pub fn workspace(&self, lemon_home: &Path, user_home: Option<&Path>) -> PathBuf {
+        let configured = self.workspace_dir.as_deref().filter(|p| !p.as_os_str().is_empty());
+        let path = configured.unwrap_or(Path::new("workspace"));
+        match (path.strip_prefix("~"), user_home) {
+            (Ok(rest), Some(home)) => home.join(rest),
+            _ if path.is_absolute() => path.to_path_buf(),
+            _ => lemon_home.join(path),
+        }
     }
 
     /// The control API's listen address (`[gateway.api]`, default `127.0.0.1:4040`).

@@ -266,6 +266,9 @@ pub struct Completion {
     pub resume: Option<ResumeToken>,
     /// Token counts and cost as the engine reports them; `Null` when unknown.
     pub usage: serde_json::Value,
+    /// Files delivered with the answer, collected and checked when the run ends
+    /// ([`crate::artifacts`]); engines leave it empty.
+    pub artifacts: Vec<crate::artifacts::Artifact>,
 }
 
 impl Completion {
@@ -276,6 +279,7 @@ impl Completion {
             error: None,
             resume,
             usage: serde_json::Value::Null,
+            artifacts: Vec::new(),
         }
     }
 
@@ -286,6 +290,7 @@ impl Completion {
             error: Some(error),
             resume,
             usage: serde_json::Value::Null,
+            artifacts: Vec::new(),
         }
     }
 }

@@ -58,6 +58,11 @@ pub struct RuntimeConfig {
     /// completes anyway: a safety bound, so a broken engine cannot hold a slot
     /// forever. It must exceed the engines' own SIGTERM → SIGKILL grace.
     pub engine_stop_timeout: Duration,
+    /// `[gateway] workspace_dir`, expanded: files a run sends back may also be here.
+    pub workspace_dir: Option<PathBuf>,
+    /// `[gateway] auto_send_generated_images`: images a run added through its file
+    /// changes are sent with the answer.
+    pub auto_send_generated_images: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -74,6 +79,8 @@ impl Default for RuntimeConfig {
             allowed_cwd_roots: Vec::new(),
             engine_event_buffer: 64,
             engine_stop_timeout: Duration::from_millis(30_000),
+            workspace_dir: None,
+            auto_send_generated_images: false,
         }
     }
 }

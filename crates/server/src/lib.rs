@@ -15,7 +15,7 @@ mod reload;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,6 +98,7 @@ pub fn runtime_config(
     gateway: &GatewayConfig,
     engines: &EngineSections,
     user_home: Option<PathBuf>,
+    lemon_home: &Path,
 ) -> RuntimeConfig {
     // A CLI is SIGKILLed after its grace, so the wait is over soon after that;
     // the margin only matters for an engine that is broken.
@@ -110,8 +111,10 @@ pub fn runtime_config(
         run_inactivity_timeout: Duration::from_millis(gateway.run_inactivity_timeout_ms),
         max_pending_runs: gateway.max_pending_runs,
         default_cwd: gateway.default_cwd.clone(),
-        home_dir: user_home,
         allowed_cwd_roots: gateway.allowed_cwd_roots.clone(),
+        workspace_dir: Some(gateway.workspace(lemon_home, user_home.as_deref())),
+        home_dir: user_home,
+        auto_send_generated_images: gateway.auto_send_generated_images,
         ..RuntimeConfig::default()
     }
 }
@@ -687,7 +690,12 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         tracing::warn!("{warning}");
     }
     let deps = GatewayDeps {
-        config: runtime_config(&gateway_config, &engine_sections, opts.user_home.clone()),
+        config: runtime_config(
+            &gateway_config,
+            &engine_sections,
+            opts.user_home.clone(),
+            &opts.paths.home,
+        ),
         engines: engine_table.clone(),
         store: store.clone(),
         bus: bus.clone(),
@@ -767,6 +775,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         secrets: secrets.clone(),
         build_engines,
         user_home: opts.user_home.clone(),
+        lemon_home: opts.paths.home.clone(),
         shutdown_grace_ms: shutdown_grace_ms.clone(),
         default_engine: chosen_default,
     };

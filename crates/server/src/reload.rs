@@ -94,6 +94,8 @@ const LIVE_KEYS: &[&str] = &[
     "recovered_max_age_ms",
     "allowed_cwd_roots",
     "max_pending_runs",
+    "workspace_dir",
+    "auto_send_generated_images",
     "native_only",
     "engines",
     "projects",
@@ -289,6 +291,8 @@ pub(crate) struct Reloader {
     pub(crate) secrets: Arc<lemon_core::secrets::SecretStore>,
     pub(crate) build_engines: BuildEngines,
     pub(crate) user_home: Option<PathBuf>,
+    /// `$LEMON_HOME`, which a relative `workspace_dir` is under.
+    pub(crate) lemon_home: PathBuf,
     pub(crate) shutdown_grace_ms: Arc<AtomicU64>,
     /// The engine chosen at start for an unset `default_engine`.
     pub(crate) default_engine: crate::DefaultEngine,
@@ -422,7 +426,12 @@ impl Reloader {
         if plan.runtime
             && self
                 .gateway
-                .reload(crate::runtime_config(&config, &sections, self.user_home.clone()))
+                .reload(crate::runtime_config(
+                    &config,
+                    &sections,
+                    self.user_home.clone(),
+                    &self.lemon_home,
+                ))
                 .await
                 .is_err()
         {

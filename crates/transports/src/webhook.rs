@@ -55,6 +55,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
+use lemon_core::artifacts::Artifact;
 use lemon_core::bus::{completion_json, BusEvent, EventKind};
 use lemon_core::config::QueueMode;
 use lemon_core::engine::Field;
@@ -709,7 +710,7 @@ async fn submit(
                     return (StatusCode::GATEWAY_TIMEOUT, Json(body)).into_response();
                 }
             };
-            let mut body = completed_json(&event);
+            let mut body = completed_json(&event).await;
             body["run_id"] = json!(run_id.as_str());
             body["session_key"] = json!(session_key.as_str());
             if let Some(claim) = claim {
@@ -726,17 +727,59 @@ async fn submit(
     }
 }
 
-/// `{"ok", "answer", "error", "resume", "duration_ms", …}` of a `run_completed`.
-fn completed_json(event: &BusEvent) -> Value {
+/// `{"ok", "answer", "error", "resume", "duration_ms", "attachments", …}` of a
+/// `run_completed`: the answer's files as `attachments` with their content.
+async fn completed_json(event: &BusEvent) -> Value {
     match &event.kind {
         EventKind::RunCompleted { completion, engine, duration_ms } => {
             let mut body = completion_json(completion);
+            if let Value::Object(map) = &mut body {
+                map.remove("artifacts");
+            }
             body["engine"] = json!(engine);
             body["duration_ms"] = json!(duration_ms);
+            body["attachments"] = attachments_json(&completion.artifacts).await;
             body
         }
         _ => Value::Null,
     }
+}
+
+/// Most bytes of file content one answer carries; files past it are listed
+/// with `content_base64: null` and `omitted: "too_large"`.
+pub(crate) const MAX_ATTACHMENT_BYTES: u64 = 10 * 1024 * 1024;
+
+/// The answer's files: `[{filename, caption, size, mime, content_base64}]`, read
+/// now. A file that cannot be read any more is listed with `omitted: "unreadable"`.
+async fn attachments_json(artifacts: &[Artifact]) -> Value {
+    use base64::Engine as _;
+    let mut budget = MAX_ATTACHMENT_BYTES;
+    let mut entries = Vec::with_capacity(artifacts.len());
+    for artifact in artifacts {
+        let mut entry = json!({
+            "filename": artifact.filename,
+            "caption": artifact.caption,
+            "size": artifact.size,
+            "mime": artifact.mime(),
+            "content_base64": null,
+        });
+        if artifact.size > budget {
+            entry["omitted"] = json!("too_large");
+        } else {
+            match tokio::fs::read(&artifact.path).await {
+                Ok(content) if content.len() as u64 <= budget => {
+                    budget -= content.len() as u64;
+                    entry["size"] = json!(content.len());
+                    entry["content_base64"] =
+                        json!(base64::engine::general_purpose::STANDARD.encode(&content));
+                }
+                Ok(_) => entry["omitted"] = json!("too_large"),
+                Err(_) => entry["omitted"] = json!("unreadable"),
+            }
+        }
+        entries.push(entry);
+    }
+    Value::Array(entries)
 }
 
 /// Decodes `%XX` and `+`; `None` for invalid UTF-8.

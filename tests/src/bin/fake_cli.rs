@@ -16,6 +16,7 @@
 //! | `FAKE_CLI_ARGS_FILE` | line 1: JSON `{argv, cwd}`; then everything read from stdin |
 //! | `FAKE_CLI_ENV_FILE` | the whole environment as a JSON object |
 //! | `FAKE_CLI_VERSION` | what `--version` prints (default `1.0.0-fake (fake-cli)`) |
+//! | `FAKE_CLI_WRITE_FILE` | `name=content`: writes that file in the working directory first |
 //!
 //! Run as `<cli> --version` it prints its version and exits, like the real ones.
 //!
@@ -87,6 +88,10 @@ fn run() -> io::Result<ExitCode> {
     if let Some(path) = var("FAKE_CLI_ENV_FILE") {
         let env: BTreeMap<String, String> = std::env::vars().collect();
         fs::write(path, serde_json::to_string(&env)?)?;
+    }
+    if let Some(spec) = var("FAKE_CLI_WRITE_FILE") {
+        let (name, content) = spec.split_once('=').unwrap_or((&spec, ""));
+        fs::write(name, content)?;
     }
     let grandchild = if flag("FAKE_CLI_GRANDCHILD") {
         let child = Command::new(std::env::current_exe()?)

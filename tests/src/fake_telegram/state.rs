@@ -9,7 +9,9 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use super::limits::{retry_after_secs, Enforcement, Limiter, RateLimits};
-use super::{BotMessage, Call, ChatKind, ChatSpec, Fault, InjectedMessage, Reply, Violation};
+use super::{
+    BotFile, BotMessage, Call, ChatKind, ChatSpec, Fault, InjectedMessage, Reply, Upload, Violation,
+};
 
 /// The description Telegram gives an edit that changes nothing.
 pub(super) const NOT_MODIFIED: &str = "message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message";
@@ -34,6 +36,7 @@ pub(super) struct State {
     chats: BTreeMap<i64, ChatState>,
     calls: Vec<Call>,
     violations: Vec<Violation>,
+    files: Vec<BotFile>,
 }
 
 /// Real time, or a start instant plus however far the test moved it.
@@ -127,6 +130,7 @@ impl State {
             chats: BTreeMap::new(),
             calls: Vec::new(),
             violations: Vec::new(),
+            files: Vec::new(),
         }
     }
 
@@ -153,6 +157,12 @@ impl State {
 
     pub(super) fn calls(&self) -> &[Call] {
         &self.calls
+    }
+
+    /// The files bot `bot` uploaded to `chat_id`, oldest first.
+    pub(super) fn bot_files(&self, bot: usize, chat_id: i64) -> Vec<&BotFile> {
+        let id = self.bots[bot].id;
+        self.files.iter().filter(|f| f.bot_id == id && f.chat_id == chat_id).collect()
     }
 
     pub(super) fn violations(&self) -> &[Violation] {
@@ -380,6 +390,7 @@ impl State {
         bot: usize,
         method: &str,
         params: &Map<String, Value>,
+        upload: Option<Upload>,
     ) -> Reply {
         let method = method.to_ascii_lowercase();
         if let Some(fault) = self.bots[bot].faults.get_mut(&method).and_then(VecDeque::pop_front) {
@@ -397,6 +408,8 @@ impl State {
             "sendchataction" => self.resolve_chat(params).map(|_| json!(true)),
             "sendmessage" => self.send_message(bot, params),
             "editmessagetext" => self.edit_message_text(bot, params),
+            "sendphoto" => self.send_file(bot, "sendPhoto", "photo", params, upload),
+            "senddocument" => self.send_file(bot, "sendDocument", "document", params, upload),
             _ => Err(Reply::error(404, "Not Found")),
         };
         result.map_or_else(|reply| reply, Reply::Ok)
@@ -522,6 +535,65 @@ impl State {
         };
         chat.messages
             .insert(message_id, StoredMessage { json: message.clone(), bot: Some(record) });
+        self.count(bot, chat_id);
+        Ok(message)
+    }
+
+    /// `sendPhoto` / `sendDocument` with the file uploaded under `field`.
+    fn send_file(
+        &mut self,
+        bot: usize,
+        method: &'static str,
+        field: &str,
+        params: &Map<String, Value>,
+        upload: Option<Upload>,
+    ) -> Result<Value, Reply> {
+        let chat_id = self.resolve_chat(params)?;
+        let upload = upload
+            .filter(|upload| upload.field == field)
+            .ok_or_else(|| Reply::bad_request(format!("there is no {field} in the request")))?;
+        if upload.content.is_empty() {
+            return Err(Reply::bad_request("file must be non-empty"));
+        }
+        let caption = params.get("caption").and_then(Value::as_str).map(str::to_owned);
+        if caption.as_ref().is_some_and(|c| c.chars().count() > 1024) {
+            return Err(Reply::bad_request("message caption is too long"));
+        }
+        let thread = param_i64(params, "message_thread_id");
+        if !self.chats.contains_key(&chat_id) {
+            return Err(Reply::bad_request("chat not found"));
+        }
+        self.admit(bot, method, chat_id)?;
+        let from = self.bot_user(bot);
+        let bot_id = self.bots[bot].id;
+        let Some(chat) = self.chats.get_mut(&chat_id) else {
+            return Err(Reply::bad_request("chat not found"));
+        };
+        let message_id = chat.take_message_id();
+        let mut message = json!({
+            "message_id": message_id,
+            "from": from,
+            "chat": chat.json(),
+            "date": unix_now(),
+        });
+        if let Some(caption) = &caption {
+            message["caption"] = json!(caption);
+        }
+        if let Some(thread) = thread {
+            message["message_thread_id"] = json!(thread);
+        }
+        chat.messages.insert(message_id, StoredMessage { json: message.clone(), bot: None });
+        self.files.push(BotFile {
+            bot_id,
+            chat_id,
+            message_id,
+            method,
+            filename: upload.filename,
+            content_type: upload.content_type,
+            caption,
+            message_thread_id: thread,
+            content: upload.content,
+        });
         self.count(bot, chat_id);
         Ok(message)
     }

@@ -4,8 +4,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use lemon_core::bus::EventKind;
+use lemon_core::bus::{completion_json, EventKind};
 use lemon_core::gateway::CancelOutcome;
+use lemon_core::ids::RunId;
 use lemon_core::router::{RunFollower, SlashCommand, Submitted};
 use serde_json::json;
 
@@ -70,12 +71,31 @@ async fn wait_for_run(
     let mut record = state.runs.get(run_id).await?.ok_or_else(|| {
         ApiError::Internal(format!("accepted run {run_id} is missing from the store"))
     })?;
-    if let Some(event) = completed.filter(|_| !record.status.is_terminal()) {
+    let mut artifacts = serde_json::Value::Array(Vec::new());
+    if let Some(event) = &completed {
         if let EventKind::RunCompleted { completion, engine, duration_ms } = &event.kind {
-            apply_completion(&mut record, completion, engine, *duration_ms, event.ts_ms);
+            if !record.status.is_terminal() {
+                apply_completion(&mut record, completion, engine, *duration_ms, event.ts_ms);
+            }
+            artifacts = completion_json(completion)["artifacts"].take();
         }
     }
-    Ok(Json(run_json(&record, &state.runs)))
+    let mut body = run_json(&record, &state.runs);
+    body["artifacts"] = artifacts;
+    Ok(Json(body))
+}
+
+/// The files sent with a finished run's answer, from its stored `run_completed`
+/// (`[]` while it runs, and for runs of versions that kept none).
+async fn stored_artifacts(state: &ApiState, run_id: &RunId) -> Result<serde_json::Value, ApiError> {
+    let events = state.runs.events(run_id).await?;
+    let artifacts = events
+        .iter()
+        .rev()
+        .find(|event| event.kind == "run_completed")
+        .and_then(|event| event.data.get("artifacts").cloned())
+        .unwrap_or_else(|| serde_json::Value::Array(Vec::new()));
+    Ok(artifacts)
 }
 
 /// `GET /v1/runs/{id}`.
@@ -85,7 +105,13 @@ pub(super) async fn get(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let run_id = parse_run_id(&raw)?;
     let record = state.runs.get(&run_id).await?.ok_or_else(|| run_not_found(&raw))?;
-    Ok(Json(run_json(&record, &state.runs)))
+    let mut body = run_json(&record, &state.runs);
+    body["artifacts"] = if record.status.is_terminal() {
+        stored_artifacts(&state, &run_id).await?
+    } else {
+        serde_json::Value::Array(Vec::new())
+    };
+    Ok(Json(body))
 }
 
 /// `GET /v1/runs?status=&limit=`, newest first.

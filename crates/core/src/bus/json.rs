@@ -8,7 +8,9 @@
 //! code. Stored events of every earlier version have this form; the tests hold it to
 //! the field list written out by hand.
 
-use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+
+use crate::artifacts::Artifact;
 
 use crate::bus::{BusEvent, EventKind, RunStatus};
 use crate::engine::{Action, Completion, ResumeToken, RunError};
@@ -26,13 +28,14 @@ impl Serialize for EventJson<'_> {
     }
 }
 
-/// A completion in its JSON form (`{ok, answer, error, error_code, resume, usage}`).
+/// A completion in its JSON form (`{ok, answer, error, error_code, resume, usage,
+/// artifacts}`).
 #[derive(Debug, Clone, Copy)]
 pub struct CompletionJson<'a>(pub &'a Completion);
 
 impl Serialize for CompletionJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(6))?;
+        let mut map = serializer.serialize_map(Some(7))?;
         completion_entries(&mut map, self.0)?;
         map.end()
     }
@@ -81,7 +84,49 @@ fn completion_entries<M: SerializeMap>(
     map.serialize_entry("error", &ErrorText(completion.error.as_ref()))?;
     map.serialize_entry("error_code", &completion.error.as_ref().map(RunError::code))?;
     map.serialize_entry("resume", &Resume(completion.resume.as_ref()))?;
-    map.serialize_entry("usage", &completion.usage)
+    map.serialize_entry("usage", &completion.usage)?;
+    map.serialize_entry("artifacts", &Artifacts(&completion.artifacts))
+}
+
+/// The files of an answer: `[{path, filename, caption, size, mime}]`.
+struct Artifacts<'a>(&'a [Artifact]);
+
+impl Serialize for Artifacts<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for artifact in self.0 {
+            seq.serialize_element(&ArtifactJson(artifact))?;
+        }
+        seq.end()
+    }
+}
+
+/// One file of an answer in its JSON form (`{path, filename, caption, size, mime}`).
+#[derive(Debug, Clone, Copy)]
+pub struct ArtifactJson<'a>(pub &'a Artifact);
+
+impl Serialize for ArtifactJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let artifact = self.0;
+        let mut map = serializer.serialize_map(Some(5))?;
+        map.serialize_entry("path", &artifact.path.to_string_lossy())?;
+        map.serialize_entry("filename", &artifact.filename)?;
+        map.serialize_entry("caption", &artifact.caption)?;
+        map.serialize_entry("size", &artifact.size)?;
+        map.serialize_entry("mime", artifact.mime())?;
+        map.end()
+    }
+}
+
+/// An artifact back from its JSON form; `None` for an entry without a path or name.
+pub fn artifact_from_json(value: &serde_json::Value) -> Option<Artifact> {
+    let text = |key: &str| value.get(key).and_then(serde_json::Value::as_str);
+    Some(Artifact {
+        path: text("path")?.into(),
+        filename: text("filename")?.to_owned(),
+        caption: text("caption").map(str::to_owned),
+        size: value.get("size").and_then(serde_json::Value::as_u64).unwrap_or(0),
+    })
 }
 
 /// A resume token: `{engine, value}` or `null`.
@@ -109,14 +154,15 @@ impl Serialize for ErrorText<'_> {
     }
 }
 
-/// An action in its JSON form (`{id, kind, title, detail, phase, ok, message, level}`).
+/// An action in its JSON form (`{id, kind, title, detail, phase, ok, message, level,
+/// result_meta}`).
 #[derive(Debug, Clone, Copy)]
 pub struct ActionJson<'a>(pub &'a Action);
 
 impl Serialize for ActionJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let action = self.0;
-        let mut map = serializer.serialize_map(Some(8))?;
+        let mut map = serializer.serialize_map(Some(9))?;
         map.serialize_entry("id", &action.id)?;
         map.serialize_entry("kind", action.kind.as_str())?;
         map.serialize_entry("title", &action.title)?;
@@ -125,6 +171,7 @@ impl Serialize for ActionJson<'_> {
         map.serialize_entry("ok", &action.ok)?;
         map.serialize_entry("message", &action.message)?;
         map.serialize_entry("level", &action.level)?;
+        map.serialize_entry("result_meta", &action.result_meta)?;
         map.end()
     }
 }

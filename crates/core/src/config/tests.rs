@@ -554,3 +554,20 @@ fn counts_and_durations_have_upper_bounds() {
         check_ok("[gateway]\nmax_concurrent_runs = 4096\nshutdown_grace_ms = 2592000000\n", &[]);
     assert_eq!(config.gateway.max_concurrent_runs, 4096);
 }
+
+#[test]
+fn the_workspace_is_under_lemon_home_unless_configured_elsewhere() {
+    let home = Path::new("/srv/lemon");
+    let user = Path::new("/home/me");
+    let load = |text: &str| load_str(text, Path::new("c.toml")).unwrap().config.gateway;
+    let unset = load("");
+    assert_eq!(unset.workspace(home, Some(user)), Path::new("/srv/lemon/workspace"));
+    assert!(!unset.auto_send_generated_images);
+    let tilde = load("[gateway]\nworkspace_dir = \"~/ws\"\nauto_send_generated_images = true\n");
+    assert_eq!(tilde.workspace(home, Some(user)), Path::new("/home/me/ws"));
+    assert!(tilde.auto_send_generated_images);
+    let relative = load("[gateway]\nworkspace_dir = \"files\"\n");
+    assert_eq!(relative.workspace(home, None), Path::new("/srv/lemon/files"));
+    let absolute = load("[gateway]\nworkspace_dir = \"/data/ws\"\n");
+    assert_eq!(absolute.workspace(home, Some(user)), Path::new("/data/ws"));
+}

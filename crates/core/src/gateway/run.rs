@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::lock::{EngineLock, LockKey};
 use super::{ExecutionRequest, RuntimeConfig};
+use crate::artifacts::{ArtifactCollector, ArtifactRoots};
 use crate::bus::{BusEvent, EventBus, EventKind, RunStatus};
 use crate::clock::now_ms;
 use crate::engine::{
@@ -129,6 +130,10 @@ struct RunState {
     text: String,
     last_resume: Option<ResumeToken>,
     engine: String,
+    /// The working directory the engine was started in.
+    cwd: Option<PathBuf>,
+    /// Files the run's actions asked to send.
+    artifacts: ArtifactCollector,
 }
 
 fn event(run_id: &RunId, session: &SessionKey, index: u64, kind: EventKind) -> Arc<BusEvent> {
@@ -184,9 +189,10 @@ pub(super) async fn execute(ctx: RunContext) {
             state.last_resume.clone(),
         )
     });
-    let RunContext { run_id, session_key, store, bus, finished, .. } = ctx;
+    let RunContext { run_id, session_key, store, bus, finished, config, .. } = ctx;
     let status = RunStatus::of(&completion);
-    finalize(&bus, &store, run_id.clone(), session_key, &mut state, completion, started).await;
+    let end = Ending { run_id: run_id.clone(), session_key, config: &config, started };
+    finalize(&bus, &store, end, &mut state, completion).await;
     (finished.0)(run_id, status).await;
 }
 
@@ -249,6 +255,7 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
     }
     // A token of another engine never reaches this one.
     let resume = ctx.req.resume.clone().filter(|token| token.engine == state.engine);
+    state.cwd = Some(cwd.clone());
     let (sink, mut events) = EventSink::channel(ctx.config.engine_event_buffer);
     let start = StartRequest {
         run_id: ctx.run_id.clone(),
@@ -352,6 +359,7 @@ async fn relay(ctx: &RunContext, state: &mut RunState, event: EngineEvent) -> Op
             None
         }
         EngineEvent::Action(action) => {
+            state.artifacts.action(&action);
             ctx.publish(state, EventKind::EngineAction(action)).await;
             None
         }
@@ -396,17 +404,42 @@ pub(super) fn resolve_cwd(requested: Option<&Path>, config: &RuntimeConfig) -> P
         .unwrap_or_else(|| PathBuf::from("/"))
 }
 
+/// Who a run's end is written for.
+struct Ending<'a> {
+    run_id: RunId,
+    session_key: SessionKey,
+    config: &'a RuntimeConfig,
+    started: Instant,
+}
+
 async fn finalize(
     bus: &EventBus,
     store: &StoreHandle,
-    run_id: RunId,
-    session_key: SessionKey,
+    end: Ending<'_>,
     state: &mut RunState,
     mut completion: Completion,
-    started: Instant,
 ) {
+    let Ending { run_id, session_key, config, started } = end;
     if completion.answer.is_empty() {
         completion.answer = std::mem::take(&mut state.text);
+    }
+    if let Some(cwd) = &state.cwd {
+        let roots = ArtifactRoots {
+            cwd,
+            workspace: config.workspace_dir.as_deref(),
+            generated_images: config.auto_send_generated_images,
+        };
+        let collected = std::mem::take(&mut state.artifacts).finish(&completion.answer, roots);
+        for refused in &collected.refused {
+            tracing::warn!(
+                %run_id,
+                path = %log_text::escape(&refused.path),
+                reason = %refused.reason,
+                "file not sent with the answer"
+            );
+        }
+        completion.answer = collected.answer;
+        completion.artifacts = collected.artifacts;
     }
     let duration_ms = started.elapsed().as_millis() as u64;
     match &completion.error {

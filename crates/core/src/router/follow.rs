@@ -279,6 +279,11 @@ fn stored_completion(run_id: &RunId, event: &StoredEvent) -> Arc<BusEvent> {
         error,
         resume,
         usage: data.get("usage").cloned().unwrap_or(serde_json::Value::Null),
+        artifacts: data
+            .get("artifacts")
+            .and_then(serde_json::Value::as_array)
+            .map(|list| list.iter().filter_map(crate::bus::artifact_from_json).collect())
+            .unwrap_or_default(),
     };
     Arc::new(BusEvent {
         run_id: run_id.clone(),

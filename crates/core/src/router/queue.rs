@@ -110,6 +110,9 @@ impl SteerKind {
 }
 
 /// What the actor must do.
+// Effects live for one step of the actor and are consumed at once; the
+// completion (with its files) is kept inline rather than boxed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
     /// Submit this item to the gateway; it becomes the active run.

@@ -95,6 +95,7 @@ fn every_kind_of_event(id: &str) -> Vec<Arc<BusEvent>> {
         error: None,
         resume: Some(ResumeToken::new("echo", "tok-1")),
         usage: json!({ "output_tokens": 2 }),
+        artifacts: Vec::new(),
     };
     let kinds = vec![
         EventKind::Phase(RunPhase::Dispatched),
@@ -185,6 +186,7 @@ async fn run_lifecycle_is_stored_field_by_field() {
             error: None,
             resume: Some(ResumeToken::new("echo", "tok-1")),
             usage: json!({ "input_tokens": 3, "output_tokens": 2, "cost": 0.5 }),
+            artifacts: Vec::new(),
         };
         store.finalize_run(finished("run_ok", completion)).await;
         let expected_done = RunRecord {
@@ -477,6 +479,7 @@ async fn sqlite_data_survives_close_and_reopen() {
         error: None,
         resume: Some(ResumeToken::new("echo", "tok-1")),
         usage: json!({ "output_tokens": 1 }),
+        artifacts: Vec::new(),
     };
     let before = run_to_end(&store, "run_kept", completion).await;
     let events = every_kind_of_event("run_kept");

@@ -257,7 +257,10 @@ impl Emitter {
         self.events.push(event);
     }
 
-    fn push_action(&mut self, action: Action) {
+    fn push_action(&mut self, mut action: Action) {
+        if action.result_meta.is_null() {
+            action.result_meta = result_meta(&action);
+        }
         self.push(EngineEvent::Action(action));
     }
 
@@ -402,7 +405,7 @@ impl Emitter {
 
     pub(crate) fn complete_ok(&mut self, answer: String, usage: Value) {
         let completion =
-            Completion { ok: true, answer, error: None, resume: self.resume().cloned(), usage };
+            Completion { usage, ..Completion::success(answer, self.resume().cloned()) };
         self.finish(completion);
     }
 
@@ -413,13 +416,8 @@ impl Emitter {
     }
 
     pub(crate) fn complete_failure(&mut self, error: RunError, answer: String, usage: Value) {
-        let completion = Completion {
-            ok: false,
-            answer,
-            error: Some(error),
-            resume: self.resume().cloned(),
-            usage,
-        };
+        let completion =
+            Completion { answer, usage, ..Completion::failure(error, self.resume().cloned()) };
         self.finish(completion);
     }
 
@@ -453,6 +451,41 @@ fn action(
         level: None,
         result_meta: serde_json::Value::Null,
     }
+}
+
+/// The safe failure fields of a failed step, from what the vendor's JSONL says of
+/// it: `exit_code` (a command's status), `timeout_ms` (a tool's own timeout) and
+/// `error_type` (`nonzero_exit`, `declined`, `tool_error`). Never output text or
+/// paths. `Null` for a step that did not fail, a warning or a note.
+pub(crate) fn result_meta(action: &Action) -> Value {
+    if action.phase != ActionPhase::Completed
+        || action.ok != Some(false)
+        || matches!(action.kind, ActionKind::Warning | ActionKind::Note)
+    {
+        return Value::Null;
+    }
+    let detail = &action.detail;
+    let exit_code = detail.get("exit_code").and_then(Value::as_i64);
+    let timeout_ms = ["timeout_ms", "timeout"]
+        .iter()
+        .find_map(|key| {
+            detail.get(*key).or_else(|| detail.get("input").and_then(|input| input.get(*key)))
+        })
+        .and_then(Value::as_u64);
+    let error_type = match detail.get("status").and_then(Value::as_str) {
+        Some("declined") => "declined",
+        _ if exit_code.is_some_and(|code| code != 0) => "nonzero_exit",
+        _ => "tool_error",
+    };
+    let mut meta = serde_json::Map::new();
+    meta.insert("error_type".to_owned(), json!(error_type));
+    if let Some(code) = exit_code {
+        meta.insert("exit_code".to_owned(), json!(code));
+    }
+    if let Some(ms) = timeout_ms {
+        meta.insert("timeout_ms".to_owned(), json!(ms));
+    }
+    Value::Object(meta)
 }
 
 /// `extra`'s keys over `base`'s when both are objects; otherwise whichever is set.

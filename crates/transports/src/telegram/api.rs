@@ -18,7 +18,7 @@ use serde_json::Value;
 use tracing::{debug, warn};
 
 use super::types::{
-    BotCommand, EditMessageText, Message, SendMessage, TelegramError, Update, User,
+    BotCommand, EditMessageText, Message, SendFile, SendMessage, TelegramError, Update, User,
 };
 
 #[cfg(test)]
@@ -27,8 +27,10 @@ mod tests;
 /// Where the real Bot API lives.
 pub const DEFAULT_BASE_URL: &str = "https://api.telegram.org";
 
-/// Bound on every call except long polls.
+/// Bound on every call except long polls and uploads.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound on a file upload (up to 50 MB).
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
 /// Bound on establishing a connection, for every call.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How much longer than its long-poll timeout a `getUpdates` call may take
@@ -243,6 +245,45 @@ impl BotApi {
         self.call("editMessageText", req, REQUEST_TIMEOUT).await.map(drop)
     }
 
+    /// `sendPhoto` or `sendDocument`: uploads the file (read now) as
+    /// `multipart/form-data` with its caption, and returns the message.
+    ///
+    /// # Errors
+    /// See [`TelegramError`]; [`TelegramError::File`] when the file cannot be read.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a cancelled call may still have delivered the file.
+    pub async fn send_file(&self, req: &SendFile) -> Result<Message, TelegramError> {
+        let content = tokio::fs::read(&req.path).await.map_err(|e| TelegramError::File {
+            filename: req.filename.clone(),
+            reason: e.kind().to_string(),
+        })?;
+        let method = req.kind.method();
+        let boundary = format!("lemon-{}", boundary_for(&content));
+        let body = multipart_body(req, &content, &boundary);
+        debug!(method, bytes = content.len(), "telegram upload");
+        let url = format!("{}{method}", self.inner.method_prefix);
+        let response = self
+            .inner
+            .http
+            .post(url)
+            .header("content-type", format!("multipart/form-data; boundary={boundary}"))
+            .body(body)
+            .timeout(UPLOAD_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| self.network_error(method, e))?;
+        let status = response.status();
+        let answer = response.bytes().await.map_err(|e| self.network_error(method, e))?;
+        let result = interpret(status, &answer).map_err(|e| self.scrub_error(e))?;
+        serde_json::from_value(result).map_err(|e| {
+            TelegramError::Network(format!(
+                "unexpected {method} result: {}",
+                self.scrub(e.to_string())
+            ))
+        })
+    }
+
     /// `setMyCommands`: the command list clients show for this bot.
     ///
     /// # Errors
@@ -331,9 +372,62 @@ impl BotApi {
             TelegramError::InvalidBaseUrl(text) => TelegramError::InvalidBaseUrl(self.scrub(text)),
             other @ (TelegramError::RetryAfter(_)
             | TelegramError::NotModified
-            | TelegramError::MigratedTo(_)) => other,
+            | TelegramError::MigratedTo(_)
+            | TelegramError::File { .. }) => other,
         }
     }
+}
+
+/// A boundary that does not occur in the content: a hex digest of its length and
+/// a few of its bytes, lengthened until it is absent.
+fn boundary_for(content: &[u8]) -> String {
+    let mut seed = content.len() as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    for byte in content.iter().step_by((content.len() / 64).max(1)) {
+        seed = seed.rotate_left(5) ^ u64::from(*byte);
+    }
+    let mut boundary = format!("{seed:016x}");
+    while content.windows(boundary.len()).any(|w| w == boundary.as_bytes()) {
+        boundary.push_str(&format!("{:x}", seed.rotate_left(boundary.len() as u32)));
+    }
+    boundary
+}
+
+/// The `multipart/form-data` body of a file upload: `chat_id`, the optional
+/// `message_thread_id` and `caption`, and the file under the method's field.
+fn multipart_body(req: &SendFile, content: &[u8], boundary: &str) -> Vec<u8> {
+    let mut body = Vec::with_capacity(content.len() + 512);
+    let mut field = |name: &str, value: &str| {
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n"
+            )
+            .as_bytes(),
+        );
+    };
+    field("chat_id", &req.chat_id.to_string());
+    if let Some(thread) = req.message_thread_id {
+        field("message_thread_id", &thread.to_string());
+    }
+    if let Some(caption) = &req.caption {
+        field("caption", caption);
+    }
+    // Quotes, backslashes and line breaks cannot appear in the quoted name.
+    let filename: String = req
+        .filename
+        .chars()
+        .map(|c| if matches!(c, '"' | '\\' | '\r' | '\n') || c.is_control() { '_' } else { c })
+        .collect();
+    body.extend_from_slice(
+        format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"{}\"; filename=\"{filename}\"\r\nContent-Type: {}\r\n\r\n",
+            req.kind.field(),
+            req.mime
+        )
+        .as_bytes(),
+    );
+    body.extend_from_slice(content);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    body
 }
 
 /// A reqwest error as text: its message and every cause, without the URL.
@@ -446,5 +540,9 @@ impl super::outbox::BotSender for BotApi {
 
     async fn edit_message_text(&self, req: &EditMessageText) -> Result<(), TelegramError> {
         BotApi::edit_message_text(self, req).await
+    }
+
+    async fn send_file(&self, req: &SendFile) -> Result<Message, TelegramError> {
+        BotApi::send_file(self, req).await
     }
 }

@@ -17,9 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lemon_core::artifacts::Artifact;
 use lemon_core::bus::EventKind;
 use lemon_core::engine::{Completion, ResumeToken, RunError};
 use lemon_core::ids::RunId;
+use lemon_core::log_text;
 use lemon_core::router::resolve::parse_slash_command;
 use lemon_core::router::{Origin, RouterHandle, RunFollower, RunRequest, SlashCommand, Submitted};
 use lemon_core::secrets::SecretStore;
@@ -37,7 +39,8 @@ use super::inbound::{self, Inbound, COMMANDS, TRANSPORT_ID};
 use super::outbox::{BotSender, DeliveryError, OutboxConfig, OutboxHandle};
 use super::render::{ProgressRenderer, ResumeFormat};
 use super::types::{
-    BotCommand, FormattedText, Message, ReplyParameters, SendMessage, TelegramError, User,
+    BotCommand, FileKind, FormattedText, Message, ReplyParameters, SendFile, SendMessage,
+    TelegramError, User,
 };
 use crate::delivery::{DeliveryRecord, DeliveryRecords};
 use lemon_core::transport::{
@@ -177,7 +180,8 @@ struct Delivery {
     reply_to: i64,
     #[serde(default)]
     progress_message_id: Option<i64>,
-    /// Answer messages already sent (a stop in the middle resumes after them).
+    /// Answer messages (the text's parts, then its files) already sent; a stop
+    /// in the middle resumes after them.
     #[serde(default)]
     sent: usize,
     /// Set once delivery was given up: what Telegram said last.
@@ -535,20 +539,53 @@ impl Bot {
                 Err(error) => tracing::warn!(%error, chat_id, "last progress edit not made"),
             }
         };
-        let ((), delivered) = tokio::join!(final_edit, self.send_answer(&mut delivery, answer));
+        let files = uploads(&delivery, &completion.artifacts);
+        let send = self.send_answer(&mut delivery, answer, files);
+        let ((), delivered) = tokio::join!(final_edit, send);
         if delivered {
             self.deliveries.finish(&delivery.run_id).await;
         }
     }
 
-    /// Sends the answer's parts not sent yet, recording each; false when it
-    /// stopped short (kept for the next start, or given up on and recorded).
-    async fn send_answer(&self, delivery: &mut Delivery, answer: Vec<FormattedText>) -> bool {
-        for (index, text) in answer.into_iter().enumerate().skip(delivery.sent) {
-            // The first part answers the user's message; the rest follow it.
-            let reply_to = (index == 0).then_some(delivery.reply_to);
-            let send = message_to(delivery.chat_id, delivery.thread_id, reply_to, text);
-            match self.outbox.send(send).await {
+    /// Sends the answer's parts and then its files not sent yet, recording
+    /// each; false when it stopped short (kept for the next start, or given up
+    /// on and recorded).
+    async fn send_answer(
+        &self,
+        delivery: &mut Delivery,
+        answer: Vec<FormattedText>,
+        files: Vec<SendFile>,
+    ) -> bool {
+        let parts = answer.into_iter().map(Part::Text).chain(files.into_iter().map(Part::File));
+        for (index, part) in parts.enumerate().skip(delivery.sent) {
+            let sent = match part {
+                Part::Text(text) => {
+                    // The first part answers the user's message; the rest follow it.
+                    let reply_to = (index == 0).then_some(delivery.reply_to);
+                    let send = message_to(delivery.chat_id, delivery.thread_id, reply_to, text);
+                    self.outbox.send(send).await
+                }
+                Part::File(file) => {
+                    let filename = file.filename.clone();
+                    match self.outbox.send_file(file).await {
+                        // A file Telegram refuses (too large, unreadable) is
+                        // skipped; the answer itself is out.
+                        Err(DeliveryError::Failed { error, .. }) => {
+                            tracing::warn!(
+                                %error,
+                                run_id = %delivery.run_id,
+                                filename = %log_text::escape(&filename),
+                                "file of the answer not delivered"
+                            );
+                            delivery.sent = index + 1;
+                            self.deliveries.record(&delivery.run_id, delivery).await;
+                            continue;
+                        }
+                        other => other,
+                    }
+                }
+            };
+            match sent {
                 Ok(_) => {
                     delivery.sent = index + 1;
                     self.deliveries.record(&delivery.run_id, delivery).await;
@@ -576,6 +613,58 @@ impl Bot {
             self.tracker.spawn(async move { bot.follow(delivery, events).await });
         }
     }
+}
+
+/// One message of an answer: a part of its text or one of its files.
+enum Part {
+    Text(FormattedText),
+    File(SendFile),
+}
+
+/// Largest photo Telegram takes through `sendPhoto`; larger images go as documents.
+const MAX_PHOTO_BYTES: u64 = 10 * 1024 * 1024;
+/// Largest file a bot can upload.
+const MAX_UPLOAD_BYTES: u64 = 50 * 1024 * 1024;
+/// Extensions Telegram shows as photos.
+const PHOTO_EXTENSIONS: [&str; 4] = ["png", "jpg", "jpeg", "webp"];
+/// Longest caption Telegram takes, in characters.
+const MAX_CAPTION_CHARS: usize = 1024;
+
+/// The uploads of an answer's files: a photo for an image Telegram shows (within
+/// its photo size), a document otherwise; a file over the bot upload limit is
+/// logged and left out.
+fn uploads(delivery: &Delivery, artifacts: &[Artifact]) -> Vec<SendFile> {
+    let mut files = Vec::new();
+    for artifact in artifacts {
+        if artifact.size > MAX_UPLOAD_BYTES {
+            tracing::warn!(
+                run_id = %delivery.run_id,
+                filename = %log_text::escape(&artifact.filename),
+                size = artifact.size,
+                "file of the answer is larger than Telegram's upload limit; not sent"
+            );
+            continue;
+        }
+        let extension = std::path::Path::new(&artifact.filename)
+            .extension()
+            .and_then(|ext| ext.to_str())
+            .map(str::to_ascii_lowercase);
+        let photo = extension.is_some_and(|ext| PHOTO_EXTENSIONS.contains(&ext.as_str()))
+            && artifact.size <= MAX_PHOTO_BYTES;
+        files.push(SendFile {
+            chat_id: delivery.chat_id,
+            kind: if photo { FileKind::Photo } else { FileKind::Document },
+            path: artifact.path.clone(),
+            filename: artifact.filename.clone(),
+            mime: artifact.mime().to_owned(),
+            caption: artifact
+                .caption
+                .as_ref()
+                .map(|caption| caption.chars().take(MAX_CAPTION_CHARS).collect()),
+            message_thread_id: delivery.thread_id,
+        });
+    }
+    files
 }
 
 /// A message to a chat (and topic), replying to `reply_to` when given, even if

@@ -11,7 +11,8 @@
 //!   backoff; "message is not modified" counts as success; a group that became
 //!   a supergroup (`migrate_to_chat_id`) gets the send at its new id; other
 //!   refusals fail at once.
-//! - The calls: `sendMessage` and `editMessageText` through a [`BotSender`].
+//! - The calls: `sendMessage`, `sendPhoto`, `sendDocument` and `editMessageText`
+//!   through a [`BotSender`].
 //!
 //! Pacing, order, coalescing of edits, retries and shutdown are the generic
 //! outbox's (see [`crate::delivery::outbox`]).
@@ -26,7 +27,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::delivery::{self, Backoff, Failure, Outbox, OutboxSettings, Sink, Window};
 
-use super::types::{EditMessageText, FormattedText, Message, SendMessage, TelegramError};
+use super::types::{
+    EditMessageText, FormattedText, Message, Outgoing, SendFile, SendMessage, TelegramError,
+};
 
 pub use crate::delivery::OutboxStats;
 
@@ -41,6 +44,8 @@ pub trait BotSender: Send + Sync + 'static {
     async fn send_message(&self, req: &SendMessage) -> Result<Message, TelegramError>;
     /// `editMessageText`.
     async fn edit_message_text(&self, req: &EditMessageText) -> Result<(), TelegramError>;
+    /// `sendPhoto` or `sendDocument`.
+    async fn send_file(&self, req: &SendFile) -> Result<Message, TelegramError>;
 }
 
 /// Pacing and retry settings. The defaults are Telegram's published limits.
@@ -112,7 +117,8 @@ impl OutboxConfig {
     }
 }
 
-/// Telegram as a [`Sink`]: chats by id, `sendMessage` and `editMessageText`.
+/// Telegram as a [`Sink`]: chats by id, `sendMessage` (or a file upload) and
+/// `editMessageText`.
 pub struct TelegramSink {
     sender: Arc<dyn BotSender>,
     /// The cap of a group chat.
@@ -135,25 +141,30 @@ impl fmt::Debug for TelegramSink {
 impl Sink for TelegramSink {
     type Dest = i64;
     type MessageId = i64;
-    type Message = SendMessage;
+    type Message = Outgoing;
     type Edit = FormattedText;
     type Receipt = Message;
     type Error = TelegramError;
 
-    fn destination(&self, message: &SendMessage) -> i64 {
-        message.chat_id
+    fn destination(&self, message: &Outgoing) -> i64 {
+        message.chat_id()
     }
 
-    fn redirect(&self, message: &mut SendMessage, to: &i64) {
-        message.chat_id = *to;
+    fn redirect(&self, message: &mut Outgoing, to: &i64) {
+        message.set_chat_id(*to);
     }
 
     fn message_id(&self, receipt: &Message) -> i64 {
         receipt.message_id
     }
 
-    fn shown(&self, message: SendMessage) -> Option<FormattedText> {
-        Some(FormattedText { text: message.text, entities: message.entities })
+    fn shown(&self, message: Outgoing) -> Option<FormattedText> {
+        match message {
+            Outgoing::Text(message) => {
+                Some(FormattedText { text: message.text, entities: message.entities })
+            }
+            Outgoing::File(_) => None,
+        }
     }
 
     /// Group chats (negative ids) have a cap of their own; private chats do not.
@@ -171,8 +182,11 @@ impl Sink for TelegramSink {
         }
     }
 
-    async fn send(&self, message: &SendMessage) -> Result<Message, TelegramError> {
-        self.sender.send_message(message).await
+    async fn send(&self, message: &Outgoing) -> Result<Message, TelegramError> {
+        match message {
+            Outgoing::Text(message) => self.sender.send_message(message).await,
+            Outgoing::File(file) => self.sender.send_file(file).await,
+        }
     }
 
     async fn edit(
@@ -215,7 +229,19 @@ impl OutboxHandle {
     /// # Cancel safety
     /// Dropping the future does not withdraw the message: it may still be sent.
     pub async fn send(&self, req: SendMessage) -> Result<Message, DeliveryError> {
-        self.outbox.send(req).await
+        self.outbox.send(Outgoing::Text(req)).await
+    }
+
+    /// Uploads a file and waits until Telegram accepted it; paced and retried
+    /// like a message.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the upload: it may still be made.
+    pub async fn send_file(&self, req: SendFile) -> Result<Message, DeliveryError> {
+        self.outbox.send(Outgoing::File(req)).await
     }
 
     /// Queues an edit of a message and returns without waiting for it. A newer

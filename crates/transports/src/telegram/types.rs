@@ -140,6 +140,67 @@ impl SendMessage {
     }
 }
 
+/// How a file goes to a chat: `sendPhoto` (shown inline) or `sendDocument`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Photo,
+    Document,
+}
+
+impl FileKind {
+    /// The Bot API method.
+    pub fn method(self) -> &'static str {
+        match self {
+            FileKind::Photo => "sendPhoto",
+            FileKind::Document => "sendDocument",
+        }
+    }
+
+    /// The multipart field that carries the file.
+    pub fn field(self) -> &'static str {
+        match self {
+            FileKind::Photo => "photo",
+            FileKind::Document => "document",
+        }
+    }
+}
+
+/// `sendPhoto` / `sendDocument`: a file of a run's answer, uploaded as
+/// `multipart/form-data` and read from disk when the call is made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SendFile {
+    pub chat_id: i64,
+    pub kind: FileKind,
+    pub path: std::path::PathBuf,
+    pub filename: String,
+    pub mime: String,
+    pub caption: Option<String>,
+    pub message_thread_id: Option<i64>,
+}
+
+/// What the outbox sends: a text message or a file.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outgoing {
+    Text(SendMessage),
+    File(SendFile),
+}
+
+impl Outgoing {
+    pub fn chat_id(&self) -> i64 {
+        match self {
+            Outgoing::Text(message) => message.chat_id,
+            Outgoing::File(file) => file.chat_id,
+        }
+    }
+
+    pub fn set_chat_id(&mut self, chat_id: i64) {
+        match self {
+            Outgoing::Text(message) => message.chat_id = chat_id,
+            Outgoing::File(file) => file.chat_id = chat_id,
+        }
+    }
+}
+
 /// What a sent message answers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ReplyParameters {
@@ -186,6 +247,9 @@ pub struct BotCommand {
 /// Why a Bot API call failed. Never carries the bot token.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TelegramError {
+    /// A file to upload could not be read; sending it again will not help.
+    #[error("file {filename} could not be read: {reason}")]
+    File { filename: String, reason: String },
     /// 429: wait this long before the next call to that chat.
     #[error("rate limited by Telegram: retry after {}s", .0.as_secs())]
     RetryAfter(Duration),

@@ -233,7 +233,7 @@ impl Delivery {
     /// callback out of attempts, or refused outright, is given up on. Failures
     /// are logged with the host only: a URL may carry a token.
     pub(super) async fn deliver(&mut self, event: &BusEvent, shutdown: &CancellationToken) -> bool {
-        let completed = super::completed_json(event);
+        let completed = super::completed_json(event).await;
         let record = &self.record;
         let body = json!({
             "integration_id": record.integration_id,

@@ -22,6 +22,13 @@ fn completion(completion: &Completion) -> Value {
         "error_code": completion.error.as_ref().map(|e| e.code()),
         "resume": resume(&completion.resume),
         "usage": completion.usage,
+        "artifacts": completion.artifacts.iter().map(|a| json!({
+            "path": a.path.to_string_lossy(),
+            "filename": a.filename,
+            "caption": a.caption,
+            "size": a.size,
+            "mime": a.mime(),
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -41,6 +48,7 @@ fn expected(event: &BusEvent) -> Value {
             "ok": action.ok,
             "message": action.message,
             "level": action.level,
+            "result_meta": action.result_meta,
         }}),
         EventKind::Delta { seq, text } => json!({ "seq": seq, "text": text }),
         EventKind::EngineCompleted(done) => completion(done),
@@ -111,6 +119,20 @@ fn completions() -> Vec<Completion> {
             error: None,
             resume: Some(ResumeToken::new("claude", AWKWARD)),
             usage: json!({ "input_tokens": 12, "cost": 0.000_125, "nested": [null, true, -1, 1e300] }),
+            artifacts: vec![
+                crate::artifacts::Artifact {
+                    path: format!("/work/{AWKWARD}.png").into(),
+                    filename: AWKWARD.to_owned(),
+                    caption: Some(AWKWARD.to_owned()),
+                    size: u64::MAX,
+                },
+                crate::artifacts::Artifact {
+                    path: "/work/report.pdf".into(),
+                    filename: "report.pdf".to_owned(),
+                    caption: None,
+                    size: 0,
+                },
+            ],
         },
     ];
     let resume = Some(ResumeToken::new("echo", "tok"));
@@ -171,7 +193,7 @@ fn engine_action_matches_to_json_for_every_kind_and_phase() {
         ok: Some(false),
         message: Some(AWKWARD.to_owned()),
         level: Some("error".to_owned()),
-        result_meta: serde_json::Value::Null,
+        result_meta: json!({ "error_type": "tool_task_timeout", "timeout_ms": 123, "exit_code": 124 }),
     }));
 }
 

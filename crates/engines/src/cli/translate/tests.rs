@@ -288,3 +288,56 @@ fn a_cli_without_credentials_fails_with_the_fix() {
         RunError::Engine { message: "tool crashed".into() }
     );
 }
+
+fn failed(kind: ActionKind, detail: Value) -> Action {
+    action("a1", kind, "step".to_owned(), detail, ActionPhase::Completed, Some(false))
+}
+
+#[test]
+fn a_failed_command_keeps_its_exit_code_and_timeout_as_result_meta() {
+    let command = failed(
+        ActionKind::Command,
+        json!({"exit_code": 124, "status": "failed", "output": "secret text", "input": {"timeout": 5000, "command": "sleep 9"}}),
+    );
+    assert_eq!(
+        result_meta(&command),
+        json!({"error_type": "nonzero_exit", "exit_code": 124, "timeout_ms": 5000})
+    );
+    let declined = failed(ActionKind::Command, json!({"exit_code": null, "status": "declined"}));
+    assert_eq!(result_meta(&declined), json!({"error_type": "declined"}));
+    let tool = failed(ActionKind::Tool, json!({"is_error": true, "result": "/etc/passwd: denied"}));
+    assert_eq!(result_meta(&tool), json!({"error_type": "tool_error"}));
+}
+
+#[test]
+fn steps_that_did_not_fail_warnings_and_notes_have_no_result_meta() {
+    let mut ok = failed(ActionKind::Command, json!({"exit_code": 0}));
+    ok.ok = Some(true);
+    assert_eq!(result_meta(&ok), Value::Null);
+    let mut started = failed(ActionKind::Command, json!({"exit_code": 1}));
+    started.phase = ActionPhase::Started;
+    assert_eq!(result_meta(&started), Value::Null);
+    assert_eq!(result_meta(&failed(ActionKind::Warning, json!({"exit_code": 1}))), Value::Null);
+    assert_eq!(result_meta(&failed(ActionKind::Note, Value::Null)), Value::Null);
+}
+
+#[test]
+fn the_emitter_fills_result_meta_of_failed_completions() {
+    let mut out = Emitter::new(Vendor::Codex, None);
+    out.completed_action(
+        "c1",
+        ActionKind::Command,
+        "ls".to_owned(),
+        json!({"exit_code": 2}),
+        false,
+    );
+    let done = out
+        .take()
+        .into_iter()
+        .find_map(|event| match event {
+            EngineEvent::Action(action) => Some(action),
+            _ => None,
+        })
+        .expect("the action");
+    assert_eq!(done.result_meta, json!({"error_type": "nonzero_exit", "exit_code": 2}));
+}

@@ -20,19 +20,23 @@ use super::{BotSender, DeliveryError, OutboxConfig, OutboxHandle, TelegramSink};
 use crate::delivery::outbox::checks::{assert_spaced, just_calls, most_calls_in_any_window};
 use crate::delivery::{Failure, Sink, Window};
 use crate::telegram::types::{
-    EditMessageText, FormattedText, Message, MessageEntity, SendMessage, TelegramError,
+    EditMessageText, FileKind, FormattedText, Message, MessageEntity, SendFile, SendMessage,
+    TelegramError,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Call {
     Send { chat_id: i64, text: String },
     Edit { chat_id: i64, message_id: i64, text: String },
+    File { chat_id: i64, method: &'static str, filename: String },
 }
 
 impl Call {
     fn chat_id(&self) -> i64 {
         match self {
-            Call::Send { chat_id, .. } | Call::Edit { chat_id, .. } => *chat_id,
+            Call::Send { chat_id, .. }
+            | Call::Edit { chat_id, .. }
+            | Call::File { chat_id, .. } => *chat_id,
         }
     }
 }
@@ -95,6 +99,21 @@ impl BotSender for FakeBot {
             message_id: req.message_id,
             text: req.text.clone(),
         })
+    }
+
+    async fn send_file(&self, req: &SendFile) -> Result<Message, TelegramError> {
+        self.record(Call::File {
+            chat_id: req.chat_id,
+            method: req.kind.method(),
+            filename: req.filename.clone(),
+        })?;
+        let message_id = self.next_message_id.fetch_add(1, Ordering::Relaxed) + 100;
+        let message = json!({
+            "message_id": message_id,
+            "chat": { "id": req.chat_id, "type": "private" },
+            "date": 0,
+        });
+        Ok(serde_json::from_value(message).unwrap())
     }
 }
 
@@ -324,6 +343,39 @@ async fn a_migrated_group_gets_the_message_at_its_new_id() {
         just_calls(&h.bot.calls()),
         [send(-5, "one"), send(-1005, "one"), send(-1005, "two"), send(-1005, "three")]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn files_are_paced_and_moved_like_messages() {
+    let h = Harness::new();
+    h.bot.fail_next(-5, [TelegramError::MigratedTo(-1005)]);
+    let file = |kind, filename: &str| SendFile {
+        chat_id: -5,
+        kind,
+        path: "/nonexistent".into(),
+        filename: filename.to_owned(),
+        mime: "image/png".to_owned(),
+        caption: None,
+        message_thread_id: None,
+    };
+    h.send(-5, "answer").await.unwrap();
+    h.outbox.send_file(file(FileKind::Photo, "chart.png")).await.unwrap();
+    h.outbox.send_file(file(FileKind::Document, "report.pdf")).await.unwrap();
+    let calls = h.bot.calls();
+    assert_eq!(
+        just_calls(&calls),
+        [
+            send(-5, "answer"),
+            send(-1005, "answer"),
+            Call::File { chat_id: -1005, method: "sendPhoto", filename: "chart.png".to_owned() },
+            Call::File {
+                chat_id: -1005,
+                method: "sendDocument",
+                filename: "report.pdf".to_owned()
+            },
+        ]
+    );
+    assert_spaced(&calls[1..], Duration::from_secs(1));
 }
 
 #[tokio::test(start_paused = true)]
