@@ -16,6 +16,8 @@
 //! - [`config`]: the `config.toml` types and loader.
 //! - [`secrets`]: where secret values come from.
 //! - [`contain`]: file paths kept inside the directories a run may touch.
+//! - [`cron`]: scheduled prompts: schedules, jobs in the store, the actor that
+//!   fires them through the router, the `cron` tool.
 //! - [`clock`]: wall-clock milliseconds for timestamps.
 //! - [`log_text`]: outside text (stderr, engine errors) escaped for a log field.
 //! - [`transport`]: the contract every channel implements, the states status
@@ -32,6 +34,7 @@ pub mod bus;
 pub mod clock;
 pub mod config;
 pub mod contain;
+pub mod cron;
 pub mod engine;
 pub mod gateway;
 pub mod ids;
