@@ -270,3 +270,6 @@ fn parameters() -> Value {
         "required": ["action"],
     })
 }
+
+#[cfg(test)]
+mod tests;
