@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::SessionKey;
 pub use schedule::{parse_timezone, Schedule, ScheduleError};
-pub use scheduler::{CronError, CronHandle, CronStatus, WallClock};
+pub use scheduler::{CronDeps, CronError, CronHandle, CronStatus, SystemClock, WallClock};
 
 /// A run is cancelled after this long unless the job says otherwise (5 minutes).
 pub const DEFAULT_TIMEOUT_MS: u64 = 300_000;

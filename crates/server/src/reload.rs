@@ -99,6 +99,7 @@ const LIVE_KEYS: &[&str] = &[
     "projects",
     "bindings",
     "queue",
+    "cron",
     "enable_webhook",
     "webhook",
     "enable_telegram",
@@ -128,6 +129,8 @@ pub(crate) struct Plan {
     pub(crate) webhook: bool,
     pub(crate) telegram: bool,
     pub(crate) shutdown_grace: bool,
+    /// `[[gateway.cron]]` is put in step with the stored jobs.
+    pub(crate) cron: bool,
 }
 
 impl Plan {
@@ -159,6 +162,7 @@ pub(crate) fn plan(current: &GatewayConfig, next: &GatewayConfig) -> Plan {
                 plan.runtime = true;
             }
             "enable_webhook" | "webhook" => plan.webhook = true,
+            "cron" => plan.cron = true,
             "enable_telegram" | "telegram" => plan.telegram = true,
             "default_engine"
             | "native_only"
@@ -285,6 +289,7 @@ pub(crate) struct Reloader {
     /// The engine table the gateway and the router share.
     pub(crate) engines: lemon_core::engine::EngineRegistry,
     pub(crate) router: RouterHandle,
+    pub(crate) cron: lemon_core::cron::CronHandle,
     pub(crate) transports: RunningTransports,
     pub(crate) secrets: Arc<lemon_core::secrets::SecretStore>,
     pub(crate) build_engines: BuildEngines,
@@ -421,6 +426,9 @@ impl Reloader {
             return;
         }
         if plan.router && self.router.reload(RouterConfig::from_gateway(&config)).await.is_err() {
+            return;
+        }
+        if plan.cron && self.cron.sync_config(crate::cron_jobs(&config)).await.is_err() {
             return;
         }
         if plan.shutdown_grace {

@@ -164,23 +164,20 @@ pub struct CronDeps {
 }
 
 impl CronHandle {
-    /// Loads the stored jobs, puts `config_jobs` in step with them, and starts
-    /// the actor on `tracker`; it stops when `token` is cancelled. A job whose
-    /// firing was due while the gateway was down fires once, now. Runs a
-    /// stopped gateway left going are recorded as failed.
-    ///
-    /// # Errors
-    /// The store could not be read.
-    pub async fn start(
+    /// Starts the actor on `tracker`; it stops when `token` is cancelled. Before
+    /// it answers anything it loads the stored jobs and puts `config_jobs` in
+    /// step with them. A job whose firing was due while the gateway was down
+    /// fires once, now. Runs a stopped gateway left going are recorded as failed.
+    pub fn start(
         deps: CronDeps,
         config_jobs: Vec<ConfigJob>,
         token: CancellationToken,
         tracker: &TaskTracker,
-    ) -> Result<CronHandle, CronError> {
+    ) -> CronHandle {
         let (tx, rx) = mpsc::channel(256);
         let (updates, _) = broadcast::channel(256);
         let records = CronJobs::new(deps.store.clone());
-        let mut actor = Cron {
+        let actor = Cron {
             rx,
             tx: tx.clone(),
             records,
@@ -191,10 +188,8 @@ impl CronHandle {
             tracker: tracker.clone(),
             updates: updates.clone(),
         };
-        actor.load().await?;
-        actor.sync_config(config_jobs).await;
-        tracker.spawn(actor.run());
-        Ok(CronHandle { tx, updates })
+        tracker.spawn(actor.run(config_jobs));
+        CronHandle { tx, updates }
     }
 
     async fn ask<T>(
@@ -350,7 +345,11 @@ impl Cron {
         Ok(())
     }
 
-    async fn run(mut self) {
+    async fn run(mut self, config_jobs: Vec<ConfigJob>) {
+        if let Err(error) = self.load().await {
+            tracing::error!(%error, "stored cron jobs could not be read");
+        }
+        self.sync_config(config_jobs).await;
         loop {
             let wake = self.next_wake();
             tokio::select! {

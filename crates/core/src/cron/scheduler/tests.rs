@@ -88,7 +88,7 @@ pub(crate) async fn harness_with(
     let router = RouterHandle::start(config_router, gateway, token.clone(), &tracker);
     let clock = TokioClock::new(base_ms);
     let deps = CronDeps { router: router.clone(), store: store.clone(), clock: clock.clone() };
-    let cron = CronHandle::start(deps, config, token.clone(), &tracker).await.unwrap();
+    let cron = CronHandle::start(deps, config, token.clone(), &tracker);
     let updates = cron.subscribe_runs();
     Harness { cron, router, fake, store, clock, updates, token, tracker }
 }
