@@ -12,6 +12,7 @@ mod cli_lifetime;
 mod cli_process;
 mod cli_support;
 mod cli_ux;
+mod cron_e2e;
 mod gateway_e2e;
 mod hardening_e2e;
 mod http_hardening;
