@@ -101,9 +101,8 @@ pub fn session_key(agent_id: &str, bot_id: i64, message: &Message) -> SessionKey
 /// The chat and topic a session key of `bot_id` names ([`session_key`]'s inverse).
 pub fn chat_of(session_key: &str, bot_id: i64) -> Option<(i64, Option<i64>)> {
     let parts: Vec<&str> = session_key.split(':').collect();
-    let (bot, kind, chat, rest) = match parts.as_slice() {
-        ["agent", _, TRANSPORT_ID, bot, kind, chat, rest @ ..] => (bot, kind, chat, rest),
-        _ => return None,
+    let ["agent", _, TRANSPORT_ID, bot, kind, chat, rest @ ..] = parts.as_slice() else {
+        return None;
     };
     if bot.parse::<i64>().ok()? != bot_id || !matches!(*kind, "dm" | "group" | "channel") {
         return None;
