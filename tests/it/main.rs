@@ -14,6 +14,7 @@ mod cli_process;
 mod cli_support;
 mod cli_ux;
 mod first_run;
+mod cron_e2e;
 mod gateway_e2e;
 mod hardening_e2e;
 mod http_hardening;

@@ -12,6 +12,12 @@
 //! | `GET` | `/v1/sessions/{key}` | `200` active runs, queue, chat state |
 //! | `POST` | `/v1/sessions/{key}/cancel` | `202` the session's active runs are cancelled; its queue stays |
 //! | `POST` | `/v1/sessions/{key}/abort` | `202` the session's queue is dropped and its runs cancelled |
+//! | `GET` | `/v1/cron` | `200 {"jobs": [...]}` |
+//! | `POST` | `/v1/cron` | `201` the new job |
+//! | `PATCH` | `/v1/cron/{id}` | `200` the changed job |
+//! | `DELETE` | `/v1/cron/{id}` | `200 {"removed": true, "id"}` |
+//! | `POST` | `/v1/cron/{id}/run` | `202` the cron run just started |
+//! | `GET` | `/v1/cron/{id}/runs?limit=` | `200 {"jobId", "runs": [...]}`, newest first |
 //! | `GET` | `/v1/status` | `200` version, uptime, scheduler counters, engines, transports |
 //!
 //! Runs are submitted through the router, so queue modes, resume lines, engine
@@ -23,6 +29,7 @@
 //! `{"error": "..."}` (see [`ApiError`]).
 
 mod config;
+mod cron;
 mod events;
 mod runs;
 mod sessions;
@@ -36,9 +43,10 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, patch, post};
 use axum::Router;
 use lemon_core::config::ConfigStatus;
+use lemon_core::cron::CronHandle;
 use lemon_core::router::{RouterHandle, Runs};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -73,6 +81,8 @@ pub struct ApiState {
     /// Where each secret the config names was found at start (never its
     /// value), reported by `/v1/status` as `secrets`.
     pub secret_sources: Arc<[(String, lemon_core::secrets::SecretOrigin)]>,
+    /// Scheduled prompts, for `/v1/cron`.
+    pub cron: CronHandle,
 }
 
 impl fmt::Debug for ApiState {
@@ -88,6 +98,7 @@ impl fmt::Debug for ApiState {
             .field("shutdown", &self.shutdown)
             .field("transports", &self.transports)
             .field("config", &self.config.get().generation)
+            .field("cron", &self.cron)
             .finish()
     }
 }
@@ -107,6 +118,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/sessions/{key}/abort", post(sessions::abort))
         .route("/v1/status", get(status::status))
         .route("/v1/config", get(config::get))
+        .route("/v1/cron", get(cron::list).post(cron::create))
+        .route("/v1/cron/{id}", patch(cron::update).delete(cron::remove))
+        .route("/v1/cron/{id}/run", post(cron::run))
+        .route("/v1/cron/{id}/runs", get(cron::runs))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -136,8 +136,10 @@ pub struct GatewayConfig {
     pub sms: Option<toml::Table>,
     #[serde(default)]
     pub voice: Option<toml::Table>,
+    /// `[[gateway.cron]]`: scheduled prompts, kept in step with the stored jobs
+    /// by name.
     #[serde(default)]
-    pub cron: Option<toml::Table>,
+    pub cron: Vec<CronJobConfig>,
     #[serde(default)]
     pub dashboard: Option<toml::Table>,
 }
@@ -188,6 +190,53 @@ pub struct ProjectConfig {
     pub root: PathBuf,
     #[serde(default)]
     pub default_engine: Option<EngineRef>,
+}
+
+/// One `[[gateway.cron]]` job. `name`, `schedule` and `prompt` are required;
+/// the rest default as for a job made over the API.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct CronJobConfig {
+    pub name: String,
+    pub schedule: String,
+    pub prompt: String,
+    /// Unset: `agent:<agent_id or default>:main`.
+    #[serde(default)]
+    pub session_key: Option<String>,
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    #[serde(default)]
+    pub timezone: Option<String>,
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    #[serde(default)]
+    pub jitter_sec: Option<u64>,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub max_retries: Option<u32>,
+    #[serde(default)]
+    pub retry_backoff_ms: Option<u64>,
+}
+
+impl CronJobConfig {
+    /// The job it defines. The loader has checked every field.
+    pub fn to_spec(&self) -> crate::cron::JobSpec {
+        let session_key = match &self.session_key {
+            Some(key) => crate::ids::SessionKey::from(key.trim()),
+            None => crate::cron::input::default_session(self.agent_id.as_deref()),
+        };
+        crate::cron::JobSpec {
+            name: Some(self.name.trim().to_owned()),
+            agent_id: self.agent_id.clone(),
+            timezone: self.timezone.clone(),
+            enabled: self.enabled,
+            jitter_sec: self.jitter_sec,
+            timeout_ms: self.timeout_ms,
+            max_retries: self.max_retries,
+            retry_backoff_ms: self.retry_backoff_ms,
+            ..crate::cron::JobSpec::new(self.schedule.clone(), self.prompt.clone(), session_key)
+        }
+    }
 }
 
 /// One `[[gateway.bindings]]` entry.

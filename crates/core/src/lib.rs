@@ -18,6 +18,8 @@
 //! - [`contain`]: file paths kept inside the directories a run may touch.
 //! - [`net`]: which addresses count as private or loopback (webhook callbacks, `fetch`).
 //! - [`sms`]: the SMS inbox the `sms_*` tools read verification codes from.
+//! - [`cron`]: scheduled prompts: schedules, jobs in the store, the actor that
+//!   fires them through the router, the `cron` tool.
 //! - [`clock`]: wall-clock milliseconds for timestamps.
 //! - [`log_text`]: outside text (stderr, engine errors) escaped for a log field.
 //! - [`transport`]: the contract every channel implements, the states status
@@ -35,6 +37,7 @@ pub mod bus;
 pub mod clock;
 pub mod config;
 pub mod contain;
+pub mod cron;
 pub mod engine;
 pub mod gateway;
 pub mod ids;

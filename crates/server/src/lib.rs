@@ -26,6 +26,8 @@ use lemon_core::bus::EventBus;
 use lemon_core::config::{
     self, ConfigStatus, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT,
 };
+use lemon_core::cron::tool::CronTool;
+use lemon_core::cron::{CronDeps, CronHandle, SystemClock};
 use lemon_core::engine::EngineRegistry;
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::ids::{EngineId, EngineRef};
@@ -293,6 +295,13 @@ pub(crate) fn router_config(gateway: &GatewayConfig, chosen: &DefaultEngine) -> 
         router.default_engine = chosen.engine.clone();
     }
     router
+}
+
+/// The `[[gateway.cron]]` jobs of a config.
+pub(crate) fn cron_jobs(
+    config: &lemon_core::config::GatewayConfig,
+) -> Vec<lemon_core::cron::JobSpec> {
+    config.cron.iter().map(lemon_core::config::CronJobConfig::to_spec).collect()
 }
 
 /// Records the process groups of CLI runs in the store while they run.
@@ -707,6 +716,15 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     tracing::info!("default engine: {} ({})", chosen_default.engine, chosen_default.reason);
     let router_config = router_config(&gateway_config, &chosen_default);
     let router = RouterHandle::start(router_config, gateway.clone(), token.clone(), &tracker);
+    // Scheduled prompts fire through the router; a native run manages them
+    // with the `cron` tool.
+    let cron = CronHandle::start(
+        CronDeps { router: router.clone(), store: store.clone(), clock: Arc::new(SystemClock) },
+        cron_jobs(&gateway_config),
+        token.clone(),
+        &tracker,
+    );
+    tools.register(Arc::new(CronTool::new(cron.clone())));
     let statuses = registry.statuses().clone();
 
     let api_listener = bind(&gateway_config.api.addr(DEFAULT_API_PORT), "control API").await?;
@@ -727,6 +745,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         transports: statuses.clone(),
         config: config_status.clone(),
         secret_sources: secret_sources(&gateway_config, &engine_sections, &secrets).into(),
+        cron: cron.clone(),
     });
     let health = lemon_api::health::health_router(
         lemon_api::health::HealthState::new(router.query(), version, started)
@@ -771,6 +790,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         gateway: gateway.clone(),
         engines: engine_table,
         router: router.clone(),
+        cron,
         transports: running_transports,
         secrets: secrets.clone(),
         build_engines,

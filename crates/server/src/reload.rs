@@ -101,6 +101,7 @@ const LIVE_KEYS: &[&str] = &[
     "projects",
     "bindings",
     "queue",
+    "cron",
     "enable_webhook",
     "webhook",
     "enable_telegram",
@@ -130,6 +131,8 @@ pub(crate) struct Plan {
     pub(crate) webhook: bool,
     pub(crate) telegram: bool,
     pub(crate) shutdown_grace: bool,
+    /// `[[gateway.cron]]` is put in step with the stored jobs.
+    pub(crate) cron: bool,
 }
 
 impl Plan {
@@ -161,6 +164,7 @@ pub(crate) fn plan(current: &GatewayConfig, next: &GatewayConfig) -> Plan {
                 plan.runtime = true;
             }
             "enable_webhook" | "webhook" => plan.webhook = true,
+            "cron" => plan.cron = true,
             "enable_telegram" | "telegram" => plan.telegram = true,
             "default_engine"
             | "native_only"
@@ -287,6 +291,7 @@ pub(crate) struct Reloader {
     /// The engine table the gateway and the router share.
     pub(crate) engines: lemon_core::engine::EngineRegistry,
     pub(crate) router: RouterHandle,
+    pub(crate) cron: lemon_core::cron::CronHandle,
     pub(crate) transports: RunningTransports,
     pub(crate) secrets: Arc<lemon_core::secrets::SecretStore>,
     pub(crate) build_engines: BuildEngines,
@@ -444,6 +449,9 @@ impl Reloader {
                 .await
                 .is_err()
         {
+            return;
+        }
+        if plan.cron && self.cron.sync_config(crate::cron_jobs(&config)).await.is_err() {
             return;
         }
         if plan.shutdown_grace {

@@ -71,6 +71,13 @@ impl TestGateway {
         let router_config =
             RouterConfig { default_engine: "echo".parse().unwrap(), ..RouterConfig::default() };
         let router = RouterHandle::start(router_config, gateway, token.clone(), &tracker);
+        let cron_deps = lemon_core::cron::CronDeps {
+            router: router.clone(),
+            store: store.clone(),
+            clock: Arc::new(lemon_core::cron::SystemClock),
+        };
+        let cron =
+            lemon_core::cron::CronHandle::start(cron_deps, Vec::new(), token.clone(), &tracker);
         let state = ApiState {
             runs: router.query(),
             router,
@@ -83,6 +90,7 @@ impl TestGateway {
             transports: TransportStatuses::default(),
             config: lemon_core::config::ConfigStatus::default(),
             secret_sources: Arc::from([]),
+            cron,
         };
         TestGateway { state, bus, store, token, tracker }
     }
@@ -1116,4 +1124,139 @@ async fn meta_switches_still_act_on_the_run() {
     let (status, answer) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert!(error_of(&answer).starts_with("meta.model"), "{answer}");
+}
+
+#[tokio::test]
+async fn cron_jobs_are_created_listed_changed_run_and_removed() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let (status, job) = gw
+        .call(
+            Method::POST,
+            "/v1/cron",
+            Some(json!({"name": "digest", "schedule": "weekdays at 09:30", "prompt": "hello cron",
+                        "session_key": "agent:ops:main", "timezone": "Europe/Berlin", "maxRetries": 1})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let id = job["id"].as_str().unwrap().to_owned();
+    assert_eq!(job["schedule"], "30 9 * * 1-5");
+    assert_eq!(job["sessionKey"], "agent:ops:main");
+    assert_eq!(job["agentId"], "ops");
+    assert_eq!(job["maxRetries"], 1);
+    assert!(job["nextRunAtMs"].is_i64());
+
+    let (status, list) = gw.call(Method::GET, "/v1/cron", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["jobs"][0]["id"], id.as_str());
+
+    let (status, changed) =
+        gw.call(Method::PATCH, &format!("/v1/cron/{id}"), Some(json!({"enabled": false}))).await;
+    assert_eq!(status, StatusCode::OK, "{changed}");
+    assert_eq!(
+        (changed["enabled"].clone(), changed["nextRunAtMs"].clone()),
+        (json!(false), Value::Null)
+    );
+
+    let mut updates = gw.state.cron.subscribe_runs();
+    let (status, run) = gw.call(Method::POST, &format!("/v1/cron/{id}/run"), None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{run}");
+    assert_eq!(run["jobId"], id.as_str());
+    assert_eq!(run["trigger"], "manual");
+    let ended = within("the cron run ends", async {
+        loop {
+            let run = updates.recv().await.unwrap();
+            if !run.status.is_active() {
+                return run;
+            }
+        }
+    })
+    .await;
+    assert_eq!(ended.output.as_deref(), Some("hello cron"));
+    let (status, runs) = gw.call(Method::GET, &format!("/v1/cron/{id}/runs?limit=5"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(runs["jobId"], id.as_str());
+    assert_eq!(runs["runs"][0]["status"], "succeeded");
+    assert_eq!(runs["runs"][0]["output"], "hello cron");
+    let router_run = runs["runs"][0]["routerRunId"].as_str().unwrap();
+    let (status, routed) = gw.call(Method::GET, &format!("/v1/runs/{router_run}"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(routed["session_key"], "agent:ops:main");
+
+    let (status, removed) = gw.call(Method::DELETE, &format!("/v1/cron/{id}"), None).await;
+    assert_eq!((status, removed), (StatusCode::OK, json!({"removed": true, "id": id})));
+    let (status, body) = gw.call(Method::DELETE, &format!("/v1/cron/{id}"), None).await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::NOT_FOUND, json!({"error": format!("cron job not found: {id}")}))
+    );
+}
+
+#[tokio::test]
+async fn bad_cron_input_is_a_json_4xx() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let check = |status: StatusCode, body: Value, expected_status: StatusCode, expected: &str| {
+        assert_eq!(status, expected_status, "{body}");
+        assert_eq!(body, json!({ "error": expected }));
+    };
+    let (s, b) = gw.call(Method::POST, "/v1/cron", Some(json!({"prompt": "p"}))).await;
+    check(s, b, StatusCode::BAD_REQUEST, "schedule is required");
+    let (s, b) = gw.call(Method::POST, "/v1/cron", Some(json!({"schedule": "@daily"}))).await;
+    check(s, b, StatusCode::BAD_REQUEST, "prompt is required");
+    let (s, b) = gw
+        .call(Method::POST, "/v1/cron", Some(json!({"schedule": "every 0m", "prompt": "p"})))
+        .await;
+    check(
+        s,
+        b,
+        StatusCode::BAD_REQUEST,
+        "invalid schedule \"every 0m\": `every 0m`: minutes must be 1 to 59 (use hours for longer)",
+    );
+    let body = json!({"schedule": "@daily", "prompt": "p", "sessionKey": "a\nb"});
+    let (s, b) = gw.call(Method::POST, "/v1/cron", Some(body)).await;
+    check(s, b, StatusCode::BAD_REQUEST, "sessionKey must be a valid Lemon session key");
+    let (s, b) = gw.call(Method::POST, "/v1/cron", Some(json!(["x"]))).await;
+    check(s, b, StatusCode::BAD_REQUEST, "body must be a JSON object");
+    let body = json!({"schedule": "@daily", "prompt": "p", "timeoutMs": "soon"});
+    let (s, b) = gw.call(Method::POST, "/v1/cron", Some(body)).await;
+    check(s, b, StatusCode::BAD_REQUEST, "timeoutMs must be a non-negative integer");
+    let (s, b) = gw
+        .call(
+            Method::POST,
+            "/v1/cron",
+            Some(json!({"name": "n", "schedule": "@daily", "prompt": "p"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let id = b["id"].as_str().unwrap();
+    let (s, b) = gw
+        .call(
+            Method::POST,
+            "/v1/cron",
+            Some(json!({"name": "n", "schedule": "@daily", "prompt": "p"})),
+        )
+        .await;
+    check(s, b, StatusCode::CONFLICT, "a cron job named \"n\" already exists");
+    let (s, b) = gw.call(Method::PATCH, &format!("/v1/cron/{id}"), Some(json!({}))).await;
+    check(s, b, StatusCode::BAD_REQUEST, "no job fields to change in the body");
+    let (s, b) = gw
+        .call(Method::PATCH, &format!("/v1/cron/{id}"), Some(json!({"timezone": "Nope/Nope"})))
+        .await;
+    check(
+        s,
+        b,
+        StatusCode::BAD_REQUEST,
+        "timezone: unknown time zone `Nope/Nope` (use an IANA name such as Europe/Berlin or UTC)",
+    );
+    let (s, b) = gw.call(Method::PATCH, "/v1/cron/cron_x", Some(json!({"enabled": true}))).await;
+    check(s, b, StatusCode::NOT_FOUND, "cron job not found: cron_x");
+    let (s, b) = gw.call(Method::POST, "/v1/cron/cron_x/run", None).await;
+    check(s, b, StatusCode::NOT_FOUND, "cron job not found: cron_x");
+    let (s, b) = gw.call(Method::GET, "/v1/cron/cron_x/runs", None).await;
+    check(s, b, StatusCode::NOT_FOUND, "cron job not found: cron_x");
+    let (s, b) = gw.call(Method::GET, &format!("/v1/cron/{id}/runs?limit=many"), None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{b}");
+    let unauthorized =
+        Request::builder().method(Method::GET).uri("/v1/cron").body(Body::empty()).unwrap();
+    let (s, _, _) = gw.send(unauthorized).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
 }

@@ -528,6 +528,8 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
         }
     }
 
+    check_cron(&gateway.cron).map_err(|(segs, message)| at(&segs, Anchor::Value, message))?;
+
     for (i, root) in gateway.allowed_cwd_roots.iter().enumerate() {
         if !root.is_absolute() {
             let segs = [key("gateway"), key("allowed_cwd_roots"), Segment::Index(i)];
@@ -550,6 +552,51 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
         return Err(at(&segs, Anchor::Value, "must be at least 1".to_owned()));
     }
     check_ranges(config).map_err(|(segs, message)| at(&segs, Anchor::Value, message))
+}
+
+/// `[[gateway.cron]]`: the key path and the message of the first bad value.
+fn check_cron(jobs: &[crate::config::CronJobConfig]) -> Result<(), (Vec<Segment>, String)> {
+    use crate::cron::{parse_timezone, Schedule, MAX_DURATION_MS, MAX_JITTER_SEC, MAX_RETRIES};
+    for (i, job) in jobs.iter().enumerate() {
+        let at = |name: &str| vec![key("gateway"), key("cron"), Segment::Index(i), key(name)];
+        let name = job.name.trim();
+        if name.is_empty() || name.chars().any(char::is_control) {
+            return Err((at("name"), "must be a name without control characters".to_owned()));
+        }
+        if jobs[..i].iter().any(|other| other.name.trim() == name) {
+            return Err((at("name"), format!("another job is already named {name:?}")));
+        }
+        if let Err(e) = Schedule::parse(&job.schedule) {
+            return Err((at("schedule"), format!("invalid schedule {:?}: {e}", job.schedule)));
+        }
+        if job.prompt.trim().is_empty() {
+            return Err((at("prompt"), "must not be empty".to_owned()));
+        }
+        if let Some(key_text) = &job.session_key {
+            if key_text.trim().is_empty() {
+                return Err((at("session_key"), "must not be empty".to_owned()));
+            }
+            if let Err(e) = crate::ids::SessionKey::parse(key_text) {
+                return Err((at("session_key"), e.to_string()));
+            }
+        }
+        if let Some(tz) = &job.timezone {
+            parse_timezone(tz).map_err(|e| (at("timezone"), e.to_string()))?;
+        }
+        if job.jitter_sec.is_some_and(|v| v > MAX_JITTER_SEC) {
+            return Err((at("jitter_sec"), format!("must be at most {MAX_JITTER_SEC}")));
+        }
+        if job.timeout_ms.is_some_and(|v| v == 0 || v > MAX_DURATION_MS) {
+            return Err((at("timeout_ms"), format!("must be 1 to {MAX_DURATION_MS}")));
+        }
+        if job.max_retries.is_some_and(|v| v > MAX_RETRIES) {
+            return Err((at("max_retries"), format!("must be at most {MAX_RETRIES}")));
+        }
+        if job.retry_backoff_ms.is_some_and(|v| v > MAX_DURATION_MS) {
+            return Err((at("retry_backoff_ms"), format!("must be at most {MAX_DURATION_MS}")));
+        }
+    }
+    Ok(())
 }
 
 /// The largest count of concurrent runs, pending runs or queued requests

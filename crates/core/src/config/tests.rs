@@ -304,7 +304,7 @@ fn unknown_keys_are_warnings_with_their_dotted_path() {
 fn engine_and_channel_specific_keys_are_not_unknown() {
     let config = check_ok(
         "[gateway.engines.pi]\nthinking = \"high\"\n\n[gateway.telegram]\nanything = 1\n\n\
-         [gateway.cron]\njobs = []\n\n[gateway.dashboard]\ntheme = \"dark\"\n",
+         [gateway.dashboard]\ntheme = \"dark\"\n",
         &[],
     );
     assert_eq!(config.gateway.engine("pi").unwrap()["thinking"].as_str(), Some("high"));
@@ -570,4 +570,60 @@ fn the_workspace_is_under_lemon_home_unless_configured_elsewhere() {
     assert_eq!(relative.workspace(home, None), Path::new("/srv/lemon/files"));
     let absolute = load("[gateway]\nworkspace_dir = \"/data/ws\"\n");
     assert_eq!(absolute.workspace(home, Some(user)), Path::new("/data/ws"));
+}
+
+#[test]
+fn cron_jobs_are_read_with_their_defaults() {
+    let config = check_ok(
+        "[[gateway.cron]]\nname = \"digest\"\nschedule = \"daily at 9am\"\nprompt = \"summarise\"\n\
+         session_key = \"agent:ops:telegram:1:dm:2\"\ntimezone = \"Europe/Berlin\"\njitter_sec = 30\n\n\
+         [[gateway.cron]]\nname = \"ping\"\nschedule = \"*/5 * * * *\"\nprompt = \"ping\"\n",
+        &[],
+    );
+    let jobs = &config.gateway.cron;
+    assert_eq!(jobs.len(), 2);
+    let digest = jobs[0].to_spec();
+    assert_eq!(digest.name.as_deref(), Some("digest"));
+    assert_eq!(digest.session_key.as_str(), "agent:ops:telegram:1:dm:2");
+    assert_eq!(digest.timezone.as_deref(), Some("Europe/Berlin"));
+    assert_eq!(digest.jitter_sec, Some(30));
+    assert_eq!(digest.timeout_ms, None);
+    assert_eq!(jobs[1].to_spec().session_key.as_str(), "agent:default:main");
+}
+
+#[test]
+fn bad_cron_jobs_are_config_errors_at_their_value() {
+    check_error(
+        "[[gateway.cron]]\nname = \"x\"\nschedule = \"every 90m\"\nprompt = \"p\"\n",
+        "/home/u/.lemon/config.toml:3:12: gateway.cron[0].schedule: invalid schedule \"every 90m\": `every 90m`: minutes must be 1 to 59 (use hours for longer)",
+    );
+    check_error(
+        "[[gateway.cron]]\nname = \"x\"\nschedule = \"61 * * * *\"\nprompt = \"p\"\n",
+        "/home/u/.lemon/config.toml:3:12: gateway.cron[0].schedule: invalid schedule \"61 * * * *\": minute field `61`: 61 is out of range 0-59",
+    );
+    check_error(
+        "[[gateway.cron]]\nname = \"x\"\nschedule = \"@daily\"\nprompt = \"p\"\ntimezone = \"Mars/Base\"\n",
+        "/home/u/.lemon/config.toml:5:12: gateway.cron[0].timezone: unknown time zone `Mars/Base` (use an IANA name such as Europe/Berlin or UTC)",
+    );
+    check_error(
+        "[[gateway.cron]]\nname = \"x\"\nschedule = \"@daily\"\nprompt = \"p\"\n\n\
+         [[gateway.cron]]\nname = \"x\"\nschedule = \"@daily\"\nprompt = \"q\"\n",
+        "/home/u/.lemon/config.toml:7:8: gateway.cron[1].name: another job is already named \"x\"",
+    );
+    check_error(
+        "[[gateway.cron]]\nname = \"x\"\nschedule = \"@daily\"\nprompt = \"  \"\n",
+        "/home/u/.lemon/config.toml:4:10: gateway.cron[0].prompt: must not be empty",
+    );
+    check_error(
+        "[[gateway.cron]]\nname = \"x\"\nschedule = \"@daily\"\nprompt = \"p\"\nsession_key = \"a\\nb\"\n",
+        "/home/u/.lemon/config.toml:5:15: gateway.cron[0].session_key: invalid session_key: control characters are not allowed",
+    );
+    check_error(
+        "[[gateway.cron]]\nname = \"x\"\nschedule = \"@daily\"\nprompt = \"p\"\ntimeout_ms = 0\n",
+        "/home/u/.lemon/config.toml:5:14: gateway.cron[0].timeout_ms: must be 1 to 2592000000",
+    );
+    check_error(
+        "[[gateway.cron]]\nname = \"x\"\nprompt = \"p\"\n",
+        "/home/u/.lemon/config.toml:1:1: gateway.cron[0]: missing field `schedule`",
+    );
 }

@@ -160,6 +160,10 @@ impl Transport for TelegramTransport {
             deliveries: DeliveryRecords::new(ctx.store.clone(), DELIVERY_NS, FAILED_DELIVERY_TTL),
         });
         bot.recover_deliveries().await;
+        // Subscribed before polling starts, so no run of a chat is missed.
+        let others = bot.router.subscribe_all();
+        let watcher = bot.clone();
+        ctx.tracker.spawn(async move { watcher.deliver_others(others).await });
         bot.status.running(Some(bot.detail()));
         tracing::info!(bot = %bot.username(), "telegram bot polling");
         let result = bot.poll().await;
@@ -176,8 +180,10 @@ struct Delivery {
     chat_id: i64,
     #[serde(default)]
     thread_id: Option<i64>,
-    /// The user's message: the answer replies to it.
-    reply_to: i64,
+    /// The user's message: the answer replies to it. `None` for a run the
+    /// chat did not ask for (a cron job's).
+    #[serde(default)]
+    reply_to: Option<i64>,
     #[serde(default)]
     progress_message_id: Option<i64>,
     /// Answer messages (the text's parts, then its files) already sent; a stop
@@ -378,7 +384,7 @@ impl Bot {
             run_id: run_id.to_string(),
             chat_id: message.chat.id,
             thread_id: inbound::topic_of(&message),
-            reply_to: message.message_id,
+            reply_to: Some(message.message_id),
             progress_message_id: None,
             sent: 0,
             failed: None,
@@ -406,6 +412,59 @@ impl Bot {
                 tracing::warn!(%error, "message not accepted");
                 self.reply_soon(&message, error.chat_reply());
             }
+        }
+    }
+
+    /// Delivers the runs of this bot's chats that the bot did not submit (a
+    /// cron job's, say) like its own: progress, then the answer, on record
+    /// until it is in the chat.
+    async fn deliver_others(self: Arc<Self>, mut events: lemon_core::bus::Subscription) {
+        loop {
+            let event = tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                event = events.recv() => event,
+            };
+            let event = match event {
+                Ok(event) => event,
+                Err(lemon_core::bus::RecvError::Lagged(missed)) => {
+                    tracing::warn!(missed, "telegram fell behind the gateway's events");
+                    continue;
+                }
+                Err(lemon_core::bus::RecvError::Closed) => return,
+            };
+            if !matches!(event.kind, EventKind::RunStarted { .. }) {
+                continue;
+            }
+            let Some((chat_id, thread_id)) = inbound::chat_of(&event.session_key, self.me.id)
+            else {
+                continue;
+            };
+            if !self.chat_allowed(chat_id) {
+                continue;
+            }
+            let run_id = event.run_id.to_string();
+            // The bot's own runs are on record before they are submitted.
+            match self.store.kv_get(DELIVERY_NS, &run_id, now_ms()).await {
+                Ok(None) => {}
+                Ok(Some(_)) => continue,
+                Err(error) => {
+                    tracing::warn!(run = %run_id, %error, "delivery records unreadable");
+                    continue;
+                }
+            }
+            let delivery = Delivery {
+                run_id,
+                chat_id,
+                thread_id,
+                reply_to: None,
+                progress_message_id: None,
+                sent: 0,
+                failed: None,
+            };
+            self.deliveries.record(&delivery.run_id, &delivery).await;
+            let follower = self.router.follow(&event.run_id);
+            let bot = self.clone();
+            self.tracker.spawn(async move { bot.follow(delivery, follower).await });
         }
     }
 
@@ -489,7 +548,7 @@ impl Bot {
         let send = message_to(
             delivery.chat_id,
             delivery.thread_id,
-            Some(delivery.reply_to),
+            delivery.reply_to,
             renderer.progress(),
         );
         match self.outbox.send(send).await {
@@ -561,7 +620,7 @@ impl Bot {
             let sent = match part {
                 Part::Text(text) => {
                     // The first part answers the user's message; the rest follow it.
-                    let reply_to = (index == 0).then_some(delivery.reply_to);
+                    let reply_to = delivery.reply_to.filter(|_| index == 0);
                     let send = message_to(delivery.chat_id, delivery.thread_id, reply_to, text);
                     self.outbox.send(send).await
                 }
@@ -846,7 +905,7 @@ mod tests {
                     run_id: "run-7".into(),
                     chat_id: -100,
                     thread_id: Some(3),
-                    reply_to: 5,
+                    reply_to: Some(5),
                     progress_message_id: Some(9),
                     sent: 1,
                     failed: None,
@@ -855,7 +914,7 @@ mod tests {
                     run_id: "run-8".into(),
                     chat_id: 42,
                     thread_id: None,
-                    reply_to: 6,
+                    reply_to: Some(6),
                     progress_message_id: None,
                     sent: 0,
                     failed: None,

@@ -98,6 +98,23 @@ pub fn session_key(agent_id: &str, bot_id: i64, message: &Message) -> SessionKey
     }
 }
 
+/// The chat and topic a session key of `bot_id` names ([`session_key`]'s inverse).
+pub fn chat_of(session_key: &str, bot_id: i64) -> Option<(i64, Option<i64>)> {
+    let parts: Vec<&str> = session_key.split(':').collect();
+    let ["agent", _, TRANSPORT_ID, bot, kind, chat, rest @ ..] = parts.as_slice() else {
+        return None;
+    };
+    if bot.parse::<i64>().ok()? != bot_id || !matches!(*kind, "dm" | "group" | "channel") {
+        return None;
+    }
+    let chat_id = chat.parse::<i64>().ok()?;
+    match rest {
+        [] => Some((chat_id, None)),
+        ["thread", topic] => Some((chat_id, Some(topic.parse().ok()?))),
+        _ => None,
+    }
+}
+
 /// The chat and topic, for `[[gateway.bindings]]`.
 pub fn channel_ref(message: &Message) -> ChannelRef {
     ChannelRef {
@@ -146,6 +163,22 @@ mod tests {
             video: None,
             sticker: None,
         }
+    }
+
+    #[test]
+    fn a_session_key_names_its_chat_back() {
+        assert_eq!(chat_of("agent:a:telegram:7:dm:42", 7), Some((42, None)));
+        assert_eq!(chat_of("agent:a:telegram:7:group:-100:thread:3", 7), Some((-100, Some(3))));
+        assert_eq!(chat_of("agent:a:telegram:8:dm:42", 7), None);
+        assert_eq!(chat_of("agent:a:telegram:7:room:42", 7), None);
+        assert_eq!(chat_of("agent:a:telegram:7:dm:x", 7), None);
+        assert_eq!(chat_of("agent:a:telegram:7:dm:42:extra", 7), None);
+        assert_eq!(chat_of("agent:a:main", 7), None);
+        let mut message = message("supergroup", -100, None);
+        message.message_thread_id = Some(9);
+        message.is_topic_message = true;
+        let key = session_key("a", 7, &message);
+        assert_eq!(chat_of(&key, 7), Some((-100, Some(9))));
     }
 
     #[test]
