@@ -12,6 +12,9 @@
 //! | `GET` | `/v1/sessions/{key}` | `200` active runs, queue, chat state |
 //! | `POST` | `/v1/sessions/{key}/cancel` | `202` the session's active runs are cancelled; its queue stays |
 //! | `POST` | `/v1/sessions/{key}/abort` | `202` the session's queue is dropped and its runs cancelled |
+//! | `GET` | `/v1/sessions/{key}/budget` | `200` the session's limits and what it spent today (UTC) |
+//! | `PUT` | `/v1/sessions/{key}/budget` | `200` the same, after setting the session's own limits |
+//! | `GET` | `/v1/usage?since=&session=&engine=` | `200` tokens, dollars and runs: total, per engine, per session |
 //! | `GET` | `/v1/status` | `200` version, uptime, scheduler counters, engines, transports |
 //!
 //! Runs are submitted through the router, so queue modes, resume lines, engine
@@ -28,6 +31,7 @@ mod runs;
 mod sessions;
 mod status;
 mod transfer;
+mod usage;
 
 use std::fmt;
 use std::sync::Arc;
@@ -38,6 +42,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use lemon_core::budget::store_guard::StoreBudgetGuard;
 use lemon_core::config::ConfigStatus;
 use lemon_core::router::{RouterHandle, Runs};
 use tokio::time::Instant;
@@ -67,6 +72,8 @@ pub struct ApiState {
     pub transports: TransportStatuses,
     /// The config in force, reported by `/v1/config`.
     pub config: ConfigStatus,
+    /// The budgets: sessions' limits and what runs spent.
+    pub budget: Arc<StoreBudgetGuard>,
 }
 
 impl fmt::Debug for ApiState {
@@ -98,6 +105,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/sessions/{key}", get(sessions::get))
         .route("/v1/sessions/{key}/cancel", post(sessions::cancel))
         .route("/v1/sessions/{key}/abort", post(sessions::abort))
+        .route("/v1/sessions/{key}/budget", get(usage::get_budget).put(usage::put_budget))
+        .route("/v1/usage", get(usage::usage))
         .route("/v1/status", get(status::status))
         .route("/v1/config", get(config::get))
         .method_not_allowed_fallback(method_not_allowed)

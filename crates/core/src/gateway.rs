@@ -27,7 +27,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::budget::BudgetGuard;
 use crate::bus::{EventBus, RunStatus};
+use crate::config::SessionLimits;
 use crate::engine::{EngineRegistry, ResumeToken, RunError, SteerError};
 use crate::ids::{ConversationKey, EngineRef, Model, RunId, SessionKey};
 use crate::store::StoreHandle;
@@ -58,6 +60,10 @@ pub struct RuntimeConfig {
     /// completes anyway: a safety bound, so a broken engine cannot hold a slot
     /// forever. It must exceed the engines' own SIGTERM → SIGKILL grace.
     pub engine_stop_timeout: Duration,
+    /// Checked before every run starts (a session at its limit completes
+    /// `budget_exceeded` without starting its engine) and asked what a
+    /// finished run spent; `None`: no limits, and no prices.
+    pub budget: Option<Arc<dyn BudgetGuard>>,
 }
 
 impl Default for RuntimeConfig {
@@ -74,6 +80,7 @@ impl Default for RuntimeConfig {
             allowed_cwd_roots: Vec::new(),
             engine_event_buffer: 64,
             engine_stop_timeout: Duration::from_millis(30_000),
+            budget: None,
         }
     }
 }
@@ -98,6 +105,8 @@ pub struct ExecutionRequest {
     /// restart (the router does). At shutdown such a request, if it is still
     /// waiting for a slot, is left queued rather than completed `shutting_down`.
     pub journaled: bool,
+    /// The limits of the binding the request's channel matched.
+    pub budget: Option<SessionLimits>,
 }
 
 impl ExecutionRequest {
@@ -119,6 +128,7 @@ impl ExecutionRequest {
             model: None,
             meta: BTreeMap::new(),
             journaled: false,
+            budget: None,
         }
     }
 }

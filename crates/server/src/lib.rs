@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use lemon_api::http::{ConnectionLimits, ServeConfig};
+use lemon_core::budget::store_guard::StoreBudgetGuard;
 use lemon_core::bus::EventBus;
 use lemon_core::config::{
     self, ConfigStatus, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT,
@@ -191,6 +192,7 @@ struct Shared<'a> {
     tracker: &'a TaskTracker,
     token: &'a CancellationToken,
     tools: &'a ToolRegistry,
+    budget: &'a Arc<StoreBudgetGuard>,
 }
 
 /// Builds every engine the sections enable ([`lemon_engines::build_registry`])
@@ -222,7 +224,7 @@ fn engines(
         api_keys,
         recorder: Some(Arc::new(StoreRecorder { store: store.clone() })),
         tools: shared.tools.clone(),
-        budget: None,
+        budget: Some(shared.budget.clone()),
     };
     Ok(lemon_engines::build_registry(sections, &ctx)?)
 }
@@ -362,11 +364,16 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // The gateway's tools, offered to native runs; registered below once what
     // they use exists, and kept across reloads.
     let tools = ToolRegistry::new();
+    // One guard for the gateway's life: every run is checked against it before
+    // it starts, native runs between turns; a reload reconfigures it.
+    let budget = Arc::new(StoreBudgetGuard::new(store.clone(), gateway_config.budgets.clone()));
     let build_engines: reload::BuildEngines = {
         let (opts, secrets, store) = (opts.clone(), secrets.clone(), store.clone());
         let (tracker, token, tools) = (tracker.clone(), token.clone(), tools.clone());
+        let budget = budget.clone();
         Arc::new(move |sections: &EngineSections| {
-            let shared = Shared { tracker: &tracker, token: &token, tools: &tools };
+            let shared =
+                Shared { tracker: &tracker, token: &token, tools: &tools, budget: &budget };
             engines(sections, &opts, &secrets, &store, shared)
         })
     };
@@ -374,7 +381,10 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // Clones share one table: a reload swaps the engines for every holder.
     let engine_table = build_engines(&engine_sections)?;
     let deps = GatewayDeps {
-        config: runtime_config(&gateway_config, &engine_sections, opts.user_home.clone()),
+        config: RuntimeConfig {
+            budget: Some(budget.clone()),
+            ..runtime_config(&gateway_config, &engine_sections, opts.user_home.clone())
+        },
         engines: engine_table.clone(),
         store: store.clone(),
         bus: bus.clone(),
@@ -402,6 +412,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         shutdown: token.clone(),
         transports: statuses.clone(),
         config: config_status.clone(),
+        budget: budget.clone(),
     });
     let health = lemon_api::health::health_router(
         lemon_api::health::HealthState::new(router.query(), version, started)
@@ -451,6 +462,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         build_engines,
         user_home: opts.user_home.clone(),
         shutdown_grace_ms: shutdown_grace_ms.clone(),
+        budget,
     };
     tracker.spawn(reload::watch(reloader, token.clone()));
     tracing::info!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use lemon_core::budget::store_guard::StoreBudgetGuard;
 use lemon_core::bus::{EventBus, Notice};
 use lemon_core::config::{
     self, ConfigReport, ConfigStatus, GatewayConfig, PendingRestart, Rejection,
@@ -98,6 +99,7 @@ const LIVE_KEYS: &[&str] = &[
     "engines",
     "projects",
     "bindings",
+    "budgets",
     "queue",
     "enable_webhook",
     "webhook",
@@ -128,6 +130,8 @@ pub(crate) struct Plan {
     pub(crate) webhook: bool,
     pub(crate) telegram: bool,
     pub(crate) shutdown_grace: bool,
+    /// The budget guard gets the new limits and prices.
+    pub(crate) budgets: bool,
 }
 
 impl Plan {
@@ -170,6 +174,11 @@ pub(crate) fn plan(current: &GatewayConfig, next: &GatewayConfig) -> Plan {
                 plan.router = true;
                 // Bound chats are let through Telegram's allow list.
                 plan.telegram = true;
+            }
+            "budgets" => {
+                plan.budgets = true;
+                // `/status` shows the limits the router reads.
+                plan.router = true;
             }
             "allowed_cwd_roots" => {
                 plan.router = true;
@@ -290,6 +299,8 @@ pub(crate) struct Reloader {
     pub(crate) build_engines: BuildEngines,
     pub(crate) user_home: Option<PathBuf>,
     pub(crate) shutdown_grace_ms: Arc<AtomicU64>,
+    /// Lives as long as the gateway; an edit of `[gateway.budgets]` reconfigures it.
+    pub(crate) budget: Arc<StoreBudgetGuard>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -408,17 +419,20 @@ impl Reloader {
             self.publish_pending_only(&pending);
             return;
         }
+        if plan.budgets {
+            self.budget.reconfigure(config.budgets.clone());
+        }
         if let Some(engines) = engines {
             self.engines.replace(&engines);
         }
-        if plan.runtime
-            && self
-                .gateway
-                .reload(crate::runtime_config(&config, &sections, self.user_home.clone()))
-                .await
-                .is_err()
-        {
-            return;
+        if plan.runtime {
+            let runtime = lemon_core::gateway::RuntimeConfig {
+                budget: Some(self.budget.clone()),
+                ..crate::runtime_config(&config, &sections, self.user_home.clone())
+            };
+            if self.gateway.reload(runtime).await.is_err() {
+                return;
+            }
         }
         if plan.router && self.router.reload(RouterConfig::from_gateway(&config)).await.is_err() {
             return;

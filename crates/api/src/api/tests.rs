@@ -81,6 +81,10 @@ impl TestGateway {
             shutdown: CancellationToken::new(),
             transports: TransportStatuses::default(),
             config: lemon_core::config::ConfigStatus::default(),
+            budget: Arc::new(lemon_core::budget::store_guard::StoreBudgetGuard::new(
+                store.clone(),
+                lemon_core::config::BudgetsConfig::default(),
+            )),
         };
         TestGateway { state, bus, store, token, tracker }
     }
@@ -722,6 +726,7 @@ async fn quiet_event_stream_rereads_the_store() {
         completion: Completion::success("hi", None),
         completed_at_ms: 2,
         duration_ms: 1,
+        spend: Default::default(),
     };
     store.finalize_run(finished).await;
 

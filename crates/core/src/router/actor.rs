@@ -523,6 +523,7 @@ impl Router {
             seq,
             suppress_phases: false,
             route,
+            budget: binding.budget,
         })
     }
 
@@ -674,6 +675,7 @@ impl Router {
             model: item.model.clone(),
             meta: item.meta.clone(),
             journaled: true,
+            budget: item.budget,
         };
         match self.gateway.submit(req).await {
             Ok(_) => {
@@ -759,6 +761,7 @@ impl Router {
             engine: engine.to_owned(),
             completion,
             duration_ms: 0,
+            spend: crate::budget::usage::RunSpend::default(),
         };
         gateway::complete(&self.bus, &self.store, end).await;
         self.journal.complete(run_id).await;
@@ -1028,6 +1031,7 @@ fn item_from_entry(entry: JournalEntry) -> Result<Item, String> {
         mode: QueueMode::Collect,
         seq: entry.seq,
         suppress_phases: false,
+        budget: None,
     })
 }
 
@@ -1058,6 +1062,7 @@ mod tests {
                 chosen_engine: None,
                 fallback_engine: "fake".parse().unwrap(),
             },
+            budget: None,
         }
     }
 
