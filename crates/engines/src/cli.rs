@@ -154,6 +154,9 @@ struct CommandInput<'a> {
     model: Option<&'a str>,
     cwd: &'a std::path::Path,
     base_env: &'a BTreeMap<String, String>,
+    /// The dollars the run may spend under the limits that apply to it
+    /// (`[gateway.budgets]`); Claude gets it as `--max-budget-usd`.
+    max_budget_usd: Option<f64>,
 }
 
 impl CommandInput<'_> {
@@ -287,6 +290,8 @@ pub struct CliEngine {
     tracker: TaskTracker,
     shutdown: CancellationToken,
     recorder: Option<Arc<dyn ProcessRecorder>>,
+    /// Asked what a run may still spend before a CLI that can cap it starts.
+    budget: Option<Arc<dyn lemon_core::budget::BudgetGuard>>,
 }
 
 impl fmt::Debug for CliEngine {
@@ -323,6 +328,7 @@ impl CliEngine {
             tracker: ctx.tracker.clone(),
             shutdown: ctx.shutdown.clone(),
             recorder: ctx.recorder.clone(),
+            budget: ctx.budget.clone(),
         }
     }
 
@@ -385,7 +391,22 @@ impl Engine for CliEngine {
         let program = self
             .resolve_program()
             .map_err(|reason| EngineError::Unavailable { engine: self.id.to_string(), reason })?;
+        // Only Claude can stop itself at a dollar amount.
+        let max_budget_usd = match (&self.budget, self.vendor) {
+            (Some(budget), Vendor::Claude) => {
+                let model = req.model.clone().unwrap_or_default();
+                let scope = lemon_core::budget::BudgetScope {
+                    run_id: &req.run_id,
+                    session_key: &req.session_key,
+                    engine: self.id.as_str(),
+                    model: &model,
+                };
+                budget.remaining_usd(scope).await
+            }
+            _ => None,
+        };
         let launch = runner::Launch {
+            max_budget_usd,
             vendor: self.vendor,
             program,
             settings: self.settings.clone(),

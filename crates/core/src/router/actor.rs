@@ -856,10 +856,25 @@ impl Router {
                     .map(ToString::to_string)
                     .or_else(|| view.chat_state.as_ref().map(|s| s.last_engine.clone()))
                     .unwrap_or_else(|| self.config.default_engine.to_string());
-                format!(
+                let status = format!(
                     "Session {session_key}: {running}, {} queued, engine {engine}.",
                     view.queued.len()
+                );
+                let budget = crate::budget::store_guard::session_report(
+                    &self.store,
+                    &self.config.gateway.budgets,
+                    session_key,
+                    None,
+                    now_ms(),
                 )
+                .await;
+                match budget {
+                    Ok(budget) => format!("{status}\n{}", spend_today_line(&budget)),
+                    Err(error) => {
+                        tracing::warn!(%session_key, %error, "could not read the session's spend");
+                        status
+                    }
+                }
             }
             SlashCommand::Engine(None) => match self.sticky.get(session_key) {
                 Some(engine) => format!("This session uses {engine}."),
@@ -1033,6 +1048,39 @@ fn item_from_entry(entry: JournalEntry) -> Result<Item, String> {
         suppress_phases: false,
         budget: None,
     })
+}
+
+/// `/status`'s line on money: what the session spent today (UTC) and the
+/// limits in force.
+fn spend_today_line(budget: &crate::budget::store_guard::SessionBudget) -> String {
+    use crate::budget::store_guard::usd_text;
+    let today = &budget.session_today;
+    let mut line = format!(
+        "Today (UTC): {} tokens, {} in {} run{}.",
+        today.spend.tokens(),
+        usd_text(today.spend.usd),
+        today.runs,
+        if today.runs == 1 { "" } else { "s" }
+    );
+    let limits = &budget.limits;
+    let tokens = |n: Option<u64>| n.map(|n| format!("{n} tokens"));
+    let listed: Vec<String> = [
+        ("run", tokens(limits.session.run_tokens)),
+        ("run", limits.session.run_usd.map(usd_text)),
+        ("session per day", tokens(limits.session.session_daily_tokens)),
+        ("session per day", limits.session.session_daily_usd.map(usd_text)),
+        ("day, all sessions", tokens(limits.daily_tokens)),
+        ("day, all sessions", limits.daily_usd.map(usd_text)),
+    ]
+    .into_iter()
+    .filter_map(|(scope, limit)| Some(format!("{} per {scope}", limit?)))
+    .collect();
+    if listed.is_empty() {
+        line.push_str(" No limits.");
+    } else {
+        line.push_str(&format!(" Limits: {}.", listed.join(", ")));
+    }
+    line
 }
 
 #[cfg(test)]
