@@ -106,7 +106,7 @@ pub struct ExecutionRequest {
     /// waiting for a slot, is left queued rather than completed `shutting_down`.
     pub journaled: bool,
     /// The limits of the binding the request's channel matched.
-    pub budget: Option<SessionLimits>,
+    pub budget: Option<Box<SessionLimits>>,
 }
 
 impl ExecutionRequest {

@@ -61,7 +61,7 @@ impl RunSpend {
         spend.usd = match (reported.usd, price) {
             // A zero cost with a configured price is a vendor that does not
             // know the model's price (OpenCode reports 0 then).
-            (Some(usd), Some(price)) if usd == 0.0 => priced(&spend, price),
+            (Some(usd), Some(price)) if usd <= 0.0 => priced(&spend, price),
             (Some(usd), _) => usd,
             (None, Some(price)) => priced(&spend, price),
             (None, None) => 0.0,

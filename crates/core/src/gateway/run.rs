@@ -266,7 +266,7 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
             engine: &state.engine,
             model: &model,
         };
-        if let Err(exceeded) = guard.admit(scope, ctx.req.budget.as_ref()).await {
+        if let Err(exceeded) = guard.admit(scope, ctx.req.budget.as_deref()).await {
             let detail = exceeded.detail();
             return Completion::failure(
                 RunError::BudgetExceeded { detail },

@@ -675,7 +675,7 @@ impl Router {
             model: item.model.clone(),
             meta: item.meta.clone(),
             journaled: true,
-            budget: item.budget,
+            budget: item.budget.map(Box::new),
         };
         match self.gateway.submit(req).await {
             Ok(_) => {
