@@ -5,6 +5,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod artifacts_e2e;
+mod budgets_e2e;
 mod callback_e2e;
 mod cli_compliance;
 mod cli_fixtures;
@@ -13,13 +14,13 @@ mod cli_lifetime;
 mod cli_process;
 mod cli_support;
 mod cli_ux;
-mod first_run;
 mod cron_e2e;
+mod first_run;
 mod gateway_e2e;
 mod hardening_e2e;
 mod http_hardening;
-mod native_e2e;
 mod llm_clients;
+mod native_e2e;
 mod reload_e2e;
 mod router_crash;
 mod router_resume;

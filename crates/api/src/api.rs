@@ -18,6 +18,9 @@
 //! | `DELETE` | `/v1/cron/{id}` | `200 {"removed": true, "id"}` |
 //! | `POST` | `/v1/cron/{id}/run` | `202` the cron run just started |
 //! | `GET` | `/v1/cron/{id}/runs?limit=` | `200 {"jobId", "runs": [...]}`, newest first |
+//! | `GET` | `/v1/sessions/{key}/budget` | `200` the session's limits and what it spent today (UTC) |
+//! | `PUT` | `/v1/sessions/{key}/budget` | `200` the same, after setting the session's own limits |
+//! | `GET` | `/v1/usage?since=&session=&engine=` | `200` tokens, dollars and runs: total, per engine, per session |
 //! | `GET` | `/v1/status` | `200` version, uptime, scheduler counters, engines, transports |
 //!
 //! Runs are submitted through the router, so queue modes, resume lines, engine
@@ -35,6 +38,7 @@ mod runs;
 mod sessions;
 mod status;
 mod transfer;
+mod usage;
 
 use std::fmt;
 use std::sync::Arc;
@@ -45,6 +49,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, patch, post};
 use axum::Router;
+use lemon_core::budget::store_guard::StoreBudgetGuard;
 use lemon_core::config::ConfigStatus;
 use lemon_core::cron::CronHandle;
 use lemon_core::router::{RouterHandle, Runs};
@@ -83,6 +88,8 @@ pub struct ApiState {
     pub secret_sources: Arc<[(String, lemon_core::secrets::SecretOrigin)]>,
     /// Scheduled prompts, for `/v1/cron`.
     pub cron: CronHandle,
+    /// The budgets: sessions' limits and what runs spent.
+    pub budget: Arc<StoreBudgetGuard>,
 }
 
 impl fmt::Debug for ApiState {
@@ -116,6 +123,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/sessions/{key}", get(sessions::get))
         .route("/v1/sessions/{key}/cancel", post(sessions::cancel))
         .route("/v1/sessions/{key}/abort", post(sessions::abort))
+        .route("/v1/sessions/{key}/budget", get(usage::get_budget).put(usage::put_budget))
+        .route("/v1/usage", get(usage::usage))
         .route("/v1/status", get(status::status))
         .route("/v1/config", get(config::get))
         .route("/v1/cron", get(cron::list).post(cron::create))

@@ -117,6 +117,9 @@ pub struct GatewayConfig {
     pub bindings: Vec<BindingConfig>,
     #[serde(default)]
     pub queue: QueueConfig,
+    /// `[gateway.budgets]`: spending limits and model prices.
+    #[serde(default)]
+    pub budgets: BudgetsConfig,
     #[serde(default)]
     pub api: ListenConfig,
     #[serde(default)]
@@ -255,6 +258,10 @@ pub struct BindingConfig {
     pub default_engine: Option<EngineRef>,
     #[serde(default)]
     pub queue_mode: Option<QueueMode>,
+    /// `[gateway.bindings.budget]`: limits for the sessions of this binding,
+    /// over `[gateway.budgets]`.
+    #[serde(default)]
+    pub budget: Option<SessionLimits>,
 }
 
 impl BindingConfig {
@@ -365,6 +372,131 @@ pub struct QueueConfig {
     pub cap: Option<usize>,
     #[serde(default)]
     pub drop: Option<DropPolicy>,
+}
+
+/// `[gateway.budgets]`: spending limits (none by default) and the prices that
+/// turn tokens into US dollars for engines that report no cost. Days are UTC.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+pub struct BudgetsConfig {
+    /// Tokens (input + output) one run may use.
+    #[serde(default)]
+    pub run_tokens: Option<u64>,
+    /// US dollars one run may spend.
+    #[serde(default)]
+    pub run_usd: Option<f64>,
+    /// Tokens one session may use per UTC day.
+    #[serde(default)]
+    pub session_daily_tokens: Option<u64>,
+    /// US dollars one session may spend per UTC day.
+    #[serde(default)]
+    pub session_daily_usd: Option<f64>,
+    /// Tokens all sessions together may use per UTC day.
+    #[serde(default)]
+    pub daily_tokens: Option<u64>,
+    /// US dollars all sessions together may spend per UTC day.
+    #[serde(default)]
+    pub daily_usd: Option<f64>,
+    /// `[gateway.budgets.prices."<model>"]`, by model name (or engine id).
+    #[serde(default)]
+    pub prices: BTreeMap<String, ModelPrice>,
+}
+
+impl BudgetsConfig {
+    /// The limits of a session: `overrides` (the session's own, then its
+    /// binding's) key by key over these.
+    pub fn limits(&self, overrides: &[Option<&SessionLimits>]) -> BudgetLimits {
+        let mut session = SessionLimits {
+            run_tokens: self.run_tokens,
+            run_usd: self.run_usd,
+            session_daily_tokens: self.session_daily_tokens,
+            session_daily_usd: self.session_daily_usd,
+        };
+        for over in overrides.iter().rev().flatten() {
+            session = over.over(&session);
+        }
+        BudgetLimits { session, daily_tokens: self.daily_tokens, daily_usd: self.daily_usd }
+    }
+
+    /// The price of `model`, else of `engine` (for runs that name no model).
+    pub fn price(&self, engine: &str, model: Option<&str>) -> Option<&ModelPrice> {
+        model.and_then(|m| self.prices.get(m)).or_else(|| self.prices.get(engine))
+    }
+}
+
+/// The limits a binding or a session may set for itself (`[gateway.bindings.budget]`,
+/// `PUT /v1/sessions/{key}/budget`); an unset key keeps the one below it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
+pub struct SessionLimits {
+    #[serde(default)]
+    pub run_tokens: Option<u64>,
+    #[serde(default)]
+    pub run_usd: Option<f64>,
+    #[serde(default)]
+    pub session_daily_tokens: Option<u64>,
+    #[serde(default)]
+    pub session_daily_usd: Option<f64>,
+}
+
+impl SessionLimits {
+    /// These limits, with `below`'s where these have none.
+    pub fn over(&self, below: &SessionLimits) -> SessionLimits {
+        SessionLimits {
+            run_tokens: self.run_tokens.or(below.run_tokens),
+            run_usd: self.run_usd.or(below.run_usd),
+            session_daily_tokens: self.session_daily_tokens.or(below.session_daily_tokens),
+            session_daily_usd: self.session_daily_usd.or(below.session_daily_usd),
+        }
+    }
+
+    /// The first amount that is negative or not a number, by key.
+    pub fn invalid_key(&self) -> Option<&'static str> {
+        [("run_usd", self.run_usd), ("session_daily_usd", self.session_daily_usd)]
+            .into_iter()
+            .find(|(_, usd)| usd.is_some_and(|usd| !usd.is_finite() || usd < 0.0))
+            .map(|(key, _)| key)
+    }
+}
+
+/// The limits in force for one session.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BudgetLimits {
+    pub session: SessionLimits,
+    pub daily_tokens: Option<u64>,
+    pub daily_usd: Option<f64>,
+}
+
+impl BudgetLimits {
+    /// Whether any limit is set.
+    pub fn any(&self) -> bool {
+        *self != BudgetLimits::default()
+    }
+}
+
+/// `[gateway.budgets.prices."<model>"]`: US dollars per million tokens. Cache
+/// reads and writes cost the input price unless priced themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+pub struct ModelPrice {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+    #[serde(default)]
+    pub cache_read_per_mtok: Option<f64>,
+    #[serde(default)]
+    pub cache_write_per_mtok: Option<f64>,
+}
+
+impl ModelPrice {
+    /// The first price that is negative or not a number, by key.
+    pub fn invalid_key(&self) -> Option<&'static str> {
+        [
+            ("input_per_mtok", Some(self.input_per_mtok)),
+            ("output_per_mtok", Some(self.output_per_mtok)),
+            ("cache_read_per_mtok", self.cache_read_per_mtok),
+            ("cache_write_per_mtok", self.cache_write_per_mtok),
+        ]
+        .into_iter()
+        .find(|(_, price)| price.is_some_and(|p| !p.is_finite() || p < 0.0))
+        .map(|(key, _)| key)
+    }
 }
 
 /// A listener: `bind` address and `port`; unset keys take the section's defaults.

@@ -27,7 +27,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::budget::BudgetGuard;
 use crate::bus::{EventBus, RunStatus};
+use crate::config::SessionLimits;
 use crate::engine::{EngineRegistry, ResumeToken, RunError, SteerError};
 use crate::ids::{ConversationKey, EngineRef, Model, RunId, SessionKey};
 use crate::store::StoreHandle;
@@ -63,6 +65,10 @@ pub struct RuntimeConfig {
     /// `[gateway] auto_send_generated_images`: images a run added through its file
     /// changes are sent with the answer.
     pub auto_send_generated_images: bool,
+    /// Checked before every run starts (a session at its limit completes
+    /// `budget_exceeded` without starting its engine) and asked what a
+    /// finished run spent; `None`: no limits, and no prices.
+    pub budget: Option<Arc<dyn BudgetGuard>>,
 }
 
 impl Default for RuntimeConfig {
@@ -81,6 +87,7 @@ impl Default for RuntimeConfig {
             engine_stop_timeout: Duration::from_millis(30_000),
             workspace_dir: None,
             auto_send_generated_images: false,
+            budget: None,
         }
     }
 }
@@ -105,6 +112,8 @@ pub struct ExecutionRequest {
     /// restart (the router does). At shutdown such a request, if it is still
     /// waiting for a slot, is left queued rather than completed `shutting_down`.
     pub journaled: bool,
+    /// The limits of the binding the request's channel matched.
+    pub budget: Option<Box<SessionLimits>>,
 }
 
 impl ExecutionRequest {
@@ -126,6 +135,7 @@ impl ExecutionRequest {
             model: None,
             meta: BTreeMap::new(),
             journaled: false,
+            budget: None,
         }
     }
 }

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::budget::usage::RunSpend;
 use crate::bus::{BusEvent, RunStatus};
 use crate::engine::{Completion, ResumeToken};
 use crate::ids::{RunId, SessionKey};
@@ -78,6 +79,8 @@ pub struct FinishedRun {
     pub completion: Completion,
     pub completed_at_ms: i64,
     pub duration_ms: u64,
+    /// What the run spent, normalised from the completion's usage and priced.
+    pub spend: RunSpend,
 }
 
 /// A stored run.
@@ -100,6 +103,8 @@ pub struct RunRecord {
     /// The session to continue after it: the token its engine reported.
     pub resume: Option<ResumeToken>,
     pub usage: serde_json::Value,
+    /// What the run spent (zero until it finished).
+    pub spend: RunSpend,
     pub created_at_ms: i64,
     pub started_at_ms: Option<i64>,
     pub completed_at_ms: Option<i64>,
@@ -136,6 +141,37 @@ struct StoredResume {
 pub struct RunFilter {
     pub status: Option<RunStatus>,
     pub limit: usize,
+}
+
+/// Which finished runs a usage query sums: those completed at or after
+/// `since_ms`, of one session and one engine when given.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UsageFilter {
+    pub since_ms: i64,
+    pub session_key: Option<SessionKey>,
+    pub engine: Option<String>,
+}
+
+/// What a group of runs spent together.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct UsageTotals {
+    pub spend: RunSpend,
+    pub runs: u64,
+}
+
+impl UsageTotals {
+    /// Adds one run.
+    pub fn add(&mut self, spend: &RunSpend) {
+        self.spend = self.spend.plus(spend);
+        self.runs += 1;
+    }
+}
+
+/// How [`UsageStore::usage_by`] groups runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageGroup {
+    Engine,
+    Session,
 }
 
 /// The last engine and resume token of a session, for auto-resume.
@@ -348,6 +384,25 @@ pub trait KvStore: Send + Sync + fmt::Debug + 'static {
     ) -> Result<Vec<(String, serde_json::Value)>, StoreError>;
 }
 
+/// What finished runs spent, summed.
+#[async_trait]
+pub trait UsageStore: Send + Sync + fmt::Debug + 'static {
+    /// The totals of the runs `filter` selects.
+    ///
+    /// # Errors
+    /// The store is closed or cannot be read.
+    async fn usage_totals(&self, filter: &UsageFilter) -> Result<UsageTotals, StoreError>;
+    /// The same, per engine or per session, ordered by engine or session.
+    ///
+    /// # Errors
+    /// The store is closed or cannot be read.
+    async fn usage_by(
+        &self,
+        filter: &UsageFilter,
+        group: UsageGroup,
+    ) -> Result<Vec<(String, UsageTotals)>, StoreError>;
+}
+
 /// Durability and lifetime of a backend, across all that it holds.
 #[async_trait]
 pub trait StoreLifecycle: Send + Sync + fmt::Debug + 'static {
@@ -362,12 +417,18 @@ pub trait StoreLifecycle: Send + Sync + fmt::Debug + 'static {
 /// A backend that holds everything: what [`StoreHandle::new`] takes. Implemented
 /// for every type that implements each concern's trait.
 pub trait StoreBackend:
-    RunStore + RunEventStore + ChatStateStore + JournalStore + KvStore + StoreLifecycle
+    RunStore + RunEventStore + ChatStateStore + JournalStore + KvStore + UsageStore + StoreLifecycle
 {
 }
 
 impl<T> StoreBackend for T where
-    T: RunStore + RunEventStore + ChatStateStore + JournalStore + KvStore + StoreLifecycle
+    T: RunStore
+        + RunEventStore
+        + ChatStateStore
+        + JournalStore
+        + KvStore
+        + UsageStore
+        + StoreLifecycle
 {
 }
 
@@ -427,6 +488,11 @@ impl StoreHandle {
 
     /// Flushing, the writable probe and closing.
     pub fn lifecycle(&self) -> &dyn StoreLifecycle {
+        &*self.backend
+    }
+
+    /// What finished runs spent.
+    pub fn usage(&self) -> &dyn UsageStore {
         &*self.backend
     }
 

@@ -155,6 +155,9 @@ struct CommandInput<'a> {
     model: Option<&'a str>,
     cwd: &'a std::path::Path,
     base_env: &'a BTreeMap<String, String>,
+    /// The dollars the run may spend under the limits that apply to it
+    /// (`[gateway.budgets]`); Claude gets it as `--max-budget-usd`.
+    max_budget_usd: Option<f64>,
 }
 
 impl CommandInput<'_> {
@@ -300,6 +303,8 @@ pub struct CliEngine {
     recorder: Option<Arc<dyn ProcessRecorder>>,
     /// The first line of `<program> --version`, once asked.
     version: tokio::sync::OnceCell<Option<String>>,
+    /// Asked what a run may still spend before a CLI that can cap it starts.
+    budget: Option<Arc<dyn lemon_core::budget::BudgetGuard>>,
 }
 
 /// How long `<cli> --version` may take before the engine is listed without one.
@@ -340,6 +345,7 @@ impl CliEngine {
             shutdown: ctx.shutdown.clone(),
             recorder: ctx.recorder.clone(),
             version: tokio::sync::OnceCell::new(),
+            budget: ctx.budget.clone(),
         }
     }
 
@@ -443,7 +449,22 @@ impl Engine for CliEngine {
             engine: self.id.to_string(),
             reason: reason.to_string(),
         })?;
+        // Only Claude can stop itself at a dollar amount.
+        let max_budget_usd = match (&self.budget, self.vendor) {
+            (Some(budget), Vendor::Claude) => {
+                let model = req.model.clone().unwrap_or_default();
+                let scope = lemon_core::budget::BudgetScope {
+                    run_id: &req.run_id,
+                    session_key: &req.session_key,
+                    engine: self.id.as_str(),
+                    model: &model,
+                };
+                budget.remaining_usd(scope).await
+            }
+            _ => None,
+        };
         let launch = runner::Launch {
+            max_budget_usd,
             vendor: self.vendor,
             program,
             settings: self.settings.clone(),

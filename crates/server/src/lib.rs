@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use lemon_api::http::{ConnectionLimits, ServeConfig};
+use lemon_core::budget::store_guard::StoreBudgetGuard;
 use lemon_core::bus::EventBus;
 use lemon_core::config::{
     self, ConfigStatus, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT,
@@ -206,6 +207,7 @@ struct Shared<'a> {
     tracker: &'a TaskTracker,
     token: &'a CancellationToken,
     tools: &'a ToolRegistry,
+    budget: &'a Arc<StoreBudgetGuard>,
 }
 
 /// Builds every engine the sections enable ([`lemon_engines::build_registry`])
@@ -247,7 +249,7 @@ fn engines(
         api_keys,
         recorder: Some(Arc::new(StoreRecorder { store: store.clone() })),
         tools: shared.tools.clone(),
-        budget: None,
+        budget: Some(shared.budget.clone()),
         store: Some(store.clone()),
     };
     Ok(lemon_engines::build_registry(sections, &ctx)?)
@@ -680,11 +682,16 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // SMS has no inbox yet: the sms_* tools answer that SMS is not configured.
     let gateway_tools = GatewayToolOptions { home: opts.user_home.clone(), ..Default::default() };
     lemon_engines::tools::register_gateway_tools(&tools, &gateway_tools);
+    // One guard for the gateway's life: every run is checked against it before
+    // it starts, native runs between turns; a reload reconfigures it.
+    let budget = Arc::new(StoreBudgetGuard::new(store.clone(), gateway_config.budgets.clone()));
     let build_engines: reload::BuildEngines = {
         let (opts, secrets, store) = (opts.clone(), secrets.clone(), store.clone());
         let (tracker, token, tools) = (tracker.clone(), token.clone(), tools.clone());
+        let budget = budget.clone();
         Arc::new(move |sections: &EngineSections| {
-            let shared = Shared { tracker: &tracker, token: &token, tools: &tools };
+            let shared =
+                Shared { tracker: &tracker, token: &token, tools: &tools, budget: &budget };
             engines(sections, &opts, &secrets, &store, shared)
         })
     };
@@ -699,12 +706,15 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         tracing::warn!("{warning}");
     }
     let deps = GatewayDeps {
-        config: runtime_config(
-            &gateway_config,
-            &engine_sections,
-            opts.user_home.clone(),
-            &opts.paths.home,
-        ),
+        config: RuntimeConfig {
+            budget: Some(budget.clone()),
+            ..runtime_config(
+                &gateway_config,
+                &engine_sections,
+                opts.user_home.clone(),
+                &opts.paths.home,
+            )
+        },
         engines: engine_table.clone(),
         store: store.clone(),
         bus: bus.clone(),
@@ -746,6 +756,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         config: config_status.clone(),
         secret_sources: secret_sources(&gateway_config, &engine_sections, &secrets).into(),
         cron: cron.clone(),
+        budget: budget.clone(),
     });
     let health = lemon_api::health::health_router(
         lemon_api::health::HealthState::new(router.query(), version, started)
@@ -798,6 +809,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         lemon_home: opts.paths.home.clone(),
         shutdown_grace_ms: shutdown_grace_ms.clone(),
         default_engine: chosen_default,
+        budget,
     };
     tracker.spawn(reload::watch(reloader, token.clone()));
     tracing::info!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");

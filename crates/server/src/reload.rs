@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use lemon_core::budget::store_guard::StoreBudgetGuard;
 use lemon_core::bus::{EventBus, Notice};
 use lemon_core::config::{
     self, ConfigReport, ConfigStatus, GatewayConfig, PendingRestart, Rejection,
@@ -100,6 +101,7 @@ const LIVE_KEYS: &[&str] = &[
     "engines",
     "projects",
     "bindings",
+    "budgets",
     "queue",
     "cron",
     "enable_webhook",
@@ -133,6 +135,8 @@ pub(crate) struct Plan {
     pub(crate) shutdown_grace: bool,
     /// `[[gateway.cron]]` is put in step with the stored jobs.
     pub(crate) cron: bool,
+    /// The budget guard gets the new limits and prices.
+    pub(crate) budgets: bool,
 }
 
 impl Plan {
@@ -176,6 +180,11 @@ pub(crate) fn plan(current: &GatewayConfig, next: &GatewayConfig) -> Plan {
                 plan.router = true;
                 // Bound chats are let through Telegram's allow list.
                 plan.telegram = true;
+            }
+            "budgets" => {
+                plan.budgets = true;
+                // `/status` shows the limits the router reads.
+                plan.router = true;
             }
             "allowed_cwd_roots" => {
                 plan.router = true;
@@ -301,6 +310,8 @@ pub(crate) struct Reloader {
     pub(crate) shutdown_grace_ms: Arc<AtomicU64>,
     /// The engine chosen at start for an unset `default_engine`.
     pub(crate) default_engine: crate::DefaultEngine,
+    /// Lives as long as the gateway; an edit of `[gateway.budgets]` reconfigures it.
+    pub(crate) budget: Arc<StoreBudgetGuard>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -425,22 +436,25 @@ impl Reloader {
             self.publish_pending_only(&pending);
             return;
         }
+        if plan.budgets {
+            self.budget.reconfigure(config.budgets.clone());
+        }
         if let Some(engines) = engines {
             self.engines.replace(&engines);
         }
-        if plan.runtime
-            && self
-                .gateway
-                .reload(crate::runtime_config(
+        if plan.runtime {
+            let runtime = lemon_core::gateway::RuntimeConfig {
+                budget: Some(self.budget.clone()),
+                ..crate::runtime_config(
                     &config,
                     &sections,
                     self.user_home.clone(),
                     &self.lemon_home,
-                ))
-                .await
-                .is_err()
-        {
-            return;
+                )
+            };
+            if self.gateway.reload(runtime).await.is_err() {
+                return;
+            }
         }
         if plan.router
             && self

@@ -91,6 +91,10 @@ impl TestGateway {
             config: lemon_core::config::ConfigStatus::default(),
             secret_sources: Arc::from([]),
             cron,
+            budget: Arc::new(lemon_core::budget::store_guard::StoreBudgetGuard::new(
+                store.clone(),
+                lemon_core::config::BudgetsConfig::default(),
+            )),
         };
         TestGateway { state, bus, store, token, tracker }
     }
@@ -732,6 +736,7 @@ async fn quiet_event_stream_rereads_the_store() {
         completion: Completion::success("hi", None),
         completed_at_ms: 2,
         duration_ms: 1,
+        spend: Default::default(),
     };
     store.finalize_run(finished).await;
 

@@ -259,10 +259,22 @@ pub(super) fn run_json(record: &RunRecord, runs: &Runs) -> Value {
         "resume": resume,
         "resume_line": record.resume.as_ref().map(|token| resume_line(token, runs)),
         "usage": record.usage,
+        "spend": spend_json(&record.spend),
         "created_at_ms": record.created_at_ms,
         "started_at_ms": record.started_at_ms,
         "completed_at_ms": record.completed_at_ms,
         "duration_ms": record.duration_ms,
+    })
+}
+
+/// What a run spent, normalised: tokens and US dollars.
+fn spend_json(spend: &lemon_core::budget::usage::RunSpend) -> Value {
+    json!({
+        "input_tokens": spend.input_tokens,
+        "output_tokens": spend.output_tokens,
+        "cache_read_tokens": spend.cache_read_tokens,
+        "cache_write_tokens": spend.cache_write_tokens,
+        "usd": spend.usd,
     })
 }
 

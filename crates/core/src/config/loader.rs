@@ -538,6 +538,33 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
         }
     }
 
+    let budgets = &gateway.budgets;
+    let negative = "must be a number of at least 0".to_owned();
+    let global_usd = [
+        ("run_usd", budgets.run_usd),
+        ("session_daily_usd", budgets.session_daily_usd),
+        ("daily_usd", budgets.daily_usd),
+    ];
+    if let Some((name, _)) =
+        global_usd.iter().find(|(_, usd)| usd.is_some_and(|usd| !usd.is_finite() || usd < 0.0))
+    {
+        let segs = [key("gateway"), key("budgets"), key(name)];
+        return Err(at(&segs, Anchor::Value, negative));
+    }
+    for (model, price) in &budgets.prices {
+        if let Some(name) = price.invalid_key() {
+            let segs = [key("gateway"), key("budgets"), key("prices"), key(model), key(name)];
+            return Err(at(&segs, Anchor::Value, negative));
+        }
+    }
+    for (i, binding) in gateway.bindings.iter().enumerate() {
+        if let Some(name) = binding.budget.as_ref().and_then(|b| b.invalid_key()) {
+            let segs =
+                [key("gateway"), key("bindings"), Segment::Index(i), key("budget"), key(name)];
+            return Err(at(&segs, Anchor::Value, negative));
+        }
+    }
+
     if gateway.queue.cap == Some(0) {
         let segs = [key("gateway"), key("queue"), key("cap")];
         return Err(at(&segs, Anchor::Value, "must be at least 1".to_owned()));

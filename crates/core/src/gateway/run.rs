@@ -27,6 +27,8 @@ use tokio_util::sync::CancellationToken;
 use super::lock::{EngineLock, LockKey};
 use super::{ExecutionRequest, RuntimeConfig};
 use crate::artifacts::{ArtifactCollector, ArtifactRoots};
+use crate::budget::usage::{ReportedUsage, RunSpend};
+use crate::budget::BudgetScope;
 use crate::bus::{BusEvent, EventBus, EventKind, RunStatus};
 use crate::clock::now_ms;
 use crate::engine::{
@@ -134,6 +136,8 @@ struct RunState {
     cwd: Option<PathBuf>,
     /// Files the run's actions asked to send.
     artifacts: ArtifactCollector,
+    /// The model the run asked for, if any (prices are by model).
+    model: Option<String>,
 }
 
 fn event(run_id: &RunId, session: &SessionKey, index: u64, kind: EventKind) -> Arc<BusEvent> {
@@ -189,11 +193,30 @@ pub(super) async fn execute(ctx: RunContext) {
             state.last_resume.clone(),
         )
     });
+    let spend = spend_of(&ctx, &state, &completion);
     let RunContext { run_id, session_key, store, bus, finished, config, .. } = ctx;
     let status = RunStatus::of(&completion);
-    let end = Ending { run_id: run_id.clone(), session_key, config: &config, started };
+    let end = Ending { run_id: run_id.clone(), session_key, config: &config, started, spend };
     finalize(&bus, &store, end, &mut state, completion).await;
     (finished.0)(run_id, status).await;
+}
+
+/// What the run spent, priced by the budget guard when there is one; the guard
+/// forgets the run.
+fn spend_of(ctx: &RunContext, state: &RunState, completion: &Completion) -> RunSpend {
+    let Some(guard) = &ctx.config.budget else {
+        return RunSpend::from_reported(&ReportedUsage::from_json(&completion.usage), None);
+    };
+    let model = state.model.clone().unwrap_or_default();
+    let scope = BudgetScope {
+        run_id: &ctx.run_id,
+        session_key: &ctx.session_key,
+        engine: &state.engine,
+        model: &model,
+    };
+    let spend = guard.spend(scope, &completion.usage);
+    guard.finish(&ctx.run_id);
+    spend
 }
 
 fn cancelled(ctx: &RunContext, state: &RunState) -> Completion {
@@ -236,6 +259,25 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
     if !crate::config::cwd_allowed(&ctx.config.allowed_cwd_roots, &cwd) {
         let detail = format!("working directory {} is outside allowed_cwd_roots", cwd.display());
         return Completion::failure(RunError::StartFailed { detail }, None);
+    }
+    state.model.clone_from(&model);
+    // CLI engines cannot be stopped between model turns, so a session already
+    // at a limit is refused here, before its engine starts.
+    if let Some(guard) = &ctx.config.budget {
+        let model = model.clone().unwrap_or_default();
+        let scope = BudgetScope {
+            run_id: &ctx.run_id,
+            session_key: &ctx.session_key,
+            engine: &state.engine,
+            model: &model,
+        };
+        if let Err(exceeded) = guard.admit(scope, ctx.req.budget.as_deref()).await {
+            let detail = exceeded.detail();
+            return Completion::failure(
+                RunError::BudgetExceeded { detail },
+                state.last_resume.clone(),
+            );
+        }
     }
     ctx.publish(
         state,
@@ -404,12 +446,13 @@ pub(super) fn resolve_cwd(requested: Option<&Path>, config: &RuntimeConfig) -> P
         .unwrap_or_else(|| PathBuf::from("/"))
 }
 
-/// Who a run's end is written for.
+/// Who a run's end is written for, and what it spent.
 struct Ending<'a> {
     run_id: RunId,
     session_key: SessionKey,
     config: &'a RuntimeConfig,
     started: Instant,
+    spend: RunSpend,
 }
 
 async fn finalize(
@@ -419,7 +462,7 @@ async fn finalize(
     state: &mut RunState,
     mut completion: Completion,
 ) {
-    let Ending { run_id, session_key, config, started } = end;
+    let Ending { run_id, session_key, config, started, spend } = end;
     if completion.answer.is_empty() {
         completion.answer = std::mem::take(&mut state.text);
     }
@@ -461,6 +504,7 @@ async fn finalize(
         engine: state.engine.clone(),
         completion,
         duration_ms,
+        spend,
     };
     complete(bus, store, end).await;
 }
@@ -475,6 +519,8 @@ pub(crate) struct RunEnd {
     pub(crate) engine: String,
     pub(crate) completion: Completion,
     pub(crate) duration_ms: u64,
+    /// What the run spent (nothing, for a request that never ran).
+    pub(crate) spend: RunSpend,
 }
 
 /// The one place a run's completion is written, for runs that ran and for
@@ -483,7 +529,7 @@ pub(crate) struct RunEnd {
 /// `run_completed` is published, so whoever sees the completion reads the
 /// finished run.
 pub(crate) async fn complete(bus: &EventBus, store: &StoreHandle, end: RunEnd) {
-    let RunEnd { run_id, session_key, index, engine, completion, duration_ms } = end;
+    let RunEnd { run_id, session_key, index, engine, completion, duration_ms, spend } = end;
     let kind = EventKind::RunCompleted {
         completion: completion.clone(),
         engine: engine.clone(),
@@ -491,7 +537,7 @@ pub(crate) async fn complete(bus: &EventBus, store: &StoreHandle, end: RunEnd) {
     };
     let completed = event(&run_id, &session_key, index, kind);
     let finished =
-        FinishedRun { run_id, engine, completion, completed_at_ms: now_ms(), duration_ms };
+        FinishedRun { run_id, engine, completion, completed_at_ms: now_ms(), duration_ms, spend };
     store.append_event(completed.clone()).await;
     store.finalize_run(finished).await;
     bus.publish(completed);
@@ -513,6 +559,7 @@ pub(super) async fn complete_unstarted(
         engine: engine.to_owned(),
         completion,
         duration_ms: 0,
+        spend: RunSpend::default(),
     };
     complete(bus, store, end).await;
 }

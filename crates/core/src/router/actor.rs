@@ -533,6 +533,7 @@ impl Router {
             seq,
             suppress_phases: false,
             route,
+            budget: binding.budget,
         })
     }
 
@@ -684,6 +685,7 @@ impl Router {
             model: item.model.clone(),
             meta: item.meta.clone(),
             journaled: true,
+            budget: item.budget.map(Box::new),
         };
         match self.gateway.submit(req).await {
             Ok(_) => {
@@ -769,6 +771,7 @@ impl Router {
             engine: engine.to_owned(),
             completion,
             duration_ms: 0,
+            spend: crate::budget::usage::RunSpend::default(),
         };
         gateway::complete(&self.bus, &self.store, end).await;
         self.journal.complete(run_id).await;
@@ -896,10 +899,25 @@ impl Router {
                     None => "idle".to_owned(),
                 };
                 let engine = self.current_engine(session_key).await;
-                format!(
+                let status = format!(
                     "Session {session_key}: {running}, {} queued, engine {engine}.",
                     view.queued.len()
+                );
+                let budget = crate::budget::store_guard::session_report(
+                    &self.store,
+                    &self.config.gateway.budgets,
+                    session_key,
+                    None,
+                    now_ms(),
                 )
+                .await;
+                match budget {
+                    Ok(budget) => format!("{status}\n{}", spend_today_line(&budget)),
+                    Err(error) => {
+                        tracing::warn!(%session_key, %error, "could not read the session's spend");
+                        status
+                    }
+                }
             }
             SlashCommand::Engine(None) => self.engine_list(session_key).await,
             SlashCommand::Engine(Some(raw)) => {
@@ -1082,7 +1100,41 @@ fn item_from_entry(entry: JournalEntry) -> Result<Item, String> {
         mode: QueueMode::Collect,
         seq: entry.seq,
         suppress_phases: false,
+        budget: None,
     })
+}
+
+/// `/status`'s line on money: what the session spent today (UTC) and the
+/// limits in force.
+fn spend_today_line(budget: &crate::budget::store_guard::SessionBudget) -> String {
+    use crate::budget::store_guard::usd_text;
+    let today = &budget.session_today;
+    let mut line = format!(
+        "Today (UTC): {} tokens, {} in {} run{}.",
+        today.spend.tokens(),
+        usd_text(today.spend.usd),
+        today.runs,
+        if today.runs == 1 { "" } else { "s" }
+    );
+    let limits = &budget.limits;
+    let tokens = |n: Option<u64>| n.map(|n| format!("{n} tokens"));
+    let listed: Vec<String> = [
+        ("run", tokens(limits.session.run_tokens)),
+        ("run", limits.session.run_usd.map(usd_text)),
+        ("session per day", tokens(limits.session.session_daily_tokens)),
+        ("session per day", limits.session.session_daily_usd.map(usd_text)),
+        ("day, all sessions", tokens(limits.daily_tokens)),
+        ("day, all sessions", limits.daily_usd.map(usd_text)),
+    ]
+    .into_iter()
+    .filter_map(|(scope, limit)| Some(format!("{} per {scope}", limit?)))
+    .collect();
+    if listed.is_empty() {
+        line.push_str(" No limits.");
+    } else {
+        line.push_str(&format!(" Limits: {}.", listed.join(", ")));
+    }
+    line
 }
 
 #[cfg(test)]
@@ -1112,6 +1164,7 @@ mod tests {
                 chosen_engine: None,
                 fallback_engine: "fake".parse().unwrap(),
             },
+            budget: None,
         }
     }
 

@@ -50,6 +50,9 @@ pub struct Item {
     /// How the engine was chosen, so auto-resume can be re-read at dispatch time
     /// (the run ahead of it may have just written a newer session).
     pub route: RouteChoice,
+    /// The limits of the binding its channel matched (not journaled: a
+    /// recovered request has its session's and the global limits).
+    pub budget: Option<crate::config::SessionLimits>,
 }
 
 /// The engine choice of an item before chat state was consulted.

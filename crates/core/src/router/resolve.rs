@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::config::{BindingConfig, GatewayConfig, QueueMode};
+use crate::config::{BindingConfig, GatewayConfig, QueueMode, SessionLimits};
 use crate::engine::validate::{check_engine_ref_model, check_model};
 use crate::engine::{extract_plain_resume, EngineRegistry, Field, InvalidValue, ResumeToken};
 use crate::ids::{ConversationKey, EngineId, EngineRef, EngineRefError, Model, SessionKey};
@@ -185,13 +185,15 @@ pub fn parse_slash_command(prompt: &str) -> Option<SlashCommand> {
 }
 
 /// What a channel binding contributes to a request.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct BindingDefaults {
     pub cwd: Option<PathBuf>,
     pub agent_id: Option<String>,
     /// The topic binding's engine, then the chat binding's, then the project's.
     pub default_engine: Option<EngineRef>,
     pub queue_mode: Option<QueueMode>,
+    /// The topic binding's limits over the chat binding's, key by key.
+    pub budget: Option<SessionLimits>,
 }
 
 /// Resolves the bindings of a channel: a binding for the exact topic wins over the
@@ -223,6 +225,10 @@ pub fn resolve_binding(config: &GatewayConfig, channel: &ChannelRef) -> BindingD
         default_engine: pick(topic, chat, |b| b.default_engine.clone())
             .or_else(|| project.as_ref().and_then(|p| p.default_engine.clone())),
         queue_mode: topic.and_then(|b| b.queue_mode).or_else(|| chat.and_then(|b| b.queue_mode)),
+        budget: match (topic.and_then(|b| b.budget), chat.and_then(|b| b.budget)) {
+            (Some(topic), Some(chat)) => Some(topic.over(&chat)),
+            (topic, chat) => topic.or(chat),
+        },
     }
 }
 

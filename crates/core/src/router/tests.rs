@@ -687,6 +687,7 @@ async fn recovery_requeues_unstarted_requests_and_interrupts_started_ones() {
             completion: Completion::success("answer", None),
             completed_at_ms: 1_010,
             duration_ms: 1,
+            spend: Default::default(),
         })
         .await;
 

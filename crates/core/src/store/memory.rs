@@ -12,7 +12,9 @@ use async_trait::async_trait;
 use super::{
     ChatState, ChatStateStore, FinishedRun, JournalEntry, JournalState, JournalStore, KvStore,
     NewRun, RunEventStore, RunFilter, RunRecord, RunStore, StoreError, StoreLifecycle, StoredEvent,
+    UsageFilter, UsageGroup, UsageStore, UsageTotals,
 };
+use crate::budget::usage::RunSpend;
 use crate::bus::{BusEvent, RunStatus};
 use crate::ids::{RunId, SessionKey};
 
@@ -104,6 +106,7 @@ impl RunStore for MemoryStore {
             resumed_from: run.resumed_from,
             resume: None,
             usage: serde_json::Value::Null,
+            spend: RunSpend::default(),
             created_at_ms: run.created_at_ms,
             started_at_ms: None,
             completed_at_ms: None,
@@ -171,6 +174,7 @@ impl RunStore for MemoryStore {
             record.error_code = completion.error.as_ref().map(|e| e.code().to_owned());
             record.resume = completion.resume.clone();
             record.usage = completion.usage.clone();
+            record.spend = run.spend;
             record.completed_at_ms = Some(run.completed_at_ms);
             record.duration_ms = Some(run.duration_ms);
         }
@@ -292,6 +296,44 @@ impl JournalStore for MemoryStore {
         let mut entries: Vec<JournalEntry> = self.tables().journal.values().cloned().collect();
         entries.sort_by_key(|e| e.seq);
         Ok(entries)
+    }
+}
+
+impl MemoryStore {
+    /// The finished runs `filter` selects, with the key `group` sums them by.
+    fn each_usage(&self, filter: &UsageFilter, mut f: impl FnMut(&RunRecord)) {
+        let tables = self.tables();
+        let selected = tables.runs.values().filter(|run| {
+            run.completed_at_ms.is_some_and(|at| at >= filter.since_ms)
+                && filter.session_key.as_ref().is_none_or(|key| &run.session_key == key)
+                && filter.engine.as_ref().is_none_or(|engine| &run.engine == engine)
+        });
+        selected.for_each(&mut f);
+    }
+}
+
+#[async_trait]
+impl UsageStore for MemoryStore {
+    async fn usage_totals(&self, filter: &UsageFilter) -> Result<UsageTotals, StoreError> {
+        let mut totals = UsageTotals::default();
+        self.each_usage(filter, |run| totals.add(&run.spend));
+        Ok(totals)
+    }
+
+    async fn usage_by(
+        &self,
+        filter: &UsageFilter,
+        group: UsageGroup,
+    ) -> Result<Vec<(String, UsageTotals)>, StoreError> {
+        let mut groups: std::collections::BTreeMap<String, UsageTotals> = Default::default();
+        self.each_usage(filter, |run| {
+            let key = match group {
+                UsageGroup::Engine => run.engine.clone(),
+                UsageGroup::Session => run.session_key.as_str().to_owned(),
+            };
+            groups.entry(key).or_default().add(&run.spend);
+        });
+        Ok(groups.into_iter().collect())
     }
 }
 

@@ -30,8 +30,9 @@ use self::writer::{Reply, WriteOp};
 use super::{
     ChatState, ChatStateStore, FinishedRun, JournalEntry, JournalRoute, JournalState, JournalStore,
     KvStore, NewRun, RunEventStore, RunFilter, RunRecord, RunStore, StoreError, StoreLifecycle,
-    StoredEvent, KV_PURGE_BATCH,
+    StoredEvent, UsageFilter, UsageGroup, UsageStore, UsageTotals, KV_PURGE_BATCH,
 };
+use crate::budget::usage::RunSpend;
 use crate::bus::{BusEvent, RunStatus};
 use crate::engine::ResumeToken;
 use crate::ids::{RunId, SessionKey};
@@ -51,7 +52,26 @@ macro_rules! run_columns {
     () => {
         "run_id, session_key, conversation, engine, prompt, meta, status, answer, error, error_code, \
          resume_engine, resume_value, usage, created_at_ms, started_at_ms, completed_at_ms, duration_ms, \
-         resumed_from_engine, resumed_from_value"
+         resumed_from_engine, resumed_from_value, \
+         input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd"
+    };
+}
+
+/// The sums a usage query selects, after its group column if any.
+macro_rules! usage_sums {
+    () => {
+        "count(*), coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0), \
+         coalesce(sum(cache_read_tokens), 0), coalesce(sum(cache_write_tokens), 0), \
+         coalesce(sum(cost_usd), 0.0) FROM runs"
+    };
+}
+
+/// The `WHERE` clause of a usage query: `?1` since, `?2` session, `?3` engine. A
+/// session's runs are found through their own index.
+macro_rules! usage_where {
+    () => {
+        " WHERE completed_at_ms >= ?1 AND (?2 IS NULL OR session_key = ?2) \
+          AND (?3 IS NULL OR engine = ?3)"
     };
 }
 
@@ -281,6 +301,64 @@ impl RunStore for SqliteStore {
         })
         .await
     }
+}
+
+#[async_trait]
+impl UsageStore for SqliteStore {
+    async fn usage_totals(&self, filter: &UsageFilter) -> Result<UsageTotals, StoreError> {
+        let filter = filter.clone();
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(concat!("SELECT ", usage_sums!(), usage_where!()))
+                .map_err(db)?;
+            let mut rows = stmt.query(usage_params(&filter)).map_err(db)?;
+            match rows.next().map_err(db)? {
+                Some(row) => totals_from_row(row, 0),
+                None => Ok(UsageTotals::default()),
+            }
+        })
+        .await
+    }
+
+    async fn usage_by(
+        &self,
+        filter: &UsageFilter,
+        group: UsageGroup,
+    ) -> Result<Vec<(String, UsageTotals)>, StoreError> {
+        let filter = filter.clone();
+        self.read(move |conn| {
+            let sql = match group {
+                UsageGroup::Engine => concat!(
+                    "SELECT engine, ",
+                    usage_sums!(),
+                    usage_where!(),
+                    " GROUP BY engine ORDER BY engine"
+                ),
+                UsageGroup::Session => concat!(
+                    "SELECT session_key, ",
+                    usage_sums!(),
+                    usage_where!(),
+                    " GROUP BY session_key ORDER BY session_key"
+                ),
+            };
+            let mut stmt = conn.prepare_cached(sql).map_err(db)?;
+            let mut rows = stmt.query(usage_params(&filter)).map_err(db)?;
+            let mut groups = Vec::new();
+            while let Some(row) = rows.next().map_err(db)? {
+                groups.push((row.get::<_, String>(0).map_err(db)?, totals_from_row(row, 1)?));
+            }
+            Ok(groups)
+        })
+        .await
+    }
+}
+
+fn usage_params(filter: &UsageFilter) -> (i64, Option<String>, Option<String>) {
+    (
+        filter.since_ms,
+        filter.session_key.as_ref().map(|key| key.as_str().to_owned()),
+        filter.engine.clone(),
+    )
 }
 
 #[async_trait]
@@ -614,6 +692,29 @@ fn runs_from_rows(mut rows: Rows<'_>) -> Result<Vec<RunRecord>, StoreError> {
     Ok(runs)
 }
 
+/// The spend in the five columns from `first` on.
+fn spend_from_row(row: &Row<'_>, first: usize) -> Result<RunSpend, StoreError> {
+    let tokens = |i: usize| -> Result<u64, StoreError> {
+        Ok(u64::try_from(row.get::<_, i64>(first + i).map_err(db)?).unwrap_or(0))
+    };
+    Ok(RunSpend {
+        input_tokens: tokens(0)?,
+        output_tokens: tokens(1)?,
+        cache_read_tokens: tokens(2)?,
+        cache_write_tokens: tokens(3)?,
+        usd: row.get(first + 4).map_err(db)?,
+    })
+}
+
+/// A usage row: the run count at `first`, then the spend.
+fn totals_from_row(row: &Row<'_>, first: usize) -> Result<UsageTotals, StoreError> {
+    let runs: i64 = row.get(first).map_err(db)?;
+    Ok(UsageTotals {
+        runs: u64::try_from(runs).unwrap_or(0),
+        spend: spend_from_row(row, first + 1)?,
+    })
+}
+
 fn run_from_row(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     let run_id: String = row.get(0).map_err(db)?;
     let meta: String = row.get(5).map_err(db)?;
@@ -643,6 +744,7 @@ fn run_from_row(row: &Row<'_>) -> Result<RunRecord, StoreError> {
             _ => None,
         },
         usage: parse_json(&usage, || format!("usage of run {run_id}"))?,
+        spend: spend_from_row(row, 19)?,
         created_at_ms: row.get(13).map_err(db)?,
         started_at_ms: row.get(14).map_err(db)?,
         completed_at_ms: row.get(15).map_err(db)?,

@@ -9,6 +9,7 @@ use tempfile::TempDir;
 
 use super::sqlite::{SqliteStore, SCHEMA_VERSION};
 use super::*;
+use crate::budget::usage::RunSpend;
 use crate::bus::{EventKind, RunPhase};
 use crate::engine::{Action, ActionKind, ActionPhase, RunError};
 
@@ -70,6 +71,7 @@ fn queued_record(id: &str, created_at_ms: i64) -> RunRecord {
         resumed_from: None,
         resume: None,
         usage: serde_json::Value::Null,
+        spend: Default::default(),
         created_at_ms,
         started_at_ms: None,
         completed_at_ms: None,
@@ -143,6 +145,7 @@ fn finished(id: &str, completion: Completion) -> FinishedRun {
         completion,
         completed_at_ms: 2_000,
         duration_ms: 990,
+        spend: Default::default(),
     }
 }
 
@@ -1066,7 +1069,8 @@ async fn sqlite_a_file_from_before_the_kv_table_is_migrated_and_keeps_its_runs()
     let dir = tempfile::tempdir().unwrap();
     let path = db_path(&dir);
     // Make the file look like one written before migration 3.
-    older_file_with_a_run(&path, &format!("{UNDO_RESUMED_FROM} DROP TABLE kv;"), 2).await;
+    older_file_with_a_run(&path, &format!("{UNDO_SPEND} {UNDO_RESUMED_FROM} DROP TABLE kv;"), 2)
+        .await;
 
     let store = open(&path);
     assert_eq!(user_version(&path), SCHEMA_VERSION);
@@ -1086,6 +1090,82 @@ async fn older_file_with_a_run(path: &Path, undo: &str, version: u32) {
     conn.execute_batch(&format!("{undo} PRAGMA user_version = {version};")).unwrap();
 }
 
+/// Undoes migration 5 (the spend columns and their indexes), to make a file look older.
+const UNDO_SPEND: &str = "DROP INDEX runs_completed; DROP INDEX runs_session_completed;
+     ALTER TABLE runs DROP COLUMN input_tokens; ALTER TABLE runs DROP COLUMN output_tokens;
+     ALTER TABLE runs DROP COLUMN cache_read_tokens; ALTER TABLE runs DROP COLUMN cache_write_tokens;
+     ALTER TABLE runs DROP COLUMN cost_usd;";
+
+#[tokio::test]
+async fn sqlite_a_file_from_before_spend_is_migrated_and_sums_its_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    older_file_with_a_run(&path, UNDO_SPEND, 4).await;
+
+    let store = open(&path);
+    assert_eq!(user_version(&path), SCHEMA_VERSION);
+    assert_eq!(store.get_run("run_old").await.unwrap(), Some(queued_record("run_old", 1_000)));
+    store.finalize_run(finished("run_old", Completion::success("ok", None))).await;
+    let totals = store.usage().usage_totals(&UsageFilter::default()).await.unwrap();
+    assert_eq!(totals, UsageTotals { runs: 1, spend: RunSpend::default() });
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn usage_sums_finished_runs_since_a_time_by_session_and_engine() {
+    for Backend { name, store, _dir } in backends() {
+        let spend = |tokens: u64, usd: f64| RunSpend {
+            input_tokens: tokens,
+            output_tokens: 1,
+            cache_read_tokens: 2,
+            cache_write_tokens: 3,
+            usd,
+        };
+        let runs = [
+            ("u1", "s1", "echo", 1_000, spend(10, 0.5)),
+            ("u2", "s1", "codex", 2_000, spend(20, 0.25)),
+            ("u3", "s2", "codex", 3_000, spend(40, 1.0)),
+        ];
+        for (id, session, engine, at, spend) in runs {
+            let run = NewRun { session_key: session.into(), ..new_run(id, at - 100) };
+            store.insert_run(run).await;
+            let done = FinishedRun {
+                engine: engine.to_owned(),
+                completed_at_ms: at,
+                spend,
+                ..finished(id, Completion::success("ok", None))
+            };
+            store.finalize_run(done).await;
+        }
+        // Still running: not counted.
+        store.insert_run(new_run("u4", 2_500)).await;
+        let record = store.get_run("u2").await.unwrap().unwrap();
+        assert_eq!(record.spend, spend(20, 0.25), "{name}");
+
+        let all = store.usage().usage_totals(&UsageFilter::default()).await.unwrap();
+        assert_eq!(all.runs, 3, "{name}");
+        assert_eq!(all.spend.input_tokens, 70, "{name}");
+        assert_eq!(all.spend.cache_write_tokens, 9, "{name}");
+        assert!((all.spend.usd - 1.75).abs() < 1e-9, "{name}");
+        let since = UsageFilter { since_ms: 2_000, ..UsageFilter::default() };
+        assert_eq!(store.usage().usage_totals(&since).await.unwrap().runs, 2, "{name}");
+        let session = UsageFilter { session_key: Some("s1".into()), since_ms: 1_500, engine: None };
+        let totals = store.usage().usage_totals(&session).await.unwrap();
+        assert_eq!((totals.runs, totals.spend.input_tokens), (1, 20), "{name}");
+        let engine = UsageFilter { engine: Some("codex".to_owned()), ..UsageFilter::default() };
+        assert_eq!(store.usage().usage_totals(&engine).await.unwrap().runs, 2, "{name}");
+
+        let by_engine = store.usage().usage_by(&UsageFilter::default(), UsageGroup::Engine).await;
+        let by_engine: Vec<(String, u64)> =
+            by_engine.unwrap().into_iter().map(|(key, t)| (key, t.runs)).collect();
+        assert_eq!(by_engine, [("codex".to_owned(), 2), ("echo".to_owned(), 1)], "{name}");
+        let by_session = store.usage().usage_by(&since, UsageGroup::Session).await.unwrap();
+        let by_session: Vec<(String, u64)> =
+            by_session.into_iter().map(|(key, t)| (key, t.spend.input_tokens)).collect();
+        assert_eq!(by_session, [("s1".to_owned(), 20), ("s2".to_owned(), 40)], "{name}");
+    }
+}
+
 /// Undoes migration 4 (the `resumed_from` columns), to make a file look older.
 const UNDO_RESUMED_FROM: &str = "ALTER TABLE runs DROP COLUMN resumed_from_engine;
      ALTER TABLE runs DROP COLUMN resumed_from_value;";
@@ -1094,7 +1174,7 @@ const UNDO_RESUMED_FROM: &str = "ALTER TABLE runs DROP COLUMN resumed_from_engin
 async fn sqlite_a_file_from_before_resumed_from_is_migrated_and_keeps_its_runs() {
     let dir = tempfile::tempdir().unwrap();
     let path = db_path(&dir);
-    older_file_with_a_run(&path, UNDO_RESUMED_FROM, 3).await;
+    older_file_with_a_run(&path, &format!("{UNDO_SPEND} {UNDO_RESUMED_FROM}"), 3).await;
 
     let store = open(&path);
     assert_eq!(user_version(&path), SCHEMA_VERSION);

@@ -2,7 +2,8 @@
 //!
 //! Command line: `claude -p --output-format stream-json --input-format text|stream-json
 //! --verbose [--dangerously-skip-permissions] [--allowedTools t…] [--model=m]
-//! [extra_args…] [--resume=<session_id>]`. Without steering the prompt goes on stdin
+//! [--max-budget-usd=<usd>] [extra_args…] [--resume=<session_id>]`, with
+//! `--max-budget-usd` where a dollar limit of `[gateway.budgets]` applies. Without steering the prompt goes on stdin
 //! as text and stdin is closed; with steering stdin carries stream-json user messages
 //! and stays open until the run's `result`.
 //!
@@ -46,6 +47,10 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
     if let Some(model) = &model {
         args.push(format!("--model={model}"));
     }
+    if let Some(usd) = input.max_budget_usd {
+        // Claude stops the run itself once it has spent this much.
+        args.push(format!("--max-budget-usd={}", usd_arg(usd)));
+    }
     args.extend(settings.extra_args.iter().cloned());
     if let Some(session) = input.resume {
         // `--resume` takes an optional value: in the `=` form the value is never
@@ -58,6 +63,13 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
         StdinMode::Write(format!("{}\n", input.prompt.trim_end()).into_bytes())
     };
     Invocation { args, stdin, env: Vec::new(), prompt_is_last_arg: false, model, new_session: None }
+}
+
+/// Dollars for `--max-budget-usd`: at most four decimals, rounded down so the
+/// CLI never gets more than what is left.
+fn usd_arg(usd: f64) -> String {
+    let cents = (usd.max(0.0) * 10_000.0).floor() / 10_000.0;
+    format!("{cents:.4}")
 }
 
 /// One stream-json user message line, as `--input-format stream-json` reads it.

@@ -57,6 +57,8 @@ pub(crate) struct Launch {
     pub(crate) cancel: CancellationToken,
     /// Keeps the record of the run's process group, when the app keeps one.
     pub(crate) recorder: Option<Arc<dyn ProcessRecorder>>,
+    /// `--max-budget-usd` for the CLIs that take it.
+    pub(crate) max_budget_usd: Option<f64>,
 }
 
 /// Spawns the CLI, records its process group, and starts its supervisor.
@@ -68,7 +70,17 @@ pub(crate) async fn start(
     req: StartRequest,
     sink: EventSink,
 ) -> Result<Arc<dyn RunControl>, EngineError> {
-    let Launch { vendor, program, settings, base_env, api_key, tracker, cancel, recorder } = launch;
+    let Launch {
+        vendor,
+        program,
+        settings,
+        base_env,
+        api_key,
+        tracker,
+        cancel,
+        recorder,
+        max_budget_usd,
+    } = launch;
     // A token of another engine cannot be continued here: the run is a new session.
     let resume = req.resume.clone().filter(|token| token.engine == vendor.id());
     let input = CommandInput {
@@ -78,6 +90,7 @@ pub(crate) async fn start(
         model: req.model.as_deref(),
         cwd: &req.cwd,
         base_env: &base_env,
+        max_budget_usd,
     };
     let invocation = match vendor {
         Vendor::Claude => claude::command(&input),

@@ -63,6 +63,7 @@ fn the_run_model_wins_without_its_prefix() {
         model,
         cwd: std::path::Path::new("/"),
         base_env: &base,
+        max_budget_usd: None,
     };
     let prefixes = ["claude:", "anthropic/"];
     assert_eq!(input(Some("Anthropic/opus")).model(&prefixes).as_deref(), Some("opus"));
@@ -90,6 +91,7 @@ fn values_follow_their_option_in_a_form_no_cli_reads_as_another_option() {
             model: Some("opus"),
             cwd: std::path::Path::new("/work"),
             base_env: &base,
+            max_budget_usd: None,
         };
         match vendor {
             Vendor::Claude => claude::command(&input),
@@ -156,4 +158,36 @@ async fn an_engine_refuses_to_start_with_a_token_or_model_that_could_be_an_optio
         meta: BTreeMap::new(),
     };
     assert!(engine.start(req, sink).await.is_err());
+}
+
+#[test]
+fn claude_is_capped_at_what_the_budget_leaves() {
+    let settings = CliSettings::from_section(Vendor::Claude, &EngineSection::default());
+    let base = BTreeMap::new();
+    let argv = |max_budget_usd: Option<f64>| {
+        let input = CommandInput {
+            settings: &settings,
+            prompt: "p",
+            resume: None,
+            model: None,
+            cwd: std::path::Path::new("/"),
+            base_env: &base,
+            max_budget_usd,
+        };
+        claude::command(&input).args
+    };
+    assert!(!argv(None).iter().any(|arg| arg.starts_with("--max-budget-usd")));
+    let capped = argv(Some(0.123_456_7));
+    assert!(capped.contains(&"--max-budget-usd=0.1234".to_owned()), "{capped:?}");
+    // The other vendors have no such flag.
+    let codex = codex::command(&CommandInput {
+        settings: &CliSettings::from_section(Vendor::Codex, &EngineSection::default()),
+        prompt: "p",
+        resume: None,
+        model: None,
+        cwd: std::path::Path::new("/"),
+        base_env: &base,
+        max_budget_usd: Some(1.0),
+    });
+    assert!(!codex.args.iter().any(|arg| arg.contains("budget")), "{:?}", codex.args);
 }

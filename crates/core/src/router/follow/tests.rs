@@ -200,6 +200,7 @@ async fn a_quiet_topic_finds_a_completion_written_only_to_the_store() {
             completion: Completion::success("", None),
             completed_at_ms: 2,
             duration_ms: 1,
+            spend: Default::default(),
         })
         .await;
     assert_eq!(collect(&mut follower).await, expected(1));

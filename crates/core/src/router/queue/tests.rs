@@ -26,6 +26,7 @@ fn item(n: u64, mode: QueueMode) -> Item {
             chosen_engine: None,
             fallback_engine: "fake".parse().unwrap(),
         },
+        budget: None,
     }
 }
 

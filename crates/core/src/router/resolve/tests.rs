@@ -229,6 +229,7 @@ fn bindings_prefer_the_topic_then_the_chat_then_the_project() {
             agent_id: Some("helper".into()),
             default_engine: Some("codex".parse().unwrap()),
             queue_mode: Some(QueueMode::Followup),
+            budget: None,
         }
     );
     let topic = ChannelRef { topic_id: Some("7".into()), ..chat.clone() };
@@ -239,6 +240,7 @@ fn bindings_prefer_the_topic_then_the_chat_then_the_project() {
             agent_id: Some("helper".into()),
             default_engine: Some("claude".parse().unwrap()),
             queue_mode: Some(QueueMode::Steer),
+            budget: None,
         }
     );
     let other = ChannelRef { chat_id: Some("43".into()), ..chat };

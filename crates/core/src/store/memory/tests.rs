@@ -21,6 +21,7 @@ fn finished(id: &str) -> FinishedRun {
         completion: Completion::success("a", None),
         completed_at_ms: 2,
         duration_ms: 1,
+        spend: Default::default(),
     }
 }
 

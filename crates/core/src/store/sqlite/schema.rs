@@ -91,6 +91,16 @@ const MIGRATIONS: &[&str] = &[
     // 4: the session a run continued: the resume token it was started with.
     "ALTER TABLE runs ADD COLUMN resumed_from_engine TEXT;
     ALTER TABLE runs ADD COLUMN resumed_from_value TEXT;",
+    // 5: what each run spent, normalised (tokens and US dollars), for usage
+    // totals and budgets, which sum finished runs by completion time.
+    "ALTER TABLE runs ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN cost_usd REAL NOT NULL DEFAULT 0;
+    CREATE INDEX runs_completed ON runs (completed_at_ms) WHERE completed_at_ms IS NOT NULL;
+    CREATE INDEX runs_session_completed ON runs (session_key, completed_at_ms)
+        WHERE completed_at_ms IS NOT NULL;",
 ];
 
 /// The version a fully migrated file has.

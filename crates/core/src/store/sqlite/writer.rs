@@ -22,6 +22,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 
 use super::super::{FinishedRun, JournalEntry, NewRun, StoreError};
+use crate::budget::usage::RunSpend;
 use crate::bus::{BusEvent, RunStatus};
 use crate::ids::{RunId, SessionKey};
 
@@ -146,11 +147,13 @@ macro_rules! mark_running_set {
     };
 }
 
-/// The `SET` clause of `finalize_run`, parameters `?2` to `?11`.
+/// The `SET` clause of `finalize_run`, parameters `?2` to `?16`.
 macro_rules! finalize_set {
     () => {
         "status = ?2, engine = ?3, answer = ?4, error = ?5, error_code = ?6, resume_engine = ?7, \
-         resume_value = ?8, usage = ?9, completed_at_ms = ?10, duration_ms = ?11"
+         resume_value = ?8, usage = ?9, completed_at_ms = ?10, duration_ms = ?11, \
+         input_tokens = ?12, output_tokens = ?13, cache_read_tokens = ?14, \
+         cache_write_tokens = ?15, cost_usd = ?16"
     };
 }
 
@@ -577,6 +580,7 @@ impl Writer {
                 stmt.raw_bind_parameter(9, json_text(&mut self.json, &completion.usage)?)?;
                 stmt.raw_bind_parameter(10, finished.completed_at_ms)?;
                 stmt.raw_bind_parameter(11, to_i64(finished.duration_ms))?;
+                bind_spend(&mut stmt, 12, &finished.spend)?;
                 stmt.raw_execute()?;
             }
             WriteOp::PutChatState {
@@ -791,10 +795,11 @@ impl Writer {
             "INSERT OR REPLACE INTO runs (seq, run_id, session_key, conversation, engine, prompt, meta, status,
                 answer, error, error_code, resume_engine, resume_value, usage,
                 created_at_ms, started_at_ms, completed_at_ms, duration_ms,
-                resumed_from_engine, resumed_from_value)
+                resumed_from_engine, resumed_from_value,
+                input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
                  coalesce((SELECT created_at_ms FROM runs WHERE seq = ?1), ?15), ?16, ?17, ?18,
-                 ?19, ?20)",
+                 ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
         )?;
         let run = &row.run;
         let finished = row.finished.as_ref();
@@ -824,9 +829,24 @@ impl Writer {
         stmt.raw_bind_parameter(18, finished.map(|f| to_i64(f.duration_ms)))?;
         stmt.raw_bind_parameter(19, run.resumed_from.as_ref().map(|r| r.engine.as_str()))?;
         stmt.raw_bind_parameter(20, run.resumed_from.as_ref().map(|r| r.value.as_str()))?;
+        bind_spend(&mut stmt, 21, finished.map_or(&RunSpend::default(), |f| &f.spend))?;
         stmt.raw_execute()?;
         Ok(())
     }
+}
+
+/// Binds a spend's five columns from parameter `first` on.
+fn bind_spend(
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    first: usize,
+    spend: &RunSpend,
+) -> rusqlite::Result<()> {
+    stmt.raw_bind_parameter(first, to_i64(spend.input_tokens))?;
+    stmt.raw_bind_parameter(first + 1, to_i64(spend.output_tokens))?;
+    stmt.raw_bind_parameter(first + 2, to_i64(spend.cache_read_tokens))?;
+    stmt.raw_bind_parameter(first + 3, to_i64(spend.cache_write_tokens))?;
+    stmt.raw_bind_parameter(first + 4, spend.usd)?;
+    Ok(())
 }
 
 /// `value` as JSON text in the reused buffer `buf`.

@@ -42,6 +42,7 @@ fn a_new_session_token_is_a_file_under_the_agent_dir() {
         model: None,
         cwd: std::path::Path::new("/work/my:proj"),
         base_env: &base,
+        max_budget_usd: None,
     };
     let token = new_session_token(&input);
     let dir = home.path().join(".pi/agent/sessions/--work-my-proj--");

@@ -341,3 +341,66 @@ fn the_emitter_fills_result_meta_of_failed_completions() {
         .expect("the action");
     assert_eq!(done.result_meta, json!({"error_type": "nonzero_exit", "exit_code": 2}));
 }
+
+/// The usage every vendor's parser puts in its completion, as the budgets read it.
+fn reported_usage(vendor: Vendor, stream: &str) -> lemon_core::budget::usage::ReportedUsage {
+    let lines: Vec<&str> = stream.lines().collect();
+    let completion = vendor_completion(vendor, &lines);
+    lemon_core::budget::usage::ReportedUsage::from_json(&completion.usage)
+}
+
+#[test]
+fn each_vendor_reports_usage_that_normalises_to_tokens_and_dollars() {
+    use lemon_core::budget::usage::ReportedUsage;
+    let claude =
+        include_str!("../../../../../tests/fixtures/cli/claude/synth_tool_use_success.jsonl");
+    assert_eq!(
+        reported_usage(Vendor::Claude, claude),
+        ReportedUsage {
+            input_tokens: 92,
+            output_tokens: 69,
+            cache_read_tokens: 2048,
+            cache_write_tokens: 1024,
+            usd: Some(0.0123),
+        }
+    );
+    // Codex counts its cached tokens inside the input tokens.
+    let codex = include_str!("../../../../../tests/fixtures/cli/codex/synth_all_item_types.jsonl");
+    assert_eq!(
+        reported_usage(Vendor::Codex, codex),
+        ReportedUsage {
+            input_tokens: 24763 - 24448,
+            output_tokens: 122,
+            cache_read_tokens: 24448,
+            ..ReportedUsage::default()
+        }
+    );
+    let pi = include_str!(
+        "../../../../../tests/fixtures/cli/pi/synth_edit_failure_stop_reason_error.jsonl"
+    );
+    assert_eq!(
+        reported_usage(Vendor::Pi, pi),
+        ReportedUsage { input_tokens: 900, output_tokens: 40, ..ReportedUsage::default() }
+    );
+    // The fixture's tool-calls step with the run's final `stop`.
+    let opencode = concat!(
+        r#"{"type":"step_start","sessionID":"ses_7c1e2f3a4b5cXyZ","part":{"type":"step-start"}}"#,
+        "\n",
+        r#"{"type":"step_finish","sessionID":"ses_7c1e2f3a4b5cXyZ","part":{"type":"step-finish","reason":"stop","cost":0.0042,"tokens":{"input":1200,"output":80,"reasoning":20,"cache":{"read":300,"write":10}}}}"#,
+    );
+    assert_eq!(
+        reported_usage(Vendor::Opencode, opencode),
+        ReportedUsage {
+            input_tokens: 1200,
+            output_tokens: 100,
+            cache_read_tokens: 300,
+            cache_write_tokens: 10,
+            usd: Some(0.0042),
+        }
+    );
+    // Droid reports turns and time, no tokens.
+    let droid = include_str!(
+        "../../../../../tests/fixtures/cli/droid/synth_reasoning_tools_completion.jsonl"
+    );
+    assert_eq!(reported_usage(Vendor::Droid, droid), ReportedUsage::default());
+}
