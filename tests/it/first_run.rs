@@ -105,8 +105,8 @@ async fn a_start_off_a_terminal_prints_urls_state_config_token_and_one_engine_li
     let engine_lines: Vec<&str> = stderr.lines().filter(|l| l.contains("unavailable")).collect();
     assert_eq!(engine_lines.len(), 1, "{stderr}");
     assert!(
-        engine_lines[0].ends_with(
-            "engines unavailable: claude, codex, opencode, pi, droid: not found on PATH; set cli_path"
+        engine_lines[0].contains(
+            "engines unavailable: claude, codex, opencode, pi, droid: not found on PATH; set cli_path | lemon: no openai_api_key set"
         ),
         "{stderr}"
     );
@@ -179,7 +179,7 @@ async fn wrong_values_and_unknown_engines_stop_the_start_with_their_place() {
     let cases = [
         (
             "[gateway]\ndefault_engine = \"claud\"\n",
-            ":2:18: gateway.default_engine: `default_engine`: unknown engine \"claud\": did you mean \"claude\"? the engines are claude, codex, droid, echo, opencode, pi",
+            ":2:18: gateway.default_engine: `default_engine`: unknown engine \"claud\": did you mean \"claude\"? the engines are claude, codex, droid, echo, lemon, opencode, pi",
         ),
         (
             "[[gateway.bindings]]\ntransport = \"telegram\"\nchat_id = 5\ndefault_engine = \"ecoh\"\n",
@@ -258,7 +258,7 @@ async fn an_edit_naming_an_unknown_engine_is_rejected_with_its_place() {
         path.display()
     );
     assert!(error.starts_with(&expected), "{error}");
-    assert!(error.contains("the engines are claude, codex, droid, echo, opencode, pi"), "{error}");
+    assert!(error.contains("the engines are claude, codex, droid, echo, lemon, opencode, pi"), "{error}");
     // The running config is kept.
     let run = gateway.submit(json!({ "prompt": "still echo" })).await;
     assert_eq!(gateway.wait(&run).await["engine"], "echo");
@@ -347,7 +347,7 @@ async fn engine_in_a_chat_lists_refuses_unavailable_ones_and_switches() {
     let answer = wait_for_reply(&fake, USER, unknown.message_id, "Unknown engine").await;
     assert_eq!(
         answer.text,
-        "Unknown engine cluade. The engines are claude, codex, droid, echo, opencode, pi."
+        "Unknown engine cluade. The engines are claude, codex, droid, echo, lemon, opencode, pi."
     );
     let switched = fake.inject_text(&chat, USER, "/engine codex");
     wait_for_reply(&fake, USER, switched.message_id, "This session now uses codex.").await;
