@@ -258,7 +258,10 @@ async fn an_edit_naming_an_unknown_engine_is_rejected_with_its_place() {
         path.display()
     );
     assert!(error.starts_with(&expected), "{error}");
-    assert!(error.contains("the engines are claude, codex, droid, echo, lemon, opencode, pi"), "{error}");
+    assert!(
+        error.contains("the engines are claude, codex, droid, echo, lemon, opencode, pi"),
+        "{error}"
+    );
     // The running config is kept.
     let run = gateway.submit(json!({ "prompt": "still echo" })).await;
     assert_eq!(gateway.wait(&run).await["engine"], "echo");
