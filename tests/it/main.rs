@@ -22,6 +22,7 @@ mod http_hardening;
 mod llm_clients;
 mod native_e2e;
 mod reload_e2e;
+mod retry_e2e;
 mod router_crash;
 mod router_resume;
 mod server_embed;

@@ -269,6 +269,9 @@ pub struct Completion {
     /// Files delivered with the answer, collected and checked when the run ends
     /// ([`crate::artifacts`]); engines leave it empty.
     pub artifacts: Vec<crate::artifacts::Artifact>,
+    /// Set on a run that failed with no answer and was resubmitted once: the
+    /// run that answers instead ([`crate::gateway::retry`]); engines leave it unset.
+    pub retried_by: Option<RunId>,
 }
 
 impl Completion {
@@ -280,6 +283,7 @@ impl Completion {
             resume,
             usage: serde_json::Value::Null,
             artifacts: Vec::new(),
+            retried_by: None,
         }
     }
 
@@ -291,6 +295,7 @@ impl Completion {
             resume,
             usage: serde_json::Value::Null,
             artifacts: Vec::new(),
+            retried_by: None,
         }
     }
 }

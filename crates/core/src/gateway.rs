@@ -12,6 +12,7 @@
 //! submit.
 
 mod lock;
+pub mod retry;
 mod run;
 mod scheduler;
 

@@ -422,6 +422,7 @@ impl RouterHandle {
 
     fn follower(&self, run_id: RunId, live: Subscription, fresh: bool) -> RunFollower {
         RunFollower::new(run_id, live, self.store.clone(), fresh)
+            .following_retries(self.bus.clone())
     }
 
     /// Follows a run from its first stored event to its completion; a run that

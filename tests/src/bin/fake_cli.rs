@@ -17,6 +17,7 @@
 //! | `FAKE_CLI_ENV_FILE` | the whole environment as a JSON object |
 //! | `FAKE_CLI_VERSION` | what `--version` prints (default `1.0.0-fake (fake-cli)`) |
 //! | `FAKE_CLI_WRITE_FILE` | `name=content`: writes that file in the working directory first |
+//! | `FAKE_CLI_RETRY_FIXTURE` | read stdin to its end first; if it holds the gateway's `Retry notice:`, replay this file instead, with no stderr and exit status 0 |
 //!
 //! Run as `<cli> --version` it prints its version and exits, like the real ones.
 //!
@@ -117,10 +118,20 @@ fn run() -> io::Result<ExitCode> {
     }
 
     let stdin_lines = Arc::new((Mutex::new(0usize), Condvar::new()));
-    let reader = {
+    let mut reader = Some({
         let stdin_lines = stdin_lines.clone();
         thread::spawn(move || read_stdin(args_file.as_deref(), &stdin_lines))
+    });
+    // A retry of a failed run answers: the prompt decides which fixture plays.
+    let retry_fixture = var("FAKE_CLI_RETRY_FIXTURE");
+    let retrying = match (&retry_fixture, reader.take_if(|_| retry_fixture.is_some())) {
+        (Some(_), Some(reader)) => {
+            let input = reader.join().unwrap_or_default();
+            String::from_utf8_lossy(&input).contains("Retry notice:")
+        }
+        _ => false,
     };
+    let fixture = if retrying { retry_fixture } else { var("FAKE_CLI_FIXTURE") };
 
     let mut out = io::stdout().lock();
     if let Some(bytes) = var("FAKE_CLI_OVERSIZED_LINE_BYTES").and_then(|n| n.parse::<usize>().ok())
@@ -138,7 +149,7 @@ fn run() -> io::Result<ExitCode> {
     let delay = var("FAKE_CLI_LINE_DELAY_MS")
         .and_then(|ms| ms.parse::<u64>().ok())
         .map(Duration::from_millis);
-    if let Some(fixture) = var("FAKE_CLI_FIXTURE") {
+    if let Some(fixture) = fixture {
         for line in fs::read_to_string(fixture)?.lines() {
             if let Some(count) = wait_directive(line) {
                 let (lines, arrived) = &*stdin_lines;
@@ -158,7 +169,7 @@ fn run() -> io::Result<ExitCode> {
             out.flush()?;
         }
     }
-    if let Some(text) = var("FAKE_CLI_STDERR") {
+    if let Some(text) = var("FAKE_CLI_STDERR").filter(|_| !retrying) {
         eprint!("{text}");
     }
     if flag("FAKE_CLI_HANG") {
@@ -166,8 +177,11 @@ fn run() -> io::Result<ExitCode> {
     }
     drop(out);
     // Like a real CLI, finish reading the input before exiting.
-    let _ = reader.join();
+    if let Some(reader) = reader {
+        let _ = reader.join();
+    }
     let code = var("FAKE_CLI_EXIT_CODE").and_then(|code| code.parse::<u8>().ok()).unwrap_or(0);
+    let code = if retrying { 0 } else { code };
     Ok(ExitCode::from(code))
 }
 
@@ -180,8 +194,10 @@ fn wait_directive(line: &str) -> Option<usize> {
     value.get("count")?.as_u64().and_then(|n| usize::try_from(n).ok())
 }
 
-/// Copies stdin to the args file (after its header) and counts its lines.
-fn read_stdin(args_file: Option<&Path>, lines: &(Mutex<usize>, Condvar)) {
+/// Copies stdin to the args file (after its header) and counts its lines;
+/// returns everything it read.
+fn read_stdin(args_file: Option<&Path>, lines: &(Mutex<usize>, Condvar)) -> Vec<u8> {
+    let mut input = Vec::new();
     let mut file = args_file.and_then(|path| fs::OpenOptions::new().append(true).open(path).ok());
     let mut stdin = io::stdin().lock();
     loop {
@@ -199,9 +215,11 @@ fn read_stdin(args_file: Option<&Path>, lines: &(Mutex<usize>, Condvar)) {
                         lines.1.notify_all();
                     }
                 }
+                input.extend_from_slice(&line);
             }
         }
     }
+    input
 }
 
 fn sleep_forever() -> ! {

@@ -40,8 +40,12 @@ pub(super) async fn run_events(
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.trim().parse::<u64>().ok())
         .unwrap_or(0);
-    let follower =
-        state.router.follow(&run_id).after(resume_after).check_store_when_quiet(IDLE_RESYNC);
+    let follower = state
+        .router
+        .follow(&run_id)
+        .without_retries()
+        .after(resume_after)
+        .check_store_when_quiet(IDLE_RESYNC);
     if state.runs.get(&run_id).await?.is_none() {
         return Err(run_not_found(&raw));
     }

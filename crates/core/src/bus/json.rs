@@ -85,7 +85,11 @@ fn completion_entries<M: SerializeMap>(
     map.serialize_entry("error_code", &completion.error.as_ref().map(RunError::code))?;
     map.serialize_entry("resume", &Resume(completion.resume.as_ref()))?;
     map.serialize_entry("usage", &completion.usage)?;
-    map.serialize_entry("artifacts", &Artifacts(&completion.artifacts))
+    map.serialize_entry("artifacts", &Artifacts(&completion.artifacts))?;
+    match &completion.retried_by {
+        Some(retry) => map.serialize_entry("retried_by", retry.as_str()),
+        None => Ok(()),
+    }
 }
 
 /// The files of an answer: `[{path, filename, caption, size, mime}]`.

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lock::{EngineLock, LockKey};
+use super::retry;
 use super::{ExecutionRequest, RuntimeConfig};
 use crate::artifacts::{ArtifactCollector, ArtifactRoots};
 use crate::budget::usage::{ReportedUsage, RunSpend};
@@ -194,9 +195,12 @@ pub(super) async fn execute(ctx: RunContext) {
         )
     });
     let spend = spend_of(&ctx, &state, &completion);
-    let RunContext { run_id, session_key, store, bus, finished, config, .. } = ctx;
+    let RunContext { run_id, session_key, store, bus, finished, config, req, .. } = ctx;
     let status = RunStatus::of(&completion);
-    let end = Ending { run_id: run_id.clone(), session_key, config: &config, started, spend };
+    // Only the router can resubmit, so only its requests are retried.
+    let request = req.journaled.then_some(&req);
+    let end =
+        Ending { run_id: run_id.clone(), session_key, config: &config, started, spend, request };
     finalize(&bus, &store, end, &mut state, completion).await;
     (finished.0)(run_id, status).await;
 }
@@ -453,6 +457,8 @@ struct Ending<'a> {
     config: &'a RuntimeConfig,
     started: Instant,
     spend: RunSpend,
+    /// The request, when a failure without an answer may be retried.
+    request: Option<&'a ExecutionRequest>,
 }
 
 async fn finalize(
@@ -462,7 +468,7 @@ async fn finalize(
     state: &mut RunState,
     mut completion: Completion,
 ) {
-    let Ending { run_id, session_key, config, started, spend } = end;
+    let Ending { run_id, session_key, config, started, spend, request } = end;
     if completion.answer.is_empty() {
         completion.answer = std::mem::take(&mut state.text);
     }
@@ -483,6 +489,9 @@ async fn finalize(
         }
         completion.answer = collected.answer;
         completion.artifacts = collected.artifacts;
+    }
+    if request.is_some_and(|req| retry::should_retry(&completion, &req.prompt, &req.meta)) {
+        completion.retried_by = Some(retry::retry_run_id(&run_id));
     }
     let duration_ms = started.elapsed().as_millis() as u64;
     match &completion.error {

@@ -28,7 +28,7 @@ use crate::config::QueueMode;
 use crate::engine::{
     Availability, Completion, EngineRegistry, Field, InvalidValue, ResumeToken, RunError,
 };
-use crate::gateway::{self, ExecutionRequest, GatewayHandle, RunEnd, SubmitError};
+use crate::gateway::{self, retry, ExecutionRequest, GatewayHandle, RunEnd, SubmitError};
 use crate::ids::{ConversationKey, EngineRef, Model, RunId, SessionKey};
 use crate::store::{JournalEntry, JournalRoute, JournalState, StoreError, StoreHandle};
 
@@ -150,6 +150,9 @@ pub(super) struct Router {
     runs: HashMap<RunId, ConversationKey>,
     /// `/engine <id>` choices per session, for the life of the process.
     sticky: HashMap<SessionKey, EngineRef>,
+    /// Dispatched requests that are not retries, until their run ends: what a
+    /// zero-answer retry resubmits.
+    retryable: HashMap<RunId, Item>,
     next_seq: u64,
 }
 
@@ -176,6 +179,7 @@ impl Router {
             conversations: HashMap::new(),
             runs: HashMap::new(),
             sticky: HashMap::new(),
+            retryable: HashMap::new(),
             next_seq: 1,
         }
     }
@@ -722,6 +726,9 @@ impl Router {
                     let msg = RouterMsg::RunEnded { run_id, conversation, completion, engine };
                     let _ = router.send(msg).await;
                 });
+                if !item.meta.contains_key(retry::ATTEMPT_KEY) {
+                    self.retryable.insert(item.run_id.clone(), item.clone());
+                }
                 self.conversations.entry(key.clone()).or_default().set_active(&item);
                 Ok(())
             }
@@ -785,17 +792,85 @@ impl Router {
         engine: String,
     ) {
         self.runs.remove(&run_id);
-        let Some(conv) = self.conversations.get_mut(&key) else { return };
-        let Some(active) = conv.active().filter(|a| a.run_id == run_id) else { return };
-        let session_key = active.session_key.clone();
+        let original = self.retryable.remove(&run_id);
+        let mut completion = completion;
+        let retry = completion.retried_by.take();
+        let active = self
+            .conversations
+            .get(&key)
+            .and_then(Conversation::active)
+            .filter(|a| a.run_id == run_id)
+            .map(|a| a.session_key.clone());
+        let Some(session_key) = active else {
+            if let Some(retry) = retry {
+                // Nothing to resubmit: whoever follows the retry gets the failure.
+                let session_key = completion_session(original.as_ref(), &run_id);
+                self.complete(&retry, &session_key, &engine, completion, 1).await;
+            }
+            return;
+        };
         publish_phase(&self.bus, &run_id, &session_key, terminal_phase(&completion));
         self.record_session(&session_key, &completion).await;
+        if let Some(retry) = retry {
+            // Journaled before the failed request leaves the journal, so a crash
+            // in between cannot lose the one answer the caller waits for.
+            self.queue_retry(&key, &session_key, original, retry, &completion, &engine).await;
+        }
         self.journal.complete(&run_id).await;
         let effects = match self.conversations.get_mut(&key) {
             Some(conv) => conv.run_ended(&run_id, &completion, &engine),
             None => Vec::new(),
         };
         self.apply(key, effects).await;
+    }
+
+    /// Journals the retry of a run that failed without an answer and queues it
+    /// first in its conversation. When it cannot be journaled (or the request
+    /// is not at hand), the retry completes with the failure, so whoever follows
+    /// it hears the one answer there is.
+    async fn queue_retry(
+        &mut self,
+        key: &ConversationKey,
+        session_key: &SessionKey,
+        original: Option<Item>,
+        retry: RunId,
+        failed: &Completion,
+        engine: &str,
+    ) {
+        let reason = retry::failure_reason(failed);
+        let Some(original) = original else {
+            tracing::warn!(run_id = %retry, "retried request not at hand; its failure stands");
+            self.complete(&retry, session_key, engine, failed.clone(), 1).await;
+            return;
+        };
+        let item = retry_item(&original, retry, &reason, failed.resume.clone());
+        if let Err(error) = self.accept(&journal_entry(&item, now_ms())).await {
+            tracing::warn!(%error, run_id = %item.run_id, "retry not journaled; the failure stands");
+            self.complete(&item.run_id, &item.session_key, engine, failed.clone(), 1).await;
+            return;
+        }
+        tracing::info!(run_id = %original.run_id, retry = %item.run_id, "run failed without an answer; retrying once");
+        publish_phase(&self.bus, &item.run_id, &item.session_key, RunPhase::Accepted);
+        self.runs.insert(item.run_id.clone(), key.clone());
+        self.conversations.entry(key.clone()).or_default().queue_first(item);
+    }
+
+    /// After a restart: the retry a completed request names, when it was never
+    /// journaled (the gateway stopped between the failure and the router).
+    async fn unqueued_retry(
+        &self,
+        entry: &JournalEntry,
+    ) -> Result<Option<(RunId, String)>, RouteError> {
+        let events = self.store.run_events(entry.run_id.as_str()).await?;
+        let Some(completed) = events.iter().rev().find(|e| e.kind == "run_completed") else {
+            return Ok(None);
+        };
+        let text = |key: &str| completed.data.get(key).and_then(serde_json::Value::as_str);
+        let Some(retry) = text("retried_by").and_then(RunId::parse) else { return Ok(None) };
+        if self.store.get_run(retry.as_str()).await?.is_some() {
+            return Ok(None);
+        }
+        Ok(Some((retry, text("error").unwrap_or("no answer").to_owned())))
     }
 
     /// Chat state after a run: an overflow forgets the session so the next
@@ -961,6 +1036,22 @@ impl Router {
             self.next_seq = self.next_seq.max(entry.seq + 1);
             let record = self.store.get_run(entry.run_id.as_str()).await?;
             if record.as_ref().is_some_and(|r| r.status.is_terminal()) {
+                if let Some((retry, reason)) = self.unqueued_retry(&entry).await? {
+                    if let Ok(original) = item_from_entry(entry.clone()) {
+                        let item = retry_item(&original, retry, &reason, None);
+                        self.accept(&journal_entry(&item, now_ms())).await?;
+                        recovered.requeued += 1;
+                        let key = item.conversation.clone();
+                        self.runs.insert(item.run_id.clone(), key.clone());
+                        let limits = super::Limits { cap: None, ..self.config.limits };
+                        let effects = self.conversations.entry(key.clone()).or_default().submit(
+                            item,
+                            Instant::now(),
+                            limits,
+                        );
+                        self.apply(key, effects).await;
+                    }
+                }
                 self.journal.complete(&entry.run_id).await;
                 continue;
             }
@@ -1026,6 +1117,29 @@ impl Router {
         self.record_session(&session_key, &completion).await;
         self.complete(&entry.run_id, &session_key, &entry.engine, completion, next_index).await;
         Ok(())
+    }
+}
+
+/// The retry of `original`, as [`retry`] describes it, continuing the session
+/// the failed run left.
+fn retry_item(original: &Item, run_id: RunId, reason: &str, resume: Option<ResumeToken>) -> Item {
+    let mut item = original.clone();
+    item.prompt = retry::retry_prompt(&original.run_id, reason, &original.prompt);
+    item.meta = retry::retry_meta(&original.meta, &original.run_id, reason);
+    item.run_id = run_id;
+    if resume.is_some() {
+        item.resume = resume;
+    }
+    item.suppress_phases = false;
+    item
+}
+
+/// The session a completion is written under when the router no longer holds
+/// the run's conversation.
+fn completion_session(original: Option<&Item>, run_id: &RunId) -> SessionKey {
+    match original {
+        Some(item) => item.session_key.clone(),
+        None => SessionKey::from(run_id.to_string()),
     }
 }
 

@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bus::{BusEvent, EventKind, RecvError, Subscription};
+use crate::bus::{BusEvent, EventBus, EventKind, RecvError, Subscription};
 use crate::engine::{Completion, ResumeToken, RunError};
 use crate::ids::RunId;
 use crate::store::{StoreHandle, StoredEvent};
@@ -98,6 +98,9 @@ pub struct RunFollower {
     /// How long the topic may stay quiet before the store is checked for a
     /// completion that never reached it.
     quiet_check: Option<Duration>,
+    /// Where to subscribe to a retry that answers instead of the followed run;
+    /// `None`: the run's own completion ends the follow, even a retried one.
+    retries: Option<EventBus>,
 }
 
 impl RunFollower {
@@ -116,7 +119,26 @@ impl RunFollower {
             closed: false,
             finished: false,
             quiet_check: None,
+            retries: None,
         }
+    }
+
+    /// Moves on to the retry when the run fails without an answer and is
+    /// retried ([`crate::gateway::retry`]): the failed run's completion is not
+    /// handed out, the retry's events follow it, numbered from 1 again, and the
+    /// retry's completion ends the follow. [`RunFollower::run_id`] then names
+    /// the retry.
+    pub(crate) fn following_retries(mut self, bus: EventBus) -> Self {
+        self.retries = Some(bus);
+        self
+    }
+
+    /// Ends the follow at the run's own completion, also when it names a retry
+    /// (an API client that follows one run by its id).
+    #[must_use]
+    pub fn without_retries(mut self) -> Self {
+        self.retries = None;
+        self
     }
 
     pub fn run_id(&self) -> &RunId {
@@ -169,7 +191,7 @@ impl RunFollower {
             match received {
                 Ok(event) if event.index == 0 || event.index <= self.last_index => {}
                 Ok(event) if event.index == self.last_index + 1 => {
-                    self.push(Followed::Event(event))
+                    self.push(Followed::Event(event));
                 }
                 Ok(event) => {
                     tracing::debug!(run_id = %self.run_id, index = event.index, "gap in a run's events; reading the store");
@@ -201,9 +223,25 @@ impl RunFollower {
         None
     }
 
-    fn push(&mut self, event: Followed) {
+    /// Queues an event; `false` when it was a completion naming a retry, and
+    /// the follower moved on to that retry instead.
+    fn push(&mut self, event: Followed) -> bool {
         if self.finished {
-            return;
+            return true;
+        }
+        let retry = event.completed().and_then(|completed| match &completed.kind {
+            EventKind::RunCompleted { completion, .. } => completion.retried_by.clone(),
+            _ => None,
+        });
+        if let (Some(retry), Some(bus)) = (retry, &self.retries) {
+            tracing::debug!(run_id = %self.run_id, retry = %retry, "run retried; following the retry");
+            self.live = bus.subscribe_run(&retry);
+            self.run_id = retry;
+            self.last_index = 0;
+            self.resync = true;
+            self.held = None;
+            self.closed = false;
+            return false;
         }
         // Also when the caller is already past it: nothing follows `run_completed`.
         self.finished = event.completed().is_some();
@@ -211,6 +249,7 @@ impl RunFollower {
             self.last_index = event.index();
             self.pending.push_back(event);
         }
+        true
     }
 
     /// Queues the stored events after the last one, then the held live event.
@@ -227,7 +266,10 @@ impl RunFollower {
                     } else {
                         Followed::Stored(event)
                     };
-                    self.push(followed);
+                    if !self.push(followed) {
+                        // Moved on to a retry: it is read from its start.
+                        return;
+                    }
                 }
                 if let Some(held) = self.held.take() {
                     self.push(Followed::Event(held));
@@ -284,6 +326,7 @@ fn stored_completion(run_id: &RunId, event: &StoredEvent) -> Arc<BusEvent> {
             .and_then(serde_json::Value::as_array)
             .map(|list| list.iter().filter_map(crate::bus::artifact_from_json).collect())
             .unwrap_or_default(),
+        retried_by: text("retried_by").as_deref().and_then(RunId::parse),
     };
     Arc::new(BusEvent {
         run_id: run_id.clone(),

@@ -243,6 +243,12 @@ impl Conversation {
         });
     }
 
+    /// Queues `item` ahead of everything else: the retry of the run that just
+    /// failed goes next.
+    pub fn queue_first(&mut self, item: Item) {
+        self.queue.push_front(item);
+    }
+
     /// The next item to dispatch, when nothing is active.
     pub fn next_item(&mut self) -> Option<Item> {
         if self.active.is_some() {

@@ -23,6 +23,7 @@ use crate::testing::FakeEngine;
 
 mod follow;
 mod properties;
+mod retry;
 
 /// Always fails as if the model's context overflowed, after reporting a session.
 #[derive(Debug)]
@@ -611,7 +612,7 @@ async fn conversations_are_forgotten_when_idle() {
     assert!(view.active.is_empty() && view.queued.is_empty());
 }
 
-fn journaled(
+pub(super) fn journaled(
     id: &str,
     seq: u64,
     prompt: &str,
@@ -639,7 +640,7 @@ fn journaled(
     }
 }
 
-async fn leave_row(store: &StoreHandle, entry: &crate::store::JournalEntry) {
+pub(super) async fn leave_row(store: &StoreHandle, entry: &crate::store::JournalEntry) {
     store.insert_run(entry.new_run()).await;
     store.journal_admit(entry.clone()).await;
 }

@@ -98,6 +98,7 @@ fn every_kind_of_event(id: &str) -> Vec<Arc<BusEvent>> {
         resume: Some(ResumeToken::new("echo", "tok-1")),
         usage: json!({ "output_tokens": 2 }),
         artifacts: Vec::new(),
+        retried_by: None,
     };
     let kinds = vec![
         EventKind::Phase(RunPhase::Dispatched),
@@ -190,6 +191,7 @@ async fn run_lifecycle_is_stored_field_by_field() {
             resume: Some(ResumeToken::new("echo", "tok-1")),
             usage: json!({ "input_tokens": 3, "output_tokens": 2, "cost": 0.5 }),
             artifacts: Vec::new(),
+            retried_by: None,
         };
         store.finalize_run(finished("run_ok", completion)).await;
         let expected_done = RunRecord {
@@ -483,6 +485,7 @@ async fn sqlite_data_survives_close_and_reopen() {
         resume: Some(ResumeToken::new("echo", "tok-1")),
         usage: json!({ "output_tokens": 1 }),
         artifacts: Vec::new(),
+        retried_by: None,
     };
     let before = run_to_end(&store, "run_kept", completion).await;
     let events = every_kind_of_event("run_kept");

@@ -15,7 +15,7 @@ fn resume(resume: &Option<ResumeToken>) -> Value {
 }
 
 fn completion(completion: &Completion) -> Value {
-    json!({
+    let mut value = json!({
         "ok": completion.ok,
         "answer": completion.answer,
         "error": completion.error.as_ref().map(|e| e.to_string()),
@@ -29,7 +29,11 @@ fn completion(completion: &Completion) -> Value {
             "size": a.size,
             "mime": a.mime(),
         })).collect::<Vec<_>>(),
-    })
+    });
+    if let Some(retry) = &completion.retried_by {
+        value["retried_by"] = json!(retry.as_str());
+    }
+    value
 }
 
 /// The JSON form of an event, field by field.
@@ -133,6 +137,7 @@ fn completions() -> Vec<Completion> {
                     size: 0,
                 },
             ],
+            retried_by: Some(RunId::parse("run-1.retry").unwrap()),
         },
     ];
     let resume = Some(ResumeToken::new("echo", "tok"));

@@ -230,3 +230,82 @@ async fn resuming_past_the_completion_ends_at_once() {
     let mut follower = follow_run(&bus, &store, false).after(2);
     assert!(collect(&mut follower).await.is_empty());
 }
+
+fn retry_id() -> RunId {
+    RunId::parse("r1.retry").unwrap()
+}
+
+fn retry_event(index: u64, kind: EventKind) -> Arc<BusEvent> {
+    Arc::new(BusEvent { run_id: retry_id(), session_key: "s".into(), index, ts_ms: 8, kind })
+}
+
+fn retried() -> Completion {
+    let mut failed = Completion::failure(RunError::Engine { message: "HTTP 400: ".into() }, None);
+    failed.retried_by = Some(retry_id());
+    failed
+}
+
+/// Every answer the follower hands out: the text of each `run_completed`.
+async fn answers(follower: &mut RunFollower) -> Vec<(String, bool, String)> {
+    within("the follower to end", async {
+        let mut seen = Vec::new();
+        while let Some(event) = follower.next().await {
+            if let Some(done) = event.completed() {
+                if let EventKind::RunCompleted { completion, .. } = &done.kind {
+                    seen.push((done.run_id.to_string(), completion.ok, completion.answer.clone()));
+                }
+            }
+        }
+        seen
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_retried_run_is_followed_into_its_retry_live() {
+    let bus = EventBus::default();
+    let store = store_with_run().await;
+    let mut follower = follow_run(&bus, &store, true).following_retries(bus.clone());
+    emit(&bus, &store, completed(1, retried())).await;
+    let answer = Completion::success("second time lucky", None);
+    emit(&bus, &store, retry_event(1, EventKind::Delta { seq: 1, text: "second".into() })).await;
+    emit(
+        &bus,
+        &store,
+        retry_event(
+            2,
+            EventKind::RunCompleted { completion: answer, engine: "echo".into(), duration_ms: 1 },
+        ),
+    )
+    .await;
+    let seen = answers(&mut follower).await;
+    assert_eq!(seen, vec![("r1.retry".to_owned(), true, "second time lucky".to_owned())]);
+    assert_eq!(follower.run_id(), &retry_id());
+}
+
+#[tokio::test]
+async fn a_retry_that_finished_before_the_follow_is_read_from_the_store() {
+    let bus = EventBus::default();
+    let store = store_with_run().await;
+    emit(&bus, &store, completed(1, retried())).await;
+    let done = EventKind::RunCompleted {
+        completion: Completion::success("stored answer", None),
+        engine: "echo".into(),
+        duration_ms: 1,
+    };
+    emit(&bus, &store, retry_event(1, done)).await;
+    let mut follower = follow_run(&bus, &store, false).following_retries(bus.clone());
+    let seen = answers(&mut follower).await;
+    assert_eq!(seen, vec![("r1.retry".to_owned(), true, "stored answer".to_owned())]);
+}
+
+#[tokio::test]
+async fn without_retries_the_failed_completion_ends_the_follow() {
+    let bus = EventBus::default();
+    let store = store_with_run().await;
+    emit(&bus, &store, completed(1, retried())).await;
+    let mut follower =
+        follow_run(&bus, &store, false).following_retries(bus.clone()).without_retries();
+    let seen = answers(&mut follower).await;
+    assert_eq!(seen, vec![("r1".to_owned(), false, String::new())]);
+}
