@@ -215,6 +215,14 @@ async fn a_job_in_a_webhook_session_is_delivered_to_its_callback_once() {
     assert!(bodies.try_recv().is_err());
 }
 
+/// Replaces config.toml in one step (a new file renamed over it), so the
+/// gateway never reads half of it.
+fn save_config(home: &std::path::Path, config: &str) {
+    let staged = tempfile::tempdir_in(home).unwrap();
+    write_config(staged.path(), config);
+    std::fs::rename(staged.path().join("config.toml"), home.join("config.toml")).unwrap();
+}
+
 #[tokio::test]
 async fn config_jobs_follow_edits_of_config_toml() {
     let job = |name: &str, prompt: &str| {
@@ -237,7 +245,7 @@ async fn config_jobs_follow_edits_of_config_toml() {
     let mut notices = Notices::subscribe(&gateway).await;
     let edited =
         format!("{base}{}{}", job("report", "weekly report"), job("digest", "daily digest"));
-    write_config(&gateway.home, &edited);
+    save_config(&gateway.home, &edited);
     let (kind, data) = notices.next().await;
     assert_eq!(kind, "config_reloaded", "{data}");
     assert_eq!(data["applied"], json!(["cron"]));
@@ -248,8 +256,9 @@ async fn config_jobs_follow_edits_of_config_toml() {
     assert_eq!(digest["prompt"], "daily digest");
     assert_eq!(digest["schedule"], "0 9 * * *");
 
-    write_config(&gateway.home, &format!("{base}{}", job("digest", "daily digest")));
+    save_config(&gateway.home, &format!("{base}{}", job("digest", "daily digest")));
     let (kind, data) = notices.next().await;
     assert_eq!(kind, "config_reloaded", "{data}");
+    assert_eq!(data["applied"], json!(["cron"]));
     assert_eq!(names(&gateway.cron_list().await), ["digest", "mine"]);
 }
