@@ -1,18 +1,28 @@
 //! Cron end to end on the real binary: jobs over the API answer in a Telegram
-//! chat of the fake Bot API, survive a restart, come from config.toml, and a
-//! slot missed while the gateway was down fires once at start.
+//! chat of the fake Bot API and at a webhook integration's callback URL,
+//! survive a restart, come from config.toml (also when it is edited while the
+//! gateway runs), and a slot missed while the gateway was down fires once at
+//! start.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+use axum::routing::post;
+use axum::{Json, Router};
+use tokio::sync::mpsc;
 
 use lemon_core::cron::jobs::CronJobs;
 use lemon_core::store::StoreHandle;
 use lemon_tests::fake_telegram::ChatSpec;
 use serde_json::{json, Value};
 
-use crate::support::{failed_start, home_with, Gateway, PATIENCE};
+use crate::reload_e2e::Notices;
+use crate::support::{failed_start, home_with, write_config, Gateway, PATIENCE};
 use crate::telegram_e2e::{
     config as telegram_config, fake_telegram, start as start_telegram, USER,
 };
+use crate::webhook_e2e::free_port;
 
 impl Gateway {
     async fn cron_create(&self, body: Value) -> Value {
@@ -141,4 +151,114 @@ async fn config_jobs_are_listed_and_bad_ones_refuse_to_start() {
             .contains("config.toml:3:12: gateway.cron[0].schedule: invalid schedule \"every 61m\""),
         "{stderr}"
     );
+}
+
+/// A callback receiver on 127.0.0.1 that takes every POST with a 200, counts
+/// them and hands their bodies over.
+async fn callback_receiver() -> (String, Arc<AtomicUsize>, mpsc::UnboundedReceiver<Value>) {
+    let taken = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::unbounded_channel();
+    let counter = taken.clone();
+    let app = Router::new().route(
+        "/hook-answers",
+        post(move |Json(body): Json<Value>| {
+            let (counter, tx) = (counter.clone(), tx.clone());
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let _ = tx.send(body);
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook-answers?sig=cron-cb-7e1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, taken, rx)
+}
+
+#[tokio::test]
+async fn a_job_in_a_webhook_session_is_delivered_to_its_callback_once() {
+    let (url, taken, mut bodies) = callback_receiver().await;
+    let port = free_port().await;
+    let config = format!(
+        "[gateway]\ndefault_engine = \"echo\"\nenable_webhook = true\n\
+         [gateway.webhook]\nport = {port}\nallow_private_callback_hosts = true\n\
+         callback_backoff_ms = 20\n\
+         [gateway.webhook.integrations.ci]\ntoken = \"cron-hook-token-3a9\"\ncallback_url = \"{url}\"\n"
+    );
+    let gateway = Gateway::start(&config).await;
+    tokio::time::timeout(PATIENCE, async {
+        while gateway.status().await["transports"]["webhook"]["state"] != "running" {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    })
+    .await
+    .expect("the webhook comes up in time");
+    let job = gateway
+        .cron_create(json!({"name": "build report", "schedule": "every 30m", "prompt": "the nightly build is green", "sessionKey": "webhook:ci"}))
+        .await;
+    let id = job["id"].as_str().unwrap();
+    let response = gateway.post(&format!("/v1/cron/{id}/run")).send().await.unwrap();
+    assert_eq!(response.status(), 202);
+    let body =
+        tokio::time::timeout(PATIENCE, bodies.recv()).await.expect("the callback in time").unwrap();
+    assert_eq!(body["integration_id"], "ci");
+    assert_eq!(body["session_key"], "webhook:ci");
+    assert_eq!(body["completed"]["ok"], true, "{body}");
+    assert_eq!(body["completed"]["answer"], "the nightly build is green");
+    let runs = gateway.cron_runs_until(id, ended).await;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(body["run_id"], runs[0]["routerRunId"]);
+    // A stop finishes what is under way: nothing was sent twice.
+    assert!(gateway.terminate().await.success());
+    assert_eq!(taken.load(Ordering::SeqCst), 1);
+    assert!(bodies.try_recv().is_err());
+}
+
+/// Replaces config.toml in one step (a new file renamed over it), so the
+/// gateway never reads half of it.
+fn save_config(home: &std::path::Path, config: &str) {
+    let staged = tempfile::tempdir_in(home).unwrap();
+    write_config(staged.path(), config);
+    std::fs::rename(staged.path().join("config.toml"), home.join("config.toml")).unwrap();
+}
+
+#[tokio::test]
+async fn config_jobs_follow_edits_of_config_toml() {
+    let job = |name: &str, prompt: &str| {
+        format!("[[gateway.cron]]\nname = \"{name}\"\nschedule = \"daily at 9am\"\nprompt = \"{prompt}\"\n")
+    };
+    let base = "[gateway]\ndefault_engine = \"echo\"\n\n";
+    let gateway = Gateway::start(&format!("{base}{}", job("report", "weekly report"))).await;
+    let names = |jobs: &[Value]| {
+        let mut names: Vec<String> =
+            jobs.iter().map(|j| j["name"].as_str().unwrap().to_owned()).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(&gateway.cron_list().await), ["report"]);
+    // A job of the API's is not the config's to remove.
+    gateway
+        .cron_create(json!({"name": "mine", "schedule": "@daily", "prompt": "p", "session_key": "agent:ops:main"}))
+        .await;
+
+    let mut notices = Notices::subscribe(&gateway).await;
+    let edited =
+        format!("{base}{}{}", job("report", "weekly report"), job("digest", "daily digest"));
+    save_config(&gateway.home, &edited);
+    let (kind, data) = notices.next().await;
+    assert_eq!(kind, "config_reloaded", "{data}");
+    assert_eq!(data["applied"], json!(["cron"]));
+    let jobs = gateway.cron_list().await;
+    assert_eq!(names(&jobs), ["digest", "mine", "report"]);
+    let digest = jobs.iter().find(|j| j["name"] == "digest").unwrap();
+    assert_eq!(digest["source"], "config");
+    assert_eq!(digest["prompt"], "daily digest");
+    assert_eq!(digest["schedule"], "0 9 * * *");
+
+    save_config(&gateway.home, &format!("{base}{}", job("digest", "daily digest")));
+    let (kind, data) = notices.next().await;
+    assert_eq!(kind, "config_reloaded", "{data}");
+    assert_eq!(data["applied"], json!(["cron"]));
+    assert_eq!(names(&gateway.cron_list().await), ["digest", "mine"]);
 }

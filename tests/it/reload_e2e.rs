@@ -14,7 +14,7 @@ use crate::webhook_e2e::free_port;
 use lemon_tests::fake_telegram::ChatSpec;
 
 /// The gateway-wide events of `/v1/events`, subscribed before an edit is made.
-struct Notices {
+pub(crate) struct Notices {
     response: reqwest::Response,
     parser: lemon_gateway::sse::SseParser,
     ready: std::collections::VecDeque<(String, Value)>,
@@ -22,7 +22,7 @@ struct Notices {
 
 impl Notices {
     /// Subscribes; once this returns, every later notice is seen.
-    async fn subscribe(gateway: &Gateway) -> Notices {
+    pub(crate) async fn subscribe(gateway: &Gateway) -> Notices {
         let response = gateway.get("/v1/events").send().await.unwrap();
         assert_eq!(response.status(), 200);
         Notices {
@@ -33,7 +33,7 @@ impl Notices {
     }
 
     /// The next `config_*` event: its type and data.
-    async fn next(&mut self) -> (String, Value) {
+    pub(crate) async fn next(&mut self) -> (String, Value) {
         tokio::time::timeout(PATIENCE, async {
             loop {
                 while let Some((kind, data)) = self.ready.pop_front() {

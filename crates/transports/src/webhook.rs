@@ -25,6 +25,10 @@
 //! - Callbacks never reach private or loopback addresses unless allowed: the host
 //!   is resolved, every address checked, and the connection pinned to the
 //!   checked address (no second lookup, no redirects, no proxy).
+//! - Runs that start in an integration's session without coming through it (a
+//!   cron job's, a control API run with its session key) are delivered to the
+//!   integration's configured callback URL the same way, on the same records;
+//!   an integration without one delivers nothing (logged once).
 //! - [`WebhookTransport`] runs it all as a [`Transport`](lemon_core::transport::Transport):
 //!   it binds its listener when started, so a port in use is reported (and
 //!   retried) without stopping the gateway.
@@ -41,10 +45,10 @@ mod service;
 
 pub use check::{check_callback_urls, CallbackUrlProblem};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -56,7 +60,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
 use lemon_core::artifacts::Artifact;
-use lemon_core::bus::{completion_json, BusEvent, EventKind};
+use lemon_core::bus::{completion_json, BusEvent, EventKind, RecvError, Subscription};
 use lemon_core::config::QueueMode;
 use lemon_core::engine::Field;
 use lemon_core::ids::{RunId, SessionKey};
@@ -127,8 +131,12 @@ struct Inner {
     config: WebhookConfig,
     tokens: BTreeMap<String, String>,
     router: RouterHandle,
+    store: StoreHandle,
     resolver: Arc<dyn Resolve>,
     tracker: TaskTracker,
+    /// Integrations already logged as having no callback URL for the runs of
+    /// their sessions that others started.
+    told_no_callback: Mutex<BTreeSet<String>>,
     /// Callback deliveries: waited for when the transport stops, so the next
     /// start never picks up a record whose attempt is still under way.
     deliveries: TaskTracker,
@@ -155,14 +163,17 @@ impl WebhookState {
         let clock = Arc::new(lemon_core::clock::now_ms);
         let callbacks =
             DeliveryRecords::new(deps.store.clone(), callback::CALLBACK_NS, callback::GIVEN_UP_TTL);
+        let store = deps.store.clone();
         let keys = IdempotencyKeys::new(deps.store, deps.config.idempotency_ttl_ms, clock);
         WebhookState {
             inner: Arc::new(Inner {
                 config: deps.config,
                 tokens: deps.tokens,
                 router: deps.router,
+                store,
                 resolver: deps.resolver,
                 tracker: deps.tracker,
+                told_no_callback: Mutex::new(BTreeSet::new()),
                 deliveries: TaskTracker::new(),
                 shutdown: deps.shutdown,
                 keys,
@@ -211,6 +222,94 @@ impl WebhookState {
             picked_up += 1;
         }
         picked_up
+    }
+
+    /// Delivers the runs that start in an integration's sessions but did not
+    /// come through it (a cron job's, a control API run with its session key)
+    /// to the integration's configured callback URL, on record like its own
+    /// callbacks (retried, given up on, recovered after a restart). Reads
+    /// `events` (the router's firehose, subscribed before the webhook serves)
+    /// until the shutdown token is cancelled.
+    pub async fn deliver_others(&self, mut events: Subscription) {
+        let inner = &self.inner;
+        loop {
+            let event = tokio::select! {
+                biased;
+                () = inner.shutdown.cancelled() => return,
+                event = events.recv() => event,
+            };
+            let event = match event {
+                Ok(event) => event,
+                Err(RecvError::Lagged(missed)) => {
+                    tracing::warn!(missed, "webhooks fell behind the gateway's events");
+                    continue;
+                }
+                Err(RecvError::Closed) => return,
+            };
+            if matches!(event.kind, EventKind::RunStarted { .. }) {
+                self.deliver_other(&event).await;
+            }
+        }
+    }
+
+    /// Puts the callback of a run that started in an integration's session on
+    /// record and follows it, unless the webhook submitted it itself.
+    async fn deliver_other(&self, event: &BusEvent) {
+        let inner = &self.inner;
+        let Some((id, integration)) = integration_of(&inner.config, &event.session_key) else {
+            return;
+        };
+        let run_id = event.run_id.as_str();
+        // The webhook's own callbacks are on record before their run is submitted.
+        match inner.store.kv_get(callback::CALLBACK_NS, run_id, lemon_core::clock::now_ms()).await {
+            Ok(None) => {}
+            Ok(Some(_)) => return,
+            Err(error) => {
+                tracing::warn!(run = %run_id, %error, "webhook callback records unreadable");
+                return;
+            }
+        }
+        // Its own runs without a callback are its request's to answer.
+        if let Ok(Some(run)) = inner.router.query().get(&event.run_id).await {
+            if run.meta["origin"] == Origin::Webhook.as_str() {
+                return;
+            }
+        }
+        let settings = Resolved::new(&inner.config, id, integration);
+        let Some(url) = settings.callback_url else {
+            let first = inner
+                .told_no_callback
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(id.to_owned());
+            if first {
+                tracing::info!(
+                    integration = %id,
+                    "runs in this webhook integration's sessions from elsewhere are not delivered: it has no callback_url"
+                );
+            }
+            return;
+        };
+        let record = CallbackRecord {
+            url: url.to_owned(),
+            integration_id: id.to_owned(),
+            run_id: run_id.to_owned(),
+            session_key: event.session_key.clone(),
+            metadata: json!({}),
+            attachments: json!([]),
+            attempts: 0,
+            failed: None,
+        };
+        inner.callbacks.record(run_id, &record).await;
+        let delivery = callback::Delivery {
+            record,
+            settings: settings.callback,
+            resolver: inner.resolver.clone(),
+            records: inner.callbacks.clone(),
+            status: inner.status.clone(),
+        };
+        let run = inner.router.follow(&event.run_id);
+        inner.deliveries.spawn(delivery.follow(run, inner.shutdown.clone()));
     }
 
     /// Waits for the callback deliveries under way once the shutdown token is
@@ -290,6 +389,32 @@ impl<'a> Resolved<'a> {
             },
         }
     }
+}
+
+/// The integration a session belongs to: the one whose configured
+/// `session_key` it is, else the one it is `webhook:<id>` or under
+/// `webhook:<id>:` of (the longest such id).
+fn integration_of<'c>(
+    config: &'c WebhookConfig,
+    key: &SessionKey,
+) -> Option<(&'c str, &'c IntegrationConfig)> {
+    let key = key.as_str();
+    let configured = config.integrations.iter().find(|(_, integration)| {
+        integration.session_key.as_deref().is_some_and(|own| !own.trim().is_empty() && own == key)
+    });
+    if let Some((id, integration)) = configured {
+        return Some((id.as_str(), integration));
+    }
+    let rest = key.strip_prefix("webhook:")?;
+    config
+        .integrations
+        .iter()
+        .filter(|(id, _)| {
+            rest.strip_prefix(id.as_str())
+                .is_some_and(|tail| tail.is_empty() || tail.starts_with(':'))
+        })
+        .max_by_key(|(id, _)| id.len())
+        .map(|(id, integration)| (id.as_str(), integration))
 }
 
 /// Longest session name a payload may choose.

@@ -79,7 +79,11 @@ impl Transport for WebhookTransport {
             shutdown: stop.clone(),
             status: Some((ctx.status.clone(), local.to_string())),
         });
+        // Subscribed before serving, so no run of an integration's session is missed.
+        let others = ctx.router.subscribe_all();
         state.recover_callbacks().await;
+        let watcher = state.clone();
+        ctx.tracker.spawn(async move { watcher.deliver_others(others).await });
         let deliveries = state.clone();
         tracing::info!(webhook_addr = %local, "webhooks listening");
         let served =

@@ -1247,3 +1247,105 @@ async fn configured_callback_urls_are_checked_once_at_start() {
         ]
     );
 }
+
+/// Submits `prompt` in `session` the way a cron firing does (not through the
+/// webhook) and returns the run id.
+async fn submit_elsewhere(hook: &TestHook, session: &str, prompt: &str) -> String {
+    let mut req = lemon_core::router::RunRequest::new(session, prompt);
+    req.origin = lemon_core::router::Origin::Cron;
+    match hook.router.submit(req).await.unwrap() {
+        lemon_core::router::Submitted::Run(accepted, _) => accepted.run_id.as_str().to_owned(),
+        other => panic!("not a run: {other:?}"),
+    }
+}
+
+/// Starts delivering the runs of the integrations' sessions that others submit.
+fn watch_others(hook: &TestHook) {
+    let others = hook.router.subscribe_all();
+    let state = hook.state.clone();
+    hook.tracker.spawn(async move { state.deliver_others(others).await });
+}
+
+#[test]
+fn sessions_belong_to_the_integration_they_are_of() {
+    let toml = format!(
+        "[integrations.ci]\ntoken = \"{TOKEN}\"\n[integrations.\"ci:eu\"]\ntoken = \"{TOKEN}\"\n\
+         [integrations.ops]\ntoken = \"{TOKEN}\"\nsession_key = \"agent:ops:main\"\n"
+    );
+    let config = WebhookConfig::parse(&toml::from_str(&toml).unwrap()).unwrap();
+    let of = |key: &str| super::integration_of(&config, &key.into()).map(|(id, _)| id.to_owned());
+    assert_eq!(of("webhook:ci").as_deref(), Some("ci"));
+    assert_eq!(of("webhook:ci:nightly").as_deref(), Some("ci"));
+    assert_eq!(of("webhook:ci:eu").as_deref(), Some("ci:eu"));
+    assert_eq!(of("webhook:ci:eu:x").as_deref(), Some("ci:eu"));
+    assert_eq!(of("agent:ops:main").as_deref(), Some("ops"));
+    assert_eq!(of("webhook:cix"), None);
+    assert_eq!(of("webhook:ops").as_deref(), Some("ops"));
+    assert_eq!(of("agent:default:main"), None);
+    assert_eq!(of("webhook:"), None);
+}
+
+#[tokio::test]
+async fn a_run_started_elsewhere_in_an_integration_session_gets_its_callback() {
+    let (addr, attempts, mut received) = callback_server(1).await;
+    let toml = format!(
+        "callback_backoff_ms = 1\ncallback_backoff_max_ms = 2\nallow_private_callback_hosts = true\n\
+         [integrations.zap]\ntoken = \"{TOKEN}\"\ncallback_url = \"http://{addr}/cb\"\n"
+    );
+    let hook = TestHook::start(&toml, Duration::ZERO, MapResolver::default());
+    watch_others(&hook);
+    let run_id = submit_elsewhere(&hook, "webhook:zap", "from the schedule").await;
+    let delivered = within("the callback", received.recv()).await.unwrap();
+    assert_eq!(delivered["run_id"], run_id.as_str());
+    assert_eq!(delivered["integration_id"], "zap");
+    assert_eq!(delivered["session_key"], "webhook:zap");
+    assert_eq!(delivered["completed"]["answer"], "from the schedule");
+    assert_eq!(delivered["completed"]["ok"], true);
+    assert_eq!(attempts.load(Ordering::SeqCst), 2, "retried like the webhook's own");
+    let now = lemon_core::clock::now_ms();
+    within("the record to go", async {
+        while hook.store.kv_get("webhook.callback", &run_id, now).await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+
+    // The webhook's own run is delivered once, not again as someone else's;
+    // a run in another session is not the integration's.
+    let (status, body) = hook.post(json!({ "prompt": "my own" })).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let own = within("the own callback", received.recv()).await.unwrap();
+    assert_eq!(own["run_id"], body["run_id"]);
+    assert_eq!(own["completed"]["answer"], "my own");
+    let mut events = hook.bus.subscribe_all();
+    let elsewhere = submit_elsewhere(&hook, "agent:default:main", "not a hook session").await;
+    assert_eq!(completed_answer(&mut events, &elsewhere).await, "not a hook session");
+    let last = submit_elsewhere(&hook, "webhook:zap:later", "the last one").await;
+    let next = within("the last callback", received.recv()).await.unwrap();
+    assert_eq!(next["run_id"], last.as_str(), "nothing in between (not {elsewhere})");
+    assert_eq!(next["session_key"], "webhook:zap:later");
+    hook.stop().await;
+    assert!(received.try_recv().is_err(), "each delivered once");
+    assert_eq!(attempts.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn an_integration_without_a_callback_url_delivers_runs_from_elsewhere_nowhere() {
+    let hook = TestHook::simple("");
+    watch_others(&hook);
+    let mut events = hook.bus.subscribe_all();
+    let run_id = submit_elsewhere(&hook, "webhook:zap", "nowhere to go").await;
+    assert_eq!(completed_answer(&mut events, &run_id).await, "nowhere to go");
+    let second = submit_elsewhere(&hook, "webhook:zap", "still nowhere").await;
+    assert_eq!(completed_answer(&mut events, &second).await, "still nowhere");
+    // The watcher has seen the runs once the integration is noted as told.
+    within("the integration noted", async {
+        while !hook.state.inner.told_no_callback.lock().unwrap().contains("zap") {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let now = lemon_core::clock::now_ms();
+    assert_eq!(hook.store.kv_list("webhook.callback", now).await.unwrap().len(), 0);
+    hook.stop().await;
+}
