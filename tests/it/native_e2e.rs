@@ -426,7 +426,10 @@ async fn reads_outside_the_working_directory_are_refused_to_the_model() {
     assert_eq!(results.len(), 2, "{results:?}");
     for result in &results {
         let content = result["content"].to_string();
-        assert!(content.contains("is outside the working directory and the workspace"), "refused: {content}");
+        assert!(
+            content.contains("is outside the working directory and the workspace"),
+            "refused: {content}"
+        );
     }
     let all = requests[1].body.to_string();
     assert!(!all.contains("root:") && !all.contains("outside-contents"), "{all}");
