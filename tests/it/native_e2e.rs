@@ -51,7 +51,7 @@ impl Live {
     async fn until(&mut self, what: &str, pred: impl Fn(&str, &Value) -> bool) -> Value {
         let found = tokio::time::timeout(PATIENCE, async {
             loop {
-                let Some((kind, data)) = self.rx.recv().await else { return None };
+                let (kind, data) = self.rx.recv().await?;
                 self.seen.push((kind.clone(), data.clone()));
                 if pred(&kind, &data) {
                     return Some(data);
