@@ -141,6 +141,7 @@ pub(crate) fn request(prompt: &str, cwd: &Path, resume: Option<ResumeToken>) -> 
         cwd: cwd.to_path_buf(),
         model: None,
         meta: BTreeMap::new(),
+        workspace: None,
     }
 }
 

@@ -1,111 +1,94 @@
-//! The native `lemon` engine on the real binary: the default engine with and
-//! without a key, and turns streamed from a local OpenAI-compatible server
-//! (a bash tool round trip, a session resumed after a restart).
+//! The native `lemon` engine on the real binary against the shared fake LLM
+//! provider: the default engine with and without a key, streamed deltas, tool
+//! round trips (`bash`, `edit`), steering mid-run, compaction, a budget, cancel
+//! of a running command, refused paths and a session resumed after a restart.
 
-use std::sync::{Arc, Mutex};
-
+use futures::StreamExt;
+use lemon_tests::fake_llm::{FakeLlm, FakeToolCall, Turn};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 
-use crate::support::{home_with, Gateway};
+use crate::support::{command, home_with, Gateway, PATIENCE};
 
-/// A minimal OpenAI Chat Completions server: answers each request with the
-/// next scripted turn as SSE and records every request body.
-struct ScriptedLlm {
-    base_url: String,
-    requests: Arc<Mutex<Vec<Value>>>,
+const KEY: &str = "sk-test-native-key";
+
+/// A fake that requires the key the gateway is given.
+async fn fake_llm() -> FakeLlm {
+    FakeLlm::builder().api_key(KEY).start().await
 }
 
-/// One scripted turn: plain text, or one tool call.
-#[derive(Clone)]
-enum Reply {
-    Text(&'static str),
-    Call { name: &'static str, arguments: Value },
+fn call(id: &str, name: &str, arguments: &Value) -> FakeToolCall {
+    FakeToolCall::new(id, name, &[&arguments.to_string()])
 }
 
-fn chunk(delta: Value, finish: Option<&str>) -> String {
-    let body = json!({ "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }] });
-    format!("data: {body}\n\n")
+/// A run's events over SSE, read as they come.
+struct Live {
+    rx: mpsc::UnboundedReceiver<(String, Value)>,
+    seen: Vec<(String, Value)>,
 }
 
-fn sse(reply: &Reply) -> String {
-    let mut out = String::new();
-    match reply {
-        Reply::Text(text) => {
-            for word in text.split_inclusive(' ') {
-                out.push_str(&chunk(json!({ "content": word }), None));
-            }
-            out.push_str(&chunk(json!({}), Some("stop")));
-        }
-        Reply::Call { name, arguments } => {
-            let call = json!([{ "index": 0, "id": "call_1", "type": "function",
-                "function": { "name": name, "arguments": arguments.to_string() } }]);
-            out.push_str(&chunk(json!({ "tool_calls": call }), None));
-            out.push_str(&chunk(json!({}), Some("tool_calls")));
-        }
-    }
-    out.push_str(
-        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":3}}\n\n",
-    );
-    out.push_str("data: [DONE]\n\n");
-    out
-}
-
-impl ScriptedLlm {
-    async fn start(replies: Vec<Reply>) -> ScriptedLlm {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let replies = Arc::new(Mutex::new(std::collections::VecDeque::from(replies)));
-        let recorded = requests.clone();
+impl Live {
+    async fn open(gateway: &Gateway, run_id: &str) -> Live {
+        let response = gateway.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
-            loop {
-                let Ok((mut socket, _)) = listener.accept().await else { return };
-                let (recorded, replies) = (recorded.clone(), replies.clone());
-                tokio::spawn(async move {
-                    let Some(body) = read_request(&mut socket).await else { return };
-                    recorded.lock().unwrap().push(body);
-                    let reply = replies
-                        .lock()
-                        .unwrap()
-                        .pop_front()
-                        .unwrap_or(Reply::Text("(no more turns)"));
-                    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
-                    let _ = socket.write_all(format!("{head}{}", sse(&reply)).as_bytes()).await;
-                    let _ = socket.shutdown().await;
-                });
+            let mut parser = lemon_gateway::sse::SseParser::default();
+            let mut stream = response.bytes_stream();
+            while let Some(Ok(chunk)) = stream.next().await {
+                for event in parser.push(&chunk) {
+                    let data: Value = serde_json::from_str(&event.data).unwrap();
+                    if tx.send((event.event, data)).is_err() {
+                        return;
+                    }
+                }
             }
         });
-        ScriptedLlm { base_url, requests }
+        Live { rx, seen: Vec::new() }
     }
 
-    fn requests(&self) -> Vec<Value> {
-        self.requests.lock().unwrap().clone()
+    /// Reads until an event matches; that event.
+    async fn until(&mut self, what: &str, pred: impl Fn(&str, &Value) -> bool) -> Value {
+        let found = tokio::time::timeout(PATIENCE, async {
+            loop {
+                let (kind, data) = self.rx.recv().await?;
+                self.seen.push((kind.clone(), data.clone()));
+                if pred(&kind, &data) {
+                    return Some(data);
+                }
+            }
+        })
+        .await;
+        match found {
+            Ok(Some(data)) => data,
+            Ok(None) => panic!("the stream ended before {what}: {:?}", self.seen),
+            Err(_) => panic!("no {what} in time: {:?}", self.seen),
+        }
+    }
+
+    async fn completed(&mut self) -> Value {
+        self.until("run_completed", |kind, _| kind == "run_completed").await
     }
 }
 
-/// The JSON body of one HTTP/1.1 request.
-async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<Value> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    loop {
-        let n = socket.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
-        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        if buf.len() >= end + 4 + length {
-            return serde_json::from_slice(&buf[end + 4..end + 4 + length]).ok();
-        }
+/// A started action of the named tool.
+fn tool_started(name: &'static str) -> impl Fn(&str, &Value) -> bool {
+    move |kind, data| {
+        kind == "engine_action"
+            && data.to_string().contains("\"started\"")
+            && data.to_string().contains(&format!("\"name\":\"{name}\""))
     }
+}
+
+/// Polls `check` until it holds, bounded by the tests' patience.
+async fn eventually(what: &str, check: impl Fn() -> bool) {
+    tokio::time::timeout(PATIENCE, async {
+        while !check() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} in time"));
 }
 
 fn lemon_config(base_url: &str) -> String {
@@ -115,7 +98,7 @@ fn lemon_config(base_url: &str) -> String {
 fn write_key(home: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
     let path = home.join("secrets.toml");
-    std::fs::write(&path, "openai_api_key = \"sk-test-native-key\"\n").unwrap();
+    std::fs::write(&path, format!("openai_api_key = \"{KEY}\"\n")).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
@@ -144,15 +127,11 @@ async fn without_a_key_the_default_engine_is_echo_and_the_status_says_why() {
 #[tokio::test]
 async fn with_a_key_lemon_is_the_default_and_streams_a_bash_round_trip() {
     let workdir = tempfile::tempdir().unwrap();
-    let llm = ScriptedLlm::start(vec![
-        Reply::Call {
-            name: "bash",
-            arguments: json!({ "command": "echo changed > note.txt && cat note.txt" }),
-        },
-        Reply::Text("The file now says changed."),
-    ])
-    .await;
-    let dir = home_with(&lemon_config(&llm.base_url));
+    let llm = fake_llm().await;
+    let command = json!({ "command": "echo changed > note.txt && cat note.txt" });
+    llm.push(Turn::tool_calls(vec![call("call_1", "bash", &command)]));
+    llm.push(Turn::text(&["The file ", "now says ", "changed."]));
+    let dir = home_with(&lemon_config(&llm.base_url()));
     write_key(dir.path());
     let gateway = Gateway::start_in(dir.path()).await;
     let status = gateway.status().await;
@@ -183,18 +162,20 @@ async fn with_a_key_lemon_is_the_default_and_streams_a_bash_round_trip() {
     assert_eq!(run["answer"], "The file now says changed.", "{run}");
     let requests = llm.requests();
     assert_eq!(requests.len(), 2);
-    assert_eq!(requests[0]["model"], "test-model");
-    let second = requests[1]["messages"].to_string();
+    assert_eq!(requests[0].body["model"], "test-model");
+    assert_eq!(requests[0].body["stream"], true);
+    let second = requests[1].body["messages"].to_string();
     assert!(second.contains("changed"), "the tool's output went back: {second}");
-    assert!(!format!("{events:?}{run}").contains("sk-test-native-key"));
+    assert!(!format!("{events:?}{run}").contains(KEY));
     gateway.terminate().await;
 }
 
 #[tokio::test]
 async fn a_lemon_session_resumes_after_a_restart() {
-    let llm =
-        ScriptedLlm::start(vec![Reply::Text("first answer"), Reply::Text("second answer")]).await;
-    let dir = home_with(&lemon_config(&llm.base_url));
+    let llm = fake_llm().await;
+    llm.push(Turn::text(&["first ", "answer"]));
+    llm.push(Turn::text(&["second ", "answer"]));
+    let dir = home_with(&lemon_config(&llm.base_url()));
     write_key(dir.path());
     let gateway = Gateway::start_in(dir.path()).await;
     let run_id = gateway.submit(json!({ "prompt": "remember lemons", "engine": "lemon" })).await;
@@ -211,7 +192,272 @@ async fn a_lemon_session_resumes_after_a_restart() {
     let run_id = gateway.submit(json!({ "prompt": prompt, "session_key": "another" })).await;
     let run = gateway.wait(&run_id).await;
     assert_eq!(run["answer"], "second answer", "{run}");
-    let second = llm.requests()[1]["messages"].to_string();
+    let second = llm.requests()[1].body["messages"].to_string();
     assert!(second.contains("remember lemons") && second.contains("first answer"), "{second}");
+    gateway.terminate().await;
+}
+
+/// A home whose config has the `lemon` section pointing at `llm`, `extra` lines
+/// after it, and the key in the secrets file.
+fn home_for(llm: &FakeLlm, extra: &str) -> tempfile::TempDir {
+    let dir = home_with(&format!("{}{extra}", lemon_config(&llm.base_url())));
+    write_key(dir.path());
+    dir
+}
+
+#[tokio::test]
+async fn the_key_from_the_environment_streams_deltas_and_an_edit_changes_the_file() {
+    let workdir = tempfile::tempdir().unwrap();
+    std::fs::write(workdir.path().join("greeting.txt"), "hello world\n").unwrap();
+    let llm = fake_llm().await;
+    let edit = json!({ "path": "greeting.txt", "old_string": "world", "new_string": "lemons" });
+    llm.push(Turn::tool_calls(vec![call("call_edit", "edit", &edit)]));
+    llm.push(Turn::text(&["Edited: ", "it greets ", "lemons now."]));
+    let dir = home_with(&lemon_config(&llm.base_url()));
+    let mut cmd = command(dir.path());
+    cmd.env("OPENAI_API_KEY", KEY);
+    let gateway = Gateway::spawn(cmd, dir.path()).await;
+    assert_eq!(gateway.status().await["default_engine"], "lemon");
+
+    let cwd = workdir.path().to_str().unwrap();
+    let run_id = gateway.submit(json!({ "prompt": "greet lemons", "cwd": cwd })).await;
+    let events = gateway.events(&run_id).await;
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter(|(kind, _)| kind == "delta")
+        .filter_map(|(_, data)| data["text"].as_str())
+        .collect();
+    assert_eq!(deltas.concat(), "Edited: it greets lemons now.", "{events:?}");
+    assert!(deltas.len() >= 2, "the answer arrives in pieces: {deltas:?}");
+    assert_eq!(
+        std::fs::read_to_string(workdir.path().join("greeting.txt")).unwrap(),
+        "hello lemons\n"
+    );
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0].header("authorization"), Some(format!("Bearer {KEY}").as_str()));
+    let result = requests[1].last_message_text();
+    assert!(result.contains("greeting.txt"), "the edit's result went back: {result}");
+    let run = gateway.run(&run_id).await;
+    assert_eq!(run["answer"], "Edited: it greets lemons now.", "{run}");
+    assert!(!format!("{events:?}{run}").contains(KEY));
+    gateway.terminate().await;
+}
+
+#[tokio::test]
+async fn a_message_steered_while_a_command_runs_reaches_the_next_model_turn() {
+    let workdir = tempfile::tempdir().unwrap();
+    let llm = fake_llm().await;
+    let wait = json!({ "command": "while [ ! -e go ]; do sleep 0.02; done; echo waited" });
+    llm.push(Turn::tool_calls(vec![call("call_wait", "bash", &wait)]));
+    llm.rule("use limes instead", Turn::text(&["Limes ", "it is."]));
+    let dir = home_for(&llm, "");
+    let gateway = Gateway::start_in(dir.path()).await;
+
+    let cwd = workdir.path().to_str().unwrap();
+    let run_id = gateway.submit(json!({ "prompt": "pick a fruit", "cwd": cwd })).await;
+    let mut live = Live::open(&gateway, &run_id).await;
+    live.until("the command's start", tool_started("bash")).await;
+    let response = gateway
+        .post(&format!("/v1/runs/{run_id}/steer"))
+        .json(&json!({ "text": "use limes instead" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["accepted"], true, "{body}");
+    // The command is still running: it ends only now.
+    std::fs::write(workdir.path().join("go"), "").unwrap();
+    live.completed().await;
+
+    let run = gateway.run(&run_id).await;
+    assert_eq!(run["answer"], "Limes it is.", "{run}");
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    let second = requests[1].body["messages"].to_string();
+    assert!(second.contains("waited"), "the command's output went back: {second}");
+    assert_eq!(requests[1].last_message_text(), "use limes instead");
+    gateway.terminate().await;
+}
+
+#[tokio::test]
+async fn a_long_conversation_is_compacted_and_keeps_going() {
+    let llm = fake_llm().await;
+    llm.rule("Summarise the conversation above.", Turn::text(&["The user listed fruit."]));
+    let dir = home_for(&llm, "context_window = 4000\ntools = [\"read\"]\n");
+    let gateway = Gateway::start_in(dir.path()).await;
+    let mut last = Value::Null;
+    for round in 0..4 {
+        let prompt = format!("round {round}: {}", "lemon lime orange ".repeat(222));
+        let run_id = gateway.submit(json!({ "prompt": prompt, "session_key": "long" })).await;
+        let events = gateway.events(&run_id).await;
+        let run = gateway.run(&run_id).await;
+        assert_eq!(run["status"], "completed", "round {round}: {run}");
+        assert!(run["answer"] == prompt.as_str(), "round {round}: the fake echoes the prompt");
+        let compacted = events.iter().any(|(kind, data)| {
+            kind == "engine_action"
+                && data.to_string().contains("compaction")
+                && data.to_string().contains("completed")
+        });
+        if compacted {
+            last = run;
+            break;
+        }
+    }
+    assert_ne!(last, Value::Null, "a compaction within four rounds: {:?}", llm.requests());
+    let requests = llm.requests();
+    let summary = requests
+        .iter()
+        .position(|r| r.last_message_text().contains("Summarise the conversation above."))
+        .expect("a summary request");
+    let after = requests[summary + 1].body["messages"].to_string();
+    assert!(
+        after.contains("The user listed fruit."),
+        "the summary replaces the old turns: {after}"
+    );
+    assert!(!after.contains("round 0:"), "{after}");
+    gateway.terminate().await;
+}
+
+#[tokio::test]
+async fn a_run_token_budget_stops_a_native_run_between_turns() {
+    let workdir = tempfile::tempdir().unwrap();
+    let llm = fake_llm().await;
+    llm.push(Turn::tool_calls(vec![call("call_1", "list", &json!({}))]));
+    llm.push(Turn::tool_calls(vec![call("call_2", "list", &json!({}))]));
+    llm.push(Turn::text(&["never sent"]));
+    let dir = home_for(&llm, "[gateway.budgets]\nrun_tokens = 30\n");
+    let gateway = Gateway::start_in(dir.path()).await;
+    let cwd = workdir.path().to_str().unwrap();
+    let run_id = gateway.submit(json!({ "prompt": "list twice", "cwd": cwd })).await;
+    let run = gateway.wait(&run_id).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    assert_eq!(run["error_code"], "budget_exceeded", "{run}");
+    let error = run["error"].as_str().unwrap();
+    assert!(error.contains("run"), "names the limit: {error}");
+    assert_eq!(llm.requests().len(), 2, "no third model turn");
+    assert_eq!(llm.queued(), 1);
+    gateway.terminate().await;
+}
+
+/// The process group of `pid`, from `/proc/<pid>/stat`.
+fn pgid_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// Whether any process is in group `pgid`.
+fn group_alive(pgid: i32) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        entry.file_name().to_str().and_then(|n| n.parse().ok()).and_then(pgid_of) == Some(pgid)
+    })
+}
+
+#[tokio::test]
+async fn cancel_kills_a_running_commands_process_group() {
+    let workdir = tempfile::tempdir().unwrap();
+    let llm = fake_llm().await;
+    let sleep = json!({ "command": "echo $$ > shell.pid; sleep 300 & sleep 301; wait" });
+    llm.push(Turn::tool_calls(vec![call("call_sleep", "bash", &sleep)]));
+    let dir = home_for(&llm, "");
+    let gateway = Gateway::start_in(dir.path()).await;
+    let cwd = workdir.path().to_str().unwrap();
+    let run_id = gateway.submit(json!({ "prompt": "sleep a while", "cwd": cwd })).await;
+    let mut live = Live::open(&gateway, &run_id).await;
+    live.until("the command's start", tool_started("bash")).await;
+    let pid_file = workdir.path().join("shell.pid");
+    eventually("the shell's pid", || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|s| s.ends_with('\n'))
+    })
+    .await;
+    let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let pgid = pgid_of(pid).expect("the shell runs");
+    assert_ne!(pgid, pgid_of(gateway.pid()).unwrap(), "the command has its own group");
+    eventually("both sleeps", || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name().to_str().and_then(|n| n.parse().ok()).and_then(pgid_of) == Some(pgid)
+            })
+            .count()
+            >= 3
+    })
+    .await;
+
+    let response = gateway.post(&format!("/v1/runs/{run_id}/cancel")).send().await.unwrap();
+    assert_eq!(response.status(), 202);
+    live.completed().await;
+    let run = gateway.run(&run_id).await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    eventually("the process group gone", || !group_alive(pgid)).await;
+    assert_eq!(llm.requests().len(), 1, "no turn after the cancel");
+    gateway.terminate().await;
+}
+
+#[tokio::test]
+async fn reads_outside_the_working_directory_are_refused_to_the_model() {
+    let parent = tempfile::tempdir().unwrap();
+    let workdir = parent.path().join("project");
+    std::fs::create_dir(&workdir).unwrap();
+    std::fs::write(parent.path().join("secret.txt"), "outside-contents\n").unwrap();
+    let llm = fake_llm().await;
+    llm.push(Turn::tool_calls(vec![
+        call("call_passwd", "read", &json!({ "path": "/etc/passwd" })),
+        call("call_up", "read", &json!({ "path": "../secret.txt" })),
+    ]));
+    llm.push(Turn::text(&["I may not read those."]));
+    let dir = home_for(&llm, "");
+    let gateway = Gateway::start_in(dir.path()).await;
+    let cwd = workdir.to_str().unwrap();
+    let run_id = gateway.submit(json!({ "prompt": "read around", "cwd": cwd })).await;
+    let run = gateway.wait(&run_id).await;
+    assert_eq!(run["answer"], "I may not read those.", "{run}");
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2);
+    let results: Vec<&Value> = requests[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(results.len(), 2, "{results:?}");
+    for result in &results {
+        let content = result["content"].to_string();
+        assert!(
+            content.contains("is outside the working directory and the workspace"),
+            "refused: {content}"
+        );
+    }
+    let all = requests[1].body.to_string();
+    assert!(!all.contains("root:") && !all.contains("outside-contents"), "{all}");
+    gateway.terminate().await;
+}
+
+/// Paths the model gives stay inside the run's cwd or the gateway's workspace.
+#[tokio::test]
+async fn the_workspace_is_readable_by_the_native_tools() {
+    let workdir = tempfile::tempdir().unwrap();
+    let llm = fake_llm().await;
+    let dir = home_for(&llm, "");
+    let workspace = dir.path().join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::write(workspace.join("shared.txt"), "from the workspace\n").unwrap();
+    let path = workspace.join("shared.txt");
+    llm.push(Turn::tool_calls(vec![call(
+        "call_ws",
+        "read",
+        &json!({ "path": path.to_str().unwrap() }),
+    )]));
+    llm.push(Turn::text(&["read it"]));
+    let gateway = Gateway::start_in(dir.path()).await;
+    let cwd = workdir.path().to_str().unwrap();
+    let run_id = gateway.submit(json!({ "prompt": "read the shared file", "cwd": cwd })).await;
+    let run = gateway.wait(&run_id).await;
+    assert_eq!(run["answer"], "read it", "{run}");
+    let result = llm.requests()[1].last_message_text();
+    assert!(result.contains("from the workspace"), "{result}");
     gateway.terminate().await;
 }

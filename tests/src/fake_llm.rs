@@ -231,6 +231,11 @@ impl FakeLlmBuilder {
             .fallback(|| async { (StatusCode::NOT_FOUND, "no such endpoint on the fake LLM") })
             .with_state(shared.clone());
         let shutdown = stop.clone().cancelled_owned();
+        // Every streamed piece goes out at once, as a provider's would, not
+        // held back by Nagle until the client acknowledges the previous one.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
         });

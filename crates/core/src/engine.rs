@@ -375,6 +375,9 @@ pub struct StartRequest {
     /// The model suffix of a composite id (`claude:opus` → `opus`), or the request's model.
     pub model: Option<String>,
     pub meta: BTreeMap<String, serde_json::Value>,
+    /// The gateway's workspace (`[gateway] workspace_dir`, expanded): file
+    /// tools may reach it as well as `cwd`.
+    pub workspace: Option<PathBuf>,
 }
 
 /// Why a steer or redirect was not taken.

@@ -242,6 +242,7 @@ impl Engine for NativeEngine {
         let cancel = self.shutdown.child_token();
         let (controls_tx, controls_rx) = mpsc::channel(16);
         let stopped = CancellationToken::new();
+        let workspace = req.workspace.clone().or_else(|| self.workspace.clone());
         let agent = agent::Agent::new(agent::AgentParts {
             req,
             settings: self.settings.clone(),
@@ -255,7 +256,7 @@ impl Engine for NativeEngine {
             sink,
             cancel: cancel.clone(),
             controls: controls_rx,
-            workspace: self.workspace.clone(),
+            workspace,
         });
         let guard = stopped.clone().drop_guard();
         self.tracker.spawn(async move {

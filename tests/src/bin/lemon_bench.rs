@@ -1,11 +1,12 @@
 //! `lemon-bench`: the gateway's speed and memory, one JSON object per scenario.
 //!
 //! ```text
-//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|latency|conversations|startup|telegram]…
+//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|latency|conversations|startup|telegram|native]…
 //! ```
 //! No argument runs them all. Figures are measured in this process on the echo
-//! engine; `startup` and `telegram` start the real `lemon-gateway` binary next to
-//! this one (`telegram` against a fake Bot API served from this process).
+//! engine; `startup`, `telegram` and `native` start the real `lemon-gateway`
+//! binary next to this one (`telegram` against a fake Bot API, `native` against
+//! a fake LLM provider, both served from this process).
 
 // The benchmark reports on stdout and starts the server binary it measures.
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::disallowed_methods)]
@@ -389,6 +390,119 @@ async fn telegram(lone: usize, chats: usize) -> anyhow::Result<serde_json::Value
     }))
 }
 
+/// User and system CPU time of process `pid` so far.
+fn cpu_time(pid: &str) -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rfind(')').map(|i| &stat[i + 1..]).unwrap_or_default();
+    // After the command: state is field 3, utime 14 and stime 15.
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| -> anyhow::Result<u64> {
+        Ok(fields.get(i).ok_or_else(|| anyhow::anyhow!("short /proc/{pid}/stat"))?.parse()?)
+    };
+    // In USER_HZ, which the kernel's ABI fixes at 100 a second.
+    Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
+}
+
+/// Sync webhook turns on the native engine against a fake LLM in this process
+/// that answers at once: `text` turns answered with their own text, then
+/// `tools` turns where the model calls `list` once and then answers. Each turn
+/// is a fresh conversation, sent one after the other; the gateway's CPU time is
+/// read from `/proc` around each phase.
+async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> {
+    use lemon_tests::fake_llm::{FakeLlm, FakeToolCall, Turn};
+    use std::os::unix::fs::PermissionsExt;
+    const HOOK_TOKEN: &str = "bench-hook-token-0123456789";
+    const LIST_PROMPT: &str = "please call the list tool";
+    let llm = FakeLlm::start().await;
+    llm.rule(LIST_PROMPT, Turn::tool_calls(vec![FakeToolCall::new("call_list", "list", &["{}"])]));
+    let home = tempfile::tempdir()?;
+    let workdir = tempfile::tempdir()?;
+    for name in ["Cargo.toml", "README.md", "main.rs"] {
+        std::fs::write(workdir.path().join(name), "bench\n")?;
+    }
+    std::fs::write(
+        home.path().join("config.toml"),
+        format!(
+            "[gateway]\nenable_webhook = true\nmax_concurrent_runs = 64\ndefault_cwd = \"{}\"\n\
+             [gateway.api]\nport = 0\n[gateway.health]\nport = 0\n\
+             [gateway.webhook]\nport = 0\nmode = \"sync\"\n\
+             [gateway.webhook.integrations.bench]\ntoken = \"{HOOK_TOKEN}\"\nallow_session_key = true\n\
+             [gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"bench-model\"\n",
+            workdir.path().display(),
+            llm.base_url()
+        ),
+    )?;
+    let secrets = home.path().join("secrets.toml");
+    std::fs::write(&secrets, "openai_api_key = \"sk-bench-key\"\n")?;
+    std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o600))?;
+    let (mut child, ready) = spawn_server(home.path()).await?;
+    let hook = ready
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("webhook="))
+        .ok_or_else(|| anyhow::anyhow!("no webhook address in {ready:?}"))?
+        .to_owned();
+    let pid = child.id().ok_or_else(|| anyhow::anyhow!("server exited"))?.to_string();
+    let client = reqwest::Client::new();
+    let mut turn = 0usize;
+    let mut send = |prompt: String| {
+        turn += 1;
+        let body = serde_json::json!({ "prompt": prompt, "session_key": format!("t{turn}") });
+        let request = client.post(format!("{hook}bench")).bearer_auth(HOOK_TOKEN).json(&body);
+        async move {
+            let began = Instant::now();
+            let response = request.send().await?;
+            anyhow::ensure!(response.status() == 200, "webhook answered {}", response.status());
+            let answer: serde_json::Value = response.json().await?;
+            let elapsed = began.elapsed();
+            anyhow::ensure!(answer["ok"] == true, "the run failed: {answer}");
+            anyhow::Ok((elapsed, answer))
+        }
+    };
+    // Warm-up: connections, the store, the allocator.
+    for n in 0..50 {
+        send(format!("warm-up {n}")).await?;
+    }
+    let phase = |latencies: Vec<Duration>, cpu: Duration| {
+        let mut us: Vec<u64> = latencies.iter().map(|d| d.as_micros() as u64).collect();
+        us.sort_unstable();
+        let turns = us.len().max(1) as f64;
+        serde_json::json!({
+            "turns": us.len(),
+            "request_to_answer_p50_us": percentile(&us, 0.50),
+            "request_to_answer_p99_us": percentile(&us, 0.99),
+            "gateway_cpu_per_turn_us": (cpu.as_secs_f64() * 1e6 / turns).round(),
+        })
+    };
+    let cpu_before = cpu_time(&pid)?;
+    let mut latencies = Vec::with_capacity(text);
+    for n in 0..text {
+        let prompt = format!("hello from the benchmark {n}");
+        let (elapsed, answer) = send(prompt.clone()).await?;
+        anyhow::ensure!(answer["answer"] == prompt.as_str(), "an echoed answer: {answer}");
+        latencies.push(elapsed);
+    }
+    let text_phase = phase(latencies, cpu_time(&pid)?.saturating_sub(cpu_before));
+    let requests_before = llm.requests().len();
+    let cpu_before = cpu_time(&pid)?;
+    let mut latencies = Vec::with_capacity(tools);
+    for n in 0..tools {
+        let (elapsed, answer) = send(format!("{LIST_PROMPT} ({n})")).await?;
+        let text = answer["answer"].as_str().unwrap_or_default();
+        anyhow::ensure!(text.contains("README.md"), "the list went back: {answer}");
+        latencies.push(elapsed);
+    }
+    let tool_phase = phase(latencies, cpu_time(&pid)?.saturating_sub(cpu_before));
+    let model_requests = llm.requests().len() - requests_before;
+    anyhow::ensure!(model_requests == 2 * tools, "two model turns per tool turn");
+    child.start_kill()?;
+    let _ = child.wait().await;
+    Ok(serde_json::json!({
+        "scenario": "native",
+        "text": text_phase,
+        "tool": tool_phase,
+    }))
+}
+
 async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
     Ok(match name {
         "throughput" => vec![
@@ -401,8 +515,9 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
         "conversations" => vec![conversations(100_000).await?],
         "startup" => vec![startup().await?],
         "telegram" => vec![telegram(20, 150).await?],
+        "native" => vec![native(2_000, 500).await?],
         other => anyhow::bail!(
-            "unknown scenario {other:?}: use throughput, latency, conversations, startup or telegram"
+            "unknown scenario {other:?}: use throughput, latency, conversations, startup, telegram or native"
         ),
     })
 }
@@ -410,7 +525,7 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
 fn main() -> anyhow::Result<()> {
     let mut names: Vec<String> = std::env::args().skip(1).collect();
     if names.is_empty() {
-        names = ["throughput", "latency", "conversations", "startup", "telegram"]
+        names = ["throughput", "latency", "conversations", "startup", "telegram", "native"]
             .map(str::to_owned)
             .to_vec();
     }

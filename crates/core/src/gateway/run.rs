@@ -311,6 +311,7 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
         cwd,
         model,
         meta: ctx.req.meta.clone(),
+        workspace: ctx.config.workspace_dir.clone(),
     };
     let control = tokio::select! {
         biased;

@@ -134,6 +134,7 @@ async fn an_engine_refuses_to_start_with_a_token_or_model_that_could_be_an_optio
             cwd: PathBuf::from("/"),
             model: model.map(str::to_owned),
             meta: BTreeMap::new(),
+            workspace: None,
         };
         for req in [request(Some("--yolo"), None), request(None, Some("--yolo"))] {
             let (sink, _events) = EventSink::channel(8);
@@ -156,6 +157,7 @@ async fn an_engine_refuses_to_start_with_a_token_or_model_that_could_be_an_optio
         cwd: PathBuf::from("/"),
         model: None,
         meta: BTreeMap::new(),
+        workspace: None,
     };
     assert!(engine.start(req, sink).await.is_err());
 }

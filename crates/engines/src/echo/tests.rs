@@ -18,6 +18,7 @@ fn request(prompt: &str) -> StartRequest {
         cwd: std::env::temp_dir(),
         model: None,
         meta: Default::default(),
+        workspace: None,
     }
 }
 

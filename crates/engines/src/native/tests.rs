@@ -113,6 +113,25 @@ impl Tool for EchoTool {
     }
 }
 
+/// Answers with the workspace of its context.
+#[derive(Debug)]
+struct WorkspaceTool;
+
+#[async_trait]
+impl Tool for WorkspaceTool {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "where".into(),
+            description: "tells the workspace".into(),
+            parameters: json!({"type": "object"}),
+        }
+    }
+
+    async fn execute(&self, _args: serde_json::Value, ctx: ToolContext) -> ToolOutput {
+        ToolOutput::ok(format!("workspace {:?}", ctx.workspace), serde_json::Value::Null)
+    }
+}
+
 /// Runs until its gate opens or its call is cancelled; records which.
 #[derive(Debug, Default)]
 struct GateState {
@@ -242,6 +261,7 @@ fn request(prompt: &str, resume: Option<&str>) -> StartRequest {
         cwd: std::env::temp_dir(),
         model: None,
         meta: Default::default(),
+        workspace: None,
     }
 }
 
@@ -371,6 +391,29 @@ async fn a_tool_call_runs_as_an_action_and_its_result_goes_back_to_the_model() {
             },
         ]
     );
+}
+
+#[tokio::test]
+async fn the_gateway_workspace_reaches_the_tool_context() {
+    let client = Scripted::new(vec![
+        Ok(vec![call("c1", "where", "{}"), done()]),
+        answer("ok"),
+        Ok(vec![call("c2", "where", "{}"), done()]),
+        answer("ok"),
+    ]);
+    let setup = Setup { tools: vec![Arc::new(WorkspaceTool)], ..Setup::default() };
+    let engine = new_engine(client.clone(), setup);
+    let workspace = std::env::temp_dir().join("lemon-workspace");
+    let req = StartRequest { workspace: Some(workspace.clone()), ..request("where?", None) };
+    let (_control, mut rx) = start(&engine, req).await;
+    let events = collect(&mut rx).await;
+    let acts = actions(&events);
+    assert_eq!(acts[1].message, Some(format!("workspace {:?}", Some(&workspace))), "{acts:?}");
+    // Without one configured, the tools get none.
+    let (_control, mut rx) = start(&engine, request("where now?", None)).await;
+    let events = collect(&mut rx).await;
+    let acts = actions(&events);
+    assert_eq!(acts[1].message.as_deref(), Some("workspace None"), "{acts:?}");
 }
 
 #[tokio::test]
