@@ -248,11 +248,7 @@ impl Decoder for MessagesDecoder {
                 out.push(LlmEvent::Done(self.stop.take().unwrap_or(StopReason::EndTurn)));
                 return Ok(true);
             }
-            "error" => {
-                let (message, kind, code) = http::error_fields(&value);
-                let kind = kind.filter(|k| k != "error");
-                return Err(http::error_from_kind(kind.as_deref(), code.as_deref(), &message));
-            }
+            "error" => return Err(http::stream_error(&value)),
             _ => {}
         }
         Ok(false)
@@ -270,11 +266,7 @@ mod tests {
     use lemon_core::tool::ToolSpec;
 
     use super::*;
-    use crate::llm::http::decode_all;
-
-    fn ok(events: Vec<Result<LlmEvent, LlmError>>) -> Vec<LlmEvent> {
-        events.into_iter().map(|e| e.expect("no error")).collect()
-    }
+    use crate::llm::http::{decode_all, ok};
 
     #[test]
     fn thinking_text_tool_use_and_usage() {

@@ -403,6 +403,20 @@ pub(crate) fn drive<D: Decoder>(
     }))
 }
 
+/// A streamed `error` event (Anthropic's and the Responses API's share a shape)
+/// as the typed error; the generic type `error` says nothing and is dropped.
+pub(crate) fn stream_error(value: &serde_json::Value) -> LlmError {
+    let (message, kind, code) = error_fields(value);
+    let kind = kind.filter(|k| k != "error");
+    error_from_kind(kind.as_deref(), code.as_deref(), &message)
+}
+
+/// The decoded events of a stream that must not fail, for the protocols' unit tests.
+#[cfg(test)]
+pub(crate) fn ok(events: Vec<Result<LlmEvent, LlmError>>) -> Vec<LlmEvent> {
+    events.into_iter().map(|e| e.expect("no error")).collect()
+}
+
 /// The events `lines` (a literal event stream) decode to, for the protocols'
 /// unit tests.
 #[cfg(test)]

@@ -292,11 +292,7 @@ mod tests {
     use lemon_core::tool::ToolSpec;
 
     use super::*;
-    use crate::llm::http::decode_all;
-
-    fn ok(events: Vec<Result<LlmEvent, LlmError>>) -> Vec<LlmEvent> {
-        events.into_iter().map(|e| e.expect("no error")).collect()
-    }
+    use crate::llm::http::{decode_all, ok};
 
     #[test]
     fn text_deltas_usage_and_stop() {

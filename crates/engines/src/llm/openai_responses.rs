@@ -236,11 +236,7 @@ impl Decoder for ResponsesDecoder {
                     if message.is_empty() { "the response failed".to_owned() } else { message };
                 return Err(http::error_from_kind(kind.as_deref(), code.as_deref(), &message));
             }
-            "error" => {
-                let (message, kind, code) = http::error_fields(&value);
-                let kind = kind.filter(|k| k != "error");
-                return Err(http::error_from_kind(kind.as_deref(), code.as_deref(), &message));
-            }
+            "error" => return Err(http::stream_error(&value)),
             _ => {}
         }
         Ok(false)
@@ -258,11 +254,7 @@ mod tests {
     use lemon_core::tool::ToolSpec;
 
     use super::*;
-    use crate::llm::http::decode_all;
-
-    fn ok(events: Vec<Result<LlmEvent, LlmError>>) -> Vec<LlmEvent> {
-        events.into_iter().map(|e| e.expect("no error")).collect()
-    }
+    use crate::llm::http::{decode_all, ok};
 
     #[test]
     fn text_reasoning_and_usage() {
