@@ -15,7 +15,7 @@ const SNIFF_BYTES: usize = 8 * 1024;
 
 /// Runs blocking file work off the async threads; a panic in it is an error
 /// result, not a crash.
-async fn blocking<F>(work: F) -> ToolOutput
+pub(super) async fn blocking<F>(work: F) -> ToolOutput
 where
     F: FnOnce() -> Result<ToolOutput, String> + Send + 'static,
 {

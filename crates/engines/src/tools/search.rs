@@ -107,18 +107,7 @@ impl Tool for Grep {
 
     async fn execute(&self, args: Value, ctx: ToolContext) -> ToolOutput {
         let options = self.options.clone();
-        run_blocking(move || grep(&options, &args, &ctx)).await
-    }
-}
-
-async fn run_blocking<F>(work: F) -> ToolOutput
-where
-    F: FnOnce() -> Result<ToolOutput, String> + Send + 'static,
-{
-    match tokio::task::spawn_blocking(work).await {
-        Ok(Ok(output)) => output,
-        Ok(Err(message)) => ToolOutput::error(message),
-        Err(err) => ToolOutput::error(format!("the tool failed: {err}")),
+        super::files::blocking(move || grep(&options, &args, &ctx)).await
     }
 }
 
@@ -257,7 +246,7 @@ impl Tool for Glob {
 
     async fn execute(&self, args: Value, ctx: ToolContext) -> ToolOutput {
         let options = self.options.clone();
-        run_blocking(move || glob(&options, &args, &ctx)).await
+        super::files::blocking(move || glob(&options, &args, &ctx)).await
     }
 }
 
