@@ -1,3 +1,6 @@
 //! Twilio SMS for Lemon Gateway: webhook signature check, inbound inbox and the SMS tools.
 //!
-//! The crate is a placeholder in the workspace layout; the SMS channel fills it.
+//! [`signature`] is shared with the voice channel, whose webhooks Twilio signs
+//! the same way.
+
+pub mod signature;
