@@ -112,8 +112,15 @@ impl fmt::Debug for ApiState {
 
 /// The control API router, every route behind the bearer token.
 pub fn router(state: ApiState) -> Router {
+    router_with(state, Router::new())
+}
+
+/// The control API router with the routes of other components (the SMS
+/// inbox, calls) merged in, behind the same bearer token, body limit and
+/// `{"error": …}` fallbacks. `extra` must not repeat a route of the API.
+pub fn router_with(state: ApiState, extra: Router) -> Router {
     let token = BearerToken(state.token.clone());
-    Router::new()
+    let own = Router::new()
         .route("/v1/runs", post(runs::submit).get(runs::list))
         .route("/v1/runs/{id}", get(runs::get))
         .route("/v1/runs/{id}/cancel", post(runs::cancel))
@@ -131,11 +138,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/cron/{id}", patch(cron::update).delete(cron::remove))
         .route("/v1/cron/{id}/run", post(cron::run))
         .route("/v1/cron/{id}/runs", get(cron::runs))
+        .with_state(state);
+    own.merge(extra)
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(token, require_bearer))
-        .with_state(state)
 }
 
 /// The expected token, as the auth middleware's state.

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
-use super::{router, ApiState};
+use super::{router, router_with, ApiState};
 use lemon_core::transport::{TransportState, TransportStatuses};
 
 const TOKEN: &str = "test-token-6f1c";
@@ -502,6 +502,50 @@ async fn unknown_routes_and_wrong_methods_are_json_errors() {
 
     let (status, error) = gw.call(Method::GET, "/v1/runs/x/cancel", None).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{error}");
+}
+
+#[tokio::test]
+async fn merged_routes_sit_behind_the_token_and_share_the_json_fallbacks() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let extra = Router::new()
+        .route("/v1/extra", axum::routing::get(|| async { axum::Json(json!({ "extra": true })) }));
+    let app = router_with(gw.state.clone(), extra);
+    let send = |method: Method, auth: bool| {
+        let mut req = Request::builder().method(method).uri("/v1/extra");
+        if auth {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {TOKEN}"));
+        }
+        app.clone().oneshot(req.body(Body::empty()).unwrap())
+    };
+    let status_and_body = |response: axum::response::Response| async move {
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+    };
+    let (status, body) =
+        status_and_body(within("GET", send(Method::GET, true)).await.unwrap()).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({ "extra": true })));
+    let (status, body) =
+        status_and_body(within("no token", send(Method::GET, false)).await.unwrap()).await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::UNAUTHORIZED, json!({ "error": "missing or invalid bearer token" }))
+    );
+    let (status, body) =
+        status_and_body(within("POST", send(Method::POST, true)).await.unwrap()).await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::METHOD_NOT_ALLOWED, json!({ "error": "method not allowed" }))
+    );
+    // The API's own routes are still there.
+    let req = Request::builder()
+        .uri("/v1/runs")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let (status, body) =
+        status_and_body(within("runs", app.clone().oneshot(req)).await.unwrap()).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({ "runs": [] })));
 }
 
 #[tokio::test]
