@@ -1,0 +1,153 @@
+//! The SMS routes of the control API, merged behind its bearer token and
+//! JSON errors (`lemon_api::api::router_with`):
+//!
+//! - `GET /v1/sms/messages`: the inbox, newest first, with the filters of
+//!   `sms_list_messages` as query parameters (`limit`, `since_ms`, `to`,
+//!   `from_contains`, `body_contains`, `include_claimed`, `claimed_by`);
+//! - `POST /v1/sms/messages/{sid}/claim` with `{"session"}`: `409` when
+//!   another session has it;
+//! - `POST /v1/sms/send` with `{"to", "body"}`: texted through Twilio (with
+//!   retries) and recorded; `503` without Twilio credentials, `502` when
+//!   Twilio refuses it.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use lemon_api::error::{ApiError, JsonBody, PathParams, QueryParams};
+use lemon_core::ids::SessionKey;
+use lemon_core::sms::{ListFilter, SmsError, SmsInbox, SmsMessage};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::inbox::StoreInbox;
+use crate::send::{SmsSendError, SmsSender};
+
+/// The most messages one listing returns.
+const MAX_LIMIT: usize = 500;
+
+#[derive(Clone)]
+struct ApiState {
+    inbox: Arc<StoreInbox>,
+    sender: Option<SmsSender>,
+}
+
+/// The routes, for `router_with`.
+pub(crate) fn routes(inbox: Arc<StoreInbox>, sender: Option<SmsSender>) -> Router {
+    Router::new()
+        .route("/v1/sms/messages", get(list))
+        .route("/v1/sms/messages/{sid}/claim", post(claim))
+        .route("/v1/sms/send", post(send))
+        .with_state(ApiState { inbox, sender })
+}
+
+/// A message's one JSON form (the API's and the tools' `details`).
+pub fn message_json(message: &SmsMessage) -> Value {
+    json!({
+        "message_sid": message.message_sid,
+        "account_sid": message.account_sid,
+        "to": message.to,
+        "from": message.from,
+        "body": message.body,
+        "codes": message.codes,
+        "received_at_ms": message.received_at_ms,
+        "claimed_by": message.claimed_by,
+        "claimed_at_ms": message.claimed_at_ms,
+    })
+}
+
+fn inbox_error(error: SmsError) -> ApiError {
+    match error {
+        SmsError::NotFound { .. } => ApiError::NotFound(error.to_string()),
+        SmsError::AlreadyClaimed { .. } => ApiError::Conflict(error.to_string()),
+        SmsError::Timeout => ApiError::Internal(error.to_string()),
+        SmsError::Unavailable(reason) => ApiError::Internal(reason),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    limit: Option<usize>,
+    since_ms: Option<u64>,
+    to: Option<String>,
+    from_contains: Option<String>,
+    body_contains: Option<String>,
+    #[serde(default)]
+    include_claimed: bool,
+    claimed_by: Option<String>,
+}
+
+fn nonblank(value: Option<String>) -> Option<String> {
+    value.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty())
+}
+
+async fn list(
+    State(state): State<ApiState>,
+    QueryParams(query): QueryParams<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = query.limit.unwrap_or(20);
+    if limit == 0 || limit > MAX_LIMIT {
+        return Err(ApiError::BadRequest(format!("limit must be 1 to {MAX_LIMIT}")));
+    }
+    let filter = ListFilter {
+        limit,
+        since_ms: query.since_ms,
+        to: nonblank(query.to),
+        from_contains: nonblank(query.from_contains),
+        body_contains: query.body_contains.filter(|b| !b.is_empty()),
+        include_claimed: query.include_claimed,
+        claimed_by: nonblank(query.claimed_by),
+    };
+    let messages = state.inbox.list_messages(filter).await.map_err(inbox_error)?;
+    let messages: Vec<Value> = messages.iter().map(message_json).collect();
+    Ok(Json(json!({ "count": messages.len(), "messages": messages })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClaimBody {
+    session: String,
+}
+
+async fn claim(
+    State(state): State<ApiState>,
+    PathParams(sid): PathParams<String>,
+    JsonBody(body): JsonBody<ClaimBody>,
+) -> Result<Json<Value>, ApiError> {
+    let session = SessionKey::parse(body.session.trim())
+        .map_err(|err| ApiError::BadRequest(err.to_string()))?;
+    if session.is_empty() {
+        return Err(ApiError::BadRequest("`session` is empty".into()));
+    }
+    state.inbox.claim_message(&session, &sid).await.map_err(inbox_error)?;
+    Ok(Json(json!({ "ok": true, "message_sid": sid, "claimed_by": session.as_str() })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SendBody {
+    to: String,
+    body: String,
+}
+
+async fn send(State(state): State<ApiState>, JsonBody(body): JsonBody<SendBody>) -> Response {
+    let Some(sender) = &state.sender else {
+        let message = "SMS sending is not configured: set inbox_number in [gateway.sms] and the \
+                       twilio_account_sid and twilio_auth_token secrets";
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": message })))
+            .into_response();
+    };
+    match sender.send(&body.to, &body.body, None).await {
+        Ok(sent) => Json(json!({ "sid": sent.sid, "status": sent.status, "to": body.to.trim() }))
+            .into_response(),
+        Err(SmsSendError::Invalid(message)) => ApiError::BadRequest(message).into_response(),
+        Err(SmsSendError::ShuttingDown) => ApiError::ShuttingDown.into_response(),
+        Err(error @ SmsSendError::Failed(_)) => {
+            (StatusCode::BAD_GATEWAY, Json(json!({ "error": error.to_string() }))).into_response()
+        }
+    }
+}

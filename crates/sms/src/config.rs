@@ -1,0 +1,313 @@
+//! `[gateway.sms]`: the raw TOML section parsed into typed settings, and the
+//! secrets it names read once at start.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use lemon_core::config::{field_names, parse_table, UnknownKey};
+use lemon_core::secrets::SecretStore;
+use serde::Deserialize;
+
+/// Default port of the SMS webhook.
+pub const DEFAULT_SMS_PORT: u16 = 4041;
+/// Twilio's REST API.
+pub const DEFAULT_API_BASE_URL: &str = "https://api.twilio.com";
+/// The path Twilio posts inbound messages to.
+pub const WEBHOOK_PATH: &str = "/webhooks/twilio/sms";
+
+/// `[gateway.sms]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SmsConfig {
+    /// Switches SMS on (off unless set).
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// Listen address of the webhook: an IP, `localhost`, or `any`.
+    #[serde(default = "defaults::bind")]
+    pub bind: String,
+    /// Listen port of the webhook (default 4041; 0 picks a free one).
+    #[serde(default = "defaults::port")]
+    pub port: u16,
+    /// The base URL Twilio calls (the tunnel's or proxy's, `https://…`), which
+    /// signatures are computed over: the webhook URL is this plus
+    /// `/webhooks/twilio/sms`.
+    #[serde(default)]
+    pub public_url: Option<String>,
+    /// Whether inbound requests must carry a valid `X-Twilio-Signature`.
+    #[serde(default = "defaults::yes")]
+    pub validate_webhook: bool,
+    /// The secret holding the account's auth token.
+    #[serde(default = "defaults::auth_token_secret")]
+    pub auth_token_secret: String,
+    /// The secret holding the account SID (`AC…`), for sending.
+    #[serde(default = "defaults::account_sid_secret")]
+    pub account_sid_secret: String,
+    /// Twilio's REST API base URL.
+    #[serde(default = "defaults::api_base_url")]
+    pub api_base_url: String,
+    /// The gateway's own number (E.164): where codes arrive, and what texts are sent from.
+    #[serde(default)]
+    pub inbox_number: Option<String>,
+    /// How long a received message is kept.
+    #[serde(default = "defaults::inbox_ttl_ms")]
+    pub inbox_ttl_ms: u64,
+    /// Numbers (E.164) that may talk to the agent (with `reply_to_allowed`)
+    /// and that `sms_send` may text.
+    #[serde(default)]
+    pub allowed_senders: Vec<String>,
+    /// More numbers `sms_send` may text.
+    #[serde(default)]
+    pub allowed_recipients: Vec<String>,
+    /// An SMS from an allowed sender starts or continues the conversation
+    /// `sms:<from>`, and the answer is texted back.
+    #[serde(default)]
+    pub reply_to_allowed: bool,
+    /// The largest webhook body accepted; larger ones get `413`.
+    #[serde(default = "defaults::max_body_bytes")]
+    pub max_body_bytes: usize,
+}
+
+mod defaults {
+    pub(super) fn bind() -> String {
+        "127.0.0.1".to_owned()
+    }
+    pub(super) fn port() -> u16 {
+        super::DEFAULT_SMS_PORT
+    }
+    pub(super) fn yes() -> bool {
+        true
+    }
+    pub(super) fn auth_token_secret() -> String {
+        "twilio_auth_token".to_owned()
+    }
+    pub(super) fn account_sid_secret() -> String {
+        "twilio_account_sid".to_owned()
+    }
+    pub(super) fn api_base_url() -> String {
+        super::DEFAULT_API_BASE_URL.to_owned()
+    }
+    pub(super) fn inbox_ttl_ms() -> u64 {
+        24 * 60 * 60 * 1000
+    }
+    pub(super) fn max_body_bytes() -> usize {
+        64 * 1024
+    }
+}
+
+/// A `[gateway.sms]` that cannot be used; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid [gateway.sms]: {0}")]
+pub struct SmsConfigError(pub String);
+
+impl Default for SmsConfig {
+    fn default() -> Self {
+        SmsConfig::parse(&toml::Table::new()).unwrap_or_else(|_| unreachable!())
+    }
+}
+
+/// Whether `raw` is an E.164 phone number: `+`, then 2 to 15 digits, the first not 0.
+pub fn is_e164(raw: &str) -> bool {
+    let Some(digits) = raw.strip_prefix('+') else { return false };
+    (2..=15).contains(&digits.len())
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && !digits.starts_with('0')
+}
+
+impl SmsConfig {
+    /// Parses the raw section and checks the values serde cannot.
+    ///
+    /// # Errors
+    /// A wrong type, a number that is not E.164, a public URL that is not
+    /// http(s), a zero body cap or TTL.
+    pub fn parse(table: &toml::Table) -> Result<Self, SmsConfigError> {
+        SmsConfig::parse_with_unknown_keys(table).map(|(config, _)| config)
+    }
+
+    /// As [`SmsConfig::parse`], with the keys the section does not know, each
+    /// with the closest known key.
+    ///
+    /// # Errors
+    /// See [`SmsConfig::parse`].
+    pub fn parse_with_unknown_keys(
+        table: &toml::Table,
+    ) -> Result<(Self, Vec<UnknownKey>), SmsConfigError> {
+        let (config, ignored) =
+            parse_table::<SmsConfig>(table).map_err(|err| SmsConfigError(err.to_string()))?;
+        let unknown = ignored
+            .into_iter()
+            .map(|path| UnknownKey::new(path, field_names::<SmsConfig>().iter().copied()))
+            .collect();
+        Ok((config.checked()?, unknown))
+    }
+
+    fn checked(mut self) -> Result<Self, SmsConfigError> {
+        if self.max_body_bytes == 0 {
+            return Err(SmsConfigError("`max_body_bytes` must be at least 1".into()));
+        }
+        if self.inbox_ttl_ms == 0 {
+            return Err(SmsConfigError("`inbox_ttl_ms` must be at least 1".into()));
+        }
+        if let Some(number) = &self.inbox_number {
+            let number = number.trim().to_owned();
+            if !is_e164(&number) {
+                return Err(SmsConfigError(format!(
+                    "`inbox_number`: {number:?} is not an E.164 number (like +15551234567)"
+                )));
+            }
+            self.inbox_number = Some(number);
+        }
+        for (key, list) in
+            [("allowed_senders", &mut self.allowed_senders), ("allowed_recipients", &mut self.allowed_recipients)]
+        {
+            for number in list.iter_mut() {
+                *number = number.trim().to_owned();
+                if !is_e164(number) {
+                    return Err(SmsConfigError(format!(
+                        "`{key}`: {number:?} is not an E.164 number (like +15551234567)"
+                    )));
+                }
+            }
+        }
+        if let Some(url) = &self.public_url {
+            let url = url.trim().trim_end_matches('/').to_owned();
+            let parsed = reqwest::Url::parse(&url).map_err(|err| {
+                SmsConfigError(format!("`public_url`: {url:?} is not a URL: {err}"))
+            })?;
+            if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+                return Err(SmsConfigError(format!(
+                    "`public_url`: {url:?} must be an http(s) URL with a host"
+                )));
+            }
+            if parsed.query().is_some() || parsed.fragment().is_some() {
+                return Err(SmsConfigError(format!(
+                    "`public_url`: {url:?} must not have a query or fragment"
+                )));
+            }
+            self.public_url = Some(url);
+        }
+        let base = self.api_base_url.trim().trim_end_matches('/').to_owned();
+        match reqwest::Url::parse(&base) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") => self.api_base_url = base,
+            _ => {
+                return Err(SmsConfigError(format!(
+                    "`api_base_url`: {base:?} must be an http(s) URL"
+                )))
+            }
+        }
+        Ok(self)
+    }
+
+    /// The section when SMS is enabled (`enabled = true`), `None` when it is
+    /// not. The section is checked either way.
+    ///
+    /// # Errors
+    /// See [`SmsConfig::parse`].
+    pub fn from_gateway(table: Option<&toml::Table>) -> Result<Option<Self>, SmsConfigError> {
+        let config = match table {
+            Some(table) => SmsConfig::parse(table)?,
+            None => return Ok(None),
+        };
+        Ok(lemon_core::transport::enabled(None, table).then_some(config))
+    }
+
+    /// `bind:port`, with `any` meaning every interface.
+    pub fn addr(&self) -> String {
+        let bind = match self.bind.trim() {
+            "" | "localhost" => "127.0.0.1",
+            "any" => "0.0.0.0",
+            other => other,
+        };
+        match bind.parse::<std::net::IpAddr>() {
+            Ok(ip) => SocketAddr::new(ip, self.port).to_string(),
+            Err(_) => format!("{bind}:{}", self.port),
+        }
+    }
+
+    /// How long a received message is kept.
+    pub fn inbox_ttl(&self) -> Duration {
+        Duration::from_millis(self.inbox_ttl_ms)
+    }
+
+    /// The URL Twilio is told to call, when `public_url` is set.
+    pub fn webhook_url(&self) -> Option<String> {
+        self.public_url.as_ref().map(|base| format!("{base}{WEBHOOK_PATH}"))
+    }
+
+    /// Whether `sms_send` may text `number`.
+    pub fn may_send_to(&self, number: &str) -> bool {
+        self.allowed_senders.iter().chain(&self.allowed_recipients).any(|n| n == number)
+    }
+
+    /// Reads the secrets the section names and checks that the webhook is not
+    /// left open by mistake.
+    ///
+    /// # Errors
+    /// `validate_webhook` without an auth token or without `public_url`;
+    /// `reply_to_allowed` without what sending needs; a secret that cannot be read.
+    pub fn resolve(&self, secrets: &SecretStore) -> Result<SmsSecrets, SmsConfigError> {
+        let read = |name: &str, key: &str| -> Result<Option<String>, SmsConfigError> {
+            match secrets.get(name) {
+                Ok(Some(value)) if !value.expose().trim().is_empty() => {
+                    Ok(Some(value.expose().trim().to_owned()))
+                }
+                Ok(_) => Ok(None),
+                Err(err) => Err(SmsConfigError(format!("`{key}`: {err}"))),
+            }
+        };
+        let auth_token = read(&self.auth_token_secret, "auth_token_secret")?;
+        let account_sid = read(&self.account_sid_secret, "account_sid_secret")?;
+        if self.validate_webhook {
+            if auth_token.is_none() {
+                return Err(SmsConfigError(format!(
+                    "`validate_webhook` is on but the auth token is missing: {} \
+                     (or set validate_webhook = false to accept unsigned requests)",
+                    secrets.not_set_message(&self.auth_token_secret)
+                )));
+            }
+            if self.public_url.is_none() {
+                return Err(SmsConfigError(
+                    "`validate_webhook` is on but `public_url` is not set: set it to the \
+                     https URL Twilio calls (your tunnel's), which signatures are computed over"
+                        .into(),
+                ));
+            }
+        }
+        if self.reply_to_allowed {
+            if self.inbox_number.is_none() {
+                return Err(SmsConfigError(
+                    "`reply_to_allowed` needs `inbox_number`, the number answers are sent from"
+                        .into(),
+                ));
+            }
+            if auth_token.is_none() || account_sid.is_none() {
+                let missing =
+                    if auth_token.is_none() { &self.auth_token_secret } else { &self.account_sid_secret };
+                return Err(SmsConfigError(format!(
+                    "`reply_to_allowed` needs the Twilio credentials to answer: {}",
+                    secrets.not_set_message(missing)
+                )));
+            }
+        }
+        Ok(SmsSecrets { auth_token, account_sid })
+    }
+}
+
+/// The Twilio credentials, read from the secrets at start. Never logged.
+#[derive(Clone, Default)]
+pub struct SmsSecrets {
+    /// Keys the signatures and the REST API's basic auth.
+    pub auth_token: Option<String>,
+    /// The account the REST API is called for.
+    pub account_sid: Option<String>,
+}
+
+impl std::fmt::Debug for SmsSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmsSecrets")
+            .field("auth_token", &self.auth_token.as_ref().map(|_| "<redacted>"))
+            .field("account_sid", &self.account_sid.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

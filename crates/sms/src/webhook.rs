@@ -1,0 +1,143 @@
+//! `POST /webhooks/twilio/sms`: Twilio's inbound messages, checked, stored,
+//! and answered with empty TwiML.
+//!
+//! The signature is checked over the configured `public_url` + the path + the
+//! raw query (never the `Host` header) and the form parameters of the body
+//! only. Unsigned, forged and malformed requests get a 4xx JSON error and
+//! store nothing. A duplicate `MessageSid` (Twilio retrying) is answered as
+//! success and changes nothing.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::json;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{is_e164, SmsConfig, WEBHOOK_PATH};
+use crate::inbox::{IngestError, Ingested, StoreInbox};
+use crate::reply::Replies;
+use crate::signature::{validate_form, SIGNATURE_HEADER};
+
+/// The empty TwiML answer: nothing to send back from the webhook itself.
+pub const EMPTY_TWIML: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Response/>";
+
+/// What the webhook needs.
+#[derive(Clone)]
+pub(crate) struct HookState {
+    pub(crate) config: Arc<SmsConfig>,
+    /// Present when signatures are checked (the start refuses otherwise).
+    pub(crate) auth_token: Option<Arc<str>>,
+    pub(crate) inbox: Arc<StoreInbox>,
+    /// Set when `reply_to_allowed` is on.
+    pub(crate) replies: Option<Replies>,
+    pub(crate) tracker: TaskTracker,
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({ "error": message }))).into_response()
+}
+
+/// The webhook's routes; everything else is a JSON 404 / 405.
+pub(crate) fn router(state: HookState) -> Router {
+    let limit = state.config.max_body_bytes;
+    Router::new()
+        .route(WEBHOOK_PATH, post(receive))
+        .method_not_allowed_fallback(lemon_api::error::method_not_allowed)
+        .fallback(lemon_api::error::not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// The URL Twilio signed: the public URL, the path and the raw query.
+fn signed_url(public_url: &str, uri: &Uri) -> String {
+    match uri.query() {
+        Some(query) => format!("{public_url}{}?{query}", uri.path()),
+        None => format!("{public_url}{}", uri.path()),
+    }
+}
+
+async fn receive(
+    State(state): State<HookState>,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            let limit = state.config.max_body_bytes;
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("request body is larger than {limit} bytes"),
+            );
+        }
+        Err(rejection) => return error(StatusCode::BAD_REQUEST, &rejection.body_text()),
+    };
+    let form = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"));
+    if !form {
+        return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "send the message as content-type: application/x-www-form-urlencoded",
+        );
+    }
+    let Ok(params) = serde_urlencoded::from_bytes::<Vec<(String, String)>>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "the body is not a URL-encoded form");
+    };
+    if state.config.validate_webhook {
+        let (Some(token), Some(public_url)) = (&state.auth_token, &state.config.public_url) else {
+            // The start refuses this; never an open webhook.
+            return error(StatusCode::SERVICE_UNAVAILABLE, "SMS signatures cannot be checked");
+        };
+        let Some(signature) = headers.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok()) else {
+            return error(StatusCode::UNAUTHORIZED, "missing X-Twilio-Signature");
+        };
+        let url = signed_url(public_url, &uri);
+        if !validate_form(token, &url, &params, signature.trim()) {
+            tracing::warn!("an SMS webhook with a wrong signature was refused");
+            return error(StatusCode::FORBIDDEN, "invalid X-Twilio-Signature");
+        }
+    }
+    let stored = match state.inbox.ingest(&params).await {
+        Ok(Ingested::Stored(message)) => message,
+        Ok(Ingested::Duplicate) => return twiml(),
+        Err(IngestError::Unavailable(reason)) => {
+            tracing::warn!(%reason, "SMS not stored");
+            return error(StatusCode::SERVICE_UNAVAILABLE, "the SMS inbox is unavailable");
+        }
+        Err(refused) => return error(StatusCode::BAD_REQUEST, &refused.to_string()),
+    };
+    tracing::info!(
+        message_sid = %stored.message_sid,
+        codes = stored.codes.len(),
+        "SMS received"
+    );
+    if let Some(replies) = &state.replies {
+        let from = stored.from.clone();
+        let allowed = is_e164(&from) && state.config.allowed_senders.contains(&from);
+        if allowed && !stored.body.is_empty() {
+            let replies = replies.clone();
+            state.tracker.spawn(async move {
+                replies.converse(from, stored.body, stored.message_sid).await;
+            });
+        }
+    }
+    twiml()
+}
+
+fn twiml() -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "text/xml; charset=utf-8")], EMPTY_TWIML)
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests;
