@@ -26,6 +26,7 @@ mod retry_e2e;
 mod router_crash;
 mod router_resume;
 mod server_embed;
+mod sms_e2e;
 mod support;
 mod telegram_api;
 mod telegram_e2e;

@@ -7,9 +7,12 @@
 //!   Completions, OpenAI Responses and Anthropic Messages, scripted per test.
 //! - [`fake_telegram`]: a fake Telegram Bot API server on loopback, for the
 //!   Telegram client's tests and for the gateway binary to poll.
+//! - [`fake_twilio`]: a fake Twilio REST API (message create) on loopback, and
+//!   Twilio's webhook signatures, for the SMS channel.
 
 pub mod fake_llm;
 pub mod fake_telegram;
+pub mod fake_twilio;
 
 pub mod fake_cli {
     //! The fake vendor CLI (`src/bin/fake_cli.rs`) on a temporary `PATH`, and the

@@ -481,6 +481,9 @@ fn channel_lines(states: &BTreeMap<String, TransportState>) -> Vec<(String, Stri
             let at = match (id.as_str(), detail) {
                 (webhook::WEBHOOK_TRANSPORT_ID, Some(addr)) => format!("http://{addr}/webhooks/"),
                 (telegram::inbound::TRANSPORT_ID, Some(bot)) => format!("polling:{bot}"),
+                (lemon_sms::reply::SMS_TRANSPORT_ID, Some(addr)) => {
+                    format!("http://{addr}{}", lemon_sms::config::WEBHOOK_PATH)
+                }
                 (_, Some(detail)) => detail.to_owned(),
                 (_, None) => state.as_str().to_owned(),
             };
@@ -600,6 +603,11 @@ fn section_warnings(
             place("telegram", unknown);
         }
     }
+    if let Some(table) = &config.sms {
+        if let Ok((_, unknown)) = lemon_sms::SmsConfig::parse_with_unknown_keys(table) {
+            place("sms", unknown);
+        }
+    }
     let ids: Vec<String> = registry.ids().map(|id| id.to_string()).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     out.extend(engines.warnings(path, text, &ids));
@@ -657,14 +665,26 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     kill_leftover_processes(&store).await;
     let secrets = Arc::new(SecretStore::new(opts.env.clone(), opts.paths.secrets()));
     let (api_token, generated) = api_token(&opts.env, &secrets)?;
+    let token = CancellationToken::new();
+    let tracker = TaskTracker::new();
     // Transports are checked before anything starts: a config mistake stops the
     // start before the router recovers a single request, while a port in use
     // only makes that transport fail (and retry).
+    let sms = sms_section(
+        &gateway_config,
+        &secrets,
+        &opts.paths.config,
+        config_text.as_deref().unwrap_or(""),
+    )?
+    .map(|(config, sms_secrets)| {
+        lemon_sms::Sms::new(config, sms_secrets, store.clone(), token.clone(), &tracker)
+    });
     let registry = transports(
         &gateway_config,
         &secrets,
         &opts.paths.config,
         config_text.as_deref().unwrap_or(""),
+        sms.as_ref(),
     )?;
     check_webhook_callbacks(
         &gateway_config,
@@ -674,14 +694,19 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     .await?;
     let (listener_serve, health_serve) = serve_configs(&gateway_config, descriptor_limit);
 
-    let token = CancellationToken::new();
-    let tracker = TaskTracker::new();
     // The gateway's tools, offered to native runs; registered below once what
     // they use exists, and kept across reloads.
     let tools = ToolRegistry::new();
-    // SMS has no inbox yet: the sms_* tools answer that SMS is not configured.
-    let gateway_tools = GatewayToolOptions { home: opts.user_home.clone(), ..Default::default() };
+    // Without SMS the sms_* tools answer that SMS is not configured.
+    let gateway_tools = GatewayToolOptions {
+        home: opts.user_home.clone(),
+        sms: sms.as_ref().map(|sms| sms.inbox() as Arc<dyn lemon_core::sms::SmsInbox>),
+        ..Default::default()
+    };
     lemon_engines::tools::register_gateway_tools(&tools, &gateway_tools);
+    if let Some(sms) = &sms {
+        tools.register(sms.send_tool());
+    }
     // One guard for the gateway's life: every run is checked against it before
     // it starts, native runs between turns; a reload reconfigures it.
     let budget = Arc::new(StoreBudgetGuard::new(store.clone(), gateway_config.budgets.clone()));
@@ -743,7 +768,9 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let api_addr = api_listener.local_addr()?;
     let health_addr = health_listener.local_addr()?;
     let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
-    let api = lemon_api::api::router(lemon_api::api::ApiState {
+    // The components' own routes, behind the API's token.
+    let extra_routes = sms.as_ref().map_or_else(axum::Router::new, lemon_sms::Sms::api_routes);
+    let api = lemon_api::api::router_with(lemon_api::api::ApiState {
         router: router.clone(),
         runs: router.query(),
         token: api_token.expose().into(),
@@ -757,7 +784,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         secret_sources: secret_sources(&gateway_config, &engine_sections, &secrets).into(),
         cron: cron.clone(),
         budget: budget.clone(),
-    });
+    }, extra_routes);
     let health = lemon_api::health::health_router(
         lemon_api::health::HealthState::new(router.query(), version, started)
             .with_transports(statuses.clone())
@@ -850,6 +877,7 @@ pub fn check_config(
     let secrets = Arc::new(SecretStore::new(env.clone(), paths.secrets()));
     webhook_transport(gateway, &secrets, file, &text)?;
     telegram_transport(gateway, &secrets, file, &text)?;
+    sms_section(gateway, &secrets, file, &text)?;
     // The engine table as a start would build it, to check the names against.
     let ctx = CliContext { base_env: env.clone(), ..CliContext::default() };
     let registry = lemon_engines::build_registry(&sections, &ctx).map_err(|e| {
@@ -877,6 +905,7 @@ fn transports(
     secrets: &Arc<SecretStore>,
     config_path: &std::path::Path,
     text: &str,
+    sms: Option<&lemon_sms::Sms>,
 ) -> anyhow::Result<TransportRegistry> {
     use lemon_transports::{telegram, webhook};
     let mut registry = TransportRegistry::default();
@@ -888,7 +917,34 @@ fn transports(
         Some(transport) => registry.add(transport)?,
         None => registry.add_disabled(telegram::inbound::TRANSPORT_ID)?,
     }
+    match sms {
+        Some(sms) => registry.add(sms.transport())?,
+        None => registry.add_disabled(lemon_sms::reply::SMS_TRANSPORT_ID)?,
+    }
     Ok(registry)
+}
+
+/// `[gateway.sms]` and the Twilio secrets it names when SMS is enabled
+/// (`None`: switched off; the section is checked either way).
+///
+/// # Errors
+/// `[gateway.sms]` is invalid, or would leave the webhook unchecked
+/// (`validate_webhook` without an auth token or `public_url`).
+fn sms_section(
+    config: &GatewayConfig,
+    secrets: &SecretStore,
+    config_path: &std::path::Path,
+    text: &str,
+) -> Result<Option<(lemon_sms::SmsConfig, lemon_sms::SmsSecrets)>, config::ConfigError> {
+    let located =
+        |message: &str| config::section_error(config_path, text, &["gateway", "sms"], message);
+    let Some(sms) = lemon_sms::SmsConfig::from_gateway(config.sms.as_ref())
+        .map_err(|e| located(&e.0))?
+    else {
+        return Ok(None);
+    };
+    let sms_secrets = sms.resolve(secrets).map_err(|e| located(&e.0))?;
+    Ok(Some((sms, sms_secrets)))
 }
 
 /// The webhook transport `config` asks for (`None`: switched off). `text` is

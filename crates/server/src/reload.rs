@@ -113,6 +113,7 @@ const LIVE_KEYS: &[&str] = &[
 /// Keys of `[gateway]` whose edits wait for a restart.
 const RESTART_KEYS: &[&str] = &[
     "api",
+    "sms",
     "health",
     "http_header_read_timeout_ms",
     "http_idle_timeout_ms",

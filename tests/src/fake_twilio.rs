@@ -1,0 +1,326 @@
+//! A fake Twilio on loopback: the REST API's message create
+//! (`POST /2010-04-01/Accounts/{AccountSid}/Messages.json`, form fields `To`,
+//! `From`, `Body`, HTTP basic auth with the account SID and auth token), and
+//! the other half of Twilio's part, signing inbound SMS webhooks the way
+//! Twilio does (HMAC-SHA1 over the URL and the sorted form parameters).
+//!
+//! Requests are read with this module's own parsing and answered with the JSON
+//! Twilio's docs show (a `201` message resource; error bodies with `code`,
+//! `message`, `more_info`, `status`). A test scripts failures ahead of the
+//! next creates ([`FakeTwilio::fail_next`]); every request is recorded.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// A scripted answer to the next create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// `429` with `Retry-After: <secs>` and error 20429.
+    TooManyRequests { retry_after_secs: u64 },
+    /// `500` with error 20500.
+    ServerError,
+    /// `400` with error 21211 (an invalid `To`).
+    InvalidTo,
+}
+
+/// One request the fake received.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub path: String,
+    /// Whether its basic auth named the fake's account and token.
+    pub authorized: bool,
+    /// The form fields, in order.
+    pub form: Vec<(String, String)>,
+    /// The status it was answered with.
+    pub status: u16,
+}
+
+impl Recorded {
+    /// The first value of form field `name`.
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.form.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    failures: VecDeque<Failure>,
+    recorded: Vec<Recorded>,
+    next_sid: u64,
+}
+
+#[derive(Clone)]
+struct Shared {
+    account_sid: String,
+    auth_token: String,
+    inner: Arc<Mutex<Inner>>,
+    changed: watch::Sender<usize>,
+}
+
+/// The fake, serving until dropped.
+#[derive(Debug)]
+pub struct FakeTwilio {
+    addr: SocketAddr,
+    inner: Arc<Mutex<Inner>>,
+    changed: watch::Receiver<usize>,
+    stop: CancellationToken,
+}
+
+impl Drop for FakeTwilio {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn twilio_error(status: StatusCode, code: u32, message: &str) -> Response {
+    let body = json!({
+        "code": code,
+        "message": message,
+        "more_info": format!("https://www.twilio.com/docs/errors/{code}"),
+        "status": status.as_u16(),
+    });
+    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+/// `user`, `password` of a `Basic` authorization header.
+fn basic_auth(headers: &HeaderMap) -> Option<(String, String)> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let encoded = value.strip_prefix("Basic ")?;
+    let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    let (user, password) = text.split_once(':')?;
+    Some((user.to_owned(), password.to_owned()))
+}
+
+/// `application/x-www-form-urlencoded` into pairs (`+` is a space, `%XX` a byte).
+pub fn parse_form(body: &[u8]) -> Vec<(String, String)> {
+    fn decode(raw: &str) -> String {
+        let bytes = raw.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'+' => out.push(b' '),
+                b'%' if i + 2 < bytes.len() => {
+                    let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz");
+                    match u8::from_str_radix(hex, 16) {
+                        Ok(byte) => {
+                            out.push(byte);
+                            i += 2;
+                        }
+                        Err(_) => out.push(b'%'),
+                    }
+                }
+                byte => out.push(byte),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    let text = String::from_utf8_lossy(body);
+    text.split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+async fn create(
+    State(shared): State<Shared>,
+    Path(account): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let form = parse_form(&body);
+    let authorized = basic_auth(&headers)
+        .is_some_and(|(user, password)| user == shared.account_sid && password == shared.auth_token)
+        && account == shared.account_sid;
+    let path = format!("/2010-04-01/Accounts/{account}/Messages.json");
+    let mut inner = shared.inner.lock().unwrap_or_else(PoisonError::into_inner);
+    let field = |name: &str| form.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    let response = if !authorized {
+        twilio_error(StatusCode::UNAUTHORIZED, 20003, "Authenticate")
+    } else if let Some(failure) = inner.failures.pop_front() {
+        match failure {
+            Failure::TooManyRequests { retry_after_secs } => {
+                let mut response =
+                    twilio_error(StatusCode::TOO_MANY_REQUESTS, 20429, "Too Many Requests");
+                response.headers_mut().insert(
+                    header::RETRY_AFTER,
+                    retry_after_secs.to_string().parse().expect("a header value"),
+                );
+                response
+            }
+            Failure::ServerError => {
+                twilio_error(StatusCode::INTERNAL_SERVER_ERROR, 20500, "Internal Server Error")
+            }
+            Failure::InvalidTo => twilio_error(
+                StatusCode::BAD_REQUEST,
+                21211,
+                "The 'To' number is not a valid phone number.",
+            ),
+        }
+    } else if field("To").is_none() || field("Body").is_none() || field("From").is_none() {
+        twilio_error(StatusCode::BAD_REQUEST, 21604, "A 'To' phone number is required.")
+    } else {
+        inner.next_sid += 1;
+        let sid = format!("SM{:032x}", inner.next_sid);
+        let body = json!({
+            "account_sid": account,
+            "api_version": "2010-04-01",
+            "body": field("Body"),
+            "date_created": "Thu, 24 Aug 2023 05:01:45 +0000",
+            "date_sent": null,
+            "date_updated": "Thu, 24 Aug 2023 05:01:45 +0000",
+            "direction": "outbound-api",
+            "error_code": null,
+            "error_message": null,
+            "from": field("From"),
+            "messaging_service_sid": null,
+            "num_media": "0",
+            "num_segments": "1",
+            "price": null,
+            "price_unit": "USD",
+            "sid": sid,
+            "status": "queued",
+            "subresource_uris": {
+                "media": format!("/2010-04-01/Accounts/{account}/Messages/{sid}/Media.json")
+            },
+            "to": field("To"),
+            "uri": format!("/2010-04-01/Accounts/{account}/Messages/{sid}.json"),
+        });
+        (StatusCode::CREATED, [(header::CONTENT_TYPE, "application/json")], body.to_string())
+            .into_response()
+    };
+    inner.recorded.push(Recorded { path, authorized, form, status: response.status().as_u16() });
+    let count = inner.recorded.len();
+    drop(inner);
+    shared.changed.send_replace(count);
+    response
+}
+
+impl FakeTwilio {
+    /// Starts the fake on `127.0.0.1` for the account `account_sid` with `auth_token`.
+    pub async fn start(account_sid: &str, auth_token: &str) -> FakeTwilio {
+        let inner = Arc::new(Mutex::new(Inner::default()));
+        let (changed, receiver) = watch::channel(0);
+        let shared = Shared {
+            account_sid: account_sid.to_owned(),
+            auth_token: auth_token.to_owned(),
+            inner: inner.clone(),
+            changed,
+        };
+        let app = Router::new()
+            .route("/2010-04-01/Accounts/{account}/Messages.json", post(create))
+            .with_state(shared);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let addr = listener.local_addr().expect("an address");
+        let stop = CancellationToken::new();
+        let serve_stop = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { serve_stop.cancelled().await })
+                .await;
+        });
+        FakeTwilio { addr, inner, changed: receiver, stop }
+    }
+
+    /// The base URL, for `api_base_url`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The next creates fail like this, in order.
+    pub fn fail_next(&self, failures: &[Failure]) {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.failures.extend(failures.iter().cloned());
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner).recorded.clone()
+    }
+
+    /// The messages created (answered `201`).
+    pub fn created(&self) -> Vec<Recorded> {
+        self.requests().into_iter().filter(|r| r.status == 201).collect()
+    }
+
+    /// Waits until at least `count` requests were received, at most `patience`.
+    ///
+    /// # Panics
+    /// When they did not come in time.
+    pub async fn wait_for_requests(&self, count: usize, patience: Duration) -> Vec<Recorded> {
+        let mut changed = self.changed.clone();
+        tokio::time::timeout(patience, changed.wait_for(|n| *n >= count))
+            .await
+            .expect("the requests came in time")
+            .expect("the fake is running");
+        self.requests()
+    }
+}
+
+/// The `X-Twilio-Signature` Twilio sends for a form webhook to `url` with
+/// `params`: base64 of HMAC-SHA1 keyed by the auth token over the URL followed
+/// by every parameter, sorted by name (then value), as `name` + `value`.
+pub fn twilio_signature(auth_token: &str, url: &str, params: &[(&str, &str)]) -> String {
+    let mut sorted = params.to_vec();
+    sorted.sort();
+    let mut data = url.to_owned();
+    for (name, value) in sorted {
+        data.push_str(name);
+        data.push_str(value);
+    }
+    let mut mac =
+        Hmac::<sha1::Sha1>::new_from_slice(auth_token.as_bytes()).expect("any key length");
+    mac.update(data.as_bytes());
+    base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Twilio's documented example (auth token `12345`).
+    #[test]
+    fn the_signer_matches_twilios_documented_example() {
+        let params = [
+            ("CallSid", "CA1234567890ABCDE"),
+            ("Caller", "+12349013030"),
+            ("Digits", "1234"),
+            ("From", "+12349013030"),
+            ("To", "+18005551212"),
+        ];
+        let url = "https://mycompany.com/myapp.php?foo=1&bar=2";
+        assert_eq!(twilio_signature("12345", url, &params), "0/KCTR6DLpKmkAf8muzZqo1nDgQ=");
+    }
+
+    #[test]
+    fn forms_are_decoded() {
+        let form = parse_form(b"To=%2B15551234567&Body=Your+code+is+1234%21&Empty=");
+        assert_eq!(
+            form,
+            vec![
+                ("To".to_owned(), "+15551234567".to_owned()),
+                ("Body".to_owned(), "Your code is 1234!".to_owned()),
+                ("Empty".to_owned(), String::new()),
+            ]
+        );
+    }
+}
