@@ -75,9 +75,8 @@ async fn post_webhook(
     params: &[(&'static str, String)],
     signature: Option<&str>,
 ) -> (u16, String, String) {
-    let mut request = reqwest::Client::new()
-        .post(format!("http://{addr}/webhooks/twilio/sms"))
-        .form(params);
+    let mut request =
+        reqwest::Client::new().post(format!("http://{addr}/webhooks/twilio/sms")).form(params);
     if let Some(signature) = signature {
         request = request.header("X-Twilio-Signature", signature);
     }
@@ -94,7 +93,8 @@ async fn post_webhook(
 /// Posts a message signed as Twilio signs it; asserts the empty TwiML answer.
 async fn deliver(addr: &str, params: &[(&'static str, String)]) {
     let url = format!("{PUBLIC_URL}/webhooks/twilio/sms");
-    let (status, kind, body) = post_webhook(addr, params, Some(&sign(AUTH_TOKEN, &url, params))).await;
+    let (status, kind, body) =
+        post_webhook(addr, params, Some(&sign(AUTH_TOKEN, &url, params))).await;
     assert_eq!(status, 200, "{body}");
     assert!(kind.starts_with("text/xml"), "{kind}");
     assert!(body.ends_with("<Response/>"), "{body}");
@@ -143,8 +143,10 @@ async fn signed_messages_are_stored_with_their_codes_and_bad_ones_are_refused() 
     extra.push(("Injected", "1".to_owned()));
     assert_eq!(post_webhook(&addr, &extra, Some(&good)).await.0, 403);
     // Signed, but without a MessageSid.
-    let no_sid: Vec<_> = params.iter().filter(|(k, _)| !k.ends_with("Sid") || *k == "AccountSid").cloned().collect();
-    let (status, _, body) = post_webhook(&addr, &no_sid, Some(&sign(AUTH_TOKEN, &url, &no_sid))).await;
+    let no_sid: Vec<_> =
+        params.iter().filter(|(k, _)| !k.ends_with("Sid") || *k == "AccountSid").cloned().collect();
+    let (status, _, body) =
+        post_webhook(&addr, &no_sid, Some(&sign(AUTH_TOKEN, &url, &no_sid))).await;
     assert_eq!((status, error_of(&body).as_str()), (400, "missing MessageSid"));
     // Not a form, and too large.
     let client = reqwest::Client::new();
@@ -194,7 +196,10 @@ async fn signed_messages_are_stored_with_their_codes_and_bad_ones_are_refused() 
 
     // One session claims; another is refused; the first may claim again.
     let claim = |session: &str, sid: &str| {
-        gateway.post(&format!("/v1/sms/messages/{sid}/claim")).json(&json!({ "session": session })).send()
+        gateway
+            .post(&format!("/v1/sms/messages/{sid}/claim"))
+            .json(&json!({ "session": session }))
+            .send()
     };
     let sid = "SM00000000000000000000000000000001";
     assert_eq!(claim("agent-a", sid).await.unwrap().status(), 200);
@@ -244,7 +249,10 @@ async fn sms_send_reaches_twilio_through_a_429_and_a_500() {
     let send = |body: Value| gateway.post("/v1/sms/send").json(&body).send();
     assert_eq!(send(json!({ "to": "5550001111", "body": "x" })).await.unwrap().status(), 400);
     assert_eq!(send(json!({ "to": FRIEND })).await.unwrap().status(), 400);
-    assert_eq!(send(json!({ "to": FRIEND, "body": "x".repeat(1601) })).await.unwrap().status(), 400);
+    assert_eq!(
+        send(json!({ "to": FRIEND, "body": "x".repeat(1601) })).await.unwrap().status(),
+        400
+    );
     twilio.fail_next(&[Failure::InvalidTo]);
     let refused = send(json!({ "to": FRIEND, "body": "hi" })).await.unwrap();
     assert_eq!(refused.status(), 502);
@@ -306,7 +314,11 @@ async fn a_native_run_reads_a_code_from_the_inbox_and_claims_it() {
     let twilio = FakeTwilio::start(ACCOUNT_SID, AUTH_TOKEN).await;
     let llm = FakeLlm::builder().api_key("sk-sms-native").start().await;
     let wait = json!({ "timeout_ms": 30000, "from_contains": "7770000" });
-    llm.push(Turn::tool_calls(vec![FakeToolCall::new("call_1", "sms_wait_for_code", &[&wait.to_string()])]));
+    llm.push(Turn::tool_calls(vec![FakeToolCall::new(
+        "call_1",
+        "sms_wait_for_code",
+        &[&wait.to_string()],
+    )]));
     llm.push(Turn::text(&["Signed up."]));
     let config = format!(
         "{}[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
@@ -317,7 +329,8 @@ async fn a_native_run_reads_a_code_from_the_inbox_and_claims_it() {
     write_secrets(dir.path(), "openai_api_key = \"sk-sms-native\"\n");
     let gateway = Gateway::start_in(dir.path()).await;
     let addr = sms_addr(&gateway).await;
-    deliver(&addr, &inbound("SM000000000000000000000000000000aa", SERVICE, "Your code: 318604")).await;
+    deliver(&addr, &inbound("SM000000000000000000000000000000aa", SERVICE, "Your code: 318604"))
+        .await;
     let run_id = gateway.submit(json!({ "prompt": "sign me up", "session_key": "signup" })).await;
     let run = gateway.wait(&run_id).await;
     assert_eq!(run["answer"], "Signed up.", "{run}");

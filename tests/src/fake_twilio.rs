@@ -148,9 +148,9 @@ async fn create(
     body: Bytes,
 ) -> Response {
     let form = parse_form(&body);
-    let authorized = basic_auth(&headers)
-        .is_some_and(|(user, password)| user == shared.account_sid && password == shared.auth_token)
-        && account == shared.account_sid;
+    let authorized = basic_auth(&headers).is_some_and(|(user, password)| {
+        user == shared.account_sid && password == shared.auth_token
+    }) && account == shared.account_sid;
     let path = format!("/2010-04-01/Accounts/{account}/Messages.json");
     let mut inner = shared.inner.lock().unwrap_or_else(PoisonError::into_inner);
     let field = |name: &str| form.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());

@@ -81,8 +81,9 @@ pub struct WaitForCode {
     pub to: Option<String>,
     pub from_contains: Option<String>,
     pub body_contains: Option<String>,
-    /// The code is the whole first match of this regular expression instead of
-    /// the first 4–8 digit run; an invalid expression falls back to the default.
+    /// The code is the first match of this regular expression (its first
+    /// capture group when it has one) instead of the first 4–8 digit run; an
+    /// invalid expression falls back to the default.
     pub regex: Option<String>,
     /// Claim the message for the waiting session.
     pub claim: bool,

@@ -770,21 +770,24 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
     // The components' own routes, behind the API's token.
     let extra_routes = sms.as_ref().map_or_else(axum::Router::new, lemon_sms::Sms::api_routes);
-    let api = lemon_api::api::router_with(lemon_api::api::ApiState {
-        router: router.clone(),
-        runs: router.query(),
-        token: api_token.expose().into(),
-        default_engine: chosen_default.engine.to_string().into(),
-        default_engine_reason: chosen_default.reason.clone().into(),
-        version: version.clone(),
-        started_at: started,
-        shutdown: token.clone(),
-        transports: statuses.clone(),
-        config: config_status.clone(),
-        secret_sources: secret_sources(&gateway_config, &engine_sections, &secrets).into(),
-        cron: cron.clone(),
-        budget: budget.clone(),
-    }, extra_routes);
+    let api = lemon_api::api::router_with(
+        lemon_api::api::ApiState {
+            router: router.clone(),
+            runs: router.query(),
+            token: api_token.expose().into(),
+            default_engine: chosen_default.engine.to_string().into(),
+            default_engine_reason: chosen_default.reason.clone().into(),
+            version: version.clone(),
+            started_at: started,
+            shutdown: token.clone(),
+            transports: statuses.clone(),
+            config: config_status.clone(),
+            secret_sources: secret_sources(&gateway_config, &engine_sections, &secrets).into(),
+            cron: cron.clone(),
+            budget: budget.clone(),
+        },
+        extra_routes,
+    );
     let health = lemon_api::health::health_router(
         lemon_api::health::HealthState::new(router.query(), version, started)
             .with_transports(statuses.clone())
@@ -938,8 +941,8 @@ fn sms_section(
 ) -> Result<Option<(lemon_sms::SmsConfig, lemon_sms::SmsSecrets)>, config::ConfigError> {
     let located =
         |message: &str| config::section_error(config_path, text, &["gateway", "sms"], message);
-    let Some(sms) = lemon_sms::SmsConfig::from_gateway(config.sms.as_ref())
-        .map_err(|e| located(&e.0))?
+    let Some(sms) =
+        lemon_sms::SmsConfig::from_gateway(config.sms.as_ref()).map_err(|e| located(&e.0))?
     else {
         return Ok(None);
     };

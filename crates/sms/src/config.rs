@@ -155,9 +155,10 @@ impl SmsConfig {
             }
             self.inbox_number = Some(number);
         }
-        for (key, list) in
-            [("allowed_senders", &mut self.allowed_senders), ("allowed_recipients", &mut self.allowed_recipients)]
-        {
+        for (key, list) in [
+            ("allowed_senders", &mut self.allowed_senders),
+            ("allowed_recipients", &mut self.allowed_recipients),
+        ] {
             for number in list.iter_mut() {
                 *number = number.trim().to_owned();
                 if !is_e164(number) {
@@ -279,8 +280,11 @@ impl SmsConfig {
                 ));
             }
             if auth_token.is_none() || account_sid.is_none() {
-                let missing =
-                    if auth_token.is_none() { &self.auth_token_secret } else { &self.account_sid_secret };
+                let missing = if auth_token.is_none() {
+                    &self.auth_token_secret
+                } else {
+                    &self.account_sid_secret
+                };
                 return Err(SmsConfigError(format!(
                     "`reply_to_allowed` needs the Twilio credentials to answer: {}",
                     secrets.not_set_message(missing)

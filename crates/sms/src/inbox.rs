@@ -202,7 +202,9 @@ fn session_name(session: &SessionKey) -> String {
 
 fn clean_address(raw: Option<&str>, what: &'static str) -> Result<String, IngestError> {
     let value = raw.map(str::trim).unwrap_or_default();
-    if value.is_empty() || value.chars().count() > MAX_ADDRESS_CHARS || value.chars().any(char::is_control)
+    if value.is_empty()
+        || value.chars().count() > MAX_ADDRESS_CHARS
+        || value.chars().any(char::is_control)
     {
         return Err(IngestError::BadAddress(what));
     }
@@ -231,11 +233,10 @@ impl StoreInbox {
     }
 
     async fn records(&self) -> Result<Vec<Record>, SmsError> {
-        let listed = self
-            .store
-            .kv_list(INBOX_NS, self.now())
-            .await
-            .map_err(|err| SmsError::Unavailable(format!("the SMS inbox cannot be read: {err}")))?;
+        let listed =
+            self.store.kv_list(INBOX_NS, self.now()).await.map_err(|err| {
+                SmsError::Unavailable(format!("the SMS inbox cannot be read: {err}"))
+            })?;
         let mut records: Vec<Record> = listed
             .into_iter()
             .filter_map(|(key, value)| match serde_json::from_value::<Record>(value) {
@@ -254,11 +255,10 @@ impl StoreInbox {
     }
 
     async fn record(&self, sid: &str) -> Result<Option<Record>, SmsError> {
-        let found = self
-            .store
-            .kv_get(INBOX_NS, sid, self.now())
-            .await
-            .map_err(|err| SmsError::Unavailable(format!("the SMS inbox cannot be read: {err}")))?;
+        let found =
+            self.store.kv_get(INBOX_NS, sid, self.now()).await.map_err(|err| {
+                SmsError::Unavailable(format!("the SMS inbox cannot be read: {err}"))
+            })?;
         Ok(found.and_then(|value| serde_json::from_value(value).ok()))
     }
 
@@ -267,7 +267,9 @@ impl StoreInbox {
         let received = i64::try_from(record.received_at_ms).unwrap_or(i64::MAX);
         let expires = received.saturating_add(ttl);
         match serde_json::to_value(record) {
-            Ok(value) => self.store.kv_put(INBOX_NS, &record.message_sid, value, Some(expires)).await,
+            Ok(value) => {
+                self.store.kv_put(INBOX_NS, &record.message_sid, value, Some(expires)).await
+            }
             Err(error) => tracing::warn!(%error, "SMS record not stored"),
         }
     }
@@ -402,12 +404,8 @@ impl SmsInbox for StoreInbox {
             .filter(|r| filter.since_ms.is_none_or(|since| r.received_at_ms >= since))
             .filter(|r| filter.to.as_ref().is_none_or(|to| *to == r.to))
             .filter(|r| from_contains.as_ref().is_none_or(|f| r.from.to_lowercase().contains(f)))
-            .filter(|r| {
-                filter.body_contains.as_ref().is_none_or(|b| r.body.contains(b.as_str()))
-            })
-            .filter(|r| {
-                filter.claimed_by.as_ref().is_none_or(|s| r.claimed_by.as_ref() == Some(s))
-            })
+            .filter(|r| filter.body_contains.as_ref().is_none_or(|b| r.body.contains(b.as_str())))
+            .filter(|r| filter.claimed_by.as_ref().is_none_or(|s| r.claimed_by.as_ref() == Some(s)))
             .take(filter.limit)
             .map(|r| r.message())
             .collect())

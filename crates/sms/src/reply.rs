@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use lemon_core::bus::EventKind;
 use lemon_core::ids::{RunId, SessionKey};
-use lemon_core::router::{ChannelRef, Origin, RequestFlags, RouterHandle, RunFollower, RunRequest, Submitted};
+use lemon_core::router::{
+    ChannelRef, Origin, RequestFlags, RouterHandle, RunFollower, RunRequest, Submitted,
+};
 use lemon_transports::delivery::{DeliveryRecord, DeliveryRecords};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -66,7 +68,12 @@ impl Replies {
         store: lemon_core::store::StoreHandle,
         shutdown: CancellationToken,
     ) -> Self {
-        Replies { router, sender, records: DeliveryRecords::new(store, REPLY_NS, GIVEN_UP_TTL), shutdown }
+        Replies {
+            router,
+            sender,
+            records: DeliveryRecords::new(store, REPLY_NS, GIVEN_UP_TTL),
+            shutdown,
+        }
     }
 
     /// Submits `body` from `from` (an allowed E.164 number) in its session and
@@ -74,8 +81,12 @@ impl Replies {
     /// the gateway stops (then the record stays for the next start).
     pub(crate) async fn converse(&self, from: String, body: String, message_sid: String) {
         let run_id = RunId::generate();
-        let record =
-            ReplyRecord { run_id: run_id.as_str().to_owned(), to: from.clone(), parts_sent: 0, failed: None };
+        let record = ReplyRecord {
+            run_id: run_id.as_str().to_owned(),
+            to: from.clone(),
+            parts_sent: 0,
+            failed: None,
+        };
         self.records.record_durably(&record.run_id, &record).await;
         let mut meta = BTreeMap::new();
         meta.insert("sms".to_owned(), json!({ "message_sid": message_sid, "from": from }));

@@ -124,8 +124,10 @@ impl TwilioClient {
     /// # Errors
     /// Twilio's error status and message, a network error, an answer that is not JSON.
     pub async fn create(&self, sms: &OutboundSms) -> Result<SentSms, SendError> {
-        let url = format!("{}/2010-04-01/Accounts/{}/Messages.json", self.base_url, self.account_sid);
-        let form = [("To", sms.to.as_str()), ("From", self.from.as_str()), ("Body", sms.body.as_str())];
+        let url =
+            format!("{}/2010-04-01/Accounts/{}/Messages.json", self.base_url, self.account_sid);
+        let form =
+            [("To", sms.to.as_str()), ("From", self.from.as_str()), ("Body", sms.body.as_str())];
         let answer = self
             .http
             .post(url)
@@ -137,7 +139,10 @@ impl TwilioClient {
             .map_err(|err| SendError::Network(err.without_url().to_string()))?;
         let status = answer.status();
         let after = retry_after(answer.headers());
-        let body = answer.bytes().await.map_err(|err| SendError::Network(err.without_url().to_string()))?;
+        let body = answer
+            .bytes()
+            .await
+            .map_err(|err| SendError::Network(err.without_url().to_string()))?;
         if !status.is_success() {
             let parsed: Option<ErrorJson> = serde_json::from_slice(&body).ok();
             let message = match parsed {
@@ -290,8 +295,7 @@ impl SmsSender {
         tracker: &TaskTracker,
     ) -> Self {
         let from = client.from().to_owned();
-        let outbox =
-            Outbox::spawn(TwilioSink { client }, outbox_settings(), token, tracker);
+        let outbox = Outbox::spawn(TwilioSink { client }, outbox_settings(), token, tracker);
         SmsSender {
             outbox,
             from,

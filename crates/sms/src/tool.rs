@@ -77,9 +77,11 @@ impl Tool for SendTool {
                 format!("SMS sent to {to} (MessageSid: {})", sent.sid),
                 json!({ "ok": true, "message_sid": sent.sid, "status": sent.status, "to": to }),
             ),
-            Err(error @ (SmsSendError::Invalid(_) | SmsSendError::Failed(_) | SmsSendError::ShuttingDown)) => {
-                ToolOutput::error(error.to_string())
-            }
+            Err(
+                error @ (SmsSendError::Invalid(_)
+                | SmsSendError::Failed(_)
+                | SmsSendError::ShuttingDown),
+            ) => ToolOutput::error(error.to_string()),
         }
     }
 }

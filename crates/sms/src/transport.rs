@@ -59,8 +59,12 @@ impl Transport for SmsTransport {
         let deliveries = TaskTracker::new();
         let replies = match (&self.sender, self.config.reply_to_allowed) {
             (Some(sender), true) => {
-                let replies =
-                    Replies::new(ctx.router.clone(), sender.clone(), ctx.store.clone(), stop.clone());
+                let replies = Replies::new(
+                    ctx.router.clone(),
+                    sender.clone(),
+                    ctx.store.clone(),
+                    stop.clone(),
+                );
                 let recovered = replies.recover(&deliveries).await;
                 if recovered > 0 {
                     tracing::info!(recovered, "SMS answers owed from before the restart");
@@ -88,6 +92,8 @@ impl Transport for SmsTransport {
         stop.cancel();
         deliveries.close();
         deliveries.wait().await;
-        served.map_err(|err| TransportError::retryable(format!("SMS webhook on {local} stopped: {err}")))
+        served.map_err(|err| {
+            TransportError::retryable(format!("SMS webhook on {local} stopped: {err}"))
+        })
     }
 }

@@ -100,7 +100,10 @@ async fn malformed_messages_are_refused_and_not_stored() {
         (form(&[("MessageSid", "  "), ("From", "+1555"), ("To", NUMBER)]), IngestError::MissingSid),
         (form(&[("MessageSid", "SM../x"), ("From", "+1555"), ("To", NUMBER)]), IngestError::BadSid),
         (form(&[("MessageSid", "SM2"), ("To", NUMBER)]), IngestError::BadAddress("From")),
-        (form(&[("MessageSid", "SM3"), ("From", "a\nb"), ("To", NUMBER)]), IngestError::BadAddress("From")),
+        (
+            form(&[("MessageSid", "SM3"), ("From", "a\nb"), ("To", NUMBER)]),
+            IngestError::BadAddress("From"),
+        ),
         (form(&[("MessageSid", "SM4"), ("From", "+1555")]), IngestError::BadAddress("To")),
     ];
     for (params, expected) in cases {
@@ -171,7 +174,11 @@ async fn waiters_are_served_in_the_order_they_started_waiting() {
     }
     assert_eq!(
         got,
-        [("first".into(), "1111".into()), ("second".into(), "2222".into()), ("third".into(), "3333".into())]
+        [
+            ("first".into(), "1111".into()),
+            ("second".into(), "2222".into()),
+            ("third".into(), "3333".into())
+        ]
     );
 }
 
@@ -212,7 +219,8 @@ async fn a_wait_times_out_and_leaves_later_messages_unclaimed() {
 async fn a_waiter_that_went_away_does_not_take_the_message() {
     let s = setup();
     let inbox = s.inbox.clone();
-    let gone = tokio::spawn(async move { inbox.wait_for_code(&session("gone"), wait(60_000)).await });
+    let gone =
+        tokio::spawn(async move { inbox.wait_for_code(&session("gone"), wait(60_000)).await });
     waiters(&s.inbox, 1).await;
     gone.abort();
     let _ = gone.await;
@@ -251,7 +259,8 @@ async fn waits_default_to_the_inbox_number_and_take_the_newest_stored_message() 
 async fn a_regex_takes_its_first_group_or_its_whole_match_and_an_invalid_one_falls_back() {
     let s = setup();
     s.receive("SM1", "+15550000001", "Your login code: AB-12 (valid 10 min), ref 445566").await;
-    let grouped = WaitForCode { regex: Some(r"code: ([A-Z]{2}-\d+)".into()), claim: false, ..wait(10) };
+    let grouped =
+        WaitForCode { regex: Some(r"code: ([A-Z]{2}-\d+)".into()), claim: false, ..wait(10) };
     assert_eq!(s.inbox.wait_for_code(&session("a"), grouped).await.unwrap().code, "AB-12");
     let whole = WaitForCode { regex: Some(r"[A-Z]{2}-\d+".into()), claim: false, ..wait(10) };
     assert_eq!(s.inbox.wait_for_code(&session("a"), whole).await.unwrap().code, "AB-12");

@@ -10,7 +10,9 @@ use axum::routing::post;
 use super::*;
 
 fn sink() -> TwilioSink {
-    TwilioSink { client: TwilioClient::new("http://127.0.0.1:9", "AC1".into(), "t".into(), "+1555".into()) }
+    TwilioSink {
+        client: TwilioClient::new("http://127.0.0.1:9", "AC1".into(), "t".into(), "+1555".into()),
+    }
 }
 
 fn status(code: u16, retry_after: Option<Duration>) -> SendError {
@@ -20,7 +22,10 @@ fn status(code: u16, retry_after: Option<Duration>) -> SendError {
 #[test]
 fn rate_limits_wait_server_errors_retry_and_refusals_fail() {
     let sink = sink();
-    assert_eq!(sink.classify(&status(429, Some(Duration::from_secs(3)))), Failure::RetryAfter(Duration::from_secs(3)));
+    assert_eq!(
+        sink.classify(&status(429, Some(Duration::from_secs(3)))),
+        Failure::RetryAfter(Duration::from_secs(3))
+    );
     assert_eq!(sink.classify(&status(429, None)), Failure::RetryAfter(DEFAULT_RETRY_AFTER));
     assert_eq!(sink.classify(&status(500, None)), Failure::Transient);
     assert_eq!(sink.classify(&status(503, None)), Failure::Transient);
@@ -77,7 +82,8 @@ use axum::response::IntoResponse;
 async fn a_create_posts_the_form_with_basic_auth_and_reads_the_sid() {
     let created = r#"{"sid": "SM123", "status": "queued", "to": "+15550001111"}"#;
     let (url, seen) = stand_in((StatusCode::CREATED, created, None)).await;
-    let client = TwilioClient::new(&url, "AC9".into(), "secret-token".into(), "+15551239999".into());
+    let client =
+        TwilioClient::new(&url, "AC9".into(), "secret-token".into(), "+15551239999".into());
     let sms = OutboundSms { to: "+15550001111".into(), body: "Hi & bye".into() };
     let sent = client.create(&sms).await.unwrap();
     assert_eq!(sent, SentSms { sid: "SM123".into(), status: "queued".into() });
@@ -94,7 +100,8 @@ async fn a_create_posts_the_form_with_basic_auth_and_reads_the_sid() {
 async fn an_error_carries_twilios_message_and_retry_after_but_no_secret() {
     let error = r#"{"code": 20429, "message": "Too Many Requests", "more_info": "https://www.twilio.com/docs/errors/20429", "status": 429}"#;
     let (url, _) = stand_in((StatusCode::TOO_MANY_REQUESTS, error, Some("7"))).await;
-    let client = TwilioClient::new(&url, "AC9".into(), "secret-token".into(), "+15551239999".into());
+    let client =
+        TwilioClient::new(&url, "AC9".into(), "secret-token".into(), "+15551239999".into());
     let sms = OutboundSms { to: "+15550001111".into(), body: "Hi".into() };
     let failed = client.create(&sms).await.unwrap_err();
     assert_eq!(
@@ -106,10 +113,12 @@ async fn an_error_carries_twilios_message_and_retry_after_but_no_secret() {
         }
     );
     let (url, _) = stand_in((StatusCode::BAD_GATEWAY, "<html>bad gateway</html>", None)).await;
-    let client = TwilioClient::new(&url, "AC9".into(), "secret-token".into(), "+15551239999".into());
+    let client =
+        TwilioClient::new(&url, "AC9".into(), "secret-token".into(), "+15551239999".into());
     let failed = client.create(&sms).await.unwrap_err().to_string();
     assert_eq!(failed, "Twilio answered 502: Bad Gateway");
-    let unreachable = TwilioClient::new("http://127.0.0.1:1", "AC9".into(), "secret-token".into(), "+1".into());
+    let unreachable =
+        TwilioClient::new("http://127.0.0.1:1", "AC9".into(), "secret-token".into(), "+1".into());
     let failed = unreachable.create(&sms).await.unwrap_err().to_string();
     assert!(!failed.contains("AC9") && !failed.contains("secret-token"), "{failed}");
 }

@@ -31,7 +31,12 @@ async fn without_credentials_the_tool_says_sending_is_not_configured() {
 #[tokio::test]
 async fn only_allowed_numbers_are_texted_and_arguments_are_checked() {
     let tracker = tokio_util::task::TaskTracker::new();
-    let client = crate::send::TwilioClient::new("http://127.0.0.1:1", "AC1".into(), "t".into(), "+15551239999".into());
+    let client = crate::send::TwilioClient::new(
+        "http://127.0.0.1:1",
+        "AC1".into(),
+        "t".into(),
+        "+15551239999".into(),
+    );
     let sender = SmsSender::spawn(
         client,
         lemon_core::store::StoreHandle::memory(),
@@ -43,7 +48,10 @@ async fn only_allowed_numbers_are_texted_and_arguments_are_checked() {
     assert_eq!(tool.spec().name, "sms_send");
     let out = tool.execute(json!({"to": "+15550002222", "body": "hi"}), ctx()).await;
     assert!(out.is_error);
-    assert_eq!(out.text, "+15550002222 is not a number this gateway may text; allowed: +15550001111");
+    assert_eq!(
+        out.text,
+        "+15550002222 is not a number this gateway may text; allowed: +15550001111"
+    );
     let out = tool.execute(json!({"to": "+15550001111"}), ctx()).await;
     assert_eq!(out.text, "Missing required parameter: body");
     let out = tool.execute(json!({"to": 5, "body": "x"}), ctx()).await;

@@ -14,7 +14,8 @@ const TOKEN: &str = "unit-auth-token";
 const PUBLIC: &str = "https://hooks.example.test";
 
 fn state(validate: bool) -> HookState {
-    let text = format!("public_url = \"{PUBLIC}\"\nvalidate_webhook = {validate}\nmax_body_bytes = 2048");
+    let text =
+        format!("public_url = \"{PUBLIC}\"\nvalidate_webhook = {validate}\nmax_body_bytes = 2048");
     let config = SmsConfig::parse(&text.parse().unwrap()).unwrap();
     HookState {
         config: Arc::new(config),
@@ -32,13 +33,20 @@ fn params(sid: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-async fn post(state: &HookState, uri: &str, form: &[(String, String)], signature: Option<String>) -> (StatusCode, String) {
-    let mut request = Request::post(uri).header("content-type", "application/x-www-form-urlencoded");
+async fn post(
+    state: &HookState,
+    uri: &str,
+    form: &[(String, String)],
+    signature: Option<String>,
+) -> (StatusCode, String) {
+    let mut request =
+        Request::post(uri).header("content-type", "application/x-www-form-urlencoded");
     if let Some(signature) = signature {
         request = request.header(SIGNATURE_HEADER, signature);
     }
     let body = serde_urlencoded::to_string(form).unwrap();
-    let response = router(state.clone()).oneshot(request.body(Body::from(body)).unwrap()).await.unwrap();
+    let response =
+        router(state.clone()).oneshot(request.body(Body::from(body)).unwrap()).await.unwrap();
     let status = response.status();
     let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
     (status, String::from_utf8(bytes.to_vec()).unwrap())
@@ -54,7 +62,13 @@ async fn the_signature_covers_the_public_url_the_raw_query_and_the_body_only() {
     let state = state(true);
     let form = params("SM1");
     let url = format!("{PUBLIC}{WEBHOOK_PATH}?a=1&b=%20x");
-    let (status, body) = post(&state, &format!("{WEBHOOK_PATH}?a=1&b=%20x"), &form, Some(sign_form(TOKEN, &url, &form))).await;
+    let (status, body) = post(
+        &state,
+        &format!("{WEBHOOK_PATH}?a=1&b=%20x"),
+        &form,
+        Some(sign_form(TOKEN, &url, &form)),
+    )
+    .await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, EMPTY_TWIML));
     // Query parameters signed as if they were form parameters do not count.
     let mut with_query = form.clone();
