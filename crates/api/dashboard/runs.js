@@ -25,11 +25,20 @@ class RunView {
     this.cancelButton = h('button', { type: 'button', class: 'danger cancel', onclick: () => this.cancel() }, 'Cancel');
     this.controls = h('form', { class: 'run-controls', onsubmit: (e) => { e.preventDefault(); this.steer(); } },
       this.steerInput, this.steerButton, this.cancelButton);
+    this.prompt = h('p', { class: 'prompt', hidden: !info.prompt }, info.prompt || '');
     this.el = h('article', { class: 'run', dataset: { runId } },
       h('header', {}, this.status, h('code', { class: 'run-id' }, runId), this.meta),
-      info.prompt ? h('p', { class: 'prompt' }, info.prompt) : null,
-      this.actionList, this.answer, this.notice, this.controls);
-    this.promptShown = Boolean(info.prompt);
+      this.prompt,
+      // The controls stay put above the answer while it grows.
+      this.controls, this.notice, this.actionList, this.answer);
+  }
+
+  // The prompt, once known (a run seen first on the event stream has none).
+  describe(info) {
+    if (info.prompt && !this.prompt.textContent) {
+      this.prompt.textContent = info.prompt;
+      this.prompt.hidden = false;
+    }
   }
 
   // An event from the firehose: held back while stored events are replayed.
@@ -187,7 +196,10 @@ export function live(main) {
 
   function view(runId, info) {
     let existing = views.get(runId);
-    if (existing) return existing;
+    if (existing) {
+      existing.describe(info);
+      return existing;
+    }
     existing = new RunView(runId, info);
     existing.onDone = (done) => {
       finishedList.prepend(done.el);
@@ -247,7 +259,10 @@ export function live(main) {
         if (!data || !data.run_id || typeof data.index !== 'number') return;
         const known = views.get(data.run_id);
         const target = known || view(data.run_id, { status: 'running', engine: data.engine, session_key: data.session_key });
-        if (!known && data.index > 1) backfill(target);
+        if (!known) {
+          if (data.index > 1) backfill(target);
+          api.get(`/v1/runs/${encodeURIComponent(data.run_id)}`).then((run) => target.describe(run), () => {});
+        }
         target.live(data);
       }, controller.signal);
       await opened;
