@@ -142,10 +142,23 @@ try {
   check(await page.locator('#history-results tbody tr').count() >= 3, 'all runs listed');
   await shot('history');
 
-  step('sessions show their queues');
+  step('sessions show their queues, and a queue is aborted');
+  const queued = await page.evaluate(async (words) => {
+    const headers = { Authorization: `Bearer ${sessionStorage.getItem('lemon.token')}`, 'Content-Type': 'application/json' };
+    const ids = [];
+    for (let i = 0; i < 2; i += 1) {
+      const body = JSON.stringify({ prompt: words, engine: 'echo', session_key: 'queue-me' });
+      ids.push((await (await fetch('/v1/runs', { method: 'POST', headers, body })).json()).run_id);
+    }
+    return ids;
+  }, long);
   await page.goto(`${url}#/sessions`);
+  const card = page.locator('.session[data-session="queue-me"]');
+  await card.locator('.queue code', { hasText: queued[1] }).waitFor();
   await page.locator('.session[data-session="steer-me"]').waitFor();
   await shot('sessions');
+  await card.locator('button.danger').click();
+  await page.locator('.flash-info', { hasText: 'queue-me: 1 cancelled, 1 dropped' }).waitFor();
 
   step('a bad config edit is shown at its line');
   await page.goto(`${url}#/config`);

@@ -210,8 +210,8 @@ export function status(main) {
           table([
             ['Engine', (e) => h('strong', {}, e.id)],
             ['State', (e) => badge(e.available ? 'available' : 'unavailable')],
-            ['Version', (e) => e.version || ''],
-            ['Program', (e) => (e.path ? h('code', {}, e.path) : e.reason || '')],
+            ['Version', (e) => h('span', { class: 'nowrap' }, e.version || '')],
+            ['Program', (e) => (e.path ? h('code', {}, e.path) : h('span', { class: 'reason' }, e.reason || 'built in'))],
             ['Steer', (e) => (e.steer ? 'yes' : 'no')],
           ], s.engines)),
         section('Provider keys and secrets', 'Where each secret the config names was found. Values are never shown.',

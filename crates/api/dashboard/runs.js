@@ -320,8 +320,8 @@ export function history(main) {
       ['Engine', (r) => r.engine],
       ['Session', (r) => r.session_key],
       ['Spend', (r) => usd(r.spend && r.spend.usd)],
-      ['Took', (r) => duration(r.duration_ms)],
-      ['When', (r) => ago(r.created_at_ms)],
+      ['Took', (r) => h('span', { class: 'nowrap' }, duration(r.duration_ms))],
+      ['When', (r) => h('span', { class: 'nowrap' }, ago(r.created_at_ms))],
     ], matching, runs.length ? 'No run matches.' : 'No runs yet.'));
   }
 
