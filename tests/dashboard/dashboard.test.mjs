@@ -130,6 +130,8 @@ try {
   await page.locator('#session').fill('dashboard');
   await page.locator('#engine').selectOption('echo');
   await page.locator('#prompt').fill('');
+  await page.locator('#prompt').blur();
+  check(await cancelled.locator('.flash-info').textContent() === 'Cancelled.', 'the cancelled run says so');
   await shot('live-finished');
 
   step('history finds a run by a word of its prompt');

@@ -103,7 +103,8 @@ class RunView {
     this.done = true;
     this.setStatus(event.status);
     if (event.answer && !this.answer.textContent.trim()) this.answer.textContent = event.answer;
-    if (event.error) flash(this.notice, event.error, event.status === 'cancelled' ? 'info' : 'error');
+    if (event.status === 'cancelled') flash(this.notice, 'Cancelled.', 'info');
+    else if (event.error) flash(this.notice, event.error, 'error');
     this.meta.textContent = `${runMeta({ engine: event.engine, session_key: event.session_key })} · ${duration(event.duration_ms)}`;
     this.controls.hidden = true;
     this.el.classList.add('finished');
@@ -119,7 +120,8 @@ class RunView {
     this.cancelButton.disabled = true;
     try {
       const answer = await api.post(`/v1/runs/${encodeURIComponent(this.runId)}/cancel`);
-      flash(this.notice, `Cancel requested (${answer.status}).`, 'info');
+      // The run may have ended before the answer came back.
+      if (!this.done) flash(this.notice, `Cancel requested (${answer.status}).`, 'info');
     } catch (err) {
       flash(this.notice, err.message, 'error');
       this.cancelButton.disabled = false;
