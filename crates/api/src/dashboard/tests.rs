@@ -17,7 +17,7 @@ async fn get(method: Method, uri: &str) -> (StatusCode, axum::http::HeaderMap, S
     (parts.status, parts.headers, String::from_utf8(bytes.to_vec()).unwrap())
 }
 
-fn header<'a>(headers: &'a axum::http::HeaderMap, name: header::HeaderName) -> &'a str {
+fn header(headers: &axum::http::HeaderMap, name: header::HeaderName) -> &str {
     headers.get(&name).unwrap_or_else(|| panic!("{name} is set")).to_str().unwrap()
 }
 
