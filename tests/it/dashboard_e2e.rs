@@ -103,3 +103,66 @@ async fn the_dashboard_signs_in_streams_cancels_steers_and_edits_the_config() {
         gateway.get("/v1/config").send().await.unwrap().json().await.unwrap();
     assert!(config["rejected"].is_null(), "the refused text was never written: {config}");
 }
+
+/// Reads the firehose until an event of type `kind`; its data.
+async fn next_event(response: reqwest::Response, kind: &str) -> serde_json::Value {
+    use futures::StreamExt;
+    let mut parser = lemon_gateway::sse::SseParser::default();
+    let mut stream = response.bytes_stream();
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(chunk) = stream.next().await {
+            for event in parser.push(&chunk.unwrap()) {
+                if event.event == kind {
+                    return serde_json::from_str(&event.data).unwrap();
+                }
+            }
+        }
+        panic!("the event stream ended before {kind}");
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{kind} in time"))
+}
+
+#[tokio::test]
+async fn a_config_put_is_checked_written_as_sent_and_applied_by_the_running_gateway() {
+    let gateway = Gateway::start("# mine\n[gateway]\nmax_concurrent_runs = 2\n").await;
+    let file: serde_json::Value =
+        gateway.get("/v1/config/file").send().await.unwrap().json().await.unwrap();
+    assert_eq!(file["exists"], true);
+    let text = file["text"].as_str().unwrap().to_owned();
+    assert!(text.starts_with("# mine\n[gateway]\nmax_concurrent_runs = 2\n"), "{file}");
+    let put = |body: serde_json::Value| {
+        gateway.http.put(format!("{}/v1/config", gateway.api)).bearer_auth(TOKEN).json(&body)
+    };
+
+    // Refused before anything is written: the place of the problem comes back.
+    let bad = text
+        .replace("max_concurrent_runs = 2", "max_concurrent_runs = 2\ndefault_engine = \"nope\"");
+    let refused = put(serde_json::json!({ "text": bad })).send().await.unwrap();
+    assert_eq!(refused.status(), 422);
+    let refused: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(refused["line"], 4, "{refused}");
+    assert!(refused["error"].as_str().unwrap().contains("nope"), "{refused}");
+    assert_eq!(std::fs::read_to_string(gateway.home.join("config.toml")).unwrap(), text);
+
+    // A good one is written as sent and applied like an edit in an editor.
+    let events = gateway.get("/v1/events").send().await.unwrap();
+    assert_eq!(events.status(), 200);
+    let good = text.replace("max_concurrent_runs = 2", "# three now\nmax_concurrent_runs = 3");
+    let saved = put(serde_json::json!({ "text": good })).send().await.unwrap();
+    assert_eq!(saved.status(), 200);
+    let saved: serde_json::Value = saved.json().await.unwrap();
+    assert_eq!(saved["saved"], true, "{saved}");
+    let reloaded = next_event(events, "config_reloaded").await;
+    assert_eq!(reloaded["applied"], serde_json::json!(["max_concurrent_runs"]), "{reloaded}");
+    assert_eq!(gateway.status().await["scheduler"]["max"], 3);
+    assert_eq!(std::fs::read_to_string(gateway.home.join("config.toml")).unwrap(), good);
+
+    let no_token = gateway.http.get(format!("{}/v1/config/file", gateway.api)).send().await;
+    assert_eq!(no_token.unwrap().status(), 401);
+    let page = gateway.http.get(format!("{}/", gateway.api)).send().await.unwrap();
+    assert_eq!(page.status(), 200, "the page itself needs no token");
+    let policy = page.headers()["content-security-policy"].to_str().unwrap().to_owned();
+    assert!(policy.starts_with("default-src 'self'"), "{policy}");
+    assert!(page.text().await.unwrap().contains("<script type=\"module\" src=\"/ui/app.js\">"));
+}

@@ -104,7 +104,9 @@ export function editor(main) {
       }
       if (report.rejected && (!before.rejected || report.rejected.at_ms !== before.rejected.at_ms)) {
         await loadState();
-        return showError(report.rejected.error, null, null);
+        // `path:line:column: message`, placed like a refusal of the save.
+        const at = /:(\d+):(\d+): /.exec(report.rejected.error);
+        return showError(report.rejected.error, at && Number(at[1]), at && Number(at[2]));
       }
     }
     await loadState();
