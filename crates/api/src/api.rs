@@ -22,6 +22,9 @@
 //! | `PUT` | `/v1/sessions/{key}/budget` | `200` the same, after setting the session's own limits |
 //! | `GET` | `/v1/usage?since=&session=&engine=` | `200` tokens, dollars and runs: total, per engine, per session |
 //! | `GET` | `/v1/status` | `200` version, uptime, scheduler counters, engines, transports |
+//! | `GET` | `/v1/config` | `200` the config in force, its generation, pending and refused edits |
+//! | `GET` | `/v1/config/file` | `200 {"path", "exists", "text"}`: config.toml as written |
+//! | `PUT` | `/v1/config` | `200 {"saved", "warnings"}` once checked and written; `422 {"error", "line", "column"}` |
 //!
 //! Runs are submitted through the router, so queue modes, resume lines, engine
 //! directives and slash commands work here as in every channel. A body may carry
@@ -29,7 +32,9 @@
 //! `meta.disable_auto_resume` starts a new session.
 //!
 //! Every route needs `Authorization: Bearer <token>`. Every error is
-//! `{"error": "..."}` (see [`ApiError`]).
+//! `{"error": "..."}` (see [`ApiError`]). The dashboard's page and assets
+//! (`/`, `/ui/…`, see [`crate::dashboard`]) are public; every call the page
+//! makes carries the token.
 
 mod config;
 mod cron;
@@ -39,6 +44,8 @@ mod sessions;
 mod status;
 mod transfer;
 mod usage;
+
+pub use config::{ConfigEditor, ConfigFileText, ConfigSaveError};
 
 use std::fmt;
 use std::sync::Arc;
@@ -90,6 +97,9 @@ pub struct ApiState {
     pub cron: CronHandle,
     /// The budgets: sessions' limits and what runs spent.
     pub budget: Arc<StoreBudgetGuard>,
+    /// `config.toml` for the dashboard's editor (`GET /v1/config/file`, `PUT
+    /// /v1/config`); `None` answers those with 404.
+    pub config_file: Option<Arc<dyn ConfigEditor>>,
 }
 
 impl fmt::Debug for ApiState {
@@ -106,6 +116,7 @@ impl fmt::Debug for ApiState {
             .field("transports", &self.transports)
             .field("config", &self.config.get().generation)
             .field("cron", &self.cron)
+            .field("config_file", &self.config_file)
             .finish()
     }
 }
@@ -118,6 +129,7 @@ pub fn router(state: ApiState) -> Router {
 /// The control API router with the routes of other components (the SMS
 /// inbox, calls) merged in, behind the same bearer token, body limit and
 /// `{"error": …}` fallbacks. `extra` must not repeat a route of the API.
+/// The dashboard (`/`, `/ui/…`) is served beside them without the token.
 pub fn router_with(state: ApiState, extra: Router) -> Router {
     let token = BearerToken(state.token.clone());
     let own = Router::new()
@@ -133,17 +145,20 @@ pub fn router_with(state: ApiState, extra: Router) -> Router {
         .route("/v1/sessions/{key}/budget", get(usage::get_budget).put(usage::put_budget))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/status", get(status::status))
-        .route("/v1/config", get(config::get))
+        .route("/v1/config", get(config::get).put(config::put))
+        .route("/v1/config/file", get(config::file))
         .route("/v1/cron", get(cron::list).post(cron::create))
         .route("/v1/cron/{id}", patch(cron::update).delete(cron::remove))
         .route("/v1/cron/{id}/run", post(cron::run))
         .route("/v1/cron/{id}/runs", get(cron::runs))
         .with_state(state);
-    own.merge(extra)
+    let protected = own
+        .merge(extra)
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn_with_state(token, require_bearer))
+        .layer(middleware::from_fn_with_state(token, require_bearer));
+    crate::dashboard::router().merge(protected)
 }
 
 /// The expected token, as the auth middleware's state.

@@ -4,6 +4,8 @@
 //! # Layout
 //! - [`api`]: the control API (`/v1/...`): submit, inspect, cancel and steer runs,
 //!   and follow their events over Server-Sent Events. Bearer-token protected.
+//! - [`dashboard`]: the web dashboard at `/` with its assets under `/ui/`,
+//!   embedded in the binary and served without the token under a strict CSP.
 //! - [`health`]: `/healthz`, `/health` and `/metrics`, meant for a loopback or
 //!   internal port; without the API token `/healthz` shows states only.
 //! - [`error`]: [`error::ApiError`], the one JSON error shape of every router
@@ -17,6 +19,7 @@
 //! they hold no business rules and never call engines.
 
 pub mod api;
+pub mod dashboard;
 pub mod error;
 pub mod health;
 pub mod http;

@@ -10,6 +10,7 @@
 //! - [`paths`]: where state lives (`$LEMON_HOME`, `config.toml`, the database,
 //!   secrets), decided by the caller and passed in.
 
+mod config_file;
 pub mod paths;
 mod reload;
 
@@ -785,6 +786,11 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             secret_sources: secret_sources(&gateway_config, &engine_sections, &secrets).into(),
             cron: cron.clone(),
             budget: budget.clone(),
+            config_file: Some(Arc::new(config_file::ConfigFile {
+                path: opts.paths.config.clone(),
+                secrets: secrets.clone(),
+                env: opts.env.clone(),
+            })),
         },
         extra_routes,
     );
@@ -874,13 +880,24 @@ pub fn check_config(
         path: file.to_owned(),
         message: format!("cannot read config file: {e}"),
     })?;
-    let loaded = config::load_str(&text, file)?;
-    let gateway = &loaded.config.gateway;
-    let sections = EngineSections::parse(&gateway.engines, file, &text)?;
     let secrets = Arc::new(SecretStore::new(env.clone(), paths.secrets()));
-    webhook_transport(gateway, &secrets, file, &text)?;
-    telegram_transport(gateway, &secrets, file, &text)?;
-    sms_section(gateway, &secrets, file, &text)?;
+    check_config_text(&text, file, &secrets, env)
+}
+
+/// [`check_config`] on a text that would be the file at `file`, with the
+/// gateway's `secrets`.
+fn check_config_text(
+    text: &str,
+    file: &std::path::Path,
+    secrets: &Arc<SecretStore>,
+    env: &BTreeMap<String, String>,
+) -> Result<Vec<String>, config::ConfigError> {
+    let loaded = config::load_str(text, file)?;
+    let gateway = &loaded.config.gateway;
+    let sections = EngineSections::parse(&gateway.engines, file, text)?;
+    webhook_transport(gateway, secrets, file, text)?;
+    telegram_transport(gateway, secrets, file, text)?;
+    sms_section(gateway, secrets, file, text)?;
     // The engine table as a start would build it, to check the names against.
     let ctx = CliContext { base_env: env.clone(), ..CliContext::default() };
     let registry = lemon_engines::build_registry(&sections, &ctx).map_err(|e| {
@@ -891,9 +908,9 @@ pub fn check_config(
             message: e.to_string(),
         }
     })?;
-    check_engine_refs(gateway, &registry, file, &text)?;
+    check_engine_refs(gateway, &registry, file, text)?;
     let mut warnings = loaded.warnings;
-    warnings.extend(section_warnings(gateway, &sections, &registry, file, &text));
+    warnings.extend(section_warnings(gateway, &sections, &registry, file, text));
     Ok(warnings)
 }
 

@@ -95,6 +95,7 @@ impl TestGateway {
                 store.clone(),
                 lemon_core::config::BudgetsConfig::default(),
             )),
+            config_file: None,
         };
         TestGateway { state, bus, store, token, tracker }
     }
@@ -1308,4 +1309,100 @@ async fn bad_cron_input_is_a_json_4xx() {
         Request::builder().method(Method::GET).uri("/v1/cron").body(Body::empty()).unwrap();
     let (s, _, _) = gw.send(unauthorized).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
+}
+
+/// `config.toml` in memory, checked with core's loader like a start would.
+#[derive(Debug, Default)]
+struct MemoryConfig {
+    text: std::sync::Mutex<Option<String>>,
+}
+
+impl super::ConfigEditor for MemoryConfig {
+    fn read(&self) -> std::io::Result<super::ConfigFileText> {
+        let text = self.text.lock().unwrap().clone();
+        Ok(super::ConfigFileText { path: "/home/me/.lemon/config.toml".into(), text })
+    }
+
+    fn save(&self, text: &str) -> Result<Vec<String>, super::ConfigSaveError> {
+        let path = std::path::Path::new("/home/me/.lemon/config.toml");
+        let loaded =
+            lemon_core::config::load_str(text, path).map_err(super::ConfigSaveError::Invalid)?;
+        *self.text.lock().unwrap() = Some(text.to_owned());
+        Ok(loaded.warnings)
+    }
+}
+
+#[tokio::test]
+async fn the_config_file_is_read_and_saved_whole_and_a_bad_one_is_placed() {
+    let mut gw = TestGateway::start(Duration::ZERO);
+    let (s, b) = gw.call(Method::GET, "/v1/config/file", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "no editor: {b}");
+    assert_eq!(error_of(&b), "this gateway has no config file to edit");
+    let (s, _) = gw.call(Method::PUT, "/v1/config", Some(json!({ "text": "" }))).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    let editor = Arc::new(MemoryConfig::default());
+    gw.state.config_file = Some(editor.clone());
+    let (s, b) = gw.call(Method::GET, "/v1/config/file", None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(b, json!({ "path": "/home/me/.lemon/config.toml", "exists": false, "text": "" }));
+
+    let good = "# my gateway\n[gateway]\n# two at a time\nmax_concurrent_runs = 2\n";
+    let (s, b) = gw.call(Method::PUT, "/v1/config", Some(json!({ "text": good }))).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b, json!({ "saved": true, "path": "/home/me/.lemon/config.toml", "warnings": [] }));
+    let (_, b) = gw.call(Method::GET, "/v1/config/file", None).await;
+    assert_eq!(b["text"], good, "saved as sent, comments and all");
+    assert_eq!(b["exists"], true);
+
+    let warned = "[gateway]\nmax_concurent_runs = 2\n";
+    let (s, b) = gw.call(Method::PUT, "/v1/config", Some(json!({ "text": warned }))).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let warnings = b["warnings"].as_array().unwrap();
+    assert!(warnings[0].as_str().unwrap().contains("max_concurrent_runs"), "{b}");
+
+    let bad = "[gateway]\n# comment\nmax_concurrent_runs = \"many\"\n";
+    let (s, b) = gw.call(Method::PUT, "/v1/config", Some(json!({ "text": bad }))).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert_eq!((b["line"].as_u64(), b["column"].as_u64()), (Some(3), Some(23)), "{b}");
+    assert!(error_of(&b).starts_with("/home/me/.lemon/config.toml:3:23: "), "{b}");
+    let broken = "[gateway\n";
+    let (s, b) = gw.call(Method::PUT, "/v1/config", Some(json!({ "text": broken }))).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert_eq!(b["line"], 1, "{b}");
+    assert!(error_of(&b).contains("invalid TOML"), "{b}");
+    let (_, b) = gw.call(Method::GET, "/v1/config/file", None).await;
+    assert_eq!(b["text"], warned, "a refused text changes nothing");
+
+    let (s, b) = gw.call(Method::PUT, "/v1/config", Some(json!({}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(error_of(&b), "text is required: the whole config.toml");
+    let unauthorized = Request::builder()
+        .method(Method::PUT)
+        .uri("/v1/config")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(json!({ "text": good }).to_string()))
+        .unwrap();
+    let (s, _, _) = gw.send(unauthorized).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert_eq!(super::ConfigEditor::read(&*editor).unwrap().text.as_deref(), Some(warned));
+}
+
+#[tokio::test]
+async fn the_dashboard_is_public_and_the_api_beside_it_is_not() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let raw = |uri: &'static str| {
+        let req = Request::builder().uri(uri).body(Body::empty()).unwrap();
+        within(uri, gw.router().oneshot(req))
+    };
+    for uri in ["/", "/ui/app.js", "/ui/app.css"] {
+        let response = raw(uri).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{uri}");
+        let policy = response.headers()[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+        assert!(policy.starts_with("default-src 'self'"), "{policy}");
+    }
+    for uri in ["/v1/status", "/v1/config/file", "/nope", "/ui"] {
+        let response = raw(uri).await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{uri}");
+    }
 }

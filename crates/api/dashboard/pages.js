@@ -1,0 +1,292 @@
+// The other pages: cron jobs, the SMS inbox and calls, usage and spend,
+// engines and transports, and secrets.
+
+import * as api from './api.js';
+import { ago, badge, clear, duration, flash, h, section, table, usd } from './dom.js';
+
+function failed(el, err) {
+  clear(el).appendChild(h('p', { class: 'error' }, err.message));
+}
+
+function notConfigured(what) {
+  return h('p', { class: 'empty not-configured' }, `${what} is not configured on this gateway.`);
+}
+
+export function cron(main) {
+  const list = h('div', { id: 'cron-list' });
+  const notice = h('p', { class: 'flash', hidden: true });
+  const name = h('input', { type: 'text', placeholder: 'nightly-report', 'aria-label': 'Name' });
+  const schedule = h('input', { type: 'text', placeholder: '0 9 * * 1-5', 'aria-label': 'Schedule', required: true });
+  const session = h('input', { type: 'text', placeholder: 'cron', 'aria-label': 'Session key' });
+  const prompt = h('input', { type: 'text', class: 'grow', placeholder: 'What to ask, every time', 'aria-label': 'Prompt', required: true });
+  const form = h('form', { class: 'row wrap', onsubmit: create },
+    name, schedule, session, prompt, h('button', { type: 'submit', class: 'primary' }, 'Add job'));
+  main.append(h('h1', {}, 'Cron jobs'),
+    section('New job', 'Five-field cron expressions (minute hour day month weekday) or @hourly, @daily, @weekly.', form, notice),
+    section('Jobs', null, list));
+
+  async function create(event) {
+    event.preventDefault();
+    try {
+      const body = { schedule: schedule.value.trim(), prompt: prompt.value.trim() };
+      if (name.value.trim()) body.name = name.value.trim();
+      if (session.value.trim()) body.sessionKey = session.value.trim();
+      await api.post('/v1/cron', body);
+      for (const field of [name, schedule, session, prompt]) field.value = '';
+      flash(notice, 'Job added.', 'ok');
+      load();
+    } catch (err) {
+      flash(notice, err.message, 'error');
+    }
+  }
+
+  async function act(what, job) {
+    try {
+      const path = `/v1/cron/${encodeURIComponent(job.id)}`;
+      if (what === 'run') await api.post(`${path}/run`);
+      if (what === 'toggle') await api.call('PATCH', path, { enabled: !job.enabled });
+      if (what === 'delete') await api.del(path);
+      flash(notice, what === 'run' ? `${job.name || job.id} started.` : 'Saved.', 'ok');
+      load();
+    } catch (err) {
+      flash(notice, err.message, 'error');
+    }
+  }
+
+  async function load() {
+    try {
+      const { jobs } = await api.get('/v1/cron');
+      clear(list).appendChild(table([
+        ['Job', (j) => h('span', {}, h('strong', {}, j.name || j.id), j.source === 'config' ? h('span', { class: 'muted' }, ' (config.toml)') : null)],
+        ['Schedule', (j) => h('code', {}, j.schedule, j.timezone ? ` ${j.timezone}` : '')],
+        ['Prompt', (j) => j.prompt],
+        ['Session', (j) => j.sessionKey || ''],
+        ['Next', (j) => (j.enabled ? (j.nextRunAtMs ? new Date(j.nextRunAtMs).toLocaleString() : '') : badge('disabled'))],
+        ['Last', (j) => ago(j.lastRunAtMs)],
+        ['', (j) => h('span', { class: 'row' },
+          h('button', { type: 'button', onclick: () => act('run', j) }, 'Run now'),
+          h('button', { type: 'button', onclick: () => act('toggle', j) }, j.enabled ? 'Disable' : 'Enable'),
+          j.source === 'config' ? null : h('button', { type: 'button', class: 'danger', onclick: () => act('delete', j) }, 'Delete'))],
+      ], jobs, 'No cron jobs. Add one above or under [[gateway.cron]] in config.toml.'));
+    } catch (err) {
+      failed(list, err);
+    }
+  }
+  load();
+}
+
+// The first of `keys` that `item` has, for shapes that name a field two ways.
+function pick(item, ...keys) {
+  for (const key of keys) if (item[key] !== undefined && item[key] !== null) return item[key];
+  return '';
+}
+
+function when(value) {
+  if (typeof value === 'number') return ago(value);
+  return value ? new Date(value).toLocaleString() : '';
+}
+
+export function inbox(main) {
+  const sms = h('div', { id: 'sms-list' });
+  const calls = h('div', { id: 'call-list' });
+  const notice = h('p', { class: 'flash', hidden: true });
+  main.append(h('h1', {}, 'SMS & calls'), notice,
+    section('SMS inbox', 'Messages received on the gateway’s numbers; a claimed one was taken by a run.', sms),
+    section('Recent calls', null, calls));
+
+  async function claim(message) {
+    try {
+      await api.post(`/v1/sms/messages/${encodeURIComponent(pick(message, 'sid', 'id'))}/claim`);
+      flash(notice, 'Message claimed.', 'ok');
+      loadSms();
+    } catch (err) {
+      flash(notice, err.message, 'error');
+    }
+  }
+
+  async function loadSms() {
+    try {
+      const answer = await api.optional('/v1/sms/messages');
+      if (!answer) return clear(sms).appendChild(notConfigured('SMS'));
+      clear(sms).appendChild(table([
+        ['From', (m) => pick(m, 'from', 'from_number')],
+        ['To', (m) => pick(m, 'to', 'to_number')],
+        ['Message', (m) => pick(m, 'body', 'text')],
+        ['Received', (m) => when(pick(m, 'received_at_ms', 'receivedAtMs', 'received_at'))],
+        ['', (m) => (pick(m, 'claimed', 'claimed_by', 'claimedBy')
+          ? badge('claimed')
+          : h('button', { type: 'button', onclick: () => claim(m) }, 'Claim'))],
+      ], answer.messages || [], 'No messages yet.'));
+    } catch (err) {
+      failed(sms, err);
+    }
+  }
+
+  async function loadCalls() {
+    try {
+      const answer = await api.optional('/v1/calls');
+      if (!answer) return clear(calls).appendChild(notConfigured('Voice'));
+      clear(calls).appendChild(table([
+        ['Call', (c) => h('code', {}, pick(c, 'id', 'call_id', 'sid'))],
+        ['From', (c) => pick(c, 'from')],
+        ['To', (c) => pick(c, 'to')],
+        ['State', (c) => badge(pick(c, 'state', 'status'))],
+        ['Started', (c) => when(pick(c, 'started_at_ms', 'startedAtMs', 'started_at'))],
+        ['Length', (c) => duration(pick(c, 'duration_ms', 'durationMs') || undefined)],
+      ], answer.calls || [], 'No calls yet.'));
+    } catch (err) {
+      failed(calls, err);
+    }
+  }
+  loadSms();
+  loadCalls();
+}
+
+export function usage(main) {
+  const since = h('select', { id: 'usage-since', 'aria-label': 'Period' },
+    h('option', { value: 'today' }, 'Today (UTC)'),
+    h('option', { value: '7' }, 'Last 7 days'),
+    h('option', { value: '30' }, 'Last 30 days'),
+    h('option', { value: 'all' }, 'All time'));
+  const body = h('div', { id: 'usage-body' });
+  main.append(h('h1', {}, 'Usage ', since), body);
+
+  function sinceMs() {
+    const now = new Date();
+    if (since.value === 'all') return 0;
+    if (since.value === 'today') return Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), now.getUTCDate());
+    return Date.now() - Number(since.value) * 86400000;
+  }
+
+  const columns = (first, key) => [
+    [first, (g) => g[key] || '—'],
+    ['Runs', (g) => g.runs],
+    ['Input tokens', (g) => g.input_tokens.toLocaleString()],
+    ['Output tokens', (g) => g.output_tokens.toLocaleString()],
+    ['Cached', (g) => (g.cache_read_tokens + g.cache_write_tokens).toLocaleString()],
+    ['Spend', (g) => usd(g.usd)],
+  ];
+
+  async function load() {
+    try {
+      const answer = await api.get(`/v1/usage?since=${sinceMs()}`);
+      const total = answer.total;
+      clear(body).append(
+        h('div', { class: 'stats' },
+          stat('Runs', total.runs),
+          stat('Tokens', total.tokens.toLocaleString()),
+          stat('Spend', usd(total.usd))),
+        section('By engine', null, table(columns('Engine', 'engine'), answer.engines, 'No runs in this period.')),
+        section('By session', null, table(columns('Session', 'session_key'), answer.sessions, 'No runs in this period.')));
+    } catch (err) {
+      failed(body, err);
+    }
+  }
+  since.addEventListener('change', load);
+  load();
+}
+
+function stat(label, value) {
+  return h('div', { class: 'stat' }, h('span', { class: 'stat-value' }, String(value)), h('span', { class: 'stat-label' }, label));
+}
+
+export function status(main) {
+  const body = h('div', { id: 'status-body' });
+  main.append(h('h1', {}, 'Engines & transports'), body);
+  let timer = null;
+
+  async function load() {
+    try {
+      const s = await api.get('/v1/status');
+      const transports = Object.entries(s.transports).map(([id, t]) => ({ id, ...t }));
+      const secrets = Object.entries(s.secrets || {}).map(([name, origin]) => ({ name, ...origin }));
+      clear(body).append(
+        h('div', { class: 'stats' },
+          stat('Running', `${s.scheduler.in_flight} / ${s.scheduler.max}`),
+          stat('Waiting', s.scheduler.waitq),
+          stat('Queued', s.scheduler.queued),
+          stat('Up', duration(s.uptime_ms))),
+        section('Engines', `Requests that name no engine go to ${s.default_engine} (${s.default_engine_reason}).`,
+          table([
+            ['Engine', (e) => h('strong', {}, e.id)],
+            ['State', (e) => badge(e.available ? 'available' : 'unavailable')],
+            ['Version', (e) => h('span', { class: 'nowrap' }, e.version || '')],
+            ['Program', (e) => (e.path ? h('code', {}, e.path) : h('span', { class: 'reason' }, e.reason || 'built in'))],
+            ['Steer', (e) => (e.steer ? 'yes' : 'no')],
+          ], s.engines)),
+        section('Provider keys and secrets', 'Where each secret the config names was found. Values are never shown.',
+          table([
+            ['Secret', (x) => h('code', {}, x.name)],
+            ['Source', (x) => x.source],
+            ['Also set in', (x) => (x.overrides || []).join(', ')],
+          ], secrets, 'The config names no secrets.')),
+        section('Transports', null, table([
+          ['Transport', (t) => h('strong', {}, t.id)],
+          ['State', (t) => badge(t.state)],
+          ['Detail', (t) => t.detail || (t.reason ? `${t.reason} (attempt ${t.attempts}, retry in ${duration(t.retry_in_ms)})` : '')],
+        ], transports)));
+    } catch (err) {
+      failed(body, err);
+    }
+  }
+  load();
+  timer = setInterval(load, 5000);
+  return () => clearInterval(timer);
+}
+
+export function secrets(main) {
+  const body = h('div', { id: 'secrets-body' });
+  const notice = h('p', { class: 'flash', id: 'secrets-notice', hidden: true });
+  const name = h('input', { type: 'text', id: 'secret-name', placeholder: 'OPENAI_API_KEY', 'aria-label': 'Secret name', spellcheck: 'false', required: true });
+  const value = h('input', { type: 'password', id: 'secret-value', placeholder: 'value', 'aria-label': 'Secret value', autocomplete: 'new-password', required: true });
+  const form = h('form', { class: 'row wrap', id: 'secret-form', onsubmit: save },
+    name, value, h('button', { type: 'submit', class: 'primary' }, 'Save secret'));
+  main.append(h('h1', {}, 'Secrets'), notice, body);
+
+  async function save(event) {
+    event.preventDefault();
+    const key = name.value.trim();
+    try {
+      await api.put(`/v1/secrets/${encodeURIComponent(key)}`, { value: value.value });
+      value.value = '';
+      name.value = '';
+      flash(notice, `${key} saved.`, 'ok');
+      load();
+    } catch (err) {
+      flash(notice, err.message, 'error');
+    }
+  }
+
+  async function remove(secret) {
+    try {
+      await api.del(`/v1/secrets/${encodeURIComponent(secret.name)}`);
+      flash(notice, `${secret.name} deleted.`, 'ok');
+      load();
+    } catch (err) {
+      flash(notice, err.message, 'error');
+    }
+  }
+
+  async function load() {
+    try {
+      const answer = await api.optional('/v1/secrets');
+      if (!answer) return clear(body).appendChild(section('Secrets', null, notConfigured('Managing secrets from the dashboard')));
+      const keychain = answer.keychain || {};
+      clear(body).append(
+        section('Set or replace', 'The value is sent once and never shown back.', form),
+        section('Stored secrets',
+          keychain.available ? `Keychain: ${keychain.detail || 'available'}.` : `No keychain: ${keychain.detail || 'unavailable'}; secrets go to secrets.toml.`,
+          table([
+            ['Name', (s) => h('code', {}, s.name)],
+            ['Stored in', (s) => s.source],
+            ['Used by', (s) => (s.used_by || []).join(', ')],
+            ['', (s) => h('span', { class: 'row' },
+              h('button', { type: 'button', onclick: () => { name.value = s.name; value.focus(); } }, 'Replace'),
+              h('button', { type: 'button', class: 'danger', onclick: () => remove(s) }, 'Delete'))],
+          ], answer.secrets || [], 'No secrets stored yet.')));
+    } catch (err) {
+      failed(body, err);
+    }
+  }
+  load();
+}
