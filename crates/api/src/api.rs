@@ -22,6 +22,7 @@
 //! | `PUT` | `/v1/sessions/{key}/budget` | `200` the same, after setting the session's own limits |
 //! | `GET` | `/v1/usage?since=&session=&engine=` | `200` tokens, dollars and runs: total, per engine, per session |
 //! | `GET` | `/v1/status` | `200` version, uptime, scheduler counters, engines, transports |
+//! | `POST` | `/v1/chat/completions`, `/v1/responses`; `GET` `/v1/models` | OpenAI's shapes (see `openai`) |
 //!
 //! Runs are submitted through the router, so queue modes, resume lines, engine
 //! directives and slash commands work here as in every channel. A body may carry
@@ -34,6 +35,7 @@
 mod config;
 mod cron;
 mod events;
+mod openai;
 mod runs;
 mod sessions;
 mod status;
@@ -120,6 +122,7 @@ pub fn router(state: ApiState) -> Router {
 /// `{"error": …}` fallbacks. `extra` must not repeat a route of the API.
 pub fn router_with(state: ApiState, extra: Router) -> Router {
     let token = BearerToken(state.token.clone());
+    let state_for_openai = state.clone();
     let own = Router::new()
         .route("/v1/runs", post(runs::submit).get(runs::list))
         .route("/v1/runs/{id}", get(runs::get))
@@ -139,11 +142,14 @@ pub fn router_with(state: ApiState, extra: Router) -> Router {
         .route("/v1/cron/{id}/run", post(cron::run))
         .route("/v1/cron/{id}/runs", get(cron::runs))
         .with_state(state);
+    let openai = openai::router(state_for_openai);
     own.merge(extra)
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(token, require_bearer))
+        // Its own token check and fallbacks answer in OpenAI's error shape.
+        .merge(openai)
 }
 
 /// The expected token, as the auth middleware's state.
