@@ -157,13 +157,17 @@ impl Rendering {
             return None;
         }
         self.answer.push_str(text);
-        let mut out = String::new();
-        if self.after_tool_line {
-            out.push('\n');
-            self.after_tool_line = false;
+        if !self.after_tool_line {
+            return Some(self.show(text.to_owned()));
         }
-        out.push_str(text);
-        Some(self.show(out))
+        // One blank line after the tool lines, however the engine separates
+        // its blocks of text.
+        let text = text.trim_start_matches(['\n', '\r']);
+        if text.is_empty() {
+            return None;
+        }
+        self.after_tool_line = false;
+        Some(self.show(format!("\n{text}")))
     }
 
     /// A tool call's line: `▸ <title>` when it starts, `✗ <title>: <message>`

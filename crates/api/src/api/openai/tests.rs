@@ -519,9 +519,10 @@ fn tool_calls_are_lines_of_their_own_between_the_answers_text() {
     failed.ok = Some(false);
     failed.message = Some("no such\nfile".to_owned());
     show(text.action(&failed));
-    show(text.delta("There are 2."));
-    // The engine's final answer is the last turn's text: nothing more to show.
-    let done = Completion::success("There are 2.", None);
+    show(text.delta("\n\n"));
+    show(text.delta("\nThere are 2."));
+    // The answer is what was streamed: nothing more to show.
+    let done = Completion::success("Let me look.\n\n\nThere are 2.", None);
     assert_eq!(text.rest(&done), None);
     assert_eq!(shown, "Let me look.\n▸ ls test\n✗ Read a.txt: no such file\n\nThere are 2.");
 }
