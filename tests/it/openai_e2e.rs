@@ -387,3 +387,56 @@ async fn the_official_openai_python_client_talks_to_the_gateway() {
     assert_eq!(results["failed_stream"]["error"], "APIError");
     assert!(results["failed_stream"]["text"].is_string());
 }
+
+#[tokio::test]
+async fn a_binding_sets_the_queue_mode_and_merged_followups_share_one_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{}[[gateway.bindings]]\ntransport = \"openai\"\nchat_id = \"team\"\nqueue_mode = \"followup\"\n",
+        config(&dir.path().join("claude-args"), 40)
+    );
+    let gateway = Gateway::start(&config).await;
+    let ask = |text: &str, stream: bool| {
+        let body = json!({ "model": "echo", "messages": [{ "role": "user", "content": text }], "stream": stream });
+        chat(&gateway, &body).header("x-lemon-session", "team").send()
+    };
+    // A long answer keeps the session busy while two more messages come.
+    let long: String = (1..=30).map(|i| format!("a{i} ")).collect::<String>().trim_end().to_owned();
+    let first = ask(&long, true).await.unwrap();
+    let mut parser = lemon_gateway::sse::SseParser::default();
+    let mut body = first.bytes_stream();
+    let mut streamed = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while !streamed.iter().any(|data: &String| data.contains("\"content\":\"a1 \"")) {
+            let chunk = body.next().await.expect("more of the stream").unwrap();
+            streamed.extend(parser.push(&chunk).into_iter().map(|event| event.data));
+        }
+    })
+    .await
+    .expect("the first answer starts in time");
+    let (bee, sea) = tokio::join!(ask("bee", false), ask("sea", false));
+    let (bee, sea): (Value, Value) =
+        (bee.unwrap().json().await.unwrap(), sea.unwrap().json().await.unwrap());
+    let answer = |completion: &Value| {
+        completion["choices"][0]["message"]["content"].as_str().unwrap().to_owned()
+    };
+    // The two followups were merged into one turn, which answers both.
+    assert_eq!(answer(&bee), answer(&sea));
+    let merged = answer(&bee);
+    assert!(merged == "bee\nsea" || merged == "sea\nbee", "{merged}");
+    // The first answer was not disturbed.
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(chunk) = body.next().await {
+            streamed.extend(parser.push(&chunk.unwrap()).into_iter().map(|event| event.data));
+        }
+    })
+    .await
+    .expect("the first answer ends in time");
+    assert_eq!(streamed.last().unwrap(), "[DONE]");
+    let text: String = streamed
+        .iter()
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(text, long);
+}

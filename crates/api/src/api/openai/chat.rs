@@ -4,7 +4,6 @@
 //! chunk with `finish_reason`, the usage chunk when asked for
 //! (`stream_options.include_usage`) and reported, then `data: [DONE]`.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 
 use axum::body::Bytes;
@@ -20,7 +19,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::OpenAiError;
-use super::follow::{AnswerStream, Step};
+use super::follow::{rendered, AnswerStream, Render, Step};
 use super::turns::{Role, Turn};
 use super::{input_tokens, json_body, lemon_headers, reported_usage, unix_now, Target};
 use crate::api::ApiState;
@@ -124,10 +123,9 @@ pub(super) async fn create(
     let include_usage =
         request.stream_options.as_ref().and_then(|options| options.include_usage).unwrap_or(false);
     let stream = request.stream.unwrap_or(false);
-    let submitted = target.submit(&state, prompt).await?;
-    let mut response = match submitted {
+    let chunks = Chunks { id, model, created, include_usage };
+    let mut response = match target.submit(&state, prompt).await? {
         Submitted::Command { reply, .. } => {
-            let chunks = Chunks { id, model, created, include_usage };
             if stream {
                 sse_of(futures::stream::iter(chunks.whole(&reply)))
             } else {
@@ -135,10 +133,10 @@ pub(super) async fn create(
             }
         }
         Submitted::Run(_, follower) => {
-            let chunks = Chunks { id, model, created, include_usage };
             let answer = AnswerStream::new(state.router.clone(), follower, state.shutdown.clone());
             if stream {
-                sse_of(chunk_stream(chunks, answer))
+                let role = vec![Ok(chunks.role())];
+                sse_of(rendered(role, chunks, answer))
             } else {
                 let completion = answer_of(answer).await?;
                 let usage = reported_usage(&completion.usage).map(|u| usage_json(&u));
@@ -261,37 +259,25 @@ fn usage_json(usage: &lemon_core::budget::usage::ReportedUsage) -> Value {
 
 /// The chunks of a followed run, ending with `[DONE]`; a failed run ends with
 /// an error object instead, as OpenAI's stream does.
-fn chunk_stream(
-    chunks: Chunks,
-    answer: AnswerStream,
-) -> impl futures::Stream<Item = Result<Event, Infallible>> + Send + 'static {
-    let queued = VecDeque::from([chunks.role()]);
-    futures::stream::unfold(
-        (chunks, Some(answer), queued),
-        |(chunks, mut answer, mut queued)| async move {
-            loop {
-                if let Some(event) = queued.pop_front() {
-                    return Some((Ok(event), (chunks, answer, queued)));
-                }
-                match answer.as_mut()?.next().await? {
-                    Step::Text(text) => queued.push_back(chunks.content(&text)),
-                    Step::End(completion) => {
-                        answer = None;
-                        if let Some(error) = OpenAiError::of_completion(&completion) {
-                            queued.push_back(data(&error.body()));
-                            continue;
-                        }
-                        queued.push_back(chunks.finish());
-                        let usage = reported_usage(&completion.usage);
-                        if let Some(usage) = usage.filter(|_| chunks.include_usage) {
-                            queued.push_back(chunks.usage(usage_json(&usage)));
-                        }
-                        queued.push_back(done());
-                    }
-                }
-            }
-        },
-    )
+impl Render for Chunks {
+    type Item = Result<Event, Infallible>;
+
+    fn text(&mut self, text: &str) -> Vec<Self::Item> {
+        vec![Ok(self.content(text))]
+    }
+
+    fn end(&mut self, completion: &Completion) -> Vec<Self::Item> {
+        if let Some(error) = OpenAiError::of_completion(completion) {
+            return vec![Ok(data(&error.body()))];
+        }
+        let mut out = vec![Ok(self.finish())];
+        let usage = reported_usage(&completion.usage);
+        if let Some(usage) = usage.filter(|_| self.include_usage) {
+            out.push(Ok(self.usage(usage_json(&usage))));
+        }
+        out.push(Ok(done()));
+        out
+    }
 }
 
 pub(super) fn sse_of<S>(stream: S) -> Response

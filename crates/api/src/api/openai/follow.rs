@@ -7,7 +7,7 @@
 //! followed on. Tool calls become text lines because an OpenAI client would
 //! otherwise try to run them itself.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use lemon_core::bus::{BusEvent, EventKind};
@@ -123,6 +123,41 @@ impl AnswerStream {
             }
         }
     }
+}
+
+/// How a stream of one API shape is made of a followed run's steps.
+pub(crate) trait Render: Send + 'static {
+    type Item: Send + 'static;
+    /// The items of a piece of text.
+    fn text(&mut self, text: &str) -> Vec<Self::Item>;
+    /// The items that end the stream.
+    fn end(&mut self, completion: &Completion) -> Vec<Self::Item>;
+}
+
+/// `first`, then the items `render` makes of the run's steps, in order.
+pub(crate) fn rendered<R: Render>(
+    first: Vec<R::Item>,
+    render: R,
+    answer: AnswerStream,
+) -> impl futures::Stream<Item = R::Item> + Send + 'static {
+    let queued = VecDeque::from(first);
+    futures::stream::unfold(
+        (render, Some(answer), queued),
+        |(mut render, mut answer, mut queued)| async move {
+            loop {
+                if let Some(item) = queued.pop_front() {
+                    return Some((item, (render, answer, queued)));
+                }
+                match answer.as_mut()?.next().await? {
+                    Step::Text(text) => queued.extend(render.text(&text)),
+                    Step::End(completion) => {
+                        queued.extend(render.end(&completion));
+                        answer = None;
+                    }
+                }
+            }
+        },
+    )
 }
 
 /// The text a client is shown of a run: the answer's deltas as they come, a

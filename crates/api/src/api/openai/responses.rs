@@ -7,7 +7,6 @@
 //! `previous_response_id` continues that response's session: the id is
 //! `resp_<run id>`.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 
 use axum::body::Bytes;
@@ -25,7 +24,7 @@ use serde_json::{json, Value};
 
 use super::chat::{answer_of, sse_of, Content};
 use super::error::OpenAiError;
-use super::follow::{AnswerStream, Step};
+use super::follow::{rendered, AnswerStream, Render};
 use super::turns::{Role, Turn};
 use super::{input_tokens, json_body, lemon_headers, reported_usage, unix_now, Target};
 use crate::api::ApiState;
@@ -96,17 +95,13 @@ pub(super) async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OpenAiError> {
     let request: ResponsesRequest = json_body(&headers, body).await?;
-    let mut turns = request.turns()?;
+    let turns = request.turns()?;
     let previous = match request.previous_response_id.as_deref() {
         Some(id) => Some(previous_session(&state, id).await?),
         None => None,
     };
     let target =
         Target::resolve(request.model.as_deref(), &headers, request.user.as_deref(), previous)?;
-    if turns.last().is_some_and(|turn| turn.role == Role::System) {
-        // Instructions alone are not a prompt.
-        turns.clear();
-    }
     let prompt = target.prompt(&state, &turns, "input").await?;
     let shape = Shape {
         id: format!("resp_{}", target.run_id),
@@ -131,7 +126,9 @@ pub(super) async fn create(
         Submitted::Run(_, follower) => {
             let answer = AnswerStream::new(state.router.clone(), follower, state.shutdown.clone());
             if stream {
-                sse_of(event_stream(Events::new(shape), answer))
+                let mut events = Events::new(shape);
+                let start = events.start().into_iter().map(Ok).collect();
+                sse_of(rendered(start, events, answer))
             } else {
                 let completion = answer_of(answer).await?;
                 let usage = reported_usage(&completion.usage).map(|u| usage_json(&u));
@@ -292,29 +289,14 @@ impl Events {
     }
 }
 
-/// The events of a followed run.
-fn event_stream(
-    events: Events,
-    answer: AnswerStream,
-) -> impl futures::Stream<Item = Result<Event, Infallible>> + Send + 'static {
-    let mut queued = VecDeque::new();
-    let mut events = events;
-    queued.extend(events.start());
-    futures::stream::unfold(
-        (events, Some(answer), queued),
-        |(mut events, mut answer, mut queued)| async move {
-            loop {
-                if let Some(event) = queued.pop_front() {
-                    return Some((Ok(event), (events, answer, queued)));
-                }
-                match answer.as_mut()?.next().await? {
-                    Step::Text(text) => queued.push_back(events.delta(&text)),
-                    Step::End(completion) => {
-                        queued.extend(events.finish(&completion));
-                        answer = None;
-                    }
-                }
-            }
-        },
-    )
+impl Render for Events {
+    type Item = Result<Event, Infallible>;
+
+    fn text(&mut self, text: &str) -> Vec<Self::Item> {
+        vec![Ok(self.delta(text))]
+    }
+
+    fn end(&mut self, completion: &Completion) -> Vec<Self::Item> {
+        self.finish(completion).into_iter().map(Ok).collect()
+    }
 }

@@ -427,6 +427,11 @@ async fn a_response_is_the_answer_as_one_message_item() {
         &error,
         (StatusCode::BAD_REQUEST, "invalid_request_error", Some("previous_response_not_found")),
     );
+    // Instructions alone are not a prompt.
+    let body = json!({ "model": "echo", "instructions": "Be brief." });
+    let (status, _, error) = post_json(&gw, "/v1/responses", body).await;
+    check_error(status, &error, (StatusCode::BAD_REQUEST, "invalid_request_error", None));
+    assert_eq!(error["error"]["param"], "input");
     let body = json!({ "model": "echo", "input": [{ "type": "function_call_output", "call_id": "c", "output": "1" }] });
     let (status, _, error) = post_json(&gw, "/v1/responses", body).await;
     check_error(status, &error, (StatusCode::BAD_REQUEST, "invalid_request_error", None));
