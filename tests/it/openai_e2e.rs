@@ -232,6 +232,11 @@ async fn a_failed_run_is_an_openai_error_and_is_not_retried_by_the_client() {
     assert_eq!(response.status(), 400);
     let error: Value = response.json().await.unwrap();
     assert_eq!(error["error"]["code"], "model_not_found", "{error}");
+    // It names the models there are, as `GET /v1/models` lists them: not the
+    // engines whose CLI is missing.
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("claude") && message.contains("echo"), "{message}");
+    assert!(!message.contains("opencode"), "{message}");
 }
 
 #[tokio::test]

@@ -244,7 +244,13 @@ impl Target {
                 topic_id: None,
             }),
         };
-        Ok(state.router.submit(req).await?)
+        state.router.submit(req).await.map_err(|err| match err {
+            // Named by what `GET /v1/models` lists.
+            RouteError::UnknownEngine { engine, .. } => {
+                OpenAiError::unknown_model(&engine, &available_engines(state))
+            }
+            other => other.into(),
+        })
     }
 }
 
