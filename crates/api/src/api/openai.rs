@@ -97,7 +97,7 @@ fn unix_now() -> u64 {
 
 /// A JSON body with every failure (no JSON content type, too large, not
 /// parseable) in OpenAI's shape.
-async fn json_body<T: DeserializeOwned>(
+fn json_body<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, OpenAiError> {
@@ -184,6 +184,7 @@ impl Target {
                 OpenAiError::invalid("invalid X-Lemon-Session: use printable text")
             })?),
         };
+        let header = header.filter(|raw| !raw.trim().is_empty());
         let named = match (header, user) {
             (Some(raw), _) => Some(session_key(raw, "X-Lemon-Session")?),
             (None, Some(raw)) if !raw.trim().is_empty() => Some(session_key(raw, "user")?),

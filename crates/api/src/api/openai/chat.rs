@@ -112,7 +112,7 @@ pub(super) async fn create(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OpenAiError> {
-    let request: ChatRequest = json_body(&headers, body).await?;
+    let request: ChatRequest = json_body(&headers, body)?;
     let turns = request.turns()?;
     let target =
         Target::resolve(request.model.as_deref(), &headers, request.user.as_deref(), None)?;

@@ -94,7 +94,7 @@ pub(super) async fn create(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OpenAiError> {
-    let request: ResponsesRequest = json_body(&headers, body).await?;
+    let request: ResponsesRequest = json_body(&headers, body)?;
     let turns = request.turns()?;
     let previous = match request.previous_response_id.as_deref() {
         Some(id) => Some(previous_session(&state, id).await?),

@@ -190,6 +190,15 @@ async fn earlier_messages_go_before_the_prompt_until_the_session_holds_them() {
     assert_eq!(headers["x-lemon-session"], "alice");
     let reply: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(reply["choices"][0]["message"]["content"], "second");
+
+    // A blank header names nothing: `user` does.
+    let mut req = post(
+        "/v1/chat/completions",
+        &json!({ "model": "echo", "messages": messages, "user": "alice" }),
+    );
+    req.headers_mut().insert("x-lemon-session", " ".parse().unwrap());
+    let (_, headers, _) = send(&gw, req).await;
+    assert_eq!(headers["x-lemon-session"], "alice");
 }
 
 #[tokio::test]
