@@ -227,6 +227,21 @@ async fn a_failed_run_is_an_openai_error_and_is_not_retried_by_the_client() {
     assert_eq!(last["error"]["code"], "engine_error", "{events:?}");
     assert!(events.iter().all(|(_, data)| data != "[DONE]"));
 
+    // A response fails as the Responses API does: `response.failed` with the error.
+    let body = json!({ "model": "codex", "input": "fix it", "stream": true });
+    let response =
+        gateway.post("/v1/responses").json(&body).timeout(PATIENCE).send().await.unwrap();
+    let events = sse(response).await;
+    let (name, data) = events.last().unwrap();
+    assert_eq!(name, "response.failed", "{events:?}");
+    let failed: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(failed["response"]["status"], "failed", "{failed}");
+    assert_eq!(failed["response"]["error"]["code"], "engine_error", "{failed}");
+    let body = json!({ "model": "codex", "input": "fix it" });
+    let response =
+        gateway.post("/v1/responses").json(&body).timeout(PATIENCE).send().await.unwrap();
+    assert_eq!(response.status(), 502);
+
     let body = json!({ "model": "gemini", "messages": [{ "role": "user", "content": "hi" }] });
     let response = chat(&gateway, &body).send().await.unwrap();
     assert_eq!(response.status(), 400);
