@@ -22,6 +22,7 @@ mod hardening_e2e;
 mod http_hardening;
 mod llm_clients;
 mod native_e2e;
+mod openai_e2e;
 mod reload_e2e;
 mod retry_e2e;
 mod router_crash;

@@ -25,6 +25,7 @@
 //! | `GET` | `/v1/config` | `200` the config in force, its generation, pending and refused edits |
 //! | `GET` | `/v1/config/file` | `200 {"path", "exists", "text"}`: config.toml as written |
 //! | `PUT` | `/v1/config` | `200 {"saved", "warnings"}` once checked and written; `422 {"error", "line", "column"}` |
+//! | `POST` | `/v1/chat/completions`, `/v1/responses`; `GET` `/v1/models` | OpenAI's shapes (see `openai`) |
 //!
 //! Runs are submitted through the router, so queue modes, resume lines, engine
 //! directives and slash commands work here as in every channel. A body may carry
@@ -39,6 +40,7 @@
 mod config;
 mod cron;
 mod events;
+mod openai;
 mod runs;
 mod sessions;
 mod status;
@@ -132,6 +134,7 @@ pub fn router(state: ApiState) -> Router {
 /// The dashboard (`/`, `/ui/…`) is served beside them without the token.
 pub fn router_with(state: ApiState, extra: Router) -> Router {
     let token = BearerToken(state.token.clone());
+    let state_for_openai = state.clone();
     let own = Router::new()
         .route("/v1/runs", post(runs::submit).get(runs::list))
         .route("/v1/runs/{id}", get(runs::get))
@@ -152,12 +155,15 @@ pub fn router_with(state: ApiState, extra: Router) -> Router {
         .route("/v1/cron/{id}/run", post(cron::run))
         .route("/v1/cron/{id}/runs", get(cron::runs))
         .with_state(state);
+    let openai = openai::router(state_for_openai);
     let protected = own
         .merge(extra)
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn_with_state(token, require_bearer));
+        .layer(middleware::from_fn_with_state(token, require_bearer))
+        // Its own token check and fallbacks answer in OpenAI's error shape.
+        .merge(openai);
     crate::dashboard::router().merge(protected)
 }
 

@@ -37,8 +37,8 @@ fn words(n: usize) -> String {
 }
 
 /// A gateway with the echo engine and an API state over it.
-struct TestGateway {
-    state: ApiState,
+pub(super) struct TestGateway {
+    pub(super) state: ApiState,
     bus: EventBus,
     store: StoreHandle,
     /// The gateway's own token; cancelled on drop.
@@ -47,7 +47,7 @@ struct TestGateway {
 }
 
 impl TestGateway {
-    fn start(word_delay: Duration) -> Self {
+    pub(super) fn start(word_delay: Duration) -> Self {
         TestGateway::with_max(word_delay, 2)
     }
 
@@ -60,7 +60,7 @@ impl TestGateway {
         TestGateway::with_config(word_delay, config, bus)
     }
 
-    fn with_config(word_delay: Duration, config: RuntimeConfig, bus: EventBus) -> Self {
+    pub(super) fn with_config(word_delay: Duration, config: RuntimeConfig, bus: EventBus) -> Self {
         let tracker = TaskTracker::new();
         let token = CancellationToken::new();
         let mut engines = EngineRegistry::new();
@@ -100,7 +100,7 @@ impl TestGateway {
         TestGateway { state, bus, store, token, tracker }
     }
 
-    fn router(&self) -> Router {
+    pub(super) fn router(&self) -> Router {
         router(self.state.clone())
     }
 

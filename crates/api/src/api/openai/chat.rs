@@ -1,0 +1,288 @@
+//! `POST /v1/chat/completions`: a `chat.completion`, or with `stream: true`
+//! Server-Sent Events of `chat.completion.chunk`s: the assistant's role, the
+//! content in pieces (the engine's tool calls as text lines among them), a last
+//! chunk with `finish_reason`, the usage chunk when asked for
+//! (`stream_options.include_usage`) and reported, then `data: [DONE]`.
+
+use std::convert::Infallible;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use lemon_core::engine::Completion;
+use lemon_core::router::Submitted;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::OpenAiError;
+use super::follow::{rendered, AnswerStream, Render, Step};
+use super::turns::{Role, Turn};
+use super::{input_tokens, json_body, lemon_headers, reported_usage, unix_now, Target};
+use crate::api::ApiState;
+
+/// The request body; fields OpenAI defines that an engine has no use for
+/// (`temperature`, `max_tokens`, `tools`…) are accepted and ignored.
+#[derive(Debug, Deserialize)]
+pub(super) struct ChatRequest {
+    model: Option<String>,
+    messages: Option<Vec<Message>>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    user: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    role: String,
+    content: Option<Content>,
+}
+
+/// A message's content: text, or a list of parts of which only text is taken.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+impl Content {
+    /// The text of the content; the text parts joined by newlines.
+    ///
+    /// # Errors
+    /// A `400` for a part that is not text (an image, audio, a file).
+    pub(super) fn text(&self, param: &'static str) -> Result<String, OpenAiError> {
+        match self {
+            Content::Text(text) => Ok(text.clone()),
+            Content::Parts(parts) => {
+                let mut texts = Vec::with_capacity(parts.len());
+                for part in parts {
+                    match (part.kind.as_str(), &part.text) {
+                        ("text" | "input_text" | "output_text", Some(text)) => {
+                            texts.push(text.as_str())
+                        }
+                        (kind, _) => {
+                            return Err(OpenAiError::invalid(format!(
+                                "content of type {kind:?} is not supported: send text"
+                            ))
+                            .with_param(param))
+                        }
+                    }
+                }
+                Ok(texts.join("\n"))
+            }
+        }
+    }
+}
+
+impl ChatRequest {
+    fn turns(&self) -> Result<Vec<Turn>, OpenAiError> {
+        let messages = self.messages.as_deref().unwrap_or_default();
+        messages
+            .iter()
+            .map(|message| {
+                let role = Role::parse(&message.role)?;
+                let text = match &message.content {
+                    Some(content) => content.text("messages")?,
+                    None => String::new(),
+                };
+                Ok(Turn { role, text })
+            })
+            .collect()
+    }
+}
+
+pub(super) async fn create(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, OpenAiError> {
+    let request: ChatRequest = json_body(&headers, body)?;
+    let turns = request.turns()?;
+    let target =
+        Target::resolve(request.model.as_deref(), &headers, request.user.as_deref(), None)?;
+    let prompt = target.prompt(&state, &turns, "messages").await?;
+    let model = target.engine.to_string();
+    let id = format!("chatcmpl-{}", target.run_id);
+    let created = unix_now();
+    let include_usage =
+        request.stream_options.as_ref().and_then(|options| options.include_usage).unwrap_or(false);
+    let stream = request.stream.unwrap_or(false);
+    let chunks = Chunks { id, model, created, include_usage };
+    let mut response = match target.submit(&state, prompt).await? {
+        Submitted::Command { reply, .. } => {
+            if stream {
+                sse_of(futures::stream::iter(chunks.whole(&reply)))
+            } else {
+                Json(completion_json(&chunks, &reply, None)).into_response()
+            }
+        }
+        Submitted::Run(_, follower) => {
+            let answer = AnswerStream::new(state.router.clone(), follower, state.shutdown.clone());
+            if stream {
+                let role = vec![Ok(chunks.role())];
+                sse_of(rendered(role, chunks, answer))
+            } else {
+                let completion = answer_of(answer).await?;
+                let usage = reported_usage(&completion.usage).map(|u| usage_json(&u));
+                Json(completion_json(&chunks, &completion.answer, usage)).into_response()
+            }
+        }
+    };
+    lemon_headers(&mut response, &target.run_id, &target.session);
+    Ok(response)
+}
+
+/// The run's completion, once it succeeded; its error in OpenAI's shape if not.
+pub(super) async fn answer_of(mut answer: AnswerStream) -> Result<Completion, OpenAiError> {
+    while let Some(step) = answer.next().await {
+        if let Step::End(completion) = step {
+            return match OpenAiError::of_completion(&completion) {
+                None => Ok(completion),
+                Some(error) => Err(error),
+            };
+        }
+    }
+    Err(crate::error::ApiError::ShuttingDown.into())
+}
+
+/// What every chunk and the whole completion share.
+#[derive(Debug, Clone)]
+struct Chunks {
+    id: String,
+    model: String,
+    created: u64,
+    include_usage: bool,
+}
+
+impl Chunks {
+    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": [{
+                "index": 0,
+                "delta": delta,
+                "logprobs": null,
+                "finish_reason": finish_reason,
+            }],
+        });
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    fn role(&self) -> Event {
+        data(&self.chunk(json!({ "role": "assistant", "content": "" }), None))
+    }
+
+    fn content(&self, text: &str) -> Event {
+        data(&self.chunk(json!({ "content": text }), None))
+    }
+
+    fn finish(&self) -> Event {
+        data(&self.chunk(json!({}), Some("stop")))
+    }
+
+    fn usage(&self, usage: Value) -> Event {
+        data(&json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": [],
+            "usage": usage,
+        }))
+    }
+
+    /// A whole answer known at once (a slash command's reply), as a stream.
+    fn whole(&self, text: &str) -> Vec<Result<Event, Infallible>> {
+        [self.role(), self.content(text), self.finish(), done()].into_iter().map(Ok).collect()
+    }
+}
+
+fn data(value: &Value) -> Event {
+    Event::default().data(value.to_string())
+}
+
+fn done() -> Event {
+    Event::default().data("[DONE]")
+}
+
+/// The non-streamed object.
+fn completion_json(chunks: &Chunks, content: &str, usage: Option<Value>) -> Value {
+    json!({
+        "id": chunks.id,
+        "object": "chat.completion",
+        "created": chunks.created,
+        "model": chunks.model,
+        "system_fingerprint": null,
+        "choices": [{
+            "index": 0,
+            "message": { "role": "assistant", "content": content, "refusal": null },
+            "logprobs": null,
+            "finish_reason": "stop",
+        }],
+        "usage": usage,
+    })
+}
+
+fn usage_json(usage: &lemon_core::budget::usage::ReportedUsage) -> Value {
+    let prompt = input_tokens(usage);
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": prompt + usage.output_tokens,
+        "prompt_tokens_details": { "cached_tokens": usage.cache_read_tokens },
+    })
+}
+
+/// The chunks of a followed run, ending with `[DONE]`; a failed run ends with
+/// an error object instead, as OpenAI's stream does.
+impl Render for Chunks {
+    type Item = Result<Event, Infallible>;
+
+    fn text(&mut self, text: &str) -> Vec<Self::Item> {
+        vec![Ok(self.content(text))]
+    }
+
+    fn end(&mut self, completion: &Completion) -> Vec<Self::Item> {
+        if let Some(error) = OpenAiError::of_completion(completion) {
+            return vec![Ok(data(&error.body()))];
+        }
+        let mut out = vec![Ok(self.finish())];
+        let usage = reported_usage(&completion.usage);
+        if let Some(usage) = usage.filter(|_| self.include_usage) {
+            out.push(Ok(self.usage(usage_json(&usage))));
+        }
+        out.push(Ok(done()));
+        out
+    }
+}
+
+pub(super) fn sse_of<S>(stream: S) -> Response
+where
+    S: futures::Stream<Item = Result<Event, Infallible>> + Send + 'static,
+{
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+}

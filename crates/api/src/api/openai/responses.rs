@@ -1,0 +1,302 @@
+//! `POST /v1/responses`: a `response` object, or with `stream: true` the
+//! Responses API's events: `response.created`, `response.in_progress`, the
+//! message item and its text part added, `response.output_text.delta`s (the
+//! engine's tool calls as text lines among them), the text, part and item done,
+//! and `response.completed` with the usage, or `response.failed`.
+//!
+//! `previous_response_id` continues that response's session: the id is
+//! `resp_<run id>`.
+
+use std::convert::Infallible;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use lemon_core::engine::Completion;
+use lemon_core::ids::{RunId, SessionKey};
+use lemon_core::router::Submitted;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::chat::{answer_of, sse_of, Content};
+use super::error::OpenAiError;
+use super::follow::{rendered, AnswerStream, Render};
+use super::turns::{Role, Turn};
+use super::{input_tokens, json_body, lemon_headers, reported_usage, unix_now, Target};
+use crate::api::ApiState;
+
+/// The request body; fields an engine has no use for (`temperature`, `tools`,
+/// `reasoning`…) are accepted and ignored.
+#[derive(Debug, Deserialize)]
+pub(super) struct ResponsesRequest {
+    model: Option<String>,
+    input: Option<Input>,
+    instructions: Option<String>,
+    stream: Option<bool>,
+    user: Option<String>,
+    previous_response_id: Option<String>,
+}
+
+/// The input: a user message as text, or a list of message items.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Input {
+    Text(String),
+    Items(Vec<InputItem>),
+}
+
+#[derive(Debug, Deserialize)]
+struct InputItem {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    role: Option<String>,
+    content: Option<Content>,
+}
+
+impl ResponsesRequest {
+    fn turns(&self) -> Result<Vec<Turn>, OpenAiError> {
+        let mut turns = Vec::new();
+        if let Some(instructions) = &self.instructions {
+            turns.push(Turn { role: Role::System, text: instructions.clone() });
+        }
+        match &self.input {
+            None => {}
+            Some(Input::Text(text)) => turns.push(Turn { role: Role::User, text: text.clone() }),
+            Some(Input::Items(items)) => {
+                for item in items {
+                    if let Some(kind) = item.kind.as_deref().filter(|kind| *kind != "message") {
+                        return Err(OpenAiError::invalid(format!(
+                            "input items of type {kind:?} are not supported: send messages"
+                        ))
+                        .with_param("input"));
+                    }
+                    let role = item.role.as_deref().ok_or_else(|| {
+                        OpenAiError::invalid("every input message needs a role").with_param("input")
+                    })?;
+                    let text = match &item.content {
+                        Some(content) => content.text("input")?,
+                        None => String::new(),
+                    };
+                    turns.push(Turn { role: Role::parse(role)?, text });
+                }
+            }
+        }
+        Ok(turns)
+    }
+}
+
+pub(super) async fn create(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, OpenAiError> {
+    let request: ResponsesRequest = json_body(&headers, body)?;
+    let turns = request.turns()?;
+    let previous = match request.previous_response_id.as_deref() {
+        Some(id) => Some(previous_session(&state, id).await?),
+        None => None,
+    };
+    let target =
+        Target::resolve(request.model.as_deref(), &headers, request.user.as_deref(), previous)?;
+    let prompt = target.prompt(&state, &turns, "input").await?;
+    let shape = Shape {
+        id: format!("resp_{}", target.run_id),
+        message_id: format!("msg_{}", target.run_id),
+        model: target.engine.to_string(),
+        created_at: unix_now(),
+        instructions: request.instructions.clone(),
+    };
+    let stream = request.stream.unwrap_or(false);
+    let mut response = match target.submit(&state, prompt).await? {
+        Submitted::Command { reply, .. } => {
+            if stream {
+                let mut events = Events::new(shape);
+                let mut out = events.start();
+                out.push(events.delta(&reply));
+                out.extend(events.finish(&Completion::success(reply, None)));
+                sse_of(futures::stream::iter(out.into_iter().map(Ok)))
+            } else {
+                Json(shape.completed(&reply, None)).into_response()
+            }
+        }
+        Submitted::Run(_, follower) => {
+            let answer = AnswerStream::new(state.router.clone(), follower, state.shutdown.clone());
+            if stream {
+                let mut events = Events::new(shape);
+                let start = events.start().into_iter().map(Ok).collect();
+                sse_of(rendered(start, events, answer))
+            } else {
+                let completion = answer_of(answer).await?;
+                let usage = reported_usage(&completion.usage).map(|u| usage_json(&u));
+                Json(shape.completed(&completion.answer, usage)).into_response()
+            }
+        }
+    };
+    lemon_headers(&mut response, &target.run_id, &target.session);
+    Ok(response)
+}
+
+/// The session of an earlier response, from its id `resp_<run id>`.
+async fn previous_session(state: &ApiState, id: &str) -> Result<SessionKey, OpenAiError> {
+    let not_found = || {
+        OpenAiError::invalid(format!("previous response {id:?} not found"))
+            .with_code("previous_response_not_found")
+            .with_param("previous_response_id")
+    };
+    let run_id = id.strip_prefix("resp_").and_then(RunId::parse).ok_or_else(not_found)?;
+    let record = state.runs.get(&run_id).await.map_err(crate::error::ApiError::from)?;
+    let record = record.ok_or_else(not_found)?;
+    Ok(record.session_key)
+}
+
+/// What the response object and every event share.
+#[derive(Debug, Clone)]
+struct Shape {
+    id: String,
+    message_id: String,
+    model: String,
+    created_at: u64,
+    instructions: Option<String>,
+}
+
+impl Shape {
+    fn response(&self, status: &str, output: Vec<Value>, usage: Option<Value>) -> Value {
+        json!({
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": null,
+            "incomplete_details": null,
+            "instructions": self.instructions,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": false,
+            "tool_choice": "none",
+            "tools": [],
+            "metadata": {},
+            "usage": usage,
+        })
+    }
+
+    fn text_part(text: &str) -> Value {
+        json!({ "type": "output_text", "text": text, "annotations": [] })
+    }
+
+    fn message(&self, status: &str, content: Vec<Value>) -> Value {
+        json!({
+            "id": self.message_id,
+            "type": "message",
+            "status": status,
+            "role": "assistant",
+            "content": content,
+        })
+    }
+
+    fn completed(&self, text: &str, usage: Option<Value>) -> Value {
+        let message = self.message("completed", vec![Shape::text_part(text)]);
+        self.response("completed", vec![message], usage)
+    }
+}
+
+fn usage_json(usage: &lemon_core::budget::usage::ReportedUsage) -> Value {
+    let input = input_tokens(usage);
+    json!({
+        "input_tokens": input,
+        "input_tokens_details": { "cached_tokens": usage.cache_read_tokens },
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": { "reasoning_tokens": 0 },
+        "total_tokens": input + usage.output_tokens,
+    })
+}
+
+/// The events of one response, numbered as they are made.
+#[derive(Debug)]
+struct Events {
+    shape: Shape,
+    sequence: u64,
+    /// The text streamed so far, for the `done` events.
+    text: String,
+}
+
+impl Events {
+    fn new(shape: Shape) -> Self {
+        Events { shape, sequence: 0, text: String::new() }
+    }
+
+    fn event(&mut self, kind: &str, mut body: Value) -> Event {
+        body["type"] = json!(kind);
+        body["sequence_number"] = json!(self.sequence);
+        self.sequence += 1;
+        Event::default().event(kind).data(body.to_string())
+    }
+
+    fn item_ref(&self) -> Value {
+        json!({ "item_id": self.shape.message_id, "output_index": 0, "content_index": 0 })
+    }
+
+    /// From `response.created` to the empty text part.
+    fn start(&mut self) -> Vec<Event> {
+        let response = self.shape.response("in_progress", Vec::new(), None);
+        let item = self.shape.message("in_progress", Vec::new());
+        let mut part = self.item_ref();
+        part["part"] = Shape::text_part("");
+        vec![
+            self.event("response.created", json!({ "response": response })),
+            self.event("response.in_progress", json!({ "response": response })),
+            self.event("response.output_item.added", json!({ "output_index": 0, "item": item })),
+            self.event("response.content_part.added", part),
+        ]
+    }
+
+    fn delta(&mut self, text: &str) -> Event {
+        self.text.push_str(text);
+        let mut body = self.item_ref();
+        body["delta"] = json!(text);
+        body["logprobs"] = json!([]);
+        self.event("response.output_text.delta", body)
+    }
+
+    /// The text, part and item done, then `response.completed`; or
+    /// `response.failed` with the run's error.
+    fn finish(&mut self, completion: &Completion) -> Vec<Event> {
+        if let Some(error) = OpenAiError::of_completion(completion) {
+            let mut response = self.shape.response("failed", Vec::new(), None);
+            response["error"] = json!({ "code": error.code, "message": error.message });
+            return vec![self.event("response.failed", json!({ "response": response }))];
+        }
+        let text = self.text.clone();
+        let part = Shape::text_part(&text);
+        let item = self.shape.message("completed", vec![part.clone()]);
+        let usage = reported_usage(&completion.usage).map(|u| usage_json(&u));
+        let mut response = self.shape.response("completed", vec![item.clone()], usage);
+        response["output"] = json!([item]);
+        let mut text_done = self.item_ref();
+        text_done["text"] = json!(text);
+        text_done["logprobs"] = json!([]);
+        let mut part_done = self.item_ref();
+        part_done["part"] = part;
+        vec![
+            self.event("response.output_text.done", text_done),
+            self.event("response.content_part.done", part_done),
+            self.event("response.output_item.done", json!({ "output_index": 0, "item": item })),
+            self.event("response.completed", json!({ "response": response })),
+        ]
+    }
+}
+
+impl Render for Events {
+    type Item = Result<Event, Infallible>;
+
+    fn text(&mut self, text: &str) -> Vec<Self::Item> {
+        vec![Ok(self.delta(text))]
+    }
+
+    fn end(&mut self, completion: &Completion) -> Vec<Self::Item> {
+        self.finish(completion).into_iter().map(Ok).collect()
+    }
+}
