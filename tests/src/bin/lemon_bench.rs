@@ -444,9 +444,13 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
     let pid = child.id().ok_or_else(|| anyhow::anyhow!("server exited"))?.to_string();
     let client = reqwest::Client::new();
     let mut turn = 0usize;
-    let mut send = |prompt: String| {
+    let mut send = |prompt: String, engine: &str| {
         turn += 1;
-        let body = serde_json::json!({ "prompt": prompt, "session_key": format!("t{turn}") });
+        let body = serde_json::json!({
+            "prompt": prompt,
+            "session_key": format!("t{turn}"),
+            "engine": engine,
+        });
         let request = client.post(format!("{hook}bench")).bearer_auth(HOOK_TOKEN).json(&body);
         async move {
             let began = Instant::now();
@@ -460,7 +464,8 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
     };
     // Warm-up: connections, the store, the allocator.
     for n in 0..50 {
-        send(format!("warm-up {n}")).await?;
+        send(format!("warm-up {n}"), "lemon").await?;
+        send(format!("warm-up {n}"), "echo").await?;
     }
     let phase = |latencies: Vec<Duration>, cpu: Duration| {
         let mut us: Vec<u64> = latencies.iter().map(|d| d.as_micros() as u64).collect();
@@ -473,11 +478,22 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
             "gateway_cpu_per_turn_us": (cpu.as_secs_f64() * 1e6 / turns).round(),
         })
     };
+    // The same path with the echo engine: what the webhook, router, runtime
+    // and store cost without the native engine and its model request.
     let cpu_before = cpu_time(&pid)?;
     let mut latencies = Vec::with_capacity(text);
     for n in 0..text {
         let prompt = format!("hello from the benchmark {n}");
-        let (elapsed, answer) = send(prompt.clone()).await?;
+        let (elapsed, answer) = send(prompt.clone(), "echo").await?;
+        anyhow::ensure!(answer["answer"] == prompt.as_str(), "an echoed answer: {answer}");
+        latencies.push(elapsed);
+    }
+    let echo_phase = phase(latencies, cpu_time(&pid)?.saturating_sub(cpu_before));
+    let cpu_before = cpu_time(&pid)?;
+    let mut latencies = Vec::with_capacity(text);
+    for n in 0..text {
+        let prompt = format!("hello from the benchmark {n}");
+        let (elapsed, answer) = send(prompt.clone(), "lemon").await?;
         anyhow::ensure!(answer["answer"] == prompt.as_str(), "an echoed answer: {answer}");
         latencies.push(elapsed);
     }
@@ -486,7 +502,7 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
     let cpu_before = cpu_time(&pid)?;
     let mut latencies = Vec::with_capacity(tools);
     for n in 0..tools {
-        let (elapsed, answer) = send(format!("{LIST_PROMPT} ({n})")).await?;
+        let (elapsed, answer) = send(format!("{LIST_PROMPT} ({n})"), "lemon").await?;
         let text = answer["answer"].as_str().unwrap_or_default();
         anyhow::ensure!(text.contains("README.md"), "the list went back: {answer}");
         latencies.push(elapsed);
@@ -498,6 +514,7 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
     let _ = child.wait().await;
     Ok(serde_json::json!({
         "scenario": "native",
+        "echo": echo_phase,
         "text": text_phase,
         "tool": tool_phase,
     }))
