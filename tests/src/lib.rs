@@ -3,11 +3,14 @@
 //! # Layout
 //! - [`fake_cli`]: the `fake-cli` binary installed under the vendor CLIs' names on a
 //!   temporary `PATH`, and the recorded CLI streams it replays.
+//! - [`fake_discord`]: a fake Discord (Gateway WebSocket and REST API with rate
+//!   limits) on loopback, for the gateway binary to connect to.
 //! - [`fake_llm`]: a fake LLM provider on loopback speaking OpenAI Chat
 //!   Completions, OpenAI Responses and Anthropic Messages, scripted per test.
 //! - [`fake_telegram`]: a fake Telegram Bot API server on loopback, for the
 //!   Telegram client's tests and for the gateway binary to poll.
 
+pub mod fake_discord;
 pub mod fake_llm;
 pub mod fake_telegram;
 
