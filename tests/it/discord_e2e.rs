@@ -279,18 +279,30 @@ async fn an_answer_cut_off_by_a_crash_is_delivered_after_the_restart() {
     gateway.child.kill().await.unwrap();
 
     let _gateway = start_in(&fake, home.path()).await;
+    // A run the crash cut off completes as interrupted, with the line to resume
+    // it; one that had not visibly started runs again. Either way one answer:
+    // in the working message, or (when the crash came before its id was saved)
+    // in a new reply.
     let resume = format!("`echo resume dc_{}`", asked.id);
-    fake.wait_until("the answer after the restart", PATIENCE, |s| {
-        s.message(working.id).is_some_and(|m| m.content.contains(&resume))
-    })
-    .await;
-    let answer = fake.snapshot(|s| s.message(working.id).cloned()).unwrap();
+    let answered = |s: &Snapshot<'_>| {
+        s.bot_messages(DM)
+            .into_iter()
+            .filter(|m| m.reply_to == Some(asked.id) && m.content.contains(&resume))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    fake.wait_until("the answer after the restart", PATIENCE, |s| !answered(s).is_empty()).await;
+    let answers = fake.snapshot(answered);
+    assert_eq!(answers.len(), 1, "{}", fake.describe());
+    let answer = &answers[0];
     assert!(
         answer.content.starts_with("Interrupted.") || answer.content.starts_with(slow),
         "{}",
         answer.content
     );
-    assert_eq!(replies(&fake, DM, &asked), 1, "{}", fake.describe());
+    if answer.id != working.id {
+        assert_eq!(replies(&fake, DM, &asked), 2, "the working message and the answer");
+    }
 }
 
 #[tokio::test]
@@ -373,7 +385,7 @@ async fn a_long_answer_is_split_under_2000_characters_with_code_blocks_whole() {
     })
     .await;
     let parts = fake.bot_messages(DM);
-    assert!(parts.len() >= 3, "{}", parts.len());
+    assert!(parts.len() >= 2, "{}", parts.len());
     assert_eq!(parts[0].reply_to, Some(asked.id));
     for part in &parts {
         assert!(part.content.chars().count() <= 2000);
