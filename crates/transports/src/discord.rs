@@ -2,7 +2,7 @@
 //! and slash commands into runs through the router and streams answers back
 //! by editing one message, through the shared delivery layer.
 //!
-//! - [`config`]: `[gateway.discord]`.
+//! - [`config`]: the `[gateway.discord]` section.
 //! - [`gateway`]: the Gateway WebSocket session (identify, heartbeats, resume,
 //!   reconnect with backoff, invalid sessions).
 //! - [`rest`]: the REST calls, inside the rate-limit buckets Discord announces.

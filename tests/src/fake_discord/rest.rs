@@ -277,8 +277,11 @@ fn perform(
     }
 }
 
+/// (filename, bytes) of an uploaded file.
+type Upload = (String, Vec<u8>);
+
 /// `payload_json` and the files of a `multipart/form-data` body.
-fn parse_multipart(boundary: &str, body: &[u8]) -> Option<(Value, Vec<(String, Vec<u8>)>)> {
+fn parse_multipart(boundary: &str, body: &[u8]) -> Option<(Value, Vec<Upload>)> {
     let delimiter = format!("--{}", boundary.trim_matches('"'));
     let mut payload = None;
     let mut files = Vec::new();

@@ -199,8 +199,11 @@ struct Bot {
     status: StatusHandle,
     deliveries: DeliveryRecords<Delivery>,
     /// Channel id → where it is (a thread's parent), looked up once.
-    places: Mutex<HashMap<Snowflake, (Option<Snowflake>, Option<Snowflake>)>>,
+    places: Mutex<HashMap<Snowflake, Located>>,
 }
+
+/// A channel as looked up: a thread's (parent, thread), else (None, None).
+type Located = (Option<Snowflake>, Option<Snowflake>);
 
 fn now_ms() -> i64 {
     lemon_core::clock::now_ms()
@@ -266,9 +269,8 @@ impl Bot {
     }
 
     async fn save_session(&self, session: Option<&Resumable>) {
-        match session.map(serde_json::to_value) {
-            Some(Ok(value)) => self.store.kv_put(SESSION_NS, SESSION_KEY, value, None).await,
-            Some(Err(_)) | None => {}
+        if let Some(Ok(value)) = session.map(serde_json::to_value) {
+            self.store.kv_put(SESSION_NS, SESSION_KEY, value, None).await;
         }
     }
 

@@ -329,10 +329,8 @@ async fn connect_once(
                     return Ended::Shutdown;
                 }
             }
-            1 => {
-                if socket.send(heartbeat(seq)).await.is_err() {
-                    return Ended::Reconnect { reason: "the connection broke".into(), healthy };
-                }
+            1 if socket.send(heartbeat(seq)).await.is_err() => {
+                return Ended::Reconnect { reason: "the connection broke".into(), healthy };
             }
             7 => {
                 return Ended::Reconnect {
