@@ -453,3 +453,22 @@ async fn a_wrong_token_is_reported_without_the_token_and_the_gateway_keeps_servi
     assert!(!status.to_string().contains("not-the-right-token"), "{status}");
     assert_eq!(gateway.get("/v1/runs").send().await.unwrap().status(), 200);
 }
+
+#[tokio::test]
+async fn a_run_started_elsewhere_in_a_channels_session_is_posted_there() {
+    let fake = fake().await;
+    let home = home(&config(&fake, "", ""));
+    let gateway = start_in(&fake, home.path()).await;
+    let session = format!("agent:default:discord:{BOT_ID}:dm:{DM}");
+    let run_id = gateway
+        .submit(serde_json::json!({ "session_key": session, "prompt": "from the api" }))
+        .await;
+    gateway.wait(&run_id).await;
+    fake.wait_until("the answer in the DM", PATIENCE, |s| {
+        s.bot_messages(DM).iter().any(|m| m.content.starts_with("from the api"))
+    })
+    .await;
+    let posted = fake.bot_messages(DM);
+    assert_eq!(posted.len(), 1, "{}", fake.describe());
+    assert_eq!(posted[0].reply_to, None);
+}

@@ -20,7 +20,6 @@ use lemon_core::artifacts::Artifact;
 use lemon_core::bus::EventKind;
 use lemon_core::engine::{Completion, ResumeToken};
 use lemon_core::log_text;
-use lemon_core::router::resolve::parse_slash_command;
 use lemon_core::router::{Origin, RouterHandle, RunFollower, RunRequest, Submitted};
 use lemon_core::secrets::SecretStore;
 use lemon_core::store::StoreHandle;
@@ -147,6 +146,10 @@ impl Transport for DiscordTransport {
             intents: INTENTS,
             backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
         };
+        // Subscribed before the session starts, so no run of a channel is missed.
+        let others = bot.router.subscribe_all();
+        let watcher = bot.clone();
+        ctx.tracker.spawn(async move { watcher.deliver_others(others).await });
         let (events_tx, events) = mpsc::channel(1024);
         let session = tokio::spawn(gateway::run(settings, saved.clone(), events_tx, stop.clone()));
         tracing::info!(bot = %bot.me.username, "discord bot connecting");
@@ -373,7 +376,6 @@ impl Bot {
                 "author_id": message.author.id,
             }),
         );
-        let is_command = parse_slash_command(&text).is_some();
         let delivery = Delivery {
             run_id: run_id.to_string(),
             channel_id: place.target(),
@@ -382,23 +384,17 @@ impl Bot {
             sent: 0,
             failed: None,
         };
-        // Recorded before the run exists, so a restart finds it.
-        if !is_command {
-            self.deliveries.record(&delivery.run_id, &delivery).await;
-        }
+        // Recorded before the run exists, so a restart (and the watcher of
+        // runs started elsewhere) finds it.
+        self.deliveries.record(&delivery.run_id, &delivery).await;
         match self.router.submit(req).await {
             Ok(Submitted::Command { reply, .. }) => {
-                if !is_command {
-                    self.deliveries.finish(&delivery.run_id).await;
-                }
+                self.deliveries.finish(&delivery.run_id).await;
                 self.reply_soon(place.target(), Some(message.id), reply);
             }
             // Seen before: the first handling (or its recovered delivery) follows it.
             Ok(Submitted::Run(accepted, _)) if accepted.duplicate => {}
             Ok(Submitted::Run(_, events)) => {
-                if is_command {
-                    self.deliveries.record(&delivery.run_id, &delivery).await;
-                }
                 let bot = self.clone();
                 self.tracker.spawn(async move { bot.follow(delivery, events).await });
             }
@@ -431,27 +427,34 @@ impl Bot {
                 "Not allowed here.".to_owned()
             }
             Some(text) => {
+                let run_id = inbound::interaction_run_id(interaction.id);
                 let mut req = self.request(&place, text);
-                req.run_id = Some(inbound::interaction_run_id(interaction.id));
+                req.run_id = Some(run_id.clone());
+                let delivery = Delivery {
+                    run_id: run_id.to_string(),
+                    channel_id: place.target(),
+                    reply_to: None,
+                    working_message_id: None,
+                    sent: 0,
+                    failed: None,
+                };
+                self.deliveries.record(&delivery.run_id, &delivery).await;
                 match self.router.submit(req).await {
-                    Ok(Submitted::Command { reply, .. }) => reply,
+                    Ok(Submitted::Command { reply, .. }) => {
+                        self.deliveries.finish(&delivery.run_id).await;
+                        reply
+                    }
                     Ok(Submitted::Run(accepted, events)) => {
                         if !accepted.duplicate {
-                            let delivery = Delivery {
-                                run_id: accepted.run_id.to_string(),
-                                channel_id: place.target(),
-                                reply_to: None,
-                                working_message_id: None,
-                                sent: 0,
-                                failed: None,
-                            };
-                            self.deliveries.record(&delivery.run_id, &delivery).await;
                             let bot = self.clone();
                             self.tracker.spawn(async move { bot.follow(delivery, events).await });
                         }
                         "Working on it.".to_owned()
                     }
-                    Err(error) => error.chat_reply(),
+                    Err(error) => {
+                        self.deliveries.finish(&delivery.run_id).await;
+                        error.chat_reply()
+                    }
                 }
             }
         };
@@ -466,6 +469,63 @@ impl Bot {
                 tracing::warn!(%error, "slash command answer not delivered");
             }
         });
+    }
+
+    /// Delivers the runs of this bot's channels that it did not submit (a cron
+    /// job's, one started through the API) like its own: a working message,
+    /// then the answer, on record until it is in the channel.
+    async fn deliver_others(self: Arc<Self>, mut events: lemon_core::bus::Subscription) {
+        loop {
+            let event = tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                event = events.recv() => event,
+            };
+            let event = match event {
+                Ok(event) => event,
+                Err(lemon_core::bus::RecvError::Lagged(missed)) => {
+                    tracing::warn!(missed, "discord fell behind the gateway's events");
+                    continue;
+                }
+                Err(lemon_core::bus::RecvError::Closed) => return,
+            };
+            if !matches!(event.kind, EventKind::RunStarted { .. }) {
+                continue;
+            }
+            let Some((dm, channel, thread)) = inbound::place_of(&event.session_key, self.me.id)
+            else {
+                continue;
+            };
+            let listed = dm
+                || self.config.allowed_channel_ids.is_empty()
+                || self.config.allowed_channel_ids.contains(&channel);
+            let bound =
+                !self.config.deny_unbound || self.bound_channels.contains(&channel.to_string());
+            if !(listed && bound) {
+                continue;
+            }
+            let run_id = event.run_id.to_string();
+            // The bot's own runs are on record before they are submitted.
+            match self.store.kv_get(DELIVERY_NS, &run_id, now_ms()).await {
+                Ok(None) => {}
+                Ok(Some(_)) => continue,
+                Err(error) => {
+                    tracing::warn!(run = %run_id, %error, "delivery records unreadable");
+                    continue;
+                }
+            }
+            let delivery = Delivery {
+                run_id,
+                channel_id: thread.unwrap_or(channel),
+                reply_to: None,
+                working_message_id: None,
+                sent: 0,
+                failed: None,
+            };
+            self.deliveries.record(&delivery.run_id, &delivery).await;
+            let follower = self.router.follow(&event.run_id);
+            let bot = self.clone();
+            self.tracker.spawn(async move { bot.follow(delivery, follower).await });
+        }
     }
 
     fn request(&self, place: &Place, text: String) -> RunRequest {
