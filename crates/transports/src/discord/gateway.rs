@@ -12,7 +12,9 @@
 //!   request (op 1) is answered at once.
 //! - A drop, RECONNECT (op 7) or a close code that allows it reconnects to the
 //!   `resume_gateway_url` from READY and resumes, so Discord replays what was
-//!   missed; failed connects back off (1 s doubling to 60 s).
+//!   missed; failed connects back off (1 s doubling to 60 s), and after three
+//!   failed connects to the resume URL a new session is started at the
+//!   configured URL.
 //! - INVALID SESSION (op 9): `d = true` resumes; `d = false` forgets the
 //!   session, waits 1–5 s and identifies again.
 //! - A close code only a config change can fix (4004 authentication failed,
@@ -44,6 +46,8 @@ pub const INTENTS: u64 = (1 << 9) | (1 << 12) | (1 << 15);
 
 /// How long connecting and HELLO may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Failed connects to a resume URL before a new session is started instead.
+const MAX_RESUME_FAILURES: u32 = 3;
 /// Close code sent on shutdown: not 1000/1001, so Discord keeps the session.
 const CLOSE_KEEP_SESSION: u16 = 4000;
 
@@ -132,6 +136,11 @@ pub async fn run(
             }
             Ended::Reconnect { reason, healthy } => {
                 failures = if healthy { 1 } else { failures + 1 };
+                // A resume URL that keeps failing (a session saved before a
+                // restart, say) is given up for a new session at `url`.
+                if !healthy && failures >= MAX_RESUME_FAILURES && resume.take().is_some() {
+                    tracing::info!("discord gateway: resume keeps failing; starting a new session");
+                }
                 // A connection that served reconnects at once; failures back off.
                 let pause = if healthy { Duration::ZERO } else { settings.backoff.delay(failures) };
                 tracing::info!(%reason, retry_in_ms = pause.as_millis() as u64, "discord gateway: reconnecting");
@@ -407,6 +416,69 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gateway that says HELLO and reports the first payload it gets.
+    async fn one_shot_gateway() -> (String, tokio::sync::oneshot::Receiver<Value>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}", listener.local_addr().unwrap());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut ws = tokio_tungstenite::accept_async(stream).await.unwrap();
+            let hello = json!({ "op": 10, "d": { "heartbeat_interval": 45_000 } });
+            ws.send(WsMessage::text(hello.to_string())).await.unwrap();
+            if let Some(Ok(WsMessage::Text(text))) = ws.next().await {
+                let _ = tx.send(serde_json::from_str::<Value>(&text).unwrap());
+            }
+        });
+        (url, rx)
+    }
+
+    #[tokio::test]
+    async fn a_resume_url_that_keeps_failing_gives_way_to_a_new_session() {
+        let (url, first) = one_shot_gateway().await;
+        // A port nothing listens on.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead_url = format!("ws://{}", dead.local_addr().unwrap());
+        drop(dead);
+        let settings = GatewaySettings {
+            url,
+            token: "t".into(),
+            intents: INTENTS,
+            backoff: Backoff::new(Duration::from_millis(1), Duration::from_millis(5)),
+        };
+        let saved = Resumable { session_id: "old".into(), seq: 9, resume_url: dead_url };
+        let (events, _rx) = mpsc::channel(8);
+        let stop = CancellationToken::new();
+        let session = tokio::spawn(run(settings, Some(saved), events, stop.clone()));
+        let payload = tokio::time::timeout(Duration::from_secs(30), first).await.unwrap().unwrap();
+        assert_eq!(payload["op"], 2, "identified: {payload}");
+        assert_eq!(payload["d"]["intents"], INTENTS);
+        stop.cancel();
+        assert_eq!(session.await.unwrap(), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_saved_session_is_resumed_with_its_id_and_sequence() {
+        let (url, first) = one_shot_gateway().await;
+        let settings = GatewaySettings {
+            url: "ws://127.0.0.1:1".into(),
+            token: "t".into(),
+            intents: INTENTS,
+            backoff: Backoff::new(Duration::from_millis(1), Duration::from_millis(5)),
+        };
+        let saved = Resumable { session_id: "s-1".into(), seq: 42, resume_url: url };
+        let (events, _rx) = mpsc::channel(8);
+        let stop = CancellationToken::new();
+        let session = tokio::spawn(run(settings, Some(saved), events, stop.clone()));
+        let payload = tokio::time::timeout(Duration::from_secs(30), first).await.unwrap().unwrap();
+        assert_eq!(
+            payload,
+            json!({ "op": 6, "d": { "token": "t", "session_id": "s-1", "seq": 42 } })
+        );
+        stop.cancel();
+        assert_eq!(session.await.unwrap(), Ok(()));
+    }
 
     #[test]
     fn the_socket_url_names_version_and_encoding() {
