@@ -151,7 +151,8 @@ impl Transport for DiscordTransport {
         let watcher = bot.clone();
         ctx.tracker.spawn(async move { watcher.deliver_others(others).await });
         let (events_tx, events) = mpsc::channel(1024);
-        let session = tokio::spawn(gateway::run(settings, saved.clone(), events_tx, stop.clone()));
+        let session =
+            ctx.tracker.spawn(gateway::run(settings, saved.clone(), events_tx, stop.clone()));
         tracing::info!(bot = %bot.me.username, "discord bot connecting");
         bot.serve(events, saved).await;
         stop.cancel();
