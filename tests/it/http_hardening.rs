@@ -295,6 +295,7 @@ async fn health_detail_needs_the_api_token() {
             ],
             "transports": {
                 "sms": { "state": "disabled" },
+                "discord": { "state": "disabled" },
                 "telegram": { "state": "disabled" },
                 "webhook": { "state": "disabled" },
             },

@@ -3,6 +3,8 @@
 //! # Layout
 //! - [`fake_cli`]: the `fake-cli` binary installed under the vendor CLIs' names on a
 //!   temporary `PATH`, and the recorded CLI streams it replays.
+//! - [`fake_discord`]: a fake Discord (Gateway WebSocket and REST API with rate
+//!   limits) on loopback, for the gateway binary to connect to.
 //! - [`fake_llm`]: a fake LLM provider on loopback speaking OpenAI Chat
 //!   Completions, OpenAI Responses and Anthropic Messages, scripted per test.
 //! - [`fake_telegram`]: a fake Telegram Bot API server on loopback, for the
@@ -10,6 +12,7 @@
 //! - [`fake_twilio`]: a fake Twilio REST API (message create) on loopback, and
 //!   Twilio's webhook signatures, for the SMS channel.
 
+pub mod fake_discord;
 pub mod fake_llm;
 pub mod fake_telegram;
 pub mod fake_twilio;

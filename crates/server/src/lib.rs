@@ -435,6 +435,7 @@ fn secret_sources(
         section?.get(key)?.as_str().map(str::to_owned)
     };
     names.extend(named(config.telegram.as_ref(), "bot_token_secret"));
+    names.extend(named(config.discord.as_ref(), "bot_token_secret"));
     if let Some(integrations) = config
         .webhook
         .as_ref()
@@ -530,6 +531,15 @@ fn check_engine_refs(
     if let Some(engine) = &telegram_engine {
         refs.push((vec!["telegram".into(), "engine".into()], engine));
     }
+    let discord_engine = config
+        .discord
+        .as_ref()
+        .and_then(|section| section.get("engine"))
+        .and_then(|value| value.as_str())
+        .and_then(|raw| lemon_core::ids::EngineRef::parse(raw).ok());
+    if let Some(engine) = &discord_engine {
+        refs.push((vec!["discord".into(), "engine".into()], engine));
+    }
     let integration_engines: Vec<(String, lemon_core::ids::EngineRef)> = config
         .webhook
         .as_ref()
@@ -607,6 +617,13 @@ fn section_warnings(
     if let Some(table) = &config.sms {
         if let Ok((_, unknown)) = lemon_sms::SmsConfig::parse_with_unknown_keys(table) {
             place("sms", unknown);
+        }
+    }
+    if let Some(table) = &config.discord {
+        if let Ok((_, unknown)) =
+            lemon_transports::discord::config::DiscordConfig::parse_values(table)
+        {
+            place("discord", unknown);
         }
     }
     let ids: Vec<String> = registry.ids().map(|id| id.to_string()).collect();
@@ -898,6 +915,7 @@ fn check_config_text(
     webhook_transport(gateway, secrets, file, text)?;
     telegram_transport(gateway, secrets, file, text)?;
     sms_section(gateway, secrets, file, text)?;
+    discord_transport(gateway, secrets, file, text)?;
     // The engine table as a start would build it, to check the names against.
     let ctx = CliContext { base_env: env.clone(), ..CliContext::default() };
     let registry = lemon_engines::build_registry(&sections, &ctx).map_err(|e| {
@@ -936,6 +954,10 @@ fn transports(
     match telegram_transport(config, secrets, config_path, text)? {
         Some(transport) => registry.add(transport)?,
         None => registry.add_disabled(telegram::inbound::TRANSPORT_ID)?,
+    }
+    match discord_transport(config, secrets, config_path, text)? {
+        Some(transport) => registry.add(transport)?,
+        None => registry.add_disabled(lemon_transports::discord::inbound::TRANSPORT_ID)?,
     }
     match sms {
         Some(sms) => registry.add(sms.transport())?,
@@ -1024,6 +1046,43 @@ fn telegram_transport(
         telegram_config,
         secrets.clone(),
         bound_chats,
+    ))))
+}
+
+/// The Discord transport `config` asks for (`None`: switched off).
+///
+/// # Errors
+/// `[gateway.discord]` is invalid.
+fn discord_transport(
+    config: &GatewayConfig,
+    secrets: &Arc<SecretStore>,
+    config_path: &std::path::Path,
+    text: &str,
+) -> Result<Option<Arc<dyn lemon_core::transport::Transport>>, config::ConfigError> {
+    use lemon_transports::discord;
+    let section = config.discord.as_ref();
+    let located =
+        |message: &str| config::section_error(config_path, text, &["gateway", "discord"], message);
+    if !lemon_core::transport::enabled(config.enable_discord, section) {
+        // Switched off, its types and values are still checked.
+        if let Some(section) = section {
+            discord::config::DiscordConfig::parse_values(section).map_err(|e| located(&e.0))?;
+        }
+        return Ok(None);
+    }
+    let section = section.cloned().unwrap_or_default();
+    let discord_config =
+        discord::config::DiscordConfig::parse(&section).map_err(|e| located(&e.0))?;
+    let bound_channels = config
+        .bindings
+        .iter()
+        .filter(|binding| binding.transport == discord::inbound::TRANSPORT_ID)
+        .filter_map(lemon_core::config::BindingConfig::chat_id_text)
+        .collect();
+    Ok(Some(Arc::new(discord::bot::DiscordTransport::new(
+        discord_config,
+        secrets.clone(),
+        bound_channels,
     ))))
 }
 

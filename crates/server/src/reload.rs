@@ -33,7 +33,7 @@ use lemon_core::gateway::GatewayHandle;
 use lemon_core::router::RouterHandle;
 use lemon_core::transport::RunningTransports;
 use lemon_engines::config::EngineSections;
-use lemon_transports::{telegram, webhook};
+use lemon_transports::{discord, telegram, webhook};
 use notify_debouncer_mini::notify::RecursiveMode;
 use notify_debouncer_mini::{new_debouncer, DebounceEventResult};
 use serde_json::{json, Value};
@@ -108,6 +108,8 @@ const LIVE_KEYS: &[&str] = &[
     "webhook",
     "enable_telegram",
     "telegram",
+    "enable_discord",
+    "discord",
 ];
 
 /// Keys of `[gateway]` whose edits wait for a restart.
@@ -133,6 +135,7 @@ pub(crate) struct Plan {
     pub(crate) engines: bool,
     pub(crate) webhook: bool,
     pub(crate) telegram: bool,
+    pub(crate) discord: bool,
     pub(crate) shutdown_grace: bool,
     /// `[[gateway.cron]]` is put in step with the stored jobs.
     pub(crate) cron: bool,
@@ -171,6 +174,7 @@ pub(crate) fn plan(current: &GatewayConfig, next: &GatewayConfig) -> Plan {
             "enable_webhook" | "webhook" => plan.webhook = true,
             "cron" => plan.cron = true,
             "enable_telegram" | "telegram" => plan.telegram = true,
+            "enable_discord" | "discord" => plan.discord = true,
             "default_engine"
             | "native_only"
             | "queue"
@@ -181,6 +185,8 @@ pub(crate) fn plan(current: &GatewayConfig, next: &GatewayConfig) -> Plan {
                 plan.router = true;
                 // Bound chats are let through Telegram's allow list.
                 plan.telegram = true;
+                // And Discord's `deny_unbound`.
+                plan.discord = true;
             }
             "budgets" => {
                 plan.budgets = true;
@@ -328,6 +334,7 @@ struct Checked {
     engines: Option<lemon_core::engine::EngineRegistry>,
     webhook: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
     telegram: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
+    discord: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
     plan: Plan,
 }
 
@@ -394,6 +401,11 @@ impl Reloader {
             .then(|| crate::telegram_transport(&config, &self.secrets, &self.path, text))
             .transpose()
             .map_err(|e| e.to_string())?;
+        let discord = plan
+            .discord
+            .then(|| crate::discord_transport(&config, &self.secrets, &self.path, text))
+            .transpose()
+            .map_err(|e| e.to_string())?;
         let engines = plan
             .engines
             .then(|| (self.build_engines)(&sections))
@@ -405,7 +417,7 @@ impl Reloader {
         for warning in crate::section_warnings(&config, &sections, table, &self.path, text) {
             tracing::warn!("{warning}");
         }
-        Ok(Checked { config, sections, engines, webhook, telegram, plan })
+        Ok(Checked { config, sections, engines, webhook, telegram, discord, plan })
     }
 
     fn reject(&mut self, error: String) {
@@ -421,7 +433,7 @@ impl Reloader {
     }
 
     async fn apply(&mut self, checked: Checked) {
-        let Checked { config, sections, engines, webhook, telegram, plan } = checked;
+        let Checked { config, sections, engines, webhook, telegram, discord, plan } = checked;
         let pending = pending_restarts(&self.started, &config);
         if plan.is_empty() {
             self.status.update(|report| {
@@ -472,9 +484,11 @@ impl Reloader {
         if plan.shutdown_grace {
             self.shutdown_grace_ms.store(config.shutdown_grace_ms, Ordering::Relaxed);
         }
-        for (id, transport) in
-            [(webhook::WEBHOOK_TRANSPORT_ID, webhook), (telegram::inbound::TRANSPORT_ID, telegram)]
-        {
+        for (id, transport) in [
+            (webhook::WEBHOOK_TRANSPORT_ID, webhook),
+            (telegram::inbound::TRANSPORT_ID, telegram),
+            (discord::inbound::TRANSPORT_ID, discord),
+        ] {
             match transport {
                 None => {}
                 Some(None) => self.transports.stop(id).await,

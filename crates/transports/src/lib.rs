@@ -10,10 +10,14 @@
 //!   [`webhook::WebhookTransport`].
 //! - [`telegram`]: the Telegram bot: long polling, progress edits through a
 //!   rate-limited outbox, answers split to Telegram's limits.
+//! - [`discord`]: the Discord bot: the Gateway WebSocket (resumed after drops
+//!   and restarts), answers streamed by editing one message through the same
+//!   outbox, REST calls inside Discord's rate-limit buckets.
 //!
 //! Listening channels serve with `lemon_api::serve_with` and answer errors with
 //! `lemon_api::error::ApiError`, like the control API.
 
 pub mod delivery;
+pub mod discord;
 pub mod telegram;
 pub mod webhook;

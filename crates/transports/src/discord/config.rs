@@ -1,0 +1,330 @@
+//! `[gateway.discord]`: the raw TOML section parsed into typed settings.
+
+use std::time::Duration;
+
+use lemon_core::config::{field_names, parse_table, QueueMode, UnknownKey};
+use lemon_core::ids::EngineRef;
+use lemon_core::secrets::SecretStore;
+use serde::{Deserialize, Deserializer};
+
+use super::types::Snowflake;
+
+/// Discord's Gateway, the URL a bot connects to.
+pub const DEFAULT_GATEWAY_URL: &str = "wss://gateway.discord.gg";
+/// Discord's REST API, version 10.
+pub const DEFAULT_API_BASE_URL: &str = "https://discord.com/api/v10";
+/// The secret the bot token is read from unless `bot_token_secret` names another.
+pub const DEFAULT_TOKEN_SECRET: &str = "discord_bot_token";
+
+/// `[gateway.discord]`.
+#[derive(Clone, Deserialize)]
+pub struct DiscordConfig {
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// The bot token, inline (a secret is better). Never logged.
+    #[serde(default)]
+    pub bot_token: Option<String>,
+    /// The name of the secret holding the bot token.
+    #[serde(default = "defaults::bot_token_secret")]
+    pub bot_token_secret: String,
+    /// The application whose commands are registered; taken from the
+    /// gateway's READY when not set.
+    #[serde(default, deserialize_with = "optional_snowflake")]
+    pub application_id: Option<Snowflake>,
+    /// Only these servers may start runs; empty allows every server.
+    #[serde(default, deserialize_with = "snowflakes")]
+    pub allowed_guild_ids: Vec<Snowflake>,
+    /// Only these channels (a thread counts as its parent) may start runs;
+    /// empty allows every channel.
+    #[serde(default, deserialize_with = "snowflakes")]
+    pub allowed_channel_ids: Vec<Snowflake>,
+    /// Only these users may start runs; empty allows everyone.
+    #[serde(default, deserialize_with = "snowflakes")]
+    pub allowed_user_ids: Vec<Snowflake>,
+    /// Channels without a `[[gateway.bindings]]` entry for `transport =
+    /// "discord"` get no run.
+    #[serde(default)]
+    pub deny_unbound: bool,
+    /// In servers, only messages that mention the bot (or reply to it) start
+    /// runs; direct messages always do.
+    #[serde(default = "defaults::yes")]
+    pub mention_required: bool,
+    #[serde(default = "defaults::gateway_url")]
+    pub gateway_url: String,
+    #[serde(default = "defaults::api_base_url")]
+    pub api_base_url: String,
+    /// The agent part of session keys.
+    #[serde(default = "defaults::agent_id")]
+    pub agent_id: String,
+    /// The channels' queue mode unless a binding sets one.
+    #[serde(default)]
+    pub queue_mode: Option<QueueMode>,
+    /// The engine unless a binding, a directive or `/engine` picks one.
+    #[serde(default)]
+    pub engine: Option<EngineRef>,
+    /// The largest file sent as an attachment.
+    #[serde(default = "defaults::max_upload_bytes")]
+    pub max_upload_bytes: u64,
+    /// Least time between two calls to one channel (sends and edits), so a
+    /// streamed answer is a few edits a second at most.
+    #[serde(default = "defaults::edit_interval_ms")]
+    pub edit_interval_ms: u64,
+    /// How many times an answer is sent before it is recorded as undelivered.
+    #[serde(default = "defaults::delivery_attempts")]
+    pub delivery_attempts: u32,
+}
+
+impl std::fmt::Debug for DiscordConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiscordConfig")
+            .field("enabled", &self.enabled)
+            .field("bot_token", &self.bot_token.as_ref().map(|_| "<redacted>"))
+            .field("bot_token_secret", &self.bot_token_secret)
+            .field("application_id", &self.application_id)
+            .field("allowed_guild_ids", &self.allowed_guild_ids)
+            .field("allowed_channel_ids", &self.allowed_channel_ids)
+            .field("allowed_user_ids", &self.allowed_user_ids)
+            .field("deny_unbound", &self.deny_unbound)
+            .field("mention_required", &self.mention_required)
+            .field("gateway_url", &self.gateway_url)
+            .field("api_base_url", &self.api_base_url)
+            .field("agent_id", &self.agent_id)
+            .field("queue_mode", &self.queue_mode)
+            .field("engine", &self.engine)
+            .field("max_upload_bytes", &self.max_upload_bytes)
+            .field("edit_interval_ms", &self.edit_interval_ms)
+            .field("delivery_attempts", &self.delivery_attempts)
+            .finish()
+    }
+}
+
+mod defaults {
+    pub(super) fn bot_token_secret() -> String {
+        super::DEFAULT_TOKEN_SECRET.to_owned()
+    }
+    pub(super) fn yes() -> bool {
+        true
+    }
+    pub(super) fn gateway_url() -> String {
+        super::DEFAULT_GATEWAY_URL.to_owned()
+    }
+    pub(super) fn api_base_url() -> String {
+        super::DEFAULT_API_BASE_URL.to_owned()
+    }
+    pub(super) fn agent_id() -> String {
+        "default".to_owned()
+    }
+    pub(super) fn max_upload_bytes() -> u64 {
+        10 * 1024 * 1024
+    }
+    pub(super) fn edit_interval_ms() -> u64 {
+        1000
+    }
+    pub(super) fn delivery_attempts() -> u32 {
+        10
+    }
+}
+
+/// A snowflake written as a number or as a string of digits.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawId {
+    Number(u64),
+    Text(String),
+}
+
+impl RawId {
+    fn into_snowflake<E: serde::de::Error>(self) -> Result<Snowflake, E> {
+        match self {
+            RawId::Number(n) => Ok(Snowflake(n)),
+            RawId::Text(text) => text.trim().parse::<u64>().map(Snowflake).map_err(|_| {
+                E::custom(format!("{text:?} is not a Discord id (a number of digits)"))
+            }),
+        }
+    }
+}
+
+fn snowflakes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Snowflake>, D::Error> {
+    Vec::<RawId>::deserialize(deserializer)?.into_iter().map(RawId::into_snowflake).collect()
+}
+
+fn optional_snowflake<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Snowflake>, D::Error> {
+    RawId::deserialize(deserializer)?.into_snowflake().map(Some)
+}
+
+/// A `[gateway.discord]` that cannot be used; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid [gateway.discord]: {0}")]
+pub struct DiscordConfigError(pub String);
+
+impl DiscordConfig {
+    /// Parses the raw section and checks what serde cannot.
+    ///
+    /// # Errors
+    /// A wrong type, a bad URL, id or number.
+    pub fn parse(table: &toml::Table) -> Result<Self, DiscordConfigError> {
+        DiscordConfig::parse_values(table).map(|(config, _)| config)
+    }
+
+    /// Parses the raw section, with the keys it does not know (ignored), each
+    /// with the closest known key; a section switched off is checked as well.
+    ///
+    /// # Errors
+    /// A wrong type, a bad URL, id or number.
+    pub fn parse_values(
+        table: &toml::Table,
+    ) -> Result<(Self, Vec<UnknownKey>), DiscordConfigError> {
+        let (config, ignored) = parse_table::<DiscordConfig>(table)
+            .map_err(|err| DiscordConfigError(err.to_string()))?;
+        let known = field_names::<DiscordConfig>();
+        let unknown =
+            ignored.into_iter().map(|path| UnknownKey::new(path, known.iter().copied())).collect();
+        let gateway = config.gateway_url.trim();
+        if !(gateway.starts_with("ws://") || gateway.starts_with("wss://")) {
+            return Err(DiscordConfigError(format!("gateway_url: {gateway:?} is not a ws(s) URL")));
+        }
+        let api = config.api_base_url.trim();
+        if !(api.starts_with("http://") || api.starts_with("https://")) {
+            return Err(DiscordConfigError(format!("api_base_url: {api:?} is not an http(s) URL")));
+        }
+        if config.bot_token_secret.trim().is_empty() {
+            return Err(DiscordConfigError("bot_token_secret: name a secret".into()));
+        }
+        if config.delivery_attempts == 0 {
+            return Err(DiscordConfigError("delivery_attempts must be at least 1".into()));
+        }
+        if config.max_upload_bytes == 0 {
+            return Err(DiscordConfigError("max_upload_bytes must be at least 1".into()));
+        }
+        if !(50..=60_000).contains(&config.edit_interval_ms) {
+            return Err(DiscordConfigError(
+                "edit_interval_ms: between 50 and 60000 milliseconds".into(),
+            ));
+        }
+        let agent = config.agent_id.trim();
+        if agent.is_empty() || agent.contains(char::is_whitespace) || agent.contains(':') {
+            return Err(DiscordConfigError(format!(
+                "agent_id: {agent:?} must be a non-empty word without ':'"
+            )));
+        }
+        Ok((config, unknown))
+    }
+
+    /// The bot token: inline, or read from the secret store.
+    ///
+    /// # Errors
+    /// A secret that is not set or cannot be read; a blank token.
+    pub fn resolve_token(&self, secrets: &SecretStore) -> Result<String, DiscordConfigError> {
+        lemon_core::transport::inline_or_secret(
+            "bot_token",
+            self.bot_token.as_deref(),
+            Some(&self.bot_token_secret),
+            secrets,
+        )
+        .map_err(DiscordConfigError)
+    }
+
+    pub fn edit_interval(&self) -> Duration {
+        Duration::from_millis(self.edit_interval_ms)
+    }
+
+    /// Whether a message from `user` in `guild` (none for a DM) and `channel`
+    /// (a thread's parent for a thread) passes the allow lists.
+    pub fn allowed(&self, guild: Option<Snowflake>, channel: Snowflake, user: Snowflake) -> bool {
+        let guild_ok = match guild {
+            Some(guild) => {
+                self.allowed_guild_ids.is_empty() || self.allowed_guild_ids.contains(&guild)
+            }
+            None => true,
+        };
+        let channel_ok = guild.is_none()
+            || self.allowed_channel_ids.is_empty()
+            || self.allowed_channel_ids.contains(&channel);
+        let user_ok = self.allowed_user_ids.is_empty() || self.allowed_user_ids.contains(&user);
+        guild_ok && channel_ok && user_ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<DiscordConfig, DiscordConfigError> {
+        DiscordConfig::parse(&text.parse::<toml::Table>().expect("toml"))
+    }
+
+    #[test]
+    fn defaults_are_discords() {
+        let config = parse("").expect("parses");
+        assert_eq!(config.gateway_url, DEFAULT_GATEWAY_URL);
+        assert_eq!(config.api_base_url, DEFAULT_API_BASE_URL);
+        assert_eq!(config.bot_token_secret, "discord_bot_token");
+        assert!(config.mention_required);
+        assert!(!config.deny_unbound);
+        assert_eq!(config.application_id, None);
+    }
+
+    #[test]
+    fn ids_are_numbers_or_digit_strings() {
+        let config = parse(
+            "application_id = \"1100\"\nallowed_guild_ids = [1, \"2\"]\nallowed_user_ids = [33]",
+        )
+        .unwrap();
+        assert_eq!(config.application_id, Some(Snowflake(1100)));
+        assert_eq!(config.allowed_guild_ids, [Snowflake(1), Snowflake(2)]);
+        let err = parse("allowed_channel_ids = [\"general\"]").unwrap_err().to_string();
+        assert!(err.contains("allowed_channel_ids") && err.contains("general"), "{err}");
+        let err = parse("allowed_user_ids = 5").unwrap_err().to_string();
+        assert!(err.contains("allowed_user_ids"), "{err}");
+    }
+
+    #[test]
+    fn bad_urls_and_numbers_name_their_key() {
+        for (text, key) in [
+            ("gateway_url = \"https://x\"", "gateway_url"),
+            ("api_base_url = \"ws://x\"", "api_base_url"),
+            ("delivery_attempts = 0", "delivery_attempts"),
+            ("edit_interval_ms = 1", "edit_interval_ms"),
+            ("agent_id = \"a b\"", "agent_id"),
+            ("mention_required = \"yes\"", "mention_required"),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+        let table = "gateway_ur = \"wss://x\"".parse::<toml::Table>().unwrap();
+        let (_, unknown) = DiscordConfig::parse_values(&table).unwrap();
+        assert_eq!(unknown[0].suggestion.as_deref(), Some("gateway_url"));
+    }
+
+    #[test]
+    fn allow_lists_restrict_guilds_channels_and_users() {
+        let config =
+            parse("allowed_guild_ids = [1]\nallowed_channel_ids = [10]\nallowed_user_ids = [100]")
+                .unwrap();
+        let (g, c, u) = (Snowflake(1), Snowflake(10), Snowflake(100));
+        assert!(config.allowed(Some(g), c, u));
+        assert!(!config.allowed(Some(Snowflake(2)), c, u));
+        assert!(!config.allowed(Some(g), Snowflake(11), u));
+        assert!(!config.allowed(Some(g), c, Snowflake(101)));
+        // A DM has no server or server channel to check, only its user.
+        assert!(config.allowed(None, Snowflake(99), u));
+        assert!(!config.allowed(None, Snowflake(99), Snowflake(101)));
+        assert!(parse("").unwrap().allowed(Some(g), c, u));
+    }
+
+    #[test]
+    fn the_token_comes_from_the_default_secret_and_debug_hides_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = [("DISCORD_BOT_TOKEN".to_owned(), "Mzk.secret-value".to_owned())].into();
+        let secrets = SecretStore::new(env, dir.path().join("secrets.toml"));
+        let config = parse("").unwrap();
+        assert_eq!(config.resolve_token(&secrets).unwrap(), "Mzk.secret-value");
+        let other = parse("bot_token_secret = \"other\"").unwrap();
+        let err = other.resolve_token(&secrets).unwrap_err().to_string();
+        assert!(err.contains("other") && !err.contains("secret-value"), "{err}");
+        let inline = parse("bot_token = \"inline-secret\"").unwrap();
+        assert!(!format!("{inline:?}").contains("inline-secret"));
+    }
+}

@@ -1,0 +1,255 @@
+//! Discord's wire types, as far as the bot reads and writes them (API v10).
+//!
+//! Ids are snowflakes: JSON strings of digits, kept as [`Snowflake`].
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A Discord id (user, guild, channel, message, application, interaction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Snowflake(pub u64);
+
+impl fmt::Display for Snowflake {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl Serialize for Snowflake {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Snowflake {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Text(String),
+            Number(u64),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::Number(n) => Ok(Snowflake(n)),
+            Raw::Text(text) => text
+                .parse()
+                .map(Snowflake)
+                .map_err(|_| serde::de::Error::custom(format!("{text:?} is not a snowflake"))),
+        }
+    }
+}
+
+/// A user (or bot).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    pub id: Snowflake,
+    #[serde(default)]
+    pub username: String,
+    #[serde(default)]
+    pub bot: bool,
+}
+
+/// A message, from `MESSAGE_CREATE` or a REST answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    pub id: Snowflake,
+    pub channel_id: Snowflake,
+    #[serde(default)]
+    pub guild_id: Option<Snowflake>,
+    pub author: User,
+    #[serde(default)]
+    pub content: String,
+    #[serde(default)]
+    pub mentions: Vec<User>,
+    /// The message this one replies to, when Discord could load it.
+    #[serde(default)]
+    pub referenced_message: Option<Box<Message>>,
+    #[serde(default)]
+    pub attachments: Vec<serde_json::Value>,
+}
+
+/// `GET /channels/{id}`, as far as the bot needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Channel {
+    pub id: Snowflake,
+    #[serde(rename = "type")]
+    pub kind: u8,
+    #[serde(default)]
+    pub guild_id: Option<Snowflake>,
+    #[serde(default)]
+    pub parent_id: Option<Snowflake>,
+}
+
+impl Channel {
+    /// `ANNOUNCEMENT_THREAD` (10), `PUBLIC_THREAD` (11), `PRIVATE_THREAD` (12).
+    pub fn is_thread(&self) -> bool {
+        matches!(self.kind, 10..=12)
+    }
+
+    /// `DM` (1), `GROUP_DM` (3).
+    pub fn is_dm(&self) -> bool {
+        matches!(self.kind, 1 | 3)
+    }
+}
+
+/// `INTERACTION_CREATE`: only application commands (type 2) are acted on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Interaction {
+    pub id: Snowflake,
+    pub application_id: Snowflake,
+    #[serde(rename = "type")]
+    pub kind: u8,
+    pub token: String,
+    #[serde(default)]
+    pub guild_id: Option<Snowflake>,
+    #[serde(default)]
+    pub channel_id: Option<Snowflake>,
+    /// The member who used it, in a guild.
+    #[serde(default)]
+    pub member: Option<Member>,
+    /// The user who used it, in a DM.
+    #[serde(default)]
+    pub user: Option<User>,
+    #[serde(default)]
+    pub data: Option<CommandData>,
+}
+
+impl Interaction {
+    /// Who used the command.
+    pub fn invoker(&self) -> Option<&User> {
+        self.member.as_ref().map(|m| &m.user).or(self.user.as_ref())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub user: User,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandData {
+    pub name: String,
+    #[serde(default)]
+    pub options: Vec<CommandOption>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandOption {
+    pub name: String,
+    #[serde(default)]
+    pub value: Option<serde_json::Value>,
+}
+
+/// An application command as registered (`PUT /applications/{id}/commands`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplicationCommand {
+    pub name: String,
+    pub description: String,
+    /// `CHAT_INPUT` (1).
+    #[serde(rename = "type")]
+    pub kind: u8,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<ApplicationCommandOption>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplicationCommandOption {
+    /// `STRING` (3).
+    #[serde(rename = "type")]
+    pub kind: u8,
+    pub name: String,
+    pub description: String,
+    pub required: bool,
+}
+
+/// A message the bot sends: text, or a file with an optional caption.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outgoing {
+    Text(CreateMessage),
+    File(CreateFile),
+}
+
+impl Outgoing {
+    pub fn channel_id(&self) -> Snowflake {
+        match self {
+            Outgoing::Text(message) => message.channel_id,
+            Outgoing::File(file) => file.channel_id,
+        }
+    }
+}
+
+/// `POST /channels/{id}/messages` with text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateMessage {
+    pub channel_id: Snowflake,
+    pub content: String,
+    /// The message it replies to (sent even if that message is gone).
+    pub reply_to: Option<Snowflake>,
+}
+
+/// `POST /channels/{id}/messages` with one attachment (multipart).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateFile {
+    pub channel_id: Snowflake,
+    pub path: std::path::PathBuf,
+    pub filename: String,
+    pub mime: String,
+    pub caption: Option<String>,
+}
+
+/// Longest message content Discord takes, in characters.
+pub const MAX_CONTENT_CHARS: usize = 2000;
+
+/// What a failed REST call means.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DiscordError {
+    /// 401: the token is wrong.
+    #[error("Discord rejected the bot token (401)")]
+    Unauthorized,
+    /// 429: wait this long (a route's bucket, or the global limit).
+    #[error("rate limited by Discord for {0:?}")]
+    RateLimited(std::time::Duration),
+    /// Another refusal, with Discord's own code and message.
+    #[error("Discord answered {status}: {message}")]
+    Status { status: u16, code: Option<i64>, message: String },
+    /// The request did not get an answer.
+    #[error("Discord could not be reached: {0}")]
+    Network(String),
+    /// An answer that does not parse, or a file that cannot be read.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl DiscordError {
+    /// Whether the same call later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            DiscordError::RateLimited(_) | DiscordError::Network(_) => true,
+            DiscordError::Status { status, .. } => *status >= 500,
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_message_create_from_discords_docs_parses() {
+        let raw = json!({
+            "id": "1100000000000000001", "channel_id": "2200000000000000002",
+            "guild_id": "3300000000000000003",
+            "author": { "id": "4400000000000000004", "username": "ana", "global_name": "Ana" },
+            "content": "<@5500000000000000005> hello", "timestamp": "2026-01-01T00:00:00.000000+00:00",
+            "mentions": [{ "id": "5500000000000000005", "username": "lemon", "bot": true }],
+            "attachments": [], "type": 0, "tts": false, "mention_everyone": false
+        });
+        let message: Message = serde_json::from_value(raw).unwrap();
+        assert_eq!(message.guild_id, Some(Snowflake(3_300_000_000_000_000_003)));
+        assert!(message.mentions[0].bot);
+        assert_eq!(serde_json::to_value(message.id).unwrap(), json!("1100000000000000001"));
+    }
+}

@@ -1,0 +1,322 @@
+//! The fake REST API, with its rate limits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State as AxState;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{Bucket, Call, FakeMessage, Fault, Shared, State, BOT_ID, BOT_NAME};
+
+pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+    let router = Router::new().fallback(handle).with_state(shared);
+    let _ = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned()).await;
+}
+
+fn error(status: u16, code: u64, message: &str) -> (u16, HeaderMap, Value) {
+    (status, HeaderMap::new(), json!({ "message": message, "code": code }))
+}
+
+async fn handle(
+    AxState(shared): AxState<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().strip_prefix("/api/v10").unwrap_or(uri.path()).to_owned();
+    let (status, out_headers, value) = {
+        let mut state = shared.lock();
+        let answer = answer(&mut state, &method, &path, &headers, &body);
+        state.calls.push(Call {
+            method: method.to_string(),
+            path: path.clone(),
+            status: answer.0,
+            at: Instant::now(),
+        });
+        answer
+    };
+    shared.changed();
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = if status == StatusCode::NO_CONTENT {
+        status.into_response()
+    } else {
+        (status, axum::Json(value)).into_response()
+    };
+    response.headers_mut().extend(out_headers);
+    response
+}
+
+fn answer(
+    state: &mut State,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> (u16, HeaderMap, Value) {
+    let authorized = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == format!("Bot {}", state.token));
+    if !authorized {
+        return error(401, 0, "401: Unauthorized");
+    }
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let bucket = match (method.as_str(), segments.as_slice()) {
+        ("POST" | "PATCH", ["channels", channel, "messages", ..]) => {
+            Some(format!("messages:{channel}"))
+        }
+        ("GET", ["channels", channel]) => Some(format!("channel:{channel}")),
+        ("PUT", ["applications", app, "commands"]) => Some(format!("commands:{app}")),
+        _ => None,
+    };
+    let interaction = segments.first() == Some(&"interactions");
+    if let Some(at) = state.faults.iter().position(|(route, _)| path.contains(route.as_str())) {
+        let (_, fault) = state.faults.remove(at).unwrap();
+        return match fault {
+            Fault::RateLimited { retry_after, global } => rate_limited(retry_after, global),
+            Fault::Status(status) => error(status, 0, "injected failure"),
+        };
+    }
+    if !interaction {
+        let now = Instant::now();
+        let global = state.global.get_or_insert(Bucket { started: now, count: 0 });
+        if now.duration_since(global.started) >= Duration::from_secs(1) {
+            *global = Bucket { started: now, count: 0 };
+        }
+        global.count += 1;
+        if global.count > state.global_limit {
+            let wait = 1.0 - now.duration_since(global.started).as_secs_f64();
+            state.violations.push(format!("global limit: {method} {path}"));
+            return rate_limited(wait, true);
+        }
+    }
+    let mut limit_headers = HeaderMap::new();
+    if let Some(key) = &bucket {
+        let (limit, window) = state.channel_limit;
+        let now = Instant::now();
+        let b = state.buckets.entry(key.clone()).or_insert(Bucket { started: now, count: 0 });
+        if now.duration_since(b.started) >= window {
+            *b = Bucket { started: now, count: 0 };
+        }
+        b.count += 1;
+        let reset_after = (window - now.duration_since(b.started)).as_secs_f64();
+        if b.count > limit {
+            state
+                .violations
+                .push(format!("bucket {key}: {method} {path} (call {} of {limit})", b.count));
+            let mut answer = rate_limited(reset_after, false);
+            answer.1.insert("x-ratelimit-bucket", HeaderValue::from_static("fakebucket"));
+            return answer;
+        }
+        let hash = key.split(':').next().unwrap_or("bucket").to_owned();
+        let put = |h: &mut HeaderMap, name: &'static str, value: String| {
+            h.insert(name, HeaderValue::from_str(&value).unwrap());
+        };
+        put(&mut limit_headers, "x-ratelimit-bucket", format!("{hash}-hash"));
+        put(&mut limit_headers, "x-ratelimit-limit", limit.to_string());
+        put(&mut limit_headers, "x-ratelimit-remaining", (limit - b.count).to_string());
+        put(&mut limit_headers, "x-ratelimit-reset-after", format!("{reset_after:.3}"));
+    }
+    let (status, _, value) = perform(state, method, &segments, headers, body);
+    (status, limit_headers, value)
+}
+
+fn rate_limited(retry_after: f64, global: bool) -> (u16, HeaderMap, Value) {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "retry-after",
+        HeaderValue::from_str(&format!("{}", retry_after.ceil() as u64)).unwrap(),
+    );
+    if global {
+        headers.insert("x-ratelimit-global", HeaderValue::from_static("true"));
+        headers.insert("x-ratelimit-scope", HeaderValue::from_static("global"));
+    } else {
+        headers.insert("x-ratelimit-scope", HeaderValue::from_static("user"));
+    }
+    let body = json!({ "message": "You are being rate limited.", "retry_after": retry_after, "global": global });
+    (429, headers, body)
+}
+
+fn message_json(message: &FakeMessage) -> Value {
+    json!({
+        "id": message.id.to_string(), "channel_id": message.channel_id.to_string(), "type": 0,
+        "author": { "id": BOT_ID.to_string(), "username": BOT_NAME, "bot": true },
+        "content": message.content, "mentions": [], "embeds": [],
+        "attachments": message.attachments.iter().enumerate().map(|(i, (name, bytes))| json!({
+            "id": i.to_string(), "filename": name, "size": bytes.len(),
+        })).collect::<Vec<_>>(),
+        "timestamp": "2026-12-01T00:00:00.000000+00:00",
+    })
+}
+
+fn perform(
+    state: &mut State,
+    method: &Method,
+    segments: &[&str],
+    headers: &HeaderMap,
+    body: &[u8],
+) -> (u16, HeaderMap, Value) {
+    match (method.as_str(), segments) {
+        ("GET", ["users", "@me"]) => (
+            200,
+            HeaderMap::new(),
+            json!({ "id": BOT_ID.to_string(), "username": BOT_NAME, "bot": true }),
+        ),
+        ("GET", ["channels", id]) => {
+            let channel = id.parse::<u64>().ok().and_then(|id| state.channels.get(&id));
+            match channel {
+                Some(c) => (
+                    200,
+                    HeaderMap::new(),
+                    json!({
+                        "id": c.id.to_string(), "type": c.kind,
+                        "guild_id": c.guild_id.map(|g| g.to_string()),
+                        "parent_id": c.parent_id.map(|p| p.to_string()),
+                    }),
+                ),
+                None => error(404, 10003, "Unknown Channel"),
+            }
+        }
+        ("POST", ["channels", channel, "messages"]) => {
+            let Ok(channel_id) = channel.parse::<u64>() else {
+                return error(404, 10003, "Unknown Channel");
+            };
+            let content_type =
+                headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+            let (payload, files) = if let Some(boundary) =
+                content_type.strip_prefix("multipart/form-data; boundary=")
+            {
+                match parse_multipart(boundary, body) {
+                    Some(parsed) => parsed,
+                    None => return error(400, 50035, "Invalid Form Body"),
+                }
+            } else {
+                match serde_json::from_slice::<Value>(body) {
+                    Ok(value) => (value, Vec::new()),
+                    Err(_) => return error(400, 50109, "The request body contains invalid JSON."),
+                }
+            };
+            let content = payload["content"].as_str().unwrap_or_default().to_owned();
+            if content.chars().count() > 2000 {
+                return error(
+                    400,
+                    50035,
+                    "Invalid Form Body: content must be 2000 or fewer in length.",
+                );
+            }
+            if content.is_empty() && files.is_empty() {
+                return error(400, 50006, "Cannot send an empty message");
+            }
+            let reply_to =
+                payload["message_reference"]["message_id"].as_str().and_then(|id| id.parse().ok());
+            let id = state.next_id();
+            let message = FakeMessage {
+                id,
+                channel_id,
+                author_id: BOT_ID,
+                content: content.clone(),
+                reply_to,
+                versions: vec![content],
+                edits: 0,
+                attachments: files,
+                sent_at: Instant::now(),
+            };
+            let value = message_json(&message);
+            state.messages.push(message);
+            (200, HeaderMap::new(), value)
+        }
+        ("PATCH", ["channels", _, "messages", id]) => {
+            let Ok(payload) = serde_json::from_slice::<Value>(body) else {
+                return error(400, 50109, "The request body contains invalid JSON.");
+            };
+            let id = id.parse::<u64>().unwrap_or(0);
+            let Some(message) =
+                state.messages.iter_mut().find(|m| m.id == id && m.author_id == BOT_ID)
+            else {
+                return error(404, 10008, "Unknown Message");
+            };
+            let content = payload["content"].as_str().unwrap_or_default().to_owned();
+            if content.chars().count() > 2000 {
+                return error(
+                    400,
+                    50035,
+                    "Invalid Form Body: content must be 2000 or fewer in length.",
+                );
+            }
+            message.content = content.clone();
+            message.versions.push(content);
+            message.edits += 1;
+            let value = message_json(message);
+            (200, HeaderMap::new(), value)
+        }
+        ("PUT", ["applications", _, "commands"]) => match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Array(commands)) => {
+                state.commands = commands.clone();
+                (200, HeaderMap::new(), Value::Array(commands))
+            }
+            _ => error(400, 50035, "Invalid Form Body"),
+        },
+        ("POST", ["interactions", id, _token, "callback"]) => {
+            let Ok(payload) = serde_json::from_slice::<Value>(body) else {
+                return error(400, 50109, "The request body contains invalid JSON.");
+            };
+            let id = id.parse::<u64>().unwrap_or(0);
+            let content = payload["data"]["content"].as_str().unwrap_or_default().to_owned();
+            state.interaction_replies.push((id, content));
+            (204, HeaderMap::new(), Value::Null)
+        }
+        _ => error(404, 0, "404: Not Found"),
+    }
+}
+
+/// (filename, bytes) of an uploaded file.
+type Upload = (String, Vec<u8>);
+
+/// `payload_json` and the files of a `multipart/form-data` body.
+fn parse_multipart(boundary: &str, body: &[u8]) -> Option<(Value, Vec<Upload>)> {
+    let delimiter = format!("--{}", boundary.trim_matches('"'));
+    let mut payload = None;
+    let mut files = Vec::new();
+    let mut rest = body;
+    loop {
+        let start = find(rest, delimiter.as_bytes())?;
+        rest = &rest[start + delimiter.len()..];
+        if rest.starts_with(b"--") {
+            break;
+        }
+        rest = rest.strip_prefix(b"\r\n")?;
+        let head_end = find(rest, b"\r\n\r\n")?;
+        let head = std::str::from_utf8(&rest[..head_end]).ok()?;
+        let content_start = head_end + 4;
+        let next = find(&rest[content_start..], format!("\r\n{delimiter}").as_bytes())?;
+        let content = &rest[content_start..content_start + next];
+        let disposition =
+            head.lines().find(|l| l.to_ascii_lowercase().starts_with("content-disposition"))?;
+        let field = |key: &str| {
+            let at = disposition.find(&format!("{key}=\""))? + key.len() + 2;
+            let end = disposition[at..].find('"')?;
+            Some(disposition[at..at + end].to_owned())
+        };
+        match field("name")?.as_str() {
+            "payload_json" => payload = serde_json::from_slice(content).ok(),
+            name if name.starts_with("files[") => {
+                files.push((field("filename")?, content.to_vec()))
+            }
+            _ => {}
+        }
+        rest = &rest[content_start + next + 2..];
+    }
+    Some((payload?, files))
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
