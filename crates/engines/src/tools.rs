@@ -124,7 +124,8 @@ pub struct GatewayToolOptions {
     pub home: Option<PathBuf>,
     /// The largest image `telegram_send_image` queues.
     pub telegram_max_bytes: u64,
-    /// The largest file `discord_send_file` queues.
+    /// The largest file `discord_send_file` queues (the server sets the
+    /// Discord transport's `max_upload_bytes`; 10 MiB, Discord's limit for bots).
     pub discord_max_bytes: u64,
 }
 
@@ -134,7 +135,7 @@ impl Default for GatewayToolOptions {
             sms: None,
             home: None,
             telegram_max_bytes: 50 * 1024 * 1024,
-            discord_max_bytes: 25 * 1024 * 1024,
+            discord_max_bytes: 10 * 1024 * 1024,
         }
     }
 }

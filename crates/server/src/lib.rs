@@ -716,11 +716,19 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // they use exists, and kept across reloads.
     let tools = ToolRegistry::new();
     // Without SMS the sms_* tools answer that SMS is not configured.
-    let gateway_tools = GatewayToolOptions {
+    let mut gateway_tools = GatewayToolOptions {
         home: opts.user_home.clone(),
         sms: sms.as_ref().map(|sms| sms.inbox() as Arc<dyn lemon_core::sms::SmsInbox>),
         ..Default::default()
     };
+    // `discord_send_file` queues no file the transport would refuse to upload.
+    if let Some(Ok((discord, _))) = gateway_config
+        .discord
+        .as_ref()
+        .map(lemon_transports::discord::config::DiscordConfig::parse_values)
+    {
+        gateway_tools.discord_max_bytes = discord.max_upload_bytes;
+    }
     lemon_engines::tools::register_gateway_tools(&tools, &gateway_tools);
     if let Some(sms) = &sms {
         tools.register(sms.send_tool());
