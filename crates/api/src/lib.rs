@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`api`]: the control API (`/v1/...`): submit, inspect, cancel and steer runs,
 //!   and follow their events over Server-Sent Events. Bearer-token protected.
+//! - [`secrets`]: `/v1/secrets` (names, sources and uses; set and delete, never a value back).
 //! - [`health`]: `/healthz`, `/health` and `/metrics`, meant for a loopback or
 //!   internal port; without the API token `/healthz` shows states only.
 //! - [`error`]: [`error::ApiError`], the one JSON error shape of every router
@@ -20,5 +21,6 @@ pub mod api;
 pub mod error;
 pub mod health;
 pub mod http;
+pub mod secrets;
 
 pub use http::{serve, serve_with};

@@ -559,7 +559,8 @@ impl SecretStore {
     /// [`SecretsError::Backend`] when there is no keychain; the first secret
     /// that could not be moved (those before it stay moved).
     pub fn migrate_file(&self) -> Result<Vec<String>, SecretsError> {
-        let Some(target) = self.sources.iter().find(|s| s.writable() && s.kind() != SourceKind::File)
+        let Some(target) =
+            self.sources.iter().find(|s| s.writable() && s.kind() != SourceKind::File)
         else {
             return Err(SecretsError::Backend {
                 backend: "keychain".to_owned(),
