@@ -308,12 +308,14 @@ pub fn open(env: &BTreeMap<String, String>) -> (Option<Keychain>, KeychainStatus
         "secret-service" => vec![Backend::SecretService],
         "keyutils" => vec![Backend::Keyutils],
         "mock" => vec![Backend::Mock],
-        other => return (
-            None,
-            KeychainStatus::unavailable(format!(
+        other => {
+            return (
+                None,
+                KeychainStatus::unavailable(format!(
                 "{BACKEND_VAR}={other:?} is not one of auto, off, secret-service, keyutils, mock"
             )),
-        ),
+            )
+        }
     };
     let mut failures = Vec::new();
     for backend in backends {

@@ -561,6 +561,14 @@ pub(crate) fn secret_uses(
     uses
 }
 
+/// [`secret_uses`] of a config read from a file (its engine sections parsed
+/// here; sections that do not parse name no secrets).
+pub fn secret_uses_of(config: &GatewayConfig) -> Vec<lemon_api::secrets::SecretUse> {
+    let sections =
+        EngineSections::parse(&config.engines, Path::new("config.toml"), "").unwrap_or_default();
+    secret_uses(config, &sections)
+}
+
 /// Where each enabled channel is reached, for the ready line (see
 /// [`Running::channels`]).
 fn channel_lines(states: &BTreeMap<String, TransportState>) -> Vec<(String, String)> {
