@@ -33,6 +33,14 @@ fn text(output: &Output) -> String {
     )
 }
 
+/// Writes `secrets.toml` of `home` with mode 0600, as `secrets set` does.
+fn write_secrets(home: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = home.join("secrets.toml");
+    std::fs::write(&path, text).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 fn no_value_in(output: &Output) {
     let all = text(output);
     assert!(!all.contains(SECRET_VALUE) && !all.contains("very-secret"), "a value leaked: {all}");
@@ -143,11 +151,7 @@ async fn migrate_moves_the_file_into_the_secret_service() {
         "dbus-run-session and gnome-keyring-daemon are needed (scripts/test installs them)"
     );
     let home = home_with("");
-    std::fs::write(
-        home.path().join("secrets.toml"),
-        format!("openai_api_key = \"{SECRET_VALUE}\"\n"),
-    )
-    .unwrap();
+    write_secrets(home.path(), &format!("openai_api_key = \"{SECRET_VALUE}\"\n"));
     let migrate = run_with(in_keyring_session(home.path()), &["secrets", "migrate"], "").await;
     assert!(migrate.status.success(), "{}", text(&migrate));
     assert!(text(&migrate).contains("openai_api_key: moved to the keychain"), "{}", text(&migrate));
@@ -174,9 +178,12 @@ async fn migrate_moves_the_file_into_the_secret_service() {
     assert!(delete.status.success(), "{}", text(&delete));
     let list = run_with(in_keyring_session(home.path()), &["secrets", "list", "--json"], "").await;
     let body: Value = serde_json::from_slice(&list.stdout).expect(&text(&list));
-    let names: Vec<&str> =
-        body["secrets"].as_array().unwrap().iter().filter_map(|r| r["name"].as_str()).collect();
-    assert!(names.contains(&"tg_token") && !names.contains(&"openai_api_key"), "{body}");
+    let source = |name: &str| {
+        let rows = body["secrets"].as_array().unwrap();
+        rows.iter().find(|r| r["name"] == name).map(|r| r["source"].clone())
+    };
+    assert_eq!(source("tg_token"), Some(json!("keychain")), "{body}");
+    assert_eq!(source("openai_api_key"), Some(Value::Null), "deleted, still named: {body}");
 }
 
 /// A socket that accepts D-Bus connections and never answers: a keychain
@@ -214,11 +221,10 @@ async fn a_secret_set_through_the_api_reaches_telegram_without_a_restart() {
     let (old, new) = ("111:old-token", "222:new-token");
     let fake = FakeTelegram::start(&[(old, 111, "old_bot"), (new, 222, "new_bot")]).await;
     let home = home_with(&format!(
-        "[gateway.telegram]\nbot_token_secret = \"telegram_bot_token\"\napi_base_url = \"{}\"\npoll_timeout_s = 1\n",
+        "[gateway]\nenable_telegram = true\n[gateway.telegram]\nbot_token_secret = \"telegram_bot_token\"\napi_base_url = \"{}\"\npoll_timeout_s = 1\n",
         fake.base_url()
     ));
-    std::fs::write(home.path().join("secrets.toml"), format!("telegram_bot_token = \"{old}\"\n"))
-        .unwrap();
+    write_secrets(home.path(), &format!("telegram_bot_token = \"{old}\"\n"));
     let gateway = Gateway::start_in(home.path()).await;
     fake.wait_until("the old bot polls", PATIENCE, |s| {
         s.calls().iter().any(|c| c.bot_id == Some(111) && c.method == "getUpdates")
@@ -272,12 +278,11 @@ async fn doctor_passes_a_good_config_and_fails_what_would_stop_a_start() {
     let fake = FakeTelegram::start(&[("123:good", 123, "lemon_bot")]).await;
     let home = home_with("");
     let good = format!(
-        "[gateway.telegram]\nbot_token_secret = \"telegram_bot_token\"\napi_base_url = \"{}\"\n[gateway.api]\nport = 0\n[gateway.health]\nport = 0\n",
+        "[gateway]\nenable_telegram = true\n[gateway.telegram]\nbot_token_secret = \"telegram_bot_token\"\napi_base_url = \"{}\"\n[gateway.api]\nport = 0\n[gateway.health]\nport = 0\n",
         fake.base_url()
     );
     write_config(home.path(), &good);
-    std::fs::write(home.path().join("secrets.toml"), "telegram_bot_token = \"123:good\"\n")
-        .unwrap();
+    write_secrets(home.path(), "telegram_bot_token = \"123:good\"\n");
     let ok = run_with(doctor_command(home.path()), &["doctor"], "").await;
     let report = text(&ok);
     assert!(ok.status.success(), "{report}");
@@ -288,8 +293,7 @@ async fn doctor_passes_a_good_config_and_fails_what_would_stop_a_start() {
     assert!(report.contains("the bot token is accepted (@lemon_bot)"), "{report}");
 
     // Telegram refuses the token: getMe answers 401.
-    std::fs::write(home.path().join("secrets.toml"), "telegram_bot_token = \"999:wrong\"\n")
-        .unwrap();
+    write_secrets(home.path(), "telegram_bot_token = \"999:wrong\"\n");
     let refused = run_with(doctor_command(home.path()), &["doctor"], "").await;
     let report = text(&refused);
     assert_eq!(refused.status.code(), Some(1), "{report}");

@@ -201,7 +201,9 @@ enum ConfigCommand {
 }
 
 fn init_logging(cli: &Cli) {
-    let default = if cli.quiet {
+    // The checks and secrets commands print their own report.
+    let own_report = matches!(cli.command, Some(Command::Doctor | Command::Secrets { .. }));
+    let default = if cli.quiet || own_report {
         "warn"
     } else if cli.verbose > 0 {
         "debug"

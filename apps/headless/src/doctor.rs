@@ -227,7 +227,7 @@ async fn check_engines(
             Availability::Unavailable { reason } => report.warn(
                 &what,
                 reason.to_string(),
-                "install it, or set its `path` in config.toml",
+                format!("only needed to run {id}: do what the message says"),
             ),
         }
     }

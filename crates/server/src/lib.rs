@@ -862,6 +862,15 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let api_addr = api_listener.local_addr()?;
     let health_addr = health_listener.local_addr()?;
     let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
+    // What the transports and engines start with: a change from here on
+    // (through the API, which serves from below) reloads what uses it.
+    let secret_values = {
+        let (config, path) = (gateway_config.clone(), opts.paths.config.clone());
+        let (text, secrets) = (config_text.clone().unwrap_or_default(), secrets.clone());
+        tokio::task::spawn_blocking(move || reload::secret_values(&config, &path, &text, &secrets))
+            .await
+            .unwrap_or_default()
+    };
     let secret_uses =
         lemon_api::secrets::SecretUses::new(secret_uses(&gateway_config, &engine_sections));
     for secret in secret_uses.get().iter().filter(|s| s.inline) {
@@ -948,7 +957,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         budget,
         secret_uses,
         secrets_changed,
-        secret_values: BTreeMap::new(),
+        secret_values,
     };
     tracker.spawn(reload::watch(reloader, token.clone()));
     tracing::info!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");

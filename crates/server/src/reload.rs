@@ -390,20 +390,17 @@ impl Reloader {
             return;
         }
         let users = secret_users(&self.current, &self.path, &text);
-        let names: Vec<String> = users.keys().cloned().collect();
-        let secrets = self.secrets.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            names
-                .into_iter()
-                .filter_map(|name| secrets.get(&name).ok().map(|value| (name, value)))
-                .collect::<std::collections::BTreeMap<_, _>>()
-        })
-        .await;
+        let (config, path, secrets) =
+            (self.current.clone(), self.path.clone(), self.secrets.clone());
+        let read =
+            tokio::task::spawn_blocking(move || secret_values(&config, &path, &text, &secrets))
+                .await;
         let Ok(values) = read else { return };
-        let first = self.secret_values.is_empty();
         let mut forced = Plan::default();
         for (name, value) in &values {
-            if first || self.secret_values.get(name) == Some(value) {
+            // A name first seen (a config edit named it) is only recorded:
+            // the edit itself rebuilt what uses it.
+            if self.secret_values.get(name).is_none_or(|old| old == value) {
                 continue;
             }
             for user in users.get(name).into_iter().flatten() {
@@ -422,6 +419,7 @@ impl Reloader {
         if forced.is_empty() {
             return;
         }
+        let Some(text) = self.last_text.clone() else { return };
         match self.checked_with(&text, Some(forced)) {
             Ok(checked) => self.apply(checked).await,
             Err(message) => self.reject(message),
@@ -615,6 +613,20 @@ fn secret_users(
         }
     }
     users
+}
+
+/// The values now of the secrets the transports and engines of `config` read
+/// by name (a secret that cannot be read is left out). Blocks on the keychain.
+pub(crate) fn secret_values(
+    config: &GatewayConfig,
+    path: &Path,
+    text: &str,
+    secrets: &lemon_core::secrets::SecretStore,
+) -> std::collections::BTreeMap<String, Option<lemon_core::secrets::SecretValue>> {
+    secret_users(config, path, text)
+        .into_keys()
+        .filter_map(|name| secrets.get(&name).ok().map(|value| (name, value)))
+        .collect()
 }
 
 /// How often the secrets in use are read again, for changes made outside the
