@@ -67,7 +67,10 @@ async fn set_list_and_delete_through_the_secrets_file_never_show_the_value() {
     assert!(list.status.success(), "{}", text(&list));
     let listed = text(&list);
     assert!(listed.contains("keychain: not available (switched off"), "{listed}");
-    let line = listed.lines().find(|l| l.starts_with("telegram_bot_token")).expect(&listed);
+    let line = listed
+        .lines()
+        .find(|l| l.starts_with("telegram_bot_token"))
+        .unwrap_or_else(|| panic!("{listed}"));
     assert!(line.contains("file (") && line.contains("(used by telegram)"), "{line}");
     assert!(
         listed.lines().any(|l| l.starts_with("lemon_api_token") && l.contains("environment")),
@@ -177,7 +180,8 @@ async fn migrate_moves_the_file_into_the_secret_service() {
             .await;
     assert!(delete.status.success(), "{}", text(&delete));
     let list = run_with(in_keyring_session(home.path()), &["secrets", "list", "--json"], "").await;
-    let body: Value = serde_json::from_slice(&list.stdout).expect(&text(&list));
+    let body: Value =
+        serde_json::from_slice(&list.stdout).unwrap_or_else(|_| panic!("{}", text(&list)));
     let source = |name: &str| {
         let rows = body["secrets"].as_array().unwrap();
         rows.iter().find(|r| r["name"] == name).map(|r| r["source"].clone())

@@ -86,15 +86,16 @@ pub fn routes(api: SecretsApi) -> Router {
         .with_state(api)
 }
 
+/// One row of [`listing`]: a name, where it is kept (`None`: nowhere) and what
+/// uses it.
+pub type SecretRow = (String, Option<SourceKind>, Vec<String>);
+
 /// Every name worth showing with where it is kept and what uses it: the
 /// config's, then the ones stored in the keychain or the file.
 ///
 /// # Errors
 /// A source that cannot be read.
-pub fn listing(
-    store: &SecretStore,
-    uses: &[SecretUse],
-) -> Result<Vec<(String, Option<SourceKind>, Vec<String>)>, SecretsError> {
+pub fn listing(store: &SecretStore, uses: &[SecretUse]) -> Result<Vec<SecretRow>, SecretsError> {
     let mut rows: BTreeMap<String, (Option<SourceKind>, Vec<String>)> = BTreeMap::new();
     for secret in uses {
         let row = rows.entry(secret.name.clone()).or_default();
