@@ -561,7 +561,7 @@ pub(crate) fn secret_uses(
     uses
 }
 
-/// [`secret_uses`] of a config read from a file (its engine sections parsed
+/// Every secret a config read from a file uses, as `GET /v1/secrets` lists them (its engine sections parsed
 /// here; sections that do not parse name no secrets).
 pub fn secret_uses_of(config: &GatewayConfig) -> Vec<lemon_api::secrets::SecretUse> {
     let sections =
