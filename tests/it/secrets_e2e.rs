@@ -128,7 +128,16 @@ fn have_secret_service() -> bool {
 /// gnome-keyring (password `pw`), no display, `HOME` = `home` (where the
 /// keyring file is kept from one session to the next).
 fn in_keyring_session(home: &Path) -> Command {
-    let script = "echo -n pw | gnome-keyring-daemon --unlock --components=secrets >/dev/null 2>&1; exec \"$@\"";
+    // The unlocked daemon must own the bus name before the gateway asks for it,
+    // or D-Bus starts a second, locked one (bounded: 10 s).
+    let script = "echo -n pw | gnome-keyring-daemon --unlock --components=secrets >/dev/null 2>&1
+        i=0
+        until dbus-send --session --print-reply --dest=org.freedesktop.DBus /org/freedesktop/DBus \
+            org.freedesktop.DBus.NameHasOwner string:org.freedesktop.secrets 2>/dev/null | grep -q true; do
+            i=$((i+1)); [ $i -gt 100 ] && { echo 'gnome-keyring did not start' >&2; exit 1; }
+            sleep 0.1
+        done
+        exec \"$@\"";
     let mut cmd = Command::new("dbus-run-session");
     cmd.arg("--")
         .arg("sh")
