@@ -28,6 +28,7 @@ mod reload_e2e;
 mod retry_e2e;
 mod router_crash;
 mod router_resume;
+mod secrets_e2e;
 mod server_embed;
 mod sms_e2e;
 mod support;

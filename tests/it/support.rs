@@ -72,6 +72,8 @@ fn configure(mut command: Command, home: &Path, path: &str) -> Command {
         .env("LEMON_HOME", home)
         .env("LEMON_API_TOKEN", TOKEN)
         .env("LEMON_LOG", "warn")
+        // The user's own keychain is never touched; tests that use one say so.
+        .env("LEMON_KEYCHAIN", "off")
         .kill_on_drop(true);
     command
 }

@@ -1,6 +1,6 @@
 //! The command line: `serve` (the default), `run`, `attach`, `cancel`, `runs`,
-//! `logs`, `status`, `engines`, `config` (`check [FILE]`, `path`) and
-//! `completions`. The binaries are one-line wrappers around [`main`]; exit codes
+//! `logs`, `status`, `engines`, `config` (`check [FILE]`, `path`), `secrets`
+//! (`set`, `list`, `delete`, `migrate`), `doctor` and `completions`. The binaries are one-line wrappers around [`main`]; exit codes
 //! are in [`crate::failure`].
 
 use std::collections::BTreeMap;
@@ -151,11 +151,42 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Manage secrets (API keys, tokens) in the keychain or the secrets file.
+    Secrets {
+        #[command(subcommand)]
+        command: SecretsCommand,
+    },
+    /// Check config, keychain, ports, engines, keys and channels; each line
+    /// ok / warn / fail with its fix. Exits 1 when a check fails.
+    Doctor,
     /// Print a shell completion script.
     Completions {
         /// The shell.
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum SecretsCommand {
+    /// Save a secret: the value is read from a hidden prompt, or from stdin
+    /// when it is not a terminal (never from the command line).
+    Set {
+        /// The secret's name, e.g. telegram_bot_token (a-z, 0-9 and _).
+        name: String,
+    },
+    /// List the secrets, where each is kept and what uses it (never values).
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a secret from the keychain and the secrets file.
+    Delete {
+        /// The secret's name.
+        name: String,
+    },
+    /// Move every secret of the secrets file into the keychain.
+    Migrate,
 }
 
 #[derive(Debug, Subcommand)]
@@ -170,7 +201,9 @@ enum ConfigCommand {
 }
 
 fn init_logging(cli: &Cli) {
-    let default = if cli.quiet {
+    // The checks and secrets commands print their own report.
+    let own_report = matches!(cli.command, Some(Command::Doctor | Command::Secrets { .. }));
+    let default = if cli.quiet || own_report {
         "warn"
     } else if cli.verbose > 0 {
         "debug"
@@ -301,6 +334,13 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
                 }
             }
         }
+        Command::Secrets { command } => match command {
+            SecretsCommand::Set { name } => crate::secrets_cmd::set(&paths, &env, &name),
+            SecretsCommand::List { json } => crate::secrets_cmd::list(&paths, &env, json),
+            SecretsCommand::Delete { name } => crate::secrets_cmd::delete(&paths, &env, &name),
+            SecretsCommand::Migrate => crate::secrets_cmd::migrate(&paths, &env),
+        },
+        Command::Doctor => crate::doctor::doctor(&paths, &env, ui.out).await,
         Command::Completions { shell } => {
             let mut out = std::io::stdout();
             clap_complete::generate(shell, &mut Cli::command(), "lemon-gateway", &mut out);

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use futures::StreamExt;
 use lemon_core::config::{self, DEFAULT_API_PORT};
-use lemon_core::secrets::{env_var_name, SecretStore, SecretValue};
+use lemon_core::secrets::{env_var_name, SecretValue};
 use lemon_server::paths::Paths;
 use lemon_server::API_TOKEN_SECRET;
 use serde_json::Value;
@@ -19,6 +19,8 @@ use crate::sse::SseParser;
 pub enum TokenSource {
     /// The environment variable (`LEMON_API_TOKEN`).
     Env(String),
+    /// The OS keychain.
+    Keychain,
     /// The secrets file.
     File(PathBuf),
 }
@@ -28,6 +30,7 @@ impl fmt::Display for TokenSource {
         match self {
             TokenSource::Env(var) => write!(f, "${var}"),
             TokenSource::File(path) => write!(f, "{}", path.display()),
+            TokenSource::Keychain => f.write_str("the keychain (lemon_api_token)"),
         }
     }
 }
@@ -125,12 +128,19 @@ impl ClientConfig {
         };
         let var = env_var_name(API_TOKEN_SECRET);
         let from_env = env.get(&var).is_some_and(|value| !value.trim().is_empty());
-        let secrets = SecretStore::new(env, paths.secrets());
+        let secrets = lemon_server::open_secrets(paths, &env);
         let Some(token) = secrets.get(API_TOKEN_SECRET)? else {
             return Err(ClientError::NoToken { var, file: paths.secrets() }.into());
         };
-        let token_source =
-            if from_env { TokenSource::Env(var) } else { TokenSource::File(paths.secrets()) };
+        let in_keychain =
+            secrets.kind_of(API_TOKEN_SECRET)? == Some(lemon_core::secrets::SourceKind::Keychain);
+        let token_source = if in_keychain {
+            TokenSource::Keychain
+        } else if from_env {
+            TokenSource::Env(var)
+        } else {
+            TokenSource::File(paths.secrets())
+        };
         Ok(ClientConfig { base_url, token, token_source })
     }
 }

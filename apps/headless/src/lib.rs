@@ -8,16 +8,20 @@
 //! - [`show`]: `status`, `engines`, `runs`, `logs` as text or JSON.
 //! - [`progress`]: the spinner and action lines on stderr.
 //! - [`last_session`]: the last session of each directory, for `run --continue`.
+//! - [`secrets_cmd`]: `secrets set|list|delete|migrate`.
+//! - [`doctor`]: `doctor`, the checks before a start.
 //! - [`failure`]: exit codes.
 //! - [`style`]: `--color` and `NO_COLOR`.
 //! - [`sse`]: a small Server-Sent Events reader for the client.
 
 pub mod cli;
 pub mod client;
+pub mod doctor;
 pub mod failure;
 pub mod last_session;
 pub mod progress;
 pub mod run;
+pub mod secrets_cmd;
 pub mod show;
 pub mod sse;
 pub mod style;

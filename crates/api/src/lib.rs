@@ -6,6 +6,7 @@
 //!   and follow their events over Server-Sent Events. Bearer-token protected.
 //! - [`dashboard`]: the web dashboard at `/` with its assets under `/ui/`,
 //!   embedded in the binary and served without the token under a strict CSP.
+//! - [`secrets`]: `/v1/secrets` (names, sources and uses; set and delete, never a value back).
 //! - [`health`]: `/healthz`, `/health` and `/metrics`, meant for a loopback or
 //!   internal port; without the API token `/healthz` shows states only.
 //! - [`error`]: [`error::ApiError`], the one JSON error shape of every router
@@ -23,5 +24,6 @@ pub mod dashboard;
 pub mod error;
 pub mod health;
 pub mod http;
+pub mod secrets;
 
 pub use http::{serve, serve_with};

@@ -2,8 +2,10 @@
 //!
 //! Config names a secret; the value comes from the sources the app gives, in
 //! order: the environment map the app passed in, then `$LEMON_HOME/secrets.toml`
-//! (mode 0600). The keychain joins the chain with the desktop app, in front of
-//! the others, through [`SecretStore::with_source_first`]. Values are never
+//! (mode 0600). The app puts the OS keychain in front of the others with
+//! [`SecretStore::with_keychain`] (or any source with
+//! [`SecretStore::with_source_first`]); [`SecretStore::store`] saves to the
+//! first writable source, the keychain when there is one. Values are never
 //! logged: [`SecretValue`]'s `Debug` and `Display` print a placeholder, and errors
 //! name the file and the secret, never a value.
 //!
@@ -174,6 +176,113 @@ pub trait SecretSource: fmt::Debug + Send + Sync {
     /// # Errors
     /// [`SecretsError`] when the source exists but cannot be read.
     fn get(&self, name: &str) -> Result<Option<SecretValue>, SecretsError>;
+
+    /// What kind of place this is, for `GET /v1/secrets` and `secrets list`.
+    /// By default [`SourceKind::File`].
+    fn kind(&self) -> SourceKind {
+        SourceKind::File
+    }
+
+    /// Whether [`SecretSource::store`] saves here. By default `false`.
+    fn writable(&self) -> bool {
+        false
+    }
+
+    /// Saves `value` as secret `name`. By default refused: the source is read-only.
+    ///
+    /// # Errors
+    /// [`SecretsError`] when it cannot be saved.
+    fn store(&self, name: &str, _value: &str) -> Result<(), SecretsError> {
+        Err(SecretsError::Backend {
+            backend: self.describe(),
+            name: name.to_owned(),
+            message: "this source is read-only".to_owned(),
+        })
+    }
+
+    /// Removes secret `name`; whether it was there. By default nothing is removed.
+    ///
+    /// # Errors
+    /// [`SecretsError`] when it cannot be removed.
+    fn remove(&self, _name: &str) -> Result<bool, SecretsError> {
+        Ok(false)
+    }
+
+    /// The names this source holds, where it can tell (a file can, the
+    /// environment cannot: any variable could be one). By default none.
+    ///
+    /// # Errors
+    /// [`SecretsError`] when the source cannot be read.
+    fn names(&self) -> Result<Vec<String>, SecretsError> {
+        Ok(Vec::new())
+    }
+}
+
+/// The kind of place a secret is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SourceKind {
+    /// The OS keychain (Secret Service, kernel keyutils, macOS Keychain,
+    /// Windows Credential Manager).
+    Keychain,
+    /// The gateway's environment.
+    Env,
+    /// `$LEMON_HOME/secrets.toml`.
+    File,
+    /// Written into config.toml itself (works, with a warning).
+    Inline,
+}
+
+impl SourceKind {
+    /// `keychain`, `env`, `file` or `inline`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::Keychain => "keychain",
+            SourceKind::Env => "env",
+            SourceKind::File => "file",
+            SourceKind::Inline => "inline",
+        }
+    }
+}
+
+impl fmt::Display for SourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether the OS keychain can be used, and why not, for `GET /v1/secrets`,
+/// `secrets list` and `doctor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeychainStatus {
+    pub available: bool,
+    /// The backend in use (`Secret Service`), or why there is none.
+    pub detail: String,
+}
+
+impl KeychainStatus {
+    /// No keychain, for `detail`'s reason.
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        KeychainStatus { available: false, detail: detail.into() }
+    }
+}
+
+/// The longest name a secret set through the API or the command line may have.
+pub const MAX_SETTABLE_NAME: usize = 64;
+
+/// A secret name as the API and the `secrets` command take it:
+/// `[a-z0-9_]{1,64}`.
+///
+/// # Errors
+/// [`SecretsError::InvalidName`].
+pub fn check_settable_name(name: &str) -> Result<(), SecretsError> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_SETTABLE_NAME
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if valid {
+        Ok(())
+    } else {
+        Err(SecretsError::InvalidName { name: name.to_owned() })
+    }
 }
 
 /// Secrets from an environment map, under the name upper-cased with `-` and `.`
@@ -217,6 +326,10 @@ impl SecretSource for EnvSource {
     fn get(&self, name: &str) -> Result<Option<SecretValue>, SecretsError> {
         Ok(self.vars.get(&env_var_name(name)).filter(|v| !v.is_empty()).map(SecretValue::new))
     }
+
+    fn kind(&self) -> SourceKind {
+        SourceKind::Env
+    }
 }
 
 /// Where a secret's value comes from; see [`SecretStore::origin`].
@@ -238,13 +351,39 @@ pub struct SecretStore {
     sources: Vec<Box<dyn SecretSource>>,
     /// Also the last entry of `sources`; [`SecretStore::set`] writes here.
     file: SecretsFile,
+    /// Whether a keychain is in the chain, as the app found it.
+    keychain: KeychainStatus,
 }
 
 impl SecretStore {
     /// Environment first, then `secrets_file` (normally `$LEMON_HOME/secrets.toml`).
     pub fn new(env: BTreeMap<String, String>, secrets_file: PathBuf) -> Self {
         let file = SecretsFile::new(secrets_file);
-        SecretStore { sources: vec![Box::new(EnvSource::new(env)), Box::new(file.clone())], file }
+        SecretStore {
+            sources: vec![Box::new(EnvSource::new(env)), Box::new(file.clone())],
+            file,
+            keychain: KeychainStatus::unavailable("no keychain was looked for"),
+        }
+    }
+
+    /// Puts the keychain in front of the chain when `source` is `Some`, and
+    /// records what [`SecretStore::keychain`] reports.
+    #[must_use]
+    pub fn with_keychain(
+        mut self,
+        source: Option<Box<dyn SecretSource>>,
+        status: KeychainStatus,
+    ) -> Self {
+        if let Some(source) = source {
+            self.sources.insert(0, source);
+        }
+        self.keychain = status;
+        self
+    }
+
+    /// Whether the keychain is in use, and why not.
+    pub fn keychain(&self) -> &KeychainStatus {
+        &self.keychain
     }
 
     /// Puts `source` in front of the chain (the keychain, when there is one).
@@ -346,6 +485,99 @@ impl SecretStore {
         let value = generate_token()?;
         self.set(name, value.expose())?;
         Ok((value, true))
+    }
+
+    /// The kind of the first source that has secret `name`.
+    ///
+    /// # Errors
+    /// As [`SecretStore::get`].
+    pub fn kind_of(&self, name: &str) -> Result<Option<SourceKind>, SecretsError> {
+        check_name(name)?;
+        for source in &self.sources {
+            if source.get(name)?.is_some() {
+                return Ok(Some(source.kind()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Saves `value` as secret `name` in the first writable source (the
+    /// keychain when there is one, else the secrets file), and takes it out of
+    /// the writable sources after it, so the saved value is the one used over
+    /// them. Returns where it went.
+    ///
+    /// # Errors
+    /// [`SecretsError::InvalidName`] (see [`check_settable_name`]), or the
+    /// source's error when it cannot be saved.
+    pub fn store(&self, name: &str, value: &str) -> Result<SourceKind, SecretsError> {
+        check_settable_name(name)?;
+        let mut writable = self.sources.iter().filter(|s| s.writable());
+        let Some(first) = writable.next() else {
+            self.file.set(name, value)?;
+            return Ok(SourceKind::File);
+        };
+        first.store(name, value)?;
+        for later in writable {
+            later.remove(name)?;
+        }
+        Ok(first.kind())
+    }
+
+    /// Removes secret `name` from every writable source (keychain and file);
+    /// whether any had it. The environment is not changed.
+    ///
+    /// # Errors
+    /// [`SecretsError::InvalidName`], or a source's error.
+    pub fn delete(&self, name: &str) -> Result<bool, SecretsError> {
+        check_name(name)?;
+        let mut any = false;
+        for source in self.sources.iter().filter(|s| s.writable()) {
+            any |= source.remove(name)?;
+        }
+        Ok(any)
+    }
+
+    /// The names the keychain and the secrets file hold (sorted, once each).
+    ///
+    /// # Errors
+    /// A source that cannot be read.
+    pub fn stored_names(&self) -> Result<Vec<String>, SecretsError> {
+        let mut names = Vec::new();
+        for source in &self.sources {
+            names.extend(source.names()?);
+        }
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    /// Moves every secret of the secrets file into the first writable source
+    /// before it (the keychain), removing each from the file once it is saved
+    /// there. Returns the names moved.
+    ///
+    /// # Errors
+    /// [`SecretsError::Backend`] when there is no keychain; the first secret
+    /// that could not be moved (those before it stay moved).
+    pub fn migrate_file(&self) -> Result<Vec<String>, SecretsError> {
+        let Some(target) =
+            self.sources.iter().find(|s| s.writable() && s.kind() != SourceKind::File)
+        else {
+            return Err(SecretsError::Backend {
+                backend: "keychain".to_owned(),
+                name: "*".to_owned(),
+                message: format!("not available: {}", self.keychain.detail),
+            });
+        };
+        let mut moved = Vec::new();
+        for (name, value) in self.file.read_all()? {
+            if value.expose().is_empty() {
+                continue;
+            }
+            target.store(&name, value.expose())?;
+            self.file.remove(&name)?;
+            moved.push(name);
+        }
+        Ok(moved)
     }
 
     /// Problems worth logging, checked now: a secrets file other users can access.

@@ -11,6 +11,7 @@
 //!   secrets), decided by the caller and passed in.
 
 mod config_file;
+pub mod keychain;
 pub mod paths;
 mod reload;
 
@@ -123,7 +124,8 @@ pub fn runtime_config(
     }
 }
 
-/// The control API's bearer token, trimmed: from `LEMON_API_TOKEN` when it is
+/// The control API's bearer token, trimmed: from the keychain when it has it,
+/// else from `LEMON_API_TOKEN` when it is
 /// set at all (blank too), else from the secrets file (a blank entry too), else
 /// generated and saved (the flag). A blank or short token stops the start with
 /// an error naming where it came from, never the value.
@@ -132,6 +134,11 @@ fn api_token(
     secrets: &SecretStore,
 ) -> anyhow::Result<(SecretValue, bool)> {
     let var = env_var_name(API_TOKEN_SECRET);
+    if secrets.kind_of(API_TOKEN_SECRET)? == Some(lemon_core::secrets::SourceKind::Keychain) {
+        if let Some(value) = secrets.get(API_TOKEN_SECRET)? {
+            return Ok((check_bearer_token(&value, "the keychain (`lemon_api_token`)")?, false));
+        }
+    }
     let configured = match env.get(&var) {
         Some(value) => {
             Some((SecretValue::new(value.as_str()), format!("the environment variable {var}")))
@@ -146,6 +153,28 @@ fn api_token(
     match configured {
         Some((value, origin)) => Ok((check_bearer_token(&value, &origin)?, false)),
         None => Ok(secrets.get_or_generate(API_TOKEN_SECRET)?),
+    }
+}
+
+/// The secret store of `paths` and `env` in lookup order: the OS keychain (when
+/// one answers the probe, see [`keychain::open`]), the environment, then
+/// `secrets.toml`. Blocks for at most the keychain's timeout; in async code
+/// call it through `spawn_blocking`.
+pub fn open_secrets(paths: &Paths, env: &BTreeMap<String, String>) -> SecretStore {
+    let (keychain, status) = keychain::open(env);
+    let keychain = keychain.map(|k| Box::new(k) as Box<dyn lemon_core::secrets::SecretSource>);
+    SecretStore::new(env.clone(), paths.secrets()).with_keychain(keychain, status)
+}
+
+/// [`open_secrets`] off the async runtime's threads.
+async fn open_secrets_blocking(paths: &Paths, env: &BTreeMap<String, String>) -> SecretStore {
+    let (owned_paths, owned_env) = (paths.clone(), env.clone());
+    match tokio::task::spawn_blocking(move || open_secrets(&owned_paths, &owned_env)).await {
+        Ok(store) => store,
+        Err(error) => {
+            tracing::warn!(%error, "keychain probe failed; using the environment and the secrets file");
+            SecretStore::new(env.clone(), paths.secrets())
+        }
     }
 }
 
@@ -464,6 +493,84 @@ fn secret_sources(
     out
 }
 
+/// Every secret `config` uses and what uses it, inline values (named by their
+/// key in config.toml) included, for `GET /v1/secrets`. Inline values are
+/// logged as a warning when the config is read.
+pub(crate) fn secret_uses(
+    config: &GatewayConfig,
+    engines: &EngineSections,
+) -> Vec<lemon_api::secrets::SecretUse> {
+    use lemon_api::secrets::SecretUse;
+    let mut uses = vec![SecretUse {
+        name: API_TOKEN_SECRET.to_owned(),
+        used_by: vec!["api".to_owned()],
+        inline: false,
+    }];
+    let mut named = |used_by: String, section: Option<&toml::Table>, key: &str, at: String| {
+        let Some(section) = section else { return };
+        if let Some(name) = section.get(&format!("{key}_secret")).and_then(|v| v.as_str()) {
+            uses.push(SecretUse {
+                name: name.to_owned(),
+                used_by: vec![used_by.clone()],
+                inline: false,
+            });
+        }
+        if section.get(key).and_then(|v| v.as_str()).is_some_and(|v| !v.trim().is_empty()) {
+            uses.push(SecretUse {
+                name: format!("{at}.{key}"),
+                used_by: vec![used_by],
+                inline: true,
+            });
+        }
+    };
+    named(
+        "telegram".to_owned(),
+        config.telegram.as_ref(),
+        "bot_token",
+        "gateway.telegram".to_owned(),
+    );
+    if let Some(webhook) = config.webhook.as_ref() {
+        named("webhook".to_owned(), Some(webhook), "token", "gateway.webhook".to_owned());
+        if let Some(integrations) = webhook.get("integrations").and_then(|v| v.as_table()) {
+            for (id, integration) in integrations {
+                named(
+                    format!("webhook.{id}"),
+                    integration.as_table(),
+                    "token",
+                    format!("gateway.webhook.integrations.{id}"),
+                );
+            }
+        }
+    }
+    for (id, section) in engines.iter() {
+        if let Some(name) = &section.api_key_secret {
+            uses.push(SecretUse {
+                name: name.clone(),
+                used_by: vec![format!("engines.{id}")],
+                inline: false,
+            });
+        }
+    }
+    if let Ok(native) = NativeSettings::from_section(engines.get(native::ENGINE_ID)) {
+        if native.enabled {
+            uses.push(SecretUse {
+                name: native.api_key_secret.clone(),
+                used_by: vec![format!("engines.{}", native::ENGINE_ID)],
+                inline: false,
+            });
+        }
+    }
+    uses
+}
+
+/// Every secret a config read from a file uses, as `GET /v1/secrets` lists them (its engine sections parsed
+/// here; sections that do not parse name no secrets).
+pub fn secret_uses_of(config: &GatewayConfig) -> Vec<lemon_api::secrets::SecretUse> {
+    let sections =
+        EngineSections::parse(&config.engines, Path::new("config.toml"), "").unwrap_or_default();
+    secret_uses(config, &sections)
+}
+
 /// Where each enabled channel is reached, for the ready line (see
 /// [`Running::channels`]).
 fn channel_lines(states: &BTreeMap<String, TransportState>) -> Vec<(String, String)> {
@@ -681,7 +788,19 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // Before anything runs (and before the router resumes a single session): a
     // gateway that was killed may have left CLIs' grandchildren behind.
     kill_leftover_processes(&store).await;
-    let secrets = Arc::new(SecretStore::new(opts.env.clone(), opts.paths.secrets()));
+    let secrets = Arc::new(open_secrets_blocking(&opts.paths, &opts.env).await);
+    let keychain = secrets.keychain();
+    if keychain.available {
+        tracing::info!(keychain = %keychain.detail, "secrets: keychain, environment, secrets file");
+    } else {
+        tracing::info!(
+            reason = %keychain.detail,
+            "no keychain; secrets come from the environment and the secrets file"
+        );
+    }
+    for warning in secrets.warnings() {
+        tracing::warn!("{warning}");
+    }
     let (api_token, generated) = api_token(&opts.env, &secrets)?;
     let token = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -796,6 +915,29 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
     // The components' own routes, behind the API's token.
     let extra_routes = sms.as_ref().map_or_else(axum::Router::new, lemon_sms::Sms::api_routes);
+    // What the transports and engines start with: a change from here on
+    // (through the API, which serves from below) reloads what uses it.
+    let secret_values = {
+        let (config, path) = (gateway_config.clone(), opts.paths.config.clone());
+        let (text, secrets) = (config_text.clone().unwrap_or_default(), secrets.clone());
+        tokio::task::spawn_blocking(move || reload::secret_values(&config, &path, &text, &secrets))
+            .await
+            .unwrap_or_default()
+    };
+    let secret_uses =
+        lemon_api::secrets::SecretUses::new(secret_uses(&gateway_config, &engine_sections));
+    for secret in secret_uses.get().iter().filter(|s| s.inline) {
+        tracing::warn!(
+            key = %secret.name,
+            "a secret is written into config.toml; save it with `lemon-gateway secrets set NAME` and name it with the `_secret` key instead"
+        );
+    }
+    let secrets_changed = Arc::new(tokio::sync::Notify::new());
+    let secrets_routes = lemon_api::secrets::routes(lemon_api::secrets::SecretsApi {
+        store: secrets.clone(),
+        uses: secret_uses.clone(),
+        changed: secrets_changed.clone(),
+    });
     let api = lemon_api::api::router_with(
         lemon_api::api::ApiState {
             router: router.clone(),
@@ -817,7 +959,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
                 env: opts.env.clone(),
             })),
         },
-        extra_routes,
+        extra_routes.merge(secrets_routes),
     );
     let health = lemon_api::health::health_router(
         lemon_api::health::HealthState::new(router.query(), version, started)
@@ -871,6 +1013,9 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         shutdown_grace_ms: shutdown_grace_ms.clone(),
         default_engine: chosen_default,
         budget,
+        secret_uses,
+        secrets_changed,
+        secret_values,
     };
     tracker.spawn(reload::watch(reloader, token.clone()));
     tracing::info!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");
@@ -905,7 +1050,7 @@ pub fn check_config(
         path: file.to_owned(),
         message: format!("cannot read config file: {e}"),
     })?;
-    let secrets = Arc::new(SecretStore::new(env.clone(), paths.secrets()));
+    let secrets = Arc::new(open_secrets(paths, env));
     check_config_text(&text, file, &secrets, env)
 }
 

@@ -319,6 +319,13 @@ pub(crate) struct Reloader {
     pub(crate) default_engine: crate::DefaultEngine,
     /// Lives as long as the gateway; an edit of `[gateway.budgets]` reconfigures it.
     pub(crate) budget: Arc<StoreBudgetGuard>,
+    /// The secrets the config in force uses, as `GET /v1/secrets` shows them.
+    pub(crate) secret_uses: lemon_api::secrets::SecretUses,
+    /// Notified when `PUT` or `DELETE /v1/secrets` changed one.
+    pub(crate) secrets_changed: Arc<tokio::sync::Notify>,
+    /// The values last seen of the secrets the transports and engines use.
+    pub(crate) secret_values:
+        std::collections::BTreeMap<String, Option<lemon_core::secrets::SecretValue>>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -381,7 +388,57 @@ impl Reloader {
         None
     }
 
+    /// Reads again the secrets the transports and engines use; a component
+    /// whose secret changed (set, replaced or deleted in the keychain, the
+    /// environment of a restart aside, or the secrets file) is rebuilt with it
+    /// as if its section had been edited.
+    pub(crate) async fn check_secrets(&mut self) {
+        let Some(text) = self.last_text.clone() else { return };
+        if self.status.get().rejected.is_some() {
+            return;
+        }
+        let users = secret_users(&self.current, &self.path, &text);
+        let (config, path, secrets) =
+            (self.current.clone(), self.path.clone(), self.secrets.clone());
+        let read =
+            tokio::task::spawn_blocking(move || secret_values(&config, &path, &text, &secrets))
+                .await;
+        let Ok(values) = read else { return };
+        let mut forced = Plan::default();
+        for (name, value) in &values {
+            // A name first seen (a config edit named it) is only recorded:
+            // the edit itself rebuilt what uses it.
+            if self.secret_values.get(name).is_none_or(|old| old == value) {
+                continue;
+            }
+            for user in users.get(name).into_iter().flatten() {
+                match *user {
+                    "telegram" => forced.telegram = true,
+                    "webhook" => forced.webhook = true,
+                    _ => forced.engines = true,
+                }
+                if !forced.applied.iter().any(|a| a == user) {
+                    forced.applied.push((*user).to_owned());
+                }
+            }
+            tracing::info!(secret = %name, "secret changed; reloading what uses it");
+        }
+        self.secret_values = values;
+        if forced.is_empty() {
+            return;
+        }
+        let Some(text) = self.last_text.clone() else { return };
+        match self.checked_with(&text, Some(forced)) {
+            Ok(checked) => self.apply(checked).await,
+            Err(message) => self.reject(message),
+        }
+    }
+
     fn checked(&self, text: &str) -> Result<Checked, String> {
+        self.checked_with(text, None)
+    }
+
+    fn checked_with(&self, text: &str, forced: Option<Plan>) -> Result<Checked, String> {
         let loaded = config::load_str(text, &self.path).map_err(|e| e.to_string())?;
         for warning in &loaded.warnings {
             tracing::warn!("{warning}");
@@ -389,7 +446,7 @@ impl Reloader {
         let config = loaded.config.gateway;
         let sections =
             EngineSections::parse(&config.engines, &self.path, text).map_err(|e| e.to_string())?;
-        let plan = plan(&self.current, &config);
+        let plan = forced.unwrap_or_else(|| plan(&self.current, &config));
         // Only the parts the edit changes are built again.
         let webhook = plan
             .webhook
@@ -500,6 +557,7 @@ impl Reloader {
             }
         }
         let effective = effective_json(&config, &sections);
+        self.secret_uses.replace(crate::secret_uses(&config, &sections));
         self.current = config;
         let mut generation = 0;
         self.status.update(|report| {
@@ -542,6 +600,53 @@ impl Reloader {
         });
     }
 }
+
+/// The secrets the transports and engines of `config` read by name, each with
+/// what uses it: `telegram`, `webhook` or `engines`.
+fn secret_users(
+    config: &GatewayConfig,
+    path: &Path,
+    text: &str,
+) -> std::collections::BTreeMap<String, Vec<&'static str>> {
+    let mut users: std::collections::BTreeMap<String, Vec<&'static str>> = Default::default();
+    let sections = EngineSections::parse(&config.engines, path, text).unwrap_or_default();
+    for secret in crate::secret_uses(config, &sections) {
+        if secret.inline {
+            continue;
+        }
+        for used_by in &secret.used_by {
+            let user = match used_by.split('.').next() {
+                Some("telegram") => "telegram",
+                Some("webhook") => "webhook",
+                Some("engines") => "engines",
+                _ => continue,
+            };
+            let entry = users.entry(secret.name.clone()).or_default();
+            if !entry.contains(&user) {
+                entry.push(user);
+            }
+        }
+    }
+    users
+}
+
+/// The values now of the secrets the transports and engines of `config` read
+/// by name (a secret that cannot be read is left out). Blocks on the keychain.
+pub(crate) fn secret_values(
+    config: &GatewayConfig,
+    path: &Path,
+    text: &str,
+    secrets: &lemon_core::secrets::SecretStore,
+) -> std::collections::BTreeMap<String, Option<lemon_core::secrets::SecretValue>> {
+    secret_users(config, path, text)
+        .into_keys()
+        .filter_map(|name| secrets.get(&name).ok().map(|value| (name, value)))
+        .collect()
+}
+
+/// How often the secrets in use are read again, for changes made outside the
+/// API (`lemon-gateway secrets set`, an edit of `secrets.toml`).
+const SECRETS_POLL: Duration = Duration::from_secs(2);
 
 /// The report of the config read at start.
 pub(crate) fn initial_report(
@@ -586,6 +691,9 @@ pub(crate) async fn watch(mut reloader: Reloader, token: CancellationToken) {
     };
     let polling = _watcher.is_none();
     let mut tick = tokio::time::interval(FALLBACK_POLL);
+    let mut secrets_tick = tokio::time::interval(SECRETS_POLL);
+    secrets_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let secrets_changed = reloader.secrets_changed.clone();
     // An edit made while the gateway started is picked up here.
     let mut recheck = reloader.check_file().await;
     loop {
@@ -595,6 +703,14 @@ pub(crate) async fn watch(mut reloader: Reloader, token: CancellationToken) {
             event = rx.recv(), if !polling => if event.is_none() { return },
             _ = tick.tick(), if polling => {}
             () = again, if recheck.is_some() => {}
+            () = secrets_changed.notified() => {
+                reloader.check_secrets().await;
+                continue;
+            }
+            _ = secrets_tick.tick() => {
+                reloader.check_secrets().await;
+                continue;
+            }
         }
         recheck = reloader.check_file().await;
     }

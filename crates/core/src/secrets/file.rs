@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use toml_edit::{DocumentMut, ImDocument, Item, Value};
 
-use super::{SecretSource, SecretValue, SecretsError, SecretsWarning};
+use super::{SecretSource, SecretValue, SecretsError, SecretsWarning, SourceKind};
 use crate::config::Position;
 
 /// The secrets file at a path. The file is read on every lookup and may not
@@ -139,6 +139,29 @@ impl SecretsFile {
     }
 }
 
+impl SecretsFile {
+    /// Removes `name`, keeping the other entries and comments; whether it was
+    /// there. The file is not rewritten when it was not.
+    ///
+    /// # Errors
+    /// [`SecretsError::Read`], [`SecretsError::Malformed`], [`SecretsError::Write`].
+    pub fn remove(&self, name: &str) -> Result<bool, SecretsError> {
+        let Some(text) = self.read_text()? else {
+            return Ok(false);
+        };
+        let mut doc: DocumentMut = self.parse(&text)?.into_mut();
+        if doc.remove(name).is_none() {
+            return Ok(false);
+        }
+        self.write_atomically(doc.to_string().as_bytes()).map_err(|e| SecretsError::Write {
+            path: self.path.clone(),
+            name: name.to_owned(),
+            message: e.to_string(),
+        })?;
+        Ok(true)
+    }
+}
+
 impl SecretSource for SecretsFile {
     fn describe(&self) -> String {
         self.path.display().to_string()
@@ -146,6 +169,26 @@ impl SecretSource for SecretsFile {
 
     fn get(&self, name: &str) -> Result<Option<SecretValue>, SecretsError> {
         Ok(self.get_as_written(name)?.filter(|v| !v.expose().is_empty()))
+    }
+
+    fn kind(&self) -> SourceKind {
+        SourceKind::File
+    }
+
+    fn writable(&self) -> bool {
+        true
+    }
+
+    fn store(&self, name: &str, value: &str) -> Result<(), SecretsError> {
+        self.set(name, value)
+    }
+
+    fn remove(&self, name: &str) -> Result<bool, SecretsError> {
+        SecretsFile::remove(self, name)
+    }
+
+    fn names(&self) -> Result<Vec<String>, SecretsError> {
+        Ok(self.read_all()?.into_keys().collect())
     }
 }
 

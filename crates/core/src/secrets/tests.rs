@@ -330,3 +330,101 @@ fn the_origin_of_a_secret_names_the_source_in_use_and_the_ones_it_overrides() {
     assert_eq!(origin.overrides, [file.display().to_string()]);
     assert_eq!(store.origin("other").unwrap(), None);
 }
+
+/// A writable keychain in memory.
+#[derive(Debug, Default, Clone)]
+struct MemoryKeychain(std::sync::Arc<std::sync::Mutex<BTreeMap<String, String>>>);
+
+impl SecretSource for MemoryKeychain {
+    fn describe(&self) -> String {
+        "keychain".to_owned()
+    }
+    fn get(&self, name: &str) -> Result<Option<SecretValue>, SecretsError> {
+        Ok(self.0.lock().unwrap().get(name).map(SecretValue::new))
+    }
+    fn kind(&self) -> SourceKind {
+        SourceKind::Keychain
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn store(&self, name: &str, value: &str) -> Result<(), SecretsError> {
+        self.0.lock().unwrap().insert(name.to_owned(), value.to_owned());
+        Ok(())
+    }
+    fn remove(&self, name: &str) -> Result<bool, SecretsError> {
+        Ok(self.0.lock().unwrap().remove(name).is_some())
+    }
+    fn names(&self) -> Result<Vec<String>, SecretsError> {
+        Ok(self.0.lock().unwrap().keys().cloned().collect())
+    }
+}
+
+fn with_keychain(store: SecretStore, keychain: &MemoryKeychain) -> SecretStore {
+    let status = KeychainStatus { available: true, detail: "memory".to_owned() };
+    store.with_keychain(Some(Box::new(keychain.clone())), status)
+}
+
+#[test]
+fn store_saves_to_the_keychain_and_takes_the_file_copy_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let keychain = MemoryKeychain::default();
+    let store = with_keychain(
+        store(dir.path(), &[("FROM_ENV", "e")], Some("tg_token = \"old\"\nkeep = \"k\"\n")),
+        &keychain,
+    );
+    assert_eq!(store.kind_of("tg_token").unwrap(), Some(SourceKind::File));
+    assert_eq!(store.store("tg_token", "new-value").unwrap(), SourceKind::Keychain);
+    check_get(&store, "tg_token", Some("new-value"));
+    assert_eq!(store.kind_of("tg_token").unwrap(), Some(SourceKind::Keychain));
+    let file = fs::read_to_string(store.file_path()).unwrap();
+    assert!(!file.contains("tg_token") && file.contains("keep"), "{file}");
+    assert_eq!(store.kind_of("from_env").unwrap(), Some(SourceKind::Env));
+    assert_eq!(store.stored_names().unwrap(), ["keep", "tg_token"]);
+    assert!(store.delete("tg_token").unwrap());
+    assert!(!store.delete("tg_token").unwrap(), "already gone");
+    check_get(&store, "tg_token", None);
+    assert!(store.keychain().available);
+}
+
+#[test]
+fn store_without_a_keychain_saves_to_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path(), &[], None);
+    assert!(!store.keychain().available);
+    assert_eq!(store.store("openai_api_key", "sk-1").unwrap(), SourceKind::File);
+    assert_eq!(mode(store.file_path()), 0o600);
+    check_get(&store, "openai_api_key", Some("sk-1"));
+    assert!(store.delete("openai_api_key").unwrap());
+    check_get(&store, "openai_api_key", None);
+    assert!(store.migrate_file().unwrap_err().to_string().contains("not available"));
+}
+
+#[test]
+fn settable_names_are_lowercase_digits_and_underscores() {
+    for good in ["a", "telegram_bot_token", "key2", &"x".repeat(64)] {
+        check_settable_name(good).unwrap();
+    }
+    for bad in ["", "A", "with-dash", "dot.ted", "spa ce", "é", &"x".repeat(65), "../x"] {
+        assert!(check_settable_name(bad).is_err(), "{bad:?}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    assert!(store(dir.path(), &[], None).store("Bad-Name", "v").is_err());
+}
+
+#[test]
+fn migrate_moves_the_file_into_the_keychain() {
+    let dir = tempfile::tempdir().unwrap();
+    let keychain = MemoryKeychain::default();
+    let store = with_keychain(
+        store(dir.path(), &[], Some("a = \"1\"\nb = \"2\"\n# kept\nblank = \"\"\n")),
+        &keychain,
+    );
+    assert_eq!(store.migrate_file().unwrap(), ["a", "b"]);
+    check_get(&store, "a", Some("1"));
+    check_get(&store, "b", Some("2"));
+    let file = fs::read_to_string(store.file_path()).unwrap();
+    assert!(!file.contains("a = ") && !file.contains("b = "), "{file}");
+    assert!(file.contains("# kept\nblank"), "other entries and their comments stay: {file}");
+    assert_eq!(keychain.names().unwrap(), ["a", "b"]);
+}

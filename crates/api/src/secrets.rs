@@ -1,0 +1,226 @@
+//! `/v1/secrets`: which secrets there are, where each is kept and what uses
+//! it; set and delete them. Values go in and are never sent back, logged or
+//! put in an error.
+//!
+//! | method | path | success |
+//! | --- | --- | --- |
+//! | `GET` | `/v1/secrets` | `200 {"secrets": [{"name", "source", "used_by"}], "keychain": {"available", "detail"}}` |
+//! | `PUT` | `/v1/secrets/{name}` body `{"value"}` | `200 {"name", "source"}`: saved in the keychain when there is one, else the secrets file |
+//! | `DELETE` | `/v1/secrets/{name}` | `200 {"name", "deleted": true}` |
+//!
+//! `source` is `keychain`, `env`, `file` or `inline` (written into
+//! config.toml; such an entry's name is its key there), or `null` for a secret
+//! the config names that no source has. Names are `[a-z0-9_]{1,64}`. The
+//! routes are merged into the control API ([`crate::api::router_with`]), behind
+//! its bearer token. A change is announced on [`SecretsApi::changed`], so the
+//! components using the secret take the new value without a restart.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use lemon_core::secrets::{check_settable_name, SecretStore, SecretsError, SourceKind};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use crate::error::{ApiError, JsonBody, PathParams};
+
+/// Longest secret value accepted, in bytes.
+pub const MAX_VALUE_BYTES: usize = 64 * 1024;
+
+/// One secret the config uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretUse {
+    /// The secret's name (`telegram_bot_token`), or for an inline value its
+    /// key in config.toml (`gateway.telegram.bot_token`).
+    pub name: String,
+    /// What uses it: `api`, `telegram`, `engines.claude`, `webhook.zapier`.
+    pub used_by: Vec<String>,
+    /// Written into config.toml rather than named.
+    pub inline: bool,
+}
+
+/// The secrets the config in force uses; the server replaces the list when a
+/// config edit is applied.
+#[derive(Debug, Clone, Default)]
+pub struct SecretUses(Arc<RwLock<Vec<SecretUse>>>);
+
+impl SecretUses {
+    pub fn new(uses: Vec<SecretUse>) -> Self {
+        SecretUses(Arc::new(RwLock::new(uses)))
+    }
+
+    pub fn replace(&self, uses: Vec<SecretUse>) {
+        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = uses;
+    }
+
+    pub fn get(&self) -> Vec<SecretUse> {
+        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+/// What the secrets routes share.
+#[derive(Clone)]
+pub struct SecretsApi {
+    pub store: Arc<SecretStore>,
+    pub uses: SecretUses,
+    /// Notified after every change (`PUT`, `DELETE`).
+    pub changed: Arc<Notify>,
+}
+
+impl fmt::Debug for SecretsApi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SecretsApi").field("store", &self.store).finish_non_exhaustive()
+    }
+}
+
+/// The routes, to merge into the control API.
+pub fn routes(api: SecretsApi) -> Router {
+    Router::new()
+        .route("/v1/secrets", get(list))
+        .route("/v1/secrets/{name}", axum::routing::put(put).delete(delete))
+        .with_state(api)
+}
+
+/// One row of [`listing`]: a name, where it is kept (`None`: nowhere) and what
+/// uses it.
+pub type SecretRow = (String, Option<SourceKind>, Vec<String>);
+
+/// Every name worth showing with where it is kept and what uses it: the
+/// config's, then the ones stored in the keychain or the file.
+///
+/// # Errors
+/// A source that cannot be read.
+pub fn listing(store: &SecretStore, uses: &[SecretUse]) -> Result<Vec<SecretRow>, SecretsError> {
+    let mut rows: BTreeMap<String, (Option<SourceKind>, Vec<String>)> = BTreeMap::new();
+    for secret in uses {
+        let row = rows.entry(secret.name.clone()).or_default();
+        row.1.extend(secret.used_by.iter().cloned());
+        if secret.inline {
+            row.0 = Some(SourceKind::Inline);
+        }
+    }
+    for name in store.stored_names()? {
+        rows.entry(name).or_default();
+    }
+    let mut out = Vec::new();
+    for (name, (inline, mut used_by)) in rows {
+        let source = match inline {
+            Some(kind) => Some(kind),
+            None => store.kind_of(&name)?,
+        };
+        used_by.sort();
+        used_by.dedup();
+        out.push((name, source, used_by));
+    }
+    Ok(out)
+}
+
+/// A store error as the API reports it (names, never values).
+fn store_error(error: SecretsError) -> ApiError {
+    match error {
+        SecretsError::InvalidName { name } => ApiError::BadRequest(format!(
+            "invalid secret name {name:?}: use 1 to 64 lowercase letters, digits and `_`"
+        )),
+        other => ApiError::Internal(other.to_string()),
+    }
+}
+
+/// Runs a store call off the async threads (a keychain call may block until
+/// its timeout).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, SecretsError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::Internal(format!("secret store task failed: {e}")))?
+        .map_err(store_error)
+}
+
+async fn list(State(api): State<SecretsApi>) -> Result<Json<Value>, ApiError> {
+    let store = api.store.clone();
+    let uses = api.uses.get();
+    let rows = blocking(move || listing(&store, &uses)).await?;
+    let secrets: Vec<Value> = rows
+        .into_iter()
+        .map(|(name, source, used_by)| {
+            json!({ "name": name, "source": source.map(SourceKind::as_str), "used_by": used_by })
+        })
+        .collect();
+    let keychain = api.store.keychain();
+    Ok(Json(json!({
+        "secrets": secrets,
+        "keychain": { "available": keychain.available, "detail": keychain.detail },
+    })))
+}
+
+/// `PUT /v1/secrets/{name}`'s body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PutBody {
+    value: String,
+}
+
+fn checked_name(name: &str) -> Result<(), ApiError> {
+    check_settable_name(name).map_err(store_error)
+}
+
+async fn put(
+    State(api): State<SecretsApi>,
+    PathParams(name): PathParams<String>,
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Json<Value>, ApiError> {
+    checked_name(&name)?;
+    let body: PutBody = serde_json::from_value(body).map_err(|_| {
+        ApiError::BadRequest("the body must be {\"value\": \"…\"} with a string value".to_owned())
+    })?;
+    if body.value.trim().is_empty() {
+        return Err(ApiError::BadRequest("the value is blank".to_owned()));
+    }
+    if body.value.len() > MAX_VALUE_BYTES {
+        return Err(ApiError::BadRequest(format!(
+            "the value is longer than {MAX_VALUE_BYTES} bytes"
+        )));
+    }
+    let store = api.store.clone();
+    let key = name.clone();
+    let source = blocking(move || store.store(&key, &body.value)).await?;
+    tracing::info!(secret = %name, source = source.as_str(), "secret saved");
+    api.changed.notify_one();
+    Ok(Json(json!({ "name": name, "source": source.as_str() })))
+}
+
+async fn delete(
+    State(api): State<SecretsApi>,
+    PathParams(name): PathParams<String>,
+) -> Result<Json<Value>, ApiError> {
+    checked_name(&name)?;
+    let store = api.store.clone();
+    let key = name.clone();
+    let (deleted, left) = blocking(move || {
+        let deleted = store.delete(&key)?;
+        Ok((deleted, store.kind_of(&key)?))
+    })
+    .await?;
+    if !deleted {
+        return Err(match left {
+            Some(SourceKind::Env) => ApiError::Conflict(format!(
+                "secret {name:?} is set in the gateway's environment ({}); remove it there",
+                lemon_core::secrets::env_var_name(&name)
+            )),
+            _ => ApiError::NotFound(format!(
+                "secret {name:?} is not stored in the keychain or the secrets file"
+            )),
+        });
+    }
+    tracing::info!(secret = %name, "secret deleted");
+    api.changed.notify_one();
+    Ok(Json(json!({ "name": name, "deleted": true })))
+}
+
+#[cfg(test)]
+mod tests;
