@@ -15,5 +15,6 @@
 //! `lemon_api::error::ApiError`, like the control API.
 
 pub mod delivery;
+pub mod email;
 pub mod telegram;
 pub mod webhook;
