@@ -15,6 +15,7 @@ mod cli_process;
 mod cli_support;
 mod cli_ux;
 mod cron_e2e;
+mod email_e2e;
 mod first_run;
 mod gateway_e2e;
 mod hardening_e2e;

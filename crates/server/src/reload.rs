@@ -108,6 +108,7 @@ const LIVE_KEYS: &[&str] = &[
     "webhook",
     "enable_telegram",
     "telegram",
+    "email",
 ];
 
 /// Keys of `[gateway]` whose edits wait for a restart.
@@ -132,6 +133,7 @@ pub(crate) struct Plan {
     pub(crate) engines: bool,
     pub(crate) webhook: bool,
     pub(crate) telegram: bool,
+    pub(crate) email: bool,
     pub(crate) shutdown_grace: bool,
     /// `[[gateway.cron]]` is put in step with the stored jobs.
     pub(crate) cron: bool,
@@ -170,6 +172,7 @@ pub(crate) fn plan(current: &GatewayConfig, next: &GatewayConfig) -> Plan {
             "enable_webhook" | "webhook" => plan.webhook = true,
             "cron" => plan.cron = true,
             "enable_telegram" | "telegram" => plan.telegram = true,
+            "email" => plan.email = true,
             "default_engine"
             | "native_only"
             | "queue"
@@ -327,6 +330,7 @@ struct Checked {
     engines: Option<lemon_core::engine::EngineRegistry>,
     webhook: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
     telegram: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
+    email: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
     plan: Plan,
 }
 
@@ -393,6 +397,12 @@ impl Reloader {
             .then(|| crate::telegram_transport(&config, &self.secrets, &self.path, text))
             .transpose()
             .map_err(|e| e.to_string())?;
+        let workspace = config.workspace(&self.lemon_home, self.user_home.as_deref());
+        let email = plan
+            .email
+            .then(|| crate::email_transport(&config, &self.secrets, &self.path, text, &workspace))
+            .transpose()
+            .map_err(|e| e.to_string())?;
         let engines = plan
             .engines
             .then(|| (self.build_engines)(&sections))
@@ -404,7 +414,7 @@ impl Reloader {
         for warning in crate::section_warnings(&config, &sections, table, &self.path, text) {
             tracing::warn!("{warning}");
         }
-        Ok(Checked { config, sections, engines, webhook, telegram, plan })
+        Ok(Checked { config, sections, engines, webhook, telegram, email, plan })
     }
 
     fn reject(&mut self, error: String) {
@@ -420,7 +430,7 @@ impl Reloader {
     }
 
     async fn apply(&mut self, checked: Checked) {
-        let Checked { config, sections, engines, webhook, telegram, plan } = checked;
+        let Checked { config, sections, engines, webhook, telegram, email, plan } = checked;
         let pending = pending_restarts(&self.started, &config);
         if plan.is_empty() {
             self.status.update(|report| {
@@ -472,7 +482,11 @@ impl Reloader {
             self.shutdown_grace_ms.store(config.shutdown_grace_ms, Ordering::Relaxed);
         }
         for (id, transport) in
-            [(webhook::WEBHOOK_TRANSPORT_ID, webhook), (telegram::inbound::TRANSPORT_ID, telegram)]
+            [
+                (webhook::WEBHOOK_TRANSPORT_ID, webhook),
+                (telegram::inbound::TRANSPORT_ID, telegram),
+                (lemon_transports::email::TRANSPORT_ID, email),
+            ]
         {
             match transport {
                 None => {}

@@ -317,7 +317,7 @@ impl EmailConfig {
     pub fn resolve_secrets(&self, secrets: &SecretStore) -> Result<EmailSecrets, EmailConfigError> {
         let read = |key: &str, name: &str| {
             lemon_core::transport::inline_or_secret(key, None, Some(name), secrets)
-                .map_err(|message| EmailConfigError(format!("`{message}")))
+                .map_err(|message| EmailConfigError(format!("`{}", message.replacen(": ", "`: ", 1))))
                 .map(Some)
         };
         Ok(EmailSecrets {
