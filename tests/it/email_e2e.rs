@@ -166,7 +166,8 @@ async fn an_email_thread_is_one_conversation_across_three_replies() {
     imap.append(&mail(&from, "other@example.com", "Other", "unrelated", "")).await;
     smtp.wait_for("the other answer", PATIENCE, |m| m.len() == 4).await;
     let runs = self::runs(&gateway).await;
-    let other = runs.iter().find(|r| r["prompt"].as_str().unwrap_or_default().contains("unrelated"));
+    let other =
+        runs.iter().find(|r| r["prompt"].as_str().unwrap_or_default().contains("unrelated"));
     let other_key = other.map(|r| r["session_key"].as_str().unwrap().to_owned());
     assert!(other_key.is_some_and(|k| k != keys[0]), "{runs:?}");
     gateway.terminate().await;
@@ -186,7 +187,8 @@ async fn a_forged_or_disallowed_sender_gets_no_run() {
     let auto = "Auto-Submitted: auto-replied\r\n";
     imap.append(&mail(ALICE, "x3@example.com", "Out of office", "away", auto)).await;
     // Mail is taken in UID order: once this one is answered, the others were seen.
-    let passed = "Authentication-Results: mx.lemon.test; dkim=pass header.d=friends.test; spf=pass\r\n";
+    let passed =
+        "Authentication-Results: mx.lemon.test; dkim=pass header.d=friends.test; spf=pass\r\n";
     imap.append(&mail("bob@friends.test", "x4@friends.test", "Hi", "genuine", passed)).await;
 
     let mails = smtp.wait_for("the genuine answer", PATIENCE, |m| !m.is_empty()).await;
@@ -287,7 +289,8 @@ async fn the_inbound_webhook_with_a_wrong_token_is_401_and_starts_nothing() {
     let disallowed = serde_json::json!({
         "from": "eve@evil.test", "text": "hi", "message_id": "<w0@evil.test>",
     });
-    let response = http.post(&url).bearer_auth(WEBHOOK_TOKEN).json(&disallowed).send().await.unwrap();
+    let response =
+        http.post(&url).bearer_auth(WEBHOOK_TOKEN).json(&disallowed).send().await.unwrap();
     assert_eq!(response.status(), 403);
     let response = http
         .post(&url)

@@ -41,7 +41,11 @@ fn passwd() -> Vec<(String, u32, u32)> {
     text.lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split(':').collect();
-            Some((fields.first()?.to_string(), fields.get(2)?.parse().ok()?, fields.get(3)?.parse().ok()?))
+            Some((
+                fields.first()?.to_string(),
+                fields.get(2)?.parse().ok()?,
+                fields.get(3)?.parse().ok()?,
+            ))
         })
         .collect()
 }
@@ -144,13 +148,16 @@ impl Dovecot {
         let dovecot = Dovecot { child, port, dir };
         let deadline = tokio::time::Instant::now() + patience;
         loop {
-            if let Ok(Ok(stream)) =
-                tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(("127.0.0.1", port)))
-                    .await
+            if let Ok(Ok(stream)) = tokio::time::timeout(
+                Duration::from_secs(2),
+                TcpStream::connect(("127.0.0.1", port)),
+            )
+            .await
             {
                 let mut lines = BufReader::new(stream);
                 let mut greeting = String::new();
-                let read = tokio::time::timeout(Duration::from_secs(5), lines.read_line(&mut greeting));
+                let read =
+                    tokio::time::timeout(Duration::from_secs(5), lines.read_line(&mut greeting));
                 if matches!(read.await, Ok(Ok(n)) if n > 0) && greeting.starts_with("* OK") {
                     return dovecot;
                 }
@@ -183,7 +190,8 @@ impl Dovecot {
     /// When the server does not take it.
     pub async fn append(&self, raw: &str) {
         let raw = raw.replace("\r\n", "\n").replace('\n', "\r\n");
-        let stream = TcpStream::connect(("127.0.0.1", self.port)).await.expect("connect to dovecot");
+        let stream =
+            TcpStream::connect(("127.0.0.1", self.port)).await.expect("connect to dovecot");
         let (read, mut write) = stream.into_split();
         let mut lines = BufReader::new(read);
         let mut line = String::new();

@@ -253,8 +253,10 @@ async fn serve(
                 encoded = next.trim().to_owned();
             }
             let decoded = b64.decode(encoded).unwrap_or_default();
-            let parts: Vec<String> =
-                decoded.split(|b| *b == 0).map(|p| String::from_utf8_lossy(p).into_owned()).collect();
+            let parts: Vec<String> = decoded
+                .split(|b| *b == 0)
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .collect();
             match parts.as_slice() {
                 [_, user, pass] => {
                     auth = Some((user.clone(), pass.clone()));
@@ -269,7 +271,9 @@ async fn serve(
             write.write_all(b"334 UGFzc3dvcmQ6\r\n").await?;
             let mut pass = String::new();
             lines.read_line(&mut pass).await?;
-            let text = |s: &str| String::from_utf8_lossy(&b64.decode(s.trim()).unwrap_or_default()).into_owned();
+            let text = |s: &str| {
+                String::from_utf8_lossy(&b64.decode(s.trim()).unwrap_or_default()).into_owned()
+            };
             auth = Some((text(&user), text(&pass)));
             "235 2.7.0 Authentication successful\r\n".into()
         } else if upper.starts_with("MAIL FROM:") {

@@ -481,13 +481,11 @@ impl Reloader {
         if plan.shutdown_grace {
             self.shutdown_grace_ms.store(config.shutdown_grace_ms, Ordering::Relaxed);
         }
-        for (id, transport) in
-            [
-                (webhook::WEBHOOK_TRANSPORT_ID, webhook),
-                (telegram::inbound::TRANSPORT_ID, telegram),
-                (lemon_transports::email::TRANSPORT_ID, email),
-            ]
-        {
+        for (id, transport) in [
+            (webhook::WEBHOOK_TRANSPORT_ID, webhook),
+            (telegram::inbound::TRANSPORT_ID, telegram),
+            (lemon_transports::email::TRANSPORT_ID, email),
+        ] {
             match transport {
                 None => {}
                 Some(None) => self.transports.stop(id).await,

@@ -231,8 +231,8 @@ impl EmailConfig {
     /// # Errors
     /// A wrong type or value.
     pub fn parse_values(table: &toml::Table) -> Result<(Self, Vec<UnknownKey>), EmailConfigError> {
-        let (config, ignored) = parse_table::<EmailConfig>(table)
-            .map_err(|err| EmailConfigError(err.to_string()))?;
+        let (config, ignored) =
+            parse_table::<EmailConfig>(table).map_err(|err| EmailConfigError(err.to_string()))?;
         let known = field_names::<EmailConfig>();
         let unknown =
             ignored.into_iter().map(|path| UnknownKey::new(path, known.iter().copied())).collect();
@@ -253,7 +253,8 @@ impl EmailConfig {
             }
         }
         let agent = self.agent_id.trim();
-        if agent.is_empty() || !agent.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        if agent.is_empty()
+            || !agent.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         {
             return err(format!("`agent_id`: {agent:?} must be letters, digits, '-' or '_'"));
         }
@@ -279,15 +280,24 @@ impl EmailConfig {
                 return err("`smtp.host`: empty".into());
             }
             if smtp.username.is_some() != smtp.password_secret.is_some() {
-                return err("`smtp.password_secret`: set both username and password_secret, or neither".into());
+                return err(
+                    "`smtp.password_secret`: set both username and password_secret, or neither"
+                        .into(),
+                );
             }
         }
         if let Some(hook) = &self.inbound_webhook {
             if hook.listen.parse::<std::net::SocketAddr>().is_err() {
-                return err(format!("`inbound_webhook.listen`: {:?} is not address:port", hook.listen));
+                return err(format!(
+                    "`inbound_webhook.listen`: {:?} is not address:port",
+                    hook.listen
+                ));
             }
             if !hook.path.starts_with('/') || hook.path.contains(['{', '}', '*', '?', '#']) {
-                return err(format!("`inbound_webhook.path`: {:?} must be a plain path starting with '/'", hook.path));
+                return err(format!(
+                    "`inbound_webhook.path`: {:?} must be a plain path starting with '/'",
+                    hook.path
+                ));
             }
         }
         Ok(())
@@ -317,7 +327,9 @@ impl EmailConfig {
     pub fn resolve_secrets(&self, secrets: &SecretStore) -> Result<EmailSecrets, EmailConfigError> {
         let read = |key: &str, name: &str| {
             lemon_core::transport::inline_or_secret(key, None, Some(name), secrets)
-                .map_err(|message| EmailConfigError(format!("`{}", message.replacen(": ", "`: ", 1))))
+                .map_err(|message| {
+                    EmailConfigError(format!("`{}", message.replacen(": ", "`: ", 1)))
+                })
                 .map(Some)
         };
         Ok(EmailSecrets {

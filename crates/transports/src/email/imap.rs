@@ -33,7 +33,10 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 const RECONNECT: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 
 /// A stream IMAP runs over: TCP, or TLS over TCP.
-pub(super) trait ImapStream: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug {}
+pub(super) trait ImapStream:
+    AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug
+{
+}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug> ImapStream for T {}
 
 type ImapSession = Session<Box<dyn ImapStream>>;
@@ -267,7 +270,11 @@ impl Watcher {
     }
 
     /// Hands over every mail after the cursor, in UID order.
-    async fn catch_up(&self, session: &mut ImapSession, cursor: &mut Cursor) -> Result<(), SessionEnd> {
+    async fn catch_up(
+        &self,
+        session: &mut ImapSession,
+        cursor: &mut Cursor,
+    ) -> Result<(), SessionEnd> {
         let query = format!("UID {}:*", cursor.last_uid.saturating_add(1));
         let found = tokio::time::timeout(COMMAND_TIMEOUT, session.uid_search(&query)).await;
         let mut uids: Vec<u32> = match found {

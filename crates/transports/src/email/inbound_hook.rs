@@ -116,7 +116,9 @@ async fn receive(
     };
     let posted: PostedMail = match serde_json::from_value(value) {
         Ok(posted) => posted,
-        Err(error) => return ApiError::BadRequest(format!("invalid mail: {error}")).into_response(),
+        Err(error) => {
+            return ApiError::BadRequest(format!("invalid mail: {error}")).into_response()
+        }
     };
     let mail = match to_mail(posted) {
         Ok(mail) => mail,
@@ -126,11 +128,10 @@ async fn receive(
         }
     };
     match state.mailer.handle(mail).await {
-        Handled::Accepted(run_id) => (
-            StatusCode::ACCEPTED,
-            Json(json!({ "run_id": run_id.as_str(), "status": "accepted" })),
-        )
-            .into_response(),
+        Handled::Accepted(run_id) => {
+            (StatusCode::ACCEPTED, Json(json!({ "run_id": run_id.as_str(), "status": "accepted" })))
+                .into_response()
+        }
         Handled::Duplicate(run_id) => (
             StatusCode::ACCEPTED,
             Json(json!({ "run_id": run_id.as_str(), "status": "duplicate" })),
@@ -186,7 +187,13 @@ fn to_mail(posted: PostedMail) -> Result<InboundMail, String> {
     let message_id = message_id.ok_or("message_id: missing (relays pass the mail's Message-ID)")?;
     Ok(InboundMail {
         message_id,
-        in_reply_to: posted.in_reply_to.as_deref().map(clean).into_iter().filter(|id| !id.is_empty()).collect(),
+        in_reply_to: posted
+            .in_reply_to
+            .as_deref()
+            .map(clean)
+            .into_iter()
+            .filter(|id| !id.is_empty())
+            .collect(),
         references,
         from: Some(from),
         subject: subject.trim().to_owned(),

@@ -171,7 +171,12 @@ pub fn parse(raw: &[u8]) -> Option<InboundMail> {
 
 /// `<id@host>` → `id@host`, trimmed; control characters dropped.
 fn clean_id(raw: &str) -> String {
-    raw.trim().trim_start_matches('<').trim_end_matches('>').chars().filter(|c| !c.is_control()).collect()
+    raw.trim()
+        .trim_start_matches('<')
+        .trim_end_matches('>')
+        .chars()
+        .filter(|c| !c.is_control())
+        .collect()
 }
 
 /// The last path component of `name` with only safe characters, so it cannot
@@ -272,7 +277,10 @@ fn is_attribution(line: &str, rest: &[&str]) -> bool {
     let ends = |l: &str| l.trim_end().ends_with("wrote:") || l.trim_end().ends_with("schrieb:");
     let starts = line.starts_with("On ") || line.starts_with("Am ") || line.starts_with("Le ");
     let quoted_next = |from: usize| {
-        rest.iter().skip(from).find(|l| !l.trim().is_empty()).is_none_or(|l| l.trim_start().starts_with('>'))
+        rest.iter()
+            .skip(from)
+            .find(|l| !l.trim().is_empty())
+            .is_none_or(|l| l.trim_start().starts_with('>'))
     };
     if starts && ends(line) {
         return quoted_next(0);
@@ -331,7 +339,11 @@ pub fn session_key(agent_id: &str, thread: &str) -> Option<SessionKey> {
 pub fn thread_of(session_key: &str) -> Option<&str> {
     let parts: Vec<&str> = session_key.split(':').collect();
     match parts.as_slice() {
-        ["agent", _, TRANSPORT_ID, thread] if thread.len() == 20 && thread.chars().all(|c| c.is_ascii_hexdigit()) => Some(thread),
+        ["agent", _, TRANSPORT_ID, thread]
+            if thread.len() == 20 && thread.chars().all(|c| c.is_ascii_hexdigit()) =>
+        {
+            Some(thread)
+        }
         _ => None,
     }
 }

@@ -173,11 +173,14 @@ impl Transport for EmailTransport {
             }
             _ => None,
         };
-        let webhook_addr = listener.as_ref().map(|(_, local, path, _)| format!("http://{local}{path}"));
+        let webhook_addr =
+            listener.as_ref().map(|(_, local, path, _)| format!("http://{local}{path}"));
         let detail: Detail = {
-            let imap = self.config.imap.as_ref().map(|imap| {
-                format!("imap:{}@{}/{}", imap.username, imap.host, imap.folder)
-            });
+            let imap = self
+                .config
+                .imap
+                .as_ref()
+                .map(|imap| format!("imap:{}@{}/{}", imap.username, imap.host, imap.folder));
             let parts: Vec<String> = imap.into_iter().chain(webhook_addr.clone()).collect();
             let deliveries = service.deliveries.clone();
             Arc::new(move || match deliveries.given_up_count() {

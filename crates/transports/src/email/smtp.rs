@@ -66,7 +66,11 @@ impl SmtpSender {
     ///
     /// # Errors
     /// `from` is not a mailbox, or the TLS settings cannot be built.
-    pub(super) fn new(config: &SmtpConfig, password: Option<&str>, from: &str) -> Result<Self, String> {
+    pub(super) fn new(
+        config: &SmtpConfig,
+        password: Option<&str>,
+        from: &str,
+    ) -> Result<Self, String> {
         let from: Mailbox = from.parse().map_err(|e| format!("`from`: {e}"))?;
         let domain = from.email.domain().to_owned();
         let host = config.host.trim().to_owned();
@@ -121,7 +125,9 @@ impl SmtpSender {
             .singlepart(
                 SinglePart::builder().header(ContentType::TEXT_PLAIN).body(mail.text.clone()),
             )
-            .singlepart(SinglePart::builder().header(ContentType::TEXT_HTML).body(to_html(&mail.text)));
+            .singlepart(
+                SinglePart::builder().header(ContentType::TEXT_HTML).body(to_html(&mail.text)),
+            );
         let mut message = builder.multipart(body).map_err(|e| SmtpError::Build(e.to_string()))?;
         // RFC 3834: an answer by a program, so auto-responders do not answer it.
         message.headers_mut().insert_raw(lettre::message::header::HeaderValue::new(

@@ -44,16 +44,35 @@ fn mistakes_name_their_key() {
         let err = parse(text).expect_err(text);
         assert!(err.0.contains(key), "{key}: {err}");
     };
-    check("[smtp]\nhost = \"s\"\n[imap]\nhost=\"i\"\nusername=\"u\"\npassword_secret=\"p\"", "`from`");
+    check(
+        "[smtp]\nhost = \"s\"\n[imap]\nhost=\"i\"\nusername=\"u\"\npassword_secret=\"p\"",
+        "`from`",
+    );
     check("from = \"a@b.cd\"\n[smtp]\nhost = \"s\"", "mail has no way in");
     check("from = \"a@b.cd\"\n[inbound_webhook]\ntoken_secret = \"t\"", "[gateway.email.smtp]");
     check(&format!("{MINIMAL}security = \"ssl\""), "security");
     check(&MINIMAL.replace("host = \"imap.example.com\"", "host = \"i\"\nport = 99999"), "port");
-    check(&format!("{MINIMAL}[inbound_webhook]\ntoken_secret = \"t\"\nlisten = \"x\""), "`inbound_webhook.listen`");
-    check(&format!("{MINIMAL}[inbound_webhook]\ntoken_secret = \"t\"\npath = \"in\""), "`inbound_webhook.path`");
-    check(&MINIMAL.replace("[smtp]\nhost = \"smtp.example.com\"\n", "[smtp]\nhost = \"s\"\nusername = \"u\"\n"), "`smtp.password_secret`");
+    check(
+        &format!("{MINIMAL}[inbound_webhook]\ntoken_secret = \"t\"\nlisten = \"x\""),
+        "`inbound_webhook.listen`",
+    );
+    check(
+        &format!("{MINIMAL}[inbound_webhook]\ntoken_secret = \"t\"\npath = \"in\""),
+        "`inbound_webhook.path`",
+    );
+    check(
+        &MINIMAL.replace(
+            "[smtp]\nhost = \"smtp.example.com\"\n",
+            "[smtp]\nhost = \"s\"\nusername = \"u\"\n",
+        ),
+        "`smtp.password_secret`",
+    );
     check(&format!("agent_id = \"a:b\"\n{MINIMAL}"), "`agent_id`");
-    check(&MINIMAL.replace("username = \"agent@example.com\"", "username = \"u\"\nfolder = \"a\\\"b\""), "`imap.folder`");
+    check(
+        &MINIMAL
+            .replace("username = \"agent@example.com\"", "username = \"u\"\nfolder = \"a\\\"b\""),
+        "`imap.folder`",
+    );
 }
 
 #[test]
