@@ -119,6 +119,13 @@ async fn an_email_gets_a_reply_in_its_thread() {
     assert_eq!(runs.len(), 1, "{runs:?}");
     let key = runs[0]["session_key"].as_str().unwrap();
     assert!(key.starts_with("agent:default:email:"), "{key}");
+
+    let health = gateway.http.get(format!("{}/healthz", gateway.health)).send().await.unwrap();
+    let health: Value = health.json().await.unwrap();
+    assert_eq!(health["transports"]["email"]["state"], "running", "{health}");
+    let status = gateway.status().await;
+    let detail = status["transports"]["email"]["detail"].as_str().unwrap();
+    assert!(detail.starts_with("imap:lemon@127.0.0.1/INBOX"), "{detail}");
     gateway.terminate().await;
 }
 
@@ -318,4 +325,24 @@ async fn the_inbound_webhook_with_a_wrong_token_is_401_and_starts_nothing() {
     assert_eq!(again["run_id"], accepted["run_id"]);
     assert_eq!(runs(&gateway).await.len(), 1);
     gateway.terminate().await;
+}
+
+#[tokio::test]
+async fn a_mistake_in_the_email_section_is_placed_in_the_file_and_a_missing_secret_named() {
+    let smtp = FakeSmtp::start().await;
+    let text = config(None, &smtp, true).replace("security = \"none\"", "security = \"ssl\"");
+    let home = home_with(&text);
+    secrets(home.path());
+    let (code, stderr) = crate::support::failed_start(home.path()).await;
+    assert_ne!(code, Some(0));
+    let line = text.lines().position(|l| l.starts_with("security")).unwrap() + 1;
+    let at = format!("config.toml:{line}:12: gateway.email.smtp.security");
+    assert!(stderr.contains(&at), "{at}\n{stderr}");
+
+    // Without the secrets file: the secret is named, its value nowhere.
+    let home = home_with(&config(None, &smtp, true));
+    let (code, stderr) = crate::support::failed_start(home.path()).await;
+    assert_ne!(code, Some(0));
+    assert!(stderr.contains("smtp_password"), "{stderr}");
+    assert!(!stderr.contains(SMTP_PASSWORD));
 }

@@ -74,6 +74,7 @@ pub struct EmailConfig {
 /// `[gateway.email.imap]`: where mail comes in.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ImapConfig {
+    #[serde(default)]
     pub host: String,
     /// Default 993 with TLS, 143 without.
     #[serde(default)]
@@ -82,8 +83,10 @@ pub struct ImapConfig {
     /// server on this machine only.
     #[serde(default = "defaults::yes")]
     pub tls: bool,
+    #[serde(default)]
     pub username: String,
     /// The name of the secret holding the password (an app password).
+    #[serde(default)]
     pub password_secret: String,
     /// The folder watched.
     #[serde(default = "defaults::folder")]
@@ -114,6 +117,7 @@ pub enum SmtpSecurity {
 /// `[gateway.email.smtp]`: where answers go out.
 #[derive(Debug, Clone, Deserialize)]
 pub struct SmtpConfig {
+    #[serde(default)]
     pub host: String,
     /// Default 587 (STARTTLS), 465 (TLS) or 25 (none).
     #[serde(default)]
@@ -262,8 +266,14 @@ impl EmailConfig {
             return err("`delivery_attempts`: at least 1".into());
         }
         if let Some(imap) = &self.imap {
-            if imap.host.trim().is_empty() {
-                return err("`imap.host`: empty".into());
+            for (key, value) in [
+                ("imap.host", &imap.host),
+                ("imap.username", &imap.username),
+                ("imap.password_secret", &imap.password_secret),
+            ] {
+                if value.trim().is_empty() {
+                    return err(format!("`{key}`: required"));
+                }
             }
             if imap.folder.trim().is_empty() || imap.folder.contains(['"', '\r', '\n', '\\']) {
                 return err(format!("`imap.folder`: {:?} is not a folder name", imap.folder));
@@ -277,7 +287,7 @@ impl EmailConfig {
         }
         if let Some(smtp) = &self.smtp {
             if smtp.host.trim().is_empty() {
-                return err("`smtp.host`: empty".into());
+                return err("`smtp.host`: required".into());
             }
             if smtp.username.is_some() != smtp.password_secret.is_some() {
                 return err(
@@ -287,6 +297,9 @@ impl EmailConfig {
             }
         }
         if let Some(hook) = &self.inbound_webhook {
+            if hook.token_secret.trim().is_empty() {
+                return err("`inbound_webhook.token_secret`: required".into());
+            }
             if hook.listen.parse::<std::net::SocketAddr>().is_err() {
                 return err(format!(
                     "`inbound_webhook.listen`: {:?} is not address:port",

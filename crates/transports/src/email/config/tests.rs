@@ -51,6 +51,7 @@ fn mistakes_name_their_key() {
     check("from = \"a@b.cd\"\n[smtp]\nhost = \"s\"", "mail has no way in");
     check("from = \"a@b.cd\"\n[inbound_webhook]\ntoken_secret = \"t\"", "[gateway.email.smtp]");
     check(&format!("{MINIMAL}security = \"ssl\""), "security");
+    check(&MINIMAL.replace("host = \"imap.example.com\"\n", ""), "`imap.host`: required");
     check(&MINIMAL.replace("host = \"imap.example.com\"", "host = \"i\"\nport = 99999"), "port");
     check(
         &format!("{MINIMAL}[inbound_webhook]\ntoken_secret = \"t\"\nlisten = \"x\""),
