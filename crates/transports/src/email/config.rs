@@ -209,7 +209,7 @@ impl EmailConfig {
     /// A wrong type or value, no `from`, no way in, no SMTP server.
     pub fn parse(table: &toml::Table) -> Result<Self, EmailConfigError> {
         let (config, _) = EmailConfig::parse_values(table)?;
-        if config.from_address().is_none() {
+        if config.answer_address().is_none() {
             return Err(EmailConfigError(
                 "`from`: set the address answers come from, e.g. \"Agent <agent@example.com>\""
                     .into(),
@@ -246,7 +246,7 @@ impl EmailConfig {
 
     fn check(&self) -> Result<(), EmailConfigError> {
         let err = |message: String| Err(EmailConfigError(message));
-        if !self.from.trim().is_empty() && self.from_address().is_none() {
+        if !self.from.trim().is_empty() && self.answer_address().is_none() {
             return err(format!("`from`: {:?} is not an email address", self.from));
         }
         for sender in &self.allowed_senders {
@@ -317,7 +317,7 @@ impl EmailConfig {
     }
 
     /// The bare address of `from`, lowercased.
-    pub fn from_address(&self) -> Option<String> {
+    pub fn answer_address(&self) -> Option<String> {
         parse_address(&self.from)
     }
 

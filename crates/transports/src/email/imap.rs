@@ -52,8 +52,10 @@ pub(super) struct Cursor {
 /// What the watcher hands each mail to.
 #[async_trait::async_trait]
 pub(super) trait Receive: Send + Sync {
-    /// Takes one raw mail; returns once it is on record (so its UID can be saved).
-    async fn receive(self: Arc<Self>, raw: Vec<u8>);
+    /// Takes one raw mail; returns once it is on record: `true` when its UID
+    /// can be saved, `false` when the gateway did not take it now (it is
+    /// handed over again after a reconnect).
+    async fn receive(self: Arc<Self>, raw: Vec<u8>) -> bool;
 }
 
 /// One mailbox watched.
@@ -292,7 +294,14 @@ impl Watcher {
                 Err(e) => return Err(SessionEnd::Failed(e)),
             };
             if let Some(raw) = raw {
-                self.receiver.clone().receive(raw).await;
+                if !self.receiver.clone().receive(raw).await {
+                    if self.shutdown.is_cancelled() {
+                        return Err(SessionEnd::Shutdown);
+                    }
+                    return Err(SessionEnd::Failed(format!(
+                        "the gateway did not take mail {uid}; trying again"
+                    )));
+                }
             }
             cursor.last_uid = uid;
             self.save_cursor(*cursor).await;

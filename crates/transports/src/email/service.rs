@@ -145,7 +145,7 @@ impl Transport for EmailTransport {
         let service = Arc::new(Mailer {
             config: self.config.clone(),
             workspace: self.workspace.clone(),
-            own_address: smtp.from_address(),
+            own_address: smtp.sender_address(),
             smtp,
             outbox,
             router: ctx.router.clone(),
@@ -257,13 +257,17 @@ type Detail = Arc<dyn Fn() -> String + Send + Sync>;
 
 #[async_trait]
 impl Receive for Mailer {
-    async fn receive(self: Arc<Self>, raw: Vec<u8>) {
+    async fn receive(self: Arc<Self>, raw: Vec<u8>) -> bool {
         match message::parse(&raw) {
             Some(mail) => {
                 let handled = self.handle(mail).await;
                 tracing::debug!(?handled, "mail handled");
+                !matches!(handled, Handled::NotAccepted(_))
             }
-            None => tracing::warn!(bytes = raw.len(), "a mail that cannot be parsed; skipped"),
+            None => {
+                tracing::warn!(bytes = raw.len(), "a mail that cannot be parsed; skipped");
+                true
+            }
         }
     }
 }

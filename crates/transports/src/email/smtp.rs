@@ -99,7 +99,7 @@ impl SmtpSender {
     }
 
     /// The bare address replies come from.
-    pub(super) fn from_address(&self) -> String {
+    pub(super) fn sender_address(&self) -> String {
         self.from.email.to_string().to_ascii_lowercase()
     }
 

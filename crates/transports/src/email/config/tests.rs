@@ -18,7 +18,7 @@ fn defaults_are_the_common_providers_ports() {
     let smtp = config.smtp.as_ref().unwrap();
     assert_eq!(smtp.security, SmtpSecurity::Starttls);
     assert_eq!(smtp.port(), 587);
-    assert_eq!(config.from_address().as_deref(), Some("agent@example.com"));
+    assert_eq!(config.answer_address().as_deref(), Some("agent@example.com"));
     assert!(config.allowed_senders.is_empty());
     assert!(!config.sender_allowed("anyone@example.com"), "nobody by default");
 }
