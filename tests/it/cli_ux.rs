@@ -355,7 +355,8 @@ async fn status_engines_runs_logs_and_cancel_for_people_and_scripts() {
     assert!(status.contains(&format!("gateway   {}, up ", gateway.api)), "{status}");
     assert!(status.contains("slots     0 of 2 in use, 0 queued"), "{status}");
     assert!(status.contains("echo         available (default)"), "{status}");
-    assert!(status.contains("channels  telegram     disabled"), "{status}");
+    assert!(status.contains("channels  email        disabled"), "{status}");
+    assert!(status.contains("          telegram     disabled"), "{status}");
     assert!(!status.contains('\x1b'), "no colour into a pipe");
     let coloured = text(&run(&["--color", "always", "status"]).await.stdout);
     assert!(coloured.contains("\x1b[32mavailable\x1b[0m"), "{coloured:?}");

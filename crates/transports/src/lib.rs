@@ -10,6 +10,8 @@
 //!   [`webhook::WebhookTransport`].
 //! - [`telegram`]: the Telegram bot: long polling, progress edits through a
 //!   rate-limited outbox, answers split to Telegram's limits.
+//! - [`email`]: mail in by IMAP IDLE or a relay's webhook, one conversation per
+//!   thread, answers as replies in the thread over SMTP.
 //!
 //! Listening channels serve with `lemon_api::serve_with` and answer errors with
 //! `lemon_api::error::ApiError`, like the control API.
