@@ -356,6 +356,7 @@ async fn status_engines_runs_logs_and_cancel_for_people_and_scripts() {
     assert!(status.contains("slots     0 of 2 in use, 0 queued"), "{status}");
     assert!(status.contains("echo         available (default)"), "{status}");
     assert!(status.contains("channels  discord      disabled"), "{status}");
+    assert!(status.contains("          email        disabled"), "{status}");
     assert!(status.contains("          sms          disabled"), "{status}");
     assert!(status.contains("          telegram     disabled"), "{status}");
     assert!(!status.contains('\x1b'), "no colour into a pipe");

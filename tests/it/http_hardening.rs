@@ -296,6 +296,7 @@ async fn health_detail_needs_the_api_token() {
             "transports": {
                 "sms": { "state": "disabled" },
                 "discord": { "state": "disabled" },
+                "email": { "state": "disabled" },
                 "telegram": { "state": "disabled" },
                 "webhook": { "state": "disabled" },
             },

@@ -7,13 +7,18 @@
 //!   limits) on loopback, for the gateway binary to connect to.
 //! - [`fake_llm`]: a fake LLM provider on loopback speaking OpenAI Chat
 //!   Completions, OpenAI Responses and Anthropic Messages, scripted per test.
+//! - [`dovecot`]: Debian's Dovecot IMAP server started for a test, with mail
+//!   put in by `APPEND`.
+//! - [`fake_smtp`]: a fake SMTP server on loopback that keeps the mail it is sent.
 //! - [`fake_telegram`]: a fake Telegram Bot API server on loopback, for the
 //!   Telegram client's tests and for the gateway binary to poll.
 //! - [`fake_twilio`]: a fake Twilio REST API (message create) on loopback, and
 //!   Twilio's webhook signatures, for the SMS channel.
 
+pub mod dovecot;
 pub mod fake_discord;
 pub mod fake_llm;
+pub mod fake_smtp;
 pub mod fake_telegram;
 pub mod fake_twilio;
 

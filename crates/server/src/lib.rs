@@ -465,6 +465,12 @@ fn secret_sources(
     };
     names.extend(named(config.telegram.as_ref(), "bot_token_secret"));
     names.extend(named(config.discord.as_ref(), "bot_token_secret"));
+    let email = config.email.as_ref();
+    for part in ["imap", "smtp", "inbound_webhook"] {
+        let table = email.and_then(|section| section.get(part)).and_then(|v| v.as_table());
+        names.extend(named(table, "password_secret"));
+        names.extend(named(table, "token_secret"));
+    }
     if let Some(integrations) = config
         .webhook
         .as_ref()
@@ -733,6 +739,12 @@ fn section_warnings(
             place("discord", unknown);
         }
     }
+    if let Some(table) = &config.email {
+        use lemon_transports::email::config::EmailConfig;
+        if let Ok((_, unknown)) = EmailConfig::parse_values(table) {
+            place("email", unknown);
+        }
+    }
     let ids: Vec<String> = registry.ids().map(|id| id.to_string()).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     out.extend(engines.warnings(path, text, &ids));
@@ -822,6 +834,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         &opts.paths.config,
         config_text.as_deref().unwrap_or(""),
         sms.as_ref(),
+        &gateway_config.workspace(&opts.paths.home, opts.user_home.as_deref()),
     )?;
     check_webhook_callbacks(
         &gateway_config,
@@ -1069,6 +1082,8 @@ fn check_config_text(
     telegram_transport(gateway, secrets, file, text)?;
     sms_section(gateway, secrets, file, text)?;
     discord_transport(gateway, secrets, file, text)?;
+    let home = file.parent().unwrap_or_else(|| std::path::Path::new("."));
+    email_transport(gateway, secrets, file, text, &gateway.workspace(home, None))?;
     // The engine table as a start would build it, to check the names against.
     let ctx = CliContext { base_env: env.clone(), ..CliContext::default() };
     let registry = lemon_engines::build_registry(&sections, &ctx).map_err(|e| {
@@ -1097,6 +1112,7 @@ fn transports(
     config_path: &std::path::Path,
     text: &str,
     sms: Option<&lemon_sms::Sms>,
+    workspace: &Path,
 ) -> anyhow::Result<TransportRegistry> {
     use lemon_transports::{telegram, webhook};
     let mut registry = TransportRegistry::default();
@@ -1115,6 +1131,10 @@ fn transports(
     match sms {
         Some(sms) => registry.add(sms.transport())?,
         None => registry.add_disabled(lemon_sms::reply::SMS_TRANSPORT_ID)?,
+    }
+    match email_transport(config, secrets, config_path, text, workspace)? {
+        Some(transport) => registry.add(transport)?,
+        None => registry.add_disabled(lemon_transports::email::TRANSPORT_ID)?,
     }
     Ok(registry)
 }
@@ -1236,6 +1256,39 @@ fn discord_transport(
         discord_config,
         secrets.clone(),
         bound_channels,
+    ))))
+}
+
+/// The email transport `config` asks for (`None`: switched off); attachments
+/// are saved under `workspace`.
+///
+/// # Errors
+/// `[gateway.email]` is invalid or names a secret that is not set.
+fn email_transport(
+    config: &GatewayConfig,
+    secrets: &Arc<SecretStore>,
+    config_path: &std::path::Path,
+    text: &str,
+    workspace: &Path,
+) -> Result<Option<Arc<dyn lemon_core::transport::Transport>>, config::ConfigError> {
+    use lemon_transports::email;
+    let section = config.email.as_ref();
+    let located =
+        |message: &str| config::section_error(config_path, text, &["gateway", "email"], message);
+    if !lemon_core::transport::enabled(None, section) {
+        // Switched off, its types and values are still checked.
+        if let Some(section) = section {
+            email::config::EmailConfig::parse_values(section).map_err(|e| located(&e.0))?;
+        }
+        return Ok(None);
+    }
+    let section = section.cloned().unwrap_or_default();
+    let email_config = email::config::EmailConfig::parse(&section).map_err(|e| located(&e.0))?;
+    email_config.resolve_secrets(secrets).map_err(|e| located(&e.0))?;
+    Ok(Some(Arc::new(email::service::EmailTransport::new(
+        email_config,
+        secrets.clone(),
+        workspace.to_owned(),
     ))))
 }
 

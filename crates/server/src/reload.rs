@@ -110,6 +110,7 @@ const LIVE_KEYS: &[&str] = &[
     "telegram",
     "enable_discord",
     "discord",
+    "email",
 ];
 
 /// Keys of `[gateway]` whose edits wait for a restart.
@@ -136,6 +137,7 @@ pub(crate) struct Plan {
     pub(crate) webhook: bool,
     pub(crate) telegram: bool,
     pub(crate) discord: bool,
+    pub(crate) email: bool,
     pub(crate) shutdown_grace: bool,
     /// `[[gateway.cron]]` is put in step with the stored jobs.
     pub(crate) cron: bool,
@@ -175,6 +177,7 @@ pub(crate) fn plan(current: &GatewayConfig, next: &GatewayConfig) -> Plan {
             "cron" => plan.cron = true,
             "enable_telegram" | "telegram" => plan.telegram = true,
             "enable_discord" | "discord" => plan.discord = true,
+            "email" => plan.email = true,
             "default_engine"
             | "native_only"
             | "queue"
@@ -342,6 +345,7 @@ struct Checked {
     webhook: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
     telegram: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
     discord: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
+    email: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
     plan: Plan,
 }
 
@@ -463,6 +467,12 @@ impl Reloader {
             .then(|| crate::discord_transport(&config, &self.secrets, &self.path, text))
             .transpose()
             .map_err(|e| e.to_string())?;
+        let workspace = config.workspace(&self.lemon_home, self.user_home.as_deref());
+        let email = plan
+            .email
+            .then(|| crate::email_transport(&config, &self.secrets, &self.path, text, &workspace))
+            .transpose()
+            .map_err(|e| e.to_string())?;
         let engines = plan
             .engines
             .then(|| (self.build_engines)(&sections))
@@ -474,7 +484,7 @@ impl Reloader {
         for warning in crate::section_warnings(&config, &sections, table, &self.path, text) {
             tracing::warn!("{warning}");
         }
-        Ok(Checked { config, sections, engines, webhook, telegram, discord, plan })
+        Ok(Checked { config, sections, engines, webhook, telegram, discord, email, plan })
     }
 
     fn reject(&mut self, error: String) {
@@ -490,7 +500,8 @@ impl Reloader {
     }
 
     async fn apply(&mut self, checked: Checked) {
-        let Checked { config, sections, engines, webhook, telegram, discord, plan } = checked;
+        let Checked { config, sections, engines, webhook, telegram, discord, email, plan } =
+            checked;
         let pending = pending_restarts(&self.started, &config);
         if plan.is_empty() {
             self.status.update(|report| {
@@ -545,6 +556,7 @@ impl Reloader {
             (webhook::WEBHOOK_TRANSPORT_ID, webhook),
             (telegram::inbound::TRANSPORT_ID, telegram),
             (discord::inbound::TRANSPORT_ID, discord),
+            (lemon_transports::email::TRANSPORT_ID, email),
         ] {
             match transport {
                 None => {}

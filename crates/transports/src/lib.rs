@@ -13,11 +13,14 @@
 //! - [`discord`]: the Discord bot: the Gateway WebSocket (resumed after drops
 //!   and restarts), answers streamed by editing one message through the same
 //!   outbox, REST calls inside Discord's rate-limit buckets.
+//! - [`email`]: mail in by IMAP IDLE or a relay's webhook, one conversation per
+//!   thread, answers as replies in the thread over SMTP.
 //!
 //! Listening channels serve with `lemon_api::serve_with` and answer errors with
 //! `lemon_api::error::ApiError`, like the control API.
 
 pub mod delivery;
 pub mod discord;
+pub mod email;
 pub mod telegram;
 pub mod webhook;

@@ -1,0 +1,422 @@
+//! `[gateway.email]`: the raw TOML section parsed into typed settings.
+//!
+//! ```toml
+//! [gateway.email]
+//! enabled = true
+//! from = "Lemon <agent@example.com>"
+//! allowed_senders = ["alice@example.com", "@example.org"]
+//!
+//! [gateway.email.imap]
+//! host = "imap.example.com"        # port 993, TLS
+//! username = "agent@example.com"
+//! password_secret = "email_password"
+//!
+//! [gateway.email.smtp]
+//! host = "smtp.example.com"        # port 587, STARTTLS
+//! username = "agent@example.com"
+//! password_secret = "email_password"
+//!
+//! [gateway.email.inbound_webhook]   # optional: mail relayed as JSON
+//! token_secret = "email_webhook_token"
+//! ```
+
+use std::time::Duration;
+
+use lemon_core::config::{field_names, parse_table, QueueMode, UnknownKey};
+use lemon_core::ids::EngineRef;
+use lemon_core::secrets::SecretStore;
+use serde::Deserialize;
+
+/// `[gateway.email]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct EmailConfig {
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// The address answers come from (`Name <addr>` or a bare address).
+    #[serde(default)]
+    pub from: String,
+    /// Who may start runs: full addresses, or `@domain` for a whole domain.
+    /// Empty lets nobody in (mail to an agent is open to the world otherwise).
+    #[serde(default)]
+    pub allowed_senders: Vec<String>,
+    /// Mail whose `Authentication-Results` do not show a passing DMARC, DKIM or
+    /// SPF check gets no run. Off by default: a failing check always refuses.
+    #[serde(default)]
+    pub require_authenticated: bool,
+    /// Only `Authentication-Results` headers of this server (its authserv-id,
+    /// e.g. `mx.google.com`) are believed; unset, any are.
+    #[serde(default)]
+    pub authserv_id: Option<String>,
+    /// The agent part of session keys.
+    #[serde(default = "defaults::agent_id")]
+    pub agent_id: String,
+    /// The threads' queue mode unless a binding sets one.
+    #[serde(default)]
+    pub queue_mode: Option<QueueMode>,
+    /// The engine unless a binding, a directive or `/engine` picks one.
+    #[serde(default)]
+    pub engine: Option<EngineRef>,
+    /// Largest attachment saved to the workspace, in bytes; larger ones are
+    /// listed in the prompt but not saved.
+    #[serde(default = "defaults::max_attachment_bytes")]
+    pub max_attachment_bytes: u64,
+    /// Attempts of one answer over SMTP before it is recorded as undelivered.
+    #[serde(default = "defaults::delivery_attempts")]
+    pub delivery_attempts: u32,
+    #[serde(default)]
+    pub imap: Option<ImapConfig>,
+    #[serde(default)]
+    pub smtp: Option<SmtpConfig>,
+    #[serde(default)]
+    pub inbound_webhook: Option<InboundWebhookConfig>,
+}
+
+/// `[gateway.email.imap]`: where mail comes in.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ImapConfig {
+    #[serde(default)]
+    pub host: String,
+    /// Default 993 with TLS, 143 without.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// TLS from the first byte (IMAPS). `false` speaks plain IMAP, for a
+    /// server on this machine only.
+    #[serde(default = "defaults::yes")]
+    pub tls: bool,
+    #[serde(default)]
+    pub username: String,
+    /// The name of the secret holding the password (an app password).
+    #[serde(default)]
+    pub password_secret: String,
+    /// The folder watched.
+    #[serde(default = "defaults::folder")]
+    pub folder: String,
+    /// Wait for news with IDLE; `false` (or a server without IDLE) checks
+    /// every `poll_interval_s`.
+    #[serde(default = "defaults::yes")]
+    pub idle: bool,
+    #[serde(default = "defaults::poll_interval_s")]
+    pub poll_interval_s: u64,
+    /// How long one IDLE lasts before it is renewed (servers drop it after 30 minutes).
+    #[serde(default = "defaults::idle_renew_s")]
+    pub idle_renew_s: u64,
+}
+
+/// How an SMTP connection is secured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmtpSecurity {
+    /// Plain, then upgraded with STARTTLS (required); port 587.
+    Starttls,
+    /// TLS from the first byte; port 465.
+    Tls,
+    /// No TLS at all, for a relay on this machine only; port 25.
+    None,
+}
+
+/// `[gateway.email.smtp]`: where answers go out.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SmtpConfig {
+    #[serde(default)]
+    pub host: String,
+    /// Default 587 (STARTTLS), 465 (TLS) or 25 (none).
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default = "defaults::security")]
+    pub security: SmtpSecurity,
+    /// Unset: no authentication.
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password_secret: Option<String>,
+}
+
+/// `[gateway.email.inbound_webhook]`: `POST <path>` with a JSON mail, for relay
+/// services that push mail instead of an IMAP mailbox.
+#[derive(Debug, Clone, Deserialize)]
+pub struct InboundWebhookConfig {
+    /// `address:port`; port 0 picks a free one.
+    #[serde(default = "defaults::listen")]
+    pub listen: String,
+    #[serde(default = "defaults::path")]
+    pub path: String,
+    /// The name of the secret holding the token callers send as
+    /// `Authorization: Bearer <token>` (or `X-Lemon-Email-Token`).
+    pub token_secret: String,
+}
+
+mod defaults {
+    pub(super) fn agent_id() -> String {
+        "default".to_owned()
+    }
+    pub(super) fn max_attachment_bytes() -> u64 {
+        25 * 1024 * 1024
+    }
+    pub(super) fn delivery_attempts() -> u32 {
+        8
+    }
+    pub(super) fn yes() -> bool {
+        true
+    }
+    pub(super) fn folder() -> String {
+        "INBOX".to_owned()
+    }
+    pub(super) fn poll_interval_s() -> u64 {
+        60
+    }
+    pub(super) fn idle_renew_s() -> u64 {
+        25 * 60
+    }
+    pub(super) fn security() -> super::SmtpSecurity {
+        super::SmtpSecurity::Starttls
+    }
+    pub(super) fn listen() -> String {
+        "127.0.0.1:4049".to_owned()
+    }
+    pub(super) fn path() -> String {
+        "/email/inbound".to_owned()
+    }
+}
+
+/// A `[gateway.email]` that cannot be used; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid [gateway.email]: {0}")]
+pub struct EmailConfigError(pub String);
+
+/// The passwords and token the section names, read from the secrets.
+#[derive(Clone, Default)]
+pub struct EmailSecrets {
+    pub imap_password: Option<String>,
+    pub smtp_password: Option<String>,
+    pub webhook_token: Option<String>,
+}
+
+impl std::fmt::Debug for EmailSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = |v: &Option<String>| v.as_ref().map(|_| "<redacted>");
+        f.debug_struct("EmailSecrets")
+            .field("imap_password", &shown(&self.imap_password))
+            .field("smtp_password", &shown(&self.smtp_password))
+            .field("webhook_token", &shown(&self.webhook_token))
+            .finish()
+    }
+}
+
+impl EmailConfig {
+    /// Parses the raw section and checks what an enabled transport needs.
+    ///
+    /// # Errors
+    /// A wrong type or value, no `from`, no way in, no SMTP server.
+    pub fn parse(table: &toml::Table) -> Result<Self, EmailConfigError> {
+        let (config, _) = EmailConfig::parse_values(table)?;
+        if config.answer_address().is_none() {
+            return Err(EmailConfigError(
+                "`from`: set the address answers come from, e.g. \"Agent <agent@example.com>\""
+                    .into(),
+            ));
+        }
+        if config.imap.is_none() && config.inbound_webhook.is_none() {
+            return Err(EmailConfigError(
+                "set [gateway.email.imap] or [gateway.email.inbound_webhook]: mail has no way in"
+                    .into(),
+            ));
+        }
+        if config.smtp.is_none() {
+            return Err(EmailConfigError(
+                "set [gateway.email.smtp]: answers need an SMTP server".into(),
+            ));
+        }
+        Ok(config)
+    }
+
+    /// Parses the raw section's types and values (a section switched off is
+    /// checked this far), with the keys it does not know.
+    ///
+    /// # Errors
+    /// A wrong type or value.
+    pub fn parse_values(table: &toml::Table) -> Result<(Self, Vec<UnknownKey>), EmailConfigError> {
+        let (config, ignored) =
+            parse_table::<EmailConfig>(table).map_err(|err| EmailConfigError(err.to_string()))?;
+        let known = field_names::<EmailConfig>();
+        let unknown =
+            ignored.into_iter().map(|path| UnknownKey::new(path, known.iter().copied())).collect();
+        config.check()?;
+        Ok((config, unknown))
+    }
+
+    fn check(&self) -> Result<(), EmailConfigError> {
+        let err = |message: String| Err(EmailConfigError(message));
+        if !self.from.trim().is_empty() && self.answer_address().is_none() {
+            return err(format!("`from`: {:?} is not an email address", self.from));
+        }
+        for sender in &self.allowed_senders {
+            if normalize_sender_rule(sender).is_none() {
+                return err(format!(
+                    "`allowed_senders`: {sender:?} is neither an address nor `@domain`"
+                ));
+            }
+        }
+        let agent = self.agent_id.trim();
+        if agent.is_empty()
+            || !agent.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return err(format!("`agent_id`: {agent:?} must be letters, digits, '-' or '_'"));
+        }
+        if self.delivery_attempts == 0 {
+            return err("`delivery_attempts`: at least 1".into());
+        }
+        if let Some(imap) = &self.imap {
+            for (key, value) in [
+                ("imap.host", &imap.host),
+                ("imap.username", &imap.username),
+                ("imap.password_secret", &imap.password_secret),
+            ] {
+                if value.trim().is_empty() {
+                    return err(format!("`{key}`: required"));
+                }
+            }
+            if imap.folder.trim().is_empty() || imap.folder.contains(['"', '\r', '\n', '\\']) {
+                return err(format!("`imap.folder`: {:?} is not a folder name", imap.folder));
+            }
+            if imap.poll_interval_s == 0 || imap.poll_interval_s > 3600 {
+                return err("`imap.poll_interval_s`: between 1 and 3600".into());
+            }
+            if imap.idle_renew_s == 0 || imap.idle_renew_s > 29 * 60 {
+                return err("`imap.idle_renew_s`: between 1 and 1740 (29 minutes)".into());
+            }
+        }
+        if let Some(smtp) = &self.smtp {
+            if smtp.host.trim().is_empty() {
+                return err("`smtp.host`: required".into());
+            }
+            if smtp.username.is_some() != smtp.password_secret.is_some() {
+                return err(
+                    "`smtp.password_secret`: set both username and password_secret, or neither"
+                        .into(),
+                );
+            }
+        }
+        if let Some(hook) = &self.inbound_webhook {
+            if hook.token_secret.trim().is_empty() {
+                return err("`inbound_webhook.token_secret`: required".into());
+            }
+            if hook.listen.parse::<std::net::SocketAddr>().is_err() {
+                return err(format!(
+                    "`inbound_webhook.listen`: {:?} is not address:port",
+                    hook.listen
+                ));
+            }
+            if !hook.path.starts_with('/') || hook.path.contains(['{', '}', '*', '?', '#']) {
+                return err(format!(
+                    "`inbound_webhook.path`: {:?} must be a plain path starting with '/'",
+                    hook.path
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The bare address of `from`, lowercased.
+    pub fn answer_address(&self) -> Option<String> {
+        parse_address(&self.from)
+    }
+
+    /// Whether `address` (bare, any case) may start runs.
+    pub fn sender_allowed(&self, address: &str) -> bool {
+        let address = address.trim().to_ascii_lowercase();
+        let Some((_, domain)) = address.rsplit_once('@') else { return false };
+        self.allowed_senders.iter().filter_map(|rule| normalize_sender_rule(rule)).any(|rule| {
+            match rule.strip_prefix('@') {
+                Some(allowed_domain) => domain == allowed_domain,
+                None => address == rule,
+            }
+        })
+    }
+
+    /// Reads the secrets the section names.
+    ///
+    /// # Errors
+    /// Which key names a secret that is not set or cannot be read; never a value.
+    pub fn resolve_secrets(&self, secrets: &SecretStore) -> Result<EmailSecrets, EmailConfigError> {
+        let read = |key: &str, name: &str| {
+            lemon_core::transport::inline_or_secret(key, None, Some(name), secrets)
+                .map_err(|message| {
+                    EmailConfigError(format!("`{}", message.replacen(": ", "`: ", 1)))
+                })
+                .map(Some)
+        };
+        Ok(EmailSecrets {
+            imap_password: match &self.imap {
+                Some(imap) => read("imap.password", &imap.password_secret)?,
+                None => None,
+            },
+            smtp_password: match self.smtp.as_ref().and_then(|s| s.password_secret.as_deref()) {
+                Some(name) => read("smtp.password", name)?,
+                None => None,
+            },
+            webhook_token: match &self.inbound_webhook {
+                Some(hook) => read("inbound_webhook.token", &hook.token_secret)?,
+                None => None,
+            },
+        })
+    }
+}
+
+impl ImapConfig {
+    pub fn port(&self) -> u16 {
+        self.port.unwrap_or(if self.tls { 993 } else { 143 })
+    }
+
+    pub fn poll_interval(&self) -> Duration {
+        Duration::from_secs(self.poll_interval_s)
+    }
+
+    pub fn idle_renew(&self) -> Duration {
+        Duration::from_secs(self.idle_renew_s)
+    }
+}
+
+impl SmtpConfig {
+    pub fn port(&self) -> u16 {
+        self.port.unwrap_or(match self.security {
+            SmtpSecurity::Starttls => 587,
+            SmtpSecurity::Tls => 465,
+            SmtpSecurity::None => 25,
+        })
+    }
+}
+
+/// `a@b.c` or `@b.c`, lowercased; `None` for anything else.
+fn normalize_sender_rule(rule: &str) -> Option<String> {
+    let rule = rule.trim().to_ascii_lowercase();
+    match rule.strip_prefix('@') {
+        Some(domain) => is_domain(domain).then_some(rule),
+        None => parse_address(&rule).filter(|a| *a == rule),
+    }
+}
+
+fn is_domain(domain: &str) -> bool {
+    !domain.is_empty()
+        && domain.contains('.')
+        && domain.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && !domain.starts_with(['.', '-'])
+        && !domain.ends_with(['.', '-'])
+}
+
+/// The bare, lowercased address of `Name <local@domain>` or `local@domain`.
+pub fn parse_address(text: &str) -> Option<String> {
+    let text = text.trim();
+    let bare = match (text.rfind('<'), text.rfind('>')) {
+        (Some(open), Some(close)) if open < close => &text[open + 1..close],
+        (None, None) => text,
+        _ => return None,
+    };
+    let bare = bare.trim().to_ascii_lowercase();
+    let (local, domain) = bare.rsplit_once('@')?;
+    let local_ok = !local.is_empty()
+        && local.chars().all(|c| c.is_ascii_graphic() && !matches!(c, '<' | '>' | '"' | ',' | '@'));
+    (local_ok && is_domain(domain)).then_some(bare)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,554 @@
+//! [`EmailTransport`]: mail in (IMAP, the inbound webhook), one conversation
+//! per thread through the router, the answer back as a reply in the thread
+//! through the shared outbox, on record until it is sent.
+//!
+//! - A mail is checked before anything else: a sender outside
+//!   `allowed_senders`, a failed sender authentication, an automatic mail or
+//!   the gateway's own gets no run and no answer.
+//! - Its run id comes from its `Message-ID`, so a mail handed over twice (by
+//!   IMAP after a restart, or by IMAP and the webhook) is one run; a mail
+//!   already answered is remembered for a while and skipped.
+//! - The answer's delivery is recorded before the run is submitted and
+//!   finished once the SMTP server took the mail; a restart follows the run
+//!   again and sends what is still owed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lemon_core::bus::EventKind;
+use lemon_core::engine::{Completion, RunError};
+use lemon_core::ids::RunId;
+use lemon_core::log_text;
+use lemon_core::router::{ChannelRef, Origin, RouterHandle, RunFollower, RunRequest, Submitted};
+use lemon_core::secrets::SecretStore;
+use lemon_core::store::StoreHandle;
+use lemon_core::transport::{StatusHandle, Transport, TransportContext, TransportError};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::config::EmailConfig;
+use super::imap::{Receive, Watcher};
+use super::message::{self, InboundMail, Refusal, SenderCheck, TRANSPORT_ID};
+use super::smtp::{OutgoingMail, SmtpSender};
+use crate::delivery::{
+    Backoff, DeliveryError, DeliveryRecord, DeliveryRecords, Outbox, OutboxSettings, Window,
+};
+
+/// Store namespace of answers not yet sent, keyed by run id.
+pub const DELIVERY_NS: &str = "email.delivery";
+/// Store namespace of the thread of each known `Message-ID` (hashed).
+pub const THREAD_NS: &str = "email.thread";
+/// Store namespace of the mails already answered, keyed by run id.
+pub const SEEN_NS: &str = "email.seen";
+
+/// How long an answer the SMTP server refused stays on record.
+const FAILED_DELIVERY_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+/// How long a thread is remembered after its last mail.
+const THREAD_TTL: Duration = Duration::from_secs(180 * 24 * 60 * 60);
+/// How long an answered mail is remembered (a mailbox re-delivered within it
+/// is not answered twice).
+const SEEN_TTL: Duration = Duration::from_secs(90 * 24 * 60 * 60);
+
+/// The email transport.
+pub struct EmailTransport {
+    config: EmailConfig,
+    /// The passwords are read from here at every start.
+    secrets: Arc<SecretStore>,
+    /// Where attachments are saved (under `email/`).
+    workspace: PathBuf,
+}
+
+impl std::fmt::Debug for EmailTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmailTransport")
+            .field("from", &self.config.from)
+            .field("workspace", &self.workspace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EmailTransport {
+    pub fn new(config: EmailConfig, secrets: Arc<SecretStore>, workspace: PathBuf) -> Self {
+        EmailTransport { config, secrets, workspace }
+    }
+}
+
+/// An answer on its way, as stored until it is sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Delivery {
+    run_id: String,
+    /// The reply; its text is filled in when the run completes.
+    mail: OutgoingMail,
+    /// Set once delivery was given up: what the server said last.
+    #[serde(default)]
+    failed: Option<String>,
+}
+
+impl DeliveryRecord for Delivery {
+    fn given_up(&self) -> bool {
+        self.failed.is_some()
+    }
+}
+
+/// What became of one incoming mail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    /// A run was started (or the mail was a command and answered).
+    Accepted(RunId),
+    /// The same mail was seen before: nothing new.
+    Duplicate(RunId),
+    /// No run, for this reason.
+    Refused(Refusal),
+    /// The router did not take it (shutting down, overloaded).
+    NotAccepted(String),
+}
+
+#[async_trait]
+impl Transport for EmailTransport {
+    fn id(&self) -> &str {
+        TRANSPORT_ID
+    }
+
+    async fn run(&self, ctx: TransportContext) -> Result<(), TransportError> {
+        let secrets = self
+            .config
+            .resolve_secrets(&self.secrets)
+            .map_err(|error| TransportError::retryable(error.to_string()))?;
+        let smtp_config = self
+            .config
+            .smtp
+            .as_ref()
+            .ok_or_else(|| TransportError::fatal("[gateway.email.smtp] is not set"))?;
+        let smtp =
+            SmtpSender::new(smtp_config, secrets.smtp_password.as_deref(), &self.config.from)
+                .map_err(TransportError::fatal)?;
+        let stop = ctx.shutdown.child_token();
+        let outbox = Outbox::spawn(
+            smtp.clone(),
+            OutboxSettings {
+                interval: Duration::from_millis(500),
+                overall: Some(Window::new(60, Duration::from_secs(60))),
+                send_attempts: self.config.delivery_attempts,
+                edit_attempts: 1,
+                backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
+                shutdown_grace: Duration::from_secs(5),
+                queue_capacity: 256,
+                quiet_start: Duration::ZERO,
+            },
+            stop.clone(),
+            &ctx.tracker,
+        );
+        let service = Arc::new(Mailer {
+            config: self.config.clone(),
+            workspace: self.workspace.clone(),
+            own_address: smtp.sender_address(),
+            smtp,
+            outbox,
+            router: ctx.router.clone(),
+            store: ctx.store.clone(),
+            tracker: ctx.tracker.clone(),
+            shutdown: stop.clone(),
+            status: ctx.status.clone(),
+            deliveries: DeliveryRecords::new(ctx.store.clone(), DELIVERY_NS, FAILED_DELIVERY_TTL),
+            detail: std::sync::OnceLock::new(),
+        });
+        service.recover_deliveries().await;
+
+        let listener = match (&self.config.inbound_webhook, secrets.webhook_token.clone()) {
+            (Some(hook), Some(token)) => {
+                let listener = tokio::net::TcpListener::bind(&hook.listen).await.map_err(|e| {
+                    TransportError::retryable(format!(
+                        "could not listen on {} for inbound mail: {e}",
+                        hook.listen
+                    ))
+                })?;
+                let local = listener.local_addr().map_err(|e| {
+                    TransportError::retryable(format!("inbound mail listener: {e}"))
+                })?;
+                Some((listener, local, hook.path.clone(), token))
+            }
+            _ => None,
+        };
+        let webhook_addr =
+            listener.as_ref().map(|(_, local, path, _)| format!("http://{local}{path}"));
+        let detail: Detail = {
+            let imap = self
+                .config
+                .imap
+                .as_ref()
+                .map(|imap| format!("imap:{}@{}/{}", imap.username, imap.host, imap.folder));
+            let parts: Vec<String> = imap.into_iter().chain(webhook_addr.clone()).collect();
+            let deliveries = service.deliveries.clone();
+            Arc::new(move || match deliveries.given_up_count() {
+                0 => parts.join(" "),
+                n => format!("{}; {n} answer(s) not delivered (see the log)", parts.join(" ")),
+            })
+        };
+        let _ = service.detail.set(detail.clone());
+        ctx.status.running(Some(detail()));
+        if let Some(addr) = &webhook_addr {
+            tracing::info!(email_webhook = %addr, "inbound mail webhook listening");
+        }
+
+        let served = async {
+            match listener {
+                Some((listener, local, path, token)) => {
+                    let router = super::inbound_hook::router(service.clone(), &path, token);
+                    lemon_api::serve_with(listener, router, stop.clone(), ctx.http.clone())
+                        .await
+                        .map_err(|err| {
+                            TransportError::retryable(format!(
+                                "inbound mail on {local} stopped: {err}"
+                            ))
+                        })
+                }
+                None => {
+                    stop.cancelled().await;
+                    Ok(())
+                }
+            }
+        };
+        let watched = async {
+            if let (Some(imap), Some(password)) = (&self.config.imap, secrets.imap_password.clone())
+            {
+                let watcher = Watcher {
+                    config: imap.clone(),
+                    password,
+                    store: ctx.store.clone(),
+                    status: ctx.status.clone(),
+                    shutdown: stop.clone(),
+                    receiver: service.clone(),
+                    detail: detail.clone(),
+                };
+                watcher.run().await;
+            }
+        };
+        let result = tokio::select! {
+            result = served => result,
+            () = async { watched.await; stop.cancelled().await } => Ok(()),
+        };
+        stop.cancel();
+        result
+    }
+}
+
+pub(super) struct Mailer {
+    config: EmailConfig,
+    workspace: PathBuf,
+    /// The address answers come from: mail from it is the gateway's own.
+    own_address: String,
+    smtp: SmtpSender,
+    outbox: Outbox<SmtpSender>,
+    router: RouterHandle,
+    store: StoreHandle,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    status: StatusHandle,
+    deliveries: DeliveryRecords<Delivery>,
+    /// What status shows while serving; set once at start.
+    detail: std::sync::OnceLock<Detail>,
+}
+
+type Detail = Arc<dyn Fn() -> String + Send + Sync>;
+
+#[async_trait]
+impl Receive for Mailer {
+    async fn receive(self: Arc<Self>, raw: Vec<u8>) -> bool {
+        match message::parse(&raw) {
+            Some(mail) => {
+                let handled = self.handle(mail).await;
+                tracing::debug!(?handled, "mail handled");
+                !matches!(handled, Handled::NotAccepted(_))
+            }
+            None => {
+                tracing::warn!(bytes = raw.len(), "a mail that cannot be parsed; skipped");
+                true
+            }
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    lemon_core::clock::now_ms()
+}
+
+fn ttl(duration: Duration) -> Option<i64> {
+    Some(now_ms() + i64::try_from(duration.as_millis()).unwrap_or(i64::MAX / 2))
+}
+
+impl Mailer {
+    /// Why `mail` gets no run, if it gets none.
+    fn refusal(&self, mail: &InboundMail) -> Option<Refusal> {
+        let Some(from) = &mail.from else { return Some(Refusal::NoSender) };
+        if *from == self.own_address {
+            return Some(Refusal::OwnMail);
+        }
+        if mail.automatic {
+            return Some(Refusal::Automatic);
+        }
+        if !self.config.sender_allowed(from) {
+            return Some(Refusal::NotAllowed);
+        }
+        match message::check_sender(
+            &mail.auth,
+            self.config.authserv_id.as_deref(),
+            self.config.require_authenticated,
+        ) {
+            SenderCheck::Trusted => None,
+            SenderCheck::Forged => Some(Refusal::Forged),
+            SenderCheck::Unauthenticated => Some(Refusal::Unauthenticated),
+        }
+    }
+
+    /// The thread `mail` belongs to: that of the nearest ancestor the gateway
+    /// knows, else the one its headers name.
+    async fn thread_of(&self, mail: &InboundMail) -> String {
+        for id in message::ancestors(mail) {
+            let key = message::thread_id(id);
+            if let Ok(Some(value)) = self.store.kv_get(THREAD_NS, &key, now_ms()).await {
+                if let Some(thread) = value.as_str() {
+                    return thread.to_owned();
+                }
+            }
+        }
+        message::thread_id(message::thread_root(mail))
+    }
+
+    async fn remember_in_thread(&self, message_id: &str, thread: &str) {
+        let key = message::thread_id(message_id);
+        self.store.kv_put(THREAD_NS, &key, json!(thread), ttl(THREAD_TTL)).await;
+    }
+
+    /// Takes one mail: checks it, and starts its run with its answer on record.
+    pub(super) async fn handle(self: &Arc<Self>, mail: InboundMail) -> Handled {
+        let run_id = message::run_id(&mail);
+        if let Some(refusal) = self.refusal(&mail) {
+            tracing::info!(
+                from = %log_text::escape(mail.from.as_deref().unwrap_or("?")),
+                reason = refusal.as_str(),
+                "mail refused; no run"
+            );
+            return Handled::Refused(refusal);
+        }
+        let seen = self.store.kv_get(SEEN_NS, run_id.as_str(), now_ms()).await;
+        let in_flight = self.store.kv_get(DELIVERY_NS, run_id.as_str(), now_ms()).await;
+        if matches!(seen, Ok(Some(_))) || matches!(in_flight, Ok(Some(_))) {
+            return Handled::Duplicate(run_id);
+        }
+        let thread = self.thread_of(&mail).await;
+        let Some(session_key) = message::session_key(&self.config.agent_id, &thread) else {
+            return Handled::NotAccepted("no session key for the thread".into());
+        };
+        self.remember_in_thread(&mail.message_id, &thread).await;
+        let saved = self.save_attachments(&mail, &thread).await;
+        let prompt = message::prompt(&mail, &saved);
+        let from = mail.from.clone().unwrap_or_default();
+
+        let mut references = mail.references.clone();
+        if !references.contains(&mail.message_id) {
+            references.push(mail.message_id.clone());
+        }
+        let reply = OutgoingMail {
+            to: from.clone(),
+            subject: message::reply_subject(&mail.subject),
+            message_id: self.smtp.new_message_id(run_id.as_str()),
+            in_reply_to: Some(mail.message_id.clone()),
+            references,
+            text: String::new(),
+        };
+        self.remember_in_thread(&reply.message_id, &thread).await;
+
+        let mut req = RunRequest::new(session_key, prompt.clone());
+        req.origin = Origin::Channel;
+        req.agent_id = Some(self.config.agent_id.clone());
+        req.queue_mode = self.config.queue_mode;
+        req.engine = self.config.engine.clone();
+        req.run_id = Some(run_id.clone());
+        req.channel = Some(ChannelRef {
+            transport: TRANSPORT_ID.to_owned(),
+            chat_id: Some(from.clone()),
+            topic_id: Some(thread.clone()),
+        });
+        req.meta.insert(
+            TRANSPORT_ID.to_owned(),
+            json!({
+                "message_id": mail.message_id,
+                "from": from,
+                "subject": mail.subject,
+                "thread": thread,
+                "attachments": saved.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+            }),
+        );
+        let is_command = lemon_core::router::resolve::parse_slash_command(&prompt).is_some();
+        let delivery = Delivery { run_id: run_id.to_string(), mail: reply, failed: None };
+        if !is_command {
+            self.deliveries.record_durably(&delivery.run_id, &delivery).await;
+        }
+        match self.router.submit(req).await {
+            Ok(Submitted::Command { reply, .. }) => {
+                if !is_command {
+                    self.deliveries.finish(&delivery.run_id).await;
+                }
+                let mut mail = delivery.mail;
+                mail.text = reply;
+                let outbox = self.outbox.clone();
+                self.tracker.spawn(async move {
+                    if let Err(error) = outbox.send(mail).await {
+                        tracing::warn!(%error, "command reply not sent");
+                    }
+                });
+                Handled::Accepted(run_id)
+            }
+            Ok(Submitted::Run(accepted, events)) => {
+                if accepted.duplicate {
+                    return Handled::Duplicate(run_id);
+                }
+                let this = self.clone();
+                self.tracker.spawn(async move { this.follow(delivery, events).await });
+                Handled::Accepted(run_id)
+            }
+            Err(error) => {
+                self.deliveries.finish(&delivery.run_id).await;
+                tracing::warn!(%error, "mail not accepted");
+                Handled::NotAccepted(error.to_string())
+            }
+        }
+    }
+
+    /// Saves the attachments under `<workspace>/email/<thread>/<mail>/`:
+    /// (filename, the saved path or why not).
+    async fn save_attachments(
+        &self,
+        mail: &InboundMail,
+        thread: &str,
+    ) -> Vec<(String, Result<String, String>)> {
+        let mut saved = Vec::new();
+        if mail.attachments.is_empty() {
+            return saved;
+        }
+        let folder = Path::new("email").join(thread).join(message::thread_id(&mail.message_id));
+        for attachment in &mail.attachments {
+            let name = attachment.filename.clone();
+            let size = u64::try_from(attachment.content.len()).unwrap_or(u64::MAX);
+            if size > self.config.max_attachment_bytes {
+                saved.push((name, Err("larger than max_attachment_bytes".to_owned())));
+                continue;
+            }
+            let result = self.save_one(&folder.join(&name), &attachment.content).await;
+            saved.push((name, result));
+        }
+        saved
+    }
+
+    async fn save_one(&self, relative: &Path, content: &[u8]) -> Result<String, String> {
+        if let Err(error) = tokio::fs::create_dir_all(&self.workspace).await {
+            return Err(format!("the workspace cannot be created: {error}"));
+        }
+        let path = lemon_core::contain::resolve_inside(&[self.workspace.as_path()], relative)
+            .map_err(|error| format!("not inside the workspace: {error}"))?;
+        if let Some(parent) = path.parent() {
+            tokio::fs::create_dir_all(parent)
+                .await
+                .map_err(|error| format!("cannot create its folder: {error}"))?;
+        }
+        tokio::fs::write(&path, content).await.map_err(|error| format!("cannot write: {error}"))?;
+        Ok(path.display().to_string())
+    }
+
+    /// Follows a run to its completion, then sends the answer.
+    async fn follow(self: Arc<Self>, delivery: Delivery, mut events: RunFollower) {
+        let mut started = false;
+        let completion = loop {
+            let event = tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                event = events.next() => event,
+            };
+            // The gateway is stopping; the next start delivers.
+            let Some(event) = event else { return };
+            started |= event.type_name() == "run_started";
+            if let Some(done) = event.completed() {
+                if let EventKind::RunCompleted { completion, .. } = &done.kind {
+                    break completion.clone();
+                }
+            }
+        };
+        self.finish(delivery, &completion, started).await;
+    }
+
+    async fn finish(&self, mut delivery: Delivery, completion: &Completion, started: bool) {
+        let Some(text) = self.answer_text(completion, started) else {
+            // Steered into a running job or merged into the next: that job answers.
+            self.mark_seen(&delivery.run_id).await;
+            self.deliveries.finish(&delivery.run_id).await;
+            return;
+        };
+        delivery.mail.text = text;
+        match self.outbox.send(delivery.mail.clone()).await {
+            Ok(_) => {
+                self.mark_seen(&delivery.run_id).await;
+                self.deliveries.finish(&delivery.run_id).await;
+            }
+            // Kept on record: the next start sends it.
+            Err(DeliveryError::ShuttingDown) => {}
+            Err(error) => {
+                tracing::error!(%error, run_id = %delivery.run_id, "answer not delivered");
+                delivery.failed = Some(error.to_string());
+                self.mark_seen(&delivery.run_id).await;
+                self.deliveries.give_up(&delivery.run_id, &delivery).await;
+                if let Some(detail) = self.detail.get() {
+                    self.status.running(Some(detail()));
+                }
+            }
+        }
+    }
+
+    async fn mark_seen(&self, run_id: &str) {
+        self.store.kv_put(SEEN_NS, run_id, json!(now_ms()), ttl(SEEN_TTL)).await;
+    }
+
+    /// The answer mail's text; `None` for a message another job took in.
+    fn answer_text(&self, completion: &Completion, started: bool) -> Option<String> {
+        if !started {
+            if let Some(RunError::Merged { .. }) = &completion.error {
+                return None;
+            }
+            if completion.ok {
+                return None;
+            }
+        }
+        let mut text = if completion.ok {
+            completion.answer.trim().to_owned()
+        } else {
+            match &completion.error {
+                Some(RunError::Cancelled { .. }) => "Cancelled.".to_owned(),
+                Some(error) => format!("Error: {error}"),
+                None => "Error: the run failed".to_owned(),
+            }
+        };
+        if text.is_empty() {
+            text = "Done.".to_owned();
+        }
+        if let Some(token) = &completion.resume {
+            let line = self.router.query().format_resume(token);
+            if !line.trim().is_empty() {
+                text.push_str("\n\n");
+                text.push_str(&line);
+            }
+        }
+        Some(text)
+    }
+
+    /// Picks up the answers a stop left unsent.
+    async fn recover_deliveries(self: &Arc<Self>) {
+        for (_, delivery) in self.deliveries.recover().await.pending {
+            let Some(run_id) = RunId::parse(&delivery.run_id) else { continue };
+            let events = self.router.follow(&run_id);
+            let this = self.clone();
+            self.tracker.spawn(async move { this.follow(delivery, events).await });
+        }
+    }
+}
