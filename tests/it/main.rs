@@ -29,4 +29,5 @@ mod server_embed;
 mod support;
 mod telegram_api;
 mod telegram_e2e;
+mod voice_e2e;
 mod webhook_e2e;

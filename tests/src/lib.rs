@@ -7,9 +7,15 @@
 //!   Completions, OpenAI Responses and Anthropic Messages, scripted per test.
 //! - [`fake_telegram`]: a fake Telegram Bot API server on loopback, for the
 //!   Telegram client's tests and for the gateway binary to poll.
+//! - [`fake_deepgram`], [`fake_elevenlabs`], [`fake_twilio_voice`]: a voice
+//!   call's providers on loopback (live transcription, speech, Twilio's media
+//!   stream, signed webhooks and REST API).
 
+pub mod fake_deepgram;
+pub mod fake_elevenlabs;
 pub mod fake_llm;
 pub mod fake_telegram;
+pub mod fake_twilio_voice;
 
 pub mod fake_cli {
     //! The fake vendor CLI (`src/bin/fake_cli.rs`) on a temporary `PATH`, and the

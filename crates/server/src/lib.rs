@@ -434,6 +434,14 @@ fn secret_sources(
         section?.get(key)?.as_str().map(str::to_owned)
     };
     names.extend(named(config.telegram.as_ref(), "bot_token_secret"));
+    if let Ok(Some(voice)) = lemon_voice::VoiceConfig::from_gateway(config.voice.as_ref()) {
+        names.extend([
+            voice.twilio_auth_token_secret,
+            voice.twilio_account_sid_secret,
+            voice.deepgram_api_key_secret,
+            voice.elevenlabs_api_key_secret,
+        ]);
+    }
     if let Some(integrations) = config
         .webhook
         .as_ref()
@@ -481,6 +489,9 @@ fn channel_lines(states: &BTreeMap<String, TransportState>) -> Vec<(String, Stri
             let at = match (id.as_str(), detail) {
                 (webhook::WEBHOOK_TRANSPORT_ID, Some(addr)) => format!("http://{addr}/webhooks/"),
                 (telegram::inbound::TRANSPORT_ID, Some(bot)) => format!("polling:{bot}"),
+                (lemon_voice::TRANSPORT_ID, Some(addr)) => {
+                    format!("http://{addr}/webhooks/twilio/voice")
+                }
                 (_, Some(detail)) => detail.to_owned(),
                 (_, None) => state.as_str().to_owned(),
             };
@@ -600,6 +611,11 @@ fn section_warnings(
             place("telegram", unknown);
         }
     }
+    if let Some(table) = &config.voice {
+        if let Ok((_, unknown)) = lemon_voice::VoiceConfig::parse_with_unknown_keys(table) {
+            place("voice", unknown);
+        }
+    }
     let ids: Vec<String> = registry.ids().map(|id| id.to_string()).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     out.extend(engines.warnings(path, text, &ids));
@@ -665,6 +681,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         &secrets,
         &opts.paths.config,
         config_text.as_deref().unwrap_or(""),
+        &opts.paths.home,
     )?;
     check_webhook_callbacks(
         &gateway_config,
@@ -743,21 +760,34 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let api_addr = api_listener.local_addr()?;
     let health_addr = health_listener.local_addr()?;
     let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
-    let api = lemon_api::api::router(lemon_api::api::ApiState {
-        router: router.clone(),
-        runs: router.query(),
-        token: api_token.expose().into(),
-        default_engine: chosen_default.engine.to_string().into(),
-        default_engine_reason: chosen_default.reason.clone().into(),
-        version: version.clone(),
-        started_at: started,
-        shutdown: token.clone(),
-        transports: statuses.clone(),
-        config: config_status.clone(),
-        secret_sources: secret_sources(&gateway_config, &engine_sections, &secrets).into(),
-        cron: cron.clone(),
-        budget: budget.clone(),
-    });
+    // The routes of the components that have their own: merged behind the
+    // API's token.
+    let mut extra = axum::Router::new();
+    if lemon_voice::VoiceConfig::from_gateway(gateway_config.voice.as_ref())
+        .ok()
+        .flatten()
+        .is_some()
+    {
+        extra = extra.merge(lemon_voice::api_routes(lemon_voice::CallRecords::new(store.clone())));
+    }
+    let api = lemon_api::api::router_with(
+        lemon_api::api::ApiState {
+            router: router.clone(),
+            runs: router.query(),
+            token: api_token.expose().into(),
+            default_engine: chosen_default.engine.to_string().into(),
+            default_engine_reason: chosen_default.reason.clone().into(),
+            version: version.clone(),
+            started_at: started,
+            shutdown: token.clone(),
+            transports: statuses.clone(),
+            config: config_status.clone(),
+            secret_sources: secret_sources(&gateway_config, &engine_sections, &secrets).into(),
+            cron: cron.clone(),
+            budget: budget.clone(),
+        },
+        extra,
+    );
     let health = lemon_api::health::health_router(
         lemon_api::health::HealthState::new(router.query(), version, started)
             .with_transports(statuses.clone())
@@ -850,6 +880,7 @@ pub fn check_config(
     let secrets = Arc::new(SecretStore::new(env.clone(), paths.secrets()));
     webhook_transport(gateway, &secrets, file, &text)?;
     telegram_transport(gateway, &secrets, file, &text)?;
+    voice_transport(gateway, &secrets, file, &text, &paths.home)?;
     // The engine table as a start would build it, to check the names against.
     let ctx = CliContext { base_env: env.clone(), ..CliContext::default() };
     let registry = lemon_engines::build_registry(&sections, &ctx).map_err(|e| {
@@ -877,6 +908,7 @@ fn transports(
     secrets: &Arc<SecretStore>,
     config_path: &std::path::Path,
     text: &str,
+    lemon_home: &std::path::Path,
 ) -> anyhow::Result<TransportRegistry> {
     use lemon_transports::{telegram, webhook};
     let mut registry = TransportRegistry::default();
@@ -888,7 +920,42 @@ fn transports(
         Some(transport) => registry.add(transport)?,
         None => registry.add_disabled(telegram::inbound::TRANSPORT_ID)?,
     }
+    match voice_transport(config, secrets, config_path, text, lemon_home)? {
+        Some(transport) => registry.add(transport)?,
+        None => registry.add_disabled(lemon_voice::TRANSPORT_ID)?,
+    }
     Ok(registry)
+}
+
+/// The voice transport `config` asks for (`None`: switched off); recordings
+/// go under `<lemon_home>/recordings`.
+///
+/// # Errors
+/// `[gateway.voice]` is invalid or names a secret that is not set.
+fn voice_transport(
+    config: &GatewayConfig,
+    secrets: &Arc<SecretStore>,
+    config_path: &std::path::Path,
+    text: &str,
+    lemon_home: &std::path::Path,
+) -> Result<Option<Arc<dyn lemon_core::transport::Transport>>, config::ConfigError> {
+    let located =
+        |message: &str| config::section_error(config_path, text, &["gateway", "voice"], message);
+    let Some(voice) =
+        lemon_voice::VoiceConfig::from_gateway(config.voice.as_ref()).map_err(|e| located(&e.0))?
+    else {
+        return Ok(None);
+    };
+    let voice_secrets = voice.resolve_secrets(secrets).map_err(|e| located(&e.0))?;
+    let bound_engine = config.bindings.iter().any(|binding| {
+        binding.transport == lemon_voice::TRANSPORT_ID && binding.default_engine.is_some()
+    });
+    Ok(Some(Arc::new(lemon_voice::VoiceTransport::new(lemon_voice::VoiceDeps {
+        config: voice,
+        secrets: voice_secrets,
+        recordings: lemon_home.join("recordings"),
+        bound_engine,
+    }))))
 }
 
 /// The webhook transport `config` asks for (`None`: switched off). `text` is

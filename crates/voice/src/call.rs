@@ -72,8 +72,6 @@ struct Reply {
     turn: Option<usize>,
     token: CancellationToken,
     run_id: Option<RunId>,
-    /// Whether its task is still producing audio.
-    producing: bool,
 }
 
 /// One caller turn's timings, from the moment its transcript was final.
@@ -163,6 +161,8 @@ struct State {
     utterance: Vec<String>,
     speech_end: Option<Instant>,
     reply: Option<Reply>,
+    /// The turn whose answer was spoken last (until its marks come back).
+    playing_turn: Option<usize>,
     next_reply: u64,
     pending_marks: HashSet<String>,
     turns: usize,
@@ -187,6 +187,7 @@ impl Call {
             utterance: Vec::new(),
             speech_end: None,
             reply: None,
+            playing_turn: None,
             next_reply: 1,
             pending_marks: HashSet::new(),
             turns: 0,
@@ -326,9 +327,7 @@ impl Call {
                 if !is_final {
                     return;
                 }
-                let speaking =
-                    state.reply.as_ref().is_some_and(|r| r.turn.is_some() || r.producing)
-                        || !state.pending_marks.is_empty();
+                let speaking = state.reply.is_some() || !state.pending_marks.is_empty();
                 let config = &self.shared.config;
                 if speaking && state.ending.is_none() {
                     if config.barge_in && words >= config.barge_in_min_words {
@@ -411,24 +410,30 @@ impl Call {
     /// Stops the answer being spoken: `clear` to Twilio (when `clear`),
     /// synthesis dropped, its run cancelled.
     async fn interrupt(&self, state: &mut State, clear: bool) {
-        let Some(reply) = state.reply.take() else {
-            if clear && !state.pending_marks.is_empty() {
-                let _ = self.out.send(Out::Text(twilio::clear_message(&self.stream_sid))).await;
-                state.pending_marks.clear();
-            }
+        let reply = state.reply.take();
+        let playing = !state.pending_marks.is_empty();
+        if reply.is_none() && !playing {
             return;
-        };
-        reply.token.cancel();
+        }
+        if let Some(reply) = &reply {
+            reply.token.cancel();
+        }
         if clear {
             let _ = self.out.send(Out::Text(twilio::clear_message(&self.stream_sid))).await;
         }
         state.pending_marks.clear();
-        if let Some(run_id) = &reply.run_id {
+        if let Some(run_id) = reply.as_ref().and_then(|reply| reply.run_id.as_ref()) {
             if let Err(error) = self.shared.router.cancel_run(run_id).await {
                 tracing::debug!(call = %self.call_sid, %error, "run not cancelled");
             }
         }
-        if let Some(turn) = reply.turn {
+        // The turn whose answer is cut off: being produced, or still playing.
+        let turn = match &reply {
+            Some(reply) => reply.turn,
+            None => state.playing_turn,
+        };
+        state.playing_turn = None;
+        if let Some(turn) = turn {
             self.shared
                 .records
                 .update(&self.call_sid, |record| {
@@ -469,7 +474,8 @@ impl Call {
                 () = task.run() => {}
             }
         });
-        state.reply = Some(Reply { id, turn, token, run_id: None, producing: true });
+        state.reply = Some(Reply { id, turn, token, run_id: None });
+        state.playing_turn = turn;
         id
     }
 
