@@ -412,3 +412,29 @@ fn civil_date(days: i64) -> String {
     let year = yoe + era * 400 + i64::from(month <= 2);
     format!("{year:04}-{month:02}-{day:02}")
 }
+
+#[tokio::test]
+async fn a_bad_voice_section_or_a_missing_key_stops_the_start_at_its_place() {
+    let cases = [
+        (
+            "[gateway.voice]\nenabled = true\npublic_url = \"https://voice.example.com\"\nbarge_in_min_words = 0\n",
+            ":4:22: gateway.voice.barge_in_min_words: `barge_in_min_words`: must be at least 1",
+        ),
+        (
+            // Off, and its wrong type is still an error.
+            "[gateway.voice]\nenabled = false\nbarge_in = \"yes\"\n",
+            ":3:12: gateway.voice.barge_in:",
+        ),
+        ("[gateway.voice]\nenabled = true\n", ":1:1: gateway.voice: `public_url`: set the https URL"),
+        (
+            "[gateway.voice]\nenabled = true\npublic_url = \"https://voice.example.com\"\n",
+            "`twilio_auth_token_secret`: secret \"twilio_auth_token\" is not set",
+        ),
+    ];
+    for (text, expected) in cases {
+        let home = home_with(text);
+        let (code, stderr) = crate::support::failed_start(home.path()).await;
+        assert_eq!(code, Some(5), "a config error: {text}\n{stderr}");
+        assert!(stderr.contains(expected), "{text}\nexpected {expected}\n--- stderr ---\n{stderr}");
+    }
+}

@@ -108,6 +108,17 @@ pub(crate) async fn connect(
     stop: CancellationToken,
     tracker: &tokio_util::task::TaskTracker,
 ) -> Result<Listener, ListenError> {
+    connect_with(url, api_key, stop, tracker, KEEP_ALIVE_EVERY).await
+}
+
+/// [`connect`] with `keep_alive` as the quiet time before a `KeepAlive`.
+async fn connect_with(
+    url: &str,
+    api_key: &str,
+    stop: CancellationToken,
+    tracker: &tokio_util::task::TaskTracker,
+    keep_alive: Duration,
+) -> Result<Listener, ListenError> {
     let mut request =
         url.into_client_request().map_err(|e| ListenError(format!("bad URL: {e}")))?;
     let auth = HeaderValue::from_str(&format!("Token {api_key}"))
@@ -120,7 +131,7 @@ pub(crate) async fn connect(
         .map_err(|e| ListenError(connect_error(&e)))?;
     let (audio_tx, audio_rx) = mpsc::channel(AUDIO_BUFFER);
     let (heard_tx, heard_rx) = mpsc::channel(64);
-    tracker.spawn(pump(socket, audio_rx, heard_tx, stop));
+    tracker.spawn(pump(socket, audio_rx, heard_tx, stop, keep_alive));
     Ok(Listener { audio: audio_tx, heard: heard_rx })
 }
 
@@ -140,10 +151,11 @@ async fn pump(
     mut audio: mpsc::Receiver<Bytes>,
     heard: mpsc::Sender<Heard>,
     stop: CancellationToken,
+    every: Duration,
 ) {
     let (mut sink, mut stream) = socket.split();
     let keep_alive = Message::text(r#"{"type":"KeepAlive"}"#);
-    let mut quiet = Box::pin(tokio::time::sleep(KEEP_ALIVE_EVERY));
+    let mut quiet = Box::pin(tokio::time::sleep(every));
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
@@ -152,7 +164,7 @@ async fn pump(
                     if sink.send(Message::Binary(frame)).await.is_err() {
                         return;
                     }
-                    quiet.as_mut().reset(tokio::time::Instant::now() + KEEP_ALIVE_EVERY);
+                    quiet.as_mut().reset(tokio::time::Instant::now() + every);
                 }
                 None => break,
             },
@@ -160,7 +172,7 @@ async fn pump(
                 if sink.send(keep_alive.clone()).await.is_err() {
                     return;
                 }
-                quiet.as_mut().reset(tokio::time::Instant::now() + KEEP_ALIVE_EVERY);
+                quiet.as_mut().reset(tokio::time::Instant::now() + every);
             }
             message = stream.next() => match message {
                 Some(Ok(Message::Text(text))) => {
@@ -213,6 +225,70 @@ mod tests {
         );
         assert_eq!(parse(r#"{"type":"Metadata","request_id":"x","duration":1.0}"#), None);
         assert_eq!(parse("not json"), None);
+    }
+
+    /// A socket the test serves: sends `said`, then passes on the
+    /// `authorization` header it was opened with, every text frame it
+    /// receives and the size of every audio frame.
+    async fn serve_one(
+        listener: tokio::net::TcpListener,
+        said: Vec<String>,
+        got: mpsc::UnboundedSender<String>,
+    ) {
+        use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+        let (tcp, _) = listener.accept().await.unwrap();
+        let auth = got.clone();
+        let capture = move |request: &Request, response: Response| {
+            let header = request.headers()["authorization"].to_str().unwrap().to_owned();
+            auth.send(header).unwrap();
+            Ok(response)
+        };
+        let mut socket = tokio_tungstenite::accept_hdr_async(tcp, capture).await.unwrap();
+        for text in said {
+            socket.send(Message::text(text)).await.unwrap();
+        }
+        while let Some(Ok(message)) = socket.next().await {
+            match message {
+                Message::Text(text) => got.send(text.to_string()).unwrap(),
+                Message::Binary(bytes) => got.send(format!("{} audio bytes", bytes.len())).unwrap(),
+                _ => {}
+            }
+        }
+    }
+
+    async fn next(got: &mut mpsc::UnboundedReceiver<String>) -> Option<String> {
+        tokio::time::timeout(Duration::from_secs(10), got.recv()).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn audio_goes_out_keep_alives_fill_the_quiet_and_the_end_closes_the_stream() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}/v1/listen", listener.local_addr().unwrap());
+        let said = vec![r#"{"type":"SpeechStarted","channel":[0,1],"timestamp":0.1}"#.to_owned()];
+        let (got_tx, mut got) = mpsc::unbounded_channel();
+        tokio::spawn(serve_one(listener, said, got_tx));
+        let tracker = tokio_util::task::TaskTracker::new();
+        let quiet = Duration::from_millis(30);
+        let mut listener =
+            connect_with(&url, "dg-key", CancellationToken::new(), &tracker, quiet).await.unwrap();
+        assert_eq!(next(&mut got).await.as_deref(), Some("Token dg-key"));
+        listener.audio.send(Bytes::from_static(&[0xFF; 160])).await.unwrap();
+        assert_eq!(next(&mut got).await.as_deref(), Some("160 audio bytes"));
+        let heard = tokio::time::timeout(Duration::from_secs(10), listener.heard.recv()).await;
+        assert_eq!(heard.unwrap(), Some(Heard::SpeechStarted));
+        // No audio for a while: a KeepAlive.
+        assert_eq!(next(&mut got).await.as_deref(), Some(r#"{"type":"KeepAlive"}"#));
+        // The call is over: CloseStream, however many KeepAlives came first.
+        drop(listener);
+        loop {
+            match next(&mut got).await.as_deref() {
+                Some(r#"{"type":"KeepAlive"}"#) => {}
+                other => {
+                    assert_eq!(other, Some(r#"{"type":"CloseStream"}"#));
+                    break;
+                }
+            }
+        }
     }
 
     #[test]
