@@ -293,7 +293,11 @@ async fn health_detail_needs_the_api_token() {
                 { "name": "store", "ok": true },
                 { "name": "runs", "ok": true },
             ],
-            "transports": { "telegram": { "state": "disabled" }, "webhook": { "state": "disabled" } },
+            "transports": {
+                "telegram": { "state": "disabled" },
+                "voice": { "state": "disabled" },
+                "webhook": { "state": "disabled" },
+            },
         })
     );
     let detailed: Value =
