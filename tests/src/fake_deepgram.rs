@@ -62,6 +62,10 @@ impl FakeDeepgram {
         let app = Router::new().route("/v1/listen", get(listen)).with_state(inner.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let listener =
+            axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+                let _ = tcp.set_nodelay(true);
+            });
         tokio::spawn(async move { axum::serve(listener, app).await });
         FakeDeepgram { base_url: format!("ws://{addr}"), inner }
     }

@@ -196,10 +196,13 @@ impl MediaClient {
     /// custom parameter. Marks are echoed as soon as they arrive (the audio
     /// "played") unless [`MediaClient::hold_marks`] says otherwise.
     pub async fn connect(url: &str, call_sid: &str, token: &str) -> MediaClient {
-        let (socket, _) = tokio::time::timeout(PATIENCE, tokio_tungstenite::connect_async(url))
-            .await
-            .expect("media stream connects in time")
-            .expect("media stream accepted");
+        let (socket, _) = tokio::time::timeout(
+            PATIENCE,
+            tokio_tungstenite::connect_async_with_config(url, None, true),
+        )
+        .await
+        .expect("media stream connects in time")
+        .expect("media stream accepted");
         let (mut sink, mut source) = socket.split();
         let stream_sid = format!("MZ{}", uuid_like(call_sid));
         let (to_gateway, mut outbox) = mpsc::unbounded_channel::<String>();

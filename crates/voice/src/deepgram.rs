@@ -124,7 +124,8 @@ async fn connect_with(
     let auth = HeaderValue::from_str(&format!("Token {api_key}"))
         .map_err(|_| ListenError("the API key is not a valid header value".into()))?;
     request.headers_mut().insert("authorization", auth);
-    let connect = tokio_tungstenite::connect_async(request);
+    // Transcripts and audio are small frames that must not wait for Nagle.
+    let connect = tokio_tungstenite::connect_async_with_config(request, None, true);
     let (socket, _) = tokio::time::timeout(Duration::from_secs(10), connect)
         .await
         .map_err(|_| ListenError("connecting timed out".into()))?
@@ -230,6 +231,7 @@ mod tests {
     /// A socket the test serves: sends `said`, then passes on the
     /// `authorization` header it was opened with, every text frame it
     /// receives and the size of every audio frame.
+    #[allow(clippy::result_large_err)] // tungstenite's handshake callback returns its own error type.
     async fn serve_one(
         listener: tokio::net::TcpListener,
         said: Vec<String>,

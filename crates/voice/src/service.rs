@@ -161,6 +161,11 @@ impl Transport for VoiceTransport {
         tracing::info!(voice_addr = %local, public_url = %self.deps.config.public_base(), "voice calls listening");
         let app = router(shared.clone());
         let shutdown = ctx.shutdown.clone();
+        // Audio frames go out as they are written, not held for Nagle.
+        let listener =
+            axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+                let _ = tcp.set_nodelay(true);
+            });
         let served = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await;
