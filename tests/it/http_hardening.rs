@@ -298,6 +298,7 @@ async fn health_detail_needs_the_api_token() {
                 "discord": { "state": "disabled" },
                 "email": { "state": "disabled" },
                 "telegram": { "state": "disabled" },
+                "voice": { "state": "disabled" },
                 "webhook": { "state": "disabled" },
             },
         })

@@ -15,12 +15,19 @@
 //! - [`fake_twilio`]: a fake Twilio REST API (message create) on loopback, and
 //!   Twilio's webhook signatures, for the SMS channel.
 
+//! - [`fake_deepgram`], [`fake_elevenlabs`], [`fake_twilio_voice`]: a voice
+//!   call's providers on loopback (live transcription, speech, Twilio's media
+//!   stream, signed webhooks and REST API).
+
 pub mod dovecot;
+pub mod fake_deepgram;
 pub mod fake_discord;
+pub mod fake_elevenlabs;
 pub mod fake_llm;
 pub mod fake_smtp;
 pub mod fake_telegram;
 pub mod fake_twilio;
+pub mod fake_twilio_voice;
 
 pub mod fake_cli {
     //! The fake vendor CLI (`src/bin/fake_cli.rs`) on a temporary `PATH`, and the

@@ -443,6 +443,12 @@ impl RouterHandle {
         self.bus.subscribe_notices()
     }
 
+    /// Publishes a gateway-wide notice (a channel's own event, such as a voice
+    /// call's `voice_turn` timings) to `/v1/events`; never waits.
+    pub fn publish_notice(&self, notice: crate::bus::Notice) {
+        self.bus.publish_notice(notice);
+    }
+
     /// The read-only view of runs, sessions, engines and the scheduler.
     pub fn query(&self) -> Runs {
         Runs::new(self.clone())

@@ -471,6 +471,14 @@ fn secret_sources(
         names.extend(named(table, "password_secret"));
         names.extend(named(table, "token_secret"));
     }
+    if let Ok(Some(voice)) = lemon_voice::VoiceConfig::from_gateway(config.voice.as_ref()) {
+        names.extend([
+            voice.twilio_auth_token_secret,
+            voice.twilio_account_sid_secret,
+            voice.deepgram_api_key_secret,
+            voice.elevenlabs_api_key_secret,
+        ]);
+    }
     if let Some(integrations) = config
         .webhook
         .as_ref()
@@ -598,6 +606,9 @@ fn channel_lines(states: &BTreeMap<String, TransportState>) -> Vec<(String, Stri
                 (telegram::inbound::TRANSPORT_ID, Some(bot)) => format!("polling:{bot}"),
                 (lemon_sms::reply::SMS_TRANSPORT_ID, Some(addr)) => {
                     format!("http://{addr}{}", lemon_sms::config::WEBHOOK_PATH)
+                }
+                (lemon_voice::TRANSPORT_ID, Some(addr)) => {
+                    format!("http://{addr}/webhooks/twilio/voice")
                 }
                 (_, Some(detail)) => detail.to_owned(),
                 (_, None) => state.as_str().to_owned(),
@@ -745,6 +756,11 @@ fn section_warnings(
             place("email", unknown);
         }
     }
+    if let Some(table) = &config.voice {
+        if let Ok((_, unknown)) = lemon_voice::VoiceConfig::parse_with_unknown_keys(table) {
+            place("voice", unknown);
+        }
+    }
     let ids: Vec<String> = registry.ids().map(|id| id.to_string()).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     out.extend(engines.warnings(path, text, &ids));
@@ -835,6 +851,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         config_text.as_deref().unwrap_or(""),
         sms.as_ref(),
         &gateway_config.workspace(&opts.paths.home, opts.user_home.as_deref()),
+        &opts.paths.home,
     )?;
     check_webhook_callbacks(
         &gateway_config,
@@ -951,6 +968,16 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         uses: secret_uses.clone(),
         changed: secrets_changed.clone(),
     });
+    // The routes of the components that have their own: merged behind the
+    // API's token.
+    let mut extra = axum::Router::new();
+    if lemon_voice::VoiceConfig::from_gateway(gateway_config.voice.as_ref())
+        .ok()
+        .flatten()
+        .is_some()
+    {
+        extra = extra.merge(lemon_voice::api_routes(lemon_voice::CallRecords::new(store.clone())));
+    }
     let api = lemon_api::api::router_with(
         lemon_api::api::ApiState {
             router: router.clone(),
@@ -972,7 +999,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
                 env: opts.env.clone(),
             })),
         },
-        extra_routes.merge(secrets_routes),
+        extra_routes.merge(secrets_routes).merge(extra),
     );
     let health = lemon_api::health::health_router(
         lemon_api::health::HealthState::new(router.query(), version, started)
@@ -1084,6 +1111,7 @@ fn check_config_text(
     discord_transport(gateway, secrets, file, text)?;
     let home = file.parent().unwrap_or_else(|| std::path::Path::new("."));
     email_transport(gateway, secrets, file, text, &gateway.workspace(home, None))?;
+    voice_transport(gateway, secrets, file, text, home)?;
     // The engine table as a start would build it, to check the names against.
     let ctx = CliContext { base_env: env.clone(), ..CliContext::default() };
     let registry = lemon_engines::build_registry(&sections, &ctx).map_err(|e| {
@@ -1113,6 +1141,7 @@ fn transports(
     text: &str,
     sms: Option<&lemon_sms::Sms>,
     workspace: &Path,
+    lemon_home: &std::path::Path,
 ) -> anyhow::Result<TransportRegistry> {
     use lemon_transports::{telegram, webhook};
     let mut registry = TransportRegistry::default();
@@ -1135,6 +1164,10 @@ fn transports(
     match email_transport(config, secrets, config_path, text, workspace)? {
         Some(transport) => registry.add(transport)?,
         None => registry.add_disabled(lemon_transports::email::TRANSPORT_ID)?,
+    }
+    match voice_transport(config, secrets, config_path, text, lemon_home)? {
+        Some(transport) => registry.add(transport)?,
+        None => registry.add_disabled(lemon_voice::TRANSPORT_ID)?,
     }
     Ok(registry)
 }
@@ -1160,6 +1193,37 @@ fn sms_section(
     };
     let sms_secrets = sms.resolve(secrets).map_err(|e| located(&e.0))?;
     Ok(Some((sms, sms_secrets)))
+}
+
+/// The voice transport `config` asks for (`None`: switched off); recordings
+/// go under `<lemon_home>/recordings`.
+///
+/// # Errors
+/// `[gateway.voice]` is invalid or names a secret that is not set.
+fn voice_transport(
+    config: &GatewayConfig,
+    secrets: &Arc<SecretStore>,
+    config_path: &std::path::Path,
+    text: &str,
+    lemon_home: &std::path::Path,
+) -> Result<Option<Arc<dyn lemon_core::transport::Transport>>, config::ConfigError> {
+    let located =
+        |message: &str| config::section_error(config_path, text, &["gateway", "voice"], message);
+    let Some(voice) =
+        lemon_voice::VoiceConfig::from_gateway(config.voice.as_ref()).map_err(|e| located(&e.0))?
+    else {
+        return Ok(None);
+    };
+    let voice_secrets = voice.resolve_secrets(secrets).map_err(|e| located(&e.0))?;
+    let bound_engine = config.bindings.iter().any(|binding| {
+        binding.transport == lemon_voice::TRANSPORT_ID && binding.default_engine.is_some()
+    });
+    Ok(Some(Arc::new(lemon_voice::VoiceTransport::new(lemon_voice::VoiceDeps {
+        config: voice,
+        secrets: voice_secrets,
+        recordings: lemon_home.join("recordings"),
+        bound_engine,
+    }))))
 }
 
 /// The webhook transport `config` asks for (`None`: switched off). `text` is

@@ -121,6 +121,7 @@ const RESTART_KEYS: &[&str] = &[
     "http_header_read_timeout_ms",
     "http_idle_timeout_ms",
     "http_max_connections",
+    "voice",
 ];
 
 /// What an accepted edit changes, component by component.

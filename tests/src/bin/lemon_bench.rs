@@ -1,12 +1,13 @@
 //! `lemon-bench`: the gateway's speed and memory, one JSON object per scenario.
 //!
 //! ```text
-//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|latency|conversations|startup|telegram|native]…
+//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|latency|conversations|startup|telegram|native|voice]…
 //! ```
 //! No argument runs them all. Figures are measured in this process on the echo
-//! engine; `startup`, `telegram` and `native` start the real `lemon-gateway`
-//! binary next to this one (`telegram` against a fake Bot API, `native` against
-//! a fake LLM provider, both served from this process).
+//! engine; `startup`, `telegram`, `native` and `voice` start the real
+//! `lemon-gateway` binary next to this one (`telegram` against a fake Bot API,
+//! `native` against a fake LLM provider, `voice` against fake Twilio, Deepgram
+//! and ElevenLabs, all served from this process).
 
 // The benchmark reports on stdout and starts the server binary it measures.
 #![allow(clippy::print_stdout, clippy::print_stderr, clippy::disallowed_methods)]
@@ -520,6 +521,121 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
     }))
 }
 
+/// A phone call against instant fakes (Deepgram, ElevenLabs, Twilio's media
+/// stream, all in this process): `turns` caller turns, each a final
+/// transcript answered by the echo engine with one spoken sentence. The
+/// gateway's share of a turn is from Deepgram's final transcript to the first
+/// audio frame sent to Twilio: measured here (transcript sent → frame
+/// received, both fakes' sockets included) and as the gateway reports it in
+/// the call's record. The first turn after connect is reported apart.
+async fn voice(turns: usize) -> anyhow::Result<serde_json::Value> {
+    use lemon_tests::fake_deepgram::{results, FakeDeepgram};
+    use lemon_tests::fake_elevenlabs::FakeElevenLabs;
+    use lemon_tests::fake_twilio_voice::{sign, FakeTwilioRest, MediaClient};
+    let (token, sid, key) = ("bench-auth-token", "CA0123456789abcdef0123456789abcdef", "bench-key");
+    let deepgram = FakeDeepgram::start(key).await;
+    let elevenlabs = FakeElevenLabs::start(key).await;
+    let rest = FakeTwilioRest::start("ACbench", token, Vec::new(), 0).await;
+    let port = tokio::net::TcpListener::bind("127.0.0.1:0").await?.local_addr()?.port();
+    let public_url = format!("http://127.0.0.1:{port}");
+    let home = tempfile::tempdir()?;
+    std::fs::write(
+        home.path().join("config.toml"),
+        format!(
+            "[gateway.api]\nport = 0\n[gateway.health]\nport = 0\n\
+             [gateway.voice]\nenabled = true\nport = {port}\npublic_url = \"{public_url}\"\n\
+             deepgram_base_url = \"{}\"\nelevenlabs_base_url = \"{}\"\ntwilio_api_base_url = \"{}\"\n\
+             engine = \"echo\"\ngreeting = \"\"\nsilence_timeout_ms = 600000\n",
+            deepgram.base_url, elevenlabs.base_url, rest.base_url
+        ),
+    )?;
+    std::fs::write(
+        home.path().join("secrets.toml"),
+        format!(
+            "twilio_auth_token = \"{token}\"\ntwilio_account_sid = \"ACbench\"\n\
+             deepgram_api_key = \"{key}\"\nelevenlabs_api_key = \"{key}\"\n"
+        ),
+    )?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let secrets = home.path().join("secrets.toml");
+        std::fs::set_permissions(secrets, std::fs::Permissions::from_mode(0o600))?;
+    }
+    let (mut child, ready) = spawn_server(home.path()).await?;
+    let api = ready
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("api="))
+        .ok_or_else(|| anyhow::anyhow!("no api address in {ready:?}"))?
+        .to_owned();
+    let client = reqwest::Client::new();
+    let hook = format!("{public_url}/webhooks/twilio/voice");
+    let params = [("CallSid", sid), ("From", "+15551230100"), ("To", "+15551239999")];
+    let twiml = client
+        .post(&hook)
+        .header("X-Twilio-Signature", sign(token, &hook, &params))
+        .form(&params)
+        .send()
+        .await?
+        .text()
+        .await?;
+    let attr = |name: &str| -> anyhow::Result<String> {
+        let start = twiml.find(&format!("{name}=\"")).ok_or_else(|| anyhow::anyhow!("{twiml}"))?
+            + name.len()
+            + 2;
+        let end = twiml[start..].find('"').ok_or_else(|| anyhow::anyhow!("{twiml}"))?;
+        Ok(twiml[start..start + end].to_owned())
+    };
+    deepgram.wait_for("a stream", |s| s.streams == 1).await;
+    let media = MediaClient::connect(&attr("url")?, sid, &attr("value")?).await;
+    let mut measured = Vec::with_capacity(turns);
+    for turn in 1..=turns {
+        let before = media.log().audio().len();
+        let began = Instant::now();
+        deepgram.say(results(&format!("This is turn number {turn} of the call."), true, true));
+        media.wait_for("the answer's first frame", |l| l.audio().len() > before).await;
+        measured.push(began.elapsed().as_micros() as u64);
+        // The answer played (its mark came back) before the caller speaks again.
+        media.wait_for("the answer's mark", |l| l.marks() >= turn).await;
+    }
+    // The gateway's own figures, from the call's record.
+    let call: serde_json::Value = client
+        .get(format!("{api}/v1/calls/{sid}"))
+        .bearer_auth("bench-token-0123456789")
+        .send()
+        .await?
+        .json()
+        .await?;
+    let reported: Vec<u64> = call["turns"]
+        .as_array()
+        .map(|turns| {
+            turns
+                .iter()
+                .filter_map(|t| t["timings"]["transcript_final_to_first_audio_ms"].as_f64())
+                .map(|ms| (ms * 1000.0) as u64)
+                .collect()
+        })
+        .unwrap_or_default();
+    media.stop(sid);
+    child.start_kill()?;
+    let _ = child.wait().await;
+    let summary = |all: &[u64]| {
+        let first = all.first().copied().unwrap_or(0);
+        let mut rest: Vec<u64> = all.iter().skip(1).copied().collect();
+        rest.sort_unstable();
+        serde_json::json!({
+            "first_turn_ms": first as f64 / 1000.0,
+            "p50_ms": percentile(&rest, 0.50) as f64 / 1000.0,
+            "p99_ms": percentile(&rest, 0.99) as f64 / 1000.0,
+        })
+    };
+    Ok(serde_json::json!({
+        "scenario": "voice",
+        "turns": turns,
+        "transcript_to_first_frame_seen_by_twilio": summary(&measured),
+        "transcript_final_to_first_audio_reported": summary(&reported),
+    }))
+}
+
 async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
     Ok(match name {
         "throughput" => vec![
@@ -533,8 +649,9 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
         "startup" => vec![startup().await?],
         "telegram" => vec![telegram(20, 150).await?],
         "native" => vec![native(2_000, 500).await?],
+        "voice" => vec![voice(20).await?],
         other => anyhow::bail!(
-            "unknown scenario {other:?}: use throughput, latency, conversations, startup, telegram or native"
+            "unknown scenario {other:?}: use throughput, latency, conversations, startup, telegram, native or voice"
         ),
     })
 }
@@ -542,9 +659,10 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
 fn main() -> anyhow::Result<()> {
     let mut names: Vec<String> = std::env::args().skip(1).collect();
     if names.is_empty() {
-        names = ["throughput", "latency", "conversations", "startup", "telegram", "native"]
-            .map(str::to_owned)
-            .to_vec();
+        names =
+            ["throughput", "latency", "conversations", "startup", "telegram", "native", "voice"]
+                .map(str::to_owned)
+                .to_vec();
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     for name in names {

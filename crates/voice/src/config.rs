@@ -1,0 +1,401 @@
+//! `[gateway.voice]`: the raw TOML section parsed into typed settings, and the
+//! secrets it names.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use lemon_core::config::{field_names, parse_table, UnknownKey};
+use lemon_core::ids::EngineRef;
+use lemon_core::secrets::SecretStore;
+use serde::Deserialize;
+
+/// Default port of the voice webhooks and media streams.
+pub const DEFAULT_VOICE_PORT: u16 = 4047;
+
+/// `[gateway.voice]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct VoiceConfig {
+    /// Switches voice calls on (default off).
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// Listen address: an IP, `localhost`, or `any` for every interface.
+    #[serde(default = "defaults::bind")]
+    pub bind: String,
+    /// Listen port (default 4047; 0 picks a free one).
+    #[serde(default = "defaults::port")]
+    pub port: u16,
+    /// The public base URL Twilio reaches the gateway at (`https://…`, a tunnel
+    /// in development). Webhook signatures are checked against it and the media
+    /// stream URL is built from it.
+    #[serde(default)]
+    pub public_url: Option<String>,
+    /// Whether Twilio's signature is required on every voice webhook (default true).
+    #[serde(default = "defaults::yes")]
+    pub validate_webhook: bool,
+    /// The secret holding the Twilio auth token (default `twilio_auth_token`).
+    #[serde(default = "defaults::twilio_auth_token_secret")]
+    pub twilio_auth_token_secret: String,
+    /// The secret holding the Twilio account SID (default `twilio_account_sid`).
+    #[serde(default = "defaults::twilio_account_sid_secret")]
+    pub twilio_account_sid_secret: String,
+    /// The number calls come in on, for status and logs.
+    #[serde(default)]
+    pub twilio_phone_number: Option<String>,
+    /// Twilio's REST API (recordings, hang-up).
+    #[serde(default = "defaults::twilio_api_base_url")]
+    pub twilio_api_base_url: String,
+    /// The secret holding the Deepgram API key (default `deepgram_api_key`).
+    #[serde(default = "defaults::deepgram_api_key_secret")]
+    pub deepgram_api_key_secret: String,
+    /// Deepgram's live API (`wss://api.deepgram.com`).
+    #[serde(default = "defaults::deepgram_base_url")]
+    pub deepgram_base_url: String,
+    /// The Deepgram model.
+    #[serde(default = "defaults::deepgram_model")]
+    pub deepgram_model: String,
+    /// Deepgram's endpointing: the pause, in ms, that ends speech (`speech_final`).
+    #[serde(default = "defaults::endpointing_ms")]
+    pub deepgram_endpointing_ms: u32,
+    /// Deepgram's `utterance_end_ms`: the gap in words that ends an utterance.
+    #[serde(default = "defaults::utterance_end_ms")]
+    pub deepgram_utterance_end_ms: u32,
+    /// The secret holding the ElevenLabs API key (default `elevenlabs_api_key`).
+    #[serde(default = "defaults::elevenlabs_api_key_secret")]
+    pub elevenlabs_api_key_secret: String,
+    /// ElevenLabs' API (`https://api.elevenlabs.io`).
+    #[serde(default = "defaults::elevenlabs_base_url")]
+    pub elevenlabs_base_url: String,
+    /// The voice answers are spoken with.
+    #[serde(default = "defaults::elevenlabs_voice_id")]
+    pub elevenlabs_voice_id: String,
+    /// The ElevenLabs model.
+    #[serde(default = "defaults::elevenlabs_model_id")]
+    pub elevenlabs_model_id: String,
+    /// `ulaw_8000` (sent to Twilio as is) or `pcm_8000` (encoded to μ-law here).
+    #[serde(default = "defaults::elevenlabs_output_format")]
+    pub elevenlabs_output_format: String,
+    /// A call is ended (politely) after this long.
+    #[serde(default = "defaults::max_call_duration_seconds")]
+    pub max_call_duration_seconds: u64,
+    /// A call in which nobody speaks for this long is ended (politely).
+    #[serde(default = "defaults::silence_timeout_ms")]
+    pub silence_timeout_ms: u64,
+    /// Whether the caller can interrupt an answer by speaking.
+    #[serde(default = "defaults::yes")]
+    pub barge_in: bool,
+    /// The words a confirmed transcript needs to interrupt (noise and the
+    /// caller's echo of the answer have none).
+    #[serde(default = "defaults::barge_in_min_words")]
+    pub barge_in_min_words: usize,
+    /// Spoken when the call connects; empty for none.
+    #[serde(default = "defaults::greeting")]
+    pub greeting: String,
+    /// Spoken before the gateway hangs up (silence, the duration cap).
+    #[serde(default = "defaults::goodbye")]
+    pub goodbye: String,
+    /// Whether calls are recorded (dual channel) and saved as WAV under
+    /// `$LEMON_HOME/recordings/<date>/`.
+    #[serde(default)]
+    pub record_calls: bool,
+    /// The engine calls run on; unset: the gateway's default engine (the native
+    /// `lemon` engine when it is configured), or a `voice` binding's.
+    #[serde(default)]
+    pub engine: Option<EngineRef>,
+}
+
+mod defaults {
+    pub(super) fn bind() -> String {
+        "127.0.0.1".to_owned()
+    }
+    pub(super) fn port() -> u16 {
+        super::DEFAULT_VOICE_PORT
+    }
+    pub(super) fn yes() -> bool {
+        true
+    }
+    pub(super) fn twilio_auth_token_secret() -> String {
+        "twilio_auth_token".to_owned()
+    }
+    pub(super) fn twilio_account_sid_secret() -> String {
+        "twilio_account_sid".to_owned()
+    }
+    pub(super) fn twilio_api_base_url() -> String {
+        "https://api.twilio.com".to_owned()
+    }
+    pub(super) fn deepgram_api_key_secret() -> String {
+        "deepgram_api_key".to_owned()
+    }
+    pub(super) fn deepgram_base_url() -> String {
+        "wss://api.deepgram.com".to_owned()
+    }
+    pub(super) fn deepgram_model() -> String {
+        "nova-3".to_owned()
+    }
+    pub(super) fn endpointing_ms() -> u32 {
+        300
+    }
+    pub(super) fn utterance_end_ms() -> u32 {
+        1000
+    }
+    pub(super) fn elevenlabs_api_key_secret() -> String {
+        "elevenlabs_api_key".to_owned()
+    }
+    pub(super) fn elevenlabs_base_url() -> String {
+        "https://api.elevenlabs.io".to_owned()
+    }
+    pub(super) fn elevenlabs_voice_id() -> String {
+        "21m00Tcm4TlvDq8ikWAM".to_owned()
+    }
+    pub(super) fn elevenlabs_model_id() -> String {
+        "eleven_turbo_v2_5".to_owned()
+    }
+    pub(super) fn elevenlabs_output_format() -> String {
+        "ulaw_8000".to_owned()
+    }
+    pub(super) fn max_call_duration_seconds() -> u64 {
+        600
+    }
+    pub(super) fn silence_timeout_ms() -> u64 {
+        15_000
+    }
+    pub(super) fn barge_in_min_words() -> usize {
+        1
+    }
+    pub(super) fn greeting() -> String {
+        "Hello! How can I help?".to_owned()
+    }
+    pub(super) fn goodbye() -> String {
+        "Thanks for calling. Goodbye.".to_owned()
+    }
+}
+
+/// A `[gateway.voice]` that cannot be used; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid [gateway.voice]: {0}")]
+pub struct VoiceConfigError(pub String);
+
+impl Default for VoiceConfig {
+    fn default() -> Self {
+        VoiceConfig::parse(&toml::Table::new()).unwrap_or_else(|_| unreachable!())
+    }
+}
+
+impl VoiceConfig {
+    /// Parses the raw section and checks the values serde cannot.
+    ///
+    /// # Errors
+    /// A wrong type or value, naming the key.
+    pub fn parse(table: &toml::Table) -> Result<Self, VoiceConfigError> {
+        VoiceConfig::parse_with_unknown_keys(table).map(|(config, _)| config)
+    }
+
+    /// As [`VoiceConfig::parse`], with the keys the section does not know.
+    ///
+    /// # Errors
+    /// See [`VoiceConfig::parse`].
+    pub fn parse_with_unknown_keys(
+        table: &toml::Table,
+    ) -> Result<(Self, Vec<UnknownKey>), VoiceConfigError> {
+        let (config, ignored) =
+            parse_table::<VoiceConfig>(table).map_err(|err| VoiceConfigError(err.to_string()))?;
+        let unknown = ignored
+            .into_iter()
+            .map(|path| UnknownKey::new(path, field_names::<VoiceConfig>().iter().copied()))
+            .collect();
+        Ok((config.checked()?, unknown))
+    }
+
+    fn checked(self) -> Result<Self, VoiceConfigError> {
+        let bad = |key: &str, message: &str| Err(VoiceConfigError(format!("`{key}`: {message}")));
+        if let Some(url) = &self.public_url {
+            if !(url.starts_with("https://") || url.starts_with("http://")) {
+                return bad("public_url", "must start with https:// (or http:// for local tests)");
+            }
+        }
+        for (key, url, schemes) in [
+            ("twilio_api_base_url", &self.twilio_api_base_url, ["https://", "http://"]),
+            ("elevenlabs_base_url", &self.elevenlabs_base_url, ["https://", "http://"]),
+            ("deepgram_base_url", &self.deepgram_base_url, ["wss://", "ws://"]),
+        ] {
+            if !schemes.iter().any(|scheme| url.starts_with(scheme)) {
+                return bad(key, &format!("must start with {} or {}", schemes[0], schemes[1]));
+            }
+        }
+        if !matches!(self.elevenlabs_output_format.as_str(), "ulaw_8000" | "pcm_8000") {
+            return bad("elevenlabs_output_format", "must be \"ulaw_8000\" or \"pcm_8000\"");
+        }
+        if self.max_call_duration_seconds == 0 {
+            return bad("max_call_duration_seconds", "must be at least 1");
+        }
+        if self.silence_timeout_ms < 100 {
+            return bad("silence_timeout_ms", "must be at least 100");
+        }
+        if self.barge_in_min_words == 0 {
+            return bad("barge_in_min_words", "must be at least 1");
+        }
+        let safe_id = |id: &str| {
+            !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        };
+        if !safe_id(&self.elevenlabs_voice_id) {
+            return bad("elevenlabs_voice_id", "letters, digits, `_` and `-` only");
+        }
+        Ok(self)
+    }
+
+    /// The section when voice is enabled (`enabled = true`), `None` when it is
+    /// not; checked either way.
+    ///
+    /// # Errors
+    /// See [`VoiceConfig::parse`]; an enabled section without `public_url`.
+    pub fn from_gateway(table: Option<&toml::Table>) -> Result<Option<Self>, VoiceConfigError> {
+        let config = match table {
+            Some(table) => VoiceConfig::parse(table)?,
+            None => return Ok(None),
+        };
+        if !lemon_core::transport::enabled(None, table) {
+            return Ok(None);
+        }
+        if config.public_url.as_deref().is_none_or(|url| url.trim().is_empty()) {
+            return Err(VoiceConfigError(
+                "`public_url`: set the https URL Twilio reaches this gateway at".into(),
+            ));
+        }
+        Ok(Some(config))
+    }
+
+    /// `bind:port`, with `any` meaning every interface.
+    pub fn addr(&self) -> String {
+        let bind = match self.bind.trim() {
+            "" | "localhost" => "127.0.0.1",
+            "any" => "0.0.0.0",
+            other => other,
+        };
+        match bind.parse::<std::net::IpAddr>() {
+            Ok(ip) => SocketAddr::new(ip, self.port).to_string(),
+            Err(_) => format!("{bind}:{}", self.port),
+        }
+    }
+
+    /// `public_url` without a trailing slash.
+    pub fn public_base(&self) -> String {
+        self.public_url.as_deref().unwrap_or("").trim().trim_end_matches('/').to_owned()
+    }
+
+    /// Reads the secrets the section names.
+    ///
+    /// # Errors
+    /// A required secret (the Deepgram and ElevenLabs keys; the auth token when
+    /// webhooks are validated) that is not set, naming its key and where it
+    /// was looked for.
+    pub fn resolve_secrets(&self, secrets: &SecretStore) -> Result<VoiceSecrets, VoiceConfigError> {
+        let read = |key: &str, name: &str, required: bool| -> Result<Option<String>, _> {
+            match secrets.get(name) {
+                Ok(Some(value)) if !value.expose().trim().is_empty() => {
+                    Ok(Some(value.expose().trim().to_owned()))
+                }
+                Ok(_) if !required => Ok(None),
+                Ok(_) => {
+                    Err(VoiceConfigError(format!("`{key}`: {}", secrets.not_set_message(name))))
+                }
+                Err(err) => Err(VoiceConfigError(format!("`{key}`: {err}"))),
+            }
+        };
+        Ok(VoiceSecrets {
+            twilio_auth_token: read(
+                "twilio_auth_token_secret",
+                &self.twilio_auth_token_secret,
+                self.validate_webhook,
+            )?,
+            twilio_account_sid: read(
+                "twilio_account_sid_secret",
+                &self.twilio_account_sid_secret,
+                false,
+            )?,
+            deepgram_api_key: read("deepgram_api_key_secret", &self.deepgram_api_key_secret, true)?
+                .unwrap_or_default(),
+            elevenlabs_api_key: read(
+                "elevenlabs_api_key_secret",
+                &self.elevenlabs_api_key_secret,
+                true,
+            )?
+            .unwrap_or_default(),
+        })
+    }
+}
+
+/// The secrets a call uses. Never logged.
+#[derive(Clone, Default)]
+pub struct VoiceSecrets {
+    pub twilio_auth_token: Option<String>,
+    pub twilio_account_sid: Option<String>,
+    pub deepgram_api_key: String,
+    pub elevenlabs_api_key: String,
+}
+
+impl fmt::Debug for VoiceSecrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VoiceSecrets")
+            .field("twilio_auth_token", &self.twilio_auth_token.as_ref().map(|_| "<redacted>"))
+            .field("twilio_account_sid", &self.twilio_account_sid.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(text: &str) -> toml::Table {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn defaults_follow_the_documented_values() {
+        let config = VoiceConfig::default();
+        assert_eq!(config.addr(), "127.0.0.1:4047");
+        assert!(config.validate_webhook);
+        assert!(config.barge_in);
+        assert_eq!(config.barge_in_min_words, 1);
+        assert_eq!(config.elevenlabs_output_format, "ulaw_8000");
+        assert_eq!(config.max_call_duration_seconds, 600);
+        assert_eq!(config.twilio_auth_token_secret, "twilio_auth_token");
+        assert_eq!(config.deepgram_api_key_secret, "deepgram_api_key");
+        assert!(config.engine.is_none());
+    }
+
+    #[test]
+    fn an_enabled_section_needs_a_public_url_and_a_disabled_one_is_still_checked() {
+        let err = VoiceConfig::from_gateway(Some(&table("enabled = true"))).unwrap_err();
+        assert!(err.0.contains("`public_url`"), "{err}");
+        let off = VoiceConfig::from_gateway(Some(&table("port = \"x\""))).unwrap_err();
+        assert!(off.0.contains("`port`"), "{off}");
+        let on = table("enabled = true\npublic_url = \"https://voice.example.com/\"");
+        let config = VoiceConfig::from_gateway(Some(&on)).unwrap().unwrap();
+        assert_eq!(config.public_base(), "https://voice.example.com");
+        assert!(VoiceConfig::from_gateway(None).unwrap().is_none());
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        for (text, key) in [
+            ("max_call_duration_seconds = 0", "max_call_duration_seconds"),
+            ("barge_in_min_words = 0", "barge_in_min_words"),
+            ("elevenlabs_output_format = \"mp3_44100\"", "elevenlabs_output_format"),
+            ("deepgram_base_url = \"https://x\"", "deepgram_base_url"),
+            ("elevenlabs_voice_id = \"../x\"", "elevenlabs_voice_id"),
+            ("public_url = \"voice.example.com\"", "public_url"),
+            ("barge_in = \"yes\"", "barge_in"),
+        ] {
+            let err = VoiceConfig::parse(&table(text)).unwrap_err();
+            assert!(err.0.contains(&format!("`{key}`")), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_get_a_suggestion() {
+        let (_, unknown) =
+            VoiceConfig::parse_with_unknown_keys(&table("greting = \"hi\"")).unwrap();
+        assert_eq!(unknown.len(), 1);
+        assert_eq!(unknown[0].suggestion.as_deref(), Some("greeting"));
+    }
+}
