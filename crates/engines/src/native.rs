@@ -44,7 +44,7 @@ use lemon_core::engine::{
     StartRequest, SteerError,
 };
 use lemon_core::ids::EngineId;
-use lemon_core::tool::{Tool, ToolRegistry};
+use lemon_core::tool::{Tool, ToolRegistry, ToolSpec};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -81,7 +81,9 @@ pub struct NativeEngine {
     settings: Arc<NativeSettings>,
     client: Result<Arc<dyn LlmClient>, String>,
     api_key: Option<ApiKey>,
-    builtins: Vec<Arc<dyn Tool>>,
+    /// The allowed built-in tools with their specs, built once: a spec is a
+    /// JSON schema, and every run offers the same ones.
+    builtins: Vec<(ToolSpec, Arc<dyn Tool>)>,
     gateway_tools: ToolRegistry,
     budget: Option<Arc<dyn BudgetGuard>>,
     sessions: Sessions,
@@ -102,8 +104,12 @@ impl fmt::Debug for NativeEngine {
 impl NativeEngine {
     pub fn new(parts: NativeParts) -> Self {
         let settings = parts.settings;
-        let builtins =
-            parts.builtins.into_iter().filter(|tool| settings.allows(&tool.spec().name)).collect();
+        let builtins = parts
+            .builtins
+            .into_iter()
+            .map(|tool| (tool.spec(), tool))
+            .filter(|(spec, _)| settings.allows(&spec.name))
+            .collect();
         NativeEngine {
             id: EngineId::parse(ENGINE_ID).expect("lemon is a valid engine id"),
             settings: Arc::new(settings),
@@ -232,11 +238,14 @@ impl Engine for NativeEngine {
             }
             None => (session::new_id(), Vec::new()),
         };
-        let mut tools: Vec<Arc<dyn Tool>> = self.builtins.clone();
+        let mut tools = self.builtins.clone();
         for tool in self.gateway_tools.list() {
-            let name = tool.spec().name;
-            if tool.offered(&req.session_key) && !tools.iter().any(|t| t.spec().name == name) {
-                tools.push(tool);
+            if !tool.offered(&req.session_key) {
+                continue;
+            }
+            let spec = tool.spec();
+            if !tools.iter().any(|(known, _)| known.name == spec.name) {
+                tools.push((spec, tool));
             }
         }
         let cancel = self.shutdown.child_token();

@@ -35,7 +35,8 @@ pub(crate) struct AgentParts {
     pub(crate) settings: Arc<NativeSettings>,
     pub(crate) client: Arc<dyn LlmClient>,
     pub(crate) api_key: Option<ApiKey>,
-    pub(crate) tools: Vec<Arc<dyn Tool>>,
+    /// The run's tools with their specs.
+    pub(crate) tools: Vec<(ToolSpec, Arc<dyn Tool>)>,
     pub(crate) budget: Option<Arc<dyn BudgetGuard>>,
     pub(crate) sessions: Sessions,
     pub(crate) session_id: String,
@@ -76,6 +77,8 @@ pub(crate) struct Agent {
     api_key: Option<ApiKey>,
     tools: BTreeMap<String, Arc<dyn Tool>>,
     specs: Vec<ToolSpec>,
+    /// The specs' share of every request's token estimate, counted once.
+    tool_tokens: u64,
     budget: Option<Arc<dyn BudgetGuard>>,
     sessions: Sessions,
     session_id: String,
@@ -96,9 +99,10 @@ pub(crate) struct Agent {
 
 impl Agent {
     pub(crate) fn new(parts: AgentParts) -> Self {
-        let mut specs: Vec<ToolSpec> = parts.tools.iter().map(|t| t.spec()).collect();
+        let mut specs: Vec<ToolSpec> = parts.tools.iter().map(|(spec, _)| spec.clone()).collect();
         specs.sort_by(|a, b| a.name.cmp(&b.name));
-        let tools = parts.tools.into_iter().map(|t| (t.spec().name, t)).collect();
+        let tool_tokens = compact::tool_tokens(&specs);
+        let tools = parts.tools.into_iter().map(|(spec, tool)| (spec.name, tool)).collect();
         let model = parts
             .req
             .model
@@ -113,6 +117,7 @@ impl Agent {
             api_key: parts.api_key,
             tools,
             specs,
+            tool_tokens,
             budget: parts.budget,
             sessions: parts.sessions,
             session_id: parts.session_id,
@@ -485,7 +490,7 @@ impl Agent {
         let window = self.settings.context_window;
         let settings = self.settings.clone();
         let system = settings.system_prompt.as_deref();
-        let estimate = compact::estimate(system, &self.messages, &self.specs);
+        let estimate = compact::estimate_with(system, &self.messages, self.tool_tokens);
         if !force && (estimate as f64) <= compact::COMPACT_AT * window as f64 {
             return Ok(());
         }
@@ -536,7 +541,7 @@ impl Agent {
         done.message = Some(format!("summarised {cut} earlier messages into one"));
         done.detail = json!({ "summarised_messages": cut, "estimated_tokens": estimate, "context_window": window });
         self.send(EngineEvent::Action(done)).await?;
-        let after = compact::estimate(system, &self.messages, &self.specs);
+        let after = compact::estimate_with(system, &self.messages, self.tool_tokens);
         if after > window {
             return Err(overflow(format!(
                 "context overflow: after compaction the conversation (about {after} tokens) still exceeds the context window of {window} tokens"

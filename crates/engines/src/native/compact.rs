@@ -42,12 +42,23 @@ pub fn message_tokens(message: &ChatMessage) -> u64 {
 
 /// Tokens a request of `system`, `messages` and `tools` takes, estimated.
 pub fn estimate(system: Option<&str>, messages: &[ChatMessage], tools: &[ToolSpec]) -> u64 {
-    let system = system.map_or(0, str::len) / 4;
-    let tools: usize = tools
+    estimate_with(system, messages, tool_tokens(tools))
+}
+
+/// The tokens `tools` add to every request: their names, descriptions and
+/// schemas as sent.
+pub fn tool_tokens(tools: &[ToolSpec]) -> u64 {
+    let chars: usize = tools
         .iter()
         .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
         .sum();
-    system as u64 + (tools / 4) as u64 + messages.iter().map(message_tokens).sum::<u64>()
+    (chars / 4) as u64
+}
+
+/// [`estimate`] with the tools' share already counted by [`tool_tokens`].
+pub fn estimate_with(system: Option<&str>, messages: &[ChatMessage], tool_tokens: u64) -> u64 {
+    let system = system.map_or(0, str::len) / 4;
+    system as u64 + tool_tokens + messages.iter().map(message_tokens).sum::<u64>()
 }
 
 /// How many tokens of recent turns a compaction keeps whole: a share of the
