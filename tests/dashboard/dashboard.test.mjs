@@ -210,13 +210,13 @@ try {
     check(secretsText.includes('not configured'), `secrets page without the route: ${secretsText}`);
   } else {
     step('a secret is set, listed by name only, and deleted');
-    await page.locator('#secret-name').fill('DASHBOARD_TEST_KEY');
+    await page.locator('#secret-name').fill('dashboard_test_key');
     await page.locator('#secret-value').fill('s3cr3t-value-never-shown');
     await page.locator('#secret-form button[type=submit]').click();
-    await page.locator('#secrets-body code', { hasText: 'DASHBOARD_TEST_KEY' }).waitFor();
+    await page.locator('#secrets-body code', { hasText: 'dashboard_test_key' }).waitFor();
     check(!(await page.content()).includes('s3cr3t-value-never-shown'), 'the value is never shown back');
     await shot('secrets');
-    await page.locator('tr', { hasText: 'DASHBOARD_TEST_KEY' }).locator('button.danger').click();
+    await page.locator('tr', { hasText: 'dashboard_test_key' }).locator('button.danger').click();
     await page.locator('#secrets-notice', { hasText: 'deleted' }).waitFor();
   }
   const usageRuns = await page.evaluate(async () => (await (await fetch('/v1/usage', { headers: { Authorization: `Bearer ${sessionStorage.getItem('lemon.token')}` } })).json()).total.runs);

@@ -1,7 +1,8 @@
 //! Voice calls end to end: the real binary with `[gateway.voice]`, Twilio's
 //! signed webhooks and media stream played by the test (real speech from
 //! espeak-ng), and fake Deepgram, ElevenLabs and Twilio REST servers. The echo
-//! engine answers, so each answer is the caller's words.
+//! engine answers, so each answer is the caller's words, except where the
+//! native engine answers from the fake LLM.
 
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ const ACCOUNT_SID: &str = "AC0123456789abcdef0123456789abcdef";
 const DEEPGRAM_KEY: &str = "deepgram-key-e2e-77aa";
 const ELEVENLABS_KEY: &str = "elevenlabs-key-e2e-91bb";
 const CALLER: &str = "+15551230100";
+const OPENAI_KEY: &str = "sk-voice-e2e-3f9d";
 
 struct Voice {
     gateway: Gateway,
@@ -41,14 +43,18 @@ async fn start(extra: &str) -> Voice {
     let port = free_port().await;
     let public_url = format!("http://127.0.0.1:{port}");
     let greeting = if extra.contains("greeting") { "" } else { "greeting = \"\"\n" };
+    // A `[gateway.engines.lemon]` table in `extra` leaves the engine unset:
+    // calls then run on the gateway's default, the native engine.
+    let native = extra.contains("[gateway.engines.lemon]");
+    let engine = if native { "" } else { "engine = \"echo\"\n" };
     let config = format!(
         "[gateway.voice]\nenabled = true\nport = {port}\npublic_url = \"{public_url}\"\n\
          deepgram_base_url = \"{}\"\nelevenlabs_base_url = \"{}\"\ntwilio_api_base_url = \"{}\"\n\
-         engine = \"echo\"\n{greeting}{extra}",
+         {engine}{greeting}{extra}",
         deepgram.base_url, elevenlabs.base_url, rest.base_url
     );
     let home = home_with(&config);
-    write_secrets(home.path());
+    write_secrets(home.path(), native);
     let gateway = Gateway::start_in(home.path()).await;
     Voice {
         gateway,
@@ -61,13 +67,16 @@ async fn start(extra: &str) -> Voice {
     }
 }
 
-fn write_secrets(home: &std::path::Path) {
+fn write_secrets(home: &std::path::Path, with_openai_key: bool) {
     use std::os::unix::fs::PermissionsExt;
     let path = home.join("secrets.toml");
-    let text = format!(
+    let mut text = format!(
         "twilio_auth_token = \"{AUTH_TOKEN}\"\ntwilio_account_sid = \"{ACCOUNT_SID}\"\n\
          deepgram_api_key = \"{DEEPGRAM_KEY}\"\nelevenlabs_api_key = \"{ELEVENLABS_KEY}\"\n"
     );
+    if with_openai_key {
+        text.push_str(&format!("openai_api_key = \"{OPENAI_KEY}\"\n"));
+    }
     std::fs::write(&path, text).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
@@ -228,6 +237,55 @@ async fn a_call_gets_a_spoken_answer_with_its_turn_timings_on_the_bus_and_on_rec
     let call = voice.call_until(&sid, "the end", |c| c["status"] == "ended").await;
     assert_eq!(call["end_reason"], "caller_hung_up");
     assert!(voice.rest.requests().is_empty(), "no hang-up needed: {:?}", voice.rest.requests());
+}
+
+/// One call from `CALLER`: `words` spoken and transcribed, the answer's
+/// `sentences` spoken back, then the caller hangs up.
+async fn one_turn_call(voice: &Voice, n: u8, words: &str, sentences: usize) -> Vec<String> {
+    let sid = call_sid(n);
+    let spoken_before = voice.elevenlabs.spoken().len();
+    let (stream_url, token) = voice.incoming(&sid).await;
+    voice.deepgram.wait_for("the call's stream opened", |s| s.streams == usize::from(n)).await;
+    let client = MediaClient::connect(&stream_url, &sid, &token).await;
+    let speech = speech_ulaw(words);
+    client.play(&speech).await;
+    voice.deepgram.wait_for("the speech arrived", |s| s.audio_bytes >= speech.len()).await;
+    voice.deepgram.say(results(words, true, true));
+    let log = client.wait_for("the spoken answer", |l| l.marks() >= sentences).await;
+    assert!(rms(&log.audio()) > 5000.0, "the answer is audible");
+    client.stop(&sid);
+    voice.call_until(&sid, "the end of the call", |c| c["status"] == "ended").await;
+    voice.elevenlabs.spoken().into_iter().skip(spoken_before).map(|s| s.text).collect()
+}
+
+#[tokio::test]
+async fn calls_run_on_the_native_engine_and_a_second_call_continues_the_first() {
+    let llm = lemon_tests::fake_llm::FakeLlm::start().await;
+    llm.push(lemon_tests::fake_llm::Turn::text(&["It is ", "noon. ", "Anything else?"]));
+    llm.push(lemon_tests::fake_llm::Turn::text(&["You asked ", "the time."]));
+    let lemon = format!(
+        "[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"voice-model\"\n",
+        llm.base_url()
+    );
+    let voice = start(&lemon).await;
+
+    let spoken = one_turn_call(&voice, 1, "What time is it", 2).await;
+    assert_eq!(spoken, ["It is noon.", "Anything else?"]);
+    let spoken = one_turn_call(&voice, 2, "What did I ask", 1).await;
+    assert_eq!(spoken, ["You asked the time."]);
+
+    // Both calls ran on the native engine in session voice:<from>, and the
+    // second call's request carried the first call's conversation.
+    let requests = llm.requests();
+    let paths: Vec<&str> = requests.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(requests.len(), 2, "{paths:?}");
+    let second = requests[1].body["messages"].to_string();
+    assert!(second.contains("What time is it") && second.contains("It is noon."), "{second}");
+    assert!(second.contains("What did I ask"), "{second}");
+    let call = voice.call(&call_sid(2)).await;
+    let run = voice.gateway.run(call["turns"][0]["run_id"].as_str().unwrap()).await;
+    assert_eq!(run["session_key"], format!("voice:{CALLER}"), "{run}");
+    assert_eq!(run["resume"]["engine"], "lemon", "{run}");
 }
 
 #[tokio::test]

@@ -237,7 +237,7 @@ export function status(main) {
 export function secrets(main) {
   const body = h('div', { id: 'secrets-body' });
   const notice = h('p', { class: 'flash', id: 'secrets-notice', hidden: true });
-  const name = h('input', { type: 'text', id: 'secret-name', placeholder: 'OPENAI_API_KEY', 'aria-label': 'Secret name', spellcheck: 'false', required: true });
+  const name = h('input', { type: 'text', id: 'secret-name', placeholder: 'openai_api_key', 'aria-label': 'Secret name', spellcheck: 'false', required: true });
   const value = h('input', { type: 'password', id: 'secret-value', placeholder: 'value', 'aria-label': 'Secret value', autocomplete: 'new-password', required: true });
   const form = h('form', { class: 'row wrap', id: 'secret-form', onsubmit: save },
     name, value, h('button', { type: 'submit', class: 'primary' }, 'Save secret'));
@@ -278,7 +278,7 @@ export function secrets(main) {
           keychain.available ? `Keychain: ${keychain.detail || 'available'}.` : `No keychain: ${keychain.detail || 'unavailable'}; secrets go to secrets.toml.`,
           table([
             ['Name', (s) => h('code', {}, s.name)],
-            ['Stored in', (s) => s.source],
+            ['Stored in', (s) => s.source || 'not set'],
             ['Used by', (s) => (s.used_by || []).join(', ')],
             ['', (s) => h('span', { class: 'row' },
               h('button', { type: 'button', onclick: () => { name.value = s.name; value.focus(); } }, 'Replace'),
