@@ -34,7 +34,7 @@ async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
 
 /// Writes `request` on a new connection; everything the server sends until it
 /// closes the connection.
-async fn exchange(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
+pub(crate) async fn exchange(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream.write_all(request).await.unwrap();
     within("the answer and the close", read_to_close(&mut stream)).await
@@ -55,7 +55,7 @@ fn parse_response(bytes: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
 
 /// The raw response is `status` with a JSON `{"error"}` body of the announced
 /// length and type; the body.
-fn json_error(bytes: &[u8], status: u16, what: &str) -> Value {
+pub(crate) fn json_error(bytes: &[u8], status: u16, what: &str) -> Value {
     let (got, headers, body) = parse_response(bytes);
     assert_eq!(got, status, "{what}: {}", String::from_utf8_lossy(bytes));
     let header = |name: &str| {
@@ -128,7 +128,7 @@ async fn idle_sockets_beyond_the_descriptor_limit_starve_neither_health_nor_the_
 }
 
 /// Requests hyper answers by itself, with the status each gets.
-fn malformed_requests() -> Vec<(&'static str, Vec<u8>, u16)> {
+pub(crate) fn malformed_requests() -> Vec<(&'static str, Vec<u8>, u16)> {
     let mut many_headers = b"GET /healthz HTTP/1.1\r\nhost: a\r\n".to_vec();
     for i in 0..200 {
         write!(many_headers, "x-header-{i}: value\r\n").unwrap();

@@ -288,6 +288,19 @@ async fn calls_run_on_the_native_engine_and_a_second_call_continues_the_first() 
     assert_eq!(run["resume"]["engine"], "lemon", "{run}");
 }
 
+/// The voice port is served like every other listener (request-head and idle
+/// timeouts, the connection cap, JSON for what hyper refuses by itself).
+#[tokio::test]
+async fn the_voice_listener_answers_unparsable_requests_with_json_errors() {
+    let voice = start("").await;
+    let addr: std::net::SocketAddr =
+        voice.public_url.trim_start_matches("http://").parse().unwrap();
+    for (what, request, status) in crate::http_hardening::malformed_requests() {
+        let answer = crate::http_hardening::exchange(addr, &request).await;
+        crate::http_hardening::json_error(&answer, status, &format!("voice: {what}"));
+    }
+}
+
 #[tokio::test]
 async fn forged_or_unsigned_voice_webhooks_are_refused_and_a_stream_needs_its_token() {
     let voice = start("").await;

@@ -219,6 +219,9 @@ async fn serve_connection(
     shutdown: CancellationToken,
     _permit: OwnedSemaphorePermit,
 ) {
+    // Answers and streamed events go out as they are written, not held for
+    // Nagle's algorithm (a voice call's audio frames, an SSE delta).
+    let _ = stream.set_nodelay(true);
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(ConnIo::new(stream, activity.clone()));
     let service_activity = activity.clone();
@@ -227,7 +230,9 @@ async fn serve_connection(
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout);
-    let connection = builder.serve_connection(io, service);
+    // Upgrades (the voice channel's media-stream WebSocket) take the socket
+    // over; until then the request head and idle limits apply as to any.
+    let connection = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(connection);
     let idle = activity.idle_for(config.idle_timeout);
     tokio::select! {

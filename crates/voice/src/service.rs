@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -161,14 +160,9 @@ impl Transport for VoiceTransport {
         tracing::info!(voice_addr = %local, public_url = %self.deps.config.public_base(), "voice calls listening");
         let app = router(shared.clone());
         let shutdown = ctx.shutdown.clone();
-        // Audio frames go out as they are written, not held for Nagle.
-        let listener =
-            axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
-                let _ = tcp.set_nodelay(true);
-            });
-        let served = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
+        // The shared server: request-head and idle timeouts and the
+        // connection cap as on every listener; the media stream is an upgrade.
+        let served = lemon_api::serve_with(listener, app, shutdown, ctx.http.clone()).await;
         served.map_err(|e| TransportError::retryable(format!("voice on {local} stopped: {e}")))
     }
 }
