@@ -14,7 +14,7 @@ mod keys;
 mod loader;
 mod status;
 
-pub use keys::{did_you_mean, field_names, parse_table, TableError, UnknownKey};
+pub use keys::{did_you_mean, field_names, parse_section, parse_table, TableError, UnknownKey};
 pub use loader::{
     invalid_model_message, load_file, load_file_or_default, load_str, section_error,
     unknown_key_warning, ConfigError, LoadedConfig, Position, MAX_CONCURRENT_RUNS, MAX_CONNECTIONS,

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use lemon_core::config::{field_names, parse_table, UnknownKey};
+use lemon_core::config::{parse_section, UnknownKey};
 use lemon_core::secrets::SecretStore;
 use serde::Deserialize;
 
@@ -130,12 +130,8 @@ impl SmsConfig {
     pub fn parse_with_unknown_keys(
         table: &toml::Table,
     ) -> Result<(Self, Vec<UnknownKey>), SmsConfigError> {
-        let (config, ignored) =
-            parse_table::<SmsConfig>(table).map_err(|err| SmsConfigError(err.to_string()))?;
-        let unknown = ignored
-            .into_iter()
-            .map(|path| UnknownKey::new(path, field_names::<SmsConfig>().iter().copied()))
-            .collect();
+        let (config, unknown) =
+            parse_section::<SmsConfig>(table).map_err(|err| SmsConfigError(err.to_string()))?;
         Ok((config.checked()?, unknown))
     }
 

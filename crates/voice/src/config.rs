@@ -4,7 +4,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 
-use lemon_core::config::{field_names, parse_table, UnknownKey};
+use lemon_core::config::{parse_section, UnknownKey};
 use lemon_core::ids::EngineRef;
 use lemon_core::secrets::SecretStore;
 use serde::Deserialize;
@@ -196,12 +196,8 @@ impl VoiceConfig {
     pub fn parse_with_unknown_keys(
         table: &toml::Table,
     ) -> Result<(Self, Vec<UnknownKey>), VoiceConfigError> {
-        let (config, ignored) =
-            parse_table::<VoiceConfig>(table).map_err(|err| VoiceConfigError(err.to_string()))?;
-        let unknown = ignored
-            .into_iter()
-            .map(|path| UnknownKey::new(path, field_names::<VoiceConfig>().iter().copied()))
-            .collect();
+        let (config, unknown) =
+            parse_section::<VoiceConfig>(table).map_err(|err| VoiceConfigError(err.to_string()))?;
         Ok((config.checked()?, unknown))
     }
 

@@ -111,6 +111,21 @@ pub fn parse_table<T: DeserializeOwned>(
     }
 }
 
+/// [`parse_table`] for a section whose keys are `T`'s own: each key `T`
+/// ignores as an [`UnknownKey`] with the closest of `T`'s field names.
+///
+/// # Errors
+/// As [`parse_table`].
+pub fn parse_section<T: DeserializeOwned>(
+    table: &toml::Table,
+) -> Result<(T, Vec<UnknownKey>), TableError> {
+    let (parsed, ignored) = parse_table::<T>(table)?;
+    let known = field_names::<T>();
+    let unknown =
+        ignored.into_iter().map(|path| UnknownKey::new(path, known.iter().copied())).collect();
+    Ok((parsed, unknown))
+}
+
 /// The key of `table` (under `prefix`, the path to it from the section) that
 /// `T` cannot parse on its own, narrowed into nested tables.
 fn culprit<T: DeserializeOwned>(table: &toml::Table, prefix: Vec<String>) -> Option<Vec<String>> {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lemon_core::config::{field_names, parse_table, QueueMode, UnknownKey};
+use lemon_core::config::{parse_section, QueueMode, UnknownKey};
 use lemon_core::ids::EngineRef;
 use lemon_core::secrets::SecretStore;
 use serde::{Deserialize, Deserializer};
@@ -176,11 +176,8 @@ impl DiscordConfig {
     pub fn parse_values(
         table: &toml::Table,
     ) -> Result<(Self, Vec<UnknownKey>), DiscordConfigError> {
-        let (config, ignored) = parse_table::<DiscordConfig>(table)
+        let (config, unknown) = parse_section::<DiscordConfig>(table)
             .map_err(|err| DiscordConfigError(err.to_string()))?;
-        let known = field_names::<DiscordConfig>();
-        let unknown =
-            ignored.into_iter().map(|path| UnknownKey::new(path, known.iter().copied())).collect();
         let gateway = config.gateway_url.trim();
         if !(gateway.starts_with("ws://") || gateway.starts_with("wss://")) {
             return Err(DiscordConfigError(format!("gateway_url: {gateway:?} is not a ws(s) URL")));

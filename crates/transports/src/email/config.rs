@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use lemon_core::config::{field_names, parse_table, QueueMode, UnknownKey};
+use lemon_core::config::{parse_section, QueueMode, UnknownKey};
 use lemon_core::ids::EngineRef;
 use lemon_core::secrets::SecretStore;
 use serde::Deserialize;
@@ -235,11 +235,8 @@ impl EmailConfig {
     /// # Errors
     /// A wrong type or value.
     pub fn parse_values(table: &toml::Table) -> Result<(Self, Vec<UnknownKey>), EmailConfigError> {
-        let (config, ignored) =
-            parse_table::<EmailConfig>(table).map_err(|err| EmailConfigError(err.to_string()))?;
-        let known = field_names::<EmailConfig>();
-        let unknown =
-            ignored.into_iter().map(|path| UnknownKey::new(path, known.iter().copied())).collect();
+        let (config, unknown) =
+            parse_section::<EmailConfig>(table).map_err(|err| EmailConfigError(err.to_string()))?;
         config.check()?;
         Ok((config, unknown))
     }

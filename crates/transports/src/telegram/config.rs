@@ -3,7 +3,7 @@
 use lemon_core::ids::EngineRef;
 use std::time::Duration;
 
-use lemon_core::config::{field_names, parse_table, QueueMode, UnknownKey};
+use lemon_core::config::{parse_section, QueueMode, UnknownKey};
 use lemon_core::secrets::SecretStore;
 use serde::Deserialize;
 
@@ -114,11 +114,8 @@ impl TelegramConfig {
     pub fn parse_values(
         table: &toml::Table,
     ) -> Result<(Self, Vec<UnknownKey>), TelegramConfigError> {
-        let (config, ignored) = parse_table::<TelegramConfig>(table)
+        let (config, unknown) = parse_section::<TelegramConfig>(table)
             .map_err(|err| TelegramConfigError(err.to_string()))?;
-        let known = field_names::<TelegramConfig>();
-        let unknown =
-            ignored.into_iter().map(|path| UnknownKey::new(path, known.iter().copied())).collect();
         let url = config.api_base_url.trim();
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(TelegramConfigError(format!(
