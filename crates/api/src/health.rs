@@ -6,8 +6,11 @@
 //! `ok`, `status`, each check's name and `ok`, and each transport's `state`;
 //! with the token it adds the version, the checks' counters, durations and
 //! errors, and the transports' addresses and failure reasons. `/metrics` needs
-//! no token (Prometheus scrapers usually have none) and holds only counters and
-//! transport ids: no addresses, versions or error texts.
+//! no token (Prometheus scrapers usually have none) and holds only counters,
+//! engine and transport ids, and the keys of the 20 sessions with the longest
+//! queues: no addresses, versions or error texts. Its run families come from
+//! a [`RunMetrics`] collector on the event bus, its queue figures from the
+//! scheduler's snapshot, so a scrape adds no work to a run.
 //!
 //! `/healthz` runs every check concurrently, each bounded by a timeout, and
 //! answers `200` when all pass and `503` otherwise. Built-in checks, in order: `scheduler`
@@ -23,7 +26,6 @@
 mod timestamp;
 
 use std::fmt;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +41,8 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::error::{method_not_allowed, not_found};
+use crate::metrics::text::{Exposition, Kind};
+use crate::metrics::RunMetrics;
 use lemon_core::transport::{TransportState, TransportStatuses};
 
 /// How long one check may take before it counts as failed.
@@ -75,6 +79,8 @@ pub struct HealthState {
     pub detail_token: Option<Arc<str>>,
     /// The config in force; a refused edit makes the gateway `degraded`.
     pub config: ConfigStatus,
+    /// What runs did, for `/metrics`; `None`: no run families.
+    pub run_metrics: Option<RunMetrics>,
 }
 
 impl HealthState {
@@ -89,7 +95,15 @@ impl HealthState {
             transports: TransportStatuses::default(),
             detail_token: None,
             config: ConfigStatus::default(),
+            run_metrics: None,
         }
+    }
+
+    /// Shows what runs did (a collector on the bus) in `/metrics`.
+    #[must_use]
+    pub fn with_run_metrics(mut self, run_metrics: RunMetrics) -> Self {
+        self.run_metrics = Some(run_metrics);
+        self
     }
 
     /// Reports the config's state (`config`): a refused edit of the file is `degraded`.
@@ -281,61 +295,158 @@ impl HealthCheck for RunsCheck {
     }
 }
 
-/// `GET /metrics`: Prometheus text. Scheduler gauges are left out while the
-/// scheduler does not answer, and `lemon_up` says so.
+/// How many sessions `/metrics` names with their queue length; the others
+/// are summed in `lemon_session_queue_rest`.
+pub const METRICS_TOP_SESSIONS: usize = 20;
+
+/// `GET /metrics`: Prometheus text format 0.0.4. Scheduler gauges are left
+/// out while the scheduler does not answer, and `lemon_up` says so.
 async fn metrics(State(state): State<HealthState>) -> Response {
     let snapshot = tokio::time::timeout(state.check_timeout, state.runs.snapshot())
         .await
         .ok()
         .and_then(Result::ok);
-    let mut out = String::new();
-    gauge(
-        &mut out,
+    let mut out = Exposition::default();
+    out.single(
         "lemon_up",
+        Kind::Gauge,
         "1 when the scheduler answers, else 0.",
         u8::from(snapshot.is_some()),
     );
     if let Some(snapshot) = snapshot {
-        gauge(&mut out, "lemon_runs_in_flight", "Runs holding a slot.", snapshot.in_flight);
-        gauge(&mut out, "lemon_runs_waiting", "Conversations waiting for a slot.", snapshot.waitq);
-        gauge(&mut out, "lemon_runs_max", "Maximum concurrent runs.", snapshot.max);
-        gauge(
-            &mut out,
+        out.single("lemon_runs_in_flight", Kind::Gauge, "Runs holding a slot.", snapshot.in_flight);
+        out.single(
+            "lemon_runs_waiting",
+            Kind::Gauge,
+            "Conversations waiting for a slot (the wait queue).",
+            snapshot.waitq,
+        );
+        out.single("lemon_runs_max", Kind::Gauge, "Maximum concurrent runs.", snapshot.max);
+        out.single(
             "lemon_conversations",
+            Kind::Gauge,
             "Conversations with queued or running work.",
             snapshot.conversations,
         );
-        gauge(
-            &mut out,
+        out.single(
             "lemon_runs_queued",
+            Kind::Gauge,
             "Requests accepted and not yet started.",
             snapshot.queued,
         );
-    }
-    let transports = state.transports.snapshot();
-    if !transports.is_empty() {
-        let _ = writeln!(
-            out,
-            "# HELP lemon_transport_running 1 when the transport serves, else 0.\n# TYPE lemon_transport_running gauge"
-        );
-        for (id, transport) in &transports {
-            let running = u8::from(matches!(transport, TransportState::Running { .. }));
-            let _ = writeln!(out, "lemon_transport_running{{transport=\"{id}\"}} {running}");
+        let active = tokio::time::timeout(state.check_timeout, state.runs.active_runs())
+            .await
+            .ok()
+            .and_then(Result::ok);
+        if let Some(active) = active {
+            session_queues(&mut out, &active);
         }
     }
+    if let Some(run_metrics) = &state.run_metrics {
+        run_metrics.render(&mut out);
+    }
+    transport_metrics(&mut out, &state.transports);
+    let config = state.config.get();
+    out.family(
+        "lemon_config_reloads_total",
+        Kind::Counter,
+        "Edits of the config file (or changed secrets) since the start, by outcome: applied or rejected.",
+    );
+    out.sample("lemon_config_reloads_total", &[("outcome", "applied")], config.n_applied);
+    out.sample("lemon_config_reloads_total", &[("outcome", "rejected")], config.n_rejected);
+    out.single(
+        "lemon_config_rejected",
+        Kind::Gauge,
+        "1 while the config file on disk is refused and the last good config runs, else 0.",
+        u8::from(config.rejected.is_some()),
+    );
     let uptime = state.started_at.elapsed().as_secs_f64();
-    gauge(
-        &mut out,
+    out.single(
         "lemon_uptime_seconds",
+        Kind::Gauge,
         "Seconds since the gateway started.",
         format_args!("{uptime:.3}"),
     );
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
+    ([(header::CONTENT_TYPE, crate::metrics::text::CONTENT_TYPE)], out.finish()).into_response()
 }
 
-fn gauge(out: &mut String, name: &str, help: &str, value: impl fmt::Display) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+/// Queued runs per session: the [`METRICS_TOP_SESSIONS`] longest queues by
+/// name, the rest summed, so a scrape stays small however many sessions wait.
+fn session_queues(out: &mut Exposition, active: &[lemon_core::gateway::ActiveRun]) {
+    let mut queued: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for run in active.iter().filter(|run| run.status == lemon_core::bus::RunStatus::Queued) {
+        *queued.entry(run.session_key.as_str()).or_default() += 1;
+    }
+    let mut longest: Vec<(&str, u64)> = queued.into_iter().collect();
+    // Longest first; ties by name, so a scrape names the same sessions each time.
+    longest.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let rest = longest.split_off(longest.len().min(METRICS_TOP_SESSIONS));
+    out.family(
+        "lemon_session_queue_length",
+        Kind::Gauge,
+        "Runs queued and not started in one session; only the 20 sessions with the longest queues are named, the others are summed in lemon_session_queue_rest.",
+    );
+    for (session, n) in &longest {
+        out.sample("lemon_session_queue_length", &[("session", session)], n);
+    }
+    out.single(
+        "lemon_session_queue_rest",
+        Kind::Gauge,
+        "Runs queued in the sessions lemon_session_queue_length does not name.",
+        rest.iter().map(|(_, n)| n).sum::<u64>(),
+    );
+    out.single(
+        "lemon_sessions_queued",
+        Kind::Gauge,
+        "Sessions with at least one queued run.",
+        longest.len() + rest.len(),
+    );
 }
+
+/// Every transport's state (one gauge per state, 1 for the state it is in),
+/// its failures, and its outbox's backlog.
+fn transport_metrics(out: &mut Exposition, statuses: &TransportStatuses) {
+    let transports = statuses.snapshot();
+    let figures = statuses.figures();
+    out.family("lemon_transport_running", Kind::Gauge, "1 when the transport serves, else 0.");
+    for (id, transport) in &transports {
+        let running = u8::from(matches!(transport, TransportState::Running { .. }));
+        out.sample("lemon_transport_running", &[("transport", id)], running);
+    }
+    out.family(
+        "lemon_transport_state",
+        Kind::Gauge,
+        "1 for the state the transport is in (disabled, starting, running, failing, stopped), else 0.",
+    );
+    for (id, transport) in &transports {
+        for state in TRANSPORT_STATES {
+            let on = u8::from(transport.as_str() == state);
+            out.sample("lemon_transport_state", &[("transport", id), ("state", state)], on);
+        }
+    }
+    out.family(
+        "lemon_transport_errors_total",
+        Kind::Counter,
+        "Times the transport stopped on an error since the gateway started.",
+    );
+    for id in transports.keys() {
+        let n = figures.get(id).map_or(0, |figures| figures.n_failures);
+        out.sample("lemon_transport_errors_total", &[("transport", id)], n);
+    }
+    out.family(
+        "lemon_outbox_backlog",
+        Kind::Gauge,
+        "Messages and edits the transport's outbox holds, queued or in flight.",
+    );
+    for (id, figures) in &figures {
+        if let Some(backlog) = figures.backlog {
+            out.sample("lemon_outbox_backlog", &[("transport", id)], backlog);
+        }
+    }
+}
+
+/// Every state a transport can be in, as `lemon_transport_state` labels them.
+const TRANSPORT_STATES: [&str; 5] = ["disabled", "starting", "running", "failing", "stopped"];
 
 #[cfg(test)]
 mod tests;

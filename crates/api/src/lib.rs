@@ -9,6 +9,8 @@
 //! - [`secrets`]: `/v1/secrets` (names, sources and uses; set and delete, never a value back).
 //! - [`health`]: `/healthz`, `/health` and `/metrics`, meant for a loopback or
 //!   internal port; without the API token `/healthz` shows states only.
+//! - [`metrics`]: the collector of run metrics (a task on the event bus) and
+//!   the Prometheus text format `/metrics` answers in.
 //! - [`error`]: [`error::ApiError`], the one JSON error shape of every router
 //!   (the control API's and every channel's), and extractors whose rejections
 //!   use it.
@@ -24,6 +26,7 @@ pub mod dashboard;
 pub mod error;
 pub mod health;
 pub mod http;
+pub mod metrics;
 pub mod secrets;
 
 pub use http::{serve, serve_with};

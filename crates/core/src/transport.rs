@@ -14,7 +14,8 @@ mod registry;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::router::RouterHandle;
 use crate::store::StoreHandle;
@@ -149,20 +150,87 @@ impl TransportState {
 #[derive(Debug, Clone)]
 pub struct TransportStatuses {
     inner: Arc<watch::Sender<BTreeMap<String, TransportState>>>,
+    /// For metrics: per transport, how often it was set failing, and the
+    /// backlog its outbox reports. Locked only for a map lookup.
+    counts: Arc<Mutex<BTreeMap<String, TransportCounts>>>,
+}
+
+/// One transport's figures beside its state.
+#[derive(Debug, Default)]
+struct TransportCounts {
+    n_failures: u64,
+    backlog: Option<Backlog>,
 }
 
 impl Default for TransportStatuses {
     fn default() -> Self {
-        TransportStatuses { inner: Arc::new(watch::Sender::new(BTreeMap::new())) }
+        TransportStatuses {
+            inner: Arc::new(watch::Sender::new(BTreeMap::new())),
+            counts: Arc::default(),
+        }
     }
 }
 
+/// What a transport's outbox holds: sends and edits queued or in flight. The
+/// outbox writes it, metrics read it. Cheap to clone; clones share the count.
+#[derive(Debug, Clone, Default)]
+pub struct Backlog(Arc<AtomicU64>);
+
+impl Backlog {
+    /// Sets the count.
+    pub fn set(&self, n: u64) {
+        self.0.store(n, Ordering::Relaxed);
+    }
+
+    /// The count now.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// One transport's figures for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TransportFigures {
+    /// Times it stopped on an error since the gateway started.
+    pub n_failures: u64,
+    /// Its outbox's backlog; `None` for a transport without an outbox.
+    pub backlog: Option<u64>,
+}
+
 impl TransportStatuses {
-    /// Sets `id`'s state and wakes whoever waits for a change.
+    /// Sets `id`'s state and wakes whoever waits for a change. A failing
+    /// state counts as one more failure of `id`.
     pub fn set(&self, id: &str, state: TransportState) {
+        if state.is_failing() {
+            let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+            counts.entry(id.to_owned()).or_default().n_failures += 1;
+        }
         self.inner.send_modify(|map| {
             map.insert(id.to_owned(), state);
         });
+    }
+
+    /// Reports `backlog` as `id`'s outbox backlog from now on (a restarted
+    /// transport's new outbox replaces the old one's).
+    pub fn track_backlog(&self, id: &str, backlog: Backlog) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        counts.entry(id.to_owned()).or_default().backlog = Some(backlog);
+    }
+
+    /// Id → failures and backlog, sorted by id, for every transport that
+    /// has failed or has an outbox.
+    pub fn figures(&self) -> BTreeMap<String, TransportFigures> {
+        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        counts
+            .iter()
+            .map(|(id, counts)| {
+                let figures = TransportFigures {
+                    n_failures: counts.n_failures,
+                    backlog: counts.backlog.as_ref().map(Backlog::get),
+                };
+                (id.clone(), figures)
+            })
+            .collect()
     }
 
     /// `id`'s state, if it is registered.
@@ -234,6 +302,12 @@ impl StatusHandle {
     /// The transport's state.
     pub fn get(&self) -> Option<TransportState> {
         self.statuses.get(&self.id)
+    }
+
+    /// Reports `backlog` as this transport's outbox backlog (see
+    /// [`TransportStatuses::track_backlog`]).
+    pub fn track_backlog(&self, backlog: Backlog) {
+        self.statuses.track_backlog(&self.id, backlog);
     }
 }
 

@@ -493,6 +493,7 @@ impl Reloader {
         let at_ms = now_ms();
         self.status.update(|report| {
             report.rejected = Some(Rejection { error: error.clone(), at_ms });
+            report.n_rejected += 1;
         });
         let mut body = serde_json::Map::new();
         body.insert("error".to_owned(), json!(error));
@@ -575,6 +576,7 @@ impl Reloader {
         let mut generation = 0;
         self.status.update(|report| {
             report.generation += 1;
+            report.n_applied += 1;
             generation = report.generation;
             report.effective = effective;
             report.pending_restart = pending.clone();
@@ -673,6 +675,8 @@ pub(crate) fn initial_report(
         pending_restart: Vec::new(),
         rejected: None,
         missing,
+        n_applied: 0,
+        n_rejected: 0,
     }
 }
 

@@ -401,3 +401,76 @@ async fn a_refused_config_edit_makes_health_degraded_with_the_reason_behind_the_
     assert_eq!(body["config"]["state"], "rejected");
     assert!(body["config"]["reason"].as_str().unwrap().contains("config.toml:2:23"), "{text}");
 }
+
+#[test]
+fn session_queues_name_the_longest_twenty_and_sum_the_rest() {
+    use lemon_core::bus::RunStatus;
+    use lemon_core::gateway::ActiveRun;
+    use lemon_core::ids::{ConversationKey, EngineId, EngineRef, RunId, SessionKey};
+    let run = |session: &str, status: RunStatus| ActiveRun {
+        run_id: RunId::generate(),
+        session_key: SessionKey::parse(session).unwrap(),
+        conversation: ConversationKey::session(session),
+        engine: EngineRef::new(EngineId::builtin("echo")),
+        status,
+        created_at_ms: 0,
+        started_at_ms: None,
+    };
+    let mut active = Vec::new();
+    // Session i has i + 1 queued runs (s00 one, s24 twenty-five) and one running.
+    for i in 0..25 {
+        let session = format!("s{i:02}");
+        active.push(run(&session, RunStatus::Running));
+        for _ in 0..=i {
+            active.push(run(&session, RunStatus::Queued));
+        }
+    }
+    active.push(run("odd \"key\"", RunStatus::Queued));
+    let mut out = crate::metrics::text::Exposition::default();
+    super::session_queues(&mut out, &active);
+    let text = out.finish();
+    let named: Vec<&str> =
+        text.lines().filter(|l| l.starts_with("lemon_session_queue_length{")).collect();
+    assert_eq!(named.len(), 20, "{text}");
+    assert_eq!(named[0], "lemon_session_queue_length{session=\"s24\"} 25");
+    assert_eq!(named[19], "lemon_session_queue_length{session=\"s05\"} 6");
+    // s00..s04 (1 + 2 + 3 + 4 + 5) and the odd key's 1 are summed.
+    assert!(text.lines().any(|l| l == "lemon_session_queue_rest 16"), "{text}");
+    assert!(text.lines().any(|l| l == "lemon_sessions_queued 26"), "{text}");
+    assert!(text.contains("# TYPE lemon_session_queue_length gauge"), "{text}");
+}
+
+#[tokio::test]
+async fn metrics_show_transport_states_errors_backlog_and_reloads() {
+    let gw = TestGateway::start();
+    let transports = TransportStatuses::default();
+    transports.set("telegram", TransportState::Running { detail: Some("@bot".into()) });
+    for attempts in 1..=2 {
+        let reason = "port 4046 taken".to_owned();
+        transports.set("webhook", TransportState::Failing { reason, attempts, retry_in_ms: None });
+    }
+    let backlog = lemon_core::transport::Backlog::default();
+    backlog.set(7);
+    transports.track_backlog("telegram", backlog);
+    let config = lemon_core::config::ConfigStatus::default();
+    config.update(|report| {
+        report.n_applied = 3;
+        report.n_rejected = 1;
+    });
+    let state = gw.state().with_transports(transports).with_config(config);
+    let (_, _, text) = get_with(state, Method::GET, "/metrics", None).await;
+    for line in [
+        "lemon_transport_state{transport=\"telegram\",state=\"running\"} 1",
+        "lemon_transport_state{transport=\"telegram\",state=\"failing\"} 0",
+        "lemon_transport_state{transport=\"webhook\",state=\"failing\"} 1",
+        "lemon_transport_errors_total{transport=\"webhook\"} 2",
+        "lemon_transport_errors_total{transport=\"telegram\"} 0",
+        "lemon_outbox_backlog{transport=\"telegram\"} 7",
+        "lemon_config_reloads_total{outcome=\"applied\"} 3",
+        "lemon_config_reloads_total{outcome=\"rejected\"} 1",
+        "# TYPE lemon_config_reloads_total counter",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");
+    }
+    assert!(!text.contains("@bot") && !text.contains("4046"), "{text}");
+}

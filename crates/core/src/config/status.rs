@@ -26,6 +26,10 @@ pub struct ConfigReport {
     pub rejected: Option<Rejection>,
     /// Set while the file is missing: the running config stays.
     pub missing: bool,
+    /// Edits applied since the start (one generation each).
+    pub n_applied: u64,
+    /// Edits refused since the start.
+    pub n_rejected: u64,
 }
 
 /// A setting whose edit waits for a restart.
