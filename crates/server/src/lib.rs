@@ -896,6 +896,13 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         })
     };
     let bus = EventBus::default();
+    // Subscribed before the first run starts, so every run is counted.
+    let run_metrics = lemon_api::metrics::RunMetrics::spawn(
+        bus.subscribe_all(),
+        Some(budget.clone() as Arc<dyn lemon_core::budget::BudgetGuard>),
+        token.clone(),
+        &tracker,
+    );
     // Clones share one table: a reload swaps the engines for every holder.
     let engine_table = build_engines(&engine_sections)?;
     let text = config_text.as_deref().unwrap_or("");
@@ -1005,7 +1012,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         lemon_api::health::HealthState::new(router.query(), version, started)
             .with_transports(statuses.clone())
             .with_detail_token(api_token.expose())
-            .with_config(config_status.clone()),
+            .with_config(config_status.clone())
+            .with_run_metrics(run_metrics),
     );
     tracker.spawn(serve_logged(
         api_listener,

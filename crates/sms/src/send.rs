@@ -285,6 +285,11 @@ pub fn split_body(text: &str) -> Vec<String> {
 }
 
 impl SmsSender {
+    /// What the sender's outbox holds, for metrics.
+    pub fn backlog(&self) -> lemon_core::transport::Backlog {
+        self.outbox.backlog()
+    }
+
     /// A sender over `client`, paced by an outbox that stops with `token`;
     /// records are kept for `record_ttl`.
     pub fn spawn(

@@ -84,6 +84,9 @@ impl Transport for SmsTransport {
             Some(url) => format!("{local} {url}"),
             None => local.to_string(),
         };
+        if let Some(sender) = &self.sender {
+            ctx.status.track_backlog(sender.backlog());
+        }
         ctx.status.running(Some(detail));
         tracing::info!(sms_addr = %local, "SMS webhook listening");
         let served =

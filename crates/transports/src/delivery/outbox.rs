@@ -51,6 +51,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::Backoff;
+use lemon_core::transport::Backlog;
 
 /// "At most `max_calls` calls in any `window`".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,6 +198,9 @@ struct Counters {
     rate_limited: AtomicU64,
     retries: AtomicU64,
     failed: AtomicU64,
+    /// Sends and edits held, queued or in flight; set by the actor after
+    /// each step, read by metrics.
+    backlog: Backlog,
 }
 
 impl Counters {
@@ -339,6 +343,13 @@ impl<S: Sink> Outbox<S> {
     /// The counters so far.
     pub fn stats(&self) -> OutboxStats {
         self.counters.snapshot()
+    }
+
+    /// The sends and edits the outbox holds, queued or in flight, kept up to
+    /// date for as long as it runs; a transport hands it to
+    /// `StatusHandle::track_backlog` for metrics.
+    pub fn backlog(&self) -> Backlog {
+        self.counters.backlog.clone()
     }
 }
 
@@ -591,6 +602,7 @@ impl<S: Sink> Actor<S> {
         let mut accepting = true;
         loop {
             let wake = self.dispatch(Instant::now());
+            self.counters.backlog.set(self.held());
             if !accepting && self.ring.is_empty() && self.in_flight.is_empty() {
                 break;
             }
@@ -607,7 +619,20 @@ impl<S: Sink> Actor<S> {
                 () = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {}
             }
         }
+        let backlog = self.counters.backlog.clone();
         self.shutdown().await;
+        backlog.set(0);
+    }
+
+    /// Sends and edits queued or in flight; destinations with either are in the ring.
+    fn held(&self) -> u64 {
+        let held: usize = self
+            .ring
+            .iter()
+            .filter_map(|dest| self.queues.get(dest))
+            .map(|queue| queue.sends.len() + queue.edits.len() + usize::from(queue.in_flight.is_some()))
+            .sum();
+        held as u64
     }
 
     fn queue(&mut self, dest: &S::Dest, now: Instant) -> &mut DestQueue<S> {

@@ -114,6 +114,7 @@ impl Transport for DiscordTransport {
             stop.clone(),
             &ctx.tracker,
         );
+        ctx.status.track_backlog(outbox.backlog());
         let bot = Arc::new(Bot {
             config: self.config.clone(),
             bound_channels: self.bound_channels.clone(),

@@ -142,6 +142,7 @@ impl Transport for EmailTransport {
             stop.clone(),
             &ctx.tracker,
         );
+        ctx.status.track_backlog(outbox.backlog());
         let service = Arc::new(Mailer {
             config: self.config.clone(),
             workspace: self.workspace.clone(),

@@ -145,6 +145,7 @@ impl Transport for TelegramTransport {
             stop.clone(),
             &ctx.tracker,
         );
+        ctx.status.track_backlog(outbox.backlog());
         let bot = Arc::new(Bot {
             config: self.config.clone(),
             bound_chats: self.bound_chats.clone(),

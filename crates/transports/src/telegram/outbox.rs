@@ -284,6 +284,11 @@ impl OutboxHandle {
     pub fn stats(&self) -> OutboxStats {
         self.outbox.stats()
     }
+
+    /// What the outbox holds, for metrics (see [`Outbox::backlog`]).
+    pub fn backlog(&self) -> lemon_core::transport::Backlog {
+        self.outbox.backlog()
+    }
 }
 
 #[cfg(test)]

@@ -658,3 +658,30 @@ async fn the_quiet_start_holds_the_first_call() {
     assert_eq!(calls.len(), 1);
     assert_eq!(h.since_start(calls[0].1), Duration::from_millis(700));
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_backlog_counts_what_is_queued_or_in_flight_until_it_is_delivered() {
+    let h = Harness::new();
+    *h.pager.latency.lock().unwrap() = Duration::from_secs(10);
+    let backlog = h.outbox.backlog();
+    assert_eq!(backlog.get(), 0);
+    let bodies: Vec<String> = (0..5).map(|i| format!("m{i}")).collect();
+    let sends = join_all(bodies.iter().map(|body| h.send("ann", body)));
+    let watch = async {
+        // One in flight, four queued behind it.
+        lemon_core::testing::within("the backlog to reach 5", async {
+            while backlog.get() != 5 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+    };
+    let (results, ()) = tokio::join!(sends, watch);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    lemon_core::testing::within("the backlog to drain", async {
+        while backlog.get() != 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
