@@ -23,6 +23,7 @@ mod gateway_e2e;
 mod hardening_e2e;
 mod http_hardening;
 mod llm_clients;
+mod metrics_e2e;
 mod native_e2e;
 mod openai_e2e;
 mod reload_e2e;

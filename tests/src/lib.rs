@@ -12,6 +12,7 @@
 //! - [`fake_smtp`]: a fake SMTP server on loopback that keeps the mail it is sent.
 //! - [`fake_telegram`]: a fake Telegram Bot API server on loopback, for the
 //!   Telegram client's tests and for the gateway binary to poll.
+//! - [`prometheus`]: a strict reader of the Prometheus text format, for `/metrics`.
 //! - [`fake_twilio`]: a fake Twilio REST API (message create) on loopback, and
 //!   Twilio's webhook signatures, for the SMS channel.
 
@@ -28,6 +29,7 @@ pub mod fake_smtp;
 pub mod fake_telegram;
 pub mod fake_twilio;
 pub mod fake_twilio_voice;
+pub mod prometheus;
 
 pub mod fake_cli {
     //! The fake vendor CLI (`src/bin/fake_cli.rs`) on a temporary `PATH`, and the

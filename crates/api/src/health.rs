@@ -338,8 +338,12 @@ async fn metrics(State(state): State<HealthState>) -> Response {
             .await
             .ok()
             .and_then(Result::ok);
-        if let Some(active) = active {
-            session_queues(&mut out, &active);
+        let routed = tokio::time::timeout(state.check_timeout, state.runs.session_queues())
+            .await
+            .ok()
+            .and_then(Result::ok);
+        if let (Some(active), Some(routed)) = (active, routed) {
+            session_queues(&mut out, &active, &routed);
         }
     }
     if let Some(run_metrics) = &state.run_metrics {
@@ -370,12 +374,21 @@ async fn metrics(State(state): State<HealthState>) -> Response {
     ([(header::CONTENT_TYPE, crate::metrics::text::CONTENT_TYPE)], out.finish()).into_response()
 }
 
-/// Queued runs per session: the [`METRICS_TOP_SESSIONS`] longest queues by
-/// name, the rest summed, so a scrape stays small however many sessions wait.
-fn session_queues(out: &mut Exposition, active: &[lemon_core::gateway::ActiveRun]) {
+/// Queued requests per session, at the router (behind the session's active
+/// run) and at the scheduler (waiting for a slot): the [`METRICS_TOP_SESSIONS`]
+/// longest queues by name, the rest summed, so a scrape stays small however
+/// many sessions wait.
+fn session_queues(
+    out: &mut Exposition,
+    active: &[lemon_core::gateway::ActiveRun],
+    routed: &[(lemon_core::ids::SessionKey, usize)],
+) {
     let mut queued: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
     for run in active.iter().filter(|run| run.status == lemon_core::bus::RunStatus::Queued) {
         *queued.entry(run.session_key.as_str()).or_default() += 1;
+    }
+    for (session_key, n) in routed {
+        *queued.entry(session_key.as_str()).or_default() += *n as u64;
     }
     let mut longest: Vec<(&str, u64)> = queued.into_iter().collect();
     // Longest first; ties by name, so a scrape names the same sessions each time.
@@ -384,7 +397,7 @@ fn session_queues(out: &mut Exposition, active: &[lemon_core::gateway::ActiveRun
     out.family(
         "lemon_session_queue_length",
         Kind::Gauge,
-        "Runs queued and not started in one session; only the 20 sessions with the longest queues are named, the others are summed in lemon_session_queue_rest.",
+        "Requests queued and not started in one session (at the router or waiting for a slot); only the 20 sessions with the longest queues are named, the others are summed in lemon_session_queue_rest.",
     );
     for (session, n) in &longest {
         out.sample("lemon_session_queue_length", &[("session", session)], n);

@@ -528,6 +528,15 @@ impl RouterHandle {
         self.ask(|reply| RouterMsg::Session { session_key: session_key.clone(), reply }).await
     }
 
+    /// How many requests wait in the router's queue of each session that has
+    /// any (behind the session's active run), in no order.
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`] when the router is gone.
+    pub async fn session_queues(&self) -> Result<Vec<(SessionKey, usize)>, RouteError> {
+        self.ask(|reply| RouterMsg::SessionQueues { reply }).await
+    }
+
     /// Puts a new generation of the settings in force (default engine, bindings,
     /// projects, queue defaults, the idle watchdog): requests accepted from now
     /// on use it; runs already dispatched keep their watchdog.

@@ -425,9 +425,10 @@ fn session_queues_name_the_longest_twenty_and_sum_the_rest() {
             active.push(run(&session, RunStatus::Queued));
         }
     }
-    active.push(run("odd \"key\"", RunStatus::Queued));
+    // The odd key's one request waits at the router.
+    let routed = [(SessionKey::parse("odd \"key\"").unwrap(), 1)];
     let mut out = crate::metrics::text::Exposition::default();
-    super::session_queues(&mut out, &active);
+    super::session_queues(&mut out, &active, &routed);
     let text = out.finish();
     let named: Vec<&str> =
         text.lines().filter(|l| l.starts_with("lemon_session_queue_length{")).collect();

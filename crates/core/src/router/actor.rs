@@ -72,6 +72,10 @@ pub(super) enum RouterMsg {
         session_key: SessionKey,
         reply: oneshot::Sender<SessionView>,
     },
+    /// Requests waiting in the router's queues, per session with any.
+    SessionQueues {
+        reply: oneshot::Sender<Vec<(SessionKey, usize)>>,
+    },
     /// A new generation of the settings: requests accepted from now on use it.
     Reload {
         config: Box<RouterConfig>,
@@ -250,6 +254,14 @@ impl Router {
             RouterMsg::Session { session_key, reply } => {
                 let view = self.session_view(&session_of(&session_key)).await;
                 let _ = reply.send(view);
+            }
+            RouterMsg::SessionQueues { reply } => {
+                let mut queued: HashMap<&SessionKey, usize> = HashMap::new();
+                for item in self.conversations.values().flat_map(|conv| conv.queue()) {
+                    *queued.entry(&item.session_key).or_default() += 1;
+                }
+                let queued = queued.into_iter().map(|(key, n)| (key.clone(), n)).collect();
+                let _ = reply.send(queued);
             }
             RouterMsg::Reload { config } => {
                 self.config = *config;

@@ -67,6 +67,15 @@ impl Runs {
         self.router.session(session_key).await
     }
 
+    /// Requests waiting in each session's queue at the router (see
+    /// [`RouterHandle::session_queues`]).
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`] when the router is gone.
+    pub async fn session_queues(&self) -> Result<Vec<(SessionKey, usize)>, RouteError> {
+        self.router.session_queues().await
+    }
+
     /// The scheduler's counters.
     ///
     /// # Errors

@@ -630,7 +630,9 @@ impl<S: Sink> Actor<S> {
             .ring
             .iter()
             .filter_map(|dest| self.queues.get(dest))
-            .map(|queue| queue.sends.len() + queue.edits.len() + usize::from(queue.in_flight.is_some()))
+            .map(|queue| {
+                queue.sends.len() + queue.edits.len() + usize::from(queue.in_flight.is_some())
+            })
             .sum();
         held as u64
     }
