@@ -36,5 +36,6 @@ mod sms_e2e;
 mod support;
 mod telegram_api;
 mod telegram_e2e;
+mod token_e2e;
 mod voice_e2e;
 mod webhook_e2e;

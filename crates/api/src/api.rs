@@ -75,8 +75,9 @@ pub struct ApiState {
     pub router: RouterHandle,
     /// The router's read-only side: runs, events, sessions, status.
     pub runs: Runs,
-    /// The bearer token every request must carry. Never logged.
-    pub token: Arc<str>,
+    /// The bearer token every request must carry. Never logged; replaced
+    /// while the gateway runs when the `lemon_api_token` secret changes.
+    pub token: ApiToken,
     /// The engine of requests that name none, when `default_engine` is unset
     /// (the gateway chose it at start).
     pub default_engine: Arc<str>,
@@ -123,6 +124,63 @@ impl fmt::Debug for ApiState {
     }
 }
 
+/// The API's bearer token, shared by every router that checks it (the
+/// control API, its OpenAI routes, the detailed health report) and
+/// replaceable while they serve: a request is checked against the token in
+/// force when it arrives, so a stream opened before a change goes on. Cheap
+/// to clone; clones share the token. `Debug` never shows it.
+#[derive(Clone)]
+pub struct ApiToken {
+    current: Arc<std::sync::RwLock<Arc<str>>>,
+}
+
+impl ApiToken {
+    pub fn new(token: impl Into<Arc<str>>) -> Self {
+        ApiToken { current: Arc::new(std::sync::RwLock::new(token.into())) }
+    }
+
+    /// Puts `token` in force for every request from now on; whether it differs
+    /// from the one it replaces.
+    pub fn replace(&self, token: &str) -> bool {
+        let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
+        if &**current == token {
+            return false;
+        }
+        *current = token.into();
+        true
+    }
+
+    /// Whether `headers` carry the token in force (see [`bearer_matches`]).
+    pub fn matches(&self, headers: &HeaderMap) -> bool {
+        let current = self.current.read().unwrap_or_else(|e| e.into_inner()).clone();
+        bearer_matches(headers, &current)
+    }
+}
+
+impl fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiToken(<redacted>)")
+    }
+}
+
+impl From<&str> for ApiToken {
+    fn from(token: &str) -> Self {
+        ApiToken::new(token)
+    }
+}
+
+impl From<String> for ApiToken {
+    fn from(token: String) -> Self {
+        ApiToken::new(token)
+    }
+}
+
+impl From<Arc<str>> for ApiToken {
+    fn from(token: Arc<str>) -> Self {
+        ApiToken::new(token)
+    }
+}
+
 /// The control API router, every route behind the bearer token.
 pub fn router(state: ApiState) -> Router {
     router_with(state, Router::new())
@@ -133,7 +191,7 @@ pub fn router(state: ApiState) -> Router {
 /// `{"error": …}` fallbacks. `extra` must not repeat a route of the API.
 /// The dashboard (`/`, `/ui/…`) is served beside them without the token.
 pub fn router_with(state: ApiState, extra: Router) -> Router {
-    let token = BearerToken(state.token.clone());
+    let token = state.token.clone();
     let state_for_openai = state.clone();
     let own = Router::new()
         .route("/v1/runs", post(runs::submit).get(runs::list))
@@ -167,13 +225,9 @@ pub fn router_with(state: ApiState, extra: Router) -> Router {
     crate::dashboard::router().merge(protected)
 }
 
-/// The expected token, as the auth middleware's state.
-#[derive(Clone)]
-struct BearerToken(Arc<str>);
-
 /// Lets the request through only with the right `Authorization: Bearer` header.
-async fn require_bearer(State(expected): State<BearerToken>, req: Request, next: Next) -> Response {
-    if bearer_matches(req.headers(), &expected.0) {
+async fn require_bearer(State(expected): State<ApiToken>, req: Request, next: Next) -> Response {
+    if expected.matches(req.headers()) {
         next.run(req).await
     } else {
         ApiError::Unauthorized.into_response()

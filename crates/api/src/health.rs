@@ -76,7 +76,7 @@ pub struct HealthState {
     /// Every transport's state; a failing one makes the gateway `degraded`.
     pub transports: TransportStatuses,
     /// The API token that unlocks the detailed report; `None`: never detailed.
-    pub detail_token: Option<Arc<str>>,
+    pub detail_token: Option<crate::api::ApiToken>,
     /// The config in force; a refused edit makes the gateway `degraded`.
     pub config: ConfigStatus,
     /// What runs did, for `/metrics`; `None`: no run families.
@@ -115,7 +115,7 @@ impl HealthState {
 
     /// Shows the detailed report to requests that carry `token` as their bearer.
     #[must_use]
-    pub fn with_detail_token(mut self, token: impl Into<Arc<str>>) -> Self {
+    pub fn with_detail_token(mut self, token: impl Into<crate::api::ApiToken>) -> Self {
         self.detail_token = Some(token.into());
         self
     }
@@ -158,10 +158,7 @@ pub fn health_router(state: HealthState) -> Router {
 }
 
 async fn healthz(State(state): State<HealthState>, headers: HeaderMap) -> Response {
-    let detailed = state
-        .detail_token
-        .as_deref()
-        .is_some_and(|token| crate::api::bearer_matches(&headers, token));
+    let detailed = state.detail_token.as_ref().is_some_and(|token| token.matches(&headers));
     let results = futures::future::join_all(
         state.checks().iter().map(|check| run_check(&**check, state.check_timeout)),
     )

@@ -133,10 +133,24 @@ fn api_token(
     env: &BTreeMap<String, String>,
     secrets: &SecretStore,
 ) -> anyhow::Result<(SecretValue, bool)> {
+    match configured_api_token(env, secrets)? {
+        Some(value) => Ok((value, false)),
+        None => Ok(secrets.get_or_generate(API_TOKEN_SECRET)?),
+    }
+}
+
+/// The API token where one is set (keychain, environment, secrets file, in
+/// that order, as [`api_token`] reads them), checked; `None` when none is.
+/// Also read again on every secrets check while the gateway runs, so a
+/// changed token reaches the API without a restart.
+pub(crate) fn configured_api_token(
+    env: &BTreeMap<String, String>,
+    secrets: &SecretStore,
+) -> anyhow::Result<Option<SecretValue>> {
     let var = env_var_name(API_TOKEN_SECRET);
     if secrets.kind_of(API_TOKEN_SECRET)? == Some(lemon_core::secrets::SourceKind::Keychain) {
         if let Some(value) = secrets.get(API_TOKEN_SECRET)? {
-            return Ok((check_bearer_token(&value, "the keychain (`lemon_api_token`)")?, false));
+            return Ok(Some(check_bearer_token(&value, "the keychain (`lemon_api_token`)")?));
         }
     }
     let configured = match env.get(&var) {
@@ -151,8 +165,8 @@ fn api_token(
         }
     };
     match configured {
-        Some((value, origin)) => Ok((check_bearer_token(&value, &origin)?, false)),
-        None => Ok(secrets.get_or_generate(API_TOKEN_SECRET)?),
+        Some((value, origin)) => Ok(Some(check_bearer_token(&value, &origin)?)),
+        None => Ok(None),
     }
 }
 
@@ -985,11 +999,14 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     {
         extra = extra.merge(lemon_voice::api_routes(lemon_voice::CallRecords::new(store.clone())));
     }
+    // One token for the API, its OpenAI routes and the detailed health
+    // report; the reload path replaces it when the secret changes.
+    let shared_token = lemon_api::api::ApiToken::new(api_token.expose());
     let api = lemon_api::api::router_with(
         lemon_api::api::ApiState {
             router: router.clone(),
             runs: router.query(),
-            token: api_token.expose().into(),
+            token: shared_token.clone(),
             default_engine: chosen_default.engine.to_string().into(),
             default_engine_reason: chosen_default.reason.clone().into(),
             version: version.clone(),
@@ -1011,7 +1028,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let health = lemon_api::health::health_router(
         lemon_api::health::HealthState::new(router.query(), version, started)
             .with_transports(statuses.clone())
-            .with_detail_token(api_token.expose())
+            .with_detail_token(shared_token.clone())
             .with_config(config_status.clone())
             .with_run_metrics(run_metrics),
     );
@@ -1064,6 +1081,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         secret_uses,
         secrets_changed,
         secret_values,
+        api_token: shared_token,
+        env: opts.env.clone(),
     };
     tracker.spawn(reload::watch(reloader, token.clone()));
     tracing::info!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");

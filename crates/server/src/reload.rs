@@ -330,6 +330,10 @@ pub(crate) struct Reloader {
     /// The values last seen of the secrets the transports and engines use.
     pub(crate) secret_values:
         std::collections::BTreeMap<String, Option<lemon_core::secrets::SecretValue>>,
+    /// The API's token in force, replaced when `lemon_api_token` changes.
+    pub(crate) api_token: lemon_api::api::ApiToken,
+    /// The environment the gateway started with (`LEMON_API_TOKEN`).
+    pub(crate) env: std::collections::BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -398,6 +402,7 @@ impl Reloader {
     /// environment of a restart aside, or the secrets file) is rebuilt with it
     /// as if its section had been edited.
     pub(crate) async fn check_secrets(&mut self) {
+        self.check_api_token().await;
         let Some(text) = self.last_text.clone() else { return };
         if self.status.get().rejected.is_some() {
             return;
@@ -436,6 +441,26 @@ impl Reloader {
         match self.checked_with(&text, Some(forced)) {
             Ok(checked) => self.apply(checked).await,
             Err(message) => self.reject(message),
+        }
+    }
+
+    /// Reads the API token again and puts a changed one in force: requests
+    /// from now on need it, streams opened with the old one go on. A token
+    /// that is refused (blank, too short) or unset leaves the running one.
+    async fn check_api_token(&mut self) {
+        let (env, secrets) = (self.env.clone(), self.secrets.clone());
+        let read =
+            tokio::task::spawn_blocking(move || crate::configured_api_token(&env, &secrets)).await;
+        match read {
+            Ok(Ok(Some(token))) => {
+                if self.api_token.replace(token.expose()) {
+                    tracing::info!("API token changed; requests need the new one from now on");
+                }
+            }
+            Ok(Ok(None)) | Err(_) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "the API token was not changed");
+            }
         }
     }
 

@@ -49,7 +49,7 @@ use lemon_core::router::{ChannelRef, Origin, RequestFlags, RouteError, RunReques
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use super::{bearer_matches, ApiState};
+use super::ApiState;
 use crate::error::{is_json_content_type, ApiError, MAX_BODY_BYTES};
 use error::OpenAiError;
 use turns::Turn;
@@ -79,11 +79,11 @@ pub(super) fn router(state: ApiState) -> Router {
 }
 
 async fn require_bearer(
-    State(expected): State<std::sync::Arc<str>>,
+    State(expected): State<super::ApiToken>,
     req: Request,
     next: Next,
 ) -> Response {
-    if bearer_matches(req.headers(), &expected) {
+    if expected.matches(req.headers()) {
         next.run(req).await
     } else {
         OpenAiError::unauthorized().into_response()
