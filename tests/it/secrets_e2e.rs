@@ -1,7 +1,8 @@
 //! `secrets` and `doctor` on the real binary; `/v1/secrets` on a running
 //! gateway and a changed secret reaching Telegram without a restart; the
 //! real Secret Service (gnome-keyring under `dbus-run-session`, no display)
-//! for `secrets migrate`; a keychain that never answers bounded by the probe.
+//! for `secrets migrate`; a keychain that never answers bounded by the probe;
+//! the kernel keyutils under `keyctl session -` with no session bus.
 
 use std::path::Path;
 use std::process::{Output, Stdio};
@@ -341,4 +342,96 @@ async fn doctor_passes_a_good_config_and_fails_what_would_stop_a_start() {
         "{report}"
     );
     drop(taken);
+}
+
+/// The binary's `script` (a `sh -c` text; `$B` is the binary) run in a new
+/// kernel session keyring (`keyctl session -`), with no session bus and no
+/// display, so `auto` finds no Secret Service and uses keyutils.
+fn in_keyutils_session(home: &Path, script: &str) -> Command {
+    let mut cmd = Command::new("keyctl");
+    cmd.args(["session", "-", "sh", "-c", script])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("B", crate::support::gateway_bin())
+        .env("HOME", home)
+        .env("LEMON_HOME", home)
+        .env("LEMON_LOG", "warn")
+        .env("LEMON_API_TOKEN", TOKEN)
+        .env("LEMON_KEYCHAIN", "auto")
+        .env("DBUS_SESSION_BUS_ADDRESS", "disabled:")
+        .kill_on_drop(true);
+    cmd
+}
+
+#[tokio::test]
+async fn keyutils_keeps_a_secret_that_a_second_process_in_the_session_serves() {
+    let keyctl_present = std::process::Command::new("sh")
+        .args(["-c", "command -v keyctl"])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !keyctl_present {
+        return;
+    }
+    // Keys linked to the user's persistent keyring outlive the session, so
+    // the name is this run's own, and it is deleted at the end.
+    let name = format!("tg_keyutils_{}", std::process::id());
+    let bot_token = "333:keyutils-token-abc";
+    let fake = FakeTelegram::start(&[(bot_token, 333, "keyutils_bot")]).await;
+    let home = home_with(&format!(
+        "[gateway]\nenable_telegram = true\n[gateway.telegram]\nbot_token_secret = \"{name}\"\napi_base_url = \"{}\"\npoll_timeout_s = 1\n",
+        fake.base_url()
+    ));
+    // Set, list, look with keyctl, then start the gateway in the same session.
+    let script = format!(
+        "printf '%s\\n' \"$SECRET\" | \"$B\" secrets set {name} > set.txt 2>&1 || exit 1
+         \"$B\" secrets list > list.txt 2>&1 || exit 1
+         keyctl search @s user 'keyring-rs:{name}@lemon-gateway' > keyctl.txt 2>&1 || exit 1
+         exec \"$B\""
+    );
+    let mut cmd = in_keyutils_session(home.path(), &script);
+    cmd.current_dir(home.path()).env("SECRET", bot_token);
+    let gateway = Gateway::spawn(cmd, home.path()).await;
+    let read = |file: &str| std::fs::read_to_string(home.path().join(file)).unwrap();
+    assert!(
+        read("set.txt").contains(&format!("{name}: saved to the keychain")),
+        "{}",
+        read("set.txt")
+    );
+    let list = read("list.txt");
+    assert!(list.contains("keychain: kernel keyutils"), "{list}");
+    let row = list.lines().find(|line| line.starts_with(&format!("{name} "))).unwrap_or_default();
+    assert_eq!(row.split_whitespace().nth(1), Some("keychain"), "{list}");
+    assert!(read("keyctl.txt").trim().parse::<u64>().is_ok(), "keyctl: {}", read("keyctl.txt"));
+    for file in ["set.txt", "list.txt"] {
+        assert!(!read(file).contains(bot_token), "{file}: {}", read(file));
+    }
+    // The gateway read the token from keyutils: its bot introduces itself.
+    fake.wait_until("the bot from keyutils", PATIENCE, |s| {
+        s.calls().iter().any(|c| c.bot_id == Some(333) && c.method == "getMe")
+    })
+    .await;
+    let listed: Value = gateway.get("/v1/secrets").send().await.unwrap().json().await.unwrap();
+    let source = listed["secrets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["name"] == name.as_str())
+        .map(|row| row["source"].clone());
+    assert_eq!(source, Some(json!("keychain")), "{listed}");
+    gateway.terminate().await;
+
+    // Deleted from keyutils, from a session of its own.
+    let script = format!(
+        "\"$B\" secrets delete {name} || exit 1
+         if keyctl search @s user 'keyring-rs:{name}@lemon-gateway' >/dev/null 2>&1; then echo still there; exit 1; fi
+         \"$B\" secrets list"
+    );
+    let output = in_keyutils_session(home.path(), &script).output();
+    let output = tokio::time::timeout(PATIENCE, output).await.expect("exits in time").unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let listed = text(&output);
+    assert!(listed.contains(&format!("{name}: deleted")), "{listed}");
+    let row = listed.lines().find(|line| line.starts_with(&format!("{name} "))).unwrap_or_default();
+    assert!(row.contains("not set"), "{listed}");
 }
