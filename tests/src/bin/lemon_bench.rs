@@ -57,6 +57,9 @@ fn start(store: &str, max: usize, bus: EventBus) -> anyhow::Result<Bench> {
         max_pending_runs: usize::MAX,
         ..RuntimeConfig::default()
     };
+    // The server's metrics collector follows the bus as it does in production.
+    let _metrics =
+        lemon_api::metrics::RunMetrics::spawn(bus.subscribe_all(), None, token.clone(), &tracker);
     let deps = GatewayDeps { config, engines, store: store.clone(), bus };
     let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
     Ok(Bench { gateway, store, token, tracker, _dir: dir })
