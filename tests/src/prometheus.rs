@@ -6,11 +6,14 @@
 
 use std::collections::BTreeMap;
 
+/// Label names and values, in order.
+type Labels = Vec<(String, String)>;
+
 /// One sample: its name, labels in order, and value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     pub name: String,
-    pub labels: Vec<(String, String)>,
+    pub labels: Labels,
     pub value: f64,
 }
 
@@ -107,7 +110,7 @@ impl Scrape {
         for (family, _) in self.types.iter().filter(|(_, kind)| *kind == "histogram") {
             let bucket = format!("{family}_bucket");
             // Series: the labels other than `le`.
-            let mut series: BTreeMap<Vec<(String, String)>, Vec<(f64, f64)>> = BTreeMap::new();
+            let mut series: BTreeMap<Labels, Vec<(f64, f64)>> = BTreeMap::new();
             for sample in self.samples.iter().filter(|s| s.name == bucket) {
                 let le = sample.label("le").ok_or_else(|| format!("{bucket} without le"))?;
                 let bound = parse_value(le).map_err(|e| format!("{bucket} le: {e}"))?;
