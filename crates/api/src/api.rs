@@ -150,7 +150,8 @@ impl ApiToken {
         true
     }
 
-    /// Whether `headers` carry the token in force (see [`bearer_matches`]).
+    /// Whether `headers` carry `Authorization: Bearer` with the token in force
+    /// (trimmed, compared in constant time; a blank token matches nothing).
     pub fn matches(&self, headers: &HeaderMap) -> bool {
         let current = self.current.read().unwrap_or_else(|e| e.into_inner()).clone();
         bearer_matches(headers, &current)
