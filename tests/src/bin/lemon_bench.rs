@@ -3,7 +3,9 @@
 //! ```text
 //! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|latency|conversations|startup|telegram|native|voice]…
 //! ```
-//! No argument runs them all. Figures are measured in this process on the echo
+//! No argument runs them all. `LEMON_BENCH_METRICS=off` runs the in-process
+//! scenarios without the metrics collector the server runs on the bus.
+//! Figures are measured in this process on the echo
 //! engine; `startup`, `telegram`, `native` and `voice` start the real
 //! `lemon-gateway` binary next to this one (`telegram` against a fake Bot API,
 //! `native` against a fake LLM provider, `voice` against fake Twilio, Deepgram
@@ -57,9 +59,16 @@ fn start(store: &str, max: usize, bus: EventBus) -> anyhow::Result<Bench> {
         max_pending_runs: usize::MAX,
         ..RuntimeConfig::default()
     };
-    // The server's metrics collector follows the bus as it does in production.
-    let _metrics =
-        lemon_api::metrics::RunMetrics::spawn(bus.subscribe_all(), None, token.clone(), &tracker);
+    // The server's metrics collector follows the bus as it does in production;
+    // `LEMON_BENCH_METRICS=off` leaves it out, to measure what it costs.
+    if std::env::var("LEMON_BENCH_METRICS").as_deref() != Ok("off") {
+        let _metrics = lemon_api::metrics::RunMetrics::spawn(
+            bus.subscribe_all(),
+            None,
+            token.clone(),
+            &tracker,
+        );
+    }
     let deps = GatewayDeps { config, engines, store: store.clone(), bus };
     let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
     Ok(Bench { gateway, store, token, tracker, _dir: dir })
