@@ -37,3 +37,4 @@ mod telegram_api;
 mod telegram_e2e;
 mod voice_e2e;
 mod webhook_e2e;
+mod xmtp_e2e;

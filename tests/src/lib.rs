@@ -15,6 +15,8 @@
 //! - [`fake_twilio`]: a fake Twilio REST API (message create) on loopback, and
 //!   Twilio's webhook signatures, for the SMS channel.
 
+//! - [`fake_xmtp`]: the hub the fake XMTP bridge (`fake-xmtp-bridge`, started
+//!   by the gateway as its bridge) connects to, so a test speaks the bridge's side.
 //! - [`fake_deepgram`], [`fake_elevenlabs`], [`fake_twilio_voice`]: a voice
 //!   call's providers on loopback (live transcription, speech, Twilio's media
 //!   stream, signed webhooks and REST API).
@@ -28,6 +30,7 @@ pub mod fake_smtp;
 pub mod fake_telegram;
 pub mod fake_twilio;
 pub mod fake_twilio_voice;
+pub mod fake_xmtp;
 
 pub mod fake_cli {
     //! The fake vendor CLI (`src/bin/fake_cli.rs`) on a temporary `PATH`, and the

@@ -162,7 +162,9 @@ impl Link {
             Some(reply) => {
                 let _ = reply.send(result);
             }
-            None => tracing::debug!(request_id = %log_text::escape(request_id), "an answer to no send waiting"),
+            None => {
+                tracing::debug!(request_id = %log_text::escape(request_id), "an answer to no send waiting")
+            }
         }
     }
 

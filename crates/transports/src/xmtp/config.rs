@@ -154,8 +154,8 @@ impl XmtpConfig {
     /// # Errors
     /// A wrong type or value, naming the key.
     pub fn parse_values(table: &toml::Table) -> Result<(Self, Vec<UnknownKey>), XmtpConfigError> {
-        let (config, unknown) = parse_section::<XmtpConfig>(table)
-            .map_err(|err| XmtpConfigError(err.to_string()))?;
+        let (config, unknown) =
+            parse_section::<XmtpConfig>(table).map_err(|err| XmtpConfigError(err.to_string()))?;
         if config.node.trim().is_empty() {
             return Err(XmtpConfigError("node: name the Node.js program or its path".into()));
         }
@@ -270,7 +270,10 @@ mod tests {
     #[test]
     fn a_relative_bridge_script_is_taken_from_the_config_folder() {
         let config = parse("bridge_script = \"b/bridge.mjs\"").unwrap();
-        assert_eq!(config.script(std::path::Path::new("/etc/lemon")), PathBuf::from("/etc/lemon/b/bridge.mjs"));
+        assert_eq!(
+            config.script(std::path::Path::new("/etc/lemon")),
+            PathBuf::from("/etc/lemon/b/bridge.mjs")
+        );
     }
 
     #[test]
@@ -291,9 +294,10 @@ mod tests {
 
     #[test]
     fn senders_are_matched_by_inbox_id_or_address_ignoring_case() {
-        let config =
-            parse("allowed_senders = [\"ABCDEF01\", \"0x00000000000000000000000000000000000000aa\"]")
-                .unwrap();
+        let config = parse(
+            "allowed_senders = [\"ABCDEF01\", \"0x00000000000000000000000000000000000000aa\"]",
+        )
+        .unwrap();
         assert!(config.sender_allowed("abcdef01", None));
         assert!(config.sender_allowed("ff", Some("0x00000000000000000000000000000000000000AA")));
         assert!(!config.sender_allowed("ff", Some("0x00000000000000000000000000000000000000ab")));

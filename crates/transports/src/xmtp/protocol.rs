@@ -25,7 +25,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
-
 /// The protocol's version, in every line.
 pub const PROTOCOL_VERSION: u64 = 1;
 /// The longest line either side reads.
