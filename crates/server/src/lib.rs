@@ -867,8 +867,12 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         config_text.as_deref().unwrap_or(""),
         sms.as_ref(),
         &gateway_config.workspace(&opts.paths.home, opts.user_home.as_deref()),
-        &opts.paths.home,
-        &HelperDeps { store: &store, tracker: &tracker, env: &opts.env },
+        &HelperDeps {
+            lemon_home: &opts.paths.home,
+            store: &store,
+            tracker: &tracker,
+            env: &opts.env,
+        },
     )?;
     check_webhook_callbacks(
         &gateway_config,
@@ -1159,9 +1163,9 @@ fn transports(
     text: &str,
     sms: Option<&lemon_sms::Sms>,
     workspace: &Path,
-    lemon_home: &std::path::Path,
     helpers: &HelperDeps<'_>,
 ) -> anyhow::Result<TransportRegistry> {
+    let lemon_home = helpers.lemon_home;
     use lemon_transports::{telegram, webhook};
     let mut registry = TransportRegistry::default();
     match webhook_transport(config, secrets, config_path, text)? {
@@ -1219,8 +1223,12 @@ fn transports(
     Ok(registry)
 }
 
-/// What a transport that runs a helper process needs from the start.
+/// What transports need from the start beyond their config: where state
+/// goes, and for one that runs a helper process, the store, tracker and
+/// environment.
 struct HelperDeps<'a> {
+    /// `$LEMON_HOME`: voice recordings and the bridge's state go under it.
+    lemon_home: &'a Path,
     store: &'a StoreHandle,
     tracker: &'a TaskTracker,
     env: &'a BTreeMap<String, String>,
