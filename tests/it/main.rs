@@ -17,6 +17,7 @@ mod cli_ux;
 mod cron_e2e;
 mod dashboard_e2e;
 mod discord_e2e;
+mod doctor_e2e;
 mod email_e2e;
 mod first_run;
 mod gateway_e2e;

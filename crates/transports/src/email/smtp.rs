@@ -93,6 +93,15 @@ impl SmtpSender {
         Ok(SmtpSender { transport: builder.build(), from, domain })
     }
 
+    /// Connects, says EHLO, upgrades to TLS as configured and logs in when a
+    /// password is set: whether the server would take a mail.
+    ///
+    /// # Errors
+    /// The server's or the connection's error.
+    pub(super) async fn test_connection(&self) -> Result<(), lettre::transport::smtp::Error> {
+        self.transport.test_connection().await.map(|_| ())
+    }
+
     /// A fresh `Message-ID` (no angle brackets) in the sender's domain.
     pub(super) fn new_message_id(&self, run_id: &str) -> String {
         format!("lemon.{run_id}.{}@{}", uuid_like(), self.domain)

@@ -205,7 +205,7 @@ impl XmtpConfig {
         match &self.bridge_script {
             Some(path) if path.is_absolute() => path.clone(),
             Some(path) => config_dir.join(path),
-            None => PathBuf::from(SHIPPED_BRIDGE_SCRIPT),
+            None => lexically_normal(std::path::Path::new(SHIPPED_BRIDGE_SCRIPT)),
         }
     }
 
@@ -243,6 +243,22 @@ impl XmtpConfig {
     }
 }
 
+/// `path` with its `..` parts applied (`a/b/../c` is `a/c`), without
+/// touching the file system.
+fn lexically_normal(path: &std::path::Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
 /// An inbox id (hex) or an Ethereum address (`0x` + 40 hex digits).
 pub fn is_identity(text: &str) -> bool {
     let hex = text.strip_prefix("0x").unwrap_or(text);
@@ -263,7 +279,10 @@ mod tests {
         assert_eq!(config.node, "node");
         assert_eq!(config.env, XmtpEnv::Dev);
         assert_eq!(config.wallet_key_secret, "xmtp_wallet_key");
-        assert!(config.script(std::path::Path::new("/home")).ends_with("bridges/xmtp/bridge.mjs"));
+        let shipped = config.script(std::path::Path::new("/home"));
+        assert!(shipped.ends_with("bridges/xmtp/bridge.mjs"), "{}", shipped.display());
+        assert!(!shipped.display().to_string().contains(".."), "{}", shipped.display());
+        assert!(shipped.is_file(), "the shipped bridge is where the default points");
         assert!(config.sender_allowed("abc", None));
     }
 
