@@ -346,3 +346,43 @@ async fn a_mistake_in_the_email_section_is_placed_in_the_file_and_a_missing_secr
     assert!(stderr.contains("smtp_password"), "{stderr}");
     assert!(!stderr.contains(SMTP_PASSWORD));
 }
+
+#[tokio::test]
+async fn a_run_started_elsewhere_in_a_thread_is_mailed_as_a_reply_in_it() {
+    let imap = Dovecot::start(PATIENCE).await;
+    let smtp = FakeSmtp::start().await;
+    let home = home_with(&config(Some(&imap), &smtp, false));
+    secrets(home.path());
+    let gateway = start(home.path()).await;
+    imap.append(&mail(ALICE, "e1@example.com", "Report", "start the report", "")).await;
+    let mails = smtp.wait_for("the answer", PATIENCE, |m| m.len() == 1).await;
+    let first = id_of(&mails[0]);
+    let session = runs(&gateway).await[0]["session_key"].as_str().unwrap().to_owned();
+
+    // From the API (as a cron job or a resume from another channel would).
+    let run_id = gateway
+        .submit(serde_json::json!({"prompt": "the report from elsewhere", "session_key": session}))
+        .await;
+    let mails = smtp.wait_for("the mailed run", PATIENCE, |m| m.len() == 2).await;
+    let later = &mails[1];
+    assert_eq!(later.rcpt_to, [ALICE]);
+    assert_eq!(later.header("Subject").as_deref(), Some("Re: Report"));
+    assert_eq!(later.header("In-Reply-To"), Some(format!("<{first}>")));
+    let references = later.header("References").unwrap();
+    assert!(
+        references.contains("<e1@example.com>") && references.contains(&format!("<{first}>")),
+        "{references}"
+    );
+    assert!(plain(later).contains("the report from elsewhere"), "{}", plain(later));
+    assert!(id_of(later).contains(&run_id), "{}", id_of(later));
+
+    // A reply to it continues the same conversation.
+    let reply_headers =
+        format!("In-Reply-To: <{}>\r\nReferences: <{}>\r\n", id_of(later), id_of(later));
+    imap.append(&mail(ALICE, "e2@example.com", "Re: Report", "thanks", &reply_headers)).await;
+    smtp.wait_for("the answer to the reply", PATIENCE, |m| m.len() == 3).await;
+    let runs = runs(&gateway).await;
+    assert_eq!(runs.len(), 3, "{runs:?}");
+    assert!(runs.iter().all(|r| r["session_key"] == session.as_str()), "{runs:?}");
+    gateway.terminate().await;
+}
