@@ -309,6 +309,15 @@ async fn connect(config: &ImapConfig, password: &str) -> Result<ImapSession, Ses
     let stream: Box<dyn ImapStream> = if config.tls {
         let mut roots = tokio_rustls::rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        if let Some(path) = &config.tls_ca_file {
+            let certs = super::config::read_ca_file(path)
+                .map_err(|e| SessionEnd::Failed(format!("`imap.tls_ca_file`: {e}")))?;
+            for cert in certs {
+                roots
+                    .add(tokio_rustls::rustls::pki_types::CertificateDer::from(cert))
+                    .map_err(|e| failed("a certificate of tls_ca_file for", &e))?;
+            }
+        }
         let tls = tokio_rustls::rustls::ClientConfig::builder_with_provider(Arc::new(
             tokio_rustls::rustls::crypto::ring::default_provider(),
         ))
