@@ -249,7 +249,7 @@ fn describe_exit(exit: Exit) -> String {
 }
 
 /// Starts a helper in its own process group with its death tied to the
-/// gateway's, like every child ([`spawn`]).
+/// gateway's, like every child this module starts.
 ///
 /// # Errors
 /// Why it could not be started, naming the program.
