@@ -346,3 +346,95 @@ async fn a_mistake_in_the_email_section_is_placed_in_the_file_and_a_missing_secr
     assert!(stderr.contains("smtp_password"), "{stderr}");
     assert!(!stderr.contains(SMTP_PASSWORD));
 }
+
+#[tokio::test]
+async fn a_run_started_elsewhere_in_a_thread_is_mailed_as_a_reply_in_it() {
+    let imap = Dovecot::start(PATIENCE).await;
+    let smtp = FakeSmtp::start().await;
+    let home = home_with(&config(Some(&imap), &smtp, false));
+    secrets(home.path());
+    let gateway = start(home.path()).await;
+    imap.append(&mail(ALICE, "e1@example.com", "Report", "start the report", "")).await;
+    let mails = smtp.wait_for("the answer", PATIENCE, |m| m.len() == 1).await;
+    let first = id_of(&mails[0]);
+    let session = runs(&gateway).await[0]["session_key"].as_str().unwrap().to_owned();
+
+    // From the API (as a cron job or a resume from another channel would).
+    let run_id = gateway
+        .submit(serde_json::json!({"prompt": "the report from elsewhere", "session_key": session}))
+        .await;
+    let mails = smtp.wait_for("the mailed run", PATIENCE, |m| m.len() == 2).await;
+    let later = &mails[1];
+    assert_eq!(later.rcpt_to, [ALICE]);
+    assert_eq!(later.header("Subject").as_deref(), Some("Re: Report"));
+    assert_eq!(later.header("In-Reply-To"), Some(format!("<{first}>")));
+    let references = later.header("References").unwrap();
+    assert!(
+        references.contains("<e1@example.com>") && references.contains(&format!("<{first}>")),
+        "{references}"
+    );
+    assert!(plain(later).contains("the report from elsewhere"), "{}", plain(later));
+    assert!(id_of(later).contains(&run_id), "{}", id_of(later));
+
+    // A reply to it continues the same conversation.
+    let reply_headers =
+        format!("In-Reply-To: <{}>\r\nReferences: <{}>\r\n", id_of(later), id_of(later));
+    imap.append(&mail(ALICE, "e2@example.com", "Re: Report", "thanks", &reply_headers)).await;
+    smtp.wait_for("the answer to the reply", PATIENCE, |m| m.len() == 3).await;
+    let runs = runs(&gateway).await;
+    assert_eq!(runs.len(), 3, "{runs:?}");
+    assert!(runs.iter().all(|r| r["session_key"] == session.as_str()), "{runs:?}");
+    gateway.terminate().await;
+}
+
+#[tokio::test]
+async fn imap_over_implicit_tls_and_smtp_over_tls_trust_the_configured_ca() {
+    let certs = tempfile::tempdir().unwrap();
+    let cert = lemon_tests::tls_cert::TestCert::make(certs.path());
+    let imap = Dovecot::start_tls(PATIENCE, &cert).await;
+    let smtp = FakeSmtp::start_tls(&cert).await;
+    let ca = cert.ca.display().to_string();
+    let config = format!(
+        "[gateway.email]\nenabled = true\nfrom = \"Lemon Agent <{SMTP_USER}>\"\nallowed_senders = [\"{ALICE}\"]\n\
+         [gateway.email.smtp]\nhost = \"127.0.0.1\"\nport = {}\nsecurity = \"tls\"\ntls_ca_file = \"{ca}\"\n\
+         username = \"{SMTP_USER}\"\npassword_secret = \"smtp_password\"\n\
+         [gateway.email.imap]\nhost = \"127.0.0.1\"\nport = {}\ntls = true\ntls_ca_file = \"{ca}\"\n\
+         username = \"{}\"\npassword_secret = \"imap_password\"\n",
+        smtp.port(),
+        imap.port(),
+        dovecot::USER
+    );
+    let home = home_with(&config);
+    secrets(home.path());
+    let gateway = start(home.path()).await;
+    imap.append_tls(&mail(ALICE, "tls1@example.com", "Secure", "over tls", ""), &cert).await;
+    let mails = smtp.wait_for("the answer over TLS", PATIENCE, |m| m.len() == 1).await;
+    assert!(plain(&mails[0]).contains("over tls"), "{}", plain(&mails[0]));
+    assert_eq!(mails[0].auth, Some((SMTP_USER.to_owned(), SMTP_PASSWORD.to_owned())));
+    assert!(smtp.tls_connections() >= 1);
+    gateway.terminate().await;
+
+    // Without the CA the server's certificate is not trusted: no login, no mail read.
+    let untrusted = config.replace(&format!("tls_ca_file = \"{ca}\"\n"), "");
+    let home = home_with(&untrusted);
+    secrets(home.path());
+    let gateway = Gateway::start_in(home.path()).await;
+    let wait = async {
+        loop {
+            let email = gateway.status().await["transports"]["email"].clone();
+            if email["state"] == "failing" {
+                return email;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    let email = tokio::time::timeout(PATIENCE, wait).await.expect("failing in time");
+    assert!(email["reason"].as_str().unwrap_or("").contains("TLS"), "{email}");
+    gateway.terminate().await;
+
+    // A CA file that is not one is a config error at load.
+    let bad = config.replace(&ca, "/nonexistent/ca.pem");
+    let (code, stderr) = crate::support::failed_start(home_with(&bad).path()).await;
+    assert_ne!(code, Some(0));
+    assert!(stderr.contains("tls_ca_file") && stderr.contains("config.toml:"), "{stderr}");
+}

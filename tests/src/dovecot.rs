@@ -83,6 +83,16 @@ impl Dovecot {
     /// When Dovecot is not installed (`apt-get install dovecot-imapd`) or does
     /// not start within `patience`.
     pub async fn start(patience: Duration) -> Dovecot {
+        Dovecot::start_with(patience, None).await
+    }
+
+    /// Starts one that speaks only IMAP over implicit TLS (`ssl = required`)
+    /// with `cert`.
+    pub async fn start_tls(patience: Duration, cert: &crate::tls_cert::TestCert) -> Dovecot {
+        Dovecot::start_with(patience, Some(cert)).await
+    }
+
+    async fn start_with(patience: Duration, tls: Option<&crate::tls_cert::TestCert>) -> Dovecot {
         assert!(
             Path::new(DOVECOT_BIN).exists(),
             "{DOVECOT_BIN} is missing: install Debian's dovecot-imapd (scripts/test does)"
@@ -112,13 +122,25 @@ impl Dovecot {
             (me.clone(), me)
         };
         let root_text = root.display();
+        let (ssl, plain_port, tls_port) = match tls {
+            Some(cert) => (
+                format!(
+                    "ssl = required\nssl_cert = <{}\nssl_key = <{}\n",
+                    cert.cert.display(),
+                    cert.key.display()
+                ),
+                0,
+                port,
+            ),
+            None => ("ssl = no\n".to_owned(), port, 0),
+        };
         let config = format!(
             "protocols = imap\n\
              listen = 127.0.0.1\n\
              base_dir = {root_text}/run\n\
              state_dir = {root_text}/state\n\
              log_path = {root_text}/dovecot.log\n\
-             ssl = no\n\
+             {ssl}\
              disable_plaintext_auth = no\n\
              auth_mechanisms = plain login\n\
              mail_location = maildir:~/Maildir\n\
@@ -128,7 +150,7 @@ impl Dovecot {
              default_login_user = {login}\n\
              passdb {{\n  driver = passwd-file\n  args = scheme=PLAIN username_format=%u {root_text}/passwd\n}}\n\
              userdb {{\n  driver = static\n  args = uid={uid} gid={gid} home={root_text}/mail/%u\n}}\n\
-             service imap-login {{\n  chroot =\n  inet_listener imap {{\n    address = 127.0.0.1\n    port = {port}\n  }}\n  inet_listener imaps {{\n    port = 0\n  }}\n}}\n\
+             service imap-login {{\n  chroot =\n  inet_listener imap {{\n    address = 127.0.0.1\n    port = {plain_port}\n  }}\n  inet_listener imaps {{\n    address = 127.0.0.1\n    port = {tls_port}\n  }}\n}}\n\
              service anvil {{\n  chroot =\n}}\n\
              service stats {{\n  inet_listener http {{\n    port = 0\n  }}\n}}\n"
         );
@@ -154,6 +176,10 @@ impl Dovecot {
             )
             .await
             {
+                // Over TLS the greeting follows a handshake: a listener is enough.
+                if tls.is_some() {
+                    return dovecot;
+                }
                 let mut lines = BufReader::new(stream);
                 let mut greeting = String::new();
                 let read =
@@ -189,10 +215,42 @@ impl Dovecot {
     /// # Panics
     /// When the server does not take it.
     pub async fn append(&self, raw: &str) {
-        let raw = raw.replace("\r\n", "\n").replace('\n', "\r\n");
         let stream =
             TcpStream::connect(("127.0.0.1", self.port)).await.expect("connect to dovecot");
-        let (read, mut write) = stream.into_split();
+        self.append_over(stream, raw).await;
+    }
+
+    /// [`Dovecot::append`] to one started with [`Dovecot::start_tls`], trusting `cert`.
+    pub async fn append_tls(&self, raw: &str, cert: &crate::tls_cert::TestCert) {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for der in rustls::pki_types::CertificateDer::pem_file_iter(&cert.ca).expect("cert") {
+            roots.add(der.expect("cert")).expect("root");
+        }
+        let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = TcpStream::connect(("127.0.0.1", self.port)).await.expect("connect to dovecot");
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .expect("TLS with dovecot");
+        self.append_over(stream, raw).await;
+    }
+
+    async fn append_over<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+        &self,
+        stream: S,
+        raw: &str,
+    ) {
+        let raw = raw.replace("\r\n", "\n").replace('\n', "\r\n");
+        let (read, mut write) = tokio::io::split(stream);
         let mut lines = BufReader::new(read);
         let mut line = String::new();
         lines.read_line(&mut line).await.expect("greeting");
@@ -217,9 +275,9 @@ impl Drop for Dovecot {
 }
 
 /// Reads until the tagged answer to `tag`, which must be `OK`.
-async fn expect_ok(
+async fn expect_ok<R: tokio::io::AsyncRead + Unpin>(
     tag: &str,
-    lines: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+    lines: &mut BufReader<R>,
     dovecot: &Dovecot,
 ) {
     loop {

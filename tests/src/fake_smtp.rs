@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -138,6 +138,8 @@ struct State {
     mails: Vec<SmtpMail>,
     /// Mails to refuse with a 451 before accepting again.
     refuse_next: usize,
+    /// Connections that completed a TLS handshake.
+    n_tls: usize,
 }
 
 /// The fake server; stops when dropped.
@@ -161,6 +163,31 @@ impl FakeSmtp {
     /// # Panics
     /// When it cannot bind.
     pub async fn start() -> FakeSmtp {
+        FakeSmtp::start_with(None).await
+    }
+
+    /// Starts one that speaks SMTP only inside TLS from the first byte (port
+    /// 465 style) with `cert`.
+    pub async fn start_tls(cert: &crate::tls_cert::TestCert) -> FakeSmtp {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        let chain = rustls::pki_types::CertificateDer::pem_file_iter(&cert.cert)
+            .expect("cert file")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("cert");
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&cert.key).expect("key");
+        let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("server config");
+        FakeSmtp::start_with(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> FakeSmtp {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the fake SMTP server");
         let port = listener.local_addr().expect("local addr").port();
         let state = Arc::new(Mutex::new(State::default()));
@@ -172,8 +199,18 @@ impl FakeSmtp {
                 while let Ok((stream, _)) = listener.accept().await {
                     let state = state.clone();
                     let changes = changes.clone();
+                    let tls = tls.clone();
                     tokio::spawn(async move {
-                        let _ = serve(stream, state, changes).await;
+                        let _ = match tls {
+                            Some(acceptor) => match acceptor.accept(stream).await {
+                                Ok(stream) => {
+                                    state.lock().unwrap().n_tls += 1;
+                                    serve(stream, state, changes).await
+                                }
+                                Err(_) => Ok(()),
+                            },
+                            None => serve(stream, state, changes).await,
+                        };
                     });
                 }
             })
@@ -188,6 +225,11 @@ impl FakeSmtp {
     /// Every mail accepted so far.
     pub fn mails(&self) -> Vec<SmtpMail> {
         self.state.lock().unwrap().mails.clone()
+    }
+
+    /// Connections that completed a TLS handshake (with [`FakeSmtp::start_tls`]).
+    pub fn tls_connections(&self) -> usize {
+        self.state.lock().unwrap().n_tls
     }
 
     /// The next `n` mails get `451` (try again later) after their data.
@@ -220,12 +262,12 @@ impl FakeSmtp {
     }
 }
 
-async fn serve(
-    stream: TcpStream,
+async fn serve<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    stream: S,
     state: Arc<Mutex<State>>,
     changes: watch::Sender<u64>,
 ) -> std::io::Result<()> {
-    let (read, mut write) = stream.into_split();
+    let (read, mut write) = tokio::io::split(stream);
     let mut lines = BufReader::new(read);
     write.write_all(b"220 fake-smtp.test ESMTP ready\r\n").await?;
     let mut auth: Option<(String, String)> = None;

@@ -16,6 +16,9 @@
 //! - [`fake_twilio`]: a fake Twilio REST API (message create) on loopback, and
 //!   Twilio's webhook signatures, for the SMS channel.
 
+//! - [`tls_cert`]: a self-signed certificate made by `openssl`, for TLS fakes.
+//! - [`fake_xmtp`]: the hub the fake XMTP bridge (`fake-xmtp-bridge`, started
+//!   by the gateway as its bridge) connects to, so a test speaks the bridge's side.
 //! - [`fake_deepgram`], [`fake_elevenlabs`], [`fake_twilio_voice`]: a voice
 //!   call's providers on loopback (live transcription, speech, Twilio's media
 //!   stream, signed webhooks and REST API).
@@ -29,7 +32,9 @@ pub mod fake_smtp;
 pub mod fake_telegram;
 pub mod fake_twilio;
 pub mod fake_twilio_voice;
+pub mod fake_xmtp;
 pub mod prometheus;
+pub mod tls_cert;
 
 pub mod fake_cli {
     //! The fake vendor CLI (`src/bin/fake_cli.rs`) on a temporary `PATH`, and the

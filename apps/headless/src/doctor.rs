@@ -5,8 +5,12 @@
 //! Checked: the config file (with file:line:col on an error), the keychain,
 //! the secrets file's mode, the listening ports, a bind beyond loopback, the
 //! engines (found, with their versions), the provider key of the native
-//! engine, and each configured channel (Telegram's token through `getMe`
-//! against its `api_base_url`).
+//! engine, and each configured channel: Telegram's token through `getMe`
+//! and Discord's through `GET /users/@me` against their `api_base_url`; SMS
+//! and voice (their secrets, an https `public_url`, a free port); email (an
+//! IMAP login and an SMTP connection with its login); XMTP (Node.js and its
+//! version, the bridge script and its installed SDK, the wallet key). Every
+//! call to a server has a timeout.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,8 +23,12 @@ use lemon_server::paths::Paths;
 use crate::failure;
 use crate::style::Style;
 
-/// How long Telegram's `getMe` may take.
+/// How long Telegram's `getMe` (and Discord's `/users/@me`) may take.
 const GET_ME_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a mail server may take to log in.
+const MAIL_TIMEOUT: Duration = Duration::from_secs(15);
+/// The oldest Node.js the XMTP SDK runs on.
+const XMTP_NODE_MAJOR: u32 = 22;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Level {
@@ -99,6 +107,10 @@ pub(crate) async fn doctor(
         check_ports(&mut report, gateway).await;
         check_engines(&mut report, gateway, paths, env, &store).await;
         check_channels(&mut report, gateway, &store).await;
+        check_sms_and_voice(&mut report, gateway, &store).await;
+        check_discord(&mut report, gateway, &store).await;
+        check_email(&mut report, gateway, &store).await;
+        check_xmtp(&mut report, gateway, paths, env, &store).await;
     }
     print!("{}", report.render(style));
     let failed = report.checks.iter().any(|c| c.level == Level::Fail);
@@ -322,4 +334,290 @@ async fn check_telegram(
             "check the network and api_base_url",
         ),
     }
+}
+
+/// Whether `addr` can be listened on now.
+async fn port_free(addr: &str) -> Result<(), String> {
+    tokio::net::TcpListener::bind(addr).await.map(drop).map_err(|error| error.to_string())
+}
+
+/// `public_url` of a Twilio webhook: set, https, a URL.
+fn check_public_url(report: &mut Report, what: &str, public_url: Option<&str>, section: &str) {
+    match public_url.map(str::trim) {
+        None | Some("") => report.warn(
+            what,
+            "public_url is not set; Twilio cannot reach the webhook and signatures cannot be checked",
+            format!("set public_url in [gateway.{section}] to the https URL of your tunnel or proxy"),
+        ),
+        Some(url) if url.starts_with("https://") => report.ok(what, format!("public_url {url}")),
+        Some(url) => report.warn(
+            what,
+            format!("public_url {url} is not https; Twilio sends webhooks to https URLs"),
+            "put TLS in front (a tunnel or a proxy) and set its https URL",
+        ),
+    }
+}
+
+fn check_secret(report: &mut Report, what: &str, store: &SecretStore, name: &str, role: &str) {
+    match store.get(name) {
+        Ok(Some(value)) if !value.expose().trim().is_empty() => {
+            report.ok(what, format!("{role} ({name}) is set"));
+        }
+        Ok(_) => report.fail(
+            what,
+            format!("{role} ({name}) is not set"),
+            format!("lemon-gateway secrets set {name}"),
+        ),
+        Err(error) => report.fail(what, error.to_string(), "repair the secret store named"),
+    }
+}
+
+async fn check_sms_and_voice(report: &mut Report, gateway: &GatewayConfig, store: &SecretStore) {
+    match lemon_sms::SmsConfig::from_gateway(gateway.sms.as_ref()) {
+        Ok(Some(sms)) => {
+            let what = "channel sms";
+            check_secret(report, what, store, &sms.auth_token_secret, "the Twilio auth token");
+            check_secret(report, what, store, &sms.account_sid_secret, "the Twilio account SID");
+            check_public_url(report, what, sms.public_url.as_deref(), "sms");
+            match port_free(&sms.addr()).await {
+                Ok(()) => report.ok(what, format!("{} is free for the webhook", sms.addr())),
+                Err(error) => report.fail(
+                    what,
+                    format!("cannot listen on {}: {error}", sms.addr()),
+                    "stop what listens there or set another port in [gateway.sms]",
+                ),
+            }
+        }
+        Ok(None) => {}
+        Err(error) => report.fail("channel sms", error.0, "correct [gateway.sms]"),
+    }
+    match lemon_voice::VoiceConfig::from_gateway(gateway.voice.as_ref()) {
+        Ok(Some(voice)) => {
+            let what = "channel voice";
+            check_secret(report, what, store, &voice.deepgram_api_key_secret, "the Deepgram key");
+            check_secret(
+                report,
+                what,
+                store,
+                &voice.elevenlabs_api_key_secret,
+                "the ElevenLabs key",
+            );
+            check_public_url(report, what, voice.public_url.as_deref(), "voice");
+            match port_free(&voice.addr()).await {
+                Ok(()) => report.ok(what, format!("{} is free for calls", voice.addr())),
+                Err(error) => report.fail(
+                    what,
+                    format!("cannot listen on {}: {error}", voice.addr()),
+                    "stop what listens there or set another port in [gateway.voice]",
+                ),
+            }
+        }
+        Ok(None) => {}
+        Err(error) => report.fail("channel voice", error.0, "correct [gateway.voice]"),
+    }
+}
+
+/// Asks Discord's `GET /users/@me` whether it takes the bot token.
+async fn check_discord(report: &mut Report, gateway: &GatewayConfig, store: &SecretStore) {
+    use lemon_transports::discord::config::DiscordConfig;
+    let what = "channel discord";
+    if !lemon_core::transport::enabled(gateway.enable_discord, gateway.discord.as_ref()) {
+        return;
+    }
+    let section = gateway.discord.clone().unwrap_or_default();
+    let config = match DiscordConfig::parse(&section) {
+        Ok(config) => config,
+        Err(error) => return report.fail(what, error.0, "correct [gateway.discord]"),
+    };
+    let secret = config.bot_token_secret.clone();
+    let token = match config.resolve_token(store) {
+        Ok(token) => token,
+        Err(error) => {
+            return report.fail(what, error.0, format!("lemon-gateway secrets set {secret}"))
+        }
+    };
+    let base = config.api_base_url.trim_end_matches('/');
+    let Ok(http) = reqwest::Client::builder().timeout(GET_ME_TIMEOUT).build() else {
+        return report.warn(what, "cannot make an HTTP client", "try again");
+    };
+    let answer = http
+        .get(format!("{base}/users/@me"))
+        .header("Authorization", format!("Bot {token}"))
+        .send();
+    drop(token);
+    match answer.await {
+        Ok(response) if response.status().is_success() => {
+            let body: serde_json::Value = response.json().await.unwrap_or_default();
+            let name = body["username"].as_str().unwrap_or("?");
+            report.ok(what, format!("the bot token is accepted (@{name})"));
+        }
+        Ok(response) if response.status().as_u16() == 401 => report.fail(
+            what,
+            format!("Discord refused the bot token ({})", response.status()),
+            format!(
+                "copy the token from the Bot page of your application in the Developer Portal and run `lemon-gateway secrets set {secret}`"
+            ),
+        ),
+        Ok(response) => report.warn(
+            what,
+            format!("/users/@me answered {}", response.status()),
+            "check api_base_url and try again later",
+        ),
+        Err(error) => report.warn(
+            what,
+            format!(
+                "cannot reach {base}: {}",
+                if error.is_timeout() { "timed out" } else { "connection failed" }
+            ),
+            "check the network and api_base_url",
+        ),
+    }
+}
+
+/// Logs in to the IMAP server and connects to the SMTP server, as a start would.
+async fn check_email(report: &mut Report, gateway: &GatewayConfig, store: &SecretStore) {
+    use lemon_transports::email::check::{self, Problem};
+    use lemon_transports::email::config::EmailConfig;
+    if !lemon_core::transport::enabled(None, gateway.email.as_ref()) {
+        return;
+    }
+    let section = gateway.email.clone().unwrap_or_default();
+    let config = match EmailConfig::parse(&section) {
+        Ok(config) => config,
+        Err(error) => return report.fail("channel email", error.0, "correct [gateway.email]"),
+    };
+    let mut place = |what: &str, result: Option<Result<String, Problem>>, key: &str| {
+        let secret = |table: Option<&toml::Value>| {
+            table
+                .and_then(|t| t.get("password_secret"))
+                .and_then(toml::Value::as_str)
+                .unwrap_or("the password secret")
+                .to_owned()
+        };
+        let name = secret(section.get(key));
+        match result {
+            None => {}
+            Some(Ok(detail)) => report.ok(what, detail),
+            Some(Err(Problem::Refused(why))) => report.fail(
+                what,
+                why,
+                format!("check username in [gateway.email.{key}] and run `lemon-gateway secrets set {name}`"),
+            ),
+            Some(Err(Problem::Unreachable(why))) => report.fail(
+                what,
+                why,
+                format!("check host, port and TLS in [gateway.email.{key}] and that the server runs"),
+            ),
+            Some(Err(Problem::Config(why))) => {
+                report.fail(what, why, format!("lemon-gateway secrets set {name}"))
+            }
+        }
+    };
+    place("channel email imap", check::imap(&config, store, MAIL_TIMEOUT).await, "imap");
+    place("channel email smtp", check::smtp(&config, store, MAIL_TIMEOUT).await, "smtp");
+}
+
+/// Node.js (found, its version), the bridge script, its installed SDK, the wallet key.
+async fn check_xmtp(
+    report: &mut Report,
+    gateway: &GatewayConfig,
+    paths: &Paths,
+    env: &BTreeMap<String, String>,
+    store: &SecretStore,
+) {
+    use lemon_transports::xmtp::config::XmtpConfig;
+    let what = "channel xmtp";
+    if !lemon_core::transport::enabled(gateway.enable_xmtp, gateway.xmtp.as_ref()) {
+        return;
+    }
+    let section = gateway.xmtp.clone().unwrap_or_default();
+    let config = match XmtpConfig::parse(&section) {
+        Ok(config) => config,
+        Err(error) => return report.fail(what, error.0, "correct [gateway.xmtp]"),
+    };
+    let search = env.get("PATH").cloned().unwrap_or_default();
+    let node = if config.node.contains('/') {
+        Some(std::path::PathBuf::from(&config.node)).filter(|p| p.is_file())
+    } else {
+        lemon_engines::cli::which(std::path::Path::new(&config.node), &search)
+    };
+    match node {
+        None => report.fail(
+            what,
+            format!("{} is not found", config.node),
+            format!("install Node.js {XMTP_NODE_MAJOR} or later, or set node in [gateway.xmtp] to its path"),
+        ),
+        Some(node) => match program_version(&node, &search).await {
+            Some(version) => {
+                let major = version
+                    .trim_start_matches('v')
+                    .split('.')
+                    .next()
+                    .and_then(|m| m.parse::<u32>().ok());
+                if major.is_some_and(|m| m >= XMTP_NODE_MAJOR) {
+                    report.ok(what, format!("{} {version}", node.display()));
+                } else {
+                    report.warn(
+                        what,
+                        format!("{} is {version}; the XMTP SDK needs Node.js {XMTP_NODE_MAJOR} or later", node.display()),
+                        format!("install Node.js {XMTP_NODE_MAJOR} or later, or set node in [gateway.xmtp] to one"),
+                    );
+                }
+            }
+            None => report.warn(
+                what,
+                format!("{} did not say its version", node.display()),
+                "check that it is Node.js",
+            ),
+        },
+    }
+    let config_dir = paths.config.parent().unwrap_or_else(|| std::path::Path::new("."));
+    let script = config.script(config_dir);
+    if !script.is_file() {
+        report.fail(
+            what,
+            format!("the bridge script {} does not exist", script.display()),
+            "set bridge_script in [gateway.xmtp] to bridges/xmtp/bridge.mjs of the source tree",
+        );
+    } else {
+        report.ok(what, format!("bridge script {}", script.display()));
+        let folder = script.parent().unwrap_or(config_dir);
+        let sdk = folder.join("node_modules/@xmtp/agent-sdk/package.json");
+        match std::fs::read_to_string(&sdk) {
+            Ok(text) => {
+                let version: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                let version = version["version"].as_str().unwrap_or("?").to_owned();
+                report.ok(what, format!("@xmtp/agent-sdk {version} installed"));
+            }
+            Err(_) => report.fail(
+                what,
+                format!("the bridge's packages are not installed in {}", folder.display()),
+                format!("npm ci --prefix {}", folder.display()),
+            ),
+        }
+    }
+    check_secret(report, what, store, &config.wallet_key_secret, "the wallet key");
+}
+
+/// What `program --version` prints (first line), within a few seconds.
+async fn program_version(program: &std::path::Path, search: &str) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let tracker = tokio_util::task::TaskTracker::new();
+    let spec = lemon_engines::cli::HelperSpec {
+        program: program.to_owned(),
+        args: vec!["--version".to_owned()],
+        cwd: std::path::PathBuf::from("/"),
+        env: BTreeMap::from([("PATH".to_owned(), search.to_owned())]),
+    };
+    let mut helper = lemon_engines::cli::spawn_helper(spec, &tracker).await.ok()?;
+    drop(helper.stdin);
+    let mut out = String::new();
+    let read = tokio::time::timeout(
+        Duration::from_secs(5),
+        (&mut helper.stdout).take(4096).read_to_string(&mut out),
+    )
+    .await;
+    helper.child.terminate(Duration::from_millis(200)).await;
+    read.ok()?.ok()?;
+    out.lines().next().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned)
 }

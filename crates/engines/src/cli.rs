@@ -64,7 +64,10 @@ mod settings;
 mod tools;
 mod translate;
 
-pub use process::{kill_leftover_group, Leftover, ProcessRecorder};
+pub use process::{
+    kill_leftover_group, spawn_helper, Helper, HelperChild, HelperSpec, Leftover, ProcessRecorder,
+};
+pub use settings::which;
 pub use translate::describe;
 
 use std::collections::BTreeMap;

@@ -10,6 +10,7 @@
 //! - [`paths`]: where state lives (`$LEMON_HOME`, `config.toml`, the database,
 //!   secrets), decided by the caller and passed in.
 
+mod bridge;
 mod config_file;
 pub mod keychain;
 pub mod paths;
@@ -479,6 +480,15 @@ fn secret_sources(
     };
     names.extend(named(config.telegram.as_ref(), "bot_token_secret"));
     names.extend(named(config.discord.as_ref(), "bot_token_secret"));
+    if lemon_core::transport::enabled(config.enable_xmtp, config.xmtp.as_ref()) {
+        let xmtp = config.xmtp.as_ref();
+        for (key, default) in [
+            ("wallet_key_secret", lemon_transports::xmtp::config::DEFAULT_WALLET_KEY_SECRET),
+            ("db_encryption_key_secret", lemon_transports::xmtp::config::DEFAULT_DB_KEY_SECRET),
+        ] {
+            names.push(named(xmtp, key).unwrap_or_else(|| default.to_owned()));
+        }
+    }
     let email = config.email.as_ref();
     for part in ["imap", "smtp", "inbound_webhook"] {
         let table = email.and_then(|section| section.get(part)).and_then(|v| v.as_table());
@@ -775,6 +785,12 @@ fn section_warnings(
             place("voice", unknown);
         }
     }
+    if let Some(table) = &config.xmtp {
+        use lemon_transports::xmtp::config::XmtpConfig;
+        if let Ok((_, unknown)) = XmtpConfig::parse_values(table) {
+            place("xmtp", unknown);
+        }
+    }
     let ids: Vec<String> = registry.ids().map(|id| id.to_string()).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     out.extend(engines.warnings(path, text, &ids));
@@ -865,7 +881,12 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         config_text.as_deref().unwrap_or(""),
         sms.as_ref(),
         &gateway_config.workspace(&opts.paths.home, opts.user_home.as_deref()),
-        &opts.paths.home,
+        &HelperDeps {
+            lemon_home: &opts.paths.home,
+            store: &store,
+            tracker: &tracker,
+            env: &opts.env,
+        },
     )?;
     check_webhook_callbacks(
         &gateway_config,
@@ -1138,6 +1159,7 @@ fn check_config_text(
     discord_transport(gateway, secrets, file, text)?;
     let home = file.parent().unwrap_or_else(|| std::path::Path::new("."));
     email_transport(gateway, secrets, file, text, &gateway.workspace(home, None))?;
+    xmtp_section(gateway, secrets, file, text)?;
     voice_transport(gateway, secrets, file, text, home)?;
     // The engine table as a start would build it, to check the names against.
     let ctx = CliContext { base_env: env.clone(), ..CliContext::default() };
@@ -1168,8 +1190,9 @@ fn transports(
     text: &str,
     sms: Option<&lemon_sms::Sms>,
     workspace: &Path,
-    lemon_home: &std::path::Path,
+    helpers: &HelperDeps<'_>,
 ) -> anyhow::Result<TransportRegistry> {
+    let lemon_home = helpers.lemon_home;
     use lemon_transports::{telegram, webhook};
     let mut registry = TransportRegistry::default();
     match webhook_transport(config, secrets, config_path, text)? {
@@ -1196,7 +1219,73 @@ fn transports(
         Some(transport) => registry.add(transport)?,
         None => registry.add_disabled(lemon_voice::TRANSPORT_ID)?,
     }
+    match xmtp_section(config, secrets, config_path, text)? {
+        Some(xmtp_config) => {
+            let config_dir = config_path.parent().unwrap_or_else(|| Path::new("."));
+            let script = xmtp_config.script(config_dir);
+            let bound_conversations = config
+                .bindings
+                .iter()
+                .filter(|binding| binding.transport == lemon_transports::xmtp::TRANSPORT_ID)
+                .filter_map(lemon_core::config::BindingConfig::chat_id_text)
+                .collect();
+            let launcher = Arc::new(bridge::HelperLauncher {
+                store: helpers.store.clone(),
+                tracker: helpers.tracker.clone(),
+            });
+            registry.add(Arc::new(lemon_transports::xmtp::service::XmtpTransport::new(
+                lemon_transports::xmtp::service::XmtpDeps {
+                    config: xmtp_config,
+                    secrets: secrets.clone(),
+                    launcher,
+                    script,
+                    state_dir: lemon_home.join("xmtp"),
+                    base_env: helpers.env.clone(),
+                    bound_conversations,
+                },
+            )))?;
+        }
+        None => registry.add_disabled(lemon_transports::xmtp::TRANSPORT_ID)?,
+    }
     Ok(registry)
+}
+
+/// What transports need from the start beyond their config: where state
+/// goes, and for one that runs a helper process, the store, tracker and
+/// environment.
+struct HelperDeps<'a> {
+    /// `$LEMON_HOME`: voice recordings and the bridge's state go under it.
+    lemon_home: &'a Path,
+    store: &'a StoreHandle,
+    tracker: &'a TaskTracker,
+    env: &'a BTreeMap<String, String>,
+}
+
+/// `[gateway.xmtp]` when XMTP is on (`None`: switched off; the section is
+/// checked either way), with its wallet key present.
+///
+/// # Errors
+/// `[gateway.xmtp]` is invalid or its wallet key's secret is not set.
+fn xmtp_section(
+    config: &GatewayConfig,
+    secrets: &SecretStore,
+    config_path: &std::path::Path,
+    text: &str,
+) -> Result<Option<lemon_transports::xmtp::config::XmtpConfig>, config::ConfigError> {
+    use lemon_transports::xmtp::config::XmtpConfig;
+    let section = config.xmtp.as_ref();
+    let located =
+        |message: &str| config::section_error(config_path, text, &["gateway", "xmtp"], message);
+    if !lemon_core::transport::enabled(config.enable_xmtp, section) {
+        if let Some(section) = section {
+            XmtpConfig::parse_values(section).map_err(|e| located(&e.0))?;
+        }
+        return Ok(None);
+    }
+    let section = section.cloned().unwrap_or_default();
+    let xmtp = XmtpConfig::parse(&section).map_err(|e| located(&e.0))?;
+    xmtp.resolve_secrets(secrets).map_err(|e| located(&e.0))?;
+    Ok(Some(xmtp))
 }
 
 /// `[gateway.sms]` and the Twilio secrets it names when SMS is enabled

@@ -122,6 +122,8 @@ const RESTART_KEYS: &[&str] = &[
     "http_idle_timeout_ms",
     "http_max_connections",
     "voice",
+    "enable_xmtp",
+    "xmtp",
 ];
 
 /// What an accepted edit changes, component by component.

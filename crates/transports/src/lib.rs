@@ -16,6 +16,9 @@
 //! - [`email`]: mail in by IMAP IDLE or a relay's webhook, one conversation per
 //!   thread, answers as replies in the thread over SMTP.
 //!
+//! - [`xmtp`]: XMTP through a Node.js bridge speaking JSON lines over stdio,
+//!   restarted with backoff; answers sent when the run completes.
+//!
 //! Listening channels serve with `lemon_api::serve_with` and answer errors with
 //! `lemon_api::error::ApiError`, like the control API.
 
@@ -24,3 +27,4 @@ pub mod discord;
 pub mod email;
 pub mod telegram;
 pub mod webhook;
+pub mod xmtp;

@@ -52,6 +52,8 @@ pub(crate) enum StdinMode {
     Write(Vec<u8>),
     /// This payload, then whatever [`StdinHandle::write`] sends, until the handle drops.
     KeepOpen(Vec<u8>),
+    /// The pipe itself, handed to the caller ([`Spawned::stdin_pipe`]).
+    Pipe,
 }
 
 /// A process to start.
@@ -90,6 +92,8 @@ pub(crate) struct Spawned {
     pub(crate) stderr: StderrTail<ChildStderr>,
     /// Present in [`StdinMode::KeepOpen`]; dropping it closes the child's stdin.
     pub(crate) stdin: Option<StdinHandle>,
+    /// Present in [`StdinMode::Pipe`]: the child's stdin, to write as the caller likes.
+    pub(crate) stdin_pipe: Option<ChildStdin>,
     /// The group as it is recorded; `None` where `/proc` cannot tell the leader's
     /// start time (then nothing is recorded).
     pub(crate) group: Option<ProcessGroupRecord>,
@@ -154,7 +158,12 @@ pub(crate) async fn spawn(
         return Err(SpawnError::Pipes(spec.program));
     };
     let stop = CancellationToken::new();
+    let mut stdin_pipe = None;
     let stdin = match (spec.stdin, child.stdin.take()) {
+        (StdinMode::Pipe, pipe) => {
+            stdin_pipe = pipe;
+            None
+        }
         (StdinMode::Write(payload), Some(pipe)) => {
             tracker.spawn(write_stdin(pipe, payload, None, stop.clone()));
             None
@@ -171,7 +180,102 @@ pub(crate) async fn spawn(
         stdout: LineReader::new(stdout, max_line_bytes),
         stderr: StderrTail::new(stderr, STDERR_TAIL_BYTES),
         stdin,
+        stdin_pipe,
         group,
+    })
+}
+
+/// A long-lived helper process a channel runs beside the gateway (the XMTP
+/// bridge): it speaks over its pipes for as long as it lives.
+#[derive(Debug, Clone)]
+pub struct HelperSpec {
+    /// The program (a path; looked up by the caller).
+    pub program: PathBuf,
+    /// Its arguments, logged as they are: never a secret here.
+    pub args: Vec<String>,
+    /// Its working directory.
+    pub cwd: PathBuf,
+    /// Its complete environment (secrets go here, never in `args`).
+    pub env: BTreeMap<String, String>,
+}
+
+/// A started helper: its pipes, and the child (in its own process group,
+/// killed with its group when dropped before it is reaped).
+#[derive(Debug)]
+pub struct Helper {
+    pub child: HelperChild,
+    pub stdin: ChildStdin,
+    pub stdout: ChildStdout,
+    pub stderr: ChildStderr,
+    /// The group as it is recorded for a later start to find, when `/proc` tells.
+    pub group: Option<ProcessGroupRecord>,
+}
+
+/// A running helper.
+#[derive(Debug)]
+pub struct HelperChild {
+    inner: CliChild,
+}
+
+impl HelperChild {
+    /// The process group id (the leader's pid).
+    pub fn pgid(&self) -> i32 {
+        self.inner.pgid()
+    }
+
+    /// Waits for the helper to exit and reaps it: how it ended, as a phrase
+    /// (`exit code 1`, `signal 9`).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a cancelled wait can be repeated.
+    pub async fn wait(&mut self) -> String {
+        let exit = self.inner.wait().await;
+        self.inner.signal_group(Signal::SIGKILL);
+        describe_exit(exit)
+    }
+
+    /// SIGTERM to its group, up to `grace` to exit, then SIGKILL; reaped.
+    pub async fn terminate(&mut self, grace: Duration) -> String {
+        describe_exit(self.inner.terminate(grace).await)
+    }
+}
+
+fn describe_exit(exit: Exit) -> String {
+    match (exit.code, exit.signal) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(signal)) => format!("signal {signal}"),
+        (None, None) => "an unknown exit".to_owned(),
+    }
+}
+
+/// Starts a helper in its own process group with its death tied to the
+/// gateway's, like every child this module starts.
+///
+/// # Errors
+/// Why it could not be started, naming the program.
+///
+/// # Cancel safety
+/// Not cancel safe: a helper started for a cancelled call is killed when dropped.
+pub async fn spawn_helper(spec: HelperSpec, tracker: &TaskTracker) -> Result<Helper, String> {
+    let spec = ProcessSpec {
+        program: spec.program,
+        args: spec.args,
+        cwd: spec.cwd,
+        env: spec.env,
+        stdin: StdinMode::Pipe,
+        prompt_is_last_arg: false,
+    };
+    let program = spec.program.clone();
+    let spawned = spawn(spec, 1, tracker).await.map_err(|error| error.to_string())?;
+    let stdin = spawned
+        .stdin_pipe
+        .ok_or_else(|| format!("{} started without its stdin", program.display()))?;
+    Ok(Helper {
+        child: HelperChild { inner: spawned.child },
+        stdin,
+        stdout: spawned.stdout.into_inner().into_inner(),
+        stderr: spawned.stderr.into_inner(),
+        group: spawned.group,
     })
 }
 

@@ -165,7 +165,7 @@ pub(crate) fn resolve_program(
 }
 
 /// The first executable file called `name` in the `:`-separated `search_path`.
-pub(crate) fn which(name: &Path, search_path: &str) -> Option<PathBuf> {
+pub fn which(name: &Path, search_path: &str) -> Option<PathBuf> {
     search_path
         .split(':')
         .filter(|dir| !dir.is_empty())

@@ -100,6 +100,10 @@ pub struct ImapConfig {
     /// How long one IDLE lasts before it is renewed (servers drop it after 30 minutes).
     #[serde(default = "defaults::idle_renew_s")]
     pub idle_renew_s: u64,
+    /// A PEM file of certificates trusted besides the Mozilla roots (a
+    /// server with its own CA or a self-signed certificate).
+    #[serde(default)]
+    pub tls_ca_file: Option<std::path::PathBuf>,
 }
 
 /// How an SMTP connection is secured.
@@ -129,6 +133,43 @@ pub struct SmtpConfig {
     pub username: Option<String>,
     #[serde(default)]
     pub password_secret: Option<String>,
+    /// A PEM file of certificates trusted besides the Mozilla roots.
+    #[serde(default)]
+    pub tls_ca_file: Option<std::path::PathBuf>,
+}
+
+/// The certificates of a PEM file, as DER.
+///
+/// # Errors
+/// The file cannot be read or holds no certificate.
+pub fn read_ca_file(path: &std::path::Path) -> Result<Vec<Vec<u8>>, String> {
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::CertificateDer;
+    let text = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let certs: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(&text)
+        .filter_map(Result::ok)
+        .map(|cert| cert.as_ref().to_vec())
+        .collect();
+    if certs.is_empty() {
+        return Err(format!("{} holds no PEM certificate", path.display()));
+    }
+    Ok(certs)
+}
+
+/// [`read_ca_file`]'s PEM blocks, each as its own PEM text (for lettre).
+pub(super) fn ca_pems(path: &std::path::Path) -> Result<Vec<Vec<u8>>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let end = "-----END CERTIFICATE-----";
+    let pems: Vec<Vec<u8>> = text
+        .split_inclusive(end)
+        .filter(|block| block.contains("-----BEGIN CERTIFICATE-----"))
+        .map(|block| block.trim().as_bytes().to_vec())
+        .collect();
+    if pems.is_empty() {
+        return Err(format!("{} holds no PEM certificate", path.display()));
+    }
+    Ok(pems)
 }
 
 /// `[gateway.email.inbound_webhook]`: `POST <path>` with a JSON mail, for relay
@@ -281,6 +322,11 @@ impl EmailConfig {
             if imap.idle_renew_s == 0 || imap.idle_renew_s > 29 * 60 {
                 return err("`imap.idle_renew_s`: between 1 and 1740 (29 minutes)".into());
             }
+            if let Some(path) = &imap.tls_ca_file {
+                if let Err(why) = read_ca_file(path) {
+                    return err(format!("`imap.tls_ca_file`: {why}"));
+                }
+            }
         }
         if let Some(smtp) = &self.smtp {
             if smtp.host.trim().is_empty() {
@@ -291,6 +337,11 @@ impl EmailConfig {
                     "`smtp.password_secret`: set both username and password_secret, or neither"
                         .into(),
                 );
+            }
+            if let Some(path) = &smtp.tls_ca_file {
+                if let Err(why) = ca_pems(path) {
+                    return err(format!("`smtp.tls_ca_file`: {why}"));
+                }
             }
         }
         if let Some(hook) = &self.inbound_webhook {

@@ -131,42 +131,7 @@ impl Watcher {
     }
 
     async fn connect(&self) -> Result<ImapSession, SessionEnd> {
-        let host = self.config.host.trim();
-        let addr = format!("{host}:{}", self.config.port());
-        let failed = |what: &str, e: &dyn std::fmt::Display| {
-            SessionEnd::Failed(format!("{what} {addr}: {e}"))
-        };
-        let tcp = TcpStream::connect(&addr).await.map_err(|e| failed("cannot connect to", &e))?;
-        let stream: Box<dyn ImapStream> = if self.config.tls {
-            let mut roots = tokio_rustls::rustls::RootCertStore::empty();
-            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-            let tls = tokio_rustls::rustls::ClientConfig::builder_with_provider(Arc::new(
-                tokio_rustls::rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| failed("TLS for", &e))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-            let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_owned())
-                .map_err(|e| failed("TLS name of", &e))?;
-            let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
-            Box::new(connector.connect(name, tcp).await.map_err(|e| failed("TLS with", &e))?)
-        } else {
-            Box::new(tcp)
-        };
-        let mut client = async_imap::Client::new(stream);
-        // The server speaks first.
-        match client.read_response().await {
-            Some(Ok(_)) => {}
-            Some(Err(e)) => return Err(failed("no greeting from", &e)),
-            None => return Err(SessionEnd::Failed(format!("{addr} closed the connection"))),
-        }
-        client.login(&self.config.username, &self.password).await.map_err(|(e, _)| {
-            SessionEnd::LoginRefused(format!(
-                "login as {} refused: {e}",
-                lemon_core::log_text::escape(&self.config.username)
-            ))
-        })
+        connect(&self.config, &self.password).await
     }
 
     /// One connection: log in, select, catch up, IDLE (or poll), until it fails.
@@ -331,5 +296,82 @@ impl Watcher {
             Ok(result) => result,
             Err(_) => Err(format!("UID FETCH {uid} timed out")),
         }
+    }
+}
+
+/// Connects to `config`'s server and logs in.
+async fn connect(config: &ImapConfig, password: &str) -> Result<ImapSession, SessionEnd> {
+    let host = config.host.trim();
+    let addr = format!("{host}:{}", config.port());
+    let failed =
+        |what: &str, e: &dyn std::fmt::Display| SessionEnd::Failed(format!("{what} {addr}: {e}"));
+    let tcp = TcpStream::connect(&addr).await.map_err(|e| failed("cannot connect to", &e))?;
+    let stream: Box<dyn ImapStream> = if config.tls {
+        let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        if let Some(path) = &config.tls_ca_file {
+            let certs = super::config::read_ca_file(path)
+                .map_err(|e| SessionEnd::Failed(format!("`imap.tls_ca_file`: {e}")))?;
+            for cert in certs {
+                roots
+                    .add(tokio_rustls::rustls::pki_types::CertificateDer::from(cert))
+                    .map_err(|e| failed("a certificate of tls_ca_file for", &e))?;
+            }
+        }
+        let tls = tokio_rustls::rustls::ClientConfig::builder_with_provider(Arc::new(
+            tokio_rustls::rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| failed("TLS for", &e))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_owned())
+            .map_err(|e| failed("TLS name of", &e))?;
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+        Box::new(connector.connect(name, tcp).await.map_err(|e| failed("TLS with", &e))?)
+    } else {
+        Box::new(tcp)
+    };
+    let mut client = async_imap::Client::new(stream);
+    // The server speaks first.
+    match client.read_response().await {
+        Some(Ok(_)) => {}
+        Some(Err(e)) => return Err(failed("no greeting from", &e)),
+        None => return Err(SessionEnd::Failed(format!("{addr} closed the connection"))),
+    }
+    client.login(&config.username, password).await.map_err(|(e, _)| {
+        SessionEnd::LoginRefused(format!(
+            "login as {} refused: {e}",
+            lemon_core::log_text::escape(&config.username)
+        ))
+    })
+}
+
+/// What a login to `config`'s server came to, within `timeout`.
+pub(super) async fn check_login(
+    config: &ImapConfig,
+    password: &str,
+    timeout: Duration,
+) -> Result<String, super::check::Problem> {
+    use super::check::Problem;
+    match tokio::time::timeout(timeout, connect(config, password)).await {
+        Ok(Ok(mut session)) => {
+            let _ = tokio::time::timeout(Duration::from_secs(5), session.logout()).await;
+            Ok(format!(
+                "logged in as {} at {}:{}",
+                lemon_core::log_text::escape(&config.username),
+                config.host.trim(),
+                config.port()
+            ))
+        }
+        Ok(Err(SessionEnd::LoginRefused(why))) => Err(Problem::Refused(why)),
+        Ok(Err(SessionEnd::Failed(why))) => Err(Problem::Unreachable(why)),
+        Ok(Err(SessionEnd::Shutdown)) => Err(Problem::Unreachable("stopped".into())),
+        Err(_) => Err(Problem::Unreachable(format!(
+            "{}:{} did not answer within {} s",
+            config.host.trim(),
+            config.port(),
+            timeout.as_secs()
+        ))),
     }
 }

@@ -11,6 +11,9 @@
 //! - The answer's delivery is recorded before the run is submitted and
 //!   finished once the SMTP server took the mail; a restart follows the run
 //!   again and sends what is still owed.
+//! - A run started elsewhere in a thread's session (a cron job, the API, a
+//!   resume from another channel) is mailed as a reply into that thread, to
+//!   its correspondent, after the thread's latest mail (kv `email.tail`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -44,6 +47,9 @@ pub const DELIVERY_NS: &str = "email.delivery";
 pub const THREAD_NS: &str = "email.thread";
 /// Store namespace of the mails already answered, keyed by run id.
 pub const SEEN_NS: &str = "email.seen";
+/// Store namespace of each thread's latest mail (what a reply follows), keyed
+/// by thread.
+pub const TAIL_NS: &str = "email.tail";
 
 /// How long an answer the SMTP server refused stays on record.
 const FAILED_DELIVERY_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
@@ -86,6 +92,20 @@ struct Delivery {
     /// Set once delivery was given up: what the server said last.
     #[serde(default)]
     failed: Option<String>,
+    /// The thread the reply is in, whose latest mail it becomes once sent.
+    #[serde(default)]
+    thread: Option<String>,
+}
+
+/// A thread's latest mail, as a reply to it needs it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct ThreadTail {
+    /// The correspondent.
+    to: String,
+    subject: String,
+    /// The `Message-ID` a reply answers.
+    in_reply_to: String,
+    references: Vec<String>,
 }
 
 impl DeliveryRecord for Delivery {
@@ -158,6 +178,10 @@ impl Transport for EmailTransport {
             detail: std::sync::OnceLock::new(),
         });
         service.recover_deliveries().await;
+        // Subscribed before mail is read, so no run of a thread is missed.
+        let others = ctx.router.subscribe_all();
+        let watcher = service.clone();
+        ctx.tracker.spawn(async move { watcher.deliver_others(others).await });
 
         let listener = match (&self.config.inbound_webhook, secrets.webhook_token.clone()) {
             (Some(hook), Some(token)) => {
@@ -362,6 +386,16 @@ impl Mailer {
             text: String::new(),
         };
         self.remember_in_thread(&reply.message_id, &thread).await;
+        self.remember_tail(
+            &thread,
+            &ThreadTail {
+                to: from.clone(),
+                subject: reply.subject.clone(),
+                in_reply_to: mail.message_id.clone(),
+                references: reply.references.clone(),
+            },
+        )
+        .await;
 
         let mut req = RunRequest::new(session_key, prompt.clone());
         req.origin = Origin::Channel;
@@ -385,7 +419,12 @@ impl Mailer {
             }),
         );
         let is_command = lemon_core::router::resolve::parse_slash_command(&prompt).is_some();
-        let delivery = Delivery { run_id: run_id.to_string(), mail: reply, failed: None };
+        let delivery = Delivery {
+            run_id: run_id.to_string(),
+            mail: reply,
+            failed: None,
+            thread: Some(thread.clone()),
+        };
         if !is_command {
             self.deliveries.record_durably(&delivery.run_id, &delivery).await;
         }
@@ -490,6 +529,18 @@ impl Mailer {
         delivery.mail.text = text;
         match self.outbox.send(delivery.mail.clone()).await {
             Ok(_) => {
+                if let Some(thread) = &delivery.thread {
+                    let sent = &delivery.mail;
+                    let mut references = sent.references.clone();
+                    references.push(sent.message_id.clone());
+                    let tail = ThreadTail {
+                        to: sent.to.clone(),
+                        subject: sent.subject.clone(),
+                        in_reply_to: sent.message_id.clone(),
+                        references,
+                    };
+                    self.remember_tail(thread, &tail).await;
+                }
                 self.mark_seen(&delivery.run_id).await;
                 self.deliveries.finish(&delivery.run_id).await;
             }
@@ -504,6 +555,64 @@ impl Mailer {
                     self.status.running(Some(detail()));
                 }
             }
+        }
+    }
+
+    async fn remember_tail(&self, thread: &str, tail: &ThreadTail) {
+        if let Ok(value) = serde_json::to_value(tail) {
+            self.store.kv_put(TAIL_NS, thread, value, ttl(THREAD_TTL)).await;
+        }
+    }
+
+    /// Mails runs started elsewhere (cron, the API, a resume from another
+    /// channel) in a thread's session as a reply into that thread.
+    async fn deliver_others(self: Arc<Self>, mut events: lemon_core::bus::Subscription) {
+        loop {
+            let event = tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                event = events.recv() => event,
+            };
+            let event = match event {
+                Ok(event) => event,
+                Err(lemon_core::bus::RecvError::Lagged(missed)) => {
+                    tracing::warn!(missed, "email fell behind the gateway's events");
+                    continue;
+                }
+                Err(lemon_core::bus::RecvError::Closed) => return,
+            };
+            if !matches!(event.kind, EventKind::RunStarted { .. }) {
+                continue;
+            }
+            let Some(thread) = message::thread_of(&event.session_key) else { continue };
+            let run_id = event.run_id.to_string();
+            // The transport's own runs are on record before they are submitted.
+            let owed = self.store.kv_get(DELIVERY_NS, &run_id, now_ms()).await;
+            let seen = self.store.kv_get(SEEN_NS, &run_id, now_ms()).await;
+            if !matches!(owed, Ok(None)) || matches!(seen, Ok(Some(_))) {
+                continue;
+            }
+            let tail = match self.store.kv_get(TAIL_NS, thread, now_ms()).await {
+                Ok(Some(value)) => serde_json::from_value::<ThreadTail>(value).ok(),
+                _ => None,
+            };
+            let Some(tail) = tail else {
+                tracing::info!(%thread, run = %run_id, "a run in an email thread the gateway has no mail of; not mailed");
+                continue;
+            };
+            let mail = OutgoingMail {
+                to: tail.to,
+                subject: tail.subject,
+                message_id: self.smtp.new_message_id(&run_id),
+                in_reply_to: Some(tail.in_reply_to),
+                references: tail.references,
+                text: String::new(),
+            };
+            self.remember_in_thread(&mail.message_id, thread).await;
+            let delivery = Delivery { run_id, mail, failed: None, thread: Some(thread.to_owned()) };
+            self.deliveries.record(&delivery.run_id, &delivery).await;
+            let follower = self.router.follow(&event.run_id);
+            let this = self.clone();
+            self.tracker.spawn(async move { this.follow(delivery, follower).await });
         }
     }
 

@@ -74,9 +74,20 @@ impl SmtpSender {
         let from: Mailbox = from.parse().map_err(|e| format!("`from`: {e}"))?;
         let domain = from.email.domain().to_owned();
         let host = config.host.trim().to_owned();
+        let extra_roots = match &config.tls_ca_file {
+            Some(path) => {
+                super::config::ca_pems(path).map_err(|e| format!("`smtp.tls_ca_file`: {e}"))?
+            }
+            None => Vec::new(),
+        };
         let tls = || {
-            TlsParameters::new_rustls(host.clone())
-                .map_err(|e| format!("`smtp.host`: TLS for {host}: {e}"))
+            let mut builder = TlsParameters::builder(host.clone());
+            for pem in &extra_roots {
+                let cert = lettre::transport::smtp::client::Certificate::from_pem(pem)
+                    .map_err(|e| format!("`smtp.tls_ca_file`: {e}"))?;
+                builder = builder.add_root_certificate(cert);
+            }
+            builder.build_rustls().map_err(|e| format!("`smtp.host`: TLS for {host}: {e}"))
         };
         let tls = match config.security {
             SmtpSecurity::Starttls => Tls::Required(tls()?),
@@ -91,6 +102,15 @@ impl SmtpSender {
             builder = builder.credentials(Credentials::new(username.clone(), password.to_owned()));
         }
         Ok(SmtpSender { transport: builder.build(), from, domain })
+    }
+
+    /// Connects, says EHLO, upgrades to TLS as configured and logs in when a
+    /// password is set: whether the server would take a mail.
+    ///
+    /// # Errors
+    /// The server's or the connection's error.
+    pub(super) async fn test_connection(&self) -> Result<(), lettre::transport::smtp::Error> {
+        self.transport.test_connection().await.map(|_| ())
     }
 
     /// A fresh `Message-ID` (no angle brackets) in the sender's domain.

@@ -1,0 +1,325 @@
+//! `[gateway.xmtp]`: the raw TOML section parsed into typed settings.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lemon_core::config::{parse_section, QueueMode, UnknownKey};
+use lemon_core::ids::EngineRef;
+use lemon_core::secrets::{SecretStore, SecretValue};
+use serde::Deserialize;
+
+/// The secret the wallet key is read from unless `wallet_key_secret` names another.
+pub const DEFAULT_WALLET_KEY_SECRET: &str = "xmtp_wallet_key";
+/// The secret the local database's encryption key is read from, when it is set.
+pub const DEFAULT_DB_KEY_SECRET: &str = "xmtp_db_encryption_key";
+/// The bridge shipped with the gateway, where the gateway was built from.
+pub const SHIPPED_BRIDGE_SCRIPT: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../bridges/xmtp/bridge.mjs");
+
+/// The XMTP network the bridge joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XmtpEnv {
+    /// XMTP's test network.
+    #[default]
+    Dev,
+    /// The production network (where wallets' apps are).
+    Production,
+    /// A network node on this machine.
+    Local,
+}
+
+impl XmtpEnv {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            XmtpEnv::Dev => "dev",
+            XmtpEnv::Production => "production",
+            XmtpEnv::Local => "local",
+        }
+    }
+}
+
+/// `[gateway.xmtp]`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct XmtpConfig {
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// The Node.js program: a name looked up on `PATH`, or a path.
+    #[serde(default = "defaults::node")]
+    pub node: String,
+    /// The bridge script; the shipped one when not set. A relative path is
+    /// taken from the config file's folder.
+    #[serde(default)]
+    pub bridge_script: Option<PathBuf>,
+    /// The secret holding the wallet's private key (passed to the bridge in
+    /// its environment, never on its command line).
+    #[serde(default = "defaults::wallet_key_secret")]
+    pub wallet_key_secret: String,
+    /// The secret holding the key of the SDK's local database; optional.
+    #[serde(default = "defaults::db_key_secret")]
+    pub db_encryption_key_secret: String,
+    #[serde(default)]
+    pub env: XmtpEnv,
+    /// Inbox ids or Ethereum addresses that may start runs; empty allows everyone.
+    #[serde(default)]
+    pub allowed_senders: Vec<String>,
+    /// Conversations without a `[[gateway.bindings]]` entry for `transport =
+    /// "xmtp"` (by conversation id) get no run.
+    #[serde(default)]
+    pub deny_unbound: bool,
+    /// The agent part of session keys.
+    #[serde(default = "defaults::agent_id")]
+    pub agent_id: String,
+    #[serde(default)]
+    pub queue_mode: Option<QueueMode>,
+    #[serde(default)]
+    pub engine: Option<EngineRef>,
+    /// How long a started bridge has to say `ready`.
+    #[serde(default = "defaults::ready_timeout_ms")]
+    pub ready_timeout_ms: u64,
+    /// How often a quiet bridge is pinged.
+    #[serde(default = "defaults::ping_interval_ms")]
+    pub ping_interval_ms: u64,
+    /// How long a ping may go unanswered before the bridge is restarted.
+    #[serde(default = "defaults::ping_timeout_ms")]
+    pub ping_timeout_ms: u64,
+    /// The wait before the first restart (doubling up to a minute).
+    #[serde(default = "defaults::restart_backoff_ms")]
+    pub restart_backoff_ms: u64,
+    /// How long a send waits for a bridge, and then for its answer.
+    #[serde(default = "defaults::send_timeout_ms")]
+    pub send_timeout_ms: u64,
+    /// How many times an answer is sent before it is recorded as undelivered.
+    #[serde(default = "defaults::delivery_attempts")]
+    pub delivery_attempts: u32,
+}
+
+mod defaults {
+    pub(super) fn node() -> String {
+        "node".to_owned()
+    }
+    pub(super) fn wallet_key_secret() -> String {
+        super::DEFAULT_WALLET_KEY_SECRET.to_owned()
+    }
+    pub(super) fn db_key_secret() -> String {
+        super::DEFAULT_DB_KEY_SECRET.to_owned()
+    }
+    pub(super) fn agent_id() -> String {
+        "default".to_owned()
+    }
+    pub(super) fn ready_timeout_ms() -> u64 {
+        60_000
+    }
+    pub(super) fn ping_interval_ms() -> u64 {
+        15_000
+    }
+    pub(super) fn ping_timeout_ms() -> u64 {
+        10_000
+    }
+    pub(super) fn restart_backoff_ms() -> u64 {
+        1_000
+    }
+    pub(super) fn send_timeout_ms() -> u64 {
+        30_000
+    }
+    pub(super) fn delivery_attempts() -> u32 {
+        10
+    }
+}
+
+/// A `[gateway.xmtp]` that cannot be used; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid [gateway.xmtp]: {0}")]
+pub struct XmtpConfigError(pub String);
+
+/// The secrets the bridge gets in its environment.
+#[derive(Debug, Clone)]
+pub struct XmtpSecrets {
+    pub wallet_key: SecretValue,
+    pub db_encryption_key: Option<SecretValue>,
+}
+
+impl XmtpConfig {
+    /// Parses the raw section and checks what serde cannot.
+    ///
+    /// # Errors
+    /// A wrong type or value, naming the key.
+    pub fn parse(table: &toml::Table) -> Result<Self, XmtpConfigError> {
+        XmtpConfig::parse_values(table).map(|(config, _)| config)
+    }
+
+    /// Parses the raw section, with the keys it does not know; a section
+    /// switched off is checked as well.
+    ///
+    /// # Errors
+    /// A wrong type or value, naming the key.
+    pub fn parse_values(table: &toml::Table) -> Result<(Self, Vec<UnknownKey>), XmtpConfigError> {
+        let (config, unknown) =
+            parse_section::<XmtpConfig>(table).map_err(|err| XmtpConfigError(err.to_string()))?;
+        if config.node.trim().is_empty() {
+            return Err(XmtpConfigError("node: name the Node.js program or its path".into()));
+        }
+        if config.bridge_script.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(XmtpConfigError("bridge_script: give a path or leave it out".into()));
+        }
+        for (key, name) in [
+            ("wallet_key_secret", &config.wallet_key_secret),
+            ("db_encryption_key_secret", &config.db_encryption_key_secret),
+        ] {
+            if lemon_core::secrets::check_settable_name(name).is_err() {
+                return Err(XmtpConfigError(format!(
+                    "{key}: {name:?} is not a secret name (lowercase letters, digits and _)"
+                )));
+            }
+        }
+        for sender in &config.allowed_senders {
+            if !is_identity(sender) {
+                return Err(XmtpConfigError(format!(
+                    "allowed_senders: {sender:?} is neither an inbox id nor an address"
+                )));
+            }
+        }
+        let ranges = [
+            ("ready_timeout_ms", config.ready_timeout_ms, 100, 600_000),
+            ("ping_interval_ms", config.ping_interval_ms, 100, 600_000),
+            ("ping_timeout_ms", config.ping_timeout_ms, 100, 600_000),
+            ("restart_backoff_ms", config.restart_backoff_ms, 10, 600_000),
+            ("send_timeout_ms", config.send_timeout_ms, 100, 600_000),
+        ];
+        for (key, value, low, high) in ranges {
+            if !(low..=high).contains(&value) {
+                return Err(XmtpConfigError(format!(
+                    "{key}: between {low} and {high} milliseconds"
+                )));
+            }
+        }
+        if config.delivery_attempts == 0 {
+            return Err(XmtpConfigError("delivery_attempts must be at least 1".into()));
+        }
+        Ok((config, unknown))
+    }
+
+    /// The bridge script: the configured one (relative to `config_dir`), else
+    /// the shipped one.
+    pub fn script(&self, config_dir: &std::path::Path) -> PathBuf {
+        match &self.bridge_script {
+            Some(path) if path.is_absolute() => path.clone(),
+            Some(path) => config_dir.join(path),
+            None => lexically_normal(std::path::Path::new(SHIPPED_BRIDGE_SCRIPT)),
+        }
+    }
+
+    /// Whether `sender` (an inbox id) or its `address` may start runs.
+    pub fn sender_allowed(&self, sender: &str, address: Option<&str>) -> bool {
+        self.allowed_senders.is_empty()
+            || self.allowed_senders.iter().any(|allowed| {
+                allowed.eq_ignore_ascii_case(sender)
+                    || address.is_some_and(|address| allowed.eq_ignore_ascii_case(address))
+            })
+    }
+
+    /// The wallet key (required) and the database key (if set).
+    ///
+    /// # Errors
+    /// The wallet key's secret is not set, or the store cannot be read.
+    pub fn resolve_secrets(&self, secrets: &SecretStore) -> Result<XmtpSecrets, XmtpConfigError> {
+        let read = |name: &str| {
+            secrets
+                .get(name)
+                .map_err(|e| XmtpConfigError(format!("the secret {name} cannot be read: {e}")))
+        };
+        let wallet_key = read(&self.wallet_key_secret)?.ok_or_else(|| {
+            XmtpConfigError(format!(
+                "wallet_key_secret: the secret {} is not set (`lemon-gateway secrets set {}`)",
+                self.wallet_key_secret, self.wallet_key_secret
+            ))
+        })?;
+        let db_encryption_key = read(&self.db_encryption_key_secret)?;
+        Ok(XmtpSecrets { wallet_key, db_encryption_key })
+    }
+
+    pub(crate) fn duration(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+}
+
+/// `path` with its `..` parts applied (`a/b/../c` is `a/c`), without
+/// touching the file system.
+fn lexically_normal(path: &std::path::Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// An inbox id (hex) or an Ethereum address (`0x` + 40 hex digits).
+pub fn is_identity(text: &str) -> bool {
+    let hex = text.strip_prefix("0x").unwrap_or(text);
+    (1..=128).contains(&hex.len()) && hex.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<XmtpConfig, XmtpConfigError> {
+        XmtpConfig::parse(&toml::from_str::<toml::Table>(text).unwrap())
+    }
+
+    #[test]
+    fn defaults_use_node_on_the_path_the_shipped_bridge_and_the_dev_network() {
+        let config = parse("").unwrap();
+        assert_eq!(config.node, "node");
+        assert_eq!(config.env, XmtpEnv::Dev);
+        assert_eq!(config.wallet_key_secret, "xmtp_wallet_key");
+        let shipped = config.script(std::path::Path::new("/home"));
+        assert!(shipped.ends_with("bridges/xmtp/bridge.mjs"), "{}", shipped.display());
+        assert!(!shipped.display().to_string().contains(".."), "{}", shipped.display());
+        assert!(shipped.is_file(), "the shipped bridge is where the default points");
+        assert!(config.sender_allowed("abc", None));
+    }
+
+    #[test]
+    fn a_relative_bridge_script_is_taken_from_the_config_folder() {
+        let config = parse("bridge_script = \"b/bridge.mjs\"").unwrap();
+        assert_eq!(
+            config.script(std::path::Path::new("/etc/lemon")),
+            PathBuf::from("/etc/lemon/b/bridge.mjs")
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let cases = [
+            ("env = \"mainnet\"", "env"),
+            ("allowed_senders = [\"bob@example.com\"]", "allowed_senders"),
+            ("wallet_key_secret = \"Bad Name\"", "wallet_key_secret"),
+            ("ping_timeout_ms = 1", "ping_timeout_ms"),
+            ("delivery_attempts = 0", "delivery_attempts"),
+            ("node = \" \"", "node"),
+        ];
+        for (text, key) in cases {
+            let error = parse(text).unwrap_err().0;
+            assert!(error.contains(key), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn senders_are_matched_by_inbox_id_or_address_ignoring_case() {
+        let config = parse(
+            "allowed_senders = [\"ABCDEF01\", \"0x00000000000000000000000000000000000000aa\"]",
+        )
+        .unwrap();
+        assert!(config.sender_allowed("abcdef01", None));
+        assert!(config.sender_allowed("ff", Some("0x00000000000000000000000000000000000000AA")));
+        assert!(!config.sender_allowed("ff", Some("0x00000000000000000000000000000000000000ab")));
+        assert!(!config.sender_allowed("ff", None));
+    }
+}
