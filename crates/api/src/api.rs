@@ -21,7 +21,8 @@
 //! | `GET` | `/v1/sessions/{key}/budget` | `200` the session's limits and what it spent today (UTC) |
 //! | `PUT` | `/v1/sessions/{key}/budget` | `200` the same, after setting the session's own limits |
 //! | `GET` | `/v1/usage?since=&session=&engine=` | `200` tokens, dollars and runs: total, per engine, per session |
-//! | `GET` | `/v1/status` | `200` version, uptime, scheduler counters, engines, transports |
+//! | `GET` | `/v1/status` | `200` version, uptime, `paused`, scheduler counters, engines, transports |
+//! | `POST` | `/v1/intake/pause`, `/v1/intake/resume` | `200 {"paused"}`: while paused, messages queue and no run starts |
 //! | `GET` | `/v1/config` | `200` the config in force, its generation, pending and refused edits |
 //! | `GET` | `/v1/config/file` | `200 {"path", "exists", "text"}`: config.toml as written |
 //! | `PUT` | `/v1/config` | `200 {"saved", "warnings"}` once checked and written; `422 {"error", "line", "column"}` |
@@ -40,6 +41,7 @@
 mod config;
 mod cron;
 mod events;
+mod intake;
 mod openai;
 mod runs;
 mod sessions;
@@ -77,6 +79,10 @@ pub struct ApiState {
     pub runs: Runs,
     /// The bearer token every request must carry. Never logged.
     pub token: Arc<str>,
+    /// A second token accepted beside [`ApiState::token`]: the desktop app
+    /// makes one at each launch for its own window, and it is never stored.
+    /// Never logged.
+    pub launch_token: Option<Arc<str>>,
     /// The engine of requests that name none, when `default_engine` is unset
     /// (the gateway chose it at start).
     pub default_engine: Arc<str>,
@@ -110,6 +116,7 @@ impl fmt::Debug for ApiState {
             .field("router", &self.router)
             .field("runs", &self.runs)
             .field("token", &"<redacted>")
+            .field("launch_token", &self.launch_token.as_ref().map(|_| "<redacted>"))
             .field("default_engine", &self.default_engine)
             .field("default_engine_reason", &self.default_engine_reason)
             .field("version", &self.version)
@@ -133,7 +140,7 @@ pub fn router(state: ApiState) -> Router {
 /// `{"error": …}` fallbacks. `extra` must not repeat a route of the API.
 /// The dashboard (`/`, `/ui/…`) is served beside them without the token.
 pub fn router_with(state: ApiState, extra: Router) -> Router {
-    let token = BearerToken(state.token.clone());
+    let token = BearerToken(state.token.clone(), state.launch_token.clone());
     let state_for_openai = state.clone();
     let own = Router::new()
         .route("/v1/runs", post(runs::submit).get(runs::list))
@@ -148,6 +155,8 @@ pub fn router_with(state: ApiState, extra: Router) -> Router {
         .route("/v1/sessions/{key}/budget", get(usage::get_budget).put(usage::put_budget))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/status", get(status::status))
+        .route("/v1/intake/pause", post(intake::pause))
+        .route("/v1/intake/resume", post(intake::resume))
         .route("/v1/config", get(config::get).put(config::put))
         .route("/v1/config/file", get(config::file))
         .route("/v1/cron", get(cron::list).post(cron::create))
@@ -167,13 +176,14 @@ pub fn router_with(state: ApiState, extra: Router) -> Router {
     crate::dashboard::router().merge(protected)
 }
 
-/// The expected token, as the auth middleware's state.
+/// The expected token and the launch's own, as the auth middleware's state.
 #[derive(Clone)]
-struct BearerToken(Arc<str>);
+struct BearerToken(Arc<str>, Option<Arc<str>>);
 
 /// Lets the request through only with the right `Authorization: Bearer` header.
 async fn require_bearer(State(expected): State<BearerToken>, req: Request, next: Next) -> Response {
-    if bearer_matches(req.headers(), &expected.0) {
+    let launch = expected.1.as_deref().is_some_and(|launch| bearer_matches(req.headers(), launch));
+    if launch || bearer_matches(req.headers(), &expected.0) {
         next.run(req).await
     } else {
         ApiError::Unauthorized.into_response()
