@@ -23,6 +23,7 @@ mod first_run;
 mod gateway_e2e;
 mod hardening_e2e;
 mod http_hardening;
+mod intake_e2e;
 mod llm_clients;
 mod metrics_e2e;
 mod native_e2e;

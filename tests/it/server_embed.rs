@@ -24,7 +24,10 @@ async fn an_embedded_server_runs_a_prompt_and_shuts_down() {
         &BTreeMap::from([("LEMON_HOME".to_owned(), dir.path().display().to_string())]),
         None,
     );
-    let running = lemon_server::start(ServeOptions { paths, env, user_home: None }).await.unwrap();
+    let running =
+        lemon_server::start(ServeOptions { paths, env, user_home: None, launch_token: None })
+            .await
+            .unwrap();
 
     let run_id = RunId::parse("embedded-1").unwrap();
     let request =
@@ -72,7 +75,10 @@ async fn an_embedded_server_offers_the_gateway_tools() {
         &BTreeMap::from([("LEMON_HOME".to_owned(), dir.path().display().to_string())]),
         None,
     );
-    let running = lemon_server::start(ServeOptions { paths, env, user_home: None }).await.unwrap();
+    let running =
+        lemon_server::start(ServeOptions { paths, env, user_home: None, launch_token: None })
+            .await
+            .unwrap();
     let names: Vec<String> = running.tools.list().iter().map(|tool| tool.spec().name).collect();
     for name in [
         "discord_send_file",

@@ -276,8 +276,12 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
         Command::Serve => {
             // Listening before the ready line: a SIGTERM right after it drains.
             let signals = StopSignals::listen();
-            let opts =
-                ServeOptions { paths: paths.clone(), env: env.clone(), user_home: user_home(&env) };
+            let opts = ServeOptions {
+                paths: paths.clone(),
+                env: env.clone(),
+                user_home: user_home(&env),
+                launch_token: None,
+            };
             let running = server::start(opts).await?;
             if let Some(token) = &running.generated_token {
                 eprintln!("{}", token_line(token.expose(), &paths.secrets(), cli.log_format));

@@ -338,6 +338,9 @@ export function history(main) {
   }
   search.addEventListener('input', render);
   status.addEventListener('change', load);
+  // #/history/<run id> (the desktop tray's run items) shows that run.
+  const wanted = location.hash.replace(/^#\/?/, '').split('/')[1];
+  if (wanted) search.value = decodeURIComponent(wanted);
   load();
 }
 

@@ -21,7 +21,8 @@
 //! | `GET` | `/v1/sessions/{key}/budget` | `200` the session's limits and what it spent today (UTC) |
 //! | `PUT` | `/v1/sessions/{key}/budget` | `200` the same, after setting the session's own limits |
 //! | `GET` | `/v1/usage?since=&session=&engine=` | `200` tokens, dollars and runs: total, per engine, per session |
-//! | `GET` | `/v1/status` | `200` version, uptime, scheduler counters, engines, transports |
+//! | `GET` | `/v1/status` | `200` version, uptime, `paused`, scheduler counters, engines, transports |
+//! | `POST` | `/v1/intake/pause`, `/v1/intake/resume` | `200 {"paused"}`: while paused, messages queue and no run starts |
 //! | `GET` | `/v1/config` | `200` the config in force, its generation, pending and refused edits |
 //! | `GET` | `/v1/config/file` | `200 {"path", "exists", "text"}`: config.toml as written |
 //! | `PUT` | `/v1/config` | `200 {"saved", "warnings"}` once checked and written; `422 {"error", "line", "column"}` |
@@ -40,6 +41,7 @@
 mod config;
 mod cron;
 mod events;
+mod intake;
 mod openai;
 mod runs;
 mod sessions;
@@ -78,6 +80,10 @@ pub struct ApiState {
     /// The bearer token every request must carry. Never logged; replaced
     /// while the gateway runs when the `lemon_api_token` secret changes.
     pub token: ApiToken,
+    /// A second token accepted beside [`ApiState::token`]: the desktop app
+    /// makes one at each launch for its own window, and it is never stored.
+    /// Never logged.
+    pub launch_token: Option<Arc<str>>,
     /// The engine of requests that name none, when `default_engine` is unset
     /// (the gateway chose it at start).
     pub default_engine: Arc<str>,
@@ -111,6 +117,7 @@ impl fmt::Debug for ApiState {
             .field("router", &self.router)
             .field("runs", &self.runs)
             .field("token", &"<redacted>")
+            .field("launch_token", &self.launch_token.as_ref().map(|_| "<redacted>"))
             .field("default_engine", &self.default_engine)
             .field("default_engine_reason", &self.default_engine_reason)
             .field("version", &self.version)
@@ -132,11 +139,19 @@ impl fmt::Debug for ApiState {
 #[derive(Clone)]
 pub struct ApiToken {
     current: Arc<std::sync::RwLock<Arc<str>>>,
+    /// The desktop app's per-launch token, accepted beside the current one.
+    launch: Option<Arc<str>>,
 }
 
 impl ApiToken {
     pub fn new(token: impl Into<Arc<str>>) -> Self {
-        ApiToken { current: Arc::new(std::sync::RwLock::new(token.into())) }
+        ApiToken { current: Arc::new(std::sync::RwLock::new(token.into())), launch: None }
+    }
+
+    /// The same token in force (replacements still reach it), also accepting
+    /// `launch` when there is one.
+    pub fn with_launch(&self, launch: Option<Arc<str>>) -> Self {
+        ApiToken { current: Arc::clone(&self.current), launch }
     }
 
     /// Puts `token` in force for every request from now on; whether it differs
@@ -151,8 +166,12 @@ impl ApiToken {
     }
 
     /// Whether `headers` carry `Authorization: Bearer` with the token in force
-    /// (trimmed, compared in constant time; a blank token matches nothing).
+    /// or the launch token (trimmed, compared in constant time; a blank token
+    /// matches nothing).
     pub fn matches(&self, headers: &HeaderMap) -> bool {
+        if self.launch.as_deref().is_some_and(|launch| bearer_matches(headers, launch)) {
+            return true;
+        }
         let current = self.current.read().unwrap_or_else(|e| e.into_inner()).clone();
         bearer_matches(headers, &current)
     }
@@ -192,7 +211,7 @@ pub fn router(state: ApiState) -> Router {
 /// `{"error": …}` fallbacks. `extra` must not repeat a route of the API.
 /// The dashboard (`/`, `/ui/…`) is served beside them without the token.
 pub fn router_with(state: ApiState, extra: Router) -> Router {
-    let token = state.token.clone();
+    let token = state.token.with_launch(state.launch_token.clone());
     let state_for_openai = state.clone();
     let own = Router::new()
         .route("/v1/runs", post(runs::submit).get(runs::list))
@@ -207,6 +226,8 @@ pub fn router_with(state: ApiState, extra: Router) -> Router {
         .route("/v1/sessions/{key}/budget", get(usage::get_budget).put(usage::put_budget))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/status", get(status::status))
+        .route("/v1/intake/pause", post(intake::pause))
+        .route("/v1/intake/resume", post(intake::resume))
         .route("/v1/config", get(config::get).put(config::put))
         .route("/v1/config/file", get(config::file))
         .route("/v1/cron", get(cron::list).post(cron::create))

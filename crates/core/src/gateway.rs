@@ -192,6 +192,8 @@ pub struct SchedulerSnapshot {
     pub conversations: usize,
     /// Requests accepted and not yet started.
     pub queued: usize,
+    /// Intake paused ([`GatewayHandle::set_paused`]): requests queue, no run starts.
+    pub paused: bool,
 }
 
 /// Everything a gateway needs from outside.
@@ -326,6 +328,17 @@ impl GatewayHandle {
     /// [`ShuttingDown`] when the gateway is gone.
     pub async fn set_max_concurrent_runs(&self, max: usize) -> Result<(), ShuttingDown> {
         self.tx.send(SchedulerMsg::SetMax { max }).await.map_err(|_| ShuttingDown)
+    }
+
+    /// Pauses intake (`true`) or resumes it. While paused, requests are still
+    /// accepted and queued, runs already started go on, and no new run starts;
+    /// resuming starts the queued ones in their order. A drain still completes
+    /// the queued requests as shutting down.
+    ///
+    /// # Errors
+    /// [`ShuttingDown`] when the gateway is gone.
+    pub async fn set_paused(&self, paused: bool) -> Result<(), ShuttingDown> {
+        self.tx.send(SchedulerMsg::SetPaused { paused }).await.map_err(|_| ShuttingDown)
     }
 
     /// Puts a new generation of the settings in force: runs that start from now

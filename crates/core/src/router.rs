@@ -454,6 +454,16 @@ impl RouterHandle {
         Runs::new(self.clone())
     }
 
+    /// Pauses intake (`true`) or resumes it: while paused, messages are still
+    /// accepted and queued, and no new run starts (see
+    /// [`GatewayHandle::set_paused`]); `/v1/status` shows it as `paused`.
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`] when the gateway is gone.
+    pub async fn set_intake_paused(&self, paused: bool) -> Result<(), RouteError> {
+        self.gateway.set_paused(paused).await.map_err(|_| RouteError::ShuttingDown)
+    }
+
     /// Cancels one run: dropped if the router still holds it queued, else
     /// stopped at the gateway. Idempotent; a finished run is
     /// [`CancelOutcome::NotActive`].

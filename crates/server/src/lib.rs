@@ -67,6 +67,10 @@ pub struct ServeOptions {
     pub env: BTreeMap<String, String>,
     /// The user's home directory (fallback working directory).
     pub user_home: Option<PathBuf>,
+    /// A second API token accepted beside the configured one for this start
+    /// only (the desktop app's window logs in with it). Kept in memory, never
+    /// written anywhere.
+    pub launch_token: Option<SecretValue>,
 }
 
 /// A started server.
@@ -130,7 +134,7 @@ pub fn runtime_config(
 /// set at all (blank too), else from the secrets file (a blank entry too), else
 /// generated and saved (the flag). A blank or short token stops the start with
 /// an error naming where it came from, never the value.
-fn api_token(
+pub fn api_token(
     env: &BTreeMap<String, String>,
     secrets: &SecretStore,
 ) -> anyhow::Result<(SecretValue, bool)> {
@@ -1028,6 +1032,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             router: router.clone(),
             runs: router.query(),
             token: shared_token.clone(),
+            launch_token: opts.launch_token.as_ref().map(|token| token.expose().into()),
             default_engine: chosen_default.engine.to_string().into(),
             default_engine_reason: chosen_default.reason.clone().into(),
             version: version.clone(),

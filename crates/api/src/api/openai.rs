@@ -66,7 +66,7 @@ const TRANSPORT: &str = "openai";
 /// The routes, behind the bearer token with OpenAI's error shape for every
 /// refusal (a missing token, an oversized body, a wrong method).
 pub(super) fn router(state: ApiState) -> Router {
-    let token = state.token.clone();
+    let token = state.token.with_launch(state.launch_token.clone());
     Router::new()
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/responses", post(responses::create))

@@ -28,6 +28,8 @@ use super::{router, router_with, ApiState};
 use lemon_core::transport::{TransportState, TransportStatuses};
 
 const TOKEN: &str = "test-token-6f1c";
+/// The desktop app's token for one launch, accepted beside [`TOKEN`].
+const LAUNCH_TOKEN: &str = "launch-token-93ad";
 /// Per-word delay of the slow echo engine.
 const SLOW: Duration = Duration::from_millis(20);
 
@@ -82,6 +84,7 @@ impl TestGateway {
             runs: router.query(),
             router,
             token: TOKEN.into(),
+            launch_token: Some(LAUNCH_TOKEN.into()),
             default_engine: "echo".into(),
             default_engine_reason: "no openai_api_key set".into(),
             version: "1.2.3-test".into(),
@@ -327,6 +330,75 @@ async fn requests_need_the_bearer_token() {
     assert_eq!(body, json!({ "runs": [] }));
     let (status, _, _) = gw.send(with_auth(Some(&format!("bearer {TOKEN}")))).await;
     assert_eq!(status, StatusCode::OK, "the scheme is case-insensitive");
+}
+
+#[tokio::test]
+async fn the_launch_token_is_accepted_beside_the_configured_one() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let req = |auth: &str| {
+        Request::builder()
+            .uri("/v1/runs")
+            .header(header::AUTHORIZATION, auth)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (status, _, body) = gw.send(req(&format!("Bearer {LAUNCH_TOKEN}"))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _, _) = gw.send(req(&format!("Bearer {LAUNCH_TOKEN}x"))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // Without a launch token only the configured one opens the API.
+    let mut without = gw.state.clone();
+    without.launch_token = None;
+    let response =
+        within("GET /v1/runs", { router(without).oneshot(req(&format!("Bearer {LAUNCH_TOKEN}"))) })
+            .await
+            .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn paused_intake_queues_runs_until_resumed_and_status_shows_it() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let (status, body) = gw.call(Method::GET, "/v1/status", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["paused"], json!(false));
+    let (status, body) = gw.call(Method::POST, "/v1/intake/pause", None).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({ "paused": true })));
+    let mut events = gw.bus.subscribe_run(&RunId::parse("paused-1").unwrap());
+    let (status, body) = gw
+        .call(Method::POST, "/v1/runs", Some(json!({ "prompt": "held", "run_id": "paused-1" })))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    // The router hands the request to the gateway, which queues it and starts nothing.
+    let body = within("the run queued at the gateway", async {
+        loop {
+            let (_, body) = gw.call(Method::GET, "/v1/status", None).await;
+            if body["scheduler"]["queued"] == json!(1) {
+                break body;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(body["paused"], json!(true));
+    assert_eq!(body["scheduler"]["in_flight"], json!(0));
+    let (_, run) = gw.call(Method::GET, "/v1/runs/paused-1", None).await;
+    assert_eq!(run["status"], json!("queued"), "{run}");
+    let (status, body) = gw.call(Method::POST, "/v1/intake/resume", None).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({ "paused": false })));
+    let completed = until_completed(&mut events, "paused-1").await;
+    assert!(
+        matches!(&completed.kind, EventKind::RunCompleted { completion, .. } if completion.ok),
+        "{completed:?}"
+    );
+    // Behind the token like every route.
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/intake/pause")
+        .body(Body::empty())
+        .unwrap();
+    let (status, _, _) = gw.send(req).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 
 #[tokio::test]

@@ -63,6 +63,11 @@ pub(super) enum SchedulerMsg {
     SetMax {
         max: usize,
     },
+    /// Intake paused (`true`) or resumed: while paused, requests are accepted
+    /// and queued but no new run starts.
+    SetPaused {
+        paused: bool,
+    },
     /// A new generation of the settings: runs granted from now on use it.
     Reload {
         config: Box<RuntimeConfig>,
@@ -202,6 +207,8 @@ pub(super) struct Scheduler {
     conversations: HashMap<ConversationKey, Conversation, RandomState>,
     runs: HashMap<RunId, RunEntry, RandomState>,
     n_queued: usize,
+    /// Intake paused: no slot is granted, so queued runs wait.
+    paused: bool,
     draining: Option<Draining>,
 }
 
@@ -232,6 +239,7 @@ impl Scheduler {
             conversations: HashMap::default(),
             runs: HashMap::default(),
             n_queued: 0,
+            paused: false,
             draining: None,
         }
     }
@@ -306,6 +314,13 @@ impl Scheduler {
                 self.max = max;
                 self.grant_until_full();
             }
+            SchedulerMsg::SetPaused { paused } => {
+                if paused != self.paused {
+                    tracing::info!(paused, "intake {}", if paused { "paused" } else { "resumed" });
+                }
+                self.paused = paused;
+                self.grant_until_full();
+            }
             SchedulerMsg::Reload { config } => {
                 if config.max_concurrent_runs != self.max {
                     tracing::info!(
@@ -337,6 +352,7 @@ impl Scheduler {
             max: self.max,
             conversations: self.conversations.len(),
             queued: self.n_queued,
+            paused: self.paused,
         }
     }
 
@@ -386,7 +402,7 @@ impl Scheduler {
 
     /// Grants free slots to waiting conversations, oldest first.
     fn grant_until_full(&mut self) {
-        if self.draining.is_some() {
+        if self.draining.is_some() || self.paused {
             return;
         }
         while self.in_flight < self.max {

@@ -175,6 +175,49 @@ async fn zero_slots_queue_everything_until_resized() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn paused_intake_queues_new_runs_lets_running_ones_finish_and_resume_starts_them_in_order() {
+    let mut h = harness(config(4));
+    let running = h.gateway.submit(request("a", "sleep:1000 first")).await.unwrap();
+    h.gateway.set_paused(true).await.unwrap();
+    let mut later = Vec::new();
+    for (session, prompt) in [("a", "ok second"), ("b", "ok third"), ("c", "ok fourth")] {
+        later.push(h.gateway.submit(request(session, prompt)).await.unwrap());
+    }
+    let snapshot = h.gateway.snapshot().await.unwrap();
+    assert!(snapshot.paused);
+    assert_eq!((snapshot.in_flight, snapshot.queued), (1, 3));
+    // The run that had started finishes; nothing else starts, however long it waits.
+    let events = collect(&mut h.events, 1).await;
+    assert!(completion(&events[&running]).ok);
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(h.fake.started(), ["sleep:1000 first"]);
+    for id in &later {
+        let active = h.gateway.active_run(id).await.unwrap().unwrap();
+        assert_eq!(active.status, RunStatus::Queued);
+    }
+    h.gateway.set_paused(false).await.unwrap();
+    let events = collect(&mut h.events, 3).await;
+    for id in &later {
+        assert!(completion(&events[id]).ok);
+    }
+    let mut resumed = h.fake.started()[1..].to_vec();
+    resumed.sort();
+    assert_eq!(resumed, ["ok fourth", "ok second", "ok third"]);
+    assert!(!h.gateway.snapshot().await.unwrap().paused);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_while_paused_completes_the_queued_runs_as_shutting_down() {
+    let mut h = harness(config(2));
+    h.gateway.set_paused(true).await.unwrap();
+    let queued = h.gateway.submit(request("a", "ok never")).await.unwrap();
+    h.gateway.drain(Duration::from_secs(10)).await.unwrap();
+    let events = collect(&mut h.events, 1).await;
+    assert_eq!(error_code(&completion(&events[&queued])), Some("shutting_down"));
+    assert!(h.fake.started().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
 async fn cancel_works_for_queued_and_running_runs_and_is_idempotent() {
     let mut h = harness(config(1));
     let running = h.gateway.submit(request("a", "hang")).await.unwrap();
