@@ -407,6 +407,14 @@ async fn imap_over_implicit_tls_and_smtp_over_tls_trust_the_configured_ca() {
     let home = home_with(&config);
     secrets(home.path());
     let gateway = start(home.path()).await;
+    // Mail already there when the watcher first logs in is not answered, so
+    // the mail goes in once the gateway is logged in (over TLS).
+    let logged_in = async {
+        while !imap.log().contains(&format!("Login: user=<{}>", dovecot::USER)) {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, logged_in).await.expect("the gateway logs in over TLS");
     imap.append_tls(&mail(ALICE, "tls1@example.com", "Secure", "over tls", ""), &cert).await;
     let mails = smtp.wait_for("the answer over TLS", PATIENCE, |m| m.len() == 1).await;
     assert!(plain(&mails[0]).contains("over tls"), "{}", plain(&mails[0]));

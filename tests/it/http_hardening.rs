@@ -300,6 +300,7 @@ async fn health_detail_needs_the_api_token() {
                 "telegram": { "state": "disabled" },
                 "voice": { "state": "disabled" },
                 "webhook": { "state": "disabled" },
+                "xmtp": { "state": "disabled" },
             },
         })
     );

@@ -186,8 +186,9 @@ pub(crate) async fn spawn(
 }
 
 /// A long-lived helper process a channel runs beside the gateway (the XMTP
-/// bridge): it speaks over its pipes for as long as it lives.
-#[derive(Debug, Clone)]
+/// bridge): it speaks over its pipes for as long as it lives. `Debug` shows
+/// the environment's names only (values may be secrets).
+#[derive(Clone)]
 pub struct HelperSpec {
     /// The program (a path; looked up by the caller).
     pub program: PathBuf,
@@ -197,6 +198,17 @@ pub struct HelperSpec {
     pub cwd: PathBuf,
     /// Its complete environment (secrets go here, never in `args`).
     pub env: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for HelperSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HelperSpec")
+            .field("program", &self.program)
+            .field("args", &self.args)
+            .field("cwd", &self.cwd)
+            .field("env_keys", &self.env.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 /// A started helper: its pipes, and the child (in its own process group,

@@ -225,3 +225,43 @@ async fn a_leftover_group_is_killed_only_while_its_leader_is_the_recorded_proces
     assert_eq!(kill_leftover_group(&ours_group), Leftover::Gone);
     assert_eq!(reused.child.kill().await.signal, Some(9));
 }
+
+#[tokio::test]
+async fn a_helper_speaks_over_its_pipes_in_its_own_group_and_is_terminated() {
+    let tracker = TaskTracker::new();
+    let spec = HelperSpec {
+        program: PathBuf::from("/bin/sh"),
+        args: vec![
+            "-c".into(),
+            "echo \"$HELPER_SECRET\" >&2; while read line; do echo \"got $line\"; done".into(),
+        ],
+        cwd: std::env::temp_dir(),
+        env: BTreeMap::from([
+            ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
+            ("HELPER_SECRET".to_owned(), "s3cret-value".to_owned()),
+        ]),
+    };
+    let shown = format!("{spec:?}");
+    assert!(shown.contains("HELPER_SECRET") && !shown.contains("s3cret-value"), "{shown}");
+    let mut helper = spawn_helper(spec, &tracker).await.unwrap();
+    assert_eq!(proc_stat(helper.child.pgid()).map(|s| s.pgrp), Some(helper.child.pgid()));
+    helper.stdin.write_all(b"ping\n").await.unwrap();
+    let mut stdout = BufReader::new(&mut helper.stdout);
+    let mut line = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stdout.read_line(&mut line))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(line, "got ping\n");
+    let mut err = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        BufReader::new(&mut helper.stderr).read_line(&mut err),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(err, "s3cret-value\n", "the environment reached it");
+    let exit = helper.child.terminate(Duration::from_secs(5)).await;
+    assert_eq!(exit, "signal 15");
+}
