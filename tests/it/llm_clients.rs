@@ -56,11 +56,12 @@ fn request(text: &str) -> LlmRequest {
         model: "fake-model".to_owned(),
         system: Some("You are terse.".to_owned()),
         messages: vec![ChatMessage::User { text: text.to_owned() }],
-        tools: vec![ToolSpec {
+        tools: [ToolSpec {
             name: "read".to_owned(),
             description: "Reads a file".to_owned(),
             parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
-        }],
+        }]
+        .into(),
         max_tokens: Some(256),
         temperature: None,
     }

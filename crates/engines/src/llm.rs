@@ -73,7 +73,8 @@ pub struct LlmRequest {
     pub model: String,
     pub system: Option<String>,
     pub messages: Vec<ChatMessage>,
-    pub tools: Vec<ToolSpec>,
+    /// Shared with the run, which offers the same tools in every turn.
+    pub tools: Arc<[ToolSpec]>,
     pub max_tokens: Option<u32>,
     pub temperature: Option<f32>,
 }

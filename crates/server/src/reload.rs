@@ -34,11 +34,12 @@ use lemon_core::router::RouterHandle;
 use lemon_core::transport::RunningTransports;
 use lemon_engines::config::EngineSections;
 use lemon_transports::{discord, telegram, webhook};
-use notify_debouncer_mini::notify::RecursiveMode;
-use notify_debouncer_mini::{new_debouncer, DebounceEventResult};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+use self::dir_watch::DirWatch;
+
+mod dir_watch;
 
 /// How long the watcher waits for a burst of file events to end.
 const DEBOUNCE: Duration = Duration::from_millis(150);
@@ -707,44 +708,44 @@ pub(crate) fn initial_report(
     }
 }
 
-/// Watches the config file's directory and hands every debounced change of
-/// the file to `reloader`, until `token` is cancelled. Without a watcher (the
-/// directory cannot be watched) it reads the file every second instead.
+/// Watches the config file's directory and hands every change of the file to
+/// `reloader` once its events have been quiet for [`DEBOUNCE`], until `token`
+/// is cancelled. Without a watch (the directory cannot be watched) it reads
+/// the file every second instead.
 pub(crate) async fn watch(mut reloader: Reloader, token: CancellationToken) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-    let name = reloader.path.file_name().map(ToOwned::to_owned);
+    let name = reloader.path.file_name().map(ToOwned::to_owned).unwrap_or_default();
     let dir = reloader.path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    let watcher = new_debouncer(DEBOUNCE, move |result: DebounceEventResult| match result {
-        Ok(events) => {
-            if events.iter().any(|event| event.path.file_name() == name.as_deref()) {
-                let _ = tx.send(());
-            }
-        }
-        Err(error) => tracing::warn!(%error, "config watcher error"),
-    })
-    .and_then(|mut debouncer| {
-        debouncer.watcher().watch(&dir, RecursiveMode::NonRecursive)?;
-        Ok(debouncer)
-    });
-    let _watcher = match watcher {
+    let mut watcher = match DirWatch::new(&dir, name) {
         Ok(watcher) => Some(watcher),
         Err(error) => {
             tracing::warn!(dir = %dir.display(), %error, "cannot watch the config directory; reading the file every second");
             None
         }
     };
-    let polling = _watcher.is_none();
     let mut tick = tokio::time::interval(FALLBACK_POLL);
     let mut secrets_tick = tokio::time::interval(SECRETS_POLL);
     secrets_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let secrets_changed = reloader.secrets_changed.clone();
+    // The end of the current burst of events, once one named the file.
+    let mut settled: Option<Instant> = None;
     // An edit made while the gateway started is picked up here.
     let mut recheck = reloader.check_file().await;
     loop {
+        let polling = watcher.is_none();
         let again = tokio::time::sleep(recheck.unwrap_or_default());
+        let quiet = tokio::time::sleep_until(settled.unwrap_or_else(Instant::now));
         tokio::select! {
             () = token.cancelled() => return,
-            event = rx.recv(), if !polling => if event.is_none() { return },
+            changed = changed(watcher.as_mut()), if !polling => {
+                if let Err(error) = changed {
+                    tracing::warn!(dir = %dir.display(), %error, "the config directory's watch failed; reading the file every second");
+                    watcher = None;
+                } else {
+                    settled = Some(Instant::now() + DEBOUNCE);
+                }
+                continue;
+            }
+            () = quiet, if settled.is_some() => settled = None,
             _ = tick.tick(), if polling => {}
             () = again, if recheck.is_some() => {}
             () = secrets_changed.notified() => {
@@ -757,6 +758,14 @@ pub(crate) async fn watch(mut reloader: Reloader, token: CancellationToken) {
             }
         }
         recheck = reloader.check_file().await;
+    }
+}
+
+/// The watcher's next event for the config file.
+async fn changed(watcher: Option<&mut DirWatch>) -> std::io::Result<()> {
+    match watcher {
+        Some(watcher) => watcher.changed().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use async_trait::async_trait;
@@ -54,7 +55,16 @@ pub struct StoreBudgetGuard {
     admitted: Mutex<HashMap<RunId, SessionLimits, RandomState>>,
     /// Wall-clock milliseconds: what "today" is.
     now_ms: Clock,
+    /// Whether any session's own limits may be in the store: [`UNKNOWN`] until
+    /// the first lookup lists them, [`SOME`] from the first
+    /// [`StoreBudgetGuard::set_session_limits`] on. While it is [`NONE`], a
+    /// check (before every run and every native model turn) reads nothing.
+    stored_limits: AtomicU8,
 }
+
+const UNKNOWN: u8 = 0;
+const NONE: u8 = 1;
+const SOME: u8 = 2;
 
 impl fmt::Debug for StoreBudgetGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -69,6 +79,7 @@ impl StoreBudgetGuard {
             config: RwLock::new(Arc::new(config)),
             admitted: Mutex::default(),
             now_ms: Arc::new(now_ms),
+            stored_limits: AtomicU8::new(UNKNOWN),
         }
     }
 
@@ -101,6 +112,24 @@ impl StoreBudgetGuard {
         &self,
         session_key: &SessionKey,
     ) -> Result<Option<SessionLimits>, StoreError> {
+        match self.stored_limits.load(Ordering::Acquire) {
+            NONE => return Ok(None),
+            UNKNOWN => {
+                let any = !self.store.kv_list(SESSION_BUDGETS_NAMESPACE, 0).await?.is_empty();
+                // A session's limits set meanwhile have already said `SOME`.
+                let seen = if any { SOME } else { NONE };
+                let _ = self.stored_limits.compare_exchange(
+                    UNKNOWN,
+                    seen,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+                if !any && self.stored_limits.load(Ordering::Acquire) == NONE {
+                    return Ok(None);
+                }
+            }
+            _ => {}
+        }
         let Some(value) =
             self.store.kv_get(SESSION_BUDGETS_NAMESPACE, session_key.as_str(), 0).await?
         else {
@@ -121,6 +150,10 @@ impl StoreBudgetGuard {
         session_key: &SessionKey,
         limits: Option<SessionLimits>,
     ) -> Result<(), StoreError> {
+        if limits.is_some() {
+            // Before the record can be seen, so no check skips it.
+            self.stored_limits.store(SOME, Ordering::Release);
+        }
         match limits {
             Some(limits) => {
                 let value = serde_json::to_value(limits)

@@ -196,6 +196,45 @@ impl SqliteStore {
         Ok(found)
     }
 
+    /// Runs `query`, a lookup of a row or two by key, on the writer's thread and
+    /// connection right after the batch that holds everything queued before this
+    /// call is committed: one round trip to the writer, where [`Self::read`] takes
+    /// a barrier and then a blocking task. Longer reads (lists, events, sums) stay
+    /// on the read connection so the writer is not held up by them.
+    async fn point_read<T, F>(&self, query: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        if self.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        let tx = self.tx.as_ref().ok_or(StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        let read = writer::Read::new(move |conn| {
+            let _ = reply.send(query(conn));
+        });
+        tx.send(WriteOp::Read(read)).await.map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// [`Self::point_read`] of a `kv` record that also notices records expired at
+    /// `now_ms`, like [`Self::read_kv`].
+    async fn point_read_kv<T, F>(&self, now_ms: i64, query: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (found, expired) =
+            self.point_read(move |conn| Ok((query(conn)?, any_kv_expired(conn, now_ms)?))).await?;
+        if expired {
+            if let Some(tx) = &self.tx {
+                let _ = tx.try_send(WriteOp::KvPurgeExpired { now_ms, limit: KV_PURGE_BATCH });
+            }
+        }
+        Ok(found)
+    }
+
     /// Runs `query` on the read connection after every write queued before this call
     /// is committed.
     async fn read<T, F>(&self, query: F) -> Result<T, StoreError>
@@ -257,7 +296,7 @@ impl RunStore for SqliteStore {
 
     async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
         let run_id = run_id.to_owned();
-        self.read(move |conn| {
+        self.point_read(move |conn| {
             let mut stmt = conn
                 .prepare_cached(concat!("SELECT ", run_columns!(), " FROM runs WHERE run_id = ?1"))
                 .map_err(db)?;
@@ -425,7 +464,7 @@ impl ChatStateStore for SqliteStore {
     ) -> Result<Option<ChatState>, StoreError> {
         let key = session_key.clone();
         let state = self
-            .read(move |conn| {
+            .point_read(move |conn| {
                 let mut stmt = conn
                     .prepare_cached(
                         "SELECT last_engine, last_resume_token, updated_at_ms, expires_at_ms
@@ -521,7 +560,7 @@ impl KvStore for SqliteStore {
         now_ms: i64,
     ) -> Result<Option<serde_json::Value>, StoreError> {
         let (namespace, key) = (namespace.to_owned(), key.to_owned());
-        self.read_kv(now_ms, move |conn| {
+        self.point_read_kv(now_ms, move |conn| {
             let mut stmt = conn
                 .prepare_cached(
                     "SELECT value FROM kv WHERE namespace = ?1 AND key = ?2

@@ -389,11 +389,12 @@ mod tests {
                 result("t2", true),
                 ChatMessage::User { text: "and now?".to_owned() },
             ],
-            tools: vec![ToolSpec {
+            tools: [ToolSpec {
                 name: "read".to_owned(),
                 description: "Reads a file".to_owned(),
                 parameters: json!({"type": "object"}),
-            }],
+            }]
+            .into(),
             max_tokens: None,
             temperature: Some(0.25),
         };

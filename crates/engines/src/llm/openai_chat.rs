@@ -426,11 +426,12 @@ mod tests {
                     is_error: false,
                 },
             ],
-            tools: vec![ToolSpec {
+            tools: [ToolSpec {
                 name: "list".to_owned(),
                 description: "Lists files".to_owned(),
                 parameters: json!({"type": "object", "properties": {}}),
-            }],
+            }]
+            .into(),
             max_tokens: Some(100),
             temperature: Some(0.5),
         };

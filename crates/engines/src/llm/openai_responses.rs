@@ -372,11 +372,12 @@ mod tests {
                     is_error: false,
                 },
             ],
-            tools: vec![ToolSpec {
+            tools: [ToolSpec {
                 name: "get_weather".to_owned(),
                 description: "Weather".to_owned(),
                 parameters: json!({"type": "object"}),
-            }],
+            }]
+            .into(),
             max_tokens: Some(50),
             temperature: None,
         };

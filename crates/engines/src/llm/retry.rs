@@ -157,7 +157,7 @@ mod tests {
             model: "m".to_owned(),
             system: None,
             messages: Vec::new(),
-            tools: Vec::new(),
+            tools: Arc::from([]),
             max_tokens: None,
             temperature: None,
         }

@@ -76,7 +76,7 @@ pub(crate) struct Agent {
     client: Arc<dyn LlmClient>,
     api_key: Option<ApiKey>,
     tools: BTreeMap<String, Arc<dyn Tool>>,
-    specs: Vec<ToolSpec>,
+    specs: Arc<[ToolSpec]>,
     /// The specs' share of every request's token estimate, counted once.
     tool_tokens: u64,
     budget: Option<Arc<dyn BudgetGuard>>,
@@ -99,10 +99,15 @@ pub(crate) struct Agent {
 
 impl Agent {
     pub(crate) fn new(parts: AgentParts) -> Self {
-        let mut specs: Vec<ToolSpec> = parts.tools.iter().map(|(spec, _)| spec.clone()).collect();
+        let mut tools = BTreeMap::new();
+        let mut specs = Vec::with_capacity(parts.tools.len());
+        for (spec, tool) in parts.tools {
+            tools.insert(spec.name.clone(), tool);
+            specs.push(spec);
+        }
         specs.sort_by(|a, b| a.name.cmp(&b.name));
         let tool_tokens = compact::tool_tokens(&specs);
-        let tools = parts.tools.into_iter().map(|(spec, tool)| (spec.name, tool)).collect();
+        let specs: Arc<[ToolSpec]> = specs.into();
         let model = parts
             .req
             .model
@@ -519,7 +524,7 @@ impl Agent {
             messages: vec![ChatMessage::User {
                 text: format!("{transcript}Summarise the conversation above."),
             }],
-            tools: Vec::new(),
+            tools: Arc::from([]),
             max_tokens: self.settings.max_tokens,
             temperature: self.settings.temperature,
         };

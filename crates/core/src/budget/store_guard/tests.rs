@@ -266,3 +266,19 @@ async fn a_reload_puts_new_limits_and_prices_in_force() {
     }));
     assert_eq!(guard.spend(scope, &usage).usd, 3.0, "priced by engine when no model is named");
 }
+
+#[tokio::test]
+async fn limits_a_session_set_before_a_start_hold_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StoreHandle::open_sqlite(&dir.path().join("b.db")).unwrap();
+    let session = SessionKey::from("a");
+    let own = SessionLimits { run_tokens: Some(10), ..SessionLimits::default() };
+    let before = guard(&store, BudgetsConfig::default(), NOON);
+    assert_eq!(check(&before, "a", used(10, 0)).await, Ok(()), "no limits yet");
+    before.set_session_limits(&session, Some(own)).await.unwrap();
+    assert_eq!(limit_of(check(&before, "a", used(10, 0)).await).as_deref(), Some("run_tokens"));
+    // A new guard over the same store, as after a restart.
+    let after = guard(&store, BudgetsConfig::default(), NOON);
+    assert_eq!(limit_of(check(&after, "a", used(10, 0)).await).as_deref(), Some("run_tokens"));
+    assert_eq!(check(&after, "b", used(10, 0)).await, Ok(()), "other sessions have none");
+}

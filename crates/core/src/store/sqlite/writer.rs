@@ -3,7 +3,8 @@
 //!
 //! The writer takes one queued op, drains whatever else is already queued (up to
 //! [`MAX_BATCH`]), applies them all in one transaction and commits, then answers the
-//! barriers (`Flush`, `CheckWritable`, `Stop`) that were in the batch. One commit per
+//! barriers (`Flush`, `CheckWritable`, `Stop`) that were in the batch, then runs the
+//! batch's point reads (`Read`) on its own connection. One commit per
 //! batch instead of per write is what makes tens of thousands of runs a second
 //! possible: with WAL and `synchronous = NORMAL` a commit is an append to the log.
 //!
@@ -101,6 +102,8 @@ pub(super) enum WriteOp {
     Flush {
         reply: Reply,
     },
+    /// A short read, run on the write connection once the batch it is in is committed.
+    Read(Read),
     /// Rewrites the `health` row: a real write, answered like a flush.
     CheckWritable {
         now_ms: i64,
@@ -131,9 +134,25 @@ impl WriteOp {
             WriteOp::KvDelete { .. } => "kv_delete",
             WriteOp::KvPurgeExpired { .. } => "kv_purge_expired",
             WriteOp::Flush { .. } => "flush",
+            WriteOp::Read(_) => "read",
             WriteOp::CheckWritable { .. } => "check_writable",
             WriteOp::Stop { .. } => "stop",
         }
+    }
+}
+
+/// A read the writer runs for a caller, who gets its answer through the closure.
+pub(super) struct Read(Box<dyn FnOnce(&Connection) + Send>);
+
+impl Read {
+    pub(super) fn new(read: impl FnOnce(&Connection) + Send + 'static) -> Read {
+        Read(Box::new(read))
+    }
+}
+
+impl std::fmt::Debug for Read {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Read")
     }
 }
 
@@ -168,6 +187,8 @@ struct Writer {
     failure: Option<String>,
     /// Barriers of the batch being applied, answered after its commit.
     replies: Vec<Reply>,
+    /// Point reads of the batch being applied, run after its commit.
+    reads: Vec<Read>,
     /// Runs inserted in the batch being applied, in insertion order. Later ops of the
     /// same batch on them are folded in, so a run that starts and finishes within one
     /// batch costs one `INSERT` instead of an insert and two updates. `None` marks a
@@ -345,6 +366,7 @@ pub(super) fn spawn(
         json: Vec::with_capacity(1024),
         failure: None,
         replies: Vec::new(),
+        reads: Vec::new(),
         pending: Vec::new(),
         pending_index: HashMap::default(),
         event_groups: Vec::new(),
@@ -388,6 +410,7 @@ impl Writer {
         for op in batch.drain(..) {
             match op {
                 WriteOp::Flush { reply } => self.replies.push(reply),
+                WriteOp::Read(read) => self.reads.push(read),
                 WriteOp::Stop { reply } => {
                     stop = true;
                     self.replies.push(reply);
@@ -455,6 +478,14 @@ impl Writer {
         for reply in self.replies.drain(..) {
             // A caller that stopped waiting is normal.
             let _ = reply.send(result.clone());
+        }
+        for Read(read) in self.reads.drain(..) {
+            // A panicking read loses its answer (the caller sees a closed store),
+            // never the writer.
+            let conn = &self.conn;
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(conn))).is_err() {
+                tracing::error!("a store read panicked");
+            }
         }
         stop
     }
@@ -677,6 +708,7 @@ impl Writer {
             }
             // `apply_batch` answers barriers itself; this arm only keeps the match total.
             WriteOp::Flush { reply } | WriteOp::Stop { reply } => self.replies.push(reply),
+            WriteOp::Read(read) => self.reads.push(read),
         }
         Ok(())
     }
