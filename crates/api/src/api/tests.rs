@@ -350,7 +350,7 @@ async fn the_launch_token_is_accepted_beside_the_configured_one() {
     let mut without = gw.state.clone();
     without.launch_token = None;
     let response =
-        within("GET /v1/runs", { router(without).oneshot(req(&format!("Bearer {LAUNCH_TOKEN}"))) })
+        within("GET /v1/runs", router(without).oneshot(req(&format!("Bearer {LAUNCH_TOKEN}"))))
             .await
             .unwrap();
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
