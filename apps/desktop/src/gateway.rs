@@ -299,7 +299,7 @@ impl Api {
             .as_object()
             .into_iter()
             .flatten()
-            .filter(|(_, t)| t["state"] == Value::from("failing"))
+            .filter(|(_, t)| t["state"] == "failing")
             .map(|(id, _)| id.clone())
             .collect();
         if failing.is_empty() {
