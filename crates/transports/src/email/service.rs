@@ -214,7 +214,11 @@ impl Transport for EmailTransport {
             })
         };
         let _ = service.detail.set(detail.clone());
-        ctx.status.running(Some(detail()));
+        // With a mailbox to watch, the watcher reports running once it holds
+        // its UID cursor: mail that arrives from then on is answered.
+        if self.config.imap.is_none() || secrets.imap_password.is_none() {
+            ctx.status.running(Some(detail()));
+        }
         if let Some(addr) = &webhook_addr {
             tracing::info!(email_webhook = %addr, "inbound mail webhook listening");
         }
