@@ -1,0 +1,416 @@
+#!/usr/bin/env python3
+"""End-to-end tests of lemon-desktop on a virtual display.
+
+Run inside `dbus-run-session` (scripts/desktop-e2e does), so the app's session
+bus and everything GTK starts on it end with the run.
+
+1. Tray: Xvfb + trayer (an XEmbed tray host). The menu is opened with xdotool
+   and screenshotted; Pause intake and Resume are chosen from it and checked
+   through /v1/status; a slow run is started and Quit is chosen: the app exits
+   0 after the run completed (read from its record in the database), and no
+   process of that home is left in /proc.
+2. No tray host, window and live view: Xvfb alone. The app opens its window on
+   the dashboard with the warning, driven through tauri-driver +
+   WebKitWebDriver over plain W3C WebDriver HTTP: the dashboard is signed in by
+   the per-launch token without typing it, and a run started through the API
+   streams into the live view. The window is screenshotted.
+
+Usage: desktop_e2e.py <lemon-desktop binary> <artifacts dir>
+"""
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+TOKEN = "desktop-e2e-token-0123456789"
+PATIENCE = 60.0
+# Twelve words at 250 ms: a run that is still going while the menu is used.
+SLOW_PROMPT = "alpha bravo charlie delta echo foxtrot golf hotel india juliett kilo lima"
+
+children = []
+
+
+def log(message):
+    print(f"desktop-e2e: {message}", flush=True)
+
+
+def fail(message):
+    raise SystemExit(f"desktop-e2e: FAILED: {message}")
+
+
+def until(what, check, patience=PATIENCE, every=0.05):
+    """Polls `check` until it returns a true value; fails after `patience` seconds."""
+    deadline = time.monotonic() + patience
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            fail(f"timed out waiting for {what}")
+        time.sleep(every)
+
+
+def spawn(args, env=None, **kwargs):
+    proc = subprocess.Popen(args, env=env, **kwargs)
+    children.append(proc)
+    return proc
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def start_display():
+    """Xvfb on a free display number; the number."""
+    read, write = os.pipe()
+    proc = spawn(["Xvfb", "-displayfd", str(write), "-screen", "0", "1280x800x24", "-nolisten", "tcp"],
+                 pass_fds=(write,), stderr=subprocess.DEVNULL)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        number = pipe.readline().strip()
+    if not number:
+        fail("Xvfb did not start")
+    return proc, f":{number}"
+
+
+def home_with(config):
+    home = tempfile.mkdtemp(prefix="lemon-desktop-e2e-")
+    with open(os.path.join(home, "config.toml"), "w") as f:
+        f.write(config + "\n[gateway.api]\nport = 0\n\n[gateway.health]\nport = 0\n")
+    return home
+
+
+def app_env(home, display):
+    env = {k: v for k, v in os.environ.items() if k not in ("WAYLAND_DISPLAY", "LEMON_API_TOKEN")}
+    env.update({
+        "DISPLAY": display,
+        "HOME": home,
+        "LEMON_HOME": home,
+        "LEMON_API_TOKEN": TOKEN,
+        "LEMON_KEYCHAIN": "off",
+        "NO_AT_BRIDGE": "1",
+        "RUST_LOG": "info",
+        "XDG_CONFIG_HOME": os.path.join(home, ".config"),
+    })
+    return env
+
+
+class Log:
+    """A child's stderr, read line by line in the background into a list."""
+
+    def __init__(self, stream):
+        import threading
+        self.lines = []
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream):
+        for raw in stream:
+            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+
+    def find(self, pattern):
+        for line in self.lines:
+            match = re.search(pattern, line)
+            if match:
+                return match
+        return None
+
+    def text(self):
+        return "\n".join(self.lines)
+
+
+def plain(line):
+    return re.sub(r"\x1b\[[0-9;]*m", "", line)
+
+
+def api(base, method, path, body=None, token=TOKEN):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, method=method)
+    req.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+def xdotool(display, *args):
+    return subprocess.run(["xdotool", *args], env={**os.environ, "DISPLAY": display},
+                          capture_output=True, text=True, timeout=20)
+
+
+def screenshot(display, path):
+    subprocess.run(["import", "-window", "root", path], env={**os.environ, "DISPLAY": display},
+                   check=True, timeout=30)
+    log(f"screenshot {path}")
+
+
+def processes_of(home):
+    """PIDs whose environment names `home` as LEMON_HOME."""
+    needle = f"LEMON_HOME={home}".encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def run_record(home, run_id):
+    db = sqlite3.connect(f"file:{os.path.join(home, 'lemon.db')}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT status, answer FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    finally:
+        db.close()
+    return row
+
+
+def start_app(binary, home, display):
+    proc = spawn([binary], env=app_env(home, display), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    output = Log(proc.stderr)
+    ready = until("the app to be ready", lambda: proc.poll() is not None or output.find(r"desktop ready"))
+    if proc.poll() is not None:
+        fail(f"the app exited with {proc.returncode}:\n{output.text()}")
+    line = plain(ready.string)
+    dashboard = re.search(r'dashboard="?(http://127\.0\.0\.1:\d+)', line)
+    if not dashboard:
+        fail(f"no dashboard address in: {line}")
+    return proc, output, dashboard.group(1), line
+
+
+class Menu:
+    """The tray menu, driven with the keyboard as a person would."""
+
+    def __init__(self, display):
+        self.display = display
+
+    def icon(self):
+        found = xdotool(self.display, "search", "--class", "tray-icon").stdout.split()
+        return found[0] if found else None
+
+    def open(self):
+        wid = until("the tray icon", self.icon)
+        geometry = dict(
+            line.split("=", 1) for line in xdotool(self.display, "getwindowgeometry", "--shell", wid).stdout.split()
+        )
+        x = int(geometry["X"]) + int(geometry["WIDTH"]) // 2
+        y = int(geometry["Y"]) + int(geometry["HEIGHT"]) // 2
+        xdotool(self.display, "mousemove", str(x), str(y), "click", "3")
+        # The menu is a popup window of the app; wait until it is mapped.
+        until("the menu to open", lambda: self.popups() > 0)
+        # Away from the menu, so the pointer selects nothing and the keys count from the end.
+        xdotool(self.display, "mousemove", "5", "5")
+        return x, y
+
+    def popup_geometry(self):
+        """(x, y, width, height) of the open menu."""
+        wid = xdotool(self.display, "search", "--onlyvisible", "--class", "lemon-desktop").stdout.split()[-1]
+        geometry = dict(
+            line.split("=", 1) for line in xdotool(self.display, "getwindowgeometry", "--shell", wid).stdout.split()
+        )
+        return int(geometry["X"]), int(geometry["Y"]), int(geometry["WIDTH"]), int(geometry["HEIGHT"])
+
+    def popups(self):
+        out = xdotool(self.display, "search", "--onlyvisible", "--class", "lemon-desktop").stdout.split()
+        return len(out)
+
+    def choose(self, label_index_from_bottom):
+        """Selects the item `n` places up from the bottom (Quit is 1) and activates it."""
+        xdotool(self.display, "key", *(["Up"] * label_index_from_bottom), "Return")
+
+
+def tray_test(binary, artifacts):
+    log("tray: Xvfb + trayer, pause, resume, quit with a run draining")
+    xvfb, display = start_display()
+    trayer = spawn(["trayer", "--edge", "bottom", "--align", "right", "--widthtype", "pixel", "--width", "200",
+                    "--heighttype", "pixel", "--height", "40", "--transparent", "false"],
+                   env={**os.environ, "DISPLAY": display}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    home = home_with("[gateway.engines.echo]\ndelay_ms = 250\n")
+    try:
+        proc, output, base, ready = start_app(binary, home, display)
+        if "tray=true" not in ready:
+            fail(f"the tray was not created: {ready}\n{output.text()}")
+        if "window=false" not in ready:
+            fail(f"with a tray the window should start hidden: {ready}")
+        menu = Menu(display)
+        # Items from the bottom: Quit 1, Start at login 2, Restart 3, Show logs 4,
+        # Reveal 5, Copy token 6, Pause/Resume 7, Open dashboard 8.
+        menu.open()
+        time.sleep(0.5)  # let the menu paint before the screenshot (a picture, not a wait for state)
+        screenshot(display, os.path.join(artifacts, "tray-menu.png"))
+        menu.choose(7)
+        until("intake paused in /v1/status", lambda: api(base, "GET", "/v1/status")[1].get("paused") is True)
+        log("tray: Pause intake → /v1/status paused")
+        # While paused a message is accepted and waits.
+        status, body = api(base, "POST", "/v1/runs", {"prompt": SLOW_PROMPT, "run_id": "tray-slow-1"})
+        if status != 202:
+            fail(f"submit while paused: {status} {body}")
+        time.sleep(0.3)
+        if api(base, "GET", "/v1/runs/tray-slow-1")[1]["status"] != "queued":
+            fail("a run started while intake was paused")
+        until("the menu to close", lambda: menu.popups() == 0)
+        menu.open()
+        screenshot(display, os.path.join(artifacts, "tray-menu-paused.png"))
+        menu.choose(7)
+        until("intake resumed in /v1/status", lambda: api(base, "GET", "/v1/status")[1].get("paused") is False)
+        log("tray: Resume intake → /v1/status not paused")
+        until("the run to start", lambda: api(base, "GET", "/v1/runs/tray-slow-1")[1]["status"] == "running")
+        until("the menu to close", lambda: menu.popups() == 0)
+        # The menu lists the run now; Quit is still the last item.
+        menu.open()
+        busy = os.path.join(artifacts, "tray-menu-busy.png")
+        screenshot(display, busy)
+        # The menu and the tray below it, for the README.
+        x, y, width, height = menu.popup_geometry()
+        left, top = max(x - 16, 0), max(y - 16, 0)
+        crop = f"{width + 32}x{min(height + 72, 800 - top)}+{left}+{top}"
+        subprocess.run(["convert", busy, "-crop", crop, "+repage", os.path.join(artifacts, "tray.png")],
+                       check=True, timeout=30)
+        menu.choose(1)
+        until("the app to exit", lambda: proc.poll() is not None, patience=PATIENCE)
+        if proc.returncode != 0:
+            fail(f"the app exited with {proc.returncode}:\n{output.text()}")
+        status, answer = run_record(home, "tray-slow-1")
+        if status != "completed" or answer != SLOW_PROMPT:
+            fail(f"the run was not drained: {status} {answer!r}")
+        log("tray: Quit → exit 0, the running run completed before the gateway stopped")
+        # The WebKit helper processes end with their socket: a bounded wait.
+        until("no process of the app left", lambda: not processes_of(home), patience=20)
+    finally:
+        for child in (trayer, xvfb):
+            stop(child)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def webdriver(port, method, path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as response:
+            return json.loads(response.read())["value"]
+    except urllib.error.HTTPError as error:
+        fail(f"WebDriver {method} {path}: {error.code} {error.read()[:500]!r}")
+
+
+def window_test(binary, artifacts, driver):
+    log("window: no tray host, tauri-driver + WebKitWebDriver, sign-in and live view")
+    xvfb, display = start_display()
+    home = home_with("[gateway.engines.echo]\ndelay_ms = 300\n")
+    port, native = free_port(), free_port()
+    env = app_env(home, display)
+    env["PATH"] = os.path.dirname(driver) + os.pathsep + env.get("PATH", "")
+    tauri_driver = spawn([driver, "--port", str(port), "--native-port", str(native)], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    driver_log = Log(tauri_driver.stderr)
+    session = None
+    try:
+        def connectable():
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return True
+            except OSError:
+                return False
+        until("tauri-driver to listen", connectable)
+        caps = {"capabilities": {"alwaysMatch": {"tauri:options": {"application": os.path.abspath(binary)}}}}
+        session = webdriver(port, "POST", "/session", caps)["sessionId"]
+
+        def script(source):
+            return webdriver(port, "POST", f"/session/{session}/execute/sync", {"script": source, "args": []})
+
+        # The window is on the dashboard and signed in: the shell shows, the
+        # login form does not, and nobody typed the token.
+        until("the dashboard signed in", lambda: script(
+            "var s = document.getElementById('shell'); return !!s && !s.hidden "
+            "&& document.getElementById('login').hidden;"))
+        base = script("return window.location.origin;")
+        log(f"window: dashboard at {base} signed in by itself")
+        if script("return document.getElementById('login-token').value;"):
+            fail("the login field holds a value")
+        # The token is the launch's own, not the configured one.
+        stored = script("return window.sessionStorage.getItem('lemon.token');")
+        if not stored or stored == TOKEN:
+            fail("the window did not get the per-launch token")
+        if api(base, "GET", "/v1/status", token=stored)[0] != 200:
+            fail("the per-launch token is refused by the API")
+        warning = until("the no-tray warning", lambda: script(
+            "var w = document.getElementById('desktop-warning'); return w && w.textContent;"))
+        if "No tray is available" not in warning:
+            fail(f"the warning does not say why: {warning!r}")
+        log("window: the no-tray-host warning is shown")
+        # A run started through the API streams into the live view.
+        status, body = api(base, "POST", "/v1/runs", {"prompt": SLOW_PROMPT, "run_id": "window-1"})
+        if status != 202:
+            fail(f"submit: {status} {body}")
+        answer_js = ("var a = document.querySelector('article[data-run-id=\"window-1\"] pre.answer'); "
+                     "return a ? a.textContent : '';")
+        # Part of the answer shows while the run goes on: it streams.
+        partial = until("part of the answer in the live view",
+                        lambda: (lambda t: t if t.strip() and t.strip() != SLOW_PROMPT else None)(script(answer_js)))
+        log(f"window: live view shows {partial.strip()!r} while the run goes on")
+        until("the whole answer in the live view", lambda: script(answer_js).strip() == SLOW_PROMPT)
+        log("window: the run streamed into the live view")
+        png = webdriver(port, "GET", f"/session/{session}/screenshot")
+        with open(os.path.join(artifacts, "window.png"), "wb") as f:
+            f.write(base64.b64decode(png))
+        log(f"screenshot {os.path.join(artifacts, 'window.png')}")
+        webdriver(port, "DELETE", f"/session/{session}")
+        session = None
+    except SystemExit:
+        sys.stderr.write(driver_log.text() + "\n")
+        raise
+    finally:
+        stop(tauri_driver)
+        stop(xvfb)
+        until("the app's processes to end", lambda: not processes_of(home), patience=20)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def main():
+    binary, artifacts = sys.argv[1], sys.argv[2]
+    driver = sys.argv[3] if len(sys.argv) > 3 else shutil.which("tauri-driver")
+    os.makedirs(artifacts, exist_ok=True)
+    try:
+        tray_test(binary, artifacts)
+        if driver:
+            window_test(binary, artifacts, driver)
+        else:
+            fail("tauri-driver not found")
+    finally:
+        for child in children:
+            stop(child)
+    log("all passed")
+
+
+if __name__ == "__main__":
+    main()

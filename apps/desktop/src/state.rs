@@ -1,0 +1,110 @@
+//! What the tray shows, as plain data: the active runs, whether intake is
+//! paused, the gateway's health and the start-at-login flag. The controller
+//! keeps one [`TrayView`] up to date from the gateway's events and health; the
+//! menu and the icon are drawn from it.
+
+use serde::Serialize;
+
+use crate::icon::IconState;
+
+/// The longest prompt shown in a run's menu line, in characters.
+const PROMPT_CHARS: usize = 32;
+
+/// The gateway's health as the tray shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", content = "reason", rename_all = "snake_case")]
+pub enum Health {
+    /// Not known yet (the gateway is starting, or the first check is out).
+    #[default]
+    Starting,
+    Healthy,
+    /// The gateway does not answer, reports itself unhealthy, or a channel is
+    /// failing; why, in a few words.
+    Failing(String),
+}
+
+/// A queued or running run, as the menu lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunSummary {
+    pub run_id: String,
+    pub session_key: String,
+    pub engine: String,
+    /// `running`, `queued` or `cancelling`.
+    pub status: String,
+    pub prompt: String,
+}
+
+impl RunSummary {
+    /// `session: prompt… (engine)`, with `, queued` for a run that waits.
+    pub fn label(&self) -> String {
+        let prompt: String = self.prompt.split_whitespace().collect::<Vec<_>>().join(" ");
+        let mut short: String = prompt.chars().take(PROMPT_CHARS).collect();
+        if prompt.chars().count() > PROMPT_CHARS {
+            short = format!("{}…", short.trim_end());
+        }
+        let status =
+            if self.status == "running" { String::new() } else { format!(", {}", self.status) };
+        format!("{}: {short} ({}{status})", self.session_key, self.engine)
+    }
+}
+
+/// Everything the tray draws.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TrayView {
+    /// Active runs, oldest first: running ones, then queued ones.
+    pub runs: Vec<RunSummary>,
+    /// Intake paused: messages queue, no run starts.
+    pub paused: bool,
+    pub health: Health,
+    /// Start at login is on.
+    pub autostart: bool,
+    /// Quit was chosen; the runs are finishing.
+    pub quitting: bool,
+}
+
+impl TrayView {
+    /// Runs holding a slot (running or being cancelled).
+    pub fn running_runs(&self) -> usize {
+        self.runs.iter().filter(|run| run.status != "queued").count()
+    }
+
+    /// Which icon the tray shows.
+    pub fn icon_state(&self) -> IconState {
+        match &self.health {
+            Health::Failing(_) => IconState::Failing,
+            _ if self.running_runs() > 0 => IconState::Busy(self.running_runs()),
+            _ => IconState::Idle,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(status: &str) -> RunSummary {
+        RunSummary {
+            run_id: "r".to_owned(),
+            session_key: "s".to_owned(),
+            engine: "echo".to_owned(),
+            status: status.to_owned(),
+            prompt: "  hello\n  world ".to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_icon_is_busy_with_the_running_count_and_failing_wins() {
+        let mut view = TrayView::default();
+        assert_eq!(view.icon_state(), IconState::Idle);
+        view.runs = vec![run("running"), run("queued"), run("cancelling")];
+        assert_eq!(view.icon_state(), IconState::Busy(2));
+        view.health = Health::Failing("no answer".to_owned());
+        assert_eq!(view.icon_state(), IconState::Failing);
+    }
+
+    #[test]
+    fn a_run_label_folds_whitespace_and_names_a_waiting_status() {
+        assert_eq!(run("running").label(), "s: hello world (echo)");
+        assert_eq!(run("queued").label(), "s: hello world (echo, queued)");
+    }
+}
