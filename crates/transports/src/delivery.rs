@@ -9,10 +9,12 @@
 //!   limits, in order per destination, with edits coalesced and failures
 //!   retried as the channel's [`Sink`] classifies them.
 
+mod answer;
 mod backoff;
 pub mod outbox;
 mod records;
 
+pub use answer::plain_answer;
 pub use backoff::Backoff;
 pub use outbox::{DeliveryError, Failure, Outbox, OutboxSettings, OutboxStats, Sink, Window};
 pub use records::{DeliveryRecord, DeliveryRecords, Recovered};

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lemon_core::bus::EventKind;
-use lemon_core::engine::{Completion, RunError};
+use lemon_core::engine::Completion;
 use lemon_core::ids::RunId;
 use lemon_core::log_text;
 use lemon_core::router::{ChannelRef, Origin, RouterHandle, RunFollower, RunRequest, Submitted};
@@ -524,7 +524,7 @@ impl Mailer {
     }
 
     async fn finish(&self, mut delivery: Delivery, completion: &Completion, started: bool) {
-        let Some(text) = self.answer_text(completion, started) else {
+        let Some(text) = crate::delivery::plain_answer(&self.router, completion, started) else {
             // Steered into a running job or merged into the next: that job answers.
             self.mark_seen(&delivery.run_id).await;
             self.deliveries.finish(&delivery.run_id).await;
@@ -622,38 +622,6 @@ impl Mailer {
 
     async fn mark_seen(&self, run_id: &str) {
         self.store.kv_put(SEEN_NS, run_id, json!(now_ms()), ttl(SEEN_TTL)).await;
-    }
-
-    /// The answer mail's text; `None` for a message another job took in.
-    fn answer_text(&self, completion: &Completion, started: bool) -> Option<String> {
-        if !started {
-            if let Some(RunError::Merged { .. }) = &completion.error {
-                return None;
-            }
-            if completion.ok {
-                return None;
-            }
-        }
-        let mut text = if completion.ok {
-            completion.answer.trim().to_owned()
-        } else {
-            match &completion.error {
-                Some(RunError::Cancelled { .. }) => "Cancelled.".to_owned(),
-                Some(error) => format!("Error: {error}"),
-                None => "Error: the run failed".to_owned(),
-            }
-        };
-        if text.is_empty() {
-            text = "Done.".to_owned();
-        }
-        if let Some(token) = &completion.resume {
-            let line = self.router.query().format_resume(token);
-            if !line.trim().is_empty() {
-                text.push_str("\n\n");
-                text.push_str(&line);
-            }
-        }
-        Some(text)
     }
 
     /// Picks up the answers a stop left unsent.
