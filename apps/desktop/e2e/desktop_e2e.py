@@ -19,6 +19,7 @@ Usage: desktop_e2e.py <lemon-desktop binary> <artifacts dir>
 """
 
 import base64
+import http.client
 import json
 import os
 import re
@@ -312,15 +313,32 @@ def free_port():
         return s.getsockname()[1]
 
 
-def webdriver(port, method, path, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
-    req.add_header("Content-Type", "application/json")
+def webdriver_call(port, method, path, body=None):
+    """One W3C WebDriver command to tauri-driver: (HTTP status, JSON answer).
+
+    Spoken as plain HTTP/1.1, with no `Connection: close` (which urllib always
+    sends). tauri-driver forwards a command's headers as they are to
+    WebKitWebDriver over a pooled keep-alive connection; asked to close,
+    WebKitWebDriver closes that connection after answering without saying so
+    in its answer, tauri-driver puts it back in its pool, and the next command
+    sent on it before the close is noticed is reset, and tauri-driver drops
+    the command unanswered (http.client.RemoteDisconnected here)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        with urllib.request.urlopen(req, timeout=60) as response:
-            return json.loads(response.read())["value"]
-    except urllib.error.HTTPError as error:
-        fail(f"WebDriver {method} {path}: {error.code} {error.read()[:500]!r}")
+        data = None if body is None else json.dumps(body)
+        headers = {} if data is None else {"Content-Type": "application/json"}
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        conn.close()
+
+
+def webdriver(port, method, path, body=None):
+    status, answer = webdriver_call(port, method, path, body)
+    if status != 200:
+        fail(f"WebDriver {method} {path}: {status} {json.dumps(answer)[:500]}")
+    return answer["value"]
 
 
 def window_test(binary, artifacts, driver):
@@ -331,17 +349,22 @@ def window_test(binary, artifacts, driver):
     env = app_env(home, display)
     env["PATH"] = os.path.dirname(driver) + os.pathsep + env.get("PATH", "")
     tauri_driver = spawn([driver, "--port", str(port), "--native-port", str(native)], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    driver_log = Log(tauri_driver.stderr)
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    driver_log = Log(tauri_driver.stdout)
     session = None
+    failed = False
     try:
-        def connectable():
+        # tauri-driver listens at once but starts WebKitWebDriver behind it:
+        # until that one listens too, every request tauri-driver forwards
+        # fails and the connection is closed without an answer. The W3C
+        # status command, forwarded, says when the pair is ready.
+        def driver_ready():
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    return True
-            except OSError:
+                status, answer = webdriver_call(port, "GET", "/status")
+            except (OSError, http.client.HTTPException, ValueError):
                 return False
-        until("tauri-driver to listen", connectable)
+            return status == 200 and answer["value"].get("ready") is True
+        until("tauri-driver and WebKitWebDriver to be ready", driver_ready)
         caps = {"capabilities": {"alwaysMatch": {"tauri:options": {"application": os.path.abspath(binary)}}}}
         session = webdriver(port, "POST", "/session", caps)["sessionId"]
 
@@ -386,11 +409,14 @@ def window_test(binary, artifacts, driver):
         log(f"screenshot {os.path.join(artifacts, 'window.png')}")
         webdriver(port, "DELETE", f"/session/{session}")
         session = None
-    except SystemExit:
-        sys.stderr.write(driver_log.text() + "\n")
+    except BaseException:
+        failed = True
         raise
     finally:
         stop(tauri_driver)
+        if failed:
+            driver_log.thread.join(10)
+            sys.stderr.write("tauri-driver and the app said:\n" + driver_log.text() + "\n")
         stop(xvfb)
         until("the app's processes to end", lambda: not processes_of(home), patience=20)
         shutil.rmtree(home, ignore_errors=True)
@@ -401,8 +427,12 @@ def main():
     driver = sys.argv[3] if len(sys.argv) > 3 else shutil.which("tauri-driver")
     os.makedirs(artifacts, exist_ok=True)
     try:
-        tray_test(binary, artifacts)
-        if driver:
+        only = os.environ.get("LEMON_DESKTOP_E2E_ONLY", "")
+        if only in ("", "tray"):
+            tray_test(binary, artifacts)
+        if only == "tray":
+            pass
+        elif driver:
             window_test(binary, artifacts, driver)
         else:
             fail("tauri-driver not found")
