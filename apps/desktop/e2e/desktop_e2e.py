@@ -107,7 +107,9 @@ def app_env(home, display):
         "LEMON_API_TOKEN": TOKEN,
         "LEMON_KEYCHAIN": "off",
         "NO_AT_BRIDGE": "1",
-        "RUST_LOG": "info",
+        # The app's debug lines say what the tray shows and whether a finished
+        # run was announced: the tests wait for them.
+        "RUST_LOG": "info,lemon_desktop=debug",
         "XDG_CONFIG_HOME": os.path.join(home, ".config"),
     })
     return env
@@ -135,6 +137,27 @@ class Log:
 
     def text(self):
         return "\n".join(self.lines)
+
+    def last(self, pattern):
+        """The last line matching `pattern`, as a match, or None."""
+        for line in reversed(list(self.lines)):
+            match = re.search(pattern, plain(line))
+            if match:
+                return match
+        return None
+
+
+def drawn(output):
+    """(status line, icon) the tray shows now, from the app's last `tray drawn` line."""
+    match = output.last(r"tray drawn status=(.*) icon=(\S+)\s*$")
+    return (match.group(1), match.group(2)) if match else None
+
+
+def wait_drawn(output, status, icon):
+    """Waits until the tray shows `status` with `icon`. A menu is opened only
+    after this: the app rebuilds the menu when what it shows changes, and a
+    rebuilt menu closes the one that is open."""
+    until(f"the tray to show {status!r} ({icon})", lambda: drawn(output) == (status, icon))
 
 
 def plain(line):
@@ -208,6 +231,8 @@ class Menu:
 
     def __init__(self, display):
         self.display = display
+        # Windows of the app shown before the menu opens (the main window).
+        self.baseline = 0
 
     def icon(self):
         found = xdotool(self.display, "search", "--class", "tray-icon").stdout.split()
@@ -220,9 +245,10 @@ class Menu:
         )
         x = int(geometry["X"]) + int(geometry["WIDTH"]) // 2
         y = int(geometry["Y"]) + int(geometry["HEIGHT"]) // 2
+        self.baseline = self.popups()
         xdotool(self.display, "mousemove", str(x), str(y), "click", "3")
         # The menu is a popup window of the app; wait until it is mapped.
-        until("the menu to open", lambda: self.popups() > 0)
+        until("the menu to open", lambda: self.popups() > self.baseline)
         # Away from the menu, so the pointer selects nothing and the keys count from the end.
         xdotool(self.display, "mousemove", "5", "5")
         return x, y
@@ -243,6 +269,9 @@ class Menu:
         """Selects the item `n` places up from the bottom (Quit is 1) and activates it."""
         xdotool(self.display, "key", *(["Up"] * label_index_from_bottom), "Return")
 
+    def closed(self):
+        return self.popups() <= self.baseline
+
 
 def tray_test(binary, artifacts):
     log("tray: Xvfb + trayer, pause, resume, quit with a run draining")
@@ -260,6 +289,7 @@ def tray_test(binary, artifacts):
         menu = Menu(display)
         # Items from the bottom: Quit 1, Start at login 2, Restart 3, Show logs 4,
         # Reveal 5, Copy token 6, Pause/Resume 7, Open dashboard 8.
+        wait_drawn(output, "Lemon Gateway: idle", "Idle")
         menu.open()
         time.sleep(0.5)  # let the menu paint before the screenshot (a picture, not a wait for state)
         screenshot(display, os.path.join(artifacts, "tray-menu.png"))
@@ -273,15 +303,20 @@ def tray_test(binary, artifacts):
         time.sleep(0.3)
         if api(base, "GET", "/v1/runs/tray-slow-1")[1]["status"] != "queued":
             fail("a run started while intake was paused")
-        until("the menu to close", lambda: menu.popups() == 0)
+        until("the menu to close", menu.closed)
+        # The queued run and the paused intake are in the menu before it opens.
+        wait_drawn(output, "Lemon Gateway: idle, 1 queued · intake paused", "Idle")
         menu.open()
         screenshot(display, os.path.join(artifacts, "tray-menu-paused.png"))
         menu.choose(7)
         until("intake resumed in /v1/status", lambda: api(base, "GET", "/v1/status")[1].get("paused") is False)
         log("tray: Resume intake → /v1/status not paused")
         until("the run to start", lambda: api(base, "GET", "/v1/runs/tray-slow-1")[1]["status"] == "running")
-        until("the menu to close", lambda: menu.popups() == 0)
-        # The menu lists the run now; Quit is still the last item.
+        until("the menu to close", menu.closed)
+        # The icon turns busy with the run; the menu lists it, and Quit is
+        # still the last item.
+        wait_drawn(output, "Lemon Gateway: 1 run active", "Busy(1)")
+        log("tray: the icon is busy with the running run")
         menu.open()
         busy = os.path.join(artifacts, "tray-menu-busy.png")
         screenshot(display, busy)
@@ -303,6 +338,99 @@ def tray_test(binary, artifacts):
         until("no process of the app left", lambda: not processes_of(home), patience=20)
     finally:
         for child in (trayer, xvfb):
+            stop(child)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def system_python():
+    """A Python with Debian's python3-dbus and python3-gi, for the fake
+    notification server: the one on PATH when it has them, else /usr/bin/python3."""
+    for candidate in (shutil.which("python3"), "/usr/bin/python3"):
+        if candidate and subprocess.run([candidate, "-c", "import dbus, gi"],
+                                        capture_output=True, timeout=30).returncode == 0:
+            return candidate
+    fail("no Python with the dbus and gi modules (apt-get install python3-dbus python3-gi)")
+
+
+def window_of(display):
+    """The app's main window when it is mapped, else None."""
+    found = xdotool(display, "search", "--onlyvisible", "--name", "^Lemon Gateway$").stdout.split()
+    return found[0] if found else None
+
+
+def instance_test(binary, artifacts):
+    log("instance: a run that ends while the window is hidden is announced; a second launch shows the window")
+    xvfb, display = start_display()
+    trayer = spawn(["trayer", "--edge", "bottom", "--align", "right", "--widthtype", "pixel", "--width", "200",
+                    "--heighttype", "pixel", "--height", "40", "--transparent", "false"],
+                   env={**os.environ, "DISPLAY": display}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # The desktop's notification server, on this run's session bus.
+    server = spawn([system_python(), os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_notifications.py")],
+                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    calls = Log(server.stdout)
+    until("the notification server to own its name", lambda: calls.find(r"^ready$"))
+
+    def notified():
+        return [json.loads(line) for line in list(calls.lines) if line.startswith("{")]
+
+    home = home_with("[gateway.engines.echo]\ndelay_ms = 20\n")
+    output = None
+    try:
+        proc, output, base, ready = start_app(binary, home, display)
+        if "tray=true" not in ready or "window=false" not in ready:
+            fail(f"with a tray the window should start hidden: {ready}")
+        if window_of(display):
+            fail("the window is shown at start")
+        # Hidden window: the finished run is announced.
+        prompt = "hidden window answer"
+        status, body = api(base, "POST", "/v1/runs", {"prompt": prompt, "run_id": "hidden-1"})
+        if status != 202:
+            fail(f"submit: {status} {body}")
+        call = until("a Notify call for the run", lambda: next(
+            (c for c in notified() if c["body"] == prompt), None))
+        run = api(base, "GET", "/v1/runs/hidden-1")[1]
+        expected = f"Run completed in {run['session_key']}"
+        if call["summary"] != expected:
+            fail(f"the notification says {call['summary']!r}, not {expected!r}")
+        log(f"instance: hidden window → Notify {call['summary']!r}: {call['body']!r}")
+
+        # A second launch on the same home ends at once and shows the first one's window.
+        started = time.monotonic()
+        second = subprocess.run([binary], env=app_env(home, display), capture_output=True, timeout=PATIENCE)
+        took = time.monotonic() - started
+        if second.returncode != 0:
+            fail(f"the second launch exited with {second.returncode}: {second.stderr.decode(errors='replace')}")
+        if "desktop ready" in second.stderr.decode(errors="replace"):
+            fail("the second launch started an app of its own")
+        until("the first app to hear of the second launch", lambda: output.find(r"a second launch: showing the window"))
+        wid = until("the window to be shown", lambda: window_of(display))
+        until("the window to have the focus", lambda: xdotool(display, "getwindowfocus").stdout.strip() == wid)
+        log(f"instance: the second launch exited 0 in {took:.1f} s; the first one's window {wid} is mapped and focused")
+
+        # Shown window: no notification.
+        status, body = api(base, "POST", "/v1/runs", {"prompt": "shown window answer", "run_id": "shown-1"})
+        if status != 202:
+            fail(f"submit: {status} {body}")
+        until("the app to see the run finish", lambda: output.last(r'run finished run_id="?shown-1"? notified=false'))
+        screenshot(display, os.path.join(artifacts, "second-launch.png"))
+
+        wait_drawn(output, "Lemon Gateway: idle", "Idle")
+        menu = Menu(display)
+        menu.open()
+        menu.choose(1)
+        until("the app to exit", lambda: proc.poll() is not None)
+        if proc.returncode != 0:
+            fail(f"the app exited with {proc.returncode}:\n{output.text()}")
+        if [c for c in notified() if c["body"] != prompt]:
+            fail(f"a notification while the window was shown: {notified()}")
+        log("instance: shown window → no notification")
+        until("no process of the app left", lambda: not processes_of(home), patience=20)
+    except BaseException:
+        if output is not None:
+            sys.stderr.write("the app said:\n" + output.text() + "\n")
+        raise
+    finally:
+        for child in (server, trayer, xvfb):
             stop(child)
         shutil.rmtree(home, ignore_errors=True)
 
@@ -430,7 +558,9 @@ def main():
         only = os.environ.get("LEMON_DESKTOP_E2E_ONLY", "")
         if only in ("", "tray"):
             tray_test(binary, artifacts)
-        if only == "tray":
+        if only in ("", "instance"):
+            instance_test(binary, artifacts)
+        if only in ("tray", "instance"):
             pass
         elif driver:
             window_test(binary, artifacts, driver)

@@ -188,6 +188,12 @@ impl<R: Runtime> Shell for TauriShell<R> {
         if tooltip_changed {
             let _ = tray.set_tooltip(Some(&tooltip));
         }
+        if menu_changed || icon_changed || tooltip_changed {
+            // What the tray shows now: the end-to-end test waits for this
+            // line before it opens the menu, since a rebuilt menu closes an
+            // open one.
+            tracing::debug!(status = %tooltip, icon = ?state, "tray drawn");
+        }
         *drawn = Some((entries, state, tooltip));
     }
 

@@ -334,10 +334,13 @@ impl Controller {
             Some("run_started") => self.refresh(shell).await,
             Some("run_completed") => {
                 self.refresh(shell).await;
-                if !shell.window_visible() {
+                let hidden = !shell.window_visible();
+                if hidden {
                     let (title, body) = finished_notice(event);
                     shell.notify(&title, &body);
                 }
+                let run_id = event["run_id"].as_str().unwrap_or_default();
+                tracing::debug!(run_id, notified = hidden, "run finished");
             }
             _ => {}
         }
