@@ -4,16 +4,31 @@
 Run inside `dbus-run-session` (scripts/desktop-e2e does), so the app's session
 bus and everything GTK starts on it end with the run.
 
+0. Headless: without DISPLAY or WAYLAND_DISPLAY the app exits 2 with a
+   message pointing to `lemon-gateway serve`, and starts nothing.
 1. Tray: Xvfb + trayer (an XEmbed tray host). The menu is opened with xdotool
    and screenshotted; Pause intake and Resume are chosen from it and checked
-   through /v1/status; a slow run is started and Quit is chosen: the app exits
-   0 after the run completed (read from its record in the database), and no
-   process of that home is left in /proc.
-2. No tray host, window and live view: Xvfb alone. The app opens its window on
+   through /v1/status; the icon turns busy with a running run; a slow run is
+   started and Quit is chosen: the app exits 0 after the run completed (read
+   from its record in the database), and no process of that home is left in
+   /proc. The menu is opened only once the app's log says the tray shows the
+   expected state (a rebuilt menu closes an open one).
+2. Instance: Xvfb + trayer + fake notification server and file manager on the
+   session bus (fake_desktop_bus.py). A run that finishes while the window is
+   hidden is announced (a Notify call with the run's summary); a second
+   launch on the same home exits 0 at once and the first one's window is
+   mapped and has the input focus (xdotool); a run that finishes while the
+   window is shown is not announced. From the menu: Start at login writes the
+   XDG autostart entry and removes it again, Reveal config folder calls
+   FileManager1.ShowItems on config.toml, Show logs runs xdg-open (a fake on
+   PATH) on logs/desktop.log, and Quit ends the app.
+3. No tray host, window and live view: Xvfb alone. The app opens its window on
    the dashboard with the warning, driven through tauri-driver +
    WebKitWebDriver over plain W3C WebDriver HTTP: the dashboard is signed in by
    the per-launch token without typing it, and a run started through the API
    streams into the live view. The window is screenshotted.
+
+LEMON_DESKTOP_E2E_ONLY=headless|tray|instance|window runs one step.
 
 Usage: desktop_e2e.py <lemon-desktop binary> <artifacts dir>
 """
@@ -148,16 +163,19 @@ class Log:
 
 
 def drawn(output):
-    """(status line, icon) the tray shows now, from the app's last `tray drawn` line."""
-    match = output.last(r"tray drawn status=(.*) icon=(\S+)\s*$")
-    return (match.group(1), match.group(2)) if match else None
+    """(status line, icon, start at login) the tray shows now, from the app's
+    last `tray drawn` line."""
+    match = output.last(r"tray drawn status=(.*) icon=(\S+) autostart=(true|false)\s*$")
+    return (match.group(1), match.group(2), match.group(3) == "true") if match else None
 
 
-def wait_drawn(output, status, icon):
-    """Waits until the tray shows `status` with `icon`. A menu is opened only
-    after this: the app rebuilds the menu when what it shows changes, and a
-    rebuilt menu closes the one that is open."""
-    until(f"the tray to show {status!r} ({icon})", lambda: drawn(output) == (status, icon))
+def wait_drawn(output, status, icon, autostart=False):
+    """Waits until the tray shows `status` with `icon` (and Start at login
+    checked or not). A menu is opened only after this: the app rebuilds the
+    menu when what it shows changes, and a rebuilt menu closes the one that
+    is open."""
+    until(f"the tray to show {status!r} ({icon}, start at login {autostart})",
+          lambda: drawn(output) == (status, icon, autostart))
 
 
 def plain(line):
@@ -213,8 +231,9 @@ def run_record(home, run_id):
     return row
 
 
-def start_app(binary, home, display):
-    proc = spawn([binary], env=app_env(home, display), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def start_app(binary, home, display, env=None):
+    env = env or app_env(home, display)
+    proc = spawn([binary], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     output = Log(proc.stderr)
     ready = until("the app to be ready", lambda: proc.poll() is not None or output.find(r"desktop ready"))
     if proc.poll() is not None:
@@ -235,20 +254,34 @@ class Menu:
         self.baseline = 0
 
     def icon(self):
-        found = xdotool(self.display, "search", "--class", "tray-icon").stdout.split()
-        return found[0] if found else None
+        # The mapped icon window: the tray host embeds a new one when the
+        # icon is redrawn, and an old one may still be listed, unmapped.
+        found = xdotool(self.display, "search", "--onlyvisible", "--class", "tray-icon").stdout.split()
+        return found[-1] if found else None
 
     def open(self):
-        wid = until("the tray icon", self.icon)
-        geometry = dict(
-            line.split("=", 1) for line in xdotool(self.display, "getwindowgeometry", "--shell", wid).stdout.split()
-        )
-        x = int(geometry["X"]) + int(geometry["WIDTH"]) // 2
-        y = int(geometry["Y"]) + int(geometry["HEIGHT"]) // 2
         self.baseline = self.popups()
-        xdotool(self.display, "mousemove", str(x), str(y), "click", "3")
-        # The menu is a popup window of the app; wait until it is mapped.
-        until("the menu to open", lambda: self.popups() > self.baseline)
+        # A right-click that lands while the tray host swaps the icon's
+        # window opens nothing; clicking again then is safe (no menu is
+        # open to close), so the click is repeated, a bounded number of times.
+        for attempt in range(3):
+            wid = until("the tray icon", self.icon)
+            geometry = dict(
+                line.split("=", 1) for line in xdotool(self.display, "getwindowgeometry", "--shell", wid).stdout.split()
+            )
+            x = int(geometry["X"]) + int(geometry["WIDTH"]) // 2
+            y = int(geometry["Y"]) + int(geometry["HEIGHT"]) // 2
+            xdotool(self.display, "mousemove", str(x), str(y), "click", "3")
+            # The menu is a popup window of the app; wait until it is mapped.
+            deadline = time.monotonic() + PATIENCE / 6
+            while time.monotonic() < deadline and self.popups() <= self.baseline:
+                time.sleep(0.05)
+            if self.popups() > self.baseline:
+                break
+            log(f"tray: no menu after a right-click on icon {wid} at {x},{y} (attempt {attempt + 1})")
+        else:
+            icons = xdotool(self.display, "search", "--class", "tray-icon").stdout.split()
+            fail(f"the menu did not open; tray-icon windows: {icons}")
         # Away from the menu, so the pointer selects nothing and the keys count from the end.
         xdotool(self.display, "mousemove", "5", "5")
         return x, y
@@ -342,6 +375,24 @@ def tray_test(binary, artifacts):
         shutil.rmtree(home, ignore_errors=True)
 
 
+def headless_test(binary):
+    log("headless: no display → a clear message, exit 2, nothing started")
+    home = home_with("")
+    try:
+        env = app_env(home, "")
+        for name in ("DISPLAY", "WAYLAND_DISPLAY"):
+            env.pop(name, None)
+        result = subprocess.run([binary], env=env, capture_output=True, timeout=PATIENCE)
+        message = result.stderr.decode(errors="replace")
+        if result.returncode != 2 or "no display" not in message or "lemon-gateway serve" not in message:
+            fail(f"without a display: exit {result.returncode}, {message!r}")
+        if os.path.exists(os.path.join(home, "lemon.db")):
+            fail("a gateway was started without a display")
+        log(f"headless: {message.strip()}")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def system_python():
     """A Python with Debian's python3-dbus and python3-gi, for the fake
     notification server: the one on PATH when it has them, else /usr/bin/python3."""
@@ -365,18 +416,37 @@ def instance_test(binary, artifacts):
                     "--heighttype", "pixel", "--height", "40", "--transparent", "false"],
                    env={**os.environ, "DISPLAY": display}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # The desktop's notification server, on this run's session bus.
-    server = spawn([system_python(), os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_notifications.py")],
+    server = spawn([system_python(), os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_desktop_bus.py")],
                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     calls = Log(server.stdout)
-    until("the notification server to own its name", lambda: calls.find(r"^ready$"))
+    until("the notification server and file manager to own their names", lambda: calls.find(r"^ready$"))
+
+    def bus_calls(name):
+        return [c for c in (json.loads(line) for line in list(calls.lines) if line.startswith("{"))
+                if c["call"] == name]
 
     def notified():
-        return [json.loads(line) for line in list(calls.lines) if line.startswith("{")]
+        return bus_calls("Notify")
 
     home = home_with("[gateway.engines.echo]\ndelay_ms = 20\n")
+    # "Show logs" opens the log with the desktop's default program: a fake
+    # xdg-open, first on PATH, writes down what it was asked to open.
+    bin_dir = os.path.join(home, "bin")
+    opened = os.path.join(home, "xdg-open.txt")
+    os.makedirs(bin_dir)
+    with open(os.path.join(bin_dir, "xdg-open"), "w") as f:
+        f.write(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{opened}"\n')
+    os.chmod(os.path.join(bin_dir, "xdg-open"), 0o755)
+    env = app_env(home, display)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    autostart_dir = os.path.join(home, ".config", "autostart")
+
+    def autostart_entries():
+        return os.listdir(autostart_dir) if os.path.isdir(autostart_dir) else []
+
     output = None
     try:
-        proc, output, base, ready = start_app(binary, home, display)
+        proc, output, base, ready = start_app(binary, home, display, env)
         if "tray=true" not in ready or "window=false" not in ready:
             fail(f"with a tray the window should start hidden: {ready}")
         if window_of(display):
@@ -396,7 +466,7 @@ def instance_test(binary, artifacts):
 
         # A second launch on the same home ends at once and shows the first one's window.
         started = time.monotonic()
-        second = subprocess.run([binary], env=app_env(home, display), capture_output=True, timeout=PATIENCE)
+        second = subprocess.run([binary], env=env, capture_output=True, timeout=PATIENCE)
         took = time.monotonic() - started
         if second.returncode != 0:
             fail(f"the second launch exited with {second.returncode}: {second.stderr.decode(errors='replace')}")
@@ -414,8 +484,42 @@ def instance_test(binary, artifacts):
         until("the app to see the run finish", lambda: output.last(r'run finished run_id="?shown-1"? notified=false'))
         screenshot(display, os.path.join(artifacts, "second-launch.png"))
 
+        # Start at login, from the menu: the XDG autostart entry is written,
+        # the item is checked, and the second time the entry is gone.
         wait_drawn(output, "Lemon Gateway: idle", "Idle")
+        if autostart_entries():
+            fail(f"an autostart entry before Start at login: {autostart_entries()}")
         menu = Menu(display)
+        menu.open()
+        menu.choose(2)
+        until("the autostart entry", autostart_entries)
+        entry = os.path.join(autostart_dir, autostart_entries()[0])
+        with open(entry) as f:
+            text = f.read()
+        if "[Desktop Entry]" not in text or "Exec=" not in text:
+            fail(f"the autostart entry is no desktop entry: {text!r}")
+        wait_drawn(output, "Lemon Gateway: idle", "Idle", autostart=True)
+        until("the menu to close", menu.closed)
+        menu.open()
+        menu.choose(2)
+        until("the autostart entry to be removed", lambda: not autostart_entries())
+        wait_drawn(output, "Lemon Gateway: idle", "Idle", autostart=False)
+        log(f"instance: Start at login wrote {os.path.basename(entry)} into ~/.config/autostart and removed it")
+        # Reveal config folder asks the file manager to show config.toml.
+        until("the menu to close", menu.closed)
+        menu.open()
+        menu.choose(5)
+        config_uri = "file://" + os.path.join(home, "config.toml")
+        until("ShowItems for config.toml", lambda: any(c["uris"] == [config_uri] for c in bus_calls("ShowItems")))
+        log("instance: Reveal config folder → FileManager1.ShowItems config.toml")
+        # Show logs opens the app's log.
+        until("the menu to close", menu.closed)
+        menu.open()
+        menu.choose(4)
+        log_file = os.path.join(home, "logs", "desktop.log")
+        until("xdg-open on the log", lambda: os.path.exists(opened) and log_file in open(opened).read())
+        log("instance: Show logs → xdg-open logs/desktop.log")
+        until("the menu to close", menu.closed)
         menu.open()
         menu.choose(1)
         until("the app to exit", lambda: proc.poll() is not None)
@@ -556,11 +660,13 @@ def main():
     os.makedirs(artifacts, exist_ok=True)
     try:
         only = os.environ.get("LEMON_DESKTOP_E2E_ONLY", "")
+        if only in ("", "headless"):
+            headless_test(binary)
         if only in ("", "tray"):
             tray_test(binary, artifacts)
         if only in ("", "instance"):
             instance_test(binary, artifacts)
-        if only in ("tray", "instance"):
+        if only in ("headless", "tray", "instance"):
             pass
         elif driver:
             window_test(binary, artifacts, driver)

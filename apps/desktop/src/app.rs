@@ -192,7 +192,7 @@ impl<R: Runtime> Shell for TauriShell<R> {
             // What the tray shows now: the end-to-end test waits for this
             // line before it opens the menu, since a rebuilt menu closes an
             // open one.
-            tracing::debug!(status = %tooltip, icon = ?state, "tray drawn");
+            tracing::debug!(status = %tooltip, icon = ?state, autostart = view.autostart, "tray drawn");
         }
         *drawn = Some((entries, state, tooltip));
     }

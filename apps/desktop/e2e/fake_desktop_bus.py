@@ -1,12 +1,15 @@
 #!/usr/bin/python3
-"""A fake desktop notification server on the session bus.
+"""Fake desktop services on the session bus: the notification server and the
+file manager.
 
 Owns org.freedesktop.Notifications and answers the Desktop Notifications
 Specification's methods (Notify, GetCapabilities, GetServerInformation,
-CloseNotification) at /org/freedesktop/Notifications. Every Notify call is
-printed to stdout as one JSON line ({"app_name", "summary", "body", ...});
-"ready" is printed once the name is owned. Needs Debian's python3-dbus and
-python3-gi (the system Python: /usr/bin/python3).
+CloseNotification) at /org/freedesktop/Notifications, and owns
+org.freedesktop.FileManager1 and answers ShowItems at
+/org/freedesktop/FileManager1. Every Notify and ShowItems call is printed to
+stdout as one JSON line ({"call": "Notify", "summary", "body", ...} or
+{"call": "ShowItems", "uris"}); "ready" is printed once both names are owned.
+Needs Debian's python3-dbus and python3-gi (the system Python: /usr/bin/python3).
 """
 
 import json
@@ -19,6 +22,8 @@ from gi.repository import GLib
 
 NAME = "org.freedesktop.Notifications"
 PATH = "/org/freedesktop/Notifications"
+FILE_MANAGER = "org.freedesktop.FileManager1"
+FILE_MANAGER_PATH = "/org/freedesktop/FileManager1"
 
 
 class Notifications(dbus.service.Object):
@@ -30,6 +35,7 @@ class Notifications(dbus.service.Object):
     def Notify(self, app_name, replaces_id, app_icon, summary, body, actions, hints, expire_timeout):
         self.last_id += 1
         print(json.dumps({
+            "call": "Notify",
             "id": self.last_id,
             "app_name": str(app_name),
             "summary": str(summary),
@@ -55,17 +61,26 @@ class Notifications(dbus.service.Object):
         pass
 
 
+class FileManager(dbus.service.Object):
+    def __init__(self, bus):
+        super().__init__(bus, FILE_MANAGER_PATH)
+
+    @dbus.service.method(FILE_MANAGER, in_signature="ass", out_signature="")
+    def ShowItems(self, uris, startup_id):
+        print(json.dumps({"call": "ShowItems", "uris": [str(u) for u in uris]}), flush=True)
+
+
 def main():
     dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
     bus = dbus.SessionBus()
-    name = dbus.service.BusName(NAME, bus, do_not_queue=True)
-    service = Notifications(bus)
+    names = [dbus.service.BusName(n, bus, do_not_queue=True) for n in (NAME, FILE_MANAGER)]
+    services = [Notifications(bus), FileManager(bus)]
     print("ready", flush=True)
     try:
         GLib.MainLoop().run()
     except KeyboardInterrupt:
         pass
-    del service, name
+    del services, names
     return 0
 
 
