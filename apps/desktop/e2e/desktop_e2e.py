@@ -482,7 +482,18 @@ def instance_test(binary, artifacts):
         if status != 202:
             fail(f"submit: {status} {body}")
         until("the app to see the run finish", lambda: output.last(r'run finished run_id="?shown-1"? notified=false'))
-        screenshot(display, os.path.join(artifacts, "second-launch.png"))
+        # The page paints a moment after the window is mapped: the picture is
+        # taken once the window is no longer one flat colour.
+        shot = os.path.join(artifacts, "second-launch.png")
+
+        def painted():
+            subprocess.run(["import", "-window", wid, shot], env={**os.environ, "DISPLAY": display},
+                           check=True, timeout=30)
+            spread = subprocess.run(["convert", shot, "-format", "%[fx:standard_deviation]", "info:"],
+                                    capture_output=True, text=True, timeout=30).stdout.strip()
+            return float(spread or 0) > 0.01
+        until("the window to be painted", painted, every=0.2)
+        log(f"screenshot {shot}")
 
         # Start at login, from the menu: the XDG autostart entry is written,
         # the item is checked, and the second time the entry is gone.
