@@ -59,10 +59,10 @@ mod opencode;
 mod pi;
 pub(crate) mod process;
 mod resume;
-mod runner;
+pub(crate) mod runner;
 mod settings;
 mod tools;
-mod translate;
+pub(crate) mod translate;
 
 pub use process::{
     kill_leftover_group, spawn_helper, Helper, HelperChild, HelperSpec, Leftover, ProcessRecorder,

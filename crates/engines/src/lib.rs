@@ -19,6 +19,8 @@ use lemon_core::engine::{Availability, Engine, EngineRegistry, RegistryError, Un
 pub mod cli;
 pub mod config;
 pub mod echo;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod llm;
 pub mod native;
 pub mod tools;

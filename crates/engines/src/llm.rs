@@ -26,7 +26,7 @@ use lemon_core::secrets::SecretValue;
 use lemon_core::tool::ToolSpec;
 
 pub mod anthropic;
-mod http;
+pub(crate) mod http;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod retry;

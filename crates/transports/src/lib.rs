@@ -25,6 +25,8 @@
 pub mod delivery;
 pub mod discord;
 pub mod email;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod telegram;
 pub mod webhook;
 pub mod xmtp;

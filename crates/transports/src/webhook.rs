@@ -39,7 +39,7 @@ mod callback;
 mod check;
 mod config;
 mod idempotency;
-mod payload;
+pub(crate) mod payload;
 mod request_info;
 mod service;
 
@@ -908,7 +908,7 @@ async fn attachments_json(artifacts: &[Artifact]) -> Value {
 }
 
 /// Decodes `%XX` and `+`; `None` for invalid UTF-8.
-fn percent_decode(raw: &str) -> Option<String> {
+pub(crate) fn percent_decode(raw: &str) -> Option<String> {
     let bytes = raw.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -15,7 +15,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use base64::Engine as _;
 use futures::{SinkExt, StreamExt};
 use lemon_core::ids::EngineRef;
 use lemon_core::router::RouterHandle;
@@ -31,7 +30,7 @@ use crate::calls::CallRecords;
 use crate::config::{VoiceConfig, VoiceSecrets};
 use crate::deepgram::{self, ListenError, Listener};
 use crate::tts::Speaker;
-use crate::twilio::{self, Inbound, TwilioRest};
+use crate::twilio::{self, read_frame, Frame, TwilioRest};
 
 /// How long a call's stream has to connect after its webhook.
 const CONNECT_WITHIN: Duration = Duration::from_secs(30);
@@ -443,10 +442,10 @@ async fn serve_stream(shared: Arc<Shared>, socket: WebSocket) {
     let start = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(Ok(message)) = stream.next().await {
             let Message::Text(text) = message else { continue };
-            match serde_json::from_str::<Inbound>(&text) {
-                Ok(Inbound::Start { start }) => return Some(start),
-                Ok(_) => {}
-                Err(_) => tracing::debug!("undecodable media-stream message ignored"),
+            match read_frame(&text) {
+                start @ Frame::Start { .. } => return Some(start),
+                Frame::Undecodable => tracing::debug!("undecodable media-stream message ignored"),
+                _ => {}
             }
         }
         None
@@ -454,16 +453,14 @@ async fn serve_stream(shared: Arc<Shared>, socket: WebSocket) {
     .await
     .ok()
     .flatten();
-    let Some(start) = start else {
+    let Some(Frame::Start { stream_sid, call_sid, token }) = start else {
         let _ = out_tx.send(Out::Close).await;
         return;
     };
-    let token = start.custom_parameters.get("token").and_then(|v| v.as_str()).unwrap_or("");
+    let token = token.unwrap_or_default();
     let pending =
-        shared.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(token);
-    let Some(pending) =
-        pending.filter(|p| start.call_sid.is_empty() || p.call_sid == start.call_sid)
-    else {
+        shared.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&token);
+    let Some(pending) = pending.filter(|p| call_sid.is_empty() || p.call_sid == call_sid) else {
         tracing::warn!("a media stream without a valid call token was refused");
         let _ = out_tx.send(Out::Close).await;
         return;
@@ -489,7 +486,7 @@ async fn serve_stream(shared: Arc<Shared>, socket: WebSocket) {
         shared: shared.clone(),
         call_sid: pending.call_sid.clone(),
         from: pending.from.clone(),
-        stream_sid: start.stream_sid.clone(),
+        stream_sid,
         out: out_tx.clone(),
         heard,
         twilio: twilio_rx,
@@ -516,28 +513,21 @@ async fn serve_stream(shared: Arc<Shared>, socket: WebSocket) {
             }
             _ => continue,
         };
-        match serde_json::from_str::<Inbound>(&text) {
-            Ok(Inbound::Media { media }) => {
-                if media.track.as_deref().is_some_and(|t| t != "inbound") {
-                    continue;
-                }
-                let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(&media.payload)
-                else {
-                    continue;
-                };
+        match read_frame(&text) {
+            Frame::Audio(bytes) => {
                 if audio.try_send(bytes.into()).is_err() {
                     dropped += 1;
                 }
             }
-            Ok(Inbound::Mark { mark }) => {
-                let _ = twilio_tx.send(FromTwilio::Mark(mark.name)).await;
+            Frame::Mark(name) => {
+                let _ = twilio_tx.send(FromTwilio::Mark(name)).await;
             }
-            Ok(Inbound::Stop) => {
+            Frame::Stop => {
                 let _ = twilio_tx.send(FromTwilio::Stop).await;
                 break;
             }
-            Ok(_) => {}
-            Err(_) => tracing::debug!("undecodable media-stream message ignored"),
+            Frame::Undecodable => tracing::debug!("undecodable media-stream message ignored"),
+            Frame::Start { .. } | Frame::DroppedMedia | Frame::Other => {}
         }
     }
     if dropped > 0 {

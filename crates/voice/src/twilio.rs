@@ -111,6 +111,55 @@ pub(crate) struct MarkInfo {
     pub(crate) name: String,
 }
 
+impl MediaInfo {
+    /// The caller's μ-law audio this message carries: `None` for another
+    /// track or a payload that is not base64.
+    pub(crate) fn inbound_audio(&self) -> Option<Vec<u8>> {
+        if self.track.as_deref().is_some_and(|t| t != "inbound") {
+            return None;
+        }
+        base64::engine::general_purpose::STANDARD.decode(&self.payload).ok()
+    }
+}
+
+/// One media-stream message as the stream reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// The stream started: its sid, the call's sid and the call token it carries.
+    Start { stream_sid: String, call_sid: String, token: Option<String> },
+    /// The caller's μ-law audio.
+    Audio(Vec<u8>),
+    /// Audio of another track, or a payload that is not base64: dropped.
+    DroppedMedia,
+    /// Twilio played the audio before this mark.
+    Mark(String),
+    /// The call hung up.
+    Stop,
+    /// `connected`, `dtmf` and anything newer.
+    Other,
+    /// Not a message of the protocol: ignored.
+    Undecodable,
+}
+
+/// Reads one text message of the media stream, as the stream does.
+pub fn read_frame(text: &str) -> Frame {
+    match serde_json::from_str::<Inbound>(text) {
+        Ok(Inbound::Start { start }) => Frame::Start {
+            token: start.custom_parameters.get("token").and_then(|v| v.as_str()).map(str::to_owned),
+            stream_sid: start.stream_sid,
+            call_sid: start.call_sid,
+        },
+        Ok(Inbound::Media { media }) => match media.inbound_audio() {
+            Some(audio) => Frame::Audio(audio),
+            None => Frame::DroppedMedia,
+        },
+        Ok(Inbound::Mark { mark }) => Frame::Mark(mark.name),
+        Ok(Inbound::Stop) => Frame::Stop,
+        Ok(Inbound::Connected | Inbound::Other) => Frame::Other,
+        Err(_) => Frame::Undecodable,
+    }
+}
+
 /// A `media` message carrying μ-law `audio` to the caller.
 pub(crate) fn media_message(stream_sid: &str, audio: &[u8]) -> String {
     let payload = base64::engine::general_purpose::STANDARD.encode(audio);
@@ -308,6 +357,39 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(stop, Inbound::Stop));
+    }
+
+    #[test]
+    fn frames_read_as_the_stream_uses_them() {
+        let start = read_frame(
+            r#"{"event":"start","start":{"streamSid":"MZ1","callSid":"CA1","customParameters":{"token":"abc"}},"streamSid":"MZ1"}"#,
+        );
+        assert_eq!(
+            start,
+            Frame::Start {
+                stream_sid: "MZ1".to_owned(),
+                call_sid: "CA1".to_owned(),
+                token: Some("abc".to_owned())
+            }
+        );
+        let audio = read_frame(r#"{"event":"media","media":{"track":"inbound","payload":"/38="}}"#);
+        assert_eq!(audio, Frame::Audio(vec![0xFF, 0x7F]));
+        // Another track and a payload that is not base64 are dropped.
+        for dropped in [
+            r#"{"event":"media","media":{"track":"outbound","payload":"/38="}}"#,
+            r#"{"event":"media","media":{"payload":"not base64!"}}"#,
+        ] {
+            assert_eq!(read_frame(dropped), Frame::DroppedMedia, "{dropped}");
+        }
+        assert_eq!(
+            read_frame(r#"{"event":"mark","mark":{"name":"turn-1"}}"#),
+            Frame::Mark("turn-1".to_owned())
+        );
+        assert_eq!(read_frame(r#"{"event":"stop"}"#), Frame::Stop);
+        assert_eq!(read_frame(r#"{"event":"connected","protocol":"Call"}"#), Frame::Other);
+        for undecodable in ["", "{", r#"{"event":"start"}"#, r#"{"event":"media"}"#, "[1]"] {
+            assert_eq!(read_frame(undecodable), Frame::Undecodable, "{undecodable}");
+        }
     }
 
     #[test]

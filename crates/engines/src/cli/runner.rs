@@ -105,7 +105,7 @@ pub(crate) async fn start(
         model: invocation.model.clone(),
         provider: settings.provider.clone(),
     };
-    let parser = parser(vendor, ctx, &invocation, resume.is_some());
+    let parser = parser(vendor, ctx, invocation.new_session.clone(), resume.is_some());
     let env = settings::child_env(&base_env, &invocation.env, &settings, api_key.as_deref());
     let Invocation { args, stdin, prompt_is_last_arg, .. } = invocation;
     let spec = ProcessSpec { program, args, cwd: req.cwd.clone(), env, stdin, prompt_is_last_arg };
@@ -151,17 +151,19 @@ pub(crate) async fn start(
     Ok(Arc::new(CliControl { cancel, steer: steer_tx, stopped }))
 }
 
-fn parser(
+/// `vendor`'s stream parser; `new_session` is pi's new session file, `resumed`
+/// whether the run continues a session.
+pub(crate) fn parser(
     vendor: Vendor,
     ctx: ParseContext,
-    invocation: &Invocation,
+    new_session: Option<String>,
     resumed: bool,
 ) -> Box<dyn StreamParser> {
     match vendor {
         Vendor::Claude => Box::new(claude::Parser::new(ctx)),
         Vendor::Codex => Box::new(codex::Parser::new(ctx)),
         Vendor::Opencode => Box::new(opencode::Parser::new(ctx)),
-        Vendor::Pi => Box::new(pi::Parser::new(ctx, invocation.new_session.clone(), resumed)),
+        Vendor::Pi => Box::new(pi::Parser::new(ctx, new_session, resumed)),
         Vendor::Droid => Box::new(droid::Parser::new(ctx)),
     }
 }

@@ -181,7 +181,7 @@ fn random_below(bound: u64) -> u64 {
 }
 
 /// The close codes after which identifying or resuming again cannot help.
-fn fatal_close(code: u16) -> Option<&'static str> {
+pub(crate) fn fatal_close(code: u16) -> Option<&'static str> {
     match code {
         4004 => Some("Discord rejected the bot token (close code 4004): check bot_token_secret"),
         4010 => Some("Discord refused the shard (close code 4010)"),
@@ -366,7 +366,7 @@ fn heartbeat(seq: Option<u64>) -> WsMessage {
     WsMessage::text(json!({ "op": 1, "d": seq }).to_string())
 }
 
-fn ready(d: &Value) -> Option<GatewayEvent> {
+pub(crate) fn ready(d: &Value) -> Option<GatewayEvent> {
     let user: User = serde_json::from_value(d.get("user")?.clone()).ok()?;
     let session_id = d.get("session_id")?.as_str()?.to_owned();
     let resume_url = d.get("resume_gateway_url")?.as_str()?.to_owned();
@@ -379,22 +379,22 @@ fn ready(d: &Value) -> Option<GatewayEvent> {
 
 /// A gateway payload.
 #[derive(Debug, Deserialize)]
-struct Payload {
-    op: u8,
+pub(crate) struct Payload {
+    pub(crate) op: u8,
     #[serde(default)]
-    d: Value,
+    pub(crate) d: Value,
     #[serde(default)]
-    s: Option<u64>,
+    pub(crate) s: Option<u64>,
     #[serde(default)]
-    t: Option<String>,
+    pub(crate) t: Option<String>,
 }
 
 /// The socket closed with this code.
 #[derive(Debug)]
-struct Closed(u16);
+pub(crate) struct Closed(pub(crate) u16);
 
 /// The next payload; `None` when the connection is gone without a close code.
-async fn next_payload<S>(socket: &mut S) -> Option<Result<Payload, Closed>>
+pub(crate) async fn next_payload<S>(socket: &mut S) -> Option<Result<Payload, Closed>>
 where
     S: futures::Stream<Item = Result<WsMessage, tokio_tungstenite::tungstenite::Error>> + Unpin,
 {

@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 use super::{first_string, nested_string};
 
 /// Most attachments one request may carry.
-pub(super) const MAX_ATTACHMENTS: usize = 100;
+pub(crate) const MAX_ATTACHMENTS: usize = 100;
 
 /// How deep attachment lists and wrapper objects are followed.
 const MAX_DEPTH: usize = 8;
@@ -31,18 +31,18 @@ const ATTACHMENT_FIELDS: [&str; 3] = ["attachments", "files", "urls"];
 
 /// One attachment, as the prompt lists it and `meta.webhook` and callbacks carry it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Attachment {
+pub(crate) struct Attachment {
     /// The body field it came from: `attachments`, `files` or `urls`.
-    pub(super) source: &'static str,
-    pub(super) url: Option<String>,
-    pub(super) name: Option<String>,
-    pub(super) content_type: Option<String>,
-    pub(super) size: Option<u64>,
+    pub(crate) source: &'static str,
+    pub(crate) url: Option<String>,
+    pub(crate) name: Option<String>,
+    pub(crate) content_type: Option<String>,
+    pub(crate) size: Option<u64>,
 }
 
 impl Attachment {
     /// `{"source", "url"?, "name"?, "content_type"?, "size"?}`.
-    pub(super) fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         let mut out = Map::new();
         out.insert("source".to_owned(), json!(self.source));
         let fields =
@@ -71,17 +71,17 @@ impl Attachment {
 
 /// A normalised body.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Payload {
+pub(crate) struct Payload {
     /// The text followed by the `Attachments:` section.
-    pub(super) prompt: String,
-    pub(super) attachments: Vec<Attachment>,
+    pub(crate) prompt: String,
+    pub(crate) attachments: Vec<Attachment>,
     /// A JSON object.
-    pub(super) metadata: Value,
+    pub(crate) metadata: Value,
 }
 
 /// Why a body is not a payload.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(super) enum PayloadError {
+pub(crate) enum PayloadError {
     /// No text and no attachments: answered `422 invalid request payload`.
     #[error("missing prompt: set \"prompt\" (or \"text\", \"message\", \"input\", \"content.text\") or attach files")]
     MissingPrompt,
@@ -97,7 +97,7 @@ impl Payload {
     /// [`PayloadError::MissingPrompt`] without text and attachments;
     /// [`PayloadError::Invalid`] for too many attachments or metadata that is
     /// not an object.
-    pub(super) fn from_body(body: &Value) -> Result<Payload, PayloadError> {
+    pub(crate) fn from_body(body: &Value) -> Result<Payload, PayloadError> {
         let text = text_of(body);
         let attachments = attachments_of(body).map_err(PayloadError::Invalid)?;
         if text.is_none() && attachments.is_empty() {
@@ -119,7 +119,7 @@ impl Payload {
     }
 
     /// The attachments as a JSON list.
-    pub(super) fn attachments_json(&self) -> Value {
+    pub(crate) fn attachments_json(&self) -> Value {
         Value::Array(self.attachments.iter().map(Attachment::to_json).collect())
     }
 }
