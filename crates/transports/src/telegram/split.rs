@@ -165,10 +165,15 @@ pub(crate) fn plan(src: &str, max_utf16: usize) -> Vec<Chunk> {
     let source = Source::new(src);
     let mut chunks = Vec::new();
     let mut pos = 0;
+    // The opening of the code block the last chunk closed with a fence line of
+    // its own, if it did.
+    let mut closed_block = None;
     loop {
         let reopening = source.reopening_fence(pos);
         if let Some(fence) = reopening {
-            if src[pos..fence.close_start].trim().is_empty() {
+            if closed_block == Some(fence.open_start)
+                && src[pos..fence.close_start].trim().is_empty()
+            {
                 // The previous chunk's closing fence already ended this block.
                 pos = fence.close_end;
                 continue;
@@ -195,6 +200,11 @@ pub(crate) fn plan(src: &str, max_utf16: usize) -> Vec<Chunk> {
             body.end = pos + src[body.clone()].trim_end().len();
         }
         if !src[body.clone()].trim().is_empty() || !reopen.is_empty() {
+            closed_block = if close.is_empty() {
+                None
+            } else {
+                source.open_fence_at_end(body.end).ok().flatten().map(|f| f.open_start)
+            };
             chunks.push(Chunk { reopen, body, close });
         }
         pos = next;

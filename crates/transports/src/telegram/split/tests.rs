@@ -59,6 +59,20 @@ fn surrogate_pairs_are_never_split() {
     check("a🙂b", 2, &["a", "🙂", "b"]);
 }
 
+/// Found by fuzzing: with a limit too small for fence lines, chunks cut a code
+/// block without closing it, so the block's own closing fence must not be
+/// skipped as if a chunk had already closed it.
+#[test]
+fn a_closing_fence_no_chunk_closed_is_kept_at_a_tiny_limit() {
+    let src = "````md\n```\ninner\n```\n````\n";
+    let chunks = split_markdown(src, 2);
+    let joined: String = chunks.concat();
+    let ticks = |text: &str| text.chars().filter(|&c| c == '`').count();
+    assert_eq!(ticks(&joined), ticks(src), "chunks {chunks:?}");
+    let visible = |text: &str| text.chars().filter(|c| !c.is_whitespace()).collect::<String>();
+    assert_eq!(visible(&joined), visible(src));
+}
+
 #[test]
 fn a_limit_below_two_still_fits_every_character() {
     assert_eq!(split_markdown("ab🙂", 0), ["ab", "🙂"]);
