@@ -19,6 +19,8 @@ mod dashboard_e2e;
 mod discord_e2e;
 mod doctor_e2e;
 mod email_e2e;
+mod fault_cli;
+mod fault_support;
 mod fault_telegram;
 mod first_run;
 mod gateway_e2e;

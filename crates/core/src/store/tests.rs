@@ -1318,7 +1318,7 @@ async fn sqlite_journal_routes_of_older_and_newer_builds_still_read() {
 #[tokio::test]
 async fn process_groups_are_recorded_listed_and_forgotten_on_every_backend() {
     for Backend { name, store, _dir } in backends() {
-        let group = ProcessGroupRecord { pgid: 4321, start_time: 987_654, session: 4000 };
+        let group = ProcessGroupRecord { pgid: 4321, start_time: 987_654, session: 4000, scope: 7 };
         store.record_process_group(group).await.unwrap();
         assert_eq!(store.process_groups().await.unwrap(), vec![group], "{name}");
         // Stored as plain JSON, readable by any backend or tool.
