@@ -20,6 +20,7 @@ mod discord_e2e;
 mod doctor_e2e;
 mod email_e2e;
 mod fault_cli;
+mod fault_kill;
 mod fault_llm;
 mod fault_store;
 mod fault_support;
