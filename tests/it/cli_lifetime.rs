@@ -191,7 +191,12 @@ async fn a_start_kills_a_recorded_group_but_never_a_process_that_reused_its_pid(
     let record = |child: &tokio::process::Child, start_time_shift: u64| {
         let pid = child.id().unwrap() as i32;
         let (_, start_time, session) = stat(pid).unwrap();
-        ProcessGroupRecord { pgid: pid, start_time: start_time - start_time_shift, session }
+        ProcessGroupRecord {
+            pgid: pid,
+            start_time: start_time - start_time_shift,
+            session,
+            scope: 0,
+        }
     };
     {
         let store = StoreHandle::open_sqlite(&home.path().join("lemon.db")).unwrap();

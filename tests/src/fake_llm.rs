@@ -90,6 +90,12 @@ pub enum Turn {
     Status { status: u16, message: String },
     /// Streams the last message's text back word by word.
     Echo,
+    /// Sends the headers and the text, then resets the connection mid-stream.
+    Reset(Vec<String>),
+    /// Sends the headers and the text, then events that are not the protocol's
+    /// (a `data:` line cut off, one that is not JSON, a JSON value of no known
+    /// shape, control characters), then closes the stream without ending the turn.
+    Garbage(Vec<String>),
 }
 
 fn pieces(chunks: &[&str]) -> Vec<String> {
@@ -115,6 +121,14 @@ impl Turn {
 
     pub fn stall(chunks: &[&str]) -> Self {
         Turn::Stall(pieces(chunks))
+    }
+
+    pub fn reset(chunks: &[&str]) -> Self {
+        Turn::Reset(pieces(chunks))
+    }
+
+    pub fn garbage(chunks: &[&str]) -> Self {
+        Turn::Garbage(pieces(chunks))
     }
 }
 
@@ -382,6 +396,12 @@ async fn handle(
             };
             stream_response(frames, Some(shared.stop.clone()))
         }
+        Turn::Reset(text) => broken_stream_response(prefix(protocol, &model, &text)),
+        Turn::Garbage(text) => {
+            let mut frames = prefix(protocol, &model, &text);
+            frames.extend(GARBAGE_EVENTS.iter().map(|event| (*event).to_owned()));
+            stream_response(frames, None)
+        }
         turn => {
             let frames = match protocol {
                 Protocol::ChatCompletions => chat::frames(&model, &turn),
@@ -473,6 +493,39 @@ fn stream_response(events: Vec<String>, hang: Option<CancellationToken>) -> Resp
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
         .body(body)
+        .expect("a valid response")
+}
+
+/// The start of a turn that streams `text` and has not ended.
+fn prefix(protocol: Protocol, model: &str, text: &[String]) -> Vec<String> {
+    match protocol {
+        Protocol::ChatCompletions => chat::prefix(model, text),
+        Protocol::Responses => responses::prefix(model, text),
+        Protocol::Messages => messages::prefix(model, text),
+    }
+}
+
+/// What a garbled stream sends after its text: none of it is an event of any
+/// of the three protocols.
+const GARBAGE_EVENTS: [&str; 4] = [
+    "data: {\"choices\": [{\"delta\": \n\n",
+    "event: content_block_delta\ndata: not json at all\n\n",
+    "data: [1, 2, 3]\n\n",
+    "data: \u{fffd}\u{0}\u{1}\n\n",
+];
+
+/// A streamed 200 whose body fails after `events`: the server resets the
+/// connection in the middle of the stream.
+fn broken_stream_response(events: Vec<String>) -> Response {
+    let head = futures::stream::iter(events.into_iter().map(|e| Ok(Bytes::from(e))));
+    let reset = futures::stream::once(async {
+        Err::<Bytes, std::io::Error>(std::io::Error::other("connection reset by the fake"))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(head.chain(reset)))
         .expect("a valid response")
 }
 
@@ -596,7 +649,11 @@ fn named(name: &str, value: &Value) -> String {
 /// The pieces a turn streams, for its usage.
 fn output_count(turn: &Turn) -> u64 {
     let n = match turn {
-        Turn::Text(text) | Turn::ErrorAfter(text) | Turn::Stall(text) => text.len(),
+        Turn::Text(text)
+        | Turn::ErrorAfter(text)
+        | Turn::Stall(text)
+        | Turn::Reset(text)
+        | Turn::Garbage(text) => text.len(),
         Turn::ToolCalls { text, calls } => {
             text.len() + calls.iter().map(|c| c.argument_chunks.len() + 1).sum::<usize>()
         }

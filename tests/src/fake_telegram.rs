@@ -16,6 +16,7 @@
 mod limits;
 mod multipart;
 mod state;
+mod types;
 
 use std::fmt::{self, Write as _};
 use std::net::SocketAddr;
@@ -28,7 +29,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::{Json, Router};
-use lemon_transports::telegram::types::{BotCommand, MessageEntity};
 use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use limits::{Enforcement, LimitKind, RateLimits};
 use state::State;
+pub use types::{Command, Entity};
 
 /// A started fake. Clones share the server; it stops when the last clone is
 /// dropped, or at [`FakeTelegram::shutdown`].
@@ -301,6 +302,21 @@ pub enum Fault {
     MigrateTo(i64),
     /// The status with an HTML body, as a proxy in front of the Bot API answers.
     NonJson(u16),
+    /// Network latency: the call reaches the fake this much later (its limits
+    /// and answer are decided then); the answer is the usual one.
+    Delay(Duration),
+    /// The connection is closed without an answer; the call is not acted on.
+    Drop,
+    /// The call is held open and never answered, until the client gives up (its
+    /// timeout) or the fake stops; it is not acted on.
+    Hang,
+}
+
+impl Fault {
+    /// Whether the fault acts on the connection rather than on the answer.
+    fn is_connection_fault(&self) -> bool {
+        matches!(self, Fault::Delay(_) | Fault::Drop | Fault::Hang)
+    }
 }
 
 /// One call the fake received.
@@ -325,7 +341,7 @@ pub struct BotMessage {
     pub chat_id: i64,
     pub message_id: i64,
     pub text: String,
-    pub entities: Vec<MessageEntity>,
+    pub entities: Vec<Entity>,
     /// Every text the message showed, the first one first; the last is `text`.
     pub versions: Vec<String>,
     /// How many edits were accepted.
@@ -423,7 +439,7 @@ impl<'a> Snapshot<'a> {
     }
 
     /// The commands this bot last set.
-    pub fn commands(&self) -> &'a [BotCommand] {
+    pub fn commands(&self) -> &'a [Command] {
         self.state.commands(self.bot)
     }
 
@@ -581,7 +597,7 @@ impl FakeTelegram {
     }
 
     /// The commands this bot last set.
-    pub fn commands(&self) -> Vec<BotCommand> {
+    pub fn commands(&self) -> Vec<Command> {
         self.snapshot(|s| s.commands().to_vec())
     }
 
@@ -755,6 +771,10 @@ impl Fault {
                 parameters: Some(json!({ "migrate_to_chat_id": chat_id })),
             },
             Fault::NonJson(code) => Reply::Html(code),
+            // Taken off the queue before the answer is made (`take_connection_fault`).
+            Fault::Delay(_) | Fault::Drop | Fault::Hang => {
+                Reply::error(500, "a connection fault reached the answer")
+            }
         }
     }
 }
@@ -788,6 +808,15 @@ async fn handle(
         }
     };
     let call = shared.update(|s| s.record_call(Some(bot), &method, params.clone(), None));
+    match shared.update(|s| s.take_connection_fault(bot, &method)) {
+        Some(Fault::Delay(latency)) => tokio::time::sleep(latency).await,
+        Some(Fault::Drop) => return dropped_connection(),
+        Some(Fault::Hang) => {
+            shared.stop.cancelled().await;
+            return dropped_connection();
+        }
+        _ => {}
+    }
     let reply = if method.eq_ignore_ascii_case("getUpdates") {
         get_updates(&shared, bot, call, &params).await
     } else {
@@ -798,6 +827,15 @@ async fn handle(
         })
     };
     reply.into_response()
+}
+
+/// An answer whose body fails before its first byte: the server closes the
+/// connection, and the client sees it end without a response.
+fn dropped_connection() -> Response {
+    let failing = futures::stream::once(async {
+        Err::<Bytes, std::io::Error>(std::io::Error::other("connection dropped by the fake"))
+    });
+    Response::new(axum::body::Body::from_stream(failing))
 }
 
 /// Any other path: what Telegram answers.

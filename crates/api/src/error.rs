@@ -41,6 +41,11 @@ pub enum ApiError {
     Overloaded { pending: usize },
     #[error("the gateway is shutting down")]
     ShuttingDown,
+    /// The request could not be written to the store (its disk is full, its
+    /// file is locked by another process): nothing was accepted, and the client
+    /// can try again. The detail is logged, not sent.
+    #[error("the request could not be stored; try again later")]
+    StoreUnavailable(String),
     /// Something failed on our side; the detail is logged, not sent.
     #[error("internal error")]
     Internal(String),
@@ -62,7 +67,9 @@ impl ApiError {
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ShuttingDown | ApiError::StoreUnavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -70,8 +77,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if let ApiError::Internal(detail) = &self {
-            tracing::error!(error = %detail, "request failed");
+        match &self {
+            ApiError::Internal(detail) => tracing::error!(error = %detail, "request failed"),
+            ApiError::StoreUnavailable(detail) => {
+                tracing::warn!(error = %detail, "request refused: the store cannot write");
+            }
+            _ => {}
         }
         let mut response =
             (self.status(), Json(serde_json::json!({ "error": self.to_string() }))).into_response();
@@ -83,6 +94,9 @@ impl IntoResponse for ApiError {
             }
             ApiError::Overloaded { .. } | ApiError::ShuttingDown => {
                 response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            ApiError::StoreUnavailable(_) => {
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
             }
             _ => {}
         }

@@ -277,7 +277,7 @@ pub const PROCESS_GROUPS_NAMESPACE: &str = "process_groups";
 /// A process group the gateway started (a CLI run) and has not reaped yet.
 /// Written when the group starts and removed once it is reaped; what a start
 /// finds left over belonged to a gateway that died without reaping it.
-/// Stored in `kv` as `{"pgid", "start_time", "session"}`.
+/// Stored in `kv` as `{"pgid", "start_time", "session", "scope"}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessGroupRecord {
     /// The group id: the leader's pid.
@@ -287,6 +287,11 @@ pub struct ProcessGroupRecord {
     pub start_time: u64,
     /// The leader's session id: every member of the group is in it.
     pub session: i32,
+    /// The value of `LEMON_PROCESS_SCOPE` in the leader's environment, which its
+    /// descendants inherit even when they leave the group (`setsid`); 0 in
+    /// records written before it existed.
+    #[serde(default)]
+    pub scope: u64,
 }
 
 /// The runs: one row per accepted run, from `queued` to its final status.

@@ -66,6 +66,7 @@ pub(crate) mod translate;
 
 pub use process::{
     kill_leftover_group, spawn_helper, Helper, HelperChild, HelperSpec, Leftover, ProcessRecorder,
+    SCOPE_ENV,
 };
 pub use settings::which;
 pub use translate::describe;

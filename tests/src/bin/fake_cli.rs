@@ -12,6 +12,9 @@
 //! | `FAKE_CLI_HANG=1` | after the replay, never exit |
 //! | `FAKE_CLI_IGNORE_SIGTERM=1` | block SIGTERM (only SIGKILL stops it) |
 //! | `FAKE_CLI_GRANDCHILD=1` | start a grandchild that sleeps forever (and inherits stdout) |
+//! | `FAKE_CLI_GRANDCHILD=setsid` | the same, but the grandchild calls `setsid` first: it leaves the CLI's process group and session, as a daemon does |
+//! | `FAKE_CLI_SIGNAL_LOG` | JSON lines of what happened to the CLI, each with `at_ms` (Unix time in ms): `{"signal":"SIGTERM"}` for every SIGTERM (which is then ignored), and, from a witness process outside the CLI's group, `{"event":"killed"}` when the CLI died without exiting (only SIGKILL can do that then) or `{"event":"exited"}` |
+//! | `FAKE_CLI_FLOOD_LINES` | first print that many short JSON lines that are no event of any vendor |
 //! | `FAKE_CLI_PID_FILE` | JSON `{pid, pgid, grandchild}`, written before the first line |
 //! | `FAKE_CLI_ARGS_FILE` | line 1: JSON `{argv, cwd}`; then everything read from stdin |
 //! | `FAKE_CLI_ENV_FILE` | the whole environment as a JSON object |
@@ -35,6 +38,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, BufRead, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
@@ -52,9 +56,37 @@ fn flag(name: &str) -> bool {
 }
 
 fn main() -> ExitCode {
-    if var("FAKE_CLI_ROLE").as_deref() == Some("sleeper") {
-        sleep_forever();
+    match var("FAKE_CLI_ROLE").as_deref() {
+        Some("sleeper") => sleep_forever(),
+        Some("sleeper-setsid") => {
+            if let Err(err) = nix::unistd::setsid() {
+                eprintln!("fake-cli: setsid failed: {err}");
+            }
+            sleep_forever();
+        }
+        Some("witness") => return witness(),
+        _ => {}
     }
+    // Kept until the process ends: the witness sees the pipe close when it dies.
+    let mut witness_pipe = None;
+    if let Some(log) = var("FAKE_CLI_SIGNAL_LOG") {
+        match record_signals(&log) {
+            Ok(pipe) => witness_pipe = Some(pipe),
+            Err(err) => {
+                eprintln!("fake-cli: could not record signals: {err}");
+                return ExitCode::from(70);
+            }
+        }
+    }
+    let code = run_with_options();
+    if let Some(mut pipe) = witness_pipe {
+        // A normal exit, told to the witness before the pipe closes.
+        let _ = pipe.write_all(b"exit\n");
+    }
+    code
+}
+
+fn run_with_options() -> ExitCode {
     if flag("FAKE_CLI_IGNORE_SIGTERM") {
         let mut set = SigSet::empty();
         set.add(Signal::SIGTERM);
@@ -94,9 +126,11 @@ fn run() -> io::Result<ExitCode> {
         let (name, content) = spec.split_once('=').unwrap_or((&spec, ""));
         fs::write(name, content)?;
     }
-    let grandchild = if flag("FAKE_CLI_GRANDCHILD") {
+    let grandchild_mode = var("FAKE_CLI_GRANDCHILD");
+    let grandchild = if let Some(mode) = grandchild_mode.filter(|m| m != "0" && m != "false") {
+        let role = if mode == "setsid" { "sleeper-setsid" } else { "sleeper" };
         let child = Command::new(std::env::current_exe()?)
-            .env("FAKE_CLI_ROLE", "sleeper")
+            .env("FAKE_CLI_ROLE", role)
             .stdin(Stdio::null())
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
@@ -134,6 +168,12 @@ fn run() -> io::Result<ExitCode> {
     let fixture = if retrying { retry_fixture } else { var("FAKE_CLI_FIXTURE") };
 
     let mut out = io::stdout().lock();
+    if let Some(lines) = var("FAKE_CLI_FLOOD_LINES").and_then(|n| n.parse::<u64>().ok()) {
+        for n in 0..lines {
+            writeln!(out, "{{\"type\":\"fake_cli_flood\",\"n\":{n}}}")?;
+        }
+        out.flush()?;
+    }
     if let Some(bytes) = var("FAKE_CLI_OVERSIZED_LINE_BYTES").and_then(|n| n.parse::<usize>().ok())
     {
         let chunk = vec![b'x'; 64 * 1024];
@@ -220,6 +260,58 @@ fn read_stdin(args_file: Option<&Path>, lines: &(Mutex<usize>, Condvar)) -> Vec<
         }
     }
     input
+}
+
+/// Unix time in milliseconds: one clock for the CLI and its witness.
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis())
+}
+
+fn append_line(path: &str, line: &serde_json::Value) {
+    if let Ok(mut file) = fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(file, "{line}");
+    }
+}
+
+/// Blocks SIGTERM and records each one from a thread (the CLI goes on), and
+/// starts the witness that records how the CLI ends. Returns the witness's pipe.
+fn record_signals(log: &str) -> io::Result<std::process::ChildStdin> {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None).map_err(io::Error::other)?;
+    let path = log.to_owned();
+    thread::spawn(move || {
+        while let Ok(signal) = set.wait() {
+            append_line(
+                &path,
+                &serde_json::json!({ "signal": signal.as_str(), "at_ms": now_ms() }),
+            );
+        }
+    });
+    // In a process group of its own, so a signal to the CLI's group misses it.
+    let mut witness = Command::new(std::env::current_exe()?)
+        .env("FAKE_CLI_ROLE", "witness")
+        .env("FAKE_CLI_SIGNAL_LOG", log)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()?;
+    witness.stdin.take().ok_or_else(|| io::Error::other("the witness has no stdin"))
+}
+
+/// The witness: waits for the CLI's pipe to close and records whether the CLI
+/// said it was exiting first.
+fn witness() -> ExitCode {
+    let mut said = String::new();
+    let _ = io::Read::read_to_string(&mut io::stdin(), &mut said);
+    let event = if said.contains("exit") { "exited" } else { "killed" };
+    if let Some(log) = var("FAKE_CLI_SIGNAL_LOG") {
+        append_line(&log, &serde_json::json!({ "event": event, "at_ms": now_ms() }));
+    }
+    ExitCode::SUCCESS
 }
 
 fn sleep_forever() -> ! {

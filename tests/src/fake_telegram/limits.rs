@@ -26,9 +26,8 @@ pub enum Enforcement {
 /// The limits on `sendMessage` and `editMessageText`, per bot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimits {
-    /// Shortest gap after the previous accepted call for the same chat. Telegram
-    /// asks for one second; the default of 900 ms lets a client that spaces its
-    /// calls a second apart pass despite network jitter.
+    /// Shortest gap after the previous accepted call for the same chat, measured
+    /// when the calls arrive: one second, as Telegram asks.
     pub chat_interval: Duration,
     /// Most calls accepted for one group chat (negative id) in any 60 s.
     pub group_per_minute: usize,
@@ -41,7 +40,7 @@ impl RateLimits {
     /// Telegram's published limits, enforced with 429 answers.
     pub fn telegram() -> Self {
         RateLimits {
-            chat_interval: Duration::from_millis(900),
+            chat_interval: Duration::from_secs(1),
             group_per_minute: 20,
             overall_per_second: 30,
             enforcement: Enforcement::Reject,

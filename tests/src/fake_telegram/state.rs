@@ -4,11 +4,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lemon_transports::telegram::types::{BotCommand, MessageEntity};
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use super::limits::{retry_after_secs, Enforcement, Limiter, RateLimits};
+use super::types::{Command, Entity, SetMyCommands, ENTITY_TYPES};
 use super::{
     BotFile, BotMessage, Call, ChatKind, ChatSpec, Fault, InjectedMessage, Reply, Upload, Violation,
 };
@@ -62,7 +62,7 @@ struct BotState {
     waiting_polls: usize,
     /// The sticky `allowed_updates`; empty means every kind.
     allowed_updates: Vec<String>,
-    commands: Vec<BotCommand>,
+    commands: Vec<Command>,
     /// Faults for the next calls, by lowercase method name.
     faults: HashMap<String, VecDeque<Fault>>,
     limiter: Limiter,
@@ -183,7 +183,7 @@ impl State {
             .unwrap_or_default()
     }
 
-    pub(super) fn commands(&self, bot: usize) -> &[BotCommand] {
+    pub(super) fn commands(&self, bot: usize) -> &[Command] {
         &self.bots[bot].commands
     }
 
@@ -210,6 +210,17 @@ impl State {
 
     pub(super) fn push_fault(&mut self, bot: usize, method: &str, fault: Fault) {
         self.bots[bot].faults.entry(method.to_ascii_lowercase()).or_default().push_back(fault);
+    }
+
+    /// The next fault of `method` if it acts on the connection (latency, a drop,
+    /// a hang) rather than on the answer; answer faults stay queued.
+    pub(super) fn take_connection_fault(&mut self, bot: usize, method: &str) -> Option<Fault> {
+        let queue = self.bots[bot].faults.get_mut(&method.to_ascii_lowercase())?;
+        if queue.front().is_some_and(Fault::is_connection_fault) {
+            queue.pop_front()
+        } else {
+            None
+        }
     }
 
     pub(super) fn add_chat(&mut self, spec: &ChatSpec) {
@@ -431,8 +442,23 @@ impl State {
     fn set_my_commands(&mut self, bot: usize, params: &Map<String, Value>) -> Result<Value, Reply> {
         let commands = param_json(params, "commands")
             .ok_or_else(|| Reply::bad_request("parameter \"commands\" is required"))?;
-        let commands: Vec<BotCommand> = serde_json::from_value(commands)
-            .map_err(|_| Reply::bad_request("can't parse commands JSON object"))?;
+        // The whole call in the fake's own type: a field Telegram does not know fails.
+        let mut body = params.clone();
+        body.insert("commands".into(), commands);
+        for name in ["scope"] {
+            if let Some(value) = param_json(params, name) {
+                body.insert(name.into(), value);
+            }
+        }
+        let SetMyCommands { commands, scope, language_code } =
+            serde_json::from_value(Value::Object(body))
+                .map_err(|_| Reply::bad_request("can't parse commands JSON object"))?;
+        if scope.is_some_and(|scope| scope.get("type").and_then(Value::as_str).is_none()) {
+            return Err(Reply::bad_request("can't parse BotCommandScope JSON object"));
+        }
+        if language_code.is_some_and(|code| code.len() != 2) {
+            return Err(Reply::bad_request("invalid language code specified"));
+        }
         if commands.len() > 100 {
             return Err(Reply::bad_request("too many commands"));
         }
@@ -823,7 +849,7 @@ fn update_kind(update: &Value) -> Option<&str> {
 /// The text and entities of a `sendMessage` or `editMessageText`, checked as
 /// Telegram checks them: not blank, at most 4096 UTF-16 code units, entities
 /// inside the text.
-fn formatted_text(params: &Map<String, Value>) -> Result<(String, Vec<MessageEntity>), Reply> {
+fn formatted_text(params: &Map<String, Value>) -> Result<(String, Vec<Entity>), Reply> {
     let text = match params.get("text") {
         Some(Value::String(text)) => text.clone(),
         Some(Value::Number(number)) => number.to_string(),
@@ -836,12 +862,18 @@ fn formatted_text(params: &Map<String, Value>) -> Result<(String, Vec<MessageEnt
     if length > MAX_TEXT_UTF16 {
         return Err(Reply::bad_request("message is too long"));
     }
-    let entities: Vec<MessageEntity> = match param_json(params, "entities") {
+    let entities: Vec<Entity> = match param_json(params, "entities") {
         None => Vec::new(),
         Some(entities) => serde_json::from_value(entities)
             .map_err(|e| Reply::bad_request(format!("can't parse entities: {e}")))?,
     };
     for entity in &entities {
+        if !ENTITY_TYPES.contains(&entity.kind.as_str()) {
+            return Err(Reply::bad_request(format!(
+                "can't parse entities: unsupported entity type \"{}\"",
+                entity.kind
+            )));
+        }
         let end = entity.offset.checked_add(entity.length);
         if end.is_none_or(|end| end > length) {
             return Err(Reply::bad_request(format!(

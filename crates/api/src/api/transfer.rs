@@ -120,7 +120,7 @@ impl From<RouteError> for ApiError {
             // `resume.value: invalid resume token for claude (it starts with '-')`
             invalid @ RouteError::Invalid { .. } => ApiError::BadRequest(invalid.to_string()),
             RouteError::Refused(err) => err.into(),
-            RouteError::Journal(err) => err.into(),
+            RouteError::Journal(err) => ApiError::StoreUnavailable(err.to_string()),
             RouteError::RunIdConflict { .. } => ApiError::Conflict(err.to_string()),
             RouteError::CwdNotAllowed { .. } => ApiError::BadRequest(err.to_string()),
         }

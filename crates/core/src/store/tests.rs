@@ -1318,16 +1318,31 @@ async fn sqlite_journal_routes_of_older_and_newer_builds_still_read() {
 #[tokio::test]
 async fn process_groups_are_recorded_listed_and_forgotten_on_every_backend() {
     for Backend { name, store, _dir } in backends() {
-        let group = ProcessGroupRecord { pgid: 4321, start_time: 987_654, session: 4000 };
+        let group = ProcessGroupRecord { pgid: 4321, start_time: 987_654, session: 4000, scope: 7 };
         store.record_process_group(group).await.unwrap();
         assert_eq!(store.process_groups().await.unwrap(), vec![group], "{name}");
         // Stored as plain JSON, readable by any backend or tool.
         let raw = store.kv_get(PROCESS_GROUPS_NAMESPACE, "4321", 0).await.unwrap();
         assert_eq!(
             raw,
-            Some(json!({ "pgid": 4321, "start_time": 987_654, "session": 4000 })),
+            Some(json!({ "pgid": 4321, "start_time": 987_654, "session": 4000, "scope": 7 })),
             "{name}"
         );
+        // A record written before the scope existed reads with scope 0.
+        store
+            .kv_put(
+                PROCESS_GROUPS_NAMESPACE,
+                "4321",
+                json!({ "pgid": 4321, "start_time": 987_654, "session": 4000 }),
+                None,
+            )
+            .await;
+        assert_eq!(
+            store.process_groups().await.unwrap(),
+            vec![ProcessGroupRecord { scope: 0, ..group }],
+            "{name}"
+        );
+        store.record_process_group(group).await.unwrap();
         // An unreadable record is dropped, the others kept.
         store.kv_put(PROCESS_GROUPS_NAMESPACE, "77", json!({ "pgid": "x" }), None).await;
         assert_eq!(store.process_groups().await.unwrap(), vec![group], "{name}");

@@ -16,6 +16,14 @@
 //! [`ProcessRecorder`]) while it runs, and the next start kills what a killed
 //! gateway left ([`kill_leftover_group`]).
 //!
+//! A descendant can leave the group (`setsid`, `setpgid`: a daemon, a dev
+//! server), so a signal to the group misses it. Every child carries a scope of
+//! its own in its environment ([`SCOPE_ENV`]), which its descendants inherit
+//! wherever they go; whenever a group is killed, so is every process started
+//! since its leader whose environment holds that scope (read from
+//! `/proc/<pid>/environ`). Only a descendant that replaces its whole
+//! environment before it execs escapes this.
+//!
 //! Output is read through bounded buffers: [`LineReader`] yields stdout lines up to a
 //! limit and skips (without storing) the rest of a longer line; [`StderrTail`] keeps
 //! the last few KiB of stderr.
@@ -26,6 +34,7 @@ use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -42,6 +51,27 @@ use tokio_util::task::TaskTracker;
 
 /// How much of stderr is kept (its last bytes).
 pub(crate) const STDERR_TAIL_BYTES: usize = 8 * 1024;
+
+/// The environment variable that carries a child's scope to all its descendants.
+pub const SCOPE_ENV: &str = "LEMON_PROCESS_SCOPE";
+
+/// A scope no other child of this or another gateway has: the time and pid of
+/// this gateway's first spawn, then a counter.
+fn new_scope() -> u64 {
+    static BASE: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let base = *BASE.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos());
+        // Truncation is fine: the value only has to differ from other gateways'.
+        #[allow(clippy::cast_possible_truncation)]
+        let nanos = nanos as u64;
+        nanos ^ (u64::from(std::process::id()) << 40)
+    });
+    // Never 0, which stands for "no scope" in older records.
+    base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)).max(1)
+}
 
 /// What the child reads on stdin.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,11 +150,13 @@ pub(crate) async fn spawn(
     // so that cwd, environment, process group and kill-on-drop are always set.
     #[allow(clippy::disallowed_methods)]
     let mut command = Command::new(&spec.program);
+    let scope = new_scope();
     command
         .args(&spec.args)
         .current_dir(&spec.cwd)
         .env_clear()
         .envs(&spec.env)
+        .env(SCOPE_ENV, scope.to_string())
         .stdin(if spec.stdin == StdinMode::Null { Stdio::null() } else { Stdio::piped() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -140,10 +172,12 @@ pub(crate) async fn spawn(
     let pgid =
         Pid::from_raw(i32::try_from(pid).map_err(|_| SpawnError::Vanished(spec.program.clone()))?);
     // The leader is not reaped yet, so its /proc entry is there (a zombie at worst).
-    let group = proc_stat(pgid.as_raw()).map(|stat| ProcessGroupRecord {
+    let leader = proc_stat(pgid.as_raw());
+    let group = leader.map(|stat| ProcessGroupRecord {
         pgid: pgid.as_raw(),
         start_time: stat.start_time,
         session: stat.session,
+        scope,
     });
     tracing::debug!(
         pid,
@@ -176,7 +210,13 @@ pub(crate) async fn spawn(
         _ => None,
     };
     Ok(Spawned {
-        child: CliChild { child, pgid, exit: None, _stop_stdin: stop.drop_guard() },
+        child: CliChild {
+            child,
+            pgid,
+            strays: leader.map(|stat| Strays { scope, since: stat.start_time }),
+            exit: None,
+            _stop_stdin: stop.drop_guard(),
+        },
         stdout: LineReader::new(stdout, max_line_bytes),
         stderr: StderrTail::new(stderr, STDERR_TAIL_BYTES),
         stdin,
@@ -403,6 +443,50 @@ fn parse_stat(pid: i32, text: &str) -> Option<ProcStat> {
     })
 }
 
+/// A child's scope and its leader's start time: whose descendants count as its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Strays {
+    scope: u64,
+    since: u64,
+}
+
+/// Whether the environment (`/proc/<pid>/environ`: `NAME=value` entries, each
+/// ended by a NUL) holds `SCOPE_ENV=scope`.
+fn environ_has_scope(environ: &[u8], scope: u64) -> bool {
+    let wanted = format!("{SCOPE_ENV}={scope}");
+    environ.split(|byte| *byte == 0).any(|entry| entry == wanted.as_bytes())
+}
+
+/// SIGKILLs every live process started no earlier than `strays.since` whose
+/// environment holds the scope, wherever it is (another group, another session);
+/// how many. Processes of other users, whose environment cannot be read, are
+/// never ours.
+fn kill_strays(strays: Strays) -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+    let own = std::process::id();
+    let mut killed = 0;
+    for pid in entries.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok()) {
+        if u32::try_from(pid).is_ok_and(|pid| pid == own) {
+            continue;
+        }
+        let Some(stat) = proc_stat(pid) else { continue };
+        if !stat.alive || stat.start_time < strays.since {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        if environ_has_scope(&environ, strays.scope) {
+            match nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL) {
+                Ok(()) => killed += 1,
+                Err(Errno::ESRCH) => {}
+                Err(err) => {
+                    tracing::warn!(pid, error = %err, "could not kill a process that left its cli's group")
+                }
+            }
+        }
+    }
+    killed
+}
+
 /// Live processes that can belong to the recorded group: in it, in its session,
 /// and started no earlier than its leader.
 fn leftover_members(group: &ProcessGroupRecord) -> Vec<ProcStat> {
@@ -447,8 +531,14 @@ pub fn kill_leftover_group(group: &ProcessGroupRecord) -> Leftover {
     }
     let members = leftover_members(group);
     let leader_alive = leader.is_some_and(|stat| stat.alive);
+    // Descendants that left the group, found by the scope in their environment.
+    let strays = if group.scope == 0 {
+        0
+    } else {
+        kill_strays(Strays { scope: group.scope, since: group.start_time })
+    };
     if members.is_empty() && !leader_alive {
-        return Leftover::Gone;
+        return if strays == 0 { Leftover::Gone } else { Leftover::Killed { processes: strays } };
     }
     let pgid = Pid::from_raw(group.pgid);
     match killpg(pgid, Signal::SIGKILL) {
@@ -461,8 +551,11 @@ pub fn kill_leftover_group(group: &ProcessGroupRecord) -> Leftover {
     if let Some(stat) = leader.filter(|stat| stat.alive && stat.pgrp != group.pgid) {
         let _ = nix::sys::signal::kill(Pid::from_raw(stat.pid), Signal::SIGKILL);
     }
-    let processes =
-        members.len() + usize::from(leader.is_some_and(|s| s.alive && s.pgrp != group.pgid));
+    // The members and leader also hold the scope: the scan killed them before
+    // the group signal if it saw them first.
+    let processes = (members.len()
+        + usize::from(leader.is_some_and(|s| s.alive && s.pgrp != group.pgid)))
+    .max(strays);
     Leftover::Killed { processes }
 }
 
@@ -565,6 +658,9 @@ impl Exit {
 pub(crate) struct CliChild {
     child: Child,
     pgid: Pid,
+    /// Whose descendants outside the group are killed with it; `None` when
+    /// `/proc` could not tell the leader's start time.
+    strays: Option<Strays>,
     /// Set once the leader has been reaped.
     exit: Option<Exit>,
     /// Stops the stdin writer when the child goes away.
@@ -606,12 +702,28 @@ impl CliChild {
         }
     }
 
+    /// SIGKILLs the group and every descendant that left it.
+    pub(crate) fn kill_all(&self) {
+        self.signal_group(Signal::SIGKILL);
+        if let Some(strays) = self.strays {
+            let killed = kill_strays(strays);
+            if killed > 0 {
+                tracing::debug!(
+                    pgid = self.pgid.as_raw(),
+                    killed,
+                    "killed processes that left the cli's group"
+                );
+            }
+        }
+    }
+
     /// SIGKILLs the group and reaps the leader.
     pub(crate) async fn kill(&mut self) -> Exit {
         self.signal_group(Signal::SIGKILL);
         let exit = self.wait().await;
-        // Members that outlived the leader (it may have exited just before the signal).
-        self.signal_group(Signal::SIGKILL);
+        // Members that outlived the leader (it may have exited just before the
+        // signal), and descendants that left the group.
+        self.kill_all();
         exit
     }
 
@@ -619,14 +731,14 @@ impl CliChild {
     /// the leader is reaped and any member left is killed.
     pub(crate) async fn terminate(&mut self, grace: Duration) -> Exit {
         if let Some(exit) = self.exit {
-            self.signal_group(Signal::SIGKILL);
+            self.kill_all();
             return exit;
         }
         self.signal_group(Signal::SIGTERM);
         match tokio::time::timeout(grace, self.wait()).await {
             Ok(exit) => {
                 // Members that ignored SIGTERM must not outlive the run.
-                self.signal_group(Signal::SIGKILL);
+                self.kill_all();
                 exit
             }
             Err(_elapsed) => {
@@ -644,7 +756,7 @@ impl Drop for CliChild {
     fn drop(&mut self) {
         // Only before the leader is reaped: until then its pid (the group id) cannot be reused.
         if self.exit.is_none() {
-            self.signal_group(Signal::SIGKILL);
+            self.kill_all();
         }
     }
 }

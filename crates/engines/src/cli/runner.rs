@@ -29,7 +29,6 @@ use lemon_core::engine::{
     EngineError, EngineEvent, EventSink, RunControl, StartRequest, SteerError,
 };
 use lemon_core::ids::RunId;
-use nix::sys::signal::Signal;
 use tokio::process::{ChildStderr, ChildStdout};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -303,8 +302,9 @@ impl Supervisor {
                 }
                 status = self.child.wait(), if exit.is_none() => {
                     exit = Some(status);
-                    // Whatever the CLI left running dies with it, closing the pipes it held.
-                    self.child.signal_group(Signal::SIGKILL);
+                    // Whatever the CLI left running dies with it, closing the pipes it
+                    // held: its group, and descendants that left the group.
+                    self.child.kill_all();
                     finish_deadline = Some(Instant::now() + self.grace);
                 }
                 () = sleep_until(idle) => {

@@ -6,8 +6,10 @@
 //! mean, which destinations have a cap of their own) and picks its
 //! [`OutboxSettings`]; [`Outbox`] does the rest:
 //!
-//! - Pacing: a least interval between the starts of two calls to one
-//!   destination (sends and edits alike), an optional cap per destination in a
+//! - Pacing: a least interval between two calls to one destination (sends and
+//!   edits alike), counted from the later of the previous call's start and its
+//!   answer, so a slow answer cannot bring two calls closer together at the
+//!   service than the interval; an optional cap per destination in a
 //!   rolling window (the sink says which destinations have one) and an optional
 //!   overall cap in a rolling window. Destinations take turns, so a busy one
 //!   cannot starve the others.
@@ -133,7 +135,8 @@ pub trait Sink: Send + Sync + 'static {
 /// Pacing and retry settings, chosen by the channel.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxSettings {
-    /// Least time between the starts of two calls to one destination.
+    /// Least time between two calls to one destination, from the later of the
+    /// previous call's start and its answer.
     pub interval: Duration,
     /// The cap of calls over all destinations, if any.
     pub overall: Option<Window>,
@@ -799,7 +802,12 @@ impl<S: Sink> Actor<S> {
     }
 
     fn complete(&mut self, done: CallDone<S>, now: Instant) {
+        let interval = self.settings.interval;
         let Some(queue) = self.queues.get_mut(&done.dest) else { return };
+        // The interval counts from the answer too: the service sees a call when it
+        // arrives, which a slow connection delays, so two calls started an interval
+        // apart can reach it closer together than that.
+        queue.not_before = queue.not_before.max(now + interval);
         // One call per destination is in flight, so it is the one just answered.
         match (queue.in_flight.take(), done.result) {
             (Some(InFlight::Send(send)), CallResult::Send(result)) => {

@@ -157,6 +157,14 @@ impl From<ApiError> for OpenAiError {
                 retry_after: Some(1),
                 ..OpenAiError::new(status, "server_error", message).with_code("shutting_down")
             },
+            ApiError::StoreUnavailable(detail) => {
+                tracing::warn!(error = %detail, "request refused: the store cannot write");
+                OpenAiError {
+                    retry_after: Some(5),
+                    ..OpenAiError::new(status, "server_error", message)
+                        .with_code("store_unavailable")
+                }
+            }
             ApiError::Internal(detail) => {
                 // Logged once with its detail; the client gets the generic text.
                 tracing::error!(error = %detail, "request failed");

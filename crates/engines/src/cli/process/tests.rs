@@ -129,7 +129,9 @@ async fn a_child_gets_exactly_its_environment_its_cwd_and_its_stdin() {
         .map(String::as_str)
         .filter(|l| !["PWD=", "OLDPWD=", "SHLVL=", "_="].iter().any(|p| l.starts_with(p)))
         .collect();
-    assert_eq!(env, ["ONLY_THIS=yes", "PATH=/usr/bin:/bin"]);
+    // Its environment, and the scope its descendants carry wherever they go.
+    let scope = format!("{SCOPE_ENV}={}", spawned.group.unwrap().scope);
+    assert_eq!(env, [scope.as_str(), "ONLY_THIS=yes", "PATH=/usr/bin:/bin"]);
 }
 
 #[tokio::test]
@@ -264,4 +266,88 @@ async fn a_helper_speaks_over_its_pipes_in_its_own_group_and_is_terminated() {
     assert_eq!(err, "s3cret-value\n", "the environment reached it");
     let exit = helper.child.terminate(Duration::from_secs(5)).await;
     assert_eq!(exit, "signal 15");
+}
+
+#[test]
+fn the_scope_is_found_only_as_a_whole_entry_of_the_environment() {
+    let environ = format!("PATH=/bin\0{SCOPE_ENV}=42\0HOME=/h\0").into_bytes();
+    assert!(environ_has_scope(&environ, 42));
+    assert!(!environ_has_scope(&environ, 4));
+    assert!(!environ_has_scope(&format!("{SCOPE_ENV}=420\0").into_bytes(), 42));
+    assert!(!environ_has_scope(&format!("X{SCOPE_ENV}=42\0").into_bytes(), 42));
+    assert!(!environ_has_scope(b"", 42));
+}
+
+/// A shell that starts a `setsid` sleeper (out of the group and session), prints
+/// its pid and exits; the sleeper's stdout is not the pipe.
+async fn leaves_a_setsid_sleeper(tracker: &TaskTracker) -> (Spawned, i32) {
+    let spec = ProcessSpec {
+        program: PathBuf::from("/bin/sh"),
+        args: vec![
+            "-c".to_owned(),
+            "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!".to_owned(),
+        ],
+        cwd: std::env::temp_dir(),
+        env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
+        stdin: StdinMode::Null,
+        prompt_is_last_arg: false,
+    };
+    let mut spawned = spawn(spec, 64, tracker).await.unwrap();
+    let Some(StdoutLine::Line(pid)) = spawned.stdout.next_line().await.unwrap() else {
+        panic!("the shell prints the sleeper's pid")
+    };
+    (spawned, pid.trim().parse().unwrap())
+}
+
+/// `setsid` leaves the group, so a group signal misses it; it may not have
+/// called it yet when the shell's `echo` runs.
+async fn until_out_of_group(pid: i32, pgid: i32) -> ProcStat {
+    eventually("the sleeper leaves the group", || {
+        proc_stat(pid).filter(|stat| stat.alive && stat.pgrp != pgid)
+    })
+    .await
+}
+
+/// Polls `probe` until it gives a value, bounded: the kernel acts on `setsid`
+/// and on signals in its own time.
+async fn eventually<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    lemon_core::testing::within(what, async {
+        loop {
+            if let Some(value) = probe() {
+                return value;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+}
+
+fn gone(pid: i32) -> Option<()> {
+    proc_stat(pid).is_none_or(|stat| !stat.alive).then_some(())
+}
+
+#[tokio::test]
+async fn a_descendant_that_left_the_group_is_killed_with_it() {
+    let tracker = TaskTracker::new();
+    let (mut spawned, sleeper) = leaves_a_setsid_sleeper(&tracker).await;
+    let pgid = spawned.child.pgid();
+    let stat = until_out_of_group(sleeper, pgid).await;
+    assert_ne!(stat.session, spawned.group.unwrap().session, "setsid made a session of its own");
+    spawned.child.wait().await;
+    spawned.child.kill_all();
+    eventually("the sleeper is killed", || gone(sleeper)).await;
+}
+
+#[tokio::test]
+async fn a_leftover_group_takes_its_descendants_outside_the_group_along() {
+    let tracker = TaskTracker::new();
+    let (mut spawned, sleeper) = leaves_a_setsid_sleeper(&tracker).await;
+    let group = spawned.group.unwrap();
+    until_out_of_group(sleeper, group.pgid).await;
+    // The leader is gone and reaped, as after a gateway killed with SIGKILL.
+    spawned.child.wait().await;
+    assert_eq!(kill_leftover_group(&group), Leftover::Killed { processes: 1 });
+    eventually("the sleeper is killed", || gone(sleeper)).await;
+    // A record without a scope (written by an older gateway) finds nothing.
+    assert_eq!(kill_leftover_group(&ProcessGroupRecord { scope: 0, ..group }), Leftover::Gone);
 }

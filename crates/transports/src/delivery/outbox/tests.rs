@@ -390,8 +390,9 @@ async fn an_edit_back_to_the_shown_content_while_another_is_in_flight_is_made() 
         just_calls(&calls),
         [send("ann", "a"), edit("ann", note.id, "b"), edit("ann", note.id, "a")]
     );
-    // Recorded when answered: "b" at 1.5 s, "a" started at 2 s and answered at 2.5 s.
-    assert_eq!(h.since_start(calls[2].1), Duration::from_millis(2500));
+    // Recorded when answered: "b" at 1.5 s; "a" starts an interval after that
+    // answer, at 2.5 s, and is answered at 3 s.
+    assert_eq!(h.since_start(calls[2].1), Duration::from_millis(3000));
 }
 
 #[tokio::test(start_paused = true)]
