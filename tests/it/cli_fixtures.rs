@@ -529,11 +529,11 @@ async fn pi_new_session_is_promoted_to_the_session_id() {
         Vendor::Pi,
         "synth_from_runner_test_structs.jsonl",
         &[
-            "S(pi:abcd)",
+            "S(pi:abcd-1234)",
             r#"A(started t1 command "ls" -)"#,
             r#"A(completed t1 command "ls" true)"#,
             r#"D("Hello")"#,
-            r#"C(ok=true, answer "Hello", resume pi:abcd)"#,
+            r#"C(ok=true, answer "Hello", resume pi:abcd-1234)"#,
         ],
     ))
     .await;
