@@ -117,7 +117,8 @@ fn installed_clis() -> Option<PathBuf> {
     let root = std::env::var_os("LEMON_REAL_CLIS_DIR").map(PathBuf::from).or_else(|| {
         std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache/lemon-tests/clis"))
     })?;
-    let lock = std::fs::read_to_string(root.join("package-lock.json")).unwrap_or_default();
+    // scripts/test writes the lock it installed from once the install is done.
+    let lock = std::fs::read_to_string(root.join("installed.lock")).unwrap_or_default();
     if lock == PACKAGE_LOCK && root.join("node_modules/.bin").is_dir() {
         return Some(root.join("node_modules/.bin"));
     }
