@@ -29,8 +29,12 @@ fn a_new_session_is_resumed_by_its_whole_id() {
         crate::cli::Vendor::Pi,
         &Default::default(),
     );
+    let home = tempfile::tempdir().unwrap();
     let cwd = std::path::PathBuf::from("/tmp/proj");
-    let base = std::collections::BTreeMap::new();
+    let base = std::collections::BTreeMap::from([(
+        "HOME".to_owned(),
+        home.path().to_string_lossy().into_owned(),
+    )]);
     let input = CommandInput {
         settings: &settings,
         prompt: "hi",
