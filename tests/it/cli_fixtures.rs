@@ -529,11 +529,11 @@ async fn pi_new_session_is_promoted_to_the_session_id() {
         Vendor::Pi,
         "synth_from_runner_test_structs.jsonl",
         &[
-            "S(pi:abcd)",
+            "S(pi:abcd-1234)",
             r#"A(started t1 command "ls" -)"#,
             r#"A(completed t1 command "ls" true)"#,
             r#"D("Hello")"#,
-            r#"C(ok=true, answer "Hello", resume pi:abcd)"#,
+            r#"C(ok=true, answer "Hello", resume pi:abcd-1234)"#,
         ],
     ))
     .await;
@@ -574,4 +574,102 @@ async fn pi_resumed_edit_failure_with_stop_reason_error() {
     assert!(action_detail(&events, "toolu_e1", "started")["changes"].is_array());
     let argv = read_args(&harness.file("args")).argv;
     assert_eq!(argv[argv.len() - 3..], ["--session", "3f2a9c1e", "Do the thing"]);
+}
+
+// What the real CLIs printed (captured by tests/it/real_cli.rs), replayed:
+// a call of the CLI's shell tool and the answer after it.
+
+#[tokio::test]
+async fn claude_real_capture_tool_call() {
+    let case = Case {
+        in_project: true,
+        ..case(
+            Vendor::Claude,
+            "real_2.1.332_tool_call.jsonl",
+            &[
+                "S(claude:0aa8aae9-2b59-4f1a-844f-6e52148c719a)",
+                r#"A(started call_lemon_1 command "echo lemon-$((6*7))" -)"#,
+                r#"A(completed call_lemon_1 command "echo lemon-$((6*7))" true)"#,
+                r#"D("The tool said 42.")"#,
+                r#"C(ok=true, answer "The tool said 42.", resume claude:0aa8aae9-2b59-4f1a-844f-6e52148c719a)"#,
+            ],
+        )
+    };
+    replay(&case).await;
+}
+
+#[tokio::test]
+async fn codex_real_capture_tool_call() {
+    let case = Case {
+        in_project: true,
+        ..case(
+            Vendor::Codex,
+            "real_0.171.0_tool_call.jsonl",
+            &[
+                "S(codex:01a23429-7ea1-7f53-b7f1-7484fcd5af5b)",
+                r#"A(completed item_0 warning "Model metadata for `fake-model` not found. Defaulting to fallback metadata; this can degrade performance and cause issues." false level=warning)"#,
+                r#"A(started turn_0 note "turn started" -)"#,
+                r#"A(started item_1 command "/bin/bash -lc 'echo lemon-$((6*7))'" -)"#,
+                r#"A(completed item_1 command "/bin/bash -lc 'echo lemon-$((6*7))'" true)"#,
+                r#"D("The tool said 42.")"#,
+                r#"A(completed turn_0 note "turn started" true)"#,
+                r#"C(ok=true, answer "The tool said 42.", resume codex:01a23429-7ea1-7f53-b7f1-7484fcd5af5b)"#,
+            ],
+        )
+    };
+    replay(&case).await;
+}
+
+#[tokio::test]
+async fn opencode_real_capture_tool_call() {
+    let case = Case {
+        in_project: true,
+        ..case(
+            Vendor::Opencode,
+            "real_1.18.33_tool_call.jsonl",
+            &[
+                "S(opencode:ses_dcbd5ccebffe5J7dYc7Pwr2Tfn)",
+                r#"A(completed call_lemon_1 command "echo lemon-$((6*7))" true)"#,
+                r#"D("The tool said 42.")"#,
+                r#"C(ok=true, answer "The tool said 42.", resume opencode:ses_dcbd5ccebffe5J7dYc7Pwr2Tfn)"#,
+            ],
+        )
+    };
+    replay(&case).await;
+}
+
+#[tokio::test]
+async fn pi_real_capture_tool_call() {
+    let case = Case {
+        in_project: true,
+        ..case(
+            Vendor::Pi,
+            "real_0.73.1_tool_call.jsonl",
+            &[
+                "S(pi:01a2342a-20a0-7582-b877-a238123b3db4)",
+                r#"A(started call_lemon_1 command "echo lemon-$((6*7))" -)"#,
+                r#"A(completed call_lemon_1 command "echo lemon-$((6*7))" true)"#,
+                r#"D("The tool said 42.")"#,
+                r#"C(ok=true, answer "The tool said 42.", resume pi:01a2342a-20a0-7582-b877-a238123b3db4)"#,
+            ],
+        )
+    };
+    replay(&case).await;
+}
+
+#[tokio::test]
+async fn droid_real_capture_answer() {
+    let case = Case {
+        in_project: true,
+        ..case(
+            Vendor::Droid,
+            "real_0.225.1_answer.jsonl",
+            &[
+                "S(droid:525324a8-c2c6-45a0-a60d-947c21097b75)",
+                r#"D("Hello from the fake.")"#,
+                r#"C(ok=true, answer "Hello from the fake.", resume droid:525324a8-c2c6-45a0-a60d-947c21097b75)"#,
+            ],
+        )
+    };
+    replay(&case).await;
 }

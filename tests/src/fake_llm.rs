@@ -174,6 +174,8 @@ struct Script {
     queue: VecDeque<Turn>,
     /// (needle, turn): the first rule whose needle the last message contains.
     rules: Vec<(String, Turn)>,
+    /// (model, turn): a request for this model, before the needles and the queue.
+    model_rules: Vec<(String, Turn)>,
     requests: Vec<RecordedRequest>,
 }
 
@@ -294,6 +296,13 @@ impl FakeLlm {
         lock(&self.shared.script).rules.push((needle.to_owned(), turn));
     }
 
+    /// Answers every request whose `model` is `model` with `turn`, before the
+    /// needle rules and the queue (e.g. a CLI's title requests to its small
+    /// model, which come in any order beside the main ones).
+    pub fn rule_for_model(&self, model: &str, turn: Turn) {
+        lock(&self.shared.script).model_rules.push((model.to_owned(), turn));
+    }
+
     /// Every request so far, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.shared.script).requests.clone()
@@ -306,18 +315,32 @@ impl FakeLlm {
 
     /// Waits (bounded by the tests' patience) until `count` requests arrived.
     pub async fn wait_for_requests(&self, count: usize) -> Vec<RecordedRequest> {
+        self.wait_for_requests_for(lemon_core::testing::PATIENCE, count).await
+    }
+
+    /// Waits until `count` requests arrived, at most `patience` (for clients
+    /// that start slowly, such as the vendor CLIs).
+    pub async fn wait_for_requests_for(
+        &self,
+        patience: std::time::Duration,
+        count: usize,
+    ) -> Vec<RecordedRequest> {
         let mut changes = self.shared.changes.subscribe();
-        lemon_core::testing::within(&format!("{count} requests to the fake LLM"), async {
-            loop {
-                let requests = self.requests();
-                if requests.len() >= count {
-                    return requests;
+        lemon_core::testing::within_for(
+            patience,
+            &format!("{count} requests to the fake LLM"),
+            async {
+                loop {
+                    let requests = self.requests();
+                    if requests.len() >= count {
+                        return requests;
+                    }
+                    if changes.changed().await.is_err() {
+                        return self.requests();
+                    }
                 }
-                if changes.changed().await.is_err() {
-                    return self.requests();
-                }
-            }
-        })
+            },
+        )
         .await
     }
 }
@@ -350,7 +373,10 @@ async fn handle(
         let mut script = lock(&shared.script);
         script.requests.push(request.clone());
         let last = request.last_message_text();
-        let ruled = script.rules.iter().find(|(needle, _)| last.contains(needle.as_str()));
+        let model = request.body.get("model").and_then(Value::as_str).unwrap_or_default();
+        let by_model = script.model_rules.iter().find(|(name, _)| name == model);
+        let ruled = by_model
+            .or_else(|| script.rules.iter().find(|(needle, _)| last.contains(needle.as_str())));
         match ruled {
             Some((_, turn)) => turn.clone(),
             None => script.queue.pop_front().unwrap_or(Turn::Echo),

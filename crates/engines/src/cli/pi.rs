@@ -5,7 +5,8 @@
 //! unless configured otherwise. Pi always needs `--session`: a new run gets a fresh
 //! session file under `$PI_CODING_AGENT_DIR` (default `~/.pi/agent`)
 //! `/sessions/--<cwd>--/<timestamp>_<hex>.jsonl`, and once the stream's `session`
-//! header names the session's id, the token becomes the id's first segment.
+//! header names the session's id, the token becomes that id (whole: its first
+//! segment is a timestamp that the sessions of a minute share).
 //!
 //! Schema (`type`): `session`, `agent_start`, `agent_end{messages}`,
 //! `message_end{message}`, `tool_execution_start`, `tool_execution_end`; other
@@ -64,16 +65,19 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
 /// A new session file path; a plain token when its directory cannot be made.
 fn new_session_token(input: &CommandInput<'_>) -> String {
     let hex = uuid::Uuid::new_v4().simple().to_string();
+    // The child's own variables: the section's `env` over the gateway's, so
+    // the file is where the CLI looks for its sessions when it resumes.
+    let var = |name: &str| {
+        input
+            .settings
+            .env
+            .get(name)
+            .or_else(|| input.base_env.get(name))
+            .filter(|value| !value.is_empty())
+            .cloned()
+    };
     let agent_dir =
-        input.base_env.get("PI_CODING_AGENT_DIR").filter(|dir| !dir.is_empty()).cloned().or_else(
-            || {
-                input
-                    .base_env
-                    .get("HOME")
-                    .filter(|home| !home.is_empty())
-                    .map(|home| format!("{home}/.pi/agent"))
-            },
-        );
+        var("PI_CODING_AGENT_DIR").or_else(|| var("HOME").map(|home| format!("{home}/.pi/agent")));
     let Some(agent_dir) = agent_dir else { return format!("pi_session_{hex}") };
     let cwd = input.cwd.to_string_lossy();
     let cwd_slug: String = cwd
@@ -264,14 +268,6 @@ fn is_path_token(token: &str) -> bool {
         || token.starts_with('~')
 }
 
-/// The short id a session is resumed by: the id up to its first `-`, or its first 8 characters.
-fn short_id(id: &str) -> String {
-    match id.split_once('-') {
-        Some((head, _)) if !head.is_empty() => head.to_owned(),
-        _ => id.chars().take(8).collect(),
-    }
-}
-
 impl StreamParser for Parser {
     fn line(&mut self, line: &str, out: &mut Emitter) -> Result<(), DecodeError> {
         let value: Value = serde_json::from_str(line)?;
@@ -284,7 +280,10 @@ impl StreamParser for Parser {
         let line: Line = serde_json::from_value(value)?;
         if let Line::Session { id: Some(id) } = &line {
             if !self.resumed && !id.is_empty() && self.token.as_deref().is_none_or(is_path_token) {
-                self.token = Some(short_id(id));
+                // The whole id: Pi opens the first session whose id starts
+                // with `--session`'s value, and its ids are UUIDv7s whose first
+                // segment is a timestamp shared by the sessions of a minute.
+                self.token = Some(id.clone());
             }
         }
         self.start(out);

@@ -48,7 +48,7 @@ pub(crate) const MAX_PI_TOKEN_LEN: usize = 4096;
 /// option on the command line:
 /// - claude, codex, droid: `[A-Za-z0-9_-]+`, not starting with `-` (UUIDs, `sess_1`);
 /// - opencode: `ses_` and ASCII letters and digits;
-/// - pi: a short id (`[A-Za-z0-9_.-]+`, not starting with `-`), or a session file
+/// - pi: a session id (`[A-Za-z0-9_.-]+`, not starting with `-`), or a session file
 ///   path (it holds `/` or starts with `~`) without control characters that does
 ///   not start with `-`.
 ///

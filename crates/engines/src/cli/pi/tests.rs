@@ -19,9 +19,39 @@ fn path_tokens_are_promoted_to_short_ids() {
     assert!(is_path_token("~/s.jsonl"));
     assert!(is_path_token("s.jsonl"));
     assert!(!is_path_token("3f2a9c1e"));
-    assert_eq!(short_id("3f2a9c1e-7b6d-4e5f"), "3f2a9c1e");
-    assert_eq!(short_id("abcdefghijk"), "abcdefgh");
-    assert_eq!(short_id("-lead"), "-lead");
+}
+
+/// Pi 0.73 names sessions by UUIDv7: the first segment of two sessions started
+/// in the same minute is the same, so the token is the whole id.
+#[test]
+fn a_new_session_is_resumed_by_its_whole_id() {
+    let settings = crate::cli::settings::CliSettings::from_section(
+        crate::cli::Vendor::Pi,
+        &Default::default(),
+    );
+    let home = tempfile::tempdir().unwrap();
+    let cwd = std::path::PathBuf::from("/tmp/proj");
+    let base = std::collections::BTreeMap::from([(
+        "HOME".to_owned(),
+        home.path().to_string_lossy().into_owned(),
+    )]);
+    let input = CommandInput {
+        settings: &settings,
+        prompt: "hi",
+        resume: None,
+        model: None,
+        cwd: &cwd,
+        base_env: &base,
+        max_budget_usd: None,
+    };
+    let invocation = command(&input);
+    let ctx = ParseContext { cwd: Some(cwd.clone()), ..ParseContext::default() };
+    let mut parser = Parser::new(ctx, invocation.new_session.clone(), false);
+    let mut out = Emitter::new(crate::cli::Vendor::Pi, None);
+    let id = "01a2340e-8e30-7359-8bd9-35a8433ec603";
+    let line = format!(r#"{{"type":"session","version":3,"id":"{id}","cwd":"/tmp/proj"}}"#);
+    parser.line(&line, &mut out).unwrap();
+    assert_eq!(out.found().map(|token| token.value.as_str()), Some(id));
 }
 
 #[test]
@@ -52,4 +82,38 @@ fn a_new_session_token_is_a_file_under_the_agent_dir() {
     let no_home = std::collections::BTreeMap::new();
     let input = CommandInput { base_env: &no_home, ..input };
     assert!(new_session_token(&input).starts_with("pi_session_"));
+}
+
+/// The section's `env` is the child's: a new session's file goes under the
+/// agent directory (or HOME) the CLI itself uses, where it looks on resume.
+#[test]
+fn a_new_session_file_is_under_the_agent_dir_of_the_section_env() {
+    let gateway_home = tempfile::tempdir().unwrap();
+    let agent = tempfile::tempdir().unwrap();
+    let section = crate::config::EngineSection {
+        env: std::collections::BTreeMap::from([(
+            "PI_CODING_AGENT_DIR".to_owned(),
+            agent.path().to_string_lossy().into_owned(),
+        )]),
+        ..Default::default()
+    };
+    let settings =
+        crate::cli::settings::CliSettings::from_section(crate::cli::Vendor::Pi, &section);
+    let base = std::collections::BTreeMap::from([(
+        "HOME".to_owned(),
+        gateway_home.path().to_string_lossy().into_owned(),
+    )]);
+    let input = CommandInput {
+        settings: &settings,
+        prompt: "hi",
+        resume: None,
+        model: None,
+        cwd: std::path::Path::new("/tmp/proj"),
+        base_env: &base,
+        max_budget_usd: None,
+    };
+    let token = new_session_token(&input);
+    let dir = agent.path().join("sessions/--tmp-proj--");
+    assert!(token.starts_with(&*dir.to_string_lossy()), "{token}");
+    assert!(!gateway_home.path().join(".pi").exists());
 }
