@@ -149,7 +149,11 @@ async fn sigterm_drains_runs_and_nothing_is_lost_across_a_restart() {
         gateway.submit(json!({ "prompt": vec!["w"; 400].join(" "), "session_key": "slow" })).await;
     // Wait until it is streaming, then stop the gateway.
     let mut first = gateway.get(&format!("/v1/runs/{slow}/events")).send().await.unwrap();
-    while !String::from_utf8_lossy(&first.chunk().await.unwrap().unwrap()).contains("delta") {}
+    tokio::time::timeout(PATIENCE, async {
+        while !String::from_utf8_lossy(&first.chunk().await.unwrap().unwrap()).contains("delta") {}
+    })
+    .await
+    .expect("the slow run streams a delta in time");
     let status = gateway.terminate().await;
     assert!(status.success(), "clean exit: {status}");
 

@@ -16,7 +16,11 @@ fn long_prompt() -> String {
 /// Waits until the run's event stream shows a delta: the engine is running.
 async fn until_streaming(gateway: &Gateway, run_id: &str) {
     let mut events = gateway.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
-    while !String::from_utf8_lossy(&events.chunk().await.unwrap().unwrap()).contains("delta") {}
+    tokio::time::timeout(crate::support::PATIENCE, async {
+        while !String::from_utf8_lossy(&events.chunk().await.unwrap().unwrap()).contains("delta") {}
+    })
+    .await
+    .expect("the run streams a delta in time");
 }
 
 #[tokio::test]

@@ -253,3 +253,24 @@ pub async fn within_for<F: std::future::Future>(
 pub async fn within<F: std::future::Future>(what: &str, fut: F) -> F::Output {
     within_for(PATIENCE, what, fut).await
 }
+
+/// Most polls [`poll_until`] makes before it gives up.
+pub const MAX_POLLS: usize = 10_000;
+
+/// Polls `check`, letting every other task run between two polls, until it
+/// holds; panics naming `what` after [`MAX_POLLS`] polls. A yield does not move
+/// paused time on, so a loop of yields is bounded by its count, not by a
+/// timeout (which would never fire while the loop keeps the runtime busy).
+pub async fn poll_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..MAX_POLLS {
+        if check().await {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("{what} did not happen within {MAX_POLLS} polls");
+}

@@ -9,7 +9,7 @@ use super::lock::{EngineLock, LockKey};
 use super::*;
 use crate::bus::{BusEvent, EventKind, RunStatus, Subscription};
 use crate::engine::Completion;
-use crate::testing::FakeEngine;
+use crate::testing::{poll_until, FakeEngine};
 
 mod cancel_tests;
 mod lock_tests;
@@ -235,9 +235,10 @@ async fn cancel_works_for_queued_and_running_runs_and_is_idempotent() {
     assert_eq!(error_code(&completion(&queued_events)), Some("user_requested"));
 
     // Wait until the hanging run is running, then cancel it.
-    while h.gateway.active_run(&running).await.unwrap().unwrap().status != RunStatus::Running {
-        tokio::task::yield_now().await;
-    }
+    poll_until("the hanging run to be running", || async {
+        h.gateway.active_run(&running).await.unwrap().unwrap().status == RunStatus::Running
+    })
+    .await;
     h.gateway.cancel(&running, RunError::UserRequested).await.unwrap();
     h.gateway.cancel(&running, RunError::Interrupted).await.unwrap();
     let events = collect(&mut h.events, 1).await.remove(&running).unwrap();
@@ -327,9 +328,7 @@ async fn a_lock_wait_times_out_without_blocking_other_runs() {
 async fn steering_reaches_engines_that_support_it() {
     let mut h = harness(config(2));
     let run_id = h.gateway.submit(request("s", "hang")).await.unwrap();
-    while h.fake.running() == 0 {
-        tokio::task::yield_now().await;
-    }
+    poll_until("the engine to start", || async { h.fake.running() > 0 }).await;
     assert_eq!(h.gateway.steer(&run_id, "more").await, Err(SteerError::Unsupported));
     h.gateway.cancel(&run_id, RunError::UserRequested).await.unwrap();
     collect(&mut h.events, 1).await;
@@ -337,12 +336,13 @@ async fn steering_reaches_engines_that_support_it() {
 
     let mut h = harness_with(config(2), FakeEngine::new("fake").with_steering());
     let run_id = h.gateway.submit(request("s", "hang")).await.unwrap();
-    while h.fake.running() == 0 {
-        tokio::task::yield_now().await;
-    }
+    poll_until("the engine to start", || async { h.fake.running() > 0 }).await;
     // The control is registered right after start returns.
     let mut outcome = h.gateway.steer(&run_id, "more").await;
-    while outcome == Err(SteerError::Finished) {
+    for _ in 0..crate::testing::MAX_POLLS {
+        if outcome != Err(SteerError::Finished) {
+            break;
+        }
         tokio::task::yield_now().await;
         outcome = h.gateway.steer(&run_id, "more").await;
     }

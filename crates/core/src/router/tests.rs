@@ -19,7 +19,7 @@ use crate::engine::{
 use crate::gateway::{GatewayDeps, RuntimeConfig};
 use crate::ids::EngineId;
 use crate::store::StoreHandle;
-use crate::testing::FakeEngine;
+use crate::testing::{poll_until, FakeEngine};
 
 mod follow;
 mod properties;
@@ -95,8 +95,19 @@ pub(super) struct Harness {
     pub(super) fake: FakeEngine,
     pub(super) store: StoreHandle,
     pub(super) events: Subscription,
+    pub(super) gateway: GatewayHandle,
     token: CancellationToken,
-    _tracker: TaskTracker,
+    tracker: TaskTracker,
+}
+
+impl Harness {
+    /// Stops everything at once, as a crash would, and waits until every task
+    /// has ended; the store and the fake engine stay for the next start.
+    pub(super) async fn stop(&mut self) {
+        self.token.cancel();
+        self.tracker.close();
+        crate::testing::within("the harness to stop", self.tracker.wait()).await;
+    }
 }
 
 impl Drop for Harness {
@@ -132,8 +143,8 @@ pub(super) async fn harness_with(
     let runtime = RuntimeConfig { max_concurrent_runs: 4, ..RuntimeConfig::default() };
     let deps = GatewayDeps { config: runtime, engines, store: store.clone(), bus };
     let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
-    let router = RouterHandle::start(config, gateway, token.clone(), &tracker);
-    Harness { router, fake, store, events, token, _tracker: tracker }
+    let router = RouterHandle::start(config, gateway.clone(), token.clone(), &tracker);
+    Harness { router, fake, store, events, gateway, token, tracker }
 }
 
 pub(super) fn request(session: &str, prompt: &str, mode: Option<QueueMode>) -> RunRequest {
@@ -301,12 +312,10 @@ async fn steer_goes_into_the_live_run_and_completes_with_it() {
     let steer = h.submit("s", "also check the logs", Some(QueueMode::Steer)).await;
     h.until(|e| e.run_id == steer && matches!(e.kind, EventKind::Phase(RunPhase::Accepted))).await;
     // Wait until the router has the engine's answer: the session shows no pending steer.
-    loop {
-        if h.router.session(&SessionKey::from("s")).await.unwrap().pending_steers == 0 {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
+    poll_until("the engine's answer to the steer", || async {
+        h.router.session(&SessionKey::from("s")).await.unwrap().pending_steers == 0
+    })
+    .await;
     assert_eq!(h.fake.steered(), ["also check the logs"]);
     h.router.abort_run(&busy).await.unwrap();
     let done = h.completions(2).await;
@@ -327,13 +336,11 @@ async fn a_refused_steer_runs_as_a_followup() {
         .await;
     h.started(&busy).await;
     let steer = h.submit("s", "ok instead", Some(QueueMode::Steer)).await;
-    loop {
-        let view = h.router.session(&SessionKey::from("s")).await.unwrap();
-        if view.queued == std::slice::from_ref(&steer) {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
+    poll_until("the refused steer to be queued", || async {
+        h.router.session(&SessionKey::from("s")).await.unwrap().queued
+            == std::slice::from_ref(&steer)
+    })
+    .await;
     h.router.abort_run(&busy).await.unwrap();
     assert!(h.completion_of(&steer).await.ok);
 }
@@ -799,14 +806,11 @@ async fn redirect_falls_back_to_a_followup_when_the_engine_cannot_redirect() {
     let busy = h.submit("s", "hang", None).await;
     h.started(&busy).await;
     let redirect = h.submit("s", "ok do this instead", Some(QueueMode::Redirect)).await;
-    loop {
-        if h.router.session(&SessionKey::from("s")).await.unwrap().queued
+    poll_until("the refused redirect to be queued", || async {
+        h.router.session(&SessionKey::from("s")).await.unwrap().queued
             == std::slice::from_ref(&redirect)
-        {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
+    })
+    .await;
     h.router.abort_run(&busy).await.unwrap();
     assert!(h.completion_of(&redirect).await.ok);
     assert_eq!(h.fake.started(), ["hang", "ok do this instead"]);

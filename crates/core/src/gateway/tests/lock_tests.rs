@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::{EngineLock, LockKey};
+use crate::testing::poll_until;
 
 fn key(name: &str) -> LockKey {
     LockKey::Session(name.into())
@@ -37,9 +38,7 @@ async fn waiters_are_served_in_fifo_order() {
             drop(guard);
         }));
         // Queue them in order.
-        while lock.n_waiting(&key("a")) < i + 1 {
-            tokio::task::yield_now().await;
-        }
+        poll_until("the waiter to queue", || async { lock.n_waiting(&key("a")) > i }).await;
     }
     drop(first);
     let mut order = Vec::new();
@@ -70,9 +69,7 @@ async fn a_cancelled_acquire_gives_the_lock_back() {
         let lock = lock.clone();
         tokio::spawn(async move { lock.acquire(key("a"), LONG).await.map(drop) })
     };
-    while lock.n_waiting(&key("a")) == 0 {
-        tokio::task::yield_now().await;
-    }
+    poll_until("the waiter to queue", || async { lock.n_waiting(&key("a")) > 0 }).await;
     waiting.abort();
     let _ = waiting.await;
     drop(held);
@@ -90,9 +87,7 @@ async fn a_stale_lock_is_reclaimed_and_its_old_guard_is_ignored() {
         let lock = lock.clone();
         tokio::spawn(async move { lock.acquire(key("a"), LONG).await })
     };
-    while lock.n_waiting(&key("a")) == 0 {
-        tokio::task::yield_now().await;
-    }
+    poll_until("the waiter to queue", || async { lock.n_waiting(&key("a")) > 0 }).await;
     assert_eq!(lock.reap_stale(), 1);
     let new = waiter.await.unwrap().unwrap();
     drop(old);
