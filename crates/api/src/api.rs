@@ -342,4 +342,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 #[cfg(test)]
+mod openapi_tests;
+#[cfg(test)]
 mod tests;

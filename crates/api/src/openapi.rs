@@ -58,8 +58,47 @@ fn finish(mut doc: Document) -> Document {
         SECURITY_SCHEME,
         SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
     );
+    // The error bodies the shared refusals ([`Errors`], [`OpenAiErrors`]) point to.
+    let mut shared = Vec::new();
+    <schema::OpenAiErrorBody as utoipa::ToSchema>::schemas(&mut shared);
+    shared.push((
+        <schema::OpenAiError as utoipa::ToSchema>::name().into_owned(),
+        schema::OpenAiError::schema(),
+    ));
+    for (name, schema) in shared {
+        components.schemas.entry(name).or_insert(schema);
+    }
     doc.security = Some(vec![SecurityRequirement::new(SECURITY_SCHEME, Vec::<String>::new())]);
+    unique_operation_ids(&mut doc);
     doc
+}
+
+/// Handlers of different routes share names (`list`, `get`): an operation
+/// whose id another has too is named after its tag as well (`secrets_list`).
+fn unique_operation_ids(doc: &mut Document) {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for item in doc.paths.paths.values() {
+        for operation in
+            [&item.get, &item.post, &item.put, &item.patch, &item.delete].into_iter().flatten()
+        {
+            if let Some(id) = &operation.operation_id {
+                *seen.entry(id.clone()).or_default() += 1;
+            }
+        }
+    }
+    for item in doc.paths.paths.values_mut() {
+        for operation in
+            [&mut item.get, &mut item.post, &mut item.put, &mut item.patch, &mut item.delete]
+                .into_iter()
+                .flatten()
+        {
+            let Some(id) = operation.operation_id.clone() else { continue };
+            if seen.get(&id).copied().unwrap_or(0) > 1 {
+                let tag = operation.tags.as_ref().and_then(|t| t.first()).cloned();
+                operation.operation_id = Some(format!("{}_{id}", tag.unwrap_or_default()));
+            }
+        }
+    }
 }
 
 /// A JSON response with `description` and the schema of `T`.

@@ -238,3 +238,21 @@ async fn send(State(state): State<ApiState>, JsonBody(body): JsonBody<SendBody>)
         }
     }
 }
+
+#[cfg(test)]
+mod openapi_tests {
+    use std::sync::Arc;
+
+    use lemon_api::openapi::routes;
+    use lemon_core::store::StoreHandle;
+
+    use crate::inbox::StoreInbox;
+
+    #[tokio::test]
+    async fn every_sms_route_is_in_its_document_and_nothing_else() {
+        let inbox = Arc::new(StoreInbox::new(StoreHandle::memory(), None, 60_000));
+        let served = routes::served(&super::routes(inbox, None), None).await;
+        assert_eq!(served.len(), 3, "{served:#?}");
+        assert_eq!(served, routes::documented(&crate::Sms::api_doc()));
+    }
+}

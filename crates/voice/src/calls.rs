@@ -161,3 +161,17 @@ async fn one(
     }
     records.get(&id).await.map(Json).ok_or_else(|| ApiError::NotFound(format!("no call {id}")))
 }
+
+#[cfg(test)]
+mod openapi_tests {
+    use lemon_api::openapi::routes;
+    use lemon_core::store::StoreHandle;
+
+    #[tokio::test]
+    async fn every_calls_route_is_in_its_document_and_nothing_else() {
+        let records = super::CallRecords::new(StoreHandle::memory());
+        let served = routes::served(&super::api_routes(records), None).await;
+        assert_eq!(served.len(), 2, "{served:#?}");
+        assert_eq!(served, routes::documented(&super::api_doc()));
+    }
+}

@@ -44,6 +44,7 @@ pub async fn served(router: &Router, token: Option<&str>) -> Vec<String> {
             }
         }
     }
+    served.sort();
     served
 }
 

@@ -113,6 +113,7 @@ impl ChatRequest {
 #[utoipa::path(
     post,
     path = "/v1/chat/completions",
+    operation_id = "create_chat_completion",
     tag = "openai",
     request_body = ChatRequest,
     params(("X-Lemon-Session" = Option<String>, Header, description = "The session of the request.")),

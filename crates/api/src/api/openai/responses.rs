@@ -93,6 +93,7 @@ impl ResponsesRequest {
 #[utoipa::path(
     post,
     path = "/v1/responses",
+    operation_id = "create_response",
     tag = "openai",
     request_body = ResponsesRequest,
     params(("X-Lemon-Session" = Option<String>, Header, description = "The session of the request.")),
