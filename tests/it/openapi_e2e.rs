@@ -24,8 +24,9 @@ const DEEPGRAM_KEY: &str = "deepgram-openapi-key";
 const ELEVENLABS_KEY: &str = "elevenlabs-openapi-key";
 /// Operations left out of the generated requests: pausing intake holds every
 /// later run (`?wait=true` and the OpenAI routes would wait for a resume
-/// that never comes); `intake_e2e` covers it.
-const EXCLUDED: &[&str] = &["/v1/intake/pause"];
+/// that never comes; `intake_e2e` covers it), and the firehose is a stream
+/// that never ends (`gateway_e2e` covers it).
+const EXCLUDED: &[&str] = &["/v1/intake/pause", "/v1/events"];
 /// Examples per operation in the CI run.
 const DEFAULT_EXAMPLES: u32 = 8;
 
@@ -158,7 +159,6 @@ async fn schemathesis_finds_no_5xx_and_no_response_off_its_schema() {
         .arg(&report)
         .arg("--no-color")
         .env("HOME", home.path())
-        .env("SCHEMATHESIS_HOOKS", "")
         .kill_on_drop(true);
     for path in EXCLUDED {
         command.arg("--exclude-path").arg(path);
@@ -174,9 +174,7 @@ async fn schemathesis_finds_no_5xx_and_no_response_off_its_schema() {
         "schemathesis found failures:\n{stdout}\n--- stderr ---\n{stderr}"
     );
     // Every operation of the document was exercised, none skipped or errored.
-    let junit = std::fs::read_to_string(report.join("junit.xml")).unwrap_or_default();
-    let tests = junit.matches("<testcase").count();
-    assert!(tests >= 35, "{tests} operations tested:\n{stdout}");
+    assert!(stdout.contains("Tested: 35"), "35 operations tested:\n{stdout}");
     #[allow(clippy::print_stderr)] // The figures RELIABILITY.md quotes.
     {
         let summary: Vec<&str> =

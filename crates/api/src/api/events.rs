@@ -39,7 +39,7 @@ const IDLE_RESYNC: Duration = Duration::from_secs(1);
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event index."),
     ),
     responses(
-        (status = 200, description = "Server-Sent Events: the run's stored events, then live ones, until `run_completed`.", content_type = "text/event-stream", body = String),
+        (status = 200, description = "Server-Sent Events: the run's stored events, then live ones, until `run_completed`.", content_type = "text/event-stream", body = schema::SseEvent),
         (status = 404, description = "No such run.", body = schema::Error),
         Errors,
     )
@@ -78,7 +78,7 @@ pub(super) async fn run_events(
     path = "/v1/events",
     tag = "runs",
     responses(
-        (status = 200, description = "Server-Sent Events: every event of every run, and the gateway's notices.", content_type = "text/event-stream", body = String),
+        (status = 200, description = "Server-Sent Events: every event of every run, and the gateway's notices.", content_type = "text/event-stream", body = schema::SseEvent),
         Errors,
     )
 )]

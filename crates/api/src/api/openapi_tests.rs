@@ -155,3 +155,22 @@ fn refs(doc: &Value, value: &Value, problems: &mut Vec<String>) {
         _ => {}
     }
 }
+
+/// Schemathesis checks each Server-Sent Event against the stream's schema:
+/// an event (`event`, `data`, `id`), not the stream as one string.
+#[test]
+fn streams_are_described_event_by_event() {
+    let doc = serde_json::to_value(document()).unwrap();
+    for (path, method) in [
+        ("/v1/runs/{id}/events", "get"),
+        ("/v1/events", "get"),
+        ("/v1/chat/completions", "post"),
+        ("/v1/responses", "post"),
+    ] {
+        let schema = &doc["paths"][path][method]["responses"]["200"]["content"]
+            ["text/event-stream"]["schema"];
+        assert_eq!(schema["$ref"], "#/components/schemas/SseEvent", "{method} {path}: {schema}");
+    }
+    let event = &doc["components"]["schemas"]["SseEvent"];
+    assert_eq!(event["required"], serde_json::json!(["data"]), "{event}");
+}

@@ -19,6 +19,19 @@ pub struct Error {
     pub error: String,
 }
 
+/// One Server-Sent Event of a stream (`/v1/runs/{id}/events`, `/v1/events`,
+/// the OpenAI-compatible routes with `stream`).
+#[derive(Debug, ToSchema)]
+pub struct SseEvent {
+    /// The event's type (`run_started`, `delta`, `run_completed`…); OpenAI's
+    /// chat chunks have none.
+    pub event: Option<String>,
+    /// The event as JSON text (`[DONE]` at the end of a chat stream).
+    pub data: String,
+    /// The run event's index, for `Last-Event-ID`.
+    pub id: Option<String>,
+}
+
 /// `422` of `PUT /v1/config`: the config is refused, with where.
 #[derive(Debug, ToSchema)]
 pub struct ConfigRefused {
@@ -34,6 +47,7 @@ pub struct ConfigRefused {
 pub enum RunStatus {
     Queued,
     Running,
+    Cancelling,
     Completed,
     Failed,
     Cancelled,

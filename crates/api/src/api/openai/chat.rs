@@ -121,7 +121,7 @@ impl ChatRequest {
         (status = 200, description = "A `chat.completion`, or with `stream` Server-Sent Events of `chat.completion.chunk`s ending with `data: [DONE]`.",
             content(
                 (crate::openapi::schema::ChatCompletion = "application/json"),
-                (String = "text/event-stream"),
+                (crate::openapi::schema::SseEvent = "text/event-stream"),
             )),
         crate::openapi::OpenAiErrors,
     )

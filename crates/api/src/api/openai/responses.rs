@@ -101,7 +101,7 @@ impl ResponsesRequest {
         (status = 200, description = "A `response`, or with `stream` Server-Sent Events from `response.created` to `response.completed`.",
             content(
                 (crate::openapi::schema::ResponseObject = "application/json"),
-                (String = "text/event-stream"),
+                (crate::openapi::schema::SseEvent = "text/event-stream"),
             )),
         crate::openapi::OpenAiErrors,
     )
