@@ -116,7 +116,7 @@ fn problems(doc: &Value) -> Vec<String> {
             .collect();
         for (method, operation) in item.as_object().into_iter().flatten() {
             let at = format!("{method} {path}");
-            if !operation["responses"].as_object().is_some_and(|r| !r.is_empty()) {
+            if operation["responses"].as_object().is_none_or(|r| r.is_empty()) {
                 problems.push(format!("{at}: no responses"));
             }
             match operation["operationId"].as_str() {

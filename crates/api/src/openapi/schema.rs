@@ -79,7 +79,7 @@ pub struct CommandReply {
 /// the finished run.
 #[derive(Debug)]
 pub enum SubmitReply {
-    Run(Run),
+    Run(Box<Run>),
     Command(CommandReply),
 }
 
