@@ -34,6 +34,7 @@ mod llm_clients;
 mod metrics_e2e;
 mod native_e2e;
 mod openai_e2e;
+mod openapi_e2e;
 mod real_cli;
 mod reload_e2e;
 mod retry_e2e;

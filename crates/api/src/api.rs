@@ -27,6 +27,7 @@
 //! | `GET` | `/v1/config/file` | `200 {"path", "exists", "text"}`: config.toml as written |
 //! | `PUT` | `/v1/config` | `200 {"saved", "warnings"}` once checked and written; `422 {"error", "line", "column"}` |
 //! | `POST` | `/v1/chat/completions`, `/v1/responses`; `GET` `/v1/models` | OpenAI's shapes (see `openai`) |
+//! | `GET` | `/v1/openapi.json` | `200` the OpenAPI 3.1 document of every route this gateway serves |
 //!
 //! Runs are submitted through the router, so queue modes, resume lines, engine
 //! directives and slash commands work here as in every channel. A body may carry
@@ -206,11 +207,65 @@ pub fn router(state: ApiState) -> Router {
     router_with(state, Router::new())
 }
 
+/// The OpenAPI description of the routes [`router_with`] serves itself.
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(
+    runs::submit,
+    runs::list,
+    runs::get,
+    runs::cancel,
+    runs::steer,
+    events::run_events,
+    events::firehose,
+    sessions::get,
+    sessions::cancel,
+    sessions::abort,
+    usage::get_budget,
+    usage::put_budget,
+    usage::usage,
+    status::status,
+    intake::pause,
+    intake::resume,
+    config::get,
+    config::put,
+    config::file,
+    cron::list,
+    cron::create,
+    cron::update,
+    cron::remove,
+    cron::run,
+    cron::runs,
+))]
+pub(crate) struct ApiDoc;
+
+/// The OpenAPI description of the OpenAI-compatible routes.
+pub(crate) fn openai_doc() -> utoipa::openapi::OpenApi {
+    openai::doc()
+}
+
 /// The control API router with the routes of other components (the SMS
 /// inbox, calls) merged in, behind the same bearer token, body limit and
 /// `{"error": …}` fallbacks. `extra` must not repeat a route of the API.
 /// The dashboard (`/`, `/ui/…`) is served beside them without the token.
+///
+/// `GET /v1/openapi.json` describes the API's own routes; a server that merges
+/// routes in describes them too with [`router_documented`].
 pub fn router_with(state: ApiState, extra: Router) -> Router {
+    router_documented(state, extra, crate::openapi::document())
+}
+
+/// [`router_with`], serving `document` (the API's own routes merged with those
+/// of `extra`, see [`crate::openapi::merge`]) at `GET /v1/openapi.json`.
+pub fn router_documented(
+    state: ApiState,
+    extra: Router,
+    document: utoipa::openapi::OpenApi,
+) -> Router {
+    // Written once: every request gets the same bytes.
+    let document = axum::body::Bytes::from(document.to_json().unwrap_or_else(|err| {
+        tracing::error!(error = %err, "the OpenAPI document does not serialise");
+        "{}".to_owned()
+    }));
     let token = state.token.with_launch(state.launch_token.clone());
     let state_for_openai = state.clone();
     let own = Router::new()
@@ -234,7 +289,8 @@ pub fn router_with(state: ApiState, extra: Router) -> Router {
         .route("/v1/cron/{id}", patch(cron::update).delete(cron::remove))
         .route("/v1/cron/{id}/run", post(cron::run))
         .route("/v1/cron/{id}/runs", get(cron::runs))
-        .with_state(state);
+        .with_state(state)
+        .route("/v1/openapi.json", get(crate::openapi::served).with_state(document));
     let openai = openai::router(state_for_openai);
     let protected = own
         .merge(extra)
@@ -285,5 +341,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+#[cfg(test)]
+mod openapi_tests;
 #[cfg(test)]
 mod tests;

@@ -7,6 +7,8 @@
 //! - [`dashboard`]: the web dashboard at `/` with its assets under `/ui/`,
 //!   embedded in the binary and served without the token under a strict CSP.
 //! - [`secrets`]: `/v1/secrets` (names, sources and uses; set and delete, never a value back).
+//! - [`openapi`]: the OpenAPI document of every `/v1` route, from the
+//!   handlers' annotations, served at `/v1/openapi.json`.
 //! - [`health`]: `/healthz`, `/health` and `/metrics`, meant for a loopback or
 //!   internal port; without the API token `/healthz` shows states only.
 //! - [`metrics`]: the collector of run metrics (a task on the event bus) and
@@ -27,6 +29,7 @@ pub mod error;
 pub mod health;
 pub mod http;
 pub mod metrics;
+pub mod openapi;
 pub mod secrets;
 
 pub use http::{serve, serve_with};

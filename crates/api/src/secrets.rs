@@ -28,6 +28,7 @@ use serde_json::{json, Value};
 use tokio::sync::Notify;
 
 use crate::error::{ApiError, JsonBody, PathParams};
+use crate::openapi::{schema, Errors};
 
 /// Longest secret value accepted, in bytes.
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
@@ -141,6 +142,17 @@ async fn blocking<T: Send + 'static>(
         .map_err(store_error)
 }
 
+/// The description of these routes.
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, put, delete))]
+pub(crate) struct SecretsDoc;
+
+#[utoipa::path(
+    get,
+    path = "/v1/secrets",
+    tag = "secrets",
+    responses((status = 200, description = "Every secret's name, source and uses; never a value.", body = schema::Secrets), Errors)
+)]
 async fn list(State(api): State<SecretsApi>) -> Result<Json<Value>, ApiError> {
     let store = api.store.clone();
     let uses = api.uses.get();
@@ -159,7 +171,7 @@ async fn list(State(api): State<SecretsApi>) -> Result<Json<Value>, ApiError> {
 }
 
 /// `PUT /v1/secrets/{name}`'s body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PutBody {
     value: String,
@@ -169,6 +181,14 @@ fn checked_name(name: &str) -> Result<(), ApiError> {
     check_settable_name(name).map_err(store_error)
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/secrets/{name}",
+    tag = "secrets",
+    params(("name" = String, Path, description = "1 to 64 lowercase letters, digits and `_`.")),
+    request_body = PutBody,
+    responses((status = 200, description = "Saved.", body = schema::SecretSaved), Errors)
+)]
 async fn put(
     State(api): State<SecretsApi>,
     PathParams(name): PathParams<String>,
@@ -194,6 +214,18 @@ async fn put(
     Ok(Json(json!({ "name": name, "source": source.as_str() })))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/secrets/{name}",
+    tag = "secrets",
+    params(("name" = String, Path, description = "The secret's name.")),
+    responses(
+        (status = 200, description = "Deleted.", body = schema::SecretDeleted),
+        (status = 404, description = "Not stored in the keychain or the secrets file.", body = schema::Error),
+        (status = 409, description = "Set in the gateway's environment.", body = schema::Error),
+        Errors,
+    )
+)]
 async fn delete(
     State(api): State<SecretsApi>,
     PathParams(name): PathParams<String>,

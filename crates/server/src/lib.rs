@@ -989,8 +989,13 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let api_addr = api_listener.local_addr()?;
     let health_addr = health_listener.local_addr()?;
     let version: Arc<str> = env!("CARGO_PKG_VERSION").into();
-    // The components' own routes, behind the API's token.
+    // The components' own routes, behind the API's token, and their
+    // descriptions in the API's OpenAPI document.
     let extra_routes = sms.as_ref().map_or_else(axum::Router::new, lemon_sms::Sms::api_routes);
+    let mut document = lemon_api::openapi::document();
+    if sms.is_some() {
+        document = lemon_api::openapi::merge(document, lemon_sms::Sms::api_doc());
+    }
     // What the transports and engines start with: a change from here on
     // (through the API, which serves from below) reloads what uses it.
     let secret_values = {
@@ -1023,11 +1028,12 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         .is_some()
     {
         extra = extra.merge(lemon_voice::api_routes(lemon_voice::CallRecords::new(store.clone())));
+        document = lemon_api::openapi::merge(document, lemon_voice::api_doc());
     }
     // One token for the API, its OpenAI routes and the detailed health
     // report; the reload path replaces it when the secret changes.
     let shared_token = lemon_api::api::ApiToken::new(api_token.expose());
-    let api = lemon_api::api::router_with(
+    let api = lemon_api::api::router_documented(
         lemon_api::api::ApiState {
             router: router.clone(),
             runs: router.query(),
@@ -1050,6 +1056,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             })),
         },
         extra_routes.merge(secrets_routes).merge(extra),
+        document,
     );
     let health = lemon_api::health::health_router(
         lemon_api::health::HealthState::new(router.query(), version, started)

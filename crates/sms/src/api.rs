@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use lemon_api::error::{ApiError, JsonBody, PathParams, QueryParams};
+use lemon_api::openapi::Errors;
 use lemon_core::ids::SessionKey;
 use lemon_core::sms::{ListFilter, SmsError, SmsInbox, SmsMessage};
 use serde::Deserialize;
@@ -33,6 +34,56 @@ const MAX_LIMIT: usize = 500;
 struct ApiState {
     inbox: Arc<StoreInbox>,
     sender: Option<SmsSender>,
+}
+
+/// The description of these routes, merged into the control API's
+/// (`lemon_api::openapi::merge`).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(list, claim, send))]
+pub(crate) struct SmsDoc;
+
+/// A message in the inbox.
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)] // The shape of `message_json`, for the document only.
+struct Message {
+    message_sid: String,
+    account_sid: Option<String>,
+    to: String,
+    from: String,
+    body: String,
+    /// The one-time codes found in the body.
+    codes: Vec<String>,
+    received_at_ms: u64,
+    claimed_by: Option<String>,
+    claimed_at_ms: Option<u64>,
+}
+
+/// `GET /v1/sms/messages`.
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)] // The shape of the handler's JSON, for the document only.
+struct Messages {
+    count: u64,
+    /// Newest first.
+    messages: Vec<Message>,
+}
+
+/// `POST /v1/sms/messages/{sid}/claim`.
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)] // The shape of the handler's JSON, for the document only.
+struct Claimed {
+    ok: bool,
+    message_sid: String,
+    claimed_by: String,
+}
+
+/// `POST /v1/sms/send`.
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)] // The shape of the handler's JSON, for the document only.
+struct Sent {
+    /// Twilio's MessageSid.
+    sid: String,
+    status: String,
+    to: String,
 }
 
 /// The routes, for `router_with`.
@@ -68,9 +119,11 @@ fn inbox_error(error: SmsError) -> ApiError {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
+    /// 1 to 500; 20 unless given.
     limit: Option<usize>,
     since_ms: Option<u64>,
     to: Option<String>,
@@ -85,6 +138,13 @@ fn nonblank(value: Option<String>) -> Option<String> {
     value.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sms/messages",
+    tag = "sms",
+    params(ListQuery),
+    responses((status = 200, description = "The inbox, newest first.", body = Messages), Errors)
+)]
 async fn list(
     State(state): State<ApiState>,
     QueryParams(query): QueryParams<ListQuery>,
@@ -107,12 +167,26 @@ async fn list(
     Ok(Json(json!({ "count": messages.len(), "messages": messages })))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ClaimBody {
+    /// The session that takes the message.
     session: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sms/messages/{sid}/claim",
+    tag = "sms",
+    params(("sid" = String, Path, description = "The message's MessageSid.")),
+    request_body = ClaimBody,
+    responses(
+        (status = 200, description = "Claimed by the session.", body = Claimed),
+        (status = 404, description = "No such message.", body = lemon_api::openapi::schema::Error),
+        (status = 409, description = "Another session has it.", body = lemon_api::openapi::schema::Error),
+        Errors,
+    )
+)]
 async fn claim(
     State(state): State<ApiState>,
     PathParams(sid): PathParams<String>,
@@ -127,13 +201,26 @@ async fn claim(
     Ok(Json(json!({ "ok": true, "message_sid": sid, "claimed_by": session.as_str() })))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SendBody {
+    /// An E.164 number (`+15551234567`).
     to: String,
     body: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sms/send",
+    tag = "sms",
+    request_body = SendBody,
+    responses(
+        (status = 200, description = "Sent through Twilio and recorded.", body = Sent),
+        (status = 502, description = "Twilio refused it.", body = lemon_api::openapi::schema::Error),
+        (status = 503, description = "Sending is not configured, or the gateway is shutting down.", body = lemon_api::openapi::schema::Error),
+        Errors,
+    )
+)]
 async fn send(State(state): State<ApiState>, JsonBody(body): JsonBody<SendBody>) -> Response {
     let Some(sender) = &state.sender else {
         let message = "SMS sending is not configured: set inbox_number in [gateway.sms] and the \
@@ -149,5 +236,23 @@ async fn send(State(state): State<ApiState>, JsonBody(body): JsonBody<SendBody>)
         Err(error @ SmsSendError::Failed(_)) => {
             (StatusCode::BAD_GATEWAY, Json(json!({ "error": error.to_string() }))).into_response()
         }
+    }
+}
+
+#[cfg(test)]
+mod openapi_tests {
+    use std::sync::Arc;
+
+    use lemon_api::openapi::routes;
+    use lemon_core::store::StoreHandle;
+
+    use crate::inbox::StoreInbox;
+
+    #[tokio::test]
+    async fn every_sms_route_is_in_its_document_and_nothing_else() {
+        let inbox = Arc::new(StoreInbox::new(StoreHandle::memory(), None, 60_000));
+        let served = routes::served(&super::routes(inbox, None), None).await;
+        assert_eq!(served.len(), 3, "{served:#?}");
+        assert_eq!(served, routes::documented(&crate::Sms::api_doc()));
     }
 }

@@ -92,6 +92,11 @@ impl Sms {
         })
     }
 
+    /// The OpenAPI description of [`Sms::api_routes`].
+    pub fn api_doc() -> utoipa::openapi::OpenApi {
+        <api::SmsDoc as utoipa::OpenApi>::openapi()
+    }
+
     /// The `/v1/sms` routes, for `lemon_api::api::router_with`.
     pub fn api_routes(&self) -> axum::Router {
         api::routes(self.inbox.clone(), self.sender.clone())

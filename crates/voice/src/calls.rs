@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
-use lemon_api::error::ApiError;
+use lemon_api::error::{ApiError, PathParams};
+use lemon_api::openapi::Errors;
 use lemon_core::store::StoreHandle;
 use serde_json::{json, Value};
 use tokio::sync::Mutex;
@@ -64,6 +65,50 @@ impl CallRecords {
     }
 }
 
+/// The OpenAPI description of [`api_routes`], merged into the control API's
+/// (`lemon_api::openapi::merge`).
+pub fn api_doc() -> utoipa::openapi::OpenApi {
+    #[derive(utoipa::OpenApi)]
+    #[openapi(paths(list, one))]
+    struct CallsDoc;
+    <CallsDoc as utoipa::OpenApi>::openapi()
+}
+
+/// A call on record; a record grows as the call goes on, so every key but
+/// `id` may be missing.
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)] // The shape of the stored records, for the document only.
+struct Call {
+    /// The CallSid.
+    id: String,
+    from: Option<String>,
+    to: Option<String>,
+    /// `connecting`, `in_progress` or `ended`.
+    status: Option<String>,
+    /// Twilio's last status callback.
+    twilio_status: Option<String>,
+    stream_sid: Option<String>,
+    session_key: Option<String>,
+    started_at_ms: Option<i64>,
+    connected_at_ms: Option<i64>,
+    ended_at_ms: Option<i64>,
+    end_reason: Option<String>,
+    /// The recording, once Twilio has sent it.
+    recording: Option<Value>,
+    /// The turns with their timings (`GET /v1/calls/{id}` only).
+    turns: Option<Vec<Value>>,
+    /// How many turns (`GET /v1/calls` only).
+    turn_count: Option<u64>,
+}
+
+/// `GET /v1/calls`.
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)] // The shape of the handler's JSON, for the document only.
+struct Calls {
+    /// Newest first, at most 200.
+    calls: Vec<Call>,
+}
+
 /// `GET /v1/calls` and `GET /v1/calls/{id}`, to merge into the control API
 /// (behind its bearer token) with `lemon_api::api::router_with`.
 pub fn api_routes(records: CallRecords) -> Router {
@@ -73,6 +118,12 @@ pub fn api_routes(records: CallRecords) -> Router {
         .with_state(records)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/calls",
+    tag = "calls",
+    responses((status = 200, description = "Calls on record, newest first.", body = Calls), Errors)
+)]
 async fn list(State(records): State<CallRecords>) -> Result<Json<Value>, ApiError> {
     let calls = records.list().await?;
     // The list is a summary; a call's turns are in its own record.
@@ -90,12 +141,37 @@ async fn list(State(records): State<CallRecords>) -> Result<Json<Value>, ApiErro
     Ok(Json(json!({ "calls": calls })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/calls/{id}",
+    tag = "calls",
+    params(("id" = String, Path, description = "The CallSid (`CA…`).")),
+    responses(
+        (status = 200, description = "The call with its turns.", body = Call),
+        (status = 404, description = "No such call.", body = lemon_api::openapi::schema::Error),
+        Errors,
+    )
+)]
 async fn one(
     State(records): State<CallRecords>,
-    Path(id): Path<String>,
+    PathParams(id): PathParams<String>,
 ) -> Result<Json<Value>, ApiError> {
     if !crate::twilio::is_sid(&id, "CA") {
         return Err(ApiError::BadRequest("a call id is a Twilio CallSid (CA…)".into()));
     }
     records.get(&id).await.map(Json).ok_or_else(|| ApiError::NotFound(format!("no call {id}")))
+}
+
+#[cfg(test)]
+mod openapi_tests {
+    use lemon_api::openapi::routes;
+    use lemon_core::store::StoreHandle;
+
+    #[tokio::test]
+    async fn every_calls_route_is_in_its_document_and_nothing_else() {
+        let records = super::CallRecords::new(StoreHandle::memory());
+        let served = routes::served(&super::api_routes(records), None).await;
+        assert_eq!(served.len(), 2, "{served:#?}");
+        assert_eq!(served, routes::documented(&super::api_doc()));
+    }
 }

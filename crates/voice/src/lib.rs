@@ -23,7 +23,7 @@ mod service;
 mod tts;
 pub mod twilio;
 
-pub use calls::{api_routes, CallRecords, CALLS_NAMESPACE};
+pub use calls::{api_doc, api_routes, CallRecords, CALLS_NAMESPACE};
 pub use config::{VoiceConfig, VoiceConfigError, VoiceSecrets, DEFAULT_VOICE_PORT};
 pub use service::{VoiceDeps, VoiceTransport};
 

@@ -22,6 +22,7 @@ use serde_json::{json, Value};
 
 use super::ApiState;
 use crate::error::{ApiError, JsonBody};
+use crate::openapi::{schema, Errors};
 
 /// Reads and writes `config.toml` for `GET /v1/config/file` and `PUT
 /// /v1/config`. The server implements it: it knows where the file is and how
@@ -62,6 +63,12 @@ pub enum ConfigSaveError {
     Write(std::io::Error),
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/config",
+    tag = "config",
+    responses((status = 200, description = "The config in force.", body = schema::Config), Errors)
+)]
 pub(super) async fn get(State(state): State<ApiState>) -> Json<Value> {
     let report = state.config.get();
     let pending: Vec<Value> = report
@@ -88,6 +95,16 @@ fn editor(state: &ApiState) -> Result<std::sync::Arc<dyn ConfigEditor>, ApiError
 
 /// `GET /v1/config/file`: `{"path", "exists", "text"}`, the text as written
 /// (comments kept; inline secrets too, so only the token holder sees it).
+#[utoipa::path(
+    get,
+    path = "/v1/config/file",
+    tag = "config",
+    responses(
+        (status = 200, description = "config.toml as written.", body = schema::ConfigFile),
+        (status = 404, description = "This gateway has no config file.", body = schema::Error),
+        Errors,
+    )
+)]
 pub(super) async fn file(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
     let editor = editor(&state)?;
     let read = tokio::task::spawn_blocking(move || editor.read())
@@ -101,14 +118,27 @@ pub(super) async fn file(State(state): State<ApiState>) -> Result<Json<Value>, A
     })))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub(super) struct PutBody {
+    /// The whole config.toml.
     text: Option<String>,
 }
 
 /// `PUT /v1/config` with `{"text"}`: `200 {"saved": true, "path", "warnings"}`
 /// once written, `422 {"error", "line", "column"}` when the text would not
 /// load (`line` and `column` are `null` when the problem has no place).
+#[utoipa::path(
+    put,
+    path = "/v1/config",
+    tag = "config",
+    request_body = PutBody,
+    responses(
+        (status = 200, description = "Checked and written.", body = schema::ConfigSaved),
+        (status = 404, description = "This gateway has no config file.", body = schema::Error),
+        (status = 422, description = "Refused, with where.", body = schema::ConfigRefused),
+        Errors,
+    )
+)]
 pub(super) async fn put(
     State(state): State<ApiState>,
     JsonBody(body): JsonBody<PutBody>,

@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 
 use super::ApiState;
 use crate::error::{ApiError, JsonBody, PathParams, QueryParams};
+use crate::openapi::{schema, Errors};
 
 impl From<CronError> for ApiError {
     fn from(error: CronError) -> Self {
@@ -41,12 +42,29 @@ fn object(body: Value) -> Result<Map<String, Value>, ApiError> {
 }
 
 /// `GET /v1/cron`: every job, paused ones included.
+#[utoipa::path(
+    get,
+    path = "/v1/cron",
+    tag = "cron",
+    responses((status = 200, description = "Every job.", body = schema::CronJobs), Errors)
+)]
 pub(super) async fn list(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
     let jobs: Vec<Value> = state.cron.list().await?.iter().map(CronJob::to_json).collect();
     Ok(Json(json!({ "jobs": jobs })))
 }
 
 /// `POST /v1/cron`: a new job; `schedule` and `prompt` are required.
+#[utoipa::path(
+    post,
+    path = "/v1/cron",
+    tag = "cron",
+    request_body = schema::NewCronJob,
+    responses(
+        (status = 201, description = "The new job.", body = schema::CronJob),
+        (status = 409, description = "A job of that name exists.", body = schema::Error),
+        Errors,
+    )
+)]
 pub(super) async fn create(
     State(state): State<ApiState>,
     JsonBody(body): JsonBody<Value>,
@@ -57,6 +75,19 @@ pub(super) async fn create(
 }
 
 /// `PATCH /v1/cron/{id}`: changes the fields the body has.
+#[utoipa::path(
+    patch,
+    path = "/v1/cron/{id}",
+    tag = "cron",
+    params(("id" = String, Path, description = "The job id.")),
+    request_body = schema::CronJobPatch,
+    responses(
+        (status = 200, description = "The changed job.", body = schema::CronJob),
+        (status = 404, description = "No such job.", body = schema::Error),
+        (status = 409, description = "A job of the config file, or the name is taken.", body = schema::Error),
+        Errors,
+    )
+)]
 pub(super) async fn update(
     State(state): State<ApiState>,
     PathParams(id): PathParams<String>,
@@ -70,6 +101,18 @@ pub(super) async fn update(
 }
 
 /// `DELETE /v1/cron/{id}`: removes the job and its runs.
+#[utoipa::path(
+    delete,
+    path = "/v1/cron/{id}",
+    tag = "cron",
+    params(("id" = String, Path, description = "The job id.")),
+    responses(
+        (status = 200, description = "Removed.", body = schema::CronRemoved),
+        (status = 404, description = "No such job.", body = schema::Error),
+        (status = 409, description = "A job of the config file.", body = schema::Error),
+        Errors,
+    )
+)]
 pub(super) async fn remove(
     State(state): State<ApiState>,
     PathParams(id): PathParams<String>,
@@ -79,6 +122,18 @@ pub(super) async fn remove(
 }
 
 /// `POST /v1/cron/{id}/run`: fires the job now; `202` with the cron run.
+#[utoipa::path(
+    post,
+    path = "/v1/cron/{id}/run",
+    tag = "cron",
+    params(("id" = String, Path, description = "The job id.")),
+    responses(
+        (status = 202, description = "The run just started.", body = schema::CronRun),
+        (status = 404, description = "No such job.", body = schema::Error),
+        (status = 409, description = "The job is running.", body = schema::Error),
+        Errors,
+    )
+)]
 pub(super) async fn run(
     State(state): State<ApiState>,
     PathParams(id): PathParams<String>,
@@ -87,12 +142,25 @@ pub(super) async fn run(
     Ok((StatusCode::ACCEPTED, Json(run.to_json())).into_response())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(super) struct RunsQuery {
+    /// The most runs to list.
     limit: Option<usize>,
 }
 
 /// `GET /v1/cron/{id}/runs?limit=`: the job's runs, newest first (100 by default).
+#[utoipa::path(
+    get,
+    path = "/v1/cron/{id}/runs",
+    tag = "cron",
+    params(("id" = String, Path, description = "The job id."), RunsQuery),
+    responses(
+        (status = 200, description = "The job's runs, newest first.", body = schema::CronRuns),
+        (status = 404, description = "No such job.", body = schema::Error),
+        Errors,
+    )
+)]
 pub(super) async fn runs(
     State(state): State<ApiState>,
     PathParams(id): PathParams<String>,

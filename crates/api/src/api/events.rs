@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::transfer::{parse_run_id, run_not_found};
 use super::ApiState;
 use crate::error::{ApiError, PathParams};
+use crate::openapi::{schema, Errors};
 
 /// How often an idle stream sends a comment so proxies keep it open.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
@@ -29,6 +30,20 @@ const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 const IDLE_RESYNC: Duration = Duration::from_secs(1);
 
 /// `GET /v1/runs/{id}/events`. A `Last-Event-ID` header resumes after that index.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/events",
+    tag = "runs",
+    params(
+        ("id" = String, Path, description = "The run id."),
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event index."),
+    ),
+    responses(
+        (status = 200, description = "Server-Sent Events: the run's stored events, then live ones, until `run_completed`.", content_type = "text/event-stream", body = schema::SseEvent),
+        (status = 404, description = "No such run.", body = schema::Error),
+        Errors,
+    )
+)]
 pub(super) async fn run_events(
     State(state): State<ApiState>,
     PathParams(raw): PathParams<String>,
@@ -58,6 +73,15 @@ pub(super) async fn run_events(
 
 /// `GET /v1/events`: every event of every run, until shutdown. A subscriber that
 /// falls behind gets `event: lagged` with `{"skipped": n}` and carries on.
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    tag = "runs",
+    responses(
+        (status = 200, description = "Server-Sent Events: every event of every run, and the gateway's notices.", content_type = "text/event-stream", body = schema::SseEvent),
+        Errors,
+    )
+)]
 pub(super) async fn firehose(State(state): State<ApiState>) -> Response {
     let stream = Firehose {
         live: state.router.subscribe_all(),

@@ -9,11 +9,24 @@ use serde_json::{json, Value};
 
 use super::ApiState;
 use crate::error::ApiError;
+use crate::openapi::{schema, Errors};
 
+#[utoipa::path(
+    post,
+    path = "/v1/intake/pause",
+    tag = "status",
+    responses((status = 200, description = "Whether intake is paused now.", body = schema::Intake), Errors)
+)]
 pub(super) async fn pause(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
     set(&state, true).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/intake/resume",
+    tag = "status",
+    responses((status = 200, description = "Whether intake is paused now.", body = schema::Intake), Errors)
+)]
 pub(super) async fn resume(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
     set(&state, false).await
 }

@@ -110,7 +110,24 @@ fn json_body<T: DeserializeOwned>(
         .map_err(|err| OpenAiError::invalid(format!("invalid JSON body: {err}")))
 }
 
+/// The description of these routes.
+pub(super) fn doc() -> utoipa::openapi::OpenApi {
+    #[derive(utoipa::OpenApi)]
+    #[openapi(paths(chat::create, responses::create, models, model))]
+    struct OpenAiDoc;
+    <OpenAiDoc as utoipa::OpenApi>::openapi()
+}
+
 /// `GET /v1/models`: every available engine as a model.
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    tag = "openai",
+    responses(
+        (status = 200, description = "The available engines.", body = crate::openapi::schema::ModelList),
+        crate::openapi::OpenAiErrors,
+    )
+)]
 async fn models(State(state): State<ApiState>) -> Json<serde_json::Value> {
     let created = unix_now();
     let data: Vec<_> = available_engines(&state).iter().map(|id| model_json(id, created)).collect();
@@ -118,6 +135,16 @@ async fn models(State(state): State<ApiState>) -> Json<serde_json::Value> {
 }
 
 /// `GET /v1/models/{id}`: one engine, or `404 model_not_found`.
+#[utoipa::path(
+    get,
+    path = "/v1/models/{id}",
+    tag = "openai",
+    params(("id" = String, Path, description = "The engine id.")),
+    responses(
+        (status = 200, description = "The engine.", body = crate::openapi::schema::Model),
+        crate::openapi::OpenAiErrors,
+    )
+)]
 async fn model(
     State(state): State<ApiState>,
     axum::extract::Path(id): axum::extract::Path<String>,

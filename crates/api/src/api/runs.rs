@@ -16,10 +16,24 @@ use super::transfer::{
 };
 use super::ApiState;
 use crate::error::{ApiError, JsonBody, PathParams, QueryParams};
+use crate::openapi::{schema, Errors};
 
 /// `POST /v1/runs`: `202` once accepted (the same id again is the same run and
 /// answers `"duplicate": true`), `200` with the reply of a slash command, or with
 /// `?wait=true` `200` and the run once it has finished.
+#[utoipa::path(
+    post,
+    path = "/v1/runs",
+    tag = "runs",
+    params(SubmitQuery),
+    request_body = SubmitBody,
+    responses(
+        (status = 202, description = "Accepted.", body = schema::Accepted),
+        (status = 200, description = "A slash command's reply, or with `?wait=true` the finished run.", body = schema::SubmitReply),
+        (status = 409, description = "The run id names another run.", body = schema::Error),
+        Errors,
+    )
+)]
 pub(super) async fn submit(
     State(state): State<ApiState>,
     QueryParams(query): QueryParams<SubmitQuery>,
@@ -99,6 +113,17 @@ async fn stored_artifacts(state: &ApiState, run_id: &RunId) -> Result<serde_json
 }
 
 /// `GET /v1/runs/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}",
+    tag = "runs",
+    params(("id" = String, Path, description = "The run id.")),
+    responses(
+        (status = 200, description = "The run.", body = schema::Run),
+        (status = 404, description = "No such run.", body = schema::Error),
+        Errors,
+    )
+)]
 pub(super) async fn get(
     State(state): State<ApiState>,
     PathParams(raw): PathParams<String>,
@@ -115,6 +140,13 @@ pub(super) async fn get(
 }
 
 /// `GET /v1/runs?status=&limit=`, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/runs",
+    tag = "runs",
+    params(ListQuery),
+    responses((status = 200, description = "Runs, newest first.", body = schema::RunList), Errors)
+)]
 pub(super) async fn list(
     State(state): State<ApiState>,
     QueryParams(query): QueryParams<ListQuery>,
@@ -127,6 +159,17 @@ pub(super) async fn list(
 
 /// `POST /v1/runs/{id}/cancel`: `202` with `cancelling`, or with the run's status
 /// when it is no longer active (cancelling a finished run is not an error).
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{id}/cancel",
+    tag = "runs",
+    params(("id" = String, Path, description = "The run id.")),
+    responses(
+        (status = 202, description = "Cancelling, or the status of a run no longer active.", body = schema::RunCancelled),
+        (status = 404, description = "No such run.", body = schema::Error),
+        Errors,
+    )
+)]
 pub(super) async fn cancel(
     State(state): State<ApiState>,
     PathParams(raw): PathParams<String>,
@@ -148,6 +191,18 @@ pub(super) async fn cancel(
 }
 
 /// `POST /v1/runs/{id}/steer`: whether the running engine took the text.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{id}/steer",
+    tag = "runs",
+    params(("id" = String, Path, description = "The run id.")),
+    request_body = SteerBody,
+    responses(
+        (status = 200, description = "Whether the engine took the text.", body = schema::Steered),
+        (status = 404, description = "No such run.", body = schema::Error),
+        Errors,
+    )
+)]
 pub(super) async fn steer(
     State(state): State<ApiState>,
     PathParams(raw): PathParams<String>,

@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::ApiState;
 use crate::error::{ApiError, PathParams};
+use crate::openapi::{schema, Errors};
 
 /// The session a path names; a key the product refuses is a 400 naming the field.
 fn session_key(raw: &str) -> Result<SessionKey, ApiError> {
@@ -17,6 +18,13 @@ fn session_key(raw: &str) -> Result<SessionKey, ApiError> {
 }
 
 /// `GET /v1/sessions/{key}`: active runs, queued runs in order, chat state.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{key}",
+    tag = "sessions",
+    params(("key" = String, Path, description = "The session key.")),
+    responses((status = 200, description = "The session.", body = schema::Session), Errors)
+)]
 pub(super) async fn get(
     State(state): State<ApiState>,
     PathParams(key): PathParams<String>,
@@ -55,6 +63,13 @@ fn summary(key: &SessionKey, summary: CancelSummary) -> Response {
 }
 
 /// `POST /v1/sessions/{key}/cancel`: cancels the active runs; the queue runs next.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{key}/cancel",
+    tag = "sessions",
+    params(("key" = String, Path, description = "The session key.")),
+    responses((status = 202, description = "What was cancelled.", body = schema::SessionCancelled), Errors)
+)]
 pub(super) async fn cancel(
     State(state): State<ApiState>,
     PathParams(key): PathParams<String>,
@@ -64,6 +79,13 @@ pub(super) async fn cancel(
 }
 
 /// `POST /v1/sessions/{key}/abort`: drops the queued work and cancels the active runs.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{key}/abort",
+    tag = "sessions",
+    params(("key" = String, Path, description = "The session key.")),
+    responses((status = 202, description = "What was dropped and cancelled.", body = schema::SessionCancelled), Errors)
+)]
 pub(super) async fn abort(
     State(state): State<ApiState>,
     PathParams(key): PathParams<String>,

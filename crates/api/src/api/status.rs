@@ -10,7 +10,14 @@ use serde_json::{json, Value};
 
 use super::ApiState;
 use crate::error::ApiError;
+use crate::openapi::{schema, Errors};
 
+#[utoipa::path(
+    get,
+    path = "/v1/status",
+    tag = "status",
+    responses((status = 200, description = "The gateway's state.", body = schema::Status), Errors)
+)]
 pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
     let snapshot = state.runs.snapshot().await?;
     let engines: Vec<Value> = state

@@ -21,20 +21,28 @@ const DEFAULT_LIST_LIMIT: usize = 50;
 const MAX_LIST_LIMIT: usize = 1000;
 
 /// `POST /v1/runs` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub(super) struct SubmitBody {
+    /// What to ask; required, not blank.
     prompt: Option<String>,
+    /// Unset: `default`.
     session_key: Option<String>,
+    /// The engine, with a model if it takes one (`claude:opus`); unset: the router chooses.
     engine: Option<String>,
+    /// An absolute path to an existing directory the engine runs in.
+    #[schema(value_type = Option<String>)]
     cwd: Option<PathBuf>,
+    /// Kept with the run; `disable_auto_resume`, `model` and the router's switches are read from it.
     meta: Option<BTreeMap<String, Value>>,
+    /// 1 to 128 letters, digits, `_`, `-`, `:` or `.`; unset: generated. The same id again is the same run.
     run_id: Option<String>,
+    /// `collect`, `followup`, `steer`, `steer-backlog`, `interrupt`.
     queue_mode: Option<String>,
     resume: Option<ResumeBody>,
 }
 
 /// A structured resume token in a submit body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub(super) struct ResumeBody {
     engine: String,
     value: String,
@@ -151,8 +159,11 @@ fn non_blank(value: Option<String>) -> Option<String> {
 }
 
 /// `POST /v1/runs` query.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(super) struct SubmitQuery {
+    /// Answer with the finished run instead of `202`.
+    #[param(value_type = Option<bool>)]
     wait: Option<String>,
 }
 
@@ -170,9 +181,14 @@ impl SubmitQuery {
 }
 
 /// `GET /v1/runs` query.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(super) struct ListQuery {
+    /// Only runs in this status.
+    #[param(value_type = Option<crate::openapi::schema::RunStatus>)]
     status: Option<String>,
+    /// The most runs to list (50 unless given, at most 1000).
+    #[param(value_type = Option<u64>)]
     limit: Option<String>,
 }
 
@@ -199,8 +215,9 @@ impl ListQuery {
 }
 
 /// `POST /v1/runs/{id}/steer` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub(super) struct SteerBody {
+    /// What to tell the running engine; required, not blank.
     text: Option<String>,
 }
 

@@ -12,10 +12,12 @@ use serde_json::{json, Value};
 
 use super::ApiState;
 use crate::error::{ApiError, JsonBody, PathParams, QueryParams};
+use crate::openapi::{schema, Errors};
 
 /// The query of `GET /v1/usage`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct UsageQuery {
     /// Milliseconds since the epoch, or an RFC 3339 time; unset: everything.
     since: Option<String>,
@@ -110,6 +112,13 @@ pub(super) fn totals_json(totals: &UsageTotals) -> Value {
 }
 
 /// `GET /v1/usage?since=&session=&engine=`.
+#[utoipa::path(
+    get,
+    path = "/v1/usage",
+    tag = "usage",
+    params(UsageQuery),
+    responses((status = 200, description = "Totals, per engine and per session.", body = schema::Usage), Errors)
+)]
 pub(super) async fn usage(
     State(state): State<ApiState>,
     QueryParams(query): QueryParams<UsageQuery>,
@@ -175,6 +184,13 @@ fn session_key(raw: &str) -> Result<SessionKey, ApiError> {
 
 /// `GET /v1/sessions/{key}/budget`: the limits in force, the session's own
 /// override and what it spent today (UTC).
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{key}/budget",
+    tag = "usage",
+    params(("key" = String, Path, description = "The session key.")),
+    responses((status = 200, description = "The session's limits and spend today.", body = schema::Budget), Errors)
+)]
 pub(super) async fn get_budget(
     State(state): State<ApiState>,
     PathParams(key): PathParams<String>,
@@ -186,7 +202,7 @@ pub(super) async fn get_budget(
 
 /// The body of `PUT /v1/sessions/{key}/budget`: the session's own limits; an
 /// absent or `null` key keeps the binding's or the global one.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct BudgetBody {
     run_tokens: Option<u64>,
@@ -197,6 +213,14 @@ pub(super) struct BudgetBody {
 
 /// `PUT /v1/sessions/{key}/budget`: sets the session's own limits (an empty
 /// object removes them); persisted, and in force for the session's next check.
+#[utoipa::path(
+    put,
+    path = "/v1/sessions/{key}/budget",
+    tag = "usage",
+    params(("key" = String, Path, description = "The session key.")),
+    request_body = BudgetBody,
+    responses((status = 200, description = "The session's limits and spend today.", body = schema::Budget), Errors)
+)]
 pub(super) async fn put_budget(
     State(state): State<ApiState>,
     PathParams(key): PathParams<String>,

@@ -26,8 +26,9 @@ use crate::api::ApiState;
 
 /// The request body; fields OpenAI defines that an engine has no use for
 /// (`temperature`, `max_tokens`, `tools`…) are accepted and ignored.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub(super) struct ChatRequest {
+    /// The engine, with a model if it takes one (`claude:opus`).
     model: Option<String>,
     messages: Option<Vec<Message>>,
     stream: Option<bool>,
@@ -35,27 +36,29 @@ pub(super) struct ChatRequest {
     user: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 struct StreamOptions {
     include_usage: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 struct Message {
+    /// `system`, `developer`, `user` or `assistant`.
     role: String,
     content: Option<Content>,
 }
 
 /// A message's content: text, or a list of parts of which only text is taken.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub(super) enum Content {
     Text(String),
     Parts(Vec<Part>),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub(super) struct Part {
+    /// `text` (`input_text`, `output_text`); other parts are refused.
     #[serde(rename = "type")]
     kind: String,
     text: Option<String>,
@@ -107,6 +110,22 @@ impl ChatRequest {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/chat/completions",
+    operation_id = "create_chat_completion",
+    tag = "openai",
+    request_body = ChatRequest,
+    params(("X-Lemon-Session" = Option<String>, Header, description = "The session of the request.")),
+    responses(
+        (status = 200, description = "A `chat.completion`, or with `stream` Server-Sent Events of `chat.completion.chunk`s ending with `data: [DONE]`.",
+            content(
+                (crate::openapi::schema::ChatCompletion = "application/json"),
+                (crate::openapi::schema::SseEvent = "text/event-stream"),
+            )),
+        crate::openapi::OpenAiErrors,
+    )
+)]
 pub(super) async fn create(
     State(state): State<ApiState>,
     headers: HeaderMap,

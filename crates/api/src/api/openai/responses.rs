@@ -31,8 +31,9 @@ use crate::api::ApiState;
 
 /// The request body; fields an engine has no use for (`temperature`, `tools`,
 /// `reasoning`…) are accepted and ignored.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub(super) struct ResponsesRequest {
+    /// The engine, with a model if it takes one (`claude:opus`).
     model: Option<String>,
     input: Option<Input>,
     instructions: Option<String>,
@@ -42,14 +43,14 @@ pub(super) struct ResponsesRequest {
 }
 
 /// The input: a user message as text, or a list of message items.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 enum Input {
     Text(String),
     Items(Vec<InputItem>),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 struct InputItem {
     #[serde(rename = "type")]
     kind: Option<String>,
@@ -89,6 +90,22 @@ impl ResponsesRequest {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/responses",
+    operation_id = "create_response",
+    tag = "openai",
+    request_body = ResponsesRequest,
+    params(("X-Lemon-Session" = Option<String>, Header, description = "The session of the request.")),
+    responses(
+        (status = 200, description = "A `response`, or with `stream` Server-Sent Events from `response.created` to `response.completed`.",
+            content(
+                (crate::openapi::schema::ResponseObject = "application/json"),
+                (crate::openapi::schema::SseEvent = "text/event-stream"),
+            )),
+        crate::openapi::OpenAiErrors,
+    )
+)]
 pub(super) async fn create(
     State(state): State<ApiState>,
     headers: HeaderMap,

@@ -1,0 +1,660 @@
+//! The shapes of the control API's JSON responses, for its OpenAPI document.
+//!
+//! The handlers build these bodies as JSON; each type here names every key
+//! such a body has, with its type. A key that may be `null` is an `Option`;
+//! a key only some bodies carry says so. The end-to-end schemathesis run
+//! checks every response the gateway gives against these shapes.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use utoipa::openapi::schema::{OneOfBuilder, Schema};
+use utoipa::openapi::{Ref, RefOr};
+use utoipa::{PartialSchema, ToSchema};
+
+/// Every error of the control API: `{"error": "..."}`.
+#[derive(Debug, ToSchema)]
+pub struct Error {
+    /// What went wrong, for a person.
+    pub error: String,
+}
+
+/// One Server-Sent Event of a stream (`/v1/runs/{id}/events`, `/v1/events`,
+/// the OpenAI-compatible routes with `stream`).
+#[derive(Debug, ToSchema)]
+pub struct SseEvent {
+    /// The event's type (`run_started`, `delta`, `run_completed`…); OpenAI's
+    /// chat chunks have none.
+    pub event: Option<String>,
+    /// The event as JSON text (`[DONE]` at the end of a chat stream).
+    pub data: String,
+    /// The run event's index, for `Last-Event-ID`.
+    pub id: Option<String>,
+}
+
+/// `422` of `PUT /v1/config`: the config is refused, with where.
+#[derive(Debug, ToSchema)]
+pub struct ConfigRefused {
+    pub error: String,
+    /// 1-based line of the error in the text, when it has one.
+    pub line: Option<u64>,
+    pub column: Option<u64>,
+}
+
+/// A run's status.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum RunStatus {
+    Queued,
+    Running,
+    Cancelling,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+/// `202` of `POST /v1/runs`: the run is accepted.
+#[derive(Debug, ToSchema)]
+pub struct Accepted {
+    pub run_id: String,
+    pub session_key: String,
+    /// `accepted`.
+    pub status: String,
+    pub conversation: String,
+    /// The engine it runs on (`claude`, `claude:opus`).
+    pub engine: String,
+    /// `true` when the run id was submitted before: this is that run.
+    pub duplicate: Option<bool>,
+}
+
+/// `200` of `POST /v1/runs` for a slash command (`/new`, `/status`…).
+#[derive(Debug, ToSchema)]
+pub struct CommandReply {
+    /// `cancel`, `new`, `status` or `engine`.
+    pub command: String,
+    pub reply: String,
+}
+
+/// `200` of `POST /v1/runs`: a slash command's reply, or with `?wait=true`
+/// the finished run.
+#[derive(Debug)]
+pub enum SubmitReply {
+    Run(Box<Run>),
+    Command(CommandReply),
+}
+
+impl utoipa::PartialSchema for SubmitReply {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(Ref::from_schema_name(Run::name()))
+            .item(Ref::from_schema_name(CommandReply::name()))
+            .into()
+    }
+}
+
+impl ToSchema for SubmitReply {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        for (name, schema) in
+            [(Run::name(), Run::schema()), (CommandReply::name(), CommandReply::schema())]
+        {
+            schemas.push((name.into_owned(), schema));
+        }
+        Run::schemas(schemas);
+    }
+}
+
+/// A resume token: the engine and its session id.
+#[derive(Debug, ToSchema)]
+pub struct ResumeToken {
+    pub engine: String,
+    pub value: String,
+}
+
+/// What a run spent, normalised.
+#[derive(Debug, ToSchema)]
+pub struct Spend {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    /// US dollars.
+    pub usd: f64,
+}
+
+/// A file sent with a run's answer.
+#[derive(Debug, ToSchema)]
+pub struct Artifact {
+    pub path: String,
+    pub filename: String,
+    pub caption: Option<String>,
+    pub size: u64,
+    pub mime: String,
+}
+
+/// A run, as `GET /v1/runs/{id}` answers it.
+#[derive(Debug, ToSchema)]
+pub struct Run {
+    pub run_id: String,
+    pub session_key: String,
+    pub engine: String,
+    pub prompt: String,
+    /// What the caller sent as `meta`.
+    pub meta: Value,
+    pub status: RunStatus,
+    pub answer: Option<String>,
+    pub error: Option<String>,
+    /// `timeout`, `engine_exited`, `cancelled`…
+    pub error_code: Option<String>,
+    pub resumed_from: Option<ResumeToken>,
+    pub resume: Option<ResumeToken>,
+    /// The line a user pastes to continue the session.
+    pub resume_line: Option<String>,
+    /// The engine's own usage report, as it gave it.
+    pub usage: Value,
+    pub spend: Spend,
+    pub created_at_ms: i64,
+    pub started_at_ms: Option<i64>,
+    pub completed_at_ms: Option<i64>,
+    pub duration_ms: Option<u64>,
+    /// The files of a finished run's answer (`GET /v1/runs/{id}` and
+    /// `?wait=true` only; `[]` while it runs).
+    pub artifacts: Option<Vec<Artifact>>,
+}
+
+/// `GET /v1/runs`.
+#[derive(Debug, ToSchema)]
+pub struct RunList {
+    /// Newest first.
+    pub runs: Vec<Run>,
+}
+
+/// `POST /v1/runs/{id}/cancel`.
+#[derive(Debug, ToSchema)]
+pub struct RunCancelled {
+    pub run_id: String,
+    /// `cancelling`, or the run's status when it is no longer active.
+    pub status: String,
+}
+
+/// `POST /v1/runs/{id}/steer`.
+#[derive(Debug, ToSchema)]
+pub struct Steered {
+    /// Whether the running engine took the text.
+    pub accepted: bool,
+    /// Why not, when it did not.
+    pub reason: Option<String>,
+}
+
+/// A session's chat state: the engine session it continues.
+#[derive(Debug, ToSchema)]
+pub struct ChatState {
+    pub engine: String,
+    pub resume_token: String,
+    pub updated_at_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+/// `GET /v1/sessions/{key}`.
+#[derive(Debug, ToSchema)]
+pub struct Session {
+    pub session_key: String,
+    pub active_run: Option<String>,
+    pub active_runs: Vec<String>,
+    /// Queued run ids, in the order they run.
+    pub queue: Vec<String>,
+    pub queue_length: u64,
+    pub pending_steers: u64,
+    pub chat_state: Option<ChatState>,
+    /// The engine the session sticks to (`/engine`), if any.
+    pub engine: Option<String>,
+}
+
+/// `POST /v1/sessions/{key}/cancel` and `/abort`.
+#[derive(Debug, ToSchema)]
+pub struct SessionCancelled {
+    pub session_key: String,
+    /// Queued runs dropped (`abort` only; `0` for `cancel`).
+    pub dropped: u64,
+    /// Active runs cancelled.
+    pub cancelled: u64,
+}
+
+/// Tokens, dollars and runs over a span.
+#[derive(Debug, ToSchema)]
+pub struct Totals {
+    pub runs: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub tokens: u64,
+    pub usd: f64,
+}
+
+/// [`Totals`] of one engine.
+#[derive(Debug, ToSchema)]
+pub struct EngineTotals {
+    pub engine: String,
+    pub runs: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub tokens: u64,
+    pub usd: f64,
+}
+
+/// [`Totals`] of one session.
+#[derive(Debug, ToSchema)]
+pub struct SessionTotals {
+    pub session_key: String,
+    pub runs: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub tokens: u64,
+    pub usd: f64,
+}
+
+/// `GET /v1/usage`.
+#[derive(Debug, ToSchema)]
+pub struct Usage {
+    pub since_ms: i64,
+    pub total: Totals,
+    pub engines: Vec<EngineTotals>,
+    pub sessions: Vec<SessionTotals>,
+}
+
+/// The limits in force for a session (`null`: no limit).
+#[derive(Debug, ToSchema)]
+pub struct Limits {
+    pub run_tokens: Option<u64>,
+    pub run_usd: Option<f64>,
+    pub session_daily_tokens: Option<u64>,
+    pub session_daily_usd: Option<f64>,
+    pub daily_tokens: Option<u64>,
+    pub daily_usd: Option<f64>,
+}
+
+/// A session's own limits, set with `PUT /v1/sessions/{key}/budget`.
+#[derive(Debug, ToSchema)]
+pub struct SessionLimits {
+    pub run_tokens: Option<u64>,
+    pub run_usd: Option<f64>,
+    pub session_daily_tokens: Option<u64>,
+    pub session_daily_usd: Option<f64>,
+}
+
+/// `GET` and `PUT /v1/sessions/{key}/budget`.
+#[derive(Debug, ToSchema)]
+pub struct Budget {
+    pub session_key: String,
+    pub limits: Limits,
+    pub session_override: Option<SessionLimits>,
+    /// Start of the current UTC day.
+    pub day_start_ms: i64,
+    pub today: Totals,
+    pub all_sessions_today: Totals,
+}
+
+/// The scheduler's counters.
+#[derive(Debug, ToSchema)]
+pub struct Scheduler {
+    pub in_flight: u64,
+    pub waitq: u64,
+    pub max: u64,
+    pub conversations: u64,
+    pub queued: u64,
+}
+
+/// An engine in `/v1/status`.
+#[derive(Debug, ToSchema)]
+pub struct EngineStatus {
+    pub id: String,
+    pub available: bool,
+    pub steer: bool,
+    pub redirect: bool,
+    /// The executable, for a CLI engine found on `PATH`.
+    pub path: Option<String>,
+    pub version: Option<String>,
+    /// Why it is unavailable.
+    pub reason: Option<String>,
+}
+
+/// A transport's state in `/v1/status`.
+#[derive(Debug, ToSchema)]
+pub struct TransportStatus {
+    /// `disabled`, `starting`, `running`, `failing` or `stopped`.
+    pub state: String,
+    pub detail: Option<String>,
+    pub reason: Option<String>,
+    pub attempts: Option<u64>,
+    /// `null`: not retried.
+    pub retry_in_ms: Option<u64>,
+}
+
+/// Where a secret the config names was found.
+#[derive(Debug, ToSchema)]
+pub struct SecretSource {
+    pub source: String,
+    /// Later sources that have it too and are not used.
+    pub overrides: Vec<String>,
+}
+
+/// `GET /v1/status`.
+#[derive(Debug, ToSchema)]
+pub struct Status {
+    pub version: String,
+    pub uptime_ms: u64,
+    /// Whether intake is paused (`/v1/intake/pause`).
+    pub paused: bool,
+    pub scheduler: Scheduler,
+    pub engines: Vec<EngineStatus>,
+    /// The engine of requests that name none.
+    pub default_engine: String,
+    pub default_engine_reason: String,
+    /// By transport id.
+    pub transports: BTreeMap<String, TransportStatus>,
+    /// By secret name.
+    pub secrets: BTreeMap<String, SecretSource>,
+}
+
+/// `POST /v1/intake/pause` and `/resume`.
+#[derive(Debug, ToSchema)]
+pub struct Intake {
+    pub paused: bool,
+}
+
+/// A setting that changed in the file and takes effect at the next start.
+#[derive(Debug, ToSchema)]
+pub struct PendingRestart {
+    pub key: String,
+    pub running: Value,
+    pub file: Value,
+}
+
+/// The last edit of the file that was refused.
+#[derive(Debug, ToSchema)]
+pub struct Rejected {
+    pub error: String,
+    pub at_ms: i64,
+}
+
+/// `GET /v1/config`.
+#[derive(Debug, ToSchema)]
+pub struct Config {
+    pub generation: u64,
+    /// The config in force, secrets left out.
+    pub effective: Value,
+    pub pending_restart: Vec<PendingRestart>,
+    pub rejected: Option<Rejected>,
+    pub file_missing: bool,
+}
+
+/// `GET /v1/config/file`.
+#[derive(Debug, ToSchema)]
+pub struct ConfigFile {
+    pub path: String,
+    pub exists: bool,
+    /// config.toml as written (`""` when it does not exist).
+    pub text: String,
+}
+
+/// `200` of `PUT /v1/config`.
+#[derive(Debug, ToSchema)]
+pub struct ConfigSaved {
+    pub saved: bool,
+    pub path: Option<String>,
+    pub warnings: Vec<String>,
+}
+
+/// A scheduled job.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "camelCase")]
+pub struct CronJob {
+    pub id: String,
+    pub name: String,
+    pub schedule: String,
+    pub enabled: bool,
+    pub agent_id: String,
+    pub session_key: String,
+    pub prompt: String,
+    pub memory_file: Option<String>,
+    pub timezone: String,
+    pub jitter_sec: u64,
+    pub timeout_ms: u64,
+    pub max_retries: u32,
+    pub retry_backoff_ms: u64,
+    pub meta: Value,
+    /// `api` or `config`.
+    pub source: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub last_run_at_ms: Option<i64>,
+    /// `null` when disabled.
+    pub next_run_at_ms: Option<i64>,
+}
+
+/// `POST /v1/cron`'s body (the snake_case spellings are taken too).
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "camelCase")]
+pub struct NewCronJob {
+    /// A cron expression (`0 9 * * 1-5`) or `@every 10m`.
+    pub schedule: String,
+    pub prompt: String,
+    pub name: Option<String>,
+    pub agent_id: Option<String>,
+    pub session_key: Option<String>,
+    pub memory_file: Option<String>,
+    /// An IANA time zone (`Europe/Paris`); unset: UTC.
+    pub timezone: Option<String>,
+    pub enabled: Option<bool>,
+    pub jitter_sec: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub max_retries: Option<u32>,
+    pub retry_backoff_ms: Option<u64>,
+    pub meta: Option<BTreeMap<String, Value>>,
+}
+
+/// `PATCH /v1/cron/{id}`'s body: the fields to change, at least one.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "camelCase")]
+pub struct CronJobPatch {
+    pub schedule: Option<String>,
+    pub prompt: Option<String>,
+    pub name: Option<String>,
+    pub agent_id: Option<String>,
+    pub session_key: Option<String>,
+    pub memory_file: Option<String>,
+    /// An IANA time zone (`Europe/Paris`); unset: UTC.
+    pub timezone: Option<String>,
+    pub enabled: Option<bool>,
+    pub jitter_sec: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub max_retries: Option<u32>,
+    pub retry_backoff_ms: Option<u64>,
+    pub meta: Option<BTreeMap<String, Value>>,
+}
+
+/// `GET /v1/cron`.
+#[derive(Debug, ToSchema)]
+pub struct CronJobs {
+    pub jobs: Vec<CronJob>,
+}
+
+/// One firing of a job.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "camelCase")]
+pub struct CronRun {
+    pub id: String,
+    pub job_id: String,
+    pub router_run_id: Option<String>,
+    /// `running`, `retrying`, `succeeded`, `failed`, `timed_out` or `aborted`.
+    pub status: String,
+    /// `schedule` or `manual`.
+    pub trigger: String,
+    pub attempt: u32,
+    pub started_at_ms: i64,
+    pub ended_at_ms: Option<i64>,
+    pub output: Option<String>,
+}
+
+/// `GET /v1/cron/{id}/runs`.
+#[derive(Debug, ToSchema)]
+#[schema(rename_all = "camelCase")]
+pub struct CronRuns {
+    pub job_id: String,
+    /// Newest first.
+    pub runs: Vec<CronRun>,
+}
+
+/// `DELETE /v1/cron/{id}`.
+#[derive(Debug, ToSchema)]
+pub struct CronRemoved {
+    pub removed: bool,
+    pub id: String,
+}
+
+/// A secret in `GET /v1/secrets` (never its value).
+#[derive(Debug, ToSchema)]
+pub struct SecretEntry {
+    pub name: String,
+    /// `keychain`, `env`, `file`, `inline`, or `null`: not set anywhere.
+    pub source: Option<String>,
+    /// What in the config uses it.
+    pub used_by: Vec<String>,
+}
+
+/// Whether the OS keychain can be used.
+#[derive(Debug, ToSchema)]
+pub struct Keychain {
+    pub available: bool,
+    pub detail: Option<String>,
+}
+
+/// `GET /v1/secrets`.
+#[derive(Debug, ToSchema)]
+pub struct Secrets {
+    pub secrets: Vec<SecretEntry>,
+    pub keychain: Keychain,
+}
+
+/// `PUT /v1/secrets/{name}`.
+#[derive(Debug, ToSchema)]
+pub struct SecretSaved {
+    pub name: String,
+    /// Where it was saved: `keychain` or `file`.
+    pub source: String,
+}
+
+/// `DELETE /v1/secrets/{name}`.
+#[derive(Debug, ToSchema)]
+pub struct SecretDeleted {
+    pub name: String,
+    pub deleted: bool,
+}
+
+/// The OpenAI-compatible routes' error object.
+#[derive(Debug, ToSchema)]
+pub struct OpenAiError {
+    pub message: String,
+    /// `invalid_request_error`, `authentication_error`, `rate_limit_error`, `server_error`…
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub param: Option<String>,
+    pub code: Option<String>,
+}
+
+/// `{"error": {...}}` of the OpenAI-compatible routes.
+#[derive(Debug, ToSchema)]
+pub struct OpenAiErrorBody {
+    pub error: OpenAiError,
+}
+
+/// An engine as an OpenAI model.
+#[derive(Debug, ToSchema)]
+pub struct Model {
+    pub id: String,
+    /// `model`.
+    pub object: String,
+    pub created: u64,
+    pub owned_by: String,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, ToSchema)]
+pub struct ModelList {
+    /// `list`.
+    pub object: String,
+    pub data: Vec<Model>,
+}
+
+/// The assistant's message in a chat completion.
+#[derive(Debug, ToSchema)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Option<String>,
+    pub refusal: Option<String>,
+}
+
+/// The one choice of a chat completion.
+#[derive(Debug, ToSchema)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: ChatMessage,
+    pub logprobs: Option<Value>,
+    pub finish_reason: Option<String>,
+}
+
+/// Cached prompt tokens.
+#[derive(Debug, ToSchema)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u64,
+}
+
+/// A chat completion's token counts.
+#[derive(Debug, ToSchema)]
+pub struct ChatUsage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// `POST /v1/chat/completions` without `stream`: a `chat.completion`.
+#[derive(Debug, ToSchema)]
+pub struct ChatCompletion {
+    pub id: String,
+    /// `chat.completion`.
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: Option<String>,
+    pub choices: Vec<ChatChoice>,
+    /// `null` when the engine reported none.
+    pub usage: Option<ChatUsage>,
+}
+
+/// `POST /v1/responses` without `stream`: a `response`.
+#[derive(Debug, ToSchema)]
+pub struct ResponseObject {
+    /// `resp_<run id>`.
+    pub id: String,
+    /// `response`.
+    pub object: String,
+    pub created_at: u64,
+    /// `completed`, `in_progress`, `failed`.
+    pub status: String,
+    pub error: Option<Value>,
+    pub incomplete_details: Option<Value>,
+    pub instructions: Option<String>,
+    pub model: String,
+    /// The assistant's message: `{"id", "type": "message", "status", "role", "content": [...]}`.
+    pub output: Vec<Value>,
+    pub parallel_tool_calls: bool,
+    pub tool_choice: String,
+    pub tools: Vec<Value>,
+    pub metadata: Value,
+    pub usage: Option<Value>,
+}
