@@ -290,8 +290,11 @@ fn record_signals(log: &str) -> io::Result<std::process::ChildStdin> {
             );
         }
     });
-    // In a process group of its own, so a signal to the CLI's group misses it.
+    // In a process group of its own and without the gateway's process scope, so
+    // neither a signal to the CLI's group nor the kill of the run's descendants
+    // reaches it: it has to outlive the CLI to say how the CLI ended.
     let mut witness = Command::new(std::env::current_exe()?)
+        .env_remove("LEMON_PROCESS_SCOPE")
         .env("FAKE_CLI_ROLE", "witness")
         .env("FAKE_CLI_SIGNAL_LOG", log)
         .stdin(Stdio::piped())
