@@ -330,26 +330,11 @@ async fn a_client_that_disconnects_mid_stream_does_not_lose_the_run() {
 /// A Python with the pinned `openai` package: `LEMON_OPENAI_PYTHON`, else the
 /// virtual environment scripts/test makes. `None` only when there is no Python.
 fn openai_python() -> Option<PathBuf> {
-    if let Some(python) = std::env::var_os("LEMON_OPENAI_PYTHON") {
-        return Some(PathBuf::from(python));
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache")))?;
-    let python = cache.join(format!("lemon-gateway/openai-{OPENAI_PY_VERSION}/bin/python"));
-    if python.exists() {
-        return Some(python);
-    }
-    let has_python = std::process::Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|output| output.status.success());
-    assert!(
-        !has_python,
-        "Python is here but the openai client is not: run scripts/test, which installs it into {}",
-        python.display()
-    );
-    None
+    crate::support::cached_python_tool(
+        "LEMON_OPENAI_PYTHON",
+        &format!("openai-{OPENAI_PY_VERSION}/bin/python"),
+        "the openai client",
+    )
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@
 //! without the token is refused. `LEMON_SCHEMATHESIS_EXAMPLES` raises the
 //! examples per operation (the CI run uses a few, with a fixed seed).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use lemon_tests::fake_deepgram::FakeDeepgram;
 use lemon_tests::fake_elevenlabs::FakeElevenLabs;
@@ -33,27 +33,11 @@ const DEFAULT_EXAMPLES: u32 = 8;
 /// `schemathesis` from the virtual environment scripts/test makes, or
 /// `LEMON_SCHEMATHESIS`. `None` only when there is no Python at all.
 fn schemathesis() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("LEMON_SCHEMATHESIS") {
-        return Some(PathBuf::from(path));
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache")))?;
-    let bin =
-        cache.join(format!("lemon-gateway/schemathesis-{SCHEMATHESIS_VERSION}/bin/schemathesis"));
-    if bin.exists() {
-        return Some(bin);
-    }
-    let has_python = std::process::Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|output| output.status.success());
-    assert!(
-        !has_python,
-        "Python is here but schemathesis is not: run scripts/test, which installs it into {}",
-        bin.display()
-    );
-    None
+    crate::support::cached_python_tool(
+        "LEMON_SCHEMATHESIS",
+        &format!("schemathesis-{SCHEMATHESIS_VERSION}/bin/schemathesis"),
+        "schemathesis",
+    )
 }
 
 /// A gateway with the echo engine, SMS (to a fake Twilio) and voice (with

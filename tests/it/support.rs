@@ -224,3 +224,34 @@ impl Gateway {
             .unwrap()
     }
 }
+
+/// A tool `scripts/test` installs into a virtual environment under the user's
+/// cache (`<cache>/lemon-gateway/<venv>/<bin>`), or the path in `override_var`.
+/// `None` only when there is no Python at all; with a Python but without the
+/// tool, the test fails and says to run `scripts/test`.
+pub(crate) fn cached_python_tool(
+    override_var: &str,
+    venv_bin: &str,
+    what: &str,
+) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(override_var) {
+        return Some(PathBuf::from(path));
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache")))?;
+    let tool = cache.join("lemon-gateway").join(venv_bin);
+    if tool.exists() {
+        return Some(tool);
+    }
+    let has_python = std::process::Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    assert!(
+        !has_python,
+        "Python is here but {what} is not: run scripts/test, which installs it into {}",
+        tool.display()
+    );
+    None
+}
