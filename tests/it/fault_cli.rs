@@ -74,7 +74,7 @@ async fn a_cli_that_crashes_ends_its_run_once_with_its_exit_status_and_stderr() 
     assert!(error.contains("panic: corrupted session state"), "{record}");
     // A failure without an answer is retried once; the retry crashes the same way
     // and is the last word.
-    let retry = gateway.wait(&format!("{run_id}.retry")).await;
+    let retry = gateway.wait_for_submitted(&format!("{run_id}.retry")).await;
     assert_eq!(retry["status"], "failed", "{retry}");
     assert!(retry["error"].as_str().unwrap().contains("exited with status 3"), "{retry}");
     for id in [run_id.clone(), format!("{run_id}.retry")] {

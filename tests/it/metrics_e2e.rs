@@ -107,7 +107,7 @@ async fn metrics_count_runs_reloads_and_show_the_transport_and_its_backlog() {
         if status == "failed" {
             // Its zero-answer retry runs next; it must be done before the slots
             // are counted below.
-            gateway.wait(&format!("{run_id}.retry")).await;
+            gateway.wait_for_submitted(&format!("{run_id}.retry")).await;
         }
     }
     let hanging = gateway

@@ -203,6 +203,20 @@ impl Gateway {
         self.get("/v1/status").send().await.unwrap().json().await.unwrap()
     }
 
+    /// Waits (bounded) for a run the gateway submits by itself, such as a
+    /// zero-answer retry, to exist, then for it to complete; returns its record.
+    pub(crate) async fn wait_for_submitted(&self, run_id: &str) -> serde_json::Value {
+        let path = format!("/v1/runs/{run_id}");
+        let appeared = tokio::time::timeout(PATIENCE, async {
+            while self.get(&path).send().await.unwrap().status() == 404 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(appeared.is_ok(), "run {run_id} was never submitted");
+        self.wait(run_id).await
+    }
+
     /// Waits for the run to complete (via its event stream) and returns its record.
     pub(crate) async fn wait(&self, run_id: &str) -> serde_json::Value {
         self.events(run_id).await;
