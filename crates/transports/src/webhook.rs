@@ -45,7 +45,7 @@ mod service;
 
 pub use check::{check_callback_urls, CallbackUrlProblem};
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -137,6 +137,10 @@ struct Inner {
     /// Integrations already logged as having no callback URL for the runs of
     /// their sessions that others started.
     told_no_callback: Mutex<BTreeSet<String>>,
+    /// Runs this webhook submitted that have not been seen starting yet, so
+    /// [`WebhookState::deliver_others`] passes over them without reading the
+    /// store. Only a shortcut: a run missing here is looked up in the store.
+    own_runs: OwnRuns,
     /// Callback deliveries: waited for when the transport stops, so the next
     /// start never picks up a record whose attempt is still under way.
     deliveries: TaskTracker,
@@ -174,6 +178,7 @@ impl WebhookState {
                 resolver: deps.resolver,
                 tracker: deps.tracker,
                 told_no_callback: Mutex::new(BTreeSet::new()),
+                own_runs: OwnRuns::default(),
                 deliveries: TaskTracker::new(),
                 shutdown: deps.shutdown,
                 keys,
@@ -259,6 +264,10 @@ impl WebhookState {
         let Some((id, integration)) = integration_of(&inner.config, &event.session_key) else {
             return;
         };
+        // The webhook's own runs are its request's to answer, callback or not.
+        if inner.own_runs.take(&event.run_id) {
+            return;
+        }
         let run_id = event.run_id.as_str();
         // The webhook's own callbacks are on record before their run is submitted.
         match inner.store.kv_get(callback::CALLBACK_NS, run_id, lemon_core::clock::now_ms()).await {
@@ -318,6 +327,33 @@ impl WebhookState {
     pub async fn finish_deliveries(&self) {
         self.inner.deliveries.close();
         self.inner.deliveries.wait().await;
+    }
+}
+
+/// Most runs [`OwnRuns`] remembers; past it, it starts over (runs that never
+/// started, merged or cancelled while queued, would otherwise stay).
+const MAX_OWN_RUNS: usize = 4096;
+
+/// The ids of runs the webhook submitted itself, until their `run_started`.
+#[derive(Debug, Default)]
+struct OwnRuns(Mutex<HashSet<RunId>>);
+
+impl OwnRuns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<RunId>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn insert(&self, run_id: &RunId) {
+        let mut runs = self.lock();
+        if runs.len() >= MAX_OWN_RUNS {
+            runs.clear();
+        }
+        runs.insert(run_id.clone());
+    }
+
+    /// Whether `run_id` was one of them; it is forgotten either way.
+    fn take(&self, run_id: &RunId) -> bool {
+        self.lock().remove(run_id)
     }
 }
 
@@ -724,7 +760,7 @@ impl Prepared {
             resume: None,
             cwd: integration.cwd.clone(),
             model: None,
-            flags: RequestFlags::default(),
+            flags: RequestFlags { fresh_run_id: true, ..RequestFlags::default() },
             meta,
             run_id: Some(run_id),
             channel: None,
@@ -761,6 +797,7 @@ async fn submit(
     let inner = &state.inner;
     let Prepared { req, callback_url, metadata, attachments, .. } = request;
     let session_key = req.session_key.clone();
+    let own_run_id = req.run_id.clone();
     // On record before the run exists, so a restart finds it.
     let delivery = match (callback_url, &req.run_id) {
         (Some(url), Some(run_id)) => {
@@ -785,7 +822,17 @@ async fn submit(
         }
         _ => None,
     };
+    // Noted before submitting: the run may start before `submit` returns.
+    if let Some(run_id) = &own_run_id {
+        inner.own_runs.insert(run_id);
+    }
     let submitted = inner.router.submit(req).await;
+    let started_own = matches!(&submitted, Ok(Submitted::Run(accepted, _)) if !accepted.duplicate);
+    if !started_own {
+        if let Some(run_id) = &own_run_id {
+            inner.own_runs.take(run_id);
+        }
+    }
     if !matches!(submitted, Ok(Submitted::Run(..))) {
         if let Some(delivery) = &delivery {
             inner.callbacks.finish(&delivery.record.run_id).await;
