@@ -124,6 +124,10 @@ pub struct RequestFlags {
     /// merged with other followups (`meta.task_auto_followup`,
     /// `meta.delegated_auto_followup`, or a non-empty `meta.async_followups` list).
     pub auto_followup: bool,
+    /// The edge made `run_id` itself just now ([`RunId::generate`]), so it names
+    /// no earlier run and the router does not look it up in the store. Never set
+    /// for an id that came from outside.
+    pub fresh_run_id: bool,
 }
 
 impl RequestFlags {
@@ -146,6 +150,7 @@ impl RequestFlags {
             auto_followup: flag("task_auto_followup")
                 || flag("delegated_auto_followup")
                 || async_followups,
+            fresh_run_id: false,
         }
     }
 }

@@ -318,7 +318,7 @@ impl Router {
             let reply = self.command(&command, &session_key).await;
             return Ok(Admitted::Command { command, reply });
         }
-        if let Some(run_id) = &req.run_id {
+        if let Some(run_id) = req.run_id.as_ref().filter(|_| !req.flags.fresh_run_id) {
             if let Some(known) = self.known_run(run_id).await? {
                 if !self.same_request(&req, &session_key, &known) {
                     return Err(RouteError::RunIdConflict { run_id: run_id.to_string() });
@@ -1197,6 +1197,8 @@ fn item_from_entry(entry: JournalEntry) -> Result<Item, String> {
         no_auto_resume: route.no_auto_resume.unwrap_or(legacy.no_auto_resume),
         goal_continuation: route.goal_continuation.unwrap_or(legacy.goal_continuation),
         auto_followup: route.auto_followup.unwrap_or(legacy.auto_followup),
+        // Journaled ids are looked up like any other when submitted again.
+        fresh_run_id: false,
     };
     let model = route.model.clone().or_else(|| model_from_meta(&meta));
     let engine_ref = |raw: &str| EngineRef::parse(raw).map_err(|_| raw.to_owned());
@@ -1296,8 +1298,12 @@ mod tests {
 
     #[test]
     fn a_journaled_request_keeps_its_flags_and_model() {
-        let flags =
-            RequestFlags { no_auto_resume: true, goal_continuation: true, auto_followup: true };
+        let flags = RequestFlags {
+            no_auto_resume: true,
+            goal_continuation: true,
+            auto_followup: true,
+            fresh_run_id: false,
+        };
         let recovered = item_from_entry(journal_entry(&item(flags, Some("opus")), 0)).unwrap();
         assert_eq!((recovered.flags, recovered.model.as_deref()), (flags, Some("opus")));
         let plain =
