@@ -35,7 +35,7 @@ pub use settings::{NativeSettings, ProviderKind, BUILTIN_TOOLS, ENGINE_ID};
 
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use lemon_core::budget::BudgetGuard;
@@ -52,6 +52,7 @@ use tokio_util::task::TaskTracker;
 use crate::cli::ApiKey;
 use crate::llm::LlmClient;
 
+use self::agent::ToolSet;
 use self::session::Sessions;
 
 /// Everything a native engine is built from.
@@ -85,6 +86,11 @@ pub struct NativeEngine {
     /// JSON schema, and every run offers the same ones.
     builtins: Vec<(ToolSpec, Arc<dyn Tool>)>,
     gateway_tools: ToolRegistry,
+    /// The tool sets runs were offered, by the gateway tools they add to the
+    /// built-ins: a session offered the same tools as an earlier run shares its
+    /// set (specs, their token estimate, the lookup by name). Like the
+    /// built-ins', a gateway tool's spec is read once.
+    tool_sets: Mutex<Vec<(Vec<Arc<dyn Tool>>, Arc<ToolSet>)>>,
     budget: Option<Arc<dyn BudgetGuard>>,
     sessions: Sessions,
     tracker: TaskTracker,
@@ -117,6 +123,7 @@ impl NativeEngine {
             api_key: parts.api_key,
             builtins,
             gateway_tools: parts.gateway_tools,
+            tool_sets: Mutex::new(Vec::new()),
             budget: parts.budget,
             sessions: Sessions::new(parts.store),
             tracker: parts.tracker,
@@ -128,7 +135,40 @@ impl NativeEngine {
     pub fn settings(&self) -> &NativeSettings {
         &self.settings
     }
+
+    /// The tools a run in `session` is offered: the built-ins and the gateway
+    /// tools offered there, whose names no built-in has.
+    fn tool_set(&self, session: &lemon_core::ids::SessionKey) -> Arc<ToolSet> {
+        let offered: Vec<Arc<dyn Tool>> =
+            self.gateway_tools.list().into_iter().filter(|tool| tool.offered(session)).collect();
+        let mut sets = self.tool_sets.lock().unwrap_or_else(|e| e.into_inner());
+        let same = |known: &[Arc<dyn Tool>]| {
+            known.len() == offered.len()
+                && known.iter().zip(&offered).all(|(a, b)| Arc::ptr_eq(a, b))
+        };
+        if let Some((_, set)) = sets.iter().find(|(known, _)| same(known)) {
+            return set.clone();
+        }
+        let mut tools = self.builtins.clone();
+        for tool in &offered {
+            let spec = tool.spec();
+            if !tools.iter().any(|(known, _)| known.name == spec.name) {
+                tools.push((spec, tool.clone()));
+            }
+        }
+        let set = Arc::new(ToolSet::new(tools));
+        // A handful of sets in practice (one per kind of channel); a registry
+        // that keeps changing starts the list over instead of growing it.
+        if sets.len() >= MAX_TOOL_SETS {
+            sets.clear();
+        }
+        sets.push((offered, set.clone()));
+        set
+    }
 }
+
+/// Most tool sets an engine keeps.
+const MAX_TOOL_SETS: usize = 16;
 
 /// The native engine `[gateway.engines.lemon]` asks for, with its key from
 /// `ctx.api_keys["lemon"]` and the built-in tools; `None` when it is disabled.
@@ -238,16 +278,7 @@ impl Engine for NativeEngine {
             }
             None => (session::new_id(), Vec::new()),
         };
-        let mut tools = self.builtins.clone();
-        for tool in self.gateway_tools.list() {
-            if !tool.offered(&req.session_key) {
-                continue;
-            }
-            let spec = tool.spec();
-            if !tools.iter().any(|(known, _)| known.name == spec.name) {
-                tools.push((spec, tool));
-            }
-        }
+        let tools = self.tool_set(&req.session_key);
         let cancel = self.shutdown.child_token();
         let (controls_tx, controls_rx) = mpsc::channel(16);
         let stopped = CancellationToken::new();

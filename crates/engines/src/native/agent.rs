@@ -36,7 +36,7 @@ pub(crate) struct AgentParts {
     pub(crate) client: Arc<dyn LlmClient>,
     pub(crate) api_key: Option<ApiKey>,
     /// The run's tools with their specs.
-    pub(crate) tools: Vec<(ToolSpec, Arc<dyn Tool>)>,
+    pub(crate) tools: Arc<ToolSet>,
     pub(crate) budget: Option<Arc<dyn BudgetGuard>>,
     pub(crate) sessions: Sessions,
     pub(crate) session_id: String,
@@ -45,6 +45,31 @@ pub(crate) struct AgentParts {
     pub(crate) cancel: CancellationToken,
     pub(crate) controls: mpsc::Receiver<Control>,
     pub(crate) workspace: Option<PathBuf>,
+}
+
+/// The tools of a run, ready for its model requests: made once per set of
+/// tools offered and shared by every run offered the same ones.
+#[derive(Debug)]
+pub(crate) struct ToolSet {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+    /// Sorted by name, as every request lists them.
+    specs: Arc<[ToolSpec]>,
+    /// The specs' share of every request's token estimate.
+    tool_tokens: u64,
+}
+
+impl ToolSet {
+    pub(crate) fn new(tools: Vec<(ToolSpec, Arc<dyn Tool>)>) -> Self {
+        let mut by_name = BTreeMap::new();
+        let mut specs = Vec::with_capacity(tools.len());
+        for (spec, tool) in tools {
+            by_name.insert(spec.name.clone(), tool);
+            specs.push(spec);
+        }
+        specs.sort_by(|a, b| a.name.cmp(&b.name));
+        let tool_tokens = compact::tool_tokens(&specs);
+        ToolSet { tools: by_name, specs: specs.into(), tool_tokens }
+    }
 }
 
 /// Why a run ends early.
@@ -75,10 +100,7 @@ pub(crate) struct Agent {
     settings: Arc<NativeSettings>,
     client: Arc<dyn LlmClient>,
     api_key: Option<ApiKey>,
-    tools: BTreeMap<String, Arc<dyn Tool>>,
-    specs: Arc<[ToolSpec]>,
-    /// The specs' share of every request's token estimate, counted once.
-    tool_tokens: u64,
+    tools: Arc<ToolSet>,
     budget: Option<Arc<dyn BudgetGuard>>,
     sessions: Sessions,
     session_id: String,
@@ -99,15 +121,6 @@ pub(crate) struct Agent {
 
 impl Agent {
     pub(crate) fn new(parts: AgentParts) -> Self {
-        let mut tools = BTreeMap::new();
-        let mut specs = Vec::with_capacity(parts.tools.len());
-        for (spec, tool) in parts.tools {
-            tools.insert(spec.name.clone(), tool);
-            specs.push(spec);
-        }
-        specs.sort_by(|a, b| a.name.cmp(&b.name));
-        let tool_tokens = compact::tool_tokens(&specs);
-        let specs: Arc<[ToolSpec]> = specs.into();
         let model = parts
             .req
             .model
@@ -120,9 +133,7 @@ impl Agent {
             settings: parts.settings,
             client: parts.client,
             api_key: parts.api_key,
-            tools,
-            specs,
-            tool_tokens,
+            tools: parts.tools,
             budget: parts.budget,
             sessions: parts.sessions,
             session_id: parts.session_id,
@@ -252,7 +263,7 @@ impl Agent {
             model: self.model.clone(),
             system: self.settings.system_prompt.clone(),
             messages: self.messages.clone(),
-            tools: self.specs.clone(),
+            tools: self.tools.specs.clone(),
             max_tokens: self.settings.max_tokens,
             temperature: self.settings.temperature,
         }
@@ -420,13 +431,18 @@ impl Agent {
                 "args": args.as_ref().cloned().unwrap_or_else(|_| Value::String(call.arguments.clone())),
             });
             self.send(EngineEvent::Action(started)).await?;
-            let tool = self.tools.get(&call.name).cloned();
+            let tool = self.tools.tools.get(&call.name).cloned();
             match (tool, args) {
                 (None, _) => {
                     results[index] = Some(ToolOutput::error(format!(
                         "unknown tool {:?}: the tools are {}",
                         call.name,
-                        self.specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                        self.tools
+                            .specs
+                            .iter()
+                            .map(|s| s.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )));
                 }
                 (Some(_), Err(why)) => {
@@ -495,7 +511,7 @@ impl Agent {
         let window = self.settings.context_window;
         let settings = self.settings.clone();
         let system = settings.system_prompt.as_deref();
-        let estimate = compact::estimate_with(system, &self.messages, self.tool_tokens);
+        let estimate = compact::estimate_with(system, &self.messages, self.tools.tool_tokens);
         if !force && (estimate as f64) <= compact::COMPACT_AT * window as f64 {
             return Ok(());
         }
@@ -546,7 +562,7 @@ impl Agent {
         done.message = Some(format!("summarised {cut} earlier messages into one"));
         done.detail = json!({ "summarised_messages": cut, "estimated_tokens": estimate, "context_window": window });
         self.send(EngineEvent::Action(done)).await?;
-        let after = compact::estimate_with(system, &self.messages, self.tool_tokens);
+        let after = compact::estimate_with(system, &self.messages, self.tools.tool_tokens);
         if after > window {
             return Err(overflow(format!(
                 "context overflow: after compaction the conversation (about {after} tokens) still exceeds the context window of {window} tokens"
