@@ -83,9 +83,9 @@ pub(crate) trait Decoder: Send + 'static {
 impl Endpoint {
     /// POSTs `body` and, once the provider accepted it, streams the turn
     /// through `decoder`.
-    pub(crate) async fn stream<D: Decoder>(
+    pub(crate) async fn stream<D: Decoder, B: serde::Serialize + ?Sized>(
         &self,
-        body: &serde_json::Value,
+        body: &B,
         decoder: D,
     ) -> Result<LlmStream, LlmError> {
         let mut request = self

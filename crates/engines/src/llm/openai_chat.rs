@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::http::{self, Decoder, Endpoint};
@@ -47,68 +47,126 @@ impl LlmClient for OpenAiChatClient {
     }
 }
 
-/// The wire request for `request`.
-pub(crate) fn request_body(request: &LlmRequest, max_tokens_field: &str) -> Value {
-    let mut messages = Vec::with_capacity(request.messages.len() + 1);
-    if let Some(system) = &request.system {
-        messages.push(json!({"role": "system", "content": system}));
-    }
-    for message in &request.messages {
-        messages.push(match message {
-            ChatMessage::User { text } => json!({"role": "user", "content": text}),
-            ChatMessage::Assistant { text, tool_calls } => {
-                let mut m = json!({"role": "assistant", "content": text});
-                if !tool_calls.is_empty() {
-                    if text.is_empty() {
-                        m["content"] = Value::Null;
-                    }
-                    m["tool_calls"] = tool_calls
+/// The wire request for `request`, serialised straight from the request's
+/// own fields (no JSON tree is built, no schema copied).
+pub(crate) fn request_body<'a>(request: &'a LlmRequest, max_tokens_field: &str) -> ChatBody<'a> {
+    let system = request.system.as_deref().map(|content| WireMessage::System { content });
+    let messages = system
+        .into_iter()
+        .chain(request.messages.iter().map(|message| {
+            match message {
+                ChatMessage::User { text } => WireMessage::User { content: text },
+                ChatMessage::Assistant { text, tool_calls } => WireMessage::Assistant {
+                    content: (!text.is_empty() || tool_calls.is_empty()).then_some(text.as_str()),
+                    tool_calls: tool_calls
                         .iter()
-                        .map(|call| {
-                            json!({
-                                "id": call.id,
-                                "type": "function",
-                                "function": {"name": call.name, "arguments": call.arguments},
-                            })
+                        .map(|call| WireCall {
+                            id: &call.id,
+                            kind: "function",
+                            function: WireFunction { name: &call.name, arguments: &call.arguments },
                         })
-                        .collect();
+                        .collect(),
+                },
+                ChatMessage::ToolResult { call_id, content, .. } => {
+                    WireMessage::Tool { tool_call_id: call_id, content }
                 }
-                m
             }
-            ChatMessage::ToolResult { call_id, content, .. } => {
-                json!({"role": "tool", "tool_call_id": call_id, "content": content})
-            }
-        });
+        }))
+        .collect();
+    let tools = request
+        .tools
+        .iter()
+        .map(|tool| WireTool {
+            kind: "function",
+            function: WireToolFunction {
+                name: &tool.name,
+                description: &tool.description,
+                parameters: &tool.parameters,
+            },
+        })
+        .collect();
+    let openai = max_tokens_field == "max_completion_tokens";
+    ChatBody {
+        model: &request.model,
+        messages,
+        stream: true,
+        stream_options: StreamOptions { include_usage: true },
+        tools,
+        max_completion_tokens: request.max_tokens.filter(|_| openai),
+        max_tokens: request.max_tokens.filter(|_| !openai),
+        temperature: request.temperature,
     }
-    let mut body = json!({
-        "model": request.model,
-        "messages": messages,
-        "stream": true,
-        "stream_options": {"include_usage": true},
-    });
-    if !request.tools.is_empty() {
-        body["tools"] = request
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({
-                    "type": "function",
-                    "function": {
-                        "name": tool.name,
-                        "description": tool.description,
-                        "parameters": tool.parameters,
-                    },
-                })
-            })
-            .collect();
-    }
-    if let Some(max) = request.max_tokens {
-        body[max_tokens_field] = json!(max);
-    }
-    if let Some(temperature) = request.temperature {
-        body["temperature"] = json!(temperature);
-    }
-    body
+}
+
+/// A Chat Completions request as sent.
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatBody<'a> {
+    model: &'a str,
+    messages: Vec<WireMessage<'a>>,
+    stream: bool,
+    stream_options: StreamOptions,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+}
+
+#[derive(Debug, Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+enum WireMessage<'a> {
+    System {
+        content: &'a str,
+    },
+    User {
+        content: &'a str,
+    },
+    Assistant {
+        /// `null` when the turn only called tools.
+        content: Option<&'a str>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<WireCall<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: &'a str,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct WireCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFunction<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct WireFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+struct WireTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireToolFunction<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct WireToolFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
 }
 
 #[derive(Debug, Deserialize)]
@@ -405,6 +463,39 @@ mod tests {
     }
 
     #[test]
+    fn a_compatible_server_gets_max_tokens_and_an_answer_with_calls_keeps_its_text() {
+        let request = LlmRequest {
+            model: "llama3".to_owned(),
+            system: None,
+            messages: vec![ChatMessage::Assistant {
+                text: "looking".to_owned(),
+                tool_calls: vec![ToolCall {
+                    id: "call_1".to_owned(),
+                    name: "list".to_owned(),
+                    arguments: "{}".to_owned(),
+                }],
+            }],
+            tools: [].into(),
+            max_tokens: Some(64),
+            temperature: None,
+        };
+        assert_eq!(
+            serde_json::to_value(request_body(&request, "max_tokens")).unwrap(),
+            json!({
+                "model": "llama3",
+                "messages": [
+                    {"role": "assistant", "content": "looking", "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "list", "arguments": "{}"}}
+                    ]},
+                ],
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "max_tokens": 64,
+            })
+        );
+    }
+
+    #[test]
     fn the_request_maps_history_and_tools() {
         let request = LlmRequest {
             model: "gpt-4o".to_owned(),
@@ -436,7 +527,7 @@ mod tests {
             temperature: Some(0.5),
         };
         assert_eq!(
-            request_body(&request, "max_completion_tokens"),
+            serde_json::to_value(request_body(&request, "max_completion_tokens")).unwrap(),
             json!({
                 "model": "gpt-4o",
                 "messages": [
