@@ -5,7 +5,9 @@
 //! waits only for a queue slot, and a writer that falls behind slows producers down
 //! instead of growing memory. Reads first send a flush barrier through the same
 //! channel, then query the read connection on a blocking task, so a read sees every
-//! write queued before it on the same store.
+//! write queued before it on the same store. Writes nobody waits for are
+//! gathered for up to a millisecond before they commit (see `writer`); a
+//! barrier or a point read wakes the writer at once.
 //!
 //! Files: `schema` (migrations), `writer` (the writer and checkpointer threads).
 //! Events are stored in their one JSON form, [`crate::bus::EventJson`].
@@ -86,6 +88,8 @@ pub struct SqliteStore {
     tx: Option<mpsc::Sender<WriteOp>>,
     /// The writer thread, taken and joined by `close` (or by drop).
     writer: Mutex<Option<thread::JoinHandle<()>>>,
+    /// The writer thread, to wake it from its linger when someone waits.
+    writer_thread: thread::Thread,
     /// The read connection, shared with the blocking tasks that read and locked only
     /// inside them. `None` after `close`.
     reader: Arc<Mutex<Option<Connection>>>,
@@ -146,6 +150,7 @@ impl SqliteStore {
         tracing::debug!(path = %path.display(), "store opened");
         Ok(SqliteStore {
             path: path.to_owned(),
+            writer_thread: handle.thread().clone(),
             tx: Some(tx),
             writer: Mutex::new(Some(handle)),
             reader: Arc::new(Mutex::new(Some(read_conn))),
@@ -170,11 +175,18 @@ impl SqliteStore {
         }
     }
 
+    /// Wakes the writer from lingering over a batch: an op someone waits for
+    /// was just queued (see `writer`'s `LINGER`).
+    fn wake_writer(&self) {
+        self.writer_thread.unpark();
+    }
+
     /// Sends a barrier built around a reply channel and waits for its answer.
     async fn barrier(&self, op: impl FnOnce(Reply) -> WriteOp) -> Result<(), StoreError> {
         let tx = self.tx.as_ref().ok_or(StoreError::Closed)?;
         let (reply, answer) = oneshot::channel();
         tx.send(op(reply)).await.map_err(|_| StoreError::Closed)?;
+        self.wake_writer();
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -215,6 +227,7 @@ impl SqliteStore {
             let _ = reply.send(query(conn));
         });
         tx.send(WriteOp::Read(read)).await.map_err(|_| StoreError::Closed)?;
+        self.wake_writer();
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -267,6 +280,7 @@ impl Drop for SqliteStore {
         // Without a sender the writer applies what is queued and exits; waiting for it
         // keeps those writes even if the process ends right after.
         self.tx = None;
+        self.wake_writer();
         let handle = self.writer.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(handle) = handle {
             if handle.join().is_err() {

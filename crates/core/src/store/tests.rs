@@ -604,6 +604,31 @@ async fn sqlite_dropping_without_close_keeps_queued_writes() {
     assert_eq!(n_events(&path), 2_000);
 }
 
+/// Writes nobody waits for are gathered for a moment (the writer's linger),
+/// then committed on their own: another connection to the file sees them
+/// without a flush, a read or a close.
+#[tokio::test]
+async fn sqlite_commits_unawaited_writes_without_a_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    store.insert_run(new_run("run_lingering", 1_000)).await;
+    store
+        .append_event(event("run_lingering", 1, EventKind::Delta { seq: 1, text: "a".into() }))
+        .await;
+    crate::testing::within("the writes to commit by themselves", async {
+        while n_rows(&path, "runs") == 0 || n_events(&path) == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    // A flush right after a write is answered once that write committed.
+    store.kv_put("test", "k", json!(1), None).await;
+    store.flush().await.unwrap();
+    assert_eq!(n_rows(&path, "kv"), 1);
+    store.close().await.unwrap();
+}
+
 #[tokio::test]
 async fn sqlite_after_close_reads_fail_and_writes_are_dropped() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,6 +8,16 @@
 //! batch instead of per write is what makes tens of thousands of runs a second
 //! possible: with WAL and `synchronous = NORMAL` a commit is an append to the log.
 //!
+//! A batch of writes nobody waits for is held for up to [`LINGER`] to gather
+//! what follows (a run's row, its events, its chat state and journal entry
+//! arrive from different tasks within a millisecond or two), so a turn costs a
+//! commit or two instead of one per task. The writer sleeps through it without
+//! listening to the queue, so those writes wake no thread either. Whoever waits
+//! (a barrier or a point read) wakes it at once ([`SqliteStore`]'s `wake_writer`),
+//! and the batch commits before they are answered.
+//!
+//! [`SqliteStore`]: super::SqliteStore
+//!
 //! Copying the log back into the database is what syncs to disk, and a sync can take
 //! longer than a whole batch. So the writer does not checkpoint; every
 //! [`CHECKPOINT_EVERY_OPS`] writes it nudges the checkpointer thread, which runs a
@@ -21,6 +31,7 @@ use std::thread;
 
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::super::{FinishedRun, JournalEntry, NewRun, StoreError};
 use crate::budget::usage::RunSpend;
@@ -29,6 +40,10 @@ use crate::ids::{RunId, SessionKey};
 
 /// Most ops applied in one transaction; bounds how long a barrier waits behind a burst.
 const MAX_BATCH: usize = 4096;
+
+/// How long a batch without a barrier or a read waits for more writes before
+/// it commits: the most a write that nobody waits for stays uncommitted.
+pub(super) const LINGER: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Writes between two nudges to the checkpointer: a few MB of log.
 const CHECKPOINT_EVERY_OPS: usize = 2048;
@@ -116,6 +131,18 @@ pub(super) enum WriteOp {
 }
 
 impl WriteOp {
+    /// Whether someone waits for this op's answer: the batch holding it commits
+    /// without lingering.
+    fn awaited(&self) -> bool {
+        matches!(
+            self,
+            WriteOp::Flush { .. }
+                | WriteOp::Read(_)
+                | WriteOp::CheckWritable { .. }
+                | WriteOp::Stop { .. }
+        )
+    }
+
     /// A short name for logs.
     pub(super) fn name(&self) -> &'static str {
         match self {
@@ -383,18 +410,40 @@ pub(super) fn spawn(
         .map_err(|e| format!("cannot start writer thread: {e}"))
 }
 
+/// Moves what is queued into `batch`, up to [`MAX_BATCH`], noting an awaited op;
+/// false once every sender is gone and the queue is empty.
+fn drain(rx: &mut mpsc::Receiver<WriteOp>, batch: &mut Vec<WriteOp>, awaited: &mut bool) -> bool {
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(op) => {
+                *awaited |= op.awaited();
+                batch.push(op);
+            }
+            Err(mpsc::error::TryRecvError::Empty) => return true,
+            Err(mpsc::error::TryRecvError::Disconnected) => return false,
+        }
+    }
+    true
+}
+
 impl Writer {
     fn run(mut self, mut rx: mpsc::Receiver<WriteOp>) {
         let mut batch = Vec::with_capacity(MAX_BATCH);
         // `blocking_recv` keeps returning what was queued before `close()` or before the
         // last sender dropped, then `None`: nothing handed to this thread is lost.
         while let Some(op) = rx.blocking_recv() {
+            let mut awaited = op.awaited();
             batch.push(op);
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(op) => batch.push(op),
-                    Err(_) => break,
+            let mut open = drain(&mut rx, &mut batch, &mut awaited);
+            let deadline = Instant::now() + LINGER;
+            while open && !awaited && batch.len() < MAX_BATCH {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
                 }
+                // Woken early by whoever queues an awaited op.
+                thread::park_timeout(deadline - now);
+                open = drain(&mut rx, &mut batch, &mut awaited);
             }
             if self.apply_batch(&mut batch) {
                 rx.close();
