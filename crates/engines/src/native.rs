@@ -90,7 +90,7 @@ pub struct NativeEngine {
     /// built-ins: a session offered the same tools as an earlier run shares its
     /// set (specs, their token estimate, the lookup by name). Like the
     /// built-ins', a gateway tool's spec is read once.
-    tool_sets: Mutex<Vec<(Vec<Arc<dyn Tool>>, Arc<ToolSet>)>>,
+    tool_sets: Mutex<Vec<OfferedSet>>,
     budget: Option<Arc<dyn BudgetGuard>>,
     sessions: Sessions,
     tracker: TaskTracker,
@@ -166,6 +166,9 @@ impl NativeEngine {
         set
     }
 }
+
+/// A tool set with the gateway tools it was made for.
+type OfferedSet = (Vec<Arc<dyn Tool>>, Arc<ToolSet>);
 
 /// Most tool sets an engine keeps.
 const MAX_TOOL_SETS: usize = 16;
