@@ -1,5 +1,8 @@
 //! The event bus: every event of every run, typed, on a per-run topic (`run:<id>`)
-//! and on a firehose.
+//! and on a firehose; the `run_started` events alone on a channel of their own,
+//! for the channels that deliver runs started elsewhere in their conversations
+//! (they are not woken by every delta, and a burst of deltas cannot push a
+//! start out of their buffer).
 //!
 //! Publishing never waits. A subscriber that falls behind loses the oldest events
 //! and is told how many ([`RecvError::Lagged`]); it can resynchronise from the
@@ -281,6 +284,8 @@ pub struct EventBus {
 #[derive(Debug)]
 struct BusInner {
     firehose: broadcast::Sender<Arc<BusEvent>>,
+    /// The `run_started` events of the firehose, with as many places.
+    starts: broadcast::Sender<Arc<BusEvent>>,
     /// Gateway-wide notices; few, so a small buffer.
     notices: broadcast::Sender<Arc<Notice>>,
     /// Per-run topics, created by the first subscriber and removed when the run
@@ -301,10 +306,12 @@ impl Default for EventBus {
 impl EventBus {
     pub fn new(firehose_capacity: usize, topic_capacity: usize) -> Self {
         let (firehose, _) = broadcast::channel(firehose_capacity.max(1));
+        let (starts, _) = broadcast::channel(firehose_capacity.max(1));
         let (notices, _) = broadcast::channel(64);
         EventBus {
             inner: Arc::new(BusInner {
                 firehose,
+                starts,
                 notices,
                 topics: Mutex::new(HashMap::new()),
                 n_topics: AtomicUsize::new(0),
@@ -316,6 +323,12 @@ impl EventBus {
     /// Every event of every run from now on.
     pub fn subscribe_all(&self) -> Subscription {
         Subscription { rx: self.inner.firehose.subscribe(), topic: None }
+    }
+
+    /// Every `run_started` event from now on: one per run, however many
+    /// events each run has.
+    pub fn subscribe_starts(&self) -> Subscription {
+        Subscription { rx: self.inner.starts.subscribe(), topic: None }
     }
 
     /// Gateway-wide notices from now on.
@@ -345,6 +358,9 @@ impl EventBus {
     /// Publishes to the firehose and the run's topic; never waits.
     pub fn publish(&self, event: Arc<BusEvent>) {
         let is_last = matches!(event.kind, EventKind::RunCompleted { .. });
+        if matches!(event.kind, EventKind::RunStarted { .. }) {
+            let _ = self.inner.starts.send(event.clone());
+        }
         if self.inner.n_topics.load(Ordering::Relaxed) > 0 {
             let mut topics = self.inner.topics.lock().unwrap_or_else(|e| e.into_inner());
             if is_last {

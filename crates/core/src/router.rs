@@ -443,6 +443,13 @@ impl RouterHandle {
         self.bus.subscribe_all()
     }
 
+    /// Every `run_started` event from now on, and nothing else: what a channel
+    /// watches for runs started elsewhere in its conversations. A subscriber
+    /// that falls behind is told how many starts it missed.
+    pub fn subscribe_starts(&self) -> Subscription {
+        self.bus.subscribe_starts()
+    }
+
     /// Gateway-wide notices that belong to no run (config reloaded or rejected).
     pub fn subscribe_notices(&self) -> tokio::sync::broadcast::Receiver<Arc<crate::bus::Notice>> {
         self.bus.subscribe_notices()

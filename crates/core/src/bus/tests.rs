@@ -79,3 +79,22 @@ fn events_have_a_stable_json_form() {
     );
     assert_eq!(RunStatus::of(&failed), RunStatus::Failed);
 }
+
+#[tokio::test]
+async fn the_starts_channel_carries_only_starts_and_a_burst_of_deltas_cannot_crowd_one_out() {
+    let bus = EventBus::new(4, 4);
+    let mut starts = bus.subscribe_starts();
+    let started = |run: &str| {
+        event(run, 0, EventKind::RunStarted { engine: "echo".into(), model: None })
+    };
+    bus.publish(started("a"));
+    // Far more deltas than the firehose holds.
+    for index in 1..=100 {
+        bus.publish(event("a", index, EventKind::Delta { seq: index, text: "x".into() }));
+    }
+    bus.publish(completed("a", 101));
+    bus.publish(started("b"));
+    assert_eq!(starts.recv().await.unwrap().run_id.as_str(), "a");
+    assert_eq!(starts.recv().await.unwrap().run_id.as_str(), "b");
+    assert_eq!(starts.try_recv().map(|e| e.is_none()), Ok(true), "nothing but starts");
+}

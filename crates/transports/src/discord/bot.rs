@@ -148,7 +148,7 @@ impl Transport for DiscordTransport {
             backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
         };
         // Subscribed before the session starts, so no run of a channel is missed.
-        let others = bot.router.subscribe_all();
+        let others = bot.router.subscribe_starts();
         let watcher = bot.clone();
         ctx.tracker.spawn(async move { watcher.deliver_others(others).await });
         let (events_tx, events) = mpsc::channel(1024);

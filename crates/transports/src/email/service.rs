@@ -179,13 +179,13 @@ impl Transport for EmailTransport {
         });
         service.recover_deliveries().await;
         // Subscribed before mail is read, so no run of a thread is missed.
-        let others = ctx.router.subscribe_all();
+        let others = ctx.router.subscribe_starts();
         let watcher = service.clone();
         ctx.tracker.spawn(async move { watcher.deliver_others(others).await });
 
         let listener = match (&self.config.inbound_webhook, secrets.webhook_token.clone()) {
             (Some(hook), Some(token)) => {
-                let listener = tokio::net::TcpListener::bind(&hook.listen).await.map_err(|e| {
+                let listener = lemon_api::http::bind(&hook.listen).await.map_err(|e| {
                     TransportError::retryable(format!(
                         "could not listen on {} for inbound mail: {e}",
                         hook.listen

@@ -162,7 +162,7 @@ impl Transport for TelegramTransport {
         });
         bot.recover_deliveries().await;
         // Subscribed before polling starts, so no run of a chat is missed.
-        let others = bot.router.subscribe_all();
+        let others = bot.router.subscribe_starts();
         let watcher = bot.clone();
         ctx.tracker.spawn(async move { watcher.deliver_others(others).await });
         bot.status.running(Some(bot.detail()));

@@ -8,7 +8,6 @@ use std::io;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio::net::TcpListener;
 
 use super::{router, Resolve, WebhookConfig, WebhookDeps, WebhookState, WEBHOOK_TRANSPORT_ID};
 use lemon_core::transport::{Transport, TransportContext, TransportError};
@@ -64,7 +63,7 @@ impl Transport for WebhookTransport {
 
     async fn run(&self, ctx: TransportContext) -> Result<(), TransportError> {
         let addr = self.config.addr();
-        let listener = TcpListener::bind(&addr).await.map_err(|err| bind_error(&addr, &err))?;
+        let listener = lemon_api::http::bind(&addr).await.map_err(|err| bind_error(&addr, &err))?;
         let local = listener.local_addr().map_err(|err| bind_error(&addr, &err))?;
         // Callback deliveries stop with this run of the transport; the next
         // start picks up what they left on record.
@@ -80,7 +79,7 @@ impl Transport for WebhookTransport {
             status: Some((ctx.status.clone(), local.to_string())),
         });
         // Subscribed before serving, so no run of an integration's session is missed.
-        let others = ctx.router.subscribe_all();
+        let others = ctx.router.subscribe_starts();
         state.recover_callbacks().await;
         let watcher = state.clone();
         ctx.tracker.spawn(async move { watcher.deliver_others(others).await });

@@ -179,7 +179,7 @@ impl Transport for XmtpTransport {
         });
         service.recover_deliveries().await;
         // Subscribed before the bridge starts, so no run of a conversation is missed.
-        let others = ctx.router.subscribe_all();
+        let others = ctx.router.subscribe_starts();
         let watcher = service.clone();
         ctx.tracker.spawn(async move { watcher.deliver_others(others).await });
 
