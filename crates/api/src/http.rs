@@ -10,6 +10,13 @@
 //! - at most [`ServeConfig::max_connections`] connections are open at once; one
 //!   more is answered `503 {"error": ...}` and closed, and a rate-limited warning
 //!   says the limit was reached;
+//! - one client (an IPv4 address, an IPv6 /64) holds at most
+//!   [`ClientLimits::max_connections`] of them and sends at most
+//!   [`ClientLimits::requests_per_second`] requests a second after a burst of
+//!   [`ClientLimits::burst`]; beyond either it is answered `429` with
+//!   `Retry-After` (the connection over its share is closed, the request over
+//!   its rate is answered and the connection kept), unless its address is in
+//!   [`ClientLimits::exempt`];
 //! - the responses hyper writes by itself for requests it cannot parse (`400`,
 //!   `414`, `431`, with an empty body) are rewritten into the JSON error shape
 //!   (the connection's I/O recognises them: nothing else writes an error
@@ -22,6 +29,7 @@
 //! On shutdown the listener is closed, idle connections are closed at once, and
 //! requests in flight finish (event streams end on the same token).
 
+mod clients;
 mod conn_io;
 
 use std::convert::Infallible;
@@ -46,9 +54,10 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
 pub use lemon_core::transport::listener::{
-    ConnectionLimits, ServeConfig, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    ClientLimits, ConnectionLimits, ServeConfig, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
 };
 
+use clients::{ClientConnection, Clients, Refusal};
 use conn_io::ConnIo;
 
 /// How often the connection-limit and accept-error warnings may repeat.
@@ -67,6 +76,42 @@ static REFUSED_RESPONSE: LazyLock<Vec<u8>> = LazyLock::new(|| {
         "retry-after: 1\r\n",
     )
 });
+
+/// Connections the kernel completes and queues for a listener before it
+/// accepts them (capped by `net.core.somaxconn`). The usual default of 128
+/// overflows under a burst of clients, and the kernel then drops their
+/// handshakes without a word, so they stall for seconds of retransmits.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Listens on `addr` (`host:port`, the first of its addresses that binds),
+/// with address reuse and a backlog of [`LISTEN_BACKLOG`]. Every listener of
+/// the gateway is bound so.
+///
+/// # Errors
+/// The address does not resolve, or no address of it can be bound.
+pub async fn bind(addr: &str) -> io::Result<TcpListener> {
+    let mut last = None;
+    for resolved in tokio::net::lookup_host(addr).await? {
+        match bind_one(resolved) {
+            Ok(listener) => return Ok(listener),
+            Err(error) => last = Some(error),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, format!("{addr} resolves to no address"))
+    }))
+}
+
+fn bind_one(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// Serves `router` on `listener` with [`ServeConfig::default`]; see [`serve_with`].
 ///
@@ -106,8 +151,10 @@ pub async fn serve_with(
 ) -> io::Result<()> {
     let local = listener.local_addr()?;
     let permits = Arc::new(Semaphore::new(config.max_connections.max(1)));
+    let clients = Clients::new(config.clients.clone());
     let connections = TaskTracker::new();
     let mut refusals = RateLimitedWarning::default();
+    let mut client_refusals = RateLimitedWarning::default();
     let mut accept_errors = RateLimitedWarning::default();
     let result = loop {
         let accepted = tokio::select! {
@@ -128,6 +175,23 @@ pub async fn serve_with(
             }
             Err(error) => break Err(error),
         };
+        let client = match clients.as_ref().map(|clients| clients.connect(peer.ip())) {
+            None => None,
+            Some(Ok(client)) => Some(client),
+            Some(Err(refusal)) => {
+                refuse_client(&stream, refusal);
+                if let Some(suppressed) = client_refusals.note() {
+                    tracing::warn!(
+                        addr = %local,
+                        client = %peer.ip(),
+                        max_connections_per_client = config.clients.max_connections,
+                        suppressed,
+                        "a client holds its share of connections; refusing its new ones"
+                    );
+                }
+                continue;
+            }
+        };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             refuse(&stream);
             if let Some(suppressed) = refusals.note() {
@@ -147,6 +211,7 @@ pub async fn serve_with(
             config.clone(),
             shutdown.clone(),
             permit,
+            client,
         ));
     };
     drop(listener);
@@ -160,6 +225,39 @@ pub async fn serve_with(
 fn refuse(stream: &TcpStream) {
     let _ = stream.set_nodelay(true);
     let _ = stream.try_write(&REFUSED_RESPONSE);
+}
+
+/// A connection over its client's share: a best-effort `429`, then closed.
+fn refuse_client(stream: &TcpStream, refusal: Refusal) {
+    let retry = format!("retry-after: {}\r\n", refusal.retry_after_secs());
+    let response =
+        conn_io::json_error_response(429, "Too Many Requests", &refusal.message(), &retry);
+    let _ = stream.set_nodelay(true);
+    let _ = stream.try_write(&response);
+}
+
+/// A request over its client's rate: `429` with `Retry-After`, in the error
+/// shape of the route it was for (the OpenAI-compatible routes have their own).
+fn rate_limited(refusal: Refusal, path: &str) -> axum::response::Response {
+    use axum::http::{header, HeaderValue, StatusCode};
+    use axum::response::IntoResponse as _;
+    let message = refusal.message();
+    let openai = ["/v1/chat/", "/v1/responses", "/v1/models"];
+    let body = if openai.iter().any(|prefix| path.starts_with(prefix)) {
+        serde_json::json!({ "error": {
+            "message": message,
+            "type": "rate_limit_error",
+            "param": null,
+            "code": "rate_limit_exceeded",
+        }})
+    } else {
+        serde_json::json!({ "error": message })
+    };
+    let mut response = (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(refusal.retry_after_secs()));
+    response
 }
 
 /// The peer went away between the handshake and `accept`.
@@ -218,6 +316,7 @@ async fn serve_connection(
     config: ServeConfig,
     shutdown: CancellationToken,
     _permit: OwnedSemaphorePermit,
+    client: Option<ClientConnection>,
 ) {
     // Answers and streamed events go out as they are written, not held for
     // Nagle's algorithm (a voice call's audio frames, an SSE delta).
@@ -225,8 +324,9 @@ async fn serve_connection(
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(ConnIo::new(stream, activity.clone()));
     let service_activity = activity.clone();
+    let client = client.map(Arc::new);
     let service = hyper::service::service_fn(move |request| {
-        handle(router.clone(), peer, service_activity.clone(), request)
+        handle(router.clone(), peer, service_activity.clone(), client.clone(), request)
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout);
@@ -257,8 +357,13 @@ async fn handle(
     router: Router,
     peer: SocketAddr,
     activity: Arc<Activity>,
+    client: Option<Arc<ClientConnection>>,
     mut request: hyper::Request<Incoming>,
 ) -> Result<axum::response::Response, Infallible> {
+    if let Some(Err(refusal)) = client.as_deref().map(ClientConnection::request) {
+        tracing::debug!(%peer, path = request.uri().path(), "request over its client's rate refused");
+        return Ok(rate_limited(refusal, request.uri().path()));
+    }
     let in_flight = activity.begin();
     request.extensions_mut().insert(ConnectInfo(peer));
     let response = router.oneshot(request).await?;

@@ -125,7 +125,9 @@ impl IntoResponses for Errors {
             ("415".to_owned(), json_response::<Error>("The body is not JSON.")),
             (
                 "429".to_owned(),
-                json_response::<Error>("Too much work is waiting; retry after `Retry-After`."),
+                json_response::<Error>(
+                    "Too much work is waiting, or this client sent more requests than its rate; retry after `Retry-After`.",
+                ),
             ),
             ("503".to_owned(), json_response::<Error>("The gateway is shutting down.")),
         ])
@@ -145,7 +147,10 @@ impl IntoResponses for OpenAiErrors {
             ("404".to_owned(), json_response::<E>("No such model or response.")),
             ("413".to_owned(), json_response::<E>("The body is larger than 1 MiB.")),
             ("415".to_owned(), json_response::<E>("The body is not JSON.")),
-            ("429".to_owned(), json_response::<E>("Too much work is waiting.")),
+            (
+                "429".to_owned(),
+                json_response::<E>("Too much work is waiting, or this client is over its rate."),
+            ),
             ("503".to_owned(), json_response::<E>("The gateway is shutting down.")),
         ])
     }

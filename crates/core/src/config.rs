@@ -17,8 +17,8 @@ mod status;
 pub use keys::{did_you_mean, field_names, parse_section, parse_table, TableError, UnknownKey};
 pub use loader::{
     invalid_model_message, load_file, load_file_or_default, load_str, section_error,
-    unknown_key_warning, ConfigError, LoadedConfig, Position, MAX_CONCURRENT_RUNS, MAX_CONNECTIONS,
-    MAX_DURATION_MS, MAX_PENDING_RUNS, MAX_QUEUE_CAP,
+    unknown_key_warning, ConfigError, LoadedConfig, Position, MAX_CLIENT_RATE, MAX_CONCURRENT_RUNS,
+    MAX_CONNECTIONS, MAX_DURATION_MS, MAX_PENDING_RUNS, MAX_QUEUE_CAP,
 };
 pub use status::{ConfigReport, ConfigStatus, PendingRestart, Rejection};
 
@@ -97,6 +97,10 @@ pub struct GatewayConfig {
     /// once; unset: derived from the descriptor limit.
     #[serde(default)]
     pub http_max_connections: Option<usize>,
+    /// `[gateway.http_client_limits]`: what one client address may do on the
+    /// control API and the channels' listeners.
+    #[serde(default)]
+    pub http_client_limits: HttpClientLimitsConfig,
     #[serde(default)]
     pub enable_telegram: Option<bool>,
     #[serde(default)]
@@ -362,6 +366,45 @@ impl DropPolicy {
     }
 }
 
+/// `[gateway.http_client_limits]`: per client address (an IPv4 address or an
+/// IPv6 /64), on the control API and every channel's listener (not health).
+/// Zero turns a limit off.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct HttpClientLimitsConfig {
+    /// Connections one client may hold open at once.
+    #[serde(default = "defaults::client_max_connections")]
+    pub max_connections: usize,
+    /// Requests a second one client may send, sustained.
+    #[serde(default = "defaults::client_requests_per_second")]
+    pub requests_per_second: u32,
+    /// Requests a client may send at once; unset: four times the rate.
+    #[serde(default)]
+    pub burst: Option<u32>,
+    /// Networks (CIDR blocks or addresses) no limit applies to. Loopback by
+    /// default: behind a reverse proxy on the same machine every client
+    /// has the proxy's address.
+    #[serde(default = "defaults::client_exempt")]
+    pub exempt: Vec<String>,
+}
+
+impl Default for HttpClientLimitsConfig {
+    fn default() -> Self {
+        HttpClientLimitsConfig {
+            max_connections: defaults::client_max_connections(),
+            requests_per_second: defaults::client_requests_per_second(),
+            burst: None,
+            exempt: defaults::client_exempt(),
+        }
+    }
+}
+
+impl HttpClientLimitsConfig {
+    /// The burst in force: the one set, else four times the rate.
+    pub fn burst(&self) -> u32 {
+        self.burst.unwrap_or_else(|| self.requests_per_second.saturating_mul(4))
+    }
+}
+
 /// `[gateway.queue]`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct QueueConfig {
@@ -573,6 +616,15 @@ mod defaults {
     }
     pub(super) fn http_idle_timeout_ms() -> u64 {
         5_000
+    }
+    pub(super) fn client_max_connections() -> usize {
+        256
+    }
+    pub(super) fn client_requests_per_second() -> u32 {
+        50
+    }
+    pub(super) fn client_exempt() -> Vec<String> {
+        vec!["127.0.0.0/8".to_owned(), "::1".to_owned()]
     }
 }
 

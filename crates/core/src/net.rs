@@ -1,7 +1,9 @@
 //! Classifying network addresses: which ones a request from the gateway to a
 //! URL it was given (a webhook callback, the `fetch` tool) must not reach
-//! unless its owner allowed private hosts.
+//! unless its owner allowed private hosts; networks written as CIDR blocks
+//! (the listeners' exempt clients).
 
+use std::fmt;
 use std::net::IpAddr;
 
 /// Loopback, private, link-local, shared, unspecified, broadcast and multicast
@@ -42,9 +44,114 @@ pub fn is_localhost_name(host: &str) -> bool {
     ) || host.ends_with(".localhost")
 }
 
+/// An address with an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) taken as
+/// the IPv4 address it carries, so one client has one form.
+pub fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V4(_) => ip,
+    }
+}
+
+/// A block of addresses in CIDR notation: `10.0.0.0/8`, `::1/128`, or a bare
+/// address (a block of one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Network {
+    /// The first address of the block (host bits cleared).
+    base: IpAddr,
+    prefix: u8,
+}
+
+impl Network {
+    /// Parses `address[/prefix]`.
+    ///
+    /// # Errors
+    /// A message saying what is wrong: not an address, or a prefix longer than
+    /// the address (32 for IPv4, 128 for IPv6).
+    pub fn parse(text: &str) -> Result<Network, String> {
+        let text = text.trim();
+        let (address, prefix) = match text.split_once('/') {
+            Some((address, prefix)) => (address, Some(prefix)),
+            None => (text, None),
+        };
+        let ip: IpAddr = address.parse().map_err(|_| {
+            format!("{text:?} is not an IP address or a CIDR block like 10.0.0.0/8")
+        })?;
+        let ip = canonical(ip);
+        let bits = if ip.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => bits,
+            Some(digits) => match digits.parse::<u8>() {
+                Ok(n) if n <= bits => n,
+                _ => return Err(format!("{text:?}: the prefix must be a number from 0 to {bits}")),
+            },
+        };
+        Ok(Network { base: mask(ip, prefix), prefix })
+    }
+
+    /// Whether `ip` (an IPv4-mapped address as its IPv4 address) is in the block.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        ip.is_ipv4() == self.base.is_ipv4() && mask(ip, self.prefix) == self.base
+    }
+}
+
+impl fmt::Display for Network {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.base, self.prefix)
+    }
+}
+
+/// `ip` with every bit after the first `prefix` cleared.
+pub fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => {
+            let keep = u32::MAX.checked_shl(32 - u32::from(prefix.min(32))).unwrap_or(0);
+            IpAddr::V4((u32::from(v4) & keep).into())
+        }
+        IpAddr::V6(v6) => {
+            let keep = u128::MAX.checked_shl(128 - u32::from(prefix.min(128))).unwrap_or(0);
+            IpAddr::V6((u128::from(v6) & keep).into())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn networks_parse_and_contain_their_addresses() {
+        let loopback = Network::parse("127.0.0.0/8").unwrap();
+        assert!(loopback.contains("127.1.2.3".parse().unwrap()));
+        assert!(loopback.contains("::ffff:127.0.0.9".parse().unwrap()));
+        assert!(!loopback.contains("128.0.0.1".parse().unwrap()));
+        assert!(!loopback.contains("::1".parse().unwrap()));
+        assert_eq!(Network::parse("10.1.2.3/16").unwrap().to_string(), "10.1.0.0/16");
+        let one = Network::parse(" ::1 ").unwrap();
+        assert_eq!(one.to_string(), "::1/128");
+        assert!(one.contains("::1".parse().unwrap()));
+        assert!(!one.contains("::2".parse().unwrap()));
+        let all = Network::parse("0.0.0.0/0").unwrap();
+        assert!(all.contains("203.0.113.7".parse().unwrap()));
+        let v6 = Network::parse("2001:db8::/32").unwrap();
+        assert!(v6.contains("2001:db8:ffff::1".parse().unwrap()));
+        assert!(!v6.contains("2001:db9::1".parse().unwrap()));
+    }
+
+    #[test]
+    fn bad_networks_say_what_is_wrong() {
+        for (text, message) in [
+            ("localhost", "is not an IP address"),
+            ("10.0.0.0/33", "from 0 to 32"),
+            ("::/129", "from 0 to 128"),
+            ("10.0.0.0/x", "from 0 to 32"),
+            ("", "is not an IP address"),
+        ] {
+            let error = Network::parse(text).unwrap_err();
+            assert!(error.contains(message), "{text:?}: {error}");
+        }
+    }
 
     #[test]
     fn private_addresses_are_recognised() {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use lemon_api::http::{ConnectionLimits, ServeConfig};
+use lemon_api::http::{ClientLimits, ConnectionLimits, ServeConfig};
 use lemon_core::budget::store_guard::StoreBudgetGuard;
 use lemon_core::bus::EventBus;
 use lemon_core::config::{
@@ -35,6 +35,7 @@ use lemon_core::cron::{CronDeps, CronHandle, SystemClock};
 use lemon_core::engine::EngineRegistry;
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::ids::{EngineId, EngineRef};
+use lemon_core::net::Network;
 use lemon_core::router::{RouterConfig, RouterHandle};
 use lemon_core::secrets::{
     check_bearer_token, env_var_name, SecretStore, SecretValue, SecretsFile,
@@ -236,9 +237,20 @@ fn serve_configs(gateway: &GatewayConfig, descriptor_limit: u64) -> (ServeConfig
         header_read_timeout: Duration::from_millis(gateway.http_header_read_timeout_ms),
         idle_timeout: Duration::from_millis(gateway.http_idle_timeout_ms),
         max_connections: limits.listener,
+        clients: ClientLimits::default(),
     };
-    let listener =
-        base.clone().with_max_connections(gateway.http_max_connections.unwrap_or(limits.listener));
+    let clients = &gateway.http_client_limits;
+    let client_limits = ClientLimits {
+        max_connections: clients.max_connections,
+        requests_per_second: clients.requests_per_second,
+        burst: clients.burst(),
+        // The loader has checked every entry.
+        exempt: clients.exempt.iter().filter_map(|text| Network::parse(text).ok()).collect(),
+    };
+    let listener = base
+        .clone()
+        .with_max_connections(gateway.http_max_connections.unwrap_or(limits.listener))
+        .with_client_limits(client_limits);
     let health = base.with_max_connections(limits.health);
     tracing::debug!(
         descriptor_limit,
@@ -802,7 +814,7 @@ fn section_warnings(
 }
 
 async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
+    lemon_api::http::bind(addr)
         .await
         .with_context(|| format!("could not listen on {addr} for the {what}"))
 }

@@ -122,6 +122,7 @@ const RESTART_KEYS: &[&str] = &[
     "http_header_read_timeout_ms",
     "http_idle_timeout_ms",
     "http_max_connections",
+    "http_client_limits",
     "voice",
     "enable_xmtp",
     "xmtp",

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lemon_core::transport::{Transport, TransportContext, TransportError};
-use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
 use crate::config::SmsConfig;
@@ -51,7 +50,7 @@ impl Transport for SmsTransport {
 
     async fn run(&self, ctx: TransportContext) -> Result<(), TransportError> {
         let addr = self.config.addr();
-        let listener = TcpListener::bind(&addr).await.map_err(|err| bind_error(&addr, &err))?;
+        let listener = lemon_api::http::bind(&addr).await.map_err(|err| bind_error(&addr, &err))?;
         let local = listener.local_addr().map_err(|err| bind_error(&addr, &err))?;
         // Answers under way stop with this run of the transport; the next
         // start picks up what they left on record.

@@ -20,7 +20,6 @@ use lemon_core::ids::EngineRef;
 use lemon_core::router::RouterHandle;
 use lemon_core::transport::{Transport, TransportContext, TransportError};
 use serde_json::json;
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -145,7 +144,7 @@ impl Transport for VoiceTransport {
 
     async fn run(&self, ctx: TransportContext) -> Result<(), TransportError> {
         let addr = self.deps.config.addr();
-        let listener = TcpListener::bind(&addr)
+        let listener = lemon_api::http::bind(&addr)
             .await
             .map_err(|e| TransportError::retryable(format!("could not listen on {addr}: {e}")))?;
         let local = listener

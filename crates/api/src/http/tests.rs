@@ -16,14 +16,59 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::conn_io::json_replacement;
-use super::{serve_with, ConnectionLimits, ServeConfig};
+use super::{serve_with, ClientLimits, ConnectionLimits, ServeConfig};
+use lemon_core::net::Network;
 use lemon_core::testing::within;
 
 const LONG: Duration = Duration::from_secs(600);
 const SHORT: Duration = Duration::from_millis(200);
 
 fn config(header_read_timeout: Duration, idle_timeout: Duration, max: usize) -> ServeConfig {
-    ServeConfig { header_read_timeout, idle_timeout, max_connections: max }
+    ServeConfig {
+        header_read_timeout,
+        idle_timeout,
+        max_connections: max,
+        clients: ClientLimits::default(),
+    }
+}
+
+/// A connection to `addr` from the loopback address `source`.
+async fn connect_from(source: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from((source, 0))).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// Sends `GET path` on `stream` (kept alive) and reads one response.
+async fn get_on(stream: &mut TcpStream, path: &str) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let request = format!("GET {path} HTTP/1.1\r\nhost: a\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    within("a response", async {
+        loop {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&bytes));
+            bytes.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&bytes);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().to_owned())
+                    })
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .unwrap_or(0);
+                if body.len() >= length {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    parse_response(&bytes)
 }
 
 fn hello_router() -> Router {
@@ -348,4 +393,86 @@ fn caps_leave_room_for_health_and_the_gateway_itself() {
     check(65_536, 10_000, 64);
     let tiny = ConnectionLimits::from_descriptor_limit(16);
     assert_eq!((tiny.listener, tiny.health), (1, 4));
+}
+
+fn limited(max_connections: usize, rate: u32, burst: u32) -> ServeConfig {
+    config(LONG, LONG, 64).with_client_limits(ClientLimits {
+        max_connections,
+        requests_per_second: rate,
+        burst,
+        exempt: vec![Network::parse("127.0.0.1").unwrap()],
+    })
+}
+
+#[tokio::test]
+async fn a_client_over_its_rate_gets_429_with_retry_after_and_keeps_its_connection() {
+    let router = hello_router().route("/v1/models", get(|| async { "models" }));
+    // One request a minute, in effect: nothing refills while the test runs.
+    let server = start(router, limited(0, 1, 3)).await;
+    let mut client = connect_from([127, 0, 0, 2], server.addr).await;
+    for _ in 0..3 {
+        assert_eq!(get_on(&mut client, "/hello").await.0, 200);
+    }
+    let (status, headers, body) = get_on(&mut client, "/hello").await;
+    assert_eq!(status, 429);
+    assert!(headers.contains(&("retry-after".to_owned(), "1".to_owned())), "{headers:?}");
+    let json: Value = serde_json::from_slice(&body).unwrap();
+    let error = json["error"].as_str().unwrap();
+    assert!(error.contains("too many requests from this address; retry in 1 s"), "{error}");
+    // The OpenAI-compatible routes get their own error shape.
+    let (status, _, body) = get_on(&mut client, "/v1/models").await;
+    assert_eq!(status, 429);
+    let json: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["type"], "rate_limit_error", "{json}");
+    assert_eq!(json["error"]["code"], "rate_limit_exceeded", "{json}");
+    // The same client on a new connection has the same empty bucket.
+    let mut again = connect_from([127, 0, 0, 2], server.addr).await;
+    assert_eq!(get_on(&mut again, "/hello").await.0, 429);
+    // Another address, and an exempt one, are served.
+    let mut other = connect_from([127, 0, 0, 3], server.addr).await;
+    assert_eq!(get_on(&mut other, "/hello").await.0, 200);
+    let mut exempt = connect_from([127, 0, 0, 1], server.addr).await;
+    for _ in 0..10 {
+        assert_eq!(get_on(&mut exempt, "/hello").await.0, 200);
+    }
+}
+
+#[tokio::test]
+async fn a_client_over_its_connection_share_gets_429_and_one_log_line() {
+    let logs = CapturedLogs::default();
+    let _guard = logs.install();
+    let server = start(hello_router(), limited(2, 0, 0)).await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = connect_from([127, 0, 0, 4], server.addr).await;
+        assert_eq!(get_on(&mut stream, "/hello").await.0, 200);
+        held.push(stream);
+    }
+    for _ in 0..3 {
+        let mut extra = connect_from([127, 0, 0, 4], server.addr).await;
+        let answer = within("the refusal", read_to_close(&mut extra)).await;
+        let error = assert_json_error(&answer, 429);
+        assert!(error.contains("too many open connections from this address"), "{error}");
+        assert!(String::from_utf8_lossy(&answer).contains("retry-after: 1\r\n"));
+    }
+    let warnings = logs.lines_containing("holds its share of connections");
+    assert_eq!(warnings.len(), 1, "one line for three refusals: {warnings:?}");
+    assert!(warnings[0].contains("client=127.0.0.4"), "{}", warnings[0]);
+    // Another client is served while this one is full.
+    let mut other = connect_from([127, 0, 0, 5], server.addr).await;
+    assert_eq!(get_on(&mut other, "/hello").await.0, 200);
+    // A closed connection frees its place.
+    drop(held.pop());
+    within("a place to free up", async {
+        loop {
+            let mut stream = connect_from([127, 0, 0, 4], server.addr).await;
+            let request = b"GET /hello HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n";
+            stream.write_all(request).await.unwrap();
+            let answer = read_to_close(&mut stream).await;
+            if parse_response(&answer).0 == 200 {
+                return;
+            }
+        }
+    })
+    .await;
 }

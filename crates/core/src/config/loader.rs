@@ -152,7 +152,10 @@ pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigError> {
 
 /// The keys the table holding the last key of `segs` knows.
 fn known_keys(segs: &[Segment]) -> &'static [&'static str] {
-    use super::{BindingConfig, GatewayConfig, ListenConfig, ProjectConfig, QueueConfig};
+    use super::{
+        BindingConfig, GatewayConfig, HttpClientLimitsConfig, ListenConfig, ProjectConfig,
+        QueueConfig,
+    };
     let keys: Vec<&str> = segs
         .iter()
         .map(|seg| match seg {
@@ -164,6 +167,7 @@ fn known_keys(segs: &[Segment]) -> &'static [&'static str] {
         [_] => field_names::<Config>(),
         ["gateway", _] => field_names::<GatewayConfig>(),
         ["gateway", "queue", _] => field_names::<QueueConfig>(),
+        ["gateway", "http_client_limits", _] => field_names::<HttpClientLimitsConfig>(),
         ["gateway", "api" | "health", _] => field_names::<ListenConfig>(),
         ["gateway", "projects", _, _] => field_names::<ProjectConfig>(),
         ["gateway", "bindings", "[]", _] => field_names::<BindingConfig>(),
@@ -578,7 +582,41 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
         let segs = [key("gateway"), key(name)];
         return Err(at(&segs, Anchor::Value, "must be at least 1".to_owned()));
     }
+    check_client_limits(&gateway.http_client_limits)
+        .map_err(|(segs, message)| at(&segs, Anchor::Value, message))?;
     check_ranges(config).map_err(|(segs, message)| at(&segs, Anchor::Value, message))
+}
+
+/// `[gateway.http_client_limits]`: the key path and the message of the first
+/// bad value.
+fn check_client_limits(
+    limits: &crate::config::HttpClientLimitsConfig,
+) -> Result<(), (Vec<Segment>, String)> {
+    let at = |name: &str| vec![key("gateway"), key("http_client_limits"), key(name)];
+    if limits.burst == Some(0) && limits.requests_per_second > 0 {
+        return Err((
+            at("burst"),
+            "must be at least 1 while requests_per_second is set".to_owned(),
+        ));
+    }
+    if limits.requests_per_second > MAX_CLIENT_RATE {
+        let message = format!("must be at most {MAX_CLIENT_RATE}");
+        return Err((at("requests_per_second"), message));
+    }
+    if limits.burst.is_some_and(|burst| burst > MAX_CLIENT_RATE) {
+        return Err((at("burst"), format!("must be at most {MAX_CLIENT_RATE}")));
+    }
+    if u64::try_from(limits.max_connections).unwrap_or(u64::MAX) > MAX_CONNECTIONS {
+        return Err((at("max_connections"), format!("must be at most {MAX_CONNECTIONS}")));
+    }
+    for (i, text) in limits.exempt.iter().enumerate() {
+        if let Err(message) = crate::net::Network::parse(text) {
+            let mut segs = at("exempt");
+            segs.push(Segment::Index(i));
+            return Err((segs, message));
+        }
+    }
+    Ok(())
 }
 
 /// `[[gateway.cron]]`: the key path and the message of the first bad value.
@@ -638,6 +676,8 @@ pub const MAX_QUEUE_CAP: u64 = 1_000_000;
 pub const MAX_DURATION_MS: u64 = 30 * 24 * 60 * 60 * 1000;
 /// See [`MAX_CONCURRENT_RUNS`].
 pub const MAX_CONNECTIONS: u64 = 10_000_000;
+/// See [`MAX_CONCURRENT_RUNS`]: requests a second (and burst) of one client.
+pub const MAX_CLIENT_RATE: u32 = 1_000_000;
 
 /// Counts and durations above their bounds: the key path and the message.
 fn check_ranges(config: &Config) -> Result<(), (Vec<Segment>, String)> {

@@ -410,6 +410,44 @@ fn http_limits_have_defaults_and_refuse_zero() {
 }
 
 #[test]
+fn client_limits_have_defaults_and_say_which_value_is_wrong() {
+    let limits = check_ok("", &[]).gateway.http_client_limits;
+    assert_eq!(
+        (limits.max_connections, limits.requests_per_second, limits.burst()),
+        (256, 50, 200)
+    );
+    assert_eq!(limits.exempt, ["127.0.0.0/8", "::1"]);
+    let limits = check_ok(
+        "[gateway.http_client_limits]\nmax_connections = 0\nrequests_per_second = 5\nburst = 7\nexempt = []\n",
+        &[],
+    )
+    .gateway
+    .http_client_limits;
+    assert_eq!((limits.max_connections, limits.requests_per_second, limits.burst()), (0, 5, 7));
+    assert!(limits.exempt.is_empty());
+    check_ok(
+        "[gateway.http_client_limits]\nburstt = 3\n",
+        &["/home/u/.lemon/config.toml:2:1: unknown key gateway.http_client_limits.burstt (ignored); did you mean `burst`?"],
+    );
+    check_error(
+        "[gateway.http_client_limits]\nexempt = [\"10.0.0.0/8\", \"lan\"]\n",
+        "/home/u/.lemon/config.toml:2:25: gateway.http_client_limits.exempt[1]: \"lan\" is not an IP address or a CIDR block like 10.0.0.0/8",
+    );
+    check_error(
+        "[gateway.http_client_limits]\nexempt = [\"10.0.0.0/40\"]\n",
+        "/home/u/.lemon/config.toml:2:11: gateway.http_client_limits.exempt[0]: \"10.0.0.0/40\": the prefix must be a number from 0 to 32",
+    );
+    check_error(
+        "[gateway.http_client_limits]\nburst = 0\n",
+        "/home/u/.lemon/config.toml:2:9: gateway.http_client_limits.burst: must be at least 1 while requests_per_second is set",
+    );
+    check_error(
+        "[gateway.http_client_limits]\nrequests_per_second = 2000000\n",
+        "/home/u/.lemon/config.toml:2:23: gateway.http_client_limits.requests_per_second: must be at most 1000000",
+    );
+}
+
+#[test]
 fn load_file_or_default_treats_a_missing_file_as_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let loaded = load_file_or_default(&dir.path().join("config.toml")).unwrap();

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use crate::net::Network;
+
 /// The most connections one listener gets by default, however high the limit.
 const MAX_LISTENER_CONNECTIONS: usize = 10_000;
 
@@ -50,6 +52,33 @@ pub struct ServeConfig {
     pub idle_timeout: Duration,
     /// Connections open at once; more are refused with `503`.
     pub max_connections: usize,
+    /// What one client may do (connections, request rate); off by default.
+    pub clients: ClientLimits,
+}
+
+/// What one client of a listener may do. A client is its peer address: an
+/// IPv4 address, or the /64 network of an IPv6 address (one host usually holds
+/// a whole /64). Zero turns a limit off; the default turns both off.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Connections one client may hold open at once; one more is answered
+    /// `429` with `Retry-After` and closed.
+    pub max_connections: usize,
+    /// Requests a second one client may send, sustained; one more is
+    /// answered `429` with `Retry-After` (the seconds until it may send again).
+    pub requests_per_second: u32,
+    /// Requests a client may send at once after a quiet spell (at least 1
+    /// when a rate is set).
+    pub burst: u32,
+    /// Clients no limit applies to.
+    pub exempt: Vec<Network>,
+}
+
+impl ClientLimits {
+    /// Whether any limit is on.
+    pub fn is_active(&self) -> bool {
+        self.max_connections > 0 || self.requests_per_second > 0
+    }
 }
 
 /// Default of [`ServeConfig::header_read_timeout`].
@@ -64,6 +93,7 @@ impl Default for ServeConfig {
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: ConnectionLimits::from_descriptor_limit(1024).listener,
+            clients: ClientLimits::default(),
         }
     }
 }
@@ -73,6 +103,13 @@ impl ServeConfig {
     #[must_use]
     pub fn with_max_connections(mut self, max_connections: usize) -> Self {
         self.max_connections = max_connections.max(1);
+        self
+    }
+
+    /// The same with other per-client limits.
+    #[must_use]
+    pub fn with_client_limits(mut self, clients: ClientLimits) -> Self {
+        self.clients = clients;
         self
     }
 }
