@@ -31,6 +31,7 @@ mod hardening_e2e;
 mod http_hardening;
 mod intake_e2e;
 mod llm_clients;
+mod load_e2e;
 mod metrics_e2e;
 mod native_e2e;
 mod openai_e2e;

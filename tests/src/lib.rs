@@ -33,6 +33,7 @@ pub mod fake_telegram;
 pub mod fake_twilio;
 pub mod fake_twilio_voice;
 pub mod fake_xmtp;
+pub mod load;
 pub mod prometheus;
 pub mod tls_cert;
 

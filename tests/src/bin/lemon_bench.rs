@@ -1,9 +1,10 @@
 //! `lemon-bench`: the gateway's speed and memory, one JSON object per scenario.
 //!
 //! ```text
-//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|latency|conversations|startup|telegram|native|voice]…
+//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|latency|conversations|startup|telegram|native|voice|connections|soak[:SECONDS]]…
 //! ```
-//! No argument runs them all. `LEMON_BENCH_METRICS=off` runs the in-process
+//! No argument runs them all but `connections` (10 000 connections: it needs
+//! a descriptor limit above 12 000) and `soak` (30 minutes; `soak:120` for two). `LEMON_BENCH_METRICS=off` runs the in-process
 //! scenarios without the metrics collector the server runs on the bus.
 //! Figures are measured in this process on the echo
 //! engine; `startup`, `telegram`, `native` and `voice` start the real
@@ -27,6 +28,9 @@ use lemon_engines::echo::EchoEngine;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+#[path = "lemon_bench/load.rs"]
+mod load;
 
 // The same allocator as the server binary.
 #[global_allocator]
@@ -662,9 +666,14 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
         "telegram" => vec![telegram(20, 150).await?],
         "native" => vec![native(2_000, 500).await?],
         "voice" => vec![voice(20).await?],
-        other => anyhow::bail!(
-            "unknown scenario {other:?}: use throughput, latency, conversations, startup, telegram, native or voice"
-        ),
+        "connections" => vec![load::connections(4_000, 1_000).await?],
+        "soak" => vec![load::soak(30 * 60).await?],
+        other => match other.strip_prefix("soak:").map(str::parse::<u64>) {
+            Some(Ok(seconds)) => vec![load::soak(seconds).await?],
+            _ => anyhow::bail!(
+                "unknown scenario {other:?}: use throughput, latency, conversations, startup, telegram, native, voice, connections or soak[:SECONDS]"
+            ),
+        },
     })
 }
 
