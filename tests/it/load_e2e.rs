@@ -8,7 +8,10 @@
 //! `run_completed`, and the gateway's memory and descriptors are measured at
 //! the peak and after the load is gone. A client over its connection share or
 //! its request rate is answered `429` with `Retry-After` while the others are
-//! served.
+//! served; and one conversation flooded past its queue cap answers every
+//! message once, the oldest with `queue_overflow`. The soak runs mixed
+//! traffic for a minute (`LEMON_SOAK_SECONDS`) and fails when memory or
+//! descriptors grow after the warm-up.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -170,7 +173,7 @@ async fn follow(conn: &mut Conn, run_id: &str) -> usize {
 // It says why it is skipped, and prints the figures RELIABILITY.md reports.
 #[allow(clippy::print_stderr)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_thousand_connections_on_each_listener_lose_nothing_and_memory_stays_bounded() {
+async fn ten_thousand_connections_at_once_lose_nothing_and_memory_stays_bounded() {
     // The client's sockets, and the gateway's (it raises its own soft limit).
     let want = 2 * PER_LISTENER as u64 + 1024;
     let limit = load::raise_descriptor_limit(want);
@@ -434,4 +437,42 @@ async fn a_soak_of_mixed_traffic_keeps_memory_and_descriptors_flat() {
     })
     .await;
     assert!(quiet.is_some(), "work is left after the soak: {}", gateway.status().await);
+}
+
+#[tokio::test]
+async fn one_conversation_flooded_past_its_queue_cap_answers_every_message_once() {
+    const MESSAGES: usize = 200;
+    const CAP: usize = 20;
+    let config = format!(
+        "[gateway]\nmax_concurrent_runs = 4\n\
+         [gateway.queue]\nmode = \"collect\"\ncap = {CAP}\ndrop = \"oldest\"\n\
+         [gateway.api]\nport = 0\n[gateway.health]\nport = 0\n"
+    );
+    let gateway = Gateway::start(&config).await;
+    assert_eq!(gateway.post("/v1/intake/pause").send().await.unwrap().status(), 200);
+    let mut run_ids = Vec::with_capacity(MESSAGES);
+    for i in 0..MESSAGES {
+        run_ids.push(
+            gateway.submit(json!({ "prompt": format!("flood {i}"), "session_key": "flood" })).await,
+        );
+    }
+    assert_eq!(gateway.post("/v1/intake/resume").send().await.unwrap().status(), 200);
+    let mut completed = Vec::new();
+    let mut overflowed = 0;
+    for (i, run_id) in run_ids.iter().enumerate() {
+        // Its stream carries exactly one completion.
+        let events = gateway.events(run_id).await;
+        let ends = events.iter().filter(|(name, _)| name == "run_completed").count();
+        assert_eq!(ends, 1, "run {i} ended {ends} times");
+        let record = gateway.run(run_id).await;
+        match (record["status"].as_str(), record["error_code"].as_str()) {
+            (Some("completed"), _) => completed.push(i),
+            (_, Some("queue_overflow")) => overflowed += 1,
+            other => panic!("run {i} ended as {other:?}: {record}"),
+        }
+    }
+    // The first started, the newest CAP waited their turn, the older were dropped.
+    assert_eq!(overflowed, MESSAGES - 1 - CAP, "completed: {completed:?}");
+    let newest: Vec<usize> = std::iter::once(0).chain(MESSAGES - CAP..MESSAGES).collect();
+    assert_eq!(completed, newest);
 }
