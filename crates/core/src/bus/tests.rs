@@ -84,9 +84,8 @@ fn events_have_a_stable_json_form() {
 async fn the_starts_channel_carries_only_starts_and_a_burst_of_deltas_cannot_crowd_one_out() {
     let bus = EventBus::new(4, 4);
     let mut starts = bus.subscribe_starts();
-    let started = |run: &str| {
-        event(run, 0, EventKind::RunStarted { engine: "echo".into(), model: None })
-    };
+    let started =
+        |run: &str| event(run, 0, EventKind::RunStarted { engine: "echo".into(), model: None });
     bus.publish(started("a"));
     // Far more deltas than the firehose holds.
     for index in 1..=100 {
