@@ -35,7 +35,9 @@ async fn start(extra: &str) -> anyhow::Result<(tokio::process::Child, SocketAddr
             .split_whitespace()
             .find_map(|w| w.strip_prefix(name))
             .ok_or_else(|| anyhow::anyhow!("no {name} in {ready:?}"))?;
-        Ok(url.trim_start_matches("http://").trim_end_matches('/').parse()?)
+        // `http://host:port/` and, for the webhook, its path after it.
+        let authority = url.trim_start_matches("http://").split('/').next().unwrap_or_default();
+        Ok(authority.parse()?)
     };
     Ok((child, field("api=")?, field("webhook=")?))
 }
