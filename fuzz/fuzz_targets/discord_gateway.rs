@@ -70,7 +70,9 @@ fuzz_target!(|data: &[u8]| {
             None => discord_frame(line, None),
         };
         let DiscordFrame::Payload { op, seq, name, data, ready } = frame else { continue };
-        let raw: Value = serde_json::from_str(line).expect("a payload is JSON");
+        // A field the gateway does not read may hold a number no `Value` can
+        // (`1e7777`): the frame is still read, there is only nothing to compare.
+        let Ok(raw) = serde_json::from_str::<Value>(line) else { continue };
         // serde also reads a struct from a list of its fields (`[0]`); only an
         // object names them.
         if !raw.is_object() {
