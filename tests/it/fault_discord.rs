@@ -8,11 +8,9 @@
 
 use std::time::Duration;
 
-use lemon_tests::fake_discord::{Call, FakeDiscord, FakeMessage, Fault};
+use lemon_tests::fake_discord::{Call, FakeDiscord, FakeMessage, Fault, Snapshot};
 
-use crate::discord_e2e::{
-    assert_within_limits, config, fake, home, replies, reply_containing, start_in, DM, USER,
-};
+use crate::discord_e2e::{assert_within_limits, config, fake, home, replies, start_in, DM, USER};
 use crate::fault_support::outbox_calls;
 use crate::support::{Gateway, PATIENCE};
 
@@ -36,8 +34,17 @@ fn creates(fake: &FakeDiscord) -> Vec<Call> {
 async fn ask(fake: &FakeDiscord, prompt: &str) -> (FakeMessage, Vec<Call>) {
     let before = creates(fake).len();
     let asked = fake.inject_message(DM, USER, prompt, false, None);
-    // The resume line comes with the whole answer (it names the session's first run).
-    let answer = reply_containing(fake, &asked, "`echo resume dc_").await;
+    // The resume line comes with the whole answer (it names the session's first
+    // run), in whichever of the replies the answer went to.
+    let answered = |s: &Snapshot<'_>| {
+        s.bot_messages(DM)
+            .into_iter()
+            .find(|m| m.reply_to == Some(asked.id) && m.content.contains("`echo resume dc_"))
+            .cloned()
+    };
+    fake.wait_until(&format!("the answer to {prompt:?}"), PATIENCE, |s| answered(s).is_some())
+        .await;
+    let answer = fake.snapshot(answered).unwrap();
     assert!(answer.content.starts_with(prompt), "{}", answer.content);
     assert_eq!(replies(fake, DM, &asked), 1, "one answer\n{}", fake.describe());
     (asked, creates(fake).split_off(before))
