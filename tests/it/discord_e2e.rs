@@ -16,11 +16,11 @@ const TOKEN: &str = "discord-test-token-3b9d7e";
 const GUILD: u64 = 700_000_000_000_000_001;
 const OTHER_GUILD: u64 = 700_000_000_000_000_002;
 const CHANNEL: u64 = 710_000_000_000_000_001;
-const DM: u64 = 720_000_000_000_000_001;
-const USER: u64 = 730_000_000_000_000_001;
+pub(crate) const DM: u64 = 720_000_000_000_000_001;
+pub(crate) const USER: u64 = 730_000_000_000_000_001;
 const STRANGER: u64 = 730_000_000_000_000_099;
 
-async fn fake() -> FakeDiscord {
+pub(crate) async fn fake() -> FakeDiscord {
     let fake = FakeDiscord::start(TOKEN).await;
     fake.add_channel(ChannelSpec::text(GUILD, CHANNEL));
     fake.add_channel(ChannelSpec::dm(DM));
@@ -29,7 +29,7 @@ async fn fake() -> FakeDiscord {
 
 /// A config with Discord on against `fake`, plus `discord_extra` in its section
 /// and `extra` at the top; the token comes from the default secret.
-fn config(fake: &FakeDiscord, discord_extra: &str, extra: &str) -> String {
+pub(crate) fn config(fake: &FakeDiscord, discord_extra: &str, extra: &str) -> String {
     format!(
         "[gateway]\nenable_discord = true\n{extra}\n\
          [gateway.discord]\ngateway_url = \"{}\"\napi_base_url = \"{}\"\nedit_interval_ms = 300\n{discord_extra}\n",
@@ -43,7 +43,7 @@ fn echo_delay(ms: u64) -> String {
 }
 
 /// A home with `config` and the bot token in `secrets.toml`.
-fn home(config: &str) -> tempfile::TempDir {
+pub(crate) fn home(config: &str) -> tempfile::TempDir {
     let home = home_with(config);
     write_token(home.path());
     home
@@ -57,14 +57,18 @@ fn write_token(home: &Path) {
 }
 
 /// Starts the gateway on `home` and waits until the bot is on the gateway.
-async fn start_in(fake: &FakeDiscord, home: &Path) -> Gateway {
+pub(crate) async fn start_in(fake: &FakeDiscord, home: &Path) -> Gateway {
     let gateway = Gateway::start_in(home).await;
     fake.wait_until("the bot on the gateway", PATIENCE, |s| s.connected()).await;
     gateway
 }
 
 /// The bot's message replying to `message`, once it contains `needle`.
-async fn reply_containing(fake: &FakeDiscord, message: &FakeMessage, needle: &str) -> FakeMessage {
+pub(crate) async fn reply_containing(
+    fake: &FakeDiscord,
+    message: &FakeMessage,
+    needle: &str,
+) -> FakeMessage {
     let what = format!("a reply to {:?} containing {needle:?}", message.content);
     let found =
         |s: &Snapshot<'_>| s.reply_to(message.id).filter(|m| m.content.contains(needle)).cloned();
@@ -72,7 +76,7 @@ async fn reply_containing(fake: &FakeDiscord, message: &FakeMessage, needle: &st
     fake.snapshot(found).unwrap()
 }
 
-fn assert_within_limits(fake: &FakeDiscord) {
+pub(crate) fn assert_within_limits(fake: &FakeDiscord) {
     let violations = fake.violations();
     assert!(violations.is_empty(), "rate limits broken: {violations:?}\n{}", fake.describe());
 }
@@ -97,7 +101,7 @@ async fn runs(gateway: &Gateway) -> Vec<Value> {
 }
 
 /// How many of the bot's messages in `channel` reply to `message`.
-fn replies(fake: &FakeDiscord, channel: u64, message: &FakeMessage) -> usize {
+pub(crate) fn replies(fake: &FakeDiscord, channel: u64, message: &FakeMessage) -> usize {
     fake.bot_messages(channel).iter().filter(|m| m.reply_to == Some(message.id)).count()
 }
 

@@ -112,3 +112,52 @@ pub(crate) async fn pids(path: &Path) -> (i32, Option<i32>) {
     let pid = |key: &str| value[key].as_i64().map(|pid| i32::try_from(pid).unwrap());
     (pid("pid").unwrap(), pid("grandchild"))
 }
+
+/// `lemon_outbox_calls_total{transport}` by outcome, as `/metrics` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct OutboxCalls {
+    pub(crate) sent: u64,
+    pub(crate) retried: u64,
+    pub(crate) rate_limited: u64,
+    pub(crate) failed: u64,
+}
+
+/// The outbox calls of `transport` from `/metrics`, once `done` holds for them
+/// (the counts follow the answers the gateway reads, a moment after the fake
+/// sent them); fails after `PATIENCE` with the last counts.
+pub(crate) async fn outbox_calls(
+    gateway: &Gateway,
+    transport: &str,
+    done: impl Fn(&OutboxCalls) -> bool,
+) -> OutboxCalls {
+    let read = || async {
+        let url = format!("{}/metrics", gateway.health);
+        let text = gateway.http.get(url).send().await.unwrap().text().await.unwrap();
+        let scrape = lemon_tests::prometheus::Scrape::parse(&text)
+            .unwrap_or_else(|error| panic!("{error}\n{text}"));
+        let value = |outcome: &str| {
+            let labels = [("transport", transport), ("outcome", outcome)];
+            // Absent until the transport's outbox exists: none yet.
+            scrape.value("lemon_outbox_calls_total", &labels).map_or(0, |n| n as u64)
+        };
+        OutboxCalls {
+            sent: value("sent"),
+            retried: value("retried"),
+            rate_limited: value("rate_limited"),
+            failed: value("failed"),
+        }
+    };
+    let mut last = OutboxCalls::default();
+    let waited = tokio::time::timeout(PATIENCE, async {
+        loop {
+            last = read().await;
+            if done(&last) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "the outbox calls of {transport} never matched: last {last:?}");
+    last
+}

@@ -17,14 +17,14 @@ use serde_json::{json, Value};
 
 use crate::support::{command, failed_start, home_with, Gateway, PATIENCE};
 
-const ACCOUNT_SID: &str = "AC0123456789abcdef0123456789abcdef";
-const AUTH_TOKEN: &str = "twilio-e2e-auth-token-51f2";
-const PUBLIC_URL: &str = "https://lemon-sms.example.test";
-const INBOX: &str = "+15551239999";
-const FRIEND: &str = "+15550001111";
+pub(crate) const ACCOUNT_SID: &str = "AC0123456789abcdef0123456789abcdef";
+pub(crate) const AUTH_TOKEN: &str = "twilio-e2e-auth-token-51f2";
+pub(crate) const PUBLIC_URL: &str = "https://lemon-sms.example.test";
+pub(crate) const INBOX: &str = "+15551239999";
+pub(crate) const FRIEND: &str = "+15550001111";
 const SERVICE: &str = "+15557770000";
 
-fn sms_config(twilio: &FakeTwilio, extra: &str) -> String {
+pub(crate) fn sms_config(twilio: &FakeTwilio, extra: &str) -> String {
     format!(
         "[gateway.sms]\nenabled = true\nport = 0\npublic_url = \"{PUBLIC_URL}\"\n\
          inbox_number = \"{INBOX}\"\napi_base_url = \"{}\"\nallowed_senders = [\"{FRIEND}\"]\n{extra}",
@@ -33,7 +33,7 @@ fn sms_config(twilio: &FakeTwilio, extra: &str) -> String {
 }
 
 /// The Twilio credentials in the secrets file, as a user would set them.
-fn write_secrets(home: &Path, more: &str) {
+pub(crate) fn write_secrets(home: &Path, more: &str) {
     let path = home.join("secrets.toml");
     let text = format!(
         "twilio_auth_token = \"{AUTH_TOKEN}\"\ntwilio_account_sid = \"{ACCOUNT_SID}\"\n{more}"
@@ -43,7 +43,7 @@ fn write_secrets(home: &Path, more: &str) {
 }
 
 /// The SMS webhook's local address, from `/v1/status`.
-async fn sms_addr(gateway: &Gateway) -> String {
+pub(crate) async fn sms_addr(gateway: &Gateway) -> String {
     let status = gateway.status().await;
     let sms = &status["transports"]["sms"];
     assert_eq!(sms["state"], "running", "{status}");
@@ -52,7 +52,7 @@ async fn sms_addr(gateway: &Gateway) -> String {
     detail.split(' ').next().unwrap().to_owned()
 }
 
-fn inbound(sid: &str, from: &str, body: &str) -> Vec<(&'static str, String)> {
+pub(crate) fn inbound(sid: &str, from: &str, body: &str) -> Vec<(&'static str, String)> {
     vec![
         ("MessageSid", sid.to_owned()),
         ("SmsSid", sid.to_owned()),
@@ -91,7 +91,7 @@ async fn post_webhook(
 }
 
 /// Posts a message signed as Twilio signs it; asserts the empty TwiML answer.
-async fn deliver(addr: &str, params: &[(&'static str, String)]) {
+pub(crate) async fn deliver(addr: &str, params: &[(&'static str, String)]) {
     let url = format!("{PUBLIC_URL}/webhooks/twilio/sms");
     let (status, kind, body) =
         post_webhook(addr, params, Some(&sign(AUTH_TOKEN, &url, params))).await;

@@ -14,7 +14,14 @@
 //!   carries `X-RateLimit-*` headers of a fixed-window bucket per channel (5
 //!   calls in 5 s by default) and a global limit (50 a second); a call over a
 //!   limit is answered 429 with `retry_after` and recorded as a violation.
-//!   Injected faults (a 429, a 5xx) are answered first and are not violations.
+//!   Injected faults (a 429, a 5xx) are answered first and are not violations;
+//!   so are the connection faults: an answer that comes late, a connection
+//!   closed without an answer, a call held open and never answered, each
+//!   either before the call is applied or after.
+//! - A message create with `enforce_nonce: true` and a `nonce` the bot used in
+//!   the last few minutes makes no message: the answer is the message made
+//!   then, as Discord documents. Such answers are counted
+//!   ([`Snapshot::nonce_hits`]).
 
 mod gateway;
 mod rest;
@@ -79,8 +86,17 @@ pub struct FakeMessage {
 pub struct Call {
     pub method: String,
     pub path: String,
+    /// The status of the answer; for a call never answered (dropped or hung),
+    /// the status it would have had if it was applied, else 0.
     pub status: u16,
+    /// When it arrived (for a delayed call, when the delay was over).
     pub at: Instant,
+    /// Whether the client got an answer.
+    pub answered: bool,
+    /// Whether it took effect (a message made or edited…).
+    pub applied: bool,
+    /// The `nonce` of a message create, and whether it was enforced.
+    pub nonce: Option<(String, bool)>,
 }
 
 /// What a Gateway client sent, in order.
@@ -98,6 +114,15 @@ pub enum Fault {
     RateLimited { retry_after: f64, global: bool },
     /// This status with a Discord error body.
     Status(u16),
+    /// Network latency: the call reaches the fake this much later (its limits
+    /// and answer are decided then); the answer is the usual one.
+    Delay(Duration),
+    /// The connection is closed without an answer; the call is not applied.
+    Drop,
+    /// The call is held open and never answered, until the client gives up or
+    /// the fake stops; `applied` says whether it took effect first (a message
+    /// made whose answer never came) or not (it never got that far).
+    Hang { applied: bool },
 }
 
 /// What the test asks a connected Gateway client's connection to do.
@@ -149,6 +174,10 @@ pub(crate) struct State {
     pub(crate) global_limit: u32,
     pub(crate) violations: Vec<String>,
     pub(crate) faults: VecDeque<(String, Fault)>,
+    /// Nonce of an enforced message create → (the message, when it was made).
+    pub(crate) nonces: HashMap<String, (u64, Instant)>,
+    /// Enforced creates answered with the message an earlier one made.
+    pub(crate) nonce_hits: usize,
     pub(crate) next_id: u64,
     pub(crate) gateway_url: String,
 }
@@ -180,6 +209,8 @@ impl State {
 pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
     pub(crate) changes: watch::Sender<u64>,
+    /// Cancelled when the fake stops (a hung call ends then).
+    pub(crate) stop: CancellationToken,
 }
 
 impl Shared {
@@ -214,6 +245,7 @@ impl FakeDiscord {
         let rest = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind rest");
         let gateway_addr = gateway.local_addr().unwrap();
         let rest_addr = rest.local_addr().unwrap();
+        let stop = CancellationToken::new();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 token: token.to_owned(),
@@ -236,12 +268,14 @@ impl FakeDiscord {
                 global_limit: 50,
                 violations: Vec::new(),
                 faults: VecDeque::new(),
+                nonces: HashMap::new(),
+                nonce_hits: 0,
                 next_id: 1_300_000_000_000_000_000,
                 gateway_url: format!("ws://{gateway_addr}"),
             }),
             changes: watch::Sender::new(0),
+            stop: stop.clone(),
         });
-        let stop = CancellationToken::new();
         tokio::spawn(gateway::serve(gateway, shared.clone(), stop.clone()));
         tokio::spawn(rest::serve(rest, shared.clone(), stop.clone()));
         FakeDiscord { shared, gateway_addr, rest_addr, stop }
@@ -446,7 +480,13 @@ impl FakeDiscord {
         let start = state.calls.first().map(|c| c.at);
         for call in &state.calls {
             let ms = start.map_or(0, |s| call.at.duration_since(s).as_millis());
-            out.push_str(&format!("  +{ms}ms {} {} -> {}\n", call.method, call.path, call.status));
+            let answer = match (call.answered, call.applied) {
+                (true, _) => call.status.to_string(),
+                (false, true) => format!("no answer (applied: {})", call.status),
+                (false, false) => "no answer (not applied)".to_owned(),
+            };
+            let nonce = call.nonce.as_ref().map_or(String::new(), |(n, _)| format!(" nonce={n}"));
+            out.push_str(&format!("  +{ms}ms {} {}{nonce} -> {answer}\n", call.method, call.path));
         }
         out
     }
@@ -498,5 +538,16 @@ impl<'a> Snapshot<'a> {
 
     pub fn connections(&self) -> usize {
         self.state.connections
+    }
+
+    /// Enforced message creates answered with the message an earlier create
+    /// of the same nonce made (no new message).
+    pub fn nonce_hits(&self) -> usize {
+        self.state.nonce_hits
+    }
+
+    /// The REST calls so far.
+    pub fn calls(&self) -> &'a [Call] {
+        &self.state.calls
     }
 }

@@ -7,7 +7,15 @@
 //! Requests are read with this module's own parsing and answered with the JSON
 //! Twilio's docs show (a `201` message resource; error bodies with `code`,
 //! `message`, `more_info`, `status`). A test scripts failures ahead of the
-//! next creates ([`FakeTwilio::fail_next`]); every request is recorded.
+//! next creates ([`FakeTwilio::fail_next`]): error answers, and connection
+//! faults (a late answer, a connection closed without one, a call held open
+//! and never answered, before or after the message is made); every request is
+//! recorded with when it came. Twilio's create has no idempotency key: a
+//! create made again makes another message, here as there.
+//!
+//! Two creates to one number less than a second apart are recorded as a
+//! violation ([`FakeTwilio::violations`]): the pace the gateway promises per
+//! recipient (Twilio itself queues what a number cannot send at once).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -24,6 +32,7 @@ use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use serde_json::json;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// A scripted answer to the next create.
@@ -35,6 +44,15 @@ pub enum Failure {
     ServerError,
     /// `400` with error 21211 (an invalid `To`).
     InvalidTo,
+    /// Network latency: the create reaches the fake this much later (it is
+    /// recorded and answered then, as usual).
+    Delay(Duration),
+    /// The connection is closed without an answer; no message is made.
+    Drop,
+    /// The create is held open and never answered, until the client gives up
+    /// or the fake stops; `applied` says whether the message was made first
+    /// (Twilio took it and the answer never came) or not.
+    Hang { applied: bool },
 }
 
 /// One request the fake received.
@@ -45,8 +63,13 @@ pub struct Recorded {
     pub authorized: bool,
     /// The form fields, in order.
     pub form: Vec<(String, String)>,
-    /// The status it was answered with.
+    /// The status it was answered with; for one never answered, 201 when the
+    /// message was made, else 0.
     pub status: u16,
+    /// Whether the client got an answer.
+    pub answered: bool,
+    /// When it came (for a delayed create, when the delay was over).
+    pub at: Instant,
 }
 
 impl Recorded {
@@ -61,6 +84,7 @@ struct Inner {
     failures: VecDeque<Failure>,
     recorded: Vec<Recorded>,
     next_sid: u64,
+    violations: Vec<String>,
 }
 
 #[derive(Clone)]
@@ -69,7 +93,11 @@ struct Shared {
     auth_token: String,
     inner: Arc<Mutex<Inner>>,
     changed: watch::Sender<usize>,
+    stop: CancellationToken,
 }
+
+/// The least time between two creates to one number.
+const PER_NUMBER_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The fake, serving until dropped.
 #[derive(Debug)]
@@ -141,6 +169,87 @@ pub fn parse_form(body: &[u8]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// An answer whose body fails before its first byte: the connection is closed
+/// and the client sees it end without a response.
+fn dropped_connection() -> Response {
+    let failing = futures::stream::once(async {
+        Err::<Bytes, std::io::Error>(std::io::Error::other("connection dropped by the fake"))
+    });
+    Response::new(axum::body::Body::from_stream(failing))
+}
+
+/// The message resource Twilio answers a create with (`201`).
+fn created(inner: &mut Inner, account: &str, form: &[(String, String)]) -> Response {
+    let field = |name: &str| form.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    inner.next_sid += 1;
+    let sid = format!("SM{:032x}", inner.next_sid);
+    let body = json!({
+        "account_sid": account,
+        "api_version": "2010-04-01",
+        "body": field("Body"),
+        "date_created": "Thu, 24 Aug 2023 05:01:45 +0000",
+        "date_sent": null,
+        "date_updated": "Thu, 24 Aug 2023 05:01:45 +0000",
+        "direction": "outbound-api",
+        "error_code": null,
+        "error_message": null,
+        "from": field("From"),
+        "messaging_service_sid": null,
+        "num_media": "0",
+        "num_segments": "1",
+        "price": null,
+        "price_unit": "USD",
+        "sid": sid,
+        "status": "queued",
+        "subresource_uris": {
+            "media": format!("/2010-04-01/Accounts/{account}/Messages/{sid}/Media.json")
+        },
+        "to": field("To"),
+        "uri": format!("/2010-04-01/Accounts/{account}/Messages/{sid}.json"),
+    });
+    (StatusCode::CREATED, [(header::CONTENT_TYPE, "application/json")], body.to_string())
+        .into_response()
+}
+
+/// The answer to a create that reached the fake, `None` when it makes no
+/// message and gets no answer.
+fn answer(
+    inner: &mut Inner,
+    account: &str,
+    authorized: bool,
+    failure: Option<&Failure>,
+    form: &[(String, String)],
+) -> Option<Response> {
+    let has = |name: &str| form.iter().any(|(k, _)| k == name);
+    Some(match failure {
+        _ if !authorized => twilio_error(StatusCode::UNAUTHORIZED, 20003, "Authenticate"),
+        Some(Failure::TooManyRequests { retry_after_secs }) => {
+            let mut response =
+                twilio_error(StatusCode::TOO_MANY_REQUESTS, 20429, "Too Many Requests");
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                retry_after_secs.to_string().parse().expect("a header value"),
+            );
+            response
+        }
+        Some(Failure::ServerError) => {
+            twilio_error(StatusCode::INTERNAL_SERVER_ERROR, 20500, "Internal Server Error")
+        }
+        Some(Failure::InvalidTo) => twilio_error(
+            StatusCode::BAD_REQUEST,
+            21211,
+            "The 'To' number is not a valid phone number.",
+        ),
+        Some(Failure::Drop | Failure::Hang { applied: false }) => return None,
+        _ if !(has("To") && has("Body") && has("From")) => {
+            twilio_error(StatusCode::BAD_REQUEST, 21604, "A 'To' phone number is required.")
+        }
+        Some(Failure::Delay(_) | Failure::Hang { applied: true }) | None => {
+            created(inner, account, form)
+        }
+    })
+}
+
 async fn create(
     State(shared): State<Shared>,
     Path(account): Path<String>,
@@ -152,67 +261,40 @@ async fn create(
         user == shared.account_sid && password == shared.auth_token
     }) && account == shared.account_sid;
     let path = format!("/2010-04-01/Accounts/{account}/Messages.json");
-    let mut inner = shared.inner.lock().unwrap_or_else(PoisonError::into_inner);
-    let field = |name: &str| form.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-    let response = if !authorized {
-        twilio_error(StatusCode::UNAUTHORIZED, 20003, "Authenticate")
-    } else if let Some(failure) = inner.failures.pop_front() {
-        match failure {
-            Failure::TooManyRequests { retry_after_secs } => {
-                let mut response =
-                    twilio_error(StatusCode::TOO_MANY_REQUESTS, 20429, "Too Many Requests");
-                response.headers_mut().insert(
-                    header::RETRY_AFTER,
-                    retry_after_secs.to_string().parse().expect("a header value"),
-                );
-                response
-            }
-            Failure::ServerError => {
-                twilio_error(StatusCode::INTERNAL_SERVER_ERROR, 20500, "Internal Server Error")
-            }
-            Failure::InvalidTo => twilio_error(
-                StatusCode::BAD_REQUEST,
-                21211,
-                "The 'To' number is not a valid phone number.",
-            ),
-        }
-    } else if field("To").is_none() || field("Body").is_none() || field("From").is_none() {
-        twilio_error(StatusCode::BAD_REQUEST, 21604, "A 'To' phone number is required.")
+    let failure = if authorized {
+        shared.inner.lock().unwrap_or_else(PoisonError::into_inner).failures.pop_front()
     } else {
-        inner.next_sid += 1;
-        let sid = format!("SM{:032x}", inner.next_sid);
-        let body = json!({
-            "account_sid": account,
-            "api_version": "2010-04-01",
-            "body": field("Body"),
-            "date_created": "Thu, 24 Aug 2023 05:01:45 +0000",
-            "date_sent": null,
-            "date_updated": "Thu, 24 Aug 2023 05:01:45 +0000",
-            "direction": "outbound-api",
-            "error_code": null,
-            "error_message": null,
-            "from": field("From"),
-            "messaging_service_sid": null,
-            "num_media": "0",
-            "num_segments": "1",
-            "price": null,
-            "price_unit": "USD",
-            "sid": sid,
-            "status": "queued",
-            "subresource_uris": {
-                "media": format!("/2010-04-01/Accounts/{account}/Messages/{sid}/Media.json")
-            },
-            "to": field("To"),
-            "uri": format!("/2010-04-01/Accounts/{account}/Messages/{sid}.json"),
-        });
-        (StatusCode::CREATED, [(header::CONTENT_TYPE, "application/json")], body.to_string())
-            .into_response()
+        None
     };
-    inner.recorded.push(Recorded { path, authorized, form, status: response.status().as_u16() });
-    let count = inner.recorded.len();
-    drop(inner);
+    if let Some(Failure::Delay(latency)) = &failure {
+        tokio::time::sleep(*latency).await;
+    }
+    let answered = !matches!(failure, Some(Failure::Drop | Failure::Hang { .. }));
+    let (response, count) = {
+        let mut inner = shared.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let response = answer(&mut inner, &account, authorized, failure.as_ref(), &form);
+        let status = response.as_ref().map_or(0, |r| r.status().as_u16());
+        let at = Instant::now();
+        if let Some(to) = form.iter().find(|(k, _)| k == "To").map(|(_, v)| v.clone()) {
+            let previous = inner.recorded.iter().rev().find(|r| r.field("To") == Some(to.as_str()));
+            let gap = previous.map(|p| at - p.at).filter(|gap| *gap < PER_NUMBER_INTERVAL);
+            if let Some(gap) = gap {
+                inner.violations.push(format!("two creates to {to} {gap:?} apart"));
+            }
+        }
+        inner.recorded.push(Recorded { path, authorized, form, status, answered, at });
+        (response, inner.recorded.len())
+    };
     shared.changed.send_replace(count);
-    response
+    match response {
+        Some(response) if answered => response,
+        _ => {
+            if matches!(failure, Some(Failure::Hang { .. })) {
+                shared.stop.cancelled().await;
+            }
+            dropped_connection()
+        }
+    }
 }
 
 impl FakeTwilio {
@@ -220,18 +302,19 @@ impl FakeTwilio {
     pub async fn start(account_sid: &str, auth_token: &str) -> FakeTwilio {
         let inner = Arc::new(Mutex::new(Inner::default()));
         let (changed, receiver) = watch::channel(0);
+        let stop = CancellationToken::new();
         let shared = Shared {
             account_sid: account_sid.to_owned(),
             auth_token: auth_token.to_owned(),
             inner: inner.clone(),
             changed,
+            stop: stop.clone(),
         };
         let app = Router::new()
             .route("/2010-04-01/Accounts/{account}/Messages.json", post(create))
             .with_state(shared);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
         let addr = listener.local_addr().expect("an address");
-        let stop = CancellationToken::new();
         let serve_stop = stop.clone();
         tokio::spawn(async move {
             let _ = axum::serve(listener, app)
@@ -257,9 +340,33 @@ impl FakeTwilio {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner).recorded.clone()
     }
 
-    /// The messages created (answered `201`).
+    /// The messages made (answered `201`, or made and then never answered).
     pub fn created(&self) -> Vec<Recorded> {
         self.requests().into_iter().filter(|r| r.status == 201).collect()
+    }
+
+    /// Creates to one number that came less than a second apart.
+    pub fn violations(&self) -> Vec<String> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner).violations.clone()
+    }
+
+    /// The requests, one a line with their time from the first, for a failure message.
+    pub fn describe(&self) -> String {
+        let requests = self.requests();
+        let start = requests.first().map(|r| r.at);
+        let mut out = String::from("twilio requests:\n");
+        for r in &requests {
+            let ms = start.map_or(0, |s| r.at.duration_since(s).as_millis());
+            let answer = match (r.answered, r.status) {
+                (true, status) => status.to_string(),
+                (false, 201) => "no answer (message made)".to_owned(),
+                (false, _) => "no answer (no message)".to_owned(),
+            };
+            let to = r.field("To").unwrap_or("?");
+            let body = r.field("Body").unwrap_or("");
+            out.push_str(&format!("  +{ms}ms To={to} Body={body:?} -> {answer}\n"));
+        }
+        out
     }
 
     /// Waits until at least `count` requests were received, at most `patience`.

@@ -453,6 +453,29 @@ fn transport_metrics(out: &mut Exposition, statuses: &TransportStatuses) {
             out.sample("lemon_outbox_backlog", &[("transport", id)], backlog);
         }
     }
+    out.family(
+        "lemon_outbox_calls_total",
+        Kind::Counter,
+        "Calls of the transport's outbox since it started, by outcome: sent, retried (after a \
+         failure worth another attempt), rate_limited (a pause the service asked for, waited \
+         out), failed (given up).",
+    );
+    for (id, figures) in &figures {
+        if let Some(calls) = figures.outbox_calls {
+            for (outcome, n) in [
+                ("sent", calls.n_sent),
+                ("retried", calls.n_retried),
+                ("rate_limited", calls.n_rate_limited),
+                ("failed", calls.n_failed),
+            ] {
+                out.sample(
+                    "lemon_outbox_calls_total",
+                    &[("transport", id), ("outcome", outcome)],
+                    n,
+                );
+            }
+        }
+    }
 }
 
 /// Every state a transport can be in, as `lemon_transport_state` labels them.

@@ -171,20 +171,73 @@ impl Default for TransportStatuses {
     }
 }
 
-/// What a transport's outbox holds: sends and edits queued or in flight. The
-/// outbox writes it, metrics read it. Cheap to clone; clones share the count.
+/// What a transport's outbox holds (sends and edits queued or in flight) and
+/// how its calls went so far. The outbox writes it, metrics read it. Cheap to
+/// clone; clones share the counts.
 #[derive(Debug, Clone, Default)]
-pub struct Backlog(Arc<AtomicU64>);
+pub struct Backlog(Arc<OutboxCounts>);
+
+#[derive(Debug, Default)]
+struct OutboxCounts {
+    held: AtomicU64,
+    sent: AtomicU64,
+    retried: AtomicU64,
+    rate_limited: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// How one call of an outbox went, as [`Backlog::count`] counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// A message was sent.
+    Sent,
+    /// A call failed in a way worth another attempt, which is made after a backoff.
+    Retried,
+    /// The service asked for a pause, which is waited out before the call is made again.
+    RateLimited,
+    /// A send or an edit was given up on.
+    Failed,
+}
+
+/// The calls an outbox made so far, by how they went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OutboxCalls {
+    pub n_sent: u64,
+    pub n_retried: u64,
+    pub n_rate_limited: u64,
+    pub n_failed: u64,
+}
 
 impl Backlog {
     /// Sets the count.
     pub fn set(&self, n: u64) {
-        self.0.store(n, Ordering::Relaxed);
+        self.0.held.store(n, Ordering::Relaxed);
     }
 
     /// The count now.
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.0.held.load(Ordering::Relaxed)
+    }
+
+    /// Counts one call that went as `outcome`.
+    pub fn count(&self, outcome: CallOutcome) {
+        let counter = match outcome {
+            CallOutcome::Sent => &self.0.sent,
+            CallOutcome::Retried => &self.0.retried,
+            CallOutcome::RateLimited => &self.0.rate_limited,
+            CallOutcome::Failed => &self.0.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The calls counted so far.
+    pub fn calls(&self) -> OutboxCalls {
+        OutboxCalls {
+            n_sent: self.0.sent.load(Ordering::Relaxed),
+            n_retried: self.0.retried.load(Ordering::Relaxed),
+            n_rate_limited: self.0.rate_limited.load(Ordering::Relaxed),
+            n_failed: self.0.failed.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -195,6 +248,8 @@ pub struct TransportFigures {
     pub n_failures: u64,
     /// Its outbox's backlog; `None` for a transport without an outbox.
     pub backlog: Option<u64>,
+    /// Its outbox's calls since the transport (re)started; `None` without an outbox.
+    pub outbox_calls: Option<OutboxCalls>,
 }
 
 impl TransportStatuses {
@@ -227,6 +282,7 @@ impl TransportStatuses {
                 let figures = TransportFigures {
                     n_failures: counts.n_failures,
                     backlog: counts.backlog.as_ref().map(Backlog::get),
+                    outbox_calls: counts.backlog.as_ref().map(Backlog::calls),
                 };
                 (id.clone(), figures)
             })

@@ -14,6 +14,8 @@ pub const DEFAULT_SMS_PORT: u16 = 4041;
 pub const DEFAULT_API_BASE_URL: &str = "https://api.twilio.com";
 /// The path Twilio posts inbound messages to.
 pub const WEBHOOK_PATH: &str = "/webhooks/twilio/sms";
+/// How long one call to Twilio's REST API may take unless `api_timeout_ms` says.
+pub const DEFAULT_API_TIMEOUT_MS: u64 = 15_000;
 
 /// `[gateway.sms]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -64,6 +66,11 @@ pub struct SmsConfig {
     /// The largest webhook body accepted; larger ones get `413`.
     #[serde(default = "defaults::max_body_bytes")]
     pub max_body_bytes: usize,
+    /// How long one call to Twilio's REST API may take. A text whose call
+    /// takes longer is sent again, and Twilio may have taken the first one:
+    /// the text can then arrive twice, never not at all.
+    #[serde(default = "defaults::api_timeout_ms")]
+    pub api_timeout_ms: u64,
 }
 
 mod defaults {
@@ -90,6 +97,9 @@ mod defaults {
     }
     pub(super) fn max_body_bytes() -> usize {
         64 * 1024
+    }
+    pub(super) fn api_timeout_ms() -> u64 {
+        super::DEFAULT_API_TIMEOUT_MS
     }
 }
 
@@ -141,6 +151,11 @@ impl SmsConfig {
         }
         if self.inbox_ttl_ms == 0 {
             return Err(SmsConfigError("`inbox_ttl_ms` must be at least 1".into()));
+        }
+        if !(100..=600_000).contains(&self.api_timeout_ms) {
+            return Err(SmsConfigError(
+                "`api_timeout_ms` must be between 100 and 600000 milliseconds".into(),
+            ));
         }
         if let Some(number) = &self.inbox_number {
             let number = number.trim().to_owned();
@@ -222,6 +237,11 @@ impl SmsConfig {
     /// How long a received message is kept.
     pub fn inbox_ttl(&self) -> Duration {
         Duration::from_millis(self.inbox_ttl_ms)
+    }
+
+    /// How long one call to Twilio's REST API may take.
+    pub fn api_timeout(&self) -> Duration {
+        Duration::from_millis(self.api_timeout_ms)
     }
 
     /// The URL Twilio is told to call, when `public_url` is set.

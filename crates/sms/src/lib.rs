@@ -59,7 +59,8 @@ impl Sms {
                     sid.clone(),
                     token_value.clone(),
                     from.clone(),
-                );
+                )
+                .with_timeout(config.api_timeout());
                 Some(SmsSender::spawn(client, store, config.inbox_ttl(), token, tracker))
             }
             _ => None,

@@ -5,6 +5,11 @@
 //! as Twilio asks (or a second), a `5xx` or a network error is retried with
 //! backoff. Every message sent or given up on is recorded in the kv namespace
 //! `sms.sent` (key: Twilio's SID, or `failed-<uuid>` for one never accepted).
+//!
+//! A call that takes longer than its timeout (`api_timeout_ms`) is a network
+//! error too, and retried. Twilio's message create has no idempotency key, so
+//! Twilio may already have taken the text the timed-out call carried: sending
+//! errs on the side of a duplicate text rather than a lost one.
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,8 +27,6 @@ use tokio_util::task::TaskTracker;
 pub const SENT_NS: &str = "sms.sent";
 /// The most characters one message may carry (Twilio's limit).
 pub const MAX_BODY_CHARS: usize = 1600;
-/// How long one REST call may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// The wait after a `429` that names none.
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The longest `Retry-After` honoured.
@@ -90,6 +93,15 @@ struct ErrorJson {
     code: Option<u64>,
 }
 
+/// The HTTP client of the REST calls: no redirects, `timeout` per call.
+fn http_client(timeout: Duration) -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap_or_default()
+}
+
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let raw = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
     let seconds: u64 = raw.trim().parse().ok()?;
@@ -98,20 +110,25 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 
 impl TwilioClient {
     /// A client of `base_url` (Twilio's, or a test's) for `account_sid`,
-    /// sending from `from`.
+    /// sending from `from`, whose calls may take
+    /// [`DEFAULT_API_TIMEOUT_MS`](crate::config::DEFAULT_API_TIMEOUT_MS) each.
     pub fn new(base_url: &str, account_sid: String, auth_token: String, from: String) -> Self {
-        let http = reqwest::Client::builder()
-            .timeout(CALL_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap_or_default();
+        let timeout = Duration::from_millis(crate::config::DEFAULT_API_TIMEOUT_MS);
         TwilioClient {
-            http,
+            http: http_client(timeout),
             base_url: base_url.trim_end_matches('/').to_owned(),
             account_sid,
             auth_token,
             from,
         }
+    }
+
+    /// The same client, with calls that may take `timeout` each; a call that
+    /// takes longer fails as a network error (and is retried).
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.http = http_client(timeout);
+        self
     }
 
     /// The number texts are sent from.

@@ -15,6 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Bucket, Call, FakeMessage, Fault, Shared, State, BOT_ID, BOT_NAME};
 
+/// How long Discord remembers an enforced nonce ("the past few minutes").
+const NONCE_WINDOW: Duration = Duration::from_secs(5 * 60);
+
 pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
     let router = Router::new().fallback(handle).with_state(shared);
     let _ = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned()).await;
@@ -32,18 +35,40 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let path = uri.path().strip_prefix("/api/v10").unwrap_or(uri.path()).to_owned();
+    let nonce = create_nonce(&method, &path, &headers, &body);
+    let fault = take_connection_fault(&mut shared.lock(), &path);
+    if let Some(Fault::Delay(latency)) = fault {
+        tokio::time::sleep(latency).await;
+    }
+    let apply = !matches!(fault, Some(Fault::Drop | Fault::Hang { applied: false }));
+    let answered = !matches!(fault, Some(Fault::Drop | Fault::Hang { .. }));
     let (status, out_headers, value) = {
         let mut state = shared.lock();
-        let answer = answer(&mut state, &method, &path, &headers, &body);
+        let hits = state.nonce_hits;
+        let reply = if apply {
+            answer(&mut state, &method, &path, &headers, &body)
+        } else {
+            (0, HeaderMap::new(), Value::Null)
+        };
+        let applied = apply && reply.0 < 300 && state.nonce_hits == hits;
         state.calls.push(Call {
             method: method.to_string(),
             path: path.clone(),
-            status: answer.0,
+            status: reply.0,
             at: Instant::now(),
+            answered,
+            applied,
+            nonce,
         });
-        answer
+        reply
     };
     shared.changed();
+    if !answered {
+        if matches!(fault, Some(Fault::Hang { .. })) {
+            shared.stop.cancelled().await;
+        }
+        return dropped_connection();
+    }
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = if status == StatusCode::NO_CONTENT {
         status.into_response()
@@ -52,6 +77,67 @@ async fn handle(
     };
     response.headers_mut().extend(out_headers);
     response
+}
+
+/// Takes the first fault queued for `path` if it acts on the connection
+/// (the others are answered by [`answer`]).
+fn take_connection_fault(state: &mut State, path: &str) -> Option<Fault> {
+    let at = state.faults.iter().position(|(route, _)| path.contains(route.as_str()))?;
+    match state.faults[at].1 {
+        Fault::Delay(_) | Fault::Drop | Fault::Hang { .. } => {
+            state.faults.remove(at).map(|(_, fault)| fault)
+        }
+        Fault::RateLimited { .. } | Fault::Status(_) => None,
+    }
+}
+
+/// An answer whose body fails before its first byte: the connection is closed
+/// and the client sees it end without a response.
+fn dropped_connection() -> Response {
+    let failing = futures::stream::once(async {
+        Err::<Bytes, std::io::Error>(std::io::Error::other("connection dropped by the fake"))
+    });
+    Response::new(axum::body::Body::from_stream(failing))
+}
+
+/// The payload of a message create (`POST /channels/{id}/messages`), JSON or
+/// multipart's `payload_json`, with its files.
+fn create_payload(
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Value, Vec<Upload>), (u64, &'static str)> {
+    let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+    if let Some(boundary) = content_type.strip_prefix("multipart/form-data; boundary=") {
+        parse_multipart(boundary, body).ok_or((50035, "Invalid Form Body"))
+    } else {
+        serde_json::from_slice::<Value>(body)
+            .map(|value| (value, Vec::new()))
+            .map_err(|_| (50109, "The request body contains invalid JSON."))
+    }
+}
+
+/// A create's `nonce` (a string or an integer, as Discord takes it) and
+/// whether `enforce_nonce` is set.
+fn nonce_of(payload: &Value) -> Option<(String, bool)> {
+    let nonce = match &payload["nonce"] {
+        Value::String(text) => text.clone(),
+        Value::Number(n) => n.to_string(),
+        _ => return None,
+    };
+    Some((nonce, payload["enforce_nonce"] == Value::Bool(true)))
+}
+
+fn create_nonce(
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Option<(String, bool)> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    if !(*method == Method::POST && matches!(segments.as_slice(), ["channels", _, "messages"])) {
+        return None;
+    }
+    create_payload(headers, body).ok().and_then(|(payload, _)| nonce_of(&payload))
 }
 
 fn answer(
@@ -81,8 +167,27 @@ fn answer(
     if let Some(at) = state.faults.iter().position(|(route, _)| path.contains(route.as_str())) {
         let (_, fault) = state.faults.remove(at).unwrap();
         return match fault {
-            Fault::RateLimited { retry_after, global } => rate_limited(retry_after, global),
+            Fault::RateLimited { retry_after, global: true } => rate_limited(retry_after, true),
+            // A route's 429 carries its bucket's headers too, as Discord's example shows.
+            Fault::RateLimited { retry_after, global: false } => {
+                let mut answer = rate_limited(retry_after, false);
+                if let Some(key) = &bucket {
+                    let hash = key.split(':').next().unwrap_or("bucket");
+                    let put = |h: &mut HeaderMap, name: &'static str, value: String| {
+                        h.insert(name, HeaderValue::from_str(&value).unwrap());
+                    };
+                    put(&mut answer.1, "x-ratelimit-bucket", format!("{hash}-hash"));
+                    put(&mut answer.1, "x-ratelimit-limit", state.channel_limit.0.to_string());
+                    put(&mut answer.1, "x-ratelimit-remaining", "0".to_owned());
+                    put(&mut answer.1, "x-ratelimit-reset-after", format!("{retry_after:.3}"));
+                }
+                answer
+            }
             Fault::Status(status) => error(status, 0, "injected failure"),
+            // Taken off the queue before the answer (`take_connection_fault`).
+            Fault::Delay(_) | Fault::Drop | Fault::Hang { .. } => {
+                error(500, 0, "a connection fault reached the answer")
+            }
         };
     }
     if !interaction {
@@ -189,21 +294,32 @@ fn perform(
             let Ok(channel_id) = channel.parse::<u64>() else {
                 return error(404, 10003, "Unknown Channel");
             };
-            let content_type =
-                headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
-            let (payload, files) = if let Some(boundary) =
-                content_type.strip_prefix("multipart/form-data; boundary=")
-            {
-                match parse_multipart(boundary, body) {
-                    Some(parsed) => parsed,
-                    None => return error(400, 50035, "Invalid Form Body"),
-                }
-            } else {
-                match serde_json::from_slice::<Value>(body) {
-                    Ok(value) => (value, Vec::new()),
-                    Err(_) => return error(400, 50109, "The request body contains invalid JSON."),
-                }
+            let (payload, files) = match create_payload(headers, body) {
+                Ok(parsed) => parsed,
+                Err((code, message)) => return error(400, code, message),
             };
+            let nonce = nonce_of(&payload);
+            if nonce.as_ref().is_some_and(|(n, _)| n.chars().count() > 25) {
+                return error(
+                    400,
+                    50035,
+                    "Invalid Form Body: nonce must be 25 or fewer in length.",
+                );
+            }
+            // Discord: with `enforce_nonce`, a nonce the same author used in the
+            // past few minutes answers with that message and makes none.
+            if let Some((nonce, true)) = &nonce {
+                let now = Instant::now();
+                state.nonces.retain(|_, (_, at)| now.duration_since(*at) < NONCE_WINDOW);
+                let made = state.nonces.get(nonce).map(|(id, _)| *id);
+                if let Some(message) =
+                    made.and_then(|id| state.messages.iter().find(|m| m.id == id))
+                {
+                    let value = message_json(message);
+                    state.nonce_hits += 1;
+                    return (200, HeaderMap::new(), value);
+                }
+            }
             let content = payload["content"].as_str().unwrap_or_default().to_owned();
             if content.chars().count() > 2000 {
                 return error(
@@ -231,6 +347,9 @@ fn perform(
             };
             let value = message_json(&message);
             state.messages.push(message);
+            if let Some((nonce, true)) = nonce {
+                state.nonces.insert(nonce, (id, Instant::now()));
+            }
             (200, HeaderMap::new(), value)
         }
         ("PATCH", ["channels", _, "messages", id]) => {

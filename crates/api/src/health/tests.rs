@@ -452,6 +452,9 @@ async fn metrics_show_transport_states_errors_backlog_and_reloads() {
     }
     let backlog = lemon_core::transport::Backlog::default();
     backlog.set(7);
+    backlog.count(lemon_core::transport::CallOutcome::Sent);
+    backlog.count(lemon_core::transport::CallOutcome::Retried);
+    backlog.count(lemon_core::transport::CallOutcome::Retried);
     transports.track_backlog("telegram", backlog);
     let config = lemon_core::config::ConfigStatus::default();
     config.update(|report| {
@@ -467,6 +470,11 @@ async fn metrics_show_transport_states_errors_backlog_and_reloads() {
         "lemon_transport_errors_total{transport=\"webhook\"} 2",
         "lemon_transport_errors_total{transport=\"telegram\"} 0",
         "lemon_outbox_backlog{transport=\"telegram\"} 7",
+        "lemon_outbox_calls_total{transport=\"telegram\",outcome=\"sent\"} 1",
+        "lemon_outbox_calls_total{transport=\"telegram\",outcome=\"retried\"} 2",
+        "lemon_outbox_calls_total{transport=\"telegram\",outcome=\"rate_limited\"} 0",
+        "lemon_outbox_calls_total{transport=\"telegram\",outcome=\"failed\"} 0",
+        "# TYPE lemon_outbox_calls_total counter",
         "lemon_config_reloads_total{outcome=\"applied\"} 3",
         "lemon_config_reloads_total{outcome=\"rejected\"} 1",
         "# TYPE lemon_config_reloads_total counter",

@@ -466,3 +466,30 @@ async fn statuses_wake_waiters_on_every_change() {
     let map = statuses.wait_for(|map| map.contains_key("a")).await;
     assert_eq!(map.len(), 1);
 }
+
+#[test]
+fn an_outboxs_calls_are_in_its_transports_figures() {
+    let statuses = TransportStatuses::default();
+    let backlog = Backlog::default();
+    statuses.track_backlog("discord", backlog.clone());
+    backlog.set(2);
+    for outcome in [
+        CallOutcome::Sent,
+        CallOutcome::Sent,
+        CallOutcome::Retried,
+        CallOutcome::RateLimited,
+        CallOutcome::Failed,
+    ] {
+        backlog.count(outcome);
+    }
+    let figures = statuses.figures()["discord"];
+    assert_eq!(figures.backlog, Some(2));
+    let calls = OutboxCalls { n_sent: 2, n_retried: 1, n_rate_limited: 1, n_failed: 1 };
+    assert_eq!(figures.outbox_calls, Some(calls));
+    // A transport without an outbox has no calls to show.
+    statuses.set(
+        "webhook",
+        TransportState::Failing { reason: "x".into(), attempts: 1, retry_in_ms: None },
+    );
+    assert_eq!(statuses.figures()["webhook"].outbox_calls, None);
+}

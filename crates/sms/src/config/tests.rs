@@ -51,6 +51,7 @@ fn defaults_are_loopback_4041_signatures_on_and_secrets_by_name() {
     assert_eq!(config.account_sid_secret, "twilio_account_sid");
     assert_eq!(config.api_base_url, "https://api.twilio.com");
     assert_eq!(config.inbox_ttl_ms, 86_400_000);
+    assert_eq!(config.api_timeout(), Duration::from_secs(15));
     assert!(!config.reply_to_allowed);
     assert_eq!(config.enabled, None);
     assert_eq!(config.webhook_url(), None);
@@ -77,6 +78,8 @@ fn values_are_checked_and_errors_name_the_key() {
         ("api_base_url = \"nonsense\"", "`api_base_url`"),
         ("max_body_bytes = 0", "`max_body_bytes`"),
         ("inbox_ttl_ms = 0", "`inbox_ttl_ms`"),
+        ("api_timeout_ms = 99", "`api_timeout_ms`"),
+        ("api_timeout_ms = 600001", "`api_timeout_ms`"),
         ("validate_webhook = \"yes\"", "`validate_webhook`"),
     ];
     for (text, key) in cases {

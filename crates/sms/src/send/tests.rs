@@ -122,3 +122,59 @@ async fn an_error_carries_twilios_message_and_retry_after_but_no_secret() {
     let failed = unreachable.create(&sms).await.unwrap_err().to_string();
     assert!(!failed.contains("AC9") && !failed.contains("secret-token"), "{failed}");
 }
+
+/// A stand-in whose first create is taken (recorded) but answered only after
+/// `hold`, as a Twilio that made the message and then went quiet.
+async fn slow_first(hold: Duration) -> (String, Arc<Mutex<Vec<String>>>) {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let record = seen.clone();
+    let app = axum::Router::new().route(
+        "/2010-04-01/Accounts/{sid}/Messages.json",
+        post(move |body: String| {
+            let record = record.clone();
+            async move {
+                let n = {
+                    let mut seen = record.lock().unwrap();
+                    seen.push(body);
+                    seen.len()
+                };
+                if n == 1 {
+                    tokio::time::sleep(hold).await;
+                }
+                let created = format!(r#"{{"sid": "SM{n}", "status": "queued"}}"#);
+                (StatusCode::CREATED, created).into_response()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, seen)
+}
+
+#[tokio::test]
+async fn a_create_that_outlasts_the_timeout_is_sent_again_erring_on_a_duplicate() {
+    let (url, seen) = slow_first(Duration::from_secs(30)).await;
+    let client = TwilioClient::new(&url, "AC9".into(), "t".into(), "+15551239999".into())
+        .with_timeout(Duration::from_millis(300));
+    let sms = OutboundSms { to: "+15550001111".into(), body: "Hi".into() };
+    let failed = client.create(&sms).await.unwrap_err();
+    assert!(matches!(failed, SendError::Network(_)), "{failed:?}");
+    assert_eq!(sink().classify(&failed), Failure::Transient);
+
+    assert_eq!(seen.lock().unwrap().len(), 1);
+
+    // Through the sender: the timed-out create is made again, and Twilio,
+    // which has no idempotency key, takes both.
+    let (url, seen) = slow_first(Duration::from_secs(30)).await;
+    let client = TwilioClient::new(&url, "AC9".into(), "t".into(), "+15551239999".into())
+        .with_timeout(Duration::from_millis(300));
+    let tracker = TaskTracker::new();
+    let token = CancellationToken::new();
+    let sender =
+        SmsSender::spawn(client, StoreHandle::memory(), Duration::from_secs(60), token, &tracker);
+    let sent = sender.send("+15550001111", "Hi", None).await.unwrap();
+    assert_eq!(sent.sid, "SM2");
+    assert_eq!(seen.lock().unwrap().len(), 2, "sent twice: once timed out, once answered");
+    assert_eq!(sender.backlog().calls().n_retried, 1);
+}

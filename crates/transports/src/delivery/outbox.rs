@@ -53,7 +53,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::Backoff;
-use lemon_core::transport::Backlog;
+use lemon_core::transport::{Backlog, CallOutcome};
 
 /// "At most `max_calls` calls in any `window`".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,6 +209,12 @@ struct Counters {
 impl Counters {
     fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Bumps `counter` and counts the call in the backlog metrics read.
+    fn tally(&self, counter: &AtomicU64, outcome: CallOutcome) {
+        Self::bump(counter);
+        self.backlog.count(outcome);
     }
 
     fn snapshot(&self) -> OutboxStats {
@@ -783,12 +789,12 @@ impl<S: Sink> Actor<S> {
     ) -> AfterError {
         let delay = match failure {
             Failure::RetryAfter(wait) => {
-                Counters::bump(&self.counters.rate_limited);
+                self.counters.tally(&self.counters.rate_limited, CallOutcome::RateLimited);
                 *wait
             }
             Failure::Transient if *attempts + 1 < max_attempts => {
                 *attempts += 1;
-                Counters::bump(&self.counters.retries);
+                self.counters.tally(&self.counters.retries, CallOutcome::Retried);
                 self.settings.backoff.delay(*attempts)
             }
             _ => {
@@ -834,7 +840,7 @@ impl<S: Sink> Actor<S> {
     ) {
         let error = match result {
             Ok(receipt) => {
-                Counters::bump(&self.counters.sent);
+                self.counters.tally(&self.counters.sent, CallOutcome::Sent);
                 let message_id = self.sink.message_id(&receipt);
                 if let Some(shown) = self.sink.shown(send.message) {
                     self.queue(dest, now).remember(message_id, shown);
@@ -855,7 +861,7 @@ impl<S: Sink> Actor<S> {
         match self.after_error(dest, &failure, &mut send.attempts, max_attempts, now) {
             AfterError::Retry => self.queue(dest, now).retry_send(send),
             AfterError::GiveUp => {
-                Counters::bump(&self.counters.failed);
+                self.counters.tally(&self.counters.failed, CallOutcome::Failed);
                 tracing::warn!(?dest, attempts = send.attempts, %error, "outbox: send failed");
                 let attempts = send.attempts;
                 let _ = send.reply.send(Err(DeliveryError::Failed { attempts, error }));
@@ -924,7 +930,7 @@ impl<S: Sink> Actor<S> {
                     newer.waiters.append(&mut edit.waiters);
                     return;
                 }
-                Counters::bump(&self.counters.failed);
+                self.counters.tally(&self.counters.failed, CallOutcome::Failed);
                 tracing::debug!(?dest, ?message_id, %error, "outbox: edit dropped");
                 let attempts = edit.attempts;
                 edit.answer(&Err(DeliveryError::Failed { attempts, error }));

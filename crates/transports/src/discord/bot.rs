@@ -39,7 +39,7 @@ use super::render::StreamRenderer;
 use super::rest::Rest;
 use super::sink::{self, DiscordSink};
 use super::types::{
-    CreateFile, CreateMessage, DiscordError, Interaction, Message, Outgoing, Snowflake, User,
+    nonce, CreateFile, CreateMessage, DiscordError, Interaction, Message, Outgoing, Snowflake, User,
 };
 use crate::delivery::{self, Backoff, DeliveryRecord, DeliveryRecords, Outbox};
 
@@ -102,7 +102,8 @@ impl Transport for DiscordTransport {
             .config
             .resolve_token(&self.secrets)
             .map_err(|error| TransportError::retryable(error.to_string()))?;
-        let rest = Rest::new(&self.config.api_base_url, &token).map_err(startup_error)?;
+        let rest = Rest::new(&self.config.api_base_url, &token, self.config.api_timeout())
+            .map_err(startup_error)?;
         let me = tokio::select! {
             () = ctx.shutdown.cancelled() => return Ok(()),
             me = rest.with_retries(3, || rest.current_user()) => me.map_err(startup_error)?,
@@ -361,7 +362,7 @@ impl Bot {
             return;
         }
         if is_help(&text) {
-            self.reply_soon(place.target(), Some(message.id), help_text());
+            self.reply_soon(place.target(), message.id, help_text());
             return;
         }
         let run_id = inbound::run_id(message.id);
@@ -392,7 +393,7 @@ impl Bot {
         match self.router.submit(req).await {
             Ok(Submitted::Command { reply, .. }) => {
                 self.deliveries.finish(&delivery.run_id).await;
-                self.reply_soon(place.target(), Some(message.id), reply);
+                self.reply_soon(place.target(), message.id, reply);
             }
             // Seen before: the first handling (or its recovered delivery) follows it.
             Ok(Submitted::Run(accepted, _)) if accepted.duplicate => {}
@@ -403,7 +404,7 @@ impl Bot {
             Err(error) => {
                 self.deliveries.finish(&delivery.run_id).await;
                 tracing::warn!(%error, "message not accepted");
-                self.reply_soon(place.target(), Some(message.id), error.chat_reply());
+                self.reply_soon(place.target(), message.id, error.chat_reply());
             }
         }
     }
@@ -550,17 +551,18 @@ impl Bot {
         self.router.query().extract_resume(&replied.content)
     }
 
-    /// Sends a short message on its own task (the event loop never waits for
-    /// Discord's limits).
-    fn reply_soon(
-        self: &Arc<Self>,
-        channel_id: Snowflake,
-        reply_to: Option<Snowflake>,
-        text: String,
-    ) {
+    /// Sends a short reply to `reply_to` on its own task (the event loop never
+    /// waits for Discord's limits). A message has at most one such reply, so
+    /// its nonce comes from the message.
+    fn reply_soon(self: &Arc<Self>, channel_id: Snowflake, reply_to: Snowflake, text: String) {
         let outbox = self.outbox.clone();
         self.tracker.spawn(async move {
-            let message = CreateMessage { channel_id, content: text, reply_to };
+            let message = CreateMessage {
+                channel_id,
+                content: text,
+                reply_to: Some(reply_to),
+                nonce: nonce(&format!("reply:{reply_to}")),
+            };
             if let Err(error) = outbox.send(Outgoing::Text(message)).await {
                 tracing::warn!(%error, "reply not delivered");
             }
@@ -620,6 +622,7 @@ impl Bot {
             channel_id: delivery.channel_id,
             content: renderer.working(),
             reply_to: delivery.reply_to,
+            nonce: nonce(&format!("{}:working", delivery.run_id)),
         };
         match self.outbox.send(Outgoing::Text(message)).await {
             Ok(sent) => {
@@ -646,7 +649,7 @@ impl Bot {
         started: bool,
     ) {
         let parts = renderer.final_parts(&completion, started);
-        let files = self.uploads(&delivery, &completion.artifacts);
+        let files = self.uploads(&delivery, &completion.artifacts, parts.len());
         let all = parts.into_iter().map(Part::Text).chain(files.into_iter().map(Part::File));
         for (index, part) in all.enumerate().skip(delivery.sent) {
             let sent = match part {
@@ -710,15 +713,21 @@ impl Bot {
             channel_id: delivery.channel_id,
             content,
             reply_to: delivery.reply_to.filter(|_| index == 0),
+            nonce: part_nonce(&delivery.run_id, index),
         };
         self.outbox.send(Outgoing::Text(message)).await.map(drop)
     }
 
-    /// The attachments of an answer's files; one over the upload limit is
-    /// logged and left out.
-    fn uploads(&self, delivery: &Delivery, artifacts: &[Artifact]) -> Vec<CreateFile> {
+    /// The attachments of an answer's files, the first of them part `first`
+    /// of the answer; one over the upload limit is logged and left out.
+    fn uploads(
+        &self,
+        delivery: &Delivery,
+        artifacts: &[Artifact],
+        first: usize,
+    ) -> Vec<CreateFile> {
         let mut files = Vec::new();
-        for artifact in artifacts {
+        for (n, artifact) in artifacts.iter().enumerate() {
             if artifact.size > self.config.max_upload_bytes {
                 tracing::warn!(
                     run_id = %delivery.run_id,
@@ -734,6 +743,7 @@ impl Bot {
                 filename: artifact.filename.clone(),
                 mime: artifact.mime().to_owned(),
                 caption: artifact.caption.as_ref().map(|c| c.chars().take(1000).collect()),
+                nonce: part_nonce(&delivery.run_id, first + n),
             });
         }
         files
@@ -748,6 +758,12 @@ impl Bot {
             self.tracker.spawn(async move { bot.follow(delivery, events).await });
         }
     }
+}
+
+/// The nonce of part `index` of a run's answer (its texts, then its files):
+/// the same whenever that part is sent again, after a timeout or a restart.
+fn part_nonce(run_id: &str, index: usize) -> String {
+    nonce(&format!("{run_id}:part:{index}"))
 }
 
 /// `/help` (and `/start`).

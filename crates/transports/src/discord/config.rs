@@ -72,6 +72,11 @@ pub struct DiscordConfig {
     /// How many times an answer is sent before it is recorded as undelivered.
     #[serde(default = "defaults::delivery_attempts")]
     pub delivery_attempts: u32,
+    /// How long one REST call may take; one that takes longer counts as
+    /// failed and is made again (a message create with the same nonce, so it
+    /// shows once even if Discord had made it).
+    #[serde(default = "defaults::api_timeout_ms")]
+    pub api_timeout_ms: u64,
 }
 
 impl std::fmt::Debug for DiscordConfig {
@@ -94,6 +99,7 @@ impl std::fmt::Debug for DiscordConfig {
             .field("max_upload_bytes", &self.max_upload_bytes)
             .field("edit_interval_ms", &self.edit_interval_ms)
             .field("delivery_attempts", &self.delivery_attempts)
+            .field("api_timeout_ms", &self.api_timeout_ms)
             .finish()
     }
 }
@@ -122,6 +128,9 @@ mod defaults {
     }
     pub(super) fn delivery_attempts() -> u32 {
         10
+    }
+    pub(super) fn api_timeout_ms() -> u64 {
+        30_000
     }
 }
 
@@ -200,6 +209,11 @@ impl DiscordConfig {
                 "edit_interval_ms: between 50 and 60000 milliseconds".into(),
             ));
         }
+        if !(100..=600_000).contains(&config.api_timeout_ms) {
+            return Err(DiscordConfigError(
+                "api_timeout_ms: between 100 and 600000 milliseconds".into(),
+            ));
+        }
         let agent = config.agent_id.trim();
         if agent.is_empty() || agent.contains(char::is_whitespace) || agent.contains(':') {
             return Err(DiscordConfigError(format!(
@@ -225,6 +239,11 @@ impl DiscordConfig {
 
     pub fn edit_interval(&self) -> Duration {
         Duration::from_millis(self.edit_interval_ms)
+    }
+
+    /// How long one REST call may take.
+    pub fn api_timeout(&self) -> Duration {
+        Duration::from_millis(self.api_timeout_ms)
     }
 
     /// Whether a message from `user` in `guild` (none for a DM) and `channel`
@@ -261,6 +280,7 @@ mod tests {
         assert!(config.mention_required);
         assert!(!config.deny_unbound);
         assert_eq!(config.application_id, None);
+        assert_eq!(config.api_timeout(), Duration::from_secs(30));
     }
 
     #[test]
@@ -284,6 +304,8 @@ mod tests {
             ("api_base_url = \"ws://x\"", "api_base_url"),
             ("delivery_attempts = 0", "delivery_attempts"),
             ("edit_interval_ms = 1", "edit_interval_ms"),
+            ("api_timeout_ms = 99", "api_timeout_ms"),
+            ("api_timeout_ms = 600001", "api_timeout_ms"),
             ("agent_id = \"a b\"", "agent_id"),
             ("mention_required = \"yes\"", "mention_required"),
         ] {

@@ -29,8 +29,6 @@ use super::types::{
 
 /// The longest wait a 429 is taken at its word for; longer ones are capped.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
-/// How long one call may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One bucket's state, as its last answer told it.
 #[derive(Debug, Clone, Copy)]
@@ -85,13 +83,15 @@ impl fmt::Debug for Rest {
 }
 
 impl Rest {
-    /// A client of the API at `base` (e.g. `https://discord.com/api/v10`).
+    /// A client of the API at `base` (e.g. `https://discord.com/api/v10`)
+    /// whose calls may take `timeout` each (`api_timeout_ms`); a call that
+    /// takes longer fails as a network error, and the outbox makes it again.
     ///
     /// # Errors
     /// [`DiscordError::Invalid`] when the HTTP client cannot be built.
-    pub fn new(base: &str, token: &str) -> Result<Self, DiscordError> {
+    pub fn new(base: &str, token: &str, timeout: Duration) -> Result<Self, DiscordError> {
         let http = reqwest::Client::builder()
-            .timeout(CALL_TIMEOUT)
+            .timeout(timeout)
             .user_agent(concat!(
                 "DiscordBot (https://github.com/lemon-gateway, ",
                 env!("CARGO_PKG_VERSION"),
@@ -308,8 +308,9 @@ impl Rest {
         self.call_as(route, Body::None).await
     }
 
-    /// `POST /channels/{id}/messages`: text, as a reply when `reply_to` is set.
-    /// Mentions in it never ping anyone.
+    /// `POST /channels/{id}/messages`: text, as a reply when `reply_to` is set,
+    /// with its nonce enforced (see [`nonce`](super::types::nonce)). Mentions
+    /// in it never ping anyone.
     ///
     /// # Errors
     /// As Discord answers.
@@ -324,6 +325,8 @@ impl Rest {
         let mut body = json!({
             "content": message.content,
             "allowed_mentions": { "parse": [], "replied_user": false },
+            "nonce": message.nonce,
+            "enforce_nonce": true,
         });
         if let Some(reply_to) = message.reply_to {
             body["message_reference"] =
@@ -353,7 +356,7 @@ impl Rest {
     }
 
     /// `POST /channels/{id}/messages` with one attachment (`multipart/form-data`:
-    /// `payload_json` and `files[0]`).
+    /// `payload_json` and `files[0]`), with its nonce enforced.
     ///
     /// # Errors
     /// The file cannot be read, or as Discord answers.
@@ -365,6 +368,8 @@ impl Rest {
             "content": file.caption.clone().unwrap_or_default(),
             "attachments": [{ "id": 0, "filename": file.filename }],
             "allowed_mentions": { "parse": [] },
+            "nonce": file.nonce,
+            "enforce_nonce": true,
         });
         let boundary = boundary_for(&content);
         let bytes = multipart(&boundary, &payload, file, &content);
@@ -503,7 +508,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_used_up_bucket_waits_for_its_reset() {
-        let rest = Rest::new("http://127.0.0.1:1", "t").unwrap();
+        let rest = Rest::new("http://127.0.0.1:1", "t", Duration::from_secs(30)).unwrap();
         let route = route();
         rest.acquire(&route).await;
         rest.observe(
@@ -527,7 +532,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_global_429_holds_back_every_route() {
-        let rest = Rest::new("http://127.0.0.1:1", "t").unwrap();
+        let rest = Rest::new("http://127.0.0.1:1", "t", Duration::from_secs(30)).unwrap();
         let wait = rest.rate_limited(
             &route(),
             &headers(&[("x-ratelimit-global", "true")]),
@@ -542,7 +547,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_route_429_takes_retry_after_from_the_body_or_the_header() {
-        let rest = Rest::new("http://127.0.0.1:1", "t").unwrap();
+        let rest = Rest::new("http://127.0.0.1:1", "t", Duration::from_secs(30)).unwrap();
         let from_header =
             rest.rate_limited(&route(), &headers(&[("retry-after", "3")]), &Value::Null);
         assert_eq!(from_header, Duration::from_secs(3));
@@ -557,6 +562,60 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
+    /// A stand-in for Discord's message create that keeps every body it got and
+    /// leaves the first call unanswered for `hold`.
+    async fn stand_in(hold: Duration) -> (String, Arc<Mutex<Vec<Value>>>) {
+        let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let record = seen.clone();
+        let app = axum::Router::new().route(
+            "/channels/{channel}/messages",
+            axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+                let record = record.clone();
+                async move {
+                    let first = {
+                        let mut seen = record.lock().unwrap();
+                        seen.push(body);
+                        seen.len() == 1
+                    };
+                    if first {
+                        tokio::time::sleep(hold).await;
+                    }
+                    axum::Json(json!({
+                        "id": "11", "channel_id": "1", "content": "hi",
+                        "author": { "id": "2", "username": "bot", "bot": true },
+                    }))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, seen)
+    }
+
+    #[tokio::test]
+    async fn a_create_that_outlasts_the_timeout_fails_and_its_retry_carries_the_same_nonce() {
+        let (url, seen) = stand_in(Duration::from_secs(30)).await;
+        let rest = Rest::new(&url, "t", Duration::from_millis(300)).unwrap();
+        let message = CreateMessage {
+            channel_id: Snowflake(1),
+            content: "hi".into(),
+            reply_to: None,
+            nonce: super::super::types::nonce("dc_5:part:0"),
+        };
+        let error = rest.create_message(&message).await.unwrap_err();
+        assert_eq!(error, DiscordError::Network("timed out".into()));
+        assert!(error.is_retryable(), "the outbox makes it again");
+        let made = rest.create_message(&message).await.unwrap();
+        assert_eq!(made.id, Snowflake(11));
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2);
+        for body in &seen {
+            assert_eq!(body["nonce"], json!(message.nonce), "{body}");
+            assert_eq!(body["enforce_nonce"], json!(true), "{body}");
+        }
+    }
+
     #[test]
     fn a_multipart_body_has_the_payload_and_the_file() {
         let file = CreateFile {
@@ -565,6 +624,7 @@ mod tests {
             filename: "re\"port.txt".into(),
             mime: "text/plain".into(),
             caption: None,
+            nonce: "n".into(),
         };
         let boundary = boundary_for(b"hello");
         let body = multipart(&boundary, &json!({"content": ""}), &file, b"hello");

@@ -442,6 +442,9 @@ async fn retry_after_does_not_use_up_attempts() {
     assert_eq!(h.pager.calls().len(), 6);
     let stats = h.outbox.stats();
     assert_eq!((stats.n_rate_limited, stats.n_retries, stats.n_failed), (4, 1, 0));
+    // The same counts, for metrics.
+    let calls = h.outbox.backlog().calls();
+    assert_eq!((calls.n_sent, calls.n_rate_limited, calls.n_retried, calls.n_failed), (1, 4, 1, 0));
 }
 
 #[tokio::test(start_paused = true)]
@@ -485,6 +488,7 @@ async fn a_refused_send_fails_at_once() {
     assert_eq!(result, Err(DeliveryError::Failed { attempts: 1, error: refusal }));
     assert_eq!(h.pager.calls().len(), 1);
     assert_eq!(h.outbox.stats().n_failed, 1);
+    assert_eq!(h.outbox.backlog().calls().n_failed, 1);
     // The destination keeps working.
     assert!(h.send("ann", "again").await.is_ok());
 }
