@@ -151,8 +151,8 @@ fn chat(session: u8) -> SessionKey {
 }
 
 impl Sim {
-    /// Seed `seed`, its store in SQLite or in memory; `keep_trace` keeps the
-    /// trace's lines as well as its hash.
+    /// Seed `seed`, its store in SQLite or in memory; `keep_trace` records its
+    /// trace (see [`crate::state::Trace`]).
     pub(crate) fn new(seed: u64, sqlite: bool, keep_trace: bool) -> Self {
         let settings =
             Settings { max_concurrent_runs: 2, queue_cap: None, drop: DropPolicy::Oldest };

@@ -134,7 +134,9 @@ impl Engine for SimEngine {
                     ));
                 }
             }
-            world.running.insert(req.run_id.clone(), Live { conversation, lock_key });
+            world
+                .running
+                .insert(req.run_id.clone(), Live { conversation, lock_key: lock_key.clone() });
             let oldest = world
                 .running
                 .keys()

@@ -35,8 +35,12 @@ const DEFAULT_SEEDS: u64 = 10_000;
 const SQLITE_EVERY: u64 = 100;
 /// With `LEMON_SIM_SQLITE=1`, one seed in this many.
 const MORE_SQLITE_EVERY: u64 = 10;
-/// Seeds of each store that the replay test runs twice.
-const REPLAYED: u64 = 16;
+/// SQLite seeds the replay test runs twice: the first ones of the default run.
+const SQLITE_REPLAYED: u64 = 16;
+/// Memory seeds the replay test runs twice: the first ones, and 85, which once
+/// replayed differently (a session-wide abort completed its conversations in
+/// the router's hash order).
+const MEMORY_REPLAYED: [std::ops::Range<u64>; 2] = [0..24, 85..86];
 
 fn more_sqlite() -> bool {
     std::env::var("LEMON_SIM_SQLITE").is_ok_and(|v| v == "1")
@@ -86,9 +90,7 @@ fn trace_seed(seed: u64, sqlite: bool, keep_trace: bool) -> (Result<(), String>,
     let panics = PANICS.with(|p| std::mem::take(&mut *p.borrow_mut()));
     let store = if sqlite { "sqlite" } else { "memory" };
     match outcome {
-        _ if !panics.is_empty() => {
-            (Err(format!("[{store}] a task panicked: {}", panics[0])), None)
-        }
+        _ if !panics.is_empty() => (Err(format!("[{store}] a task panicked: {}", panics[0])), None),
         Ok((Ok(()), trace)) => (Ok(()), Some(trace)),
         Ok((Err(reason), trace)) => {
             (Err(format!("[{store}] {}", reason.replace('\n', " "))), Some(trace))
@@ -161,7 +163,9 @@ impl Load {
                     let mut x = 1_u64;
                     while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
                         for _ in 0..10_000 {
-                            x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+                            x = std::hint::black_box(
+                                x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1),
+                            );
                         }
                         spins.fetch_add(1, Ordering::Relaxed);
                     }
@@ -187,25 +191,30 @@ impl Drop for Load {
     }
 }
 
-/// The first line where two traces of one seed part, with its neighbours.
+/// Where two traces of one seed part: the line before, and each one's line
+/// there, with the lines leading up to it on stderr.
 fn first_difference(a: &Traced, b: &Traced) -> String {
     let at = a.lines.iter().zip(&b.lines).position(|(x, y)| x != y);
     let at = at.unwrap_or(a.lines.len().min(b.lines.len()));
     let line = |t: &Traced| t.lines.get(at).cloned().unwrap_or_else(|| "(the end)".to_owned());
     let before = at.checked_sub(1).and_then(|i| a.lines.get(i)).cloned().unwrap_or_default();
+    let context =
+        |t: &Traced| t.lines[at.saturating_sub(30)..(at + 3).min(t.lines.len())].join("\n");
+    eprintln!("first run:\n{}\nagain:\n{}", context(a), context(b));
     format!("after {before:?}: {:?} then {:?}", line(a), line(b))
 }
 
 #[test]
 fn seeds_replay_the_same_trace_when_the_machine_is_loaded() {
     record_panics();
-    // The SQLite seeds of the default run, and as many memory seeds.
-    let seeds: Vec<(u64, bool)> = (0..REPLAYED)
-        .flat_map(|n| [(n * SQLITE_EVERY + SQLITE_EVERY - 1, true), (n, false)])
-        .collect();
-    let first: Vec<_> = seeds.iter().map(|&(seed, sqlite)| trace_seed(seed, sqlite, true)).collect();
+    let sqlite = (0..SQLITE_REPLAYED).map(|n| (n * SQLITE_EVERY + SQLITE_EVERY - 1, true));
+    let memory = MEMORY_REPLAYED.into_iter().flatten().map(|n| (n, false));
+    let seeds: Vec<(u64, bool)> = sqlite.chain(memory).collect();
+    let first: Vec<_> =
+        seeds.iter().map(|&(seed, sqlite)| trace_seed(seed, sqlite, true)).collect();
     let load = Load::start();
-    let again: Vec<_> = seeds.iter().map(|&(seed, sqlite)| trace_seed(seed, sqlite, true)).collect();
+    let again: Vec<_> =
+        seeds.iter().map(|&(seed, sqlite)| trace_seed(seed, sqlite, true)).collect();
     assert!(load.stop() > 0, "the load threads never ran");
     for ((&(seed, sqlite), (outcome, trace)), (outcome_again, trace_again)) in
         seeds.iter().zip(&first).zip(&again)

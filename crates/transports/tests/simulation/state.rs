@@ -58,12 +58,14 @@ pub(crate) struct Seen {
 /// step's operation and the generator's state after it, every engine start
 /// with its script, every steer, word, exit, delivery attempt and completion,
 /// each with the paused time it happened at. Two runs of one seed must give
-/// the same trace, whatever the machine is doing.
+/// the same trace, whatever the machine is doing. Kept only when asked for:
+/// writing it costs more than the rest of a memory seed.
 #[derive(Debug)]
 pub(crate) struct Trace {
     hash: DefaultHasher,
     /// Paused time when the current generation booted.
     epoch: Option<tokio::time::Instant>,
+    /// `None` when the trace is not kept.
     lines: Option<Vec<String>>,
 }
 
@@ -75,11 +77,12 @@ pub(crate) struct Traced {
 }
 
 impl Trace {
-    fn new(keep_lines: bool) -> Self {
-        Trace { hash: DefaultHasher::new(), epoch: None, lines: keep_lines.then(Vec::new) }
+    fn new(keep: bool) -> Self {
+        Trace { hash: DefaultHasher::new(), epoch: None, lines: keep.then(Vec::new) }
     }
 
     fn note(&mut self, generation: usize, what: fmt::Arguments<'_>) {
+        let Some(lines) = &mut self.lines else { return };
         // Paused time only means something inside the generation's runtime.
         let at = match (self.epoch, tokio::runtime::Handle::try_current()) {
             (Some(epoch), Ok(_)) => {
@@ -89,11 +92,10 @@ impl Trace {
         };
         let line = format!("g{generation} {at} {what}");
         line.hash(&mut self.hash);
-        if let Some(lines) = &mut self.lines {
-            lines.push(line);
-        }
+        lines.push(line);
     }
 
+    /// The trace (empty when it was not kept).
     pub(crate) fn finish(&mut self) -> Traced {
         Traced { hash: self.hash.finish(), lines: self.lines.take().unwrap_or_default() }
     }
