@@ -111,7 +111,7 @@ enum Writing {
     },
     /// On the task that needs a batch applied ([`SqliteStore::open_inline`]);
     /// taken and dropped by `close` (or by drop).
-    Inline(Mutex<Option<writer::Inline>>),
+    Inline(Box<Mutex<Option<writer::Inline>>>),
 }
 
 impl fmt::Debug for SqliteStore {
@@ -188,7 +188,7 @@ impl SqliteStore {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let writer = if inline {
             let inline = writer::Inline::new(write_conn, checkpoint_conn, rx);
-            Writing::Inline(Mutex::new(Some(inline.map_err(open_error)?)))
+            Writing::Inline(Box::new(Mutex::new(Some(inline.map_err(open_error)?))))
         } else {
             let handle = writer::spawn(write_conn, checkpoint_conn, rx).map_err(open_error)?;
             let thread = handle.thread().clone();

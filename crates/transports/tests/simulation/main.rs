@@ -35,6 +35,8 @@ const DEFAULT_SEEDS: u64 = 10_000;
 const SQLITE_EVERY: u64 = 100;
 /// With `LEMON_SIM_SQLITE=1`, one seed in this many.
 const MORE_SQLITE_EVERY: u64 = 10;
+/// Rounds of 10 000 multiplications a load thread spins at most.
+const MAX_LOAD_ROUNDS: u64 = 3_000_000;
 /// SQLite seeds the replay test runs twice: the first ones of the default run.
 const SQLITE_REPLAYED: u64 = 16;
 /// Memory seeds the replay test runs twice: the first ones, and 85, which once
@@ -142,8 +144,9 @@ fn router_runtime_and_delivery_keep_their_guarantees_under_random_faults() {
     }
 }
 
-/// Threads that keep every core busy until dropped (or for a minute at most),
-/// so that anything waiting for another thread waits longer than usual.
+/// Threads that keep every core busy until stopped (or for a few million
+/// rounds at most, a few minutes), so that anything waiting for another
+/// thread waits longer than usual.
 struct Load {
     stop: std::sync::Arc<AtomicBool>,
     spins: std::sync::Arc<AtomicU64>,
@@ -159,9 +162,11 @@ impl Load {
             .map(|_| {
                 let (stop, spins) = (stop.clone(), spins.clone());
                 std::thread::spawn(move || {
-                    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
                     let mut x = 1_u64;
-                    while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+                    for _ in 0..MAX_LOAD_ROUNDS {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
                         for _ in 0..10_000 {
                             x = std::hint::black_box(
                                 x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1),
@@ -191,17 +196,13 @@ impl Drop for Load {
     }
 }
 
-/// Where two traces of one seed part: the line before, and each one's line
-/// there, with the lines leading up to it on stderr.
+/// Where two traces of one seed part: each one's lines leading up to it.
 fn first_difference(a: &Traced, b: &Traced) -> String {
     let at = a.lines.iter().zip(&b.lines).position(|(x, y)| x != y);
     let at = at.unwrap_or(a.lines.len().min(b.lines.len()));
-    let line = |t: &Traced| t.lines.get(at).cloned().unwrap_or_else(|| "(the end)".to_owned());
-    let before = at.checked_sub(1).and_then(|i| a.lines.get(i)).cloned().unwrap_or_default();
     let context =
         |t: &Traced| t.lines[at.saturating_sub(30)..(at + 3).min(t.lines.len())].join("\n");
-    eprintln!("first run:\n{}\nagain:\n{}", context(a), context(b));
-    format!("after {before:?}: {:?} then {:?}", line(a), line(b))
+    format!("at line {at}; the first run:\n{}\nagain:\n{}", context(a), context(b))
 }
 
 #[test]
