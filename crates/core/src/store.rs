@@ -466,6 +466,16 @@ impl StoreHandle {
         Ok(StoreHandle::new(Arc::new(sqlite::SqliteStore::open(path, DEFAULT_CHAT_STATE_TTL_MS)?)))
     }
 
+    /// The SQLite store at `path` with no writer thread, for deterministic tests
+    /// on a paused current-thread runtime: see [`sqlite::SqliteStore::open_inline`].
+    ///
+    /// # Errors
+    /// [`StoreError::Open`] when the file cannot be opened or migrated.
+    pub fn open_sqlite_inline(path: &Path) -> Result<Self, StoreError> {
+        let store = sqlite::SqliteStore::open_inline(path, DEFAULT_CHAT_STATE_TTL_MS)?;
+        Ok(StoreHandle::new(Arc::new(store)))
+    }
+
     /// The runs.
     pub fn runs(&self) -> &dyn RunStore {
         &*self.backend

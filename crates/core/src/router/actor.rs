@@ -285,16 +285,22 @@ impl Router {
         }
     }
 
-    /// Runs `f` over every conversation and collects the effects per conversation.
+    /// Runs `f` over every conversation and collects the effects per conversation
+    /// that it touched, ordered by conversation key, so a session-wide cancel or
+    /// abort completes its runs in the same order every time (not in the
+    /// table's hash order).
     fn each_conversation(
         &mut self,
         mut f: impl FnMut(&ConversationKey, &mut Conversation) -> Vec<Effect>,
     ) -> Vec<(ConversationKey, Vec<Effect>)> {
-        self.conversations
+        let mut touched: Vec<(ConversationKey, Vec<Effect>)> = self
+            .conversations
             .iter_mut()
             .map(|(key, conv)| (key.clone(), f(key, conv)))
             .filter(|(_, effects)| !effects.is_empty())
-            .collect()
+            .collect();
+        touched.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        touched
     }
 
     async fn apply_summary(&mut self, all: Vec<(ConversationKey, Vec<Effect>)>) -> CancelSummary {

@@ -565,6 +565,32 @@ async fn slash_cancel_and_status() {
     assert!(h.completion_of(&queued).await.ok, "the queue is kept");
 }
 
+/// A session-wide abort that reaches several conversations completes what it
+/// dropped in conversation-key order, the same order every time, whatever
+/// order the router's table keeps them in.
+#[tokio::test(start_paused = true)]
+async fn a_session_wide_abort_completes_its_conversations_in_key_order() {
+    let mut h = harness(router_config()).await;
+    let tokens = ["t-h", "t-c", "t-f", "t-a", "t-g", "t-b", "t-e", "t-d"];
+    let mut queued = Vec::new();
+    for token in tokens {
+        let req = |prompt| RunRequest {
+            resume: Some(ResumeToken::new("fake", token)),
+            ..request("s", prompt, None)
+        };
+        h.submit_req(req("hang")).await;
+        queued.push((token, h.submit_req(req("ok dropped")).await));
+    }
+    let summary = h.router.abort_session(&SessionKey::from("s")).await.unwrap();
+    assert_eq!(summary.dropped, tokens.len());
+    let done = h.completions(2 * tokens.len()).await;
+    let dropped: Vec<&RunId> =
+        done.iter().map(|(id, _)| id).filter(|id| queued.iter().any(|(_, q)| q == *id)).collect();
+    queued.sort();
+    let in_key_order: Vec<&RunId> = queued.iter().map(|(_, id)| id).collect();
+    assert_eq!(dropped, in_key_order);
+}
+
 #[tokio::test(start_paused = true)]
 async fn cancel_and_abort_variants() {
     let mut h = harness(router_config()).await;

@@ -9,6 +9,11 @@
 //! gathered for up to a millisecond before they commit (see `writer`); a
 //! barrier or a point read wakes the writer at once.
 //!
+//! [`SqliteStore::open_inline`] opens the same store with no writer thread: the
+//! task that needs a batch applied (a barrier, a read, a full queue) applies it,
+//! and reads run on that task too, so a runtime never sits idle waiting for
+//! another thread (deterministic tests in paused time rely on that).
+//!
 //! Files: `schema` (migrations), `writer` (the writer and checkpointer threads).
 //! Events are stored in their one JSON form, [`crate::bus::EventJson`].
 
@@ -86,16 +91,27 @@ pub struct SqliteStore {
     /// The writer's queue. `Some` for the store's whole life; drop takes it so the
     /// writer sees the channel close, drains and exits.
     tx: Option<mpsc::Sender<WriteOp>>,
-    /// The writer thread, taken and joined by `close` (or by drop).
-    writer: Mutex<Option<thread::JoinHandle<()>>>,
-    /// The writer thread, to wake it from its linger when someone waits.
-    writer_thread: thread::Thread,
+    /// Where the writer applies its batches.
+    writer: Writing,
     /// The read connection, shared with the blocking tasks that read and locked only
     /// inside them. `None` after `close`.
     reader: Arc<Mutex<Option<Connection>>>,
     /// Set by `close`: later writes are dropped with a warning and reads fail.
     closed: AtomicBool,
     chat_state_ttl_ms: i64,
+}
+
+/// Where a store's writer applies its batches.
+enum Writing {
+    Thread {
+        /// Taken and joined by `close` (or by drop).
+        handle: Mutex<Option<thread::JoinHandle<()>>>,
+        /// To wake it from its linger when someone waits.
+        thread: thread::Thread,
+    },
+    /// On the task that needs a batch applied ([`SqliteStore::open_inline`]);
+    /// taken and dropped by `close` (or by drop).
+    Inline(Box<Mutex<Option<writer::Inline>>>),
 }
 
 impl fmt::Debug for SqliteStore {
@@ -116,6 +132,30 @@ impl SqliteStore {
     /// [`StoreError::Open`] naming `path` when the directory or file cannot be
     /// created or opened, a migration fails, or the file comes from a newer build.
     pub fn open(path: &Path, chat_state_ttl_ms: i64) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_with(path, chat_state_ttl_ms, false)
+    }
+
+    /// Opens the store at `path` like [`SqliteStore::open`], with the same file,
+    /// schema, migrations, batches and recovery, but with no writer thread:
+    /// writes wait in the queue until a task needs them applied (a flush, a read,
+    /// or a full batch's worth queued), and that task applies them, one
+    /// transaction a batch, then runs its read itself instead of on a blocking
+    /// task. The calling task is busy for as long as the batch takes, so this is
+    /// not for serving; it is for tests on a paused current-thread runtime, which
+    /// then never waits idle for another thread and so never lets paused time
+    /// jump ahead while the store works.
+    ///
+    /// # Errors
+    /// As [`SqliteStore::open`].
+    pub fn open_inline(path: &Path, chat_state_ttl_ms: i64) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_with(path, chat_state_ttl_ms, true)
+    }
+
+    fn open_with(
+        path: &Path,
+        chat_state_ttl_ms: i64,
+        inline: bool,
+    ) -> Result<SqliteStore, StoreError> {
         let open_error =
             |message: String| StoreError::Open { path: path.display().to_string(), message };
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -146,13 +186,19 @@ impl SqliteStore {
         read_conn.pragma_update(None, "query_only", true).map_err(|e| open_error(e.to_string()))?;
 
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-        let handle = writer::spawn(write_conn, checkpoint_conn, rx).map_err(open_error)?;
-        tracing::debug!(path = %path.display(), "store opened");
+        let writer = if inline {
+            let inline = writer::Inline::new(write_conn, checkpoint_conn, rx);
+            Writing::Inline(Box::new(Mutex::new(Some(inline.map_err(open_error)?))))
+        } else {
+            let handle = writer::spawn(write_conn, checkpoint_conn, rx).map_err(open_error)?;
+            let thread = handle.thread().clone();
+            Writing::Thread { handle: Mutex::new(Some(handle)), thread }
+        };
+        tracing::debug!(path = %path.display(), inline, "store opened");
         Ok(SqliteStore {
             path: path.to_owned(),
-            writer_thread: handle.thread().clone(),
             tx: Some(tx),
-            writer: Mutex::new(Some(handle)),
+            writer,
             reader: Arc::new(Mutex::new(Some(read_conn))),
             closed: AtomicBool::new(false),
             chat_state_ttl_ms,
@@ -170,23 +216,63 @@ impl SqliteStore {
             return;
         }
         let Some(tx) = &self.tx else { return };
-        if let Err(mpsc::error::SendError(op)) = tx.send(op).await {
+        if let Err(mpsc::error::SendError(op)) = self.send(tx, op).await {
             tracing::warn!(op = op.name(), "write to a closed store dropped");
+            return;
+        }
+        // Inline, a full batch is applied by the write that fills it.
+        self.pump_if(|inline| inline.queued() >= writer::MAX_BATCH);
+    }
+
+    /// Puts `op` on the writer's queue, waiting for a slot. Inline, a full queue
+    /// is applied on the spot to make room.
+    async fn send(
+        &self,
+        tx: &mpsc::Sender<WriteOp>,
+        mut op: WriteOp,
+    ) -> Result<(), mpsc::error::SendError<WriteOp>> {
+        if !matches!(self.writer, Writing::Inline(_)) {
+            return tx.send(op).await;
+        }
+        loop {
+            match tx.try_send(op) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::TrySendError::Full(full)) => {
+                    op = full;
+                    self.pump_if(|_| true);
+                }
+                Err(mpsc::error::TrySendError::Closed(op)) => {
+                    return Err(mpsc::error::SendError(op))
+                }
+            }
+        }
+    }
+
+    /// Inline, applies what is queued when `due` says so; with a writer thread,
+    /// nothing (the thread applies it).
+    fn pump_if(&self, due: impl FnOnce(&writer::Inline) -> bool) {
+        if let Writing::Inline(inline) = &self.writer {
+            if let Some(inline) = lock(inline).as_mut().filter(|inline| due(inline)) {
+                inline.pump();
+            }
         }
     }
 
     /// Wakes the writer from lingering over a batch: an op someone waits for
     /// was just queued (see `writer`'s `LINGER`).
     fn wake_writer(&self) {
-        self.writer_thread.unpark();
+        if let Writing::Thread { thread, .. } = &self.writer {
+            thread.unpark();
+        }
     }
 
     /// Sends a barrier built around a reply channel and waits for its answer.
     async fn barrier(&self, op: impl FnOnce(Reply) -> WriteOp) -> Result<(), StoreError> {
         let tx = self.tx.as_ref().ok_or(StoreError::Closed)?;
         let (reply, answer) = oneshot::channel();
-        tx.send(op(reply)).await.map_err(|_| StoreError::Closed)?;
+        self.send(tx, op(reply)).await.map_err(|_| StoreError::Closed)?;
         self.wake_writer();
+        self.pump_if(|_| true);
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -226,8 +312,9 @@ impl SqliteStore {
         let read = writer::Read::new(move |conn| {
             let _ = reply.send(query(conn));
         });
-        tx.send(WriteOp::Read(read)).await.map_err(|_| StoreError::Closed)?;
+        self.send(tx, WriteOp::Read(read)).await.map_err(|_| StoreError::Closed)?;
         self.wake_writer();
+        self.pump_if(|_| true);
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -264,6 +351,11 @@ impl SqliteStore {
             Ok(()) | Err(StoreError::Database(_)) => {}
             Err(err) => return Err(err),
         }
+        if matches!(self.writer, Writing::Inline(_)) {
+            let guard = lock(&self.reader);
+            let conn = guard.as_ref().ok_or(StoreError::Closed)?;
+            return query(conn);
+        }
         let reader = Arc::clone(&self.reader);
         tokio::task::spawn_blocking(move || {
             let guard = lock(&reader);
@@ -281,10 +373,20 @@ impl Drop for SqliteStore {
         // keeps those writes even if the process ends right after.
         self.tx = None;
         self.wake_writer();
-        let handle = self.writer.get_mut().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(handle) = handle {
-            if handle.join().is_err() {
-                tracing::error!(path = %self.path.display(), "store writer thread panicked");
+        match &mut self.writer {
+            Writing::Thread { handle, .. } => {
+                let handle = handle.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(handle) = handle {
+                    if handle.join().is_err() {
+                        tracing::error!(path = %self.path.display(), "store writer thread panicked");
+                    }
+                }
+            }
+            Writing::Inline(inline) => {
+                if let Some(mut inline) = inline.get_mut().unwrap_or_else(|e| e.into_inner()).take()
+                {
+                    inline.pump();
+                }
             }
         }
     }
@@ -650,7 +752,19 @@ impl StoreLifecycle for SqliteStore {
             Err(StoreError::Closed) => Ok(()),
             other => other,
         };
-        let handle = lock(&self.writer).take();
+        let handle = match &self.writer {
+            Writing::Thread { handle, .. } => lock(handle).take(),
+            Writing::Inline(inline) => {
+                // The stop is applied; so is anything queued after it, then the
+                // write connection closes, on this task, as everything inline does.
+                if let Some(mut inline) = lock(inline).take() {
+                    inline.pump();
+                }
+                drop(lock(&self.reader).take());
+                tracing::debug!(path = %self.path.display(), "store closed");
+                return result;
+            }
+        };
         let reader = lock(&self.reader).take();
         // Joining waits for the writer to drain, and closing the last connection
         // checkpoints the log into the file: both block, so neither runs on the runtime.

@@ -23,9 +23,12 @@ struct Backend {
 fn backends() -> Vec<Backend> {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = StoreHandle::open_sqlite(&dir.path().join("lemon.db")).unwrap();
+    let inline_dir = tempfile::tempdir().unwrap();
+    let inline = StoreHandle::open_sqlite_inline(&inline_dir.path().join("lemon.db")).unwrap();
     vec![
         Backend { name: "memory", store: StoreHandle::memory(), _dir: None },
         Backend { name: "sqlite", store: sqlite, _dir: Some(dir) },
+        Backend { name: "sqlite-inline", store: inline, _dir: Some(inline_dir) },
     ]
 }
 
@@ -35,6 +38,10 @@ fn db_path(dir: &TempDir) -> PathBuf {
 
 fn open(path: &Path) -> StoreHandle {
     StoreHandle::new(Arc::new(SqliteStore::open(path, DEFAULT_CHAT_STATE_TTL_MS).unwrap()))
+}
+
+fn open_inline(path: &Path) -> StoreHandle {
+    StoreHandle::new(Arc::new(SqliteStore::open_inline(path, DEFAULT_CHAT_STATE_TTL_MS).unwrap()))
 }
 
 fn run_id(raw: &str) -> RunId {
@@ -662,6 +669,99 @@ async fn sqlite_after_close_reads_fail_and_writes_are_dropped() {
     assert_eq!(n_rows(&path, "chat_state"), 0);
 }
 
+// SQLite with no writer thread.
+
+/// A paused current-thread runtime with a timer an hour away: if the runtime
+/// ever waits idle, paused time jumps to that timer.
+fn paused_with_a_timer_pending() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap()
+}
+
+#[test]
+fn sqlite_inline_never_lets_paused_time_move() {
+    let runtime = paused_with_a_timer_pending();
+    runtime.block_on(async {
+        let _timer = tokio::spawn(tokio::time::sleep(std::time::Duration::from_secs(3_600)));
+        let start = tokio::time::Instant::now();
+        let dir = tempfile::tempdir().unwrap();
+        let path = db_path(&dir);
+        let store = open_inline(&path);
+        let record = run_to_end(&store, "run_1", Completion::success("ok", None)).await;
+        assert_eq!(record.status, RunStatus::Completed);
+        store.journal_admit(journal_entry("run_2", 1)).await;
+        assert_eq!(store.journal_pending().await.unwrap().len(), 1);
+        store.kv_put("ns", "k", json!(1), None).await;
+        assert_eq!(store.kv_get("ns", "k", 0).await.unwrap(), Some(json!(1)));
+        assert_eq!(store.kv_list("ns", 0).await.unwrap().len(), 1);
+        assert_eq!(store.run_events("run_1").await.unwrap(), Vec::new());
+        assert_eq!(store.list_runs(RunFilter { status: None, limit: 9 }).await.unwrap().len(), 1);
+        store.check_writable().await.unwrap();
+        store.close().await.unwrap();
+        assert_eq!(tokio::time::Instant::now(), start, "paused time moved while the store worked");
+    });
+}
+
+#[test]
+fn sqlite_inline_applies_writes_at_a_barrier_or_a_full_batch() {
+    let runtime = paused_with_a_timer_pending();
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = db_path(&dir);
+        let store = open_inline(&path);
+        // More than the queue holds, with no barrier: full batches apply themselves.
+        for n in 0..10_000 {
+            store.kv_put("ns", &format!("k{n:05}"), json!(n), None).await;
+        }
+        // Two batches of 4 096 are committed; the rest waits for a barrier.
+        assert_eq!(n_rows(&path, "kv"), 8_192);
+        store.flush().await.unwrap();
+        assert_eq!(n_rows(&path, "kv"), 10_000);
+        store.kv_delete("ns", "k00000").await;
+        assert_eq!(n_rows(&path, "kv"), 10_000);
+        assert_eq!(store.kv_get("ns", "k00000", 0).await.unwrap(), None);
+        assert_eq!(n_rows(&path, "kv"), 9_999);
+        store.close().await.unwrap();
+    });
+}
+
+#[test]
+fn sqlite_inline_keeps_queued_writes_when_dropped_or_closed_and_reopens_with_a_thread() {
+    let runtime = paused_with_a_timer_pending();
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    runtime.block_on(async {
+        let store = open_inline(&path);
+        store.insert_run(new_run("run_dropped", 1_000)).await;
+        store.journal_admit(journal_entry("run_dropped", 1)).await;
+        drop(store);
+        assert_eq!(n_rows(&path, "runs"), 1);
+        assert_eq!(n_rows(&path, "journal"), 1);
+
+        let store = open_inline(&path);
+        store.insert_run(new_run("run_closed", 2_000)).await;
+        store.close().await.unwrap();
+        // Closed: reads fail and writes are dropped, as with a writer thread.
+        assert_eq!(store.get_run("run_closed").await, Err(StoreError::Closed));
+        store.insert_run(new_run("run_late", 3_000)).await;
+        drop(store);
+        assert_eq!(n_rows(&path, "runs"), 2);
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let store = open(&path);
+        assert_eq!(
+            store.get_run("run_dropped").await.unwrap(),
+            Some(queued_record("run_dropped", 1_000))
+        );
+        assert_eq!(
+            store.get_run("run_closed").await.unwrap(),
+            Some(queued_record("run_closed", 2_000))
+        );
+        assert_eq!(store.journal_pending().await.unwrap()[0].run_id, run_id("run_dropped"));
+        store.close().await.unwrap();
+    });
+}
+
 #[tokio::test]
 async fn sqlite_open_under_a_regular_file_names_the_path() {
     let dir = tempfile::tempdir().unwrap();
@@ -791,9 +891,9 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
 
 /// Applies `steps` to both backends and checks that they end up the same. Runs are
 /// inserted at most once and event indexes grow, which is how the gateway writes.
-async fn check_backends_agree(steps: Vec<Step>) {
+async fn check_backends_agree(steps: Vec<Step>, sqlite: fn(&Path) -> StoreHandle) {
     let dir = tempfile::tempdir().unwrap();
-    let sqlite = open(&db_path(&dir));
+    let sqlite = sqlite(&db_path(&dir));
     let memory = StoreHandle::memory();
     let ids = ["run_a", "run_b", "run_c", "run_d"];
     let mut inserted = [false; 4];
@@ -871,7 +971,13 @@ proptest::proptest! {
     #[test]
     fn sqlite_agrees_with_memory_on_any_history(steps in proptest::collection::vec(step(), 0..40)) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(check_backends_agree(steps));
+        runtime.block_on(check_backends_agree(steps, open));
+    }
+
+    #[test]
+    fn inline_sqlite_agrees_with_memory_on_any_history(steps in proptest::collection::vec(step(), 0..40)) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(check_backends_agree(steps, open_inline));
     }
 }
 

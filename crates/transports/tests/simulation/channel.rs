@@ -118,6 +118,10 @@ impl Sink for Destination {
             } else {
                 None
             };
+            world.note(format_args!(
+                "send {} to chat {} after {latency} ms: {refusal:?}",
+                message.run_id, message.chat
+            ));
             (latency, refusal)
         };
         // A call cut off here (the gateway stopped) never reached the chat.
@@ -126,6 +130,7 @@ impl Sink for Destination {
             return Err(error);
         }
         let mut world = self.shared.lock();
+        world.note(format_args!("delivered {} {:?}", message.run_id, message.text));
         world.delivered.push((message.run_id.clone(), message.text.clone()));
         Ok(world.delivered.len() as u64)
     }

@@ -5,6 +5,11 @@
 //! engine's processes, the bus), as a crash would, and keeps only the store,
 //! then starts again from it: the router recovers its journal and the channel
 //! its delivery records.
+//!
+//! A SQLite store is opened inline ([`StoreHandle::open_sqlite_inline`]): its
+//! batches and reads run on the task that needs them, so the runtime is never
+//! idle waiting for a writer thread, paused time never jumps while the store
+//! works, and a seed's trace does not depend on the machine.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -25,7 +30,7 @@ use lemon_transports::delivery::plain_answer;
 
 use crate::channel::Channel;
 use crate::engine::{SimEngine, ENGINE, TOKENS};
-use crate::state::{origin_of, Request, Seen, Shared};
+use crate::state::{origin_of, Request, Seen, Shared, Traced};
 
 const SESSIONS: u64 = 6;
 /// Simulated seconds the end of a seed may take to settle before it fails.
@@ -146,16 +151,19 @@ fn chat(session: u8) -> SessionKey {
 }
 
 impl Sim {
-    pub(crate) fn new(seed: u64, sqlite: bool) -> Self {
+    /// Seed `seed`, its store in SQLite or in memory; `keep_trace` records its
+    /// trace (see [`crate::state::Trace`]).
+    pub(crate) fn new(seed: u64, sqlite: bool, keep_trace: bool) -> Self {
         let settings =
             Settings { max_concurrent_runs: 2, queue_cap: None, drop: DropPolicy::Oldest };
-        let shared = Shared::new(seed, settings.max_concurrent_runs);
+        let shared = Shared::new(seed, settings.max_concurrent_runs, keep_trace);
         let (store, dir) = if sqlite {
             // On a RAM disk where there is one: the file is real, the disk is not the point.
             let shm = std::path::Path::new("/dev/shm");
             let dir = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() };
             let dir = dir.expect("a temp dir");
-            let store = StoreHandle::open_sqlite(&dir.path().join("lemon.db")).expect("sqlite");
+            let store =
+                StoreHandle::open_sqlite_inline(&dir.path().join("lemon.db")).expect("sqlite");
             (store, Some(dir))
         } else {
             (StoreHandle::memory(), None)
@@ -172,15 +180,30 @@ impl Sim {
     }
 
     /// The whole seed: boot, `steps` operations with the invariants checked
-    /// after each, then quiescence and the final checks.
-    pub(crate) fn run(&mut self) -> Outcome {
+    /// after each, then quiescence and the final checks; and its trace.
+    pub(crate) fn run(&mut self) -> (Outcome, Traced) {
+        let outcome = self.steps();
+        let mut world = self.shared.lock();
+        world.note(format_args!("outcome {outcome:?}"));
+        let trace = world.trace.finish();
+        (outcome, trace)
+    }
+
+    fn steps(&mut self) -> Outcome {
         self.boot();
         let steps = 6 + self.shared.lock().rng.below(18);
         for step in 0..steps {
             self.shared.lock().step = usize::try_from(step).unwrap_or(usize::MAX) + 1;
             let op = self.draw();
             self.apply(op);
-            self.check_step().map_err(|e| format!("after step {step} ({op:?}): {e}"))?;
+            let checked = self.check_step();
+            {
+                let _runtime = self.generation().runtime.enter();
+                let mut world = self.shared.lock();
+                let rng = world.rng.clone();
+                world.note(format_args!("step {step} {op:?}: {checked:?}, {rng:?}"));
+            }
+            checked.map_err(|e| format!("after step {step} ({op:?}): {e}"))?;
         }
         self.finish()
     }
@@ -189,6 +212,7 @@ impl Sim {
         let runtime = runtime();
         let (shared, store, settings) = (self.shared.clone(), self.store.clone(), self.settings);
         let generation = runtime.block_on(async move {
+            shared.lock().booted();
             let _ = store.flush().await;
             let token = CancellationToken::new();
             let tracker = TaskTracker::new();
@@ -317,6 +341,7 @@ impl Sim {
             match event {
                 Ok(event) => {
                     if let EventKind::RunCompleted { completion, .. } = &event.kind {
+                        world.note(format_args!("{} completed {completion:?}", event.run_id));
                         let seen = Seen { completion: completion.clone(), generation: number };
                         let all = world.completions.entry(event.run_id.clone()).or_default();
                         // One read back from the store before the bus had it is
@@ -698,6 +723,7 @@ async fn completions_from_store(shared: &Shared, generation: &Generation) {
             if let EventKind::RunCompleted { completion, .. } = &event.kind {
                 let seen = Seen { completion: completion.clone(), generation: FROM_STORE };
                 let mut world = shared.lock();
+                world.note(format_args!("{run_id} completed, read from the store {completion:?}"));
                 let all = world.completions.entry(run_id).or_default();
                 if all.is_empty() {
                     all.push(seen);
@@ -778,7 +804,9 @@ async fn act(shared: &Shared, generation: &Generation, op: Op, text: String) {
                     probe: false,
                 });
             }
-            match generation.channel.submit(session, req).await {
+            let submitted = generation.channel.submit(session, req).await;
+            shared.lock().note(format_args!("submit {run_id}: {submitted:?}"));
+            match submitted {
                 Ok(accepted) if accepted.conversation.to_string() == conversation => {}
                 Ok(accepted) => shared.lock().violation(format!(
                     "{run_id} was put in {}, not {conversation}",
@@ -788,19 +816,23 @@ async fn act(shared: &Shared, generation: &Generation, op: Op, text: String) {
             }
         }
         Op::CancelSession { session } => {
-            let _ = router.cancel_session(&chat(session)).await;
+            let done = router.cancel_session(&chat(session)).await;
+            shared.lock().note(format_args!("cancel chat-{session}: {done:?}"));
         }
         Op::AbortSession { session } => {
-            let _ = router.abort_session(&chat(session)).await;
+            let done = router.abort_session(&chat(session)).await;
+            shared.lock().note(format_args!("abort chat-{session}: {done:?}"));
         }
         Op::AbortRun { pick: n } => {
             if let Some(run_id) = pick(n) {
-                let _ = router.abort_run(&run_id).await;
+                let done = router.abort_run(&run_id).await;
+                shared.lock().note(format_args!("abort {run_id}: {done:?}"));
             }
         }
         Op::CancelRun { pick: n } => {
             if let Some(run_id) = pick(n) {
-                let _ = router.cancel_run(&run_id).await;
+                let done = router.cancel_run(&run_id).await;
+                shared.lock().note(format_args!("cancel {run_id}: {done:?}"));
             }
         }
         Op::Advance { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,

@@ -74,8 +74,10 @@ impl RunControl for SimControl {
             return Err(SteerError::Finished);
         }
         if world.rng.chance(30) {
+            world.note(format_args!("{} refused the steer {text}", self.run_id));
             return Err(SteerError::Failed("busy".to_owned()));
         }
+        world.note(format_args!("{} took the steer {text}", self.run_id));
         world.steers.push((self.run_id.clone(), text.to_owned()));
         Ok(())
     }
@@ -132,7 +134,9 @@ impl Engine for SimEngine {
                     ));
                 }
             }
-            world.running.insert(req.run_id.clone(), Live { conversation, lock_key });
+            world
+                .running
+                .insert(req.run_id.clone(), Live { conversation, lock_key: lock_key.clone() });
             let oldest = world
                 .running
                 .keys()
@@ -171,6 +175,11 @@ impl Engine for SimEngine {
             if let Some(token) = &req.resume {
                 world.reported.insert(token.value.clone());
             }
+            world.note(format_args!(
+                "start {} on {lock_key}: {:?} {script:?}, lingers {linger_ms} ms, reports {reported}",
+                req.run_id,
+                request_lines(&req.prompt)
+            ));
             (script, linger_ms, reported)
         };
         let cancel = CancellationToken::new();
@@ -201,7 +210,10 @@ impl Engine for SimEngine {
 
 /// The process is gone: no longer alive, and `stopped` resolves.
 fn exit(shared: &Shared, run_id: &RunId, dead: &CancellationToken) {
-    shared.lock().running.remove(run_id);
+    let mut world = shared.lock();
+    world.note(format_args!("{run_id} exits"));
+    world.running.remove(run_id);
+    drop(world);
     dead.cancel();
 }
 
@@ -229,7 +241,9 @@ async fn play(
         if sink.send(EngineEvent::Delta(word.clone())).await.is_err() {
             return std::future::pending().await;
         }
-        shared.lock().emitted.entry(run_id.clone()).or_default().push_str(&word);
+        let mut world = shared.lock();
+        world.note(format_args!("{run_id} streamed {word}"));
+        world.emitted.entry(run_id.clone()).or_default().push_str(&word);
     }
     let completion = match script {
         Script::Finish { .. } => Completion::success(String::new(), resume),

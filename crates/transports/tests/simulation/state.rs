@@ -5,6 +5,8 @@
 //! bookkeeping.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use lemon_core::config::QueueMode;
@@ -52,6 +54,53 @@ pub(crate) struct Seen {
     pub(crate) generation: usize,
 }
 
+/// What a seed did, as one hash (and, when asked, the lines it hashed): each
+/// step's operation and the generator's state after it, every engine start
+/// with its script, every steer, word, exit, delivery attempt and completion,
+/// each with the paused time it happened at. Two runs of one seed must give
+/// the same trace, whatever the machine is doing. Kept only when asked for:
+/// writing it costs more than the rest of a memory seed.
+#[derive(Debug)]
+pub(crate) struct Trace {
+    hash: DefaultHasher,
+    /// Paused time when the current generation booted.
+    epoch: Option<tokio::time::Instant>,
+    /// `None` when the trace is not kept.
+    lines: Option<Vec<String>>,
+}
+
+/// A finished trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Traced {
+    pub(crate) hash: u64,
+    pub(crate) lines: Vec<String>,
+}
+
+impl Trace {
+    fn new(keep: bool) -> Self {
+        Trace { hash: DefaultHasher::new(), epoch: None, lines: keep.then(Vec::new) }
+    }
+
+    fn note(&mut self, generation: usize, what: fmt::Arguments<'_>) {
+        let Some(lines) = &mut self.lines else { return };
+        // Paused time only means something inside the generation's runtime.
+        let at = match (self.epoch, tokio::runtime::Handle::try_current()) {
+            (Some(epoch), Ok(_)) => {
+                format!("+{}ms", tokio::time::Instant::now().duration_since(epoch).as_millis())
+            }
+            _ => "outside".to_owned(),
+        };
+        let line = format!("g{generation} {at} {what}");
+        line.hash(&mut self.hash);
+        lines.push(line);
+    }
+
+    /// The trace (empty when it was not kept).
+    pub(crate) fn finish(&mut self) -> Traced {
+        Traced { hash: self.hash.finish(), lines: self.lines.take().unwrap_or_default() }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct World {
     pub(crate) rng: Rng,
@@ -81,6 +130,7 @@ pub(crate) struct World {
     pub(crate) failing: HashMap<u8, u32>,
     /// Broken invariants seen by the engine, the destination or the collector.
     pub(crate) violations: Vec<String>,
+    pub(crate) trace: Trace,
 }
 
 /// The shared world. Cheap to clone.
@@ -88,7 +138,7 @@ pub(crate) struct World {
 pub(crate) struct Shared(Arc<Mutex<World>>);
 
 impl Shared {
-    pub(crate) fn new(seed: u64, cap: usize) -> Self {
+    pub(crate) fn new(seed: u64, cap: usize, keep_trace: bool) -> Self {
         Shared(Arc::new(Mutex::new(World {
             rng: Rng::new(seed),
             step: 0,
@@ -105,6 +155,7 @@ impl Shared {
             delivered: Vec::new(),
             failing: HashMap::new(),
             violations: Vec::new(),
+            trace: Trace::new(keep_trace),
         })))
     }
 
@@ -142,6 +193,20 @@ impl World {
     }
 
     pub(crate) fn violation(&mut self, what: String) {
+        self.note(format_args!("violation {what}"));
         self.violations.push(what);
+    }
+
+    /// Adds `what` to the trace, at the current paused time.
+    pub(crate) fn note(&mut self, what: fmt::Arguments<'_>) {
+        let generation = self.generation;
+        self.trace.note(generation, what);
+    }
+
+    /// A generation booted: paused time in the trace counts from now (call on
+    /// its runtime).
+    pub(crate) fn booted(&mut self) {
+        self.trace.epoch = Some(tokio::time::Instant::now());
+        self.note(format_args!("booted"));
     }
 }

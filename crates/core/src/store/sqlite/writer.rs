@@ -22,6 +22,10 @@
 //! longer than a whole batch. So the writer does not checkpoint; every
 //! [`CHECKPOINT_EVERY_OPS`] writes it nudges the checkpointer thread, which runs a
 //! passive checkpoint on its own connection while the writer goes on appending.
+//!
+//! [`Inline`] is the same writer without its thread, for stores opened with
+//! [`super::SqliteStore::open_inline`]: the task that needs a batch applied
+//! applies it, with no linger.
 
 use std::collections::HashMap;
 
@@ -39,7 +43,7 @@ use crate::bus::{BusEvent, RunStatus};
 use crate::ids::{RunId, SessionKey};
 
 /// Most ops applied in one transaction; bounds how long a barrier waits behind a burst.
-const MAX_BATCH: usize = 4096;
+pub(super) const MAX_BATCH: usize = 4096;
 
 /// How long a batch without a barrier or a read waits for more writes before
 /// it commits: the most a write that nobody waits for stays uncommitted.
@@ -364,9 +368,9 @@ fn run_checkpoints(conn: &Connection, nudges: &std_mpsc::Receiver<()>) {
     }
 }
 
-/// Starts the checkpointer on `checkpoint_conn` and the writer on `conn`. The writer
-/// runs until `Stop` or until every sender is gone, and in both cases first applies
-/// everything already queued.
+/// Starts the checkpointer on `checkpoint_conn` and the writer on `conn`, on a
+/// thread of its own. The writer runs until `Stop` or until every sender is gone,
+/// and in both cases first applies everything already queued.
 ///
 /// # Errors
 /// A message when the writer cannot read where its sequence stands, or a thread
@@ -376,38 +380,100 @@ pub(super) fn spawn(
     checkpoint_conn: Connection,
     rx: mpsc::Receiver<WriteOp>,
 ) -> Result<thread::JoinHandle<()>, String> {
-    let last_seq: i64 = conn
-        .query_row(
-            "SELECT max(coalesce((SELECT max(seq) FROM runs), 0), coalesce((SELECT max(seq) FROM event_only_runs), 0))",
-            [],
-            |row| row.get(0),
-        )
-        .map_err(|e| e.to_string())?;
-    let has_event_only_runs = conn
-        .query_row("SELECT EXISTS (SELECT 1 FROM event_only_runs)", [], |row| row.get(0))
-        .map_err(|e| e.to_string())?;
-    let checkpointer = Checkpointer::spawn(checkpoint_conn)
-        .map_err(|e| format!("cannot start checkpoint thread: {e}"))?;
-    let writer = Writer {
-        conn,
-        json: Vec::with_capacity(1024),
-        failure: None,
-        replies: Vec::new(),
-        reads: Vec::new(),
-        pending: Vec::new(),
-        pending_index: HashMap::default(),
-        event_groups: Vec::new(),
-        event_group_index: HashMap::default(),
-        seqs: SeqCache::default(),
-        next_seq: last_seq + 1,
-        has_event_only_runs,
-        n_writes_since_checkpoint: 0,
-        checkpointer,
-    };
+    let writer = Writer::new(conn, checkpoint_conn)?;
     thread::Builder::new()
         .name("lemon-store-writer".to_owned())
         .spawn(move || writer.run(rx))
         .map_err(|e| format!("cannot start writer thread: {e}"))
+}
+
+/// The writer without a thread of its own: whoever needs a batch applied calls
+/// [`Inline::pump`], which applies what is queued in batches of at most
+/// [`MAX_BATCH`], each in one transaction with its barriers answered after the
+/// commit, as the thread does.
+#[derive(Debug)]
+pub(super) struct Inline {
+    writer: Writer,
+    rx: mpsc::Receiver<WriteOp>,
+    batch: Vec<WriteOp>,
+}
+
+impl Inline {
+    /// Starts the checkpointer on `checkpoint_conn`; the writer on `conn` waits
+    /// for [`Inline::pump`].
+    ///
+    /// # Errors
+    /// As [`spawn`].
+    pub(super) fn new(
+        conn: Connection,
+        checkpoint_conn: Connection,
+        rx: mpsc::Receiver<WriteOp>,
+    ) -> Result<Inline, String> {
+        Ok(Inline { writer: Writer::new(conn, checkpoint_conn)?, rx, batch: Vec::new() })
+    }
+
+    /// Writes waiting in the queue.
+    pub(super) fn queued(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// Applies everything queued, on the calling thread. After a `Stop` the
+    /// queue takes no more, as the thread's.
+    pub(super) fn pump(&mut self) {
+        loop {
+            let mut awaited = false;
+            drain(&mut self.rx, &mut self.batch, &mut awaited);
+            if self.batch.is_empty() {
+                return;
+            }
+            if self.writer.apply_batch(&mut self.batch) {
+                self.rx.close();
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("next_seq", &self.next_seq)
+            .field("failure", &self.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Writer {
+    /// The writer on `conn`, where its sequence stands, and its checkpointer.
+    fn new(conn: Connection, checkpoint_conn: Connection) -> Result<Writer, String> {
+        let last_seq: i64 = conn
+            .query_row(
+                "SELECT max(coalesce((SELECT max(seq) FROM runs), 0), coalesce((SELECT max(seq) FROM event_only_runs), 0))",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(|e| e.to_string())?;
+        let has_event_only_runs = conn
+            .query_row("SELECT EXISTS (SELECT 1 FROM event_only_runs)", [], |row| row.get(0))
+            .map_err(|e| e.to_string())?;
+        let checkpointer = Checkpointer::spawn(checkpoint_conn)
+            .map_err(|e| format!("cannot start checkpoint thread: {e}"))?;
+        Ok(Writer {
+            conn,
+            json: Vec::with_capacity(1024),
+            failure: None,
+            replies: Vec::new(),
+            reads: Vec::new(),
+            pending: Vec::new(),
+            pending_index: HashMap::default(),
+            event_groups: Vec::new(),
+            event_group_index: HashMap::default(),
+            seqs: SeqCache::default(),
+            next_seq: last_seq + 1,
+            has_event_only_runs,
+            n_writes_since_checkpoint: 0,
+            checkpointer,
+        })
+    }
 }
 
 /// Moves what is queued into `batch`, up to [`MAX_BATCH`], noting an awaited op;
