@@ -84,27 +84,6 @@ fn address(url: &str) -> SocketAddr {
     url.trim_start_matches("http://").trim_end_matches('/').parse().unwrap()
 }
 
-/// Opens `count` connections from client addresses `first..` (`per_client`
-/// each), a few hundred at a time so the listen backlog never overflows.
-async fn open_many(
-    target: SocketAddr,
-    count: usize,
-    first_client: usize,
-    per_client: usize,
-) -> Vec<Conn> {
-    let mut conns = Vec::with_capacity(count);
-    for batch in (0..count).collect::<Vec<_>>().chunks(500) {
-        let opened = futures::future::join_all(
-            batch
-                .iter()
-                .map(|&i| Conn::open(client_address(first_client + i / per_client), target)),
-        )
-        .await;
-        conns.extend(opened.into_iter().map(|c| c.expect("connect")));
-    }
-    conns
-}
-
 /// What one submitter saw.
 #[derive(Debug, Default)]
 struct Outcome {
@@ -200,15 +179,22 @@ async fn ten_thousand_connections_at_once_lose_nothing_and_memory_stays_bounded(
 
     // Idle sockets on both listeners, from their own client addresses.
     let idle_clients = IDLE_PER_LISTENER / IDLE_PER_CLIENT;
-    let idle_api = open_many(api, IDLE_PER_LISTENER, 0, IDLE_PER_CLIENT).await;
-    let idle_hook = open_many(hook, IDLE_PER_LISTENER, idle_clients, IDLE_PER_CLIENT).await;
+    let idle_api =
+        load::open_many(api, IDLE_PER_LISTENER, 0, IDLE_PER_CLIENT).await.expect("connect");
+    let idle_hook = load::open_many(hook, IDLE_PER_LISTENER, idle_clients, IDLE_PER_CLIENT)
+        .await
+        .expect("connect");
 
     // Submitters: on the API each with a second connection for its stream.
     let first = 2 * idle_clients;
-    let api_submit = open_many(api, API_SUBMITTERS, first, SUBMITTERS_PER_CLIENT).await;
-    let api_stream = open_many(api, API_SUBMITTERS, first, SUBMITTERS_PER_CLIENT).await;
+    let api_submit =
+        load::open_many(api, API_SUBMITTERS, first, SUBMITTERS_PER_CLIENT).await.expect("connect");
+    let api_stream =
+        load::open_many(api, API_SUBMITTERS, first, SUBMITTERS_PER_CLIENT).await.expect("connect");
     let first = first + API_SUBMITTERS / SUBMITTERS_PER_CLIENT;
-    let hook_submit = open_many(hook, HOOK_SUBMITTERS, first, SUBMITTERS_PER_CLIENT).await;
+    let hook_submit = load::open_many(hook, HOOK_SUBMITTERS, first, SUBMITTERS_PER_CLIENT)
+        .await
+        .expect("connect");
 
     // Every connection is open at the gateway at once.
     let open = 2 * PER_LISTENER;
@@ -271,7 +257,9 @@ async fn ten_thousand_connections_at_once_lose_nothing_and_memory_stays_bounded(
 
     // A client over its connection share is refused with 429, the others not.
     let crowded = client_address(60_000);
-    let mut share = open_many(api, CLIENT_CONNECTIONS, 60_000, CLIENT_CONNECTIONS).await;
+    let mut share = load::open_many(api, CLIENT_CONNECTIONS, 60_000, CLIENT_CONNECTIONS)
+        .await
+        .expect("connect");
     let mut over = Conn::open(crowded, api).await.unwrap();
     let (status, headers) = over.read_head().await.unwrap();
     assert_eq!(status, 429, "one connection over the client's share");

@@ -225,6 +225,33 @@ fn invalid(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message)
 }
 
+/// Opens `count` connections to `target`, `per_client` from each client
+/// address `first_client..` (see [`client_address`]), 500 at a time so the
+/// listen backlog is never the limit.
+///
+/// # Errors
+/// The first connection that could not be opened.
+pub async fn open_many(
+    target: SocketAddr,
+    count: usize,
+    first_client: usize,
+    per_client: usize,
+) -> io::Result<Vec<Conn>> {
+    let mut conns = Vec::with_capacity(count);
+    let indices: Vec<usize> = (0..count).collect();
+    for batch in indices.chunks(500) {
+        let opened =
+            futures::future::join_all(batch.iter().map(|&i| {
+                Conn::open(client_address(first_client + i / per_client.max(1)), target)
+            }))
+            .await;
+        for conn in opened {
+            conns.push(conn?);
+        }
+    }
+    Ok(conns)
+}
+
 /// Resident memory of process `pid` in bytes (`VmRSS`), and its peak (`VmHWM`).
 ///
 /// # Errors
@@ -327,7 +354,8 @@ impl Traffic {
     }
 }
 
-fn mb(bytes: u64) -> f64 {
+/// Bytes in megabytes, to one decimal.
+pub fn mb(bytes: u64) -> f64 {
     (bytes as f64 / (1024.0 * 1024.0) * 10.0).round() / 10.0
 }
 

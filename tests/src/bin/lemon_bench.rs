@@ -407,19 +407,6 @@ async fn telegram(lone: usize, chats: usize) -> anyhow::Result<serde_json::Value
     }))
 }
 
-/// User and system CPU time of process `pid` so far.
-fn cpu_time(pid: &str) -> anyhow::Result<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rfind(')').map(|i| &stat[i + 1..]).unwrap_or_default();
-    // After the command: state is field 3, utime 14 and stime 15.
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| -> anyhow::Result<u64> {
-        Ok(fields.get(i).ok_or_else(|| anyhow::anyhow!("short /proc/{pid}/stat"))?.parse()?)
-    };
-    // In USER_HZ, which the kernel's ABI fixes at 100 a second.
-    Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
-}
-
 /// Sync webhook turns on the native engine against a fake LLM in this process
 /// that answers at once: `text` turns answered with their own text, then
 /// `tools` turns where the model calls `list` once and then answers. Each turn
@@ -458,7 +445,7 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
         .find_map(|w| w.strip_prefix("webhook="))
         .ok_or_else(|| anyhow::anyhow!("no webhook address in {ready:?}"))?
         .to_owned();
-    let pid = child.id().ok_or_else(|| anyhow::anyhow!("server exited"))?.to_string();
+    let pid = child.id().ok_or_else(|| anyhow::anyhow!("server exited"))?;
     let client = reqwest::Client::new();
     let mut turn = 0usize;
     let mut send = |prompt: String, engine: &str| {
@@ -497,7 +484,7 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
     };
     // The same path with the echo engine: what the webhook, router, runtime
     // and store cost without the native engine and its model request.
-    let cpu_before = cpu_time(&pid)?;
+    let cpu_before = lemon_tests::load::cpu_time(pid)?;
     let mut latencies = Vec::with_capacity(text);
     for n in 0..text {
         let prompt = format!("hello from the benchmark {n}");
@@ -505,8 +492,8 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
         anyhow::ensure!(answer["answer"] == prompt.as_str(), "an echoed answer: {answer}");
         latencies.push(elapsed);
     }
-    let echo_phase = phase(latencies, cpu_time(&pid)?.saturating_sub(cpu_before));
-    let cpu_before = cpu_time(&pid)?;
+    let echo_phase = phase(latencies, lemon_tests::load::cpu_time(pid)?.saturating_sub(cpu_before));
+    let cpu_before = lemon_tests::load::cpu_time(pid)?;
     let mut latencies = Vec::with_capacity(text);
     for n in 0..text {
         let prompt = format!("hello from the benchmark {n}");
@@ -514,9 +501,9 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
         anyhow::ensure!(answer["answer"] == prompt.as_str(), "an echoed answer: {answer}");
         latencies.push(elapsed);
     }
-    let text_phase = phase(latencies, cpu_time(&pid)?.saturating_sub(cpu_before));
+    let text_phase = phase(latencies, lemon_tests::load::cpu_time(pid)?.saturating_sub(cpu_before));
     let requests_before = llm.requests().len();
-    let cpu_before = cpu_time(&pid)?;
+    let cpu_before = lemon_tests::load::cpu_time(pid)?;
     let mut latencies = Vec::with_capacity(tools);
     for n in 0..tools {
         let (elapsed, answer) = send(format!("{LIST_PROMPT} ({n})"), "lemon").await?;
@@ -524,7 +511,7 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
         anyhow::ensure!(text.contains("README.md"), "the list went back: {answer}");
         latencies.push(elapsed);
     }
-    let tool_phase = phase(latencies, cpu_time(&pid)?.saturating_sub(cpu_before));
+    let tool_phase = phase(latencies, lemon_tests::load::cpu_time(pid)?.saturating_sub(cpu_before));
     let model_requests = llm.requests().len() - requests_before;
     anyhow::ensure!(model_requests == 2 * tools, "two model turns per tool turn");
     child.start_kill()?;

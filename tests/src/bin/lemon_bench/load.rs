@@ -46,24 +46,6 @@ fn pid(child: &tokio::process::Child) -> anyhow::Result<u32> {
     child.id().ok_or_else(|| anyhow::anyhow!("server exited"))
 }
 
-fn mb(bytes: u64) -> f64 {
-    (bytes as f64 / (1024.0 * 1024.0) * 10.0).round() / 10.0
-}
-
-async fn open_many(target: SocketAddr, count: usize, first: usize) -> anyhow::Result<Vec<Conn>> {
-    let mut conns = Vec::with_capacity(count);
-    for batch in (0..count).collect::<Vec<_>>().chunks(500) {
-        let opened = futures::future::join_all(
-            batch.iter().map(|&i| Conn::open(client_address(first + i / 200), target)),
-        )
-        .await;
-        for conn in opened {
-            conns.push(conn?);
-        }
-    }
-    Ok(conns)
-}
-
 /// What the gateway's memory grows by per idle connection and per event
 /// stream: `idle` connections on each listener, then `streams` event streams
 /// of queued runs on the API (intake paused), then all closed.
@@ -82,8 +64,8 @@ pub(super) async fn connections(idle: usize, streams: usize) -> anyhow::Result<s
     let (rss_before, _) = load::memory(pid)?;
     let fds_before = load::open_descriptors(pid)?;
     let began = Instant::now();
-    let mut held = open_many(api, idle, 1).await?;
-    held.extend(open_many(hook, idle, 1 + idle / 200).await?);
+    let mut held = load::open_many(api, idle, 1, 200).await?;
+    held.extend(load::open_many(hook, idle, 1 + idle / 200, 200).await?);
     // The gateway has accepted them all once it holds their descriptors.
     while load::open_descriptors(pid)? < fds_before + 2 * idle {
         anyhow::ensure!(began.elapsed() < Duration::from_secs(120), "connections not accepted");
@@ -92,8 +74,8 @@ pub(super) async fn connections(idle: usize, streams: usize) -> anyhow::Result<s
     let opened = began.elapsed();
     let (rss_idle, _) = load::memory(pid)?;
     // Streams of queued runs: each a submit, then its event stream held open.
-    let mut submitters = open_many(api, streams, 20_000).await?;
-    let mut followers = open_many(api, streams, 40_000).await?;
+    let mut submitters = load::open_many(api, streams, 20_000, 200).await?;
+    let mut followers = load::open_many(api, streams, 40_000, 200).await?;
     let body = br#"{"prompt":"held open"}"#;
     let headers = [("authorization", auth.as_str()), ("content-type", "application/json")];
     let mut run_ids = Vec::with_capacity(streams);
@@ -131,15 +113,15 @@ pub(super) async fn connections(idle: usize, streams: usize) -> anyhow::Result<s
         "scenario": "connections",
         "idle_connections": 2 * idle,
         "seconds_to_open": (opened.as_secs_f64() * 100.0).round() / 100.0,
-        "rss_mb_before": mb(rss_before),
-        "rss_mb_with_idle": mb(rss_idle),
+        "rss_mb_before": load::mb(rss_before),
+        "rss_mb_with_idle": load::mb(rss_idle),
         "kb_per_idle_connection": per(rss_idle, rss_before, 2 * idle),
         "queued_runs": streams,
         "kb_per_queued_run": per(rss_submitted, rss_idle, streams),
         "event_streams": streams,
         "kb_per_event_stream": per(rss_streams, rss_submitted, streams),
-        "rss_mb_after_close": mb(rss_after),
-        "rss_mb_high_water": mb(hwm),
+        "rss_mb_after_close": load::mb(rss_after),
+        "rss_mb_high_water": load::mb(hwm),
     }))
 }
 
