@@ -550,6 +550,26 @@ pub async fn soak(
     })
 }
 
+/// How many times the threads of process `pid` have blocked so far (the sum
+/// of `voluntary_ctxt_switches` over `/proc/<pid>/task`): each is a sleep and
+/// a wake-up, the scheduler's share of a request's cost.
+///
+/// # Errors
+/// When the process's task list cannot be read.
+pub fn voluntary_switches(pid: u32) -> io::Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        // A thread that ended meanwhile takes its count with it.
+        let Ok(status) = std::fs::read_to_string(task?.path().join("status")) else { continue };
+        total += status
+            .lines()
+            .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(total)
+}
+
 /// User and system CPU time of process `pid` so far.
 ///
 /// # Errors

@@ -471,20 +471,27 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
         send(format!("warm-up {n}"), "lemon").await?;
         send(format!("warm-up {n}"), "echo").await?;
     }
-    let phase = |latencies: Vec<Duration>, cpu: Duration| {
+    // The gateway's CPU time and thread sleeps so far.
+    let usage = || -> anyhow::Result<(Duration, u64)> {
+        Ok((lemon_tests::load::cpu_time(pid)?, lemon_tests::load::voluntary_switches(pid)?))
+    };
+    let phase = |latencies: Vec<Duration>, before: (Duration, u64)| -> anyhow::Result<_> {
+        let (cpu, switches) = usage()?;
+        let (cpu, switches) = (cpu.saturating_sub(before.0), switches.saturating_sub(before.1));
         let mut us: Vec<u64> = latencies.iter().map(|d| d.as_micros() as u64).collect();
         us.sort_unstable();
         let turns = us.len().max(1) as f64;
-        serde_json::json!({
+        Ok(serde_json::json!({
             "turns": us.len(),
             "request_to_answer_p50_us": percentile(&us, 0.50),
             "request_to_answer_p99_us": percentile(&us, 0.99),
             "gateway_cpu_per_turn_us": (cpu.as_secs_f64() * 1e6 / turns).round(),
-        })
+            "gateway_thread_sleeps_per_turn": (switches as f64 / turns * 10.0).round() / 10.0,
+        }))
     };
     // The same path with the echo engine: what the webhook, router, runtime
     // and store cost without the native engine and its model request.
-    let cpu_before = lemon_tests::load::cpu_time(pid)?;
+    let before = usage()?;
     let mut latencies = Vec::with_capacity(text);
     for n in 0..text {
         let prompt = format!("hello from the benchmark {n}");
@@ -492,8 +499,8 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
         anyhow::ensure!(answer["answer"] == prompt.as_str(), "an echoed answer: {answer}");
         latencies.push(elapsed);
     }
-    let echo_phase = phase(latencies, lemon_tests::load::cpu_time(pid)?.saturating_sub(cpu_before));
-    let cpu_before = lemon_tests::load::cpu_time(pid)?;
+    let echo_phase = phase(latencies, before)?;
+    let before = usage()?;
     let mut latencies = Vec::with_capacity(text);
     for n in 0..text {
         let prompt = format!("hello from the benchmark {n}");
@@ -501,9 +508,9 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
         anyhow::ensure!(answer["answer"] == prompt.as_str(), "an echoed answer: {answer}");
         latencies.push(elapsed);
     }
-    let text_phase = phase(latencies, lemon_tests::load::cpu_time(pid)?.saturating_sub(cpu_before));
+    let text_phase = phase(latencies, before)?;
     let requests_before = llm.requests().len();
-    let cpu_before = lemon_tests::load::cpu_time(pid)?;
+    let before = usage()?;
     let mut latencies = Vec::with_capacity(tools);
     for n in 0..tools {
         let (elapsed, answer) = send(format!("{LIST_PROMPT} ({n})"), "lemon").await?;
@@ -511,7 +518,7 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
         anyhow::ensure!(text.contains("README.md"), "the list went back: {answer}");
         latencies.push(elapsed);
     }
-    let tool_phase = phase(latencies, lemon_tests::load::cpu_time(pid)?.saturating_sub(cpu_before));
+    let tool_phase = phase(latencies, before)?;
     let model_requests = llm.requests().len() - requests_before;
     anyhow::ensure!(model_requests == 2 * tools, "two model turns per tool turn");
     child.start_kill()?;
