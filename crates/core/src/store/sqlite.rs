@@ -7,16 +7,20 @@
 //! channel, then query the read connection on a blocking task, so a read sees every
 //! write queued before it on the same store. Writes nobody waits for are
 //! gathered for up to a millisecond before they commit (see `writer`); a
-//! barrier or a point read wakes the writer at once.
+//! barrier or a point read wakes the writer at once. A session's chat state is
+//! looked up on the calling task instead, from the chat-state writes still on
+//! their way (`pending`) or else from the file, with no hand-off to either thread.
 //!
 //! [`SqliteStore::open_inline`] opens the same store with no writer thread: the
 //! task that needs a batch applied (a barrier, a read, a full queue) applies it,
 //! and reads run on that task too, so a runtime never sits idle waiting for
 //! another thread (deterministic tests in paused time rely on that).
 //!
-//! Files: `schema` (migrations), `writer` (the writer and checkpointer threads).
+//! Files: `schema` (migrations), `writer` (the writer and checkpointer threads),
+//! `pending` (chat-state writes not committed yet).
 //! Events are stored in their one JSON form, [`crate::bus::EventJson`].
 
+mod pending;
 mod schema;
 mod writer;
 
@@ -33,6 +37,7 @@ use rusqlite::{params, Connection, Row, Rows};
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
+use self::pending::PendingChatStates;
 use self::writer::{Reply, WriteOp};
 use super::{
     ChatState, ChatStateStore, FinishedRun, JournalEntry, JournalRoute, JournalState, JournalStore,
@@ -96,6 +101,12 @@ pub struct SqliteStore {
     /// The read connection, shared with the blocking tasks that read and locked only
     /// inside them. `None` after `close`.
     reader: Arc<Mutex<Option<Connection>>>,
+    /// The connection of lookups run on the calling task (a session's chat
+    /// state): never held for longer than one indexed row takes. `None` after
+    /// `close`.
+    lookup: Mutex<Option<Connection>>,
+    /// Chat-state writes queued and not committed yet, which lookups answer from.
+    pending_chat: Arc<PendingChatStates>,
     /// Set by `close`: later writes are dropped with a warning and reads fail.
     closed: AtomicBool,
     chat_state_ttl_ms: i64,
@@ -182,15 +193,21 @@ impl SqliteStore {
         }
         let checkpoint_conn = connect(path).map_err(open_error)?;
         let read_conn = connect(path).map_err(open_error)?;
-        // The read connection never writes; saying so turns a bug into an error.
-        read_conn.pragma_update(None, "query_only", true).map_err(|e| open_error(e.to_string()))?;
+        let lookup_conn = connect(path).map_err(open_error)?;
+        // The read connections never write; saying so turns a bug into an error.
+        for conn in [&read_conn, &lookup_conn] {
+            conn.pragma_update(None, "query_only", true).map_err(|e| open_error(e.to_string()))?;
+        }
+        let pending_chat = Arc::new(PendingChatStates::default());
 
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let writer = if inline {
-            let inline = writer::Inline::new(write_conn, checkpoint_conn, rx);
+            let inline =
+                writer::Inline::new(write_conn, checkpoint_conn, rx, Arc::clone(&pending_chat));
             Writing::Inline(Box::new(Mutex::new(Some(inline.map_err(open_error)?))))
         } else {
-            let handle = writer::spawn(write_conn, checkpoint_conn, rx).map_err(open_error)?;
+            let handle = writer::spawn(write_conn, checkpoint_conn, rx, Arc::clone(&pending_chat))
+                .map_err(open_error)?;
             let thread = handle.thread().clone();
             Writing::Thread { handle: Mutex::new(Some(handle)), thread }
         };
@@ -200,6 +217,8 @@ impl SqliteStore {
             tx: Some(tx),
             writer,
             reader: Arc::new(Mutex::new(Some(read_conn))),
+            lookup: Mutex::new(Some(lookup_conn)),
+            pending_chat,
             closed: AtomicBool::new(false),
             chat_state_ttl_ms,
         })
@@ -333,6 +352,22 @@ impl SqliteStore {
             }
         }
         Ok(found)
+    }
+
+    /// Runs `query`, a lookup of one row by its key, on the calling task and the
+    /// lookup connection, without a flush: for tables whose queued writes the
+    /// store keeps track of itself ([`PendingChatStates`]), so what is queued is
+    /// answered before the file is asked.
+    fn lookup<T>(
+        &self,
+        query: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if self.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        let guard = lock(&self.lookup);
+        let conn = guard.as_ref().ok_or(StoreError::Closed)?;
+        query(conn)
     }
 
     /// Runs `query` on the read connection after every write queued before this call
@@ -563,12 +598,24 @@ impl ChatStateStore for SqliteStore {
         last_resume_token: &str,
         now_ms: i64,
     ) {
-        self.queue(WriteOp::PutChatState {
-            session_key: session_key.clone(),
+        let state = ChatState {
             last_engine: last_engine.to_owned(),
             last_resume_token: last_resume_token.to_owned(),
             updated_at_ms: now_ms,
             expires_at_ms: now_ms.saturating_add(self.chat_state_ttl_ms),
+        };
+        if self.is_closed() {
+            tracing::warn!(op = "put_chat_state", "write to a closed store dropped");
+            return;
+        }
+        let version = self.pending_chat.note(session_key, Some(state.clone()));
+        self.queue(WriteOp::PutChatState {
+            session_key: session_key.clone(),
+            last_engine: state.last_engine,
+            last_resume_token: state.last_resume_token,
+            updated_at_ms: state.updated_at_ms,
+            expires_at_ms: state.expires_at_ms,
+            version,
         })
         .await;
     }
@@ -578,16 +625,16 @@ impl ChatStateStore for SqliteStore {
         session_key: &SessionKey,
         now_ms: i64,
     ) -> Result<Option<ChatState>, StoreError> {
-        let key = session_key.clone();
-        let state = self
-            .point_read(move |conn| {
+        let state = match self.pending_chat.get(session_key) {
+            Some(queued) if !self.is_closed() => queued,
+            _ => self.lookup(|conn| {
                 let mut stmt = conn
                     .prepare_cached(
                         "SELECT last_engine, last_resume_token, updated_at_ms, expires_at_ms
                          FROM chat_state WHERE session_key = ?1",
                     )
                     .map_err(db)?;
-                let mut rows = stmt.query(params![key.as_str()]).map_err(db)?;
+                let mut rows = stmt.query(params![session_key.as_str()]).map_err(db)?;
                 let Some(row) = rows.next().map_err(db)? else { return Ok(None) };
                 Ok(Some(ChatState {
                     last_engine: row.get(0).map_err(db)?,
@@ -595,8 +642,8 @@ impl ChatStateStore for SqliteStore {
                     updated_at_ms: row.get(2).map_err(db)?,
                     expires_at_ms: row.get(3).map_err(db)?,
                 }))
-            })
-            .await?;
+            })?,
+        };
         match state {
             Some(state) if state.expires_at_ms <= now_ms => {
                 // Tidying up is optional, so it never waits for a queue slot.
@@ -613,7 +660,12 @@ impl ChatStateStore for SqliteStore {
     }
 
     async fn delete_chat_state(&self, session_key: &SessionKey) {
-        self.queue(WriteOp::DeleteChatState { session_key: session_key.clone() }).await;
+        if self.is_closed() {
+            tracing::warn!(op = "delete_chat_state", "write to a closed store dropped");
+            return;
+        }
+        let version = self.pending_chat.note(session_key, None);
+        self.queue(WriteOp::DeleteChatState { session_key: session_key.clone(), version }).await;
     }
 }
 
@@ -761,16 +813,17 @@ impl StoreLifecycle for SqliteStore {
                     inline.pump();
                 }
                 drop(lock(&self.reader).take());
+                drop(lock(&self.lookup).take());
                 tracing::debug!(path = %self.path.display(), "store closed");
                 return result;
             }
         };
-        let reader = lock(&self.reader).take();
+        let readers = (lock(&self.reader).take(), lock(&self.lookup).take());
         // Joining waits for the writer to drain, and closing the last connection
         // checkpoints the log into the file: both block, so neither runs on the runtime.
         let joined = tokio::task::spawn_blocking(move || {
             let joined = handle.map_or(Ok(()), |handle| handle.join());
-            drop(reader);
+            drop(readers);
             joined
         })
         .await;

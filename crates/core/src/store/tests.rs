@@ -701,6 +701,69 @@ fn sqlite_inline_never_lets_paused_time_move() {
     });
 }
 
+/// The engine and token of `session`'s row in the file itself.
+fn chat_state_row(path: &Path, session: &str) -> Option<(String, String)> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT last_engine, last_resume_token FROM chat_state WHERE session_key = ?1")
+        .unwrap();
+    let mut rows = stmt.query([session]).unwrap();
+    rows.next().unwrap().map(|row| (row.get(0).unwrap(), row.get(1).unwrap()))
+}
+
+#[test]
+fn sqlite_chat_state_reads_see_queued_writes_without_committing_them() {
+    let runtime = paused_with_a_timer_pending();
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = db_path(&dir);
+        // Inline, writes stay queued until a barrier: a read that needed the
+        // writer would commit them.
+        let store = open_inline(&path);
+        let s1 = SessionKey::from("s1");
+        let token = |state: Option<ChatState>| state.map(|s| s.last_resume_token);
+        store.put_chat_state(&s1, "codex", "tok-1", 1_000).await;
+        assert_eq!(
+            token(store.get_chat_state(&s1, 1_001).await.unwrap()).as_deref(),
+            Some("tok-1")
+        );
+        assert_eq!(chat_state_row(&path, "s1"), None, "the read committed the put");
+
+        store.flush().await.unwrap();
+        assert_eq!(chat_state_row(&path, "s1"), Some(("codex".into(), "tok-1".into())));
+        // Committed, it is read from the file.
+        assert_eq!(
+            token(store.get_chat_state(&s1, 1_002).await.unwrap()).as_deref(),
+            Some("tok-1")
+        );
+
+        // A newer write wins over the committed row, and a delete over both.
+        store.put_chat_state(&s1, "claude", "tok-2", 2_000).await;
+        let state = store.get_chat_state(&s1, 2_001).await.unwrap().unwrap();
+        assert_eq!(
+            (state.last_engine.as_str(), state.last_resume_token.as_str()),
+            ("claude", "tok-2")
+        );
+        store.delete_chat_state(&s1).await;
+        assert_eq!(store.get_chat_state(&s1, 2_002).await.unwrap(), None);
+        assert_eq!(chat_state_row(&path, "s1"), Some(("codex".into(), "tok-1".into())));
+        store.flush().await.unwrap();
+        assert_eq!(chat_state_row(&path, "s1"), None);
+        assert_eq!(store.get_chat_state(&s1, 2_003).await.unwrap(), None);
+
+        // What was queued at close is in the file at the next open.
+        store.put_chat_state(&s1, "echo", "tok-3", 3_000).await;
+        store.close().await.unwrap();
+        assert_eq!(store.get_chat_state(&s1, 3_001).await, Err(StoreError::Closed));
+        let reopened = open(&path);
+        assert_eq!(
+            token(reopened.get_chat_state(&s1, 3_002).await.unwrap()).as_deref(),
+            Some("tok-3")
+        );
+        reopened.close().await.unwrap();
+    });
+}
+
 #[test]
 fn sqlite_inline_applies_writes_at_a_barrier_or_a_full_batch() {
     let runtime = paused_with_a_timer_pending();

@@ -38,6 +38,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::super::{FinishedRun, JournalEntry, NewRun, StoreError};
+use super::pending::PendingChatStates;
 use crate::budget::usage::RunSpend;
 use crate::bus::{BusEvent, RunStatus};
 use crate::ids::{RunId, SessionKey};
@@ -80,15 +81,19 @@ pub(super) enum WriteOp {
     /// Serialised to JSON here on the writer thread, not by the publisher.
     AppendEvent(Arc<BusEvent>),
     FinalizeRun(FinishedRun),
+    /// `version`: its number in [`PendingChatStates`], forgotten there once
+    /// the batch holding it has committed; so for `DeleteChatState`.
     PutChatState {
         session_key: SessionKey,
         last_engine: String,
         last_resume_token: String,
         updated_at_ms: i64,
         expires_at_ms: i64,
+        version: u64,
     },
     DeleteChatState {
         session_key: SessionKey,
+        version: u64,
     },
     /// Deletes chat state that is still expired at `now_ms`, so a put queued in between wins.
     DeleteExpiredChatState {
@@ -244,6 +249,10 @@ struct Writer {
     n_writes_since_checkpoint: usize,
     /// Dropped (and joined) with the writer.
     checkpointer: Checkpointer,
+    /// Chat-state writes on their way, shared with the store's lookups.
+    pending_chat: Arc<PendingChatStates>,
+    /// The chat-state writes of the batch being applied, with their numbers.
+    chat_done: Vec<(SessionKey, u64)>,
 }
 
 /// Events of one run, in index order, written as one `run_events` row keyed by
@@ -379,8 +388,9 @@ pub(super) fn spawn(
     conn: Connection,
     checkpoint_conn: Connection,
     rx: mpsc::Receiver<WriteOp>,
+    pending_chat: Arc<PendingChatStates>,
 ) -> Result<thread::JoinHandle<()>, String> {
-    let writer = Writer::new(conn, checkpoint_conn)?;
+    let writer = Writer::new(conn, checkpoint_conn, pending_chat)?;
     thread::Builder::new()
         .name("lemon-store-writer".to_owned())
         .spawn(move || writer.run(rx))
@@ -408,8 +418,10 @@ impl Inline {
         conn: Connection,
         checkpoint_conn: Connection,
         rx: mpsc::Receiver<WriteOp>,
+        pending_chat: Arc<PendingChatStates>,
     ) -> Result<Inline, String> {
-        Ok(Inline { writer: Writer::new(conn, checkpoint_conn)?, rx, batch: Vec::new() })
+        let writer = Writer::new(conn, checkpoint_conn, pending_chat)?;
+        Ok(Inline { writer, rx, batch: Vec::new() })
     }
 
     /// Writes waiting in the queue.
@@ -444,7 +456,11 @@ impl std::fmt::Debug for Writer {
 
 impl Writer {
     /// The writer on `conn`, where its sequence stands, and its checkpointer.
-    fn new(conn: Connection, checkpoint_conn: Connection) -> Result<Writer, String> {
+    fn new(
+        conn: Connection,
+        checkpoint_conn: Connection,
+        pending_chat: Arc<PendingChatStates>,
+    ) -> Result<Writer, String> {
         let last_seq: i64 = conn
             .query_row(
                 "SELECT max(coalesce((SELECT max(seq) FROM runs), 0), coalesce((SELECT max(seq) FROM event_only_runs), 0))",
@@ -472,6 +488,8 @@ impl Writer {
             has_event_only_runs,
             n_writes_since_checkpoint: 0,
             checkpointer,
+            pending_chat,
+            chat_done: Vec::new(),
         })
     }
 }
@@ -533,6 +551,11 @@ impl Writer {
                 op => {
                     outcome.n_writes += 1;
                     self.begin(&mut outcome);
+                    if let WriteOp::PutChatState { session_key, version, .. }
+                    | WriteOp::DeleteChatState { session_key, version } = &op
+                    {
+                        self.chat_done.push((session_key.clone(), *version));
+                    }
                     let name = op.name();
                     let result = self.apply(op);
                     outcome.record(name, result);
@@ -572,6 +595,8 @@ impl Writer {
                 }
             }
         }
+        // Committed or rolled back, the file now has the last word on them.
+        self.pending_chat.committed(&mut self.chat_done);
         if outcome.n_writes > 0 {
             if outcome.error.is_some() {
                 // Some cached `seq`s may belong to rows that were never written.
@@ -735,6 +760,7 @@ impl Writer {
                 last_resume_token,
                 updated_at_ms,
                 expires_at_ms,
+                version: _,
             } => {
                 let mut stmt = self.conn.prepare_cached(
                     "INSERT OR REPLACE INTO chat_state (session_key, last_engine, last_resume_token, updated_at_ms, expires_at_ms)
@@ -748,7 +774,7 @@ impl Writer {
                     expires_at_ms
                 ])?;
             }
-            WriteOp::DeleteChatState { session_key } => {
+            WriteOp::DeleteChatState { session_key, version: _ } => {
                 let mut stmt =
                     self.conn.prepare_cached("DELETE FROM chat_state WHERE session_key = ?1")?;
                 stmt.execute(params![session_key.as_str()])?;
