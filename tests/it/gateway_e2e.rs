@@ -377,3 +377,17 @@ async fn a_run_shows_the_session_it_resumed_from() {
     assert_eq!(first["resume"]["engine"], "echo", "{first}");
     assert_eq!(again["resumed_from"], first["resume"], "{again}");
 }
+
+#[tokio::test]
+async fn the_runtime_runs_on_one_thread_less_than_the_cpus_unless_configured() {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let gateway = Gateway::start("").await;
+    let status = gateway.status().await;
+    assert_eq!(status["worker_threads"], json!(cpus.saturating_sub(1).max(1)), "{status}");
+    let gateway = Gateway::start("[gateway]\nworker_threads = 3\n").await;
+    let status = gateway.status().await;
+    assert_eq!(status["worker_threads"], json!(3), "{status}");
+    // It still serves runs on any number of threads.
+    let run_id = gateway.submit(json!({ "prompt": "hello" })).await;
+    assert_eq!(gateway.wait(&run_id).await["answer"], "hello");
+}

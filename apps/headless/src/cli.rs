@@ -354,13 +354,32 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
     }
 }
 
+/// The runtime threads `serve` starts: `[gateway] worker_threads` of the
+/// config file, or the default for this machine's CPUs. A file that cannot be
+/// read or has errors gets the default here; the start reports it.
+fn serve_worker_threads(cli: &Cli) -> usize {
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let paths = Paths::resolve(cli.config.clone(), &env, user_home(&env));
+    let gateway = lemon_core::config::load_file_or_default(&paths.config)
+        .map(|loaded| loaded.config.gateway)
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let threads = gateway.worker_threads_for(cpus);
+    tracing::info!(threads, cpus, "async runtime");
+    threads
+}
+
 /// Parses the command line and runs the command; the process exit code (see
 /// [`crate::failure`]).
 #[allow(clippy::print_stderr)] // The binary reports fatal errors on the terminal.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if matches!(cli.command, None | Some(Command::Serve)) {
+        builder.worker_threads(serve_worker_threads(&cli));
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("lemon-gateway: cannot start the async runtime: {error}");

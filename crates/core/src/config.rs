@@ -18,7 +18,7 @@ pub use keys::{did_you_mean, field_names, parse_section, parse_table, TableError
 pub use loader::{
     invalid_model_message, load_file, load_file_or_default, load_str, section_error,
     unknown_key_warning, ConfigError, LoadedConfig, Position, MAX_CLIENT_RATE, MAX_CONCURRENT_RUNS,
-    MAX_CONNECTIONS, MAX_DURATION_MS, MAX_PENDING_RUNS, MAX_QUEUE_CAP,
+    MAX_CONNECTIONS, MAX_DURATION_MS, MAX_PENDING_RUNS, MAX_QUEUE_CAP, MAX_WORKER_THREADS,
 };
 pub use status::{ConfigReport, ConfigStatus, PendingRestart, Rejection};
 
@@ -101,6 +101,11 @@ pub struct GatewayConfig {
     /// control API and the channels' listeners.
     #[serde(default)]
     pub http_client_limits: HttpClientLimitsConfig,
+    /// Threads of the async runtime that serves the API and the channels and
+    /// drives runs, in the `lemon-gateway` binary; unset: see
+    /// [`GatewayConfig::worker_threads_for`].
+    #[serde(default)]
+    pub worker_threads: Option<usize>,
     #[serde(default)]
     pub enable_telegram: Option<bool>,
     #[serde(default)]
@@ -178,6 +183,17 @@ impl GatewayConfig {
             _ if path.is_absolute() => path.to_path_buf(),
             _ => lemon_home.join(path),
         }
+    }
+
+    /// How many async runtime threads to start on a machine with `cpus` CPUs:
+    /// `worker_threads` when set, else one less than the CPUs, and at least
+    /// one. The store's writer thread has the CPU left over. At the loads an
+    /// agent gateway sees, a runtime thread more than the work needs costs more
+    /// than it brings: each wake-up of an idle runtime wakes a second thread to
+    /// look for work, which finds none (a native turn took 18 thread sleeps
+    /// with two runtime threads and 8 with one, on two CPUs).
+    pub fn worker_threads_for(&self, cpus: usize) -> usize {
+        self.worker_threads.unwrap_or(cpus.saturating_sub(1)).max(1)
     }
 
     /// The control API's listen address (`[gateway.api]`, default `127.0.0.1:4040`).

@@ -123,6 +123,7 @@ const RESTART_KEYS: &[&str] = &[
     "http_idle_timeout_ms",
     "http_max_connections",
     "http_client_limits",
+    "worker_threads",
     "voice",
     "enable_xmtp",
     "xmtp",

@@ -1,4 +1,5 @@
-//! `GET /v1/status`: version, uptime, whether intake is `paused`, scheduler counters, engines (with `path`
+//! `GET /v1/status`: version, uptime, whether intake is `paused`, the async runtime's
+//! `worker_threads`, scheduler counters, engines (with `path`
 //! and `version` where known) and transports
 //! (`{"<id>": {"state", "detail"?, "reason"?, "attempts"?, "retry_in_ms"?}}`),
 //! and where the config's secrets come from (`{"<name>": {"source", "overrides"}}`).
@@ -57,6 +58,7 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
         "version": &*state.version,
         "uptime_ms": u64::try_from(state.started_at.elapsed().as_millis()).unwrap_or(u64::MAX),
         "paused": snapshot.paused,
+        "worker_threads": tokio::runtime::Handle::current().metrics().num_workers(),
         "scheduler": {
             "in_flight": snapshot.in_flight,
             "waitq": snapshot.waitq,

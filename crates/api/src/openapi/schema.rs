@@ -349,6 +349,8 @@ pub struct Status {
     pub uptime_ms: u64,
     /// Whether intake is paused (`/v1/intake/pause`).
     pub paused: bool,
+    /// Threads of the async runtime the gateway runs on (`[gateway] worker_threads`).
+    pub worker_threads: u64,
     pub scheduler: Scheduler,
     pub engines: Vec<EngineStatus>,
     /// The engine of requests that name none.

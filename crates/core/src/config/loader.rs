@@ -577,6 +577,7 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
         ("http_header_read_timeout_ms", gateway.http_header_read_timeout_ms == 0),
         ("http_idle_timeout_ms", gateway.http_idle_timeout_ms == 0),
         ("http_max_connections", gateway.http_max_connections == Some(0)),
+        ("worker_threads", gateway.worker_threads == Some(0)),
     ];
     if let Some((name, _)) = http_keys.iter().find(|(_, zero)| *zero) {
         let segs = [key("gateway"), key(name)];
@@ -676,6 +677,8 @@ pub const MAX_QUEUE_CAP: u64 = 1_000_000;
 pub const MAX_DURATION_MS: u64 = 30 * 24 * 60 * 60 * 1000;
 /// See [`MAX_CONCURRENT_RUNS`].
 pub const MAX_CONNECTIONS: u64 = 10_000_000;
+/// See [`MAX_CONCURRENT_RUNS`]: threads of the async runtime.
+pub const MAX_WORKER_THREADS: u64 = 1024;
 /// See [`MAX_CONCURRENT_RUNS`]: requests a second (and burst) of one client.
 pub const MAX_CLIENT_RATE: u32 = 1_000_000;
 
@@ -696,6 +699,7 @@ fn check_ranges(config: &Config) -> Result<(), (Vec<Segment>, String)> {
             gateway.http_max_connections.map(as_u64),
             MAX_CONNECTIONS,
         ),
+        (vec![key("worker_threads")], gateway.worker_threads.map(as_u64), MAX_WORKER_THREADS),
     ];
     let durations = [
         ("engine_lock_timeout_ms", Some(gateway.engine_lock_timeout_ms)),

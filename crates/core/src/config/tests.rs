@@ -410,6 +410,25 @@ fn http_limits_have_defaults_and_refuse_zero() {
 }
 
 #[test]
+fn worker_threads_default_to_one_less_than_the_cpus() {
+    let config = check_ok("", &[]).gateway;
+    assert_eq!(config.worker_threads, None);
+    assert_eq!(config.worker_threads_for(1), 1);
+    assert_eq!(config.worker_threads_for(2), 1);
+    assert_eq!(config.worker_threads_for(8), 7);
+    let config = check_ok("[gateway]\nworker_threads = 4\n", &[]).gateway;
+    assert_eq!((config.worker_threads_for(2), config.worker_threads_for(16)), (4, 4));
+    check_error(
+        "[gateway]\nworker_threads = 0\n",
+        "/home/u/.lemon/config.toml:2:18: gateway.worker_threads: must be at least 1",
+    );
+    check_error(
+        "[gateway]\nworker_threads = 5000\n",
+        "/home/u/.lemon/config.toml:2:18: gateway.worker_threads: 5000 is too large: must be at most 1024",
+    );
+}
+
+#[test]
 fn client_limits_have_defaults_and_say_which_value_is_wrong() {
     let limits = check_ok("", &[]).gateway.http_client_limits;
     assert_eq!(

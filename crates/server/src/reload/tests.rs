@@ -59,11 +59,16 @@ fn each_key_goes_to_the_component_that_owns_it() {
 #[test]
 fn listeners_and_http_limits_wait_for_a_restart() {
     let started = gateway("[gateway.api]\nport = 4040\n");
-    let edited = gateway("[gateway.api]\nport = 5050\n[gateway]\nhttp_idle_timeout_ms = 99\n");
+    let edited = gateway(
+        "[gateway.api]\nport = 5050\n[gateway]\nhttp_idle_timeout_ms = 99\nworker_threads = 3\n",
+    );
     assert!(plan(&started, &edited).is_empty(), "nothing of it applies live");
     let pending = pending_restarts(&started, &edited);
     let keys: Vec<&str> = pending.iter().map(|p| p.key.as_str()).collect();
-    assert_eq!(keys, ["gateway.api.port", "gateway.http_idle_timeout_ms"]);
+    assert_eq!(
+        keys,
+        ["gateway.api.port", "gateway.http_idle_timeout_ms", "gateway.worker_threads"]
+    );
     assert_eq!(pending[0].running, serde_json::json!(4040));
     assert_eq!(pending[0].file, serde_json::json!(5050));
     // Set back, nothing waits any more.
