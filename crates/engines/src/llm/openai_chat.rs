@@ -9,9 +9,12 @@
 //! `stream_options.include_usage` asks for.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use lemon_core::tool::ToolSpec;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::http::{self, Decoder, Endpoint};
@@ -27,6 +30,7 @@ pub struct OpenAiChatClient {
     endpoint: Endpoint,
     /// `max_completion_tokens` (OpenAI itself) or `max_tokens` (compatible servers).
     max_tokens_field: &'static str,
+    tools: Arc<ToolsJson>,
 }
 
 impl OpenAiChatClient {
@@ -35,21 +39,82 @@ impl OpenAiChatClient {
         let max_tokens_field =
             if base.contains("://api.openai.com") { "max_completion_tokens" } else { "max_tokens" };
         endpoint.url = format!("{base}/chat/completions");
-        OpenAiChatClient { endpoint, max_tokens_field }
+        OpenAiChatClient { endpoint, max_tokens_field, tools: Arc::default() }
     }
 }
 
 #[async_trait]
 impl LlmClient for OpenAiChatClient {
     async fn stream(&self, request: LlmRequest) -> Result<LlmStream, LlmError> {
-        let body = request_body(&request, self.max_tokens_field);
+        let tools = self.tools.of(&request.tools);
+        let body = request_body(&request, self.max_tokens_field, tools.as_deref());
         self.endpoint.stream(&body, ChatDecoder::default()).await
     }
 }
 
+/// How many sets of tool specs keep their serialised form: one per kind of
+/// session offered different gateway tools (a Telegram chat, a webhook…).
+const TOOLS_KEPT: usize = 4;
+
+/// The `tools` array of the requests, serialised once per set of specs: a
+/// native run offers every model request the same specs (one shared `Arc`,
+/// kept per set of tools offered), and serialising their JSON schemas was most
+/// of the cost of building a request.
+#[derive(Debug, Default)]
+struct ToolsJson {
+    /// The most recently used first.
+    recent: Mutex<Vec<KeptTools>>,
+}
+
+/// A set of specs and its serialised array.
+type KeptTools = (Arc<[ToolSpec]>, Arc<RawValue>);
+
+impl ToolsJson {
+    /// The array for `specs`; `None` when there are none.
+    fn of(&self, specs: &Arc<[ToolSpec]>) -> Option<Arc<RawValue>> {
+        if specs.is_empty() {
+            return None;
+        }
+        let mut recent = self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The `Arc` held here keeps the address from being reused by other specs.
+        if let Some(at) = recent.iter().position(|(kept, _)| Arc::ptr_eq(kept, specs)) {
+            let entry = recent.remove(at);
+            let json = Arc::clone(&entry.1);
+            recent.insert(0, entry);
+            return Some(json);
+        }
+        let json: Arc<RawValue> = Arc::from(tools_json(specs)?);
+        recent.insert(0, (Arc::clone(specs), Arc::clone(&json)));
+        recent.truncate(TOOLS_KEPT);
+        Some(json)
+    }
+}
+
+/// `specs` as the request's `tools` array.
+fn tools_json(specs: &[ToolSpec]) -> Option<Box<RawValue>> {
+    let tools: Vec<WireTool<'_>> = specs
+        .iter()
+        .map(|tool| WireTool {
+            kind: "function",
+            function: WireToolFunction {
+                name: &tool.name,
+                description: &tool.description,
+                parameters: &tool.parameters,
+            },
+        })
+        .collect();
+    // Serialising borrowed strings and `Value`s into a string cannot fail.
+    serde_json::value::to_raw_value(&tools).ok()
+}
+
 /// The wire request for `request`, serialised straight from the request's
-/// own fields (no JSON tree is built, no schema copied).
-pub(crate) fn request_body<'a>(request: &'a LlmRequest, max_tokens_field: &str) -> ChatBody<'a> {
+/// own fields (no JSON tree is built, no schema copied), with its `tools`
+/// array already serialised.
+pub(crate) fn request_body<'a>(
+    request: &'a LlmRequest,
+    max_tokens_field: &str,
+    tools: Option<&'a RawValue>,
+) -> ChatBody<'a> {
     let system = request.system.as_deref().map(|content| WireMessage::System { content });
     let messages = system
         .into_iter()
@@ -73,18 +138,6 @@ pub(crate) fn request_body<'a>(request: &'a LlmRequest, max_tokens_field: &str) 
             }
         }))
         .collect();
-    let tools = request
-        .tools
-        .iter()
-        .map(|tool| WireTool {
-            kind: "function",
-            function: WireToolFunction {
-                name: &tool.name,
-                description: &tool.description,
-                parameters: &tool.parameters,
-            },
-        })
-        .collect();
     let openai = max_tokens_field == "max_completion_tokens";
     ChatBody {
         model: &request.model,
@@ -105,8 +158,8 @@ pub(crate) struct ChatBody<'a> {
     messages: Vec<WireMessage<'a>>,
     stream: bool,
     stream_options: StreamOptions,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_completion_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -347,8 +400,6 @@ impl Decoder for ChatDecoder {
 
 #[cfg(test)]
 mod tests {
-    use lemon_core::tool::ToolSpec;
-
     use super::*;
     use crate::llm::http::{decode_all, ok};
 
@@ -480,7 +531,7 @@ mod tests {
             temperature: None,
         };
         assert_eq!(
-            serde_json::to_value(request_body(&request, "max_tokens")).unwrap(),
+            serde_json::to_value(request_body(&request, "max_tokens", None)).unwrap(),
             json!({
                 "model": "llama3",
                 "messages": [
@@ -526,8 +577,10 @@ mod tests {
             max_tokens: Some(100),
             temperature: Some(0.5),
         };
+        let tools = ToolsJson::default().of(&request.tools);
         assert_eq!(
-            serde_json::to_value(request_body(&request, "max_completion_tokens")).unwrap(),
+            serde_json::to_value(request_body(&request, "max_completion_tokens", tools.as_deref()))
+                .unwrap(),
             json!({
                 "model": "gpt-4o",
                 "messages": [
@@ -548,5 +601,43 @@ mod tests {
                 "temperature": 0.5,
             })
         );
+    }
+
+    #[test]
+    fn each_set_of_tools_is_sent_as_its_own_even_when_sets_take_turns() {
+        let set = |names: &[&str]| -> Arc<[ToolSpec]> {
+            names
+                .iter()
+                .map(|name| ToolSpec {
+                    name: (*name).to_owned(),
+                    description: format!("the {name} tool"),
+                    parameters: json!({"type": "object"}),
+                })
+                .collect()
+        };
+        let names = |json: Option<Arc<RawValue>>| -> Vec<String> {
+            let tools: Value = serde_json::from_str(json.unwrap().get()).unwrap();
+            tools
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|tool| tool["function"]["name"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let cache = ToolsJson::default();
+        let sets: Vec<Arc<[ToolSpec]>> =
+            (0..TOOLS_KEPT + 2).map(|n| set(&[&format!("tool_{n}"), "read"])).collect();
+        for round in 0..3 {
+            for (n, specs) in sets.iter().enumerate() {
+                assert_eq!(
+                    names(cache.of(specs)),
+                    [format!("tool_{n}"), "read".to_owned()],
+                    "{round}"
+                );
+            }
+        }
+        // Equal specs in another allocation are serialised again, alike.
+        assert_eq!(names(cache.of(&set(&["tool_0", "read"]))), ["tool_0", "read"]);
+        assert!(cache.of(&set(&[])).is_none(), "no tools, no array");
     }
 }
