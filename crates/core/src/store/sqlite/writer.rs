@@ -54,10 +54,15 @@ pub(super) const LINGER: std::time::Duration = std::time::Duration::from_millis(
 const CHECKPOINT_EVERY_OPS: usize = 2048;
 
 /// Log length (in pages) at which the checkpointer also restarts the log. A passive
-/// checkpoint never lets the log start over while the writer keeps appending, so
-/// under sustained load the file would grow without bound; a restart checkpoint
-/// briefly holds the writer back so that the next batch starts the log from the top.
-const RESTART_LOG_FRAMES: i64 = 32_768;
+/// checkpoint never lets the log start over while the writer keeps appending (the
+/// writer's next transaction must begin with every frame copied back, and frames
+/// keep arriving while the checkpoint runs), so under sustained load the file
+/// would grow without bound; a restart checkpoint briefly holds the writer back,
+/// copies what the passive one could not, and the next batch starts the log from
+/// the top. 8 MiB: the log's file stays well under `journal_size_limit`, so it is
+/// never cut back, and the writer's appends rewrite pages the page cache already
+/// holds instead of allocating and zeroing fresh ones.
+const RESTART_LOG_FRAMES: i64 = 2_048;
 
 /// Runs per generation of the `seq` cache; two generations are kept.
 const SEQ_CACHE_GENERATION: usize = 16_384;
