@@ -12,7 +12,7 @@ use lemon_tests::fake_telegram::ChatSpec;
 
 use crate::support::{Gateway, PATIENCE};
 use crate::telegram_e2e::{config, fake_telegram, start, wait_for_reply, USER};
-use crate::webhook_e2e::{free_port, receive_one};
+use crate::webhook_e2e::receive_one;
 
 const CHART: &str = "not really a png";
 
@@ -63,14 +63,13 @@ async fn a_telegram_chat_gets_the_photo_and_the_text_without_the_media_line() {
 
 #[tokio::test]
 async fn a_webhook_answer_and_callback_carry_the_file_and_leave_out_the_outside_path() {
-    let port = free_port().await;
     let callback = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let callback_url = format!("http://{}/done", callback.local_addr().unwrap());
     let cwd = tempfile::tempdir().unwrap();
     let config = format!(
         "[gateway]\nenable_webhook = true\ndefault_engine = \"codex\"\ndefault_cwd = \"{}\"\n\
          {}\
-         [gateway.webhook]\nport = {port}\nallow_private_callback_hosts = true\n\
+         [gateway.webhook]\nport = 0\nallow_private_callback_hosts = true\n\
          [gateway.webhook.integrations.ci]\ntoken = \"hook-token-artifacts\"\nmode = \"sync\"\ncallback_url = \"{callback_url}\"\n",
         cwd.path().display(),
         codex_writing_a_chart(),
@@ -78,7 +77,7 @@ async fn a_webhook_answer_and_callback_carry_the_file_and_leave_out_the_outside_
     let gateway = Gateway::start(&config).await;
     let response = gateway
         .http
-        .post(format!("http://127.0.0.1:{port}/webhooks/ci"))
+        .post(gateway.webhook_url("ci"))
         .bearer_auth("hook-token-artifacts")
         .json(&json!({ "prompt": "plot it" }))
         .timeout(PATIENCE)

@@ -13,7 +13,6 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::support::{command, home_with, Gateway, PATIENCE};
-use crate::webhook_e2e::free_port;
 
 const HOOK_TOKEN: &str = "hook-restart-token-51c2";
 
@@ -73,19 +72,19 @@ impl Receiver {
     }
 }
 
-fn config(port: u16, callback_url: &str, extra: &str) -> String {
+fn config(callback_url: &str, extra: &str) -> String {
     format!(
         "[gateway]\nenable_webhook = true\nshutdown_grace_ms = 200\n{extra}\
-         [gateway.webhook]\nport = {port}\nallow_private_callback_hosts = true\n\
+         [gateway.webhook]\nport = 0\nallow_private_callback_hosts = true\n\
          callback_max_attempts = 50\ncallback_backoff_ms = 50\ncallback_backoff_max_ms = 100\n\
          [gateway.webhook.integrations.ci]\ntoken = \"{HOOK_TOKEN}\"\ncallback_url = \"{callback_url}\"\n"
     )
 }
 
-async fn post_hook(gateway: &Gateway, port: u16, prompt: &str) -> String {
+async fn post_hook(gateway: &Gateway, prompt: &str) -> String {
     let response = gateway
         .http
-        .post(format!("http://127.0.0.1:{port}/webhooks/ci"))
+        .post(gateway.webhook_url("ci"))
         .bearer_auth(HOOK_TOKEN)
         .json(&json!({ "prompt": prompt, "metadata": { "build": 7 } }))
         .timeout(PATIENCE)
@@ -117,14 +116,13 @@ async fn start_and_stop(home: &std::path::Path) {
 
 #[tokio::test]
 async fn a_callback_retried_at_a_stop_is_delivered_once_after_the_restart() {
-    let port = free_port().await;
     let mut receiver = Receiver::start(false).await;
-    let home = home_with(&config(port, &receiver.url, ""));
+    let home = home_with(&config(&receiver.url, ""));
 
     let log_path = home.path().join("first-run.log");
     let log = std::fs::File::create(&log_path).unwrap();
     let gateway = Gateway::spawn_with_stderr(command(home.path()), home.path(), log.into()).await;
-    let run_id = post_hook(&gateway, port, "deploy finished").await;
+    let run_id = post_hook(&gateway, "deploy finished").await;
     assert_eq!(receiver.next_attempt().await, 503);
     assert_eq!(receiver.next_attempt().await, 503, "retried");
     let stopped = gateway.terminate().await;
@@ -149,12 +147,11 @@ async fn a_callback_retried_at_a_stop_is_delivered_once_after_the_restart() {
 
 #[tokio::test]
 async fn a_run_still_running_at_a_stop_gets_its_callback_once_after_the_restart() {
-    let port = free_port().await;
     let mut receiver = Receiver::start(true).await;
-    let home = home_with(&config(port, &receiver.url, "[gateway.engines.echo]\ndelay_ms = 50\n"));
+    let home = home_with(&config(&receiver.url, "[gateway.engines.echo]\ndelay_ms = 50\n"));
 
     let gateway = Gateway::start_in(home.path()).await;
-    let run_id = post_hook(&gateway, port, &vec!["w"; 400].join(" ")).await;
+    let run_id = post_hook(&gateway, &vec!["w"; 400].join(" ")).await;
     // Wait until it is streaming, then stop the gateway.
     let mut events = gateway.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
     tokio::time::timeout(PATIENCE, async {
@@ -195,25 +192,26 @@ async fn webhook_detail(gateway: &Gateway, accept: impl Fn(&str) -> bool) -> Str
 
 #[tokio::test]
 async fn a_callback_given_up_on_shows_in_status_also_after_a_restart() {
-    let port = free_port().await;
     let mut receiver = Receiver::start(false).await;
-    let config = config(port, &receiver.url, "")
+    let config = config(&receiver.url, "")
         .replace("callback_max_attempts = 50", "callback_max_attempts = 2");
     let home = home_with(&config);
     let gateway = Gateway::start_in(home.path()).await;
+    let addr = gateway.webhook.clone().unwrap();
     let plain = webhook_detail(&gateway, |d| !d.is_empty()).await;
-    assert_eq!(plain, format!("127.0.0.1:{port}"), "nothing given up yet");
-    post_hook(&gateway, port, "nobody listens").await;
+    assert_eq!(plain, addr, "nothing given up yet");
+    post_hook(&gateway, "nobody listens").await;
     assert_eq!(receiver.next_attempt().await, 503);
     assert_eq!(receiver.next_attempt().await, 503);
     let detail = webhook_detail(&gateway, |d| d.contains("given up")).await;
-    assert_eq!(detail, format!("127.0.0.1:{port}; 1 callback given up (see the log)"));
+    assert_eq!(detail, format!("{addr}; 1 callback given up (see the log)"));
     assert!(gateway.terminate().await.success());
 
     // Still on record, so the next start says so too, and tries no more.
     let gateway = Gateway::start_in(home.path()).await;
+    let addr = gateway.webhook.clone().unwrap();
     let detail = webhook_detail(&gateway, |d| !d.is_empty()).await;
-    assert_eq!(detail, format!("127.0.0.1:{port}; 1 callback given up (see the log)"));
+    assert_eq!(detail, format!("{addr}; 1 callback given up (see the log)"));
     assert!(gateway.terminate().await.success());
     assert!(receiver.attempts.try_recv().is_err(), "no attempt after it was given up");
     assert_eq!(receiver.taken.load(Ordering::SeqCst), 0);

@@ -16,7 +16,6 @@ use serde_json::{json, Value};
 use crate::cli_support::{read_args, success_fixture};
 use crate::support::{home_with, Gateway, PATIENCE};
 use crate::telegram_e2e::{config as telegram_config, fake_telegram, start, wait_for_reply, USER};
-use crate::webhook_e2e::free_port;
 
 const SKIP: &str = "--dangerously-skip-permissions";
 const HOOK_TOKEN: &str = "hook-injection-token-5c2e";
@@ -178,15 +177,14 @@ async fn a_composite_engine_id_puts_its_model_in_the_option_form() {
 #[tokio::test]
 async fn a_webhook_with_its_token_gets_400_for_injected_values_and_starts_no_cli() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port().await;
     let config = format!(
         "[gateway]\nenable_webhook = true\n{}\
-         [gateway.webhook]\nport = {port}\n\
+         [gateway.webhook]\nport = 0\n\
          [gateway.webhook.integrations.ci]\ntoken = \"{HOOK_TOKEN}\"\n",
         engines_config(dir.path())
     );
     let gateway = Gateway::start(&config).await;
-    let url = format!("http://127.0.0.1:{port}/webhooks/ci");
+    let url = gateway.webhook_url("ci");
     let cases = [
         (json!({ "prompt": "hi", "engine": format!("claude:{SKIP}") }), "engine"),
         (json!({ "prompt": "codex resume --dangerously-bypass-approvals-and-sandbox" }), "prompt"),

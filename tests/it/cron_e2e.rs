@@ -22,7 +22,6 @@ use crate::support::{failed_start, home_with, write_config, Gateway, PATIENCE};
 use crate::telegram_e2e::{
     config as telegram_config, fake_telegram, start as start_telegram, USER,
 };
-use crate::webhook_e2e::free_port;
 
 impl Gateway {
     async fn cron_create(&self, body: Value) -> Value {
@@ -179,10 +178,9 @@ async fn callback_receiver() -> (String, Arc<AtomicUsize>, mpsc::UnboundedReceiv
 #[tokio::test]
 async fn a_job_in_a_webhook_session_is_delivered_to_its_callback_once() {
     let (url, taken, mut bodies) = callback_receiver().await;
-    let port = free_port().await;
     let config = format!(
         "[gateway]\ndefault_engine = \"echo\"\nenable_webhook = true\n\
-         [gateway.webhook]\nport = {port}\nallow_private_callback_hosts = true\n\
+         [gateway.webhook]\nport = 0\nallow_private_callback_hosts = true\n\
          callback_backoff_ms = 20\n\
          [gateway.webhook.integrations.ci]\ntoken = \"cron-hook-token-3a9\"\ncallback_url = \"{url}\"\n"
     );

@@ -20,7 +20,6 @@ use serde_json::{json, Value};
 
 use crate::fault_support::{live_with_env, rss_kib};
 use crate::support::{home_with, Gateway, PATIENCE};
-use crate::webhook_e2e::free_port;
 
 const HOOK_TOKEN: &str = "hook-kill-token-7d1e";
 const BOT_TOKEN: &str = "515151:kill-test-bot-token";
@@ -106,11 +105,11 @@ impl Rng {
     }
 }
 
-fn workload_config(port: u16, callback_url: &str, fake: &FakeTelegram) -> String {
+fn workload_config(callback_url: &str, fake: &FakeTelegram) -> String {
     format!(
         "[gateway]\nenable_webhook = true\nenable_telegram = true\nmax_concurrent_runs = 4\n\
          [gateway.engines.echo]\ndelay_ms = 3\n\
-         [gateway.webhook]\nport = {port}\nallow_private_callback_hosts = true\n\
+         [gateway.webhook]\nport = 0\nallow_private_callback_hosts = true\n\
          callback_max_attempts = 50\ncallback_backoff_ms = 50\ncallback_backoff_max_ms = 200\n\
          [gateway.webhook.integrations.ci]\ntoken = \"{HOOK_TOKEN}\"\ncallback_url = \"{callback_url}\"\n\
          allow_session_key = true\nqueue_mode = \"followup\"\n\
@@ -157,8 +156,7 @@ async fn kill_9_at_random_points_of_a_workload_loses_and_repeats_nothing() {
     let fake = FakeTelegram::start(&[(BOT_TOKEN, BOT_ID, "lemon_kill_bot")]).await;
     let callbacks = Callbacks::default();
     let callback_url = callbacks.start().await;
-    let port = free_port().await;
-    let home = home_with(&workload_config(port, &callback_url, &fake));
+    let home = home_with(&workload_config(&callback_url, &fake));
     let home_entry = format!("LEMON_HOME={}", home.path().display());
     let mut gateway = Gateway::start_in(home.path()).await;
     let mut accepted = Vec::new();
@@ -179,7 +177,7 @@ async fn kill_9_at_random_points_of_a_workload_loses_and_repeats_nothing() {
             1 => {
                 let response = gateway
                     .http
-                    .post(format!("http://127.0.0.1:{port}/webhooks/ci"))
+                    .post(gateway.webhook_url("ci"))
                     .bearer_auth(HOOK_TOKEN)
                     .json(&json!({ "prompt": prompt, "session_key": format!("hook-{n}") }))
                     .timeout(PATIENCE)

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use crate::support::{command, command_with_descriptor_limit, home_with, Gateway, PATIENCE, TOKEN};
 
@@ -150,21 +150,15 @@ pub(crate) fn malformed_requests() -> Vec<(&'static str, Vec<u8>, u16)> {
     ]
 }
 
-/// A free port on loopback (bound, read, released).
-async fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port()
-}
-
 #[tokio::test]
 async fn requests_that_cannot_be_parsed_get_json_errors_on_every_listener() {
-    let webhook_port = free_port().await;
-    let gateway = Gateway::start(&format!(
-        "[gateway]\nenable_webhook = true\n[gateway.webhook]\nport = {webhook_port}\n\
-         [gateway.webhook.integrations.ci]\ntoken = \"hook-token-0123456789\"\n"
-    ))
+    let gateway = Gateway::start(
+        "[gateway]\nenable_webhook = true\n[gateway.webhook]\nport = 0\n\
+         [gateway.webhook.integrations.ci]\ntoken = \"hook-token-0123456789\"\n",
+    )
     .await;
-    let webhook: SocketAddr = format!("127.0.0.1:{webhook_port}").parse().unwrap();
     // Ready means every transport has bound its listener (or failed).
+    let webhook: SocketAddr = gateway.webhook.as_deref().unwrap().parse().unwrap();
     assert_eq!(gateway.status().await["transports"]["webhook"]["state"], "running");
     let listeners = [
         ("control API", addr_of(&gateway.api)),

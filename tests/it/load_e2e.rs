@@ -24,7 +24,6 @@ use serde_json::{json, Value};
 use tokio::sync::Barrier;
 
 use crate::support::{command, home_with, Gateway, PATIENCE, TOKEN};
-use crate::webhook_e2e::free_port;
 
 const HOOK_TOKEN: &str = "load-hook-token-0123456789";
 
@@ -49,7 +48,7 @@ const PER_LISTENER: usize = IDLE_PER_LISTENER + 2 * API_SUBMITTERS;
 /// Resident memory the gateway may use at the peak.
 const MAX_PEAK_RSS: u64 = 1024 * 1024 * 1024;
 
-fn config(hook_port: u16) -> String {
+fn config() -> String {
     format!(
         "[gateway]\nenable_webhook = true\nmax_concurrent_runs = 64\n\
          max_pending_runs = {MAX_PENDING}\nhttp_max_connections = 12000\n\
@@ -57,7 +56,7 @@ fn config(hook_port: u16) -> String {
          [gateway.http_client_limits]\nmax_connections = {CLIENT_CONNECTIONS}\n\
          requests_per_second = {CLIENT_RATE}\nburst = {CLIENT_BURST}\nexempt = [\"127.0.0.1\"]\n\
          [gateway.api]\nport = 0\n[gateway.health]\nport = 0\n\
-         [gateway.webhook]\nport = {hook_port}\nmode = \"async\"\n\
+         [gateway.webhook]\nport = 0\nmode = \"async\"\n\
          [gateway.webhook.integrations.load]\ntoken = \"{HOOK_TOKEN}\"\nallow_session_key = true\n"
     )
 }
@@ -164,12 +163,11 @@ async fn ten_thousand_connections_at_once_lose_nothing_and_memory_stays_bounded(
         eprintln!("skipped: needs {want} descriptors, the hard limit is {limit}");
         return;
     }
-    let hook_port = free_port().await;
-    let home = home_with(&config(hook_port));
+    let home = home_with(&config());
     let gateway = Gateway::spawn(command(home.path()), home.path()).await;
     let pid = gateway.pid() as u32;
     let api = address(&gateway.api);
-    let hook: SocketAddr = ([127, 0, 0, 1], hook_port).into();
+    let hook: SocketAddr = gateway.webhook.as_deref().unwrap().parse().unwrap();
     let baseline_fds = load::open_descriptors(pid).unwrap();
     let (baseline_rss, _) = load::memory(pid).unwrap();
 
@@ -379,19 +377,18 @@ fn soak_duration() -> Duration {
 #[allow(clippy::print_stderr)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_soak_of_mixed_traffic_keeps_memory_and_descriptors_flat() {
-    let hook_port = free_port().await;
     let config = format!(
         "[gateway]\nenable_webhook = true\nmax_concurrent_runs = 64\n\
          [gateway.http_client_limits]\nmax_connections = 0\nrequests_per_second = 0\n\
          [gateway.api]\nport = 0\n[gateway.health]\nport = 0\n\
-         [gateway.webhook]\nport = {hook_port}\nmode = \"async\"\n\
+         [gateway.webhook]\nport = 0\nmode = \"async\"\n\
          [gateway.webhook.integrations.soak]\ntoken = \"{HOOK_TOKEN}\"\nallow_session_key = true\n\
          [gateway.webhook.integrations.sync]\ntoken = \"{HOOK_TOKEN}\"\nmode = \"sync\"\n"
     );
     let gateway = Gateway::start(&config).await;
     let target = load::SoakTarget {
         api: address(&gateway.api),
-        hook: ([127, 0, 0, 1], hook_port).into(),
+        hook: gateway.webhook.as_deref().unwrap().parse().unwrap(),
         pid: gateway.pid() as u32,
         api_token: TOKEN.to_owned(),
         hook_token: HOOK_TOKEN.to_owned(),

@@ -142,57 +142,53 @@ async fn an_engine_section_added_live_is_used_by_the_next_run() {
 
 #[tokio::test]
 async fn a_new_webhook_token_is_accepted_and_the_old_one_refused() {
-    let port = free_port().await;
     let config = |token: &str| {
         format!(
-            "[gateway.webhook]\nenabled = true\nport = {port}\n\
+            "[gateway.webhook]\nenabled = true\nport = 0\n\
              [gateway.webhook.integrations.ci]\ntoken = \"{token}\"\nmode = \"sync\"\n"
         )
     };
     let (old, new) = ("webhook-old-token-1234", "webhook-new-token-5678");
     let gateway = Gateway::start(&config(old)).await;
-    let url = format!("http://127.0.0.1:{port}/webhooks/ci");
-    let post = |token: &str| {
+    let post = |url: String, token: &str| {
         gateway
             .http
-            .post(&url)
+            .post(url)
             .bearer_auth(token)
             .json(&json!({ "prompt": "ping" }))
             .timeout(PATIENCE)
             .send()
     };
-    // The listener binds inside the transport: wait until it answers.
-    tokio::time::timeout(PATIENCE, async {
-        loop {
-            if let Ok(response) = post(old).await {
-                assert_eq!(response.status(), 200);
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the webhook listens");
+    let response = post(gateway.webhook_url("ci"), old).await.unwrap();
+    assert_eq!(response.status(), 200);
 
     let mut notices = Notices::subscribe(&gateway).await;
     write_config(&gateway.home, &config(new));
     let (kind, data) = notices.next().await;
     assert_eq!(kind, "config_reloaded", "{data}");
     assert_eq!(data["applied"], json!(["webhook"]));
-    let accepted = tokio::time::timeout(PATIENCE, async {
+    // The restarted listener binds a port of its own; status names it.
+    let (url, accepted) = tokio::time::timeout(PATIENCE, async {
         loop {
-            if let Ok(response) = post(new).await {
-                return response;
+            let webhook = gateway.status().await["transports"]["webhook"].clone();
+            if let (Some("running"), Some(addr)) =
+                (webhook["state"].as_str(), webhook["detail"].as_str())
+            {
+                let url = format!("http://{addr}/webhooks/ci");
+                if let Ok(response) = post(url.clone(), new).await {
+                    if response.status() == 200 {
+                        return (url, response);
+                    }
+                }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
     .await
-    .expect("the restarted webhook listens");
-    assert_eq!(accepted.status(), 200);
+    .expect("the restarted webhook takes the new token");
     let body: Value = accepted.json().await.unwrap();
     assert_eq!(body["answer"], "ping");
-    assert_eq!(post(old).await.unwrap().status(), 401, "the old token is refused");
+    assert_eq!(post(url, old).await.unwrap().status(), 401, "the old token is refused");
     let report = config_report(&gateway).await;
     assert_eq!(report["effective"]["webhook"]["integrations"]["ci"]["token"], "[REDACTED]");
     assert!(!report.to_string().contains(new), "{report}");

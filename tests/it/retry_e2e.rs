@@ -8,7 +8,6 @@ use lemon_tests::fake_telegram::ChatSpec;
 
 use crate::support::{Gateway, PATIENCE};
 use crate::telegram_e2e::{config, fake_telegram, start, wait_for_reply, USER};
-use crate::webhook_e2e::free_port;
 
 fn fixture(name: &str) -> String {
     format!("{}/fixtures/cli/codex/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -64,12 +63,11 @@ fn assert_retry_prompt(args: &std::path::Path, original: &str) {
 
 #[tokio::test]
 async fn a_webhook_sync_request_gets_the_retrys_answer_once() {
-    let port = free_port().await;
     let scratch = tempfile::tempdir().unwrap();
     let args = scratch.path().join("args");
     let config = format!(
         "[gateway]\nenable_webhook = true\ndefault_engine = \"codex\"\ndefault_cwd = \"{}\"\n{}\
-         [gateway.webhook]\nport = {port}\n\
+         [gateway.webhook]\nport = 0\n\
          [gateway.webhook.integrations.ci]\ntoken = \"hook-token-retry\"\nmode = \"sync\"\n",
         scratch.path().display(),
         codex_failing_once(&args),
@@ -77,7 +75,7 @@ async fn a_webhook_sync_request_gets_the_retrys_answer_once() {
     let gateway = Gateway::start(&config).await;
     let response = gateway
         .http
-        .post(format!("http://127.0.0.1:{port}/webhooks/ci"))
+        .post(gateway.webhook_url("ci"))
         .bearer_auth("hook-token-retry")
         .json(&json!({ "prompt": "ping the build" }))
         .timeout(PATIENCE)

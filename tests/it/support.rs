@@ -23,6 +23,9 @@ pub(crate) struct Gateway {
     pub(crate) child: Child,
     pub(crate) api: String,
     pub(crate) health: String,
+    /// Where the webhook listener bound (`127.0.0.1:PORT`), when the ready
+    /// line names one: tests give it port 0 so no other process can take it.
+    pub(crate) webhook: Option<String>,
     pub(crate) home: PathBuf,
     pub(crate) http: reqwest::Client,
     /// Kept so the directory outlives the process when the test owns it.
@@ -146,10 +149,19 @@ impl Gateway {
             child,
             api: field("api="),
             health: field("health="),
+            webhook: ready.split_whitespace().find_map(|w| {
+                w.strip_prefix("webhook=http://")?.strip_suffix("/webhooks/").map(str::to_owned)
+            }),
             home: home.to_owned(),
             http: reqwest::Client::new(),
             _dir: None,
         }
+    }
+
+    /// The URL of webhook integration `id` on the listener the gateway bound.
+    pub(crate) fn webhook_url(&self, id: &str) -> String {
+        let addr = self.webhook.as_deref().expect("the ready line names the webhook's address");
+        format!("http://{addr}/webhooks/{id}")
     }
 
     pub(crate) fn get(&self, path: &str) -> reqwest::RequestBuilder {

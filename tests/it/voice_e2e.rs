@@ -40,22 +40,35 @@ async fn start(extra: &str) -> Voice {
     let deepgram = FakeDeepgram::start(DEEPGRAM_KEY).await;
     let elevenlabs = FakeElevenLabs::start(ELEVENLABS_KEY).await;
     let rest = FakeTwilioRest::start(ACCOUNT_SID, AUTH_TOKEN, wav_file(800), 1).await;
-    let port = free_port().await;
-    let public_url = format!("http://127.0.0.1:{port}");
     let greeting = if extra.contains("greeting") { "" } else { "greeting = \"\"\n" };
     // A `[gateway.engines.lemon]` table in `extra` leaves the engine unset:
     // calls then run on the gateway's default, the native engine.
     let native = extra.contains("[gateway.engines.lemon]");
     let engine = if native { "" } else { "engine = \"echo\"\n" };
-    let config = format!(
-        "[gateway.voice]\nenabled = true\nport = {port}\npublic_url = \"{public_url}\"\n\
-         deepgram_base_url = \"{}\"\nelevenlabs_base_url = \"{}\"\ntwilio_api_base_url = \"{}\"\n\
-         {engine}{greeting}{extra}",
-        deepgram.base_url, elevenlabs.base_url, rest.base_url
-    );
-    let home = home_with(&config);
-    write_secrets(home.path(), native);
-    let gateway = Gateway::start_in(home.path()).await;
+    // The public URL names the port, so it is picked before the gateway
+    // binds it; another process taking it in between fails that start, which
+    // status shows, and the next attempt picks another port.
+    let mut attempts = 0;
+    let (gateway, home, public_url) = loop {
+        attempts += 1;
+        let port = free_port().await;
+        let public_url = format!("http://127.0.0.1:{port}");
+        let config = format!(
+            "[gateway.voice]\nenabled = true\nport = {port}\npublic_url = \"{public_url}\"\n\
+             deepgram_base_url = \"{}\"\nelevenlabs_base_url = \"{}\"\ntwilio_api_base_url = \"{}\"\n\
+             {engine}{greeting}{extra}",
+            deepgram.base_url, elevenlabs.base_url, rest.base_url
+        );
+        let home = home_with(&config);
+        write_secrets(home.path(), native);
+        let gateway = Gateway::start_in(home.path()).await;
+        let voice = gateway.status().await["transports"]["voice"].clone();
+        if voice["state"] == "running" {
+            break (gateway, home, public_url);
+        }
+        assert!(attempts < 5, "voice never listened: {voice}");
+        assert!(gateway.terminate().await.success());
+    };
     Voice {
         gateway,
         deepgram,

@@ -49,17 +49,16 @@ pub(crate) async fn receive_one(listener: TcpListener) -> Value {
 
 #[tokio::test]
 async fn webhooks_answer_in_sync_mode_and_call_back_in_async_mode() {
-    let port = free_port().await;
     let callback = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let callback_url = format!("http://{}/done", callback.local_addr().unwrap());
     let config = format!(
         "[gateway]\nenable_webhook = true\n\
-         [gateway.webhook]\nport = {port}\nallow_private_callback_hosts = true\n\
+         [gateway.webhook]\nport = 0\nallow_private_callback_hosts = true\n\
          [gateway.webhook.integrations.ci]\ntoken = \"{HOOK_TOKEN}\"\nmode = \"sync\"\n\
          [gateway.webhook.integrations.later]\ntoken = \"{HOOK_TOKEN}\"\ncallback_url = \"{callback_url}\"\n"
     );
     let gateway = Gateway::start(&config).await;
-    let url = |id: &str| format!("http://127.0.0.1:{port}/webhooks/{id}");
+    let url = |id: &str| gateway.webhook_url(id);
 
     let response = gateway
         .http
@@ -116,7 +115,7 @@ async fn webhooks_answer_in_sync_mode_and_call_back_in_async_mode() {
     let status = gateway.status().await;
     assert_eq!(
         status["transports"]["webhook"],
-        json!({ "state": "running", "detail": format!("127.0.0.1:{port}") })
+        json!({ "state": "running", "detail": gateway.webhook.as_deref().unwrap() })
     );
     gateway.terminate().await;
 }
@@ -146,17 +145,16 @@ async fn health(gateway: &Gateway) -> (u16, Value) {
 
 #[tokio::test]
 async fn an_idempotency_key_holds_across_a_restart() {
-    let port = free_port().await;
     let config = format!(
         "[gateway]\nenable_webhook = true\n\
-         [gateway.webhook]\nport = {port}\n\
+         [gateway.webhook]\nport = 0\n\
          [gateway.webhook.integrations.ci]\ntoken = \"{HOOK_TOKEN}\"\n"
     );
     let home = home_with(&config);
     let post = |gateway: &Gateway| {
         gateway
             .http
-            .post(format!("http://127.0.0.1:{port}/webhooks/ci"))
+            .post(gateway.webhook_url("ci"))
             .bearer_auth(HOOK_TOKEN)
             .header("idempotency-key", "release-1.4.0")
             .json(&json!({ "prompt": "announce the release" }))
