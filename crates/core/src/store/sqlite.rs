@@ -56,8 +56,43 @@ pub(crate) use self::schema::SCHEMA_VERSION;
 const QUEUE_CAPACITY: usize = 8192;
 
 /// How long a statement waits for a lock held by another connection (another
-/// process on the same file, or the writer checkpointing) before failing.
+/// process on the same file, or the checkpointer restarting the log) before
+/// failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The first tries at a lock held by another connection, [`BUSY_SHORT_STEP`]
+/// apart. The locks this store's own connections take from each other (a log
+/// restart, a reader finishing with the log) are held for well under a
+/// millisecond; SQLite's own busy handler sleeps 1, 2, 5, 10 ms and more
+/// between tries, so it made the writer, and every turn waiting on it, lose
+/// several milliseconds to each of them.
+const BUSY_SHORT_TRIES: u32 = 200;
+const BUSY_SHORT_STEP: Duration = Duration::from_micros(50);
+/// Past the short tries (10 ms), tries are this far apart until
+/// [`BUSY_TIMEOUT`]: a lock held that long is another process's.
+const BUSY_LONG_STEP: Duration = Duration::from_millis(1);
+
+/// How long to sleep before try `attempt` (0 for the first retry) at a busy
+/// lock, or `None` once [`BUSY_TIMEOUT`] has been spent waiting.
+pub(super) fn busy_delay(attempt: u32) -> Option<Duration> {
+    let short = BUSY_SHORT_STEP * BUSY_SHORT_TRIES;
+    if attempt < BUSY_SHORT_TRIES {
+        return Some(BUSY_SHORT_STEP);
+    }
+    let waited = short + BUSY_LONG_STEP * (attempt - BUSY_SHORT_TRIES);
+    (waited < BUSY_TIMEOUT).then_some(BUSY_LONG_STEP)
+}
+
+/// SQLite's busy handler for every connection: `true` to try again.
+fn wait_for_lock(attempt: i32) -> bool {
+    match busy_delay(u32::try_from(attempt).unwrap_or(u32::MAX)) {
+        Some(delay) => {
+            std::thread::sleep(delay);
+            true
+        }
+        None => false,
+    }
+}
 
 /// The columns [`run_from_row`] reads, in order; a macro so queries are `concat!`ed at compile time.
 macro_rules! run_columns {
@@ -868,7 +903,7 @@ fn make_private(path: &Path) -> Result<(), String> {
 
 fn connect(path: &Path) -> Result<Connection, String> {
     let conn = Connection::open(path).map_err(|e| e.to_string())?;
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| e.to_string())?;
+    conn.busy_handler(Some(wait_for_lock)).map_err(|e| e.to_string())?;
     // WAL lets the reader read while the writer writes; NORMAL syncs only at
     // checkpoints, so a commit is an append to the log. A power cut may lose the
     // last commits but never corrupts the file.

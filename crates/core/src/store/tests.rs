@@ -878,6 +878,43 @@ async fn sqlite_write_errors_fail_flush_and_check_writable_until_writes_succeed(
     store.close().await.unwrap();
 }
 
+#[test]
+fn sqlite_waits_for_a_lock_in_short_steps_and_gives_up_after_five_seconds() {
+    use super::sqlite::busy_delay;
+    use std::time::Duration;
+    // A lock held for a fraction of a millisecond costs about that long.
+    let first_ten_ms: Duration = (0..200).map(|n| busy_delay(n).unwrap()).sum();
+    assert_eq!(first_ten_ms, Duration::from_millis(10));
+    assert!((0..200).all(|n| busy_delay(n) == Some(Duration::from_micros(50))));
+    // Then a try each millisecond, until five seconds are spent.
+    let tries = (0..).take_while(|n| busy_delay(*n).is_some()).count();
+    let waited: Duration = (0..tries).map(|n| busy_delay(n as u32).unwrap()).sum();
+    assert_eq!(waited, Duration::from_secs(5));
+    assert_eq!(busy_delay(u32::MAX), None);
+}
+
+#[tokio::test]
+async fn sqlite_a_lock_another_process_keeps_fails_writes_after_the_wait_and_then_frees_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    store.check_writable().await.unwrap();
+
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE; DELETE FROM health;").unwrap();
+    // The writer waits out its five seconds and says why it could not write.
+    match store.check_writable().await {
+        Err(StoreError::Database(message)) => assert!(message.contains("locked"), "{message}"),
+        other => panic!("expected a database error, got {other:?}"),
+    }
+    other.execute_batch("COMMIT;").unwrap();
+    store.check_writable().await.unwrap();
+    store.insert_run(new_run("run_1", 1_000)).await;
+    store.flush().await.unwrap();
+    assert_eq!(store.get_run("run_1").await.unwrap(), Some(queued_record("run_1", 1_000)));
+    store.close().await.unwrap();
+}
+
 #[tokio::test]
 async fn sqlite_runs_from_before_a_reopen_take_new_writes() {
     let dir = tempfile::tempdir().unwrap();
