@@ -9,6 +9,7 @@
 //! - [`sse`]: the incremental Server-Sent Events parser all three read with.
 //! - [`openai_chat`], [`openai_responses`], [`anthropic`]: the wire protocols.
 //! - [`retry`]: retries before any output, with backoff and `Retry-After`.
+//! - `tools_json`: each client's `tools` array, serialised once per set of specs.
 //! - [`build_client`]: a [`Provider`] and [`ClientOptions`] to a retrying client.
 //!
 //! The API key travels in a sensitive header only: `Debug` of every client
@@ -31,6 +32,7 @@ pub mod openai_chat;
 pub mod openai_responses;
 pub mod retry;
 pub mod sse;
+mod tools_json;
 
 pub use anthropic::AnthropicClient;
 pub use http::is_context_overflow;

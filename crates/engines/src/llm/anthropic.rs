@@ -10,12 +10,18 @@
 //! event (`overloaded_error`, …) ends the turn.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde_json::{json, Value};
+use lemon_core::tool::ToolSpec;
+use serde::ser::SerializeMap;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 use super::http::{self, Decoder, Endpoint};
 use super::sse::SseEvent;
+use super::tools_json::ToolsJson;
 use super::{
     ChatMessage, LlmClient, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage, StopReason,
     ToolCall,
@@ -28,6 +34,7 @@ pub const DEFAULT_MAX_TOKENS: u32 = 8192;
 #[derive(Debug, Clone)]
 pub struct AnthropicClient {
     endpoint: Endpoint,
+    tools: Arc<ToolsJson>,
 }
 
 impl AnthropicClient {
@@ -39,102 +46,157 @@ impl AnthropicClient {
         } else {
             format!("{base}/v1/messages")
         };
-        AnthropicClient { endpoint }
+        AnthropicClient { endpoint, tools: Arc::new(ToolsJson::new(tools_json)) }
     }
 }
 
 #[async_trait]
 impl LlmClient for AnthropicClient {
     async fn stream(&self, request: LlmRequest) -> Result<LlmStream, LlmError> {
-        self.endpoint.stream(&request_body(&request), MessagesDecoder::default()).await
+        let tools = self.tools.of(&request.tools);
+        let body = request_body(&request, tools.as_deref());
+        self.endpoint.stream(&body, MessagesDecoder::default()).await
     }
 }
 
-/// A message's role and content blocks, merged with the previous message of
-/// the same role (tool results and a user text after them are one user turn).
-fn push_blocks(messages: &mut Vec<Value>, role: &str, blocks: Vec<Value>) {
-    if blocks.is_empty() {
-        return;
-    }
-    if let Some(last) = messages.last_mut() {
-        if last["role"] == role {
-            if let Some(content) = last["content"].as_array_mut() {
-                content.extend(blocks);
-                return;
-            }
-        }
-    }
-    messages.push(json!({"role": role, "content": blocks}));
-}
-
-/// The wire request for `request`.
-pub(crate) fn request_body(request: &LlmRequest) -> Value {
-    let mut messages = Vec::with_capacity(request.messages.len());
+/// The wire request for `request`, serialised straight from the request's
+/// own fields (no JSON tree is built, no text copied), with its `tools` array
+/// already serialised.
+pub(crate) fn request_body<'a>(
+    request: &'a LlmRequest,
+    tools: Option<&'a RawValue>,
+) -> MessagesBody<'a> {
+    let mut messages: Vec<WireMessage<'a>> = Vec::with_capacity(request.messages.len());
     for message in &request.messages {
         match message {
             ChatMessage::User { text } => {
-                push_blocks(&mut messages, "user", vec![json!({"type": "text", "text": text})]);
+                push_blocks(&mut messages, "user", [Block::Text { text }]);
             }
             ChatMessage::Assistant { text, tool_calls } => {
-                let mut blocks = Vec::with_capacity(tool_calls.len() + 1);
-                if !text.is_empty() {
-                    blocks.push(json!({"type": "text", "text": text}));
-                }
-                for call in tool_calls {
-                    // The model's arguments were JSON text; an object is what
-                    // the API takes back, so unreadable ones go back empty.
-                    let input = serde_json::from_str::<Value>(&call.arguments)
-                        .ok()
-                        .filter(Value::is_object)
-                        .unwrap_or_else(|| json!({}));
-                    blocks.push(json!({
-                        "type": "tool_use",
-                        "id": call.id,
-                        "name": call.name,
-                        "input": input,
-                    }));
-                }
-                push_blocks(&mut messages, "assistant", blocks);
+                let text = (!text.is_empty()).then_some(Block::Text { text });
+                let calls = tool_calls.iter().map(|call| Block::ToolUse {
+                    id: &call.id,
+                    name: &call.name,
+                    input: ToolInput::of(&call.arguments),
+                });
+                push_blocks(&mut messages, "assistant", text.into_iter().chain(calls));
             }
             ChatMessage::ToolResult { call_id, content, is_error, .. } => {
-                let mut block = json!({
-                    "type": "tool_result",
-                    "tool_use_id": call_id,
-                    "content": content,
-                });
-                if *is_error {
-                    block["is_error"] = json!(true);
-                }
-                push_blocks(&mut messages, "user", vec![block]);
+                let block =
+                    Block::ToolResult { tool_use_id: call_id, content, is_error: *is_error };
+                push_blocks(&mut messages, "user", [block]);
             }
         }
     }
-    let mut body = json!({
-        "model": request.model,
-        "max_tokens": request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-        "messages": messages,
-        "stream": true,
-    });
-    if let Some(system) = &request.system {
-        body["system"] = json!(system);
+    MessagesBody {
+        model: &request.model,
+        max_tokens: request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        messages,
+        stream: true,
+        system: request.system.as_deref(),
+        tools,
+        temperature: request.temperature,
     }
-    if !request.tools.is_empty() {
-        body["tools"] = request
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({
-                    "name": tool.name,
-                    "description": tool.description,
-                    "input_schema": tool.parameters,
-                })
-            })
-            .collect();
+}
+
+/// Adds `blocks` as a message of `role`, merged into the previous message when
+/// it has the same role (tool results and a user text after them are one user
+/// turn).
+fn push_blocks<'a>(
+    messages: &mut Vec<WireMessage<'a>>,
+    role: &'static str,
+    blocks: impl IntoIterator<Item = Block<'a>>,
+) {
+    let mut blocks = blocks.into_iter().peekable();
+    if blocks.peek().is_none() {
+        return;
     }
-    if let Some(temperature) = request.temperature {
-        body["temperature"] = json!(temperature);
+    match messages.last_mut() {
+        Some(last) if last.role == role => last.content.extend(blocks),
+        _ => messages.push(WireMessage { role, content: blocks.collect() }),
     }
-    body
+}
+
+/// `specs` as the request's `tools` array.
+fn tools_json(specs: &[ToolSpec]) -> Option<Box<RawValue>> {
+    let tools: Vec<WireTool<'_>> = specs
+        .iter()
+        .map(|tool| WireTool {
+            name: &tool.name,
+            description: &tool.description,
+            input_schema: &tool.parameters,
+        })
+        .collect();
+    // Serialising borrowed strings and `Value`s into a string cannot fail.
+    serde_json::value::to_raw_value(&tools).ok()
+}
+
+/// A Messages request as sent.
+#[derive(Debug, Serialize)]
+pub(crate) struct MessagesBody<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    messages: Vec<WireMessage<'a>>,
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+}
+
+#[derive(Debug, Serialize)]
+struct WireMessage<'a> {
+    role: &'static str,
+    content: Vec<Block<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block<'a> {
+    Text {
+        text: &'a str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: ToolInput<'a>,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        content: &'a str,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
+    },
+}
+
+/// A tool call's arguments as the object the API takes back. The model wrote
+/// them as JSON text; text that is not an object goes back as `{}`.
+#[derive(Debug)]
+struct ToolInput<'a>(Option<&'a RawValue>);
+
+impl<'a> ToolInput<'a> {
+    fn of(arguments: &'a str) -> Self {
+        let raw = serde_json::from_str::<&RawValue>(arguments).ok();
+        ToolInput(raw.filter(|raw| raw.get().starts_with('{')))
+    }
+}
+
+impl Serialize for ToolInput<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Some(raw) => raw.serialize(serializer),
+            None => serializer.serialize_map(Some(0))?.end(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct WireTool<'a> {
+    name: &'a str,
+    description: &'a str,
+    input_schema: &'a Value,
 }
 
 /// Reads Messages events.
@@ -263,7 +325,7 @@ impl Decoder for MessagesDecoder {
 
 #[cfg(test)]
 mod tests {
-    use lemon_core::tool::ToolSpec;
+    use serde_json::json;
 
     use super::*;
     use crate::llm::http::{decode_all, ok};
@@ -388,6 +450,14 @@ mod tests {
                 result("t1", false),
                 result("t2", true),
                 ChatMessage::User { text: "and now?".to_owned() },
+                ChatMessage::Assistant {
+                    text: String::new(),
+                    tool_calls: vec![
+                        ToolCall { arguments: " {\"path\": \"b\"} ".to_owned(), ..call("t3") },
+                        ToolCall { arguments: "{\"path\":".to_owned(), ..call("t4") },
+                        ToolCall { arguments: "[\"a\"]".to_owned(), ..call("t5") },
+                    ],
+                },
             ],
             tools: [ToolSpec {
                 name: "read".to_owned(),
@@ -398,8 +468,9 @@ mod tests {
             max_tokens: None,
             temperature: Some(0.25),
         };
+        let tools = ToolsJson::new(tools_json).of(&request.tools);
         assert_eq!(
-            request_body(&request),
+            serde_json::to_value(request_body(&request, tools.as_deref())).unwrap(),
             json!({
                 "model": "claude-sonnet-4-5",
                 "max_tokens": DEFAULT_MAX_TOKENS,
@@ -414,6 +485,11 @@ mod tests {
                         {"type": "tool_result", "tool_use_id": "t1", "content": "result t1"},
                         {"type": "tool_result", "tool_use_id": "t2", "content": "result t2", "is_error": true},
                         {"type": "text", "text": "and now?"},
+                    ]},
+                    {"role": "assistant", "content": [
+                        {"type": "tool_use", "id": "t3", "name": "read", "input": {"path": "b"}},
+                        {"type": "tool_use", "id": "t4", "name": "read", "input": {}},
+                        {"type": "tool_use", "id": "t5", "name": "read", "input": {}},
                     ]},
                 ],
                 "stream": true,

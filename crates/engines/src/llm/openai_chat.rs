@@ -9,7 +9,7 @@
 //! `stream_options.include_usage` asks for.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use lemon_core::tool::ToolSpec;
@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use super::http::{self, Decoder, Endpoint};
 use super::sse::SseEvent;
+use super::tools_json::ToolsJson;
 use super::{
     ChatMessage, LlmClient, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage, StopReason,
     ToolCall,
@@ -39,7 +40,7 @@ impl OpenAiChatClient {
         let max_tokens_field =
             if base.contains("://api.openai.com") { "max_completion_tokens" } else { "max_tokens" };
         endpoint.url = format!("{base}/chat/completions");
-        OpenAiChatClient { endpoint, max_tokens_field, tools: Arc::default() }
+        OpenAiChatClient { endpoint, max_tokens_field, tools: Arc::new(ToolsJson::new(tools_json)) }
     }
 }
 
@@ -49,44 +50,6 @@ impl LlmClient for OpenAiChatClient {
         let tools = self.tools.of(&request.tools);
         let body = request_body(&request, self.max_tokens_field, tools.as_deref());
         self.endpoint.stream(&body, ChatDecoder::default()).await
-    }
-}
-
-/// How many sets of tool specs keep their serialised form: one per kind of
-/// session offered different gateway tools (a Telegram chat, a webhook…).
-const TOOLS_KEPT: usize = 4;
-
-/// The `tools` array of the requests, serialised once per set of specs: a
-/// native run offers every model request the same specs (one shared `Arc`,
-/// kept per set of tools offered), and serialising their JSON schemas was most
-/// of the cost of building a request.
-#[derive(Debug, Default)]
-struct ToolsJson {
-    /// The most recently used first.
-    recent: Mutex<Vec<KeptTools>>,
-}
-
-/// A set of specs and its serialised array.
-type KeptTools = (Arc<[ToolSpec]>, Arc<RawValue>);
-
-impl ToolsJson {
-    /// The array for `specs`; `None` when there are none.
-    fn of(&self, specs: &Arc<[ToolSpec]>) -> Option<Arc<RawValue>> {
-        if specs.is_empty() {
-            return None;
-        }
-        let mut recent = self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // The `Arc` held here keeps the address from being reused by other specs.
-        if let Some(at) = recent.iter().position(|(kept, _)| Arc::ptr_eq(kept, specs)) {
-            let entry = recent.remove(at);
-            let json = Arc::clone(&entry.1);
-            recent.insert(0, entry);
-            return Some(json);
-        }
-        let json: Arc<RawValue> = Arc::from(tools_json(specs)?);
-        recent.insert(0, (Arc::clone(specs), Arc::clone(&json)));
-        recent.truncate(TOOLS_KEPT);
-        Some(json)
     }
 }
 
@@ -577,7 +540,7 @@ mod tests {
             max_tokens: Some(100),
             temperature: Some(0.5),
         };
-        let tools = ToolsJson::default().of(&request.tools);
+        let tools = ToolsJson::new(tools_json).of(&request.tools);
         assert_eq!(
             serde_json::to_value(request_body(&request, "max_completion_tokens", tools.as_deref()))
                 .unwrap(),
@@ -601,43 +564,5 @@ mod tests {
                 "temperature": 0.5,
             })
         );
-    }
-
-    #[test]
-    fn each_set_of_tools_is_sent_as_its_own_even_when_sets_take_turns() {
-        let set = |names: &[&str]| -> Arc<[ToolSpec]> {
-            names
-                .iter()
-                .map(|name| ToolSpec {
-                    name: (*name).to_owned(),
-                    description: format!("the {name} tool"),
-                    parameters: json!({"type": "object"}),
-                })
-                .collect()
-        };
-        let names = |json: Option<Arc<RawValue>>| -> Vec<String> {
-            let tools: Value = serde_json::from_str(json.unwrap().get()).unwrap();
-            tools
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|tool| tool["function"]["name"].as_str().unwrap().to_owned())
-                .collect()
-        };
-        let cache = ToolsJson::default();
-        let sets: Vec<Arc<[ToolSpec]>> =
-            (0..TOOLS_KEPT + 2).map(|n| set(&[&format!("tool_{n}"), "read"])).collect();
-        for round in 0..3 {
-            for (n, specs) in sets.iter().enumerate() {
-                assert_eq!(
-                    names(cache.of(specs)),
-                    [format!("tool_{n}"), "read".to_owned()],
-                    "{round}"
-                );
-            }
-        }
-        // Equal specs in another allocation are serialised again, alike.
-        assert_eq!(names(cache.of(&set(&["tool_0", "read"]))), ["tool_0", "read"]);
-        assert!(cache.of(&set(&[])).is_none(), "no tools, no array");
     }
 }

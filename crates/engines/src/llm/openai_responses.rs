@@ -10,12 +10,17 @@
 //! proxy adds is accepted.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use async_trait::async_trait;
+use lemon_core::tool::ToolSpec;
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::http::{self, Decoder, Endpoint};
 use super::sse::SseEvent;
+use super::tools_json::ToolsJson;
 use super::{
     ChatMessage, LlmClient, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage, StopReason,
     ToolCall,
@@ -25,88 +30,124 @@ use super::{
 #[derive(Debug, Clone)]
 pub struct OpenAiResponsesClient {
     endpoint: Endpoint,
+    tools: Arc<ToolsJson>,
 }
 
 impl OpenAiResponsesClient {
     /// A client of `{base}/responses` (`base` without a trailing `/`).
     pub(crate) fn new(base: &str, mut endpoint: Endpoint) -> Self {
         endpoint.url = format!("{base}/responses");
-        OpenAiResponsesClient { endpoint }
+        OpenAiResponsesClient { endpoint, tools: Arc::new(ToolsJson::new(tools_json)) }
     }
 }
 
 #[async_trait]
 impl LlmClient for OpenAiResponsesClient {
     async fn stream(&self, request: LlmRequest) -> Result<LlmStream, LlmError> {
-        self.endpoint.stream(&request_body(&request), ResponsesDecoder::default()).await
+        let tools = self.tools.of(&request.tools);
+        let body = request_body(&request, tools.as_deref());
+        self.endpoint.stream(&body, ResponsesDecoder::default()).await
     }
 }
 
-/// The wire request for `request`. Nothing is stored on the provider's side
-/// (`store: false`): the whole history is sent every turn.
-pub(crate) fn request_body(request: &LlmRequest) -> Value {
+/// The wire request for `request`, serialised straight from the request's
+/// own fields, with its `tools` array already serialised. Nothing is stored
+/// on the provider's side (`store: false`): the whole history is sent every
+/// turn.
+pub(crate) fn request_body<'a>(
+    request: &'a LlmRequest,
+    tools: Option<&'a RawValue>,
+) -> ResponsesBody<'a> {
     let mut input = Vec::with_capacity(request.messages.len());
     for message in &request.messages {
         match message {
-            ChatMessage::User { text } => input.push(json!({
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": text}],
-            })),
+            ChatMessage::User { text } => {
+                input.push(Item::Message { role: "user", content: [Content::InputText { text }] })
+            }
             ChatMessage::Assistant { text, tool_calls } => {
                 if !text.is_empty() {
-                    input.push(json!({
-                        "type": "message",
-                        "role": "assistant",
-                        "content": [{"type": "output_text", "text": text}],
-                    }));
+                    input.push(Item::Message {
+                        role: "assistant",
+                        content: [Content::OutputText { text }],
+                    });
                 }
-                for call in tool_calls {
-                    input.push(json!({
-                        "type": "function_call",
-                        "call_id": call.id,
-                        "name": call.name,
-                        "arguments": call.arguments,
-                    }));
-                }
+                input.extend(tool_calls.iter().map(|call| Item::FunctionCall {
+                    call_id: &call.id,
+                    name: &call.name,
+                    arguments: &call.arguments,
+                }));
             }
-            ChatMessage::ToolResult { call_id, content, .. } => input.push(json!({
-                "type": "function_call_output",
-                "call_id": call_id,
-                "output": content,
-            })),
+            ChatMessage::ToolResult { call_id, content, .. } => {
+                input.push(Item::FunctionCallOutput { call_id, output: content });
+            }
         }
     }
-    let mut body = json!({
-        "model": request.model,
-        "input": input,
-        "stream": true,
-        "store": false,
-    });
-    if let Some(system) = &request.system {
-        body["instructions"] = json!(system);
+    ResponsesBody {
+        model: &request.model,
+        input,
+        stream: true,
+        store: false,
+        instructions: request.system.as_deref(),
+        tools,
+        max_output_tokens: request.max_tokens,
+        temperature: request.temperature,
     }
-    if !request.tools.is_empty() {
-        body["tools"] = request
-            .tools
-            .iter()
-            .map(|tool| {
-                json!({
-                    "type": "function",
-                    "name": tool.name,
-                    "description": tool.description,
-                    "parameters": tool.parameters,
-                })
-            })
-            .collect();
-    }
-    if let Some(max) = request.max_tokens {
-        body["max_output_tokens"] = json!(max);
-    }
-    if let Some(temperature) = request.temperature {
-        body["temperature"] = json!(temperature);
-    }
-    body
+}
+
+/// `specs` as the request's `tools` array.
+fn tools_json(specs: &[ToolSpec]) -> Option<Box<RawValue>> {
+    let tools: Vec<WireTool<'_>> = specs
+        .iter()
+        .map(|tool| WireTool {
+            kind: "function",
+            name: &tool.name,
+            description: &tool.description,
+            parameters: &tool.parameters,
+        })
+        .collect();
+    // Serialising borrowed strings and `Value`s into a string cannot fail.
+    serde_json::value::to_raw_value(&tools).ok()
+}
+
+/// A Responses request as sent.
+#[derive(Debug, Serialize)]
+pub(crate) struct ResponsesBody<'a> {
+    model: &'a str,
+    input: Vec<Item<'a>>,
+    stream: bool,
+    store: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instructions: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_output_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Item<'a> {
+    Message { role: &'static str, content: [Content<'a>; 1] },
+    FunctionCall { call_id: &'a str, name: &'a str, arguments: &'a str },
+    FunctionCallOutput { call_id: &'a str, output: &'a str },
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Content<'a> {
+    InputText { text: &'a str },
+    OutputText { text: &'a str },
+}
+
+#[derive(Debug, Serialize)]
+struct WireTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
 }
 
 /// Reads Responses events.
@@ -251,8 +292,6 @@ impl Decoder for ResponsesDecoder {
 
 #[cfg(test)]
 mod tests {
-    use lemon_core::tool::ToolSpec;
-
     use super::*;
     use crate::llm::http::{decode_all, ok};
 
@@ -381,8 +420,9 @@ mod tests {
             max_tokens: Some(50),
             temperature: None,
         };
+        let tools = ToolsJson::new(tools_json).of(&request.tools);
         assert_eq!(
-            request_body(&request),
+            serde_json::to_value(request_body(&request, tools.as_deref())).unwrap(),
             json!({
                 "model": "gpt-5",
                 "input": [
