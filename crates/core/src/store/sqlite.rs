@@ -20,7 +20,7 @@
 //! `pending` (chat-state writes not committed yet).
 //! Events are stored in their one JSON form, [`crate::bus::EventJson`].
 
-mod pending;
+mod chat_states;
 mod schema;
 mod writer;
 
@@ -37,7 +37,7 @@ use rusqlite::{params, Connection, Row, Rows};
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
-use self::pending::PendingChatStates;
+use self::chat_states::{ChatStates, Known};
 use self::writer::{Reply, WriteOp};
 use super::{
     ChatState, ChatStateStore, FinishedRun, JournalEntry, JournalRoute, JournalState, JournalStore,
@@ -141,7 +141,7 @@ pub struct SqliteStore {
     /// `close`.
     lookup: Mutex<Option<Connection>>,
     /// Chat-state writes queued and not committed yet, which lookups answer from.
-    pending_chat: Arc<PendingChatStates>,
+    chat_states: Arc<ChatStates>,
     /// Set by `close`: later writes are dropped with a warning and reads fail.
     closed: AtomicBool,
     chat_state_ttl_ms: i64,
@@ -233,15 +233,15 @@ impl SqliteStore {
         for conn in [&read_conn, &lookup_conn] {
             conn.pragma_update(None, "query_only", true).map_err(|e| open_error(e.to_string()))?;
         }
-        let pending_chat = Arc::new(PendingChatStates::default());
+        let chat_states = Arc::new(ChatStates::default());
 
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let writer = if inline {
             let inline =
-                writer::Inline::new(write_conn, checkpoint_conn, rx, Arc::clone(&pending_chat));
+                writer::Inline::new(write_conn, checkpoint_conn, rx, Arc::clone(&chat_states));
             Writing::Inline(Box::new(Mutex::new(Some(inline.map_err(open_error)?))))
         } else {
-            let handle = writer::spawn(write_conn, checkpoint_conn, rx, Arc::clone(&pending_chat))
+            let handle = writer::spawn(write_conn, checkpoint_conn, rx, Arc::clone(&chat_states))
                 .map_err(open_error)?;
             let thread = handle.thread().clone();
             Writing::Thread { handle: Mutex::new(Some(handle)), thread }
@@ -253,7 +253,7 @@ impl SqliteStore {
             writer,
             reader: Arc::new(Mutex::new(Some(read_conn))),
             lookup: Mutex::new(Some(lookup_conn)),
-            pending_chat,
+            chat_states,
             closed: AtomicBool::new(false),
             chat_state_ttl_ms,
         })
@@ -391,7 +391,7 @@ impl SqliteStore {
 
     /// Runs `query`, a lookup of one row by its key, on the calling task and the
     /// lookup connection, without a flush: for tables whose queued writes the
-    /// store keeps track of itself ([`PendingChatStates`]), so what is queued is
+    /// store keeps track of itself ([`ChatStates`]), so what is queued is
     /// answered before the file is asked.
     fn lookup<T>(
         &self,
@@ -624,6 +624,28 @@ impl RunEventStore for SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// A session's chat state as the file holds it.
+    fn read_chat_state(&self, session_key: &SessionKey) -> Result<Option<ChatState>, StoreError> {
+        self.lookup(|conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT last_engine, last_resume_token, updated_at_ms, expires_at_ms
+                         FROM chat_state WHERE session_key = ?1",
+                )
+                .map_err(db)?;
+            let mut rows = stmt.query(params![session_key.as_str()]).map_err(db)?;
+            let Some(row) = rows.next().map_err(db)? else { return Ok(None) };
+            Ok(Some(ChatState {
+                last_engine: row.get(0).map_err(db)?,
+                last_resume_token: row.get(1).map_err(db)?,
+                updated_at_ms: row.get(2).map_err(db)?,
+                expires_at_ms: row.get(3).map_err(db)?,
+            }))
+        })
+    }
+}
+
 #[async_trait]
 impl ChatStateStore for SqliteStore {
     async fn put_chat_state(
@@ -643,7 +665,7 @@ impl ChatStateStore for SqliteStore {
             tracing::warn!(op = "put_chat_state", "write to a closed store dropped");
             return;
         }
-        let version = self.pending_chat.note(session_key, Some(state.clone()));
+        let version = self.chat_states.note(session_key, Some(state.clone()));
         self.queue(WriteOp::PutChatState {
             session_key: session_key.clone(),
             last_engine: state.last_engine,
@@ -660,24 +682,14 @@ impl ChatStateStore for SqliteStore {
         session_key: &SessionKey,
         now_ms: i64,
     ) -> Result<Option<ChatState>, StoreError> {
-        let state = match self.pending_chat.get(session_key) {
-            Some(queued) if !self.is_closed() => queued,
-            _ => self.lookup(|conn| {
-                let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT last_engine, last_resume_token, updated_at_ms, expires_at_ms
-                         FROM chat_state WHERE session_key = ?1",
-                    )
-                    .map_err(db)?;
-                let mut rows = stmt.query(params![session_key.as_str()]).map_err(db)?;
-                let Some(row) = rows.next().map_err(db)? else { return Ok(None) };
-                Ok(Some(ChatState {
-                    last_engine: row.get(0).map_err(db)?,
-                    last_resume_token: row.get(1).map_err(db)?,
-                    updated_at_ms: row.get(2).map_err(db)?,
-                    expires_at_ms: row.get(3).map_err(db)?,
-                }))
-            })?,
+        let state = match self.chat_states.get(session_key) {
+            Known::State(state) if !self.is_closed() => state,
+            Known::State(_) => return Err(StoreError::Closed),
+            Known::Unknown { mark } => {
+                let state = self.read_chat_state(session_key)?;
+                self.chat_states.remember(session_key, state.clone(), mark);
+                state
+            }
         };
         match state {
             Some(state) if state.expires_at_ms <= now_ms => {
@@ -699,7 +711,7 @@ impl ChatStateStore for SqliteStore {
             tracing::warn!(op = "delete_chat_state", "write to a closed store dropped");
             return;
         }
-        let version = self.pending_chat.note(session_key, None);
+        let version = self.chat_states.note(session_key, None);
         self.queue(WriteOp::DeleteChatState { session_key: session_key.clone(), version }).await;
     }
 }

@@ -916,6 +916,42 @@ async fn sqlite_a_lock_another_process_keeps_fails_writes_after_the_wait_and_the
 }
 
 #[tokio::test]
+async fn sqlite_a_chat_state_whose_write_failed_is_read_from_the_file_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    let s1 = SessionKey::from("s1");
+    store.put_chat_state(&s1, "claude", "tok-1", 1_000).await;
+    store.flush().await.unwrap();
+    let token = |state: Option<ChatState>| state.map(|s| s.last_resume_token);
+    assert_eq!(token(store.get_chat_state(&s1, 2_000).await.unwrap()), Some("tok-1".into()));
+
+    let saboteur = rusqlite::Connection::open(&path).unwrap();
+    saboteur.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    saboteur
+        .execute_batch(
+            "CREATE TRIGGER no_chat BEFORE INSERT ON chat_state BEGIN SELECT RAISE(ABORT, 'disk says no'); END;",
+        )
+        .unwrap();
+    store.put_chat_state(&s1, "codex", "tok-2", 3_000).await;
+    assert!(store.flush().await.is_err());
+    assert_eq!(
+        token(store.get_chat_state(&s1, 4_000).await.unwrap()),
+        Some("tok-1".into()),
+        "what the file holds, not the write that failed"
+    );
+
+    saboteur.execute_batch("DROP TRIGGER no_chat;").unwrap();
+    store.put_chat_state(&s1, "codex", "tok-3", 5_000).await;
+    store.flush().await.unwrap();
+    assert_eq!(token(store.get_chat_state(&s1, 6_000).await.unwrap()), Some("tok-3".into()));
+    store.close().await.unwrap();
+    let reopened = open(&path);
+    assert_eq!(token(reopened.get_chat_state(&s1, 6_000).await.unwrap()), Some("tok-3".into()));
+    reopened.close().await.unwrap();
+}
+
+#[tokio::test]
 async fn sqlite_runs_from_before_a_reopen_take_new_writes() {
     let dir = tempfile::tempdir().unwrap();
     let path = db_path(&dir);

@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::super::{FinishedRun, JournalEntry, NewRun, StoreError};
-use super::pending::PendingChatStates;
+use super::chat_states::{ChatStates, FORGET};
 use crate::budget::usage::RunSpend;
 use crate::bus::{BusEvent, RunStatus};
 use crate::ids::{RunId, SessionKey};
@@ -86,7 +86,7 @@ pub(super) enum WriteOp {
     /// Serialised to JSON here on the writer thread, not by the publisher.
     AppendEvent(Arc<BusEvent>),
     FinalizeRun(FinishedRun),
-    /// `version`: its number in [`PendingChatStates`], forgotten there once
+    /// `version`: its number in [`ChatStates`], forgotten there once
     /// the batch holding it has committed; so for `DeleteChatState`.
     PutChatState {
         session_key: SessionKey,
@@ -255,7 +255,7 @@ struct Writer {
     /// Dropped (and joined) with the writer.
     checkpointer: Checkpointer,
     /// Chat-state writes on their way, shared with the store's lookups.
-    pending_chat: Arc<PendingChatStates>,
+    chat_states: Arc<ChatStates>,
     /// The chat-state writes of the batch being applied, with their numbers.
     chat_done: Vec<(SessionKey, u64)>,
 }
@@ -393,9 +393,9 @@ pub(super) fn spawn(
     conn: Connection,
     checkpoint_conn: Connection,
     rx: mpsc::Receiver<WriteOp>,
-    pending_chat: Arc<PendingChatStates>,
+    chat_states: Arc<ChatStates>,
 ) -> Result<thread::JoinHandle<()>, String> {
-    let writer = Writer::new(conn, checkpoint_conn, pending_chat)?;
+    let writer = Writer::new(conn, checkpoint_conn, chat_states)?;
     thread::Builder::new()
         .name("lemon-store-writer".to_owned())
         .spawn(move || writer.run(rx))
@@ -423,9 +423,9 @@ impl Inline {
         conn: Connection,
         checkpoint_conn: Connection,
         rx: mpsc::Receiver<WriteOp>,
-        pending_chat: Arc<PendingChatStates>,
+        chat_states: Arc<ChatStates>,
     ) -> Result<Inline, String> {
-        let writer = Writer::new(conn, checkpoint_conn, pending_chat)?;
+        let writer = Writer::new(conn, checkpoint_conn, chat_states)?;
         Ok(Inline { writer, rx, batch: Vec::new() })
     }
 
@@ -464,7 +464,7 @@ impl Writer {
     fn new(
         conn: Connection,
         checkpoint_conn: Connection,
-        pending_chat: Arc<PendingChatStates>,
+        chat_states: Arc<ChatStates>,
     ) -> Result<Writer, String> {
         let last_seq: i64 = conn
             .query_row(
@@ -493,7 +493,7 @@ impl Writer {
             has_event_only_runs,
             n_writes_since_checkpoint: 0,
             checkpointer,
-            pending_chat,
+            chat_states,
             chat_done: Vec::new(),
         })
     }
@@ -556,10 +556,15 @@ impl Writer {
                 op => {
                     outcome.n_writes += 1;
                     self.begin(&mut outcome);
-                    if let WriteOp::PutChatState { session_key, version, .. }
-                    | WriteOp::DeleteChatState { session_key, version } = &op
-                    {
-                        self.chat_done.push((session_key.clone(), *version));
+                    match &op {
+                        WriteOp::PutChatState { session_key, version, .. }
+                        | WriteOp::DeleteChatState { session_key, version } => {
+                            self.chat_done.push((session_key.clone(), *version));
+                        }
+                        WriteOp::DeleteExpiredChatState { session_key, .. } => {
+                            self.chat_done.push((session_key.clone(), FORGET));
+                        }
+                        _ => {}
                     }
                     let name = op.name();
                     let result = self.apply(op);
@@ -601,7 +606,7 @@ impl Writer {
             }
         }
         // Committed or rolled back, the file now has the last word on them.
-        self.pending_chat.committed(&mut self.chat_done);
+        self.chat_states.ended(&mut self.chat_done, outcome.error.is_none());
         if outcome.n_writes > 0 {
             if outcome.error.is_some() {
                 // Some cached `seq`s may belong to rows that were never written.
