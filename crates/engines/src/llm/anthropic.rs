@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use super::http::{self, Decoder, Endpoint};
 use super::sse::SseEvent;
-use super::tools_json::ToolsJson;
+use super::tools_json::{self, ToolsJson};
 use super::{
     ChatMessage, LlmClient, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage, StopReason,
     ToolCall,
@@ -46,7 +46,7 @@ impl AnthropicClient {
         } else {
             format!("{base}/v1/messages")
         };
-        AnthropicClient { endpoint, tools: Arc::new(ToolsJson::new(tools_json)) }
+        AnthropicClient { endpoint, tools: Arc::new(ToolsJson::new(wire_tools)) }
     }
 }
 
@@ -118,17 +118,12 @@ fn push_blocks<'a>(
 }
 
 /// `specs` as the request's `tools` array.
-fn tools_json(specs: &[ToolSpec]) -> Option<Box<RawValue>> {
-    let tools: Vec<WireTool<'_>> = specs
-        .iter()
-        .map(|tool| WireTool {
-            name: &tool.name,
-            description: &tool.description,
-            input_schema: &tool.parameters,
-        })
-        .collect();
-    // Serialising borrowed strings and `Value`s into a string cannot fail.
-    serde_json::value::to_raw_value(&tools).ok()
+fn wire_tools(specs: &[ToolSpec]) -> Option<Box<RawValue>> {
+    tools_json::array(specs, |tool| WireTool {
+        name: &tool.name,
+        description: &tool.description,
+        input_schema: &tool.parameters,
+    })
 }
 
 /// A Messages request as sent.
@@ -468,7 +463,7 @@ mod tests {
             max_tokens: None,
             temperature: Some(0.25),
         };
-        let tools = ToolsJson::new(tools_json).of(&request.tools);
+        let tools = ToolsJson::new(wire_tools).of(&request.tools);
         assert_eq!(
             serde_json::to_value(request_body(&request, tools.as_deref())).unwrap(),
             json!({

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 use super::http::{self, Decoder, Endpoint};
 use super::sse::SseEvent;
-use super::tools_json::ToolsJson;
+use super::tools_json::{self, ToolsJson};
 use super::{
     ChatMessage, LlmClient, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage, StopReason,
     ToolCall,
@@ -40,7 +40,7 @@ impl OpenAiChatClient {
         let max_tokens_field =
             if base.contains("://api.openai.com") { "max_completion_tokens" } else { "max_tokens" };
         endpoint.url = format!("{base}/chat/completions");
-        OpenAiChatClient { endpoint, max_tokens_field, tools: Arc::new(ToolsJson::new(tools_json)) }
+        OpenAiChatClient { endpoint, max_tokens_field, tools: Arc::new(ToolsJson::new(wire_tools)) }
     }
 }
 
@@ -54,20 +54,15 @@ impl LlmClient for OpenAiChatClient {
 }
 
 /// `specs` as the request's `tools` array.
-fn tools_json(specs: &[ToolSpec]) -> Option<Box<RawValue>> {
-    let tools: Vec<WireTool<'_>> = specs
-        .iter()
-        .map(|tool| WireTool {
-            kind: "function",
-            function: WireToolFunction {
-                name: &tool.name,
-                description: &tool.description,
-                parameters: &tool.parameters,
-            },
-        })
-        .collect();
-    // Serialising borrowed strings and `Value`s into a string cannot fail.
-    serde_json::value::to_raw_value(&tools).ok()
+fn wire_tools(specs: &[ToolSpec]) -> Option<Box<RawValue>> {
+    tools_json::array(specs, |tool| WireTool {
+        kind: "function",
+        function: WireToolFunction {
+            name: &tool.name,
+            description: &tool.description,
+            parameters: &tool.parameters,
+        },
+    })
 }
 
 /// The wire request for `request`, serialised straight from the request's
@@ -540,7 +535,7 @@ mod tests {
             max_tokens: Some(100),
             temperature: Some(0.5),
         };
-        let tools = ToolsJson::new(tools_json).of(&request.tools);
+        let tools = ToolsJson::new(wire_tools).of(&request.tools);
         assert_eq!(
             serde_json::to_value(request_body(&request, "max_completion_tokens", tools.as_deref()))
                 .unwrap(),

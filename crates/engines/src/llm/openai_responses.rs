@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use super::http::{self, Decoder, Endpoint};
 use super::sse::SseEvent;
-use super::tools_json::ToolsJson;
+use super::tools_json::{self, ToolsJson};
 use super::{
     ChatMessage, LlmClient, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage, StopReason,
     ToolCall,
@@ -37,7 +37,7 @@ impl OpenAiResponsesClient {
     /// A client of `{base}/responses` (`base` without a trailing `/`).
     pub(crate) fn new(base: &str, mut endpoint: Endpoint) -> Self {
         endpoint.url = format!("{base}/responses");
-        OpenAiResponsesClient { endpoint, tools: Arc::new(ToolsJson::new(tools_json)) }
+        OpenAiResponsesClient { endpoint, tools: Arc::new(ToolsJson::new(wire_tools)) }
     }
 }
 
@@ -95,18 +95,13 @@ pub(crate) fn request_body<'a>(
 }
 
 /// `specs` as the request's `tools` array.
-fn tools_json(specs: &[ToolSpec]) -> Option<Box<RawValue>> {
-    let tools: Vec<WireTool<'_>> = specs
-        .iter()
-        .map(|tool| WireTool {
-            kind: "function",
-            name: &tool.name,
-            description: &tool.description,
-            parameters: &tool.parameters,
-        })
-        .collect();
-    // Serialising borrowed strings and `Value`s into a string cannot fail.
-    serde_json::value::to_raw_value(&tools).ok()
+fn wire_tools(specs: &[ToolSpec]) -> Option<Box<RawValue>> {
+    tools_json::array(specs, |tool| WireTool {
+        kind: "function",
+        name: &tool.name,
+        description: &tool.description,
+        parameters: &tool.parameters,
+    })
 }
 
 /// A Responses request as sent.
@@ -420,7 +415,7 @@ mod tests {
             max_tokens: Some(50),
             temperature: None,
         };
-        let tools = ToolsJson::new(tools_json).of(&request.tools);
+        let tools = ToolsJson::new(wire_tools).of(&request.tools);
         assert_eq!(
             serde_json::to_value(request_body(&request, tools.as_deref())).unwrap(),
             json!({

@@ -8,6 +8,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use lemon_core::tool::ToolSpec;
+use serde::Serialize;
 use serde_json::value::RawValue;
 
 /// How many sets of tool specs keep their serialised form: one per kind of
@@ -16,6 +17,17 @@ pub(crate) const TOOLS_KEPT: usize = 4;
 
 /// How a protocol writes a set of specs as its `tools` array.
 pub(crate) type WireTools = fn(&[ToolSpec]) -> Option<Box<RawValue>>;
+
+/// `specs` as a `tools` array of the entries `wire` makes of each, for a
+/// client's [`WireTools`].
+pub(crate) fn array<'a, W: Serialize>(
+    specs: &'a [ToolSpec],
+    wire: impl Fn(&'a ToolSpec) -> W,
+) -> Option<Box<RawValue>> {
+    let tools: Vec<W> = specs.iter().map(wire).collect();
+    // Serialising borrowed strings and `Value`s into a string cannot fail.
+    serde_json::value::to_raw_value(&tools).ok()
+}
 
 /// The serialised arrays of the sets of specs used last.
 #[derive(Debug)]
@@ -60,8 +72,7 @@ mod tests {
     use serde_json::{json, Value};
 
     fn names_only(specs: &[ToolSpec]) -> Option<Box<RawValue>> {
-        let names: Vec<&str> = specs.iter().map(|tool| tool.name.as_str()).collect();
-        serde_json::value::to_raw_value(&names).ok()
+        array(specs, |tool| tool.name.as_str())
     }
 
     #[test]
