@@ -17,7 +17,8 @@
 //! another thread (deterministic tests in paused time rely on that).
 //!
 //! Files: `schema` (migrations), `writer` (the writer and checkpointer threads),
-//! `pending` (chat-state writes not committed yet).
+//! `chat_states` (chat-state writes not committed yet, and the committed states
+//! of recent sessions).
 //! Events are stored in their one JSON form, [`crate::bus::EventJson`].
 
 mod chat_states;
@@ -140,7 +141,8 @@ pub struct SqliteStore {
     /// state): never held for longer than one indexed row takes. `None` after
     /// `close`.
     lookup: Mutex<Option<Connection>>,
-    /// Chat-state writes queued and not committed yet, which lookups answer from.
+    /// Chat-state writes queued and not committed yet, and the committed states
+    /// of recent sessions, which lookups answer from.
     chat_states: Arc<ChatStates>,
     /// Set by `close`: later writes are dropped with a warning and reads fail.
     closed: AtomicBool,

@@ -16,6 +16,7 @@
 //! committed is what the file holds; a batch with any failed write forgets
 //! what it touched, and the file has the answer again.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -31,6 +32,9 @@ pub(super) const KNOWN_SESSIONS: usize = 4096;
 /// The number [`ChatStates::ended`] takes for a write that was never noted
 /// (the removal of an expired state): the session's known state is forgotten.
 pub(super) const FORGET: u64 = 0;
+
+/// Committed chat states by session.
+type KnownStates = HashMap<SessionKey, Option<ChatState>, RandomState>;
 
 /// A session's chat state as the store knows it: queued writes first, then
 /// the committed states of sessions used lately.
@@ -48,7 +52,7 @@ struct Inner {
     /// leaves (`None`: deleted).
     pending: HashMap<SessionKey, (u64, Option<ChatState>), RandomState>,
     /// What the file holds for sessions used lately (`None`: no row).
-    known: HashMap<SessionKey, Option<ChatState>, RandomState>,
+    known: KnownStates,
     /// Counts ended batches that wrote chat state, so a file read that raced
     /// with one does not keep what it read.
     batches: u64,
@@ -99,7 +103,7 @@ impl ChatStates {
         if inner.batches != mark || inner.pending.contains_key(session_key) {
             return;
         }
-        inner.keep(session_key.clone(), state);
+        keep(&mut inner.known, session_key.clone(), state);
     }
 
     /// Forgets the writes of a batch that has ended as pending. When it
@@ -110,33 +114,34 @@ impl ChatStates {
         if done.is_empty() {
             return;
         }
-        let mut inner = self.lock();
+        let inner = &mut *self.lock();
         inner.batches += 1;
         for (session_key, version) in done.drain(..) {
-            let newest = inner.pending.get(&session_key).is_some_and(|(v, _)| *v == version);
-            if !newest {
+            match inner.pending.entry(session_key) {
+                Entry::Occupied(entry) if entry.get().0 == version => {
+                    let (session_key, (_, state)) = entry.remove_entry();
+                    if clean {
+                        keep(&mut inner.known, session_key, state);
+                    } else {
+                        inner.known.remove(&session_key);
+                    }
+                }
                 // A newer write is queued and answers lookups until its own
                 // batch ends, or this was a removal the file alone knows of.
-                inner.known.remove(&session_key);
-                continue;
-            }
-            let Some((_, state)) = inner.pending.remove(&session_key) else { continue };
-            if clean {
-                inner.keep(session_key, state);
-            } else {
-                inner.known.remove(&session_key);
+                other => {
+                    inner.known.remove(other.key());
+                }
             }
         }
     }
 }
 
-impl Inner {
-    fn keep(&mut self, session_key: SessionKey, state: Option<ChatState>) {
-        if self.known.len() >= KNOWN_SESSIONS && !self.known.contains_key(&session_key) {
-            self.known.clear();
-        }
-        self.known.insert(session_key, state);
+/// Keeps `state` as known for `session_key`, within [`KNOWN_SESSIONS`].
+fn keep(known: &mut KnownStates, session_key: SessionKey, state: Option<ChatState>) {
+    if known.len() >= KNOWN_SESSIONS && !known.contains_key(&session_key) {
+        known.clear();
     }
+    known.insert(session_key, state);
 }
 
 #[cfg(test)]

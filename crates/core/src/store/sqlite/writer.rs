@@ -86,8 +86,8 @@ pub(super) enum WriteOp {
     /// Serialised to JSON here on the writer thread, not by the publisher.
     AppendEvent(Arc<BusEvent>),
     FinalizeRun(FinishedRun),
-    /// `version`: its number in [`ChatStates`], forgotten there once
-    /// the batch holding it has committed; so for `DeleteChatState`.
+    /// `version`: its number in [`ChatStates`], no longer pending there once
+    /// the batch holding it has ended; so for `DeleteChatState`.
     PutChatState {
         session_key: SessionKey,
         last_engine: String,
@@ -254,7 +254,8 @@ struct Writer {
     n_writes_since_checkpoint: usize,
     /// Dropped (and joined) with the writer.
     checkpointer: Checkpointer,
-    /// Chat-state writes on their way, shared with the store's lookups.
+    /// Chat-state writes on their way and recent committed states, shared
+    /// with the store's lookups.
     chat_states: Arc<ChatStates>,
     /// The chat-state writes of the batch being applied, with their numbers.
     chat_done: Vec<(SessionKey, u64)>,
@@ -605,7 +606,8 @@ impl Writer {
                 }
             }
         }
-        // Committed or rolled back, the file now has the last word on them.
+        // Committed or rolled back: a clean commit's states stay known, a
+        // batch with any failure leaves the last word to the file.
         self.chat_states.ended(&mut self.chat_done, outcome.error.is_none());
         if outcome.n_writes > 0 {
             if outcome.error.is_some() {
