@@ -840,6 +840,33 @@ async fn sqlite_open_under_a_regular_file_names_the_path() {
     }
 }
 
+/// Another connection to the store's file whose triggers make every insert
+/// into some tables fail with "disk says no", until [`Saboteur::stop`].
+struct Saboteur {
+    conn: rusqlite::Connection,
+    tables: Vec<String>,
+}
+
+impl Saboteur {
+    fn failing_inserts(path: &Path, tables: &[&str]) -> Saboteur {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+        for table in tables {
+            conn.execute_batch(&format!(
+                "CREATE TRIGGER no_{table} BEFORE INSERT ON {table} BEGIN SELECT RAISE(ABORT, 'disk says no'); END;"
+            ))
+            .unwrap();
+        }
+        Saboteur { conn, tables: tables.iter().map(|t| (*t).to_owned()).collect() }
+    }
+
+    fn stop(self) {
+        for table in &self.tables {
+            self.conn.execute_batch(&format!("DROP TRIGGER no_{table};")).unwrap();
+        }
+    }
+}
+
 #[tokio::test]
 async fn sqlite_write_errors_fail_flush_and_check_writable_until_writes_succeed() {
     let dir = tempfile::tempdir().unwrap();
@@ -848,14 +875,7 @@ async fn sqlite_write_errors_fail_flush_and_check_writable_until_writes_succeed(
     store.check_writable().await.unwrap();
 
     // Another connection makes event inserts and health writes fail.
-    let saboteur = rusqlite::Connection::open(&path).unwrap();
-    saboteur.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
-    saboteur
-        .execute_batch(
-            "CREATE TRIGGER no_events BEFORE INSERT ON run_events BEGIN SELECT RAISE(ABORT, 'disk says no'); END;
-             CREATE TRIGGER no_health BEFORE INSERT ON health BEGIN SELECT RAISE(ABORT, 'disk says no'); END;",
-        )
-        .unwrap();
+    let saboteur = Saboteur::failing_inserts(&path, &["run_events", "health"]);
 
     store.insert_run(new_run("run_1", 1_000)).await;
     store.append_event(event("run_1", 1, EventKind::Phase(RunPhase::Accepted))).await;
@@ -870,7 +890,7 @@ async fn sqlite_write_errors_fail_flush_and_check_writable_until_writes_succeed(
     assert_eq!(store.get_run("run_1").await.unwrap(), Some(queued_record("run_1", 1_000)));
     assert_eq!(store.run_events("run_1").await.unwrap(), vec![]);
 
-    saboteur.execute_batch("DROP TRIGGER no_events; DROP TRIGGER no_health;").unwrap();
+    saboteur.stop();
     store.check_writable().await.unwrap();
     store.append_event(event("run_1", 1, EventKind::Phase(RunPhase::Accepted))).await;
     store.flush().await.unwrap();
@@ -926,13 +946,7 @@ async fn sqlite_a_chat_state_whose_write_failed_is_read_from_the_file_again() {
     let token = |state: Option<ChatState>| state.map(|s| s.last_resume_token);
     assert_eq!(token(store.get_chat_state(&s1, 2_000).await.unwrap()), Some("tok-1".into()));
 
-    let saboteur = rusqlite::Connection::open(&path).unwrap();
-    saboteur.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
-    saboteur
-        .execute_batch(
-            "CREATE TRIGGER no_chat BEFORE INSERT ON chat_state BEGIN SELECT RAISE(ABORT, 'disk says no'); END;",
-        )
-        .unwrap();
+    let saboteur = Saboteur::failing_inserts(&path, &["chat_state"]);
     store.put_chat_state(&s1, "codex", "tok-2", 3_000).await;
     assert!(store.flush().await.is_err());
     assert_eq!(
@@ -941,7 +955,7 @@ async fn sqlite_a_chat_state_whose_write_failed_is_read_from_the_file_again() {
         "what the file holds, not the write that failed"
     );
 
-    saboteur.execute_batch("DROP TRIGGER no_chat;").unwrap();
+    saboteur.stop();
     store.put_chat_state(&s1, "codex", "tok-3", 5_000).await;
     store.flush().await.unwrap();
     assert_eq!(token(store.get_chat_state(&s1, 6_000).await.unwrap()), Some("tok-3".into()));
