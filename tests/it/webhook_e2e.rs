@@ -13,7 +13,9 @@ use crate::support::{home_with, Gateway, PATIENCE};
 
 const HOOK_TOKEN: &str = "hook-e2e-token-7a31";
 
-/// A free port on loopback (bound, read, released: a small race acceptable in tests).
+/// A free port on loopback (bound, read, released), for a config that must
+/// name its port before the gateway starts; another process can take it in
+/// between, so a listener that must bind it gets `port = 0` where it can.
 pub(crate) async fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     listener.local_addr().unwrap().port()
