@@ -142,6 +142,7 @@ pub(crate) fn request(prompt: &str, cwd: &Path, resume: Option<ResumeToken>) -> 
         model: None,
         meta: BTreeMap::new(),
         workspace: None,
+        off_limits: lemon_core::contain::OffLimits::none(),
     }
 }
 

@@ -30,6 +30,7 @@ mod fault_telegram;
 mod first_run;
 mod gateway_e2e;
 mod hardening_e2e;
+mod home_reach_e2e;
 mod http_hardening;
 mod intake_e2e;
 mod llm_clients;

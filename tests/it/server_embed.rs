@@ -101,6 +101,7 @@ async fn an_embedded_server_offers_the_gateway_tools() {
         call_id: "call_1".to_owned(),
         cwd: dir.path().to_path_buf(),
         workspace: None,
+        off_limits: lemon_core::contain::OffLimits::none(),
         cancel: CancellationToken::new(),
     };
     let sms = running.tools.get("sms_wait_for_code").unwrap();

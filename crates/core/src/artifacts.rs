@@ -4,10 +4,11 @@
 //! answer, the `auto_send_files` a completed action's detail asks for (`[{path,
 //! filename, caption}]`, as the file tools write it), and — when `[gateway]
 //! auto_send_generated_images` is on — image files the run added through its
-//! file-change actions. Each path is checked with
-//! [`resolve_inside`] against the run's working
-//! directory and the workspace (symlinks resolved) and must name an existing
-//! regular file; the rest are refused with a reason and never sent. Files are
+//! file-change actions. Each path is checked with a
+//! [`Reach`] of the run's working directory and the workspace (symlinks
+//! resolved, the gateway's own state refused) and must name an existing
+//! regular file; the rest are refused with a reason and never sent. A channel
+//! reads a checked file with [`Artifact::read`], which follows no link. Files are
 //! deduplicated (the same path under the same name once; a `MEDIA:` line or a
 //! generated image adds nothing to an explicit request for the same file) and the
 //! `MEDIA:` lines are taken out of the answer text.
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::contain::resolve_inside;
+use crate::contain::{Access, ContainError, OffLimits, Reach};
 use crate::engine::{Action, ActionKind, ActionPhase};
 
 /// Files sent with one answer at most; further ones are refused.
@@ -49,6 +50,15 @@ impl Artifact {
     /// Whether its extension is an image's.
     pub fn is_image(&self) -> bool {
         extension(&self.filename).is_some_and(|ext| IMAGE_EXTENSIONS.contains(&ext.as_str()))
+    }
+
+    /// The file's bytes, read without following any link: a directory on its
+    /// checked path swapped for a link since the check makes this fail.
+    ///
+    /// # Errors
+    /// The file cannot be opened or read, or a link appeared on its path.
+    pub async fn read(&self) -> std::io::Result<Vec<u8>> {
+        crate::contain::read_checked(&self.path).await
     }
 }
 
@@ -108,6 +118,8 @@ pub struct ArtifactRoots<'a> {
     /// The run's working directory; relative paths are taken from here.
     pub cwd: &'a Path,
     pub workspace: Option<&'a Path>,
+    /// The gateway's own state: never sent, whatever the roots hold.
+    pub off_limits: &'a OffLimits,
     /// `[gateway] auto_send_generated_images`.
     pub generated_images: bool,
 }
@@ -244,20 +256,24 @@ fn added_paths(detail: &Value) -> Vec<String> {
 }
 
 /// The path resolved inside the roots and its size, or why it cannot be sent.
+/// The file is opened as [`Reach::open`] does, so what is measured is what
+/// the check passed, not a link swapped in since.
 fn check(raw: &str, roots: ArtifactRoots<'_>) -> Result<(PathBuf, u64), String> {
-    let mut dirs = vec![roots.cwd];
-    dirs.extend(roots.workspace);
-    let resolved = resolve_inside(&dirs, Path::new(raw)).map_err(|err| match err {
-        crate::contain::ContainError::Outside { .. } => {
-            "outside the working directory and the workspace".to_owned()
+    let dirs = std::iter::once(roots.cwd.to_path_buf()).chain(roots.workspace.map(Path::to_path_buf));
+    let reach = Reach::new(dirs, roots.off_limits.clone());
+    let reason = |err: ContainError| match err {
+        ContainError::Outside { .. } => "outside the working directory and the workspace".to_owned(),
+        ContainError::OffLimits { .. } => "the gateway's own state".to_owned(),
+        ContainError::Changed { .. } => "changed while it was checked".to_owned(),
+        ContainError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            "no such file".to_owned()
         }
-        crate::contain::ContainError::Io { source, .. } => source.to_string(),
-        crate::contain::ContainError::NoRoots => "no directory is allowed".to_owned(),
-    })?;
-    let meta = std::fs::metadata(&resolved).map_err(|err| match err.kind() {
-        std::io::ErrorKind::NotFound => "no such file".to_owned(),
-        _ => err.to_string(),
-    })?;
+        ContainError::Io { source, .. } => source.to_string(),
+        ContainError::NoRoots => "no directory is allowed".to_owned(),
+    };
+    let resolved = reach.resolve(Path::new(raw)).map_err(reason)?;
+    let file = reach.open(&resolved, Access::Read).map_err(reason)?;
+    let meta = file.metadata().map_err(|err| err.to_string())?;
     if !meta.is_file() {
         return Err("not a regular file".to_owned());
     }

@@ -378,6 +378,8 @@ pub struct StartRequest {
     /// The gateway's workspace (`[gateway] workspace_dir`, expanded): file
     /// tools may reach it as well as `cwd`.
     pub workspace: Option<PathBuf>,
+    /// The gateway's own state, which nothing the run does may touch.
+    pub off_limits: crate::contain::OffLimits,
 }
 
 /// Why a steer or redirect was not taken.

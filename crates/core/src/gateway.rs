@@ -31,6 +31,7 @@ use tokio_util::task::TaskTracker;
 use crate::budget::BudgetGuard;
 use crate::bus::{EventBus, RunStatus};
 use crate::config::SessionLimits;
+use crate::contain::OffLimits;
 use crate::engine::{EngineRegistry, ResumeToken, RunError, SteerError};
 use crate::ids::{ConversationKey, EngineRef, Model, RunId, SessionKey};
 use crate::store::StoreHandle;
@@ -63,6 +64,14 @@ pub struct RuntimeConfig {
     pub engine_stop_timeout: Duration,
     /// `[gateway] workspace_dir`, expanded: files a run sends back may also be here.
     pub workspace_dir: Option<PathBuf>,
+    /// The gateway's own state (home, config, secrets, keychain files): no
+    /// run's tools, artifacts or directory reach it.
+    pub off_limits: OffLimits,
+    /// Where a run goes whose directory (the default, a project's root, a
+    /// request's `cwd`) would hold the gateway's state or be inside it:
+    /// created when first used. `None` leaves such a run where it was asked
+    /// to run (its file tools and artifacts still keep out of the state).
+    pub spare_cwd: Option<PathBuf>,
     /// `[gateway] auto_send_generated_images`: images a run added through its file
     /// changes are sent with the answer.
     pub auto_send_generated_images: bool,
@@ -87,6 +96,8 @@ impl Default for RuntimeConfig {
             engine_event_buffer: 64,
             engine_stop_timeout: Duration::from_millis(30_000),
             workspace_dir: None,
+            off_limits: OffLimits::none(),
+            spare_cwd: None,
             auto_send_generated_images: false,
             budget: None,
         }

@@ -14,6 +14,7 @@ use std::sync::{Arc, RwLock};
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+use crate::contain::{OffLimits, Reach};
 use crate::ids::{RunId, SessionKey};
 
 /// What the model is told about a tool.
@@ -37,9 +38,20 @@ pub struct ToolContext {
     pub cwd: PathBuf,
     /// The gateway's workspace directory, when one is configured.
     pub workspace: Option<PathBuf>,
+    /// The gateway's own state, out of every tool's reach whatever `cwd` is.
+    pub off_limits: OffLimits,
     /// Cancelled when the run is cancelled: a tool stops at once (a command's
     /// process group is killed) and returns.
     pub cancel: CancellationToken,
+}
+
+impl ToolContext {
+    /// Where this call's file work may go: `cwd`, then the workspace, less
+    /// the gateway's state.
+    pub fn reach(&self) -> Reach {
+        let roots = std::iter::once(self.cwd.clone()).chain(self.workspace.clone());
+        Reach::new(roots, self.off_limits.clone())
+    }
 }
 
 /// The result of one tool call.

@@ -7,10 +7,14 @@
 //! the `telegram_send_image` / `discord_send_file` tools that hand a file to
 //! the chat.
 //!
-//! Every path a tool is given goes through [`resolve_inside`] with the run's
-//! cwd and the workspace as roots, so `../`, absolute paths elsewhere and
-//! symlinks out are refused. A tool never panics: bad arguments, refusals and failures
-//! are error results the model reads.
+//! Every path a tool is given goes through the call's [`Reach`]: the run's
+//! cwd and the workspace as roots, less the gateway's own state (its home,
+//! config, secrets and keychain files), so `../`, absolute paths elsewhere and
+//! symlinks out or into the state are refused, and walks skip the state. Files
+//! and directories are then opened with [`Reach::open`] and
+//! [`Reach::read_dir`], which follow no link, so a path swapped after the
+//! check cannot lead out. A tool never panics: bad arguments, refusals and
+//! failures are error results the model reads.
 //!
 //! # Layout
 //! - `args`: reading the model's arguments (strings trimmed, numbers and
@@ -35,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lemon_core::contain::{resolve_inside, ContainError};
+use lemon_core::contain::{ContainError, Reach};
 use lemon_core::sms::SmsInbox;
 use lemon_core::tool::{Tool, ToolContext, ToolRegistry};
 
@@ -53,7 +57,9 @@ pub struct BuiltinOptions {
     /// Told about every command's process group, so a killed gateway's
     /// leftovers are killed at the next start.
     pub recorder: Option<Arc<dyn ProcessRecorder>>,
-    /// The most text a tool returns (a command's output keeps its head and tail).
+    /// The most text a tool returns (a command's output keeps its head and
+    /// tail; `read` returns at most this many bytes of a file, and holds no
+    /// more than that of a longer line in memory).
     pub output_limit: usize,
     /// Files larger than this are not read, edited or searched.
     pub max_file_bytes: u64,
@@ -161,21 +167,22 @@ pub fn register_gateway_tools(registry: &ToolRegistry, options: &GatewayToolOpti
     }
 }
 
-/// The directories a call may touch: the run's cwd, then the workspace.
-fn roots(ctx: &ToolContext) -> Vec<&Path> {
-    std::iter::once(ctx.cwd.as_path()).chain(ctx.workspace.as_deref()).collect()
-}
-
-/// `raw` resolved inside the run's cwd or workspace, or the refusal as the
-/// model reads it.
-fn contained(ctx: &ToolContext, raw: &str) -> Result<PathBuf, String> {
-    resolve_inside(&roots(ctx), Path::new(raw)).map_err(|err| refusal(raw, &err))
+/// `raw` resolved inside the run's cwd or workspace and outside the
+/// gateway's state, or the refusal as the model reads it.
+fn contained(reach: &Reach, raw: &str) -> Result<PathBuf, String> {
+    reach.resolve(Path::new(raw)).map_err(|err| refusal(raw, &err))
 }
 
 fn refusal(raw: &str, err: &ContainError) -> String {
     match err {
         ContainError::Outside { .. } => {
             format!("{raw} is outside the working directory and the workspace")
+        }
+        ContainError::OffLimits { .. } => format!(
+            "{raw} is the gateway's own state (its home, config or secrets); no tool may read or write it"
+        ),
+        ContainError::Changed { .. } => {
+            format!("{raw} changed while it was being opened (a link appeared on its path)")
         }
         ContainError::Io { source, .. } => format!("{raw}: {source}"),
         ContainError::NoRoots => "no directory is allowed for this run".to_owned(),

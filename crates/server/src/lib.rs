@@ -30,6 +30,7 @@ use lemon_core::bus::EventBus;
 use lemon_core::config::{
     self, ConfigStatus, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT,
 };
+use lemon_core::contain::{OffLimits, Reach};
 use lemon_core::cron::tool::CronTool;
 use lemon_core::cron::{CronDeps, CronHandle, SystemClock};
 use lemon_core::engine::EngineRegistry;
@@ -51,7 +52,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::paths::{secure_home, HomeAccess, Paths};
+use crate::paths::{secure_home, Fence, HomeAccess, Paths};
 
 /// The secret holding the control API's bearer token.
 pub const API_TOKEN_SECRET: &str = "lemon_api_token";
@@ -104,12 +105,13 @@ pub struct Running {
 /// its engine to stop before it completes anyway.
 const ENGINE_STOP_MARGIN: Duration = Duration::from_secs(30);
 
-/// Maps `[gateway]` to the runtime's settings.
+/// Maps `[gateway]` to the runtime's settings; `fence` says which workspace
+/// runs use and what they may not touch.
 pub fn runtime_config(
     gateway: &GatewayConfig,
     engines: &EngineSections,
     user_home: Option<PathBuf>,
-    lemon_home: &Path,
+    fence: &Fence,
 ) -> RuntimeConfig {
     // A CLI is SIGKILLed after its grace, so the wait is over soon after that;
     // the margin only matters for an engine that is broken.
@@ -123,11 +125,28 @@ pub fn runtime_config(
         max_pending_runs: gateway.max_pending_runs,
         default_cwd: gateway.default_cwd.clone(),
         allowed_cwd_roots: gateway.allowed_cwd_roots.clone(),
-        workspace_dir: Some(gateway.workspace(lemon_home, user_home.as_deref())),
+        workspace_dir: Some(fence.workspace.clone()),
+        off_limits: fence.off_limits.clone(),
+        spare_cwd: Some(fence.spare.clone()),
         home_dir: user_home,
         auto_send_generated_images: gateway.auto_send_generated_images,
         ..RuntimeConfig::default()
     }
+}
+
+/// The workspace and the state runs keep out of, for `gateway`'s
+/// `workspace_dir`; a workspace that would hold the gateway's state is
+/// replaced, and the replacement logged naming both.
+pub(crate) fn fence(gateway: &GatewayConfig, paths: &Paths, user_home: Option<&Path>) -> Fence {
+    let fence = paths.fence(user_home, gateway.workspace(&paths.home, user_home));
+    if let Some(configured) = &fence.moved_from {
+        tracing::info!(
+            configured = %configured.display(),
+            workspace = %fence.workspace.display(),
+            "workspace_dir holds the gateway's own state; runs use the spare workspace instead"
+        );
+    }
+    fence
 }
 
 /// The control API's bearer token, trimmed: from the keychain when it has it,
@@ -890,13 +909,16 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     .map(|(config, sms_secrets)| {
         lemon_sms::Sms::new(config, sms_secrets, store.clone(), token.clone(), &tracker)
     });
+    // Decided once: the workspace runs use, and the gateway's own state that
+    // nothing a run does (tools, artifacts, uploads, cron paths) may reach.
+    let fence = fence(&gateway_config, &opts.paths, opts.user_home.as_deref());
     let registry = transports(
         &gateway_config,
         &secrets,
         &opts.paths.config,
         config_text.as_deref().unwrap_or(""),
         sms.as_ref(),
-        &gateway_config.workspace(&opts.paths.home, opts.user_home.as_deref()),
+        &fence.reach(),
         &HelperDeps {
             lemon_home: &opts.paths.home,
             store: &store,
@@ -966,12 +988,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let deps = GatewayDeps {
         config: RuntimeConfig {
             budget: Some(budget.clone()),
-            ..runtime_config(
-                &gateway_config,
-                &engine_sections,
-                opts.user_home.clone(),
-                &opts.paths.home,
-            )
+            ..runtime_config(&gateway_config, &engine_sections, opts.user_home.clone(), &fence)
         },
         engines: engine_table.clone(),
         store: store.clone(),
@@ -1182,7 +1199,9 @@ fn check_config_text(
     sms_section(gateway, secrets, file, text)?;
     discord_transport(gateway, secrets, file, text)?;
     let home = file.parent().unwrap_or_else(|| std::path::Path::new("."));
-    email_transport(gateway, secrets, file, text, &gateway.workspace(home, None))?;
+    // Only checked, never started: nothing is saved, so nothing is fenced.
+    let workspace = Reach::new([gateway.workspace(home, None)], OffLimits::none());
+    email_transport(gateway, secrets, file, text, &workspace)?;
     xmtp_section(gateway, secrets, file, text)?;
     voice_transport(gateway, secrets, file, text, home)?;
     // The engine table as a start would build it, to check the names against.
@@ -1213,7 +1232,7 @@ fn transports(
     config_path: &std::path::Path,
     text: &str,
     sms: Option<&lemon_sms::Sms>,
-    workspace: &Path,
+    workspace: &Reach,
     helpers: &HelperDeps<'_>,
 ) -> anyhow::Result<TransportRegistry> {
     let lemon_home = helpers.lemon_home;
@@ -1464,7 +1483,8 @@ fn discord_transport(
 }
 
 /// The email transport `config` asks for (`None`: switched off); attachments
-/// are saved under `workspace`.
+/// are saved in `workspace` (a [`Reach`] of the workspace alone, less the
+/// gateway's state).
 ///
 /// # Errors
 /// `[gateway.email]` is invalid or names a secret that is not set.
@@ -1473,7 +1493,7 @@ fn email_transport(
     secrets: &Arc<SecretStore>,
     config_path: &std::path::Path,
     text: &str,
-    workspace: &Path,
+    workspace: &Reach,
 ) -> Result<Option<Arc<dyn lemon_core::transport::Transport>>, config::ConfigError> {
     use lemon_transports::email;
     let section = config.email.as_ref();
@@ -1492,7 +1512,7 @@ fn email_transport(
     Ok(Some(Arc::new(email::service::EmailTransport::new(
         email_config,
         secrets.clone(),
-        workspace.to_owned(),
+        workspace.clone(),
     ))))
 }
 

@@ -356,6 +356,8 @@ struct Checked {
     telegram: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
     discord: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
     email: Option<Option<Arc<dyn lemon_core::transport::Transport>>>,
+    /// The workspace and the gateway's state for the edited `workspace_dir`.
+    fence: crate::paths::Fence,
     plan: Plan,
 }
 
@@ -498,7 +500,9 @@ impl Reloader {
             .then(|| crate::discord_transport(&config, &self.secrets, &self.path, text))
             .transpose()
             .map_err(|e| e.to_string())?;
-        let workspace = config.workspace(&self.lemon_home, self.user_home.as_deref());
+        let paths = crate::paths::Paths { home: self.lemon_home.clone(), config: self.path.clone() };
+        let fence = crate::fence(&config, &paths, self.user_home.as_deref());
+        let workspace = fence.reach();
         let email = plan
             .email
             .then(|| crate::email_transport(&config, &self.secrets, &self.path, text, &workspace))
@@ -515,7 +519,7 @@ impl Reloader {
         for warning in crate::section_warnings(&config, &sections, table, &self.path, text) {
             tracing::warn!("{warning}");
         }
-        Ok(Checked { config, sections, engines, webhook, telegram, discord, email, plan })
+        Ok(Checked { config, sections, engines, webhook, telegram, discord, email, fence, plan })
     }
 
     fn reject(&mut self, error: String) {
@@ -532,7 +536,7 @@ impl Reloader {
     }
 
     async fn apply(&mut self, checked: Checked) {
-        let Checked { config, sections, engines, webhook, telegram, discord, email, plan } =
+        let Checked { config, sections, engines, webhook, telegram, discord, email, fence, plan } =
             checked;
         let pending = pending_restarts(&self.started, &config);
         if plan.is_empty() {
@@ -558,12 +562,7 @@ impl Reloader {
         if plan.runtime {
             let runtime = lemon_core::gateway::RuntimeConfig {
                 budget: Some(self.budget.clone()),
-                ..crate::runtime_config(
-                    &config,
-                    &sections,
-                    self.user_home.clone(),
-                    &self.lemon_home,
-                )
+                ..crate::runtime_config(&config, &sections, self.user_home.clone(), &fence)
             };
             if self.gateway.reload(runtime).await.is_err() {
                 return;

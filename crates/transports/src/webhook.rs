@@ -938,7 +938,8 @@ async fn attachments_json(artifacts: &[Artifact]) -> Value {
         if artifact.size > budget {
             entry["omitted"] = json!("too_large");
         } else {
-            match tokio::fs::read(&artifact.path).await {
+            // Read without following a link swapped in since the run's end.
+            match artifact.read().await {
                 Ok(content) if content.len() as u64 <= budget => {
                     budget -= content.len() as u64;
                     entry["size"] = json!(content.len());

@@ -25,6 +25,8 @@ struct Dirs {
     cwd: PathBuf,
     workspace: PathBuf,
     outside: PathBuf,
+    /// `cwd/.lemon`, the gateway's home inside the run's directory.
+    off_limits: OffLimits,
 }
 
 fn dirs() -> Dirs {
@@ -38,12 +40,18 @@ fn dirs() -> Dirs {
     let cwd = cwd.canonicalize().unwrap();
     let workspace = workspace.canonicalize().unwrap();
     let outside = outside.canonicalize().unwrap();
-    Dirs { _tmp: tmp, cwd, workspace, outside }
+    let off_limits = OffLimits::new([cwd.join(".lemon")], []);
+    Dirs { _tmp: tmp, cwd, workspace, outside, off_limits }
 }
 
 impl Dirs {
     fn roots(&self, generated_images: bool) -> ArtifactRoots<'_> {
-        ArtifactRoots { cwd: &self.cwd, workspace: Some(&self.workspace), generated_images }
+        ArtifactRoots {
+            cwd: &self.cwd,
+            workspace: Some(&self.workspace),
+            off_limits: &self.off_limits,
+            generated_images,
+        }
     }
 }
 
@@ -230,4 +238,35 @@ fn at_most_the_file_limits_are_sent() {
     assert_eq!(collected.artifacts.len(), MAX_ARTIFACTS);
     assert_eq!(collected.refused.len(), 2 + 6);
     assert!(collected.answer.is_empty());
+}
+
+#[test]
+fn the_gateways_state_is_never_sent_even_through_a_link() {
+    let d = dirs();
+    fs::create_dir(d.cwd.join(".lemon")).unwrap();
+    fs::write(d.cwd.join(".lemon/secrets.toml"), b"lemon_api_token = \"t\"").unwrap();
+    std::os::unix::fs::symlink(d.cwd.join(".lemon/secrets.toml"), d.workspace.join("s.toml"))
+        .unwrap();
+    let answer = "Done.\nMEDIA: .lemon/secrets.toml\nMEDIA: s.toml\nMEDIA: ../workspace/s.toml\n";
+    let collected = ArtifactCollector::default().finish(answer, d.roots(false));
+    assert_eq!(collected.answer, "Done.");
+    assert!(collected.artifacts.is_empty(), "{:?}", collected.artifacts);
+    let reasons: Vec<_> = collected.refused.iter().map(|r| r.reason.as_str()).collect();
+    assert_eq!(reasons[0], "the gateway's own state", "{reasons:?}");
+    assert_eq!(reasons[2], "the gateway's own state", "{reasons:?}");
+}
+
+#[tokio::test]
+async fn a_checked_file_is_read_without_following_a_link_swapped_in() {
+    let d = dirs();
+    fs::create_dir(d.cwd.join("out")).unwrap();
+    fs::write(d.cwd.join("out/report.txt"), b"report").unwrap();
+    fs::write(d.outside.join("report.txt"), b"secret").unwrap();
+    let collected =
+        ArtifactCollector::default().finish("MEDIA: out/report.txt", d.roots(false));
+    let artifact = &collected.artifacts[0];
+    assert_eq!(artifact.read().await.unwrap(), b"report");
+    fs::rename(d.cwd.join("out"), d.cwd.join("moved")).unwrap();
+    std::os::unix::fs::symlink(&d.outside, d.cwd.join("out")).unwrap();
+    assert!(artifact.read().await.is_err(), "the link was followed");
 }

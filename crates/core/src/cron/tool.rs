@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 use super::input::{self, default_session, InputError};
 use super::scheduler::{CronError, CronHandle};
 use super::{agent_of, CronJob, DEFAULT_AGENT};
+use crate::contain::ContainError;
 use crate::tool::{Tool, ToolContext, ToolOutput, ToolSpec};
 
 /// Every action, in the order the messages list them.
@@ -95,7 +96,7 @@ impl CronTool {
             "status" => self.status().await,
             "list" => self.list(args).await,
             "add" => self.add(args, ctx).await,
-            "update" => self.update(args).await,
+            "update" => self.update(args, ctx).await,
             "pause" => self.set_enabled(args, false).await,
             "resume" => self.set_enabled(args, true).await,
             "abort" => self.abort(args).await,
@@ -144,6 +145,7 @@ impl CronTool {
             InputError::Missing(field) => format!("{field} is required for action=add"),
             other => other.to_string(),
         })?;
+        check_memory_file(spec.memory_file.as_deref(), ctx)?;
         let model_session = string(fields, &["sessionKey", "session_key"]).is_some();
         // The running session is preferred: the model's key may lack the thread.
         if !ctx.session_key.trim().is_empty() {
@@ -163,10 +165,11 @@ impl CronTool {
             .ok_or_else(|| format!("id (or jobId) is required for action={action}"))
     }
 
-    async fn update(&self, args: &Map<String, Value>) -> Answer {
+    async fn update(&self, args: &Map<String, Value>, ctx: &ToolContext) -> Answer {
         let id = Self::job_id(args, "update")?;
         let fields = args.get("patch").and_then(Value::as_object).unwrap_or(args);
         let patch = input::patch_from_json(fields).map_err(|e| e.to_string())?;
+        check_memory_file(patch.memory_file.as_deref(), ctx)?;
         if patch.is_empty() {
             return Err("No update fields were provided".to_owned());
         }
@@ -237,6 +240,20 @@ impl CronTool {
 }
 
 /// The JSON schema of the arguments.
+/// A job's `memoryFile` is a file its runs keep notes in: one in the
+/// gateway's own state (its home, config, secrets) is refused, directly or
+/// through a link, as the file tools would refuse it.
+fn check_memory_file(path: Option<&str>, ctx: &ToolContext) -> Result<(), String> {
+    let Some(path) = path.map(str::trim).filter(|p| !p.is_empty()) else { return Ok(()) };
+    match ctx.reach().resolve(std::path::Path::new(path)) {
+        Err(ContainError::OffLimits { .. }) => Err(format!(
+            "memoryFile {path} is the gateway's own state (its home, config or secrets); choose a file in the working directory or the workspace"
+        )),
+        // A path elsewhere is for the job's own runs to judge, in their directory.
+        _ => Ok(()),
+    }
+}
+
 fn parameters() -> Value {
     let text = |description: &str| json!({ "type": "string", "description": description });
     let integer =

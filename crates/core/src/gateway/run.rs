@@ -256,9 +256,26 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
     };
     state.engine = engine.id().to_string();
     let model = ctx.req.engine.model().or(ctx.req.model.as_ref()).map(|m| m.as_str().to_owned());
-    let cwd = match ctx.req.cwd.as_deref().filter(|p| !p.as_os_str().is_empty()) {
+    let requested = ctx.req.cwd.as_deref().filter(|p| !p.as_os_str().is_empty());
+    let cwd = match requested {
         Some(requested) => resolve_cwd(Some(requested), &ctx.config),
         None => ctx.fallback_cwd.to_path_buf(),
+    };
+    let cwd = match away_from_state(&cwd, &ctx.config) {
+        Ok(None) => cwd,
+        Ok(Some(spare)) => {
+            // The fallback's move was logged once, at start.
+            if requested.is_some() {
+                tracing::info!(
+                    run_id = %ctx.run_id,
+                    requested = %cwd.display(),
+                    cwd = %spare.display(),
+                    "the run's directory holds the gateway's own state; the run works in the spare directory"
+                );
+            }
+            spare
+        }
+        Err(detail) => return Completion::failure(RunError::StartFailed { detail }, None),
     };
     if !crate::config::cwd_allowed(&ctx.config.allowed_cwd_roots, &cwd) {
         let detail = format!("working directory {} is outside allowed_cwd_roots", cwd.display());
@@ -312,6 +329,7 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
         model,
         meta: ctx.req.meta.clone(),
         workspace: ctx.config.workspace_dir.clone(),
+        off_limits: ctx.config.off_limits.clone(),
     };
     let control = tokio::select! {
         biased;
@@ -451,6 +469,31 @@ pub(super) fn resolve_cwd(requested: Option<&Path>, config: &RuntimeConfig) -> P
         .unwrap_or_else(|| PathBuf::from("/"))
 }
 
+/// Where a run whose directory is `dir` works instead: `None` when `dir`
+/// may be used, else the spare directory (created now), because `dir` holds
+/// the gateway's own state or is inside it. A run never works in `$HOME` when
+/// the gateway's home is `$HOME/.lemon`, so a command it runs finds no
+/// secrets beside it.
+///
+/// # Errors
+/// The spare directory cannot be created.
+pub(super) fn away_from_state(dir: &Path, config: &RuntimeConfig) -> Result<Option<PathBuf>, String> {
+    let Some(spare) = &config.spare_cwd else { return Ok(None) };
+    if !config.off_limits.overlaps(dir) {
+        return Ok(None);
+    }
+    if config.off_limits.overlaps(spare) {
+        return Err(format!(
+            "{} holds the gateway's own state, and so does {}: no directory is left for the run",
+            dir.display(),
+            spare.display()
+        ));
+    }
+    std::fs::create_dir_all(spare)
+        .map_err(|err| format!("cannot create the run directory {}: {err}", spare.display()))?;
+    Ok(Some(spare.clone()))
+}
+
 /// Who a run's end is written for, and what it spent.
 struct Ending<'a> {
     run_id: RunId,
@@ -477,6 +520,7 @@ async fn finalize(
         let roots = ArtifactRoots {
             cwd,
             workspace: config.workspace_dir.as_deref(),
+            off_limits: &config.off_limits,
             generated_images: config.auto_send_generated_images,
         };
         let collected = std::mem::take(&mut state.artifacts).finish(&completion.answer, roots);

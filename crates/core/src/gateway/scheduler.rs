@@ -212,6 +212,29 @@ pub(super) struct Scheduler {
     draining: Option<Draining>,
 }
 
+/// Where runs without a directory run: the configured default, else the
+/// user's home, moved to the spare directory when it would hold the gateway's
+/// own state (the move is logged once here, naming both).
+fn fallback_cwd(config: &RuntimeConfig) -> Arc<std::path::Path> {
+    let default = run::resolve_cwd(None, config);
+    match run::away_from_state(&default, config) {
+        Ok(None) => default.into(),
+        Ok(Some(spare)) => {
+            tracing::info!(
+                default = %default.display(),
+                cwd = %spare.display(),
+                "the default run directory holds the gateway's own state; runs without a directory work in the spare directory"
+            );
+            spare.into()
+        }
+        Err(detail) => {
+            // Runs then fail to start in it rather than work beside the state.
+            tracing::warn!(default = %default.display(), "{detail}");
+            config.spare_cwd.clone().unwrap_or(default).into()
+        }
+    }
+}
+
 impl Scheduler {
     pub(super) fn new(
         deps: GatewayDeps,
@@ -221,7 +244,7 @@ impl Scheduler {
         tracker: TaskTracker,
     ) -> Self {
         let lock = EngineLock::new(deps.config.engine_lock_max_age);
-        let fallback_cwd = run::resolve_cwd(None, &deps.config).into();
+        let fallback_cwd = fallback_cwd(&deps.config);
         Scheduler {
             rx,
             tx,
@@ -330,7 +353,7 @@ impl Scheduler {
                     );
                 }
                 self.max = config.max_concurrent_runs;
-                self.fallback_cwd = run::resolve_cwd(None, &config).into();
+                self.fallback_cwd = fallback_cwd(&config);
                 self.config = Arc::new(*config);
                 self.grant_until_full();
             }

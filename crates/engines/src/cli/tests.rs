@@ -135,6 +135,7 @@ async fn an_engine_refuses_to_start_with_a_token_or_model_that_could_be_an_optio
             model: model.map(str::to_owned),
             meta: BTreeMap::new(),
             workspace: None,
+            off_limits: lemon_core::contain::OffLimits::none(),
         };
         for req in [request(Some("--yolo"), None), request(None, Some("--yolo"))] {
             let (sink, _events) = EventSink::channel(8);
@@ -158,6 +159,7 @@ async fn an_engine_refuses_to_start_with_a_token_or_model_that_could_be_an_optio
         model: None,
         meta: BTreeMap::new(),
         workspace: None,
+        off_limits: lemon_core::contain::OffLimits::none(),
     };
     assert!(engine.start(req, sink).await.is_err());
 }

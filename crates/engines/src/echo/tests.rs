@@ -19,6 +19,7 @@ fn request(prompt: &str) -> StartRequest {
         model: None,
         meta: Default::default(),
         workspace: None,
+        off_limits: lemon_core::contain::OffLimits::none(),
     }
 }
 

@@ -458,6 +458,7 @@ impl Agent {
                         call_id: call.id.clone(),
                         cwd: self.req.cwd.clone(),
                         workspace: self.workspace.clone(),
+                        off_limits: self.req.off_limits.clone(),
                         cancel: turn_cancel.child_token(),
                     };
                     let handle =

@@ -262,6 +262,7 @@ fn request(prompt: &str, resume: Option<&str>) -> StartRequest {
         model: None,
         meta: Default::default(),
         workspace: None,
+        off_limits: lemon_core::contain::OffLimits::none(),
     }
 }
 

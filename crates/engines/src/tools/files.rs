@@ -1,14 +1,15 @@
 //! `read`, `write`, `edit` and `list`: files in the run's cwd or workspace.
 
-use std::io::{BufRead, Read as _};
+use std::io::{BufRead, Read as _, Seek as _, Write as _};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use lemon_core::contain::{Access, EntryKind, Reach};
 use lemon_core::tool::{Tool, ToolContext, ToolOutput, ToolSpec};
 use serde_json::{json, Value};
 
 use super::args::Args;
-use super::{contained, cut, looks_like_text, shown, BuiltinOptions};
+use super::{contained, cut, looks_like_text, refusal, shown, BuiltinOptions};
 
 /// How much of a file is looked at to tell text from binary.
 const SNIFF_BYTES: usize = 8 * 1024;
@@ -26,27 +27,29 @@ where
     }
 }
 
-/// The file at `raw` as text, refused when it is missing, not a regular file,
-/// larger than `max` or binary.
+/// The file at `raw` opened for reading and writing in place, and its text;
+/// refused when it is missing, not a regular file, larger than `max` or binary.
 fn read_text(
-    ctx: &ToolContext,
+    reach: &Reach,
     raw: &str,
     max: u64,
-) -> Result<(std::path::PathBuf, String), String> {
-    let path = contained(ctx, raw)?;
-    let meta = std::fs::metadata(&path).map_err(|err| format!("{raw}: {err}"))?;
+) -> Result<(std::path::PathBuf, std::fs::File, String), String> {
+    let path = contained(reach, raw)?;
+    let mut file = reach.open(&path, Access::ReadWrite).map_err(|err| refusal(raw, &err))?;
+    let meta = file.metadata().map_err(|err| format!("{raw}: {err}"))?;
     if !meta.is_file() {
         return Err(format!("{raw} is not a regular file"));
     }
     if meta.len() > max {
         return Err(format!("{raw} is {} bytes, over the {max}-byte limit", meta.len()));
     }
-    let bytes = std::fs::read(&path).map_err(|err| format!("{raw}: {err}"))?;
+    let mut bytes = Vec::new();
+    (&mut file).take(max).read_to_end(&mut bytes).map_err(|err| format!("{raw}: {err}"))?;
     if bytes.contains(&0) {
         return Err(format!("{raw} is a binary file"));
     }
     let text = String::from_utf8(bytes).map_err(|_| format!("{raw} is not UTF-8 text"))?;
-    Ok((path, text))
+    Ok((path, file, text))
 }
 
 /// `read`: lines of a text file.
@@ -68,9 +71,10 @@ impl Tool for Read {
             name: "read".to_owned(),
             description: format!(
                 "Read a text file in the working directory or workspace. Returns its lines as \
-                 they are; by default the first {} lines, `offset` (1-based line number) and \
-                 `limit` page through longer files. Binary files are refused.",
-                self.options.read_default_lines
+                 they are; by default the first {} lines, and at most {} bytes: `offset` \
+                 (1-based line number) and `limit` page through longer files, and a longer \
+                 line is cut. Binary files are refused.",
+                self.options.read_default_lines, self.options.output_limit
             ),
             parameters: json!({
                 "type": "object",
@@ -96,29 +100,37 @@ fn read(options: &BuiltinOptions, args: &Value, ctx: &ToolContext) -> Result<Too
     let raw = args.required_str("path")?;
     let offset = args.uint("offset")?.unwrap_or(1).max(1);
     let limit = args.uint("limit")?.map_or(options.read_default_lines, |n| n as usize).max(1);
-    let path = contained(ctx, &raw)?;
-    let meta = std::fs::metadata(&path).map_err(|err| format!("{raw}: {err}"))?;
+    let reach = ctx.reach();
+    let path = contained(&reach, &raw)?;
+    let mut file = reach.open(&path, Access::Read).map_err(|err| refusal(&raw, &err))?;
+    let meta = file.metadata().map_err(|err| format!("{raw}: {err}"))?;
     if meta.is_dir() {
         return Err(format!("{raw} is a directory; use list"));
     }
     if !meta.is_file() {
         return Err(format!("{raw} is not a regular file"));
     }
-    let mut file = std::fs::File::open(&path).map_err(|err| format!("{raw}: {err}"))?;
     let mut head = vec![0; SNIFF_BYTES];
     let n = read_up_to(&mut file, &mut head).map_err(|err| format!("{raw}: {err}"))?;
     head.truncate(n);
     if !looks_like_text(&head) {
         return Err(format!("{raw} is a binary file"));
     }
-    let reader = std::io::BufReader::new(head.as_slice().chain(file));
+    let budget = options.output_limit;
+    let mut lines = BoundedLines::new(std::io::BufReader::new(head.as_slice().chain(file)));
     let mut out = String::new();
     let mut returned = 0usize;
     let mut next_line = None;
-    let mut cut_short = false;
-    for (index, line) in reader.split(b'\n').enumerate() {
-        let number = index as u64 + 1;
-        let line = line.map_err(|err| format!("{raw}: {err}"))?;
+    // The line cut at the byte limit, and its full length.
+    let mut cut_line = None;
+    let mut number = 0u64;
+    loop {
+        number += 1;
+        let keep = if number < offset { 0 } else { budget - out.len() };
+        let Some((line, length)) = lines.next_line(keep).map_err(|err| format!("{raw}: {err}"))?
+        else {
+            break;
+        };
         if number < offset {
             continue;
         }
@@ -126,27 +138,32 @@ fn read(options: &BuiltinOptions, args: &Value, ctx: &ToolContext) -> Result<Too
             next_line = Some(number);
             break;
         }
-        let line = String::from_utf8_lossy(&line);
-        if out.len() + line.len() + 1 > options.output_limit {
+        if length + 1 > keep {
             if returned == 0 {
-                out.push_str(cut(&line, options.output_limit));
+                out.push_str(&utf8_prefix(&line));
                 out.push('\n');
                 returned = 1;
-                cut_short = true;
+                cut_line = Some(length);
+                if lines.has_more().map_err(|err| format!("{raw}: {err}"))? {
+                    next_line = Some(number + 1);
+                }
+            } else {
+                next_line = Some(number);
             }
-            next_line = Some(offset + returned as u64);
             break;
         }
-        out.push_str(&line);
+        out.push_str(&String::from_utf8_lossy(&line));
         out.push('\n');
         returned += 1;
     }
     if returned == 0 && offset > 1 {
         return Err(format!("{raw} has fewer than {offset} lines"));
     }
-    let mut text = out;
-    if cut_short {
-        text.push_str(&format!("[line {offset} was cut at {} bytes]\n", options.output_limit));
+    let mut text = cut(&out, budget + 1).to_owned();
+    if let Some(length) = cut_line {
+        text.push_str(&format!(
+            "[line {offset} is {length} bytes; only its first {budget} bytes are shown, the most read returns]\n"
+        ));
     }
     if let Some(next) = next_line {
         text.push_str(&format!("[more lines follow; continue with offset={next}]\n"));
@@ -155,9 +172,64 @@ fn read(options: &BuiltinOptions, args: &Value, ctx: &ToolContext) -> Result<Too
         "path": shown(ctx, &path),
         "offset": offset,
         "lines": returned,
-        "truncated": next_line.is_some() || cut_short,
+        "truncated": next_line.is_some() || cut_line.is_some(),
     });
     Ok(ToolOutput::ok(text, details))
+}
+
+/// Lines of a reader, each kept only up to a number of bytes: the rest of a
+/// longer line is read past, never held, so a file of one huge line costs
+/// no more memory than the part returned.
+struct BoundedLines<R> {
+    reader: R,
+}
+
+impl<R: BufRead> BoundedLines<R> {
+    fn new(reader: R) -> Self {
+        BoundedLines { reader }
+    }
+
+    /// The next line without its newline, cut to `keep` bytes, and its full
+    /// length; `None` at the end.
+    fn next_line(&mut self, keep: usize) -> std::io::Result<Option<(Vec<u8>, usize)>> {
+        let mut line = Vec::new();
+        let mut length = 0usize;
+        let mut any = false;
+        loop {
+            let buf = self.reader.fill_buf()?;
+            if buf.is_empty() {
+                return Ok(any.then_some((line, length)));
+            }
+            any = true;
+            let (chunk, ends) = match buf.iter().position(|&b| b == b'\n') {
+                Some(at) => (&buf[..at], true),
+                None => (buf, false),
+            };
+            let room = keep.saturating_sub(line.len());
+            line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            length += chunk.len();
+            let used = chunk.len() + usize::from(ends);
+            self.reader.consume(used);
+            if ends {
+                return Ok(Some((line, length)));
+            }
+        }
+    }
+
+    fn has_more(&mut self) -> std::io::Result<bool> {
+        Ok(!self.reader.fill_buf()?.is_empty())
+    }
+}
+
+/// `bytes` as text, a character cut at the end dropped.
+fn utf8_prefix(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(err) if err.error_len().is_none() => {
+            String::from_utf8_lossy(&bytes[..err.valid_up_to()]).into_owned()
+        }
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+    }
 }
 
 fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -204,14 +276,13 @@ fn write(args: &Value, ctx: &ToolContext) -> Result<ToolOutput, String> {
     let args = Args::new(args)?;
     let raw = args.required_str("path")?;
     let content = args.text("content")?.ok_or("Missing required parameter: content")?;
-    let path = contained(ctx, &raw)?;
+    let reach = ctx.reach();
+    let path = contained(&reach, &raw)?;
     if path.is_dir() {
         return Err(format!("{raw} is a directory"));
     }
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|err| format!("{raw}: {err}"))?;
-    }
-    std::fs::write(&path, content.as_bytes()).map_err(|err| format!("{raw}: {err}"))?;
+    let mut file = reach.open(&path, Access::Create).map_err(|err| refusal(&raw, &err))?;
+    file.write_all(content.as_bytes()).map_err(|err| format!("{raw}: {err}"))?;
     let shown = shown(ctx, &path);
     Ok(ToolOutput::ok(
         format!("Wrote {} bytes to {shown}", content.len()),
@@ -273,7 +344,7 @@ fn edit(max: u64, args: &Value, ctx: &ToolContext) -> Result<ToolOutput, String>
     if old == new {
         return Err("old_string and new_string are the same".to_owned());
     }
-    let (path, text) = read_text(ctx, &raw, max)?;
+    let (path, mut file, text) = read_text(&ctx.reach(), &raw, max)?;
     let count = text.matches(old.as_str()).count();
     let shown = shown(ctx, &path);
     match count {
@@ -288,7 +359,11 @@ fn edit(max: u64, args: &Value, ctx: &ToolContext) -> Result<ToolOutput, String>
         _ => {}
     }
     let edited = text.replace(old.as_str(), &new);
-    std::fs::write(&path, edited.as_bytes()).map_err(|err| format!("{raw}: {err}"))?;
+    // Through the descriptor that was read: the file edited is the file checked.
+    file.set_len(0)
+        .and_then(|()| file.seek(std::io::SeekFrom::Start(0)))
+        .and_then(|_| file.write_all(edited.as_bytes()))
+        .map_err(|err| format!("{raw}: {err}"))?;
     let noun = if count == 1 { "occurrence" } else { "occurrences" };
     Ok(ToolOutput::ok(
         format!("Replaced {count} {noun} in {shown}"),
@@ -335,18 +410,18 @@ impl Tool for List {
 fn list(max: usize, args: &Value, ctx: &ToolContext) -> Result<ToolOutput, String> {
     let args = Args::new(args)?;
     let raw = args.str("path")?.unwrap_or_else(|| ".".to_owned());
-    let path = contained(ctx, &raw)?;
+    let reach = ctx.reach();
+    let path = contained(&reach, &raw)?;
     if !path.is_dir() {
         return Err(format!("{raw} is not a directory"));
     }
     let mut names = Vec::new();
-    for entry in std::fs::read_dir(&path).map_err(|err| format!("{raw}: {err}"))? {
-        let entry = entry.map_err(|err| format!("{raw}: {err}"))?;
-        let mut name = entry.file_name().to_string_lossy().into_owned();
-        match entry.file_type() {
-            Ok(kind) if kind.is_dir() => name.push('/'),
-            Ok(kind) if kind.is_symlink() => name.push('@'),
-            _ => {}
+    for (name, kind) in reach.read_dir(&path).map_err(|err| refusal(&raw, &err))? {
+        let mut name = name.to_string_lossy().into_owned();
+        match kind {
+            EntryKind::Dir => name.push('/'),
+            EntryKind::Symlink => name.push('@'),
+            EntryKind::File | EntryKind::Other => {}
         }
         names.push(name);
     }

@@ -1,21 +1,23 @@
 //! `grep` and `glob`: searching under a directory of the run.
 //!
-//! Both walk the directory themselves, bounded by `max_walk_entries`: symlinked
-//! directories are not entered (they may lead out), `.git` is skipped, and a
-//! symlinked file is searched only when it resolves inside the run's roots.
+//! Both walk the directory themselves, bounded by `max_walk_entries`, reading
+//! each directory through [`Reach::read_dir`] (no link followed): symlinked
+//! directories are not entered (they may lead out), `.git` and the gateway's
+//! own state are skipped, and a symlinked file is searched only when it
+//! resolves inside the run's roots and outside the state.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lemon_core::contain::resolve_inside;
+use lemon_core::contain::{Access, EntryKind, Reach};
 use lemon_core::tool::{Tool, ToolContext, ToolOutput, ToolSpec};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::args::Args;
-use super::{contained, cut, looks_like_text, roots, shown, BuiltinOptions};
+use super::{contained, cut, looks_like_text, shown, BuiltinOptions};
 
 /// A matching line longer than this is cut in the result.
 const MAX_LINE_CHARS: usize = 300;
@@ -29,8 +31,9 @@ struct Walked {
     stopped: bool,
 }
 
-/// Every file under `root` (depth first, in name order), up to `max` entries.
-fn walk(root: &Path, max: usize, cancel: &CancellationToken) -> Walked {
+/// Every file under `root` (depth first, in name order), up to `max` entries,
+/// leaving out the gateway's state.
+fn walk(reach: &Reach, root: &Path, max: usize, cancel: &CancellationToken) -> Walked {
     let mut walked = Walked::default();
     let mut seen = 0usize;
     let mut stack = vec![PathBuf::new()];
@@ -39,25 +42,25 @@ fn walk(root: &Path, max: usize, cancel: &CancellationToken) -> Walked {
             walked.stopped = true;
             break;
         }
-        let Ok(entries) = std::fs::read_dir(root.join(&rel)) else { continue };
-        let mut entries: Vec<_> = entries.flatten().collect();
-        entries.sort_by_key(std::fs::DirEntry::file_name);
+        let Ok(mut entries) = reach.read_dir(&root.join(&rel)) else { continue };
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
         let mut dirs = Vec::new();
-        for entry in entries {
+        for (name, kind) in entries {
             seen += 1;
             if seen > max {
                 walked.stopped = true;
                 walked.files.sort();
                 return walked;
             }
-            let Ok(kind) = entry.file_type() else { continue };
-            let path = rel.join(entry.file_name());
-            if kind.is_dir() {
-                if entry.file_name() != ".git" {
-                    dirs.push(path);
-                }
-            } else if kind.is_file() || kind.is_symlink() {
-                walked.files.push((path, kind.is_symlink()));
+            let path = rel.join(&name);
+            if reach.denies(&root.join(&path)) {
+                continue;
+            }
+            match kind {
+                EntryKind::Dir if name != ".git" => dirs.push(path),
+                EntryKind::File => walked.files.push((path, false)),
+                EntryKind::Symlink => walked.files.push((path, true)),
+                EntryKind::Dir | EntryKind::Other => {}
             }
         }
         // Popped in name order.
@@ -131,17 +134,17 @@ fn grep(options: &BuiltinOptions, args: &Value, ctx: &ToolContext) -> Result<Too
         .size_limit(1 << 20)
         .build()
         .map_err(|err| format!("invalid pattern: {err}"))?;
-    let root = contained(ctx, &raw)?;
+    let reach = ctx.reach();
+    let root = contained(&reach, &raw)?;
     let (base, walked) = if root.is_file() {
         let name = root.file_name().map(PathBuf::from).unwrap_or_default();
         let parent = root.parent().map(Path::to_path_buf).unwrap_or_default();
         (parent, Walked { files: vec![(name, false)], stopped: false })
     } else if root.is_dir() {
-        (root.clone(), walk(&root, options.max_walk_entries, &ctx.cancel))
+        (root.clone(), walk(&reach, &root, options.max_walk_entries, &ctx.cancel))
     } else {
         return Err(format!("{raw} is not a file or directory"));
     };
-    let roots = roots(ctx);
     let mut lines = Vec::new();
     let mut more = false;
     let mut files_with_matches = 0usize;
@@ -154,14 +157,14 @@ fn grep(options: &BuiltinOptions, args: &Value, ctx: &ToolContext) -> Result<Too
         }
         let path = base.join(rel);
         let path = if *is_link {
-            match resolve_inside(&roots, &path) {
+            match reach.resolve(&path) {
                 Ok(target) => target,
                 Err(_) => continue,
             }
         } else {
             path
         };
-        let Some(text) = text_of(&path, options.max_file_bytes) else { continue };
+        let Some(text) = text_of(&reach, &path, options.max_file_bytes) else { continue };
         let mut matched = false;
         for (index, line) in text.lines().enumerate() {
             if !regex.is_match(line) {
@@ -194,14 +197,16 @@ fn grep(options: &BuiltinOptions, args: &Value, ctx: &ToolContext) -> Result<Too
     ))
 }
 
-/// The file's text, or `None` when it is too large, unreadable or binary.
-fn text_of(path: &Path, max: u64) -> Option<String> {
-    let meta = std::fs::metadata(path).ok()?;
+/// The file's text, or `None` when it is too large, unreadable, binary or
+/// the gateway's state.
+fn text_of(reach: &Reach, path: &Path, max: u64) -> Option<String> {
+    let file = reach.open(path, Access::Read).ok()?;
+    let meta = file.metadata().ok()?;
     if !meta.is_file() || meta.len() > max {
         return None;
     }
     let mut bytes = Vec::new();
-    std::fs::File::open(path).ok()?.take(max).read_to_end(&mut bytes).ok()?;
+    file.take(max).read_to_end(&mut bytes).ok()?;
     let head = &bytes[..bytes.len().min(8 * 1024)];
     if !looks_like_text(head) {
         return None;
@@ -255,11 +260,12 @@ fn glob(options: &BuiltinOptions, args: &Value, ctx: &ToolContext) -> Result<Too
     let pattern = args.required_str("pattern")?;
     let matcher = glob_matcher(pattern.trim_start_matches("./"))?;
     let raw = args.str("path")?.unwrap_or_else(|| ".".to_owned());
-    let root = contained(ctx, &raw)?;
+    let reach = ctx.reach();
+    let root = contained(&reach, &raw)?;
     if !root.is_dir() {
         return Err(format!("{raw} is not a directory"));
     }
-    let walked = walk(&root, options.max_walk_entries, &ctx.cancel);
+    let walked = walk(&reach, &root, options.max_walk_entries, &ctx.cancel);
     if ctx.cancel.is_cancelled() {
         return Err("the run was cancelled".to_owned());
     }

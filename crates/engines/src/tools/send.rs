@@ -6,18 +6,17 @@
 //! Each is offered only to sessions of its channel: session keys of the form
 //! `agent:<agent>:<channel>:<account>:<peer_kind>:<peer_id>[:thread:<id>]`.
 //! The file must be a regular file inside the run's cwd or the workspace
-//! after every symlink is resolved.
+//! after every symlink is resolved, and not the gateway's own state.
 
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
-use lemon_core::contain::{resolve_inside, ContainError};
+use lemon_core::contain::ContainError;
 use lemon_core::ids::SessionKey;
 use lemon_core::tool::{Tool, ToolContext, ToolOutput, ToolSpec};
 use serde_json::{json, Value};
 
 use super::args::Args;
-use super::roots;
 
 /// The image types Telegram shows as photos.
 const IMAGE_EXTENSIONS: &[&str] =
@@ -105,14 +104,19 @@ impl SendFile {
 
     /// The first candidate that is a regular file inside the roots.
     fn resolve(&self, raw: &str, ctx: &ToolContext) -> Result<PathBuf, String> {
-        let roots = roots(ctx);
+        let reach = ctx.reach();
         let mut outside = false;
         for candidate in self.candidates(raw, ctx) {
-            match resolve_inside(&roots, &candidate) {
+            match reach.resolve(&candidate) {
                 Ok(path) if std::fs::metadata(&path).is_ok_and(|meta| meta.is_file()) => {
                     return Ok(path);
                 }
                 Ok(_) => {}
+                Err(ContainError::OffLimits { .. }) => {
+                    return Err(format!(
+                        "{raw} is the gateway's own state (its home, config or secrets); it cannot be sent"
+                    ));
+                }
                 Err(ContainError::Outside { .. }) => outside = true,
                 // A symlink loop, a dangling link: nothing to send there.
                 Err(_) => {}

@@ -2,9 +2,15 @@
 
 use std::path::{Path, PathBuf};
 
+use lemon_core::contain::OffLimits;
 use lemon_core::ids::RunId;
 use lemon_core::tool::ToolContext;
 use tokio_util::sync::CancellationToken;
+
+/// What [`Dirs::plant_state`] writes to the gateway's secrets file.
+pub(super) const SECRETS: &str = "lemon_api_token = \"tok-state-1234567890\"\n";
+/// What [`Dirs::plant_state`] writes to the gateway's config file.
+pub(super) const CONFIG: &str = "[gateway]\ndefault_engine = \"echo\"\n";
 
 /// A temp dir with `cwd/` and `workspace/` in it, and `outside/secret` next to
 /// them, for containment attacks.
@@ -40,8 +46,29 @@ impl Dirs {
             call_id: "call_1".to_owned(),
             cwd: self.cwd.clone(),
             workspace: Some(self.workspace.clone()),
+            off_limits: OffLimits::new([self.state()], []),
             cancel: CancellationToken::new(),
         }
+    }
+
+    /// `cwd/.lemon`: the gateway's home inside the run's directory, off limits.
+    pub(super) fn state(&self) -> PathBuf {
+        self.cwd.join(".lemon")
+    }
+
+    /// Fills [`Dirs::state`] with `secrets.toml` and `config.toml`, and plants
+    /// `state_link` (a symlink to it) and `secrets_link` (to its secrets) in
+    /// the workspace.
+    pub(super) fn plant_state(&self) {
+        std::fs::create_dir_all(self.state()).unwrap();
+        std::fs::write(self.state().join("secrets.toml"), SECRETS).unwrap();
+        std::fs::write(self.state().join("config.toml"), CONFIG).unwrap();
+        std::os::unix::fs::symlink(self.state(), self.workspace.join("state_link")).unwrap();
+        std::os::unix::fs::symlink(
+            self.state().join("secrets.toml"),
+            self.workspace.join("secrets_link"),
+        )
+        .unwrap();
     }
 
     /// Plants the links attacks go through: `link_out` (a symlink to

@@ -12,6 +12,7 @@ fn ctx() -> ToolContext {
         call_id: "call_1".into(),
         cwd: std::env::temp_dir(),
         workspace: None,
+        off_limits: lemon_core::contain::OffLimits::none(),
         cancel: CancellationToken::new(),
     }
 }

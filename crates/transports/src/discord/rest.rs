@@ -361,7 +361,8 @@ impl Rest {
     /// # Errors
     /// The file cannot be read, or as Discord answers.
     pub async fn create_file(&self, file: &CreateFile) -> Result<Message, DiscordError> {
-        let content = tokio::fs::read(&file.path).await.map_err(|e| {
+        // A run's checked file, read without following a link swapped in since.
+        let content = lemon_core::contain::read_checked(&file.path).await.map_err(|e| {
             DiscordError::Invalid(format!("cannot read {}: {e}", file.path.display()))
         })?;
         let payload = json!({

@@ -15,12 +15,13 @@
 //!   resume from another channel) is mailed as a reply into that thread, to
 //!   its correspondent, after the thread's latest mail (kv `email.tail`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lemon_core::bus::EventKind;
+use lemon_core::contain::{Access, Reach};
 use lemon_core::engine::Completion;
 use lemon_core::ids::RunId;
 use lemon_core::log_text;
@@ -64,8 +65,9 @@ pub struct EmailTransport {
     config: EmailConfig,
     /// The passwords are read from here at every start.
     secrets: Arc<SecretStore>,
-    /// Where attachments are saved (under `email/`).
-    workspace: PathBuf,
+    /// Where attachments are saved (under `email/`): the workspace, less the
+    /// gateway's own state.
+    workspace: Reach,
 }
 
 impl std::fmt::Debug for EmailTransport {
@@ -78,7 +80,7 @@ impl std::fmt::Debug for EmailTransport {
 }
 
 impl EmailTransport {
-    pub fn new(config: EmailConfig, secrets: Arc<SecretStore>, workspace: PathBuf) -> Self {
+    pub fn new(config: EmailConfig, secrets: Arc<SecretStore>, workspace: Reach) -> Self {
         EmailTransport { config, secrets, workspace }
     }
 }
@@ -267,7 +269,7 @@ impl Transport for EmailTransport {
 
 pub(super) struct Mailer {
     config: EmailConfig,
-    workspace: PathBuf,
+    workspace: Reach,
     /// The address answers come from: mail from it is the gateway's own.
     own_address: String,
     smtp: SmtpSender,
@@ -489,18 +491,25 @@ impl Mailer {
     }
 
     async fn save_one(&self, relative: &Path, content: &[u8]) -> Result<String, String> {
-        if let Err(error) = tokio::fs::create_dir_all(&self.workspace).await {
+        let root = self.workspace.roots().first().cloned().unwrap_or_default();
+        if let Err(error) = tokio::fs::create_dir_all(&root).await {
             return Err(format!("the workspace cannot be created: {error}"));
         }
-        let path = lemon_core::contain::resolve_inside(&[self.workspace.as_path()], relative)
-            .map_err(|error| format!("not inside the workspace: {error}"))?;
-        if let Some(parent) = path.parent() {
-            tokio::fs::create_dir_all(parent)
-                .await
-                .map_err(|error| format!("cannot create its folder: {error}"))?;
-        }
-        tokio::fs::write(&path, content).await.map_err(|error| format!("cannot write: {error}"))?;
-        Ok(path.display().to_string())
+        // Built again now the workspace exists, so opens walk down from it.
+        let workspace = self.workspace.with_roots([root]);
+        let (relative, content) = (relative.to_owned(), content.to_vec());
+        let save = move || -> Result<String, String> {
+            let path = workspace
+                .resolve(&relative)
+                .map_err(|error| format!("not inside the workspace: {error}"))?;
+            let mut file = workspace
+                .open(&path, Access::Create)
+                .map_err(|error| format!("cannot write: {error}"))?;
+            std::io::Write::write_all(&mut file, &content)
+                .map_err(|error| format!("cannot write: {error}"))?;
+            Ok(path.display().to_string())
+        };
+        tokio::task::spawn_blocking(save).await.map_err(|error| format!("cannot write: {error}"))?
     }
 
     /// Follows a run to its completion, then sends the answer.

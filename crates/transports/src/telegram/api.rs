@@ -254,7 +254,8 @@ impl BotApi {
     /// # Cancel safety
     /// Not cancel safe: a cancelled call may still have delivered the file.
     pub async fn send_file(&self, req: &SendFile) -> Result<Message, TelegramError> {
-        let content = tokio::fs::read(&req.path).await.map_err(|e| TelegramError::File {
+        // A run's checked file, read without following a link swapped in since.
+        let content = lemon_core::contain::read_checked(&req.path).await.map_err(|e| TelegramError::File {
             filename: req.filename.clone(),
             reason: e.kind().to_string(),
         })?;

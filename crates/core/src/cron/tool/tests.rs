@@ -16,6 +16,7 @@ fn ctx(session: &str) -> ToolContext {
         call_id: "call_1".to_owned(),
         cwd: std::env::temp_dir(),
         workspace: None,
+        off_limits: crate::contain::OffLimits::none(),
         cancel: CancellationToken::new(),
     }
 }
@@ -231,4 +232,33 @@ async fn a_job_wrapper_and_a_session_less_run() {
     let out = t.execute(json!({"action": "status"}), ctx(SESSION)).await;
     assert!(out.is_error);
     assert!(out.text.starts_with("Cron scheduler is unavailable"), "{}", out.text);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_memory_file_in_the_gateways_state_is_refused() {
+    let h = harness().await;
+    let t = tool(&h);
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".lemon");
+    std::fs::create_dir_all(&home).unwrap();
+    std::os::unix::fs::symlink(home.join("secrets.toml"), dir.path().join("notes.md")).unwrap();
+    let ctx = ToolContext {
+        cwd: dir.path().to_owned(),
+        off_limits: crate::contain::OffLimits::new([home], []),
+        ..ctx(SESSION)
+    };
+    for memory in [".lemon/config.toml", "notes.md"] {
+        let args = json!({"action": "add", "schedule": "@daily", "prompt": "p", "memoryFile": memory});
+        let out = t.execute(args, ctx.clone()).await;
+        assert!(out.is_error, "{memory}: {}", out.text);
+        assert!(out.text.contains("the gateway's own state"), "{}", out.text);
+    }
+    let args = json!({"action": "add", "schedule": "@daily", "prompt": "p", "memoryFile": "mine.md"});
+    let added = t.execute(args, ctx.clone()).await;
+    assert!(!added.is_error, "{}", added.text);
+    let id = added.details["id"].as_str().unwrap().to_owned();
+    let out = t
+        .execute(json!({"action": "update", "id": id, "memoryFile": ".lemon/x.md"}), ctx)
+        .await;
+    assert!(out.is_error && out.text.contains("the gateway's own state"), "{}", out.text);
 }

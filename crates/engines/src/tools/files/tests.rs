@@ -5,7 +5,7 @@ use std::sync::Arc;
 use lemon_core::tool::{Tool, ToolOutput};
 use serde_json::{json, Value};
 
-use super::super::testutil::Dirs;
+use super::super::testutil::{Dirs, CONFIG, SECRETS};
 use super::super::{builtin, BuiltinOptions};
 
 fn tool(name: &str, options: &BuiltinOptions) -> Arc<dyn Tool> {
@@ -57,7 +57,11 @@ async fn read_output_is_capped() {
     let out = tool("read", &options).execute(json!({"path": "long"}), dirs.ctx()).await;
     assert!(!out.is_error);
     assert!(out.text.starts_with(&"x".repeat(100)), "{}", out.text);
-    assert!(out.text.contains("[line 1 was cut at 100 bytes]"), "{}", out.text);
+    assert!(
+        out.text.contains("[line 1 is 500 bytes; only its first 100 bytes are shown"),
+        "{}",
+        out.text
+    );
     assert!(out.text.contains("continue with offset=2"), "{}", out.text);
 }
 
@@ -163,4 +167,53 @@ async fn every_file_tool_refuses_paths_out_of_the_cwd_and_workspace() {
         refused.text,
         "../outside/secret is outside the working directory and the workspace"
     );
+}
+
+#[tokio::test]
+async fn read_returns_at_most_30000_bytes_of_a_single_line_file() {
+    let dirs = Dirs::new();
+    // 1 MiB on one line, then a second line.
+    std::fs::write(dirs.cwd.join("huge"), "y".repeat(1 << 20) + "\nafter\n").unwrap();
+    let out = call(&dirs, "read", json!({"path": "huge"})).await;
+    assert!(!out.is_error, "{out:?}");
+    let (content, notes) = out.text.split_once('\n').unwrap();
+    assert_eq!(content.len(), 30_000);
+    assert!(notes.contains("[line 1 is 1048576 bytes; only its first 30000 bytes are shown"), "{notes}");
+    assert!(notes.contains("continue with offset=2"), "{notes}");
+    let next = call(&dirs, "read", json!({"path": "huge", "offset": 2})).await;
+    assert_eq!(next.text, "after\n");
+    assert!(tool("read", &BuiltinOptions::default()).spec().description.contains("30000 bytes"));
+}
+
+#[tokio::test]
+async fn no_file_tool_reaches_the_gateways_state_directly_or_through_a_link() {
+    let dirs = Dirs::new();
+    dirs.plant_state();
+    let attacks = [
+        ".lemon/secrets.toml",
+        ".lemon/config.toml",
+        ".lemon/new.toml",
+        "../workspace/secrets_link",
+        "../workspace/state_link/config.toml",
+    ];
+    for attack in attacks {
+        let read = call(&dirs, "read", json!({"path": attack})).await;
+        assert_error(&read, "the gateway's own state");
+        assert!(!read.text.contains("tok-state"), "read {attack} leaked");
+        let edit = call(
+            &dirs,
+            "edit",
+            json!({"path": attack, "old_string": "tok-state", "new_string": "owned"}),
+        )
+        .await;
+        assert_error(&edit, "the gateway's own state");
+        let write = call(&dirs, "write", json!({"path": attack, "content": "owned"})).await;
+        assert_error(&write, "the gateway's own state");
+    }
+    for attack in [".lemon", "../workspace/state_link"] {
+        assert_error(&call(&dirs, "list", json!({"path": attack})).await, "the gateway's own state");
+    }
+    assert_eq!(std::fs::read_to_string(dirs.state().join("secrets.toml")).unwrap(), SECRETS);
+    assert_eq!(std::fs::read_to_string(dirs.state().join("config.toml")).unwrap(), CONFIG);
+    assert!(!dirs.state().join("new.toml").exists());
 }
