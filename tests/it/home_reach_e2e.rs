@@ -44,7 +44,8 @@ impl Installation {
         let dir = tempfile::tempdir().unwrap();
         let user = dir.path().canonicalize().unwrap().join("home");
         let lemon = user.join(".lemon");
-        std::fs::create_dir_all(&lemon).unwrap();
+        // The workspace in the home, where channels save what users send.
+        std::fs::create_dir_all(lemon.join("workspace")).unwrap();
         let llm = FakeLlm::builder().api_key(KEY).start().await;
         write_config(
             &lemon,
@@ -197,7 +198,9 @@ async fn no_file_tool_reads_or_writes_the_gateways_state_even_through_a_link() {
     ]));
     app.llm.push(Turn::text(&["Nothing here."]));
     app.run("search around", None).await;
+    // The conversation goes on: this turn's two results come last.
     let results = app.tool_results();
+    let results = &results[results.len() - 2..];
     assert_eq!(results[0].1, "No matches.", "{results:?}");
     assert_eq!(results[1].1, "No files matched.", "{results:?}");
     app.assert_state_unchanged();
