@@ -54,14 +54,12 @@ impl Installation {
                 llm.base_url()
             ),
         );
-        let secrets_text = format!("openai_api_key = \"{KEY}\"\nlemon_api_token = \"{FILE_TOKEN}\"\n");
+        let secrets_text =
+            format!("openai_api_key = \"{KEY}\"\nlemon_api_token = \"{FILE_TOKEN}\"\n");
         let secrets = lemon.join("secrets.toml");
         std::fs::write(&secrets, &secrets_text).unwrap();
-        std::fs::set_permissions(
-            &secrets,
-            std::os::unix::fs::PermissionsExt::from_mode(0o600),
-        )
-        .unwrap();
+        std::fs::set_permissions(&secrets, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
         prepare(&user);
         let config_text = std::fs::read_to_string(lemon.join("config.toml")).unwrap();
         // `HOME` is the user's; `LEMON_HOME` is not set, so it is `$HOME/.lemon`.

@@ -259,10 +259,13 @@ fn added_paths(detail: &Value) -> Vec<String> {
 /// The file is opened as [`Reach::open`] does, so what is measured is what
 /// the check passed, not a link swapped in since.
 fn check(raw: &str, roots: ArtifactRoots<'_>) -> Result<(PathBuf, u64), String> {
-    let dirs = std::iter::once(roots.cwd.to_path_buf()).chain(roots.workspace.map(Path::to_path_buf));
+    let dirs =
+        std::iter::once(roots.cwd.to_path_buf()).chain(roots.workspace.map(Path::to_path_buf));
     let reach = Reach::new(dirs, roots.off_limits.clone());
     let reason = |err: ContainError| match err {
-        ContainError::Outside { .. } => "outside the working directory and the workspace".to_owned(),
+        ContainError::Outside { .. } => {
+            "outside the working directory and the workspace".to_owned()
+        }
         ContainError::OffLimits { .. } => "the gateway's own state".to_owned(),
         ContainError::Changed { .. } => "changed while it was checked".to_owned(),
         ContainError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {

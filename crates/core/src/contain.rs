@@ -175,7 +175,10 @@ impl OffLimits {
 
     /// The denied paths, resolved.
     pub fn denied(&self) -> impl Iterator<Item = &Path> {
-        self.entries.iter().filter(|(_, rule)| *rule == Rule::Denied).map(|(path, _)| path.as_path())
+        self.entries
+            .iter()
+            .filter(|(_, rule)| *rule == Rule::Denied)
+            .map(|(path, _)| path.as_path())
     }
 
     /// Whether `resolved` (absolute, symlinks resolved) is the gateway's state.
@@ -321,9 +324,11 @@ impl Reach {
                 continue;
             }
             let kind = match entry.file_type() {
-                FileType::Unknown => rustix::fs::statat(&fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
-                    .map(|stat| FileType::from_raw_mode(stat.st_mode))
-                    .unwrap_or(FileType::Unknown),
+                FileType::Unknown => {
+                    rustix::fs::statat(&fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+                        .map(|stat| FileType::from_raw_mode(stat.st_mode))
+                        .unwrap_or(FileType::Unknown)
+                }
                 known => known,
             };
             let kind = match kind {
@@ -349,7 +354,8 @@ impl Reach {
             .filter(|root| resolved.starts_with(root))
             .max_by_key(|root| root.components().count())
             .ok_or_else(|| ContainError::Outside { path: shown() })?;
-        let rel = resolved.strip_prefix(root).map_err(|_| ContainError::Outside { path: shown() })?;
+        let rel =
+            resolved.strip_prefix(root).map_err(|_| ContainError::Outside { path: shown() })?;
         let mut names = Vec::new();
         for part in rel.components() {
             match part {

@@ -60,11 +60,13 @@ impl Paths {
     /// `--config ~/lemon.toml`): everything would be off limits then, so only
     /// the file itself is.
     pub fn off_limits(&self, user_home: Option<&Path>, workspace: &Path) -> OffLimits {
-        let mut denied = vec![self.home.clone(), self.secrets(), self.database(), self.config.clone()];
+        let mut denied =
+            vec![self.home.clone(), self.secrets(), self.database(), self.config.clone()];
         let config_dir = self.config.parent().filter(|dir| !dir.as_os_str().is_empty());
         if let Some(dir) = config_dir {
             let canonical = |path: &Path| path.canonicalize().unwrap_or_else(|_| path.to_owned());
-            let above_user = user_home.is_some_and(|user| canonical(user).starts_with(canonical(dir)));
+            let above_user =
+                user_home.is_some_and(|user| canonical(user).starts_with(canonical(dir)));
             if !above_user {
                 denied.push(dir.to_owned());
             }

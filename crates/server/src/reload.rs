@@ -500,7 +500,8 @@ impl Reloader {
             .then(|| crate::discord_transport(&config, &self.secrets, &self.path, text))
             .transpose()
             .map_err(|e| e.to_string())?;
-        let paths = crate::paths::Paths { home: self.lemon_home.clone(), config: self.path.clone() };
+        let paths =
+            crate::paths::Paths { home: self.lemon_home.clone(), config: self.path.clone() };
         let fence = crate::fence(&config, &paths, self.user_home.as_deref());
         let workspace = fence.reach();
         let email = plan

@@ -262,8 +262,7 @@ async fn a_checked_file_is_read_without_following_a_link_swapped_in() {
     fs::create_dir(d.cwd.join("out")).unwrap();
     fs::write(d.cwd.join("out/report.txt"), b"report").unwrap();
     fs::write(d.outside.join("report.txt"), b"secret").unwrap();
-    let collected =
-        ArtifactCollector::default().finish("MEDIA: out/report.txt", d.roots(false));
+    let collected = ArtifactCollector::default().finish("MEDIA: out/report.txt", d.roots(false));
     let artifact = &collected.artifacts[0];
     assert_eq!(artifact.read().await.unwrap(), b"report");
     fs::rename(d.cwd.join("out"), d.cwd.join("moved")).unwrap();

@@ -477,7 +477,10 @@ pub(super) fn resolve_cwd(requested: Option<&Path>, config: &RuntimeConfig) -> P
 ///
 /// # Errors
 /// The spare directory cannot be created.
-pub(super) fn away_from_state(dir: &Path, config: &RuntimeConfig) -> Result<Option<PathBuf>, String> {
+pub(super) fn away_from_state(
+    dir: &Path,
+    config: &RuntimeConfig,
+) -> Result<Option<PathBuf>, String> {
     let Some(spare) = &config.spare_cwd else { return Ok(None) };
     if !config.off_limits.overlaps(dir) {
         return Ok(None);

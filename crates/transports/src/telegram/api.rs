@@ -255,9 +255,8 @@ impl BotApi {
     /// Not cancel safe: a cancelled call may still have delivered the file.
     pub async fn send_file(&self, req: &SendFile) -> Result<Message, TelegramError> {
         // A run's checked file, read without following a link swapped in since.
-        let content = lemon_core::contain::read_checked(&req.path).await.map_err(|e| TelegramError::File {
-            filename: req.filename.clone(),
-            reason: e.kind().to_string(),
+        let content = lemon_core::contain::read_checked(&req.path).await.map_err(|e| {
+            TelegramError::File { filename: req.filename.clone(), reason: e.kind().to_string() }
         })?;
         let method = req.kind.method();
         let boundary = format!("lemon-{}", boundary_for(&content));

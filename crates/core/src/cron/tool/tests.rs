@@ -248,17 +248,18 @@ async fn a_memory_file_in_the_gateways_state_is_refused() {
         ..ctx(SESSION)
     };
     for memory in [".lemon/config.toml", "notes.md"] {
-        let args = json!({"action": "add", "schedule": "@daily", "prompt": "p", "memoryFile": memory});
+        let args =
+            json!({"action": "add", "schedule": "@daily", "prompt": "p", "memoryFile": memory});
         let out = t.execute(args, ctx.clone()).await;
         assert!(out.is_error, "{memory}: {}", out.text);
         assert!(out.text.contains("the gateway's own state"), "{}", out.text);
     }
-    let args = json!({"action": "add", "schedule": "@daily", "prompt": "p", "memoryFile": "mine.md"});
+    let args =
+        json!({"action": "add", "schedule": "@daily", "prompt": "p", "memoryFile": "mine.md"});
     let added = t.execute(args, ctx.clone()).await;
     assert!(!added.is_error, "{}", added.text);
     let id = added.details["id"].as_str().unwrap().to_owned();
-    let out = t
-        .execute(json!({"action": "update", "id": id, "memoryFile": ".lemon/x.md"}), ctx)
-        .await;
+    let out =
+        t.execute(json!({"action": "update", "id": id, "memoryFile": ".lemon/x.md"}), ctx).await;
     assert!(out.is_error && out.text.contains("the gateway's own state"), "{}", out.text);
 }

@@ -178,7 +178,10 @@ async fn read_returns_at_most_30000_bytes_of_a_single_line_file() {
     assert!(!out.is_error, "{out:?}");
     let (content, notes) = out.text.split_once('\n').unwrap();
     assert_eq!(content.len(), 30_000);
-    assert!(notes.contains("[line 1 is 1048576 bytes; only its first 30000 bytes are shown"), "{notes}");
+    assert!(
+        notes.contains("[line 1 is 1048576 bytes; only its first 30000 bytes are shown"),
+        "{notes}"
+    );
     assert!(notes.contains("continue with offset=2"), "{notes}");
     let next = call(&dirs, "read", json!({"path": "huge", "offset": 2})).await;
     assert_eq!(next.text, "after\n");
@@ -211,7 +214,10 @@ async fn no_file_tool_reaches_the_gateways_state_directly_or_through_a_link() {
         assert_error(&write, "the gateway's own state");
     }
     for attack in [".lemon", "../workspace/state_link"] {
-        assert_error(&call(&dirs, "list", json!({"path": attack})).await, "the gateway's own state");
+        assert_error(
+            &call(&dirs, "list", json!({"path": attack})).await,
+            "the gateway's own state",
+        );
     }
     assert_eq!(std::fs::read_to_string(dirs.state().join("secrets.toml")).unwrap(), SECRETS);
     assert_eq!(std::fs::read_to_string(dirs.state().join("config.toml")).unwrap(), CONFIG);

@@ -130,18 +130,24 @@ async fn searches_skip_the_gateways_state_and_refuse_to_start_in_it() {
     dirs.plant_state();
     std::os::unix::fs::symlink(dirs.state().join("secrets.toml"), dirs.cwd.join("tok.txt"))
         .unwrap();
-    let found = grep(&dirs, BuiltinOptions::default(), json!({"pattern": "tok-state|gateway"}))
-        .await;
+    let found =
+        grep(&dirs, BuiltinOptions::default(), json!({"pattern": "tok-state|gateway"})).await;
     assert!(!found.is_error, "{found:?}");
     assert_eq!(found.text, "No matches.");
     let paths = glob(&dirs, BuiltinOptions::default(), json!({"pattern": "**/*.toml"})).await;
     assert_eq!(paths.text, "No files matched.");
     for path in [".lemon", ".lemon/secrets.toml", "../workspace/state_link"] {
-        let refused = grep(&dirs, BuiltinOptions::default(), json!({"pattern": "t", "path": path}))
-            .await;
-        assert!(refused.is_error && refused.text.contains("the gateway's own state"), "{refused:?}");
-        let refused = glob(&dirs, BuiltinOptions::default(), json!({"pattern": "*", "path": path}))
-            .await;
-        assert!(refused.is_error && refused.text.contains("the gateway's own state"), "{refused:?}");
+        let refused =
+            grep(&dirs, BuiltinOptions::default(), json!({"pattern": "t", "path": path})).await;
+        assert!(
+            refused.is_error && refused.text.contains("the gateway's own state"),
+            "{refused:?}"
+        );
+        let refused =
+            glob(&dirs, BuiltinOptions::default(), json!({"pattern": "*", "path": path})).await;
+        assert!(
+            refused.is_error && refused.text.contains("the gateway's own state"),
+            "{refused:?}"
+        );
     }
 }
