@@ -13,12 +13,12 @@ use serde_json::Value;
 use crate::support::{failed_start, home_with, Gateway, PATIENCE};
 
 const TOKEN: &str = "discord-test-token-3b9d7e";
-const GUILD: u64 = 700_000_000_000_000_001;
+pub(crate) const GUILD: u64 = 700_000_000_000_000_001;
 const OTHER_GUILD: u64 = 700_000_000_000_000_002;
-const CHANNEL: u64 = 710_000_000_000_000_001;
+pub(crate) const CHANNEL: u64 = 710_000_000_000_000_001;
 pub(crate) const DM: u64 = 720_000_000_000_000_001;
 pub(crate) const USER: u64 = 730_000_000_000_000_001;
-const STRANGER: u64 = 730_000_000_000_000_099;
+pub(crate) const STRANGER: u64 = 730_000_000_000_000_099;
 
 pub(crate) async fn fake() -> FakeDiscord {
     let fake = FakeDiscord::start(TOKEN).await;
@@ -28,11 +28,19 @@ pub(crate) async fn fake() -> FakeDiscord {
 }
 
 /// A config with Discord on against `fake`, plus `discord_extra` in its section
-/// and `extra` at the top; the token comes from the default secret.
+/// and `extra` at the top; the token comes from the default secret. [`USER`]
+/// in [`GUILD`] and in DMs is allowed unless `discord_extra` sets the lists
+/// (or `allow_everyone`) itself: empty lists let nobody in.
 pub(crate) fn config(fake: &FakeDiscord, discord_extra: &str, extra: &str) -> String {
+    let allowed = if discord_extra.contains("allowed_") || discord_extra.contains("allow_everyone")
+    {
+        String::new()
+    } else {
+        format!("allowed_guild_ids = [\"{GUILD}\"]\nallowed_user_ids = [\"{USER}\"]\n")
+    };
     format!(
         "[gateway]\nenable_discord = true\n{extra}\n\
-         [gateway.discord]\ngateway_url = \"{}\"\napi_base_url = \"{}\"\nedit_interval_ms = 300\n{discord_extra}\n",
+         [gateway.discord]\ngateway_url = \"{}\"\napi_base_url = \"{}\"\nedit_interval_ms = 300\n{allowed}{discord_extra}\n",
         fake.gateway_url(),
         fake.api_base_url()
     )

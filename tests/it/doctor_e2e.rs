@@ -81,6 +81,7 @@ async fn doctor_logs_in_to_imap_and_connects_to_smtp() {
     let config = |smtp_port: u16| {
         format!(
             "[gateway.email]\nenabled = true\nfrom = \"agent@lemon.test\"\n\
+             allowed_senders = [\"alice@example.com\"]\nauthserv_id = \"mx.lemon.test\"\n\
              [gateway.email.imap]\nhost = \"127.0.0.1\"\nport = {}\ntls = false\nusername = \"{}\"\npassword_secret = \"imap_password\"\n\
              [gateway.email.smtp]\nhost = \"127.0.0.1\"\nport = {smtp_port}\nsecurity = \"none\"\nusername = \"agent@lemon.test\"\npassword_secret = \"smtp_password\"\n",
             imap.port(),

@@ -14,6 +14,8 @@ const SMTP_USER: &str = "agent@lemon.test";
 const SMTP_PASSWORD: &str = "smtp-pass-93ab";
 const WEBHOOK_TOKEN: &str = "relay-token-5d2f9c";
 const ALICE: &str = "alice@example.com";
+/// The receiving server whose `Authentication-Results` are believed.
+const AUTHSERV: &str = "mx.lemon.test";
 
 fn secrets(home: &Path) {
     let text = format!(
@@ -29,6 +31,7 @@ fn config(imap: Option<&Dovecot>, smtp: &FakeSmtp, webhook: bool) -> String {
     let mut text = format!(
         "[gateway.email]\nenabled = true\nfrom = \"Lemon Agent <{SMTP_USER}>\"\n\
          allowed_senders = [\"{ALICE}\", \"@friends.test\"]\n\
+         authserv_id = \"{AUTHSERV}\"\nrequire_authenticated = false\n\
          [gateway.email.smtp]\nhost = \"127.0.0.1\"\nport = {}\nsecurity = \"none\"\n\
          username = \"{SMTP_USER}\"\npassword_secret = \"smtp_password\"\n",
         smtp.port()
@@ -396,6 +399,7 @@ async fn imap_over_implicit_tls_and_smtp_over_tls_trust_the_configured_ca() {
     let ca = cert.ca.display().to_string();
     let config = format!(
         "[gateway.email]\nenabled = true\nfrom = \"Lemon Agent <{SMTP_USER}>\"\nallowed_senders = [\"{ALICE}\"]\n\
+         require_authenticated = false\n\
          [gateway.email.smtp]\nhost = \"127.0.0.1\"\nport = {}\nsecurity = \"tls\"\ntls_ca_file = \"{ca}\"\n\
          username = \"{SMTP_USER}\"\npassword_secret = \"smtp_password\"\n\
          [gateway.email.imap]\nhost = \"127.0.0.1\"\nport = {}\ntls = true\ntls_ca_file = \"{ca}\"\n\

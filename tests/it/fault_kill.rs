@@ -105,7 +105,10 @@ impl Rng {
     }
 }
 
-fn workload_config(callback_url: &str, fake: &FakeTelegram) -> String {
+/// The workload's gateway; the Telegram chats of its `runs` messages are listed.
+fn workload_config(callback_url: &str, fake: &FakeTelegram, runs: u64) -> String {
+    let chats: Vec<String> =
+        (0..runs).map(|n| (FIRST_CHAT + i64::try_from(n).unwrap()).to_string()).collect();
     format!(
         "[gateway]\nenable_webhook = true\nenable_telegram = true\nmax_concurrent_runs = 4\n\
          [gateway.engines.echo]\ndelay_ms = 3\n\
@@ -114,8 +117,9 @@ fn workload_config(callback_url: &str, fake: &FakeTelegram) -> String {
          [gateway.webhook.integrations.ci]\ntoken = \"{HOOK_TOKEN}\"\ncallback_url = \"{callback_url}\"\n\
          allow_session_key = true\nqueue_mode = \"followup\"\n\
          [gateway.telegram]\nbot_token = \"{BOT_TOKEN}\"\napi_base_url = \"{}\"\npoll_timeout_s = 1\n\
-         queue_mode = \"followup\"\nprogress_delay_ms = 600000\n",
-        fake.base_url()
+         queue_mode = \"followup\"\nprogress_delay_ms = 600000\nallowed_chat_ids = [{}]\n",
+        fake.base_url(),
+        chats.join(", ")
     )
 }
 
@@ -156,7 +160,7 @@ async fn kill_9_at_random_points_of_a_workload_loses_and_repeats_nothing() {
     let fake = FakeTelegram::start(&[(BOT_TOKEN, BOT_ID, "lemon_kill_bot")]).await;
     let callbacks = Callbacks::default();
     let callback_url = callbacks.start().await;
-    let home = home_with(&workload_config(&callback_url, &fake));
+    let home = home_with(&workload_config(&callback_url, &fake, runs));
     let home_entry = format!("LEMON_HOME={}", home.path().display());
     let mut gateway = Gateway::start_in(home.path()).await;
     let mut accepted = Vec::new();

@@ -17,11 +17,20 @@ pub(crate) async fn fake_telegram() -> FakeTelegram {
     FakeTelegram::start(&[(BOT_TOKEN, BOT_ID, BOT_NAME)]).await
 }
 
-/// A config with the bot enabled against `fake`, plus `extra` TOML.
+/// A config with the bot enabled against `fake`, plus `extra` TOML. Only
+/// [`USER`]'s private chat is allowed unless `telegram_extra` sets
+/// `allowed_chat_ids` (or `allow_everyone`) itself: an empty list lets nobody in.
 pub(crate) fn config(fake: &FakeTelegram, telegram_extra: &str, extra: &str) -> String {
+    let allowed = if telegram_extra.contains("allowed_chat_ids")
+        || telegram_extra.contains("allow_everyone")
+    {
+        String::new()
+    } else {
+        format!("allowed_chat_ids = [{USER}]\n")
+    };
     format!(
         "[gateway]\nenable_telegram = true\n{extra}\n\
-         [gateway.telegram]\nbot_token = \"{BOT_TOKEN}\"\napi_base_url = \"{}\"\npoll_timeout_s = 5\n{telegram_extra}\n",
+         [gateway.telegram]\nbot_token = \"{BOT_TOKEN}\"\napi_base_url = \"{}\"\npoll_timeout_s = 5\n{allowed}{telegram_extra}\n",
         fake.base_url()
     )
 }
@@ -135,7 +144,10 @@ async fn a_message_shows_progress_edits_then_the_answer_with_its_resume_line() {
 #[tokio::test]
 async fn ten_chats_at_once_stay_within_telegrams_limits() {
     let fake = fake_telegram().await;
-    let _gateway = start(&fake, &config(&fake, "", &echo_delay(120))).await;
+    let chats: Vec<String> =
+        (0..10i64).map(|n| if n % 2 == 0 { 2000 + n } else { -100_000 - n }.to_string()).collect();
+    let allowed = format!("allowed_chat_ids = [{}]", chats.join(", "));
+    let _gateway = start(&fake, &config(&fake, &allowed, &echo_delay(120))).await;
     let mut asked = Vec::new();
     for n in 0..10i64 {
         let chat = if n % 2 == 0 {
@@ -346,8 +358,8 @@ async fn only_allowed_chats_get_runs_start_gets_help_and_photos_get_a_notice() {
 #[tokio::test]
 async fn forum_topics_are_separate_conversations() {
     let fake = fake_telegram().await;
-    let gateway = start(&fake, &config(&fake, "", "")).await;
     let group = -100_777;
+    let gateway = start(&fake, &config(&fake, &format!("allowed_chat_ids = [{group}]"), "")).await;
     let topic_a = ChatSpec::forum_topic(group, 5);
     let topic_b = ChatSpec::forum_topic(group, 7);
     let in_a = fake.inject_text(&topic_a, USER, "hello topic five");
@@ -434,7 +446,9 @@ async fn bindings_pick_a_chats_engine_and_unbound_chats_can_be_refused() {
          [[gateway.bindings]]\ntransport = \"telegram\"\nchat_id = {USER}\ndefault_engine = \"claude\"\n",
         env!("CARGO_BIN_EXE_fake-cli")
     );
-    let gateway = start(&fake, &config(&fake, "deny_unbound_chats = true", &extra)).await;
+    // Both chats are allowed: the stranger is refused for having no binding.
+    let telegram = format!("allowed_chat_ids = [{USER}, 777]\ndeny_unbound_chats = true");
+    let gateway = start(&fake, &config(&fake, &telegram, &extra)).await;
     let stranger = ChatSpec::private(777);
     fake.inject_text(&stranger, 777, "not bound");
     let asked = fake.inject_text(&ChatSpec::private(USER), USER, "how many tests?");

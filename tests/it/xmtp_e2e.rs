@@ -10,21 +10,30 @@ use serde_json::{json, Value};
 use crate::support::{failed_start, home_with, Gateway, PATIENCE};
 
 const WALLET_KEY: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";
-const INBOX: &str = "a11ce0000000000000000000000000000000000000000000000000000000b0b1";
-const ADDRESS: &str = "0x00000000000000000000000000000000000a11ce";
-const CONVERSATION: &str = "c0ffee00c0ffee00c0ffee00c0ffee00";
-const FRIEND: &str = "f00d0000000000000000000000000000000000000000000000000000000000f1";
-const STRANGER: &str = "bad00000000000000000000000000000000000000000000000000000000000b2";
+pub(crate) const INBOX: &str = "a11ce0000000000000000000000000000000000000000000000000000000b0b1";
+pub(crate) const ADDRESS: &str = "0x00000000000000000000000000000000000a11ce";
+pub(crate) const CONVERSATION: &str = "c0ffee00c0ffee00c0ffee00c0ffee00";
+pub(crate) const FRIEND: &str = "f00d0000000000000000000000000000000000000000000000000000000000f1";
+pub(crate) const STRANGER: &str =
+    "bad00000000000000000000000000000000000000000000000000000000000b2";
 
-fn fake_bridge() -> &'static str {
+pub(crate) fn fake_bridge() -> &'static str {
     env!("CARGO_BIN_EXE_fake-xmtp-bridge")
 }
 
-/// A config with XMTP on, its bridge the fake reporting to `hub`.
-fn config(hub: &FakeXmtpHub, xmtp_extra: &str, extra: &str) -> String {
+/// A config with XMTP on, its bridge the fake reporting to `hub`. [`FRIEND`]
+/// is allowed unless `xmtp_extra` sets `allowed_senders` (or
+/// `allow_everyone`) itself: an empty list lets nobody in.
+pub(crate) fn config(hub: &FakeXmtpHub, xmtp_extra: &str, extra: &str) -> String {
+    let allowed = if xmtp_extra.contains("allowed_senders") || xmtp_extra.contains("allow_everyone")
+    {
+        String::new()
+    } else {
+        format!("allowed_senders = [\"{FRIEND}\"]\n")
+    };
     format!(
         "[gateway]\nenable_xmtp = true\n{extra}\n\
-         [gateway.xmtp]\nnode = \"{}\"\nbridge_script = \"{}\"\nrestart_backoff_ms = 50\n{xmtp_extra}\n",
+         [gateway.xmtp]\nnode = \"{}\"\nbridge_script = \"{}\"\nrestart_backoff_ms = 50\n{allowed}{xmtp_extra}\n",
         fake_bridge(),
         hub.control_file().display()
     )
@@ -34,7 +43,7 @@ fn echo_delay(ms: u64) -> String {
     format!("[gateway.engines.echo]\ndelay_ms = {ms}\n")
 }
 
-fn home(config: &str) -> tempfile::TempDir {
+pub(crate) fn home(config: &str) -> tempfile::TempDir {
     let home = home_with(config);
     let secrets = home.path().join("secrets.toml");
     std::fs::write(&secrets, format!("xmtp_wallet_key = \"{WALLET_KEY}\"\n")).unwrap();
@@ -44,7 +53,7 @@ fn home(config: &str) -> tempfile::TempDir {
 }
 
 /// Waits until the transport's state is `state`; its entry.
-async fn transport_state(gateway: &Gateway, state: &str) -> Value {
+pub(crate) async fn transport_state(gateway: &Gateway, state: &str) -> Value {
     let wait = async {
         loop {
             let status = gateway.status().await;
@@ -61,7 +70,7 @@ async fn transport_state(gateway: &Gateway, state: &str) -> Value {
 /// Starts the gateway on `home`; the first bridge, ready.
 /// The gateway reports itself ready once its transports run, so the bridge
 /// says `ready` while the gateway starts.
-async fn start(hub: &FakeXmtpHub, home: &Path) -> (Gateway, BridgeConn) {
+pub(crate) async fn start(hub: &FakeXmtpHub, home: &Path) -> (Gateway, BridgeConn) {
     let bridge = async {
         let bridge = hub.next_bridge(PATIENCE).await;
         bridge.ready(INBOX, ADDRESS).await;
@@ -82,7 +91,7 @@ fn sends_containing(bridge: &BridgeConn, needle: &str) -> Vec<Value> {
 }
 
 /// Waits for the answer containing `needle`, answers it `sent`; the send line.
-async fn answer(bridge: &BridgeConn, needle: &str) -> Value {
+pub(crate) async fn answer(bridge: &BridgeConn, needle: &str) -> Value {
     let what = format!("a send containing {needle:?}");
     bridge.wait_for(&what, PATIENCE, |_| !sends_containing(bridge, needle).is_empty()).await;
     let send = sends_containing(bridge, needle).remove(0);
@@ -95,7 +104,7 @@ async fn runs(gateway: &Gateway) -> Vec<Value> {
     runs["runs"].as_array().unwrap().clone()
 }
 
-fn acks(bridge: &BridgeConn) -> Vec<String> {
+pub(crate) fn acks(bridge: &BridgeConn) -> Vec<String> {
     bridge.of_type("ack").iter().map(|a| a["id"].as_str().unwrap().to_owned()).collect()
 }
 

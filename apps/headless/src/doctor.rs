@@ -9,8 +9,10 @@
 //! and Discord's through `GET /users/@me` against their `api_base_url`; SMS
 //! and voice (their secrets, an https `public_url`, a free port); email (an
 //! IMAP login and an SMTP connection with its login); XMTP (Node.js and its
-//! version, the bridge script and its installed SDK, the wallet key). Every
-//! call to a server has a timeout.
+//! version, the bridge script and its installed SDK, the wallet key). For
+//! each chat channel, who it lets in: its allow-lists, nobody (a warning),
+//! or everyone (`allow_everyone`, a warning). Every call to a server has a
+//! timeout.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,6 +21,7 @@ use lemon_core::config::{self, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_P
 use lemon_core::engine::Availability;
 use lemon_core::secrets::SecretStore;
 use lemon_server::paths::Paths;
+use lemon_transports::access::Reach;
 
 use crate::failure;
 use crate::style::Style;
@@ -286,6 +289,8 @@ async fn check_telegram(
     store: &SecretStore,
 ) {
     let what = "channel telegram";
+    let reach = Reach::of(config.allow_everyone, config.allowed_chat_ids.len());
+    check_access(report, what, "telegram", "allowed_chat_ids", reach);
     let secret = config.bot_token_secret.clone().unwrap_or_else(|| "telegram_bot_token".to_owned());
     let token = match config.resolve_token(store) {
         Ok(token) => token,
@@ -336,6 +341,24 @@ async fn check_telegram(
     }
 }
 
+/// Who a chat channel lets in: its allow-lists, nobody, or everyone
+/// (`allow_everyone`, a warning).
+fn check_access(report: &mut Report, what: &str, section: &str, keys: &str, reach: Reach) {
+    match reach {
+        Reach::Everyone => report.warn(
+            what,
+            "open to everyone (allow_everyone = true): anyone who finds it gets runs with the gateway's tools",
+            format!("list who may talk in {keys} and remove allow_everyone from [gateway.{section}]"),
+        ),
+        Reach::Nobody => report.warn(
+            what,
+            format!("{keys} is empty: nobody gets a run"),
+            format!("add yours to {keys} in [gateway.{section}]; the log names each one refused"),
+        ),
+        Reach::Listed(n) => report.ok(what, format!("{n} allowed in {keys}")),
+    }
+}
+
 /// Whether `addr` can be listened on now.
 async fn port_free(addr: &str) -> Result<(), String> {
     tokio::net::TcpListener::bind(addr).await.map(drop).map_err(|error| error.to_string())
@@ -376,6 +399,10 @@ async fn check_sms_and_voice(report: &mut Report, gateway: &GatewayConfig, store
     match lemon_sms::SmsConfig::from_gateway(gateway.sms.as_ref()) {
         Ok(Some(sms)) => {
             let what = "channel sms";
+            if sms.reply_to_allowed {
+                let reach = Reach::of(sms.allow_everyone, sms.allowed_senders.len());
+                check_access(report, what, "sms", "allowed_senders", reach);
+            }
             check_secret(report, what, store, &sms.auth_token_secret, "the Twilio auth token");
             check_secret(report, what, store, &sms.account_sid_secret, "the Twilio account SID");
             check_public_url(report, what, sms.public_url.as_deref(), "sms");
@@ -429,6 +456,9 @@ async fn check_discord(report: &mut Report, gateway: &GatewayConfig, store: &Sec
         Ok(config) => config,
         Err(error) => return report.fail(what, error.0, "correct [gateway.discord]"),
     };
+    let keys = "allowed_guild_ids, allowed_channel_ids and allowed_user_ids";
+    let reach = Reach::of(config.allow_everyone, config.listed_count());
+    check_access(report, what, "discord", keys, reach);
     let secret = config.bot_token_secret.clone();
     let token = match config.resolve_token(store) {
         Ok(token) => token,
@@ -486,6 +516,8 @@ async fn check_email(report: &mut Report, gateway: &GatewayConfig, store: &Secre
         Ok(config) => config,
         Err(error) => return report.fail("channel email", error.0, "correct [gateway.email]"),
     };
+    let reach = Reach::of(config.allow_everyone, config.allowed_senders.len());
+    check_access(report, "channel email", "email", "allowed_senders", reach);
     let mut place = |what: &str, result: Option<Result<String, Problem>>, key: &str| {
         let secret = |table: Option<&toml::Value>| {
             table
@@ -535,6 +567,8 @@ async fn check_xmtp(
         Ok(config) => config,
         Err(error) => return report.fail(what, error.0, "correct [gateway.xmtp]"),
     };
+    let reach = Reach::of(config.allow_everyone, config.allowed_senders.len());
+    check_access(report, what, "xmtp", "allowed_senders", reach);
     let search = env.get("PATH").cloned().unwrap_or_default();
     let node = if config.node.contains('/') {
         Some(std::path::PathBuf::from(&config.node)).filter(|p| p.is_file())

@@ -60,9 +60,16 @@ pub struct SmsConfig {
     #[serde(default)]
     pub allowed_recipients: Vec<String>,
     /// An SMS from an allowed sender starts or continues the conversation
-    /// `sms:<from>`, and the answer is texted back.
+    /// `sms:<from>`, and the answer is texted back. A text from any other
+    /// number gets no run (its number is in the log, INFO, to copy into
+    /// `allowed_senders`); it is still kept in the inbox for `sms_*` tools.
     #[serde(default)]
     pub reply_to_allowed: bool,
+    /// With `reply_to_allowed`, a text from any number gets a run and an
+    /// answer, whatever `allowed_senders` says. Warned about at every start
+    /// and shown in status. `sms_send` still texts only the listed numbers.
+    #[serde(default)]
+    pub allow_everyone: bool,
     /// The largest webhook body accepted; larger ones get `413`.
     #[serde(default = "defaults::max_body_bytes")]
     pub max_body_bytes: usize,
@@ -247,6 +254,13 @@ impl SmsConfig {
     /// The URL Twilio is told to call, when `public_url` is set.
     pub fn webhook_url(&self) -> Option<String> {
         self.public_url.as_ref().map(|base| format!("{base}{WEBHOOK_PATH}"))
+    }
+
+    /// Whether a text from `number` is in `allowed_senders`, so it may talk
+    /// to the agent (with `reply_to_allowed`; `allow_everyone` is checked by
+    /// the caller).
+    pub fn sender_listed(&self, number: &str) -> bool {
+        is_e164(number) && self.allowed_senders.iter().any(|n| n == number)
     }
 
     /// Whether `sms_send` may text `number`.

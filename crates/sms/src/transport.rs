@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lemon_core::transport::{Transport, TransportContext, TransportError};
+use lemon_transports::access::Access;
 use tokio_util::task::TaskTracker;
 
 use crate::config::SmsConfig;
@@ -72,16 +73,22 @@ impl Transport for SmsTransport {
             }
             _ => None,
         };
+        // Only conversations can be open to everyone: without them a text
+        // starts nothing.
+        let access = Access::new(SMS_TRANSPORT_ID, self.config.allow_everyone && replies.is_some());
+        access.warn_at_start();
+        let detail = match self.config.webhook_url() {
+            Some(url) => format!("{local} {url}"),
+            None => local.to_string(),
+        };
+        let detail = access.detail(detail);
         let state = HookState {
             config: self.config.clone(),
             auth_token: self.auth_token.clone(),
             inbox: self.inbox.clone(),
             replies,
+            access: Arc::new(access),
             tracker: deliveries.clone(),
-        };
-        let detail = match self.config.webhook_url() {
-            Some(url) => format!("{local} {url}"),
-            None => local.to_string(),
         };
         if let Some(sender) = &self.sender {
             ctx.status.track_backlog(sender.backlog());

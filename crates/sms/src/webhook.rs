@@ -19,6 +19,8 @@ use axum::{Json, Router};
 use serde_json::json;
 use tokio_util::task::TaskTracker;
 
+use lemon_transports::access::Access;
+
 use crate::config::{is_e164, SmsConfig, WEBHOOK_PATH};
 use crate::inbox::{IngestError, Ingested, StoreInbox};
 use crate::reply::Replies;
@@ -36,6 +38,8 @@ pub(crate) struct HookState {
     pub(crate) inbox: Arc<StoreInbox>,
     /// Set when `reply_to_allowed` is on.
     pub(crate) replies: Option<Replies>,
+    /// Who gets a conversation: `allowed_senders` or `allow_everyone`.
+    pub(crate) access: Arc<Access>,
     pub(crate) tracker: TaskTracker,
 }
 
@@ -123,7 +127,15 @@ async fn receive(
     );
     if let Some(replies) = &state.replies {
         let from = stored.from.clone();
-        let allowed = is_e164(&from) && state.config.allowed_senders.contains(&from);
+        // A number off the list is kept in the inbox (codes arrive from
+        // anyone) but gets no run and no answer.
+        let allowed = is_e164(&from)
+            && state.access.check(
+                state.config.sender_listed(&from),
+                "sender",
+                &from,
+                "allowed_senders",
+            );
         if allowed && !stored.body.is_empty() {
             let replies = replies.clone();
             state.tracker.spawn(async move {

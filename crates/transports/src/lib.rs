@@ -2,6 +2,9 @@
 //! [`Transport`](lemon_core::transport::Transport) run by the registry in core.
 //!
 //! # Layout
+//! - [`access`]: who may talk to the gateway through a chat channel, one rule
+//!   for all: listed, or nobody, unless `allow_everyone` opens it (warned about
+//!   at every start, shown in status).
 //! - [`delivery`]: what every channel shares on the way out (backoff between
 //!   attempts).
 //! - [`webhook`]: `POST /webhooks/{integration}`, generic inbound webhooks with
@@ -22,6 +25,7 @@
 //! Listening channels serve with `lemon_api::serve_with` and answer errors with
 //! `lemon_api::error::ApiError`, like the control API.
 
+pub mod access;
 pub mod delivery;
 pub mod discord;
 pub mod email;

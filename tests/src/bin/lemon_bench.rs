@@ -343,13 +343,21 @@ async fn telegram(lone: usize, chats: usize) -> anyhow::Result<serde_json::Value
     use lemon_tests::fake_telegram::{ChatSpec, FakeTelegram};
     let fake = FakeTelegram::start(&[("1:bench-bot-token", 1, "bench_bot")]).await;
     let home = tempfile::tempdir()?;
+    // The lone chats (10_000…) and the burst's (20_000…) are listed.
+    let allowed: Vec<String> = (0..lone)
+        .map(|n| 10_000 + n as i64)
+        .chain((0..chats).map(|n| 20_000 + n as i64))
+        .map(|chat| chat.to_string())
+        .collect();
     std::fs::write(
         home.path().join("config.toml"),
         format!(
             "[gateway]\nenable_telegram = true\nmax_concurrent_runs = 64\n\
              [gateway.api]\nport = 0\n[gateway.health]\nport = 0\n\
-             [gateway.telegram]\nbot_token = \"1:bench-bot-token\"\napi_base_url = \"{}\"\n",
-            fake.base_url()
+             [gateway.telegram]\nbot_token = \"1:bench-bot-token\"\napi_base_url = \"{}\"\n\
+             allowed_chat_ids = [{}]\n",
+            fake.base_url(),
+            allowed.join(", ")
         ),
     )?;
     let (mut child, _ready) = spawn_server(home.path()).await?;

@@ -53,6 +53,8 @@ fn defaults_are_loopback_4041_signatures_on_and_secrets_by_name() {
     assert_eq!(config.inbox_ttl_ms, 86_400_000);
     assert_eq!(config.api_timeout(), Duration::from_secs(15));
     assert!(!config.reply_to_allowed);
+    assert!(!config.allow_everyone);
+    assert!(!config.sender_listed("+15550001111"), "an empty list has nobody");
     assert_eq!(config.enabled, None);
     assert_eq!(config.webhook_url(), None);
 }
@@ -101,6 +103,8 @@ fn urls_and_numbers_are_normalised() {
     assert_eq!(config.api_base_url, "http://127.0.0.1:9");
     assert!(config.may_send_to("+15551230000"));
     assert!(!config.may_send_to("+15551230001"));
+    assert!(config.sender_listed("+15551230000"));
+    assert!(!config.sender_listed("+15551230001"));
 }
 
 #[test]

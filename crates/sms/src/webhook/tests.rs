@@ -22,6 +22,7 @@ fn state(validate: bool) -> HookState {
         auth_token: Some(TOKEN.into()),
         inbox: Arc::new(StoreInbox::new(StoreHandle::memory(), None, 60_000)),
         replies: None,
+        access: Arc::new(Access::new("sms", false)),
         tracker: TaskTracker::new(),
     }
 }

@@ -41,6 +41,7 @@ use super::sink::{self, DiscordSink};
 use super::types::{
     nonce, CreateFile, CreateMessage, DiscordError, Interaction, Message, Outgoing, Snowflake, User,
 };
+use crate::access::Access;
 use crate::delivery::{self, Backoff, DeliveryRecord, DeliveryRecords, Outbox};
 
 /// Store namespace of the gateway session to resume, under [`SESSION_KEY`].
@@ -116,8 +117,11 @@ impl Transport for DiscordTransport {
             &ctx.tracker,
         );
         ctx.status.track_backlog(outbox.backlog());
+        let access = Access::new(TRANSPORT_ID, self.config.allow_everyone);
+        access.warn_at_start();
         let bot = Arc::new(Bot {
             config: self.config.clone(),
+            access,
             bound_channels: self.bound_channels.clone(),
             me,
             rest,
@@ -194,6 +198,8 @@ impl DeliveryRecord for Delivery {
 
 struct Bot {
     config: DiscordConfig,
+    /// The allow-lists or `allow_everyone`; refusals logged once per id.
+    access: Access,
     bound_channels: Vec<String>,
     me: User,
     rest: Rest,
@@ -296,11 +302,12 @@ impl Bot {
 
     /// What status shows while the bot is serving.
     fn detail(&self) -> String {
-        match self.deliveries.given_up_count() {
+        let detail = match self.deliveries.given_up_count() {
             0 => format!("@{}", self.me.username),
             1 => format!("@{}; 1 answer Discord refused (see the log)", self.me.username),
             n => format!("@{}; {n} answers Discord refused (see the log)", self.me.username),
-        }
+        };
+        self.access.detail(detail)
     }
 
     /// Where a message of `channel_id` in `guild` was written: a thread is its
@@ -344,12 +351,24 @@ impl Bot {
         }
     }
 
+    /// Whether `user` may have runs at `place`: on the allow-lists (or
+    /// everyone is allowed), and bound when `deny_unbound` is on. A refusal is
+    /// logged once per id.
     fn allowed(&self, place: &Place, user: Snowflake) -> bool {
-        if !self.config.allowed(place.guild, place.channel, user) {
+        let unlisted = self.config.unlisted(place.guild, place.channel, user);
+        if !self.access.admits(unlisted.is_none()) {
+            if let Some(unlisted) = unlisted {
+                let (what, id, key) = unlisted.describe();
+                self.access.refused(what, &id, key);
+            }
             return false;
         }
-        !self.config.deny_unbound
-            || self.bound_channels.iter().any(|c| *c == place.channel.to_string())
+        let bound = !self.config.deny_unbound
+            || self.bound_channels.iter().any(|c| *c == place.channel.to_string());
+        if !bound {
+            tracing::info!(channel = %place.channel, "message in a channel without a binding (deny_unbound)");
+        }
+        bound
     }
 
     async fn on_message(self: &Arc<Self>, message: Message) {
@@ -358,7 +377,6 @@ impl Bot {
         };
         let place = self.place(message.guild_id, message.channel_id).await;
         if !self.allowed(&place, message.author.id) {
-            tracing::info!(channel = %place.channel, user = %message.author.id, "message from a user or channel that is not allowed");
             return;
         }
         if is_help(&text) {
@@ -425,10 +443,8 @@ impl Bot {
         let place = self.place(interaction.guild_id, channel_id).await;
         let reply = match text {
             None => "Unknown command.".to_owned(),
-            Some(_) if !self.allowed(&place, user.id) => {
-                tracing::info!(channel = %place.channel, user = %user.id, "command from a user or channel that is not allowed");
-                "Not allowed here.".to_owned()
-            }
+            // Discord wants every interaction answered: a short refusal, no run.
+            Some(_) if !self.allowed(&place, user.id) => "Not allowed here.".to_owned(),
             Some(text) => {
                 let run_id = inbound::interaction_run_id(interaction.id);
                 let mut req = self.request(&place, text);
@@ -498,6 +514,8 @@ impl Bot {
             else {
                 continue;
             };
+            // Runs started elsewhere (cron, the API) were asked for by the
+            // owner, not by whoever writes in the channel.
             let listed = dm
                 || self.config.allowed_channel_ids.is_empty()
                 || self.config.allowed_channel_ids.contains(&channel);

@@ -31,16 +31,22 @@ pub struct DiscordConfig {
     /// gateway's READY when not set.
     #[serde(default, deserialize_with = "optional_snowflake")]
     pub application_id: Option<Snowflake>,
-    /// Only these servers may start runs; empty allows every server.
+    /// Servers whose channels may start runs. A server message needs its
+    /// server here or its channel in `allowed_channel_ids` (both lists set:
+    /// both); all three lists empty lets nobody in.
     #[serde(default, deserialize_with = "snowflakes")]
     pub allowed_guild_ids: Vec<Snowflake>,
-    /// Only these channels (a thread counts as its parent) may start runs;
-    /// empty allows every channel.
+    /// Server channels (a thread counts as its parent) that may start runs.
     #[serde(default, deserialize_with = "snowflakes")]
     pub allowed_channel_ids: Vec<Snowflake>,
-    /// Only these users may start runs; empty allows everyone.
+    /// Users who may start runs: a direct message needs its author here; in
+    /// a server, when set, the author must be here too.
     #[serde(default, deserialize_with = "snowflakes")]
     pub allowed_user_ids: Vec<Snowflake>,
+    /// Every server, channel and user may start runs, whatever the lists say:
+    /// a public bot. Warned about at every start and shown in status.
+    #[serde(default)]
+    pub allow_everyone: bool,
     /// Channels without a `[[gateway.bindings]]` entry for `transport =
     /// "discord"` get no run.
     #[serde(default)]
@@ -89,6 +95,7 @@ impl std::fmt::Debug for DiscordConfig {
             .field("allowed_guild_ids", &self.allowed_guild_ids)
             .field("allowed_channel_ids", &self.allowed_channel_ids)
             .field("allowed_user_ids", &self.allowed_user_ids)
+            .field("allow_everyone", &self.allow_everyone)
             .field("deny_unbound", &self.deny_unbound)
             .field("mention_required", &self.mention_required)
             .field("gateway_url", &self.gateway_url)
@@ -246,20 +253,64 @@ impl DiscordConfig {
         Duration::from_millis(self.api_timeout_ms)
     }
 
-    /// Whether a message from `user` in `guild` (none for a DM) and `channel`
-    /// (a thread's parent for a thread) passes the allow lists.
-    pub fn allowed(&self, guild: Option<Snowflake>, channel: Snowflake, user: Snowflake) -> bool {
-        let guild_ok = match guild {
-            Some(guild) => {
-                self.allowed_guild_ids.is_empty() || self.allowed_guild_ids.contains(&guild)
-            }
-            None => true,
+    /// Why a message from `user` in `guild` (none for a DM) and `channel` (a
+    /// thread's parent for a thread) is not on the allow-lists, if it is not
+    /// (`allow_everyone` is checked by the caller):
+    ///
+    /// - a direct message needs its author in `allowed_user_ids`;
+    /// - a server message needs its channel in `allowed_channel_ids` or its
+    ///   server in `allowed_guild_ids` (both lists set: both), and its author
+    ///   in `allowed_user_ids` when that is set;
+    /// - all three lists empty: nobody.
+    pub fn unlisted(
+        &self,
+        guild: Option<Snowflake>,
+        channel: Snowflake,
+        user: Snowflake,
+    ) -> Option<Unlisted> {
+        let Some(guild) = guild else {
+            return (!self.allowed_user_ids.contains(&user)).then_some(Unlisted::User(user));
         };
-        let channel_ok = guild.is_none()
-            || self.allowed_channel_ids.is_empty()
-            || self.allowed_channel_ids.contains(&channel);
+        let channel_ok = self.allowed_channel_ids.contains(&channel);
+        let guild_ok = self.allowed_guild_ids.contains(&guild);
+        let place_ok =
+            match (self.allowed_guild_ids.is_empty(), self.allowed_channel_ids.is_empty()) {
+                (false, false) => guild_ok && channel_ok,
+                _ => guild_ok || channel_ok,
+            };
+        if !place_ok {
+            return Some(Unlisted::Place { guild, channel });
+        }
         let user_ok = self.allowed_user_ids.is_empty() || self.allowed_user_ids.contains(&user);
-        guild_ok && channel_ok && user_ok
+        (!user_ok).then_some(Unlisted::User(user))
+    }
+
+    /// How many entries the allow-lists have.
+    pub fn listed_count(&self) -> usize {
+        self.allowed_guild_ids.len() + self.allowed_channel_ids.len() + self.allowed_user_ids.len()
+    }
+}
+
+/// What keeps a Discord message off the allow-lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unlisted {
+    /// The author is not in `allowed_user_ids`.
+    User(Snowflake),
+    /// Neither the server nor the channel is listed.
+    Place { guild: Snowflake, channel: Snowflake },
+}
+
+impl Unlisted {
+    /// (what, id, the list's key) for the refusal's log line.
+    pub fn describe(self) -> (&'static str, String, &'static str) {
+        match self {
+            Unlisted::User(user) => ("user", user.to_string(), "allowed_user_ids"),
+            Unlisted::Place { guild, channel } => (
+                "server channel",
+                format!("{channel} (server {guild})"),
+                "allowed_channel_ids or allowed_guild_ids",
+            ),
+        }
     }
 }
 
@@ -323,14 +374,48 @@ mod tests {
             parse("allowed_guild_ids = [1]\nallowed_channel_ids = [10]\nallowed_user_ids = [100]")
                 .unwrap();
         let (g, c, u) = (Snowflake(1), Snowflake(10), Snowflake(100));
-        assert!(config.allowed(Some(g), c, u));
-        assert!(!config.allowed(Some(Snowflake(2)), c, u));
-        assert!(!config.allowed(Some(g), Snowflake(11), u));
-        assert!(!config.allowed(Some(g), c, Snowflake(101)));
+        let allowed = |config: &DiscordConfig, g, c, u| config.unlisted(g, c, u).is_none();
+        assert!(allowed(&config, Some(g), c, u));
+        assert!(!allowed(&config, Some(Snowflake(2)), c, u));
+        assert!(!allowed(&config, Some(g), Snowflake(11), u));
+        assert_eq!(
+            config.unlisted(Some(g), c, Snowflake(101)),
+            Some(Unlisted::User(Snowflake(101)))
+        );
         // A DM has no server or server channel to check, only its user.
-        assert!(config.allowed(None, Snowflake(99), u));
-        assert!(!config.allowed(None, Snowflake(99), Snowflake(101)));
-        assert!(parse("").unwrap().allowed(Some(g), c, u));
+        assert!(allowed(&config, None, Snowflake(99), u));
+        assert!(!allowed(&config, None, Snowflake(99), Snowflake(101)));
+    }
+
+    #[test]
+    fn empty_lists_let_nobody_in_and_one_place_list_is_enough() {
+        let (g, c, u) = (Snowflake(1), Snowflake(10), Snowflake(100));
+        let none = parse("").unwrap();
+        assert!(!none.allow_everyone);
+        assert_eq!(none.unlisted(Some(g), c, u), Some(Unlisted::Place { guild: g, channel: c }));
+        assert_eq!(none.unlisted(None, c, u), Some(Unlisted::User(u)));
+        // Users alone: their DMs, no server.
+        let users = parse("allowed_user_ids = [100]").unwrap();
+        assert_eq!(users.unlisted(None, c, u), None);
+        assert!(users.unlisted(Some(g), c, u).is_some());
+        // A server alone: anyone in any of its channels, no DMs.
+        let guild = parse("allowed_guild_ids = [1]").unwrap();
+        assert_eq!(guild.unlisted(Some(g), Snowflake(11), Snowflake(5)), None);
+        assert!(guild.unlisted(Some(Snowflake(2)), c, u).is_some());
+        assert!(guild.unlisted(None, c, u).is_some());
+        // A channel alone: anyone in it.
+        let channel = parse("allowed_channel_ids = [10]").unwrap();
+        assert_eq!(channel.unlisted(Some(g), c, Snowflake(5)), None);
+        assert!(channel.unlisted(Some(g), Snowflake(11), u).is_some());
+        assert!(parse("allow_everyone = true").unwrap().allow_everyone);
+        assert_eq!(
+            Unlisted::Place { guild: g, channel: c }.describe(),
+            (
+                "server channel",
+                "10 (server 1)".to_owned(),
+                "allowed_channel_ids or allowed_guild_ids"
+            )
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! enabled = true
 //! from = "Lemon <agent@example.com>"
 //! allowed_senders = ["alice@example.com", "@example.org"]
+//! authserv_id = "mx.example.com"   # whose Authentication-Results are believed
 //!
 //! [gateway.email.imap]
 //! host = "imap.example.com"        # port 993, TLS
@@ -39,12 +40,20 @@ pub struct EmailConfig {
     /// Empty lets nobody in (mail to an agent is open to the world otherwise).
     #[serde(default)]
     pub allowed_senders: Vec<String>,
-    /// Mail whose `Authentication-Results` do not show a passing DMARC, DKIM or
-    /// SPF check gets no run. Off by default: a failing check always refuses.
+    /// Every sender may start runs, whatever `allowed_senders` says. Warned
+    /// about at every start and shown in status.
     #[serde(default)]
+    pub allow_everyone: bool,
+    /// Mail gets a run only when `authserv_id`'s `Authentication-Results`
+    /// show a passing DMARC, DKIM or SPF check for a domain aligned with the
+    /// `From` domain (on by default: a `From` alone is easy to forge). A
+    /// failing check refuses the mail either way.
+    #[serde(default = "defaults::yes")]
     pub require_authenticated: bool,
-    /// Only `Authentication-Results` headers of this server (its authserv-id,
-    /// e.g. `mx.google.com`) are believed; unset, any are.
+    /// The authserv-id of the server that receives the mail (the first word
+    /// of the `Authentication-Results` header it adds, e.g. `mx.google.com`):
+    /// only its headers are believed; unset, none is. Required while
+    /// `require_authenticated` is on.
     #[serde(default)]
     pub authserv_id: Option<String>,
     /// The agent part of session keys.
@@ -267,6 +276,15 @@ impl EmailConfig {
                 "set [gateway.email.smtp]: answers need an SMTP server".into(),
             ));
         }
+        if config.require_authenticated && config.authserv_id.is_none() {
+            return Err(EmailConfigError(
+                "`authserv_id`: required while `require_authenticated` is on (the default): set \
+                 authserv_id to your mail server's authserv-id (the first word of the \
+                 Authentication-Results header it adds, e.g. \"mx.google.com\"), or set \
+                 require_authenticated = false to let mail in on its From address alone"
+                    .into(),
+            ));
+        }
         Ok(config)
     }
 
@@ -286,6 +304,14 @@ impl EmailConfig {
         let err = |message: String| Err(EmailConfigError(message));
         if !self.from.trim().is_empty() && self.answer_address().is_none() {
             return err(format!("`from`: {:?} is not an email address", self.from));
+        }
+        if let Some(id) = &self.authserv_id {
+            let id = id.trim();
+            if id.is_empty() || id.contains(|c: char| c.is_whitespace() || c == ';') {
+                return err(format!(
+                    "`authserv_id`: {id:?} is not an authserv-id (one word, e.g. \"mx.google.com\")"
+                ));
+            }
         }
         for sender in &self.allowed_senders {
             if normalize_sender_rule(sender).is_none() {
@@ -369,8 +395,9 @@ impl EmailConfig {
         parse_address(&self.from)
     }
 
-    /// Whether `address` (bare, any case) may start runs.
-    pub fn sender_allowed(&self, address: &str) -> bool {
+    /// Whether `address` (bare, any case) is in `allowed_senders` (an empty
+    /// list has nobody; `allow_everyone` is checked by the caller).
+    pub fn sender_listed(&self, address: &str) -> bool {
         let address = address.trim().to_ascii_lowercase();
         let Some((_, domain)) = address.rsplit_once('@') else { return false };
         self.allowed_senders.iter().filter_map(|rule| normalize_sender_rule(rule)).any(|rule| {
@@ -454,8 +481,15 @@ fn is_domain(domain: &str) -> bool {
 /// The bare, lowercased address of `Name <local@domain>` or `local@domain`.
 pub fn parse_address(text: &str) -> Option<String> {
     let text = text.trim();
-    let bare = match (text.rfind('<'), text.rfind('>')) {
-        (Some(open), Some(close)) if open < close => &text[open + 1..close],
+    // One address: `Name <a@b>` or `a@b`; a second `<…>` (a list) is no
+    // single sender, whichever of them a reader would show.
+    if text.matches('<').count() > 1 || text.matches('>').count() > 1 {
+        return None;
+    }
+    let bare = match (text.find('<'), text.find('>')) {
+        (Some(open), Some(close)) if open < close && text[close + 1..].trim().is_empty() => {
+            &text[open + 1..close]
+        }
         (None, None) => text,
         _ => return None,
     };

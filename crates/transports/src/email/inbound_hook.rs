@@ -8,14 +8,16 @@
 //! ```json
 //! {"from": "Alice <alice@example.com>", "subject": "Build", "text": "fix it",
 //!  "message_id": "<m1@example.com>", "in_reply_to": "<…>", "references": ["<…>"],
-//!  "authentication_results": "mx.example.com; dkim=pass",
+//!  "authentication_results": "mx.example.com; dkim=pass header.d=example.com",
 //!  "attachments": [{"filename": "log.txt", "content_type": "text/plain",
 //!                   "content_base64": "…"}]}
 //! ```
 //!
 //! Answers: `202 {"run_id", "status": "accepted" | "duplicate"}`; `401` for a
 //! wrong token (nothing is read or started); `403` for a sender that gets no
-//! run; `400`/`415`/`422` for a body that is not a mail.
+//! run (the same checks as mail from IMAP: one `From` address, only
+//! `authserv_id`'s `authentication_results`, an aligned pass); `400`/`415`/`422`
+//! for a body that is not a mail.
 
 use std::sync::Arc;
 

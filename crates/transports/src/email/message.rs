@@ -55,19 +55,34 @@ impl std::fmt::Debug for MailAttachment {
     }
 }
 
-/// One `Authentication-Results` header: its server and the results of the
-/// methods it names (`dmarc`, `dkim`, `spf`).
+/// One `Authentication-Results` header (RFC 8601): its server and the
+/// results of the methods it names (`dmarc`, `dkim`, `spf`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthResult {
+    /// The server that added the header, lowercased: only the configured
+    /// `authserv_id`'s headers are believed (anyone can add one to a mail).
     pub authserv_id: String,
-    /// (method, result), lowercased: `("dkim", "pass")`.
-    pub results: Vec<(String, String)>,
+    pub results: Vec<MethodResult>,
+}
+
+/// One method's result in an `Authentication-Results` header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MethodResult {
+    /// `dkim`, `spf`, `dmarc`, …, lowercased.
+    pub method: String,
+    /// `pass`, `fail`, `softfail`, `none`, …, lowercased.
+    pub result: String,
+    /// The domain the result is about, lowercased: the signing domain for
+    /// `dkim` (`header.d`), the envelope sender's domain for `spf`
+    /// (`smtp.mailfrom`), the `From` domain for `dmarc` (`header.from`).
+    pub domain: Option<String>,
 }
 
 /// Whether a sender is believed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SenderCheck {
-    /// A check passed (or none is required and none failed).
+    /// A check aligned with the `From` domain passed (or none is required
+    /// and none failed).
     Trusted,
     /// A check failed: the `From` is forged.
     Forged,
@@ -117,8 +132,13 @@ pub fn parse(raw: &[u8]) -> Option<InboundMail> {
         .filter(|id| !id.is_empty())
         .collect()
     };
+    // Exactly one `From` header with exactly one address: with two, which
+    // one a reader shows differs (the parser keeps the last), so neither is
+    // believed.
+    let from_headers =
+        message.headers().iter().filter(|h| h.name.as_str().eq_ignore_ascii_case("From")).count();
     let from = match message.from() {
-        Some(list) if list.iter().count() == 1 => {
+        Some(list) if from_headers == 1 && list.iter().count() == 1 => {
             list.first().and_then(|addr| addr.address()).and_then(parse_address)
         }
         _ => None,
@@ -191,39 +211,112 @@ pub fn safe_filename(name: &str) -> String {
     cleaned.chars().take(120).collect()
 }
 
-/// `mx.example.com; dkim=pass header.d=…; spf=fail …` → its server and results.
+/// `mx.example.com; dkim=pass header.d=…; spf=fail …` → its server and
+/// results. Comments (`(…)`) are dropped; each result keeps the domain it is
+/// about (see [`MethodResult::domain`]).
 pub fn parse_auth_results(value: &str) -> Option<AuthResult> {
     let unfolded: String = value.split(['\r', '\n']).collect::<Vec<_>>().join(" ");
-    let mut parts = unfolded.split(';');
+    let plain = without_comments(&unfolded);
+    let mut parts = plain.split(';');
     let authserv_id =
         parts.next()?.split_whitespace().next().unwrap_or_default().to_ascii_lowercase();
-    let results = parts
-        .filter_map(|part| {
-            let (method, rest) = part.trim().split_once('=')?;
-            let result = rest.split(|c: char| c.is_whitespace() || c == '(').next()?;
-            Some((method.trim().to_ascii_lowercase(), result.trim().to_ascii_lowercase()))
-        })
-        .collect();
+    if authserv_id.is_empty() {
+        return None;
+    }
+    let results = parts.filter_map(parse_method_result).collect();
     Some(AuthResult { authserv_id, results })
 }
 
-/// Whether the sender of a mail with these results is believed. Results of
-/// other servers than `authserv_id` (when set) are not.
-pub fn check_sender(auth: &[AuthResult], authserv_id: Option<&str>, required: bool) -> SenderCheck {
-    let trusted: Vec<&AuthResult> = auth
-        .iter()
-        .filter(|r| authserv_id.is_none_or(|id| r.authserv_id.eq_ignore_ascii_case(id)))
-        .collect();
-    let results: Vec<(&str, &str)> = trusted
-        .iter()
-        .flat_map(|r| r.results.iter())
-        .map(|(m, result)| (m.as_str(), result.as_str()))
-        .collect();
-    let result_of = |method: &str| -> Vec<&str> {
-        results.iter().filter(|(m, _)| *m == method).map(|(_, result)| *result).collect()
+/// `dkim=pass header.d=example.com header.s=sel` → its method, result and domain.
+fn parse_method_result(part: &str) -> Option<MethodResult> {
+    let mut words = part.split_whitespace();
+    let (method, result) = words.next()?.split_once('=')?;
+    let method = method.trim().to_ascii_lowercase();
+    let property = match method.as_str() {
+        "dkim" => "header.d",
+        "spf" => "smtp.mailfrom",
+        "dmarc" => "header.from",
+        _ => "",
     };
-    let passed = |method: &str| result_of(method).contains(&"pass");
-    let failed = |method: &str| result_of(method).iter().any(|r| matches!(*r, "fail" | "softfail"));
+    let domain = words
+        .filter_map(|word| word.split_once('='))
+        .find(|(key, _)| key.eq_ignore_ascii_case(property))
+        .map(|(_, value)| {
+            let value = value.trim_matches('"');
+            // `smtp.mailfrom` is an address (or a bare domain).
+            let domain = value.rsplit_once('@').map_or(value, |(_, domain)| domain);
+            domain.trim_end_matches('.').to_ascii_lowercase()
+        })
+        .filter(|domain| !domain.is_empty());
+    Some(MethodResult { method, result: result.trim().to_ascii_lowercase(), domain })
+}
+
+/// `text` without its `(…)` comments (nested ones too).
+fn without_comments(text: &str) -> String {
+    let mut depth = 0usize;
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' if depth > 0 => {
+                depth -= 1;
+                out.push(' ');
+            }
+            c if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Whether `domain` (a result's) and `from_domain` (the `From` address's)
+/// are aligned, relaxed: the same, or one a subdomain of the other
+/// (`mail.example.com` and `example.com`). The shorter needs two labels at
+/// least, so a bare top-level domain aligns with nothing.
+pub fn aligned(domain: &str, from_domain: &str) -> bool {
+    let (a, b) = (domain.trim_end_matches('.'), from_domain.trim_end_matches('.'));
+    if a.is_empty() || b.is_empty() {
+        return false;
+    }
+    if a.eq_ignore_ascii_case(b) {
+        return true;
+    }
+    let (a, b) = (a.to_ascii_lowercase(), b.to_ascii_lowercase());
+    let (short, long) = if a.len() < b.len() { (a, b) } else { (b, a) };
+    short.contains('.') && long.ends_with(&format!(".{short}"))
+}
+
+/// Whether the sender `from` (a bare address) of a mail with these results is
+/// believed.
+///
+/// Only the headers of `authserv_id` (the receiving server's own) are read:
+/// anyone can add an `Authentication-Results` header to a mail, so without
+/// an `authserv_id` none is. A `pass` counts only when its domain is
+/// [`aligned`] with the `From` domain (DMARC's relaxed alignment); a failing
+/// check refuses the mail unless another method passed aligned.
+pub fn check_sender(
+    auth: &[AuthResult],
+    from: &str,
+    authserv_id: Option<&str>,
+    required: bool,
+) -> SenderCheck {
+    let from_domain = from.rsplit_once('@').map(|(_, domain)| domain).unwrap_or_default();
+    let results: Vec<&MethodResult> = match authserv_id {
+        Some(id) => auth
+            .iter()
+            .filter(|r| r.authserv_id.eq_ignore_ascii_case(id.trim()))
+            .flat_map(|r| r.results.iter())
+            .collect(),
+        None => Vec::new(),
+    };
+    let of = |method: &'static str| results.iter().filter(move |r| r.method == method);
+    let passed = |method: &'static str| {
+        of(method).any(|r| {
+            r.result == "pass" && r.domain.as_deref().is_some_and(|d| aligned(d, from_domain))
+        })
+    };
+    let failed =
+        |method: &'static str| of(method).any(|r| matches!(r.result.as_str(), "fail" | "softfail"));
     if failed("dmarc") || (failed("spf") && !passed("dkim")) || (failed("dkim") && !passed("spf")) {
         return SenderCheck::Forged;
     }

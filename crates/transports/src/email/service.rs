@@ -2,9 +2,12 @@
 //! per thread through the router, the answer back as a reply in the thread
 //! through the shared outbox, on record until it is sent.
 //!
-//! - A mail is checked before anything else: a sender outside
-//!   `allowed_senders`, a failed sender authentication, an automatic mail or
-//!   the gateway's own gets no run and no answer.
+//! - A mail is checked before anything else: a mail without exactly one
+//!   `From` address, a sender outside `allowed_senders` (unless
+//!   `allow_everyone`), a sender not authenticated by the configured
+//!   `authserv_id`'s `Authentication-Results` with a domain aligned with the
+//!   `From` (when `require_authenticated`, the default) or failing them, an
+//!   automatic mail or the gateway's own gets no run and no answer.
 //! - Its run id comes from its `Message-ID`, so a mail handed over twice (by
 //!   IMAP after a restart, or by IMAP and the webhook) is one run; a mail
 //!   already answered is remembered for a while and skipped.
@@ -38,6 +41,7 @@ use super::config::EmailConfig;
 use super::imap::{Receive, Watcher};
 use super::message::{self, InboundMail, Refusal, SenderCheck, TRANSPORT_ID};
 use super::smtp::{OutgoingMail, SmtpSender};
+use crate::access::Access;
 use crate::delivery::{
     Backoff, DeliveryError, DeliveryRecord, DeliveryRecords, Outbox, OutboxSettings, Window,
 };
@@ -165,8 +169,11 @@ impl Transport for EmailTransport {
             &ctx.tracker,
         );
         ctx.status.track_backlog(outbox.backlog());
+        let access = Access::new(TRANSPORT_ID, self.config.allow_everyone);
+        access.warn_at_start();
         let service = Arc::new(Mailer {
             config: self.config.clone(),
+            access,
             workspace: self.workspace.clone(),
             own_address: smtp.sender_address(),
             smtp,
@@ -210,9 +217,13 @@ impl Transport for EmailTransport {
                 .map(|imap| format!("imap:{}@{}/{}", imap.username, imap.host, imap.folder));
             let parts: Vec<String> = imap.into_iter().chain(webhook_addr.clone()).collect();
             let deliveries = service.deliveries.clone();
-            Arc::new(move || match deliveries.given_up_count() {
-                0 => parts.join(" "),
-                n => format!("{}; {n} answer(s) not delivered (see the log)", parts.join(" ")),
+            let open = service.access.allow_everyone();
+            Arc::new(move || {
+                let detail = match deliveries.given_up_count() {
+                    0 => parts.join(" "),
+                    n => format!("{}; {n} answer(s) not delivered (see the log)", parts.join(" ")),
+                };
+                crate::access::status_detail(detail, open)
             })
         };
         let _ = service.detail.set(detail.clone());
@@ -269,6 +280,8 @@ impl Transport for EmailTransport {
 
 pub(super) struct Mailer {
     config: EmailConfig,
+    /// `allowed_senders` or `allow_everyone`; refusals logged once per sender.
+    access: Access,
     workspace: Reach,
     /// The address answers come from: mail from it is the gateway's own.
     own_address: String,
@@ -321,11 +334,12 @@ impl Mailer {
         if mail.automatic {
             return Some(Refusal::Automatic);
         }
-        if !self.config.sender_allowed(from) {
+        if !self.access.check(self.config.sender_listed(from), "sender", from, "allowed_senders") {
             return Some(Refusal::NotAllowed);
         }
         match message::check_sender(
             &mail.auth,
+            from,
             self.config.authserv_id.as_deref(),
             self.config.require_authenticated,
         ) {

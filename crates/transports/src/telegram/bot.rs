@@ -42,6 +42,7 @@ use super::types::{
     BotCommand, FileKind, FormattedText, Message, ReplyParameters, SendFile, SendMessage,
     TelegramError, User,
 };
+use crate::access::Access;
 use crate::delivery::{DeliveryRecord, DeliveryRecords};
 use lemon_core::transport::{
     StatusHandle, Transport, TransportContext, TransportError, TransportState,
@@ -146,8 +147,11 @@ impl Transport for TelegramTransport {
             &ctx.tracker,
         );
         ctx.status.track_backlog(outbox.backlog());
+        let access = Access::new(TRANSPORT_ID, self.config.allow_everyone);
+        access.warn_at_start();
         let bot = Arc::new(Bot {
             config: self.config.clone(),
+            access,
             bound_chats: self.bound_chats.clone(),
             me,
             api,
@@ -204,6 +208,8 @@ impl DeliveryRecord for Delivery {
 
 struct Bot {
     config: TelegramConfig,
+    /// `allowed_chat_ids` or `allow_everyone`; refusals logged once per chat.
+    access: Access,
     bound_chats: Vec<String>,
     me: User,
     api: BotApi,
@@ -290,19 +296,37 @@ impl Bot {
 
     /// What status shows while the bot is serving.
     fn detail(&self) -> String {
-        match self.deliveries.given_up_count() {
+        let detail = match self.deliveries.given_up_count() {
             0 => format!("@{}", self.username()),
             1 => format!("@{}; 1 answer Telegram refused (see the log)", self.username()),
             n => format!("@{}; {n} answers Telegram refused (see the log)", self.username()),
-        }
+        };
+        self.access.detail(detail)
     }
 
-    fn chat_allowed(&self, chat_id: i64) -> bool {
-        if !self.config.chat_allowed(chat_id) {
+    /// Whether `chat_id` may have runs: in `allowed_chat_ids` (or everyone is
+    /// allowed), and bound when `deny_unbound_chats` is on. A refusal of a
+    /// message (`log`) is logged once per chat.
+    ///
+    /// A run started elsewhere (`log` false: a cron job, the API) was asked
+    /// for by the owner, not by the chat: it is delivered unless the list
+    /// names other chats.
+    fn chat_allowed(&self, chat_id: i64, log: bool) -> bool {
+        let listed = self.config.chat_listed(chat_id);
+        let admitted = if log {
+            self.access.check(listed, "chat", &chat_id.to_string(), "allowed_chat_ids")
+        } else {
+            self.access.admits(listed || self.config.allowed_chat_ids.is_empty())
+        };
+        if !admitted {
             return false;
         }
-        !self.config.deny_unbound_chats
-            || self.bound_chats.iter().any(|c| *c == chat_id.to_string())
+        let bound = !self.config.deny_unbound_chats
+            || self.bound_chats.iter().any(|c| *c == chat_id.to_string());
+        if !bound && log {
+            tracing::info!(chat_id, "message from a chat without a binding (deny_unbound_chats)");
+        }
+        bound
     }
 
     async fn handle(self: &Arc<Self>, message: Option<Message>) {
@@ -310,8 +334,7 @@ impl Bot {
         if message.from.as_ref().is_some_and(|from| from.id == self.me.id) {
             return;
         }
-        if !self.chat_allowed(message.chat.id) {
-            tracing::info!(chat_id = message.chat.id, "message from a chat that is not allowed");
+        if !self.chat_allowed(message.chat.id, true) {
             return;
         }
         match inbound::classify(&message, self.username()) {
@@ -440,7 +463,7 @@ impl Bot {
             else {
                 continue;
             };
-            if !self.chat_allowed(chat_id) {
+            if !self.chat_allowed(chat_id, false) {
                 continue;
             }
             let run_id = event.run_id.to_string();

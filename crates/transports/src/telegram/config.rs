@@ -18,10 +18,15 @@ pub struct TelegramConfig {
     /// The name of a secret holding the bot token.
     #[serde(default)]
     pub bot_token_secret: Option<String>,
-    /// Only these chats may start runs; empty allows every chat (see
-    /// `deny_unbound_chats`).
+    /// Only these chats (a user's id for a private chat, the group's id for
+    /// a group) may start runs; empty lets nobody in. A refused chat's id is
+    /// in the log (INFO), to copy here.
     #[serde(default)]
     pub allowed_chat_ids: Vec<i64>,
+    /// Every chat may start runs, whatever `allowed_chat_ids` says: a public
+    /// bot. Warned about at every start and shown in status.
+    #[serde(default)]
+    pub allow_everyone: bool,
     /// Chats without a `[[gateway.bindings]]` entry for `transport = "telegram"`
     /// get no run.
     #[serde(default)]
@@ -55,6 +60,7 @@ impl std::fmt::Debug for TelegramConfig {
             .field("bot_token", &self.bot_token.as_ref().map(|_| "<redacted>"))
             .field("bot_token_secret", &self.bot_token_secret)
             .field("allowed_chat_ids", &self.allowed_chat_ids)
+            .field("allow_everyone", &self.allow_everyone)
             .field("deny_unbound_chats", &self.deny_unbound_chats)
             .field("api_base_url", &self.api_base_url)
             .field("poll_timeout_s", &self.poll_timeout_s)
@@ -159,9 +165,10 @@ impl TelegramConfig {
         .map_err(TelegramConfigError)
     }
 
-    /// Whether `chat_id` passes `allowed_chat_ids` (bindings are checked by the caller).
-    pub fn chat_allowed(&self, chat_id: i64) -> bool {
-        self.allowed_chat_ids.is_empty() || self.allowed_chat_ids.contains(&chat_id)
+    /// Whether `chat_id` is in `allowed_chat_ids` (an empty list has nobody;
+    /// `allow_everyone` and bindings are checked by the caller).
+    pub fn chat_listed(&self, chat_id: i64) -> bool {
+        self.allowed_chat_ids.contains(&chat_id)
     }
 }
 
@@ -180,7 +187,9 @@ mod tests {
         assert_eq!(config.poll_timeout_s, 30);
         assert_eq!(config.agent_id, "default");
         assert!(config.allowed_chat_ids.is_empty());
-        assert!(config.chat_allowed(-100_123));
+        assert!(!config.allow_everyone);
+        assert!(!config.chat_listed(-100_123), "an empty list has nobody");
+        assert!(!config.chat_listed(1001));
     }
 
     #[test]
@@ -214,9 +223,11 @@ mod tests {
     #[test]
     fn allowed_chat_ids_restrict_chats() {
         let config = parse("bot_token = \"1:a\"\nallowed_chat_ids = [42, -100]").expect("parses");
-        assert!(config.chat_allowed(42));
-        assert!(config.chat_allowed(-100));
-        assert!(!config.chat_allowed(7));
+        assert!(config.chat_listed(42));
+        assert!(config.chat_listed(-100));
+        assert!(!config.chat_listed(7));
+        let open = parse("bot_token = \"1:a\"\nallow_everyone = true").expect("parses");
+        assert!(open.allow_everyone);
     }
 
     #[test]

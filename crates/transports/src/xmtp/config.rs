@@ -60,9 +60,14 @@ pub struct XmtpConfig {
     pub db_encryption_key_secret: String,
     #[serde(default)]
     pub env: XmtpEnv,
-    /// Inbox ids or Ethereum addresses that may start runs; empty allows everyone.
+    /// Inbox ids or Ethereum addresses that may start runs; empty lets
+    /// nobody in. A refused sender's inbox id is in the log (INFO), to copy here.
     #[serde(default)]
     pub allowed_senders: Vec<String>,
+    /// Every sender may start runs, whatever `allowed_senders` says: a public
+    /// agent. Warned about at every start and shown in status.
+    #[serde(default)]
+    pub allow_everyone: bool,
     /// Conversations without a `[[gateway.bindings]]` entry for `transport =
     /// "xmtp"` (by conversation id) get no run.
     #[serde(default)]
@@ -209,13 +214,14 @@ impl XmtpConfig {
         }
     }
 
-    /// Whether `sender` (an inbox id) or its `address` may start runs.
-    pub fn sender_allowed(&self, sender: &str, address: Option<&str>) -> bool {
-        self.allowed_senders.is_empty()
-            || self.allowed_senders.iter().any(|allowed| {
-                allowed.eq_ignore_ascii_case(sender)
-                    || address.is_some_and(|address| allowed.eq_ignore_ascii_case(address))
-            })
+    /// Whether `sender` (an inbox id) or its `address` is in
+    /// `allowed_senders` (an empty list has nobody; `allow_everyone` is
+    /// checked by the caller).
+    pub fn sender_listed(&self, sender: &str, address: Option<&str>) -> bool {
+        self.allowed_senders.iter().any(|allowed| {
+            allowed.eq_ignore_ascii_case(sender)
+                || address.is_some_and(|address| allowed.eq_ignore_ascii_case(address))
+        })
     }
 
     /// The wallet key (required) and the database key (if set).
@@ -283,7 +289,9 @@ mod tests {
         assert!(shipped.ends_with("bridges/xmtp/bridge.mjs"), "{}", shipped.display());
         assert!(!shipped.display().to_string().contains(".."), "{}", shipped.display());
         assert!(shipped.is_file(), "the shipped bridge is where the default points");
-        assert!(config.sender_allowed("abc", None));
+        assert!(!config.sender_listed("abc", None), "an empty list has nobody");
+        assert!(!config.allow_everyone);
+        assert!(parse("allow_everyone = true").unwrap().allow_everyone);
     }
 
     #[test]
@@ -317,9 +325,9 @@ mod tests {
             "allowed_senders = [\"ABCDEF01\", \"0x00000000000000000000000000000000000000aa\"]",
         )
         .unwrap();
-        assert!(config.sender_allowed("abcdef01", None));
-        assert!(config.sender_allowed("ff", Some("0x00000000000000000000000000000000000000AA")));
-        assert!(!config.sender_allowed("ff", Some("0x00000000000000000000000000000000000000ab")));
-        assert!(!config.sender_allowed("ff", None));
+        assert!(config.sender_listed("abcdef01", None));
+        assert!(config.sender_listed("ff", Some("0x00000000000000000000000000000000000000AA")));
+        assert!(!config.sender_listed("ff", Some("0x00000000000000000000000000000000000000ab")));
+        assert!(!config.sender_listed("ff", None));
     }
 }

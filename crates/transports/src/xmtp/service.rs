@@ -39,6 +39,7 @@ use super::config::XmtpConfig;
 use super::protocol::InboundMessage;
 use super::sink::{BridgeSink, Outgoing};
 use super::TRANSPORT_ID;
+use crate::access::Access;
 use crate::delivery::{
     Backoff, DeliveryError, DeliveryRecord, DeliveryRecords, Outbox, OutboxSettings, Window,
 };
@@ -165,8 +166,11 @@ impl Transport for XmtpTransport {
             stop.clone(),
             &ctx.tracker,
         );
+        let access = Access::new(TRANSPORT_ID, config.allow_everyone);
+        access.warn_at_start();
         let service = Arc::new(Service {
             config: config.clone(),
+            access,
             bound: self.deps.bound_conversations.clone(),
             router: ctx.router.clone(),
             store: ctx.store.clone(),
@@ -230,6 +234,8 @@ impl Transport for XmtpTransport {
 
 struct Service {
     config: XmtpConfig,
+    /// `allowed_senders` or `allow_everyone`; refusals logged once per sender.
+    access: Access,
     bound: Vec<String>,
     router: RouterHandle,
     store: StoreHandle,
@@ -288,7 +294,7 @@ impl BridgeEvents for Service {
             n => detail.push_str(&format!("; {n} answer(s) not delivered (see the log)")),
         }
         tracing::info!(%detail, "xmtp bridge ready");
-        self.status.running(Some(detail));
+        self.status.running(Some(self.access.detail(detail)));
     }
 
     async fn message(&self, message: InboundMessage) -> bool {
@@ -318,11 +324,8 @@ impl Service {
         if self.is_me(&message.sender) {
             return true;
         }
-        if !self.config.sender_allowed(&message.sender, message.sender_address.as_deref()) {
-            tracing::info!(
-                sender = %log_text::escape(&message.sender),
-                "an XMTP message from a sender that is not allowed; no run"
-            );
+        let listed = self.config.sender_listed(&message.sender, message.sender_address.as_deref());
+        if !self.access.check(listed, "sender", &message.sender, "allowed_senders") {
             return true;
         }
         if self.config.deny_unbound && !self.bound.contains(&message.conversation_id) {

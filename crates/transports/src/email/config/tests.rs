@@ -4,7 +4,7 @@ fn parse(text: &str) -> Result<EmailConfig, EmailConfigError> {
     EmailConfig::parse(&text.parse::<toml::Table>().expect("toml"))
 }
 
-const MINIMAL: &str = "from = \"Agent <agent@example.com>\"\n\
+const MINIMAL: &str = "from = \"Agent <agent@example.com>\"\nauthserv_id = \"mx.example.com\"\n\
     [imap]\nhost = \"imap.example.com\"\nusername = \"agent@example.com\"\npassword_secret = \"p\"\n\
     [smtp]\nhost = \"smtp.example.com\"\n";
 
@@ -20,7 +20,7 @@ fn defaults_are_the_common_providers_ports() {
     assert_eq!(smtp.port(), 587);
     assert_eq!(config.answer_address().as_deref(), Some("agent@example.com"));
     assert!(config.allowed_senders.is_empty());
-    assert!(!config.sender_allowed("anyone@example.com"), "nobody by default");
+    assert!(!config.sender_listed("anyone@example.com"), "nobody by default");
 }
 
 #[test]
@@ -28,12 +28,12 @@ fn allowed_senders_are_addresses_or_domains() {
     let config =
         parse(&format!("allowed_senders = [\"Alice@Example.com\", \"@team.example\"]\n{MINIMAL}"))
             .unwrap();
-    assert!(config.sender_allowed("alice@example.com"));
-    assert!(config.sender_allowed("ALICE@example.COM"));
-    assert!(config.sender_allowed("bob@team.example"));
-    assert!(!config.sender_allowed("bob@sub.team.example"));
-    assert!(!config.sender_allowed("alice@example.com.evil.test"));
-    assert!(!config.sender_allowed("nobody"));
+    assert!(config.sender_listed("alice@example.com"));
+    assert!(config.sender_listed("ALICE@example.COM"));
+    assert!(config.sender_listed("bob@team.example"));
+    assert!(!config.sender_listed("bob@sub.team.example"));
+    assert!(!config.sender_listed("alice@example.com.evil.test"));
+    assert!(!config.sender_listed("nobody"));
     let err = parse(&format!("allowed_senders = [\"not an address\"]\n{MINIMAL}")).unwrap_err();
     assert!(err.0.contains("`allowed_senders`"), "{err}");
 }
@@ -98,4 +98,33 @@ fn secrets_are_read_by_name_and_never_shown() {
         .resolve_secrets(&secrets)
         .unwrap_err();
     assert!(missing.0.contains("imap.password_secret") && missing.0.contains("other"), "{missing}");
+}
+
+#[test]
+fn sender_authentication_is_required_by_default_and_needs_an_authserv_id() {
+    let config = parse(MINIMAL).unwrap();
+    assert!(config.require_authenticated, "on by default");
+    assert!(!config.allow_everyone);
+    assert_eq!(config.authserv_id.as_deref(), Some("mx.example.com"));
+    let without = MINIMAL.replace("authserv_id = \"mx.example.com\"\n", "");
+    let err = parse(&without).expect_err("no authserv_id").0;
+    assert!(err.starts_with("`authserv_id`: required"), "{err}");
+    assert!(err.contains("require_authenticated = false"), "says the way out: {err}");
+    let opted_out = parse(&format!("require_authenticated = false\n{without}")).unwrap();
+    assert!(!opted_out.require_authenticated && opted_out.authserv_id.is_none());
+    // A section switched off is not held to it.
+    let table = without.parse::<toml::Table>().unwrap();
+    assert!(EmailConfig::parse_values(&table).is_ok());
+    let err = parse(&MINIMAL.replace("\"mx.example.com\"", "\"mx.example.com; dkim=pass\""));
+    assert!(err.expect_err("not one word").0.contains("`authserv_id`"));
+}
+
+#[test]
+fn one_address_is_a_sender_and_a_list_is_none() {
+    assert_eq!(parse_address("Alice <Alice@Example.com>").as_deref(), Some("alice@example.com"));
+    assert_eq!(parse_address("\"Doe, Jo\" <jo@example.com>").as_deref(), Some("jo@example.com"));
+    assert_eq!(parse_address("a@b.cd"), Some("a@b.cd".to_owned()));
+    assert_eq!(parse_address("Mallory <m@evil.test>, Alice <alice@example.com>"), None);
+    assert_eq!(parse_address("Alice <alice@example.com> m@evil.test"), None);
+    assert_eq!(parse_address("a@b.cd, c@d.ef"), None);
 }

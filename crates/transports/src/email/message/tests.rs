@@ -103,20 +103,116 @@ fn attachments_are_read_and_their_names_made_safe() {
 #[test]
 fn authentication_results_decide_whether_a_sender_is_believed() {
     let results = |text: &str| vec![parse_auth_results(text).unwrap()];
+    let mx = Some("mx.example.com");
+    let alice = "alice@example.com";
     let pass = results("mx.example.com; dkim=pass header.d=example.com; spf=pass");
-    assert_eq!(check_sender(&pass, None, true), SenderCheck::Trusted);
+    assert_eq!(check_sender(&pass, alice, mx, true), SenderCheck::Trusted);
     let dmarc = results("mx.example.com;\r\n dmarc=fail (p=reject) header.from=example.com");
-    assert_eq!(check_sender(&dmarc, None, false), SenderCheck::Forged);
+    assert_eq!(check_sender(&dmarc, alice, mx, false), SenderCheck::Forged);
     let spf_only = results("mx.example.com; spf=fail; dkim=none");
-    assert_eq!(check_sender(&spf_only, None, false), SenderCheck::Forged);
-    let spf_but_dkim = results("mx.example.com; spf=softfail; dkim=pass");
-    assert_eq!(check_sender(&spf_but_dkim, None, false), SenderCheck::Trusted);
-    assert_eq!(check_sender(&[], None, false), SenderCheck::Trusted);
-    assert_eq!(check_sender(&[], None, true), SenderCheck::Unauthenticated);
+    assert_eq!(check_sender(&spf_only, alice, mx, false), SenderCheck::Forged);
+    let spf_but_dkim = results("mx.example.com; spf=softfail; dkim=pass header.d=example.com");
+    assert_eq!(check_sender(&spf_but_dkim, alice, mx, false), SenderCheck::Trusted);
+    assert_eq!(check_sender(&[], alice, mx, false), SenderCheck::Trusted);
+    assert_eq!(check_sender(&[], alice, mx, true), SenderCheck::Unauthenticated);
     // Results of another server are not believed, either way.
-    assert_eq!(check_sender(&dmarc, Some("mx.google.com"), false), SenderCheck::Trusted);
-    assert_eq!(check_sender(&pass, Some("mx.google.com"), true), SenderCheck::Unauthenticated);
-    assert_eq!(check_sender(&pass, Some("MX.example.com"), true), SenderCheck::Trusted);
+    assert_eq!(check_sender(&dmarc, alice, Some("mx.google.com"), false), SenderCheck::Trusted);
+    assert_eq!(
+        check_sender(&pass, alice, Some("mx.google.com"), true),
+        SenderCheck::Unauthenticated
+    );
+    assert_eq!(check_sender(&pass, alice, Some("MX.example.com"), true), SenderCheck::Trusted);
+    // Without an authserv_id no header is believed: anyone can write one.
+    assert_eq!(check_sender(&pass, alice, None, true), SenderCheck::Unauthenticated);
+    assert_eq!(check_sender(&dmarc, alice, None, false), SenderCheck::Trusted);
+}
+
+#[test]
+fn a_pass_counts_only_for_a_domain_aligned_with_the_from() {
+    let results = |text: &str| vec![parse_auth_results(text).unwrap()];
+    let mx = Some("mx.example.com");
+    let alice = "alice@example.com";
+    for unaligned in [
+        "mx.example.com; dkim=pass header.d=evil.test",
+        "mx.example.com; spf=pass smtp.mailfrom=bounce@evil.test",
+        "mx.example.com; dmarc=pass header.from=evil.test",
+        "mx.example.com; dkim=pass header.d=example.com.evil.test",
+        "mx.example.com; dkim=pass header.d=com",
+        // A pass that names no domain cannot be aligned.
+        "mx.example.com; dkim=pass; spf=pass",
+    ] {
+        assert_eq!(
+            check_sender(&results(unaligned), alice, mx, true),
+            SenderCheck::Unauthenticated,
+            "{unaligned}"
+        );
+    }
+    for aligned in [
+        "mx.example.com; dkim=pass header.d=example.com",
+        "mx.example.com; dkim=pass header.i=@example.com header.d=Mail.Example.COM",
+        "mx.example.com; spf=pass smtp.mailfrom=\"bounces@example.com\"",
+        "mx.example.com; spf=pass smtp.mailfrom=example.com",
+        "mx.example.com 1; dmarc=pass (p=none dis=none) header.from=example.com",
+    ] {
+        assert_eq!(
+            check_sender(&results(aligned), alice, mx, true),
+            SenderCheck::Trusted,
+            "{aligned}"
+        );
+    }
+    // The From's domain may be the subdomain.
+    let parent = results("mx.example.com; dkim=pass header.d=example.com");
+    assert_eq!(check_sender(&parent, "bob@eu.example.com", mx, true), SenderCheck::Trusted);
+    // An unaligned pass does not excuse a failure either.
+    let spf_fail =
+        results("mx.example.com; spf=fail smtp.mailfrom=example.com; dkim=pass header.d=evil.test");
+    assert_eq!(check_sender(&spf_fail, alice, mx, false), SenderCheck::Forged);
+}
+
+#[test]
+fn alignment_is_equal_or_a_subdomain() {
+    assert!(aligned("example.com", "example.com"));
+    assert!(aligned("Mail.example.com", "example.com"));
+    assert!(aligned("example.com", "a.b.example.com"));
+    assert!(!aligned("badexample.com", "example.com"));
+    assert!(!aligned("example.com.evil.test", "example.com"));
+    assert!(!aligned("com", "example.com"));
+    assert!(!aligned("", "example.com"));
+}
+
+#[test]
+fn results_are_read_with_their_domains_and_without_comments() {
+    let parsed = parse_auth_results(
+        "mx.example.com (Postfix; x=y);\r\n\tdkim=pass (2048-bit key; unprotected) header.d=Example.com header.s=sel;\r\n\tspf=pass (sender ok) smtp.mailfrom=b@Bounce.example.com; dmarc=fail header.from=example.com.",
+    )
+    .unwrap();
+    assert_eq!(parsed.authserv_id, "mx.example.com");
+    let triples: Vec<(&str, &str, Option<&str>)> = parsed
+        .results
+        .iter()
+        .map(|r| (r.method.as_str(), r.result.as_str(), r.domain.as_deref()))
+        .collect();
+    assert_eq!(
+        triples,
+        [
+            ("dkim", "pass", Some("example.com")),
+            ("spf", "pass", Some("bounce.example.com")),
+            ("dmarc", "fail", Some("example.com")),
+        ]
+    );
+    assert_eq!(parse_auth_results("  ; dkim=pass"), None);
+}
+
+#[test]
+fn two_from_headers_are_no_sender() {
+    let two = parse(&raw(
+        "From: alice@example.com\r\nFrom: mallory@evil.test\r\nMessage-ID: <x@y.z>",
+        "hi",
+    ))
+    .unwrap();
+    assert_eq!(two.from, None);
+    let one = parse(&raw("From: Alice <alice@example.com>\r\nMessage-ID: <x@y.z>", "hi")).unwrap();
+    assert_eq!(one.from.as_deref(), Some("alice@example.com"));
 }
 
 #[test]
