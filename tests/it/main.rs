@@ -32,6 +32,7 @@ mod gateway_e2e;
 mod hardening_e2e;
 mod http_hardening;
 mod intake_e2e;
+mod listeners_e2e;
 mod llm_clients;
 mod load_e2e;
 mod metrics_e2e;
