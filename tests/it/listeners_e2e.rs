@@ -91,9 +91,8 @@ async fn start() -> Listeners {
             let status = gateway.status().await;
             let detail = |id: &str| -> Option<String> {
                 let transport = &status["transports"][id];
-                (transport["state"] == "running").then(|| {
-                    transport["detail"].as_str().unwrap_or_default().to_owned()
-                })
+                (transport["state"] == "running")
+                    .then(|| transport["detail"].as_str().unwrap_or_default().to_owned())
             };
             if let (Some(email), Some(sms), Some(voice)) =
                 (detail("email"), detail("sms"), detail("voice"))
@@ -262,7 +261,12 @@ async fn an_authenticated_body_over_the_limit_is_413_before_it_is_read() {
             API_LIMIT,
         ),
         ("webhook", "/webhooks/zap", format!("{json}x-webhook-token: {HOOK_TOKEN}\r\n"), API_LIMIT),
-        ("email", "/email/inbound", format!("{json}x-lemon-email-token: {MAIL_TOKEN}\r\n"), MAIL_LIMIT),
+        (
+            "email",
+            "/email/inbound",
+            format!("{json}x-lemon-email-token: {MAIL_TOKEN}\r\n"),
+            MAIL_LIMIT,
+        ),
         ("sms", "/webhooks/twilio/sms", signed.clone(), TWILIO_LIMIT),
         ("voice", "/webhooks/twilio/voice", signed, TWILIO_LIMIT),
     ];

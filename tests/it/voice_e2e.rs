@@ -544,7 +544,8 @@ async fn a_bad_voice_section_or_a_missing_key_stops_the_start_at_its_place() {
 
 /// The incoming-call webhook for `sid` from `from`, signed: its status and TwiML.
 async fn incoming_from(voice: &Voice, sid: &str, from: &str) -> (u16, String) {
-    let params = [("AccountSid", ACCOUNT_SID), ("CallSid", sid), ("From", from), ("To", "+15551239999")];
+    let params =
+        [("AccountSid", ACCOUNT_SID), ("CallSid", sid), ("From", from), ("To", "+15551239999")];
     let response = voice.post_signed("/webhooks/twilio/voice", &params, None).await;
     let status = response.status().as_u16();
     (status, response.text().await.unwrap())

@@ -595,7 +595,8 @@ async fn receive(
     };
     let parsed = parse_json::<Value>(&bytes);
     drop(bytes);
-    if !by_header && !authorized(presented_tokens(&headers, &query, parsed.as_ref().ok(), &settings))
+    if !by_header
+        && !authorized(presented_tokens(&headers, &query, parsed.as_ref().ok(), &settings))
     {
         return error(StatusCode::UNAUTHORIZED, "unauthorized");
     }

@@ -251,7 +251,9 @@ impl VoiceConfig {
             let number = lemon_core::log_text::escape_within(number, 64);
             return bad(
                 "allowed_callers",
-                &format!("{number:?} is not an E.164 number (`+` and the country code, digits only)"),
+                &format!(
+                    "{number:?} is not an E.164 number (`+` and the country code, digits only)"
+                ),
             );
         }
         Ok(self)

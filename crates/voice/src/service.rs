@@ -332,7 +332,8 @@ async fn incoming_call(
     // A call answered before opens nothing: its webhook repeated while the
     // stream has not connected gets the same answer, any later one (also
     // after a restart: the call records are in the store) an empty one.
-    let earlier = shared.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).earlier(call_sid);
+    let earlier =
+        shared.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).earlier(call_sid);
     if let Some(earlier) = earlier {
         return replayed(&shared, call_sid, earlier);
     }

@@ -8,8 +8,8 @@ use axum::response::IntoResponse;
 use serde_json::Value;
 
 use super::{
-    declared_too_large, is_json_content_type, json_depth_exceeds, parse_json, read_body,
-    BodyError, JsonBodyError, JsonBody, MAX_JSON_DEPTH,
+    declared_too_large, is_json_content_type, json_depth_exceeds, parse_json, read_body, BodyError,
+    JsonBody, JsonBodyError, MAX_JSON_DEPTH,
 };
 
 #[test]
@@ -113,9 +113,7 @@ async fn a_body_is_read_up_to_its_limit_and_no_further() {
     let read = read_body(&none, Body::from("0123456789"), 10).await.unwrap();
     assert_eq!(&read[..], b"0123456789");
     // Without a declared length, the first chunk past the limit ends the read.
-    let chunks = futures::stream::iter(
-        (0..).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 600])),
-    );
+    let chunks = futures::stream::iter((0..).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 600])));
     let error = read_body(&none, Body::from_stream(chunks), 1024).await.unwrap_err();
     assert_eq!(error, BodyError::TooLarge { limit: 1024 });
     let response = error.into_response();
