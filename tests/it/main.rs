@@ -33,6 +33,7 @@ mod hardening_e2e;
 mod home_reach_e2e;
 mod http_hardening;
 mod intake_e2e;
+mod listeners_e2e;
 mod llm_clients;
 mod load_e2e;
 mod metrics_e2e;

@@ -1,18 +1,20 @@
-//! `/metrics` on the real binary, read with a strict Prometheus text reader:
+//! `/metrics` on the real binary, read with a strict Prometheus text reader
+//! (with the API token, and once without it: no session keys then):
 //! runs on echo and on the fake CLI by engine and outcome, their histograms
 //! and spend, config reloads applied and refused, the Telegram transport's
 //! state and its outbox's backlog.
 
 use serde_json::json;
 
-use crate::support::{write_config, Gateway, PATIENCE};
+use crate::support::{write_config, Gateway, PATIENCE, TOKEN};
 use crate::telegram_e2e::{config as telegram_config, fake_telegram, start};
 use lemon_tests::fake_cli::fixture;
 use lemon_tests::prometheus::Scrape;
 
-/// `/metrics`, checked whole.
+/// `/metrics` with the API token (sessions are named), checked whole.
 async fn scrape(gateway: &Gateway) -> Scrape {
-    let response = gateway.http.get(format!("{}/metrics", gateway.health)).send().await.unwrap();
+    let url = format!("{}/metrics", gateway.health);
+    let response = gateway.http.get(url).bearer_auth(TOKEN).send().await.unwrap();
     assert_eq!(response.status(), 200);
     let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
     assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
@@ -123,6 +125,14 @@ async fn metrics_count_runs_reloads_and_show_the_transport_and_its_backlog() {
     })
     .await;
     assert_eq!(busy.value("lemon_runs_in_flight", &[]), Some(1.0));
+    // Without the token no session key is named; the queued request is still counted.
+    let url = format!("{}/metrics", gateway.health);
+    let text = gateway.http.get(url).send().await.unwrap().text().await.unwrap();
+    let public = Scrape::parse(&text).unwrap_or_else(|error| panic!("{error}\n{text}"));
+    assert!(!text.contains("hangs"), "{text}");
+    assert!(public.find("lemon_session_queue_length", &[("session", "hangs")]).is_empty());
+    assert_eq!(public.value("lemon_session_queue_rest", &[]), Some(1.0));
+    assert_eq!(public.value("lemon_sessions_queued", &[]), Some(1.0));
     for run_id in [&queued, &hanging] {
         let response = gateway.post(&format!("/v1/runs/{run_id}/cancel")).send().await.unwrap();
         assert_eq!(response.status(), 202);

@@ -34,9 +34,15 @@ struct Voice {
     _home: tempfile::TempDir,
 }
 
-/// A gateway with voice on (echo engine, no greeting unless `extra` sets one)
-/// and its fakes; recordings are served after one 404.
+/// A gateway with voice on (echo engine, no greeting unless `extra` sets one,
+/// [`CALLER`] the one caller allowed unless `extra` says who is) and its
+/// fakes; recordings are served after one 404.
 async fn start(extra: &str) -> Voice {
+    start_logging(extra, None).await
+}
+
+/// [`start`], with the gateway's log written to `log` when given.
+async fn start_logging(extra: &str, log: Option<&std::path::Path>) -> Voice {
     let deepgram = FakeDeepgram::start(DEEPGRAM_KEY).await;
     let elevenlabs = FakeElevenLabs::start(ELEVENLABS_KEY).await;
     let rest = FakeTwilioRest::start(ACCOUNT_SID, AUTH_TOKEN, wav_file(800), 1).await;
@@ -45,6 +51,12 @@ async fn start(extra: &str) -> Voice {
     // calls then run on the gateway's default, the native engine.
     let native = extra.contains("[gateway.engines.lemon]");
     let engine = if native { "" } else { "engine = \"echo\"\n" };
+    // The test's caller is the one allowed, unless `extra` says who is.
+    let callers = if extra.contains("allowed_callers") || extra.contains("allow_everyone") {
+        String::new()
+    } else {
+        format!("allowed_callers = [\"{CALLER}\"]\n")
+    };
     // The public URL names the port, so it is picked before the gateway
     // binds it; another process taking it in between fails that start, which
     // status shows, and the next attempt picks another port.
@@ -56,12 +68,19 @@ async fn start(extra: &str) -> Voice {
         let config = format!(
             "[gateway.voice]\nenabled = true\nport = {port}\npublic_url = \"{public_url}\"\n\
              deepgram_base_url = \"{}\"\nelevenlabs_base_url = \"{}\"\ntwilio_api_base_url = \"{}\"\n\
-             {engine}{greeting}{extra}",
+             {engine}{greeting}{callers}{extra}",
             deepgram.base_url, elevenlabs.base_url, rest.base_url
         );
         let home = home_with(&config);
         write_secrets(home.path(), native);
-        let gateway = Gateway::start_in(home.path()).await;
+        let gateway = match log {
+            None => Gateway::start_in(home.path()).await,
+            Some(log) => {
+                let file = std::fs::File::create(log).unwrap();
+                let command = crate::support::command(home.path());
+                Gateway::spawn_with_stderr(command, home.path(), file.into()).await
+            }
+        };
         let voice = gateway.status().await["transports"]["voice"].clone();
         if voice["state"] == "running" {
             break (gateway, home, public_url);
@@ -521,4 +540,90 @@ async fn a_bad_voice_section_or_a_missing_key_stops_the_start_at_its_place() {
         assert_eq!(code, Some(5), "a config error: {text}\n{stderr}");
         assert!(stderr.contains(expected), "{text}\nexpected {expected}\n--- stderr ---\n{stderr}");
     }
+}
+
+/// The incoming-call webhook for `sid` from `from`, signed: its status and TwiML.
+async fn incoming_from(voice: &Voice, sid: &str, from: &str) -> (u16, String) {
+    let params =
+        [("AccountSid", ACCOUNT_SID), ("CallSid", sid), ("From", from), ("To", "+15551239999")];
+    let response = voice.post_signed("/webhooks/twilio/voice", &params, None).await;
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+/// Waits (bounded) until the file at `path` holds a line with every one of `words`.
+async fn log_line(path: &std::path::Path, words: &[&str]) -> String {
+    let found = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            if let Some(line) = text.lines().find(|l| words.iter().all(|w| l.contains(w))) {
+                return line.to_owned();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| panic!("no log line with {words:?}"))
+}
+
+#[tokio::test]
+async fn a_caller_not_allowed_hears_a_refusal_and_opens_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("gateway.log");
+    let voice = start_logging("", Some(&log)).await;
+    let status = voice.gateway.status().await;
+    let detail = status["transports"]["voice"]["detail"].as_str().unwrap().to_owned();
+    assert!(detail.ends_with("1 allowed caller"), "{detail}");
+
+    let stranger = "+15559870000";
+    let sid = call_sid(7);
+    let (status, twiml) = incoming_from(&voice, &sid, stranger).await;
+    assert_eq!(status, 200);
+    assert!(twiml.contains("<Say>") && twiml.contains("<Hangup/>"), "{twiml}");
+    assert!(!twiml.contains("<Connect>") && !twiml.contains("token"), "{twiml}");
+    let line = log_line(&log, &["call refused", stranger]).await;
+    assert!(line.contains("allowed_callers"), "{line}");
+    // No call on record; the listed caller's call is the first stream Deepgram sees.
+    let response = voice.gateway.get(&format!("/v1/calls/{sid}")).send().await.unwrap();
+    assert_eq!(response.status(), 404);
+    voice.incoming(&call_sid(8)).await;
+    voice.deepgram.wait_for("the listed caller's stream", |s| s.streams >= 1).await;
+    assert_eq!(voice.deepgram.seen().streams, 1);
+
+    // Everyone, by opt-in: said at the start, in the log and in status.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("gateway.log");
+    let open = start_logging("allow_everyone = true\n", Some(&log)).await;
+    log_line(&log, &["WARN", "allow_everyone = true"]).await;
+    let status = open.gateway.status().await;
+    let detail = status["transports"]["voice"]["detail"].as_str().unwrap().to_owned();
+    assert!(detail.contains("every caller is answered (allow_everyone = true)"), "{detail}");
+    let (status, twiml) = incoming_from(&open, &call_sid(9), stranger).await;
+    assert_eq!(status, 200);
+    assert!(twiml.contains("<Connect>"), "{twiml}");
+}
+
+#[tokio::test]
+async fn a_replayed_call_webhook_gets_one_stream_token_and_one_deepgram_stream() {
+    let voice = start("").await;
+    let sid = call_sid(10);
+    // Three times the same signed webhook: one token, one Deepgram stream.
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(voice.incoming(&sid).await);
+    }
+    assert!(answers.iter().all(|answer| answer == &answers[0]), "{answers:?}");
+    let (stream_url, token) = answers.remove(0);
+    voice.deepgram.wait_for("the call's stream", |s| s.streams >= 1).await;
+    let client = MediaClient::connect(&stream_url, &sid, &token).await;
+    voice.call_until(&sid, "the stream connected", |c| c["status"] == "in_progress").await;
+    // Once the stream is connected, a replay is answered with nothing to do.
+    let (status, twiml) = incoming_from(&voice, &sid, CALLER).await;
+    assert_eq!(status, 200);
+    assert!(twiml.contains("<Response/>") && !twiml.contains("token"), "{twiml}");
+    // The next call's stream is the second Deepgram ever sees.
+    voice.incoming(&call_sid(11)).await;
+    voice.deepgram.wait_for("the next call's stream", |s| s.streams >= 2).await;
+    assert_eq!(voice.deepgram.seen().streams, 2);
+    drop(client);
 }

@@ -34,7 +34,10 @@
 //! `queue_mode`, `resume` (`{"engine", "value"}`), `engine` and `run_id`;
 //! `meta.disable_auto_resume` starts a new session.
 //!
-//! Every route needs `Authorization: Bearer <token>`. Every error is
+//! Every route needs `Authorization: Bearer <token>`, checked before the body
+//! is read; a body is at most 1 MiB ([`MAX_BODY_BYTES`]: a longer declared
+//! `Content-Length` is a `413` before reading) and JSON nests at most
+//! [`crate::error::MAX_JSON_DEPTH`] levels. Every error is
 //! `{"error": "..."}` (see [`ApiError`]). The dashboard's page and assets
 //! (`/`, `/ui/…`, see [`crate::dashboard`]) are public; every call the page
 //! makes carries the token.
@@ -303,13 +306,17 @@ pub fn router_documented(
     crate::dashboard::router().merge(protected)
 }
 
-/// Lets the request through only with the right `Authorization: Bearer` header.
+/// Lets the request through only with the right `Authorization: Bearer`
+/// header, and then only when its declared length is within
+/// [`MAX_BODY_BYTES`]: nothing of a body is read before both hold.
 async fn require_bearer(State(expected): State<ApiToken>, req: Request, next: Next) -> Response {
-    if expected.matches(req.headers()) {
-        next.run(req).await
-    } else {
-        ApiError::Unauthorized.into_response()
+    if !expected.matches(req.headers()) {
+        return ApiError::Unauthorized.into_response();
     }
+    if crate::error::declared_too_large(req.headers(), MAX_BODY_BYTES) {
+        return ApiError::PayloadTooLarge.into_response();
+    }
+    next.run(req).await
 }
 
 /// Whether `headers` carry `Authorization: Bearer <expected>`. Both tokens are

@@ -1,14 +1,24 @@
-//! The one error type of the HTTP edge, and extractors whose rejections use it.
+//! The one error type of the HTTP edge, extractors whose rejections use it,
+//! and the bounded reading and parsing every listener's bodies go through.
+//!
+//! Bodies are bounded twice before they cost memory: a request whose
+//! `Content-Length` is over its listener's limit is refused before a byte of
+//! it is read ([`declared_too_large`]), and one without a length is read only
+//! up to the limit ([`read_body`]). JSON is parsed with a depth bound
+//! ([`MAX_JSON_DEPTH`], checked by a scan of the bytes before serde sees them),
+//! so per-request memory follows the limit and nesting cannot exhaust the stack.
+//! Each listener checks its token or signature header before it calls these.
 //!
 //! Every error response is JSON `{"error": "..."}` with a fitting status, so
 //! clients never have to parse axum's plain-text rejection bodies. Errors caused by
 //! bad input are not logged; internal errors are logged once, here, with their
 //! detail, and the response body stays generic.
 
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lemon_core::gateway::{ShuttingDown, SubmitError};
@@ -17,6 +27,12 @@ use serde::de::DeserializeOwned;
 
 /// Largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Deepest nesting of arrays and objects a JSON body may have. serde_json
+/// stops at 128 by itself; the bound is stated here, lower, and checked
+/// before parsing, so every listener answers a deeper body with the same
+/// `400` and no parse ever recurses further.
+pub const MAX_JSON_DEPTH: usize = 64;
 
 /// An HTTP error with its JSON body.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -184,10 +200,128 @@ where
         if undeclared && !bytes.is_empty() {
             return Err(ApiError::UnsupportedMediaType);
         }
-        serde_json::from_slice(&bytes)
-            .map(JsonBody)
-            .map_err(|err| ApiError::BadRequest(format!("invalid JSON body: {err}")))
+        parse_json(&bytes).map(JsonBody).map_err(|err| ApiError::BadRequest(err.to_string()))
     }
+}
+
+/// Why a JSON body was not parsed.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonBodyError {
+    /// Arrays and objects nested deeper than [`MAX_JSON_DEPTH`].
+    #[error("invalid JSON body: nested deeper than {MAX_JSON_DEPTH} levels")]
+    TooDeep,
+    /// Not JSON, or not the shape expected.
+    #[error("invalid JSON body: {0}")]
+    Invalid(#[from] serde_json::Error),
+}
+
+/// Parses `bytes` (already bounded in size) as `T`, refusing nesting deeper
+/// than [`MAX_JSON_DEPTH`] before serde reads it.
+///
+/// # Errors
+/// Too deep, not JSON, or not a `T`.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonBodyError> {
+    if json_depth_exceeds(bytes, MAX_JSON_DEPTH) {
+        return Err(JsonBodyError::TooDeep);
+    }
+    Ok(serde_json::from_slice(bytes)?)
+}
+
+/// Whether arrays and objects in `bytes` nest deeper than `max`, counting
+/// brackets outside strings. A scan of the bytes: it never allocates and
+/// needs no valid JSON (the parse that follows judges that).
+pub fn json_depth_exceeds(bytes: &[u8], max: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &byte in bytes {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Whether the request says (`Content-Length`) its body is longer than
+/// `limit`: such a request is answered `413` before its body is read.
+pub fn declared_too_large(headers: &HeaderMap, limit: usize) -> bool {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<u64>().ok())
+        .is_some_and(|length| length > limit as u64)
+}
+
+/// Why a body was not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    /// Declared or found longer than the listener's limit.
+    #[error("request body is larger than {limit} bytes")]
+    TooLarge { limit: usize },
+    /// The client stopped sending, or sent a malformed chunk.
+    #[error("could not read request body: {0}")]
+    Unreadable(String),
+}
+
+impl BodyError {
+    /// `413` or `400`.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            BodyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyError::Unreadable(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+impl IntoResponse for BodyError {
+    fn into_response(self) -> Response {
+        (self.status(), Json(serde_json::json!({ "error": self.to_string() }))).into_response()
+    }
+}
+
+/// Reads a request body of at most `limit` bytes: refused before reading when
+/// its `Content-Length` says more, and stopped at the first chunk past the
+/// limit otherwise, so it never holds more than `limit` bytes. Callers check
+/// the request's credentials first.
+///
+/// # Errors
+/// [`BodyError::TooLarge`] past the limit; [`BodyError::Unreadable`] when the
+/// client's body fails.
+///
+/// # Cancel safety
+/// Dropping the future drops what was read.
+pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, BodyError> {
+    use futures::StreamExt as _;
+    if declared_too_large(headers, limit) {
+        return Err(BodyError::TooLarge { limit });
+    }
+    let mut stream = body.into_data_stream();
+    let mut read = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|error| BodyError::Unreadable(error.to_string()))?;
+        if read.len() + chunk.len() > limit {
+            return Err(BodyError::TooLarge { limit });
+        }
+        read.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(read))
 }
 
 /// Whether a `content-type` value names JSON: `application/json` or

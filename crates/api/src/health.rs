@@ -6,9 +6,10 @@
 //! `ok`, `status`, each check's name and `ok`, and each transport's `state`;
 //! with the token it adds the version, the checks' counters, durations and
 //! errors, and the transports' addresses and failure reasons. `/metrics` needs
-//! no token (Prometheus scrapers usually have none) and holds only counters,
-//! engine and transport ids, and the keys of the 20 sessions with the longest
-//! queues: no addresses, versions or error texts. Its run families come from
+//! no token (Prometheus scrapers usually have none) and then holds only
+//! counters, engine and transport ids: no session keys (they name chats and
+//! phone numbers), addresses, versions or error texts. With the token it also
+//! names the 20 sessions with the longest queues. Its run families come from
 //! a [`RunMetrics`] collector on the event bus, its queue figures from the
 //! scheduler's snapshot, so a scrape adds no work to a run.
 //!
@@ -298,7 +299,8 @@ pub const METRICS_TOP_SESSIONS: usize = 20;
 
 /// `GET /metrics`: Prometheus text format 0.0.4. Scheduler gauges are left
 /// out while the scheduler does not answer, and `lemon_up` says so.
-async fn metrics(State(state): State<HealthState>) -> Response {
+async fn metrics(State(state): State<HealthState>, headers: HeaderMap) -> Response {
+    let detailed = state.detail_token.as_ref().is_some_and(|token| token.matches(&headers));
     let snapshot = tokio::time::timeout(state.check_timeout, state.runs.snapshot())
         .await
         .ok()
@@ -340,7 +342,7 @@ async fn metrics(State(state): State<HealthState>) -> Response {
             .ok()
             .and_then(Result::ok);
         if let (Some(active), Some(routed)) = (active, routed) {
-            session_queues(&mut out, &active, &routed);
+            session_queues(&mut out, &active, &routed, detailed);
         }
     }
     if let Some(run_metrics) = &state.run_metrics {
@@ -374,11 +376,13 @@ async fn metrics(State(state): State<HealthState>) -> Response {
 /// Queued requests per session, at the router (behind the session's active
 /// run) and at the scheduler (waiting for a slot): the [`METRICS_TOP_SESSIONS`]
 /// longest queues by name, the rest summed, so a scrape stays small however
-/// many sessions wait.
+/// many sessions wait. Sessions are named only to a scrape with the token
+/// (`named`); without it every queue is in the sum.
 fn session_queues(
     out: &mut Exposition,
     active: &[lemon_core::gateway::ActiveRun],
     routed: &[(lemon_core::ids::SessionKey, usize)],
+    named: bool,
 ) {
     let mut queued: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
     for run in active.iter().filter(|run| run.status == lemon_core::bus::RunStatus::Queued) {
@@ -390,11 +394,12 @@ fn session_queues(
     let mut longest: Vec<(&str, u64)> = queued.into_iter().collect();
     // Longest first; ties by name, so a scrape names the same sessions each time.
     longest.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    let rest = longest.split_off(longest.len().min(METRICS_TOP_SESSIONS));
+    let shown = if named { METRICS_TOP_SESSIONS } else { 0 };
+    let rest = longest.split_off(longest.len().min(shown));
     out.family(
         "lemon_session_queue_length",
         Kind::Gauge,
-        "Requests queued and not started in one session (at the router or waiting for a slot); only the 20 sessions with the longest queues are named, the others are summed in lemon_session_queue_rest.",
+        "Requests queued and not started in one session (at the router or waiting for a slot); only the 20 sessions with the longest queues are named, to a scrape with the API token; the others are summed in lemon_session_queue_rest.",
     );
     for (session, n) in &longest {
         out.sample("lemon_session_queue_length", &[("session", session)], n);
@@ -402,7 +407,7 @@ fn session_queues(
     out.single(
         "lemon_session_queue_rest",
         Kind::Gauge,
-        "Runs queued in the sessions lemon_session_queue_length does not name.",
+        "Runs queued in the sessions lemon_session_queue_length does not name (every session's, without the API token).",
         rest.iter().map(|(_, n)| n).sum::<u64>(),
     );
     out.single(

@@ -6,12 +6,16 @@
 //! only. Unsigned, forged and malformed requests get a 4xx JSON error and
 //! store nothing. A duplicate `MessageSid` (Twilio retrying) is answered as
 //! success and changes nothing.
+//!
+//! The signature covers the body, so the body is read, but only once the
+//! request carries a signature header (a request without one is a `401`
+//! unread), and only up to `max_body_bytes` (64 KiB by default; a longer
+//! `Content-Length` is a `413` before reading).
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::Body;
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -49,12 +53,10 @@ fn error(status: StatusCode, message: &str) -> Response {
 
 /// The webhook's routes; everything else is a JSON 404 / 405.
 pub(crate) fn router(state: HookState) -> Router {
-    let limit = state.config.max_body_bytes;
     Router::new()
         .route(WEBHOOK_PATH, post(receive))
         .method_not_allowed_fallback(lemon_api::error::method_not_allowed)
         .fallback(lemon_api::error::not_found)
-        .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 
@@ -70,19 +72,13 @@ async fn receive(
     State(state): State<HookState>,
     headers: HeaderMap,
     uri: Uri,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
-    let body = match body {
-        Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            let limit = state.config.max_body_bytes;
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("request body is larger than {limit} bytes"),
-            );
-        }
-        Err(rejection) => return error(StatusCode::BAD_REQUEST, &rejection.body_text()),
-    };
+    // Nothing of the body is read for a request that carries no signature.
+    let signature = headers.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
+    if state.config.validate_webhook && signature.is_none() {
+        return error(StatusCode::UNAUTHORIZED, "missing X-Twilio-Signature");
+    }
     let form = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -94,6 +90,11 @@ async fn receive(
             "send the message as content-type: application/x-www-form-urlencoded",
         );
     }
+    let body = match lemon_api::error::read_body(&headers, body, state.config.max_body_bytes).await
+    {
+        Ok(body) => body,
+        Err(refused) => return refused.into_response(),
+    };
     let Ok(params) = serde_urlencoded::from_bytes::<Vec<(String, String)>>(&body) else {
         return error(StatusCode::BAD_REQUEST, "the body is not a URL-encoded form");
     };
@@ -102,7 +103,7 @@ async fn receive(
             // The start refuses this; never an open webhook.
             return error(StatusCode::SERVICE_UNAVAILABLE, "SMS signatures cannot be checked");
         };
-        let Some(signature) = headers.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok()) else {
+        let Some(signature) = signature else {
             return error(StatusCode::UNAUTHORIZED, "missing X-Twilio-Signature");
         };
         let url = signed_url(public_url, &uri);

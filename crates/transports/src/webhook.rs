@@ -4,7 +4,11 @@
 //!
 //! - Auth: a shared token per integration, in `Authorization: Bearer <token>` or
 //!   `X-Webhook-Token` (compared in constant time); `?token=` and a body `token`
-//!   only where allowed. Tokens are never logged.
+//!   only where allowed. Tokens are never logged. The header and query tokens
+//!   are checked before the body is read; an unknown integration gets the same
+//!   `401` as a wrong token. A body is at most `max_body_bytes` (a longer
+//!   `Content-Length` is a `413` before reading) and nests at most
+//!   [`lemon_api::error::MAX_JSON_DEPTH`] levels.
 //! - Body: the text in `prompt` (or `text`, `message`, `input`, `content.text`),
 //!   attachments in `attachments`, `files` or `urls` (listed in the prompt under
 //!   `Attachments:`), optional `engine`, `queue_mode`, `metadata`, `session_key`
@@ -51,10 +55,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::connect_info::ConnectInfo;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -83,7 +86,7 @@ use callback::CallbackRecord;
 use idempotency::{Claim, IdempotencyKeys};
 use payload::{Payload, PayloadError};
 
-use lemon_api::error::ApiError;
+use lemon_api::error::{parse_json, read_body, ApiError};
 
 /// The transport's id, in status and logs.
 pub const WEBHOOK_TRANSPORT_ID: &str = "webhook";
@@ -360,12 +363,10 @@ impl OwnRuns {
 /// The webhook router: `POST /webhooks/{integration}`; everything else is a 404.
 /// Served with `ConnectInfo<SocketAddr>`, runs record the caller's address.
 pub fn router(state: WebhookState) -> Router {
-    let limit = state.inner.config.max_body_bytes;
     Router::new()
         .route("/webhooks/{integration}", post(receive))
         .method_not_allowed_fallback(lemon_api::error::method_not_allowed)
         .fallback(lemon_api::error::not_found)
-        .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 
@@ -556,25 +557,17 @@ async fn receive(
     RawQuery(raw_query): RawQuery,
     connect_info: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     let inner = &state.inner;
+    // An unknown integration is answered as a wrong token is, before anything
+    // else, so integration names cannot be listed by probing.
     let (Some(integration), Some(expected)) =
         (inner.config.integrations.get(&integration_id), inner.tokens.get(&integration_id))
     else {
-        return error(StatusCode::NOT_FOUND, "integration not found");
+        return error(StatusCode::UNAUTHORIZED, "unauthorized");
     };
     let settings = Resolved::new(&inner.config, &integration_id, integration);
-    let bytes = match body {
-        Ok(bytes) => bytes,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            let message =
-                format!("request body is larger than {} bytes", inner.config.max_body_bytes);
-            return error(StatusCode::PAYLOAD_TOO_LARGE, &message);
-        }
-        Err(rejection) => return error(StatusCode::BAD_REQUEST, &rejection.body_text()),
-    };
-    let parsed = serde_json::from_slice::<Value>(&bytes);
     let query: Vec<(String, String)> = raw_query
         .as_deref()
         .map(|q| {
@@ -586,15 +579,31 @@ async fn receive(
                 .collect()
         })
         .unwrap_or_default();
-    let presented = presented_tokens(&headers, &query, parsed.as_ref().ok(), &settings);
-    let authorized = presented.iter().any(|t| constant_time_eq(t.as_bytes(), expected.as_bytes()));
-    if !authorized {
+    let authorized = |presented: Vec<&str>| {
+        presented.iter().any(|t| constant_time_eq(t.as_bytes(), expected.as_bytes()))
+    };
+    // The header (or query) token is checked before the body is read; only
+    // an integration that takes its token in the body reads one without it,
+    // and then no more than `max_body_bytes`.
+    let by_header = authorized(presented_tokens(&headers, &query, None, &settings));
+    if !by_header && !settings.allow_payload_token {
+        return error(StatusCode::UNAUTHORIZED, "unauthorized");
+    }
+    let bytes = match read_body(&headers, body, inner.config.max_body_bytes).await {
+        Ok(bytes) => bytes,
+        Err(refused) => return refused.into_response(),
+    };
+    let parsed = parse_json::<Value>(&bytes);
+    drop(bytes);
+    if !by_header
+        && !authorized(presented_tokens(&headers, &query, parsed.as_ref().ok(), &settings))
+    {
         return error(StatusCode::UNAUTHORIZED, "unauthorized");
     }
     let body = match parsed {
         Ok(body @ Value::Object(_)) => body,
         Ok(_) => return error(StatusCode::BAD_REQUEST, "the body must be a JSON object"),
-        Err(err) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {err}")),
+        Err(err) => return error(StatusCode::BAD_REQUEST, &err.to_string()),
     };
     let parts = RequestParts {
         method: &method,

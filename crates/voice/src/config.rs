@@ -101,6 +101,16 @@ pub struct VoiceConfig {
     /// `lemon` engine when it is configured), or a `voice` binding's.
     #[serde(default)]
     pub engine: Option<EngineRef>,
+    /// The callers (E.164 numbers, `+15551230100`) whose calls reach the
+    /// agent. Anyone else hears a short refusal and is hung up on, with no
+    /// transcription opened; the log names the number. Empty: nobody.
+    #[serde(default)]
+    pub allowed_callers: Vec<String>,
+    /// Answers every caller, listed or not: anyone who dials the number talks
+    /// to the agent (and spends the Deepgram, ElevenLabs and engine budgets).
+    /// Warned about at every start and shown in `/v1/status`.
+    #[serde(default)]
+    pub allow_everyone: bool,
 }
 
 mod defaults {
@@ -235,7 +245,34 @@ impl VoiceConfig {
         if !safe_id(&self.elevenlabs_voice_id) {
             return bad("elevenlabs_voice_id", "letters, digits, `_` and `-` only");
         }
+        if let Some(number) =
+            self.allowed_callers.iter().find(|number| !crate::twilio::is_phone_number(number))
+        {
+            let number = lemon_core::log_text::escape_within(number, 64);
+            return bad(
+                "allowed_callers",
+                &format!(
+                    "{number:?} is not an E.164 number (`+` and the country code, digits only)"
+                ),
+            );
+        }
         Ok(self)
+    }
+
+    /// Whether a call from `caller` (E.164, as Twilio sends it) is answered.
+    pub fn allows_caller(&self, caller: &str) -> bool {
+        self.allow_everyone || self.allowed_callers.iter().any(|allowed| allowed == caller)
+    }
+
+    /// Who gets through, for status: `every caller (allow_everyone)`,
+    /// `N allowed caller(s)` or `no caller (allowed_callers is empty)`.
+    pub fn callers_summary(&self) -> String {
+        match (self.allow_everyone, self.allowed_callers.len()) {
+            (true, _) => "every caller is answered (allow_everyone = true)".to_owned(),
+            (false, 0) => "no caller is answered (allowed_callers is empty)".to_owned(),
+            (false, 1) => "1 allowed caller".to_owned(),
+            (false, n) => format!("{n} allowed callers"),
+        }
     }
 
     /// The section when voice is enabled (`enabled = true`), `None` when it is
@@ -357,6 +394,20 @@ mod tests {
         assert_eq!(config.twilio_auth_token_secret, "twilio_auth_token");
         assert_eq!(config.deepgram_api_key_secret, "deepgram_api_key");
         assert!(config.engine.is_none());
+        // No allow-list means nobody.
+        assert!(config.allowed_callers.is_empty() && !config.allow_everyone);
+        assert!(!config.allows_caller("+15551230100"));
+    }
+
+    #[test]
+    fn listed_callers_or_everyone_by_opt_in_are_answered() {
+        let listed = VoiceConfig::parse(&table("allowed_callers = [\"+15551230100\"]")).unwrap();
+        assert!(listed.allows_caller("+15551230100"));
+        assert!(!listed.allows_caller("+15551230101"));
+        assert_eq!(listed.callers_summary(), "1 allowed caller");
+        let everyone = VoiceConfig::parse(&table("allow_everyone = true")).unwrap();
+        assert!(everyone.allows_caller("+15551230101"));
+        assert!(everyone.callers_summary().contains("allow_everyone = true"));
     }
 
     #[test]
@@ -381,6 +432,8 @@ mod tests {
             ("elevenlabs_voice_id = \"../x\"", "elevenlabs_voice_id"),
             ("public_url = \"voice.example.com\"", "public_url"),
             ("barge_in = \"yes\"", "barge_in"),
+            ("allowed_callers = [\"5551230100\"]", "allowed_callers"),
+            ("allowed_callers = \"+15551230100\"", "allowed_callers"),
         ] {
             let err = VoiceConfig::parse(&table(text)).unwrap_err();
             assert!(err.0.contains(&format!("`{key}`")), "{text}: {err}");

@@ -1,6 +1,19 @@
 //! The voice listener: Twilio's webhooks (signature-checked against
 //! `public_url`) and the media-stream WebSocket, and [`VoiceTransport`], which
 //! serves them as a transport.
+//!
+//! What a request may cost before it is trusted:
+//! - a webhook without `X-Twilio-Signature` is a `403` with its body unread;
+//!   one with a signature is read up to 64 KiB (a longer `Content-Length` is a
+//!   `413` before reading), since the signature covers the form;
+//! - a media-stream message is at most 64 KiB (Twilio's are under 1 KiB), and
+//!   a stream without a valid one-time token is closed at its `start`;
+//! - a caller not in `allowed_callers` (unless `allow_everyone`) is answered
+//!   with a spoken refusal and `<Hangup/>`: no stream token, no Deepgram;
+//! - one call (`CallSid`) gets one stream: a replay of its webhook while the
+//!   stream has not connected gets the same answer (same token: Twilio
+//!   retrying a lost answer still connects), and any later one an empty
+//!   `<Response/>`; neither opens anything.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -8,9 +21,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{DefaultBodyLimit, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -37,6 +50,11 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(30);
 const OUT_BUFFER: usize = 1024;
 /// Largest webhook body accepted.
 const MAX_WEBHOOK_BYTES: usize = 64 * 1024;
+/// Largest media-stream message accepted (Twilio's media frames are a few
+/// hundred bytes; the default of the WebSocket library is 64 MiB).
+const MAX_STREAM_MESSAGE_BYTES: usize = 64 * 1024;
+/// What a caller who is not allowed hears before the gateway hangs up.
+const REFUSAL_TWIML: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response>\n  <Say>Sorry, this number does not take calls from you. Goodbye.</Say>\n  <Hangup/>\n</Response>\n";
 
 /// A call whose webhook was answered and whose stream has not started yet.
 struct Pending {
@@ -62,13 +80,49 @@ pub(crate) struct Shared {
     pub(crate) shutdown: CancellationToken,
     auth_token: Option<String>,
     deepgram_key: String,
-    /// Per-call one-time token → the call waiting for its stream.
-    pending: Mutex<HashMap<String, Pending>>,
+    /// Per-call one-time token → the call waiting for its stream, and the
+    /// calls answered lately; one lock, so a call is answered once.
+    pending: Mutex<Answered>,
 }
 
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared").field("config", &self.config).finish_non_exhaustive()
+/// The calls the incoming-call webhook answered, in memory. The call records
+/// in the store remember every call for good; this covers the moment between
+/// reading them and writing a new call's.
+#[derive(Default)]
+struct Answered {
+    /// One-time token → the call waiting for its stream.
+    by_token: HashMap<String, Pending>,
+    /// CallSid → when its webhook was first answered; kept [`CONNECT_WITHIN`].
+    recent: HashMap<String, tokio::time::Instant>,
+}
+
+/// How a call's incoming-call webhook was answered before.
+enum Earlier {
+    /// Its stream has not connected: the token it was given.
+    Pending(String),
+    /// Its stream connected, ended or never came.
+    Done,
+}
+
+impl Answered {
+    /// How `call_sid` was answered before, if it was.
+    fn earlier(&mut self, call_sid: &str) -> Option<Earlier> {
+        let now = tokio::time::Instant::now();
+        self.recent.retain(|_, at| now.duration_since(*at) < CONNECT_WITHIN);
+        if let Some((token, _)) = self.by_token.iter().find(|(_, p)| p.call_sid == call_sid) {
+            return Some(Earlier::Pending(token.clone()));
+        }
+        self.recent.contains_key(call_sid).then_some(Earlier::Done)
+    }
+
+    /// Claims `call_sid` for a new stream: `None` when it is new, else how it
+    /// was answered before.
+    fn claim(&mut self, call_sid: &str) -> Option<Earlier> {
+        let earlier = self.earlier(call_sid);
+        if earlier.is_none() {
+            self.recent.insert(call_sid.to_owned(), tokio::time::Instant::now());
+        }
+        earlier
     }
 }
 
@@ -132,7 +186,7 @@ fn shared(deps: &VoiceDeps, ctx: &TransportContext) -> Shared {
         shutdown: ctx.shutdown.clone(),
         auth_token: secrets.twilio_auth_token.clone(),
         deepgram_key: secrets.deepgram_api_key.clone(),
-        pending: Mutex::new(HashMap::new()),
+        pending: Mutex::new(Answered::default()),
     }
 }
 
@@ -154,8 +208,18 @@ impl Transport for VoiceTransport {
         if shared.rest.is_none() {
             tracing::info!("voice: no twilio_account_sid set; calls are hung up by closing the stream and not recorded");
         }
-        ctx.status.running(Some(local.to_string()));
+        let callers = self.deps.config.callers_summary();
+        ctx.status.running(Some(format!("{local}; {callers}")));
         tracing::info!(voice_addr = %local, public_url = %self.deps.config.public_base(), "voice calls listening");
+        if self.deps.config.allow_everyone {
+            tracing::warn!(
+                "voice: allow_everyone = true: anyone who dials the number talks to the agent; list callers in allowed_callers instead"
+            );
+        } else if self.deps.config.allowed_callers.is_empty() {
+            tracing::warn!(
+                "voice: allowed_callers is empty: every call is refused; list the callers' numbers (E.164) in [gateway.voice] allowed_callers"
+            );
+        }
         let app = router(shared.clone());
         let shutdown = ctx.shutdown.clone();
         // The shared server: request-head and idle timeouts and the
@@ -174,7 +238,6 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/webhooks/twilio/voice/stream", get(media_stream))
         .method_not_allowed_fallback(lemon_api::error::method_not_allowed)
         .fallback(lemon_api::error::not_found)
-        .layer(DefaultBodyLimit::max(MAX_WEBHOOK_BYTES))
         .with_state(shared)
 }
 
@@ -186,36 +249,39 @@ fn twiml(body: String) -> Response {
     ([(header::CONTENT_TYPE, "application/xml")], body).into_response()
 }
 
-/// A webhook refused before it is read: its status and `{"error"}` message.
-#[derive(Debug)]
-struct Refused(StatusCode, &'static str);
-
-impl IntoResponse for Refused {
-    fn into_response(self) -> Response {
-        error(self.0, self.1)
-    }
-}
-
-/// The form parameters of a webhook whose signature holds (or is not required).
-fn verified_form(
+/// The form parameters of a webhook whose signature holds (or is not
+/// required). The signature header is required before the body is read, and
+/// the body is read up to [`MAX_WEBHOOK_BYTES`].
+async fn verified_form(
     shared: &Shared,
     path: &str,
     query: Option<&str>,
     headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Vec<(String, String)>, Refused> {
-    let params: Vec<(String, String)> = serde_urlencoded::from_bytes(body)
-        .map_err(|_| Refused(StatusCode::BAD_REQUEST, "the body is not a form"))?;
-    if !shared.config.validate_webhook {
-        return Ok(params);
-    }
-    let Some(token) = shared.auth_token.as_deref() else {
-        return Err(Refused(StatusCode::FORBIDDEN, "webhook signatures cannot be checked"));
-    };
+    body: Body,
+) -> Result<Vec<(String, String)>, Response> {
     let signature = headers
         .get(lemon_sms::signature::SIGNATURE_HEADER)
         .and_then(|value| value.to_str().ok())
-        .unwrap_or("");
+        .filter(|value| !value.trim().is_empty());
+    let token = match (shared.config.validate_webhook, shared.auth_token.as_deref(), signature) {
+        (false, _, _) => None,
+        (true, None, _) => {
+            return Err(error(StatusCode::FORBIDDEN, "webhook signatures cannot be checked"))
+        }
+        (true, Some(_), None) => {
+            tracing::warn!(path, "voice webhook without a Twilio signature refused");
+            return Err(error(StatusCode::FORBIDDEN, "invalid Twilio signature"));
+        }
+        (true, Some(token), Some(signature)) => Some((token, signature)),
+    };
+    let body = lemon_api::error::read_body(headers, body, MAX_WEBHOOK_BYTES)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    let params: Vec<(String, String)> = serde_urlencoded::from_bytes(&body)
+        .map_err(|_| error(StatusCode::BAD_REQUEST, "the body is not a form"))?;
+    let Some((token, signature)) = token else {
+        return Ok(params);
+    };
     // The URL Twilio called, as configured: never the Host header.
     let mut url = format!("{}{path}", shared.config.public_base());
     if let Some(query) = query.filter(|q| !q.is_empty()) {
@@ -224,7 +290,7 @@ fn verified_form(
     }
     if !lemon_sms::signature::validate_form(token, &url, &params, signature) {
         tracing::warn!(path, "voice webhook with a missing or wrong Twilio signature refused");
-        return Err(Refused(StatusCode::FORBIDDEN, "invalid Twilio signature"));
+        return Err(error(StatusCode::FORBIDDEN, "invalid Twilio signature"));
     }
     Ok(params)
 }
@@ -239,13 +305,13 @@ async fn incoming_call(
     State(shared): State<Arc<Shared>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
-    let params =
-        match verified_form(&shared, "/webhooks/twilio/voice", query.as_deref(), &headers, &body) {
-            Ok(params) => params,
-            Err(refused) => return refused.into_response(),
-        };
+    let path = "/webhooks/twilio/voice";
+    let params = match verified_form(&shared, path, query.as_deref(), &headers, body).await {
+        Ok(params) => params,
+        Err(refused) => return refused,
+    };
     let call_sid = param(&params, "CallSid").unwrap_or("");
     if !twilio::is_sid(call_sid, "CA") {
         return error(StatusCode::BAD_REQUEST, "CallSid is missing or not a call SID");
@@ -255,9 +321,42 @@ async fn incoming_call(
         return error(StatusCode::BAD_REQUEST, "From is not an E.164 phone number");
     }
     let to = param(&params, "To").unwrap_or("").to_owned();
+    if !shared.config.allows_caller(from) {
+        tracing::warn!(
+            call = %call_sid,
+            caller = %lemon_core::log_text::escape(from),
+            "call refused: the caller is not in [gateway.voice] allowed_callers"
+        );
+        return twiml(REFUSAL_TWIML.to_owned());
+    }
+    // A call answered before opens nothing: its webhook repeated while the
+    // stream has not connected gets the same answer, any later one (also
+    // after a restart: the call records are in the store) an empty one.
+    let earlier =
+        shared.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).earlier(call_sid);
+    if let Some(earlier) = earlier {
+        return replayed(&shared, call_sid, earlier);
+    }
+    if shared.records.get(call_sid).await.is_some() {
+        return replayed(&shared, call_sid, Earlier::Done);
+    }
     let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
     let call_token = shared.shutdown.child_token();
     let (listener_tx, listener_rx) = oneshot::channel();
+    {
+        let mut answered = shared.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(earlier) = answered.claim(call_sid) {
+            drop(answered);
+            return replayed(&shared, call_sid, earlier);
+        }
+        let pending = Pending {
+            call_sid: call_sid.to_owned(),
+            from: from.to_owned(),
+            listener: listener_rx,
+            token: call_token.clone(),
+        };
+        answered.by_token.insert(token.clone(), pending);
+    }
     {
         let url = deepgram::listen_url(&shared.config);
         let key = shared.deepgram_key.clone();
@@ -268,17 +367,6 @@ async fn incoming_call(
             let _ = listener_tx.send(connected);
         });
     }
-    let pending = Pending {
-        call_sid: call_sid.to_owned(),
-        from: from.to_owned(),
-        listener: listener_rx,
-        token: call_token.clone(),
-    };
-    shared
-        .pending
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(token.clone(), pending);
     // A stream that never connects gives its place (and its Deepgram stream) up.
     {
         let shared2 = shared.clone();
@@ -292,6 +380,7 @@ async fn incoming_call(
                 .pending
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .by_token
                 .remove(&token);
             if let Some(pending) = left {
                 tracing::warn!(call = %pending.call_sid, "the call's media stream never started");
@@ -316,17 +405,34 @@ async fn incoming_call(
     twiml(twilio::connect_stream(&twilio::stream_url(&shared.config.public_base()), &token))
 }
 
+/// The answer to an incoming-call webhook for a call answered before: the
+/// same TwiML while its stream has not connected (Twilio retrying an answer
+/// it lost still connects), else an empty `<Response/>`. Nothing is opened.
+fn replayed(shared: &Shared, call_sid: &str, earlier: Earlier) -> Response {
+    match earlier {
+        Earlier::Pending(token) => {
+            tracing::info!(call = %call_sid, "incoming-call webhook repeated; same answer");
+            let url = twilio::stream_url(&shared.config.public_base());
+            twiml(twilio::connect_stream(&url, &token))
+        }
+        Earlier::Done => {
+            tracing::warn!(call = %call_sid, "incoming-call webhook replayed for a call already answered; nothing opened");
+            twiml(twilio::EMPTY_TWIML.to_owned())
+        }
+    }
+}
+
 /// `POST /webhooks/twilio/voice/status`: the call's progress.
 async fn call_status(
     State(shared): State<Arc<Shared>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     let path = "/webhooks/twilio/voice/status";
-    let params = match verified_form(&shared, path, query.as_deref(), &headers, &body) {
+    let params = match verified_form(&shared, path, query.as_deref(), &headers, body).await {
         Ok(params) => params,
-        Err(refused) => return refused.into_response(),
+        Err(refused) => return refused,
     };
     let call_sid = param(&params, "CallSid").unwrap_or("");
     if !twilio::is_sid(call_sid, "CA") {
@@ -354,12 +460,12 @@ async fn recording_status(
     State(shared): State<Arc<Shared>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     let path = "/webhooks/twilio/voice/recording";
-    let params = match verified_form(&shared, path, query.as_deref(), &headers, &body) {
+    let params = match verified_form(&shared, path, query.as_deref(), &headers, body).await {
         Ok(params) => params,
-        Err(refused) => return refused.into_response(),
+        Err(refused) => return refused,
     };
     let call_sid = param(&params, "CallSid").unwrap_or("").to_owned();
     let recording_sid = param(&params, "RecordingSid").unwrap_or("").to_owned();
@@ -417,7 +523,9 @@ async fn recording_status(
 
 /// `GET /webhooks/twilio/voice/stream`: the media stream.
 async fn media_stream(State(shared): State<Arc<Shared>>, ws: WebSocketUpgrade) -> Response {
-    ws.on_upgrade(move |socket| serve_stream(shared, socket))
+    ws.max_message_size(MAX_STREAM_MESSAGE_BYTES)
+        .max_frame_size(MAX_STREAM_MESSAGE_BYTES)
+        .on_upgrade(move |socket| serve_stream(shared, socket))
 }
 
 async fn serve_stream(shared: Arc<Shared>, socket: WebSocket) {
@@ -457,8 +565,12 @@ async fn serve_stream(shared: Arc<Shared>, socket: WebSocket) {
         return;
     };
     let token = token.unwrap_or_default();
-    let pending =
-        shared.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&token);
+    let pending = shared
+        .pending
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .by_token
+        .remove(&token);
     let Some(pending) = pending.filter(|p| call_sid.is_empty() || p.call_sid == call_sid) else {
         tracing::warn!("a media stream without a valid call token was refused");
         let _ = out_tx.send(Out::Close).await;

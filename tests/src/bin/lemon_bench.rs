@@ -563,7 +563,8 @@ async fn voice(turns: usize) -> anyhow::Result<serde_json::Value> {
             "[gateway.api]\nport = 0\n[gateway.health]\nport = 0\n\
              [gateway.voice]\nenabled = true\nport = {port}\npublic_url = \"{public_url}\"\n\
              deepgram_base_url = \"{}\"\nelevenlabs_base_url = \"{}\"\ntwilio_api_base_url = \"{}\"\n\
-             engine = \"echo\"\ngreeting = \"\"\nsilence_timeout_ms = 600000\n",
+             engine = \"echo\"\ngreeting = \"\"\nsilence_timeout_ms = 600000\n\
+             allowed_callers = [\"+15551230100\"]\n",
             deepgram.base_url, elevenlabs.base_url, rest.base_url
         ),
     )?;

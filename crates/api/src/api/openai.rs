@@ -83,11 +83,14 @@ async fn require_bearer(
     req: Request,
     next: Next,
 ) -> Response {
-    if expected.matches(req.headers()) {
-        next.run(req).await
-    } else {
-        OpenAiError::unauthorized().into_response()
+    if !expected.matches(req.headers()) {
+        return OpenAiError::unauthorized().into_response();
     }
+    // The body's declared length is judged before a byte of it is read.
+    if crate::error::declared_too_large(req.headers(), MAX_BODY_BYTES) {
+        return OpenAiError::from(ApiError::PayloadTooLarge).into_response();
+    }
+    next.run(req).await
 }
 
 /// Seconds since the Unix epoch, as OpenAI's `created` fields carry them.
@@ -106,8 +109,7 @@ fn json_body<T: DeserializeOwned>(
     if !declared.is_some_and(is_json_content_type) {
         return Err(ApiError::UnsupportedMediaType.into());
     }
-    serde_json::from_slice(&bytes)
-        .map_err(|err| OpenAiError::invalid(format!("invalid JSON body: {err}")))
+    crate::error::parse_json(&bytes).map_err(|err| OpenAiError::invalid(err.to_string()))
 }
 
 /// The description of these routes.

@@ -428,7 +428,7 @@ fn session_queues_name_the_longest_twenty_and_sum_the_rest() {
     // The odd key's one request waits at the router.
     let routed = [(SessionKey::parse("odd \"key\"").unwrap(), 1)];
     let mut out = crate::metrics::text::Exposition::default();
-    super::session_queues(&mut out, &active, &routed);
+    super::session_queues(&mut out, &active, &routed, true);
     let text = out.finish();
     let named: Vec<&str> =
         text.lines().filter(|l| l.starts_with("lemon_session_queue_length{")).collect();
@@ -439,6 +439,15 @@ fn session_queues_name_the_longest_twenty_and_sum_the_rest() {
     assert!(text.lines().any(|l| l == "lemon_session_queue_rest 16"), "{text}");
     assert!(text.lines().any(|l| l == "lemon_sessions_queued 26"), "{text}");
     assert!(text.contains("# TYPE lemon_session_queue_length gauge"), "{text}");
+
+    // Without the token no session is named: all 26 sessions' 326 runs are summed.
+    let mut out = crate::metrics::text::Exposition::default();
+    super::session_queues(&mut out, &active, &routed, false);
+    let text = out.finish();
+    assert!(!text.contains("lemon_session_queue_length{"), "{text}");
+    assert!(!text.contains("s24") && !text.contains("odd"), "{text}");
+    assert!(text.lines().any(|l| l == "lemon_session_queue_rest 326"), "{text}");
+    assert!(text.lines().any(|l| l == "lemon_sessions_queued 26"), "{text}");
 }
 
 #[tokio::test]

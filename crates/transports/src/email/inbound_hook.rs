@@ -14,20 +14,27 @@
 //! ```
 //!
 //! Answers: `202 {"run_id", "status": "accepted" | "duplicate"}`; `401` for a
-//! wrong token (nothing is read or started); `403` for a sender that gets no
-//! run (the same checks as mail from IMAP: one `From` address, only
-//! `authserv_id`'s `authentication_results`, an aligned pass); `400`/`415`/`422`
-//! for a body that is not a mail.
+//! wrong token (nothing of the body is read, nothing started); `413` for a body
+//! over 40 MiB (judged by its `Content-Length` before reading, and by what
+//! arrives otherwise); `403` for a sender that gets no run (the same checks as
+//! mail from IMAP: one `From` address, only `authserv_id`'s
+//! `authentication_results`, an aligned pass); `400`/`415`/`422` for a body
+//! that is not a mail.
+//!
+//! The body is parsed straight into the mail's fields (no JSON tree of it),
+//! nested at most [`lemon_api::error::MAX_JSON_DEPTH`] levels, so a request
+//! costs about twice its size while it is read and decoded.
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use base64::Engine as _;
-use lemon_api::error::{ApiError, JsonBody};
+use lemon_api::error::{is_json_content_type, parse_json, read_body, ApiError};
 use serde::Deserialize;
 use serde_json::json;
 use subtle::ConstantTimeEq;
@@ -35,7 +42,8 @@ use subtle::ConstantTimeEq;
 use super::message::{self, InboundMail, MailAttachment};
 use super::service::{Handled, Mailer};
 
-/// Largest body: a mail with attachments, base64-encoded.
+/// Largest body: a mail with attachments (25 MiB, the most common providers'
+/// cap), base64-encoded, with room for its text.
 const MAX_BODY_BYTES: usize = 40 * 1024 * 1024;
 
 #[derive(Clone)]
@@ -50,7 +58,6 @@ pub(super) fn router(mailer: Arc<Mailer>, path: &str, token: String) -> Router {
         .route(path, post(receive))
         .method_not_allowed_fallback(lemon_api::error::method_not_allowed)
         .fallback(lemon_api::error::not_found)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(HookState { mailer, token: token.into() })
 }
 
@@ -103,25 +110,30 @@ fn token_ok(headers: &HeaderMap, token: &str) -> bool {
     given.is_some_and(|given| bool::from(given.trim().as_bytes().ct_eq(token.as_bytes())))
 }
 
-async fn receive(
-    State(state): State<HookState>,
-    headers: HeaderMap,
-    body: Result<JsonBody<serde_json::Value>, ApiError>,
-) -> Response {
-    // The token first: without it nothing of the body is read.
+async fn receive(State(state): State<HookState>, headers: HeaderMap, body: Body) -> Response {
+    // The token first: without it nothing of the body is read. The body is
+    // taken as a stream, so no extractor reads it before this check.
     if !token_ok(&headers, &state.token) {
         return ApiError::Unauthorized.into_response();
     }
-    let JsonBody(value) = match body {
-        Ok(body) => body,
+    let declared = headers.get(header::CONTENT_TYPE).map(|value| value.to_str().unwrap_or(""));
+    if declared.is_some_and(|value| !is_json_content_type(value)) {
+        return ApiError::UnsupportedMediaType.into_response();
+    }
+    let bytes = match read_body(&headers, body, MAX_BODY_BYTES).await {
+        Ok(bytes) => bytes,
         Err(error) => return error.into_response(),
     };
-    let posted: PostedMail = match serde_json::from_value(value) {
+    if declared.is_none() && !bytes.is_empty() {
+        return ApiError::UnsupportedMediaType.into_response();
+    }
+    let posted: PostedMail = match parse_json(&bytes) {
         Ok(posted) => posted,
         Err(error) => {
             return ApiError::BadRequest(format!("invalid mail: {error}")).into_response()
         }
     };
+    drop(bytes);
     let mail = match to_mail(posted) {
         Ok(mail) => mail,
         Err(message) => {

@@ -276,12 +276,32 @@ async fn query_and_payload_tokens_work_only_when_allowed() {
 #[tokio::test]
 async fn bad_requests_get_json_errors() {
     let hook = TestHook::simple("max_body_bytes = 64");
+    // An unknown integration and a wrong token get the same answer.
     let req = post("/webhooks/nope").header("authorization", format!("Bearer {TOKEN}"));
-    let (status, body) = hook.send(req.body(Body::from(r#"{"prompt":"x"}"#)).unwrap()).await;
-    assert_eq!(
-        (status, body),
-        (StatusCode::NOT_FOUND, json!({ "error": "integration not found" }))
-    );
+    let unknown = hook.send(req.body(Body::from(r#"{"prompt":"x"}"#)).unwrap()).await;
+    let req = post("/webhooks/zap").header("authorization", "Bearer not-the-token");
+    let wrong = hook.send(req.body(Body::from(r#"{"prompt":"x"}"#)).unwrap()).await;
+    assert_eq!(unknown, (StatusCode::UNAUTHORIZED, json!({ "error": "unauthorized" })));
+    assert_eq!(wrong, unknown);
+
+    // A declared length over the limit is refused before the body is read
+    // (this body never ends: reading it would hang).
+    let (_tx, never_ends) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let req = post("/webhooks/zap")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-length", "65");
+    let (status, body) = hook.send(req.body(Body::from_stream(never_ends)).unwrap()).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body["error"], "request body is larger than 64 bytes");
+
+    // Nesting past 64 levels is a 400, however small the body.
+    let deep = format!("{{\"prompt\":{}{}}}", "[".repeat(65), "]".repeat(65));
+    assert!(deep.len() <= 150);
+    let hook_deep = TestHook::simple("");
+    let req = post("/webhooks/zap").header("authorization", format!("Bearer {TOKEN}"));
+    let (status, body) = hook_deep.send(req.body(Body::from(deep)).unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["error"].as_str().unwrap().contains("deeper than 64 levels"), "{body}");
 
     let req = post("/webhooks/zap").header("authorization", format!("Bearer {TOKEN}"));
     let (status, body) = hook.send(req.body(Body::from("{not json")).unwrap()).await;
