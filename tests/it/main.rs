@@ -40,6 +40,8 @@ mod metrics_e2e;
 mod native_e2e;
 mod openai_e2e;
 mod openapi_e2e;
+mod process_reach_e2e;
+mod queue_cap_e2e;
 mod real_cli;
 mod reload_e2e;
 mod retry_e2e;

@@ -373,6 +373,12 @@ fn serve_worker_threads(cli: &Cli) -> usize {
 /// [`crate::failure`]).
 #[allow(clippy::print_stderr)] // The binary reports fatal errors on the terminal.
 pub fn main() -> ExitCode {
+    // First of all: the environment may hold secrets (`LEMON_API_TOKEN`, provider
+    // keys), and no process this one starts may read it from /proc.
+    if let Err(error) = lemon_engines::cli::hide_from_children() {
+        eprintln!("lemon-gateway: {error}");
+        return ExitCode::FAILURE;
+    }
     let cli = Cli::parse();
     init_logging(&cli);
     let mut builder = tokio::runtime::Builder::new_multi_thread();

@@ -3,7 +3,8 @@
 //! non-zero when anything failed.
 //!
 //! Checked: the config file (with file:line:col on an error), the keychain,
-//! the secrets file's mode, the listening ports, a bind beyond loopback, the
+//! the secrets file's mode, how a run's processes are tracked (a cgroup, or
+//! only their group and scope), the listening ports, a bind beyond loopback, the
 //! engines (found, with their versions), the provider key of the native
 //! engine, and each configured channel: Telegram's token through `getMe`
 //! and Discord's through `GET /users/@me` against their `api_base_url`; SMS
@@ -20,6 +21,7 @@ use std::time::Duration;
 use lemon_core::config::{self, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT};
 use lemon_core::engine::Availability;
 use lemon_core::secrets::SecretStore;
+use lemon_engines::cli::Tracking;
 use lemon_server::paths::Paths;
 use lemon_transports::access::Reach;
 
@@ -106,6 +108,7 @@ pub(crate) async fn doctor(
             .await?;
     let gateway = check_config(&mut report, paths, env);
     check_keychain(&mut report, &store);
+    check_process_tracking(&mut report);
     if let Some(gateway) = &gateway {
         check_ports(&mut report, gateway).await;
         check_engines(&mut report, gateway, paths, env, &store).await;
@@ -168,6 +171,21 @@ fn check_keychain(report: &mut Report, store: &SecretStore) {
             warning.to_string(),
             format!("chmod 600 {}", store.file_path().display()),
         );
+    }
+}
+
+/// How a run's processes are found at its end: a cgroup holds every one of
+/// them; the process group and the environment scope miss one that leaves its
+/// group and replaces its environment.
+fn check_process_tracking(report: &mut Report) {
+    match lemon_engines::cli::process_tracking() {
+        tracking @ Tracking::Cgroup { .. } => report.ok("process tracking", tracking.to_string()),
+        tracking @ Tracking::Scope { .. } => report.warn(
+            "process tracking",
+            tracking.to_string(),
+            "run the gateway where a cgroup v2 hierarchy is writable (as root, or in a systemd \
+             unit with Delegate=yes), so that no process a run starts outlives it",
+        ),
     }
 }
 

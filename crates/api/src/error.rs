@@ -55,6 +55,10 @@ pub enum ApiError {
     /// Too much work is waiting; the client should retry later.
     #[error("the gateway is overloaded: {pending} requests are already waiting")]
     Overloaded { pending: usize },
+    /// The conversation's queue is full (`[gateway.queue] cap`); the client
+    /// should retry once a run of it has finished.
+    #[error("this conversation already has {cap} requests waiting; try again once one has run")]
+    QueueFull { cap: usize },
     #[error("the gateway is shutting down")]
     ShuttingDown,
     /// The request could not be written to the store (its disk is full, its
@@ -82,7 +86,9 @@ impl ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Overloaded { .. } | ApiError::QueueFull { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::ShuttingDown | ApiError::StoreUnavailable(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -111,7 +117,7 @@ impl IntoResponse for ApiError {
             ApiError::Overloaded { .. } | ApiError::ShuttingDown => {
                 response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
-            ApiError::StoreUnavailable(_) => {
+            ApiError::StoreUnavailable(_) | ApiError::QueueFull { .. } => {
                 response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
             }
             _ => {}

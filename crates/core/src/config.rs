@@ -74,7 +74,9 @@ pub struct GatewayConfig {
     /// (absolute) directories, whoever chose it.
     #[serde(default)]
     pub allowed_cwd_roots: Vec<PathBuf>,
-    /// Requests waiting in all queues together before submits are refused.
+    /// Requests waiting in all queues together (accepted and not yet finished)
+    /// before submits are refused with 429; 10 000 by default, a few tens of
+    /// MB of queued prompts at most.
     #[serde(default = "defaults::max_pending_runs")]
     pub max_pending_runs: usize,
     /// The gateway's workspace: files a run sends back may be here as well as in
@@ -422,15 +424,26 @@ impl HttpClientLimitsConfig {
 }
 
 /// `[gateway.queue]`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct QueueConfig {
     #[serde(default)]
     pub mode: Option<QueueMode>,
-    /// Requests a conversation queue holds; at least 1 when set.
-    #[serde(default)]
+    /// Requests a conversation may have waiting behind its active run (queued,
+    /// or sent into it and not yet answered); at least 1; 100 by default.
+    #[serde(default = "defaults::queue_cap")]
     pub cap: Option<usize>,
+    /// What a request to a full conversation gets. Unset: it is refused (429
+    /// with `Retry-After` on the API and webhooks), so nothing accepted is
+    /// lost. `oldest` or `newest`: it is accepted, and the oldest or newest
+    /// waiting request completes `queue_overflow`.
     #[serde(default)]
     pub drop: Option<DropPolicy>,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig { mode: None, cap: defaults::queue_cap(), drop: None }
+    }
 }
 
 /// `[gateway.budgets]`: spending limits (none by default) and the prices that
@@ -625,7 +638,10 @@ mod defaults {
         60 * 60 * 1000
     }
     pub(super) fn max_pending_runs() -> usize {
-        1_000_000
+        10_000
+    }
+    pub(super) fn queue_cap() -> Option<usize> {
+        Some(100)
     }
     pub(super) fn http_header_read_timeout_ms() -> u64 {
         10_000

@@ -89,7 +89,7 @@ impl Default for RuntimeConfig {
             engine_lock_timeout: Duration::from_millis(60_000),
             engine_lock_max_age: Duration::from_millis(300_000),
             run_inactivity_timeout: Duration::from_millis(300_000),
-            max_pending_runs: 1_000_000,
+            max_pending_runs: 10_000,
             default_cwd: None,
             home_dir: None,
             allowed_cwd_roots: Vec::new(),

@@ -4,34 +4,70 @@
 //! (the listeners' exempt clients).
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Loopback, private, link-local, shared, unspecified, broadcast and multicast
-/// addresses; an IPv4-mapped IPv6 address is judged as its IPv4 address.
+/// addresses. An IPv6 address that carries an IPv4 address a router or the
+/// kernel may deliver to (IPv4-mapped `::ffff:a.b.c.d`, IPv4-compatible
+/// `::a.b.c.d`, IPv4-translated `::ffff:0:a.b.c.d`, NAT64 `64:ff9b::/96`, 6to4
+/// `2002::/16`, Teredo `2001::/32`) is judged by the IPv4 address it carries;
+/// the local-use NAT64 block `64:ff9b:1::/48` and site-local `fec0::/10` are
+/// private whatever they carry.
 pub fn is_private(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            a == 0
-                || a == 10
-                || a == 127
-                || (a == 169 && b == 254)
-                || (a == 172 && (16..32).contains(&b))
-                || (a == 192 && b == 168)
-                || (a == 100 && (64..128).contains(&b))
-                || a >= 224
-        }
+        IpAddr::V4(v4) => is_private_v4(v4),
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_private(IpAddr::V4(v4));
+            if embedded_v4(v6).is_some_and(|v4s| v4s.iter().any(|v4| is_private_v4(*v4))) {
+                return true;
             }
-            let first = v6.segments()[0];
+            let segments = v6.segments();
+            let first = segments[0];
             v6.is_unspecified()
                 || v6.is_loopback()
                 || (first & 0xfe00) == 0xfc00
                 || (first & 0xffc0) == 0xfe80
+                || (first & 0xffc0) == 0xfec0
                 || (first & 0xff00) == 0xff00
+                || (segments[..3] == [0x64, 0xff9b, 1])
         }
+    }
+}
+
+fn is_private_v4(v4: Ipv4Addr) -> bool {
+    let [a, b, ..] = v4.octets();
+    a == 0
+        || a == 10
+        || a == 127
+        || (a == 169 && b == 254)
+        || (a == 172 && (16..32).contains(&b))
+        || (a == 192 && b == 168)
+        || (a == 100 && (64..128).contains(&b))
+        || a >= 224
+}
+
+/// The IPv4 addresses an IPv6 address carries by one of the standard
+/// embeddings, if it has one (Teredo carries two: its server and, inverted,
+/// the client's public address).
+fn embedded_v4(v6: Ipv6Addr) -> Option<Vec<Ipv4Addr>> {
+    let v4 = |high: u16, low: u16| Ipv4Addr::from((u32::from(high) << 16) | u32::from(low));
+    let s = v6.segments();
+    // The last 32 bits, for the embeddings that put the address there.
+    let low = v4(s[6], s[7]);
+    match s {
+        // IPv4-compatible (::a.b.c.d, deprecated but still parsed and, with a
+        // `sit` tunnel, routed), IPv4-mapped and IPv4-translated.
+        [0, 0, 0, 0, 0, 0, _, _]
+        | [0, 0, 0, 0, 0, 0xffff, _, _]
+        | [0, 0, 0, 0, 0xffff, 0, _, _] => Some(vec![low]),
+        // NAT64, the well-known prefix (RFC 6052).
+        [0x64, 0xff9b, 0, 0, 0, 0, _, _] => Some(vec![low]),
+        // 6to4 (RFC 3056): 2002:AABB:CCDD::/48.
+        [0x2002, high, low16, ..] => Some(vec![v4(high, low16)]),
+        // Teredo (RFC 4380): 2001:0:SERVER:flags:port:CLIENT with the client inverted.
+        [0x2001, 0, server_high, server_low, ..] => {
+            Some(vec![v4(server_high, server_low), v4(!s[6], !s[7])])
+        }
+        _ => None,
     }
 }
 
@@ -172,6 +208,46 @@ mod tests {
             assert!(is_private(ip.parse().unwrap()), "{ip}");
         }
         for ip in ["93.184.216.34", "172.32.0.1", "2606:4700::1111"] {
+            assert!(!is_private(ip.parse().unwrap()), "{ip}");
+        }
+    }
+
+    /// Every IPv6 form that carries an IPv4 address is judged by that address.
+    #[test]
+    fn ipv6_addresses_carrying_ipv4_are_judged_by_the_ipv4_address() {
+        for ip in [
+            // IPv4-compatible.
+            "::127.0.0.1",
+            "::10.0.0.1",
+            "::192.168.1.1",
+            "::169.254.169.254",
+            // IPv4-mapped and IPv4-translated.
+            "::ffff:10.0.0.1",
+            "::ffff:0:127.0.0.1",
+            // NAT64, well-known prefix; and the local-use prefix, whatever it carries.
+            "64:ff9b::127.0.0.1",
+            "64:ff9b::10.1.2.3",
+            "64:ff9b:1::5db8:d822",
+            // 6to4 of 127.0.0.1, 10.0.0.1 and 192.168.0.1.
+            "2002:7f00:1::",
+            "2002:a00:1::1",
+            "2002:c0a8:1:ffff::1",
+            // Teredo with a loopback server, and with client 127.0.0.1 (inverted).
+            "2001:0:7f00:1::1",
+            "2001:0:5db8:d822:0:0:80ff:fffe",
+            // Site-local.
+            "fec0::1",
+        ] {
+            assert!(is_private(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in [
+            "::93.184.216.34",
+            "::ffff:93.184.216.34",
+            "64:ff9b::93.184.216.34",
+            "2002:5db8:d822::1",
+            "2001:0:5db8:d822:0:0:a247:27dd",
+            "2001:db8::1",
+        ] {
             assert!(!is_private(ip.parse().unwrap()), "{ip}");
         }
     }

@@ -256,6 +256,10 @@ pub enum RouteError {
     /// The working directory is outside `[gateway] allowed_cwd_roots`.
     #[error("cwd {cwd} is outside allowed_cwd_roots")]
     CwdNotAllowed { cwd: String },
+    /// The conversation already has `[gateway.queue] cap` requests waiting and
+    /// no `drop` policy: nothing was accepted; try again once one has run.
+    #[error("this conversation already has {cap} requests waiting; try again once one has run")]
+    QueueFull { cap: usize },
 }
 
 impl RouteError {
@@ -336,10 +340,7 @@ impl RouterConfig {
                 .unwrap_or_else(crate::config::fallback_engine),
             native_only: gateway.native_only.unwrap_or(false),
             queue_mode: gateway.queue.mode,
-            limits: Limits {
-                cap: gateway.queue.cap,
-                drop: gateway.queue.drop.unwrap_or(crate::config::DropPolicy::Oldest),
-            },
+            limits: Limits { cap: gateway.queue.cap, drop: gateway.queue.drop },
             idle_watchdog,
             recovered_max_age: Duration::from_millis(gateway.recovered_max_age_ms),
             gateway: Arc::new(gateway.clone()),

@@ -65,8 +65,8 @@ mod tools;
 pub(crate) mod translate;
 
 pub use process::{
-    kill_leftover_group, spawn_helper, Helper, HelperChild, HelperSpec, Leftover, ProcessRecorder,
-    SCOPE_ENV,
+    hide_from_children, kill_leftover_group, spawn_helper, tracking as process_tracking, Helper,
+    HelperChild, HelperSpec, Leftover, ProcessRecorder, Tracking, SCOPE_ENV,
 };
 pub use settings::which;
 pub use translate::describe;

@@ -844,6 +844,10 @@ async fn bind(addr: &str, what: &str) -> anyhow::Result<TcpListener> {
 /// Config errors (with file, line and column), an unopenable store, a port in use.
 pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let started = tokio::time::Instant::now();
+    // Before any secret is read: no child may read this process's memory or
+    // environment (an embedding app's too).
+    lemon_engines::cli::hide_from_children().map_err(anyhow::Error::msg)?;
+    tracing::info!(tracking = %lemon_engines::cli::process_tracking(), "child processes tracked");
     let descriptor_limit = raise_descriptor_limit();
     // The text read here is compared with the file once it is watched, so an
     // edit made while starting is still picked up.

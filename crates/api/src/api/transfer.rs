@@ -131,6 +131,7 @@ impl From<RouteError> for ApiError {
             RouteError::Journal(err) => ApiError::StoreUnavailable(err.to_string()),
             RouteError::RunIdConflict { .. } => ApiError::Conflict(err.to_string()),
             RouteError::CwdNotAllowed { .. } => ApiError::BadRequest(err.to_string()),
+            RouteError::QueueFull { cap } => ApiError::QueueFull { cap },
         }
     }
 }

@@ -47,9 +47,12 @@ fn empty_file_gives_the_defaults() {
     assert!(
         gateway.engines.is_empty() && gateway.projects.is_empty() && gateway.bindings.is_empty()
     );
-    assert!(
-        gateway.queue.mode.is_none() && gateway.queue.cap.is_none() && gateway.queue.drop.is_none()
-    );
+    // The README's defaults: a conversation holds 100 waiting requests and
+    // refuses more; 10 000 unfinished requests in all.
+    assert!(gateway.queue.mode.is_none() && gateway.queue.drop.is_none());
+    assert_eq!(gateway.queue.cap, Some(100));
+    assert_eq!(gateway.max_pending_runs, 10_000);
+    assert_eq!(check_ok("[gateway.queue]\nmode = \"collect\"\n", &[]).gateway.queue.cap, Some(100));
     assert!(gateway.telegram.is_none() && gateway.sms.is_none() && gateway.voice.is_none());
 
     // An empty `[gateway]` table is the same as none.

@@ -373,6 +373,17 @@ impl Router {
                 }
             };
         }
+        // A busy conversation: refused before anything is written when it is
+        // full and drops nothing, or when the router already holds as many
+        // unfinished requests as `max_pending_runs` (so the gateway never
+        // refuses one of them later).
+        if self.conversations.get(&key).is_some_and(|conv| limits.refuses(conv)) {
+            return Err(RouteError::QueueFull { cap: limits.cap.unwrap_or_default() });
+        }
+        let pending = self.runs.len();
+        if pending >= self.config.gateway.max_pending_runs {
+            return Err(RouteError::Refused(SubmitError::Overloaded { pending }));
+        }
         // Journaled (and the row written) before the queue acts on it, so nothing
         // a merge, a drop or a steer does is ever undone.
         self.accept(&journaled).await?;

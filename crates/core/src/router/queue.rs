@@ -171,15 +171,19 @@ pub struct Active {
 }
 
 /// Queue limits from `[gateway.queue]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Limits {
     pub cap: Option<usize>,
-    pub drop: DropPolicy,
+    /// Which waiting request a full queue drops; `None`: none, the router
+    /// refuses requests to a full conversation before accepting them.
+    pub drop: Option<DropPolicy>,
 }
 
-impl Default for Limits {
-    fn default() -> Self {
-        Limits { cap: None, drop: DropPolicy::Oldest }
+impl Limits {
+    /// Whether a new request to `conversation` must be refused: it is full
+    /// and drops nothing.
+    pub fn refuses(&self, conversation: &Conversation) -> bool {
+        self.drop.is_none() && self.cap.is_some_and(|cap| conversation.waiting() >= cap)
     }
 }
 
@@ -215,6 +219,12 @@ impl Conversation {
     }
 
     /// Nothing active, queued or in flight: the conversation can be forgotten.
+    /// Requests waiting behind the active run: queued, or steered and not
+    /// yet answered.
+    pub fn waiting(&self) -> usize {
+        self.queue.len() + self.pending.len()
+    }
+
     pub fn is_idle(&self) -> bool {
         self.active.is_none() && self.queue.is_empty() && self.pending.is_empty()
     }
@@ -350,10 +360,12 @@ impl Conversation {
     }
 
     fn enforce_cap(&mut self, limits: Limits, effects: &mut Vec<Effect>) {
-        let Some(cap) = limits.cap else { return };
+        // Without a drop policy a full conversation refuses new requests
+        // instead; a steer that comes back to the queue may pass the cap.
+        let (Some(cap), Some(drop)) = (limits.cap, limits.drop) else { return };
         while self.queue.len() > cap {
             let by_seq = self.queue.iter().enumerate().map(|(i, item)| (item.seq, i));
-            let victim = match limits.drop {
+            let victim = match drop {
                 DropPolicy::Oldest => by_seq.min(),
                 DropPolicy::Newest => by_seq.max(),
             };

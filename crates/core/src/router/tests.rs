@@ -361,7 +361,7 @@ async fn interrupt_cancels_the_active_run_and_runs_next_keeping_the_queue() {
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_drops_with_queue_overflow() {
     let config = RouterConfig {
-        limits: Limits { cap: Some(1), drop: crate::config::DropPolicy::Oldest },
+        limits: Limits { cap: Some(1), drop: Some(crate::config::DropPolicy::Oldest) },
         ..router_config()
     };
     let mut h = harness(config).await;

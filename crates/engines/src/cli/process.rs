@@ -21,8 +21,18 @@
 //! its own in its environment ([`SCOPE_ENV`]), which its descendants inherit
 //! wherever they go; whenever a group is killed, so is every process started
 //! since its leader whose environment holds that scope (read from
-//! `/proc/<pid>/environ`). Only a descendant that replaces its whole
-//! environment before it execs escapes this.
+//! `/proc/<pid>/environ`). A descendant can replace its whole environment
+//! too, so where a cgroup v2 hierarchy is writable every child is also put in a
+//! cgroup of its own before it execs ([`cgroup`]), which nothing it starts can
+//! leave, and the cgroup is killed with the group ([`tracking`] says which
+//! holds); the scope stays as the fallback.
+//!
+//! Children cannot read the gateway's environment (its secrets): the gateway
+//! is not dumpable ([`hide_from_children`], before the first child), so
+//! `/proc/<gateway>/environ` and `mem` need `CAP_SYS_PTRACE`, and every child
+//! loses that capability (bounding, ambient, inheritable, permitted and
+//! effective sets) before it execs, so a gateway running as root does not hand
+//! it down either.
 //!
 //! Output is read through bounded buffers: [`LineReader`] yields stdout lines up to a
 //! limit and skips (without storing) the rest of a longer line; [`StderrTail`] keeps
@@ -31,6 +41,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
@@ -48,6 +59,8 @@ use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
+
+mod cgroup;
 
 /// How much of stderr is kept (its last bytes).
 pub(crate) const STDERR_TAIL_BYTES: usize = 8 * 1024;
@@ -71,6 +84,60 @@ fn new_scope() -> u64 {
     });
     // Never 0, which stands for "no scope" in older records.
     base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)).max(1)
+}
+
+/// How the processes a child starts are found when its run ends, wherever
+/// they went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tracking {
+    /// Each child in a cgroup v2 of its own under this folder: nothing it starts
+    /// can leave it.
+    Cgroup { base: PathBuf },
+    /// By process group, and by the scope in the environment; a descendant
+    /// that leaves its group and replaces its environment escapes. `reason`
+    /// says why there is no cgroup.
+    Scope { reason: String },
+}
+
+impl fmt::Display for Tracking {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Tracking::Cgroup { base } => write!(f, "cgroup v2 ({})", base.display()),
+            Tracking::Scope { reason } => {
+                write!(f, "process group and environment scope only ({reason})")
+            }
+        }
+    }
+}
+
+/// How this process tracks its children's processes; decided once, at the
+/// first call (the first spawn at the latest).
+pub fn tracking() -> &'static Tracking {
+    static TRACKING: OnceLock<Tracking> = OnceLock::new();
+    TRACKING.get_or_init(|| match cgroup::detect() {
+        Ok(base) => Tracking::Cgroup { base },
+        Err(reason) => Tracking::Scope { reason },
+    })
+}
+
+fn cgroup_base() -> Option<&'static std::path::Path> {
+    match tracking() {
+        Tracking::Cgroup { base } => Some(base),
+        Tracking::Scope { .. } => None,
+    }
+}
+
+/// Makes this process's memory and environment unreadable to other processes
+/// of its user, its children first (`PR_SET_DUMPABLE` 0): `/proc/<pid>/environ`,
+/// `mem` and ptrace then need `CAP_SYS_PTRACE`, which no child keeps. Called
+/// at start, and before the first child is forked in any case.
+///
+/// # Errors
+/// The `prctl` error, as a phrase.
+pub fn hide_from_children() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    nix::sys::prctl::set_dumpable(false).map_err(|err| format!("PR_SET_DUMPABLE failed: {err}"))?;
+    Ok(())
 }
 
 /// What the child reads on stdin.
@@ -151,6 +218,13 @@ pub(crate) async fn spawn(
     #[allow(clippy::disallowed_methods)]
     let mut command = Command::new(&spec.program);
     let scope = new_scope();
+    let cgroup = cgroup_base().and_then(|base| match cgroup::create(base, scope) {
+        Ok(cgroup) => Some(cgroup),
+        Err(err) => {
+            tracing::warn!(error = %err, "no cgroup for a child; it is tracked by its scope only");
+            None
+        }
+    });
     command
         .args(&spec.args)
         .current_dir(&spec.cwd)
@@ -163,10 +237,20 @@ pub(crate) async fn spawn(
         .process_group(0)
         .kill_on_drop(true);
     #[cfg(target_os = "linux")]
-    die_with_gateway(&mut command);
-    let mut child = spawn_on_spawner(command)
-        .await?
-        .map_err(|source| SpawnError::Spawn { program: spec.program.clone(), source })?;
+    prepare_child(&mut command, cgroup.as_ref().map(|cgroup| cgroup.procs.as_raw_fd()));
+    let spawned = spawn_on_spawner(command).await?;
+    // The child has joined its cgroup (or failed to start): the parent's
+    // descriptor is not needed any more.
+    let cgroup_dir = cgroup.map(|cgroup| cgroup.dir);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(source) => {
+            if let Some(dir) = cgroup_dir {
+                let _ = std::fs::remove_dir(dir);
+            }
+            return Err(SpawnError::Spawn { program: spec.program.clone(), source });
+        }
+    };
     let pid = child.id().ok_or_else(|| SpawnError::Vanished(spec.program.clone()))?;
     // A pid always fits an i32 on the platforms we run on; the leader's pid is the group id.
     let pgid =
@@ -214,6 +298,7 @@ pub(crate) async fn spawn(
             child,
             pgid,
             strays: leader.map(|stat| Strays { scope, since: stat.start_time }),
+            cgroup: cgroup_dir,
             exit: None,
             _stop_stdin: stop.drop_guard(),
         },
@@ -331,19 +416,25 @@ pub async fn spawn_helper(spec: HelperSpec, tracker: &TaskTracker) -> Result<Hel
     })
 }
 
-/// Sets the child's parent-death signal to SIGKILL, so that it dies with the
-/// gateway even when the gateway is killed with SIGKILL.
+/// Between fork and exec, in the child: its parent-death signal is SIGKILL (it
+/// dies with the gateway even when the gateway is killed with SIGKILL), it
+/// joins its cgroup when it has one (`cgroup_procs`, the cgroup's open
+/// `cgroup.procs`), and it loses `CAP_SYS_PTRACE` for good, so that it cannot
+/// read the non-dumpable gateway's memory or environment even as root.
 // The workspace's only unsafe code: `pre_exec` is unsafe because the closure runs
 // in the forked child, where only async-signal-safe calls are allowed.
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
-fn die_with_gateway(command: &mut Command) {
+fn prepare_child(command: &mut Command, cgroup_procs: Option<std::os::fd::RawFd>) {
     let gateway = nix::unistd::getpid();
     // SAFETY: the closure runs in the child between fork and exec. It only makes the
-    // system calls prctl(2), getppid(2), getpid(2) and kill(2) through nix's thin
-    // wrappers, all async-signal-safe; it allocates nothing (an errno converts to an
-    // `io::Error` without allocating), takes no lock and shares no state with the
-    // parent's threads.
+    // system calls prctl(2), getppid(2), getpid(2), kill(2), write(2), capget(2)
+    // and capset(2), through nix's thin wrappers or libc, all async-signal-safe;
+    // it allocates nothing (an errno converts to an `io::Error` without
+    // allocating), takes no lock and shares no state with the parent's threads.
+    // The descriptor it writes to is open in the parent until the spawn returns,
+    // so it is open in the child; the buffers it hands the kernel are its own
+    // stack values.
     unsafe {
         command.pre_exec(move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
@@ -351,9 +442,79 @@ fn die_with_gateway(command: &mut Command) {
             if nix::unistd::getppid() != gateway {
                 let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGKILL);
             }
-            Ok(())
+            if let Some(fd) = cgroup_procs {
+                // "0" moves the writer: this child, before anything of it runs.
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            drop_ptrace_capability()
         });
     }
+}
+
+/// `CAP_SYS_PTRACE` (linux/capability.h).
+#[cfg(target_os = "linux")]
+const CAP_SYS_PTRACE: u32 = 19;
+
+/// `struct __user_cap_header_struct`.
+#[cfg(target_os = "linux")]
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct`.
+#[cfg(target_os = "linux")]
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Takes `CAP_SYS_PTRACE` out of the bounding set (so no exec gives it back,
+/// not even of a root or set-uid program), the ambient set, and the
+/// inheritable, permitted and effective sets. Without `CAP_SETPCAP` (a
+/// process not run as root) the bounding set stays, but such a process holds
+/// no capability to begin with. Async-signal-safe: system calls on stack
+/// values only (it runs in [`prepare_child`]'s `pre_exec`).
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn drop_ptrace_capability() -> io::Result<()> {
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    // SAFETY: prctl, capget and capset with integer arguments and pointers to
+    // this frame's own, correctly laid out structs (two data words for version 3).
+    unsafe {
+        // EPERM without CAP_SETPCAP, EINVAL on a kernel without the capability:
+        // either way there is nothing to hand down.
+        libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(CAP_SYS_PTRACE), 0, 0, 0);
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_LOWER as libc::c_ulong,
+            libc::c_ulong::from(CAP_SYS_PTRACE),
+            0,
+            0,
+        );
+        let mut header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+        let mut data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
+        if libc::syscall(libc::SYS_capget, &mut header as *mut CapHeader, data.as_mut_ptr()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let bit = 1u32 << CAP_SYS_PTRACE;
+        let held = data[0].effective | data[0].permitted | data[0].inheritable;
+        if held & bit != 0 {
+            data[0].effective &= !bit;
+            data[0].permitted &= !bit;
+            data[0].inheritable &= !bit;
+            if libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, data.as_ptr()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A command for the spawner thread, and where its child goes.
@@ -362,16 +523,34 @@ struct SpawnJob {
     reply: oneshot::Sender<io::Result<Child>>,
 }
 
+/// What the spawner thread does.
+enum SpawnerMsg {
+    Spawn(SpawnJob),
+    /// Remove a child's cgroup once its processes have exited.
+    RemoveCgroup(PathBuf),
+}
+
+fn spawner() -> Result<&'static mpsc::Sender<SpawnerMsg>, SpawnError> {
+    static SPAWNER: OnceLock<Result<mpsc::Sender<SpawnerMsg>, String>> = OnceLock::new();
+    SPAWNER.get_or_init(start_spawner).as_ref().map_err(|err| SpawnError::Spawner(err.clone()))
+}
+
+/// Hands a dropped child's cgroup to the spawner thread, which removes it
+/// once it is empty (from a `Drop`, so without waiting).
+fn remove_cgroup_later(dir: PathBuf) {
+    let sent = spawner().map(|spawner| spawner.try_send(SpawnerMsg::RemoveCgroup(dir.clone())));
+    if !matches!(sent, Ok(Ok(()))) {
+        // Busy or gone: try once now; an empty cgroup left behind costs nothing.
+        let _ = std::fs::remove_dir(&dir);
+    }
+}
+
 /// Hands `command` to the spawner thread and waits for its child.
 async fn spawn_on_spawner(command: Command) -> Result<io::Result<Child>, SpawnError> {
-    static SPAWNER: OnceLock<Result<mpsc::Sender<SpawnJob>, String>> = OnceLock::new();
-    let spawner = SPAWNER
-        .get_or_init(start_spawner)
-        .as_ref()
-        .map_err(|err| SpawnError::Spawner(err.clone()))?;
+    let spawner = spawner()?;
     let (reply, rx) = oneshot::channel();
     spawner
-        .send(SpawnJob { command, reply })
+        .send(SpawnerMsg::Spawn(SpawnJob { command, reply }))
         .await
         .map_err(|_| SpawnError::Spawner("it stopped".to_owned()))?;
     rx.await.map_err(|_| SpawnError::Spawner("it dropped the request".to_owned()))
@@ -381,19 +560,34 @@ async fn spawn_on_spawner(command: Command) -> Result<io::Result<Child>, SpawnEr
 /// fires when the thread that forked it exits, so this thread lives as long as the
 /// process. Its own runtime (not the caller's, which may be shorter-lived) owns the
 /// children's pipes and exit notifications.
-fn start_spawner() -> Result<mpsc::Sender<SpawnJob>, String> {
+fn start_spawner() -> Result<mpsc::Sender<SpawnerMsg>, String> {
+    // No child may ever read this process's environment.
+    hide_from_children()?;
+    match tracking() {
+        Tracking::Cgroup { .. } => {
+            tracing::debug!(tracking = %tracking(), "child processes tracked")
+        }
+        Tracking::Scope { .. } => tracing::info!(tracking = %tracking(), "child processes tracked"),
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|err| format!("no runtime: {err}"))?;
-    let (tx, mut rx) = mpsc::channel::<SpawnJob>(64);
+    let (tx, mut rx) = mpsc::channel::<SpawnerMsg>(256);
     std::thread::Builder::new()
         .name("lemon-spawner".to_owned())
         .spawn(move || {
             runtime.block_on(async move {
-                while let Some(mut job) = rx.recv().await {
-                    // A caller that went away drops the child, which kills it.
-                    let _ = job.reply.send(job.command.spawn());
+                while let Some(msg) = rx.recv().await {
+                    match msg {
+                        SpawnerMsg::Spawn(mut job) => {
+                            // A caller that went away drops the child, which kills it.
+                            let _ = job.reply.send(job.command.spawn());
+                        }
+                        SpawnerMsg::RemoveCgroup(dir) => {
+                            tokio::spawn(cgroup::remove_when_empty(dir));
+                        }
+                    }
                 }
                 // Every sender is gone only at process exit; keep the children's
                 // parent thread (and the runtime driving their pipes) alive until then.
@@ -402,6 +596,15 @@ fn start_spawner() -> Result<mpsc::Sender<SpawnJob>, String> {
         })
         .map_err(|err| format!("no thread: {err}"))?;
     Ok(tx)
+}
+
+impl fmt::Debug for SpawnerMsg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpawnerMsg::Spawn(job) => job.fmt(f),
+            SpawnerMsg::RemoveCgroup(dir) => f.debug_tuple("RemoveCgroup").field(dir).finish(),
+        }
+    }
 }
 
 impl fmt::Debug for SpawnJob {
@@ -525,6 +728,27 @@ pub enum Leftover {
 /// with another start time means the group is gone and the id reused: nothing is
 /// signalled.
 pub fn kill_leftover_group(group: &ProcessGroupRecord) -> Leftover {
+    // The child's cgroup is named by its scope, no other process's: whatever
+    // is in it was started by that child, even if its pid is used again.
+    let in_cgroup = match cgroup_base().filter(|_| group.scope != 0) {
+        Some(base) => {
+            let dir = cgroup::dir_of(base, group.scope);
+            let killed = cgroup::kill(&dir);
+            remove_cgroup_later(dir);
+            killed
+        }
+        None => 0,
+    };
+    let leftover = kill_leftover_group_by_pid(group);
+    match leftover {
+        _ if in_cgroup == 0 => leftover,
+        Leftover::Killed { processes } => Leftover::Killed { processes: processes.max(in_cgroup) },
+        Leftover::Gone | Leftover::Reused => Leftover::Killed { processes: in_cgroup },
+    }
+}
+
+/// [`kill_leftover_group`] by the recorded pids and the scope.
+fn kill_leftover_group_by_pid(group: &ProcessGroupRecord) -> Leftover {
     let leader = proc_stat(group.pgid);
     if leader.is_some_and(|stat| stat.start_time != group.start_time) {
         return Leftover::Reused;
@@ -661,6 +885,10 @@ pub(crate) struct CliChild {
     /// Whose descendants outside the group are killed with it; `None` when
     /// `/proc` could not tell the leader's start time.
     strays: Option<Strays>,
+    /// The child's own cgroup, when it has one: everything it started, even
+    /// what left the group and replaced its environment. Killed with the group;
+    /// removed when the child is dropped.
+    cgroup: Option<PathBuf>,
     /// Set once the leader has been reaped.
     exit: Option<Exit>,
     /// Stops the stdin writer when the child goes away.
@@ -705,6 +933,12 @@ impl CliChild {
     /// SIGKILLs the group and every descendant that left it.
     pub(crate) fn kill_all(&self) {
         self.signal_group(Signal::SIGKILL);
+        if let Some(dir) = &self.cgroup {
+            let killed = cgroup::kill(dir);
+            if killed > 0 {
+                tracing::debug!(pgid = self.pgid.as_raw(), killed, "killed the cli's cgroup");
+            }
+        }
         if let Some(strays) = self.strays {
             let killed = kill_strays(strays);
             if killed > 0 {
@@ -757,6 +991,12 @@ impl Drop for CliChild {
         // Only before the leader is reaped: until then its pid (the group id) cannot be reused.
         if self.exit.is_none() {
             self.kill_all();
+        }
+        // The cgroup is this child's alone whatever became of its pid: nothing
+        // in it outlives the child's handle.
+        if let Some(dir) = self.cgroup.take() {
+            cgroup::kill(&dir);
+            remove_cgroup_later(dir);
         }
     }
 }

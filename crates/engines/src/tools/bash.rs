@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lemon_core::tool::{Tool, ToolContext, ToolOutput, ToolSpec};
-use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
 use tokio::time::Sleep;
@@ -161,8 +160,9 @@ async fn run(
             },
             exited = child.wait(), if exit.is_none() => {
                 exit = Some(exited);
-                // What the shell left running in its group goes with it.
-                child.signal_group(Signal::SIGKILL);
+                // What the shell left running goes with it: its group, and what
+                // left the group (its cgroup, its scope).
+                child.kill_all();
                 drain = Some(Box::pin(tokio::time::sleep(DRAIN)));
             }
         }

@@ -63,7 +63,7 @@ impl Settings {
     fn router(self) -> RouterConfig {
         RouterConfig {
             default_engine: ENGINE.parse().expect("engine ref"),
-            limits: Limits { cap: self.queue_cap, drop: self.drop },
+            limits: Limits { cap: self.queue_cap, drop: Some(self.drop) },
             idle_watchdog: Some(Duration::from_secs(20)),
             ..RouterConfig::default()
         }

@@ -153,6 +153,11 @@ impl From<ApiError> for OpenAiError {
                 ..OpenAiError::new(status, "rate_limit_error", message)
                     .with_code("rate_limit_exceeded")
             },
+            ApiError::QueueFull { .. } => OpenAiError {
+                retry_after: Some(5),
+                ..OpenAiError::new(status, "rate_limit_error", message)
+                    .with_code("rate_limit_exceeded")
+            },
             ApiError::ShuttingDown => OpenAiError {
                 retry_after: Some(1),
                 ..OpenAiError::new(status, "server_error", message).with_code("shutting_down")

@@ -261,7 +261,7 @@ fn the_cap_drops_the_oldest_or_the_newest() {
     for (drop, dropped, kept) in
         [(DropPolicy::Oldest, "r1", ["p2", "p3"]), (DropPolicy::Newest, "r3", ["p1", "p2"])]
     {
-        let limits = Limits { cap: Some(2), drop };
+        let limits = Limits { cap: Some(2), drop: Some(drop) };
         let mut conv = busy();
         conv.submit(item(1, QueueMode::Collect), t0(), limits);
         conv.submit(item(2, QueueMode::Collect), t0(), limits);
@@ -272,6 +272,26 @@ fn the_cap_drops_the_oldest_or_the_newest() {
         );
         assert_eq!(queued(&conv), kept);
     }
+}
+
+#[test]
+fn without_a_drop_policy_a_full_conversation_refuses_and_drops_nothing() {
+    let limits = Limits { cap: Some(2), drop: None };
+    let mut conv = busy();
+    assert!(!limits.refuses(&conv));
+    conv.submit(item(1, QueueMode::Collect), t0(), limits);
+    assert!(!limits.refuses(&conv));
+    // A steer in flight waits too.
+    conv.submit(item(2, QueueMode::Steer), t0(), limits);
+    assert_eq!(conv.waiting(), 2);
+    assert!(limits.refuses(&conv));
+    // A refused steer comes back to the queue past the cap: accepted, never dropped.
+    conv.submit(item(3, QueueMode::Collect), t0(), limits);
+    let effects = acts(conv.steer_result(&id(2), false, t0(), limits));
+    assert!(completed_ids(&effects).is_empty(), "{effects:?}");
+    assert_eq!(queued(&conv).len(), 3);
+    assert!(!Limits { cap: None, drop: None }.refuses(&conv));
+    assert!(!Limits { cap: Some(2), drop: Some(DropPolicy::Oldest) }.refuses(&conv));
 }
 
 #[test]

@@ -100,7 +100,7 @@ fn take_completions(h: &mut Harness, completions: &mut HashMap<RunId, Completion
 }
 
 async fn scenario(ops: Vec<Op>, cap: Option<usize>, drop: crate::config::DropPolicy) {
-    let config = RouterConfig { limits: Limits { cap, drop }, ..router_config() };
+    let config = RouterConfig { limits: Limits { cap, drop: Some(drop) }, ..router_config() };
     let mut h = harness(config.clone()).await;
     let mut accepted: Vec<Submitted> = Vec::new();
     let mut completions: HashMap<RunId, Completion> = HashMap::new();

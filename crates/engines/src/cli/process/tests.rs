@@ -215,6 +215,8 @@ async fn a_leftover_group_is_killed_only_while_its_leader_is_the_recorded_proces
     // A record of an earlier process that had the pid the second sleeper has now.
     let mut stale = reused.group.unwrap();
     stale.start_time -= 1;
+    // That process had a scope (and a cgroup) of its own, long gone.
+    stale.scope = u64::MAX;
 
     assert_eq!(kill_leftover_group(&stale), Leftover::Reused);
     assert!(
@@ -350,4 +352,112 @@ async fn a_leftover_group_takes_its_descendants_outside_the_group_along() {
     eventually("the sleeper is killed", || gone(sleeper)).await;
     // A record without a scope (written by an older gateway) finds nothing.
     assert_eq!(kill_leftover_group(&ProcessGroupRecord { scope: 0, ..group }), Leftover::Gone);
+}
+
+/// A shell that starts a sleeper in a session of its own with an empty
+/// environment (no scope either), prints its pid and exits.
+async fn leaves_an_env_less_sleeper(tracker: &TaskTracker) -> (Spawned, i32) {
+    let spec = ProcessSpec {
+        program: PathBuf::from("/bin/sh"),
+        args: vec![
+            "-c".to_owned(),
+            "setsid env -i sleep 1000 </dev/null >/dev/null 2>&1 & echo $!".to_owned(),
+        ],
+        cwd: std::env::temp_dir(),
+        env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
+        stdin: StdinMode::Null,
+        prompt_is_last_arg: false,
+    };
+    let mut spawned = spawn(spec, 64, tracker).await.unwrap();
+    let Some(StdoutLine::Line(pid)) = spawned.stdout.next_line().await.unwrap() else {
+        panic!("the shell prints the sleeper's pid")
+    };
+    let pid: i32 = pid.trim().parse().unwrap();
+    until_out_of_group(pid, spawned.child.pgid()).await;
+    eventually("the sleeper's environment is empty", || {
+        std::fs::read(format!("/proc/{pid}/environ")).ok().filter(Vec::is_empty)
+    })
+    .await;
+    (spawned, pid)
+}
+
+/// What a cgroup can do here: this host (root, with cgroup2 mounted) must offer it.
+fn assert_cgroup_tracking() {
+    assert!(
+        matches!(tracking(), Tracking::Cgroup { .. }),
+        "children are not tracked by cgroup here: {}",
+        tracking()
+    );
+}
+
+#[tokio::test]
+async fn a_descendant_that_left_its_session_and_environment_is_killed_with_its_cgroup() {
+    assert_cgroup_tracking();
+    let tracker = TaskTracker::new();
+    let (mut spawned, sleeper) = leaves_an_env_less_sleeper(&tracker).await;
+    spawned.child.wait().await;
+    spawned.child.kill_all();
+    eventually("the sleeper is killed", || gone(sleeper)).await;
+}
+
+#[tokio::test]
+async fn a_leftover_group_takes_its_cgroup_along() {
+    assert_cgroup_tracking();
+    let tracker = TaskTracker::new();
+    let (mut spawned, sleeper) = leaves_an_env_less_sleeper(&tracker).await;
+    let group = spawned.group.unwrap();
+    // The leader is gone and reaped, as after a gateway killed with SIGKILL;
+    // the sleeper's pid and environment lead nowhere, its cgroup does.
+    spawned.child.wait().await;
+    assert_eq!(kill_leftover_group(&group), Leftover::Killed { processes: 1 });
+    eventually("the sleeper is killed", || gone(sleeper)).await;
+}
+
+/// `CapInh`, `CapPrm`, `CapEff`, `CapBnd` and `CapAmb` of a child, as the
+/// child sees them in `/proc/self/status`.
+async fn child_capabilities(tracker: &TaskTracker) -> Vec<(String, u64)> {
+    let spec = ProcessSpec {
+        program: PathBuf::from("/bin/sh"),
+        args: vec!["-c".to_owned(), "grep ^Cap /proc/self/status".to_owned()],
+        cwd: std::env::temp_dir(),
+        env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
+        stdin: StdinMode::Null,
+        prompt_is_last_arg: false,
+    };
+    let mut spawned = spawn(spec, 1024, tracker).await.unwrap();
+    let mut sets = Vec::new();
+    while let Some(StdoutLine::Line(line)) = spawned.stdout.next_line().await.unwrap() {
+        let (name, hex) = line.split_once(':').unwrap();
+        sets.push((name.to_owned(), u64::from_str_radix(hex.trim(), 16).unwrap()));
+    }
+    spawned.child.wait().await;
+    sets
+}
+
+/// Whether this process runs as root (its effective uid, from `/proc/self/status`).
+fn running_as_root() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let uids = status.lines().find_map(|line| line.strip_prefix("Uid:")).unwrap();
+    uids.split_whitespace().nth(1) == Some("0")
+}
+
+#[tokio::test]
+async fn no_child_holds_cap_sys_ptrace_and_the_gateway_is_not_dumpable() {
+    let tracker = TaskTracker::new();
+    let sets = child_capabilities(&tracker).await;
+    assert_eq!(sets.len(), 5, "{sets:?}");
+    let ptrace = 1u64 << 19;
+    for (name, set) in &sets {
+        // Without root the bounding set cannot be lowered, and holds nothing that counts.
+        if name == "CapBnd" && !running_as_root() {
+            continue;
+        }
+        assert_eq!(set & ptrace, 0, "{name} of a child holds CAP_SYS_PTRACE: {set:x}");
+    }
+    if running_as_root() {
+        // Root keeps its other capabilities.
+        let effective = sets.iter().find(|(name, _)| name == "CapEff").unwrap().1;
+        assert_ne!(effective, 0, "{sets:?}");
+    }
+    assert!(!nix::sys::prctl::get_dumpable().unwrap(), "the spawning process is not dumpable");
 }

@@ -90,6 +90,24 @@ async fn a_local_server_is_fetched_only_when_private_addresses_are_allowed() {
     assert!(out.is_error && out.text.starts_with("invalid URL"), "{}", out.text);
 }
 
+/// IPv6 addresses that carry a loopback IPv4 address (IPv4-compatible,
+/// IPv4-mapped, NAT64, 6to4) are refused before any connection, like the
+/// IPv4 address itself: a kernel with a `sit` tunnel routes `::127.0.0.1` to
+/// this machine.
+#[tokio::test]
+async fn ipv6_forms_of_a_loopback_address_are_refused() {
+    let addr = serve("127.0.0.1", None).await;
+    let port = addr.port();
+    let refusing = Fetch::new(Arc::new(BuiltinOptions::default()));
+    for host in ["[::127.0.0.1]", "[::ffff:127.0.0.1]", "[64:ff9b::127.0.0.1]", "[2002:7f00:1::]"] {
+        let url = format!("http://{host}:{port}/text");
+        let out = fetch(&refusing, url.clone()).await;
+        assert!(out.is_error, "{url}: {out:?}");
+        assert!(out.text.contains("not allowed"), "{url}: {}", out.text);
+        assert_eq!(out.result_meta, json!({"error_type": "refused"}), "{url}");
+    }
+}
+
 /// Private, except the one address the "public" server listens on.
 fn all_private_but_127_0_0_2(ip: IpAddr) -> bool {
     lemon_core::net::is_private(ip) && ip != IpAddr::from([127, 0, 0, 2])
