@@ -80,6 +80,7 @@ const DEFAULT_MAX_PENDING: usize = 10_000;
 /// one held while intake is paused and 99 waiting) are accepted, the next is
 /// refused with 429, and what they hold stays small (the figure is printed).
 #[tokio::test]
+#[allow(clippy::print_stderr)]
 async fn ten_thousand_waiting_requests_are_the_default_limit_and_cost_little_memory() {
     let gateway = Gateway::start("").await;
     assert_eq!(gateway.post("/v1/intake/pause").send().await.unwrap().status(), 200);

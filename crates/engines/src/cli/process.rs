@@ -538,8 +538,9 @@ fn spawner() -> Result<&'static mpsc::Sender<SpawnerMsg>, SpawnError> {
 /// Hands a dropped child's cgroup to the spawner thread, which removes it
 /// once it is empty (from a `Drop`, so without waiting).
 fn remove_cgroup_later(dir: PathBuf) {
-    let sent = spawner().map(|spawner| spawner.try_send(SpawnerMsg::RemoveCgroup(dir.clone())));
-    if !matches!(sent, Ok(Ok(()))) {
+    let sent = spawner()
+        .is_ok_and(|spawner| spawner.try_send(SpawnerMsg::RemoveCgroup(dir.clone())).is_ok());
+    if !sent {
         // Busy or gone: try once now; an empty cgroup left behind costs nothing.
         let _ = std::fs::remove_dir(&dir);
     }

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lemon_core::bus::EventKind;
-use lemon_core::contain::{Access, Reach};
+use lemon_core::contain::{self, Reach};
 use lemon_core::engine::Completion;
 use lemon_core::ids::RunId;
 use lemon_core::log_text;
@@ -517,7 +517,7 @@ impl Mailer {
                 .resolve(&relative)
                 .map_err(|error| format!("not inside the workspace: {error}"))?;
             let mut file = workspace
-                .open(&path, Access::Create)
+                .open(&path, contain::Access::Create)
                 .map_err(|error| format!("cannot write: {error}"))?;
             std::io::Write::write_all(&mut file, &content)
                 .map_err(|error| format!("cannot write: {error}"))?;
