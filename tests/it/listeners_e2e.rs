@@ -60,7 +60,7 @@ async fn start() -> Listeners {
          [gateway.webhook]\nenabled = true\nport = 0\n\
          [gateway.webhook.integrations.zap]\ntoken = \"{HOOK_TOKEN}\"\n\
          [gateway.email]\nenabled = true\nfrom = \"Lemon <agent@lemon.test>\"\n\
-         allowed_senders = [\"alice@example.com\"]\n\
+         allowed_senders = [\"alice@example.com\"]\nauthserv_id = \"mx.lemon.test\"\n\
          [gateway.email.smtp]\nhost = \"127.0.0.1\"\nport = {}\nsecurity = \"none\"\n\
          username = \"agent@lemon.test\"\npassword_secret = \"smtp_password\"\n\
          [gateway.email.inbound_webhook]\nlisten = \"127.0.0.1:0\"\ntoken_secret = \"mail_token\"\n\

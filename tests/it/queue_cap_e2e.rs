@@ -118,6 +118,6 @@ async fn ten_thousand_waiting_requests_are_the_default_limit_and_cost_little_mem
         lemon_tests::load::mb(idle),
         lemon_tests::load::mb(held)
     );
-    assert!(per_request < 20_000, "{per_request} bytes per waiting request");
+    assert!(per_request < 8_000, "{per_request} bytes per waiting request");
     gateway.terminate().await;
 }

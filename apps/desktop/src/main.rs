@@ -30,7 +30,15 @@ fn init_logging(settings: &Settings) {
 
 #[allow(clippy::print_stderr)]
 fn main() -> ExitCode {
-    let env: BTreeMap<String, String> = std::env::vars().collect();
+    // Before any other thread: secrets in the environment are kept in memory and
+    // blanked in the block /proc shows (the gateway it runs reads the map).
+    let env: BTreeMap<String, String> = match lemon_server::seal_environment() {
+        Ok(sealed) => sealed.vars,
+        Err((sealed, why)) => {
+            eprintln!("lemon-desktop: warning: secrets stay readable in this process's environment block: {why}");
+            sealed.vars
+        }
+    };
     // Without a display GTK cannot start, and tao panics.
     let has_display = ["DISPLAY", "WAYLAND_DISPLAY"]
         .iter()

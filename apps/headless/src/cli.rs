@@ -212,7 +212,7 @@ fn init_logging(cli: &Cli) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEMON_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let ansi = cli.color.enabled(std::io::stderr().is_terminal(), &std::env::vars().collect());
+    let ansi = cli.color.enabled(std::io::stderr().is_terminal(), environment());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
@@ -264,7 +264,7 @@ fn client(paths: &Paths, env: &BTreeMap<String, String>, remote: Remote) -> anyh
 // The binary's own output goes to the terminal.
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
-    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let env = environment().clone();
     let paths = Paths::resolve(cli.config.clone(), &env, user_home(&env));
     let ui = Ui {
         out: Style { color: cli.color.enabled(std::io::stdout().is_terminal(), &env) },
@@ -358,8 +358,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
 /// config file, or the default for this machine's CPUs. A file that cannot be
 /// read or has errors gets the default here; the start reports it.
 fn serve_worker_threads(cli: &Cli) -> usize {
-    let env: BTreeMap<String, String> = std::env::vars().collect();
-    let paths = Paths::resolve(cli.config.clone(), &env, user_home(&env));
+    let env = environment();
+    let paths = Paths::resolve(cli.config.clone(), env, user_home(env));
     let gateway = lemon_core::config::load_file_or_default(&paths.config)
         .map(|loaded| loaded.config.gateway)
         .unwrap_or_default();
@@ -369,18 +369,43 @@ fn serve_worker_threads(cli: &Cli) -> usize {
     threads
 }
 
+/// The process environment as it was at start ([`main`] takes it before it
+/// blanks the secrets' entries of the block).
+static ENVIRONMENT: std::sync::OnceLock<BTreeMap<String, String>> = std::sync::OnceLock::new();
+
+fn environment() -> &'static BTreeMap<String, String> {
+    ENVIRONMENT.get_or_init(|| {
+        std::env::vars_os()
+            .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+            .collect()
+    })
+}
+
 /// Parses the command line and runs the command; the process exit code (see
 /// [`crate::failure`]).
 #[allow(clippy::print_stderr)] // The binary reports fatal errors on the terminal.
 pub fn main() -> ExitCode {
-    // First of all: the environment may hold secrets (`LEMON_API_TOKEN`, provider
-    // keys), and no process this one starts may read it from /proc.
+    // First of all, before any other thread: the environment may hold secrets
+    // (`LEMON_API_TOKEN`, provider keys). They are kept in memory and blanked in
+    // the block /proc shows, and no process this one starts may read its memory.
+    let sealed = match lemon_engines::cli::seal_environment() {
+        Ok(sealed) => sealed,
+        Err((sealed, why)) => {
+            eprintln!("lemon-gateway: warning: secrets stay readable in this process's environment block: {why}");
+            sealed
+        }
+    };
+    let blanked = sealed.blanked;
+    let _ = ENVIRONMENT.set(sealed.vars);
     if let Err(error) = lemon_engines::cli::hide_from_children() {
         eprintln!("lemon-gateway: {error}");
         return ExitCode::FAILURE;
     }
     let cli = Cli::parse();
     init_logging(&cli);
+    if !blanked.is_empty() {
+        tracing::debug!(names = %blanked.join(" "), "secrets blanked in the process's environment block");
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if matches!(cli.command, None | Some(Command::Serve)) {
         builder.worker_threads(serve_worker_threads(&cli));
@@ -392,9 +417,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let style = Style {
-        color: cli.color.enabled(std::io::stderr().is_terminal(), &std::env::vars().collect()),
-    };
+    let style = Style { color: cli.color.enabled(std::io::stderr().is_terminal(), environment()) };
     match runtime.block_on(main_inner(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(error) => {

@@ -16,6 +16,10 @@ pub mod keychain;
 pub mod paths;
 mod reload;
 
+/// For an app's `main`, before any thread: the environment, with its secrets
+/// blanked in the block `/proc` shows.
+pub use lemon_engines::cli::{seal_environment, SealedEnvironment};
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

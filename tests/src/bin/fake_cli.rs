@@ -18,7 +18,7 @@
 //! | `FAKE_CLI_PID_FILE` | JSON `{pid, pgid, grandchild}`, written before the first line |
 //! | `FAKE_CLI_ARGS_FILE` | line 1: JSON `{argv, cwd}`; then everything read from stdin |
 //! | `FAKE_CLI_ENV_FILE` | the whole environment as a JSON object |
-//! | `FAKE_CLI_PARENT_ENVIRON_FILE` | `read: ` and the parent's `/proc/<ppid>/environ` (one entry a line), or `refused: ` and why it could not be read |
+//! | `FAKE_CLI_PARENT_ENVIRON_FILE` | `read: ` and the parent's `/proc/<ppid>/environ` (one entry a line), or `refused: ` and why it could not be read; then `mem: opened` or `mem: refused: ` and why for `/proc/<ppid>/mem` |
 //! | `FAKE_CLI_VERSION` | what `--version` prints (default `1.0.0-fake (fake-cli)`) |
 //! | `FAKE_CLI_WRITE_FILE` | `name=content`: writes that file in the working directory first |
 //! | `FAKE_CLI_RETRY_FIXTURE` | read stdin to its end first; if it holds the gateway's `Retry notice:`, replay this file instead, with no stderr and exit status 0 |
@@ -126,10 +126,14 @@ fn run() -> io::Result<ExitCode> {
     if let Some(path) = var("FAKE_CLI_PARENT_ENVIRON_FILE") {
         // What a CLI could learn of the process that started it.
         let parent = std::os::unix::process::parent_id();
-        let text = match fs::read(format!("/proc/{parent}/environ")) {
+        let mut text = match fs::read(format!("/proc/{parent}/environ")) {
             Ok(bytes) => format!("read: {}", String::from_utf8_lossy(&bytes).replace('\0', "\n")),
             Err(err) => format!("refused: {err}"),
         };
+        match fs::File::open(format!("/proc/{parent}/mem")) {
+            Ok(_) => text.push_str("\nmem: opened"),
+            Err(err) => text.push_str(&format!("\nmem: refused: {err}")),
+        }
         fs::write(path, text)?;
     }
     if let Some(spec) = var("FAKE_CLI_WRITE_FILE") {

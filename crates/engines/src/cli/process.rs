@@ -27,12 +27,13 @@
 //! leave, and the cgroup is killed with the group ([`tracking`] says which
 //! holds); the scope stays as the fallback.
 //!
-//! Children cannot read the gateway's environment (its secrets): the gateway
-//! is not dumpable ([`hide_from_children`], before the first child), so
-//! `/proc/<gateway>/environ` and `mem` need `CAP_SYS_PTRACE`, and every child
-//! loses that capability (bounding, ambient, inheritable, permitted and
-//! effective sets) before it execs, so a gateway running as root does not hand
-//! it down either.
+//! Children cannot read the gateway's secrets: the apps blank them in the
+//! gateway's environment block first thing ([`seal_environment`]), and the
+//! gateway is not dumpable ([`hide_from_children`], before the first child),
+//! so `/proc/<gateway>/mem` (and, on most kernels, `environ`) need
+//! `CAP_SYS_PTRACE`, and every child loses that capability (bounding, ambient,
+//! inheritable, permitted and effective sets) before it execs, so a gateway
+//! running as root does not hand it down either.
 //!
 //! Output is read through bounded buffers: [`LineReader`] yields stdout lines up to a
 //! limit and skips (without storing) the rest of a longer line; [`StderrTail`] keeps
@@ -61,6 +62,9 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 mod cgroup;
+mod environ;
+
+pub use environ::{is_secret_name, seal_environment, SealedEnvironment};
 
 /// How much of stderr is kept (its last bytes).
 pub(crate) const STDERR_TAIL_BYTES: usize = 8 * 1024;
