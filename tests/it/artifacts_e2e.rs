@@ -75,15 +75,8 @@ async fn a_webhook_answer_and_callback_carry_the_file_and_leave_out_the_outside_
         codex_writing_a_chart(),
     );
     let gateway = Gateway::start(&config).await;
-    let response = gateway
-        .http
-        .post(gateway.webhook_url("ci"))
-        .bearer_auth("hook-token-artifacts")
-        .json(&json!({ "prompt": "plot it" }))
-        .timeout(PATIENCE)
-        .send()
-        .await
-        .unwrap();
+    let response =
+        gateway.post_webhook("ci", "hook-token-artifacts", &json!({ "prompt": "plot it" })).await;
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
     let expected = json!([{

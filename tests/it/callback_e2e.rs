@@ -82,15 +82,8 @@ fn config(callback_url: &str, extra: &str) -> String {
 }
 
 async fn post_hook(gateway: &Gateway, prompt: &str) -> String {
-    let response = gateway
-        .http
-        .post(gateway.webhook_url("ci"))
-        .bearer_auth(HOOK_TOKEN)
-        .json(&json!({ "prompt": prompt, "metadata": { "build": 7 } }))
-        .timeout(PATIENCE)
-        .send()
-        .await
-        .unwrap();
+    let body = json!({ "prompt": prompt, "metadata": { "build": 7 } });
+    let response = gateway.post_webhook("ci", HOOK_TOKEN, &body).await;
     assert_eq!(response.status(), 202);
     let accepted: Value = response.json().await.unwrap();
     accepted["run_id"].as_str().unwrap().to_owned()

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use lemon_tests::fake_llm::{FakeLlm, FakeToolCall, Turn};
 use serde_json::{json, Value};
 
-use crate::support::{command, write_config, Gateway, PATIENCE};
+use crate::support::{command, write_config, Gateway};
 
 const KEY: &str = "sk-home-reach-provider-key";
 /// The API token kept in the secrets file, as a new user's gateway saves it.
@@ -239,16 +239,8 @@ async fn a_webhook_answer_naming_the_secrets_carries_no_attachment() {
         app.lemon.join("secrets.toml").display()
     );
     app.llm.push(Turn::text(&[&answer]));
-    let response = app
-        .gateway
-        .http
-        .post(app.gateway.webhook_url("ci"))
-        .bearer_auth("hook-token-home-reach")
-        .json(&json!({ "prompt": "send me the secrets" }))
-        .timeout(PATIENCE)
-        .send()
-        .await
-        .unwrap();
+    let body = json!({ "prompt": "send me the secrets" });
+    let response = app.gateway.post_webhook("ci", "hook-token-home-reach", &body).await;
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["answer"], "Done.", "{body}");
@@ -271,6 +263,7 @@ fn status_kb(pid: i32, field: &str) -> u64 {
 }
 
 #[tokio::test]
+#[allow(clippy::print_stderr)] // The figure, for the README.
 async fn read_of_a_64_mib_single_line_returns_30000_bytes_and_holds_no_more() {
     const SIZE: usize = 64 << 20;
     let app = Installation::start("").await;
@@ -295,6 +288,7 @@ async fn read_of_a_64_mib_single_line_returns_30000_bytes_and_holds_no_more() {
     );
     // Before the cap the whole line was held (and copied): +64 MiB at least.
     let rose_kb = peak_kb.saturating_sub(before_kb);
+    eprintln!("read of a {} MiB line: peak RSS {before_kb} kB -> {peak_kb} kB", SIZE >> 20);
     assert!(rose_kb < 16 * 1024, "RSS rose by {rose_kb} kB reading a {SIZE}-byte line");
     app.gateway.terminate().await;
 }

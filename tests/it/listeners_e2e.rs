@@ -224,9 +224,11 @@ impl Listeners {
 }
 
 #[tokio::test]
+#[allow(clippy::print_stderr)] // The figures, for the README.
 async fn a_huge_body_without_credentials_is_refused_unread_on_every_listener() {
     let listeners = start().await;
     let pid = listeners.gateway.pid();
+    let mut figures = Vec::new();
     for (listener, path, headers) in unauthenticated() {
         let before = rss(pid);
         let (status, body) =
@@ -240,7 +242,9 @@ async fn a_huge_body_without_credentials_is_refused_unread_on_every_listener() {
             grown < RSS_BOUND_BYTES,
             "{listener}: resident memory grew by {grown} bytes ({before} -> {after})"
         );
+        figures.push(format!("{listener} {} KiB", grown / 1024));
     }
+    eprintln!("RSS rise for a refused {} MiB body: {}", HUGE >> 20, figures.join(", "));
     // The gateway goes on answering.
     assert_eq!(listeners.gateway.get("/v1/status").send().await.unwrap().status(), 200);
 }

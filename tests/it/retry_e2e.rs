@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use lemon_tests::fake_telegram::ChatSpec;
 
-use crate::support::{Gateway, PATIENCE};
+use crate::support::Gateway;
 use crate::telegram_e2e::{config, fake_telegram, start, wait_for_reply, USER};
 
 fn fixture(name: &str) -> String {
@@ -73,15 +73,8 @@ async fn a_webhook_sync_request_gets_the_retrys_answer_once() {
         codex_failing_once(&args),
     );
     let gateway = Gateway::start(&config).await;
-    let response = gateway
-        .http
-        .post(gateway.webhook_url("ci"))
-        .bearer_auth("hook-token-retry")
-        .json(&json!({ "prompt": "ping the build" }))
-        .timeout(PATIENCE)
-        .send()
-        .await
-        .unwrap();
+    let body = json!({ "prompt": "ping the build" });
+    let response = gateway.post_webhook("ci", "hook-token-retry", &body).await;
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["answer"], "pong", "{body}");

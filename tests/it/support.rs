@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -162,6 +163,24 @@ impl Gateway {
     pub(crate) fn webhook_url(&self, id: &str) -> String {
         let addr = self.webhook.as_deref().expect("the ready line names the webhook's address");
         format!("http://{addr}/webhooks/{id}")
+    }
+
+    /// Posts `body` to webhook integration `id` with `token`, waiting at most
+    /// [`PATIENCE`] for the answer.
+    pub(crate) async fn post_webhook(
+        &self,
+        id: &str,
+        token: &str,
+        body: &Value,
+    ) -> reqwest::Response {
+        self.http
+            .post(self.webhook_url(id))
+            .bearer_auth(token)
+            .json(body)
+            .timeout(PATIENCE)
+            .send()
+            .await
+            .unwrap()
     }
 
     pub(crate) fn get(&self, path: &str) -> reqwest::RequestBuilder {

@@ -62,15 +62,8 @@ async fn webhooks_answer_in_sync_mode_and_call_back_in_async_mode() {
     let gateway = Gateway::start(&config).await;
     let url = |id: &str| gateway.webhook_url(id);
 
-    let response = gateway
-        .http
-        .post(url("ci"))
-        .bearer_auth(HOOK_TOKEN)
-        .json(&json!({ "prompt": "build is green" }))
-        .timeout(PATIENCE)
-        .send()
-        .await
-        .unwrap();
+    let response =
+        gateway.post_webhook("ci", HOOK_TOKEN, &json!({ "prompt": "build is green" })).await;
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["ok"], true, "{body}");

@@ -283,12 +283,15 @@ fn the_scope_is_found_only_as_a_whole_entry_of_the_environment() {
 /// A shell that starts a `setsid` sleeper (out of the group and session), prints
 /// its pid and exits; the sleeper's stdout is not the pipe.
 async fn leaves_a_setsid_sleeper(tracker: &TaskTracker) -> (Spawned, i32) {
+    leaves_a_sleeper(tracker, "setsid sleep 1000").await
+}
+
+/// A shell that runs `sleeper &` with its output away from the pipe, prints
+/// its pid and exits.
+async fn leaves_a_sleeper(tracker: &TaskTracker, sleeper: &str) -> (Spawned, i32) {
     let spec = ProcessSpec {
         program: PathBuf::from("/bin/sh"),
-        args: vec![
-            "-c".to_owned(),
-            "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!".to_owned(),
-        ],
+        args: vec!["-c".to_owned(), format!("{sleeper} </dev/null >/dev/null 2>&1 & echo $!")],
         cwd: std::env::temp_dir(),
         env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
         stdin: StdinMode::Null,
@@ -357,22 +360,7 @@ async fn a_leftover_group_takes_its_descendants_outside_the_group_along() {
 /// A shell that starts a sleeper in a session of its own with an empty
 /// environment (no scope either), prints its pid and exits.
 async fn leaves_an_env_less_sleeper(tracker: &TaskTracker) -> (Spawned, i32) {
-    let spec = ProcessSpec {
-        program: PathBuf::from("/bin/sh"),
-        args: vec![
-            "-c".to_owned(),
-            "setsid env -i sleep 1000 </dev/null >/dev/null 2>&1 & echo $!".to_owned(),
-        ],
-        cwd: std::env::temp_dir(),
-        env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
-        stdin: StdinMode::Null,
-        prompt_is_last_arg: false,
-    };
-    let mut spawned = spawn(spec, 64, tracker).await.unwrap();
-    let Some(StdoutLine::Line(pid)) = spawned.stdout.next_line().await.unwrap() else {
-        panic!("the shell prints the sleeper's pid")
-    };
-    let pid: i32 = pid.trim().parse().unwrap();
+    let (spawned, pid) = leaves_a_sleeper(tracker, "setsid env -i sleep 1000").await;
     until_out_of_group(pid, spawned.child.pgid()).await;
     eventually("the sleeper's environment is empty", || {
         std::fs::read(format!("/proc/{pid}/environ")).ok().filter(Vec::is_empty)
