@@ -183,3 +183,25 @@ async fn doctor_checks_node_the_bridge_its_packages_and_the_wallet_key() {
     assert!(missing.starts_with("fail") && missing.contains("fix: set bridge_script"), "{missing}");
     assert_eq!(code, Some(1));
 }
+
+#[tokio::test]
+async fn doctor_says_whether_commands_are_contained() {
+    let home = home_with("");
+    let (_, report) = doctor(home.path()).await;
+    let line = line_with(&report, "sandbox", "Landlock ABI");
+    assert!(line.starts_with("ok"), "{line}");
+    assert!(line.contains("connects to no TCP port"), "{line}");
+    write_config(
+        home.path(),
+        "[gateway.sandbox]\nmode = \"required\"\nsimulate_no_landlock = true\n",
+    );
+    let (code, report) = doctor(home.path()).await;
+    let line = line_with(&report, "sandbox", "no Landlock");
+    assert!(line.starts_with("fail"), "{line}");
+    assert!(line.contains("fix: run on a kernel with Landlock"), "{line}");
+    assert_eq!(code, Some(1), "{report}");
+    write_config(home.path(), "[gateway.sandbox]\nsimulate_no_landlock = true\n");
+    let (_, report) = doctor(home.path()).await;
+    let line = line_with(&report, "sandbox", "no Landlock");
+    assert!(line.starts_with("warn"), "{line}");
+}

@@ -3,8 +3,10 @@
 //! workspace), no run directory is configured, and the native engine works
 //! against the fake LLM. The file tools, a webhook's `MEDIA:` attachments and
 //! the run's directory all keep out of `.lemon`, through links too; `read`
-//! holds no more than its byte cap of a huge line; and a directory swapped
-//! for a link while the tool reads never leads to the secrets.
+//! holds no more than its byte cap of a huge line; a directory swapped
+//! for a link while the tool reads never leads to the secrets; and a `bash`
+//! command, contained by Landlock, cannot read the secrets by their absolute
+//! path, write outside its directory or connect to the API.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -336,5 +338,68 @@ async fn a_directory_swapped_for_a_link_while_read_runs_never_yields_the_secrets
         assert!(!content.contains(KEY) && !content.contains(FILE_TOKEN), "{id}: {content}");
     }
     app.assert_state_unchanged();
+    app.gateway.terminate().await;
+}
+
+/// A TCP connection from Python, which prints the errno's name.
+fn connect(port: u16) -> String {
+    format!(
+        "python3 -c 'import socket, errno\n\
+         s = socket.socket()\n\
+         try:\n    s.connect((\"127.0.0.1\", {port})); print(\"api: connected\")\n\
+         except OSError as e:\n    print(\"api:\", errno.errorcode[e.errno])'"
+    )
+}
+
+#[tokio::test]
+async fn a_command_reads_no_secret_writes_nothing_outside_and_cannot_reach_the_api() {
+    let app = Installation::start("").await;
+    let status: Value = app.gateway.get("/v1/status").send().await.unwrap().json().await.unwrap();
+    assert_eq!(status["sandbox"]["mode"], "auto", "{status}");
+    assert_eq!(status["sandbox"]["enforced"], true, "{status}");
+    assert!(status["sandbox"]["landlock_abi"].as_u64().unwrap() >= 6, "{status}");
+    let outside = app.user.join("outside-made");
+    let api_port: u16 = app.gateway.api.rsplit(':').next().unwrap().parse().unwrap();
+    let lemon = app.lemon.display();
+    let command = format!(
+        "cat {lemon}/secrets.toml; echo read=$?; echo '[gateway.cron]' >> {lemon}/config.toml; \
+         echo write=$?; touch {}; echo outside=$?; touch made-here; echo here=$?; {}",
+        outside.display(),
+        connect(api_port)
+    );
+    app.llm.push(Turn::tool_calls(vec![call("probe", "bash", &json!({ "command": command }))]));
+    app.llm.push(Turn::text(&["Contained."]));
+    let run = app.run("look around", None).await;
+    assert_eq!(run["answer"], "Contained.", "{run}");
+    let results = app.tool_results();
+    let text = &results[0].1;
+    // A redirection the shell cannot open exits 2.
+    for expected in ["read=1", "write=2", "outside=1", "here=0", "api: EACCES"] {
+        assert!(text.contains(expected), "{expected}: {text}");
+    }
+    assert!(!text.contains(KEY) && !text.contains(FILE_TOKEN), "{text}");
+    assert!(!outside.exists());
+    assert!(app.spare().join("made-here").exists(), "the run's directory is writable");
+    app.assert_state_unchanged();
+    app.gateway.terminate().await;
+}
+
+#[tokio::test]
+async fn with_sandbox_required_and_no_landlock_a_command_is_refused_not_run() {
+    let app = Installation::start(
+        "[gateway.sandbox]\nmode = \"required\"\nsimulate_no_landlock = true\n",
+    )
+    .await;
+    let status: Value = app.gateway.get("/v1/status").send().await.unwrap().json().await.unwrap();
+    assert_eq!(status["sandbox"]["enforced"], false, "{status}");
+    assert_eq!(status["sandbox"]["landlock_abi"], Value::Null, "{status}");
+    let command = "touch made-anyway";
+    app.llm.push(Turn::tool_calls(vec![call("try", "bash", &json!({ "command": command }))]));
+    app.llm.push(Turn::text(&["Refused."]));
+    let run = app.run("try it", None).await;
+    assert_eq!(run["answer"], "Refused.", "{run}");
+    let results = app.tool_results();
+    assert!(results[0].1.contains("mode = \"required\""), "{results:?}");
+    assert!(!app.spare().join("made-anyway").exists(), "the command did not run");
     app.gateway.terminate().await;
 }

@@ -110,6 +110,7 @@ pub(crate) async fn doctor(
     check_keychain(&mut report, &store);
     check_process_tracking(&mut report);
     if let Some(gateway) = &gateway {
+        check_sandbox(&mut report, gateway, env);
         check_ports(&mut report, gateway).await;
         check_engines(&mut report, gateway, paths, env, &store).await;
         check_channels(&mut report, gateway, &store).await;
@@ -185,6 +186,31 @@ fn check_process_tracking(report: &mut Report) {
             tracking.to_string(),
             "run the gateway where a cgroup v2 hierarchy is writable (as root, or in a systemd \
              unit with Delegate=yes), so that no process a run starts outlives it",
+        ),
+    }
+}
+
+/// `[gateway.sandbox]` on this kernel: `ok` when commands are contained,
+/// `warn` when they run with the gateway's access, `fail` when `required`
+/// cannot be met (every command would be refused).
+fn check_sandbox(report: &mut Report, gateway: &GatewayConfig, env: &BTreeMap<String, String>) {
+    use lemon_core::config::SandboxMode;
+    let home = env.get("HOME").filter(|home| !home.is_empty()).map(std::path::Path::new);
+    let sandbox = lemon_engines::tools::Sandbox::from_config(&gateway.sandbox, home);
+    let detail = sandbox.describe();
+    match sandbox.mode {
+        _ if sandbox.enforced() => report.ok("sandbox", detail),
+        SandboxMode::Required => report.fail(
+            "sandbox",
+            detail,
+            "run on a kernel with Landlock (Linux 5.13 or later, `lsm=` including landlock), or set \
+             [gateway.sandbox] mode = \"auto\"",
+        ),
+        _ => report.warn(
+            "sandbox",
+            detail,
+            "run on a kernel with Landlock (Linux 5.13 or later) and leave [gateway.sandbox] mode \
+             at \"auto\", so that a run's commands cannot change anything outside its directory",
         ),
     }
 }

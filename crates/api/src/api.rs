@@ -113,6 +113,9 @@ pub struct ApiState {
     /// `config.toml` for the dashboard's editor (`GET /v1/config/file`, `PUT
     /// /v1/config`); `None` answers those with 404.
     pub config_file: Option<Arc<dyn ConfigEditor>>,
+    /// How the native engine's commands are contained, reported by
+    /// `/v1/status` as `sandbox` (`{"mode", "landlock_abi", "enforced", "detail"}`).
+    pub sandbox: serde_json::Value,
 }
 
 impl fmt::Debug for ApiState {

@@ -128,6 +128,9 @@ pub struct GatewayConfig {
     pub bindings: Vec<BindingConfig>,
     #[serde(default)]
     pub queue: QueueConfig,
+    /// `[gateway.sandbox]`: how the native engine's `bash` commands are contained.
+    #[serde(default)]
+    pub sandbox: SandboxConfig,
     /// `[gateway.budgets]`: spending limits and model prices.
     #[serde(default)]
     pub budgets: BudgetsConfig,
@@ -446,6 +449,59 @@ impl Default for QueueConfig {
     }
 }
 
+/// `[gateway.sandbox]`: the kernel's containment of the native engine's
+/// `bash` commands (Landlock on Linux).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct SandboxConfig {
+    /// `auto` (contain where the kernel can, say so where it cannot),
+    /// `required` (refuse to run commands uncontained) or `off`.
+    #[serde(default)]
+    pub mode: SandboxMode,
+    /// Directories a command may read and execute beneath, besides the run's
+    /// directory, the workspace and its temporary directory; `~` is the
+    /// user's home. A root holding the gateway's state or `~/.ssh` is left out.
+    #[serde(default = "defaults::sandbox_read_roots")]
+    pub read_roots: Vec<PathBuf>,
+    /// TCP ports a command may connect to (any host); none by default.
+    #[serde(default)]
+    pub allow_connect_ports: Vec<u16>,
+    /// Behave as on a kernel without Landlock (to try `required` and the
+    /// warnings).
+    #[serde(default)]
+    pub simulate_no_landlock: bool,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            mode: SandboxMode::default(),
+            read_roots: defaults::sandbox_read_roots(),
+            allow_connect_ports: Vec::new(),
+            simulate_no_landlock: false,
+        }
+    }
+}
+
+/// `[gateway.sandbox] mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxMode {
+    #[default]
+    Auto,
+    Required,
+    Off,
+}
+
+impl SandboxMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxMode::Auto => "auto",
+            SandboxMode::Required => "required",
+            SandboxMode::Off => "off",
+        }
+    }
+}
+
 /// `[gateway.budgets]`: spending limits (none by default) and the prices that
 /// turn tokens into US dollars for engines that report no cost. Days are UTC.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -619,6 +675,12 @@ pub const FALLBACK_ENGINE: &str = "echo";
 
 /// Default values, as functions serde can call.
 mod defaults {
+    pub(super) fn sandbox_read_roots() -> Vec<std::path::PathBuf> {
+        ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/proc", "/sys"]
+            .into_iter()
+            .map(std::path::PathBuf::from)
+            .collect()
+    }
     pub(super) fn max_concurrent_runs() -> usize {
         2
     }

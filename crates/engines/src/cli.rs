@@ -266,6 +266,8 @@ pub struct CliContext {
     pub budget: Option<Arc<dyn lemon_core::budget::BudgetGuard>>,
     /// The gateway's store: native sessions are kept in it (in memory without one).
     pub store: Option<lemon_core::store::StoreHandle>,
+    /// How the native engine's `bash` commands are contained; none by default.
+    pub sandbox: crate::tools::Sandbox,
 }
 
 /// The allowlisted part of `base` (the variables every child gets).
@@ -365,6 +367,7 @@ impl CliEngine {
             env: settings::child_env(&self.base_env, &[], &self.settings, None),
             stdin: process::StdinMode::Null,
             prompt_is_last_arg: false,
+            landlock: None,
         };
         let read = async {
             let mut spawned = process::spawn(spec, 64 * 1024, &self.tracker).await.ok()?;

@@ -207,6 +207,7 @@ pub fn build(
     let options = crate::tools::BuiltinOptions {
         bash_env: crate::cli::allowlisted_env(&ctx.base_env),
         recorder: ctx.recorder.clone(),
+        sandbox: ctx.sandbox.clone(),
         ..crate::tools::BuiltinOptions::default()
     };
     Some(NativeEngine::new(NativeParts {

@@ -30,9 +30,12 @@ mod args;
 mod bash;
 mod fetch;
 mod files;
+mod sandbox;
 mod search;
 mod send;
 mod sms;
+
+pub use sandbox::{Sandbox, Support as SandboxSupport};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -75,6 +78,8 @@ pub struct BuiltinOptions {
     pub fetch_timeout: Duration,
     /// Lets `fetch` reach loopback, private and link-local addresses.
     pub fetch_allow_private: bool,
+    /// How `bash` commands are contained (`[gateway.sandbox]`).
+    pub sandbox: Sandbox,
 }
 
 impl Default for BuiltinOptions {
@@ -92,6 +97,7 @@ impl Default for BuiltinOptions {
             fetch_max_bytes: 1024 * 1024,
             fetch_timeout: Duration::from_secs(30),
             fetch_allow_private: false,
+            sandbox: Sandbox::default(),
         }
     }
 }

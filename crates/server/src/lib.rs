@@ -292,6 +292,7 @@ struct Shared<'a> {
     token: &'a CancellationToken,
     tools: &'a ToolRegistry,
     budget: &'a Arc<StoreBudgetGuard>,
+    sandbox: &'a lemon_engines::tools::Sandbox,
 }
 
 /// Builds every engine the sections enable ([`lemon_engines::build_registry`])
@@ -335,6 +336,7 @@ fn engines(
         tools: shared.tools.clone(),
         budget: Some(shared.budget.clone()),
         store: Some(store.clone()),
+        sandbox: shared.sandbox.clone(),
     };
     Ok(lemon_engines::build_registry(sections, &ctx)?)
 }
@@ -966,13 +968,28 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // One guard for the gateway's life: every run is checked against it before
     // it starts, native runs between turns; a reload reconfigures it.
     let budget = Arc::new(StoreBudgetGuard::new(store.clone(), gateway_config.budgets.clone()));
+    // How `bash` is contained, said once at start.
+    let sandbox = lemon_engines::tools::Sandbox::from_config(
+        &gateway_config.sandbox,
+        opts.user_home.as_deref(),
+    );
+    if sandbox.enforced() {
+        tracing::info!(mode = sandbox.mode.as_str(), "sandbox: {}", sandbox.describe());
+    } else {
+        tracing::warn!(mode = sandbox.mode.as_str(), "sandbox: {}", sandbox.describe());
+    }
     let build_engines: reload::BuildEngines = {
         let (opts, secrets, store) = (opts.clone(), secrets.clone(), store.clone());
         let (tracker, token, tools) = (tracker.clone(), token.clone(), tools.clone());
-        let budget = budget.clone();
+        let (budget, sandbox) = (budget.clone(), sandbox.clone());
         Arc::new(move |sections: &EngineSections| {
-            let shared =
-                Shared { tracker: &tracker, token: &token, tools: &tools, budget: &budget };
+            let shared = Shared {
+                tracker: &tracker,
+                token: &token,
+                tools: &tools,
+                budget: &budget,
+                sandbox: &sandbox,
+            };
             engines(sections, &opts, &secrets, &store, shared)
         })
     };
@@ -1091,6 +1108,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
                 secrets: secrets.clone(),
                 env: opts.env.clone(),
             })),
+            sandbox: sandbox.to_json(),
         },
         extra_routes.merge(secrets_routes).merge(extra),
         document,

@@ -2,7 +2,8 @@
 //! `worker_threads`, scheduler counters, engines (with `path`
 //! and `version` where known) and transports
 //! (`{"<id>": {"state", "detail"?, "reason"?, "attempts"?, "retry_in_ms"?}}`),
-//! and where the config's secrets come from (`{"<name>": {"source", "overrides"}}`).
+//! where the config's secrets come from (`{"<name>": {"source", "overrides"}}`)
+//! and how commands are contained (`sandbox`).
 
 use axum::extract::State;
 use axum::Json;
@@ -73,6 +74,7 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
             None => json!(&*state.default_engine_reason),
         },
         "transports": state.transports.to_json(),
+        "sandbox": state.sandbox,
         "secrets": state
             .secret_sources
             .iter()

@@ -99,6 +99,7 @@ impl TestGateway {
                 lemon_core::config::BudgetsConfig::default(),
             )),
             config_file: None,
+            sandbox: serde_json::json!({ "mode": "off", "enforced": false }),
         };
         TestGateway { state, bus, store, token, tracker }
     }

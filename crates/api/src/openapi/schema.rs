@@ -360,6 +360,21 @@ pub struct Status {
     pub transports: BTreeMap<String, TransportStatus>,
     /// By secret name.
     pub secrets: BTreeMap<String, SecretSource>,
+    /// How the native engine's `bash` commands are contained.
+    pub sandbox: SandboxStatus,
+}
+
+/// `[gateway.sandbox]` as it holds on this kernel.
+#[derive(Debug, ToSchema)]
+pub struct SandboxStatus {
+    /// `auto`, `required` or `off`.
+    pub mode: String,
+    /// The kernel's Landlock ABI; null without Landlock.
+    pub landlock_abi: Option<u8>,
+    /// Whether commands run contained.
+    pub enforced: bool,
+    /// One line saying what holds.
+    pub detail: String,
 }
 
 /// `POST /v1/intake/pause` and `/resume`.

@@ -168,6 +168,9 @@ pub(crate) struct ProcessSpec {
     pub(crate) stdin: StdinMode,
     /// The last argument is the user's prompt: logs show a placeholder instead.
     pub(crate) prompt_is_last_arg: bool,
+    /// A Landlock ruleset the child enforces on itself before it execs
+    /// ([`crate::tools::Sandbox`]); held until the spawn returns.
+    pub(crate) landlock: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 /// Why a process could not be started.
@@ -241,7 +244,11 @@ pub(crate) async fn spawn(
         .process_group(0)
         .kill_on_drop(true);
     #[cfg(target_os = "linux")]
-    prepare_child(&mut command, cgroup.as_ref().map(|cgroup| cgroup.procs.as_raw_fd()));
+    prepare_child(
+        &mut command,
+        cgroup.as_ref().map(|cgroup| cgroup.procs.as_raw_fd()),
+        spec.landlock.as_ref().map(|ruleset| ruleset.as_raw_fd()),
+    );
     let spawned = spawn_on_spawner(command).await?;
     // The child has joined its cgroup (or failed to start): the parent's
     // descriptor is not needed any more.
@@ -405,6 +412,7 @@ pub async fn spawn_helper(spec: HelperSpec, tracker: &TaskTracker) -> Result<Hel
         env: spec.env,
         stdin: StdinMode::Pipe,
         prompt_is_last_arg: false,
+        landlock: None,
     };
     let program = spec.program.clone();
     let spawned = spawn(spec, 1, tracker).await.map_err(|error| error.to_string())?;
@@ -423,21 +431,27 @@ pub async fn spawn_helper(spec: HelperSpec, tracker: &TaskTracker) -> Result<Hel
 /// Between fork and exec, in the child: its parent-death signal is SIGKILL (it
 /// dies with the gateway even when the gateway is killed with SIGKILL), it
 /// joins its cgroup when it has one (`cgroup_procs`, the cgroup's open
-/// `cgroup.procs`), and it loses `CAP_SYS_PTRACE` for good, so that it cannot
-/// read the non-dumpable gateway's memory or environment even as root.
+/// `cgroup.procs`), it loses `CAP_SYS_PTRACE` for good, so that it cannot
+/// read the non-dumpable gateway's memory or environment even as root, and
+/// it enforces its Landlock ruleset when it has one (`landlock`, open in the
+/// parent until the spawn returns), after `no_new_privs`.
 // The workspace's only unsafe code: `pre_exec` is unsafe because the closure runs
 // in the forked child, where only async-signal-safe calls are allowed.
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
-fn prepare_child(command: &mut Command, cgroup_procs: Option<std::os::fd::RawFd>) {
+fn prepare_child(
+    command: &mut Command,
+    cgroup_procs: Option<std::os::fd::RawFd>,
+    landlock: Option<std::os::fd::RawFd>,
+) {
     let gateway = nix::unistd::getpid();
     // SAFETY: the closure runs in the child between fork and exec. It only makes the
-    // system calls prctl(2), getppid(2), getpid(2), kill(2), write(2), capget(2)
-    // and capset(2), through nix's thin wrappers or libc, all async-signal-safe;
+    // system calls prctl(2), getppid(2), getpid(2), kill(2), write(2), capget(2),
+    // capset(2) and landlock_restrict_self(2), through nix's thin wrappers or libc, all async-signal-safe;
     // it allocates nothing (an errno converts to an `io::Error` without
     // allocating), takes no lock and shares no state with the parent's threads.
-    // The descriptor it writes to is open in the parent until the spawn returns,
-    // so it is open in the child; the buffers it hands the kernel are its own
+    // The descriptors it uses are open in the parent until the spawn returns,
+    // so they are open in the child; the buffers it hands the kernel are its own
     // stack values.
     unsafe {
         command.pre_exec(move || {
@@ -452,7 +466,15 @@ fn prepare_child(command: &mut Command, cgroup_procs: Option<std::os::fd::RawFd>
                     return Err(io::Error::last_os_error());
                 }
             }
-            drop_ptrace_capability()
+            drop_ptrace_capability()?;
+            if let Some(ruleset) = landlock {
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    || libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
         });
     }
 }

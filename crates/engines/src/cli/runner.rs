@@ -107,7 +107,15 @@ pub(crate) async fn start(
     let parser = parser(vendor, ctx, invocation.new_session.clone(), resume.is_some());
     let env = settings::child_env(&base_env, &invocation.env, &settings, api_key.as_deref());
     let Invocation { args, stdin, prompt_is_last_arg, .. } = invocation;
-    let spec = ProcessSpec { program, args, cwd: req.cwd.clone(), env, stdin, prompt_is_last_arg };
+    let spec = ProcessSpec {
+        program,
+        args,
+        cwd: req.cwd.clone(),
+        env,
+        stdin,
+        prompt_is_last_arg,
+        landlock: None,
+    };
     let spawned = process::spawn(spec, settings.max_line_bytes, &tracker).await.map_err(|err| {
         let error = lemon_core::log_text::escape(&err.to_string());
         tracing::warn!(run_id = %req.run_id, engine = vendor.id(), %error, "cli process did not start");

@@ -7,6 +7,10 @@
 //! much was cut between them). The call ends when the shell has exited and
 //! its output is read; what the shell left running in its group is killed
 //! then. A timeout or a cancelled run kills the whole group at once.
+//!
+//! Each command gets a temporary directory of its own (`TMPDIR`, `TMP`,
+//! `TEMP`), removed when it ends, and is contained by the kernel as
+//! `[gateway.sandbox]` says ([`super::Sandbox`]).
 
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -87,6 +91,27 @@ impl Bash {
     }
 }
 
+/// The call's own temporary directory (`TMPDIR`, writable under the
+/// sandbox), removed with what is in it when the call ends.
+struct CallTemp {
+    path: PathBuf,
+}
+
+impl CallTemp {
+    fn create() -> std::io::Result<CallTemp> {
+        use std::os::unix::fs::DirBuilderExt;
+        let path = std::env::temp_dir().join(format!("lemon-bash-{}", uuid::Uuid::new_v4()));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        Ok(CallTemp { path })
+    }
+}
+
+impl Drop for CallTemp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
 /// How a command ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ending {
@@ -104,14 +129,29 @@ async fn run(
     if ctx.cancel.is_cancelled() {
         return ToolOutput::error("The run was cancelled; the command was not started.");
     }
+    let temp = match CallTemp::create() {
+        Ok(temp) => temp,
+        Err(err) => return ToolOutput::error(format!("Could not run the command: {err}")),
+    };
+    let writable: Vec<PathBuf> =
+        ctx.workspace.iter().cloned().chain(std::iter::once(temp.path.clone())).collect();
+    let confinement = match options.sandbox.confine(&ctx.cwd, &writable, &ctx.off_limits) {
+        Ok(confinement) => confinement,
+        Err(message) => return ToolOutput::error(message),
+    };
+    let mut env = options.bash_env.clone();
+    for name in ["TMPDIR", "TMP", "TEMP"] {
+        env.insert(name.to_owned(), temp.path.display().to_string());
+    }
     let spec = ProcessSpec {
         program: PathBuf::from("/bin/sh"),
         args: vec!["-c".to_owned(), command],
         cwd: ctx.cwd.clone(),
-        env: options.bash_env.clone(),
+        env,
         stdin: StdinMode::Null,
         // The command may hold anything: logs show a placeholder.
         prompt_is_last_arg: true,
+        landlock: confinement.map(|confinement| confinement.ruleset),
     };
     let tracker = TaskTracker::new();
     let spawned = match process::spawn(spec, 1024, &tracker).await {

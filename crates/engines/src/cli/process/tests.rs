@@ -102,6 +102,7 @@ fn spec(script: &str, cwd: PathBuf, env: &[(&str, &str)]) -> ProcessSpec {
         env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
         stdin: StdinMode::Write(b"from stdin\n".to_vec()),
         prompt_is_last_arg: false,
+        landlock: None,
     }
 }
 
@@ -190,6 +191,7 @@ async fn sleeper(tracker: &TaskTracker) -> Spawned {
         env: BTreeMap::new(),
         stdin: StdinMode::Null,
         prompt_is_last_arg: false,
+        landlock: None,
     };
     spawn(spec, 64, tracker).await.unwrap()
 }
@@ -296,6 +298,7 @@ async fn leaves_a_sleeper(tracker: &TaskTracker, sleeper: &str) -> (Spawned, i32
         env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
         stdin: StdinMode::Null,
         prompt_is_last_arg: false,
+        landlock: None,
     };
     let mut spawned = spawn(spec, 64, tracker).await.unwrap();
     let Some(StdoutLine::Line(pid)) = spawned.stdout.next_line().await.unwrap() else {
@@ -411,6 +414,7 @@ async fn child_capabilities(tracker: &TaskTracker) -> Vec<(String, u64)> {
         env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
         stdin: StdinMode::Null,
         prompt_is_last_arg: false,
+        landlock: None,
     };
     let mut spawned = spawn(spec, 1024, tracker).await.unwrap();
     let mut sets = Vec::new();

@@ -169,3 +169,145 @@ fn captured_output_below_the_limit_is_kept_whole() {
     captured.push(b"k");
     assert_eq!(captured.text(), "abcde\n[... 1 bytes of output cut ...]\nghijk");
 }
+
+// ------------------------------------------------------------ Landlock
+
+use lemon_core::config::{SandboxConfig, SandboxMode};
+use lemon_core::contain::OffLimits;
+
+use super::super::{Sandbox, SandboxSupport};
+
+/// A sandbox as `[gateway.sandbox]` makes it by default (`auto`, system read
+/// roots, no port), plus `ports`; this host must have Landlock.
+fn contained(mode: SandboxMode, ports: &[u16]) -> BuiltinOptions {
+    let config =
+        SandboxConfig { mode, allow_connect_ports: ports.to_vec(), ..SandboxConfig::default() };
+    let sandbox = Sandbox::from_config(&config, None);
+    assert!(
+        matches!(sandbox.support, SandboxSupport::Landlock(abi) if abi >= 6),
+        "this host's kernel must offer Landlock ABI 6 or later: {:?}",
+        sandbox.support
+    );
+    BuiltinOptions { sandbox, ..options() }
+}
+
+/// The context of [`Dirs`] with the gateway's state beside the run's
+/// directory (`state/`), not inside it.
+fn ctx_beside(dirs: &Dirs) -> lemon_core::tool::ToolContext {
+    let state = dirs.outside.parent().unwrap().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("secrets.toml"), "token = \"x\"\n").unwrap();
+    lemon_core::tool::ToolContext { off_limits: OffLimits::new([state], []), ..dirs.ctx() }
+}
+
+async fn bash_in(dirs: &Dirs, options: BuiltinOptions, command: &str) -> ToolOutput {
+    let tool = Bash::new(options.into());
+    within("the command", tool.execute(json!({ "command": command }), ctx_beside(dirs))).await
+}
+
+#[tokio::test]
+async fn a_contained_command_writes_only_in_its_directory_the_workspace_and_its_temp() {
+    let dirs = Dirs::new();
+    let ws = dirs.workspace.display();
+    let out = bash_in(
+        &dirs,
+        contained(SandboxMode::Auto, &[]),
+        &format!(
+            "touch made; echo here=$?; touch {ws}/made; echo workspace=$?; \
+             touch \"$TMPDIR/made\"; echo temp=$?; touch ../outside/made; echo outside=$?; \
+             touch /tmp/lemon-sandbox-made; echo tmp=$?; rm ../outside/secret; echo rm=$?"
+        ),
+    )
+    .await;
+    for expected in ["here=0", "workspace=0", "temp=0", "outside=1", "tmp=1", "rm=1"] {
+        assert!(out.text.contains(expected), "{expected}: {}", out.text);
+    }
+    assert!(out.text.contains("Permission denied"), "{}", out.text);
+    assert!(dirs.cwd.join("made").exists() && dirs.workspace.join("made").exists());
+    assert!(!dirs.outside.join("made").exists());
+    assert!(!std::path::Path::new("/tmp/lemon-sandbox-made").exists());
+    assert!(dirs.outside.join("secret").exists());
+}
+
+#[tokio::test]
+async fn a_contained_command_reads_system_files_but_not_outside_its_roots_even_through_a_link() {
+    let dirs = Dirs::new();
+    let state = dirs.outside.parent().unwrap().join("state/secrets.toml");
+    let out = bash_in(
+        &dirs,
+        contained(SandboxMode::Auto, &[]),
+        &format!(
+            "head -c 0 /etc/passwd; echo etc=$?; cat ../outside/secret; echo outside=$?; \
+             ln -s ../outside/secret link; cat link; echo link=$?; cat {}; echo state=$?",
+            state.display()
+        ),
+    )
+    .await;
+    for expected in ["etc=0", "outside=1", "link=1", "state=1"] {
+        assert!(out.text.contains(expected), "{expected}: {}", out.text);
+    }
+    assert!(!out.text.contains("top secret"), "{}", out.text);
+    assert!(!out.text.contains("token"), "{}", out.text);
+}
+
+/// A TCP connection from Python, which prints the errno's name.
+fn connect(port: u16) -> String {
+    format!(
+        "python3 -c 'import socket, errno\n\
+         s = socket.socket()\n\
+         try:\n    s.connect((\"127.0.0.1\", {port})); print(\"port {port}: connected\")\n\
+         except OSError as e:\n    print(\"port {port}:\", errno.errorcode[e.errno])'"
+    )
+}
+
+#[tokio::test]
+async fn a_contained_command_connects_only_to_the_allowed_ports_and_signals_nothing_outside() {
+    let dirs = Dirs::new();
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let allowed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (refused_port, allowed_port) =
+        (refused.local_addr().unwrap().port(), allowed.local_addr().unwrap().port());
+    let out = bash_in(
+        &dirs,
+        contained(SandboxMode::Auto, &[allowed_port]),
+        &format!(
+            "{}; {}; kill -0 {}; echo signal=$?",
+            connect(refused_port),
+            connect(allowed_port),
+            std::process::id()
+        ),
+    )
+    .await;
+    assert!(out.text.contains(&format!("port {refused_port}: EACCES")), "{}", out.text);
+    assert!(out.text.contains(&format!("port {allowed_port}: connected")), "{}", out.text);
+    assert!(out.text.contains("signal=1"), "the gateway cannot be signalled: {}", out.text);
+}
+
+#[tokio::test]
+async fn without_landlock_required_refuses_the_command_and_auto_runs_it_uncontained() {
+    let dirs = Dirs::new();
+    let missing = |mode| {
+        let config = SandboxConfig { mode, simulate_no_landlock: true, ..SandboxConfig::default() };
+        BuiltinOptions { sandbox: Sandbox::from_config(&config, None), ..options() }
+    };
+    let out = bash_in(&dirs, missing(SandboxMode::Required), "touch ../outside/required").await;
+    assert!(out.is_error, "{}", out.text);
+    assert!(out.text.contains("mode = \"required\""), "{}", out.text);
+    assert!(!dirs.outside.join("required").exists(), "the command did not run");
+    let out = bash_in(&dirs, missing(SandboxMode::Auto), "touch ../outside/auto").await;
+    assert!(!out.is_error, "{}", out.text);
+    assert!(dirs.outside.join("auto").exists(), "auto without Landlock runs uncontained");
+}
+
+#[tokio::test]
+async fn a_run_directory_holding_the_gateways_state_is_not_granted() {
+    let dirs = Dirs::new();
+    dirs.plant_state();
+    let tool = Bash::new(contained(SandboxMode::Auto, &[]).into());
+    // `Dirs::ctx` puts the state inside the run's directory.
+    let out =
+        within("the command", tool.execute(json!({ "command": "touch x" }), dirs.ctx())).await;
+    assert!(out.is_error, "{}", out.text);
+    assert!(out.text.contains("holds the gateway's state"), "{}", out.text);
+    assert!(!dirs.cwd.join("x").exists());
+}
