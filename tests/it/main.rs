@@ -4,6 +4,7 @@
 // End-to-end tests start the real server and client binaries, as users do.
 #![allow(clippy::disallowed_methods)]
 
+mod approvals_e2e;
 mod artifacts_e2e;
 mod budgets_e2e;
 mod callback_e2e;

@@ -8,6 +8,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::approvals_cmd;
 use crate::client::{Client, ClientConfig};
 use crate::failure::{self, code_of};
 use crate::run::{self as run_cmd, Interrupts, OnInterrupt, RunArgs, Ui};
@@ -156,6 +157,31 @@ enum Command {
         #[command(subcommand)]
         command: SecretsCommand,
     },
+    /// Tool calls waiting for your answer: list them, approve or deny one,
+    /// or see which rule of `[gateway.approvals]` a call would hit.
+    Approvals {
+        #[command(subcommand)]
+        command: Option<ApprovalsCommand>,
+        /// Print JSON (the list).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Approve a tool call waiting for an answer (its id from `approvals`).
+    Approve {
+        /// The request's id (`apr_…`).
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Deny a tool call waiting for an answer: it is not run.
+    Deny {
+        /// The request's id (`apr_…`).
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Check config, keychain, ports, engines, keys and channels; each line
     /// ok / warn / fail with its fix. Exits 1 when a check fails.
     Doctor,
@@ -163,6 +189,16 @@ enum Command {
     Completions {
         /// The shell.
         shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ApprovalsCommand {
+    /// Which rule a call would hit, from the config file alone:
+    /// `approvals test 'bash: rm -rf build'`.
+    Test {
+        /// `tool: subject` (the command, the path or the host).
+        call: String,
     },
 }
 
@@ -301,6 +337,18 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             let mut interrupts = Interrupts::listen()?;
             let client = client(&paths, &env, remote)?;
             run_cmd::follow(&client, &run, ui, OnInterrupt::Detach, json, &mut interrupts).await
+        }
+        Command::Approvals { command: Some(ApprovalsCommand::Test { call }), .. } => {
+            approvals_cmd::test(&paths.config, &call)
+        }
+        Command::Approvals { command: None, json, remote } => {
+            approvals_cmd::list(&client(&paths, &env, remote)?, json).await
+        }
+        Command::Approve { id, remote } => {
+            approvals_cmd::decide(&client(&paths, &env, remote)?, &id, true).await
+        }
+        Command::Deny { id, remote } => {
+            approvals_cmd::decide(&client(&paths, &env, remote)?, &id, false).await
         }
         Command::Cancel { run, remote } => {
             run_cmd::cancel(&client(&paths, &env, remote)?, &run).await

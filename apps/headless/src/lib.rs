@@ -14,6 +14,7 @@
 //! - [`style`]: `--color` and `NO_COLOR`.
 //! - [`sse`]: a small Server-Sent Events reader for the client.
 
+pub mod approvals_cmd;
 pub mod cli;
 pub mod client;
 pub mod doctor;

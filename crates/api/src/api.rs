@@ -42,6 +42,7 @@
 //! (`/`, `/ui/…`, see [`crate::dashboard`]) are public; every call the page
 //! makes carries the token.
 
+mod approvals;
 mod config;
 mod cron;
 mod events;
@@ -116,6 +117,8 @@ pub struct ApiState {
     /// How the native engine's commands are contained, reported by
     /// `/v1/status` as `sandbox` (`{"mode", "landlock_abi", "enforced", "detail"}`).
     pub sandbox: serde_json::Value,
+    /// Tool calls waiting for the owner's answer (`/v1/approvals`).
+    pub approvals: lemon_core::approvals::ApprovalHub,
 }
 
 impl fmt::Debug for ApiState {
@@ -232,6 +235,8 @@ pub fn router(state: ApiState) -> Router {
     status::status,
     intake::pause,
     intake::resume,
+    approvals::list,
+    approvals::decide,
     config::get,
     config::put,
     config::file,
@@ -289,6 +294,8 @@ pub fn router_documented(
         .route("/v1/status", get(status::status))
         .route("/v1/intake/pause", post(intake::pause))
         .route("/v1/intake/resume", post(intake::resume))
+        .route("/v1/approvals", get(approvals::list))
+        .route("/v1/approvals/{id}", post(approvals::decide))
         .route("/v1/config", get(config::get).put(config::put))
         .route("/v1/config/file", get(config::file))
         .route("/v1/cron", get(cron::list).post(cron::create))

@@ -131,6 +131,10 @@ pub struct GatewayConfig {
     /// `[gateway.sandbox]`: how the native engine's `bash` commands are contained.
     #[serde(default)]
     pub sandbox: SandboxConfig,
+    /// `[gateway.approvals]`: which tool calls the owner allows, is asked
+    /// about or denies.
+    #[serde(default)]
+    pub approvals: ApprovalsConfig,
     /// `[gateway.budgets]`: spending limits and model prices.
     #[serde(default)]
     pub budgets: BudgetsConfig,
@@ -482,6 +486,54 @@ impl Default for SandboxConfig {
     }
 }
 
+/// `[gateway.approvals]`: ordered rules over the native engine's tool calls;
+/// the first that matches decides, and a call none matches is allowed.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct ApprovalsConfig {
+    /// How long an asked call waits for an answer before it is denied.
+    #[serde(default = "defaults::approval_timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default)]
+    pub rules: Vec<ApprovalRuleConfig>,
+}
+
+impl Default for ApprovalsConfig {
+    fn default() -> Self {
+        ApprovalsConfig { timeout_ms: defaults::approval_timeout_ms(), rules: Vec::new() }
+    }
+}
+
+/// One `[[gateway.approvals.rules]]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct ApprovalRuleConfig {
+    /// A glob over tool names (`bash`, `write`, `*`).
+    pub tool: String,
+    /// A glob over the call's subject: `bash`'s command line, a file tool's
+    /// resolved path, `fetch`'s host. Unset: any.
+    #[serde(default, rename = "match")]
+    pub pattern: Option<String>,
+    pub action: ApprovalAction,
+}
+
+/// What a rule does with a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalAction {
+    Allow,
+    Ask,
+    Deny,
+}
+
+impl ApprovalAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalAction::Allow => "allow",
+            ApprovalAction::Ask => "ask",
+            ApprovalAction::Deny => "deny",
+        }
+    }
+}
+
 /// `[gateway.sandbox] mode`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -675,6 +727,9 @@ pub const FALLBACK_ENGINE: &str = "echo";
 
 /// Default values, as functions serde can call.
 mod defaults {
+    pub(super) fn approval_timeout_ms() -> u64 {
+        600_000
+    }
     pub(super) fn sandbox_read_roots() -> Vec<std::path::PathBuf> {
         ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/proc", "/sys"]
             .into_iter()

@@ -51,6 +51,10 @@ pub enum ActionKind {
     Reasoning,
     Note,
     Warning,
+    /// A tool call waiting for the owner's answer (`detail.approval`);
+    /// completed with the answer. While one is open the run's inactivity
+    /// timeout is paused.
+    Approval,
 }
 
 impl ActionKind {
@@ -63,6 +67,7 @@ impl ActionKind {
             ActionKind::Subagent => "subagent",
             ActionKind::Reasoning => "reasoning",
             ActionKind::Note => "note",
+            ActionKind::Approval => "approval",
             ActionKind::Warning => "warning",
         }
     }

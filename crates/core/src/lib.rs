@@ -31,6 +31,7 @@
 //! - [`budget`]: the spending check engines make between model turns.
 //! - `testing` (feature `test-util`): a scriptable fake engine and bounded waits.
 
+pub mod approvals;
 pub mod artifacts;
 pub mod budget;
 pub mod bus;

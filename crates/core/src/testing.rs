@@ -215,6 +215,30 @@ async fn script(command: String, rest: Vec<String>, sink: EventSink, resume: Opt
     if let Some(ms) = command.strip_prefix("sleep:").and_then(|ms| ms.parse::<u64>().ok()) {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
+    // `approval:<ms>`: an approval action open for that long, then closed.
+    if let Some(ms) = command.strip_prefix("approval:").and_then(|ms| ms.parse::<u64>().ok()) {
+        use crate::engine::{Action, ActionKind, ActionPhase};
+        let approval = |phase| {
+            EngineEvent::Action(Action {
+                id: "approval_1".to_owned(),
+                kind: ActionKind::Approval,
+                title: "approval: bash".to_owned(),
+                detail: serde_json::Value::Null,
+                phase,
+                ok: None,
+                message: None,
+                level: None,
+                result_meta: serde_json::Value::Null,
+            })
+        };
+        if sink.send(approval(ActionPhase::Started)).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        if sink.send(approval(ActionPhase::Completed)).await.is_err() {
+            return;
+        }
+    }
     match command.as_str() {
         "hang" => return std::future::pending().await,
         linger if linger.starts_with("linger:") => return std::future::pending().await,

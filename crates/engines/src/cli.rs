@@ -268,6 +268,9 @@ pub struct CliContext {
     pub store: Option<lemon_core::store::StoreHandle>,
     /// How the native engine's `bash` commands are contained; none by default.
     pub sandbox: crate::tools::Sandbox,
+    /// The owner's policy over the native engine's tool calls; `None`
+    /// allows every call.
+    pub approvals: Option<crate::native::Approvals>,
 }
 
 /// The allowlisted part of `base` (the variables every child gets).

@@ -74,6 +74,16 @@ pub struct NativeParts {
     /// Cancelled when the gateway shuts down: every run stops.
     pub shutdown: CancellationToken,
     pub workspace: Option<PathBuf>,
+    /// The owner's policy over tool calls and where asked calls wait; `None`
+    /// allows every call.
+    pub approvals: Option<Approvals>,
+}
+
+/// `[gateway.approvals]` compiled, and the hub its asked calls wait in.
+#[derive(Debug, Clone, Default)]
+pub struct Approvals {
+    pub policy: Arc<lemon_core::approvals::Policy>,
+    pub hub: lemon_core::approvals::ApprovalHub,
 }
 
 /// The native engine.
@@ -96,6 +106,7 @@ pub struct NativeEngine {
     tracker: TaskTracker,
     shutdown: CancellationToken,
     workspace: Option<PathBuf>,
+    approvals: Option<Approvals>,
 }
 
 impl fmt::Debug for NativeEngine {
@@ -129,6 +140,7 @@ impl NativeEngine {
             tracker: parts.tracker,
             shutdown: parts.shutdown,
             workspace: parts.workspace,
+            approvals: parts.approvals,
         }
     }
 
@@ -221,6 +233,7 @@ pub fn build(
         tracker: ctx.tracker.clone(),
         shutdown: ctx.shutdown.clone(),
         workspace: None,
+        approvals: ctx.approvals.clone(),
     }))
 }
 
@@ -301,6 +314,7 @@ impl Engine for NativeEngine {
             cancel: cancel.clone(),
             controls: controls_rx,
             workspace,
+            approvals: self.approvals.clone(),
         });
         let guard = stopped.clone().drop_guard();
         self.tracker.spawn(async move {

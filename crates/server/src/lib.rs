@@ -293,6 +293,7 @@ struct Shared<'a> {
     tools: &'a ToolRegistry,
     budget: &'a Arc<StoreBudgetGuard>,
     sandbox: &'a lemon_engines::tools::Sandbox,
+    approvals: &'a lemon_engines::native::Approvals,
 }
 
 /// Builds every engine the sections enable ([`lemon_engines::build_registry`])
@@ -337,6 +338,7 @@ fn engines(
         budget: Some(shared.budget.clone()),
         store: Some(store.clone()),
         sandbox: shared.sandbox.clone(),
+        approvals: Some(shared.approvals.clone()),
     };
     Ok(lemon_engines::build_registry(sections, &ctx)?)
 }
@@ -978,10 +980,20 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     } else {
         tracing::warn!(mode = sandbox.mode.as_str(), "sandbox: {}", sandbox.describe());
     }
+    // The owner's policy over tool calls (checked when the config was read),
+    // and where asked calls wait for an answer.
+    let approval_hub = lemon_core::approvals::ApprovalHub::default();
+    let approvals = lemon_engines::native::Approvals {
+        policy: Arc::new(
+            lemon_core::approvals::Policy::from_config(&gateway_config.approvals)
+                .unwrap_or_default(),
+        ),
+        hub: approval_hub.clone(),
+    };
     let build_engines: reload::BuildEngines = {
         let (opts, secrets, store) = (opts.clone(), secrets.clone(), store.clone());
         let (tracker, token, tools) = (tracker.clone(), token.clone(), tools.clone());
-        let (budget, sandbox) = (budget.clone(), sandbox.clone());
+        let (budget, sandbox, approvals) = (budget.clone(), sandbox.clone(), approvals.clone());
         Arc::new(move |sections: &EngineSections| {
             let shared = Shared {
                 tracker: &tracker,
@@ -989,6 +1001,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
                 tools: &tools,
                 budget: &budget,
                 sandbox: &sandbox,
+                approvals: &approvals,
             };
             engines(sections, &opts, &secrets, &store, shared)
         })
@@ -1109,6 +1122,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
                 env: opts.env.clone(),
             })),
             sandbox: sandbox.to_json(),
+            approvals: approval_hub.clone(),
         },
         extra_routes.merge(secrets_routes).merge(extra),
         document,

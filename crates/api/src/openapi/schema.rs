@@ -364,6 +364,39 @@ pub struct Status {
     pub sandbox: SandboxStatus,
 }
 
+/// `GET /v1/approvals`.
+#[derive(Debug, ToSchema)]
+pub struct Approvals {
+    /// Oldest first.
+    pub approvals: Vec<PendingApproval>,
+}
+
+/// A tool call waiting for the owner's answer.
+#[derive(Debug, ToSchema)]
+pub struct PendingApproval {
+    /// `apr_…`.
+    pub id: String,
+    pub run_id: String,
+    pub session_key: String,
+    pub tool: String,
+    /// The command, resolved path or host, cut to 400 characters.
+    pub subject: String,
+    /// The rule that asked.
+    pub rule: String,
+    pub requested_at_ms: i64,
+    /// Unanswered by then, the call is denied.
+    pub expires_at_ms: i64,
+}
+
+/// `POST /v1/approvals/{id}`.
+#[derive(Debug, ToSchema)]
+pub struct Approval {
+    pub approval: PendingApproval,
+    /// `approve` or `deny`.
+    pub decision: String,
+    pub by: String,
+}
+
 /// `[gateway.sandbox]` as it holds on this kernel.
 #[derive(Debug, ToSchema)]
 pub struct SandboxStatus {

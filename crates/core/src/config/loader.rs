@@ -534,6 +534,15 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
 
     check_cron(&gateway.cron).map_err(|(segs, message)| at(&segs, Anchor::Value, message))?;
 
+    if let Err((i, name, why)) = crate::approvals::Policy::from_config(&gateway.approvals) {
+        let segs = [key("gateway"), key("approvals"), key("rules"), Segment::Index(i), key(name)];
+        return Err(at(&segs, Anchor::Value, format!("not a glob: {why}")));
+    }
+    if gateway.approvals.timeout_ms == 0 {
+        let segs = [key("gateway"), key("approvals"), key("timeout_ms")];
+        return Err(at(&segs, Anchor::Value, "must be at least 1".to_owned()));
+    }
+
     for (i, root) in gateway.allowed_cwd_roots.iter().enumerate() {
         if !root.is_absolute() {
             let segs = [key("gateway"), key("allowed_cwd_roots"), Segment::Index(i)];

@@ -349,6 +349,9 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
     let inactivity = ctx.config.run_inactivity_timeout;
     let quiet = tokio::time::sleep(inactivity);
     tokio::pin!(quiet);
+    // Approval actions open and not yet completed: the run waits for its
+    // owner, not for its engine, so the inactivity timeout is paused.
+    let mut waiting_for_owner: std::collections::HashSet<String> = Default::default();
     loop {
         tokio::select! {
             biased;
@@ -362,11 +365,20 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
                     return Completion::failure(RunError::EngineCrashed { detail }, state.last_resume.clone());
                 };
                 quiet.as_mut().reset(Instant::now() + inactivity);
+                if let EngineEvent::Action(action) = &event {
+                    if action.kind == crate::engine::ActionKind::Approval {
+                        if action.phase == crate::engine::ActionPhase::Completed {
+                            waiting_for_owner.remove(&action.id);
+                        } else {
+                            waiting_for_owner.insert(action.id.clone());
+                        }
+                    }
+                }
                 if let Some(completion) = relay(ctx, state, event).await {
                     return completion;
                 }
             }
-            () = &mut quiet => {
+            () = &mut quiet, if waiting_for_owner.is_empty() => {
                 stop_engine(ctx, state, &*control, &mut events).await;
                 return Completion::failure(RunError::Timeout, state.last_resume.clone());
             }

@@ -288,6 +288,17 @@ async fn a_silent_engine_times_out() {
     assert_eq!(h.fake.running(), 0, "the engine was cancelled");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_run_waiting_for_its_owner_does_not_time_out() {
+    let mut h =
+        harness(RuntimeConfig { run_inactivity_timeout: Duration::from_secs(5), ..config(1) });
+    // Ten minutes with an approval open and no other event, then done.
+    let run_id = h.gateway.submit(request("s", "approval:600000 done")).await.unwrap();
+    let done = completion(&collect(&mut h.events, 1).await[&run_id]);
+    assert!(done.ok, "{done:?}");
+    assert_eq!(done.answer, "done ");
+}
+
 fn resumed(session: &str, prompt: &str, token: &str) -> ExecutionRequest {
     let mut req = request(session, prompt);
     req.resume = Some(ResumeToken::new("fake", token));

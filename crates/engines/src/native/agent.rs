@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
+use lemon_core::approvals::{ApprovalRequest, Outcome, PendingApproval};
 use lemon_core::budget::{BudgetGuard, BudgetScope, TokenUsage};
+use lemon_core::config::ApprovalAction;
 use lemon_core::engine::{
     Action, ActionKind, ActionPhase, Completion, EngineEvent, EventSink, ResumeToken, RunError,
     StartRequest,
@@ -45,6 +47,7 @@ pub(crate) struct AgentParts {
     pub(crate) cancel: CancellationToken,
     pub(crate) controls: mpsc::Receiver<Control>,
     pub(crate) workspace: Option<PathBuf>,
+    pub(crate) approvals: Option<super::Approvals>,
 }
 
 /// The tools of a run, ready for its model requests: made once per set of
@@ -117,6 +120,7 @@ pub(crate) struct Agent {
     tool_tasks: TaskTracker,
     compactions: u32,
     model: String,
+    approvals: Option<super::Approvals>,
 }
 
 impl Agent {
@@ -148,6 +152,7 @@ impl Agent {
             tool_tasks: TaskTracker::new(),
             compactions: 0,
             model,
+            approvals: parts.approvals,
         }
     }
 
@@ -418,10 +423,15 @@ impl Agent {
 
     /// Runs the turn's tool calls at once and appends their results in call
     /// order. Returns a redirect's instruction when one came in meanwhile.
+    ///
+    /// Each call is first judged by the owner's policy: a denied call is not
+    /// run; an asked one waits (beside the others) for its answer, then runs
+    /// or is reported denied or expired to the model.
     async fn run_tools(&mut self, calls: Vec<ToolCall>) -> Result<Option<String>, Halt> {
         let turn_cancel = self.cancel.child_token();
         let mut results: Vec<Option<ToolOutput>> = vec![None; calls.len()];
-        let mut running = FuturesUnordered::new();
+        let mut running: FuturesUnordered<StepFuture> = FuturesUnordered::new();
+        let mut asked: BTreeMap<usize, (Arc<dyn Tool>, Value, PendingApproval)> = BTreeMap::new();
         for (index, call) in calls.iter().enumerate() {
             let args = parse_arguments(&call.arguments);
             let (kind, title) = classify(&call.name);
@@ -451,20 +461,32 @@ impl Agent {
                         call.name
                     )));
                 }
-                (Some(tool), Ok(args)) => {
-                    let ctx = ToolContext {
-                        run_id: self.req.run_id.clone(),
-                        session_key: self.req.session_key.clone(),
-                        call_id: call.id.clone(),
-                        cwd: self.req.cwd.clone(),
-                        workspace: self.workspace.clone(),
-                        off_limits: self.req.off_limits.clone(),
-                        cancel: turn_cancel.child_token(),
-                    };
-                    let handle =
-                        self.tool_tasks.spawn(async move { tool.execute(args, ctx).await });
-                    running.push(async move { (index, handle.await) });
-                }
+                (Some(tool), Ok(args)) => match self.judge(call, &args) {
+                    Judged::Allowed => {
+                        running.push(self.start_tool(index, call, tool, args, &turn_cancel))
+                    }
+                    Judged::Denied(output) => results[index] = Some(output),
+                    Judged::Asked(waiting) => {
+                        let request = waiting.request.clone();
+                        let mut started = action(
+                            &approval_id(call),
+                            ActionKind::Approval,
+                            &format!("approval: {}", call.name),
+                            ActionPhase::Started,
+                        );
+                        started.message = Some(request.subject.clone());
+                        started.detail = json!({ "approval": request });
+                        self.send(EngineEvent::Action(started)).await?;
+                        asked.insert(index, (tool, args, request));
+                        let cancel = turn_cancel.clone();
+                        running.push(Box::pin(async move {
+                            tokio::select! {
+                                outcome = waiting.outcome() => Step::Answered(index, Some(outcome)),
+                                () = cancel.cancelled() => Step::Answered(index, None),
+                            }
+                        }));
+                    }
+                },
             }
         }
         // Calls that could not run complete at once.
@@ -487,10 +509,25 @@ impl Agent {
                     }
                     None => self.controls_open = false,
                 },
-                Some((index, joined)) = running.next() => {
-                    let output = joined.unwrap_or_else(|_| ToolOutput::error("the tool failed unexpectedly"));
-                    self.send(EngineEvent::Action(completed_action(&calls[index], &output))).await?;
-                    results[index] = Some(output);
+                Some(step) = running.next() => match step {
+                    Step::Finished(index, joined) => {
+                        let output = joined.unwrap_or_else(|_| ToolOutput::error("the tool failed unexpectedly"));
+                        self.send(EngineEvent::Action(completed_action(&calls[index], &output))).await?;
+                        results[index] = Some(output);
+                    }
+                    Step::Answered(index, outcome) => {
+                        let call = &calls[index];
+                        let Some((tool, args, request)) = asked.remove(&index) else { continue };
+                        let (done, refusal) = self.answered(call, &request, outcome.as_ref());
+                        self.send(EngineEvent::Action(done)).await?;
+                        match refusal {
+                            None => running.push(self.start_tool(index, call, tool, args, &turn_cancel)),
+                            Some(output) => {
+                                self.send(EngineEvent::Action(completed_action(call, &output))).await?;
+                                results[index] = Some(output);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -504,6 +541,118 @@ impl Agent {
             });
         }
         Ok(redirect)
+    }
+
+    /// What the owner's policy says about `call`: allowed, denied (with what
+    /// the model is told), or asked (put up in the hub).
+    fn judge(&self, call: &ToolCall, args: &Value) -> Judged {
+        let Some(approvals) = &self.approvals else { return Judged::Allowed };
+        let subject = lemon_core::approvals::subject(&call.name, args, &self.req.cwd);
+        let verdict = approvals.policy.judge(&call.name, &subject);
+        match verdict.action {
+            ApprovalAction::Allow => Judged::Allowed,
+            ApprovalAction::Deny => {
+                tracing::info!(
+                    run_id = %self.req.run_id,
+                    tool = %call.name,
+                    rule = %verdict.rule_text,
+                    "tool call denied by the approval policy"
+                );
+                Judged::Denied(ToolOutput::error(format!(
+                    "The owner's policy denies this call ({}); it was not run.",
+                    verdict.rule_text
+                )))
+            }
+            ApprovalAction::Ask => Judged::Asked(approvals.hub.ask(ApprovalRequest {
+                run_id: self.req.run_id.to_string(),
+                session_key: self.req.session_key.to_string(),
+                tool: call.name.clone(),
+                subject,
+                rule: verdict.rule_text,
+                timeout: approvals.policy.timeout,
+            })),
+        }
+    }
+
+    /// The approval action's completion, and what the model is told when
+    /// the call does not run (`None`: approved, it runs).
+    fn answered(
+        &self,
+        call: &ToolCall,
+        request: &PendingApproval,
+        outcome: Option<&Outcome>,
+    ) -> (Action, Option<ToolOutput>) {
+        let mut done = action(
+            &approval_id(call),
+            ActionKind::Approval,
+            &format!("approval: {}", call.name),
+            ActionPhase::Completed,
+        );
+        let (approved, message, refusal) = match outcome {
+            Some(Outcome::Answered(answer)) if answer.approved => {
+                (true, format!("approved by {} via {}", answer.by, answer.via), None)
+            }
+            Some(Outcome::Answered(answer)) => (
+                false,
+                format!("denied by {} via {}", answer.by, answer.via),
+                Some(format!(
+                    "The owner denied this call ({} via {}); it was not run.",
+                    answer.by, answer.via
+                )),
+            ),
+            Some(Outcome::Expired) => {
+                let seconds = (request.expires_at_ms - request.requested_at_ms) / 1000;
+                (
+                    false,
+                    format!("no answer within {seconds} s: denied"),
+                    Some(format!(
+                        "Nobody answered the approval request within {seconds} seconds, so the \
+                         call was denied and not run."
+                    )),
+                )
+            }
+            None => (false, "withdrawn".to_owned(), Some("cancelled".to_owned())),
+        };
+        tracing::info!(
+            run_id = %self.req.run_id,
+            tool = %call.name,
+            approval = %request.id,
+            decision = %message,
+            "approval settled"
+        );
+        done.ok = Some(approved);
+        done.message = Some(message);
+        done.detail = json!({
+            "approval": request,
+            "answer": match outcome {
+                Some(Outcome::Answered(answer)) => json!(answer),
+                Some(Outcome::Expired) => json!({ "expired": true }),
+                None => Value::Null,
+            },
+        });
+        (done, refusal.map(ToolOutput::error))
+    }
+
+    /// Spawns `tool` on its call; its step comes when it ends.
+    fn start_tool(
+        &self,
+        index: usize,
+        call: &ToolCall,
+        tool: Arc<dyn Tool>,
+        args: Value,
+        turn_cancel: &CancellationToken,
+    ) -> StepFuture {
+        let ctx = ToolContext {
+            run_id: self.req.run_id.clone(),
+            session_key: self.req.session_key.clone(),
+            call_id: call.id.clone(),
+            cwd: self.req.cwd.clone(),
+            workspace: self.workspace.clone(),
+            off_limits: self.req.off_limits.clone(),
+            cancel: turn_cancel.child_token(),
+        };
+        let handle = self.tool_tasks.spawn(async move { tool.execute(args, ctx).await });
+        Box::pin(async move { Step::Finished(index, handle.await) })
     }
 
     /// Compacts the conversation when the next request would not fit (or
@@ -616,6 +765,26 @@ fn parse_arguments(raw: &str) -> Result<Value, String> {
 fn action_id(call: &ToolCall) -> String {
     format!("tool_{}", call.id)
 }
+
+fn approval_id(call: &ToolCall) -> String {
+    format!("approval_{}", call.id)
+}
+
+/// What the policy made of a call.
+enum Judged {
+    Allowed,
+    Denied(ToolOutput),
+    Asked(lemon_core::approvals::Waiting),
+}
+
+/// A tool call's progress in a turn: its approval settled (`None`: the turn
+/// was cut short), or its tool ended.
+enum Step {
+    Answered(usize, Option<Outcome>),
+    Finished(usize, Result<ToolOutput, tokio::task::JoinError>),
+}
+
+type StepFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Step> + Send>>;
 
 /// The action kind and title of a tool call.
 fn classify(name: &str) -> (ActionKind, String) {

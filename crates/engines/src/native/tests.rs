@@ -239,6 +239,7 @@ fn new_engine(client: Arc<Scripted>, setup: Setup) -> NativeEngine {
     let mut settings = setup.settings;
     settings.tools = None;
     NativeEngine::new(NativeParts {
+        approvals: None,
         settings,
         client: Ok(client),
         api_key: Some(ApiKey::new("sk-secret-value")),
@@ -808,6 +809,7 @@ fn without_a_key_the_engine_is_unavailable_and_says_which_secret_to_set() {
     let settings = NativeSettings::default();
     let reason = missing_key_reason(&settings);
     let engine = NativeEngine::new(NativeParts {
+        approvals: None,
         settings,
         client: Err(reason.clone()),
         api_key: None,

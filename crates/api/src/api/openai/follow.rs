@@ -259,7 +259,9 @@ fn shows_as_tool_call(kind: ActionKind) -> bool {
         | ActionKind::FileChange
         | ActionKind::WebSearch
         | ActionKind::Subagent => true,
-        ActionKind::Reasoning | ActionKind::Note | ActionKind::Warning => false,
+        ActionKind::Reasoning | ActionKind::Note | ActionKind::Warning | ActionKind::Approval => {
+            false
+        }
     }
 }
 
@@ -280,6 +282,7 @@ fn action_from_json(value: &Value) -> Option<Action> {
         "subagent" => ActionKind::Subagent,
         "reasoning" => ActionKind::Reasoning,
         "note" => ActionKind::Note,
+        "approval" => ActionKind::Approval,
         _ => ActionKind::Warning,
     };
     let phase = match text("phase")? {

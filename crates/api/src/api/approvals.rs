@@ -1,0 +1,65 @@
+//! `GET /v1/approvals`: the tool calls waiting for the owner's answer, oldest
+//! first. `POST /v1/approvals/{id}` with `{"decision": "approve" | "deny"}`
+//! answers one: `200` with the request; `404` for an id never seen; `409`
+//! when it was answered, expired or withdrawn before, saying which.
+
+use axum::extract::{Path, State};
+use axum::Json;
+use lemon_core::approvals::AnswerError;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::ApiState;
+use crate::error::{ApiError, JsonBody};
+use crate::openapi::{schema, Errors};
+
+#[utoipa::path(
+    get,
+    path = "/v1/approvals",
+    tag = "approvals",
+    responses((status = 200, description = "The calls waiting for an answer.", body = schema::Approvals), Errors)
+)]
+pub(super) async fn list(State(state): State<ApiState>) -> Json<Value> {
+    Json(json!({ "approvals": state.approvals.pending() }))
+}
+
+/// The body of `POST /v1/approvals/{id}`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Decide {
+    /// `approve` or `deny`.
+    decision: String,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/approvals/{id}",
+    tag = "approvals",
+    params(("id" = String, Path, description = "The request's id (`apr_…`).")),
+    request_body = Decide,
+    responses((status = 200, description = "The request, answered.", body = schema::Approval), Errors)
+)]
+pub(super) async fn decide(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<Decide>,
+) -> Result<Json<Value>, ApiError> {
+    let approved = match body.decision.as_str() {
+        "approve" => true,
+        "deny" => false,
+        other => {
+            return Err(ApiError::BadRequest(format!(
+                "decision must be \"approve\" or \"deny\", not {other:?}"
+            )))
+        }
+    };
+    match state.approvals.answer(&id, approved, "api", "api") {
+        Ok(request) => Ok(Json(json!({
+            "approval": request,
+            "decision": body.decision,
+            "by": "api",
+        }))),
+        Err(err @ AnswerError::NotFound(_)) => Err(ApiError::NotFound(err.to_string())),
+        Err(err @ AnswerError::Settled { .. }) => Err(ApiError::Conflict(err.to_string())),
+    }
+}

@@ -1,0 +1,174 @@
+//! The owner's say over tool calls: a policy of ordered rules that allows,
+//! asks about or denies each call, and the hub where an asked call waits for
+//! its answer.
+//!
+//! - [`Policy`] judges a call by its tool name and its subject ([`subject`]:
+//!   the command line of `bash`, the resolved path of a file tool, the host of
+//!   `fetch`, the arguments otherwise); the first rule whose `tool` and `match`
+//!   globs both match decides, and a call no rule matches is allowed.
+//! - [`ApprovalHub`] holds the asked calls until one answer comes (the API,
+//!   the command line), the run is cancelled or the request expires; an
+//!   answer to a request already answered is refused with what decided it.
+
+mod hub;
+#[cfg(test)]
+mod tests;
+
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use globset::{GlobBuilder, GlobMatcher};
+use serde_json::Value;
+
+use crate::config::{ApprovalAction, ApprovalsConfig};
+
+pub use hub::{
+    Answer, AnswerError, ApprovalHub, ApprovalRequest, Outcome, PendingApproval, Waiting,
+};
+
+/// The most characters of a call's subject a request shows.
+pub const SUBJECT_CHARS: usize = 400;
+
+/// The rules of `[gateway.approvals]`, compiled.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    rules: Vec<Rule>,
+    /// How long an asked call waits for its answer before it is denied.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    tool: GlobMatcher,
+    pattern: Option<GlobMatcher>,
+    action: ApprovalAction,
+    /// `tool = "bash", match = "rm *"`, for the request and the log.
+    text: String,
+}
+
+/// What the policy says about one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub action: ApprovalAction,
+    /// The deciding rule, numbered from 1 as in the file; `None`: no rule
+    /// matched and the call is allowed.
+    pub rule: Option<usize>,
+    /// The rule as written, or `no rule matched`.
+    pub rule_text: String,
+}
+
+impl Default for Policy {
+    /// No rule: every call is allowed.
+    fn default() -> Self {
+        Policy { rules: Vec::new(), timeout: Duration::from_millis(600_000) }
+    }
+}
+
+impl Policy {
+    /// Compiles the rules.
+    ///
+    /// # Errors
+    /// The number of the first rule with a glob that does not compile (from
+    /// 0, the index in the file) and why.
+    pub fn from_config(config: &ApprovalsConfig) -> Result<Policy, (usize, &'static str, String)> {
+        let compile = |glob: &str| {
+            GlobBuilder::new(glob)
+                .literal_separator(false)
+                .build()
+                .map(|glob| glob.compile_matcher())
+                .map_err(|err| err.kind().to_string())
+        };
+        let mut rules = Vec::with_capacity(config.rules.len());
+        for (i, rule) in config.rules.iter().enumerate() {
+            let tool = compile(&rule.tool).map_err(|why| (i, "tool", why))?;
+            let pattern = match &rule.pattern {
+                Some(pattern) => Some(compile(pattern).map_err(|why| (i, "match", why))?),
+                None => None,
+            };
+            let text = match &rule.pattern {
+                Some(pattern) => format!(
+                    "tool = {:?}, match = {:?}, action = {:?}",
+                    rule.tool,
+                    pattern,
+                    rule.action.as_str()
+                ),
+                None => format!("tool = {:?}, action = {:?}", rule.tool, rule.action.as_str()),
+            };
+            rules.push(Rule { tool, pattern, action: rule.action, text });
+        }
+        Ok(Policy { rules, timeout: Duration::from_millis(config.timeout_ms) })
+    }
+
+    /// The first rule that matches `tool` and `subject` decides.
+    pub fn judge(&self, tool: &str, subject: &str) -> Verdict {
+        self.rules
+            .iter()
+            .enumerate()
+            .find(|(_, rule)| {
+                rule.tool.is_match(tool)
+                    && rule.pattern.as_ref().is_none_or(|pattern| pattern.is_match(subject))
+            })
+            .map_or_else(
+                || Verdict {
+                    action: ApprovalAction::Allow,
+                    rule: None,
+                    rule_text: "no rule matched".to_owned(),
+                },
+                |(i, rule)| Verdict {
+                    action: rule.action,
+                    rule: Some(i + 1),
+                    rule_text: rule.text.clone(),
+                },
+            )
+    }
+}
+
+/// What a rule's `match` is judged against: `bash`'s command line; the path
+/// of a file tool (`read`, `write`, `edit`, `list`, `grep`, `glob`) joined to
+/// `cwd` and normalised; the host of `fetch`; the arguments as compact JSON
+/// for any other tool.
+pub fn subject(tool: &str, args: &Value, cwd: &Path) -> String {
+    let text = |key: &str| args.get(key).and_then(Value::as_str).map(str::to_owned);
+    match tool {
+        "bash" => text("command").unwrap_or_default(),
+        "read" | "write" | "edit" | "list" | "grep" | "glob" => {
+            let path = text("path").unwrap_or_else(|| ".".to_owned());
+            normalise(&cwd.join(path)).display().to_string()
+        }
+        "fetch" => text("url")
+            .map(|url| {
+                let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+                let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+                let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+                match host.strip_prefix('[') {
+                    Some(v6) => v6.split(']').next().unwrap_or_default().to_owned(),
+                    None => host.split(':').next().unwrap_or_default().to_owned(),
+                }
+            })
+            .unwrap_or_default(),
+        _ => args.to_string(),
+    }
+}
+
+/// `path` without `.` and with each `..` taking off the part before it.
+fn normalise(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// `text` cut to `max` characters, with `…` where it was cut.
+pub fn shorten(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}

@@ -1,0 +1,195 @@
+//! Where asked calls wait: one answer each, from whichever surface gives it
+//! first; expiry and a cancelled run settle them too.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+/// How many settled requests are remembered, to tell a late answer what
+/// settled its request.
+const SETTLED_KEPT: usize = 1_000;
+
+/// A call waiting for its answer, as surfaces show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PendingApproval {
+    pub id: String,
+    pub run_id: String,
+    pub session_key: String,
+    pub tool: String,
+    /// The command, path or host, cut to [`super::SUBJECT_CHARS`].
+    pub subject: String,
+    /// The rule that asked.
+    pub rule: String,
+    pub requested_at_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+/// What to ask about.
+#[derive(Debug, Clone)]
+pub struct ApprovalRequest {
+    pub run_id: String,
+    pub session_key: String,
+    pub tool: String,
+    pub subject: String,
+    pub rule: String,
+    pub timeout: Duration,
+}
+
+/// One answer: who gave it and where.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Answer {
+    pub approved: bool,
+    /// `api`, or the user of a chat.
+    pub by: String,
+    /// The surface: `api`, `cli`, `telegram`…
+    pub via: String,
+    pub at_ms: i64,
+}
+
+/// How an asked call ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Answered(Answer),
+    /// No answer within the request's timeout: the call is denied.
+    Expired,
+}
+
+/// Why an answer was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnswerError {
+    #[error("no approval request {0}")]
+    NotFound(String),
+    #[error("approval request {id} was already {settled}")]
+    Settled { id: String, settled: String },
+}
+
+/// The requests waiting, shared by the engines that ask and the surfaces
+/// that answer.
+#[derive(Debug, Clone, Default)]
+pub struct ApprovalHub {
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    pending: BTreeMap<String, (PendingApproval, oneshot::Sender<Answer>)>,
+    /// Newest last: id and what settled it (`approved by api via api`).
+    settled: VecDeque<(String, String)>,
+}
+
+impl Inner {
+    fn settle(&mut self, id: &str, how: String) {
+        if self.settled.len() == SETTLED_KEPT {
+            self.settled.pop_front();
+        }
+        self.settled.push_back((id.to_owned(), how));
+    }
+}
+
+impl ApprovalHub {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Puts `request` up for an answer; the call waits on the returned
+    /// [`Waiting`], and dropping it (the run was cancelled) withdraws it.
+    pub fn ask(&self, request: ApprovalRequest) -> Waiting {
+        let now = crate::clock::now_ms();
+        let timeout_ms = i64::try_from(request.timeout.as_millis()).unwrap_or(i64::MAX / 2);
+        let id = format!("apr_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let view = PendingApproval {
+            id: id.clone(),
+            run_id: request.run_id,
+            session_key: request.session_key,
+            tool: request.tool,
+            subject: super::shorten(&request.subject, super::SUBJECT_CHARS),
+            rule: request.rule,
+            requested_at_ms: now,
+            expires_at_ms: now.saturating_add(timeout_ms),
+        };
+        let (tx, rx) = oneshot::channel();
+        self.lock().pending.insert(id, (view.clone(), tx));
+        Waiting { request: view, timeout: request.timeout, rx, hub: self.clone() }
+    }
+
+    /// The requests waiting, oldest first.
+    pub fn pending(&self) -> Vec<PendingApproval> {
+        let mut all: Vec<PendingApproval> =
+            self.lock().pending.values().map(|(view, _)| view.clone()).collect();
+        all.sort_by_key(|view| view.requested_at_ms);
+        all
+    }
+
+    /// Answers request `id`.
+    ///
+    /// # Errors
+    /// [`AnswerError::Settled`] with what settled it when it was answered,
+    /// expired or withdrawn before; [`AnswerError::NotFound`] for an id
+    /// never seen (or settled long ago).
+    pub fn answer(
+        &self,
+        id: &str,
+        approved: bool,
+        by: &str,
+        via: &str,
+    ) -> Result<PendingApproval, AnswerError> {
+        let mut inner = self.lock();
+        let Some((view, tx)) = inner.pending.remove(id) else {
+            return Err(match inner.settled.iter().rev().find(|(settled, _)| settled == id) {
+                Some((_, how)) => AnswerError::Settled { id: id.to_owned(), settled: how.clone() },
+                None => AnswerError::NotFound(id.to_owned()),
+            });
+        };
+        let verb = if approved { "approved" } else { "denied" };
+        inner.settle(id, format!("{verb} by {by} via {via}"));
+        let answer = Answer {
+            approved,
+            by: by.to_owned(),
+            via: via.to_owned(),
+            at_ms: crate::clock::now_ms(),
+        };
+        // The run may have ended since; then nobody waits and it is settled all the same.
+        let _ = tx.send(answer);
+        Ok(view)
+    }
+
+    fn withdraw(&self, id: &str, how: &str) {
+        let mut inner = self.lock();
+        if inner.pending.remove(id).is_some() {
+            inner.settle(id, how.to_owned());
+        }
+    }
+}
+
+/// An asked call's wait for its answer.
+#[derive(Debug)]
+pub struct Waiting {
+    pub request: PendingApproval,
+    timeout: Duration,
+    rx: oneshot::Receiver<Answer>,
+    hub: ApprovalHub,
+}
+
+impl Waiting {
+    /// The answer, or [`Outcome::Expired`] after the request's timeout.
+    pub async fn outcome(mut self) -> Outcome {
+        match tokio::time::timeout(self.timeout, &mut self.rx).await {
+            Ok(Ok(answer)) => Outcome::Answered(answer),
+            // Timed out, or the hub dropped the sender (cannot happen while
+            // the entry is there): denied either way.
+            Ok(Err(_)) | Err(_) => {
+                self.hub.withdraw(&self.request.id, "expired without an answer");
+                Outcome::Expired
+            }
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.hub.withdraw(&self.request.id, "withdrawn: the run ended while it waited");
+    }
+}

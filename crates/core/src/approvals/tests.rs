@@ -1,0 +1,113 @@
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::*;
+use crate::config::{ApprovalAction, ApprovalRuleConfig, ApprovalsConfig};
+
+fn rule(tool: &str, pattern: Option<&str>, action: ApprovalAction) -> ApprovalRuleConfig {
+    ApprovalRuleConfig { tool: tool.to_owned(), pattern: pattern.map(str::to_owned), action }
+}
+
+fn policy(rules: Vec<ApprovalRuleConfig>) -> Policy {
+    Policy::from_config(&ApprovalsConfig { timeout_ms: 1_000, rules }).unwrap()
+}
+
+#[test]
+fn the_first_matching_rule_decides_and_no_match_allows() {
+    let policy = policy(vec![
+        rule("bash", Some("rm *"), ApprovalAction::Deny),
+        rule("bash", None, ApprovalAction::Ask),
+        rule("read", Some("/srv/*"), ApprovalAction::Allow),
+        rule("*", None, ApprovalAction::Ask),
+    ]);
+    let verdict = policy.judge("bash", "rm -rf build");
+    assert_eq!((verdict.action, verdict.rule), (ApprovalAction::Deny, Some(1)));
+    assert_eq!(verdict.rule_text, "tool = \"bash\", match = \"rm *\", action = \"deny\"");
+    assert_eq!(policy.judge("bash", "ls").rule, Some(2));
+    assert_eq!(policy.judge("read", "/srv/app/src/main.rs").action, ApprovalAction::Allow);
+    assert_eq!(policy.judge("read", "/etc/hosts").rule, Some(4));
+    let none = Policy::default().judge("bash", "rm -rf /");
+    assert_eq!((none.action, none.rule), (ApprovalAction::Allow, None));
+}
+
+#[test]
+fn a_rule_that_is_not_a_glob_is_named_by_its_index_and_key() {
+    let config = ApprovalsConfig {
+        timeout_ms: 1_000,
+        rules: vec![
+            rule("bash", None, ApprovalAction::Ask),
+            rule("bash", Some("[x"), ApprovalAction::Deny),
+        ],
+    };
+    let (index, key, _) = Policy::from_config(&config).unwrap_err();
+    assert_eq!((index, key), (1, "match"));
+}
+
+#[test]
+fn the_subject_is_the_command_the_resolved_path_or_the_host() {
+    let cwd = Path::new("/work/project");
+    assert_eq!(subject("bash", &json!({ "command": "rm -rf build" }), cwd), "rm -rf build");
+    assert_eq!(subject("write", &json!({ "path": "../other/x.txt" }), cwd), "/work/other/x.txt");
+    assert_eq!(subject("read", &json!({ "path": "/etc/./hosts" }), cwd), "/etc/hosts");
+    assert_eq!(subject("list", &json!({}), cwd), "/work/project");
+    let fetch = |url: &str| subject("fetch", &json!({ "url": url }), cwd);
+    assert_eq!(fetch("https://user:pw@example.com:8443/a?b"), "example.com");
+    assert_eq!(fetch("http://[::1]:80/"), "::1");
+    assert_eq!(subject("cron", &json!({ "action": "list" }), cwd), "{\"action\":\"list\"}");
+}
+
+fn request(timeout: Duration) -> ApprovalRequest {
+    ApprovalRequest {
+        run_id: "run_1".to_owned(),
+        session_key: "agent:main:main".to_owned(),
+        tool: "bash".to_owned(),
+        subject: "x".repeat(SUBJECT_CHARS + 10),
+        rule: "tool = \"bash\", action = \"ask\"".to_owned(),
+        timeout,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_answer_settles_a_request_and_a_second_is_told_what_settled_it() {
+    let hub = ApprovalHub::default();
+    let waiting = hub.ask(request(Duration::from_secs(600)));
+    let id = waiting.request.id.clone();
+    let pending = hub.pending();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].subject.chars().count(), SUBJECT_CHARS + 1, "cut, with an ellipsis");
+    assert_eq!(pending[0].expires_at_ms - pending[0].requested_at_ms, 600_000);
+    hub.answer(&id, true, "api", "api").unwrap();
+    let Outcome::Answered(answer) = waiting.outcome().await else { panic!("answered") };
+    assert!(answer.approved);
+    assert_eq!((answer.by.as_str(), answer.via.as_str()), ("api", "api"));
+    assert!(hub.pending().is_empty());
+    let second = hub.answer(&id, false, "alice", "telegram").unwrap_err();
+    assert_eq!(
+        second.to_string(),
+        format!("approval request {id} was already approved by api via api")
+    );
+    assert_eq!(
+        hub.answer("apr_unknown", true, "api", "api"),
+        Err(AnswerError::NotFound("apr_unknown".to_owned()))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_request_expires_denied_and_a_dropped_one_is_withdrawn() {
+    let hub = ApprovalHub::default();
+    let waiting = hub.ask(request(Duration::from_secs(600)));
+    let id = waiting.request.id.clone();
+    assert_eq!(waiting.outcome().await, Outcome::Expired);
+    assert!(hub.pending().is_empty());
+    let late = hub.answer(&id, true, "api", "api").unwrap_err();
+    assert!(late.to_string().ends_with("expired without an answer"), "{late}");
+
+    let waiting = hub.ask(request(Duration::from_secs(600)));
+    let id = waiting.request.id.clone();
+    drop(waiting);
+    assert!(hub.pending().is_empty());
+    let late = hub.answer(&id, true, "api", "api").unwrap_err();
+    assert!(late.to_string().contains("the run ended while it waited"), "{late}");
+}

@@ -1,0 +1,270 @@
+//! Approvals on the real binary: the native engine's tool calls judged by
+//! `[gateway.approvals]`, an asked call waiting for an answer through
+//! `/v1/approvals`, approved (it runs), denied, expired, answered twice, and
+//! withdrawn by a cancel; every decision in the run's events.
+
+use futures::StreamExt;
+use lemon_tests::fake_llm::{FakeLlm, FakeToolCall, Turn};
+use serde_json::{json, Value};
+
+use crate::support::{home_with, Gateway, PATIENCE};
+
+const KEY: &str = "sk-approvals-provider-key";
+
+/// `rm` is denied outright, every other command is asked about.
+const RULES: &str =
+    "[[gateway.approvals.rules]]\ntool = \"bash\"\nmatch = \"rm *\"\naction = \"deny\"\n\
+                     [[gateway.approvals.rules]]\ntool = \"bash\"\naction = \"ask\"\n";
+
+struct App {
+    llm: FakeLlm,
+    gateway: Gateway,
+    _home: tempfile::TempDir,
+    work: tempfile::TempDir,
+}
+
+async fn start(extra: &str) -> App {
+    let llm = FakeLlm::builder().api_key(KEY).start().await;
+    let home = home_with(&format!(
+        "{RULES}{extra}\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+        llm.base_url()
+    ));
+    std::fs::write(home.path().join("secrets.toml"), format!("openai_api_key = \"{KEY}\"\n"))
+        .unwrap();
+    let gateway = Gateway::start_in(home.path()).await;
+    App { llm, gateway, _home: home, work: tempfile::tempdir().unwrap() }
+}
+
+impl App {
+    /// Starts a run whose model asks for `command`, then says `answer`.
+    async fn run_command(&self, command: &str, answer: &str) -> String {
+        let call =
+            FakeToolCall::new("call_1", "bash", &[&json!({ "command": command }).to_string()]);
+        self.llm.push(Turn::tool_calls(vec![call]));
+        self.llm.push(Turn::text(&[answer]));
+        let cwd = self.work.path().display().to_string();
+        self.gateway.submit(json!({ "prompt": "do it", "cwd": cwd })).await
+    }
+
+    fn made(&self, name: &str) -> bool {
+        self.work.path().join(name).exists()
+    }
+
+    /// The text the model was given for its tool call.
+    fn tool_result(&self) -> String {
+        let requests = self.llm.requests();
+        let last = requests.last().expect("the model was asked");
+        let messages = last.body["messages"].as_array().unwrap();
+        let tool = messages.iter().find(|m| m["role"] == "tool").expect("a tool result");
+        tool["content"].as_str().map_or_else(|| tool["content"].to_string(), str::to_owned)
+    }
+
+    async fn decide(&self, id: &str, decision: &str) -> (u16, Value) {
+        let response = self
+            .gateway
+            .post(&format!("/v1/approvals/{id}"))
+            .json(&json!({ "decision": decision }))
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    }
+
+    async fn pending(&self) -> Vec<Value> {
+        let body: Value =
+            self.gateway.get("/v1/approvals").send().await.unwrap().json().await.unwrap();
+        body["approvals"].as_array().unwrap().clone()
+    }
+}
+
+/// Reads the run's events until its approval request arrives; the request.
+async fn until_asked(gateway: &Gateway, run_id: &str) -> Value {
+    let response = gateway.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
+    let mut parser = lemon_gateway::sse::SseParser::default();
+    let mut stream = response.bytes_stream();
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(chunk) = stream.next().await {
+            for event in parser.push(&chunk.unwrap()) {
+                let data: Value = serde_json::from_str(&event.data).unwrap();
+                let action = &data["action"];
+                if action["kind"] == "approval" && action["phase"] == "started" {
+                    return action["detail"]["approval"].clone();
+                }
+                assert_ne!(event.event, "run_completed", "the run ended unasked: {data}");
+            }
+        }
+        panic!("the event stream ended before the request");
+    })
+    .await
+    .expect("the approval request arrives")
+}
+
+/// The run's approval actions, completed.
+async fn settled(gateway: &Gateway, run_id: &str) -> Vec<Value> {
+    gateway
+        .events(run_id)
+        .await
+        .into_iter()
+        .map(|(_, data)| data["action"].clone())
+        .filter(|action| action["kind"] == "approval" && action["phase"] == "completed")
+        .collect()
+}
+
+#[tokio::test]
+async fn an_asked_command_runs_once_approved_and_a_second_answer_is_refused() {
+    let app = start("").await;
+    let run_id = app.run_command("touch approved-file", "Done.").await;
+    let request = until_asked(&app.gateway, &run_id).await;
+    assert_eq!(request["tool"], "bash");
+    assert_eq!(request["subject"], "touch approved-file");
+    assert_eq!(request["rule"], "tool = \"bash\", action = \"ask\"");
+    assert_eq!(request["run_id"], run_id.as_str());
+    let id = request["id"].as_str().unwrap();
+    assert_eq!(app.pending().await, vec![request.clone()]);
+    assert!(!app.made("approved-file"), "nothing runs before the answer");
+
+    let (status, body) = app.decide(id, "approve").await;
+    assert_eq!(status, 200, "{body}");
+    let run = app.gateway.wait(&run_id).await;
+    assert_eq!(run["answer"], "Done.", "{run}");
+    assert!(app.made("approved-file"));
+    assert!(app.tool_result().contains("[exit code 0]"), "{}", app.tool_result());
+
+    let (status, body) = app.decide(id, "deny").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], format!("approval request {id} was already approved by api via api"));
+    let decisions = settled(&app.gateway, &run_id).await;
+    assert_eq!(decisions.len(), 1, "{decisions:?}");
+    assert_eq!(decisions[0]["ok"], true);
+    assert_eq!(decisions[0]["message"], "approved by api via api");
+    assert!(app.pending().await.is_empty());
+    app.gateway.terminate().await;
+}
+
+#[tokio::test]
+async fn a_denied_command_is_not_run_and_the_model_is_told() {
+    let app = start("").await;
+    let run_id = app.run_command("touch denied-file", "Understood.").await;
+    let request = until_asked(&app.gateway, &run_id).await;
+    let (status, _) = app.decide(request["id"].as_str().unwrap(), "deny").await;
+    assert_eq!(status, 200);
+    let run = app.gateway.wait(&run_id).await;
+    assert_eq!(run["answer"], "Understood.", "{run}");
+    assert!(!app.made("denied-file"));
+    assert_eq!(app.tool_result(), "The owner denied this call (api via api); it was not run.");
+    let decisions = settled(&app.gateway, &run_id).await;
+    assert_eq!(decisions[0]["ok"], false);
+    assert_eq!(decisions[0]["message"], "denied by api via api");
+    app.gateway.terminate().await;
+}
+
+#[tokio::test]
+async fn a_rule_that_denies_refuses_without_asking() {
+    let app = start("").await;
+    std::fs::write(app.work.path().join("keep"), "").unwrap();
+    let run_id = app.run_command("rm keep", "Fine.").await;
+    let run = app.gateway.wait(&run_id).await;
+    assert_eq!(run["answer"], "Fine.", "{run}");
+    assert!(app.made("keep"));
+    assert_eq!(
+        app.tool_result(),
+        "The owner's policy denies this call (tool = \"bash\", match = \"rm *\", action = \"deny\"); it was not run."
+    );
+    assert!(settled(&app.gateway, &run_id).await.is_empty(), "nothing was asked");
+    app.gateway.terminate().await;
+}
+
+#[tokio::test]
+async fn an_unanswered_request_expires_denied() {
+    let app = start("[gateway.approvals]\ntimeout_ms = 1000\n").await;
+    let run_id = app.run_command("touch late-file", "Nobody answered.").await;
+    let run = app.gateway.wait(&run_id).await;
+    assert_eq!(run["answer"], "Nobody answered.", "{run}");
+    assert!(!app.made("late-file"));
+    assert_eq!(
+        app.tool_result(),
+        "Nobody answered the approval request within 1 seconds, so the call was denied and not run."
+    );
+    let decisions = settled(&app.gateway, &run_id).await;
+    assert_eq!(decisions[0]["message"], "no answer within 1 s: denied");
+    let id = decisions[0]["detail"]["approval"]["id"].as_str().unwrap();
+    let (status, body) = app.decide(id, "approve").await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body["error"].as_str().unwrap().ends_with("expired without an answer"), "{body}");
+    app.gateway.terminate().await;
+}
+
+#[tokio::test]
+async fn a_run_cancelled_while_it_waits_ends_at_once_and_withdraws_its_request() {
+    let app = start("").await;
+    let run_id = app.run_command("touch never-file", "unused").await;
+    let request = until_asked(&app.gateway, &run_id).await;
+    let cancel = app.gateway.post(&format!("/v1/runs/{run_id}/cancel")).send().await.unwrap();
+    assert_eq!(cancel.status(), 202);
+    let run = app.gateway.wait(&run_id).await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    assert!(app.pending().await.is_empty());
+    let (status, body) = app.decide(request["id"].as_str().unwrap(), "approve").await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("the run ended while it waited"), "{body}");
+    assert!(!app.made("never-file"));
+    app.gateway.terminate().await;
+}
+
+#[tokio::test]
+async fn bad_answers_are_clear_errors() {
+    let app = start("").await;
+    let (status, body) = app.decide("apr_000000000000", "approve").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"], "no approval request apr_000000000000");
+    let (status, body) = app.decide("apr_000000000000", "maybe").await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"], "decision must be \"approve\" or \"deny\", not \"maybe\"");
+    app.gateway.terminate().await;
+}
+
+/// `lemon-gateway` with `args`, against `app`'s gateway; its stdout.
+async fn cli(app: &App, args: &[&str]) -> (bool, String) {
+    let mut command = crate::support::command(&app.gateway.home);
+    command.env("LEMON_URL", &app.gateway.api).args(args).stdin(std::process::Stdio::null());
+    let output = tokio::time::timeout(PATIENCE, command.output())
+        .await
+        .expect("the command ends in time")
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+#[tokio::test]
+async fn the_command_line_tests_rules_lists_requests_and_approves_one() {
+    let app = start("").await;
+    let (ok, text) = cli(&app, &["approvals", "test", "bash: rm -rf build"]).await;
+    assert!(ok, "{text}");
+    assert_eq!(text.trim(), "deny: rule 1 (tool = \"bash\", match = \"rm *\", action = \"deny\")");
+    let (_, text) = cli(&app, &["approvals", "test", "read: /etc/hosts"]).await;
+    assert_eq!(text.trim(), "allow: no rule matched");
+    let (ok, text) = cli(&app, &["approvals", "test", "no colon"]).await;
+    assert!(!ok, "{text}");
+    assert!(text.contains("write the call as `tool: subject`"), "{text}");
+
+    let (_, text) = cli(&app, &["approvals"]).await;
+    assert_eq!(text.trim(), "no call is waiting for an answer");
+    let run_id = app.run_command("touch cli-file", "Done.").await;
+    let request = until_asked(&app.gateway, &run_id).await;
+    let id = request["id"].as_str().unwrap();
+    let (_, text) = cli(&app, &["approvals"]).await;
+    assert!(text.starts_with(id) && text.contains("bash: touch cli-file"), "{text}");
+    let (ok, text) = cli(&app, &["approve", id]).await;
+    assert!(ok, "{text}");
+    assert_eq!(text.trim(), format!("{id}: approved (bash: touch cli-file)"));
+    assert_eq!(app.gateway.wait(&run_id).await["answer"], "Done.");
+    assert!(app.made("cli-file"));
+    let (ok, text) = cli(&app, &["deny", id]).await;
+    assert!(!ok, "a second answer fails: {text}");
+    assert!(text.contains("already approved by api via api"), "{text}");
+    app.gateway.terminate().await;
+}
