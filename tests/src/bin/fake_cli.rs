@@ -304,9 +304,10 @@ fn record_signals(log: &str) -> io::Result<std::process::ChildStdin> {
             );
         }
     });
-    // In a process group of its own and without the gateway's process scope, so
-    // neither a signal to the CLI's group nor the kill of the run's descendants
-    // reaches it: it has to outlive the CLI to say how the CLI ended.
+    // In a process group of its own, without the gateway's process scope and
+    // out of the run's cgroup, so neither a signal to the CLI's group nor the
+    // kill of the run's descendants reaches it: it has to outlive the CLI to
+    // say how the CLI ended.
     let mut witness = Command::new(std::env::current_exe()?)
         .env_remove("LEMON_PROCESS_SCOPE")
         .env("FAKE_CLI_ROLE", "witness")
@@ -316,7 +317,19 @@ fn record_signals(log: &str) -> io::Result<std::process::ChildStdin> {
         .stderr(Stdio::null())
         .process_group(0)
         .spawn()?;
+    leave_run_cgroup(witness.id())?;
     witness.stdin.take().ok_or_else(|| io::Error::other("the witness has no stdin"))
+}
+
+/// Moves `pid` from the run's cgroup (`…/lemon-runs/<scope>`, where the
+/// gateway puts every child) to the gateway's own, above `lemon-runs`.
+/// Nothing to do where the gateway tracks children by scope only.
+fn leave_run_cgroup(pid: u32) -> io::Result<()> {
+    let own = fs::read_to_string("/proc/self/cgroup")?;
+    let Some(path) = own.lines().find_map(|line| line.strip_prefix("0::")) else { return Ok(()) };
+    let Some((gateway, _scope)) = path.trim().rsplit_once("/lemon-runs/") else { return Ok(()) };
+    let procs = format!("/sys/fs/cgroup{gateway}/cgroup.procs");
+    fs::write(procs, pid.to_string())
 }
 
 /// The witness: waits for the CLI's pipe to close and records whether the CLI
