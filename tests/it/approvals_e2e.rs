@@ -268,3 +268,145 @@ async fn the_command_line_tests_rules_lists_requests_and_approves_one() {
     assert!(text.contains("already approved by api via api"), "{text}");
     app.gateway.terminate().await;
 }
+
+// ------------------------------------------------------------ Telegram
+
+mod telegram {
+    use lemon_tests::fake_llm::{FakeLlm, FakeToolCall, Turn};
+    use lemon_tests::fake_telegram::{ChatSpec, FakeTelegram};
+    use serde_json::{json, Value};
+
+    use super::{KEY, RULES};
+    use crate::support::{home_with, Gateway, PATIENCE};
+    use crate::telegram_e2e::{config, fake_telegram, USER};
+
+    struct Chat {
+        fake: FakeTelegram,
+        llm: FakeLlm,
+        gateway: Gateway,
+        _home: tempfile::TempDir,
+    }
+
+    /// A gateway whose Telegram chats run on the native engine under [`RULES`].
+    async fn start() -> Chat {
+        let fake = fake_telegram().await;
+        let llm = FakeLlm::builder().api_key(KEY).start().await;
+        let extra = format!(
+            "default_engine = \"lemon\"\n{RULES}\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+            llm.base_url()
+        );
+        let home = home_with(&config(&fake, "", &extra));
+        std::fs::write(home.path().join("secrets.toml"), format!("openai_api_key = \"{KEY}\"\n"))
+            .unwrap();
+        let gateway = Gateway::start_in(home.path()).await;
+        fake.wait_until("the bot's commands", PATIENCE, |s| s.commands().len() == 4).await;
+        Chat { fake, llm, gateway, _home: home }
+    }
+
+    impl Chat {
+        /// The user asks for something whose model runs `command`; the
+        /// message with the buttons, once it is there.
+        async fn ask(&self, command: &str) -> (i64, Value) {
+            let call =
+                FakeToolCall::new("call_tg", "bash", &[&json!({ "command": command }).to_string()]);
+            self.llm.push(Turn::tool_calls(vec![call]));
+            self.llm.push(Turn::text(&["All done."]));
+            self.fake.inject_text(&ChatSpec::private(USER), USER, "please do it");
+            let asked = |s: &lemon_tests::fake_telegram::Snapshot<'_>| {
+                s.messages(USER).into_iter().find(|m| m.text.starts_with("Allow this?")).cloned()
+            };
+            self.fake
+                .wait_until("the approval request in the chat", PATIENCE, |s| asked(s).is_some())
+                .await;
+            let message = self.fake.snapshot(asked).expect("asked");
+            assert_eq!(message.text, format!("Allow this?\nbash: {command}"));
+            let sent = self
+                .fake
+                .calls()
+                .into_iter()
+                .filter(|call| call.method == "sendMessage")
+                .find(|call| {
+                    call.params["text"].as_str().is_some_and(|t| t.starts_with("Allow this?"))
+                })
+                .expect("the sendMessage call");
+            (message.message_id, sent.params["reply_markup"]["inline_keyboard"][0].clone())
+        }
+
+        /// What the bot answered the press of update `update_id`.
+        async fn notice(&self, nth: usize) -> String {
+            let answers = |s: &lemon_tests::fake_telegram::Snapshot<'_>| {
+                s.calls_to("answerCallbackQuery")
+                    .into_iter()
+                    .map(|call| call.params["text"].as_str().unwrap_or_default().to_owned())
+                    .collect::<Vec<_>>()
+            };
+            self.fake
+                .wait_until("the press is answered", PATIENCE, |s| answers(s).len() > nth)
+                .await;
+            self.fake.snapshot(answers)[nth].clone()
+        }
+
+        fn tool_result(&self) -> String {
+            let requests = self.llm.requests();
+            let last = requests.last().expect("the model was asked");
+            let messages = last.body["messages"].as_array().unwrap();
+            let tool = messages.iter().find(|m| m["role"] == "tool").expect("a tool result");
+            tool["content"].as_str().map_or_else(|| tool["content"].to_string(), str::to_owned)
+        }
+
+        async fn answered(&self) {
+            self.fake
+                .wait_until("the answer", PATIENCE, |s| {
+                    s.messages(USER).iter().any(|m| m.text.contains("All done."))
+                })
+                .await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_button_in_the_chat_approves_and_a_second_press_is_told_it_was_settled() {
+        let chat = start().await;
+        let (message_id, buttons) = chat.ask("echo approved-in-chat").await;
+        assert_eq!(buttons[0]["text"], "Approve");
+        assert_eq!(buttons[1]["text"], "Deny");
+        let approve = buttons[0]["callback_data"].as_str().unwrap().to_owned();
+        assert!(approve.starts_with("apr:a:apr_"), "{approve}");
+        chat.fake.press_button(&ChatSpec::private(USER), USER, message_id, &approve);
+        assert_eq!(chat.notice(0).await, "Approved.");
+        chat.answered().await;
+        assert!(chat.tool_result().contains("approved-in-chat"), "{}", chat.tool_result());
+        // The request's message says how it was settled, without buttons.
+        let settled = |s: &lemon_tests::fake_telegram::Snapshot<'_>| {
+            s.message(USER, message_id).map(|m| m.text.clone())
+        };
+        chat.fake
+            .wait_until("the request's message is edited", PATIENCE, |s| {
+                settled(s).is_some_and(|t| t.starts_with("Approved"))
+            })
+            .await;
+        assert_eq!(
+            chat.fake.snapshot(settled).unwrap(),
+            "Approved (approved by @user1001 via telegram)\nbash: echo approved-in-chat"
+        );
+        chat.fake.press_button(&ChatSpec::private(USER), USER, message_id, &approve);
+        let second = chat.notice(1).await;
+        assert!(second.starts_with("Not taken: approval request apr_"), "{second}");
+        assert!(second.ends_with("was already approved by @user1001 via telegram."), "{second}");
+        chat.gateway.terminate().await;
+    }
+
+    #[tokio::test]
+    async fn a_deny_button_keeps_the_command_from_running() {
+        let chat = start().await;
+        let (message_id, buttons) = chat.ask("echo never-in-chat").await;
+        let deny = buttons[1]["callback_data"].as_str().unwrap().to_owned();
+        chat.fake.press_button(&ChatSpec::private(USER), USER, message_id, &deny);
+        assert_eq!(chat.notice(0).await, "Denied.");
+        chat.answered().await;
+        assert_eq!(
+            chat.tool_result(),
+            "The owner denied this call (@user1001 via telegram); it was not run."
+        );
+        chat.gateway.terminate().await;
+    }
+}

@@ -415,7 +415,7 @@ async fn a_long_poll_returns_a_message_as_soon_as_it_arrives() {
     assert_eq!(call.params["timeout"], json!(30));
     assert_eq!(
         call.params["allowed_updates"],
-        json!(["message", "edited_message", "channel_post"])
+        json!(["message", "edited_message", "channel_post", "callback_query"])
     );
 }
 

@@ -546,6 +546,15 @@ impl FakeTelegram {
         self.shared.update(|s| s.inject_text(self.bot, chat, from, text, Some(reply_to_message_id)))
     }
 
+    /// User `from` presses the inline button carrying `data` on the bot's
+    /// message `message_id` in `chat`; returns the update id.
+    ///
+    /// # Panics
+    /// When `chat` has no message `message_id`.
+    pub fn press_button(&self, chat: &ChatSpec, from: i64, message_id: i64, data: &str) -> i64 {
+        self.shared.update(|s| s.press_button(self.bot, chat, from, message_id, data))
+    }
+
     /// User `from` posts a photo, with an optional caption: a message without text.
     pub fn inject_photo(
         &self,

@@ -59,6 +59,9 @@ pub struct TransportContext {
     /// Timeouts and connection cap for a listener the transport serves with
     /// `lemon_api::serve_with`.
     pub http: listener::ServeConfig,
+    /// Tool calls waiting for the owner's answer: a chat channel offers them
+    /// to the chat whose run asked, and takes the answer.
+    pub approvals: crate::approvals::ApprovalHub,
 }
 
 /// Why a transport stopped serving. The message is shown in `/v1/status` and

@@ -1154,6 +1154,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         shutdown: token.clone(),
         tracker: tracker.clone(),
         http: listener_serve,
+        approvals: approval_hub.clone(),
     });
     let settled = statuses.wait_for(|map| !map.values().any(|s| *s == TransportState::Starting));
     if tokio::time::timeout(TRANSPORT_START_WAIT, settled).await.is_err() {

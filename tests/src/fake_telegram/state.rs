@@ -275,6 +275,42 @@ impl State {
         self.deliver(bot, spec, message_id, message)
     }
 
+    /// User `from` presses a button with `data` on the bot's message
+    /// `message_id` of `spec`: a `callback_query` update embedding the
+    /// message as it stands; returns the update id.
+    pub(super) fn press_button(
+        &mut self,
+        bot: usize,
+        spec: &ChatSpec,
+        from: i64,
+        message_id: i64,
+        data: &str,
+    ) -> i64 {
+        let message = self
+            .chats
+            .get(&spec.id)
+            .and_then(|chat| chat.messages.get(&message_id))
+            .map(|stored| stored.json.clone())
+            .unwrap_or_else(|| panic!("chat {} has no message {message_id}", spec.id));
+        let bot = &mut self.bots[bot];
+        let update_id = bot.next_update_id;
+        bot.next_update_id += 1;
+        let query = json!({
+            "id": format!("cbq-{update_id}"),
+            "from": user_json(from),
+            "message": message,
+            "chat_instance": format!("ci-{}", spec.id),
+            "data": data,
+        });
+        if bot.allowed_updates.is_empty()
+            || bot.allowed_updates.iter().any(|k| k == "callback_query")
+        {
+            bot.updates
+                .push_back((update_id, json!({ "update_id": update_id, "callback_query": query })));
+        }
+        update_id
+    }
+
     pub(super) fn inject_photo(
         &mut self,
         bot: usize,
@@ -417,6 +453,14 @@ impl State {
             }
             "setmycommands" => self.set_my_commands(bot, params),
             "sendchataction" => self.resolve_chat(params).map(|_| json!(true)),
+            "answercallbackquery" => {
+                match params.get("callback_query_id").and_then(Value::as_str) {
+                    Some(id) if id.starts_with("cbq-") => Ok(json!(true)),
+                    _ => Err(Reply::bad_request(
+                        "query is too old and response timeout expired or query ID is invalid",
+                    )),
+                }
+            }
             "sendmessage" => self.send_message(bot, params),
             "editmessagetext" => self.edit_message_text(bot, params),
             "sendphoto" => self.send_file(bot, "sendPhoto", "photo", params, upload),

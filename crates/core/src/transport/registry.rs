@@ -66,6 +66,8 @@ pub struct TransportDeps {
     pub tracker: TaskTracker,
     /// How transports that listen for HTTP serve their connections.
     pub http: ServeConfig,
+    /// Tool calls waiting for the owner's answer, which chats may give.
+    pub approvals: crate::approvals::ApprovalHub,
 }
 
 /// A registered transport.
@@ -243,6 +245,7 @@ impl RunningTransports {
             tracker: self.deps.tracker.clone(),
             status: self.statuses.handle(&id),
             http: self.deps.http.clone(),
+            approvals: self.deps.approvals.clone(),
         };
         let done = self.deps.tracker.spawn(supervise(transport, ctx, self.policy));
         Supervisor { id, stop, done }

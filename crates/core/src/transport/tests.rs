@@ -132,6 +132,7 @@ impl Harness {
                 shutdown,
                 tracker,
                 http: super::listener::ServeConfig::default(),
+                approvals: crate::approvals::ApprovalHub::default(),
             },
             _gateway: gateway,
         }

@@ -14,11 +14,12 @@ use std::time::Duration;
 use reqwest::{StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{json, Value};
 use tracing::{debug, warn};
 
 use super::types::{
-    BotCommand, EditMessageText, Message, SendFile, SendMessage, TelegramError, Update, User,
+    BotCommand, CallbackQuery, EditMessageText, Message, SendFile, SendMessage, TelegramError,
+    Update, User,
 };
 
 #[cfg(test)]
@@ -38,7 +39,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP timeout must leave room for the answer to travel.
 const POLL_GRACE: Duration = Duration::from_secs(15);
 /// The update kinds the transport reads; Telegram keeps this list between calls.
-const ALLOWED_UPDATES: [&str; 3] = ["message", "edited_message", "channel_post"];
+const ALLOWED_UPDATES: [&str; 4] = ["message", "edited_message", "channel_post", "callback_query"];
 /// What stands in for the token wherever it would otherwise appear.
 const REDACTED: &str = "<redacted>";
 /// Longest slice of a non-JSON error body kept in an error description.
@@ -228,6 +229,16 @@ impl BotApi {
     /// Not cancel safe: a cancelled call may still have delivered the message.
     pub async fn send_message(&self, req: &SendMessage) -> Result<Message, TelegramError> {
         self.call_typed("sendMessage", req, REQUEST_TIMEOUT).await
+    }
+
+    /// `answerCallbackQuery`: the short notice the user who pressed a button
+    /// sees, which also stops the button's spinner.
+    ///
+    /// # Errors
+    /// See [`TelegramError`].
+    pub async fn answer_callback_query(&self, id: &str, text: &str) -> Result<(), TelegramError> {
+        let params = json!({ "callback_query_id": id, "text": text });
+        self.call("answerCallbackQuery", &params, REQUEST_TIMEOUT).await.map(drop)
     }
 
     /// `editMessageText`: replaces the text of a message the bot sent.
@@ -514,6 +525,13 @@ fn decode_update(mut raw: Value) -> Option<Update> {
         warn!("skipping an update without an update_id");
         return None;
     };
+    let callback_query = raw.get_mut("callback_query").map(Value::take).and_then(|value| {
+        serde_json::from_value::<CallbackQuery>(value)
+            .map_err(
+                |error| warn!(update_id, %error, "ignoring a button press that does not parse"),
+            )
+            .ok()
+    });
     let mut message = |field: &'static str| -> Option<Message> {
         let value = raw.get_mut(field)?.take();
         match serde_json::from_value::<Option<Message>>(value) {
@@ -529,6 +547,7 @@ fn decode_update(mut raw: Value) -> Option<Update> {
         message: message("message"),
         edited_message: message("edited_message"),
         channel_post: message("channel_post"),
+        callback_query,
     })
 }
 

@@ -11,15 +11,20 @@
 //!   start, and the answer is sent then.
 //! - Every call to Telegram goes through the outbox, which keeps the bot inside
 //!   Telegram's rate limits.
+//! - A tool call of a chat's run that waits for the owner's answer is offered
+//!   in the chat with Approve / Deny buttons; a press from an allowed chat
+//!   answers it (the first answer from any surface counts), and the message
+//!   then says how it was settled.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lemon_core::approvals::ApprovalHub;
 use lemon_core::artifacts::Artifact;
 use lemon_core::bus::EventKind;
-use lemon_core::engine::{Completion, ResumeToken, RunError};
+use lemon_core::engine::{Action, ActionKind, ActionPhase, Completion, ResumeToken, RunError};
 use lemon_core::ids::RunId;
 use lemon_core::log_text;
 use lemon_core::router::resolve::parse_slash_command;
@@ -39,14 +44,18 @@ use super::inbound::{self, Inbound, COMMANDS, TRANSPORT_ID};
 use super::outbox::{BotSender, DeliveryError, OutboxConfig, OutboxHandle};
 use super::render::{ProgressRenderer, ResumeFormat};
 use super::types::{
-    BotCommand, FileKind, FormattedText, Message, ReplyParameters, SendFile, SendMessage,
-    TelegramError, User,
+    BotCommand, CallbackQuery, FileKind, FormattedText, Message, ReplyParameters, SendFile,
+    SendMessage, TelegramError, User,
 };
 use crate::access::Access;
 use crate::delivery::{DeliveryRecord, DeliveryRecords};
 use lemon_core::transport::{
     StatusHandle, Transport, TransportContext, TransportError, TransportState,
 };
+
+/// The data of the Approve and Deny buttons, before the request's id.
+const APPROVE: &str = "apr:a:";
+const DENY: &str = "apr:d:";
 
 /// Store namespace of the next `getUpdates` offset, keyed by bot id.
 const OFFSET_NS: &str = "telegram.offset";
@@ -163,6 +172,8 @@ impl Transport for TelegramTransport {
             progress: ProgressIndex::default(),
             status: ctx.status.clone(),
             deliveries: DeliveryRecords::new(ctx.store.clone(), DELIVERY_NS, FAILED_DELIVERY_TTL),
+            approvals: ctx.approvals.clone(),
+            offered: Mutex::new(HashMap::new()),
         });
         bot.recover_deliveries().await;
         // Subscribed before polling starts, so no run of a chat is missed.
@@ -224,6 +235,11 @@ struct Bot {
     /// Answers on their way; those given up on are kept for a week and
     /// counted in status.
     deliveries: DeliveryRecords<Delivery>,
+    /// Tool calls waiting for the owner's answer.
+    approvals: ApprovalHub,
+    /// The approval requests offered here: their chat and the message with
+    /// the buttons, by request id.
+    offered: Mutex<HashMap<String, (i64, i64)>>,
 }
 
 fn now_ms() -> i64 {
@@ -258,7 +274,10 @@ impl Bot {
                         if offset.is_some_and(|next| id < next) {
                             continue;
                         }
-                        self.handle(update.message.or(update.channel_post)).await;
+                        match update.callback_query {
+                            Some(query) => self.answer_button(query).await,
+                            None => self.handle(update.message.or(update.channel_post)).await,
+                        }
                         offset = Some(id + 1);
                         self.store.kv_put(OFFSET_NS, &bot_key, json!(id + 1), None).await;
                     }
@@ -547,6 +566,11 @@ impl Bot {
             // Events read back from the store are not drawn: progress shows
             // what happens from now on, and the answer is complete either way.
             let Some(typed) = event.event() else { continue };
+            if let EventKind::EngineAction(action) = &typed.kind {
+                if action.kind == ActionKind::Approval {
+                    self.approval_step(&delivery, action).await;
+                }
+            }
             let changed = renderer.apply(typed);
             if let EventKind::RunCompleted { completion, .. } = &typed.kind {
                 break completion.clone();
@@ -556,6 +580,83 @@ impl Bot {
             }
         };
         self.finish(delivery, renderer, completion, started).await;
+    }
+
+    /// An approval action of the chat's run: when it starts, the request is
+    /// offered with Approve / Deny buttons; when it completes, the message
+    /// says how it was settled and loses its buttons.
+    async fn approval_step(&self, delivery: &Delivery, action: &Action) {
+        let request = &action.detail["approval"];
+        let Some(id) = request["id"].as_str() else { return };
+        let what = format!(
+            "{}: {}",
+            request["tool"].as_str().unwrap_or_default(),
+            request["subject"].as_str().unwrap_or_default()
+        );
+        if action.phase != ActionPhase::Completed {
+            let text = FormattedText::plain(format!("Allow this?\n{what}"));
+            let mut send =
+                message_to(delivery.chat_id, delivery.thread_id, delivery.reply_to, text);
+            send.reply_markup = Some(json!({ "inline_keyboard": [[
+                { "text": "Approve", "callback_data": format!("{APPROVE}{id}") },
+                { "text": "Deny", "callback_data": format!("{DENY}{id}") },
+            ]] }));
+            match self.outbox.send(send).await {
+                Ok(sent) => {
+                    let mut offered = self.offered.lock().unwrap_or_else(PoisonError::into_inner);
+                    offered.insert(id.to_owned(), (delivery.chat_id, sent.message_id));
+                }
+                Err(error) => tracing::warn!(%error, approval = id, "approval request not sent"),
+            }
+            return;
+        }
+        let offered = self.offered.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+        if let Some((chat_id, message_id)) = offered {
+            let settled = action.message.as_deref().unwrap_or("settled");
+            let mark = if action.ok == Some(true) { "Approved" } else { "Not run" };
+            let text = FormattedText::plain(format!("{mark} ({settled})\n{what}"));
+            // An edit without buttons removes them.
+            let _ = self.outbox.edit(chat_id, message_id, text).await;
+        }
+    }
+
+    /// A pressed Approve / Deny button: answers the request when the press
+    /// comes from the chat it was offered in (an allowed chat), and tells the
+    /// user how it went.
+    async fn answer_button(&self, query: CallbackQuery) {
+        let data = query.data.as_deref().unwrap_or_default();
+        let (approve, id) = match (data.strip_prefix(APPROVE), data.strip_prefix(DENY)) {
+            (Some(id), _) => (true, id),
+            (None, Some(id)) => (false, id),
+            (None, None) => return,
+        };
+        let chat_id = query.message.as_ref().map(|message| message.chat.id);
+        let offered_here = {
+            let offered = self.offered.lock().unwrap_or_else(PoisonError::into_inner);
+            offered.get(id).map(|(chat, _)| *chat)
+        };
+        let notice = match chat_id {
+            Some(chat) if !self.chat_allowed(chat, true) => "This chat may not answer.".to_owned(),
+            Some(chat) if offered_here.is_some_and(|offered| offered != chat) => {
+                "This request was not asked here.".to_owned()
+            }
+            None => "This request is too old to answer here.".to_owned(),
+            Some(_) => {
+                let by = match &query.from.username {
+                    Some(username) => format!("@{username}"),
+                    None => query.from.id.to_string(),
+                };
+                match self.approvals.answer(id, approve, &by, TRANSPORT_ID) {
+                    Ok(_) if approve => "Approved.".to_owned(),
+                    Ok(_) => "Denied.".to_owned(),
+                    Err(error) => format!("Not taken: {error}."),
+                }
+            }
+        };
+        tracing::info!(approval = id, approve, notice = %notice, "approval button pressed");
+        if let Err(error) = self.api.answer_callback_query(&query.id, &notice).await {
+            tracing::warn!(%error, "could not answer a button press");
+        }
     }
 
     /// Sends the progress message and records its id.

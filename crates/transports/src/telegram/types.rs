@@ -18,6 +18,21 @@ pub struct Update {
     pub edited_message: Option<Message>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel_post: Option<Message>,
+    /// A button of an inline keyboard pressed (an approval's answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_query: Option<CallbackQuery>,
+}
+
+/// A pressed inline button: who pressed it, on which message, with what data.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct CallbackQuery {
+    pub id: String,
+    pub from: User,
+    /// The bot's message the button is on (absent when it is too old).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<Message>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
 }
 
 /// A message, incoming or sent by the bot.
@@ -125,6 +140,9 @@ pub struct SendMessage {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reply_parameters: Option<ReplyParameters>,
     pub link_preview_options: LinkPreviewOptions,
+    /// An inline keyboard (`{"inline_keyboard": [[{"text", "callback_data"}]]}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_markup: Option<serde_json::Value>,
 }
 
 impl SendMessage {
@@ -136,6 +154,7 @@ impl SendMessage {
             message_thread_id: None,
             reply_parameters: None,
             link_preview_options: LinkPreviewOptions { is_disabled: true },
+            reply_markup: None,
         }
     }
 }

@@ -949,6 +949,7 @@ token = \"{TOKEN}\"\n",
     registry.add(Arc::new(transport)).unwrap();
     let deps = TransportDeps {
         http: lemon_api::http::ServeConfig::default(),
+        approvals: lemon_core::approvals::ApprovalHub::default(),
         router: hook.router.clone(),
         store: hook.store.clone(),
         shutdown: hook._token.clone(),
