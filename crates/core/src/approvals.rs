@@ -26,6 +26,15 @@ pub use hub::{
     Answer, AnswerError, ApprovalHub, ApprovalRequest, Outcome, PendingApproval, Waiting,
 };
 
+/// Whether `id` has the shape of a request id (`apr_` and 12 lowercase hex
+/// digits): anything else from outside is refused before it is looked up or
+/// logged.
+pub fn is_request_id(id: &str) -> bool {
+    id.strip_prefix("apr_").is_some_and(|hex| {
+        hex.len() == 12 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 /// The most characters of a call's subject a request shows.
 pub const SUBJECT_CHARS: usize = 400;
 
@@ -97,6 +106,11 @@ impl Policy {
             rules.push(Rule { tool, pattern, action: rule.action, text });
         }
         Ok(Policy { rules, timeout: Duration::from_millis(config.timeout_ms) })
+    }
+
+    /// Whether there is no rule (every call is allowed).
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
     }
 
     /// The first rule that matches `tool` and `subject` decides.

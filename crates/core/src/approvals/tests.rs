@@ -92,6 +92,12 @@ async fn one_answer_settles_a_request_and_a_second_is_told_what_settled_it() {
         hub.answer("apr_unknown", true, "api", "api"),
         Err(AnswerError::NotFound("apr_unknown".to_owned()))
     );
+    assert!(is_request_id(&id), "{id}");
+    for hostile in
+        ["apr_unknown", "apr_0123456789ab\nforged log line", "apr_0123456789AB", "", "apr_"]
+    {
+        assert!(!is_request_id(hostile), "{hostile:?}");
+    }
 }
 
 #[tokio::test(start_paused = true)]

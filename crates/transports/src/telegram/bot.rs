@@ -630,6 +630,11 @@ impl Bot {
             (None, Some(id)) => (false, id),
             (None, None) => return,
         };
+        // The data comes from the chat: only a request id's shape is read on.
+        if !lemon_core::approvals::is_request_id(id) {
+            tracing::info!("a button press with data that is no approval request; ignored");
+            return;
+        }
         let chat_id = query.message.as_ref().map(|message| message.chat.id);
         let offered_here = {
             let offered = self.offered.lock().unwrap_or_else(PoisonError::into_inner);
