@@ -52,11 +52,7 @@ impl App {
 
     /// The text the model was given for its tool call.
     fn tool_result(&self) -> String {
-        let requests = self.llm.requests();
-        let last = requests.last().expect("the model was asked");
-        let messages = last.body["messages"].as_array().unwrap();
-        let tool = messages.iter().find(|m| m["role"] == "tool").expect("a tool result");
-        tool["content"].as_str().map_or_else(|| tool["content"].to_string(), str::to_owned)
+        tool_result(&self.llm)
     }
 
     async fn decide(&self, id: &str, decision: &str) -> (u16, Value) {
@@ -75,6 +71,15 @@ impl App {
             self.gateway.get("/v1/approvals").send().await.unwrap().json().await.unwrap();
         body["approvals"].as_array().unwrap().clone()
     }
+}
+
+/// The text the model was given for its tool call, in its last request.
+fn tool_result(llm: &FakeLlm) -> String {
+    let requests = llm.requests();
+    let last = requests.last().expect("the model was asked");
+    let messages = last.body["messages"].as_array().unwrap();
+    let tool = messages.iter().find(|m| m["role"] == "tool").expect("a tool result");
+    tool["content"].as_str().map_or_else(|| tool["content"].to_string(), str::to_owned)
 }
 
 /// Reads the run's events until its approval request arrives; the request.
@@ -347,11 +352,7 @@ mod telegram {
         }
 
         fn tool_result(&self) -> String {
-            let requests = self.llm.requests();
-            let last = requests.last().expect("the model was asked");
-            let messages = last.body["messages"].as_array().unwrap();
-            let tool = messages.iter().find(|m| m["role"] == "tool").expect("a tool result");
-            tool["content"].as_str().map_or_else(|| tool["content"].to_string(), str::to_owned)
+            super::tool_result(&self.llm)
         }
 
         async fn answered(&self) {

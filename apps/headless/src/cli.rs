@@ -422,11 +422,7 @@ fn serve_worker_threads(cli: &Cli) -> usize {
 static ENVIRONMENT: std::sync::OnceLock<BTreeMap<String, String>> = std::sync::OnceLock::new();
 
 fn environment() -> &'static BTreeMap<String, String> {
-    ENVIRONMENT.get_or_init(|| {
-        std::env::vars_os()
-            .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
-            .collect()
-    })
+    ENVIRONMENT.get_or_init(lemon_engines::cli::environment)
 }
 
 /// Parses the command line and runs the command; the process exit code (see

@@ -65,9 +65,9 @@ mod tools;
 pub(crate) mod translate;
 
 pub use process::{
-    hide_from_children, is_secret_name, kill_leftover_group, seal_environment, spawn_helper,
-    tracking as process_tracking, Helper, HelperChild, HelperSpec, Leftover, ProcessRecorder,
-    SealedEnvironment, Tracking, SCOPE_ENV,
+    environment, hide_from_children, is_secret_name, kill_leftover_group, seal_environment,
+    spawn_helper, tracking as process_tracking, Helper, HelperChild, HelperSpec, Leftover,
+    ProcessRecorder, SealedEnvironment, Tracking, SCOPE_ENV,
 };
 pub use settings::which;
 pub use translate::describe;

@@ -64,7 +64,7 @@ use tokio_util::task::TaskTracker;
 mod cgroup;
 mod environ;
 
-pub use environ::{is_secret_name, seal_environment, SealedEnvironment};
+pub use environ::{environment, is_secret_name, seal_environment, SealedEnvironment};
 
 /// How much of stderr is kept (its last bytes).
 pub(crate) const STDERR_TAIL_BYTES: usize = 8 * 1024;

@@ -546,7 +546,9 @@ impl Agent {
     /// What the owner's policy says about `call`: allowed, denied (with what
     /// the model is told), or asked (put up in the hub).
     fn judge(&self, call: &ToolCall, args: &Value) -> Judged {
-        let Some(approvals) = &self.approvals else { return Judged::Allowed };
+        let Some(approvals) = self.approvals.as_ref().filter(|a| !a.policy.is_empty()) else {
+            return Judged::Allowed;
+        };
         let subject = lemon_core::approvals::subject(&call.name, args, &self.req.cwd);
         let verdict = approvals.policy.judge(&call.name, &subject);
         match verdict.action {

@@ -30,6 +30,14 @@ pub fn is_secret_name(name: &str) -> bool {
         || upper.split('_').any(|part| part.ends_with("KEY"))
 }
 
+/// The process environment as it is now, without the entries that are not
+/// UTF-8 (the gateway cannot use them).
+pub fn environment() -> BTreeMap<String, String> {
+    std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+        .collect()
+}
+
 /// Takes the process environment, then blanks every secret's entry
 /// ([`is_secret_name`]) in the block `/proc/self/environ` shows. Entries
 /// that are not UTF-8 are left out of the map, as the gateway cannot use them.
@@ -43,10 +51,7 @@ pub fn is_secret_name(name: &str) -> bool {
 /// phrase; the environment has been read by then, but the secrets are still
 /// in the block.
 pub fn seal_environment() -> Result<SealedEnvironment, (SealedEnvironment, String)> {
-    let vars: BTreeMap<String, String> = std::env::vars_os()
-        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
-        .collect();
-    let mut sealed = SealedEnvironment { vars, blanked: Vec::new() };
+    let mut sealed = SealedEnvironment { vars: environment(), blanked: Vec::new() };
     if !sealed.vars.keys().any(|name| is_secret_name(name)) {
         return Ok(sealed);
     }
