@@ -83,7 +83,7 @@ fn tool_result(llm: &FakeLlm) -> String {
 }
 
 /// Reads the run's events until its approval request arrives; the request.
-async fn until_asked(gateway: &Gateway, run_id: &str) -> Value {
+pub(crate) async fn until_asked(gateway: &Gateway, run_id: &str) -> Value {
     let response = gateway.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
     let mut parser = lemon_gateway::sse::SseParser::default();
     let mut stream = response.bytes_stream();
@@ -249,9 +249,17 @@ async fn the_command_line_tests_rules_lists_requests_and_approves_one() {
     let app = start("").await;
     let (ok, text) = cli(&app, &["approvals", "test", "bash: rm -rf build"]).await;
     assert!(ok, "{text}");
-    assert_eq!(text.trim(), "deny: rule 1 (tool = \"bash\", match = \"rm *\", action = \"deny\")");
+    assert_eq!(
+        text.trim(),
+        "deny: rule 1 (tool = \"bash\", match = \"rm *\", action = \"deny\")\n\
+         untrusted runs: ask: rule 3 (untrusted: tool = \"*\", action = \"ask\")"
+    );
     let (_, text) = cli(&app, &["approvals", "test", "read: /etc/hosts"]).await;
-    assert_eq!(text.trim(), "allow: no rule matched");
+    assert_eq!(
+        text.trim(),
+        "allow: no rule matched\n\
+         untrusted runs: allow: rule 1 (untrusted: tool = \"{read,list,grep,glob}\", action = \"allow\")"
+    );
     let (ok, text) = cli(&app, &["approvals", "test", "no colon"]).await;
     assert!(!ok, "{text}");
     assert!(text.contains("write the call as `tool: subject`"), "{text}");
@@ -409,5 +417,219 @@ mod telegram {
             "The owner denied this call (@user1001 via telegram); it was not run."
         );
         chat.gateway.terminate().await;
+    }
+}
+
+/// The same through Discord: Approve / Deny buttons under a message in the
+/// channel, pressed through `INTERACTION_CREATE`.
+mod discord {
+    use lemon_tests::fake_discord::{FakeDiscord, FakeMessage};
+    use lemon_tests::fake_llm::{FakeLlm, FakeToolCall, Turn};
+    use serde_json::json;
+
+    use super::{KEY, RULES};
+    use crate::discord_e2e::{config, fake, home, start_in, CHANNEL, STRANGER, USER};
+    use crate::support::{Gateway, PATIENCE};
+
+    struct Channel {
+        fake: FakeDiscord,
+        llm: FakeLlm,
+        gateway: Gateway,
+        _home: tempfile::TempDir,
+    }
+
+    /// A gateway whose Discord channels run on the native engine under [`RULES`].
+    async fn start() -> Channel {
+        let fake = fake().await;
+        let llm = FakeLlm::builder().api_key(KEY).start().await;
+        let extra = format!(
+            "default_engine = \"lemon\"\n{RULES}\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+            llm.base_url()
+        );
+        let home = home(&config(&fake, "", &extra));
+        let secrets = home.path().join("secrets.toml");
+        let text = std::fs::read_to_string(&secrets).unwrap();
+        std::fs::write(&secrets, format!("{text}openai_api_key = \"{KEY}\"\n")).unwrap();
+        let gateway = start_in(&fake, home.path()).await;
+        Channel { fake, llm, gateway, _home: home }
+    }
+
+    impl Channel {
+        /// The user asks for something whose model runs `command`; the
+        /// message with the buttons, once it is there.
+        async fn ask(&self, command: &str) -> FakeMessage {
+            let call =
+                FakeToolCall::new("call_dc", "bash", &[&json!({ "command": command }).to_string()]);
+            self.llm.push(Turn::tool_calls(vec![call]));
+            self.llm.push(Turn::text(&["All done."]));
+            self.fake.inject_message(CHANNEL, USER, "please do it", true, None);
+            let asked = |s: &lemon_tests::fake_discord::Snapshot<'_>| {
+                s.bot_messages(CHANNEL)
+                    .into_iter()
+                    .find(|m| m.content.starts_with("Allow this?"))
+                    .cloned()
+            };
+            self.fake
+                .wait_until("the approval request in the channel", PATIENCE, |s| asked(s).is_some())
+                .await;
+            let message = self.fake.snapshot(asked).expect("asked");
+            assert_eq!(message.content, format!("Allow this?\nbash: {command}"));
+            message
+        }
+
+        /// What the bot answered interaction `id`.
+        async fn notice(&self, id: u64) -> String {
+            let reply = |s: &lemon_tests::fake_discord::Snapshot<'_>| {
+                s.interaction_reply(id).map(str::to_owned)
+            };
+            self.fake.wait_until("the press is answered", PATIENCE, |s| reply(s).is_some()).await;
+            self.fake.snapshot(reply).unwrap()
+        }
+
+        /// The request's message once it no longer starts with "Allow this?".
+        async fn settled(&self, id: u64) -> FakeMessage {
+            let settled = |s: &lemon_tests::fake_discord::Snapshot<'_>| {
+                s.message(id).filter(|m| !m.content.starts_with("Allow this?")).cloned()
+            };
+            self.fake
+                .wait_until("the request's message is edited", PATIENCE, |s| settled(s).is_some())
+                .await;
+            self.fake.snapshot(settled).unwrap()
+        }
+
+        async fn answered(&self) {
+            self.fake
+                .wait_until("the answer", PATIENCE, |s| {
+                    s.bot_messages(CHANNEL).iter().any(|m| m.content.contains("All done."))
+                })
+                .await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_button_in_the_channel_approves_and_a_stranger_cannot() {
+        let channel = start().await;
+        let message = channel.ask("echo approved-in-discord").await;
+        let ids = message.button_ids();
+        assert_eq!(ids.len(), 2, "{:?}", message.components);
+        assert_eq!(message.components[0]["components"][0]["label"], "Approve");
+        assert_eq!(message.components[0]["components"][1]["label"], "Deny");
+        assert!(ids[0].starts_with("apr:a:apr_"), "{ids:?}");
+
+        // Someone not on the allow-list presses Approve: nothing is decided.
+        let press = channel.fake.press_button(CHANNEL, message.id, STRANGER, &ids[0]);
+        assert_eq!(channel.notice(press).await, "You may not answer here.");
+        assert!(channel.llm.requests().len() == 1, "the call still waits");
+
+        let press = channel.fake.press_button(CHANNEL, message.id, USER, &ids[0]);
+        assert_eq!(channel.notice(press).await, "Approved.");
+        channel.answered().await;
+        assert!(
+            super::tool_result(&channel.llm).contains("approved-in-discord"),
+            "{}",
+            super::tool_result(&channel.llm)
+        );
+        let settled = channel.settled(message.id).await;
+        assert_eq!(
+            settled.content,
+            format!(
+                "Approved (approved by @user{USER} via discord)\nbash: echo approved-in-discord"
+            )
+        );
+        assert!(settled.button_ids().is_empty(), "the buttons are gone: {:?}", settled.components);
+
+        let press = channel.fake.press_button(CHANNEL, message.id, USER, &ids[1]);
+        let second = channel.notice(press).await;
+        assert!(second.starts_with("Not taken: approval request apr_"), "{second}");
+        assert!(second.ends_with(&format!("was already approved by @user{USER} via discord.")));
+        channel.gateway.terminate().await;
+    }
+
+    #[tokio::test]
+    async fn a_deny_button_keeps_the_command_from_running() {
+        let channel = start().await;
+        let message = channel.ask("echo never-in-discord").await;
+        let deny = message.button_ids()[1].clone();
+        let press = channel.fake.press_button(CHANNEL, message.id, USER, &deny);
+        assert_eq!(channel.notice(press).await, "Denied.");
+        channel.answered().await;
+        assert_eq!(
+            super::tool_result(&channel.llm),
+            format!("The owner denied this call (@user{USER} via discord); it was not run.")
+        );
+        let settled = channel.settled(message.id).await;
+        assert!(settled.content.starts_with("Not run (denied by @user"), "{}", settled.content);
+        channel.gateway.terminate().await;
+    }
+}
+
+/// The same by SMS, where there are no buttons: the request is texted with a
+/// code, and a reply `yes <code>` from the conversation answers it.
+mod sms {
+    use lemon_tests::fake_llm::{FakeLlm, FakeToolCall, Turn};
+    use lemon_tests::fake_twilio::FakeTwilio;
+    use serde_json::json;
+
+    use super::{KEY, RULES};
+    use crate::sms_e2e::{
+        deliver, inbound, sms_addr, sms_config, write_secrets, ACCOUNT_SID, AUTH_TOKEN, FRIEND,
+    };
+    use crate::support::{home_with, Gateway, PATIENCE};
+
+    /// The bodies texted to [`FRIEND`] once there are `count`.
+    async fn texts(twilio: &FakeTwilio, count: usize) -> Vec<String> {
+        let created = twilio.wait_for_requests(count, PATIENCE).await;
+        created.iter().filter_map(|r| r.field("Body")).map(str::to_owned).collect()
+    }
+
+    #[tokio::test]
+    async fn a_reply_with_the_code_approves_and_a_second_reply_is_refused() {
+        let twilio = FakeTwilio::start(ACCOUNT_SID, AUTH_TOKEN).await;
+        let llm = FakeLlm::builder().api_key(KEY).start().await;
+        let call = FakeToolCall::new(
+            "call_sms",
+            "bash",
+            &[&json!({ "command": "echo approved-by-sms" }).to_string()],
+        );
+        llm.push(Turn::tool_calls(vec![call]));
+        llm.push(Turn::text(&["All done."]));
+        let config = format!(
+            "[gateway]\ndefault_engine = \"lemon\"\n{RULES}{}[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+            sms_config(&twilio, "reply_to_allowed = true\n"),
+            llm.base_url()
+        );
+        let home = home_with(&config);
+        write_secrets(home.path(), &format!("openai_api_key = \"{KEY}\"\n"));
+        let gateway = Gateway::start_in(home.path()).await;
+        let addr = sms_addr(&gateway).await;
+
+        deliver(&addr, &inbound("SM00000000000000000000000000000a01", FRIEND, "please do it"))
+            .await;
+        let asked = texts(&twilio, 1).await;
+        let (question, code) = asked[0].rsplit_once("\nReply yes ").expect("a code to reply with");
+        let code = code.split(' ').next().unwrap().to_owned();
+        assert_eq!(question, "Allow this?\nbash: echo approved-by-sms");
+        assert_eq!(asked[0], format!("{question}\nReply yes {code} or no {code}."));
+
+        // A code no request of this conversation has is refused; nothing runs.
+        deliver(&addr, &inbound("SM00000000000000000000000000000a02", FRIEND, "yes 0000")).await;
+        assert_eq!(texts(&twilio, 2).await[1], "Not taken: no approval request 0000.");
+        assert_eq!(llm.requests().len(), 1, "the call still waits");
+
+        let reply = format!("YES {code}");
+        deliver(&addr, &inbound("SM00000000000000000000000000000a03", FRIEND, &reply)).await;
+        // The notice and the run's answer, in either order.
+        let mut last = texts(&twilio, 4).await[2..].to_vec();
+        last.sort();
+        assert_eq!(last, ["All done.", "Approved."]);
+        assert!(super::tool_result(&llm).contains("approved-by-sms"));
+
+        let again = format!("no {code}");
+        deliver(&addr, &inbound("SM00000000000000000000000000000a04", FRIEND, &again)).await;
+        assert_eq!(texts(&twilio, 5).await[4], format!("Not taken: no approval request {code}."));
+        let runs: serde_json::Value =
+            gateway.get("/v1/runs").send().await.unwrap().json().await.unwrap();
+        assert_eq!(runs["runs"].as_array().unwrap().len(), 1, "the replies started no run");
+        gateway.terminate().await;
     }
 }

@@ -57,7 +57,8 @@ async fn webhooks_answer_in_sync_mode_and_call_back_in_async_mode() {
         "[gateway]\nenable_webhook = true\n\
          [gateway.webhook]\nport = 0\nallow_private_callback_hosts = true\n\
          [gateway.webhook.integrations.ci]\ntoken = \"{HOOK_TOKEN}\"\nmode = \"sync\"\n\
-         [gateway.webhook.integrations.later]\ntoken = \"{HOOK_TOKEN}\"\ncallback_url = \"{callback_url}\"\n"
+         [gateway.webhook.integrations.later]\ntoken = \"{HOOK_TOKEN}\"\ncallback_url = \"{callback_url}\"\n\
+         [gateway.webhook.integrations.mine]\ntoken = \"{HOOK_TOKEN}\"\nmode = \"sync\"\nuntrusted = false\n"
     );
     let gateway = Gateway::start(&config).await;
     let url = |id: &str| gateway.webhook_url(id);
@@ -69,6 +70,15 @@ async fn webhooks_answer_in_sync_mode_and_call_back_in_async_mode() {
     assert_eq!(body["ok"], true, "{body}");
     assert_eq!(body["answer"], "build is green");
     assert_eq!(body["session_key"], "webhook:ci");
+    // A payload is outside text unless its integration says it is the owner's.
+    let run_of = |body: &Value| format!("/v1/runs/{}", body["run_id"].as_str().unwrap());
+    let run: Value = gateway.get(&run_of(&body)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(run["untrusted"], "webhook ci", "{run}");
+    assert_eq!(run["meta"]["untrusted"], json!({ "source": "webhook ci" }));
+    let response = gateway.post_webhook("mine", HOOK_TOKEN, &json!({ "prompt": "mine" })).await;
+    let body: Value = response.json().await.unwrap();
+    let run: Value = gateway.get(&run_of(&body)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(run["untrusted"], Value::Null, "{run}");
 
     let unauthorized =
         gateway.http.post(url("ci")).bearer_auth("nope").json(&json!({ "prompt": "x" }));

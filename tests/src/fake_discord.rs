@@ -78,7 +78,22 @@ pub struct FakeMessage {
     pub edits: usize,
     /// (filename, bytes) of its attachments.
     pub attachments: Vec<(String, Vec<u8>)>,
+    /// Its rows of buttons as last sent (`[]`: none).
+    pub components: Value,
     pub sent_at: Instant,
+}
+
+impl FakeMessage {
+    /// The `custom_id`s of its buttons, row by row.
+    pub fn button_ids(&self) -> Vec<String> {
+        self.components
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|row| row["components"].as_array().cloned().unwrap_or_default())
+            .filter_map(|button| button["custom_id"].as_str().map(str::to_owned))
+            .collect()
+    }
 }
 
 /// One REST call as the fake answered it.
@@ -383,6 +398,7 @@ impl FakeDiscord {
             versions: vec![content],
             edits: 0,
             attachments: Vec::new(),
+            components: json!([]),
             sent_at: Instant::now(),
         };
         state.messages.push(message.clone());
@@ -408,6 +424,33 @@ impl FakeDiscord {
             "id": id.to_string(), "application_id": APPLICATION_ID.to_string(), "type": 2,
             "token": format!("itoken-{id}"), "version": 1, "channel_id": channel.to_string(),
             "data": { "id": "1", "name": name, "type": 1, "options": options },
+        });
+        match spec.guild_id {
+            Some(guild) => {
+                data["guild_id"] = json!(guild.to_string());
+                data["member"] = json!({ "user": user_json, "roles": [] });
+            }
+            None => data["user"] = user_json,
+        }
+        state.dispatch("INTERACTION_CREATE", data);
+        drop(state);
+        self.shared.changed();
+        id
+    }
+
+    /// A user presses the button `custom_id` under the bot's message
+    /// `message` in `channel`; the interaction id.
+    pub fn press_button(&self, channel: u64, message: u64, user: u64, custom_id: &str) -> u64 {
+        let mut state = self.shared.lock();
+        let spec =
+            state.channels.get(&channel).cloned().unwrap_or_else(|| ChannelSpec::dm(channel));
+        let id = state.next_id();
+        let user_json = json!({ "id": user.to_string(), "username": format!("user{user}") });
+        let mut data = json!({
+            "id": id.to_string(), "application_id": APPLICATION_ID.to_string(), "type": 3,
+            "token": format!("itoken-{id}"), "version": 1, "channel_id": channel.to_string(),
+            "message": { "id": message.to_string(), "channel_id": channel.to_string() },
+            "data": { "custom_id": custom_id, "component_type": 2 },
         });
         match spec.guild_id {
             Some(guild) => {

@@ -25,8 +25,12 @@ pub async fn list(client: &Client, json: bool) -> anyhow::Result<u8> {
     }
     for request in pending {
         let text = |key: &str| request[key].as_str().unwrap_or_default().to_owned();
+        let outside = request["untrusted"]
+            .as_str()
+            .map(|source| format!(", untrusted text from {}", one_line(source)))
+            .unwrap_or_default();
         println!(
-            "{}  {}  {}: {}  (run {}, {})",
+            "{}  {}  {}: {}  (run {}, {}{outside})",
             text("id"),
             text("session_key"),
             text("tool"),
@@ -64,12 +68,21 @@ pub fn test(config: &Path, call: &str) -> anyhow::Result<u8> {
         );
     };
     let loaded = lemon_core::config::load_file_or_default(config)?;
-    let policy = Policy::from_config(&loaded.config.gateway.approvals)
-        .map_err(|(i, key, why)| anyhow::anyhow!("rule {}: {key}: not a glob: {why}", i + 1))?;
-    let verdict = policy.judge(tool.trim(), subject.trim());
-    match verdict.rule {
-        Some(n) => println!("{}: rule {n} ({})", verdict.action.as_str(), verdict.rule_text),
-        None => println!("{}: no rule matched", verdict.action.as_str()),
+    let approvals = &loaded.config.gateway.approvals;
+    let not_a_glob = |(i, key, why): (usize, &str, String)| {
+        anyhow::anyhow!("rule {}: {key}: not a glob: {why}", i + 1)
+    };
+    let owner = Policy::from_config(approvals).map_err(not_a_glob)?;
+    let untrusted = Policy::untrusted_from_config(approvals).map_err(not_a_glob)?;
+    // The owner's rules first, then what a run of outside text would get.
+    for (prefix, policy) in [("", &owner), ("untrusted runs: ", &untrusted)] {
+        let verdict = policy.judge(tool.trim(), subject.trim());
+        match verdict.rule {
+            Some(n) => {
+                println!("{prefix}{}: rule {n} ({})", verdict.action.as_str(), verdict.rule_text);
+            }
+            None => println!("{prefix}{}: no rule matched", verdict.action.as_str()),
+        }
     }
     Ok(failure::OK)
 }

@@ -5,6 +5,8 @@
 //! - [`cli`]: the command line, logging and signals.
 //! - [`client`]: talking to a running gateway; errors a person can act on.
 //! - [`run`]: `run`, `attach`, `cancel`: following a run, Ctrl-C.
+//! - [`ask`]: a run's approval requests asked on the terminal `run` runs on.
+//! - [`approvals_cmd`]: `approvals`, `approvals test`, `approve`, `deny`.
 //! - [`show`]: `status`, `engines`, `runs`, `logs` as text or JSON.
 //! - [`progress`]: the spinner and action lines on stderr.
 //! - [`last_session`]: the last session of each directory, for `run --continue`.
@@ -15,6 +17,7 @@
 //! - [`sse`]: a small Server-Sent Events reader for the client.
 
 pub mod approvals_cmd;
+pub mod ask;
 pub mod cli;
 pub mod client;
 pub mod doctor;

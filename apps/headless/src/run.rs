@@ -2,7 +2,8 @@
 //! follow the run's events to its end, and answer Ctrl-C.
 //!
 //! Output: the answer alone on stdout (or the final record with `--json`);
-//! progress, notices and the resume line on stderr.
+//! progress, notices and the resume line on stderr. An approval request of
+//! the run is asked there too ([`crate::ask`]).
 
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
@@ -12,6 +13,7 @@ use anyhow::Context;
 use serde_json::{json, Value};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
+use crate::ask::{Asker, Typed};
 use crate::client::{Client, ClientError};
 use crate::failure::{self, Failure};
 use crate::last_session;
@@ -211,6 +213,7 @@ pub async fn follow(
     let mut ticker = tokio::time::interval(Duration::from_millis(100));
     let mut interrupted = 0;
     let mut streamed = String::new();
+    let mut asker = Asker::new(std::io::stdin().is_terminal(), ui.err);
     let completed: Value = loop {
         tokio::select! {
             event = events.next() => {
@@ -223,13 +226,31 @@ pub async fn follow(
                     .into());
                 };
                 progress.event(&kind, &data);
+                if let Some(text) = asker.event(&kind, &data) {
+                    progress.clear();
+                    say(&text);
+                }
                 match kind.as_str() {
                     "delta" => streamed.push_str(data["text"].as_str().unwrap_or_default()),
                     "run_completed" => break data,
                     _ => {}
                 }
             }
-            _ = ticker.tick(), if progress.animated() => progress.tick(),
+            line = asker.line() => match line {
+                Some(line) => match asker.read(&line) {
+                    Typed::Answer { id, approve } => {
+                        let decision = if approve { "approve" } else { "deny" };
+                        let body = json!({ "decision": decision });
+                        // Settled meanwhile elsewhere: the refusal says how; the event closes it.
+                        if let Err(error) = client.post(&format!("/v1/approvals/{id}"), &body).await {
+                            eprintln!("{id}: {error}");
+                        }
+                    }
+                    Typed::Again => say(&asker.question()),
+                },
+                None => asker.stdin_closed(),
+            },
+            _ = ticker.tick(), if progress.animated() && !asker.asking() => progress.tick(),
             () = interrupts.recv() => {
                 interrupted += 1;
                 if on_interrupt == OnInterrupt::Cancel && interrupted == 1 {
@@ -277,6 +298,16 @@ pub async fn follow(
             eprintln!("{} run {run_id} failed: {error}", ui.err.red("error:"));
             Ok(failure::RUN_FAILED)
         }
+    }
+}
+
+/// `text` on stderr; a question (ending in a space) stays on its line.
+#[allow(clippy::print_stderr)]
+fn say(text: &str) {
+    if text.ends_with(' ') {
+        eprint!("{text}");
+    } else {
+        eprintln!("{text}");
     }
 }
 

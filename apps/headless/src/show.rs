@@ -136,6 +136,11 @@ pub fn run_line(run: &Value, style: Style) -> String {
     let took = run["duration_ms"].as_u64().map(duration).unwrap_or_default();
     let prompt = one_line(run["prompt"].as_str().unwrap_or_default());
     let prompt: String = prompt.chars().take(60).collect();
+    // A run of outside text says so before its prompt.
+    let prompt = match run["untrusted"].as_str() {
+        Some(_) => format!("{} {prompt}", style.yellow("[untrusted]")),
+        None => prompt,
+    };
     format!(
         "{:<44} {painted}{pad} {:<12} {took:>7}  {prompt}",
         run["run_id"].as_str().unwrap_or("?"),
@@ -198,12 +203,17 @@ pub fn event_line(kind: &str, data: &Value) -> String {
         "run_started" => format!("engine {}", data["engine"].as_str().unwrap_or("?")),
         "engine_action" => {
             let action = &data["action"];
-            format!(
+            let line = format!(
                 "{} {}: {}",
                 action["phase"].as_str().unwrap_or("?"),
                 action["kind"].as_str().unwrap_or("?"),
                 one_line(action["title"].as_str().unwrap_or_default())
-            )
+            );
+            // An approval's line says what is asked, then who decided.
+            match action["message"].as_str().filter(|_| action["kind"] == "approval") {
+                Some(message) => format!("{line} ({})", one_line(message)),
+                None => line,
+            }
         }
         "delta" => one_line(data["text"].as_str().unwrap_or_default()),
         "run_completed" => {
@@ -292,6 +302,23 @@ mod tests {
         );
         let done = json!({"index": 9, "status": "failed", "error": "boom"});
         assert_eq!(event_line("run_completed", &done), "   9 run_completed     failed: boom");
+        let decided = json!({"index": 5, "action": {"phase": "completed", "kind": "approval",
+            "title": "approval: bash", "message": "denied by @ann via telegram"}});
+        assert_eq!(
+            event_line("engine_action", &decided),
+            "   5 engine_action     completed approval: approval: bash (denied by @ann via telegram)"
+        );
+    }
+
+    #[test]
+    fn a_run_of_outside_text_is_marked_in_its_line() {
+        let run = json!({"run_id": "r1", "status": "completed", "engine": "lemon",
+            "prompt": "deploy", "untrusted": "webhook ci"});
+        let line = run_line(&run, Style { color: false });
+        assert!(line.ends_with("[untrusted] deploy"), "{line}");
+        let own = json!({"run_id": "r2", "status": "completed", "engine": "lemon",
+            "prompt": "deploy", "untrusted": null});
+        assert!(run_line(&own, Style { color: false }).ends_with("  deploy"));
     }
 
     #[test]

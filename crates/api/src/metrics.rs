@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use lemon_core::budget::usage::{ReportedUsage, RunSpend};
 use lemon_core::budget::{BudgetGuard, BudgetScope};
 use lemon_core::bus::{EventKind, RecvError, RunStatus, Subscription};
+use lemon_core::engine::{ActionKind, ActionPhase};
 use lemon_core::ids::RunId;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -60,7 +61,13 @@ struct Shared {
     engines: Mutex<BTreeMap<String, Arc<EngineFigures>>>,
     /// Events the collector missed because it fell behind the bus.
     n_lost: AtomicU64,
+    /// Settled approval requests by (decision, surface).
+    approvals: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
 }
+
+/// The surfaces an approval is counted under; any other as `other`.
+const APPROVAL_SURFACES: [&str; 8] =
+    ["api", "cli", "telegram", "discord", "sms", "email", "dashboard", "terminal"];
 
 /// One engine's figures. Written by the collector only.
 #[derive(Debug)]
@@ -262,6 +269,15 @@ impl RunMetrics {
                 );
             }
         }
+        out.family(
+            "lemon_approvals_total",
+            Kind::Counter,
+            "Tool calls asked about and settled, by decision (approved, denied, expired, withdrawn) and the surface that answered (none for expired and withdrawn).",
+        );
+        let approvals = self.inner.approvals.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for ((decision, via), n) in approvals {
+            out.sample("lemon_approvals_total", &[("decision", decision), ("via", via)], n);
+        }
         out.single(
             "lemon_metrics_events_lost_total",
             Kind::Counter,
@@ -351,9 +367,30 @@ impl Collector {
                     figures.add_spend(&spend);
                 }
             }
+            EventKind::EngineAction(action)
+                if action.kind == ActionKind::Approval
+                    && action.phase == ActionPhase::Completed =>
+            {
+                let key = approval_key(&action.detail["answer"]);
+                let mut approvals =
+                    self.metrics.inner.approvals.lock().unwrap_or_else(|e| e.into_inner());
+                *approvals.entry(key).or_default() += 1;
+            }
             _ => {}
         }
     }
+}
+
+/// How an approval action's `answer` settled it: the decision and the
+/// surface, both from fixed lists (a label never carries a user's text).
+fn approval_key(answer: &serde_json::Value) -> (&'static str, &'static str) {
+    if answer["expired"] == true {
+        return ("expired", "none");
+    }
+    let Some(approved) = answer["approved"].as_bool() else { return ("withdrawn", "none") };
+    let via = answer["via"].as_str().unwrap_or_default();
+    let via = APPROVAL_SURFACES.into_iter().find(|known| *known == via).unwrap_or("other");
+    (if approved { "approved" } else { "denied" }, via)
 }
 
 #[cfg(test)]

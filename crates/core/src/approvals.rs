@@ -20,7 +20,7 @@ use std::time::Duration;
 use globset::{GlobBuilder, GlobMatcher};
 use serde_json::Value;
 
-use crate::config::{ApprovalAction, ApprovalsConfig};
+use crate::config::{ApprovalAction, ApprovalRuleConfig, ApprovalsConfig};
 
 pub use hub::{
     Answer, AnswerError, ApprovalHub, ApprovalRequest, Outcome, PendingApproval, Waiting,
@@ -74,12 +74,32 @@ impl Default for Policy {
 }
 
 impl Policy {
-    /// Compiles the rules.
+    /// Compiles the owner's rules.
     ///
     /// # Errors
     /// The number of the first rule with a glob that does not compile (from
-    /// 0, the index in the file) and why.
+    /// 0, the index in the file), the key and why.
     pub fn from_config(config: &ApprovalsConfig) -> Result<Policy, (usize, &'static str, String)> {
+        Policy::compile(&config.rules, config.timeout_ms, "")
+    }
+
+    /// Compiles the rules of untrusted runs (`untrusted`, or its defaults);
+    /// each rule's text starts with `untrusted: `, so every surface that
+    /// shows a request shows the mark too.
+    ///
+    /// # Errors
+    /// As [`Policy::from_config`], for the `untrusted` list.
+    pub fn untrusted_from_config(
+        config: &ApprovalsConfig,
+    ) -> Result<Policy, (usize, &'static str, String)> {
+        Policy::compile(&config.untrusted_rules(), config.timeout_ms, "untrusted: ")
+    }
+
+    fn compile(
+        config: &[ApprovalRuleConfig],
+        timeout_ms: u64,
+        label: &str,
+    ) -> Result<Policy, (usize, &'static str, String)> {
         let compile = |glob: &str| {
             GlobBuilder::new(glob)
                 .literal_separator(false)
@@ -87,8 +107,8 @@ impl Policy {
                 .map(|glob| glob.compile_matcher())
                 .map_err(|err| err.kind().to_string())
         };
-        let mut rules = Vec::with_capacity(config.rules.len());
-        for (i, rule) in config.rules.iter().enumerate() {
+        let mut rules = Vec::with_capacity(config.len());
+        for (i, rule) in config.iter().enumerate() {
             let tool = compile(&rule.tool).map_err(|why| (i, "tool", why))?;
             let pattern = match &rule.pattern {
                 Some(pattern) => Some(compile(pattern).map_err(|why| (i, "match", why))?),
@@ -96,16 +116,18 @@ impl Policy {
             };
             let text = match &rule.pattern {
                 Some(pattern) => format!(
-                    "tool = {:?}, match = {:?}, action = {:?}",
+                    "{label}tool = {:?}, match = {:?}, action = {:?}",
                     rule.tool,
                     pattern,
                     rule.action.as_str()
                 ),
-                None => format!("tool = {:?}, action = {:?}", rule.tool, rule.action.as_str()),
+                None => {
+                    format!("{label}tool = {:?}, action = {:?}", rule.tool, rule.action.as_str())
+                }
             };
             rules.push(Rule { tool, pattern, action: rule.action, text });
         }
-        Ok(Policy { rules, timeout: Duration::from_millis(config.timeout_ms) })
+        Ok(Policy { rules, timeout: Duration::from_millis(timeout_ms) })
     }
 
     /// Whether there is no rule (every call is allowed).

@@ -22,6 +22,7 @@ pub use loader::{
 };
 pub use status::{ConfigReport, ConfigStatus, PendingRestart, Rejection};
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -493,13 +494,48 @@ pub struct ApprovalsConfig {
     /// How long an asked call waits for an answer before it is denied.
     #[serde(default = "defaults::approval_timeout_ms")]
     pub timeout_ms: u64,
+    /// The owner's rules, for runs of trusted text.
     #[serde(default)]
     pub rules: Vec<ApprovalRuleConfig>,
+    /// The rules of untrusted runs (a webhook's payload, an email, a run that
+    /// fetched a page). Unset: [`ApprovalsConfig::default_untrusted`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untrusted: Option<Vec<ApprovalRuleConfig>>,
 }
 
 impl Default for ApprovalsConfig {
     fn default() -> Self {
-        ApprovalsConfig { timeout_ms: defaults::approval_timeout_ms(), rules: Vec::new() }
+        ApprovalsConfig {
+            timeout_ms: defaults::approval_timeout_ms(),
+            rules: Vec::new(),
+            untrusted: None,
+        }
+    }
+}
+
+impl ApprovalsConfig {
+    /// The rules of untrusted runs when none are configured: the file tools
+    /// that only read are allowed (the sandbox keeps them in the run's
+    /// directories), `fetch` is denied, and every other call is asked about.
+    pub fn default_untrusted() -> Vec<ApprovalRuleConfig> {
+        let rule = |tool: &str, action| ApprovalRuleConfig {
+            tool: tool.to_owned(),
+            pattern: None,
+            action,
+        };
+        vec![
+            rule("{read,list,grep,glob}", ApprovalAction::Allow),
+            rule("fetch", ApprovalAction::Deny),
+            rule("*", ApprovalAction::Ask),
+        ]
+    }
+
+    /// The rules of untrusted runs: the configured ones, or the defaults.
+    pub fn untrusted_rules(&self) -> Cow<'_, [ApprovalRuleConfig]> {
+        match &self.untrusted {
+            Some(rules) => Cow::Borrowed(rules),
+            None => Cow::Owned(Self::default_untrusted()),
+        }
     }
 }
 

@@ -29,6 +29,8 @@
 //! - [`tool`]: the contract of the tools a native run can call, and the
 //!   registry of the gateway's tools.
 //! - [`budget`]: the spending check engines make between model turns.
+//! - [`approvals`]: the owner's rules over tool calls and the hub where asked
+//!   calls wait; [`untrusted`]: the mark and data blocks of outside text.
 //! - `testing` (feature `test-util`): a scriptable fake engine and bounded waits.
 
 pub mod approvals;
@@ -52,3 +54,4 @@ pub mod store;
 pub mod testing;
 pub mod tool;
 pub mod transport;
+pub mod untrusted;

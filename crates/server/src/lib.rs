@@ -988,6 +988,10 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             lemon_core::approvals::Policy::from_config(&gateway_config.approvals)
                 .unwrap_or_default(),
         ),
+        untrusted: Arc::new(
+            lemon_core::approvals::Policy::untrusted_from_config(&gateway_config.approvals)
+                .unwrap_or_default(),
+        ),
         hub: approval_hub.clone(),
     };
     let build_engines: reload::BuildEngines = {

@@ -1,5 +1,8 @@
 //! Conversations over SMS: a text from an allowed sender is a request in the
-//! session `sms:<from>`, and its answer is texted back.
+//! session `sms:<from>`, and its answer is texted back. A tool call of the
+//! run that waits for the owner is texted too ("Allow this? … Reply yes 4821
+//! or no 4821."), and a reply naming the code answers it instead of starting
+//! a run.
 //!
 //! The delivery is on record (the shared [`DeliveryRecords`], kv namespace
 //! `sms.reply`, keyed by run id) before the run is submitted and until every
@@ -10,11 +13,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use lemon_core::approvals::ApprovalHub;
 use lemon_core::bus::EventKind;
+use lemon_core::engine::{Action, ActionKind, ActionPhase};
 use lemon_core::ids::{RunId, SessionKey};
 use lemon_core::router::{
     ChannelRef, Origin, RequestFlags, RouterHandle, RunFollower, RunRequest, Submitted,
 };
+use lemon_transports::ask;
 use lemon_transports::delivery::{DeliveryRecord, DeliveryRecords};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -59,6 +65,8 @@ pub(crate) struct Replies {
     pub(crate) sender: SmsSender,
     pub(crate) records: DeliveryRecords<ReplyRecord>,
     pub(crate) shutdown: CancellationToken,
+    /// Tool calls waiting for the owner's answer, answered by `yes 4821`.
+    pub(crate) approvals: ApprovalHub,
 }
 
 impl Replies {
@@ -67,12 +75,14 @@ impl Replies {
         sender: SmsSender,
         store: lemon_core::store::StoreHandle,
         shutdown: CancellationToken,
+        approvals: ApprovalHub,
     ) -> Self {
         Replies {
             router,
             sender,
             records: DeliveryRecords::new(store, REPLY_NS, GIVEN_UP_TTL),
             shutdown,
+            approvals,
         }
     }
 
@@ -80,6 +90,10 @@ impl Replies {
     /// delivers the answer. Returns once the answer is out, given up on, or
     /// the gateway stops (then the record stays for the next start).
     pub(crate) async fn converse(&self, from: String, body: String, message_sid: String) {
+        if let Some((approve, code)) = ask::parse_text_reply(&body) {
+            self.answer(&from, approve, code).await;
+            return;
+        }
         let run_id = RunId::generate();
         let record = ReplyRecord {
             run_id: run_id.as_str().to_owned(),
@@ -126,6 +140,30 @@ impl Replies {
         }
     }
 
+    /// Texts an approval request of the conversation with `to`, to be
+    /// answered by a reply naming its code.
+    async fn ask(&self, to: &str, action: &Action) {
+        let Some(request) = ask::request_of(action) else { return };
+        let text = ask::ask_text_by_reply(&request);
+        let session = session_of(to);
+        if let Err(error) = self.sender.send(to, &text, Some(session.as_str())).await {
+            tracing::warn!(%error, approval = %request.id, "approval request not texted");
+        }
+    }
+
+    /// A reply `yes 4821` / `no 4821` from `from`: answers the request of
+    /// its conversation with that code and texts back how it went.
+    async fn answer(&self, from: &str, approve: bool, code: &str) {
+        let session = session_of(from);
+        let answered =
+            self.approvals.answer_code(session.as_str(), code, approve, from, SMS_TRANSPORT_ID);
+        let notice = ask::notice(&answered, approve);
+        tracing::info!(approve, notice = %notice, "approval answered by SMS");
+        if let Err(error) = self.sender.send(from, &notice, Some(session.as_str())).await {
+            tracing::warn!(%error, "reply to an approval answer not sent");
+        }
+    }
+
     /// Follows the runs a stop left owing an answer. Returns how many.
     pub(crate) async fn recover(&self, tracker: &tokio_util::task::TaskTracker) -> usize {
         let recovered = self.records.recover().await;
@@ -143,12 +181,26 @@ impl Replies {
         count
     }
 
+    /// Texts the run's approval requests as they come, then its answer.
     async fn deliver(&self, mut record: ReplyRecord, mut follower: RunFollower) {
-        let completed = tokio::select! {
-            () = self.shutdown.cancelled() => return,
-            completed = follower.completion() => completed,
+        let event = loop {
+            let followed = tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                followed = follower.next() => followed,
+            };
+            let Some(followed) = followed else { return };
+            let Some(event) = followed.event() else { continue };
+            match &event.kind {
+                EventKind::EngineAction(action)
+                    if action.kind == ActionKind::Approval
+                        && action.phase == ActionPhase::Started =>
+                {
+                    self.ask(&record.to, action).await;
+                }
+                EventKind::RunCompleted { .. } => break event.clone(),
+                _ => {}
+            }
         };
-        let Some(event) = completed else { return };
         let EventKind::RunCompleted { completion, .. } = &event.kind else { return };
         let text = match (&completion.error, completion.answer.trim()) {
             (_, answer) if !answer.is_empty() => answer.to_owned(),

@@ -64,6 +64,7 @@ impl Transport for SmsTransport {
                     sender.clone(),
                     ctx.store.clone(),
                     stop.clone(),
+                    ctx.approvals.clone(),
                 );
                 let recovered = replies.recover(&deliveries).await;
                 if recovered > 0 {

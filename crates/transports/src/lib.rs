@@ -26,6 +26,7 @@
 //! `lemon_api::error::ApiError`, like the control API.
 
 pub mod access;
+pub mod ask;
 pub mod delivery;
 pub mod discord;
 pub mod email;

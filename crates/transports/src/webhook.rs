@@ -384,6 +384,8 @@ struct Resolved<'a> {
     allow_payload_token: bool,
     allow_callback_override: bool,
     allow_payload_idempotency_key: bool,
+    /// Whether its runs are marked untrusted.
+    untrusted: bool,
     /// Integration's, else the section's.
     callback_url: Option<&'a str>,
     callback: CallbackSettings,
@@ -410,6 +412,7 @@ impl<'a> Resolved<'a> {
                 integration.allow_payload_idempotency_key,
                 config.allow_payload_idempotency_key,
             ),
+            untrusted: flag(integration.untrusted, config.untrusted),
             callback_url: blank_is_none(&integration.callback_url)
                 .or_else(|| blank_is_none(&config.callback_url)),
             callback: CallbackSettings {
@@ -758,6 +761,9 @@ impl Prepared {
                 "request": request,
             }),
         );
+        if settings.untrusted {
+            lemon_core::untrusted::mark(&mut meta, &format!("webhook {}", settings.id));
+        }
         let run_id = RunId::generate();
         let req = RunRequest {
             origin: Origin::Webhook,

@@ -331,6 +331,10 @@ fn perform(
             if content.is_empty() && files.is_empty() {
                 return error(400, 50006, "Cannot send an empty message");
             }
+            let components = payload.get("components").cloned().unwrap_or_else(|| json!([]));
+            if let Err(why) = check_components(&components) {
+                return error(400, 50035, &format!("Invalid Form Body: {why}"));
+            }
             let reply_to =
                 payload["message_reference"]["message_id"].as_str().and_then(|id| id.parse().ok());
             let id = state.next_id();
@@ -343,6 +347,7 @@ fn perform(
                 versions: vec![content],
                 edits: 0,
                 attachments: files,
+                components,
                 sent_at: Instant::now(),
             };
             let value = message_json(&message);
@@ -370,6 +375,12 @@ fn perform(
                     "Invalid Form Body: content must be 2000 or fewer in length.",
                 );
             }
+            if let Some(components) = payload.get("components") {
+                if let Err(why) = check_components(components) {
+                    return error(400, 50035, &format!("Invalid Form Body: {why}"));
+                }
+                message.components = components.clone();
+            }
             message.content = content.clone();
             message.versions.push(content);
             message.edits += 1;
@@ -394,6 +405,40 @@ fn perform(
         }
         _ => error(404, 0, "404: Not Found"),
     }
+}
+
+/// Discord's limits on message components: at most 5 action rows (type 1)
+/// of at most 5 buttons (type 2) each; a button has a style 1–5, a label of
+/// at most 80 characters and, unless it is a link (style 5), a `custom_id`
+/// of 1–100 characters.
+fn check_components(components: &Value) -> Result<(), String> {
+    let rows = components.as_array().ok_or("components must be an array")?;
+    if rows.len() > 5 {
+        return Err("components must be 5 or fewer in length".to_owned());
+    }
+    for row in rows {
+        if row["type"] != 1 {
+            return Err("a top-level component must be an action row (type 1)".to_owned());
+        }
+        let buttons = row["components"].as_array().ok_or("an action row needs components")?;
+        if buttons.is_empty() || buttons.len() > 5 {
+            return Err("an action row holds 1 to 5 components".to_owned());
+        }
+        for button in buttons {
+            let style = button["style"].as_u64().unwrap_or(0);
+            if button["type"] != 2 || !(1..=5).contains(&style) {
+                return Err(format!("not a button: {button}"));
+            }
+            if button["label"].as_str().is_some_and(|l| l.chars().count() > 80) {
+                return Err("a button label must be 80 or fewer in length".to_owned());
+            }
+            let id = button["custom_id"].as_str().unwrap_or_default();
+            if style != 5 && (id.is_empty() || id.chars().count() > 100) {
+                return Err("a button's custom_id must be 1 to 100 in length".to_owned());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// (filename, bytes) of an uploaded file.

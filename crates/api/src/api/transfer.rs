@@ -269,6 +269,7 @@ pub(super) fn run_json(record: &RunRecord, runs: &Runs) -> Value {
         "engine": record.engine,
         "prompt": record.prompt,
         "meta": record.meta,
+        "untrusted": lemon_core::untrusted::source_in(&record.meta),
         "status": record.status.as_str(),
         "answer": record.answer,
         "error": record.error,

@@ -167,6 +167,40 @@ async fn spend_counts_the_usage_runs_report() {
 }
 
 #[tokio::test]
+async fn settled_approvals_are_counted_by_decision_and_surface() {
+    use lemon_core::engine::{Action, ActionKind, ActionPhase};
+    let settled = |answer: serde_json::Value| {
+        EventKind::EngineAction(Action {
+            id: "approval_c1".into(),
+            kind: ActionKind::Approval,
+            title: "approval: bash".into(),
+            detail: json!({ "approval": { "id": "apr_000000000001" }, "answer": answer }),
+            phase: ActionPhase::Completed,
+            ok: Some(false),
+            message: None,
+            level: None,
+            result_meta: serde_json::Value::Null,
+        })
+    };
+    let mut c = Collecting::start();
+    let by = |approved: bool, via: &str| json!({ "approved": approved, "by": "ann", "via": via });
+    c.publish("a1", 0, settled(by(true, "telegram")));
+    c.publish("a1", 1, settled(by(true, "telegram")));
+    c.publish("a1", 2, settled(by(false, "api")));
+    c.publish("a1", 3, settled(by(false, "a surface {\"made\"} up")));
+    c.publish("a1", 4, settled(json!({ "expired": true })));
+    c.publish("a1", 5, settled(serde_json::Value::Null));
+    let text = c.text().await;
+    has(&text, "# TYPE lemon_approvals_total counter");
+    has(&text, "lemon_approvals_total{decision=\"approved\",via=\"telegram\"} 2");
+    has(&text, "lemon_approvals_total{decision=\"denied\",via=\"api\"} 1");
+    has(&text, "lemon_approvals_total{decision=\"denied\",via=\"other\"} 1");
+    has(&text, "lemon_approvals_total{decision=\"expired\",via=\"none\"} 1");
+    has(&text, "lemon_approvals_total{decision=\"withdrawn\",via=\"none\"} 1");
+    c.stop().await;
+}
+
+#[tokio::test]
 async fn engine_labels_are_bounded() {
     let mut c = Collecting::start();
     // The marker's engine first, so it is named.

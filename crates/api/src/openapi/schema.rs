@@ -140,6 +140,9 @@ pub struct Run {
     pub prompt: String,
     /// What the caller sent as `meta`.
     pub meta: Value,
+    /// Where the run's outside text came from (`webhook ci`, `email from
+    /// ann@example.com`); `null` for the owner's own words.
+    pub untrusted: Option<String>,
     pub status: RunStatus,
     pub answer: Option<String>,
     pub error: Option<String>,
@@ -376,13 +379,20 @@ pub struct Approvals {
 pub struct PendingApproval {
     /// `apr_…`.
     pub id: String,
+    /// Four digits, unique among the requests waiting: what a reply by text
+    /// names (`yes 4821`).
+    pub code: String,
     pub run_id: String,
     pub session_key: String,
     pub tool: String,
     /// The command, resolved path or host, cut to 400 characters.
     pub subject: String,
-    /// The rule that asked.
+    /// The rule that asked (`untrusted: …` for a rule of untrusted runs).
     pub rule: String,
+    /// Where the run's untrusted text came from (`webhook ci`, `email from
+    /// ann@example.com`, `a page fetched from example.com`); absent for a
+    /// run of the owner's own words.
+    pub untrusted: Option<String>,
     pub requested_at_ms: i64,
     /// Unanswered by then, the call is denied.
     pub expires_at_ms: i64,

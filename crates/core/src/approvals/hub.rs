@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 /// How many settled requests are remembered, to tell a late answer what
@@ -13,9 +13,12 @@ use tokio::sync::oneshot;
 const SETTLED_KEPT: usize = 1_000;
 
 /// A call waiting for its answer, as surfaces show it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingApproval {
     pub id: String,
+    /// Four digits, unique among the requests waiting: what a reply by text
+    /// names (`yes 4821`, `no 4821`) where there are no buttons.
+    pub code: String,
     pub run_id: String,
     pub session_key: String,
     pub tool: String,
@@ -23,6 +26,9 @@ pub struct PendingApproval {
     pub subject: String,
     /// The rule that asked.
     pub rule: String,
+    /// Where the run's untrusted text came from, when it has some.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub untrusted: Option<String>,
     pub requested_at_ms: i64,
     pub expires_at_ms: i64,
 }
@@ -35,6 +41,8 @@ pub struct ApprovalRequest {
     pub tool: String,
     pub subject: String,
     pub rule: String,
+    /// Where the run's untrusted text came from ([`crate::untrusted`]).
+    pub untrusted: Option<String>,
     pub timeout: Duration,
 }
 
@@ -81,6 +89,17 @@ struct Inner {
 }
 
 impl Inner {
+    /// Four random digits no waiting request has.
+    fn free_code(&self) -> String {
+        loop {
+            let n = 1_000 + uuid::Uuid::new_v4().as_u128() % 9_000;
+            let code = n.to_string();
+            if self.pending.values().all(|(view, _)| view.code != code) {
+                return code;
+            }
+        }
+    }
+
     fn settle(&mut self, id: &str, how: String) {
         if self.settled.len() == SETTLED_KEPT {
             self.settled.pop_front();
@@ -100,18 +119,23 @@ impl ApprovalHub {
         let now = crate::clock::now_ms();
         let timeout_ms = i64::try_from(request.timeout.as_millis()).unwrap_or(i64::MAX / 2);
         let id = format!("apr_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-        let view = PendingApproval {
+        let mut view = PendingApproval {
             id: id.clone(),
+            code: String::new(),
             run_id: request.run_id,
             session_key: request.session_key,
             tool: request.tool,
             subject: super::shorten(&request.subject, super::SUBJECT_CHARS),
             rule: request.rule,
+            untrusted: request.untrusted,
             requested_at_ms: now,
             expires_at_ms: now.saturating_add(timeout_ms),
         };
         let (tx, rx) = oneshot::channel();
-        self.lock().pending.insert(id, (view.clone(), tx));
+        let mut inner = self.lock();
+        view.code = inner.free_code();
+        inner.pending.insert(id, (view.clone(), tx));
+        drop(inner);
         Waiting { request: view, timeout: request.timeout, rx, hub: self.clone() }
     }
 
@@ -154,6 +178,32 @@ impl ApprovalHub {
         // The run may have ended since; then nobody waits and it is settled all the same.
         let _ = tx.send(answer);
         Ok(view)
+    }
+
+    /// Answers the request of `session_key` whose code is `code`: a reply
+    /// by text (`yes 4821`) in the conversation that was asked.
+    ///
+    /// # Errors
+    /// [`AnswerError::NotFound`] when no request of that conversation with
+    /// that code waits (never answered, or settled already).
+    pub fn answer_code(
+        &self,
+        session_key: &str,
+        code: &str,
+        approved: bool,
+        by: &str,
+        via: &str,
+    ) -> Result<PendingApproval, AnswerError> {
+        let id = self
+            .lock()
+            .pending
+            .values()
+            .find(|(view, _)| view.code == code && view.session_key == session_key)
+            .map(|(view, _)| view.id.clone());
+        match id {
+            Some(id) => self.answer(&id, approved, by, via),
+            None => Err(AnswerError::NotFound(code.to_owned())),
+        }
     }
 
     fn withdraw(&self, id: &str, how: &str) {

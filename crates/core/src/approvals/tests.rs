@@ -11,7 +11,7 @@ fn rule(tool: &str, pattern: Option<&str>, action: ApprovalAction) -> ApprovalRu
 }
 
 fn policy(rules: Vec<ApprovalRuleConfig>) -> Policy {
-    Policy::from_config(&ApprovalsConfig { timeout_ms: 1_000, rules }).unwrap()
+    Policy::from_config(&ApprovalsConfig { timeout_ms: 1_000, rules, untrusted: None }).unwrap()
 }
 
 #[test]
@@ -33,6 +33,32 @@ fn the_first_matching_rule_decides_and_no_match_allows() {
 }
 
 #[test]
+fn untrusted_runs_read_freely_never_fetch_and_are_asked_about_the_rest() {
+    let policy = Policy::untrusted_from_config(&ApprovalsConfig::default()).unwrap();
+    for tool in ["read", "list", "grep", "glob"] {
+        assert_eq!(policy.judge(tool, "/work/src").action, ApprovalAction::Allow, "{tool}");
+    }
+    let fetch = policy.judge("fetch", "example.com");
+    assert_eq!((fetch.action, fetch.rule), (ApprovalAction::Deny, Some(2)));
+    assert_eq!(fetch.rule_text, "untrusted: tool = \"fetch\", action = \"deny\"");
+    for tool in ["bash", "write", "edit", "send_message", "cron", "search__web"] {
+        assert_eq!(policy.judge(tool, "x").action, ApprovalAction::Ask, "{tool}");
+    }
+    // The owner's own list replaces the defaults.
+    let own = ApprovalsConfig {
+        untrusted: Some(vec![
+            rule("fetch", Some("api.github.com"), ApprovalAction::Allow),
+            rule("*", None, ApprovalAction::Deny),
+        ]),
+        ..ApprovalsConfig::default()
+    };
+    let policy = Policy::untrusted_from_config(&own).unwrap();
+    assert_eq!(policy.judge("fetch", "api.github.com").action, ApprovalAction::Allow);
+    assert_eq!(policy.judge("read", "/work").action, ApprovalAction::Deny);
+    assert!(Policy::from_config(&own).unwrap().is_empty(), "the owner's rules stay empty");
+}
+
+#[test]
 fn a_rule_that_is_not_a_glob_is_named_by_its_index_and_key() {
     let config = ApprovalsConfig {
         timeout_ms: 1_000,
@@ -40,6 +66,7 @@ fn a_rule_that_is_not_a_glob_is_named_by_its_index_and_key() {
             rule("bash", None, ApprovalAction::Ask),
             rule("bash", Some("[x"), ApprovalAction::Deny),
         ],
+        untrusted: None,
     };
     let (index, key, _) = Policy::from_config(&config).unwrap_err();
     assert_eq!((index, key), (1, "match"));
@@ -65,6 +92,7 @@ fn request(timeout: Duration) -> ApprovalRequest {
         tool: "bash".to_owned(),
         subject: "x".repeat(SUBJECT_CHARS + 10),
         rule: "tool = \"bash\", action = \"ask\"".to_owned(),
+        untrusted: None,
         timeout,
     }
 }
@@ -116,4 +144,28 @@ async fn an_unanswered_request_expires_denied_and_a_dropped_one_is_withdrawn() {
     assert!(hub.pending().is_empty());
     let late = hub.answer(&id, true, "api", "api").unwrap_err();
     assert!(late.to_string().contains("the run ended while it waited"), "{late}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_text_reply_answers_by_code_only_in_the_conversation_that_was_asked() {
+    let hub = ApprovalHub::default();
+    let first = hub.ask(request(Duration::from_secs(600)));
+    let second = hub.ask(request(Duration::from_secs(600)));
+    let code = first.request.code.clone();
+    assert_eq!(code.len(), 4, "{code}");
+    assert!(code.bytes().all(|b| b.is_ascii_digit()), "{code}");
+    assert_ne!(code, second.request.code, "waiting requests have their own codes");
+    let elsewhere = hub.answer_code("sms:+15550001111", &code, true, "+15550001111", "sms");
+    assert_eq!(elsewhere, Err(AnswerError::NotFound(code.clone())));
+    let answered = hub.answer_code("agent:main:main", &code, false, "+15550002222", "sms").unwrap();
+    assert_eq!(answered.id, first.request.id);
+    let Outcome::Answered(answer) = first.outcome().await else { panic!("answered") };
+    assert!(!answer.approved);
+    assert_eq!(
+        hub.answer_code("agent:main:main", &code, true, "x", "sms"),
+        Err(AnswerError::NotFound(code)),
+        "a settled request takes no second reply"
+    );
+    assert_eq!(hub.pending().len(), 1);
+    drop(second);
 }

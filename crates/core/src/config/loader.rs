@@ -534,8 +534,13 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
 
     check_cron(&gateway.cron).map_err(|(segs, message)| at(&segs, Anchor::Value, message))?;
 
-    if let Err((i, name, why)) = crate::approvals::Policy::from_config(&gateway.approvals) {
-        let segs = [key("gateway"), key("approvals"), key("rules"), Segment::Index(i), key(name)];
+    let approvals = &gateway.approvals;
+    let compiled = crate::approvals::Policy::from_config(approvals).map_err(|e| ("rules", e));
+    let compiled = compiled.and_then(|_| {
+        crate::approvals::Policy::untrusted_from_config(approvals).map_err(|e| ("untrusted", e))
+    });
+    if let Err((list, (i, name, why))) = compiled {
+        let segs = [key("gateway"), key("approvals"), key(list), Segment::Index(i), key(name)];
         return Err(at(&segs, Anchor::Value, format!("not a glob: {why}")));
     }
     if gateway.approvals.timeout_ms == 0 {

@@ -82,9 +82,11 @@ pub(crate) async fn start(
     } = launch;
     // A token of another engine cannot be continued here: the run is a new session.
     let resume = req.resume.clone().filter(|token| token.engine == vendor.id());
+    // Outside text reaches the CLI's model inside a data block, as the native engine's.
+    let prompt = lemon_core::untrusted::prompt_for_model(&req.prompt, &req.meta);
     let input = CommandInput {
         settings: &settings,
-        prompt: &req.prompt,
+        prompt: &prompt,
         resume: resume.as_ref().map(|token| token.value.as_str()),
         model: req.model.as_deref(),
         cwd: &req.cwd,

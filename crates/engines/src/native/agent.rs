@@ -121,6 +121,10 @@ pub(crate) struct Agent {
     compactions: u32,
     model: String,
     approvals: Option<super::Approvals>,
+    /// Where the run's untrusted text came from: its prompt's (the mark set
+    /// where it entered), or a page `fetch` brought in. Its calls are judged
+    /// by the untrusted rules from then on.
+    untrusted: Option<String>,
 }
 
 impl Agent {
@@ -132,6 +136,7 @@ impl Agent {
             .map(|m| m.trim().to_owned())
             .filter(|m| !m.is_empty())
             .unwrap_or_else(|| parts.settings.model.clone());
+        let untrusted = lemon_core::untrusted::source(&parts.req.meta);
         Agent {
             req: parts.req,
             settings: parts.settings,
@@ -153,6 +158,7 @@ impl Agent {
             compactions: 0,
             model,
             approvals: parts.approvals,
+            untrusted,
         }
     }
 
@@ -205,7 +211,8 @@ impl Agent {
             meta,
         })
         .await?;
-        self.messages.push(ChatMessage::User { text: self.req.prompt.clone() });
+        let prompt = lemon_core::untrusted::prompt_for_model(&self.req.prompt, &self.req.meta);
+        self.messages.push(ChatMessage::User { text: prompt.into_owned() });
         self.save().await;
         let mut turns = 0u32;
         let mut overflow_compacted = false;
@@ -513,7 +520,7 @@ impl Agent {
                     Step::Finished(index, joined) => {
                         let output = joined.unwrap_or_else(|_| ToolOutput::error("the tool failed unexpectedly"));
                         self.send(EngineEvent::Action(completed_action(&calls[index], &output))).await?;
-                        results[index] = Some(output);
+                        results[index] = Some(self.outside_text(&calls[index], output));
                     }
                     Step::Answered(index, outcome) => {
                         let call = &calls[index];
@@ -546,11 +553,14 @@ impl Agent {
     /// What the owner's policy says about `call`: allowed, denied (with what
     /// the model is told), or asked (put up in the hub).
     fn judge(&self, call: &ToolCall, args: &Value) -> Judged {
-        let Some(approvals) = self.approvals.as_ref().filter(|a| !a.policy.is_empty()) else {
+        let Some(approvals) = &self.approvals else { return Judged::Allowed };
+        let policy =
+            if self.untrusted.is_some() { &approvals.untrusted } else { &approvals.policy };
+        if policy.is_empty() {
             return Judged::Allowed;
-        };
+        }
         let subject = lemon_core::approvals::subject(&call.name, args, &self.req.cwd);
-        let verdict = approvals.policy.judge(&call.name, &subject);
+        let verdict = policy.judge(&call.name, &subject);
         match verdict.action {
             ApprovalAction::Allow => Judged::Allowed,
             ApprovalAction::Deny => {
@@ -571,9 +581,27 @@ impl Agent {
                 tool: call.name.clone(),
                 subject,
                 rule: verdict.rule_text,
-                timeout: approvals.policy.timeout,
+                untrusted: self.untrusted.clone(),
+                timeout: policy.timeout,
             })),
         }
+    }
+
+    /// A fetched page reaches the model as untrusted data, and the run's
+    /// later calls are judged by the untrusted rules.
+    fn outside_text(&mut self, call: &ToolCall, mut output: ToolOutput) -> ToolOutput {
+        if call.name != "fetch" || output.is_error {
+            return output;
+        }
+        let args = parse_arguments(&call.arguments).unwrap_or_default();
+        let host = lemon_core::approvals::subject(&call.name, &args, &self.req.cwd);
+        let source = format!("a page fetched from {host}");
+        output.text = lemon_core::untrusted::data_block(&source, &output.text);
+        if self.untrusted.is_none() {
+            tracing::info!(run_id = %self.req.run_id, %host, "the run read a fetched page: its later calls are judged as untrusted");
+            self.untrusted = Some(source);
+        }
+        output
     }
 
     /// The approval action's completion, and what the model is told when

@@ -10,15 +10,20 @@
 //!   records left by a stop are delivered at the next start.
 //! - Every message and edit goes through the shared outbox; slash commands are
 //!   answered directly on their interaction (Discord wants that within 3 s).
+//! - A tool call of a channel's run that waits for the owner's answer is
+//!   offered in the channel with Approve / Deny buttons ([`crate::ask`]); a
+//!   press counts from a user allowed in that channel, and the message then
+//!   says how it was settled and loses its buttons.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lemon_core::approvals::ApprovalHub;
 use lemon_core::artifacts::Artifact;
 use lemon_core::bus::EventKind;
-use lemon_core::engine::{Completion, ResumeToken};
+use lemon_core::engine::{Action, ActionKind, ActionPhase, Completion, ResumeToken};
 use lemon_core::log_text;
 use lemon_core::router::{Origin, RouterHandle, RunFollower, RunRequest, Submitted};
 use lemon_core::secrets::SecretStore;
@@ -39,9 +44,11 @@ use super::render::StreamRenderer;
 use super::rest::Rest;
 use super::sink::{self, DiscordSink};
 use super::types::{
-    nonce, CreateFile, CreateMessage, DiscordError, Interaction, Message, Outgoing, Snowflake, User,
+    nonce, Button, CreateFile, CreateMessage, DiscordError, Interaction, Message, Outgoing,
+    Snowflake, User,
 };
 use crate::access::Access;
+use crate::ask;
 use crate::delivery::{self, Backoff, DeliveryRecord, DeliveryRecords, Outbox};
 
 /// Store namespace of the gateway session to resume, under [`SESSION_KEY`].
@@ -133,6 +140,8 @@ impl Transport for DiscordTransport {
             status: ctx.status.clone(),
             deliveries: DeliveryRecords::new(ctx.store.clone(), DELIVERY_NS, FAILED_DELIVERY_TTL),
             places: Mutex::default(),
+            approvals: ctx.approvals.clone(),
+            offered: ask::Offered::default(),
         });
         bot.recover_deliveries().await;
         if let Some(application_id) = self.config.application_id {
@@ -212,6 +221,11 @@ struct Bot {
     deliveries: DeliveryRecords<Delivery>,
     /// Channel id → where it is (a thread's parent), looked up once.
     places: Mutex<HashMap<Snowflake, Located>>,
+    /// Tool calls waiting for the owner's answer.
+    approvals: ApprovalHub,
+    /// The approval requests offered here: their channel and the message
+    /// with the buttons, by request id.
+    offered: ask::Offered<Snowflake, Snowflake>,
 }
 
 /// A channel as looked up: a thread's (parent, thread), else (None, None).
@@ -430,7 +444,12 @@ impl Bot {
     /// A slash command: submitted as its text, the router's reply sent as the
     /// interaction's answer.
     async fn on_interaction(self: &Arc<Self>, interaction: Interaction) {
-        // Only application commands (type 2) are the bot's.
+        // A button under a message (type 3): an approval's answer.
+        if interaction.kind == 3 {
+            self.answer_button(interaction).await;
+            return;
+        }
+        // Otherwise only application commands (type 2) are the bot's.
         if interaction.kind != 2 {
             return;
         }
@@ -488,6 +507,80 @@ impl Bot {
                 tracing::warn!(%error, "slash command answer not delivered");
             }
         });
+    }
+
+    /// A pressed Approve / Deny button: answers the request when the press
+    /// comes from the channel it was offered in, by a user allowed there, and
+    /// tells the presser (alone) how it went.
+    async fn answer_button(&self, interaction: Interaction) {
+        let data = interaction.data.as_ref().and_then(|data| data.custom_id.as_deref());
+        let Some((approve, id)) = ask::parse_press(data.unwrap_or_default()) else {
+            tracing::info!("a button press that is no approval request; ignored");
+            return;
+        };
+        let notice = match (interaction.channel_id, interaction.invoker()) {
+            (Some(channel_id), Some(user)) => {
+                let place = self.place(interaction.guild_id, channel_id).await;
+                if !self.allowed(&place, user.id) {
+                    "You may not answer here.".to_owned()
+                } else if !self.offered.pressed_in_place(id, &channel_id) {
+                    "This request was not asked here.".to_owned()
+                } else {
+                    let by = format!("@{}", user.username);
+                    ask::notice(&self.approvals.answer(id, approve, &by, TRANSPORT_ID), approve)
+                }
+            }
+            _ => "This request cannot be answered here.".to_owned(),
+        };
+        tracing::info!(approval = id, approve, notice = %notice, "approval button pressed");
+        let answered = self
+            .rest
+            .with_retries(3, || {
+                self.rest.interaction_notice(interaction.id, &interaction.token, &notice)
+            })
+            .await;
+        if let Err(error) = answered {
+            tracing::warn!(%error, "could not answer a button press");
+        }
+    }
+
+    /// An approval action of the channel's run: when it starts, the request
+    /// is offered with Approve / Deny buttons; when it completes, the message
+    /// says how it was settled and loses its buttons.
+    async fn approval_step(&self, delivery: &Delivery, action: &Action) {
+        let Some(request) = ask::request_of(action) else { return };
+        if action.phase != ActionPhase::Completed {
+            let (approve, deny) = ask::button_data(&request.id);
+            let message = CreateMessage {
+                channel_id: delivery.channel_id,
+                content: ask::ask_text(&request),
+                reply_to: delivery.reply_to,
+                nonce: nonce(&format!("{}:ask", request.id)),
+                buttons: vec![
+                    Button { label: "Approve", style: 3, custom_id: approve },
+                    Button { label: "Deny", style: 4, custom_id: deny },
+                ],
+            };
+            match self.outbox.send(Outgoing::Text(message)).await {
+                Ok(sent) => self.offered.insert(&request.id, delivery.channel_id, sent.id),
+                Err(error) => {
+                    tracing::warn!(%error, approval = %request.id, "approval request not sent");
+                }
+            }
+            return;
+        }
+        if let Some((channel_id, message_id)) = self.offered.take(&request.id) {
+            let text = ask::settled_text(&request, action);
+            let edited = self
+                .rest
+                .with_retries(3, || {
+                    self.rest.edit_message_without_buttons(channel_id, message_id, &text)
+                })
+                .await;
+            if let Err(error) = edited {
+                tracing::warn!(%error, approval = %request.id, "approval message not settled");
+            }
+        }
     }
 
     /// Delivers the runs of this bot's channels that it did not submit (a cron
@@ -580,6 +673,7 @@ impl Bot {
                 content: text,
                 reply_to: Some(reply_to),
                 nonce: nonce(&format!("reply:{reply_to}")),
+                buttons: Vec::new(),
             };
             if let Err(error) = outbox.send(Outgoing::Text(message)).await {
                 tracing::warn!(%error, "reply not delivered");
@@ -604,6 +698,11 @@ impl Bot {
             started |= event.type_name() == "run_started";
             // Events read back from the store are not drawn: the answer is complete either way.
             let Some(typed) = event.event() else { continue };
+            if let EventKind::EngineAction(action) = &typed.kind {
+                if action.kind == ActionKind::Approval {
+                    self.approval_step(&delivery, action).await;
+                }
+            }
             let changed = renderer.apply(typed);
             if let EventKind::RunCompleted { completion, .. } = &typed.kind {
                 break completion.clone();
@@ -641,6 +740,7 @@ impl Bot {
             content: renderer.working(),
             reply_to: delivery.reply_to,
             nonce: nonce(&format!("{}:working", delivery.run_id)),
+            buttons: Vec::new(),
         };
         match self.outbox.send(Outgoing::Text(message)).await {
             Ok(sent) => {
@@ -732,6 +832,7 @@ impl Bot {
             content,
             reply_to: delivery.reply_to.filter(|_| index == 0),
             nonce: part_nonce(&delivery.run_id, index),
+            buttons: Vec::new(),
         };
         self.outbox.send(Outgoing::Text(message)).await.map(drop)
     }

@@ -235,6 +235,7 @@ mod tests {
             options: value
                 .map(|value| vec![CommandOption { name: "engine".into(), value: Some(value) }])
                 .unwrap_or_default(),
+            custom_id: None,
         };
         assert_eq!(command_text(&data("cancel", None)).as_deref(), Some("/cancel"));
         assert_eq!(

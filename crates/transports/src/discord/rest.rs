@@ -332,7 +332,37 @@ impl Rest {
             body["message_reference"] =
                 json!({ "message_id": reply_to, "fail_if_not_exists": false });
         }
+        if !message.buttons.is_empty() {
+            let buttons: Vec<Value> = message
+                .buttons
+                .iter()
+                .map(|b| json!({ "type": 2, "style": b.style, "label": b.label, "custom_id": b.custom_id }))
+                .collect();
+            body["components"] = json!([{ "type": 1, "components": buttons }]);
+        }
         self.call_as(route, Body::Json(body)).await
+    }
+
+    /// `PATCH /channels/{id}/messages/{message}` with new content and no
+    /// buttons any more.
+    ///
+    /// # Errors
+    /// As Discord answers.
+    pub async fn edit_message_without_buttons(
+        &self,
+        channel_id: Snowflake,
+        message_id: Snowflake,
+        content: &str,
+    ) -> Result<(), DiscordError> {
+        let route = Route::new(
+            Method::PATCH,
+            format!("/channels/{channel_id}/messages/{message_id}"),
+            "/channels/messages/:id",
+            channel_id,
+        );
+        let body =
+            json!({ "content": content, "components": [], "allowed_mentions": { "parse": [] } });
+        self.call(route, Body::Json(body)).await.map(drop)
     }
 
     /// `PATCH /channels/{id}/messages/{message}` with new content.
@@ -425,6 +455,30 @@ impl Rest {
         let body = json!({
             "type": 4,
             "data": { "content": content, "allowed_mentions": { "parse": [] } },
+        });
+        self.call(route, Body::Json(body)).await.map(drop)
+    }
+
+    /// Answers an interaction with a message only its user sees (flag 64,
+    /// ephemeral): what became of a button press.
+    ///
+    /// # Errors
+    /// As Discord answers.
+    pub async fn interaction_notice(
+        &self,
+        interaction_id: Snowflake,
+        token: &str,
+        content: &str,
+    ) -> Result<(), DiscordError> {
+        let route = Route::new(
+            Method::POST,
+            format!("/interactions/{interaction_id}/{token}/callback"),
+            "/interactions/callback",
+            interaction_id,
+        );
+        let body = json!({
+            "type": 4,
+            "data": { "content": content, "flags": 64, "allowed_mentions": { "parse": [] } },
         });
         self.call(route, Body::Json(body)).await.map(drop)
     }
@@ -603,6 +657,7 @@ mod tests {
             content: "hi".into(),
             reply_to: None,
             nonce: super::super::types::nonce("dc_5:part:0"),
+            buttons: Vec::new(),
         };
         let error = rest.create_message(&message).await.unwrap_err();
         assert_eq!(error, DiscordError::Network("timed out".into()));

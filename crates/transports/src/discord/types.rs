@@ -129,9 +129,14 @@ pub struct Member {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommandData {
+    /// A slash command's name; empty for a button press.
+    #[serde(default)]
     pub name: String,
     #[serde(default)]
     pub options: Vec<CommandOption>,
+    /// A pressed button's `custom_id` (an interaction of type 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,6 +193,18 @@ pub struct CreateMessage {
     pub reply_to: Option<Snowflake>,
     /// Sent with `enforce_nonce`, see [`nonce`].
     pub nonce: String,
+    /// Buttons under the message, in one row; none for most messages.
+    pub buttons: Vec<Button>,
+}
+
+/// A button under a message (a component of type 2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Button {
+    pub label: &'static str,
+    /// 3 green (success), 4 red (danger).
+    pub style: u8,
+    /// What a press sends back, at most 100 characters.
+    pub custom_id: String,
 }
 
 /// `POST /channels/{id}/messages` with one attachment (multipart).

@@ -56,6 +56,12 @@ pub struct EmailConfig {
     /// `require_authenticated` is on.
     #[serde(default)]
     pub authserv_id: Option<String>,
+    /// Whether mail is outside text (on by default: a sender's words are not
+    /// the owner's, and a forwarded mail carries a stranger's): its runs are
+    /// marked untrusted, judged by `[gateway.approvals] untrusted`, and give
+    /// the model the mail in a data block.
+    #[serde(default = "defaults::yes")]
+    pub untrusted: bool,
     /// The agent part of session keys.
     #[serde(default = "defaults::agent_id")]
     pub agent_id: String,

@@ -428,6 +428,9 @@ impl Mailer {
             chat_id: Some(from.clone()),
             topic_id: Some(thread.clone()),
         });
+        if self.config.untrusted {
+            lemon_core::untrusted::mark(&mut req.meta, &format!("email from {from}"));
+        }
         req.meta.insert(
             TRANSPORT_ID.to_owned(),
             json!({

@@ -17,7 +17,7 @@
 //!   then says how it was settled.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -48,14 +48,11 @@ use super::types::{
     SendMessage, TelegramError, User,
 };
 use crate::access::Access;
+use crate::ask;
 use crate::delivery::{DeliveryRecord, DeliveryRecords};
 use lemon_core::transport::{
     StatusHandle, Transport, TransportContext, TransportError, TransportState,
 };
-
-/// The data of the Approve and Deny buttons, before the request's id.
-const APPROVE: &str = "apr:a:";
-const DENY: &str = "apr:d:";
 
 /// Store namespace of the next `getUpdates` offset, keyed by bot id.
 const OFFSET_NS: &str = "telegram.offset";
@@ -173,7 +170,7 @@ impl Transport for TelegramTransport {
             status: ctx.status.clone(),
             deliveries: DeliveryRecords::new(ctx.store.clone(), DELIVERY_NS, FAILED_DELIVERY_TTL),
             approvals: ctx.approvals.clone(),
-            offered: Mutex::new(HashMap::new()),
+            offered: ask::Offered::default(),
         });
         bot.recover_deliveries().await;
         // Subscribed before polling starts, so no run of a chat is missed.
@@ -239,7 +236,7 @@ struct Bot {
     approvals: ApprovalHub,
     /// The approval requests offered here: their chat and the message with
     /// the buttons, by request id.
-    offered: Mutex<HashMap<String, (i64, i64)>>,
+    offered: ask::Offered<i64, i64>,
 }
 
 fn now_ms() -> i64 {
@@ -586,35 +583,26 @@ impl Bot {
     /// offered with Approve / Deny buttons; when it completes, the message
     /// says how it was settled and loses its buttons.
     async fn approval_step(&self, delivery: &Delivery, action: &Action) {
-        let request = &action.detail["approval"];
-        let Some(id) = request["id"].as_str() else { return };
-        let what = format!(
-            "{}: {}",
-            request["tool"].as_str().unwrap_or_default(),
-            request["subject"].as_str().unwrap_or_default()
-        );
+        let Some(request) = ask::request_of(action) else { return };
         if action.phase != ActionPhase::Completed {
-            let text = FormattedText::plain(format!("Allow this?\n{what}"));
+            let text = FormattedText::plain(ask::ask_text(&request));
             let mut send =
                 message_to(delivery.chat_id, delivery.thread_id, delivery.reply_to, text);
+            let (approve, deny) = ask::button_data(&request.id);
             send.reply_markup = Some(json!({ "inline_keyboard": [[
-                { "text": "Approve", "callback_data": format!("{APPROVE}{id}") },
-                { "text": "Deny", "callback_data": format!("{DENY}{id}") },
+                { "text": "Approve", "callback_data": approve },
+                { "text": "Deny", "callback_data": deny },
             ]] }));
             match self.outbox.send(send).await {
-                Ok(sent) => {
-                    let mut offered = self.offered.lock().unwrap_or_else(PoisonError::into_inner);
-                    offered.insert(id.to_owned(), (delivery.chat_id, sent.message_id));
+                Ok(sent) => self.offered.insert(&request.id, delivery.chat_id, sent.message_id),
+                Err(error) => {
+                    tracing::warn!(%error, approval = %request.id, "approval request not sent");
                 }
-                Err(error) => tracing::warn!(%error, approval = id, "approval request not sent"),
             }
             return;
         }
-        let offered = self.offered.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
-        if let Some((chat_id, message_id)) = offered {
-            let settled = action.message.as_deref().unwrap_or("settled");
-            let mark = if action.ok == Some(true) { "Approved" } else { "Not run" };
-            let text = FormattedText::plain(format!("{mark} ({settled})\n{what}"));
+        if let Some((chat_id, message_id)) = self.offered.take(&request.id) {
+            let text = FormattedText::plain(ask::settled_text(&request, action));
             // An edit without buttons removes them.
             let _ = self.outbox.edit(chat_id, message_id, text).await;
         }
@@ -624,25 +612,15 @@ impl Bot {
     /// comes from the chat it was offered in (an allowed chat), and tells the
     /// user how it went.
     async fn answer_button(&self, query: CallbackQuery) {
-        let data = query.data.as_deref().unwrap_or_default();
-        let (approve, id) = match (data.strip_prefix(APPROVE), data.strip_prefix(DENY)) {
-            (Some(id), _) => (true, id),
-            (None, Some(id)) => (false, id),
-            (None, None) => return,
-        };
-        // The data comes from the chat: only a request id's shape is read on.
-        if !lemon_core::approvals::is_request_id(id) {
-            tracing::info!("a button press with data that is no approval request; ignored");
+        let Some((approve, id)) = ask::parse_press(query.data.as_deref().unwrap_or_default())
+        else {
+            tracing::info!("a button press that is no approval request; ignored");
             return;
-        }
-        let chat_id = query.message.as_ref().map(|message| message.chat.id);
-        let offered_here = {
-            let offered = self.offered.lock().unwrap_or_else(PoisonError::into_inner);
-            offered.get(id).map(|(chat, _)| *chat)
         };
+        let chat_id = query.message.as_ref().map(|message| message.chat.id);
         let notice = match chat_id {
             Some(chat) if !self.chat_allowed(chat, true) => "This chat may not answer.".to_owned(),
-            Some(chat) if offered_here.is_some_and(|offered| offered != chat) => {
+            Some(chat) if !self.offered.pressed_in_place(id, &chat) => {
                 "This request was not asked here.".to_owned()
             }
             None => "This request is too old to answer here.".to_owned(),
@@ -651,11 +629,7 @@ impl Bot {
                     Some(username) => format!("@{username}"),
                     None => query.from.id.to_string(),
                 };
-                match self.approvals.answer(id, approve, &by, TRANSPORT_ID) {
-                    Ok(_) if approve => "Approved.".to_owned(),
-                    Ok(_) => "Denied.".to_owned(),
-                    Err(error) => format!("Not taken: {error}."),
-                }
+                ask::notice(&self.approvals.answer(id, approve, &by, TRANSPORT_ID), approve)
             }
         };
         tracing::info!(approval = id, approve, notice = %notice, "approval button pressed");

@@ -74,6 +74,11 @@ pub struct WebhookConfig {
     /// Whether a body `idempotency_key` counts (the header always does).
     #[serde(default)]
     pub allow_payload_idempotency_key: bool,
+    /// Whether a payload's text is outside text: its runs are marked
+    /// untrusted, judged by `[gateway.approvals] untrusted` and give the
+    /// model the text in a data block (default on).
+    #[serde(default = "defaults::untrusted")]
+    pub untrusted: bool,
     /// Integration id → its settings; each has its own token.
     #[serde(default)]
     pub integrations: BTreeMap<String, IntegrationConfig>,
@@ -132,6 +137,10 @@ pub struct IntegrationConfig {
     /// Overrides the section's flag of the same name.
     #[serde(default)]
     pub allow_payload_idempotency_key: Option<bool>,
+    /// Overrides the section's flag of the same name: `false` for a sender
+    /// whose text is the owner's own (a script of theirs).
+    #[serde(default)]
+    pub untrusted: Option<bool>,
 }
 
 impl std::fmt::Debug for IntegrationConfig {
@@ -158,6 +167,9 @@ impl std::fmt::Debug for IntegrationConfig {
 }
 
 mod defaults {
+    pub(super) fn untrusted() -> bool {
+        true
+    }
     pub(super) fn bind() -> String {
         "127.0.0.1".to_owned()
     }
