@@ -420,6 +420,75 @@ mod telegram {
     }
 }
 
+/// What a terminal shows, read as it comes.
+struct Screen {
+    stdout: tokio::process::ChildStdout,
+    seen: String,
+}
+
+impl Screen {
+    /// Reads until `done` holds of everything shown; all of it.
+    async fn until(&mut self, what: &str, done: impl Fn(&str) -> bool) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 4096];
+        let read = async {
+            while !done(&self.seen) {
+                let n = self.stdout.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the terminal closed before {what}: {}", self.seen);
+                self.seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        };
+        if tokio::time::timeout(PATIENCE, read).await.is_err() {
+            panic!("{what} never showed: {}", self.seen);
+        }
+        self.seen.clone()
+    }
+}
+
+#[tokio::test]
+async fn run_on_a_terminal_asks_inline_and_the_typed_answer_decides() {
+    use tokio::io::AsyncWriteExt;
+    let app = start("").await;
+    let call = FakeToolCall::new(
+        "call_1",
+        "bash",
+        &[&json!({ "command": "touch typed-yes" }).to_string()],
+    );
+    app.llm.push(Turn::tool_calls(vec![call]));
+    app.llm.push(Turn::text(&["Done on the terminal."]));
+    let cwd = app.work.path().display().to_string();
+    let mut command = crate::support::command_on_terminal(
+        &app.gateway.home,
+        &["run", "--cwd", &cwd, "make the file"],
+    );
+    command
+        .env("LEMON_URL", &app.gateway.api)
+        .env("TERM", "xterm")
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().expect("script runs");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut screen = Screen { stdout: child.stdout.take().unwrap(), seen: String::new() };
+    let question = "[y]es / [n]o:";
+    let asked = screen.until("the question", |s| s.contains(question)).await;
+    assert!(asked.contains("Allow this? bash: touch typed-yes"), "{asked}");
+    assert!(!app.made("typed-yes"), "nothing runs before the answer");
+    // Not an answer: asked again.
+    stdin.write_all(b"perhaps\n").await.unwrap();
+    stdin.flush().await.unwrap();
+    screen.until("the question again", |s| s.matches(question).count() >= 2).await;
+    stdin.write_all(b"y\n").await.unwrap();
+    stdin.flush().await.unwrap();
+    let done = screen.until("the answer", |s| s.contains("Done on the terminal.")).await;
+    assert!(done.contains("approved by api via api"), "the decision is shown: {done}");
+    let status = tokio::time::timeout(PATIENCE, child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status}: {done}");
+    assert!(app.made("typed-yes"));
+    app.gateway.terminate().await;
+}
+
 /// The same through Discord: Approve / Deny buttons under a message in the
 /// channel, pressed through `INTERACTION_CREATE`.
 mod discord {

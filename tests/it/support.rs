@@ -60,6 +60,21 @@ pub(crate) fn command_with_path(home: &Path, path: &str) -> Command {
     configure(Command::new(gateway_bin()), home, path)
 }
 
+/// The gateway binary with `args` on a terminal of its own: `script` gives it
+/// a pseudo-terminal as stdin, stdout and stderr, fed from this command's
+/// stdin and copied to its stdout.
+pub(crate) fn command_on_terminal(home: &Path, args: &[&str]) -> Command {
+    let quote = |word: &str| format!("'{}'", word.replace('\'', "'\\''"));
+    let line = std::iter::once(gateway_bin().to_owned())
+        .chain(args.iter().map(|arg| (*arg).to_owned()))
+        .map(|word| quote(&word))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut command = Command::new("script");
+    command.args(["-q", "-f", "-e", "-c", &line, "/dev/null"]);
+    configure(command, home, &std::env::var("PATH").unwrap_or_default())
+}
+
 /// The gateway binary started through `prlimit` with descriptor limits `soft`
 /// and `hard`.
 pub(crate) fn command_with_descriptor_limit(home: &Path, soft: u64, hard: u64) -> Command {
