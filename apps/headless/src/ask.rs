@@ -1,6 +1,6 @@
 //! `run` and `attach` answer the run's approval requests where they run: on
 //! a terminal, a request is asked inline on stderr ("Allow this? bash: …
-//! [y]es / [n]o") and the typed answer goes to `/v1/approvals/{id}`; off a
+//! \[y\]es / \[n\]o") and the typed answer goes to `/v1/approvals/{id}`; off a
 //! terminal, the request is named with the command that answers it, and the
 //! run waits for another surface. A request settled elsewhere (a chat, the
 //! API) closes the question.
