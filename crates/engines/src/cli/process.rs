@@ -717,6 +717,19 @@ fn kill_strays(strays: Strays) -> usize {
     killed
 }
 
+/// How long a killed group may take to die before its run completes anyway.
+const GONE_PATIENCE: Duration = Duration::from_secs(2);
+
+/// How many processes of group `pgid` are alive (not zombies).
+fn live_in_group(pgid: i32) -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(proc_stat)
+        .filter(|stat| stat.alive && stat.pgrp == pgid)
+        .count()
+}
+
 /// Live processes that can belong to the recorded group: in it, in its session,
 /// and started no earlier than its leader.
 fn leftover_members(group: &ProcessGroupRecord) -> Vec<ProcStat> {
@@ -985,7 +998,38 @@ impl CliChild {
         // Members that outlived the leader (it may have exited just before the
         // signal), and descendants that left the group.
         self.kill_all();
+        self.until_gone().await;
         exit
+    }
+
+    /// Waits until no process of the group or the cgroup is alive: a killed
+    /// member whose parent is not the gateway dies a moment after the signal,
+    /// and its run must not complete before. Gives up after
+    /// [`GONE_PATIENCE`] (a process stuck in the kernel), saying so.
+    pub(crate) async fn until_gone(&self) {
+        let pgid = self.pgid.as_raw();
+        let left = || {
+            let in_group = live_in_group(pgid);
+            let in_cgroup = self.cgroup.as_deref().map_or(0, cgroup::live_members);
+            in_group + in_cgroup
+        };
+        let deadline = tokio::time::Instant::now() + GONE_PATIENCE;
+        loop {
+            let count = left();
+            if count == 0 {
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    pgid,
+                    processes = count,
+                    "killed processes of a cli are still alive"
+                );
+                return;
+            }
+            // No notification exists for another parent's child dying.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// SIGTERM to the group, up to `grace` for the leader to exit, then SIGKILL;
@@ -993,6 +1037,7 @@ impl CliChild {
     pub(crate) async fn terminate(&mut self, grace: Duration) -> Exit {
         if let Some(exit) = self.exit {
             self.kill_all();
+            self.until_gone().await;
             return exit;
         }
         self.signal_group(Signal::SIGTERM);
@@ -1000,6 +1045,7 @@ impl CliChild {
             Ok(exit) => {
                 // Members that ignored SIGTERM must not outlive the run.
                 self.kill_all();
+                self.until_gone().await;
                 exit
             }
             Err(_elapsed) => {

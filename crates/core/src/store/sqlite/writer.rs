@@ -22,6 +22,8 @@
 //! longer than a whole batch. So the writer does not checkpoint; every
 //! [`CHECKPOINT_EVERY_OPS`] writes it nudges the checkpointer thread, which runs a
 //! passive checkpoint on its own connection while the writer goes on appending.
+//! Only a checkpointer two rounds behind (one running, one due) makes the
+//! writer wait, so the log stays bounded when the disk is slow.
 //!
 //! [`Inline`] is the same writer without its thread, for stores opened with
 //! [`super::SqliteStore::open_inline`]: the task that needs a batch applied
@@ -346,10 +348,15 @@ impl Checkpointer {
         Ok(Checkpointer { nudge: Some(nudge), thread: Some(thread) })
     }
 
+    /// Asks for a checkpoint. With one running and one already due, waits
+    /// until the running one ends: a checkpointer slowed by the disk (its
+    /// syncs) holds the writer back rather than letting the log grow without
+    /// bound. Otherwise returns at once.
     fn nudge(&self) {
         if let Some(nudge) = &self.nudge {
-            // Full means a checkpoint is already due, which covers this one too.
-            let _ = nudge.try_send(());
+            if let Err(std_mpsc::TrySendError::Full(())) = nudge.try_send(()) {
+                let _ = nudge.send(());
+            }
         }
     }
 }

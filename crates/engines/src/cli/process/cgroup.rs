@@ -141,6 +141,11 @@ fn members(dir: &Path) -> Vec<i32> {
         .unwrap_or_default()
 }
 
+/// How many processes of the cgroup `dir` are alive.
+pub(super) fn live_members(dir: &Path) -> usize {
+    members(dir).into_iter().filter(|pid| alive(*pid)).count()
+}
+
 /// SIGKILLs every process in the cgroup `dir`; how many there were. A cgroup
 /// that is gone is fine.
 pub(super) fn kill(dir: &Path) -> usize {
