@@ -851,3 +851,90 @@ async fn real_pi_answers_resumes_runs_tools_and_cancels() {
 async fn real_droid_answers_with_a_custom_model_and_names_its_session() {
     through_the_gateway(Cli::Droid).await;
 }
+
+/// Reads a run's events until its approval request arrives; the request.
+async fn asked(gateway: &Gateway, run_id: &str) -> Value {
+    let response = gateway.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
+    let mut parser = lemon_gateway::sse::SseParser::default();
+    let mut stream = response.bytes_stream();
+    let wait = async {
+        while let Some(chunk) = stream.next().await {
+            for event in parser.push(&chunk.unwrap()) {
+                let data: Value = serde_json::from_str(&event.data).unwrap();
+                let action = &data["action"];
+                if action["kind"] == "approval" && action["phase"] == "started" {
+                    return action["detail"]["approval"].clone();
+                }
+                assert_ne!(event.event, "run_completed", "the run ended unasked: {data}");
+            }
+        }
+        panic!("the event stream ended before the request");
+    };
+    tokio::time::timeout(CLI_PATIENCE, wait).await.expect("the approval request arrives")
+}
+
+/// Claude Code without pre-allowed tools asks through the gateway's MCP
+/// endpoint (`--permission-prompt-tool`): its `Bash` call waits for the
+/// owner, runs once approved and not at all once denied, and the model is
+/// told why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_claude_code_asks_the_owner_before_its_tool_runs() {
+    let Some(bin) = installed_clis() else { return };
+    let llm = FakeLlm::start().await;
+    llm.rule_for_model(SMALL_MODEL, Turn::text(&["Fake title"]));
+    let mut setup = Setup::new(Cli::Claude, &bin, &llm);
+    // Nothing pre-allowed: every call Claude would ask a person about is asked.
+    setup.section = String::new();
+    let gateway = Gateway::start(&setup.config()).await;
+    let decide = |id: String, decision: &'static str| {
+        let request = gateway.post(&format!("/v1/approvals/{id}"));
+        async move {
+            let response = request.json(&json!({ "decision": decision })).send().await.unwrap();
+            assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+        }
+    };
+    // Each call has its own id: Claude drops a call whose id it has seen.
+    let call = |file: &str| {
+        let input = json!({ "command": format!("touch {file}"), "description": "Make a file" });
+        let id = format!("toolu_lemon_{}", file.trim_end_matches(".txt"));
+        FakeToolCall::new(&id, "Bash", &[&input.to_string()])
+    };
+
+    for (file, decision, answer) in
+        [("approved.txt", "approve", "Made it."), ("denied.txt", "deny", "Not made.")]
+    {
+        llm.push(Turn::tool_calls(vec![call(file)]));
+        llm.push(Turn::text(&[answer]));
+        let run_id =
+            gateway.submit(json!({ "prompt": format!("Make {file}."), "engine": "claude" })).await;
+        let request = asked(&gateway, &run_id).await;
+        assert_eq!(request["tool"], "Bash", "{request}");
+        assert_eq!(request["subject"], format!("touch {file}"), "{request}");
+        assert_eq!(request["rule"], "no rule matched; the CLI asks", "{request}");
+        assert!(!setup.proj().join(file).exists(), "nothing runs before the answer");
+        decide(request["id"].as_str().unwrap().to_owned(), decision).await;
+        let (events, record) = tokio::time::timeout(CLI_PATIENCE, async {
+            (events(&gateway, &run_id).await, gateway.run(&run_id).await)
+        })
+        .await
+        .expect("the run completes in time");
+        assert_eq!(record["status"], "completed", "{record}\n{events:?}");
+        assert_eq!(record["answer"], answer, "{record}");
+        let settled: Vec<&Value> = actions(&events)
+            .into_iter()
+            .filter(|a| a["kind"] == "approval" && a["phase"] == "completed")
+            .collect();
+        assert_eq!(settled.len(), 1, "{events:?}");
+        let approved = decision == "approve";
+        assert_eq!(settled[0]["ok"], approved, "{settled:?}");
+        assert_eq!(setup.proj().join(file).exists(), approved, "{file}");
+        if !approved {
+            // The model reads the refusal as the call's result.
+            let told = main_requests(&llm).iter().any(|request| {
+                request.body.to_string().contains("The owner denied this call (api via api)")
+            });
+            assert!(told, "no request carried the refusal");
+        }
+    }
+    gateway.terminate().await;
+}

@@ -11,6 +11,8 @@
 //!   handlers' annotations, served at `/v1/openapi.json`.
 //! - [`health`]: `/healthz`, `/health` and `/metrics`, meant for a loopback or
 //!   internal port; without the API token `/healthz` shows states only.
+//! - [`mcp`]: the MCP endpoint `/mcp`, where Claude Code's permission
+//!   prompts reach the owner's approvals; it answers run tokens only.
 //! - [`metrics`]: the collector of run metrics (a task on the event bus) and
 //!   the Prometheus text format `/metrics` answers in.
 //! - [`error`]: [`error::ApiError`], the one JSON error shape of every router
@@ -28,6 +30,7 @@ pub mod dashboard;
 pub mod error;
 pub mod health;
 pub mod http;
+pub mod mcp;
 pub mod metrics;
 pub mod openapi;
 pub mod secrets;

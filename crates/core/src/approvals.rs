@@ -4,12 +4,14 @@
 //!
 //! - [`Policy`] judges a call by its tool name and its subject ([`subject`]:
 //!   the command line of `bash`, the resolved path of a file tool, the host of
-//!   `fetch`, the arguments otherwise); the first rule whose `tool` and `match`
-//!   globs both match decides, and a call no rule matches is allowed.
+//!   `fetch`, the arguments otherwise); the first rule whose `tool` (any case)
+//!   and `match` globs both match decides, and a call no rule matches is
+//!   allowed.
 //! - [`ApprovalHub`] holds the asked calls until one answer comes (the API,
 //!   the command line), the run is cancelled or the request expires; an
 //!   answer to a request already answered is refused with what decided it.
 
+mod gate;
 mod hub;
 #[cfg(test)]
 mod tests;
@@ -18,10 +20,13 @@ use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use globset::{GlobBuilder, GlobMatcher};
-use serde_json::Value;
+use serde_json::{json, Value};
+
+use crate::engine::{Action, ActionKind, ActionPhase};
 
 use crate::config::{ApprovalAction, ApprovalRuleConfig, ApprovalsConfig};
 
+pub use gate::{Decision, Gate, Registration, RunTicket, UnknownToken};
 pub use hub::{
     Answer, AnswerError, ApprovalHub, ApprovalRequest, Outcome, PendingApproval, Waiting,
 };
@@ -100,18 +105,21 @@ impl Policy {
         timeout_ms: u64,
         label: &str,
     ) -> Result<Policy, (usize, &'static str, String)> {
-        let compile = |glob: &str| {
+        // Tool names compare without case: `bash` also names Claude Code's
+        // `Bash`. Subjects (paths, command lines) keep their case.
+        let compile = |glob: &str, any_case: bool| {
             GlobBuilder::new(glob)
                 .literal_separator(false)
+                .case_insensitive(any_case)
                 .build()
                 .map(|glob| glob.compile_matcher())
                 .map_err(|err| err.kind().to_string())
         };
         let mut rules = Vec::with_capacity(config.len());
         for (i, rule) in config.iter().enumerate() {
-            let tool = compile(&rule.tool).map_err(|why| (i, "tool", why))?;
+            let tool = compile(&rule.tool, true).map_err(|why| (i, "tool", why))?;
             let pattern = match &rule.pattern {
-                Some(pattern) => Some(compile(pattern).map_err(|why| (i, "match", why))?),
+                Some(pattern) => Some(compile(pattern, false).map_err(|why| (i, "match", why))?),
                 None => None,
             };
             let text = match &rule.pattern {
@@ -159,19 +167,25 @@ impl Policy {
     }
 }
 
-/// What a rule's `match` is judged against: `bash`'s command line; the path
-/// of a file tool (`read`, `write`, `edit`, `list`, `grep`, `glob`) joined to
-/// `cwd` and normalised; the host of `fetch`; the arguments as compact JSON
-/// for any other tool.
+/// What a rule's `match` is judged against: the command line of a shell
+/// tool (`bash`, Claude's `Bash`); the path of a file tool (`read`, `write`,
+/// `edit`, `list`, `grep`, `glob`; Claude's `Read`, `Write`, `Edit`,
+/// `MultiEdit`, `NotebookEdit`, `Grep`, `Glob`) joined to `cwd` and
+/// normalised; the host of `fetch` or Claude's `WebFetch`; the arguments as
+/// compact JSON for any other tool.
 pub fn subject(tool: &str, args: &Value, cwd: &Path) -> String {
     let text = |key: &str| args.get(key).and_then(Value::as_str).map(str::to_owned);
+    let path = |keys: &[&str]| {
+        let path = keys.iter().find_map(|key| text(key)).unwrap_or_else(|| ".".to_owned());
+        normalise(&cwd.join(path)).display().to_string()
+    };
     match tool {
-        "bash" => text("command").unwrap_or_default(),
-        "read" | "write" | "edit" | "list" | "grep" | "glob" => {
-            let path = text("path").unwrap_or_else(|| ".".to_owned());
-            normalise(&cwd.join(path)).display().to_string()
-        }
-        "fetch" => text("url")
+        "bash" | "Bash" => text("command").unwrap_or_default(),
+        "read" | "write" | "edit" | "list" | "grep" | "glob" => path(&["path"]),
+        "Read" | "Write" | "Edit" | "MultiEdit" => path(&["file_path"]),
+        "NotebookEdit" => path(&["notebook_path"]),
+        "Grep" | "Glob" => path(&["path"]),
+        "fetch" | "WebFetch" => text("url")
             .map(|url| {
                 let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
                 let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
@@ -207,4 +221,75 @@ pub fn shorten(text: &str, max: usize) -> String {
         Some((end, _)) => format!("{}…", &text[..end]),
         None => text.to_owned(),
     }
+}
+
+/// The approval action a request shows as when it is asked: `id` names it in
+/// the run's events, `title` says what asks (`approval: bash`).
+pub fn asked_action(id: &str, title: &str, request: &PendingApproval) -> Action {
+    Action {
+        id: id.to_owned(),
+        kind: ActionKind::Approval,
+        title: title.to_owned(),
+        detail: json!({ "approval": request }),
+        phase: ActionPhase::Started,
+        ok: None,
+        message: Some(request.subject.clone()),
+        level: None,
+        result_meta: Value::Null,
+    }
+}
+
+/// The approval action's completion once `outcome` settled the request
+/// (`None`: withdrawn, the run ended), and what the model is told when the
+/// call does not run (`None`: approved, it runs).
+pub fn settled_action(
+    id: &str,
+    title: &str,
+    request: &PendingApproval,
+    outcome: Option<&Outcome>,
+) -> (Action, Option<String>) {
+    let (approved, message, refusal) = match outcome {
+        Some(Outcome::Answered(answer)) if answer.approved => {
+            (true, format!("approved by {} via {}", answer.by, answer.via), None)
+        }
+        Some(Outcome::Answered(answer)) => (
+            false,
+            format!("denied by {} via {}", answer.by, answer.via),
+            Some(format!(
+                "The owner denied this call ({} via {}); it was not run.",
+                answer.by, answer.via
+            )),
+        ),
+        Some(Outcome::Expired) => {
+            let seconds = (request.expires_at_ms - request.requested_at_ms) / 1000;
+            (
+                false,
+                format!("no answer within {seconds} s: denied"),
+                Some(format!(
+                    "Nobody answered the approval request within {seconds} seconds, so the \
+                     call was denied and not run."
+                )),
+            )
+        }
+        None => (false, "withdrawn".to_owned(), Some("cancelled".to_owned())),
+    };
+    let done = Action {
+        id: id.to_owned(),
+        kind: ActionKind::Approval,
+        title: title.to_owned(),
+        detail: json!({
+            "approval": request,
+            "answer": match outcome {
+                Some(Outcome::Answered(answer)) => json!(answer),
+                Some(Outcome::Expired) => json!({ "expired": true }),
+                None => Value::Null,
+            },
+        }),
+        phase: ActionPhase::Completed,
+        ok: Some(approved),
+        message: Some(message),
+        level: None,
+        result_meta: Value::Null,
+    };
+    (done, refusal)
 }

@@ -163,6 +163,9 @@ struct CommandInput<'a> {
     /// The dollars the run may spend under the limits that apply to it
     /// (`[gateway.budgets]`); Claude gets it as `--max-budget-usd`.
     max_budget_usd: Option<f64>,
+    /// The MCP config file that points Claude's permission prompts at the
+    /// gateway (`--mcp-config`), when the run asks through it.
+    permission_config: Option<&'a std::path::Path>,
 }
 
 impl CommandInput<'_> {
@@ -271,6 +274,9 @@ pub struct CliContext {
     /// The owner's policy over the native engine's tool calls; `None`
     /// allows every call.
     pub approvals: Option<crate::native::Approvals>,
+    /// Where Claude Code asks about its calls (its permission prompt tool on
+    /// the gateway's MCP endpoint); `None`: it is not pointed there.
+    pub gate: Option<lemon_core::approvals::Gate>,
 }
 
 /// The allowlisted part of `base` (the variables every child gets).
@@ -315,6 +321,7 @@ pub struct CliEngine {
     version: tokio::sync::OnceCell<Option<String>>,
     /// Asked what a run may still spend before a CLI that can cap it starts.
     budget: Option<Arc<dyn lemon_core::budget::BudgetGuard>>,
+    gate: Option<lemon_core::approvals::Gate>,
 }
 
 /// How long `<cli> --version` may take before the engine is listed without one.
@@ -356,6 +363,7 @@ impl CliEngine {
             recorder: ctx.recorder.clone(),
             version: tokio::sync::OnceCell::new(),
             budget: ctx.budget.clone(),
+            gate: ctx.gate.clone(),
         }
     }
 
@@ -484,6 +492,7 @@ impl Engine for CliEngine {
             tracker: self.tracker.clone(),
             cancel: self.shutdown.child_token(),
             recorder: self.recorder.clone(),
+            gate: self.gate.clone(),
         };
         runner::start(launch, req, sink).await
     }

@@ -294,6 +294,21 @@ struct Shared<'a> {
     budget: &'a Arc<StoreBudgetGuard>,
     sandbox: &'a lemon_engines::tools::Sandbox,
     approvals: &'a lemon_engines::native::Approvals,
+    gate: &'a lemon_core::approvals::Gate,
+}
+
+/// The address a local client reaches a listener bound to `addr` at: the
+/// loopback address of its family for an unspecified one (`0.0.0.0`, `::`).
+fn loopback_of(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, addr.port()))
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, addr.port()))
+        }
+        _ => addr,
+    }
 }
 
 /// Builds every engine the sections enable ([`lemon_engines::build_registry`])
@@ -339,6 +354,7 @@ fn engines(
         store: Some(store.clone()),
         sandbox: shared.sandbox.clone(),
         approvals: Some(shared.approvals.clone()),
+        gate: Some(shared.gate.clone()),
     };
     Ok(lemon_engines::build_registry(sections, &ctx)?)
 }
@@ -994,10 +1010,17 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         ),
         hub: approval_hub.clone(),
     };
+    // Where Claude Code asks about its calls, on the API's `/mcp` once it listens.
+    let gate = lemon_core::approvals::Gate::new(
+        approvals.policy.clone(),
+        approvals.untrusted.clone(),
+        approval_hub.clone(),
+    );
     let build_engines: reload::BuildEngines = {
         let (opts, secrets, store) = (opts.clone(), secrets.clone(), store.clone());
         let (tracker, token, tools) = (tracker.clone(), token.clone(), tools.clone());
         let (budget, sandbox, approvals) = (budget.clone(), sandbox.clone(), approvals.clone());
+        let gate = gate.clone();
         Arc::new(move |sections: &EngineSections| {
             let shared = Shared {
                 tracker: &tracker,
@@ -1006,6 +1029,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
                 budget: &budget,
                 sandbox: &sandbox,
                 approvals: &approvals,
+                gate: &gate,
             };
             engines(sections, &opts, &secrets, &store, shared)
         })
@@ -1130,7 +1154,10 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         },
         extra_routes.merge(secrets_routes).merge(extra),
         document,
-    );
+    )
+    // The MCP endpoint answers run tokens, not the API token.
+    .merge(lemon_api::mcp::router(gate.clone(), &token));
+    gate.set_url(format!("http://{}/mcp", loopback_of(api_addr)));
     let health = lemon_api::health::health_router(
         lemon_api::health::HealthState::new(router.query(), version, started)
             .with_transports(statuses.clone())

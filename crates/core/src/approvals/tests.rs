@@ -30,6 +30,11 @@ fn the_first_matching_rule_decides_and_no_match_allows() {
     assert_eq!(policy.judge("read", "/etc/hosts").rule, Some(4));
     let none = Policy::default().judge("bash", "rm -rf /");
     assert_eq!((none.action, none.rule), (ApprovalAction::Allow, None));
+    // A tool's name matches in any case (Claude Code's `Bash`, `Read`); the
+    // subject keeps its case.
+    assert_eq!(policy.judge("Bash", "rm -rf build").action, ApprovalAction::Deny);
+    assert_eq!(policy.judge("Read", "/srv/app").action, ApprovalAction::Allow);
+    assert_eq!(policy.judge("bash", "RM -rf build").rule, Some(2));
 }
 
 #[test]
@@ -83,6 +88,10 @@ fn the_subject_is_the_command_the_resolved_path_or_the_host() {
     assert_eq!(fetch("https://user:pw@example.com:8443/a?b"), "example.com");
     assert_eq!(fetch("http://[::1]:80/"), "::1");
     assert_eq!(subject("cron", &json!({ "action": "list" }), cwd), "{\"action\":\"list\"}");
+    // Claude Code's tools name their subject their own way.
+    assert_eq!(subject("Bash", &json!({ "command": "make" }), cwd), "make");
+    assert_eq!(subject("Edit", &json!({ "file_path": "src/a.rs" }), cwd), "/work/project/src/a.rs");
+    assert_eq!(subject("WebFetch", &json!({ "url": "https://docs.rs/x" }), cwd), "docs.rs");
 }
 
 fn request(timeout: Duration) -> ApprovalRequest {

@@ -1,7 +1,8 @@
 //! Claude Code: `claude -p --output-format stream-json --verbose`, the prompt on stdin.
 //!
 //! Command line: `claude -p --output-format stream-json --input-format text|stream-json
-//! --verbose [--dangerously-skip-permissions] [--allowedTools t…] [--model=m]
+//! --verbose [--dangerously-skip-permissions | --mcp-config <file>
+//! --permission-prompt-tool mcp__lemon__approve] [--allowedTools t…] [--model=m]
 //! [--max-budget-usd=<usd>] [extra_args…] [--resume=<session_id>]`, with
 //! `--max-budget-usd` where a dollar limit of `[gateway.budgets]` applies. Without steering the prompt goes on stdin
 //! as text and stdin is closed; with steering stdin carries stream-json user messages
@@ -30,6 +31,9 @@ use super::{CommandInput, Invocation};
 
 const PATH_KEYS: &[&str] = &["file_path", "notebook_path"];
 
+/// The gateway's permission tool as Claude names it: `mcp__<server>__<tool>`.
+pub(crate) const PERMISSION_TOOL: &str = "mcp__lemon__approve";
+
 pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
     let settings = input.settings;
     let mut args: Vec<String> =
@@ -38,6 +42,12 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
     args.push("--verbose".to_owned());
     if settings.skip_permissions {
         args.push("--dangerously-skip-permissions".to_owned());
+    } else if let Some(config) = input.permission_config {
+        // Calls Claude would ask a person about are asked through the gateway.
+        args.push("--mcp-config".to_owned());
+        args.push(config.display().to_string());
+        args.push("--permission-prompt-tool".to_owned());
+        args.push(PERMISSION_TOOL.to_owned());
     }
     if !settings.allowed_tools.is_empty() {
         args.push("--allowedTools".to_owned());

@@ -58,6 +58,8 @@ pub(crate) struct Launch {
     pub(crate) recorder: Option<Arc<dyn ProcessRecorder>>,
     /// `--max-budget-usd` for the CLIs that take it.
     pub(crate) max_budget_usd: Option<f64>,
+    /// Where Claude asks about its calls.
+    pub(crate) gate: Option<lemon_core::approvals::Gate>,
 }
 
 /// Spawns the CLI, records its process group, and starts its supervisor.
@@ -79,11 +81,19 @@ pub(crate) async fn start(
         cancel,
         recorder,
         max_budget_usd,
+        gate,
     } = launch;
     // A token of another engine cannot be continued here: the run is a new session.
     let resume = req.resume.clone().filter(|token| token.engine == vendor.id());
     // Outside text reaches the CLI's model inside a data block, as the native engine's.
     let prompt = lemon_core::untrusted::prompt_for_model(&req.prompt, &req.meta);
+    let permission = match gate.as_ref().filter(|_| vendor == Vendor::Claude) {
+        Some(gate) if !settings.skip_permissions => PermissionRelay::open(gate, &req, &sink)
+            .map_err(|err| {
+                EngineError::Start(format!("cannot point claude at the approval relay: {err}"))
+            })?,
+        _ => None,
+    };
     let input = CommandInput {
         settings: &settings,
         prompt: &prompt,
@@ -92,6 +102,7 @@ pub(crate) async fn start(
         cwd: &req.cwd,
         base_env: &base_env,
         max_budget_usd,
+        permission_config: permission.as_ref().map(|relay| relay.config.as_path()),
     };
     let invocation = match vendor {
         Vendor::Claude => claude::command(&input),
@@ -154,10 +165,68 @@ pub(crate) async fn start(
         grace: settings.cancel_grace,
         max_line_bytes: settings.max_line_bytes,
         recorder,
+        permission,
         _stopped: stopped.clone().drop_guard(),
     };
     tracker.spawn(supervisor.run());
     Ok(Arc::new(CliControl { cancel, steer: steer_tx, stopped }))
+}
+
+/// A Claude run's line to the approval relay: its registration with the
+/// gate (its token) and the MCP config file that names the endpoint and the
+/// token (0600, removed with the relay; the token never goes on a command
+/// line).
+#[derive(Debug)]
+struct PermissionRelay {
+    registration: lemon_core::approvals::Registration,
+    config: PathBuf,
+}
+
+impl PermissionRelay {
+    /// The MCP server's name in Claude's config; the tool is
+    /// `mcp__lemon__approve`.
+    const SERVER: &'static str = "lemon";
+
+    /// Registers the run and writes its config file; `None` while the
+    /// gateway's MCP endpoint does not listen.
+    fn open(
+        gate: &lemon_core::approvals::Gate,
+        req: &StartRequest,
+        sink: &EventSink,
+    ) -> std::io::Result<Option<PermissionRelay>> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let Some(url) = gate.url() else { return Ok(None) };
+        let registration = gate.register(lemon_core::approvals::RunTicket {
+            run_id: req.run_id.to_string(),
+            session_key: req.session_key.to_string(),
+            cwd: req.cwd.clone(),
+            untrusted: lemon_core::untrusted::source(&req.meta),
+            sink: sink.clone(),
+        });
+        let config =
+            std::env::temp_dir().join(format!("lemon-mcp-{}.json", &registration.token[..16]));
+        let text = serde_json::json!({ "mcpServers": { Self::SERVER: {
+            "type": "http",
+            "url": url,
+            "headers": { "Authorization": format!("Bearer {}", registration.token) },
+        } } });
+        let mut file =
+            std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&config)?;
+        file.write_all(text.to_string().as_bytes())?;
+        Ok(Some(PermissionRelay { registration, config }))
+    }
+
+    /// Whether a call of the run waits for the owner's answer now.
+    fn asking(&self) -> bool {
+        self.registration.asking.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+}
+
+impl Drop for PermissionRelay {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.config);
+    }
 }
 
 /// `vendor`'s stream parser; `new_session` is pi's new session file, `resumed`
@@ -242,6 +311,8 @@ struct Supervisor {
     max_line_bytes: usize,
     /// Told when the group is reaped; `None` when nothing was recorded.
     recorder: Option<Arc<dyn ProcessRecorder>>,
+    /// Claude's line to the approval relay, held as long as the process.
+    permission: Option<PermissionRelay>,
     /// Fires [`CliControl::stopped`] when the supervisor is gone; declared after
     /// `child`, so a child dropped unreaped is killed first.
     _stopped: DropGuard,
@@ -318,6 +389,11 @@ impl Supervisor {
                     finish_deadline = Some(Instant::now() + self.grace);
                 }
                 () = sleep_until(idle) => {
+                    // A call waiting for the owner's answer is not inactivity.
+                    if self.permission.as_ref().is_some_and(PermissionRelay::asking) {
+                        idle_deadline = self.timeout.map(|timeout| Instant::now() + timeout);
+                        continue;
+                    }
                     tracing::warn!(run_id = %self.run_id, engine = self.vendor.id(), "cli run inactive for too long; killing it");
                     self.child.kill().await;
                     let events = self.translator.timed_out();

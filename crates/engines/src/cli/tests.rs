@@ -64,6 +64,7 @@ fn the_run_model_wins_without_its_prefix() {
         cwd: std::path::Path::new("/"),
         base_env: &base,
         max_budget_usd: None,
+        permission_config: None,
     };
     let prefixes = ["claude:", "anthropic/"];
     assert_eq!(input(Some("Anthropic/opus")).model(&prefixes).as_deref(), Some("opus"));
@@ -92,6 +93,7 @@ fn values_follow_their_option_in_a_form_no_cli_reads_as_another_option() {
             cwd: std::path::Path::new("/work"),
             base_env: &base,
             max_budget_usd: None,
+            permission_config: None,
         };
         match vendor {
             Vendor::Claude => claude::command(&input),
@@ -177,6 +179,7 @@ fn claude_is_capped_at_what_the_budget_leaves() {
             cwd: std::path::Path::new("/"),
             base_env: &base,
             max_budget_usd,
+            permission_config: None,
         };
         claude::command(&input).args
     };
@@ -192,6 +195,7 @@ fn claude_is_capped_at_what_the_budget_leaves() {
         cwd: std::path::Path::new("/"),
         base_env: &base,
         max_budget_usd: Some(1.0),
+        permission_config: None,
     });
     assert!(!codex.args.iter().any(|arg| arg.contains("budget")), "{:?}", codex.args);
 }

@@ -475,14 +475,11 @@ impl Agent {
                     Judged::Denied(output) => results[index] = Some(output),
                     Judged::Asked(waiting) => {
                         let request = waiting.request.clone();
-                        let mut started = action(
+                        let started = lemon_core::approvals::asked_action(
                             &approval_id(call),
-                            ActionKind::Approval,
-                            &format!("approval: {}", call.name),
-                            ActionPhase::Started,
+                            &approval_title(call),
+                            &request,
                         );
-                        started.message = Some(request.subject.clone());
-                        started.detail = json!({ "approval": request });
                         self.send(EngineEvent::Action(started)).await?;
                         asked.insert(index, (tool, args, request));
                         let cancel = turn_cancel.clone();
@@ -612,54 +609,19 @@ impl Agent {
         request: &PendingApproval,
         outcome: Option<&Outcome>,
     ) -> (Action, Option<ToolOutput>) {
-        let mut done = action(
+        let (done, refusal) = lemon_core::approvals::settled_action(
             &approval_id(call),
-            ActionKind::Approval,
-            &format!("approval: {}", call.name),
-            ActionPhase::Completed,
+            &approval_title(call),
+            request,
+            outcome,
         );
-        let (approved, message, refusal) = match outcome {
-            Some(Outcome::Answered(answer)) if answer.approved => {
-                (true, format!("approved by {} via {}", answer.by, answer.via), None)
-            }
-            Some(Outcome::Answered(answer)) => (
-                false,
-                format!("denied by {} via {}", answer.by, answer.via),
-                Some(format!(
-                    "The owner denied this call ({} via {}); it was not run.",
-                    answer.by, answer.via
-                )),
-            ),
-            Some(Outcome::Expired) => {
-                let seconds = (request.expires_at_ms - request.requested_at_ms) / 1000;
-                (
-                    false,
-                    format!("no answer within {seconds} s: denied"),
-                    Some(format!(
-                        "Nobody answered the approval request within {seconds} seconds, so the \
-                         call was denied and not run."
-                    )),
-                )
-            }
-            None => (false, "withdrawn".to_owned(), Some("cancelled".to_owned())),
-        };
         tracing::info!(
             run_id = %self.req.run_id,
             tool = %call.name,
             approval = %request.id,
-            decision = %message,
+            decision = done.message.as_deref().unwrap_or_default(),
             "approval settled"
         );
-        done.ok = Some(approved);
-        done.message = Some(message);
-        done.detail = json!({
-            "approval": request,
-            "answer": match outcome {
-                Some(Outcome::Answered(answer)) => json!(answer),
-                Some(Outcome::Expired) => json!({ "expired": true }),
-                None => Value::Null,
-            },
-        });
         (done, refusal.map(ToolOutput::error))
     }
 
@@ -798,6 +760,10 @@ fn action_id(call: &ToolCall) -> String {
 
 fn approval_id(call: &ToolCall) -> String {
     format!("approval_{}", call.id)
+}
+
+fn approval_title(call: &ToolCall) -> String {
+    format!("approval: {}", call.name)
 }
 
 /// What the policy made of a call.

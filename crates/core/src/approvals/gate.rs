@@ -1,0 +1,337 @@
+//! The relay a vendor CLI asks through: Claude Code calls a permission tool
+//! (`--permission-prompt-tool`) on the gateway's MCP endpoint for every call
+//! it would ask a person about, and the endpoint asks the [`Gate`].
+//!
+//! - A run registers before its CLI starts and gets a token of its own
+//!   ([`Registration`], withdrawn when it is dropped); the endpoint answers
+//!   only a known token, and a token names one run.
+//! - The gate judges the call by the owner's rules (the untrusted rules for
+//!   an untrusted run). A call no rule matches is asked about: the CLI only
+//!   calls the gate for calls it would ask a person about.
+//! - An asked call is put up in the [`ApprovalHub`] and shows as an
+//!   `approval` action in the run's events, like a native call's, so every
+//!   surface that answers native requests answers it too.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use serde_json::Value;
+
+use super::{ApprovalHub, ApprovalRequest, Policy};
+use crate::config::ApprovalAction;
+use crate::engine::{EngineEvent, EventSink};
+
+/// What the gate says about a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    /// Not run; what the model is told.
+    Deny(String),
+}
+
+/// The gate: the policies, the hub, and the runs that may ask.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    policy: Arc<Policy>,
+    untrusted: Arc<Policy>,
+    hub: ApprovalHub,
+    runs: Mutex<HashMap<String, Arc<GatedRun>>>,
+    /// The MCP endpoint's URL, once the API listens.
+    url: OnceLock<String>,
+}
+
+/// A run that may ask.
+#[derive(Debug)]
+struct GatedRun {
+    run_id: String,
+    session_key: String,
+    cwd: PathBuf,
+    untrusted: Option<String>,
+    sink: EventSink,
+    asking: Arc<AtomicUsize>,
+}
+
+/// What a run registers with.
+#[derive(Debug)]
+pub struct RunTicket {
+    pub run_id: String,
+    pub session_key: String,
+    pub cwd: PathBuf,
+    /// Where the run's untrusted text came from ([`crate::untrusted`]).
+    pub untrusted: Option<String>,
+    /// The run's events: the approval actions go here.
+    pub sink: EventSink,
+}
+
+/// A run's registration: its token, and how many of its calls wait for an
+/// answer now (the CLI prints nothing meanwhile, and its inactivity timer
+/// must not run). Dropping it withdraws the token.
+#[derive(Debug)]
+pub struct Registration {
+    gate: Gate,
+    pub token: String,
+    pub asking: Arc<AtomicUsize>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.gate.lock().remove(&self.token);
+    }
+}
+
+/// The token is no run's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown or expired run token")]
+pub struct UnknownToken;
+
+impl Gate {
+    pub fn new(policy: Arc<Policy>, untrusted: Arc<Policy>, hub: ApprovalHub) -> Gate {
+        Gate {
+            inner: Arc::new(Inner {
+                policy,
+                untrusted,
+                hub,
+                runs: Mutex::new(HashMap::new()),
+                url: OnceLock::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<GatedRun>>> {
+        self.inner.runs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sets where the MCP endpoint listens (once; later calls change nothing).
+    pub fn set_url(&self, url: String) {
+        let _ = self.inner.url.set(url);
+    }
+
+    /// The MCP endpoint's URL; `None` while the API does not listen (then
+    /// CLIs are not pointed at it).
+    pub fn url(&self) -> Option<&str> {
+        self.inner.url.get().map(String::as_str)
+    }
+
+    /// Registers a run; its token until the registration is dropped.
+    pub fn register(&self, ticket: RunTicket) -> Registration {
+        let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+        let asking = Arc::new(AtomicUsize::new(0));
+        let run = GatedRun {
+            run_id: ticket.run_id,
+            session_key: ticket.session_key,
+            cwd: ticket.cwd,
+            untrusted: ticket.untrusted,
+            sink: ticket.sink,
+            asking: asking.clone(),
+        };
+        self.lock().insert(token.clone(), Arc::new(run));
+        Registration { gate: self.clone(), token, asking }
+    }
+
+    /// Whether `token` is a registered run's.
+    pub fn knows(&self, token: &str) -> bool {
+        self.lock().contains_key(token)
+    }
+
+    /// Judges `tool` called with `input` by the run of `token`: allowed or
+    /// denied by a rule at once, else asked and waited for. `call_id` (the
+    /// CLI's id of the call) names the approval action.
+    ///
+    /// # Errors
+    /// [`UnknownToken`] for a token no run holds.
+    pub async fn decide(
+        &self,
+        token: &str,
+        tool: &str,
+        input: &Value,
+        call_id: Option<&str>,
+    ) -> Result<Decision, UnknownToken> {
+        let run = self.lock().get(token).cloned().ok_or(UnknownToken)?;
+        let policy =
+            if run.untrusted.is_some() { &self.inner.untrusted } else { &self.inner.policy };
+        let subject = super::subject(tool, input, &run.cwd);
+        let verdict = policy.judge(tool, &subject);
+        let (action, rule) = match verdict.rule {
+            Some(_) => (verdict.action, verdict.rule_text),
+            None => (ApprovalAction::Ask, "no rule matched; the CLI asks".to_owned()),
+        };
+        match action {
+            ApprovalAction::Allow => {
+                tracing::info!(run_id = %run.run_id, tool = %crate::log_text::escape(tool), %rule, "vendor tool call allowed by the approval policy");
+                Ok(Decision::Allow)
+            }
+            ApprovalAction::Deny => {
+                tracing::info!(run_id = %run.run_id, tool = %crate::log_text::escape(tool), %rule, "vendor tool call denied by the approval policy");
+                Ok(Decision::Deny(format!(
+                    "The owner's policy denies this call ({rule}); it was not run."
+                )))
+            }
+            ApprovalAction::Ask => Ok(self.ask(&run, tool, subject, rule, call_id).await),
+        }
+    }
+
+    async fn ask(
+        &self,
+        run: &GatedRun,
+        tool: &str,
+        subject: String,
+        rule: String,
+        call_id: Option<&str>,
+    ) -> Decision {
+        let policy =
+            if run.untrusted.is_some() { &self.inner.untrusted } else { &self.inner.policy };
+        let waiting = self.inner.hub.ask(ApprovalRequest {
+            run_id: run.run_id.clone(),
+            session_key: run.session_key.clone(),
+            tool: tool.to_owned(),
+            subject,
+            rule,
+            untrusted: run.untrusted.clone(),
+            timeout: policy.timeout,
+        });
+        let request = waiting.request.clone();
+        let action_id = format!("approval_{}", call_id.unwrap_or(&request.id));
+        let title = format!("approval: {tool}");
+        let asked = super::asked_action(&action_id, &title, &request);
+        // A run no longer listening has nobody to answer for it.
+        if run.sink.send(EngineEvent::Action(asked)).await.is_err() {
+            return Decision::Deny("cancelled".to_owned());
+        }
+        let outcome = {
+            let _asking = Asking::new(&run.asking);
+            waiting.outcome().await
+        };
+        let (done, refusal) = super::settled_action(&action_id, &title, &request, Some(&outcome));
+        tracing::info!(
+            run_id = %run.run_id,
+            tool = %crate::log_text::escape(tool),
+            approval = %request.id,
+            decision = done.message.as_deref().unwrap_or_default(),
+            "approval settled"
+        );
+        let _ = run.sink.send(EngineEvent::Action(done)).await;
+        match refusal {
+            None => Decision::Allow,
+            Some(message) => Decision::Deny(message),
+        }
+    }
+}
+
+/// Counts a call waiting for its answer while it lives.
+struct Asking<'a>(&'a AtomicUsize);
+
+impl<'a> Asking<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Asking(count)
+    }
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::config::{ApprovalRuleConfig, ApprovalsConfig};
+    use crate::engine::{ActionKind, ActionPhase};
+
+    fn gate(rules: Vec<ApprovalRuleConfig>) -> Gate {
+        let config = ApprovalsConfig { timeout_ms: 60_000, rules, untrusted: None };
+        Gate::new(
+            Arc::new(Policy::from_config(&config).unwrap()),
+            Arc::new(Policy::untrusted_from_config(&config).unwrap()),
+            ApprovalHub::default(),
+        )
+    }
+
+    fn ticket(sink: EventSink) -> RunTicket {
+        RunTicket {
+            run_id: "run_1".into(),
+            session_key: "agent:main:main".into(),
+            cwd: PathBuf::from("/work/proj"),
+            untrusted: None,
+            sink,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rule_decides_at_once_and_an_unmatched_call_is_asked_with_its_events() {
+        let rules = vec![
+            ApprovalRuleConfig {
+                tool: "Bash".into(),
+                pattern: Some("rm *".into()),
+                action: ApprovalAction::Deny,
+            },
+            ApprovalRuleConfig {
+                tool: "Read".into(),
+                pattern: None,
+                action: ApprovalAction::Allow,
+            },
+        ];
+        let gate = gate(rules);
+        let (sink, mut events) = EventSink::channel(8);
+        let registration = gate.register(ticket(sink));
+        let token = registration.token.clone();
+        assert_eq!(token.len(), 64);
+        assert!(gate.knows(&token));
+        let read = gate.decide(&token, "Read", &json!({ "file_path": "a.txt" }), None).await;
+        assert_eq!(read, Ok(Decision::Allow));
+        let rm = gate.decide(&token, "Bash", &json!({ "command": "rm -rf /" }), None).await;
+        assert!(matches!(rm, Ok(Decision::Deny(ref m)) if m.contains("rm *")), "{rm:?}");
+
+        let asked = {
+            let gate = gate.clone();
+            let token = token.clone();
+            tokio::spawn(async move {
+                gate.decide(&token, "Bash", &json!({ "command": "touch x" }), Some("toolu_1")).await
+            })
+        };
+        let Some(EngineEvent::Action(started)) = events.recv().await else { panic!("asked") };
+        assert_eq!((started.kind, started.phase), (ActionKind::Approval, ActionPhase::Started));
+        assert_eq!(started.id, "approval_toolu_1");
+        assert_eq!(started.detail["approval"]["subject"], "touch x");
+        assert_eq!(started.detail["approval"]["rule"], "no rule matched; the CLI asks");
+        assert_eq!(registration.asking.load(Ordering::SeqCst), 1, "the run's timer is held");
+        let id = started.detail["approval"]["id"].as_str().unwrap().to_owned();
+        gate.inner.hub.answer(&id, true, "@ann", "telegram").unwrap();
+        assert_eq!(asked.await.unwrap(), Ok(Decision::Allow));
+        let Some(EngineEvent::Action(done)) = events.recv().await else { panic!("settled") };
+        assert_eq!(done.message.as_deref(), Some("approved by @ann via telegram"));
+        assert_eq!(registration.asking.load(Ordering::SeqCst), 0);
+
+        drop(registration);
+        assert!(!gate.knows(&token), "a finished run's token is withdrawn");
+        let late = gate.decide(&token, "Bash", &json!({ "command": "ls" }), None).await;
+        assert_eq!(late, Err(UnknownToken));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_call_is_denied_when_it_expires() {
+        let gate = gate(Vec::new());
+        let (sink, _events) = EventSink::channel(8);
+        let registration = gate.register(ticket(sink));
+        let decision = tokio::time::timeout(
+            Duration::from_secs(120),
+            gate.decide(&registration.token, "Write", &json!({ "file_path": "/etc/x" }), None),
+        )
+        .await
+        .expect("expired within its timeout");
+        let Ok(Decision::Deny(message)) = decision else { panic!("{decision:?}") };
+        assert!(message.starts_with("Nobody answered the approval request within 60 seconds"));
+    }
+}
