@@ -24,9 +24,14 @@ struct App {
 }
 
 async fn start(extra: &str) -> App {
+    start_with(RULES, extra).await
+}
+
+/// A gateway with `rules` as its `[gateway.approvals]` rules ("": the defaults).
+async fn start_with(rules: &str, extra: &str) -> App {
     let llm = FakeLlm::builder().api_key(KEY).start().await;
     let home = home_with(&format!(
-        "{RULES}{extra}\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+        "{rules}{extra}\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
         llm.base_url()
     ));
     std::fs::write(home.path().join("secrets.toml"), format!("openai_api_key = \"{KEY}\"\n"))
@@ -143,6 +148,36 @@ async fn an_asked_command_runs_once_approved_and_a_second_answer_is_refused() {
     assert_eq!(decisions[0]["ok"], true);
     assert_eq!(decisions[0]["message"], "approved by api via api");
     assert!(app.pending().await.is_empty());
+    app.gateway.terminate().await;
+}
+
+/// Out of the box, with no rules written: reads run unasked, and the first
+/// command waits for the owner.
+#[tokio::test]
+async fn by_default_a_read_runs_unasked_and_a_command_waits_for_the_owner() {
+    let app = start_with("", "").await;
+    std::fs::write(app.work.path().join("notes.txt"), "kept in notes").unwrap();
+    let call =
+        |id: &str, tool: &str, input: Value| FakeToolCall::new(id, tool, &[&input.to_string()]);
+    app.llm.push(Turn::tool_calls(vec![call("call_r", "read", json!({ "path": "notes.txt" }))]));
+    app.llm.push(Turn::tool_calls(vec![call(
+        "call_b",
+        "bash",
+        json!({ "command": "touch made" }),
+    )]));
+    app.llm.push(Turn::text(&["Done."]));
+    let cwd = app.work.path().display().to_string();
+    let run_id = app.gateway.submit(json!({ "prompt": "read, then make", "cwd": cwd })).await;
+
+    let request = until_asked(&app.gateway, &run_id).await;
+    assert_eq!(request["tool"], "bash", "the read was not asked about: {request}");
+    assert_eq!(request["rule"], "tool = \"*\", action = \"ask\"");
+    assert!(app.llm.requests()[1].body.to_string().contains("kept in notes"), "the read ran");
+    assert!(!app.made("made"), "nothing runs before the answer");
+    let (status, body) = app.decide(request["id"].as_str().unwrap(), "approve").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(app.gateway.wait(&run_id).await["answer"], "Done.");
+    assert!(app.made("made"));
     app.gateway.terminate().await;
 }
 

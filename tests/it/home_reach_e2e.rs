@@ -52,7 +52,8 @@ impl Installation {
         write_config(
             &lemon,
             &format!(
-                "{extra}\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+                "{extra}\n{}\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+                crate::support::ALLOW_EVERY_CALL,
                 llm.base_url()
             ),
         );

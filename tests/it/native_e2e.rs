@@ -92,7 +92,10 @@ async fn eventually(what: &str, check: impl Fn() -> bool) {
 }
 
 fn lemon_config(base_url: &str) -> String {
-    format!("[gateway.engines.lemon]\nbase_url = \"{base_url}\"\nmodel = \"test-model\"\n")
+    format!(
+        "{}\n[gateway.engines.lemon]\nbase_url = \"{base_url}\"\nmodel = \"test-model\"\n",
+        crate::support::ALLOW_EVERY_CALL
+    )
 }
 
 fn write_key(home: &std::path::Path) {

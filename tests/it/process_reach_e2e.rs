@@ -32,7 +32,8 @@ async fn native_gateway(home: &std::path::Path) -> Gateway {
 
 fn native_home(llm: &FakeLlm) -> tempfile::TempDir {
     home_with(&format!(
-        "[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+        "{}\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+        crate::support::ALLOW_EVERY_CALL,
         llm.base_url()
     ))
 }

@@ -321,8 +321,9 @@ async fn a_native_run_reads_a_code_from_the_inbox_and_claims_it() {
     )]));
     llm.push(Turn::text(&["Signed up."]));
     let config = format!(
-        "{}[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+        "{}{}\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
         sms_config(&twilio, ""),
+        crate::support::ALLOW_EVERY_CALL,
         llm.base_url()
     );
     let dir = home_with(&config);

@@ -33,6 +33,11 @@ pub(crate) struct Gateway {
     _dir: Option<tempfile::TempDir>,
 }
 
+/// The owner's rules as `rules = []`: every call runs unasked, for tests of
+/// what a tool does rather than whether it may (the defaults ask about every
+/// side effect; `approvals_e2e` tests them).
+pub(crate) const ALLOW_EVERY_CALL: &str = "\n[gateway.approvals]\nrules = []\n";
+
 /// A fresh `LEMON_HOME` with `config` (ports default to 0 unless the config sets them).
 pub(crate) fn home_with(config: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

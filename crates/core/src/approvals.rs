@@ -85,7 +85,7 @@ impl Policy {
     /// The number of the first rule with a glob that does not compile (from
     /// 0, the index in the file), the key and why.
     pub fn from_config(config: &ApprovalsConfig) -> Result<Policy, (usize, &'static str, String)> {
-        Policy::compile(&config.rules, config.timeout_ms, "")
+        Policy::compile(&config.owner_rules(), config.timeout_ms, "")
     }
 
     /// Compiles the rules of untrusted runs (`untrusted`, or its defaults);

@@ -487,16 +487,18 @@ impl Default for SandboxConfig {
     }
 }
 
-/// `[gateway.approvals]`: ordered rules over the native engine's tool calls;
-/// the first that matches decides, and a call none matches is allowed.
+/// `[gateway.approvals]`: ordered rules over the tool calls of native and
+/// Claude Code runs; the first that matches decides, and a call none matches
+/// is allowed.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct ApprovalsConfig {
     /// How long an asked call waits for an answer before it is denied.
     #[serde(default = "defaults::approval_timeout_ms")]
     pub timeout_ms: u64,
-    /// The owner's rules, for runs of trusted text.
-    #[serde(default)]
-    pub rules: Vec<ApprovalRuleConfig>,
+    /// The owner's rules, for runs of trusted text. Unset:
+    /// [`ApprovalsConfig::default_rules`]; `rules = []` allows every call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules: Option<Vec<ApprovalRuleConfig>>,
     /// The rules of untrusted runs (a webhook's payload, an email, a run that
     /// fetched a page). Unset: [`ApprovalsConfig::default_untrusted`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -507,13 +509,38 @@ impl Default for ApprovalsConfig {
     fn default() -> Self {
         ApprovalsConfig {
             timeout_ms: defaults::approval_timeout_ms(),
-            rules: Vec::new(),
+            rules: None,
             untrusted: None,
         }
     }
 }
 
 impl ApprovalsConfig {
+    /// The owner's rules when none are configured: the tools that only read
+    /// (files, where the sandbox lets a run read; the SMS inbox) are allowed,
+    /// and every call with a side effect (a command, a write, a fetch, a
+    /// message, an MCP tool, a vendor CLI's edit) is asked about.
+    pub fn default_rules() -> Vec<ApprovalRuleConfig> {
+        let rule = |tool: &str, action| ApprovalRuleConfig {
+            tool: tool.to_owned(),
+            pattern: None,
+            action,
+        };
+        vec![
+            rule("{read,list,ls,grep,glob}", ApprovalAction::Allow),
+            rule("sms_{get_inbox_number,list_messages,wait_for_code}", ApprovalAction::Allow),
+            rule("*", ApprovalAction::Ask),
+        ]
+    }
+
+    /// The owner's rules: the configured ones, or the defaults.
+    pub fn owner_rules(&self) -> Cow<'_, [ApprovalRuleConfig]> {
+        match &self.rules {
+            Some(rules) => Cow::Borrowed(rules),
+            None => Cow::Owned(Self::default_rules()),
+        }
+    }
+
     /// The rules of untrusted runs when none are configured: the file tools
     /// that only read are allowed (the sandbox keeps them in the run's
     /// directories), `fetch` is denied, and every other call is asked about.

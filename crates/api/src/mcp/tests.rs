@@ -32,7 +32,7 @@ async fn serve(gate: Gate) -> Endpoint {
 }
 
 fn gate(rules: Vec<ApprovalRuleConfig>, hub: &ApprovalHub) -> Gate {
-    let config = ApprovalsConfig { timeout_ms: 60_000, rules, untrusted: None };
+    let config = ApprovalsConfig { timeout_ms: 60_000, rules: Some(rules), untrusted: None };
     Gate::new(
         Arc::new(Policy::from_config(&config).unwrap()),
         Arc::new(Policy::untrusted_from_config(&config).unwrap()),

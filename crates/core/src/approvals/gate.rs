@@ -251,7 +251,7 @@ mod tests {
     use crate::engine::{ActionKind, ActionPhase};
 
     fn gate(rules: Vec<ApprovalRuleConfig>) -> Gate {
-        let config = ApprovalsConfig { timeout_ms: 60_000, rules, untrusted: None };
+        let config = ApprovalsConfig { timeout_ms: 60_000, rules: Some(rules), untrusted: None };
         Gate::new(
             Arc::new(Policy::from_config(&config).unwrap()),
             Arc::new(Policy::untrusted_from_config(&config).unwrap()),

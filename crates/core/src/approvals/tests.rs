@@ -11,7 +11,8 @@ fn rule(tool: &str, pattern: Option<&str>, action: ApprovalAction) -> ApprovalRu
 }
 
 fn policy(rules: Vec<ApprovalRuleConfig>) -> Policy {
-    Policy::from_config(&ApprovalsConfig { timeout_ms: 1_000, rules, untrusted: None }).unwrap()
+    Policy::from_config(&ApprovalsConfig { timeout_ms: 1_000, rules: Some(rules), untrusted: None })
+        .unwrap()
 }
 
 #[test]
@@ -60,17 +61,36 @@ fn untrusted_runs_read_freely_never_fetch_and_are_asked_about_the_rest() {
     let policy = Policy::untrusted_from_config(&own).unwrap();
     assert_eq!(policy.judge("fetch", "api.github.com").action, ApprovalAction::Allow);
     assert_eq!(policy.judge("read", "/work").action, ApprovalAction::Deny);
-    assert!(Policy::from_config(&own).unwrap().is_empty(), "the owner's rules stay empty");
+    assert!(!Policy::from_config(&own).unwrap().is_empty(), "the owner's defaults stay");
+}
+
+#[test]
+fn by_default_reads_run_and_every_side_effect_is_asked_about() {
+    let policy = Policy::from_config(&ApprovalsConfig::default()).unwrap();
+    for tool in ["read", "list", "grep", "glob", "Read", "Grep", "Glob", "LS", "sms_list_messages"]
+    {
+        assert_eq!(policy.judge(tool, "/work/src").action, ApprovalAction::Allow, "{tool}");
+    }
+    for tool in ["bash", "write", "edit", "fetch", "cron", "sms_claim_message", "Bash", "Edit"] {
+        let verdict = policy.judge(tool, "x");
+        assert_eq!((verdict.action, verdict.rule), (ApprovalAction::Ask, Some(3)), "{tool}");
+        assert_eq!(verdict.rule_text, "tool = \"*\", action = \"ask\"");
+    }
+    // `rules = []` is the owner saying: allow everything.
+    let open = ApprovalsConfig { rules: Some(Vec::new()), ..ApprovalsConfig::default() };
+    let policy = Policy::from_config(&open).unwrap();
+    assert!(policy.is_empty());
+    assert_eq!(policy.judge("bash", "rm -rf build").action, ApprovalAction::Allow);
 }
 
 #[test]
 fn a_rule_that_is_not_a_glob_is_named_by_its_index_and_key() {
     let config = ApprovalsConfig {
         timeout_ms: 1_000,
-        rules: vec![
+        rules: Some(vec![
             rule("bash", None, ApprovalAction::Ask),
             rule("bash", Some("[x"), ApprovalAction::Deny),
-        ],
+        ]),
         untrusted: None,
     };
     let (index, key, _) = Policy::from_config(&config).unwrap_err();

@@ -418,7 +418,10 @@ async fn a_tool_call_runs_as_an_action_and_its_result_goes_back_to_the_model() {
 
 /// The owner's rules allow everything; untrusted runs get the defaults.
 fn untrusted_defaults() -> Approvals {
-    let config = lemon_core::config::ApprovalsConfig::default();
+    let config = lemon_core::config::ApprovalsConfig {
+        rules: Some(Vec::new()),
+        ..lemon_core::config::ApprovalsConfig::default()
+    };
     Approvals {
         policy: Arc::new(lemon_core::approvals::Policy::from_config(&config).unwrap()),
         untrusted: Arc::new(lemon_core::approvals::Policy::untrusted_from_config(&config).unwrap()),
