@@ -1,6 +1,6 @@
 // The dashboard in headless Chromium against a real gateway: sign in (a wrong
 // token first), start a prompt and watch it stream, cancel one, steer one,
-// edit the config (an error shown at its line, then a good edit applied
+// approve and deny a command on its card, edit the config (an error shown at its line, then a good edit applied
 // live), and every page once, with a screenshot of each.
 //
 // Run by tests/it/dashboard_e2e.rs, which starts the gateway and passes:
@@ -133,6 +133,32 @@ try {
   await page.locator('#prompt').blur();
   check(await cancelled.locator('.flash-info').textContent() === 'Cancelled.', 'the cancelled run says so');
   await shot('live-finished');
+
+  step('a command waits on its card: Approve runs it, Deny does not');
+  for (const [prompt, button, outcome, answer] of [
+    ['make the approved file', 'button.approve', 'approved by api via dashboard', 'Made it.'],
+    ['make the denied file', 'button.deny', 'denied by api via dashboard', 'Not made.'],
+  ]) {
+    await page.locator('#engine').selectOption('lemon');
+    await page.locator('#session').fill('approve-me');
+    await page.locator('#prompt').fill(prompt);
+    await page.locator('.prompt-form button[type=submit]').click();
+    const asking = page.locator('.run', { hasText: prompt }).first();
+    const card = asking.locator('.approval-asked');
+    await card.waitFor();
+    const file = prompt.includes('approved') ? 'approved.txt' : 'denied.txt';
+    check((await card.locator('.approval-subject').textContent()) === `touch ${file}`, 'the card shows the command');
+    check((await card.locator('.approval-rule').textContent()).includes('rule: tool = "*", action = "ask"'), 'the card names the rule');
+    check(await asking.locator('.badge-completed').count() === 0, 'the run waits for the answer');
+    if (button === 'button.approve') await shot('approval');
+    await card.locator(button).click();
+    await asking.locator('.approval', { hasText: outcome }).waitFor();
+    await asking.locator('.badge-completed').waitFor();
+    check((await asking.locator('.answer').textContent()) === answer, `the run answered ${answer}`);
+    check(await asking.locator('.approval-asked').count() === 0, 'the card is settled');
+  }
+  await page.locator('#session').fill('dashboard');
+  await page.locator('#engine').selectOption('echo');
 
   step('history finds a run by a word of its prompt');
   await page.goto(`${url}#/history`);

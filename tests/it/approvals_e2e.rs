@@ -260,6 +260,20 @@ async fn bad_answers_are_clear_errors() {
     let (status, body) = app.decide("apr_000000000000", "maybe").await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"], "decision must be \"approve\" or \"deny\", not \"maybe\"");
+    // A token holder names the surface it answers from, never a chat's.
+    let response = app
+        .gateway
+        .post("/v1/approvals/apr_000000000000")
+        .json(&json!({ "decision": "approve", "via": "telegram" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(
+        body["error"],
+        "via must be \"api\", \"dashboard\" or \"desktop\", not \"telegram\""
+    );
     app.gateway.terminate().await;
 }
 

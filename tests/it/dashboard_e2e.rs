@@ -11,12 +11,31 @@ use std::process::Stdio;
 
 use tokio::process::Command;
 
-use crate::support::{Gateway, PATIENCE, TOKEN};
+use lemon_tests::fake_llm::{FakeLlm, FakeToolCall, Turn};
+use serde_json::json;
 
-fn config() -> String {
+use crate::support::{home_with, Gateway, PATIENCE, TOKEN};
+
+/// The native engine's model: two runs whose commands wait for an answer on
+/// the live page, the first approved, the second denied.
+async fn fake_llm() -> FakeLlm {
+    let llm = FakeLlm::start().await;
+    for (file, answer) in [("approved.txt", "Made it."), ("denied.txt", "Not made.")] {
+        let input = json!({ "command": format!("touch {file}") }).to_string();
+        llm.push(Turn::tool_calls(vec![FakeToolCall::new("call_1", "bash", &[&input])]));
+        llm.push(Turn::text(&[answer]));
+    }
+    llm
+}
+
+fn config(llm: &FakeLlm) -> String {
     let fixture =
         format!("{}/fixtures/cli/claude/steer_two_turns.jsonl", env!("CARGO_MANIFEST_DIR"));
-    format!(
+    let native = format!(
+        "\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+        llm.base_url()
+    );
+    let cli = format!(
         "# dashboard test: this comment must survive a save\n\
          [gateway]\n\
          max_concurrent_runs = 4\n\
@@ -30,7 +49,8 @@ fn config() -> String {
          steering = true\n\
          env = {{ FAKE_CLI_FIXTURE = \"{fixture}\" }}\n",
         env!("CARGO_BIN_EXE_fake-cli"),
-    )
+    );
+    cli + &native
 }
 
 /// `playwright-core`'s folder, or why it is missing.
@@ -63,7 +83,13 @@ async fn the_dashboard_signs_in_streams_cancels_steers_and_edits_the_config() {
          run scripts/test once (it installs both)",
         playwright.display()
     );
-    let gateway = Gateway::start(&config()).await;
+    let llm = fake_llm().await;
+    let home = home_with(&config(&llm));
+    let secrets = home.path().join("secrets.toml");
+    std::fs::write(&secrets, "openai_api_key = \"sk-dashboard-test\"\n").unwrap();
+    std::fs::set_permissions(&secrets, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .unwrap();
+    let gateway = Gateway::start_in(home.path()).await;
     let shots = screenshot_dir();
     let script = format!("{}/dashboard/dashboard.test.mjs", env!("CARGO_MANIFEST_DIR"));
     let node = Command::new("node")
@@ -88,9 +114,26 @@ async fn the_dashboard_signs_in_streams_cancels_steers_and_edits_the_config() {
         "dashboard script failed ({}):\n{stdout}\n{stderr}",
         output.status
     );
-    for name in ["login-refused", "live", "config-error", "config-applied", "status"] {
+    for name in ["login-refused", "live", "approval", "config-error", "config-applied", "status"] {
         assert!(shots.join(format!("{name}.png")).exists(), "screenshot {name}.png");
     }
+
+    // The model read what each button decided.
+    let results: Vec<String> = llm
+        .requests()
+        .iter()
+        .filter_map(|request| {
+            let messages = request.body["messages"].as_array()?;
+            let last = messages.last()?;
+            (last["role"] == "tool").then(|| last["content"].as_str().unwrap_or("").to_owned())
+        })
+        .collect();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert!(results[0].contains("[exit code 0]"), "approved: {}", results[0]);
+    assert_eq!(
+        results[1], "The owner denied this call (api via dashboard); it was not run.",
+        "denied"
+    );
 
     // The saved file is the edited text: comments kept, the new limit in force.
     let saved = std::fs::read_to_string(gateway.home.join("config.toml")).unwrap();

@@ -87,6 +87,7 @@ class RunView {
   }
 
   action(action) {
+    if (action.kind === 'approval') { this.approval(action); return; }
     let item = this.actions.get(action.id);
     if (!item) {
       item = h('li', {});
@@ -97,6 +98,51 @@ class RunView {
     clear(item).className = `action action-${state}`;
     item.append(h('span', { class: 'action-kind' }, action.kind), ' ', action.title || action.detail || action.id);
     if (action.message && action.ok === false) item.append(h('span', { class: 'muted' }, ` — ${action.message}`));
+  }
+
+  // A call waiting for the owner: a card with the call and Approve / Deny,
+  // replaced by how it was settled once it is (here or on any surface).
+  approval(action) {
+    const request = (action.detail && action.detail.approval) || {};
+    let card = this.actions.get(action.id);
+    if (!card) {
+      card = h('li', { class: 'approval', dataset: { approval: request.id || '' } });
+      this.actions.set(action.id, card);
+      this.actionList.appendChild(card);
+    }
+    clear(card);
+    if (action.phase !== 'completed') {
+      const notice = h('p', { class: 'flash', hidden: true });
+      const answer = async (decision, buttons) => {
+        for (const button of buttons) button.disabled = true;
+        try {
+          await api.post(`/v1/approvals/${encodeURIComponent(request.id)}`, { decision, via: 'dashboard' });
+        } catch (err) {
+          flash(notice, err.message, 'error');
+          for (const button of buttons) button.disabled = false;
+        }
+      };
+      const approve = h('button', { type: 'button', class: 'primary approve' }, 'Approve');
+      const deny = h('button', { type: 'button', class: 'danger deny' }, 'Deny');
+      approve.addEventListener('click', () => answer('approve', [approve, deny]));
+      deny.addEventListener('click', () => answer('deny', [approve, deny]));
+      const expires = request.expires_at_ms ? ` · denied ${untilText(request.expires_at_ms)} without an answer` : '';
+      card.className = 'approval approval-asked';
+      card.append(
+        h('p', { class: 'approval-question' }, 'Allow this? ', h('strong', {}, request.tool || ''), ': ',
+          h('code', { class: 'approval-subject' }, request.subject || '')),
+        h('p', { class: 'muted approval-rule' },
+          request.untrusted ? h('span', { class: 'badge badge-untrusted' }, 'untrusted') : null,
+          request.untrusted ? ' ' : null,
+          `rule: ${request.rule || ''}${expires}`),
+        h('div', { class: 'row' }, approve, deny),
+        notice);
+      return;
+    }
+    card.className = `approval approval-${action.ok ? 'approved' : 'denied'}`;
+    card.append(h('span', { class: 'action-kind' }, 'approval'), ' ',
+      h('strong', {}, request.tool || ''), ': ', h('code', {}, request.subject || ''),
+      h('span', { class: 'approval-outcome' }, ` — ${action.message || (action.ok ? 'approved' : 'denied')}`));
   }
 
   complete(event) {
@@ -146,6 +192,12 @@ class RunView {
       this.steerButton.disabled = false;
     }
   }
+}
+
+// "in 9 min" until a time in ms.
+function untilText(ms) {
+  const s = Math.max(0, Math.round((ms - Date.now()) / 1000));
+  return s < 90 ? `in ${s} s` : `in ${Math.round(s / 60)} min`;
 }
 
 function runMeta(info) {

@@ -29,7 +29,15 @@ pub(super) async fn list(State(state): State<ApiState>) -> Json<Value> {
 pub(crate) struct Decide {
     /// `approve` or `deny`.
     decision: String,
+    /// The surface the answer was given on, as the decision records it:
+    /// `api` (the default), `dashboard` or `desktop`. The one answering is
+    /// the token's holder either way.
+    #[serde(default)]
+    via: Option<String>,
 }
+
+/// The surfaces a token holder answers from.
+const SURFACES: [&str; 3] = ["api", "dashboard", "desktop"];
 
 #[utoipa::path(
     post,
@@ -53,7 +61,15 @@ pub(super) async fn decide(
             )))
         }
     };
-    match state.approvals.answer(&id, approved, "api", "api") {
+    let via = match body.via.as_deref() {
+        None => "api",
+        Some(via) => SURFACES.into_iter().find(|known| *known == via).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "via must be \"api\", \"dashboard\" or \"desktop\", not {via:?}"
+            ))
+        })?,
+    };
+    match state.approvals.answer(&id, approved, "api", via) {
         Ok(request) => Ok(Json(json!({
             "approval": request,
             "decision": body.decision,
