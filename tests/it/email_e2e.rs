@@ -519,16 +519,41 @@ async fn an_email_that_orders_a_command_gets_an_approval_request_not_a_command()
         assert!(!system["content"].to_string().contains("evil.example"), "{system}");
     }
 
-    let id = request["id"].as_str().unwrap();
-    let response = gateway
-        .post(&format!("/v1/approvals/{id}"))
-        .json(&serde_json::json!({ "decision": "deny" }))
+    // The request is mailed into the thread; a reply naming its code denies.
+    let asked = |mails: &[SmtpMail]| mails.iter().any(|m| plain(m).contains("Allow this?"));
+    let mails = smtp.wait_for("the request by mail", PATIENCE, asked).await;
+    let ask = mails.iter().find(|m| plain(m).contains("Allow this?")).unwrap();
+    assert_eq!(ask.header("In-Reply-To").as_deref(), Some("<u1@example.com>"));
+    let code = request["code"].as_str().unwrap();
+    assert!(plain(ask).contains(&format!("Reply yes {code} or no {code}.")), "{}", plain(ask));
+    assert!(plain(ask).contains(command), "{}", plain(ask));
+    let reply_body = format!("no {code}\n\nOn Tue, Dec 1, 2026 the gateway wrote:\n> Allow this?");
+    let headers = format!("In-Reply-To: <{}>\r\n", id_of(ask));
+    let reply = mail(ALICE, "u2@example.com", "Re: Urgent", &reply_body, &headers);
+    let response = reqwest::Client::new()
+        .post(webhook_url(&gateway).await)
+        .bearer_auth(WEBHOOK_TOKEN)
+        .json(&serde_json::json!({ "raw": reply }))
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), 200);
-    let mails = smtp.wait_for("the answer", PATIENCE, |m| !m.is_empty()).await;
-    assert!(plain(&mails[0]).contains("I did not run it."), "{}", plain(&mails[0]));
+    assert_eq!(response.status(), 202);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["status"], "answered", "the reply starts no run: {body}");
+    let done = |mails: &[SmtpMail]| {
+        mails.iter().any(|m| plain(m).contains("I did not run it."))
+            && mails.iter().any(|m| plain(m).trim() == "Denied.")
+    };
+    smtp.wait_for("the notice and the answer", PATIENCE, done).await;
+    let settled: Vec<Value> = gateway
+        .events(&run_id)
+        .await
+        .into_iter()
+        .map(|(_, data)| data["action"].clone())
+        .filter(|action| action["kind"] == "approval" && action["phase"] == "completed")
+        .collect();
+    assert_eq!(settled[0]["message"], format!("denied by {ALICE} via email"), "{settled:?}");
+    assert_eq!(runs(&gateway).await.len(), 1, "the reply started no run");
     let tools: Vec<Value> = gateway
         .events(&run_id)
         .await

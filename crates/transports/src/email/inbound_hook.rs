@@ -146,6 +146,10 @@ async fn receive(State(state): State<HookState>, headers: HeaderMap, body: Body)
             (StatusCode::ACCEPTED, Json(json!({ "run_id": run_id.as_str(), "status": "accepted" })))
                 .into_response()
         }
+        Handled::Answered(run_id) => {
+            (StatusCode::ACCEPTED, Json(json!({ "run_id": run_id.as_str(), "status": "answered" })))
+                .into_response()
+        }
         Handled::Duplicate(run_id) => (
             StatusCode::ACCEPTED,
             Json(json!({ "run_id": run_id.as_str(), "status": "duplicate" })),

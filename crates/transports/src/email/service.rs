@@ -17,15 +17,20 @@
 //! - A run started elsewhere in a thread's session (a cron job, the API, a
 //!   resume from another channel) is mailed as a reply into that thread, to
 //!   its correspondent, after the thread's latest mail (kv `email.tail`).
+//! - A tool call of a thread's run that waits for the owner is mailed into
+//!   the thread ("Allow this? … Reply yes 4821 or no 4821."); a mail in the
+//!   thread whose first line is `yes 4821` or `no 4821` answers it (only in
+//!   that thread, only from an allowed sender) instead of starting a run.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lemon_core::approvals::ApprovalHub;
 use lemon_core::bus::EventKind;
 use lemon_core::contain::{self, Reach};
-use lemon_core::engine::Completion;
+use lemon_core::engine::{ActionKind, ActionPhase, Completion};
 use lemon_core::ids::RunId;
 use lemon_core::log_text;
 use lemon_core::router::{ChannelRef, Origin, RouterHandle, RunFollower, RunRequest, Submitted};
@@ -42,6 +47,7 @@ use super::imap::{Receive, Watcher};
 use super::message::{self, InboundMail, Refusal, SenderCheck, TRANSPORT_ID};
 use super::smtp::{OutgoingMail, SmtpSender};
 use crate::access::Access;
+use crate::ask;
 use crate::delivery::{
     Backoff, DeliveryError, DeliveryRecord, DeliveryRecords, Outbox, OutboxSettings, Window,
 };
@@ -131,6 +137,8 @@ pub enum Handled {
     Refused(Refusal),
     /// The router did not take it (shutting down, overloaded).
     NotAccepted(String),
+    /// A reply (`yes 4821`) to an approval request of the thread: no run.
+    Answered(RunId),
 }
 
 #[async_trait]
@@ -184,6 +192,7 @@ impl Transport for EmailTransport {
             shutdown: stop.clone(),
             status: ctx.status.clone(),
             deliveries: DeliveryRecords::new(ctx.store.clone(), DELIVERY_NS, FAILED_DELIVERY_TTL),
+            approvals: ctx.approvals.clone(),
             detail: std::sync::OnceLock::new(),
         });
         service.recover_deliveries().await;
@@ -293,6 +302,8 @@ pub(super) struct Mailer {
     shutdown: CancellationToken,
     status: StatusHandle,
     deliveries: DeliveryRecords<Delivery>,
+    /// Tool calls waiting for the owner, answered by `yes 4821` in the thread.
+    approvals: ApprovalHub,
     /// What status shows while serving; set once at start.
     detail: std::sync::OnceLock<Detail>,
 }
@@ -389,9 +400,39 @@ impl Mailer {
             return Handled::NotAccepted("no session key for the thread".into());
         };
         self.remember_in_thread(&mail.message_id, &thread).await;
+        let from = mail.from.clone().unwrap_or_default();
+        if let Some((approve, code)) = approval_reply(&mail.text) {
+            let answered = self.approvals.answer_code(
+                session_key.as_str(),
+                code,
+                approve,
+                &from,
+                TRANSPORT_ID,
+            );
+            let notice = ask::notice(&answered, approve);
+            tracing::info!(approve, notice = %log_text::escape(&notice), "approval answered by mail");
+            let mut references = mail.references.clone();
+            references.push(mail.message_id.clone());
+            let reply = OutgoingMail {
+                to: from,
+                subject: message::reply_subject(&mail.subject),
+                message_id: self.smtp.new_message_id(run_id.as_str()),
+                in_reply_to: Some(mail.message_id.clone()),
+                references,
+                text: notice,
+            };
+            self.remember_in_thread(&reply.message_id, &thread).await;
+            self.mark_seen(run_id.as_str()).await;
+            let outbox = self.outbox.clone();
+            self.tracker.spawn(async move {
+                if let Err(error) = outbox.send(reply).await {
+                    tracing::warn!(%error, "reply to an approval answer not sent");
+                }
+            });
+            return Handled::Answered(run_id);
+        }
         let saved = self.save_attachments(&mail, &thread).await;
         let prompt = message::prompt(&mail, &saved);
-        let from = mail.from.clone().unwrap_or_default();
 
         let mut references = mail.references.clone();
         if !references.contains(&mail.message_id) {
@@ -540,6 +581,11 @@ impl Mailer {
             // The gateway is stopping; the next start delivers.
             let Some(event) = event else { return };
             started |= event.type_name() == "run_started";
+            if let Some(EventKind::EngineAction(action)) = event.event().map(|e| &e.kind) {
+                if action.kind == ActionKind::Approval && action.phase == ActionPhase::Started {
+                    self.ask(&delivery, action).await;
+                }
+            }
             if let Some(done) = event.completed() {
                 if let EventKind::RunCompleted { completion, .. } = &done.kind {
                     break completion.clone();
@@ -547,6 +593,31 @@ impl Mailer {
             }
         };
         self.finish(delivery, &completion, started).await;
+    }
+
+    /// Mails an approval request of the run into its thread, as a reply
+    /// after the mail that started it; a reply to it stays in the thread.
+    async fn ask(&self, delivery: &Delivery, action: &lemon_core::engine::Action) {
+        let Some(request) = ask::request_of(action) else { return };
+        let answer = &delivery.mail;
+        let mail = OutgoingMail {
+            to: answer.to.clone(),
+            subject: answer.subject.clone(),
+            message_id: self.smtp.new_message_id(&delivery.run_id),
+            in_reply_to: answer.in_reply_to.clone(),
+            references: answer.references.clone(),
+            text: ask::ask_text_by_reply(&request),
+        };
+        if let Some(thread) = &delivery.thread {
+            self.remember_in_thread(&mail.message_id, thread).await;
+        }
+        let outbox = self.outbox.clone();
+        let approval = request.id.clone();
+        self.tracker.spawn(async move {
+            if let Err(error) = outbox.send(mail).await {
+                tracing::warn!(%error, %approval, "approval request not mailed");
+            }
+        });
     }
 
     async fn finish(&self, mut delivery: Delivery, completion: &Completion, started: bool) {
@@ -659,4 +730,11 @@ impl Mailer {
             self.tracker.spawn(async move { this.follow(delivery, events).await });
         }
     }
+}
+
+/// `yes 4821` / `no 4821` on the first line of a mail's new text (the
+/// quoted request below it is already gone): the answer and the code.
+fn approval_reply(text: &str) -> Option<(bool, &str)> {
+    let first = text.lines().map(str::trim).find(|line| !line.is_empty())?;
+    ask::parse_text_reply(first)
 }
