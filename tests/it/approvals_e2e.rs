@@ -259,7 +259,10 @@ async fn bad_answers_are_clear_errors() {
     assert_eq!(body["error"], "no approval request apr_000000000000");
     let (status, body) = app.decide("apr_000000000000", "maybe").await;
     assert_eq!(status, 400, "{body}");
-    assert_eq!(body["error"], "decision must be \"approve\" or \"deny\", not \"maybe\"");
+    assert_eq!(
+        body["error"],
+        "decision must be \"approve\", \"deny\" or \"always\", not \"maybe\""
+    );
     // A token holder names the surface it answers from, never a chat's.
     let response = app
         .gateway
@@ -391,7 +394,11 @@ mod telegram {
                     call.params["text"].as_str().is_some_and(|t| t.starts_with("Allow this?"))
                 })
                 .expect("the sendMessage call");
-            (message.message_id, sent.params["reply_markup"]["inline_keyboard"][0].clone())
+            let keyboard = &sent.params["reply_markup"]["inline_keyboard"];
+            assert_eq!(keyboard[1][0]["text"], "Always for this session", "{keyboard}");
+            let always = keyboard[1][0]["callback_data"].as_str().unwrap_or_default();
+            assert!(always.starts_with("apr:s:apr_"), "{keyboard}");
+            (message.message_id, keyboard[0].clone())
         }
 
         /// What the bot answered the press of update `update_id`.
@@ -503,7 +510,10 @@ async fn run_on_a_terminal_asks_inline_and_the_typed_answer_decides() {
         "bash",
         &[&json!({ "command": "touch typed-yes" }).to_string()],
     );
+    // The same command twice: `always` answers the first and covers the second.
+    let again = FakeToolCall { id: "call_2".to_owned(), ..call.clone() };
     app.llm.push(Turn::tool_calls(vec![call]));
+    app.llm.push(Turn::tool_calls(vec![again]));
     app.llm.push(Turn::text(&["Done on the terminal."]));
     let cwd = app.work.path().display().to_string();
     let mut command = crate::support::command_on_terminal(
@@ -520,7 +530,7 @@ async fn run_on_a_terminal_asks_inline_and_the_typed_answer_decides() {
     let mut child = command.spawn().expect("script runs");
     let mut stdin = child.stdin.take().unwrap();
     let mut screen = Screen { stdout: child.stdout.take().unwrap(), seen: String::new() };
-    let question = "[y]es / [n]o:";
+    let question = "[y]es / [n]o / [a]lways for this session:";
     let asked = screen.until("the question", |s| s.contains(question)).await;
     assert!(asked.contains("Allow this? bash: touch typed-yes"), "{asked}");
     assert!(!app.made("typed-yes"), "nothing runs before the answer");
@@ -528,10 +538,21 @@ async fn run_on_a_terminal_asks_inline_and_the_typed_answer_decides() {
     stdin.write_all(b"perhaps\n").await.unwrap();
     stdin.flush().await.unwrap();
     screen.until("the question again", |s| s.matches(question).count() >= 2).await;
-    stdin.write_all(b"y\n").await.unwrap();
+    stdin.write_all(b"a\n").await.unwrap();
     stdin.flush().await.unwrap();
     let done = screen.until("the answer", |s| s.contains("Done on the terminal.")).await;
-    assert!(done.contains("approved by api via api"), "the decision is shown: {done}");
+    assert!(done.contains("approved for this session by api via api"), "shown: {done}");
+    assert_eq!(done.matches(question).count(), 2, "the second call was not asked: {done}");
+    let results: Vec<String> = app
+        .llm
+        .requests()
+        .iter()
+        .filter_map(|r| {
+            r.body["messages"].as_array()?.last()?["content"].as_str().map(str::to_owned)
+        })
+        .filter(|content| content.contains("[exit code"))
+        .collect();
+    assert_eq!(results.len(), 2, "both calls ran: {results:?}");
     let status = tokio::time::timeout(PATIENCE, child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{status}: {done}");
     assert!(app.made("typed-yes"));
@@ -629,9 +650,11 @@ mod discord {
         let channel = start().await;
         let message = channel.ask("echo approved-in-discord").await;
         let ids = message.button_ids();
-        assert_eq!(ids.len(), 2, "{:?}", message.components);
+        assert_eq!(ids.len(), 3, "{:?}", message.components);
         assert_eq!(message.components[0]["components"][0]["label"], "Approve");
         assert_eq!(message.components[0]["components"][1]["label"], "Deny");
+        assert_eq!(message.components[0]["components"][2]["label"], "Always for this session");
+        assert!(ids[2].starts_with("apr:s:apr_"), "{ids:?}");
         assert!(ids[0].starts_with("apr:a:apr_"), "{ids:?}");
 
         // Someone not on the allow-list presses Approve: nothing is decided.
@@ -727,7 +750,13 @@ mod sms {
         let (question, code) = asked[0].rsplit_once("\nReply yes ").expect("a code to reply with");
         let code = code.split(' ').next().unwrap().to_owned();
         assert_eq!(question, "Allow this?\nbash: echo approved-by-sms");
-        assert_eq!(asked[0], format!("{question}\nReply yes {code} or no {code}."));
+        assert_eq!(
+            asked[0],
+            format!(
+                "{question}\nReply yes {code} or no {code} \
+                 (always {code}: yes for the rest of this conversation)."
+            )
+        );
 
         // A code no request of this conversation has is refused; nothing runs.
         deliver(&addr, &inbound("SM00000000000000000000000000000a02", FRIEND, "yes 0000")).await;

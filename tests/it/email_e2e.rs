@@ -525,7 +525,7 @@ async fn an_email_that_orders_a_command_gets_an_approval_request_not_a_command()
     let ask = mails.iter().find(|m| plain(m).contains("Allow this?")).unwrap();
     assert_eq!(ask.header("In-Reply-To").as_deref(), Some("<u1@example.com>"));
     let code = request["code"].as_str().unwrap();
-    assert!(plain(ask).contains(&format!("Reply yes {code} or no {code}.")), "{}", plain(ask));
+    assert!(plain(ask).contains(&format!("Reply yes {code} or no {code} (always {code}")));
     assert!(plain(ask).contains(command), "{}", plain(ask));
     let reply_body = format!("no {code}\n\nOn Tue, Dec 1, 2026 the gateway wrote:\n> Allow this?");
     let headers = format!("In-Reply-To: <{}>\r\n", id_of(ask));

@@ -910,7 +910,7 @@ async fn real_claude_code_asks_the_owner_before_its_tool_runs() {
         let request = asked(&gateway, &run_id).await;
         assert_eq!(request["tool"], "Bash", "{request}");
         assert_eq!(request["subject"], format!("touch {file}"), "{request}");
-        assert_eq!(request["rule"], "no rule matched; the CLI asks", "{request}");
+        assert_eq!(request["rule"], "tool = \"*\", action = \"ask\"", "{request}");
         assert!(!setup.proj().join(file).exists(), "nothing runs before the answer");
         decide(request["id"].as_str().unwrap().to_owned(), decision).await;
         let (events, record) = tokio::time::timeout(CLI_PATIENCE, async {

@@ -1,7 +1,7 @@
 //! `run` and `attach` answer the run's approval requests where they run: on
 //! a terminal, a request is asked inline on stderr ("Allow this? bash: …
-//! \[y\]es / \[n\]o") and the typed answer goes to `/v1/approvals/{id}`; off a
-//! terminal, the request is named with the command that answers it, and the
+//! \[y\]es / \[n\]o / \[a\]lways for this session") and the typed answer
+//! goes to `/v1/approvals/{id}`; off a terminal, the request is named with the command that answers it, and the
 //! run waits for another surface. A request settled elsewhere (a chat, the
 //! API) closes the question.
 
@@ -28,8 +28,8 @@ pub struct Asker {
 /// What a typed line means.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Typed {
-    /// Answer request `id`.
-    Answer { id: String, approve: bool },
+    /// Answer request `id` with `decision` (`approve`, `deny`, `always`).
+    Answer { id: String, decision: &'static str },
     /// Not an answer: asked again.
     Again,
 }
@@ -81,7 +81,7 @@ impl Asker {
             "{} {}{outside}\n  {} ",
             self.style.yellow("Allow this?"),
             what(request),
-            self.style.bold("[y]es / [n]o:")
+            self.style.bold("[y]es / [n]o / [a]lways for this session:")
         )
     }
 
@@ -103,12 +103,13 @@ impl Asker {
         let Some(id) = self.open.first().and_then(|request| request["id"].as_str()) else {
             return Typed::Again;
         };
-        let approve = match line.trim().to_ascii_lowercase().as_str() {
-            "y" | "yes" => true,
-            "n" | "no" => false,
+        let decision = match line.trim().to_ascii_lowercase().as_str() {
+            "y" | "yes" => "approve",
+            "n" | "no" => "deny",
+            "a" | "always" => "always",
             _ => return Typed::Again,
         };
-        Typed::Answer { id: id.to_owned(), approve }
+        Typed::Answer { id: id.to_owned(), decision }
     }
 }
 
@@ -151,11 +152,15 @@ mod tests {
     fn a_request_is_asked_answered_by_y_or_n_and_closed_when_settled() {
         let mut asker = Asker::new(true, Style { color: false });
         let shown = asker.event("engine_action", &approval("started", "apr_1", None));
-        assert_eq!(shown.as_deref(), Some("Allow this? bash: rm -rf build\n  [y]es / [n]o: "));
+        assert_eq!(
+            shown.as_deref(),
+            Some("Allow this? bash: rm -rf build\n  [y]es / [n]o / [a]lways for this session: ")
+        );
         assert!(asker.asking());
         assert_eq!(asker.read("maybe"), Typed::Again);
-        assert_eq!(asker.read(" Y \n"), Typed::Answer { id: "apr_1".into(), approve: true });
-        assert_eq!(asker.read("no"), Typed::Answer { id: "apr_1".into(), approve: false });
+        assert_eq!(asker.read(" Y \n"), Typed::Answer { id: "apr_1".into(), decision: "approve" });
+        assert_eq!(asker.read("no"), Typed::Answer { id: "apr_1".into(), decision: "deny" });
+        assert_eq!(asker.read("a"), Typed::Answer { id: "apr_1".into(), decision: "always" });
         let settled = approval("completed", "apr_1", Some("approved by @ann via telegram"));
         let shown = asker.event("engine_action", &settled);
         assert_eq!(shown.as_deref(), Some("apr_1: approved by @ann via telegram"));

@@ -238,8 +238,7 @@ pub async fn follow(
             }
             line = asker.line() => match line {
                 Some(line) => match asker.read(&line) {
-                    Typed::Answer { id, approve } => {
-                        let decision = if approve { "approve" } else { "deny" };
+                    Typed::Answer { id, decision } => {
                         let body = json!({ "decision": decision });
                         // Settled meanwhile elsewhere: the refusal says how; the event closes it.
                         if let Err(error) = client.post(&format!("/v1/approvals/{id}"), &body).await {

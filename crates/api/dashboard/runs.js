@@ -124,8 +124,11 @@ class RunView {
       };
       const approve = h('button', { type: 'button', class: 'primary approve' }, 'Approve');
       const deny = h('button', { type: 'button', class: 'danger deny' }, 'Deny');
-      approve.addEventListener('click', () => answer('approve', [approve, deny]));
-      deny.addEventListener('click', () => answer('deny', [approve, deny]));
+      const always = h('button', { type: 'button', class: 'always', title: 'Approve, and do not ask again in this session for the same command, directory or host' }, 'Always for this session');
+      const buttons = [approve, deny, always];
+      approve.addEventListener('click', () => answer('approve', buttons));
+      deny.addEventListener('click', () => answer('deny', buttons));
+      always.addEventListener('click', () => answer('always', buttons));
       const expires = request.expires_at_ms ? ` · denied ${untilText(request.expires_at_ms)} without an answer` : '';
       card.className = 'approval approval-asked';
       card.append(
@@ -135,7 +138,7 @@ class RunView {
           request.untrusted ? h('span', { class: 'badge badge-untrusted' }, 'untrusted') : null,
           request.untrusted ? ' ' : null,
           `rule: ${request.rule || ''}${expires}`),
-        h('div', { class: 'row' }, approve, deny),
+        h('div', { class: 'row' }, approve, deny, always),
         notice);
       return;
     }

@@ -28,7 +28,7 @@ use crate::config::{ApprovalAction, ApprovalRuleConfig, ApprovalsConfig};
 
 pub use gate::{Decision, Gate, Registration, RunTicket, UnknownToken};
 pub use hub::{
-    Answer, AnswerError, ApprovalHub, ApprovalRequest, Outcome, PendingApproval, Waiting,
+    Answer, AnswerError, ApprovalHub, ApprovalRequest, Outcome, PendingApproval, Reply, Waiting,
 };
 
 /// Whether `id` has the shape of a request id (`apr_` and 12 lowercase hex
@@ -250,7 +250,8 @@ pub fn settled_action(
 ) -> (Action, Option<String>) {
     let (approved, message, refusal) = match outcome {
         Some(Outcome::Answered(answer)) if answer.approved => {
-            (true, format!("approved by {} via {}", answer.by, answer.via), None)
+            let verb = if answer.for_session { "approved for this session" } else { "approved" };
+            (true, format!("{verb} by {} via {}", answer.by, answer.via), None)
         }
         Some(Outcome::Answered(answer)) => (
             false,

@@ -1,7 +1,7 @@
 //! Conversations over SMS: a text from an allowed sender is a request in the
 //! session `sms:<from>`, and its answer is texted back. A tool call of the
 //! run that waits for the owner is texted too ("Allow this? … Reply yes 4821
-//! or no 4821."), and a reply naming the code answers it instead of starting
+//! or no 4821 …"), and a reply naming the code answers it instead of starting
 //! a run.
 //!
 //! The delivery is on record (the shared [`DeliveryRecords`], kv namespace
@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use lemon_core::approvals::ApprovalHub;
+use lemon_core::approvals::{ApprovalHub, Reply};
 use lemon_core::bus::EventKind;
 use lemon_core::engine::{Action, ActionKind, ActionPhase};
 use lemon_core::ids::{RunId, SessionKey};
@@ -90,8 +90,8 @@ impl Replies {
     /// delivers the answer. Returns once the answer is out, given up on, or
     /// the gateway stops (then the record stays for the next start).
     pub(crate) async fn converse(&self, from: String, body: String, message_sid: String) {
-        if let Some((approve, code)) = ask::parse_text_reply(&body) {
-            self.answer(&from, approve, code).await;
+        if let Some((reply, code)) = ask::parse_text_reply(&body) {
+            self.answer(&from, reply, code).await;
             return;
         }
         let run_id = RunId::generate();
@@ -151,14 +151,15 @@ impl Replies {
         }
     }
 
-    /// A reply `yes 4821` / `no 4821` from `from`: answers the request of
-    /// its conversation with that code and texts back how it went.
-    async fn answer(&self, from: &str, approve: bool, code: &str) {
+    /// A reply `yes 4821` / `no 4821` / `always 4821` from `from`: answers
+    /// the request of its conversation with that code and texts back how it
+    /// went.
+    async fn answer(&self, from: &str, reply: Reply, code: &str) {
         let session = session_of(from);
         let answered =
-            self.approvals.answer_code(session.as_str(), code, approve, from, SMS_TRANSPORT_ID);
-        let notice = ask::notice(&answered, approve);
-        tracing::info!(approve, notice = %notice, "approval answered by SMS");
+            self.approvals.answer_code(session.as_str(), code, reply, from, SMS_TRANSPORT_ID);
+        let notice = ask::notice(&answered, reply);
+        tracing::info!(?reply, notice = %notice, "approval answered by SMS");
         if let Err(error) = self.sender.send(from, &notice, Some(session.as_str())).await {
             tracing::warn!(%error, "reply to an approval answer not sent");
         }

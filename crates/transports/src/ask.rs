@@ -2,41 +2,44 @@
 //! Discord with buttons, SMS by reply) offers them and takes the answer.
 //!
 //! - When a run of the chat asks, the chat gets "Allow this?" with the tool
-//!   and its command, path or host, and an Approve and a Deny button whose
-//!   data is `apr:a:<id>` / `apr:d:<id>` ([`button_data`]).
+//!   and its command, path or host, and Approve, Deny and "Always for this
+//!   session" buttons whose data is `apr:a:<id>` / `apr:d:<id>` /
+//!   `apr:s:<id>` ([`button_data`]).
 //! - A press is read on only when its data has a request id's shape
 //!   ([`parse_press`]); it counts only from the place the request was offered
 //!   in ([`Offered`]), and only if that place may talk to the bot.
 //! - Once the request is settled, the message says how and loses its buttons
 //!   ([`settled_text`]).
 //! - Where there are no buttons (SMS), the question names the request's four
-//!   digit code and a reply `yes 4821` / `no 4821` answers it
-//!   ([`ask_text_by_reply`], [`parse_text_reply`]).
+//!   digit code and a reply `yes 4821` / `no 4821` / `always 4821` answers
+//!   it ([`ask_text_by_reply`], [`parse_text_reply`]).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use lemon_core::approvals::{AnswerError, PendingApproval};
+use lemon_core::approvals::{AnswerError, PendingApproval, Reply};
 use lemon_core::engine::Action;
 
 const APPROVE: &str = "apr:a:";
 const DENY: &str = "apr:d:";
+const ALWAYS: &str = "apr:s:";
 
-/// The data of request `id`'s Approve and Deny buttons.
-pub fn button_data(id: &str) -> (String, String) {
-    (format!("{APPROVE}{id}"), format!("{DENY}{id}"))
+/// The label of the button that approves for the rest of the session.
+pub const ALWAYS_LABEL: &str = "Always for this session";
+
+/// The data of request `id`'s buttons: Approve, Deny, Always for this session.
+pub fn button_data(id: &str) -> [String; 3] {
+    [format!("{APPROVE}{id}"), format!("{DENY}{id}"), format!("{ALWAYS}{id}")]
 }
 
-/// A press's data: approve or deny, and the request id. `None` for data
-/// that is not a button of ours or carries no request id's shape (the data
-/// comes from the chat, so nothing else of it is read or logged).
-pub fn parse_press(data: &str) -> Option<(bool, &str)> {
-    let (approve, id) = match (data.strip_prefix(APPROVE), data.strip_prefix(DENY)) {
-        (Some(id), _) => (true, id),
-        (None, Some(id)) => (false, id),
-        (None, None) => return None,
-    };
-    lemon_core::approvals::is_request_id(id).then_some((approve, id))
+/// A press's data: the answer and the request id. `None` for data that is
+/// not a button of ours or carries no request id's shape (the data comes
+/// from the chat, so nothing else of it is read or logged).
+pub fn parse_press(data: &str) -> Option<(Reply, &str)> {
+    let (reply, id) = [(APPROVE, Reply::Approve), (DENY, Reply::Deny), (ALWAYS, Reply::Always)]
+        .into_iter()
+        .find_map(|(prefix, reply)| data.strip_prefix(prefix).map(|id| (reply, id)))?;
+    lemon_core::approvals::is_request_id(id).then_some((reply, id))
 }
 
 /// The request of an approval action, as its `detail.approval` carries it.
@@ -62,21 +65,26 @@ pub fn ask_text(request: &PendingApproval) -> String {
 /// The question by text, where there are no buttons (SMS, email): the reply
 /// names the request's code.
 pub fn ask_text_by_reply(request: &PendingApproval) -> String {
-    format!("{}\nReply yes {code} or no {code}.", ask_text(request), code = request.code)
+    format!(
+        "{}\nReply yes {code} or no {code} (always {code}: yes for the rest of this conversation).",
+        ask_text(request),
+        code = request.code
+    )
 }
 
-/// A reply by text to a request: `yes 4821` or `no 4821` (also `y`, `n`,
-/// `approve`, `deny`; any case, surrounding space ignored). `None` for
-/// anything else, which is an ordinary message.
-pub fn parse_text_reply(text: &str) -> Option<(bool, &str)> {
+/// A reply by text to a request: `yes 4821`, `no 4821` or `always 4821`
+/// (also `y`, `n`, `approve`, `deny`; any case, surrounding space ignored).
+/// `None` for anything else, which is an ordinary message.
+pub fn parse_text_reply(text: &str) -> Option<(Reply, &str)> {
     let mut words = text.split_whitespace();
     let (verb, code) = (words.next()?, words.next()?);
     if words.next().is_some() || code.len() != 4 || !code.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     match verb.to_ascii_lowercase().as_str() {
-        "yes" | "y" | "approve" => Some((true, code)),
-        "no" | "n" | "deny" => Some((false, code)),
+        "yes" | "y" | "approve" => Some((Reply::Approve, code)),
+        "no" | "n" | "deny" => Some((Reply::Deny, code)),
+        "always" => Some((Reply::Always, code)),
         _ => None,
     }
 }
@@ -90,11 +98,12 @@ pub fn settled_text(request: &PendingApproval, action: &Action) -> String {
 }
 
 /// What the presser is told.
-pub fn notice(answered: &Result<PendingApproval, AnswerError>, approve: bool) -> String {
-    match answered {
-        Ok(_) if approve => "Approved.".to_owned(),
-        Ok(_) => "Denied.".to_owned(),
-        Err(error) => format!("Not taken: {error}."),
+pub fn notice(answered: &Result<PendingApproval, AnswerError>, reply: Reply) -> String {
+    match (answered, reply) {
+        (Ok(_), Reply::Approve) => "Approved.".to_owned(),
+        (Ok(_), Reply::Always) => "Approved for the rest of this conversation.".to_owned(),
+        (Ok(_), Reply::Deny) => "Denied.".to_owned(),
+        (Err(error), _) => format!("Not taken: {error}."),
     }
 }
 
@@ -139,9 +148,10 @@ mod tests {
 
     #[test]
     fn only_our_buttons_with_a_request_id_are_read() {
-        let (approve, deny) = button_data("apr_0123456789ab");
-        assert_eq!(parse_press(&approve), Some((true, "apr_0123456789ab")));
-        assert_eq!(parse_press(&deny), Some((false, "apr_0123456789ab")));
+        let [approve, deny, always] = button_data("apr_0123456789ab");
+        assert_eq!(parse_press(&approve), Some((Reply::Approve, "apr_0123456789ab")));
+        assert_eq!(parse_press(&deny), Some((Reply::Deny, "apr_0123456789ab")));
+        assert_eq!(parse_press(&always), Some((Reply::Always, "apr_0123456789ab")));
         assert_eq!(parse_press("apr:a:apr_../../etc"), None);
         assert_eq!(parse_press("apr:a:APR_0123456789AB"), None);
         assert_eq!(parse_press("engine:claude"), None);
@@ -149,9 +159,10 @@ mod tests {
 
     #[test]
     fn a_reply_by_text_names_a_code_and_nothing_else() {
-        assert_eq!(parse_text_reply("yes 4821"), Some((true, "4821")));
-        assert_eq!(parse_text_reply("  No 4821\n"), Some((false, "4821")));
-        assert_eq!(parse_text_reply("APPROVE 1000"), Some((true, "1000")));
+        assert_eq!(parse_text_reply("yes 4821"), Some((Reply::Approve, "4821")));
+        assert_eq!(parse_text_reply("  No 4821\n"), Some((Reply::Deny, "4821")));
+        assert_eq!(parse_text_reply("APPROVE 1000"), Some((Reply::Approve, "1000")));
+        assert_eq!(parse_text_reply("Always 1000"), Some((Reply::Always, "1000")));
         assert_eq!(parse_text_reply("yes"), None);
         assert_eq!(parse_text_reply("yes 48211"), None);
         assert_eq!(parse_text_reply("yes 4821 please"), None);

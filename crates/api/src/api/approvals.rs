@@ -1,11 +1,11 @@
 //! `GET /v1/approvals`: the tool calls waiting for the owner's answer, oldest
-//! first. `POST /v1/approvals/{id}` with `{"decision": "approve" | "deny"}`
+//! first. `POST /v1/approvals/{id}` with `{"decision": "approve" | "deny" | "always"}`
 //! answers one: `200` with the request; `404` for an id never seen; `409`
 //! when it was answered, expired or withdrawn before, saying which.
 
 use axum::extract::{Path, State};
 use axum::Json;
-use lemon_core::approvals::AnswerError;
+use lemon_core::approvals::{AnswerError, Reply};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -27,7 +27,8 @@ pub(super) async fn list(State(state): State<ApiState>) -> Json<Value> {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Decide {
-    /// `approve` or `deny`.
+    /// `approve`, `deny`, or `always` (approve, and calls like it in the
+    /// request's session run unasked until the gateway stops).
     decision: String,
     /// The surface the answer was given on, as the decision records it:
     /// `api` (the default), `dashboard` or `desktop`. The one answering is
@@ -52,12 +53,13 @@ pub(super) async fn decide(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<Decide>,
 ) -> Result<Json<Value>, ApiError> {
-    let approved = match body.decision.as_str() {
-        "approve" => true,
-        "deny" => false,
+    let reply = match body.decision.as_str() {
+        "approve" => Reply::Approve,
+        "deny" => Reply::Deny,
+        "always" => Reply::Always,
         other => {
             return Err(ApiError::BadRequest(format!(
-                "decision must be \"approve\" or \"deny\", not {other:?}"
+                "decision must be \"approve\", \"deny\" or \"always\", not {other:?}"
             )))
         }
     };
@@ -69,7 +71,7 @@ pub(super) async fn decide(
             ))
         })?,
     };
-    match state.approvals.answer(&id, approved, "api", via) {
+    match state.approvals.reply(&id, reply, "api", via) {
         Ok(request) => Ok(Json(json!({
             "approval": request,
             "decision": body.decision,

@@ -177,6 +177,7 @@ async fn rules_answer_at_once_and_an_asked_call_waits_for_the_owner() {
     let rules = vec![
         rule("bash", "rm *", ApprovalAction::Deny),
         rule("read", "/work/proj/**", ApprovalAction::Allow),
+        rule("*", "*", ApprovalAction::Ask),
     ];
     let gate = gate(rules, &hub);
     let endpoint = serve(gate.clone()).await;

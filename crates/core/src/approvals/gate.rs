@@ -6,8 +6,8 @@
 //!   ([`Registration`], withdrawn when it is dropped); the endpoint answers
 //!   only a known token, and a token names one run.
 //! - The gate judges the call by the owner's rules (the untrusted rules for
-//!   an untrusted run). A call no rule matches is asked about: the CLI only
-//!   calls the gate for calls it would ask a person about.
+//!   an untrusted run), exactly as a native call: a call no rule matches
+//!   runs (the default rules end with `tool = "*"`, `action = "ask"`).
 //! - An asked call is put up in the [`ApprovalHub`] and shows as an
 //!   `approval` action in the run's events, like a native call's, so every
 //!   surface that answers native requests answers it too.
@@ -158,11 +158,8 @@ impl Gate {
             if run.untrusted.is_some() { &self.inner.untrusted } else { &self.inner.policy };
         let subject = super::subject(tool, input, &run.cwd);
         let verdict = policy.judge(tool, &subject);
-        let (action, rule) = match verdict.rule {
-            Some(_) => (verdict.action, verdict.rule_text),
-            None => (ApprovalAction::Ask, "no rule matched; the CLI asks".to_owned()),
-        };
-        match action {
+        let rule = verdict.rule_text;
+        match verdict.action {
             ApprovalAction::Allow => {
                 tracing::info!(run_id = %run.run_id, tool = %crate::log_text::escape(tool), %rule, "vendor tool call allowed by the approval policy");
                 Ok(Decision::Allow)
@@ -173,7 +170,13 @@ impl Gate {
                     "The owner's policy denies this call ({rule}); it was not run."
                 )))
             }
-            ApprovalAction::Ask => Ok(self.ask(&run, tool, subject, rule, call_id).await),
+            ApprovalAction::Ask => {
+                if let Some(how) = self.inner.hub.granted(&run.session_key, tool, &subject) {
+                    tracing::info!(run_id = %run.run_id, tool = %crate::log_text::escape(tool), %how, "vendor tool call allowed by a standing yes of its session");
+                    return Ok(Decision::Allow);
+                }
+                Ok(self.ask(&run, tool, subject, rule, call_id).await)
+            }
         }
     }
 
@@ -250,6 +253,10 @@ mod tests {
     use crate::config::{ApprovalRuleConfig, ApprovalsConfig};
     use crate::engine::{ActionKind, ActionPhase};
 
+    fn ask_all() -> ApprovalRuleConfig {
+        ApprovalRuleConfig { tool: "*".into(), pattern: None, action: ApprovalAction::Ask }
+    }
+
     fn gate(rules: Vec<ApprovalRuleConfig>) -> Gate {
         let config = ApprovalsConfig { timeout_ms: 60_000, rules: Some(rules), untrusted: None };
         Gate::new(
@@ -270,7 +277,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_rule_decides_at_once_and_an_unmatched_call_is_asked_with_its_events() {
+    async fn a_rule_decides_at_once_and_an_asked_call_waits_with_its_events() {
         let rules = vec![
             ApprovalRuleConfig {
                 tool: "Bash".into(),
@@ -282,6 +289,7 @@ mod tests {
                 pattern: None,
                 action: ApprovalAction::Allow,
             },
+            ask_all(),
         ];
         let gate = gate(rules);
         let (sink, mut events) = EventSink::channel(8);
@@ -305,14 +313,28 @@ mod tests {
         assert_eq!((started.kind, started.phase), (ActionKind::Approval, ActionPhase::Started));
         assert_eq!(started.id, "approval_toolu_1");
         assert_eq!(started.detail["approval"]["subject"], "touch x");
-        assert_eq!(started.detail["approval"]["rule"], "no rule matched; the CLI asks");
+        assert_eq!(started.detail["approval"]["rule"], "tool = \"*\", action = \"ask\"");
         assert_eq!(registration.asking.load(Ordering::SeqCst), 1, "the run's timer is held");
         let id = started.detail["approval"]["id"].as_str().unwrap().to_owned();
-        gate.inner.hub.answer(&id, true, "@ann", "telegram").unwrap();
+        gate.inner.hub.reply(&id, super::super::Reply::Always, "@ann", "telegram").unwrap();
         assert_eq!(asked.await.unwrap(), Ok(Decision::Allow));
         let Some(EngineEvent::Action(done)) = events.recv().await else { panic!("settled") };
-        assert_eq!(done.message.as_deref(), Some("approved by @ann via telegram"));
+        assert_eq!(done.message.as_deref(), Some("approved for this session by @ann via telegram"));
         assert_eq!(registration.asking.load(Ordering::SeqCst), 0);
+        // The standing yes covers the same command, unasked; not another.
+        let again = gate.decide(&token, "Bash", &json!({ "command": "touch x" }), None).await;
+        assert_eq!(again, Ok(Decision::Allow));
+        assert!(events.try_recv().is_err(), "nothing was asked");
+        let other = {
+            let gate = gate.clone();
+            let token = token.clone();
+            tokio::spawn(async move {
+                gate.decide(&token, "Bash", &json!({ "command": "touch y" }), None).await
+            })
+        };
+        let Some(EngineEvent::Action(asked)) = events.recv().await else { panic!("asked") };
+        assert_eq!(asked.detail["approval"]["subject"], "touch y");
+        drop(other);
 
         drop(registration);
         assert!(!gate.knows(&token), "a finished run's token is withdrawn");
@@ -322,7 +344,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_unanswered_call_is_denied_when_it_expires() {
-        let gate = gate(Vec::new());
+        let gate = gate(vec![ask_all()]);
         let (sink, _events) = EventSink::channel(8);
         let registration = gate.register(ticket(sink));
         let decision = tokio::time::timeout(

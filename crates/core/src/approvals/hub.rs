@@ -1,7 +1,12 @@
 //! Where asked calls wait: one answer each, from whichever surface gives it
 //! first; expiry and a cancelled run settle them too.
+//!
+//! An answer "always for this session" approves the call and leaves a
+//! standing yes in its session ([`ApprovalHub::granted`]): the same command,
+//! a file under the same directory, the same host, or (for any other tool)
+//! any call of the tool is then not asked again until the gateway stops.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -11,6 +16,33 @@ use tokio::sync::oneshot;
 /// How many settled requests are remembered, to tell a late answer what
 /// settled its request.
 const SETTLED_KEPT: usize = 1_000;
+/// Standing yeses kept per session and in all (the oldest go first).
+const GRANTS_PER_SESSION: usize = 100;
+const SESSIONS_WITH_GRANTS: usize = 1_000;
+
+/// An answer to a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    Approve,
+    Deny,
+    /// Approve, and calls like it in the session run unasked from now on.
+    Always,
+}
+
+impl Reply {
+    pub fn approves(self) -> bool {
+        self != Reply::Deny
+    }
+
+    /// `approved`, `denied`, `approved for this session`.
+    fn verb(self) -> &'static str {
+        match self {
+            Reply::Approve => "approved",
+            Reply::Deny => "denied",
+            Reply::Always => "approved for this session",
+        }
+    }
+}
 
 /// A call waiting for its answer, as surfaces show it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +82,8 @@ pub struct ApprovalRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Answer {
     pub approved: bool,
+    /// Approved for the rest of the session too.
+    pub for_session: bool,
     /// `api`, or the user of a chat.
     pub by: String,
     /// The surface: `api`, `cli`, `telegram`…
@@ -83,9 +117,71 @@ pub struct ApprovalHub {
 
 #[derive(Debug, Default)]
 struct Inner {
-    pending: BTreeMap<String, (PendingApproval, oneshot::Sender<Answer>)>,
+    pending: BTreeMap<String, Entry>,
     /// Newest last: id and what settled it (`approved by api via api`).
     settled: VecDeque<(String, String)>,
+    /// Standing yeses by session key, oldest first; `sessions` is the order
+    /// sessions got their first one, for dropping the oldest.
+    grants: HashMap<String, Vec<Grant>>,
+    sessions: VecDeque<String>,
+}
+
+/// A waiting request: what surfaces see, its whole subject (a grant is made
+/// from it), and where its answer goes.
+#[derive(Debug)]
+struct Entry {
+    view: PendingApproval,
+    subject: String,
+    tx: oneshot::Sender<Answer>,
+}
+
+/// A session's standing yes for calls like one that was approved.
+#[derive(Debug, Clone)]
+struct Grant {
+    tool: String,
+    scope: Scope,
+    /// `approved for this session by @ann via telegram`.
+    how: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Scope {
+    /// This subject only: a command line, a host.
+    Exact(String),
+    /// Paths inside this directory.
+    Under(String),
+    /// Any call of the tool.
+    Any,
+}
+
+impl Scope {
+    /// What a yes to `tool` on `subject` extends to: the same command line
+    /// or host, the directory of a file (a directory tool's own directory),
+    /// any call of another tool.
+    fn of(tool: &str, subject: &str) -> Scope {
+        match tool.to_ascii_lowercase().as_str() {
+            "bash" | "fetch" | "webfetch" => Scope::Exact(subject.to_owned()),
+            "list" | "ls" | "grep" | "glob" => Scope::Under(subject.to_owned()),
+            "read" | "write" | "edit" | "multiedit" | "notebookedit" => {
+                let dir = std::path::Path::new(subject).parent().map(|p| p.display().to_string());
+                Scope::Under(dir.unwrap_or_else(|| subject.to_owned()))
+            }
+            _ => Scope::Any,
+        }
+    }
+
+    fn covers(&self, subject: &str) -> bool {
+        match self {
+            Scope::Exact(exact) => exact == subject,
+            Scope::Under(dir) => {
+                subject == dir
+                    || subject
+                        .strip_prefix(dir.as_str())
+                        .is_some_and(|rest| rest.starts_with('/') || dir.ends_with('/'))
+            }
+            Scope::Any => true,
+        }
+    }
 }
 
 impl Inner {
@@ -94,7 +190,7 @@ impl Inner {
         loop {
             let n = 1_000 + uuid::Uuid::new_v4().as_u128() % 9_000;
             let code = n.to_string();
-            if self.pending.values().all(|(view, _)| view.code != code) {
+            if self.pending.values().all(|entry| entry.view.code != code) {
                 return code;
             }
         }
@@ -105,6 +201,25 @@ impl Inner {
             self.settled.pop_front();
         }
         self.settled.push_back((id.to_owned(), how));
+    }
+
+    fn grant(&mut self, session_key: &str, grant: Grant) {
+        let grants = match self.grants.get_mut(session_key) {
+            Some(grants) => grants,
+            None => {
+                if self.sessions.len() == SESSIONS_WITH_GRANTS {
+                    if let Some(oldest) = self.sessions.pop_front() {
+                        self.grants.remove(&oldest);
+                    }
+                }
+                self.sessions.push_back(session_key.to_owned());
+                self.grants.entry(session_key.to_owned()).or_default()
+            }
+        };
+        if grants.len() == GRANTS_PER_SESSION {
+            grants.remove(0);
+        }
+        grants.push(grant);
     }
 }
 
@@ -119,6 +234,7 @@ impl ApprovalHub {
         let now = crate::clock::now_ms();
         let timeout_ms = i64::try_from(request.timeout.as_millis()).unwrap_or(i64::MAX / 2);
         let id = format!("apr_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let subject = request.subject.clone();
         let mut view = PendingApproval {
             id: id.clone(),
             code: String::new(),
@@ -134,7 +250,7 @@ impl ApprovalHub {
         let (tx, rx) = oneshot::channel();
         let mut inner = self.lock();
         view.code = inner.free_code();
-        inner.pending.insert(id, (view.clone(), tx));
+        inner.pending.insert(id, Entry { view: view.clone(), subject, tx });
         drop(inner);
         Waiting { request: view, timeout: request.timeout, rx, hub: self.clone() }
     }
@@ -142,7 +258,7 @@ impl ApprovalHub {
     /// The requests waiting, oldest first.
     pub fn pending(&self) -> Vec<PendingApproval> {
         let mut all: Vec<PendingApproval> =
-            self.lock().pending.values().map(|(view, _)| view.clone()).collect();
+            self.lock().pending.values().map(|entry| entry.view.clone()).collect();
         all.sort_by_key(|view| view.requested_at_ms);
         all
     }
@@ -160,24 +276,62 @@ impl ApprovalHub {
         by: &str,
         via: &str,
     ) -> Result<PendingApproval, AnswerError> {
+        self.reply(id, if approved { Reply::Approve } else { Reply::Deny }, by, via)
+    }
+
+    /// Answers request `id` with `reply`; [`Reply::Always`] also leaves a
+    /// standing yes in the request's session.
+    ///
+    /// # Errors
+    /// As [`ApprovalHub::answer`].
+    pub fn reply(
+        &self,
+        id: &str,
+        reply: Reply,
+        by: &str,
+        via: &str,
+    ) -> Result<PendingApproval, AnswerError> {
         let mut inner = self.lock();
-        let Some((view, tx)) = inner.pending.remove(id) else {
+        let Some(entry) = inner.pending.remove(id) else {
             return Err(match inner.settled.iter().rev().find(|(settled, _)| settled == id) {
                 Some((_, how)) => AnswerError::Settled { id: id.to_owned(), settled: how.clone() },
                 None => AnswerError::NotFound(id.to_owned()),
             });
         };
-        let verb = if approved { "approved" } else { "denied" };
-        inner.settle(id, format!("{verb} by {by} via {via}"));
+        let how = format!("{} by {by} via {via}", reply.verb());
+        inner.settle(id, how.clone());
+        if reply == Reply::Always {
+            let grant = Grant {
+                tool: entry.view.tool.to_ascii_lowercase(),
+                scope: Scope::of(&entry.view.tool, &entry.subject),
+                how,
+            };
+            inner.grant(&entry.view.session_key, grant);
+        }
         let answer = Answer {
-            approved,
+            approved: reply.approves(),
+            for_session: reply == Reply::Always,
             by: by.to_owned(),
             via: via.to_owned(),
             at_ms: crate::clock::now_ms(),
         };
         // The run may have ended since; then nobody waits and it is settled all the same.
-        let _ = tx.send(answer);
-        Ok(view)
+        let _ = entry.tx.send(answer);
+        Ok(entry.view)
+    }
+
+    /// The standing yes of `session_key` that covers `tool` on `subject`:
+    /// how it was given (`approved for this session by @ann via telegram`).
+    pub fn granted(&self, session_key: &str, tool: &str, subject: &str) -> Option<String> {
+        let inner = self.lock();
+        let tool = tool.to_ascii_lowercase();
+        inner
+            .grants
+            .get(session_key)?
+            .iter()
+            .rev()
+            .find(|grant| grant.tool == tool && grant.scope.covers(subject))
+            .map(|grant| grant.how.clone())
     }
 
     /// Answers the request of `session_key` whose code is `code`: a reply
@@ -190,7 +344,7 @@ impl ApprovalHub {
         &self,
         session_key: &str,
         code: &str,
-        approved: bool,
+        reply: Reply,
         by: &str,
         via: &str,
     ) -> Result<PendingApproval, AnswerError> {
@@ -198,10 +352,10 @@ impl ApprovalHub {
             .lock()
             .pending
             .values()
-            .find(|(view, _)| view.code == code && view.session_key == session_key)
-            .map(|(view, _)| view.id.clone());
+            .find(|entry| entry.view.code == code && entry.view.session_key == session_key)
+            .map(|entry| entry.view.id.clone());
         match id {
-            Some(id) => self.answer(&id, approved, by, via),
+            Some(id) => self.reply(&id, reply, by, via),
             None => Err(AnswerError::NotFound(code.to_owned())),
         }
     }

@@ -184,17 +184,58 @@ async fn a_text_reply_answers_by_code_only_in_the_conversation_that_was_asked() 
     assert_eq!(code.len(), 4, "{code}");
     assert!(code.bytes().all(|b| b.is_ascii_digit()), "{code}");
     assert_ne!(code, second.request.code, "waiting requests have their own codes");
-    let elsewhere = hub.answer_code("sms:+15550001111", &code, true, "+15550001111", "sms");
+    let elsewhere =
+        hub.answer_code("sms:+15550001111", &code, Reply::Approve, "+15550001111", "sms");
     assert_eq!(elsewhere, Err(AnswerError::NotFound(code.clone())));
-    let answered = hub.answer_code("agent:main:main", &code, false, "+15550002222", "sms").unwrap();
+    let answered =
+        hub.answer_code("agent:main:main", &code, Reply::Deny, "+15550002222", "sms").unwrap();
     assert_eq!(answered.id, first.request.id);
     let Outcome::Answered(answer) = first.outcome().await else { panic!("answered") };
     assert!(!answer.approved);
     assert_eq!(
-        hub.answer_code("agent:main:main", &code, true, "x", "sms"),
+        hub.answer_code("agent:main:main", &code, Reply::Approve, "x", "sms"),
         Err(AnswerError::NotFound(code)),
         "a settled request takes no second reply"
     );
     assert_eq!(hub.pending().len(), 1);
     drop(second);
+}
+
+#[tokio::test(start_paused = true)]
+async fn always_leaves_a_standing_yes_for_calls_like_it_in_its_session_only() {
+    let hub = ApprovalHub::default();
+    let ask = |tool: &str, subject: &str| {
+        hub.ask(ApprovalRequest {
+            tool: tool.to_owned(),
+            subject: subject.to_owned(),
+            ..request(Duration::from_secs(600))
+        })
+    };
+    let session = "agent:main:main";
+
+    let command = ask("bash", "cargo test --workspace");
+    let id = command.request.id.clone();
+    hub.reply(&id, Reply::Always, "@ann", "telegram").unwrap();
+    let Outcome::Answered(answer) = command.outcome().await else { panic!("answered") };
+    assert!(answer.approved && answer.for_session, "{answer:?}");
+    let how = hub.granted(session, "bash", "cargo test --workspace");
+    assert_eq!(how.as_deref(), Some("approved for this session by @ann via telegram"));
+    assert_eq!(hub.granted(session, "Bash", "cargo test --workspace"), how, "any case");
+    assert_eq!(hub.granted(session, "bash", "cargo test; rm -rf /"), None, "the same command only");
+    assert_eq!(hub.granted("agent:main:other", "bash", "cargo test --workspace"), None);
+    let late = hub.answer(&id, false, "api", "api").unwrap_err();
+    assert!(late.to_string().contains("approved for this session by @ann"), "{late}");
+
+    // A file: anything under its directory, nothing beside it.
+    let write = ask("write", "/work/project/src/main.rs");
+    hub.reply(&write.request.id, Reply::Always, "api", "api").unwrap();
+    assert!(hub.granted(session, "write", "/work/project/src/lib/mod.rs").is_some());
+    assert_eq!(hub.granted(session, "write", "/work/project/src-other/x.rs"), None);
+    assert_eq!(hub.granted(session, "write", "/work/project/Cargo.toml"), None);
+    assert_eq!(hub.granted(session, "edit", "/work/project/src/main.rs"), None, "another tool");
+
+    // A plain yes grants nothing.
+    let fetch = ask("fetch", "example.com");
+    hub.reply(&fetch.request.id, Reply::Approve, "api", "api").unwrap();
+    assert_eq!(hub.granted(session, "fetch", "example.com"), None);
 }

@@ -572,15 +572,27 @@ impl Agent {
                     verdict.rule_text
                 )))
             }
-            ApprovalAction::Ask => Judged::Asked(approvals.hub.ask(ApprovalRequest {
-                run_id: self.req.run_id.to_string(),
-                session_key: self.req.session_key.to_string(),
-                tool: call.name.clone(),
-                subject,
-                rule: verdict.rule_text,
-                untrusted: self.untrusted.clone(),
-                timeout: policy.timeout,
-            })),
+            ApprovalAction::Ask => {
+                let session = self.req.session_key.as_str();
+                if let Some(how) = approvals.hub.granted(session, &call.name, &subject) {
+                    tracing::info!(
+                        run_id = %self.req.run_id,
+                        tool = %call.name,
+                        %how,
+                        "tool call allowed by a standing yes of its session"
+                    );
+                    return Judged::Allowed;
+                }
+                Judged::Asked(approvals.hub.ask(ApprovalRequest {
+                    run_id: self.req.run_id.to_string(),
+                    session_key: self.req.session_key.to_string(),
+                    tool: call.name.clone(),
+                    subject,
+                    rule: verdict.rule_text,
+                    untrusted: self.untrusted.clone(),
+                    timeout: policy.timeout,
+                }))
+            }
         }
     }
 

@@ -514,7 +514,7 @@ impl Bot {
     /// tells the presser (alone) how it went.
     async fn answer_button(&self, interaction: Interaction) {
         let data = interaction.data.as_ref().and_then(|data| data.custom_id.as_deref());
-        let Some((approve, id)) = ask::parse_press(data.unwrap_or_default()) else {
+        let Some((reply, id)) = ask::parse_press(data.unwrap_or_default()) else {
             tracing::info!("a button press that is no approval request; ignored");
             return;
         };
@@ -527,12 +527,12 @@ impl Bot {
                     "This request was not asked here.".to_owned()
                 } else {
                     let by = format!("@{}", user.username);
-                    ask::notice(&self.approvals.answer(id, approve, &by, TRANSPORT_ID), approve)
+                    ask::notice(&self.approvals.reply(id, reply, &by, TRANSPORT_ID), reply)
                 }
             }
             _ => "This request cannot be answered here.".to_owned(),
         };
-        tracing::info!(approval = id, approve, notice = %notice, "approval button pressed");
+        tracing::info!(approval = id, ?reply, notice = %notice, "approval button pressed");
         let answered = self
             .rest
             .with_retries(3, || {
@@ -545,12 +545,12 @@ impl Bot {
     }
 
     /// An approval action of the channel's run: when it starts, the request
-    /// is offered with Approve / Deny buttons; when it completes, the message
+    /// is offered with Approve / Deny / Always buttons; when it completes, the message
     /// says how it was settled and loses its buttons.
     async fn approval_step(&self, delivery: &Delivery, action: &Action) {
         let Some(request) = ask::request_of(action) else { return };
         if action.phase != ActionPhase::Completed {
-            let (approve, deny) = ask::button_data(&request.id);
+            let [approve, deny, always] = ask::button_data(&request.id);
             let message = CreateMessage {
                 channel_id: delivery.channel_id,
                 content: ask::ask_text(&request),
@@ -559,6 +559,7 @@ impl Bot {
                 buttons: vec![
                     Button { label: "Approve", style: 3, custom_id: approve },
                     Button { label: "Deny", style: 4, custom_id: deny },
+                    Button { label: ask::ALWAYS_LABEL, style: 2, custom_id: always },
                 ],
             };
             match self.outbox.send(Outgoing::Text(message)).await {

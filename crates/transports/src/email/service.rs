@@ -18,7 +18,7 @@
 //!   resume from another channel) is mailed as a reply into that thread, to
 //!   its correspondent, after the thread's latest mail (kv `email.tail`).
 //! - A tool call of a thread's run that waits for the owner is mailed into
-//!   the thread ("Allow this? … Reply yes 4821 or no 4821."); a mail in the
+//!   the thread ("Allow this? … Reply yes 4821 or no 4821 …"); a mail in the
 //!   thread whose first line is `yes 4821` or `no 4821` answers it (only in
 //!   that thread, only from an allowed sender) instead of starting a run.
 
@@ -401,16 +401,11 @@ impl Mailer {
         };
         self.remember_in_thread(&mail.message_id, &thread).await;
         let from = mail.from.clone().unwrap_or_default();
-        if let Some((approve, code)) = approval_reply(&mail.text) {
-            let answered = self.approvals.answer_code(
-                session_key.as_str(),
-                code,
-                approve,
-                &from,
-                TRANSPORT_ID,
-            );
-            let notice = ask::notice(&answered, approve);
-            tracing::info!(approve, notice = %log_text::escape(&notice), "approval answered by mail");
+        if let Some((reply, code)) = approval_reply(&mail.text) {
+            let answered =
+                self.approvals.answer_code(session_key.as_str(), code, reply, &from, TRANSPORT_ID);
+            let notice = ask::notice(&answered, reply);
+            tracing::info!(?reply, notice = %log_text::escape(&notice), "approval answered by mail");
             let mut references = mail.references.clone();
             references.push(mail.message_id.clone());
             let reply = OutgoingMail {
@@ -734,7 +729,7 @@ impl Mailer {
 
 /// `yes 4821` / `no 4821` on the first line of a mail's new text (the
 /// quoted request below it is already gone): the answer and the code.
-fn approval_reply(text: &str) -> Option<(bool, &str)> {
+fn approval_reply(text: &str) -> Option<(lemon_core::approvals::Reply, &str)> {
     let first = text.lines().map(str::trim).find(|line| !line.is_empty())?;
     ask::parse_text_reply(first)
 }

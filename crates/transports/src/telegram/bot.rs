@@ -580,7 +580,7 @@ impl Bot {
     }
 
     /// An approval action of the chat's run: when it starts, the request is
-    /// offered with Approve / Deny buttons; when it completes, the message
+    /// offered with Approve / Deny / Always buttons; when it completes, the message
     /// says how it was settled and loses its buttons.
     async fn approval_step(&self, delivery: &Delivery, action: &Action) {
         let Some(request) = ask::request_of(action) else { return };
@@ -588,11 +588,14 @@ impl Bot {
             let text = FormattedText::plain(ask::ask_text(&request));
             let mut send =
                 message_to(delivery.chat_id, delivery.thread_id, delivery.reply_to, text);
-            let (approve, deny) = ask::button_data(&request.id);
-            send.reply_markup = Some(json!({ "inline_keyboard": [[
-                { "text": "Approve", "callback_data": approve },
-                { "text": "Deny", "callback_data": deny },
-            ]] }));
+            let [approve, deny, always] = ask::button_data(&request.id);
+            send.reply_markup = Some(json!({ "inline_keyboard": [
+                [
+                    { "text": "Approve", "callback_data": approve },
+                    { "text": "Deny", "callback_data": deny },
+                ],
+                [{ "text": ask::ALWAYS_LABEL, "callback_data": always }],
+            ] }));
             match self.outbox.send(send).await {
                 Ok(sent) => self.offered.insert(&request.id, delivery.chat_id, sent.message_id),
                 Err(error) => {
@@ -612,8 +615,7 @@ impl Bot {
     /// comes from the chat it was offered in (an allowed chat), and tells the
     /// user how it went.
     async fn answer_button(&self, query: CallbackQuery) {
-        let Some((approve, id)) = ask::parse_press(query.data.as_deref().unwrap_or_default())
-        else {
+        let Some((reply, id)) = ask::parse_press(query.data.as_deref().unwrap_or_default()) else {
             tracing::info!("a button press that is no approval request; ignored");
             return;
         };
@@ -629,10 +631,10 @@ impl Bot {
                     Some(username) => format!("@{username}"),
                     None => query.from.id.to_string(),
                 };
-                ask::notice(&self.approvals.answer(id, approve, &by, TRANSPORT_ID), approve)
+                ask::notice(&self.approvals.reply(id, reply, &by, TRANSPORT_ID), reply)
             }
         };
-        tracing::info!(approval = id, approve, notice = %notice, "approval button pressed");
+        tracing::info!(approval = id, ?reply, notice = %notice, "approval button pressed");
         if let Err(error) = self.api.answer_callback_query(&query.id, &notice).await {
             tracing::warn!(%error, "could not answer a button press");
         }
