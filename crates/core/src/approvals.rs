@@ -17,6 +17,7 @@ mod hub;
 mod tests;
 
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use globset::{GlobBuilder, GlobMatcher};
@@ -164,6 +165,59 @@ impl Policy {
                     rule_text: rule.text.clone(),
                 },
             )
+    }
+}
+
+/// The rules in force, owner's and untrusted, shared by the native engine
+/// and the vendor relay; an accepted config edit replaces them, and a call
+/// judged from then on is judged by the new ones.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    inner: Arc<RwLock<(Arc<Policy>, Arc<Policy>)>>,
+}
+
+impl Rules {
+    /// The rules of `config`.
+    ///
+    /// # Errors
+    /// As [`Policy::from_config`] (the config loader checks them first).
+    pub fn from_config(config: &ApprovalsConfig) -> Result<Rules, (usize, &'static str, String)> {
+        let pair = (
+            Arc::new(Policy::from_config(config)?),
+            Arc::new(Policy::untrusted_from_config(config)?),
+        );
+        Ok(Rules { inner: Arc::new(RwLock::new(pair)) })
+    }
+
+    /// The owner's rules, or the untrusted ones for an untrusted run.
+    pub fn for_run(&self, untrusted: bool) -> Arc<Policy> {
+        let pair = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        if untrusted {
+            pair.1.clone()
+        } else {
+            pair.0.clone()
+        }
+    }
+
+    /// Puts the rules of `config` in force; rules that do not compile
+    /// (refused by the loader before) leave the old ones, said in the log.
+    pub fn replace(&self, config: &ApprovalsConfig) {
+        match (Policy::from_config(config), Policy::untrusted_from_config(config)) {
+            (Ok(owner), Ok(untrusted)) => {
+                *self.inner.write().unwrap_or_else(PoisonError::into_inner) =
+                    (Arc::new(owner), Arc::new(untrusted));
+            }
+            _ => tracing::warn!("approval rules that do not compile; the old ones stay"),
+        }
+    }
+}
+
+impl Default for Rules {
+    /// The default rules ([`ApprovalsConfig::default_rules`] and
+    /// [`ApprovalsConfig::default_untrusted`]).
+    fn default() -> Self {
+        let compiled = Rules::from_config(&ApprovalsConfig::default());
+        compiled.unwrap_or_else(|_| unreachable!("the default rules are globs"))
     }
 }
 

@@ -82,10 +82,9 @@ pub struct NativeParts {
 /// `[gateway.approvals]` compiled, and the hub its asked calls wait in.
 #[derive(Debug, Clone, Default)]
 pub struct Approvals {
-    /// The owner's rules, for trusted runs.
-    pub policy: Arc<lemon_core::approvals::Policy>,
-    /// The rules of untrusted runs ([`lemon_core::untrusted`]).
-    pub untrusted: Arc<lemon_core::approvals::Policy>,
+    /// The owner's rules and those of untrusted runs
+    /// ([`lemon_core::untrusted`]), as a config edit leaves them.
+    pub rules: lemon_core::approvals::Rules,
     pub hub: lemon_core::approvals::ApprovalHub,
 }
 

@@ -999,23 +999,15 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // The owner's policy over tool calls (checked when the config was read),
     // and where asked calls wait for an answer.
     let approval_hub = lemon_core::approvals::ApprovalHub::default();
+    // A config edit replaces the rules in force (`reload`).
+    let approval_rules =
+        lemon_core::approvals::Rules::from_config(&gateway_config.approvals).unwrap_or_default();
     let approvals = lemon_engines::native::Approvals {
-        policy: Arc::new(
-            lemon_core::approvals::Policy::from_config(&gateway_config.approvals)
-                .unwrap_or_default(),
-        ),
-        untrusted: Arc::new(
-            lemon_core::approvals::Policy::untrusted_from_config(&gateway_config.approvals)
-                .unwrap_or_default(),
-        ),
+        rules: approval_rules.clone(),
         hub: approval_hub.clone(),
     };
     // Where Claude Code asks about its calls, on the API's `/mcp` once it listens.
-    let gate = lemon_core::approvals::Gate::new(
-        approvals.policy.clone(),
-        approvals.untrusted.clone(),
-        approval_hub.clone(),
-    );
+    let gate = lemon_core::approvals::Gate::new(approval_rules.clone(), approval_hub.clone());
     let build_engines: reload::BuildEngines = {
         let (opts, secrets, store) = (opts.clone(), secrets.clone(), store.clone());
         let (tracker, token, tools) = (tracker.clone(), token.clone(), tools.clone());
@@ -1212,6 +1204,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         shutdown_grace_ms: shutdown_grace_ms.clone(),
         default_engine: chosen_default,
         budget,
+        approval_rules,
         secret_uses,
         secrets_changed,
         secret_values,

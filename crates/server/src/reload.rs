@@ -103,6 +103,7 @@ const LIVE_KEYS: &[&str] = &[
     "projects",
     "bindings",
     "budgets",
+    "approvals",
     "queue",
     "cron",
     "enable_webhook",
@@ -127,6 +128,8 @@ const RESTART_KEYS: &[&str] = &[
     "voice",
     "enable_xmtp",
     "xmtp",
+    "sandbox",
+    "dashboard",
 ];
 
 /// What an accepted edit changes, component by component.
@@ -149,6 +152,8 @@ pub(crate) struct Plan {
     pub(crate) cron: bool,
     /// The budget guard gets the new limits and prices.
     pub(crate) budgets: bool,
+    /// The approval rules in force are replaced.
+    pub(crate) approvals: bool,
 }
 
 impl Plan {
@@ -197,6 +202,7 @@ pub(crate) fn plan(current: &GatewayConfig, next: &GatewayConfig) -> Plan {
                 // And Discord's `deny_unbound`.
                 plan.discord = true;
             }
+            "approvals" => plan.approvals = true,
             "budgets" => {
                 plan.budgets = true;
                 // `/status` shows the limits the router reads.
@@ -328,6 +334,9 @@ pub(crate) struct Reloader {
     pub(crate) default_engine: crate::DefaultEngine,
     /// Lives as long as the gateway; an edit of `[gateway.budgets]` reconfigures it.
     pub(crate) budget: Arc<StoreBudgetGuard>,
+    /// The approval rules the native engine and the vendor relay judge by;
+    /// an edit of `[gateway.approvals]` replaces them.
+    pub(crate) approval_rules: lemon_core::approvals::Rules,
     /// The secrets the config in force uses, as `GET /v1/secrets` shows them.
     pub(crate) secret_uses: lemon_api::secrets::SecretUses,
     /// Notified when `PUT` or `DELETE /v1/secrets` changed one.
@@ -556,6 +565,9 @@ impl Reloader {
         }
         if plan.budgets {
             self.budget.reconfigure(config.budgets.clone());
+        }
+        if plan.approvals {
+            self.approval_rules.replace(&config.approvals);
         }
         if let Some(engines) = engines {
             self.engines.replace(&engines);

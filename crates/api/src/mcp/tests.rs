@@ -3,9 +3,8 @@
 //! `tools/list` and `tools/call`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use lemon_core::approvals::{ApprovalHub, Gate, Policy, RunTicket};
+use lemon_core::approvals::{ApprovalHub, Gate, Rules, RunTicket};
 use lemon_core::config::{ApprovalAction, ApprovalRuleConfig, ApprovalsConfig};
 use lemon_core::engine::{EngineEvent, EventSink};
 use serde_json::{json, Value};
@@ -33,11 +32,7 @@ async fn serve(gate: Gate) -> Endpoint {
 
 fn gate(rules: Vec<ApprovalRuleConfig>, hub: &ApprovalHub) -> Gate {
     let config = ApprovalsConfig { timeout_ms: 60_000, rules: Some(rules), untrusted: None };
-    Gate::new(
-        Arc::new(Policy::from_config(&config).unwrap()),
-        Arc::new(Policy::untrusted_from_config(&config).unwrap()),
-        hub.clone(),
-    )
+    Gate::new(Rules::from_config(&config).unwrap(), hub.clone())
 }
 
 fn ticket(sink: EventSink) -> RunTicket {

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use serde_json::Value;
 
-use super::{ApprovalHub, ApprovalRequest, Policy};
+use super::{ApprovalHub, ApprovalRequest, Rules};
 use crate::config::ApprovalAction;
 use crate::engine::{EngineEvent, EventSink};
 
@@ -39,8 +39,7 @@ pub struct Gate {
 
 #[derive(Debug)]
 struct Inner {
-    policy: Arc<Policy>,
-    untrusted: Arc<Policy>,
+    rules: Rules,
     hub: ApprovalHub,
     runs: Mutex<HashMap<String, Arc<GatedRun>>>,
     /// The MCP endpoint's URL, once the API listens.
@@ -92,11 +91,10 @@ impl Drop for Registration {
 pub struct UnknownToken;
 
 impl Gate {
-    pub fn new(policy: Arc<Policy>, untrusted: Arc<Policy>, hub: ApprovalHub) -> Gate {
+    pub fn new(rules: Rules, hub: ApprovalHub) -> Gate {
         Gate {
             inner: Arc::new(Inner {
-                policy,
-                untrusted,
+                rules,
                 hub,
                 runs: Mutex::new(HashMap::new()),
                 url: OnceLock::new(),
@@ -154,8 +152,7 @@ impl Gate {
         call_id: Option<&str>,
     ) -> Result<Decision, UnknownToken> {
         let run = self.lock().get(token).cloned().ok_or(UnknownToken)?;
-        let policy =
-            if run.untrusted.is_some() { &self.inner.untrusted } else { &self.inner.policy };
+        let policy = self.inner.rules.for_run(run.untrusted.is_some());
         let subject = super::subject(tool, input, &run.cwd);
         let verdict = policy.judge(tool, &subject);
         let rule = verdict.rule_text;
@@ -188,8 +185,7 @@ impl Gate {
         rule: String,
         call_id: Option<&str>,
     ) -> Decision {
-        let policy =
-            if run.untrusted.is_some() { &self.inner.untrusted } else { &self.inner.policy };
+        let policy = self.inner.rules.for_run(run.untrusted.is_some());
         let waiting = self.inner.hub.ask(ApprovalRequest {
             run_id: run.run_id.clone(),
             session_key: run.session_key.clone(),
@@ -259,11 +255,7 @@ mod tests {
 
     fn gate(rules: Vec<ApprovalRuleConfig>) -> Gate {
         let config = ApprovalsConfig { timeout_ms: 60_000, rules: Some(rules), untrusted: None };
-        Gate::new(
-            Arc::new(Policy::from_config(&config).unwrap()),
-            Arc::new(Policy::untrusted_from_config(&config).unwrap()),
-            ApprovalHub::default(),
-        )
+        Gate::new(Rules::from_config(&config).unwrap(), ApprovalHub::default())
     }
 
     fn ticket(sink: EventSink) -> RunTicket {

@@ -239,3 +239,17 @@ async fn always_leaves_a_standing_yes_for_calls_like_it_in_its_session_only() {
     hub.reply(&fetch.request.id, Reply::Approve, "api", "api").unwrap();
     assert_eq!(hub.granted(session, "fetch", "example.com"), None);
 }
+
+#[test]
+fn an_edit_replaces_the_rules_in_force_for_the_next_call() {
+    let rules = Rules::default();
+    assert_eq!(rules.for_run(false).judge("bash", "ls").action, ApprovalAction::Ask);
+    let edited = ApprovalsConfig {
+        rules: Some(vec![rule("bash", Some("ls*"), ApprovalAction::Allow)]),
+        ..ApprovalsConfig::default()
+    };
+    let shared = rules.clone();
+    shared.replace(&edited);
+    assert_eq!(rules.for_run(false).judge("bash", "ls -l").action, ApprovalAction::Allow);
+    assert_eq!(rules.for_run(true).judge("bash", "ls -l").action, ApprovalAction::Ask, "untrusted");
+}

@@ -551,8 +551,7 @@ impl Agent {
     /// the model is told), or asked (put up in the hub).
     fn judge(&self, call: &ToolCall, args: &Value) -> Judged {
         let Some(approvals) = &self.approvals else { return Judged::Allowed };
-        let policy =
-            if self.untrusted.is_some() { &approvals.untrusted } else { &approvals.policy };
+        let policy = approvals.rules.for_run(self.untrusted.is_some());
         if policy.is_empty() {
             return Judged::Allowed;
         }

@@ -423,8 +423,7 @@ fn untrusted_defaults() -> Approvals {
         ..lemon_core::config::ApprovalsConfig::default()
     };
     Approvals {
-        policy: Arc::new(lemon_core::approvals::Policy::from_config(&config).unwrap()),
-        untrusted: Arc::new(lemon_core::approvals::Policy::untrusted_from_config(&config).unwrap()),
+        rules: lemon_core::approvals::Rules::from_config(&config).unwrap(),
         hub: lemon_core::approvals::ApprovalHub::default(),
     }
 }

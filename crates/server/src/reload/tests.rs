@@ -54,6 +54,27 @@ fn each_key_goes_to_the_component_that_owns_it() {
         plan(&base, &gateway("[gateway]\nrun_idle_watchdog_ms = 0\n[gateway.queue]\ncap = 3\n"));
     assert_eq!(watchdog.applied, ["run_idle_watchdog_ms", "queue"]);
     assert!(watchdog.router);
+
+    let rules = "[[gateway.approvals.rules]]\ntool = \"bash\"\naction = \"deny\"\n";
+    let approvals = plan(&base, &gateway(rules));
+    assert_eq!(approvals.applied, ["approvals"]);
+    assert!(approvals.approvals && !approvals.runtime && !approvals.engines);
+}
+
+/// Every key of `[gateway]` is either applied live or listed as waiting
+/// for a restart: an edit is never silently ignored.
+#[test]
+fn every_gateway_key_is_live_or_waits_for_a_restart() {
+    let keys = super::raw_json(&gateway(""));
+    let unhandled: Vec<&String> = keys
+        .keys()
+        .filter(|key| !super::LIVE_KEYS.contains(&key.as_str()))
+        .filter(|key| !super::RESTART_KEYS.contains(&key.as_str()))
+        .collect();
+    assert!(unhandled.is_empty(), "keys neither live nor restart: {unhandled:?}");
+    let sandbox = pending_restarts(&gateway(""), &gateway("[gateway.sandbox]\nmode = \"off\"\n"));
+    assert_eq!(sandbox.len(), 1, "{sandbox:?}");
+    assert_eq!(sandbox[0].key, "gateway.sandbox.mode");
 }
 
 #[test]
