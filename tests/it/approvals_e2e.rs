@@ -89,10 +89,19 @@ fn tool_result(llm: &FakeLlm) -> String {
 
 /// Reads the run's events until its approval request arrives; the request.
 pub(crate) async fn until_asked(gateway: &Gateway, run_id: &str) -> Value {
+    until_asked_within(gateway, run_id, PATIENCE).await
+}
+
+/// [`until_asked`], waiting up to `patience` (a real CLI takes longer).
+pub(crate) async fn until_asked_within(
+    gateway: &Gateway,
+    run_id: &str,
+    patience: std::time::Duration,
+) -> Value {
     let response = gateway.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
     let mut parser = lemon_gateway::sse::SseParser::default();
     let mut stream = response.bytes_stream();
-    tokio::time::timeout(PATIENCE, async {
+    tokio::time::timeout(patience, async {
         while let Some(chunk) = stream.next().await {
             for event in parser.push(&chunk.unwrap()) {
                 let data: Value = serde_json::from_str(&event.data).unwrap();

@@ -545,22 +545,15 @@ async fn an_email_that_orders_a_command_gets_an_approval_request_not_a_command()
             && mails.iter().any(|m| plain(m).trim() == "Denied.")
     };
     smtp.wait_for("the notice and the answer", PATIENCE, done).await;
-    let settled: Vec<Value> = gateway
-        .events(&run_id)
-        .await
-        .into_iter()
-        .map(|(_, data)| data["action"].clone())
-        .filter(|action| action["kind"] == "approval" && action["phase"] == "completed")
-        .collect();
+    let actions: Vec<Value> =
+        gateway.events(&run_id).await.into_iter().map(|(_, data)| data["action"].clone()).collect();
+    let completed = |kind: &str| -> Vec<&Value> {
+        actions.iter().filter(|a| a["kind"] == kind && a["phase"] == "completed").collect()
+    };
+    let settled = completed("approval");
     assert_eq!(settled[0]["message"], format!("denied by {ALICE} via email"), "{settled:?}");
     assert_eq!(runs(&gateway).await.len(), 1, "the reply started no run");
-    let tools: Vec<Value> = gateway
-        .events(&run_id)
-        .await
-        .into_iter()
-        .map(|(_, data)| data["action"].clone())
-        .filter(|action| action["kind"] == "command" && action["phase"] == "completed")
-        .collect();
+    let tools = completed("command");
     assert_eq!(tools.len(), 1, "{tools:?}");
     assert_eq!(tools[0]["ok"], false, "the command never ran: {tools:?}");
     gateway.terminate().await;

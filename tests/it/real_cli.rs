@@ -854,23 +854,7 @@ async fn real_droid_answers_with_a_custom_model_and_names_its_session() {
 
 /// Reads a run's events until its approval request arrives; the request.
 async fn asked(gateway: &Gateway, run_id: &str) -> Value {
-    let response = gateway.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
-    let mut parser = lemon_gateway::sse::SseParser::default();
-    let mut stream = response.bytes_stream();
-    let wait = async {
-        while let Some(chunk) = stream.next().await {
-            for event in parser.push(&chunk.unwrap()) {
-                let data: Value = serde_json::from_str(&event.data).unwrap();
-                let action = &data["action"];
-                if action["kind"] == "approval" && action["phase"] == "started" {
-                    return action["detail"]["approval"].clone();
-                }
-                assert_ne!(event.event, "run_completed", "the run ended unasked: {data}");
-            }
-        }
-        panic!("the event stream ended before the request");
-    };
-    tokio::time::timeout(CLI_PATIENCE, wait).await.expect("the approval request arrives")
+    crate::approvals_e2e::until_asked_within(gateway, run_id, CLI_PATIENCE).await
 }
 
 /// Claude Code without pre-allowed tools asks through the gateway's MCP

@@ -521,11 +521,7 @@ impl ApprovalsConfig {
     /// and every call with a side effect (a command, a write, a fetch, a
     /// message, an MCP tool, a vendor CLI's edit) is asked about.
     pub fn default_rules() -> Vec<ApprovalRuleConfig> {
-        let rule = |tool: &str, action| ApprovalRuleConfig {
-            tool: tool.to_owned(),
-            pattern: None,
-            action,
-        };
+        let rule = ApprovalRuleConfig::any_subject;
         vec![
             rule("{read,list,ls,grep,glob}", ApprovalAction::Allow),
             rule("sms_{get_inbox_number,list_messages,wait_for_code}", ApprovalAction::Allow),
@@ -545,11 +541,7 @@ impl ApprovalsConfig {
     /// that only read are allowed (the sandbox keeps them in the run's
     /// directories), `fetch` is denied, and every other call is asked about.
     pub fn default_untrusted() -> Vec<ApprovalRuleConfig> {
-        let rule = |tool: &str, action| ApprovalRuleConfig {
-            tool: tool.to_owned(),
-            pattern: None,
-            action,
-        };
+        let rule = ApprovalRuleConfig::any_subject;
         vec![
             rule("{read,list,grep,glob}", ApprovalAction::Allow),
             rule("fetch", ApprovalAction::Deny),
@@ -576,6 +568,13 @@ pub struct ApprovalRuleConfig {
     #[serde(default, rename = "match")]
     pub pattern: Option<String>,
     pub action: ApprovalAction,
+}
+
+impl ApprovalRuleConfig {
+    /// A rule over every call of the tools `tool` names.
+    fn any_subject(tool: &str, action: ApprovalAction) -> ApprovalRuleConfig {
+        ApprovalRuleConfig { tool: tool.to_owned(), pattern: None, action }
+    }
 }
 
 /// What a rule does with a call.

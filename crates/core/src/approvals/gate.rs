@@ -172,7 +172,7 @@ impl Gate {
                     tracing::info!(run_id = %run.run_id, tool = %crate::log_text::escape(tool), %how, "vendor tool call allowed by a standing yes of its session");
                     return Ok(Decision::Allow);
                 }
-                Ok(self.ask(&run, tool, subject, rule, call_id).await)
+                Ok(self.ask(&run, tool, subject, rule, policy.timeout, call_id).await)
             }
         }
     }
@@ -183,9 +183,9 @@ impl Gate {
         tool: &str,
         subject: String,
         rule: String,
+        timeout: std::time::Duration,
         call_id: Option<&str>,
     ) -> Decision {
-        let policy = self.inner.rules.for_run(run.untrusted.is_some());
         let waiting = self.inner.hub.ask(ApprovalRequest {
             run_id: run.run_id.clone(),
             session_key: run.session_key.clone(),
@@ -193,7 +193,7 @@ impl Gate {
             subject,
             rule,
             untrusted: run.untrusted.clone(),
-            timeout: policy.timeout,
+            timeout,
         });
         let request = waiting.request.clone();
         let action_id = format!("approval_{}", call_id.unwrap_or(&request.id));
