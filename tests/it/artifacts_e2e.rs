@@ -24,9 +24,10 @@ fn fixture(vendor: &str, name: &str) -> String {
 /// in the run's directory first.
 fn codex_writing_a_chart() -> String {
     format!(
-        "[gateway.engines.codex]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\", FAKE_CLI_WRITE_FILE = \"chart.png={CHART}\" }}\n",
+        "[gateway.engines.codex]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\", FAKE_CLI_WRITE_FILE = \"chart.png={CHART}\" }}\n{}",
         env!("CARGO_BIN_EXE_fake-cli"),
         fixture("codex", "synth_media_answer.jsonl"),
+        crate::support::TRUST_EVERY_CALL,
     )
 }
 
@@ -101,10 +102,11 @@ async fn a_failed_commands_result_meta_is_on_the_event_stream() {
     let cwd = tempfile::tempdir().unwrap();
     let config = format!(
         "[gateway]\ndefault_engine = \"codex\"\ndefault_cwd = \"{}\"\n\
-         [gateway.engines.codex]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\" }}\n",
+         [gateway.engines.codex]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\" }}\n{}",
         cwd.path().display(),
         env!("CARGO_BIN_EXE_fake-cli"),
         fixture("codex", "synth_all_item_types.jsonl"),
+        crate::support::ALLOW_EVERY_CALL,
     );
     let gateway = Gateway::start(&config).await;
     let run_id = gateway.submit(json!({ "prompt": "run the tests" })).await;

@@ -34,6 +34,7 @@ fn engines_config(dir: &Path) -> String {
                 args = args_file(dir, vendor).display(),
             )
         })
+        .chain([crate::support::ALLOW_EVERY_CALL.to_owned()])
         .collect()
 }
 

@@ -411,10 +411,11 @@ async fn a_429_is_waited_out_and_a_file_of_the_answer_comes_as_an_attachment() {
     let fake = fake().await;
     let cwd = tempfile::tempdir().unwrap();
     let codex = format!(
-        "default_cwd = \"{}\"\n[gateway.engines.codex]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}/fixtures/cli/codex/synth_media_answer.jsonl\", FAKE_CLI_WRITE_FILE = \"chart.png=not really a png\" }}\n",
+        "default_cwd = \"{}\"\n[gateway.engines.codex]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}/fixtures/cli/codex/synth_media_answer.jsonl\", FAKE_CLI_WRITE_FILE = \"chart.png=not really a png\" }}\n{}",
         cwd.path().display(),
         env!("CARGO_BIN_EXE_fake-cli"),
         env!("CARGO_MANIFEST_DIR"),
+        crate::support::ALLOW_EVERY_CALL,
     );
     let home = home(&config(&fake, "engine = \"codex\"", &codex));
     let _gateway = start_in(&fake, home.path()).await;

@@ -51,10 +51,11 @@ fn engines(hang_fixture: &std::path::Path) -> String {
         "[gateway.engines.echo]\ndelay_ms = 1\n\
          [gateway.engines.claude]\ncli_path = \"{cli}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\" }}\n\
          [gateway.engines.codex]\ncli_path = \"{cli}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\" }}\n\
-         [gateway.engines.droid]\ncli_path = \"{cli}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\", FAKE_CLI_HANG = \"1\" }}\n",
+         [gateway.engines.droid]\ncli_path = \"{cli}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\", FAKE_CLI_HANG = \"1\" }}\n{}",
         fixture("claude", "synth_tool_use_success.jsonl").display(),
         fixture("codex", "synth_reconnect_then_turn_failed.jsonl").display(),
         hang_fixture.display(),
+        crate::support::ALLOW_EVERY_CALL,
     )
 }
 

@@ -27,10 +27,11 @@ fn config(args_file: &Path, echo_delay_ms: u64) -> String {
     format!(
         "[gateway.engines.echo]\ndelay_ms = {echo_delay_ms}\n\
          [gateway.engines.claude]\ncli_path = \"{cli}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\", FAKE_CLI_ARGS_FILE = \"{}\" }}\n\
-         [gateway.engines.codex]\ncli_path = \"{cli}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\" }}\n",
+         [gateway.engines.codex]\ncli_path = \"{cli}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\" }}\n{}",
         fixture("claude", "synth_tool_use_success.jsonl"),
         args_file.display(),
         fixture("codex", "synth_reconnect_then_turn_failed.jsonl"),
+        crate::support::ALLOW_EVERY_CALL,
     )
 }
 

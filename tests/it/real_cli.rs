@@ -196,7 +196,8 @@ impl Setup {
                         toml_str(&llm.base_url())
                     ),
                 );
-                section = "dangerously_skip_permissions = true\n".to_owned();
+                // Started as `codex app-server`, which relays its approvals.
+                section = String::new();
             }
             Cli::Opencode => {
                 program = bin.join("opencode");
@@ -271,12 +272,14 @@ impl Setup {
         self.dir.path().join("proj")
     }
 
-    /// The gateway's config: runs in `proj`, the engine on the real CLI.
+    /// The gateway's config: runs in `proj`, the engine on the real CLI; the
+    /// owner's rules allow the shell call of [`Cli::shell_call`] and ask
+    /// about every other call.
     fn config(&self) -> String {
         let env: Vec<String> =
             self.env.iter().map(|(key, value)| format!("{key} = {}", toml_str(value))).collect();
         format!(
-            "[gateway]\ndefault_cwd = {}\n\n[gateway.engines.{}]\ncli_path = {}\ncancel_grace_ms = 3000\n{}env = {{ {} }}\n",
+            "[gateway]\ndefault_cwd = {}\n\n[gateway.approvals]\nrules = [\n  {{ tool = \"bash\", match = \"echo lemon-*\", action = \"allow\" }},\n  {{ tool = \"*\", action = \"ask\" }},\n]\n\n[gateway.engines.{}]\ncli_path = {}\ncancel_grace_ms = 3000\n{}env = {{ {} }}\n",
             toml_str(&self.proj().display().to_string()),
             self.cli.id(),
             toml_str(&self.program.display().to_string()),
@@ -857,17 +860,31 @@ async fn asked(gateway: &Gateway, run_id: &str) -> Value {
     crate::approvals_e2e::until_asked_within(gateway, run_id, CLI_PATIENCE).await
 }
 
-/// Claude Code without pre-allowed tools asks through the gateway's MCP
-/// endpoint (`--permission-prompt-tool`): its `Bash` call waits for the
-/// owner, runs once approved and not at all once denied, and the model is
-/// told why.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_claude_code_asks_the_owner_before_its_tool_runs() {
+/// A call of `cli`'s shell tool that makes `file`; each call has its own id
+/// (Claude drops a call whose id it has seen).
+fn touch_call(cli: Cli, file: &str) -> FakeToolCall {
+    let command = format!("touch {file}");
+    let (name, input) = match cli {
+        Cli::Claude => ("Bash", json!({ "command": command, "description": "Make a file" })),
+        Cli::Codex => ("exec_command", json!({ "cmd": command })),
+        _ => ("bash", json!({ "command": command, "description": "Make a file" })),
+    };
+    let id = format!("toolu_lemon_{}", file.trim_end_matches(".txt"));
+    FakeToolCall::new(&id, name, &[&input.to_string()])
+}
+
+/// A CLI run under the default policy asks the owner about its shell call
+/// through the gateway (Claude Code through `--permission-prompt-tool` and
+/// the MCP endpoint, Codex through `codex app-server`, OpenCode through
+/// `opencode serve`): the call waits, runs once approved and not at all once
+/// denied, and the run completes with the model's answer.
+async fn asks_the_owner(cli: Cli) {
     let Some(bin) = installed_clis() else { return };
+    let id = cli.id();
     let llm = FakeLlm::start().await;
     llm.rule_for_model(SMALL_MODEL, Turn::text(&["Fake title"]));
-    let mut setup = Setup::new(Cli::Claude, &bin, &llm);
-    // Nothing pre-allowed: every call Claude would ask a person about is asked.
+    let mut setup = Setup::new(cli, &bin, &llm);
+    // Nothing pre-allowed or skipped: every call the CLI would run is judged.
     setup.section = String::new();
     let gateway = Gateway::start(&setup.config()).await;
     let decide = |id: String, decision: &'static str| {
@@ -877,48 +894,62 @@ async fn real_claude_code_asks_the_owner_before_its_tool_runs() {
             assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
         }
     };
-    // Each call has its own id: Claude drops a call whose id it has seen.
-    let call = |file: &str| {
-        let input = json!({ "command": format!("touch {file}"), "description": "Make a file" });
-        let id = format!("toolu_lemon_{}", file.trim_end_matches(".txt"));
-        FakeToolCall::new(&id, "Bash", &[&input.to_string()])
-    };
 
     for (file, decision, answer) in
         [("approved.txt", "approve", "Made it."), ("denied.txt", "deny", "Not made.")]
     {
-        llm.push(Turn::tool_calls(vec![call(file)]));
+        llm.push(Turn::tool_calls(vec![touch_call(cli, file)]));
         llm.push(Turn::text(&[answer]));
         let run_id =
-            gateway.submit(json!({ "prompt": format!("Make {file}."), "engine": "claude" })).await;
+            gateway.submit(json!({ "prompt": format!("Make {file}."), "engine": id })).await;
         let request = asked(&gateway, &run_id).await;
-        assert_eq!(request["tool"], "Bash", "{request}");
-        assert_eq!(request["subject"], format!("touch {file}"), "{request}");
-        assert_eq!(request["rule"], "tool = \"*\", action = \"ask\"", "{request}");
-        assert!(!setup.proj().join(file).exists(), "nothing runs before the answer");
+        assert_eq!(
+            request["tool"].as_str().map(str::to_lowercase).as_deref(),
+            Some("bash"),
+            "{id}: {request}"
+        );
+        assert_eq!(request["subject"], format!("touch {file}"), "{id}: {request}");
+        assert_eq!(request["rule"], "tool = \"*\", action = \"ask\"", "{id}: {request}");
+        assert!(!setup.proj().join(file).exists(), "{id}: nothing runs before the answer");
         decide(request["id"].as_str().unwrap().to_owned(), decision).await;
         let (events, record) = tokio::time::timeout(CLI_PATIENCE, async {
             (events(&gateway, &run_id).await, gateway.run(&run_id).await)
         })
         .await
-        .expect("the run completes in time");
-        assert_eq!(record["status"], "completed", "{record}\n{events:?}");
-        assert_eq!(record["answer"], answer, "{record}");
+        .unwrap_or_else(|_| panic!("{id}: the run completes in time"));
+        let approved = decision == "approve";
+        assert_eq!(setup.proj().join(file).exists(), approved, "{id}: {file}\n{events:?}");
         let settled: Vec<&Value> = actions(&events)
             .into_iter()
             .filter(|a| a["kind"] == "approval" && a["phase"] == "completed")
             .collect();
-        assert_eq!(settled.len(), 1, "{events:?}");
-        let approved = decision == "approve";
-        assert_eq!(settled[0]["ok"], approved, "{settled:?}");
-        assert_eq!(setup.proj().join(file).exists(), approved, "{file}");
-        if !approved {
-            // The model reads the refusal as the call's result.
+        assert_eq!(settled.len(), 1, "{id}: {events:?}");
+        assert_eq!(settled[0]["ok"], approved, "{id}: {settled:?}");
+        assert_eq!(record["status"], "completed", "{id}: {record}\n{events:?}");
+        assert_eq!(record["answer"], answer, "{id}: {record}");
+        if !approved && cli != Cli::Codex {
+            // The model reads the refusal as the call's result (Codex tells
+            // its model the call was declined, in its own words).
             let told = main_requests(&llm).iter().any(|request| {
                 request.body.to_string().contains("The owner denied this call (api via api)")
             });
-            assert!(told, "no request carried the refusal");
+            assert!(told, "{id}: no request carried the refusal");
         }
     }
     gateway.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_claude_code_asks_the_owner_before_its_tool_runs() {
+    asks_the_owner(Cli::Claude).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_codex_asks_the_owner_before_its_command_runs() {
+    asks_the_owner(Cli::Codex).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_opencode_asks_the_owner_before_its_command_runs() {
+    asks_the_owner(Cli::Opencode).await;
 }

@@ -17,11 +17,12 @@ fn fixture(name: &str) -> String {
 /// `pong` when the prompt carries the Retry notice.
 fn codex_failing_once(args: &std::path::Path) -> String {
     format!(
-        "[gateway.engines.codex]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\", FAKE_CLI_RETRY_FIXTURE = \"{}\", FAKE_CLI_ARGS_FILE = \"{}\" }}\n",
+        "[gateway.engines.codex]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\", FAKE_CLI_RETRY_FIXTURE = \"{}\", FAKE_CLI_ARGS_FILE = \"{}\" }}\n{}",
         env!("CARGO_BIN_EXE_fake-cli"),
         fixture("synth_reconnect_then_turn_failed.jsonl"),
         fixture("test_fake_cli_pong.jsonl"),
         args.display(),
+        crate::support::TRUST_EVERY_CALL,
     )
 }
 

@@ -38,6 +38,11 @@ pub(crate) struct Gateway {
 /// side effect; `approvals_e2e` tests them).
 pub(crate) const ALLOW_EVERY_CALL: &str = "\n[gateway.approvals]\nrules = []\n";
 
+/// [`ALLOW_EVERY_CALL`] for untrusted runs too (a webhook's): a vendor CLI
+/// replaying a fixture is then run as it always was, never through its
+/// approval relay.
+pub(crate) const TRUST_EVERY_CALL: &str = "\n[gateway.approvals]\nrules = []\nuntrusted = []\n";
+
 /// A fresh `LEMON_HOME` with `config` (ports default to 0 unless the config sets them).
 pub(crate) fn home_with(config: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

@@ -36,7 +36,7 @@
 //! | `env_passthrough` | `[]` | variables of the gateway's environment passed to the child: names or `PREFIX_*` (never `LEMON_*`); logged by name only |
 //! | `timeout_ms` | `300000` | inactivity timeout: no output for this long fails the run with `timeout`; `0` disables it |
 //! | `cancel_grace_ms` | `2000` | after SIGTERM on cancel, how long before SIGKILL |
-//! | `dangerously_skip_permissions` | `false` | claude `--dangerously-skip-permissions`, codex `--dangerously-bypass-approvals-and-sandbox`, droid `--skip-permissions-unsafe` |
+//! | `dangerously_skip_permissions` | `false` | claude `--dangerously-skip-permissions`, codex `--dangerously-bypass-approvals-and-sandbox`, droid `--skip-permissions-unsafe`; claude, codex and opencode calls are then not relayed to the owner |
 //! | `allowed_tools` | `[]` | claude `--allowedTools` |
 //! | `steering` | `false` | claude only: keep stdin open (`--input-format stream-json`) so a live run can be steered |
 //! | `api_key_secret` | none | the secret holding the API key; the app resolves it into [`CliContext::api_keys`] |

@@ -133,6 +133,13 @@ impl Gate {
         Registration { gate: self.clone(), token, asking }
     }
 
+    /// Whether a rule may keep a call of a run (an untrusted one when
+    /// `untrusted`) from running: without one, a CLI need not be asked to
+    /// relay its calls at all.
+    pub fn may_refuse(&self, untrusted: bool) -> bool {
+        !self.inner.rules.for_run(untrusted).is_empty()
+    }
+
     /// Whether `token` is a registered run's.
     pub fn knows(&self, token: &str) -> bool {
         self.lock().contains_key(token)

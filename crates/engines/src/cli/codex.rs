@@ -1,4 +1,6 @@
-//! Codex: `codex exec --json`, the prompt on stdin.
+//! Codex: `codex exec --json`, the prompt on stdin; a run whose calls the
+//! owner judges runs `codex app-server` instead ([`app_server`]), whose
+//! client prints the same lines.
 //!
 //! Command line: `codex [extra_args…] exec [--model=m] --json --skip-git-repo-check
 //! --color=never [--dangerously-bypass-approvals-and-sandbox]
@@ -414,5 +416,6 @@ impl StreamParser for Parser {
     }
 }
 
+pub(super) mod app_server;
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,6 @@
-//! OpenCode: `opencode run --format json`, the prompt as the last argument.
+//! OpenCode: `opencode run --format json`, the prompt as the last argument;
+//! a run whose calls the owner judges runs `opencode serve` instead
+//! ([`serve`]), whose client prints the same lines.
 //!
 //! Command line: `opencode run --format json [--session=ses_…] [--model=m]
 //! [extra_args…] -- <prompt>`; stdin is `/dev/null`.
@@ -205,3 +207,5 @@ impl StreamParser for Parser {
         }
     }
 }
+
+pub(super) mod serve;

@@ -87,13 +87,21 @@ pub(crate) async fn start(
     let resume = req.resume.clone().filter(|token| token.engine == vendor.id());
     // Outside text reaches the CLI's model inside a data block, as the native engine's.
     let prompt = lemon_core::untrusted::prompt_for_model(&req.prompt, &req.meta);
-    let permission = match gate.as_ref().filter(|_| vendor == Vendor::Claude) {
-        Some(gate) if !settings.skip_permissions => PermissionRelay::open(gate, &req, &sink)
+    let untrusted = lemon_core::untrusted::source(&req.meta).is_some();
+    let permission = match gate.as_ref().filter(|_| !settings.skip_permissions) {
+        Some(gate) if vendor == Vendor::Claude => PermissionRelay::open(gate, &req, &sink)
             .map_err(|err| {
                 EngineError::Start(format!("cannot point claude at the approval relay: {err}"))
             })?,
+        // Codex and OpenCode ask through their own servers, when a rule may say no.
+        Some(gate)
+            if matches!(vendor, Vendor::Codex | Vendor::Opencode) && gate.may_refuse(untrusted) =>
+        {
+            Some(PermissionRelay::register(gate, &req, &sink))
+        }
         _ => None,
     };
+    let relayed = permission.is_some() && vendor != Vendor::Claude;
     let input = CommandInput {
         settings: &settings,
         prompt: &prompt,
@@ -102,11 +110,13 @@ pub(crate) async fn start(
         cwd: &req.cwd,
         base_env: &base_env,
         max_budget_usd,
-        permission_config: permission.as_ref().map(|relay| relay.config.as_path()),
+        permission_config: permission.as_ref().and_then(|relay| relay.config.as_deref()),
     };
     let invocation = match vendor {
         Vendor::Claude => claude::command(&input),
+        Vendor::Codex if relayed => codex::app_server::command(&input),
         Vendor::Codex => codex::command(&input),
+        Vendor::Opencode if relayed => opencode::serve::command(&input),
         Vendor::Opencode => opencode::command(&input),
         Vendor::Pi => pi::command(&input),
         Vendor::Droid => droid::command(&input),
@@ -118,7 +128,13 @@ pub(crate) async fn start(
         provider: settings.provider.clone(),
     };
     let parser = parser(vendor, ctx, invocation.new_session.clone(), resume.is_some());
-    let env = settings::child_env(&base_env, &invocation.env, &settings, api_key.as_deref());
+    let model = invocation.model.clone();
+    let mut env = settings::child_env(&base_env, &invocation.env, &settings, api_key.as_deref());
+    // OpenCode's server answers only whoever holds this run's password.
+    let password = (relayed && vendor == Vendor::Opencode).then(opencode::serve::password);
+    if let Some(password) = &password {
+        env.insert(opencode::serve::PASSWORD_ENV.to_owned(), password.clone());
+    }
     let Invocation { args, stdin, prompt_is_last_arg, .. } = invocation;
     let spec = ProcessSpec {
         program,
@@ -134,7 +150,7 @@ pub(crate) async fn start(
         tracing::warn!(run_id = %req.run_id, engine = vendor.id(), %error, "cli process did not start");
         EngineError::Start(err.to_string())
     })?;
-    tracing::info!(run_id = %req.run_id, engine = vendor.id(), pgid = spawned.child.pgid(), "cli run started");
+    tracing::info!(run_id = %req.run_id, engine = vendor.id(), pgid = spawned.child.pgid(), relayed, "cli run started");
     // Recorded before the run sees any event, so a gateway killed from then on
     // leaves the group for the next start to kill.
     let recorder = recorder.filter(|_| spawned.group.is_some());
@@ -142,7 +158,32 @@ pub(crate) async fn start(
         recorder.started(group).await;
     }
 
-    let (steer_tx, steer_rx) = match spawned.stdin {
+    let process::Spawned { child, stdout, stderr, stdin, .. } = spawned;
+    // A relayed run's client owns the server's pipes and hands the supervisor
+    // the lines the CLI's own stream would have printed.
+    let (stdout, stdin) = match permission.as_ref().filter(|_| relayed) {
+        Some(relay) => {
+            let (lines, driven) = mpsc::channel(64);
+            let asker = relay.asker();
+            let resume = resume.as_ref().map(|token| token.value.clone());
+            if vendor == Vendor::Codex {
+                let prompt = prompt.into_owned();
+                let turn = codex::app_server::Turn { prompt, model, cwd: req.cwd.clone(), resume };
+                tracker.spawn(codex::app_server::drive(stdout, stdin, lines, asker, turn));
+            } else {
+                let session = opencode::serve::Session {
+                    prompt: prompt.into_owned(),
+                    model,
+                    resume,
+                    password: password.unwrap_or_default(),
+                };
+                tracker.spawn(opencode::serve::drive(stdout, lines, asker, session));
+            }
+            (Output::Driven(driven), None)
+        }
+        None => (Output::Pipe(stdout), stdin),
+    };
+    let (steer_tx, steer_rx) = match &stdin {
         Some(_) => {
             let (tx, rx) = mpsc::channel(8);
             (Some(tx), Some(rx))
@@ -153,11 +194,12 @@ pub(crate) async fn start(
     let supervisor = Supervisor {
         run_id: req.run_id,
         vendor,
-        child: spawned.child,
-        stdout: spawned.stdout,
-        stderr: spawned.stderr,
-        stdin: spawned.stdin,
+        child,
+        stdout,
+        stderr,
+        stdin,
         steer_rx,
+        server: relayed && vendor == Vendor::Opencode,
         translator: Translator::new(vendor, parser, resume),
         sink,
         cancel: cancel.clone(),
@@ -172,14 +214,15 @@ pub(crate) async fn start(
     Ok(Arc::new(CliControl { cancel, steer: steer_tx, stopped }))
 }
 
-/// A Claude run's line to the approval relay: its registration with the
-/// gate (its token) and the MCP config file that names the endpoint and the
-/// token (0600, removed with the relay; the token never goes on a command
-/// line).
+/// A run's line to the approval relay: its registration with the gate (its
+/// token) and, for Claude, the MCP config file that names the endpoint and
+/// the token (0600, removed with the relay; the token never goes on a
+/// command line).
 #[derive(Debug)]
 struct PermissionRelay {
+    gate: lemon_core::approvals::Gate,
     registration: lemon_core::approvals::Registration,
-    config: PathBuf,
+    config: Option<PathBuf>,
 }
 
 impl PermissionRelay {
@@ -187,7 +230,23 @@ impl PermissionRelay {
     /// `mcp__lemon__approve`.
     const SERVER: &'static str = "lemon";
 
-    /// Registers the run and writes its config file; `None` while the
+    /// Registers the run with the gate.
+    fn register(
+        gate: &lemon_core::approvals::Gate,
+        req: &StartRequest,
+        sink: &EventSink,
+    ) -> PermissionRelay {
+        let registration = gate.register(lemon_core::approvals::RunTicket {
+            run_id: req.run_id.to_string(),
+            session_key: req.session_key.to_string(),
+            cwd: req.cwd.clone(),
+            untrusted: lemon_core::untrusted::source(&req.meta),
+            sink: sink.clone(),
+        });
+        PermissionRelay { gate: gate.clone(), registration, config: None }
+    }
+
+    /// Registers a Claude run and writes its config file; `None` while the
     /// gateway's MCP endpoint does not listen.
     fn open(
         gate: &lemon_core::approvals::Gate,
@@ -197,35 +256,83 @@ impl PermissionRelay {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let Some(url) = gate.url() else { return Ok(None) };
-        let registration = gate.register(lemon_core::approvals::RunTicket {
-            run_id: req.run_id.to_string(),
-            session_key: req.session_key.to_string(),
-            cwd: req.cwd.clone(),
-            untrusted: lemon_core::untrusted::source(&req.meta),
-            sink: sink.clone(),
-        });
-        let config =
-            std::env::temp_dir().join(format!("lemon-mcp-{}.json", &registration.token[..16]));
+        let mut relay = PermissionRelay::register(gate, req, sink);
+        let token = &relay.registration.token;
+        let config = std::env::temp_dir().join(format!("lemon-mcp-{}.json", &token[..16]));
         let text = serde_json::json!({ "mcpServers": { Self::SERVER: {
             "type": "http",
             "url": url,
-            "headers": { "Authorization": format!("Bearer {}", registration.token) },
+            "headers": { "Authorization": format!("Bearer {token}") },
         } } });
         let mut file =
             std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&config)?;
+        relay.config = Some(config);
         file.write_all(text.to_string().as_bytes())?;
-        Ok(Some(PermissionRelay { registration, config }))
+        Ok(Some(relay))
     }
 
     /// Whether a call of the run waits for the owner's answer now.
     fn asking(&self) -> bool {
         self.registration.asking.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
+
+    /// How a relayed CLI's client asks about the run's calls.
+    fn asker(&self) -> Asker {
+        Asker::new(self.gate.clone(), self.registration.token.clone())
+    }
 }
 
 impl Drop for PermissionRelay {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.config);
+        if let Some(config) = &self.config {
+            let _ = std::fs::remove_file(config);
+        }
+    }
+}
+
+/// Asks the gate about one run's calls, for the client of a CLI's server.
+#[derive(Debug, Clone)]
+pub(crate) struct Asker {
+    gate: lemon_core::approvals::Gate,
+    token: String,
+}
+
+impl Asker {
+    /// Asks `gate` as the run registered with `token`.
+    pub(crate) fn new(gate: lemon_core::approvals::Gate, token: String) -> Asker {
+        Asker { gate, token }
+    }
+
+    /// The gate's decision on `tool` called with `input`; a run that is over
+    /// (its token withdrawn) runs nothing more.
+    pub(crate) async fn decide(
+        &self,
+        tool: &str,
+        input: &serde_json::Value,
+        call_id: Option<&str>,
+    ) -> lemon_core::approvals::Decision {
+        self.gate
+            .decide(&self.token, tool, input, call_id)
+            .await
+            .unwrap_or_else(|_| lemon_core::approvals::Decision::Deny("the run is over".to_owned()))
+    }
+}
+
+/// Where the supervisor reads the CLI's stream from.
+#[derive(Debug)]
+enum Output {
+    /// The CLI's stdout.
+    Pipe(LineReader<ChildStdout>),
+    /// The lines a relayed CLI's client makes of its server's messages.
+    Driven(mpsc::Receiver<StdoutLine>),
+}
+
+impl Output {
+    async fn next_line(&mut self) -> std::io::Result<Option<StdoutLine>> {
+        match self {
+            Output::Pipe(reader) => reader.next_line().await,
+            Output::Driven(lines) => Ok(lines.recv().await),
+        }
     }
 }
 
@@ -297,12 +404,15 @@ struct Supervisor {
     vendor: Vendor,
     /// The leader; reaped before the supervisor ends, or SIGKILLed (with its group) on drop.
     child: CliChild,
-    stdout: LineReader<ChildStdout>,
+    stdout: Output,
     stderr: StderrTail<ChildStderr>,
     /// Kept-open stdin (steering); dropped when the stream completes, which closes it.
     stdin: Option<StdinHandle>,
     /// Steering requests from the [`CliControl`]; `None` once its senders are gone.
     steer_rx: Option<mpsc::Receiver<SteerRequest>>,
+    /// The CLI is a server that never exits by itself: it is terminated as
+    /// soon as the run's stream completes.
+    server: bool,
     translator: Translator,
     sink: EventSink,
     cancel: CancellationToken,
@@ -311,7 +421,7 @@ struct Supervisor {
     max_line_bytes: usize,
     /// Told when the group is reaped; `None` when nothing was recorded.
     recorder: Option<Arc<dyn ProcessRecorder>>,
-    /// Claude's line to the approval relay, held as long as the process.
+    /// The run's line to the approval relay, held as long as the process.
     permission: Option<PermissionRelay>,
     /// Fires [`CliControl::stopped`] when the supervisor is gone; declared after
     /// `child`, so a child dropped unreaped is killed first.
@@ -363,6 +473,14 @@ impl Supervisor {
                         }
                         Ok(None) => {
                             stdout_open = false;
+                            if self.server && exit.is_none() {
+                                // A server's session is over when its client is
+                                // done: stopped then, it ended cleanly.
+                                self.child.terminate(self.grace).await;
+                                self.child.kill_all();
+                                exit = Some(Exit { code: Some(0), signal: None });
+                                finish_deadline = Some(Instant::now() + self.grace);
+                            }
                             Vec::new()
                         }
                         Err(err) => {
@@ -411,7 +529,8 @@ impl Supervisor {
             if held.is_some() && finish_deadline.is_none() {
                 // The stream is complete: closing stdin lets a CLI that reads it exit.
                 self.stdin = None;
-                finish_deadline = Some(Instant::now() + self.grace);
+                let wait = if self.server { Duration::ZERO } else { self.grace };
+                finish_deadline = Some(Instant::now() + wait);
             }
         }
 
