@@ -190,6 +190,51 @@ async fn by_default_a_read_runs_unasked_and_a_command_waits_for_the_owner() {
     app.gateway.terminate().await;
 }
 
+/// A project's rules apply to runs in its directory, an engine's to its runs,
+/// both before the owner's; a caller cannot claim a bound chat's rules
+/// through its own `meta.channel`.
+#[tokio::test]
+async fn a_projects_and_an_engines_rules_come_before_the_owners() {
+    let site = tempfile::tempdir().unwrap();
+    let scopes = format!(
+        "[gateway.approvals.engines]\nlemon = [{{ tool = \"bash\", match = \"touch engine-*\", action = \"allow\" }}]\n\
+         [gateway.projects.site]\nroot = \"{}\"\napprovals = [{{ tool = \"bash\", match = \"touch *\", action = \"allow\" }}]\n\
+         [[gateway.bindings]]\ntransport = \"telegram\"\nchat_id = 7\napprovals = [{{ tool = \"bash\", action = \"allow\" }}]\n",
+        site.path().display()
+    );
+    let app = start(&scopes).await;
+    let command = |command: &str| {
+        FakeToolCall::new("call_1", "bash", &[&json!({ "command": command }).to_string()])
+    };
+    // In the project's directory: its rule allows the touch, unasked.
+    app.llm.push(Turn::tool_calls(vec![command("touch in-site")]));
+    app.llm.push(Turn::text(&["Made."]));
+    let cwd = site.path().display().to_string();
+    let run_id = app.gateway.submit(json!({ "prompt": "make it", "cwd": cwd })).await;
+    assert_eq!(app.gateway.wait(&run_id).await["answer"], "Made.");
+    assert!(site.path().join("in-site").exists());
+    // The engine's rule, wherever the run is.
+    let run_id = app.run_command("touch engine-rule", "Touched.").await;
+    assert_eq!(app.gateway.wait(&run_id).await["answer"], "Touched.");
+    assert!(app.made("engine-rule"));
+    // Elsewhere the owner's rules ask, whatever channel the caller claims.
+    app.llm.push(Turn::tool_calls(vec![command("touch outside")]));
+    app.llm.push(Turn::text(&["Asked."]));
+    let cwd = app.work.path().display().to_string();
+    let claimed = json!({ "transport": "telegram", "chat_id": "7", "topic_id": null });
+    let run_id = app
+        .gateway
+        .submit(json!({ "prompt": "make it", "cwd": cwd, "meta": { "channel": claimed } }))
+        .await;
+    let request = until_asked(&app.gateway, &run_id).await;
+    assert_eq!(request["rule"], "tool = \"bash\", action = \"ask\"", "{request}");
+    app.decide(request["id"].as_str().unwrap(), "deny").await;
+    let run = app.gateway.wait(&run_id).await;
+    assert!(run["meta"].get("channel").is_none(), "{run}");
+    assert!(!app.made("outside"));
+    app.gateway.terminate().await;
+}
+
 #[tokio::test]
 async fn a_denied_command_is_not_run_and_the_model_is_told() {
     let app = start("").await;
@@ -307,7 +352,19 @@ async fn cli(app: &App, args: &[&str]) -> (bool, String) {
 
 #[tokio::test]
 async fn the_command_line_tests_rules_lists_requests_and_approves_one() {
-    let app = start("").await;
+    let binding = "[[gateway.bindings]]\ntransport = \"telegram\"\nchat_id = 42\n\
+                   approvals = [{ tool = \"bash\", match = \"make *\", action = \"allow\" }]\n";
+    let app = start(binding).await;
+    let (_, text) =
+        cli(&app, &["approvals", "test", "bash: make html", "--chat", "telegram:42"]).await;
+    assert_eq!(
+        text.trim(),
+        "allow: rule 1 (binding telegram:42: tool = \"bash\", match = \"make *\", action = \"allow\")\n\
+         untrusted runs: ask: rule 3 (untrusted: tool = \"*\", action = \"ask\")",
+        "a binding loosens a trusted run only"
+    );
+    let (_, text) = cli(&app, &["approvals", "test", "bash: make html"]).await;
+    assert!(text.starts_with("ask: rule 2 (tool = \"bash\", action = \"ask\")"), "{text}");
     let (ok, text) = cli(&app, &["approvals", "test", "bash: rm -rf build"]).await;
     assert!(ok, "{text}");
     assert_eq!(
@@ -363,10 +420,15 @@ mod telegram {
 
     /// A gateway whose Telegram chats run on the native engine under [`RULES`].
     async fn start() -> Chat {
+        start_with("").await
+    }
+
+    /// [`start`], with `more` config (a binding) after the rules.
+    async fn start_with(more: &str) -> Chat {
         let fake = fake_telegram().await;
         let llm = FakeLlm::builder().api_key(KEY).start().await;
         let extra = format!(
-            "default_engine = \"lemon\"\n{RULES}\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+            "default_engine = \"lemon\"\n{RULES}{more}\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
             llm.base_url()
         );
         let home = home_with(&config(&fake, "", &extra));
@@ -435,6 +497,36 @@ mod telegram {
                 })
                 .await;
         }
+    }
+
+    /// A bound chat's own rules come before the owner's: its `echo` runs
+    /// unasked, and the run records the chat it came from.
+    #[tokio::test]
+    async fn a_bound_chats_rules_run_its_calls_unasked() {
+        let binding = format!(
+            "[[gateway.bindings]]\ntransport = \"telegram\"\nchat_id = {USER}\n\
+             approvals = [{{ tool = \"bash\", match = \"echo *\", action = \"allow\" }}]\n"
+        );
+        let chat = start_with(&binding).await;
+        let call = FakeToolCall::new(
+            "call_tg",
+            "bash",
+            &[&json!({ "command": "echo bound-chat" }).to_string()],
+        );
+        chat.llm.push(Turn::tool_calls(vec![call]));
+        chat.llm.push(Turn::text(&["All done."]));
+        chat.fake.inject_text(&ChatSpec::private(USER), USER, "please do it");
+        chat.answered().await;
+        assert!(chat.tool_result().contains("bound-chat"), "{}", chat.tool_result());
+        let asked = chat
+            .fake
+            .snapshot(|s| s.messages(USER).iter().any(|m| m.text.starts_with("Allow this?")));
+        assert!(!asked, "the binding's rule allowed the call");
+        let runs: Value = chat.gateway.get("/v1/runs").send().await.unwrap().json().await.unwrap();
+        let channel = &runs["runs"][0]["meta"]["channel"];
+        assert_eq!(channel["transport"], "telegram", "{runs}");
+        assert_eq!(channel["chat_id"], USER.to_string(), "{runs}");
+        chat.gateway.terminate().await;
     }
 
     #[tokio::test]

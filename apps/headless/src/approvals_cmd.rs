@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use lemon_core::approvals::Policy;
+use lemon_core::approvals::{Rules, RunScope};
 use serde_json::{json, Value};
 
 use crate::client::Client;
@@ -59,24 +59,42 @@ pub async fn decide(client: &Client, id: &str, approve: bool) -> anyhow::Result<
 }
 
 /// Which rule of the config file at `config` a call written `tool: subject`
-/// hits, and what it does.
+/// hits on `engine`, in `cwd`, from `chat` (`transport:chat_id[:topic_id]`),
+/// and what it does; then the same for an untrusted run.
 #[allow(clippy::print_stdout)]
-pub fn test(config: &Path, call: &str) -> anyhow::Result<u8> {
+pub fn test(
+    config: &Path,
+    call: &str,
+    engine: &str,
+    cwd: Option<&Path>,
+    chat: Option<&str>,
+) -> anyhow::Result<u8> {
     let Some((tool, subject)) = call.split_once(':') else {
         anyhow::bail!(
             "write the call as `tool: subject`, e.g. 'bash: rm -rf build' or 'read: /etc/hosts'"
         );
     };
     let loaded = lemon_core::config::load_file_or_default(config)?;
-    let approvals = &loaded.config.gateway.approvals;
-    let not_a_glob = |(i, key, why): (usize, &str, String)| {
-        anyhow::anyhow!("rule {}: {key}: not a glob: {why}", i + 1)
-    };
-    let owner = Policy::from_config(approvals).map_err(not_a_glob)?;
-    let untrusted = Policy::untrusted_from_config(approvals).map_err(not_a_glob)?;
+    let rules = Rules::from_gateway(&loaded.config.gateway)
+        .map_err(|(i, key, why)| anyhow::anyhow!("rule {}: {key}: not a glob: {why}", i + 1))?;
+    let mut meta = std::collections::BTreeMap::new();
+    if let Some(chat) = chat {
+        let mut parts = chat.splitn(3, ':');
+        let (Some(transport), Some(chat_id)) = (parts.next(), parts.next()) else {
+            anyhow::bail!("write the chat as `transport:chat_id[:topic_id]`, e.g. telegram:42");
+        };
+        let channel = lemon_core::router::ChannelRef {
+            transport: transport.to_owned(),
+            chat_id: Some(chat_id.to_owned()),
+            topic_id: parts.next().map(str::to_owned),
+        };
+        meta.insert("channel".to_owned(), channel.to_meta());
+    }
+    let cwd = cwd.unwrap_or(Path::new("/"));
     // The owner's rules first, then what a run of outside text would get.
-    for (prefix, policy) in [("", &owner), ("untrusted runs: ", &untrusted)] {
-        let verdict = policy.judge(tool.trim(), subject.trim());
+    for (prefix, untrusted) in [("", false), ("untrusted runs: ", true)] {
+        let scope = RunScope { untrusted, engine, cwd, meta: &meta };
+        let verdict = rules.for_scope(&scope).judge(tool.trim(), subject.trim());
         match verdict.rule {
             Some(n) => {
                 println!("{prefix}{}: rule {n} ({})", verdict.action.as_str(), verdict.rule_text);

@@ -199,6 +199,16 @@ enum ApprovalsCommand {
     Test {
         /// `tool: subject` (the command, the path or the host).
         call: String,
+        /// The engine the call would run on: its `[gateway.approvals.engines]` rules apply.
+        #[arg(long, default_value = "lemon")]
+        engine: String,
+        /// The run's directory: the project whose root holds it lends its rules.
+        #[arg(long)]
+        cwd: Option<std::path::PathBuf>,
+        /// The chat the message came from, `transport:chat_id[:topic_id]`:
+        /// its binding lends its rules (and its project's).
+        #[arg(long)]
+        chat: Option<String>,
     },
 }
 
@@ -338,9 +348,10 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             let client = client(&paths, &env, remote)?;
             run_cmd::follow(&client, &run, ui, OnInterrupt::Detach, json, &mut interrupts).await
         }
-        Command::Approvals { command: Some(ApprovalsCommand::Test { call }), .. } => {
-            approvals_cmd::test(&paths.config, &call)
-        }
+        Command::Approvals {
+            command: Some(ApprovalsCommand::Test { call, engine, cwd, chat }),
+            ..
+        } => approvals_cmd::test(&paths.config, &call, &engine, cwd.as_deref(), chat.as_deref()),
         Command::Approvals { command: None, json, remote } => {
             approvals_cmd::list(&client(&paths, &env, remote)?, json).await
         }

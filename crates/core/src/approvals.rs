@@ -101,7 +101,7 @@ impl Policy {
         Policy::compile(&config.untrusted_rules(), config.timeout_ms, "untrusted: ")
     }
 
-    fn compile(
+    pub(crate) fn compile(
         config: &[ApprovalRuleConfig],
         timeout_ms: u64,
         label: &str,
@@ -168,46 +168,166 @@ impl Policy {
     }
 }
 
-/// The rules in force, owner's and untrusted, shared by the native engine
-/// and the vendor relay; an accepted config edit replaces them, and a call
-/// judged from then on is judged by the new ones.
+/// Where a run stands, beyond its trust: what picks the rules of its
+/// engine, project and binding.
+#[derive(Debug, Clone, Copy)]
+pub struct RunScope<'a> {
+    pub untrusted: bool,
+    /// The engine's id (`lemon`, `codex`…).
+    pub engine: &'a str,
+    pub cwd: &'a Path,
+    /// The run's `meta` (its `channel`, set by the router, picks the binding).
+    pub meta: &'a std::collections::BTreeMap<String, Value>,
+}
+
+/// The rules in force, shared by the native engine and the vendor relay: the
+/// owner's, the untrusted ones, and the rules of engines, projects and
+/// bindings; an accepted config edit replaces them, and a call judged from
+/// then on is judged by the new ones.
+///
+/// A run's policy is its binding's rules (the topic's, then the chat's),
+/// then its project's (the binding's project, else the project whose root
+/// holds the run's directory), then its engine's, then the owner's (first
+/// match wins). An untrusted run takes only the `deny` rules of those scopes
+/// before the untrusted rules: a scope can tighten an untrusted run, never
+/// loosen it.
 #[derive(Debug, Clone)]
 pub struct Rules {
-    inner: Arc<RwLock<(Arc<Policy>, Arc<Policy>)>>,
+    inner: Arc<RwLock<Arc<InForce>>>,
+}
+
+#[derive(Debug)]
+struct InForce {
+    owner: Arc<Policy>,
+    untrusted: Arc<Policy>,
+    engines: std::collections::BTreeMap<String, Vec<ApprovalRuleConfig>>,
+    projects: std::collections::BTreeMap<String, crate::config::ProjectConfig>,
+    bindings: Vec<crate::config::BindingConfig>,
+}
+
+impl InForce {
+    fn compile(
+        approvals: &ApprovalsConfig,
+        gateway: Option<&crate::config::GatewayConfig>,
+    ) -> Result<InForce, (usize, &'static str, String)> {
+        Ok(InForce {
+            owner: Arc::new(Policy::from_config(approvals)?),
+            untrusted: Arc::new(Policy::untrusted_from_config(approvals)?),
+            engines: approvals.engines.clone(),
+            projects: gateway.map(|g| g.projects.clone()).unwrap_or_default(),
+            bindings: gateway.map(|g| g.bindings.clone()).unwrap_or_default(),
+        })
+    }
+
+    /// The scopes' rule lists that apply to a run, each with its label, most
+    /// specific first.
+    fn scoped(&self, scope: &RunScope<'_>) -> Vec<(String, &[ApprovalRuleConfig])> {
+        let mut out: Vec<(String, &[ApprovalRuleConfig])> = Vec::new();
+        let channel = scope.meta.get("channel").and_then(crate::router::ChannelRef::from_meta);
+        let (topic, chat) = match &channel {
+            Some(channel) => crate::router::matching_bindings(&self.bindings, channel),
+            None => (None, None),
+        };
+        for binding in [topic, chat].into_iter().flatten() {
+            if !binding.approvals.is_empty() {
+                let place = binding.chat_id_text().unwrap_or_default();
+                out.push((format!("binding {}:{place}: ", binding.transport), &binding.approvals));
+            }
+        }
+        let bound = [topic, chat].into_iter().flatten().find_map(|b| b.project.clone());
+        let project = match bound {
+            Some(id) => self.projects.get_key_value(&id),
+            // The deepest root that holds the run's directory.
+            None => self
+                .projects
+                .iter()
+                .filter(|(_, project)| scope.cwd.starts_with(&project.root))
+                .max_by_key(|(_, project)| project.root.components().count()),
+        };
+        if let Some((id, project)) = project.filter(|(_, p)| !p.approvals.is_empty()) {
+            out.push((format!("project {id:?}: "), &project.approvals));
+        }
+        if let Some(rules) = self.engines.get(scope.engine).filter(|rules| !rules.is_empty()) {
+            out.push((format!("engine {}: ", scope.engine), rules));
+        }
+        out
+    }
 }
 
 impl Rules {
-    /// The rules of `config`.
+    /// The rules of `config` alone (no projects or bindings).
     ///
     /// # Errors
     /// As [`Policy::from_config`] (the config loader checks them first).
     pub fn from_config(config: &ApprovalsConfig) -> Result<Rules, (usize, &'static str, String)> {
-        let pair = (
-            Arc::new(Policy::from_config(config)?),
-            Arc::new(Policy::untrusted_from_config(config)?),
-        );
-        Ok(Rules { inner: Arc::new(RwLock::new(pair)) })
+        let in_force = InForce::compile(config, None)?;
+        Ok(Rules { inner: Arc::new(RwLock::new(Arc::new(in_force))) })
     }
 
-    /// The owner's rules, or the untrusted ones for an untrusted run.
+    /// The rules of a gateway's config: `[gateway.approvals]` and the rules
+    /// of its projects and bindings.
+    ///
+    /// # Errors
+    /// As [`Policy::from_config`] (the config loader checks them first).
+    pub fn from_gateway(
+        config: &crate::config::GatewayConfig,
+    ) -> Result<Rules, (usize, &'static str, String)> {
+        let in_force = InForce::compile(&config.approvals, Some(config))?;
+        Ok(Rules { inner: Arc::new(RwLock::new(Arc::new(in_force))) })
+    }
+
+    fn current(&self) -> Arc<InForce> {
+        self.inner.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The owner's rules, or the untrusted ones for an untrusted run, with
+    /// no scope's rules before them.
     pub fn for_run(&self, untrusted: bool) -> Arc<Policy> {
-        let pair = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        let in_force = self.current();
         if untrusted {
-            pair.1.clone()
+            in_force.untrusted.clone()
         } else {
-            pair.0.clone()
+            in_force.owner.clone()
         }
+    }
+
+    /// The policy of a run where `scope` says it stands.
+    pub fn for_scope(&self, scope: &RunScope<'_>) -> Arc<Policy> {
+        let in_force = self.current();
+        let base = if scope.untrusted { &in_force.untrusted } else { &in_force.owner };
+        let scoped = in_force.scoped(scope);
+        if scoped.is_empty() {
+            return base.clone();
+        }
+        let mut rules = Vec::new();
+        for (label, list) in scoped {
+            let list: Vec<ApprovalRuleConfig> = list
+                .iter()
+                .filter(|rule| !scope.untrusted || rule.action == ApprovalAction::Deny)
+                .cloned()
+                .collect();
+            match Policy::compile(&list, 0, &label) {
+                Ok(policy) => rules.extend(policy.rules),
+                Err(_) => {
+                    tracing::warn!(scope = %label, "approval rules that do not compile are left out")
+                }
+            }
+        }
+        if rules.is_empty() {
+            return base.clone();
+        }
+        rules.extend(base.rules.iter().cloned());
+        Arc::new(Policy { rules, timeout: base.timeout })
     }
 
     /// Puts the rules of `config` in force; rules that do not compile
     /// (refused by the loader before) leave the old ones, said in the log.
-    pub fn replace(&self, config: &ApprovalsConfig) {
-        match (Policy::from_config(config), Policy::untrusted_from_config(config)) {
-            (Ok(owner), Ok(untrusted)) => {
-                *self.inner.write().unwrap_or_else(PoisonError::into_inner) =
-                    (Arc::new(owner), Arc::new(untrusted));
+    pub fn replace(&self, config: &crate::config::GatewayConfig) {
+        match InForce::compile(&config.approvals, Some(config)) {
+            Ok(in_force) => {
+                *self.inner.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(in_force);
             }
-            _ => tracing::warn!("approval rules that do not compile; the old ones stay"),
+            Err(_) => tracing::warn!("approval rules that do not compile; the old ones stay"),
         }
     }
 }

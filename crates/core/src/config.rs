@@ -223,6 +223,9 @@ pub struct ProjectConfig {
     pub root: PathBuf,
     #[serde(default)]
     pub default_engine: Option<EngineRef>,
+    /// Approval rules of the project's runs, judged before the owner's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<ApprovalRuleConfig>,
 }
 
 /// One `[[gateway.cron]]` job. `name`, `schedule` and `prompt` are required;
@@ -292,6 +295,10 @@ pub struct BindingConfig {
     /// over `[gateway.budgets]`.
     #[serde(default)]
     pub budget: Option<SessionLimits>,
+    /// Approval rules of the binding's runs, judged before its project's and
+    /// the owner's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<ApprovalRuleConfig>,
 }
 
 impl BindingConfig {
@@ -503,6 +510,10 @@ pub struct ApprovalsConfig {
     /// fetched a page). Unset: [`ApprovalsConfig::default_untrusted`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub untrusted: Option<Vec<ApprovalRuleConfig>>,
+    /// `[gateway.approvals.engines]`: rules of one engine's runs (`codex =
+    /// [...]`), judged before the owner's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub engines: BTreeMap<String, Vec<ApprovalRuleConfig>>,
 }
 
 impl Default for ApprovalsConfig {
@@ -511,6 +522,7 @@ impl Default for ApprovalsConfig {
             timeout_ms: defaults::approval_timeout_ms(),
             rules: None,
             untrusted: None,
+            engines: BTreeMap::new(),
         }
     }
 }

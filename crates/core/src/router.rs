@@ -44,6 +44,7 @@ use actor::{Admitted, Router, RouterMsg};
 pub use follow::{Followed, RunFollower};
 pub use query::{EngineInfo, Runs};
 pub use queue::Limits;
+pub use resolve::matching_bindings;
 pub use resolve::SlashCommand;
 
 /// Where a request came from. Channel, webhook and control-plane messages are
@@ -107,6 +108,27 @@ pub struct ChannelRef {
     pub transport: String,
     pub chat_id: Option<String>,
     pub topic_id: Option<String>,
+}
+
+impl ChannelRef {
+    /// The channel as the router records it in a run's `meta.channel`.
+    pub fn to_meta(&self) -> serde_json::Value {
+        serde_json::json!({
+            "transport": self.transport,
+            "chat_id": self.chat_id,
+            "topic_id": self.topic_id,
+        })
+    }
+
+    /// The channel a run's `meta.channel` records.
+    pub fn from_meta(value: &serde_json::Value) -> Option<ChannelRef> {
+        let text = |key: &str| value.get(key).and_then(serde_json::Value::as_str);
+        Some(ChannelRef {
+            transport: text("transport")?.to_owned(),
+            chat_id: text("chat_id").map(str::to_owned),
+            topic_id: text("topic_id").map(str::to_owned),
+        })
+    }
 }
 
 /// Switches of a request that the router acts on. Edges set them; the control

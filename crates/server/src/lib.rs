@@ -1001,7 +1001,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let approval_hub = lemon_core::approvals::ApprovalHub::default();
     // A config edit replaces the rules in force (`reload`).
     let approval_rules =
-        lemon_core::approvals::Rules::from_config(&gateway_config.approvals).unwrap_or_default();
+        lemon_core::approvals::Rules::from_gateway(&gateway_config).unwrap_or_default();
     let approvals = lemon_engines::native::Approvals {
         rules: approval_rules.clone(),
         hub: approval_hub.clone(),

@@ -193,10 +193,15 @@ pub(crate) fn plan(current: &GatewayConfig, next: &GatewayConfig) -> Plan {
             | "native_only"
             | "queue"
             | "run_idle_watchdog_ms"
-            | "recovered_max_age_ms"
-            | "projects" => plan.router = true,
+            | "recovered_max_age_ms" => plan.router = true,
+            "projects" => {
+                plan.router = true;
+                // Projects have approval rules of their own.
+                plan.approvals = true;
+            }
             "bindings" => {
                 plan.router = true;
+                plan.approvals = true;
                 // Bound chats are let through Telegram's allow list.
                 plan.telegram = true;
                 // And Discord's `deny_unbound`.
@@ -335,7 +340,7 @@ pub(crate) struct Reloader {
     /// Lives as long as the gateway; an edit of `[gateway.budgets]` reconfigures it.
     pub(crate) budget: Arc<StoreBudgetGuard>,
     /// The approval rules the native engine and the vendor relay judge by;
-    /// an edit of `[gateway.approvals]` replaces them.
+    /// an edit of `[gateway.approvals]`, a project or a binding replaces them.
     pub(crate) approval_rules: lemon_core::approvals::Rules,
     /// The secrets the config in force uses, as `GET /v1/secrets` shows them.
     pub(crate) secret_uses: lemon_api::secrets::SecretUses,
@@ -567,7 +572,7 @@ impl Reloader {
             self.budget.reconfigure(config.budgets.clone());
         }
         if plan.approvals {
-            self.approval_rules.replace(&config.approvals);
+            self.approval_rules.replace(&config);
         }
         if let Some(engines) = engines {
             self.engines.replace(&engines);

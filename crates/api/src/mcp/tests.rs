@@ -31,7 +31,8 @@ async fn serve(gate: Gate) -> Endpoint {
 }
 
 fn gate(rules: Vec<ApprovalRuleConfig>, hub: &ApprovalHub) -> Gate {
-    let config = ApprovalsConfig { timeout_ms: 60_000, rules: Some(rules), untrusted: None };
+    let config =
+        ApprovalsConfig { timeout_ms: 60_000, rules: Some(rules), ..ApprovalsConfig::default() };
     Gate::new(Rules::from_config(&config).unwrap(), hub.clone())
 }
 
@@ -39,8 +40,9 @@ fn ticket(sink: EventSink) -> RunTicket {
     RunTicket {
         run_id: "run_1".into(),
         session_key: "agent:main:main".into(),
+        engine: "claude".into(),
         cwd: PathBuf::from("/work/proj"),
-        untrusted: None,
+        meta: Default::default(),
         sink,
     }
 }

@@ -12,14 +12,14 @@
 //!   `approval` action in the run's events, like a native call's, so every
 //!   surface that answers native requests answers it too.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use serde_json::Value;
 
-use super::{ApprovalHub, ApprovalRequest, Rules};
+use super::{ApprovalHub, ApprovalRequest, Rules, RunScope};
 use crate::config::ApprovalAction;
 use crate::engine::{EngineEvent, EventSink};
 
@@ -51,10 +51,23 @@ struct Inner {
 struct GatedRun {
     run_id: String,
     session_key: String,
+    engine: String,
     cwd: PathBuf,
     untrusted: Option<String>,
+    meta: BTreeMap<String, Value>,
     sink: EventSink,
     asking: Arc<AtomicUsize>,
+}
+
+impl GatedRun {
+    fn scope(&self) -> RunScope<'_> {
+        RunScope {
+            untrusted: self.untrusted.is_some(),
+            engine: &self.engine,
+            cwd: &self.cwd,
+            meta: &self.meta,
+        }
+    }
 }
 
 /// What a run registers with.
@@ -62,9 +75,12 @@ struct GatedRun {
 pub struct RunTicket {
     pub run_id: String,
     pub session_key: String,
+    /// The engine's id: its `[gateway.approvals.engines]` rules apply.
+    pub engine: String,
     pub cwd: PathBuf,
-    /// Where the run's untrusted text came from ([`crate::untrusted`]).
-    pub untrusted: Option<String>,
+    /// The run's meta: where its text came from ([`crate::untrusted`]) and
+    /// the channel that picks its binding's rules.
+    pub meta: BTreeMap<String, Value>,
     /// The run's events: the approval actions go here.
     pub sink: EventSink,
 }
@@ -124,8 +140,10 @@ impl Gate {
         let run = GatedRun {
             run_id: ticket.run_id,
             session_key: ticket.session_key,
+            engine: ticket.engine,
             cwd: ticket.cwd,
-            untrusted: ticket.untrusted,
+            untrusted: crate::untrusted::source(&ticket.meta),
+            meta: ticket.meta,
             sink: ticket.sink,
             asking: asking.clone(),
         };
@@ -133,11 +151,10 @@ impl Gate {
         Registration { gate: self.clone(), token, asking }
     }
 
-    /// Whether a rule may keep a call of a run (an untrusted one when
-    /// `untrusted`) from running: without one, a CLI need not be asked to
-    /// relay its calls at all.
-    pub fn may_refuse(&self, untrusted: bool) -> bool {
-        !self.inner.rules.for_run(untrusted).is_empty()
+    /// Whether a rule may keep a call of a run where `scope` says from
+    /// running: without one, a CLI need not be asked to relay its calls.
+    pub fn may_refuse(&self, scope: &RunScope<'_>) -> bool {
+        !self.inner.rules.for_scope(scope).is_empty()
     }
 
     /// Whether `token` is a registered run's.
@@ -159,7 +176,7 @@ impl Gate {
         call_id: Option<&str>,
     ) -> Result<Decision, UnknownToken> {
         let run = self.lock().get(token).cloned().ok_or(UnknownToken)?;
-        let policy = self.inner.rules.for_run(run.untrusted.is_some());
+        let policy = self.inner.rules.for_scope(&run.scope());
         let subject = super::subject(tool, input, &run.cwd);
         let verdict = policy.judge(tool, &subject);
         let rule = verdict.rule_text;
@@ -261,7 +278,11 @@ mod tests {
     }
 
     fn gate(rules: Vec<ApprovalRuleConfig>) -> Gate {
-        let config = ApprovalsConfig { timeout_ms: 60_000, rules: Some(rules), untrusted: None };
+        let config = ApprovalsConfig {
+            timeout_ms: 60_000,
+            rules: Some(rules),
+            ..ApprovalsConfig::default()
+        };
         Gate::new(Rules::from_config(&config).unwrap(), ApprovalHub::default())
     }
 
@@ -269,8 +290,9 @@ mod tests {
         RunTicket {
             run_id: "run_1".into(),
             session_key: "agent:main:main".into(),
+            engine: "claude".into(),
             cwd: PathBuf::from("/work/proj"),
-            untrusted: None,
+            meta: BTreeMap::new(),
             sink,
         }
     }

@@ -11,8 +11,12 @@ fn rule(tool: &str, pattern: Option<&str>, action: ApprovalAction) -> ApprovalRu
 }
 
 fn policy(rules: Vec<ApprovalRuleConfig>) -> Policy {
-    Policy::from_config(&ApprovalsConfig { timeout_ms: 1_000, rules: Some(rules), untrusted: None })
-        .unwrap()
+    Policy::from_config(&ApprovalsConfig {
+        timeout_ms: 1_000,
+        rules: Some(rules),
+        ..ApprovalsConfig::default()
+    })
+    .unwrap()
 }
 
 #[test]
@@ -91,7 +95,7 @@ fn a_rule_that_is_not_a_glob_is_named_by_its_index_and_key() {
             rule("bash", None, ApprovalAction::Ask),
             rule("bash", Some("[x"), ApprovalAction::Deny),
         ]),
-        untrusted: None,
+        ..ApprovalsConfig::default()
     };
     let (index, key, _) = Policy::from_config(&config).unwrap_err();
     assert_eq!((index, key), (1, "match"));
@@ -249,7 +253,85 @@ fn an_edit_replaces_the_rules_in_force_for_the_next_call() {
         ..ApprovalsConfig::default()
     };
     let shared = rules.clone();
-    shared.replace(&edited);
+    shared.replace(&crate::config::GatewayConfig { approvals: edited, ..Default::default() });
     assert_eq!(rules.for_run(false).judge("bash", "ls -l").action, ApprovalAction::Allow);
     assert_eq!(rules.for_run(true).judge("bash", "ls -l").action, ApprovalAction::Ask, "untrusted");
+}
+
+#[test]
+fn a_runs_binding_project_and_engine_rules_come_before_the_owners() {
+    let config: crate::config::GatewayConfig = toml::from_str(
+        r#"
+        [approvals.engines]
+        codex = [{ tool = "bash", match = "cargo *", action = "allow" }]
+
+        [projects.site]
+        root = "/srv/site"
+        approvals = [{ tool = "bash", match = "make *", action = "allow" }]
+
+        [[bindings]]
+        transport = "telegram"
+        chat_id = 42
+        project = "site"
+        approvals = [
+          { tool = "bash", match = "rm *", action = "deny" },
+          { tool = "write", action = "allow" },
+        ]
+        "#,
+    )
+    .unwrap();
+    let rules = Rules::from_gateway(&config).unwrap();
+    let none = std::collections::BTreeMap::new();
+    let chat = std::collections::BTreeMap::from([(
+        "channel".to_owned(),
+        crate::router::ChannelRef {
+            transport: "telegram".into(),
+            chat_id: Some("42".into()),
+            topic_id: None,
+        }
+        .to_meta(),
+    )]);
+    let judge = |engine: &str, cwd: &str, meta, untrusted, call: &str| {
+        let scope = RunScope { untrusted, engine, cwd: Path::new(cwd), meta };
+        let (tool, subject) = call.split_once(": ").unwrap();
+        let verdict = rules.for_scope(&scope).judge(tool, subject);
+        (verdict.action, verdict.rule_text)
+    };
+    let (allow, ask, deny) = (ApprovalAction::Allow, ApprovalAction::Ask, ApprovalAction::Deny);
+    // A run in the project's directory, from the API.
+    let made = judge("lemon", "/srv/site/docs", &none, false, "bash: make html");
+    assert_eq!(
+        made,
+        (allow, r#"project "site": tool = "bash", match = "make *", action = "allow""#.to_owned())
+    );
+    assert_eq!(
+        judge("lemon", "/srv/site", &none, false, "bash: ls").0,
+        ask,
+        "the owner's rules follow"
+    );
+    assert_eq!(
+        judge("lemon", "/srv/other", &none, false, "bash: make html").0,
+        ask,
+        "not the project's"
+    );
+    // The engine's rules, wherever it runs.
+    let cargo = judge("codex", "/tmp", &none, false, "bash: cargo test");
+    assert_eq!(
+        cargo,
+        (allow, r#"engine codex: tool = "bash", match = "cargo *", action = "allow""#.to_owned())
+    );
+    assert_eq!(judge("lemon", "/tmp", &none, false, "bash: cargo test").0, ask);
+    // The bound chat: its rules first, then its project's, wherever the run is.
+    let rm = judge("lemon", "/tmp", &chat, false, "bash: rm -rf build");
+    assert_eq!(
+        rm,
+        (deny, r#"binding telegram:42: tool = "bash", match = "rm *", action = "deny""#.to_owned())
+    );
+    assert_eq!(judge("lemon", "/tmp", &chat, false, "bash: make html").0, allow);
+    assert_eq!(judge("lemon", "/tmp", &chat, false, "write: /tmp/a").0, allow);
+    // An untrusted run takes a scope's denials only.
+    assert_eq!(judge("lemon", "/tmp", &chat, true, "bash: rm -rf build").0, deny);
+    let write = judge("lemon", "/tmp", &chat, true, "write: /tmp/a");
+    assert_eq!(write, (ask, r#"untrusted: tool = "*", action = "ask""#.to_owned()));
+    assert_eq!(judge("codex", "/srv/site", &none, true, "bash: cargo test").0, ask);
 }

@@ -543,6 +543,27 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
         let segs = [key("gateway"), key("approvals"), key(list), Segment::Index(i), key(name)];
         return Err(at(&segs, Anchor::Value, format!("not a glob: {why}")));
     }
+    // The rules of engines, projects and bindings: each list by where it is.
+    let mut scoped: Vec<(Vec<Segment>, &[crate::config::ApprovalRuleConfig])> = Vec::new();
+    for (id, rules) in &approvals.engines {
+        scoped.push((vec![key("gateway"), key("approvals"), key("engines"), key(id)], rules));
+    }
+    for (id, project) in &gateway.projects {
+        scoped.push((
+            vec![key("gateway"), key("projects"), key(id), key("approvals")],
+            &project.approvals,
+        ));
+    }
+    for (i, binding) in gateway.bindings.iter().enumerate() {
+        let segs = vec![key("gateway"), key("bindings"), Segment::Index(i), key("approvals")];
+        scoped.push((segs, &binding.approvals));
+    }
+    for (segs, rules) in scoped {
+        if let Err((i, name, why)) = crate::approvals::Policy::compile(rules, 1, "") {
+            let segs = [segs.as_slice(), &[Segment::Index(i), key(name)]].concat();
+            return Err(at(&segs, Anchor::Value, format!("not a glob: {why}")));
+        }
+    }
     if gateway.approvals.timeout_ms == 0 {
         let segs = [key("gateway"), key("approvals"), key("timeout_ms")];
         return Err(at(&segs, Anchor::Value, "must be at least 1".to_owned()));

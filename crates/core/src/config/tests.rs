@@ -218,6 +218,22 @@ fn wrong_type_names_file_line_column_and_key() {
 }
 
 #[test]
+fn a_scopes_approval_rule_that_is_not_a_glob_is_named_where_it_is() {
+    check_error(
+        "[[gateway.bindings]]\ntransport = \"telegram\"\napprovals = [{ tool = \"bash\", action = \"ask\" }, { tool = \"[x\", action = \"deny\" }]\n",
+        "/home/u/.lemon/config.toml:3:58: gateway.bindings[0].approvals[1].tool: not a glob: unclosed character class; missing ']'",
+    );
+    check_error(
+        "[gateway.projects.site]\nroot = \"/srv/site\"\napprovals = [{ tool = \"bash\", match = \"{a\", action = \"allow\" }]\n",
+        "/home/u/.lemon/config.toml:3:39: gateway.projects.site.approvals[0].match: not a glob: unclosed alternate group; missing '}' (maybe escape '{' with '[{]'?)",
+    );
+    check_error(
+        "[gateway.approvals.engines]\ncodex = [{ tool = \"[\", action = \"allow\" }]\n",
+        "/home/u/.lemon/config.toml:2:19: gateway.approvals.engines.codex[0].tool: not a glob: unclosed character class; missing ']'",
+    );
+}
+
+#[test]
 fn missing_required_key_names_the_table() {
     check_error(
         "[gateway.projects.demo]\ndefault_engine = \"claude\"\n",

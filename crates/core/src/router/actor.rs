@@ -542,6 +542,12 @@ impl Router {
         if let Some(source) = choice.source {
             meta.insert("resume_source".to_owned(), source.as_str().into());
         }
+        // Where the message came from, as the channel says and never as the
+        // caller's meta claims: it picks the binding's approval rules.
+        match &req.channel {
+            Some(channel) => meta.insert("channel".to_owned(), channel.to_meta()),
+            None => meta.remove("channel"),
+        };
         let cwd = req.cwd.filter(|c| !c.as_os_str().is_empty()).or(binding.cwd);
         if let Some(cwd) = &cwd {
             if !crate::config::cwd_allowed(&self.config.gateway.allowed_cwd_roots, cwd) {

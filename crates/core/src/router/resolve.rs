@@ -200,16 +200,7 @@ pub struct BindingDefaults {
 /// chat's binding, key by key, and the project gives the working directory and a
 /// fallback engine.
 pub fn resolve_binding(config: &GatewayConfig, channel: &ChannelRef) -> BindingDefaults {
-    let matches_chat = |binding: &BindingConfig| {
-        binding.transport == channel.transport && binding.chat_id_text() == channel.chat_id
-    };
-    let topic = channel.topic_id.as_ref().and_then(|topic_id| {
-        config
-            .bindings
-            .iter()
-            .find(|b| matches_chat(b) && b.topic_id_text().as_ref() == Some(topic_id))
-    });
-    let chat = config.bindings.iter().find(|b| matches_chat(b) && b.topic_id.is_none());
+    let (topic, chat) = matching_bindings(&config.bindings, channel);
     fn pick<T>(
         topic: Option<&BindingConfig>,
         chat: Option<&BindingConfig>,
@@ -230,6 +221,21 @@ pub fn resolve_binding(config: &GatewayConfig, channel: &ChannelRef) -> BindingD
             (topic, chat) => topic.or(chat),
         },
     }
+}
+
+/// The bindings of a channel: the one of its exact topic, and the chat's.
+pub fn matching_bindings<'a>(
+    bindings: &'a [BindingConfig],
+    channel: &ChannelRef,
+) -> (Option<&'a BindingConfig>, Option<&'a BindingConfig>) {
+    let matches_chat = |binding: &BindingConfig| {
+        binding.transport == channel.transport && binding.chat_id_text() == channel.chat_id
+    };
+    let topic = channel.topic_id.as_ref().and_then(|topic_id| {
+        bindings.iter().find(|b| matches_chat(b) && b.topic_id_text().as_ref() == Some(topic_id))
+    });
+    let chat = bindings.iter().find(|b| matches_chat(b) && b.topic_id.is_none());
+    (topic, chat)
 }
 
 /// Where the engine and resume token of a request came from.

@@ -87,7 +87,12 @@ pub(crate) async fn start(
     let resume = req.resume.clone().filter(|token| token.engine == vendor.id());
     // Outside text reaches the CLI's model inside a data block, as the native engine's.
     let prompt = lemon_core::untrusted::prompt_for_model(&req.prompt, &req.meta);
-    let untrusted = lemon_core::untrusted::source(&req.meta).is_some();
+    let scope = lemon_core::approvals::RunScope {
+        untrusted: lemon_core::untrusted::source(&req.meta).is_some(),
+        engine: vendor.id(),
+        cwd: &req.cwd,
+        meta: &req.meta,
+    };
     let permission = match gate.as_ref().filter(|_| !settings.skip_permissions) {
         Some(gate) if vendor == Vendor::Claude => PermissionRelay::open(gate, &req, &sink)
             .map_err(|err| {
@@ -95,9 +100,9 @@ pub(crate) async fn start(
             })?,
         // Codex and OpenCode ask through their own servers, when a rule may say no.
         Some(gate)
-            if matches!(vendor, Vendor::Codex | Vendor::Opencode) && gate.may_refuse(untrusted) =>
+            if matches!(vendor, Vendor::Codex | Vendor::Opencode) && gate.may_refuse(&scope) =>
         {
-            Some(PermissionRelay::register(gate, &req, &sink))
+            Some(PermissionRelay::register(gate, vendor.id(), &req, &sink))
         }
         _ => None,
     };
@@ -233,14 +238,16 @@ impl PermissionRelay {
     /// Registers the run with the gate.
     fn register(
         gate: &lemon_core::approvals::Gate,
+        engine: &str,
         req: &StartRequest,
         sink: &EventSink,
     ) -> PermissionRelay {
         let registration = gate.register(lemon_core::approvals::RunTicket {
             run_id: req.run_id.to_string(),
             session_key: req.session_key.to_string(),
+            engine: engine.to_owned(),
             cwd: req.cwd.clone(),
-            untrusted: lemon_core::untrusted::source(&req.meta),
+            meta: req.meta.clone(),
             sink: sink.clone(),
         });
         PermissionRelay { gate: gate.clone(), registration, config: None }
@@ -256,7 +263,7 @@ impl PermissionRelay {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let Some(url) = gate.url() else { return Ok(None) };
-        let mut relay = PermissionRelay::register(gate, req, sink);
+        let mut relay = PermissionRelay::register(gate, Vendor::Claude.id(), req, sink);
         let token = &relay.registration.token;
         let config = std::env::temp_dir().join(format!("lemon-mcp-{}.json", &token[..16]));
         let text = serde_json::json!({ "mcpServers": { Self::SERVER: {

@@ -551,7 +551,12 @@ impl Agent {
     /// the model is told), or asked (put up in the hub).
     fn judge(&self, call: &ToolCall, args: &Value) -> Judged {
         let Some(approvals) = &self.approvals else { return Judged::Allowed };
-        let policy = approvals.rules.for_run(self.untrusted.is_some());
+        let policy = approvals.rules.for_scope(&lemon_core::approvals::RunScope {
+            untrusted: self.untrusted.is_some(),
+            engine: "lemon",
+            cwd: &self.req.cwd,
+            meta: &self.req.meta,
+        });
         if policy.is_empty() {
             return Judged::Allowed;
         }

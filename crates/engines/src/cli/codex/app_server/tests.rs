@@ -28,14 +28,16 @@ fn turn(resume: Option<&str>) -> Turn {
 
 /// A gate with `rules` and an asker registered with it.
 fn asker(rules: Vec<ApprovalRuleConfig>) -> (Asker, lemon_core::approvals::Registration) {
-    let config = ApprovalsConfig { timeout_ms: 60_000, rules: Some(rules), untrusted: None };
+    let config =
+        ApprovalsConfig { timeout_ms: 60_000, rules: Some(rules), ..ApprovalsConfig::default() };
     let gate = Gate::new(Rules::from_config(&config).unwrap(), ApprovalHub::default());
     let (sink, _events) = EventSink::channel(8);
     let registration = gate.register(RunTicket {
         run_id: "run_1".into(),
         session_key: "agent:main:main".into(),
+        engine: "codex".into(),
         cwd: PathBuf::from("/home/dev/proj"),
-        untrusted: None,
+        meta: Default::default(),
         sink,
     });
     (Asker::new(gate, registration.token.clone()), registration)
