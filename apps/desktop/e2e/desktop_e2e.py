@@ -28,7 +28,14 @@ bus and everything GTK starts on it end with the run.
    the per-launch token without typing it, and a run started through the API
    streams into the live view. The window is screenshotted.
 
-LEMON_DESKTOP_E2E_ONLY=headless|tray|instance|window runs one step.
+4. Approval: Xvfb + trayer + the fake notification server, the native engine
+   on a fake model (fake_llm.py) whose `bash` call waits for an answer: it
+   is a notification with Approve / Deny / Always buttons, and pressing
+   Approve (org.lemon.E2E.Press) runs the command; a second call is offered
+   in the tray menu ("· 1 call waiting for you"), Deny there keeps it from
+   running, the model is told, and its notification is closed.
+
+LEMON_DESKTOP_E2E_ONLY=headless|tray|instance|approval|window runs one step.
 
 Usage: desktop_e2e.py <lemon-desktop binary> <artifacts dir>
 """
@@ -302,6 +309,11 @@ class Menu:
         """Selects the item `n` places up from the bottom (Quit is 1) and activates it."""
         xdotool(self.display, "key", *(["Up"] * label_index_from_bottom), "Return")
 
+    def choose_from_top(self, n):
+        """Selects the `n`th item that can be chosen from the top (the status
+        line cannot) and activates it."""
+        xdotool(self.display, "key", *(["Down"] * n), "Return")
+
     def closed(self):
         return self.popups() <= self.baseline
 
@@ -373,6 +385,97 @@ def tray_test(binary, artifacts):
         for child in (trayer, xvfb):
             stop(child)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def approval_test(binary, artifacts):
+    log("approval: a call waiting for an answer is a notification with buttons and two tray items")
+    xvfb, display = start_display()
+    trayer = spawn(["trayer", "--edge", "bottom", "--align", "right", "--widthtype", "pixel", "--width", "200",
+                    "--heighttype", "pixel", "--height", "40", "--transparent", "false"],
+                   env={**os.environ, "DISPLAY": display}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    here = os.path.dirname(os.path.abspath(__file__))
+    server = spawn([system_python(), os.path.join(here, "fake_desktop_bus.py")],
+                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    calls = Log(server.stdout)
+    until("the notification server to own its name", lambda: calls.find(r"^ready$"))
+    llm = spawn([sys.executable, os.path.join(here, "fake_llm.py")], stdout=subprocess.PIPE)
+    port = llm.stdout.readline().decode().strip()
+    if not port.isdigit():
+        fail(f"the fake model did not start: {port!r}")
+
+    def bus_calls(name):
+        return [c for c in (json.loads(line) for line in list(calls.lines) if line.startswith("{"))
+                if c["call"] == name]
+
+    home = home_with("")
+    # Outside the gateway's home, which no run may work in.
+    work = tempfile.mkdtemp(prefix="lemon-desktop-e2e-work-")
+    with open(os.path.join(home, "config.toml"), "a") as f:
+        f.write(f'\n[gateway]\ndefault_engine = "lemon"\n'
+                f'\n[gateway.engines.lemon]\nbase_url = "http://127.0.0.1:{port}/v1"\nmodel = "e2e-model"\n')
+    secrets = os.path.join(home, "secrets.toml")
+    with open(secrets, "w") as f:
+        f.write('openai_api_key = "sk-desktop-e2e"\n')
+    os.chmod(secrets, 0o600)
+    try:
+        proc, output, base, ready = start_app(binary, home, display)
+        # A button of the notification approves.
+        status, body = api(base, "POST", "/v1/runs", {"prompt": "COMMAND <touch notified.txt>", "run_id": "ask-1", "cwd": work})
+        if status != 202:
+            fail(f"submit: {status} {body}")
+        asked = until("a notification asking about the call", lambda: next(
+            (c for c in bus_calls("Notify") if c["summary"] == "Allow this?"), None))
+        if not asked["body"].startswith("bash: touch notified.txt"):
+            fail(f"the notification says {asked['body']!r}")
+        expected = ["approve", "Approve", "deny", "Deny", "always", "Always for this session"]
+        if asked["actions"] != expected:
+            fail(f"the notification's buttons are {asked['actions']}, not {expected}")
+        if os.path.exists(os.path.join(work, "notified.txt")):
+            fail("the command ran before the answer")
+        subprocess.run(["dbus-send", "--session", "--type=method_call", "--dest=org.freedesktop.Notifications",
+                        "/org/freedesktop/Notifications", "org.lemon.E2E.Press",
+                        f"uint32:{asked['id']}", "string:approve"], check=True, timeout=20)
+        until("the run to complete", lambda: api(base, "GET", "/v1/runs/ask-1")[1]["status"] == "completed")
+        if not os.path.exists(os.path.join(work, "notified.txt")):
+            fail(f"the approved command did not run: {api(base, 'GET', '/v1/runs/ask-1')[1]}\n{output.text()[-3000:]}")
+        until("the first notification to close",
+              lambda: any(c["id"] == asked["id"] for c in bus_calls("CloseNotification")))
+        log("approval: the notification's Approve button ran the command")
+
+        # The tray offers Approve and Deny; Deny keeps the command from running.
+        status, body = api(base, "POST", "/v1/runs", {"prompt": "COMMAND <touch from-tray.txt>", "run_id": "ask-2", "cwd": work})
+        if status != 202:
+            fail(f"submit: {status} {body}")
+        second = until("the second notification", lambda: next(
+            (c for c in bus_calls("Notify") if c["body"].startswith("bash: touch from-tray.txt")), None)
+            or (api(base, "GET", "/v1/runs/ask-2")[1]["status"] == "completed"
+                and fail(f"the second run ended unasked: {api(base, 'GET', '/v1/runs/ask-2')[1]}\n{bus_calls('Notify')}")))
+        wait_drawn(output, "Lemon Gateway: 1 run active · 1 call waiting for you", "Busy(1)")
+        menu = Menu(display)
+        menu.open()
+        time.sleep(0.5)  # let the menu paint before the screenshot (a picture, not a wait for state)
+        screenshot(display, os.path.join(artifacts, "tray-approval.png"))
+        menu.choose_from_top(2)
+        until("the run to complete", lambda: api(base, "GET", "/v1/runs/ask-2")[1]["status"] == "completed")
+        if os.path.exists(os.path.join(work, "from-tray.txt")):
+            fail("the denied command ran")
+        answer = api(base, "GET", "/v1/runs/ask-2")[1]["answer"]
+        if "The owner denied this call (api via desktop)" not in answer:
+            fail(f"the model was not told of the denial: {answer!r}")
+        until("the second notification to close",
+              lambda: any(c["id"] == second["id"] for c in bus_calls("CloseNotification")))
+        log("approval: Deny from the tray kept the command from running and closed its notification")
+        until("the menu to close", menu.closed)
+        wait_drawn(output, "Lemon Gateway: idle", "Idle")
+        menu.open()
+        menu.choose(1)
+        until("the app to exit", lambda: proc.poll() is not None, patience=PATIENCE)
+    finally:
+        for child in (llm, server, trayer, xvfb):
+            stop(child)
+        until("the app's processes to end", lambda: not processes_of(home), patience=20)
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def headless_test(binary):
@@ -677,7 +780,9 @@ def main():
             tray_test(binary, artifacts)
         if only in ("", "instance"):
             instance_test(binary, artifacts)
-        if only in ("headless", "tray", "instance"):
+        if only in ("", "approval"):
+            approval_test(binary, artifacts)
+        if only in ("headless", "tray", "instance", "approval"):
             pass
         elif driver:
             window_test(binary, artifacts, driver)

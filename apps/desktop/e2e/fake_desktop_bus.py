@@ -4,9 +4,10 @@ file manager.
 
 Owns org.freedesktop.Notifications and answers the Desktop Notifications
 Specification's methods (Notify, GetCapabilities, GetServerInformation,
-CloseNotification) at /org/freedesktop/Notifications, and owns
+CloseNotification) at /org/freedesktop/Notifications, with org.lemon.E2E.Press
+to press a notification's button (the ActionInvoked signal), and owns
 org.freedesktop.FileManager1 and answers ShowItems at
-/org/freedesktop/FileManager1. Every Notify and ShowItems call is printed to
+/org/freedesktop/FileManager1. Every Notify, CloseNotification and ShowItems call is printed to
 stdout as one JSON line ({"call": "Notify", "summary", "body", ...} or
 {"call": "ShowItems", "uris"}); "ready" is printed once both names are owned.
 Needs Debian's python3-dbus and python3-gi (the system Python: /usr/bin/python3).
@@ -22,6 +23,8 @@ from gi.repository import GLib
 
 NAME = "org.freedesktop.Notifications"
 PATH = "/org/freedesktop/Notifications"
+# The test's own method: press a notification's button (org.lemon.E2E.Press).
+TEST = "org.lemon.E2E"
 FILE_MANAGER = "org.freedesktop.FileManager1"
 FILE_MANAGER_PATH = "/org/freedesktop/FileManager1"
 
@@ -54,11 +57,23 @@ class Notifications(dbus.service.Object):
 
     @dbus.service.method(NAME, in_signature="u", out_signature="")
     def CloseNotification(self, notification_id):
+        print(json.dumps({"call": "CloseNotification", "id": int(notification_id)}), flush=True)
         self.NotificationClosed(notification_id, dbus.UInt32(3))
 
     @dbus.service.signal(NAME, signature="uu")
     def NotificationClosed(self, notification_id, reason):
         pass
+
+    @dbus.service.signal(NAME, signature="us")
+    def ActionInvoked(self, notification_id, action_key):
+        pass
+
+    @dbus.service.method(TEST, in_signature="us", out_signature="")
+    def Press(self, notification_id, action_key):
+        """What a person's click on a notification's button does: the
+        server's ActionInvoked signal, then the notification closes."""
+        self.ActionInvoked(notification_id, action_key)
+        self.NotificationClosed(notification_id, dbus.UInt32(2))
 
 
 class FileManager(dbus.service.Object):

@@ -19,7 +19,8 @@ use crate::controller::{Controller, Shell};
 use crate::gateway::Settings;
 use crate::icon::{self, Theme};
 use crate::menu::{menu_model, status_line, EntryKind, MenuEntry, MenuId};
-use crate::state::TrayView;
+use crate::notifications::Notifier;
+use crate::state::{TrayView, WaitingApproval};
 use crate::tray_host::{self, TrayHost};
 
 /// The window's label.
@@ -82,6 +83,8 @@ pub struct TauriShell<R: Runtime> {
     /// What the tray shows now, so an unchanged view redraws nothing (a
     /// rebuilt menu would close one the user has open).
     drawn: Mutex<Option<(Vec<MenuEntry>, icon::IconState, String)>>,
+    /// Waiting calls as notifications with buttons.
+    notifier: Arc<Notifier>,
 }
 
 impl<R: Runtime> std::fmt::Debug for TauriShell<R> {
@@ -92,7 +95,13 @@ impl<R: Runtime> std::fmt::Debug for TauriShell<R> {
 
 impl<R: Runtime> TauriShell<R> {
     pub fn new(app: AppHandle<R>, theme: Theme) -> Self {
-        TauriShell { app, theme, tray: AtomicBool::new(false), drawn: Mutex::new(None) }
+        TauriShell {
+            app,
+            theme,
+            tray: AtomicBool::new(false),
+            drawn: Mutex::new(None),
+            notifier: Arc::new(Notifier::default()),
+        }
     }
 
     /// Whether the tray icon is up (else closing the window quits).
@@ -159,6 +168,20 @@ impl<R: Runtime> Shell for TauriShell<R> {
         if let Err(error) = self.app.notification().builder().title(title).body(body).show() {
             tracing::info!(%error, "no notification shown");
         }
+    }
+
+    fn ask(&self, approval: &WaitingApproval) {
+        let (notifier, approval) = (self.notifier.clone(), approval.clone());
+        tauri::async_runtime::spawn(async move {
+            if let Err(error) = notifier.ask(&approval).await {
+                tracing::info!(%error, approval = %approval.id, "no notification for the approval");
+            }
+        });
+    }
+
+    fn withdraw(&self, id: &str) {
+        let (notifier, id) = (self.notifier.clone(), id.to_owned());
+        tauri::async_runtime::spawn(async move { notifier.withdraw(&id).await });
     }
 
     fn redraw(&self, view: &TrayView) {
@@ -342,7 +365,10 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
                 dashboard = controller.dashboard_url("").unwrap_or_default(),
                 "desktop ready"
             );
+            let notifier = shell.notifier.clone();
             let follow_shell: Arc<dyn Shell> = shell;
+            let (listener, listener_shell) = (controller.clone(), follow_shell.clone());
+            tauri::async_runtime::spawn(notifier.listen(listener, listener_shell));
             tauri::async_runtime::spawn(async move { controller.follow(follow_shell).await });
             Ok(())
         })

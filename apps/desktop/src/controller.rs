@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::gateway::{self, Api, Connection, Mode, Settings};
 use crate::menu::MenuId;
-use crate::state::{Health, TrayView};
+use crate::state::{Health, TrayView, WaitingApproval};
 
 /// How often health and the runs are checked besides the events.
 pub const POLL_EVERY: Duration = Duration::from_secs(2);
@@ -54,6 +54,12 @@ pub trait Shell: Send + Sync {
     fn set_autostart(&self, enabled: bool) -> anyhow::Result<()>;
     /// A desktop notification.
     fn notify(&self, title: &str, body: &str);
+    /// Puts a call waiting for an answer before the user: a notification
+    /// with Approve / Deny / Always for this session, whose choice comes back
+    /// as [`Controller::answer`].
+    fn ask(&self, approval: &WaitingApproval);
+    /// The request `id` was settled (here or elsewhere): its notification goes.
+    fn withdraw(&self, id: &str);
     /// Draws the tray (menu, icon, tooltip) for `view`.
     fn redraw(&self, view: &TrayView);
     /// Ends the app with `code`.
@@ -272,7 +278,9 @@ impl Controller {
             });
             return;
         };
-        let (health, status, runs) = tokio::join!(api.health(), api.status(), api.active_runs());
+        let (health, status, runs, approvals) =
+            tokio::join!(api.health(), api.status(), api.active_runs(), api.approvals());
+        let mut settled = Vec::new();
         self.update(shell, |view| {
             view.autostart = autostart;
             view.health = health;
@@ -282,7 +290,39 @@ impl Controller {
             if let Ok(runs) = runs {
                 view.runs = runs;
             }
+            if let Ok(approvals) = approvals {
+                settled = view
+                    .approvals
+                    .iter()
+                    .filter(|old| !approvals.iter().any(|new| new.id == old.id))
+                    .map(|old| old.id.clone())
+                    .collect();
+                view.approvals = approvals;
+            }
         });
+        // Answered while no event reached the app: the notification goes.
+        for id in settled {
+            shell.withdraw(&id);
+        }
+    }
+
+    /// Answers the waiting call `id` with `decision` (`approve`, `deny` or
+    /// `always`), from the tray or a notification's button.
+    ///
+    /// # Errors
+    /// The gateway did not answer, or refused (another surface settled it).
+    pub async fn answer(&self, id: &str, decision: &str, shell: &dyn Shell) -> anyhow::Result<()> {
+        let api = self.api().ok_or_else(not_running)?;
+        let answered = api.answer(id, decision).await;
+        tracing::info!(
+            approval = id,
+            decision,
+            ok = answered.is_ok(),
+            "approval answered from the desktop"
+        );
+        self.update(shell, |view| view.approvals.retain(|approval| approval.id != id));
+        shell.withdraw(id);
+        answered
     }
 
     /// Keeps the tray up to date until the app ends: follows `/v1/events` (a
@@ -342,6 +382,25 @@ impl Controller {
                 let run_id = event["run_id"].as_str().unwrap_or_default();
                 tracing::debug!(run_id, notified = hidden, "run finished");
             }
+            Some("engine_action") if event["action"]["kind"] == "approval" => {
+                let action = &event["action"];
+                let Some(approval) = WaitingApproval::from_json(&action["detail"]["approval"])
+                else {
+                    return;
+                };
+                if action["phase"] == "started" {
+                    tracing::debug!(approval = %approval.id, "approval asked");
+                    shell.ask(&approval);
+                    self.update(shell, |view| {
+                        if !view.approvals.iter().any(|a| a.id == approval.id) {
+                            view.approvals.push(approval);
+                        }
+                    });
+                } else if action["phase"] == "completed" {
+                    shell.withdraw(&approval.id);
+                    self.update(shell, |view| view.approvals.retain(|a| a.id != approval.id));
+                }
+            }
             _ => {}
         }
     }
@@ -354,6 +413,8 @@ impl Controller {
         tracing::info!(item = %id, "menu");
         match id {
             MenuId::Status => {}
+            MenuId::Approve(id) => self.answer(id, "approve", shell).await?,
+            MenuId::Deny(id) => self.answer(id, "deny", shell).await?,
             MenuId::Run(run_id) => {
                 let page = format!("#/history/{run_id}");
                 let url = self.dashboard_url(&page).ok_or_else(not_running)?;

@@ -15,7 +15,7 @@ use lemon_server::paths::Paths;
 use lemon_server::{Running, ServeOptions};
 use serde_json::Value;
 
-use crate::state::{Health, RunSummary};
+use crate::state::{Health, RunSummary, WaitingApproval};
 
 /// How long a health probe or an API call may take.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -243,6 +243,42 @@ impl Api {
         let path = if paused { "/v1/intake/pause" } else { "/v1/intake/resume" };
         let body = self.json(reqwest::Method::POST, path).await?;
         Ok(body["paused"].as_bool().unwrap_or(paused))
+    }
+
+    /// The calls waiting for an answer, oldest first.
+    ///
+    /// # Errors
+    /// The gateway did not answer or refused.
+    pub async fn approvals(&self) -> anyhow::Result<Vec<WaitingApproval>> {
+        let body = self.json(reqwest::Method::GET, "/v1/approvals").await?;
+        Ok(body["approvals"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(WaitingApproval::from_json)
+            .collect())
+    }
+
+    /// Answers request `id` with `decision` (`approve`, `deny` or `always`),
+    /// recorded as given from the desktop.
+    ///
+    /// # Errors
+    /// The gateway did not answer, or refused (the request was settled).
+    pub async fn answer(&self, id: &str, decision: &str) -> anyhow::Result<()> {
+        let path = format!("/v1/approvals/{id}");
+        let response = self
+            .request(reqwest::Method::POST, &path)
+            .timeout(REQUEST_TIMEOUT)
+            .json(&serde_json::json!({ "decision": decision, "via": "desktop" }))
+            .send()
+            .await
+            .with_context(|| format!("the gateway did not answer {path}"))?;
+        let status = response.status();
+        if !status.is_success() {
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            anyhow::bail!("{}", body["error"].as_str().unwrap_or("the answer was refused"));
+        }
+        Ok(())
     }
 
     /// Running runs, then queued ones, each oldest first.

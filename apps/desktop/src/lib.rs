@@ -9,6 +9,8 @@
 //!   through the [`controller::Shell`] the desktop provides.
 //! - [`menu`], [`icon`], [`state`]: the tray's menu, icons and view as data.
 //! - [`tray_host`]: whether this desktop shows tray icons at all.
+//! - [`notifications`]: calls waiting for an answer as notifications with
+//!   Approve / Deny / Always buttons.
 //! - [`app`]: the Tauri glue (tray, window, plugins).
 
 pub mod app;
@@ -16,5 +18,6 @@ pub mod controller;
 pub mod gateway;
 pub mod icon;
 pub mod menu;
+pub mod notifications;
 pub mod state;
 pub mod tray_host;

@@ -10,6 +10,9 @@ use crate::state::{Health, TrayView};
 /// At most this many active runs are listed; the rest are counted.
 pub const MAX_LISTED_RUNS: usize = 10;
 
+/// At most this many waiting calls are offered; the rest are counted.
+pub const MAX_LISTED_APPROVALS: usize = 5;
+
 /// Every item of the tray menu. Its string form ([`fmt::Display`] /
 /// [`FromStr`]) is the native menu item's id.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -18,6 +21,10 @@ pub enum MenuId {
     Status,
     /// An active run: opens it in the dashboard. `run:<id>`.
     Run(String),
+    /// Approves the waiting call with this request id. `approve:<id>`.
+    Approve(String),
+    /// Denies the waiting call with this request id. `deny:<id>`.
+    Deny(String),
     OpenDashboard,
     /// Pause intake, or resume it when paused.
     ToggleIntake,
@@ -48,7 +55,7 @@ impl MenuId {
     fn fixed_name(&self) -> Option<&'static str> {
         Some(match self {
             MenuId::Status => "status",
-            MenuId::Run(_) => return None,
+            MenuId::Run(_) | MenuId::Approve(_) | MenuId::Deny(_) => return None,
             MenuId::OpenDashboard => "open-dashboard",
             MenuId::ToggleIntake => "toggle-intake",
             MenuId::CopyToken => "copy-token",
@@ -65,6 +72,8 @@ impl fmt::Display for MenuId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             MenuId::Run(run_id) => write!(f, "run:{run_id}"),
+            MenuId::Approve(id) => write!(f, "approve:{id}"),
+            MenuId::Deny(id) => write!(f, "deny:{id}"),
             fixed => f.write_str(fixed.fixed_name().unwrap_or_default()),
         }
     }
@@ -90,6 +99,13 @@ impl FromStr for MenuId {
             if !run_id.is_empty() {
                 return Ok(MenuId::Run(run_id.to_owned()));
             }
+        }
+        let request = |id: &str| lemon_core::approvals::is_request_id(id).then(|| id.to_owned());
+        if let Some(id) = s.strip_prefix("approve:").and_then(request) {
+            return Ok(MenuId::Approve(id));
+        }
+        if let Some(id) = s.strip_prefix("deny:").and_then(request) {
+            return Ok(MenuId::Deny(id));
         }
         MenuId::FIXED
             .iter()
@@ -143,6 +159,10 @@ pub fn status_line(view: &TrayView) -> String {
     if queued > 0 {
         line.push_str(&format!(", {queued} queued"));
     }
+    if !view.approvals.is_empty() {
+        let n = view.approvals.len();
+        line.push_str(&format!(" · {n} call{} waiting for you", plural(n)));
+    }
     if view.paused {
         line.push_str(" · intake paused");
     }
@@ -160,7 +180,8 @@ fn plural(n: usize) -> &'static str {
     }
 }
 
-/// The menu for `view`: the status line, the active runs (each opens in the
+/// The menu for `view`: the status line, the calls waiting for an answer
+/// (Approve and Deny for each), the active runs (each opens in the
 /// dashboard), then the fixed items.
 pub fn menu_model(view: &TrayView) -> Vec<MenuEntry> {
     let mut entries = vec![MenuEntry {
@@ -168,6 +189,28 @@ pub fn menu_model(view: &TrayView) -> Vec<MenuEntry> {
         label: status_line(view),
         kind: EntryKind::Info,
     }];
+    if !view.approvals.is_empty() {
+        entries.push(MenuEntry::separator());
+        for approval in view.approvals.iter().take(MAX_LISTED_APPROVALS) {
+            let call = approval.call();
+            entries.push(MenuEntry::item(
+                MenuId::Approve(approval.id.clone()),
+                format!("Approve {call}"),
+            ));
+            entries
+                .push(MenuEntry::item(MenuId::Deny(approval.id.clone()), format!("Deny {call}")));
+        }
+        if view.approvals.len() > MAX_LISTED_APPROVALS {
+            entries.push(MenuEntry {
+                id: None,
+                label: format!(
+                    "… {} more in the dashboard",
+                    view.approvals.len() - MAX_LISTED_APPROVALS
+                ),
+                kind: EntryKind::Info,
+            });
+        }
+    }
     if !view.runs.is_empty() {
         entries.push(MenuEntry::separator());
         for run in view.runs.iter().take(MAX_LISTED_RUNS) {
@@ -220,11 +263,41 @@ mod tests {
     fn every_id_round_trips_through_its_string_form() {
         let mut all = MenuId::FIXED.to_vec();
         all.push(MenuId::Run("01J9ZK".to_owned()));
+        all.push(MenuId::Approve("apr_0123456789ab".to_owned()));
+        all.push(MenuId::Deny("apr_0123456789ab".to_owned()));
         for id in all {
             assert_eq!(id.to_string().parse::<MenuId>(), Ok(id.clone()), "{id}");
         }
         assert_eq!("run:".parse::<MenuId>(), Err(UnknownMenuId("run:".to_owned())));
         assert!("pause".parse::<MenuId>().is_err());
+        // Only a request id is ever sent on as one.
+        assert!("approve:../v1/intake/pause".parse::<MenuId>().is_err());
+        assert!("deny:".parse::<MenuId>().is_err());
+    }
+
+    #[test]
+    fn waiting_calls_come_first_with_approve_and_deny() {
+        let approval = |n: usize| crate::state::WaitingApproval {
+            id: format!("apr_00000000000{n}"),
+            session_key: "chat-1".to_owned(),
+            tool: "bash".to_owned(),
+            subject: format!("touch file-{n}"),
+        };
+        let view = TrayView {
+            approvals: (0..7).map(approval).collect(),
+            health: Health::Healthy,
+            ..TrayView::default()
+        };
+        let entries = menu_model(&view);
+        assert_eq!(entries[0].label, "Lemon Gateway: idle · 7 calls waiting for you");
+        assert_eq!(entries[2].id, Some(MenuId::Approve("apr_000000000000".to_owned())));
+        assert_eq!(entries[2].label, "Approve bash: touch file-0");
+        assert_eq!(entries[3].id, Some(MenuId::Deny("apr_000000000000".to_owned())));
+        assert_eq!(entries[3].label, "Deny bash: touch file-0");
+        let offered = entries.iter().filter(|e| matches!(e.id, Some(MenuId::Approve(_)))).count();
+        assert_eq!(offered, MAX_LISTED_APPROVALS);
+        assert!(entries.iter().any(|e| e.label == "… 2 more in the dashboard"));
+        assert_eq!(entries.last().map(|e| e.label.as_str()), Some("Quit"));
     }
 
     #[test]

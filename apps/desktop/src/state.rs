@@ -48,6 +48,45 @@ impl RunSummary {
     }
 }
 
+/// A tool call waiting for the owner's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WaitingApproval {
+    /// `apr_…`.
+    pub id: String,
+    pub session_key: String,
+    pub tool: String,
+    /// The command, path or host.
+    pub subject: String,
+}
+
+impl WaitingApproval {
+    /// The request from an approval's JSON (`/v1/approvals`, or the
+    /// `approval` of an approval action); `None` without an id.
+    pub fn from_json(value: &serde_json::Value) -> Option<WaitingApproval> {
+        let text = |key: &str| value[key].as_str().unwrap_or_default().to_owned();
+        let id = value["id"].as_str().filter(|id| lemon_core::approvals::is_request_id(id))?;
+        Some(WaitingApproval {
+            id: id.to_owned(),
+            session_key: text("session_key"),
+            tool: text("tool"),
+            subject: text("subject"),
+        })
+    }
+
+    /// `tool: subject` on one line, cut to [`SUBJECT_CHARS`] characters.
+    pub fn call(&self) -> String {
+        let subject: String = self.subject.split_whitespace().collect::<Vec<_>>().join(" ");
+        let mut short: String = subject.chars().take(SUBJECT_CHARS).collect();
+        if subject.chars().count() > SUBJECT_CHARS {
+            short = format!("{}…", short.trim_end());
+        }
+        format!("{}: {short}", self.tool)
+    }
+}
+
+/// The longest subject shown in an approval's menu line, in characters.
+const SUBJECT_CHARS: usize = 40;
+
 /// Everything the tray draws.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct TrayView {
@@ -60,6 +99,8 @@ pub struct TrayView {
     pub autostart: bool,
     /// Quit was chosen; the runs are finishing.
     pub quitting: bool,
+    /// Calls waiting for the owner's answer, oldest first.
+    pub approvals: Vec<WaitingApproval>,
 }
 
 impl TrayView {
@@ -100,6 +141,18 @@ mod tests {
         assert_eq!(view.icon_state(), IconState::Busy(2));
         view.health = Health::Failing("no answer".to_owned());
         assert_eq!(view.icon_state(), IconState::Failing);
+    }
+
+    #[test]
+    fn an_approval_reads_as_its_call_cut_short_and_needs_a_request_id() {
+        let json = serde_json::json!({ "id": "apr_0123456789ab", "session_key": "s", "tool": "bash",
+            "subject": "touch  a\nb" });
+        let approval = WaitingApproval::from_json(&json).unwrap();
+        assert_eq!(approval.call(), "bash: touch a b");
+        let long = WaitingApproval { subject: "x".repeat(60), ..approval };
+        assert_eq!(long.call(), format!("bash: {}…", "x".repeat(40)));
+        let forged = serde_json::json!({ "id": "../v1/intake/pause", "tool": "bash" });
+        assert_eq!(WaitingApproval::from_json(&forged), None);
     }
 
     #[test]

@@ -29,6 +29,8 @@ struct Recorded {
     opened: Vec<PathBuf>,
     autostart: bool,
     notified: Vec<(String, String)>,
+    asked: Vec<String>,
+    withdrawn: Vec<String>,
     exited: Vec<i32>,
     drawn: Vec<TrayView>,
 }
@@ -73,6 +75,12 @@ impl Shell for Recorder {
     }
     fn notify(&self, title: &str, body: &str) {
         self.get().notified.push((title.to_owned(), body.to_owned()));
+    }
+    fn ask(&self, approval: &lemon_desktop::state::WaitingApproval) {
+        self.get().asked.push(approval.id.clone());
+    }
+    fn withdraw(&self, id: &str) {
+        self.get().withdrawn.push(id.to_owned());
     }
     fn redraw(&self, view: &TrayView) {
         self.get().drawn.push(view.clone());
