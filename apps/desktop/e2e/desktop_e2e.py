@@ -113,6 +113,29 @@ def start_display():
     return proc, f":{number}"
 
 
+def start_tray_host(display):
+    """trayer, an XEmbed tray host, at the bottom right of `display`."""
+    return spawn(["trayer", "--edge", "bottom", "--align", "right", "--widthtype", "pixel", "--width", "200",
+                  "--heighttype", "pixel", "--height", "40", "--transparent", "false"],
+                 env={**os.environ, "DISPLAY": display}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def start_desktop_bus():
+    """The fake notification server and file manager (fake_desktop_bus.py) on
+    this run's session bus, once they own their names; the process and a
+    function listing its calls of one name (Notify, CloseNotification…)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    server = spawn([system_python(), os.path.join(here, "fake_desktop_bus.py")],
+                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    calls = Log(server.stdout)
+    until("the notification server and file manager to own their names", lambda: calls.find(r"^ready$"))
+
+    def bus_calls(name):
+        return [c for c in (json.loads(line) for line in list(calls.lines) if line.startswith("{"))
+                if c["call"] == name]
+    return server, bus_calls
+
+
 def home_with(config):
     home = tempfile.mkdtemp(prefix="lemon-desktop-e2e-")
     with open(os.path.join(home, "config.toml"), "w") as f:
@@ -321,9 +344,7 @@ class Menu:
 def tray_test(binary, artifacts):
     log("tray: Xvfb + trayer, pause, resume, quit with a run draining")
     xvfb, display = start_display()
-    trayer = spawn(["trayer", "--edge", "bottom", "--align", "right", "--widthtype", "pixel", "--width", "200",
-                    "--heighttype", "pixel", "--height", "40", "--transparent", "false"],
-                   env={**os.environ, "DISPLAY": display}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trayer = start_tray_host(display)
     home = home_with("[gateway.engines.echo]\ndelay_ms = 250\n")
     try:
         proc, output, base, ready = start_app(binary, home, display)
@@ -390,22 +411,13 @@ def tray_test(binary, artifacts):
 def approval_test(binary, artifacts):
     log("approval: a call waiting for an answer is a notification with buttons and two tray items")
     xvfb, display = start_display()
-    trayer = spawn(["trayer", "--edge", "bottom", "--align", "right", "--widthtype", "pixel", "--width", "200",
-                    "--heighttype", "pixel", "--height", "40", "--transparent", "false"],
-                   env={**os.environ, "DISPLAY": display}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trayer = start_tray_host(display)
+    server, bus_calls = start_desktop_bus()
     here = os.path.dirname(os.path.abspath(__file__))
-    server = spawn([system_python(), os.path.join(here, "fake_desktop_bus.py")],
-                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    calls = Log(server.stdout)
-    until("the notification server to own its name", lambda: calls.find(r"^ready$"))
     llm = spawn([sys.executable, os.path.join(here, "fake_llm.py")], stdout=subprocess.PIPE)
     port = llm.stdout.readline().decode().strip()
     if not port.isdigit():
         fail(f"the fake model did not start: {port!r}")
-
-    def bus_calls(name):
-        return [c for c in (json.loads(line) for line in list(calls.lines) if line.startswith("{"))
-                if c["call"] == name]
 
     home = home_with("")
     # Outside the gateway's home, which no run may work in.
@@ -515,18 +527,9 @@ def window_of(display):
 def instance_test(binary, artifacts):
     log("instance: a run that ends while the window is hidden is announced; a second launch shows the window")
     xvfb, display = start_display()
-    trayer = spawn(["trayer", "--edge", "bottom", "--align", "right", "--widthtype", "pixel", "--width", "200",
-                    "--heighttype", "pixel", "--height", "40", "--transparent", "false"],
-                   env={**os.environ, "DISPLAY": display}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trayer = start_tray_host(display)
     # The desktop's notification server, on this run's session bus.
-    server = spawn([system_python(), os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_desktop_bus.py")],
-                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    calls = Log(server.stdout)
-    until("the notification server and file manager to own their names", lambda: calls.find(r"^ready$"))
-
-    def bus_calls(name):
-        return [c for c in (json.loads(line) for line in list(calls.lines) if line.startswith("{"))
-                if c["call"] == name]
+    server, bus_calls = start_desktop_bus()
 
     def notified():
         return bus_calls("Notify")
