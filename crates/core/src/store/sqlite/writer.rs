@@ -23,7 +23,10 @@
 //! [`CHECKPOINT_EVERY_OPS`] writes it nudges the checkpointer thread, which runs a
 //! passive checkpoint on its own connection while the writer goes on appending.
 //! Only a checkpointer two rounds behind (one running, one due) makes the
-//! writer wait, so the log stays bounded when the disk is slow.
+//! writer wait, so the log stays short when the disk is slow; and a log whose
+//! file passes [`LOG_BOUND_BYTES`] anyway is copied back and truncated by the
+//! writer itself between two batches, so its bound holds whatever the threads'
+//! pace.
 //!
 //! [`Inline`] is the same writer without its thread, for stores opened with
 //! [`super::SqliteStore::open_inline`]: the task that needs a batch applied
@@ -65,6 +68,13 @@ const CHECKPOINT_EVERY_OPS: usize = 2048;
 /// never cut back, and the writer's appends rewrite pages the page cache already
 /// holds instead of allocating and zeroing fresh ones.
 const RESTART_LOG_FRAMES: i64 = 2_048;
+
+/// Size of the log's file past which the writer itself copies the log back and
+/// truncates it, between two batches, instead of waiting for the checkpointer:
+/// the log's bound holds however far behind the checkpointer has fallen (its
+/// restart needs a moment with no write transaction open, which a busy writer
+/// rarely leaves it). Half of `journal_size_limit`, so the file never reaches it.
+const LOG_BOUND_BYTES: u64 = 32 << 20;
 
 /// Runs per generation of the `seq` cache; two generations are kept.
 const SEQ_CACHE_GENERATION: usize = 16_384;
@@ -254,6 +264,8 @@ struct Writer {
     has_event_only_runs: bool,
     /// Writes committed since the checkpointer was last nudged.
     n_writes_since_checkpoint: usize,
+    /// The log's file (`<database>-wal`); `None` for a database in memory.
+    wal: Option<std::path::PathBuf>,
     /// Dropped (and joined) with the writer.
     checkpointer: Checkpointer,
     /// Chat-state writes on their way and recent committed states, shared
@@ -468,6 +480,23 @@ impl std::fmt::Debug for Writer {
 }
 
 impl Writer {
+    /// Past [`LOG_BOUND_BYTES`], copies the log back and truncates its file
+    /// (between transactions, where nothing else can write). A reader still on
+    /// an old snapshot makes it wait, then give up until the next batch.
+    fn bound_log(&mut self) {
+        let Some(wal) = &self.wal else { return };
+        let Ok(bytes) = std::fs::metadata(wal).map(|meta| meta.len()) else { return };
+        if bytes < LOG_BOUND_BYTES {
+            return;
+        }
+        // Columns: busy (1 when it could not finish), pages in the log, pages copied.
+        match self.conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get::<_, i64>(0)) {
+            Ok(0) => tracing::debug!(bytes, "store log past its bound: the writer copied it back and truncated it"),
+            Ok(_) => tracing::debug!(bytes, "store log past its bound while a reader holds it; tried again after the next batch"),
+            Err(err) => tracing::warn!(error = %err, bytes, "store log past its bound could not be truncated"),
+        }
+    }
+
     /// The writer on `conn`, where its sequence stands, and its checkpointer.
     fn new(
         conn: Connection,
@@ -486,7 +515,10 @@ impl Writer {
             .map_err(|e| e.to_string())?;
         let checkpointer = Checkpointer::spawn(checkpoint_conn)
             .map_err(|e| format!("cannot start checkpoint thread: {e}"))?;
+        let wal =
+            conn.path().filter(|path| !path.is_empty()).map(|path| format!("{path}-wal").into());
         Ok(Writer {
+            wal,
             conn,
             json: Vec::with_capacity(1024),
             failure: None,
@@ -629,6 +661,7 @@ impl Writer {
                 self.n_writes_since_checkpoint = 0;
                 self.checkpointer.nudge();
             }
+            self.bound_log();
         }
         let result = match &self.failure {
             None => Ok(()),
