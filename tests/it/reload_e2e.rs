@@ -366,7 +366,25 @@ async fn config_check_and_config_path_on_the_command_line() {
 
     let output = command(dir.path()).args(["config", "check"]).output().await.unwrap();
     assert!(output.status.success(), "{output:?}");
-    assert!(String::from_utf8(output.stdout).unwrap().ends_with("config.toml: ok\n"));
+    let printed = String::from_utf8(output.stdout).unwrap();
+    assert!(printed.ends_with("config.toml: ok\n"), "{printed}");
+    assert!(
+        printed.starts_with(
+            "approvals: 3 rules (the defaults) for your runs, 3 rules (the defaults) for untrusted runs\n  \
+             see which rule a call hits: lemon-gateway approvals test 'bash: rm -rf build'\n"
+        ),
+        "{printed}"
+    );
+    write_config(
+        dir.path(),
+        "[gateway.approvals]\nrules = []\n[gateway.approvals.engines]\ncodex = [{ tool = \"bash\", action = \"ask\" }]\n",
+    );
+    let output = command(dir.path()).args(["config", "check"]).output().await.unwrap();
+    let printed = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        printed.starts_with("approvals: 0 rules for your runs, 3 rules (the defaults) for untrusted runs; tried first: engine codex\n"),
+        "{printed}"
+    );
 
     let bad = dir.path().join("other.toml");
     std::fs::write(

@@ -105,6 +105,47 @@ pub fn test(
     Ok(failure::OK)
 }
 
+/// What `config check` says of the approval rules: how many apply to your
+/// runs and to untrusted ones, and which scopes add rules before them.
+pub fn summary(gateway: &lemon_core::config::GatewayConfig) -> String {
+    let approvals = &gateway.approvals;
+    let count = |rules: &[lemon_core::config::ApprovalRuleConfig], configured: bool| {
+        let n = rules.len();
+        let whose = if configured { "" } else { " (the defaults)" };
+        format!("{n} rule{}{whose}", if n == 1 { "" } else { "s" })
+    };
+    let mut scopes: Vec<String> = Vec::new();
+    for (engine, rules) in &approvals.engines {
+        if !rules.is_empty() {
+            scopes.push(format!("engine {engine}"));
+        }
+    }
+    for (id, project) in &gateway.projects {
+        if !project.approvals.is_empty() {
+            scopes.push(format!("project {id:?}"));
+        }
+    }
+    for binding in gateway.bindings.iter().filter(|b| !b.approvals.is_empty()) {
+        scopes.push(format!(
+            "binding {}:{}",
+            binding.transport,
+            binding.chat_id_text().unwrap_or_default()
+        ));
+    }
+    let mut line = format!(
+        "approvals: {} for your runs, {} for untrusted runs",
+        count(&approvals.owner_rules(), approvals.rules.is_some()),
+        count(&approvals.untrusted_rules(), approvals.untrusted.is_some()),
+    );
+    if !scopes.is_empty() {
+        line.push_str(&format!("; tried first: {}", scopes.join(", ")));
+    }
+    line.push_str(
+        "\n  see which rule a call hits: lemon-gateway approvals test 'bash: rm -rf build'",
+    );
+    line
+}
+
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }

@@ -388,6 +388,9 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
                     for warning in warnings {
                         eprintln!("warning: {warning}");
                     }
+                    if let Ok(loaded) = lemon_core::config::load_file_or_default(&file) {
+                        println!("{}", approvals_cmd::summary(&loaded.config.gateway));
+                    }
                     println!("{}: ok", file.display());
                     Ok(failure::OK)
                 }
