@@ -51,10 +51,12 @@ async fn a_cancel_sends_sigterm_first_and_sigkill_only_after_cancel_grace() {
     let seen = signal_log(&log);
     let names: Vec<&str> = seen.iter().map(|(what, _)| what.as_str()).collect();
     assert_eq!(names, ["SIGTERM", "killed"], "one SIGTERM, then death by SIGKILL: {seen:?}");
-    // The fake stamps SIGTERM when its handler runs, which on a loaded machine
-    // can be some milliseconds after the gateway sent it (the grace runs from
-    // the send): the gap it sees is the grace less that delay.
-    const HANDLER_DELAY_MS: u128 = 100;
+    // The fake stamps SIGTERM when its signal thread wakes, which under the
+    // whole suite's load can be a good part of the grace after the gateway
+    // sent it (the grace runs from the send): the gap it sees is the grace
+    // less that delay. Half the grace still tells a SIGKILL that waited for
+    // the grace from one sent with the SIGTERM.
+    const HANDLER_DELAY_MS: u128 = GRACE_MS / 2;
     let waited = seen[1].1 - seen[0].1;
     assert!(
         waited + HANDLER_DELAY_MS >= GRACE_MS,
