@@ -51,6 +51,7 @@ mod router_resume;
 mod secrets_e2e;
 mod server_embed;
 mod sms_e2e;
+mod store_e2e;
 mod strangers_e2e;
 mod support;
 mod telegram_api;

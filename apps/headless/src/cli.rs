@@ -182,6 +182,18 @@ enum Command {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Copy the database (runs, events, sessions) to a new file, consistently,
+    /// while the gateway runs or not.
+    Backup {
+        /// The new file (0600); an existing file is never overwritten.
+        file: PathBuf,
+    },
+    /// Put a backup in place of the database; refused while a gateway runs on
+    /// this home. The replaced database is kept as `lemon.db.before-restore`.
+    Restore {
+        /// A file `backup` wrote.
+        file: PathBuf,
+    },
     /// Check config, keychain, ports, engines, keys and channels; each line
     /// ok / warn / fail with its fix. Exits 1 when a check fails.
     Doctor,
@@ -406,6 +418,28 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             SecretsCommand::Delete { name } => crate::secrets_cmd::delete(&paths, &env, &name),
             SecretsCommand::Migrate => crate::secrets_cmd::migrate(&paths, &env),
         },
+        Command::Backup { file } => {
+            let copied = lemon_core::store::sqlite::backup(&paths.database(), &file)?;
+            println!(
+                "backed up {} runs ({}) to {}",
+                copied.runs,
+                megabytes(copied.bytes),
+                copied.path.display()
+            );
+            Ok(failure::OK)
+        }
+        Command::Restore { file } => {
+            let copied = lemon_core::store::sqlite::restore(&paths.database(), &file)?;
+            println!(
+                "restored {} runs ({}) from {} into {}; the replaced database is kept as {}.before-restore",
+                copied.runs,
+                megabytes(copied.bytes),
+                file.display(),
+                copied.path.display(),
+                copied.path.display()
+            );
+            Ok(failure::OK)
+        }
         Command::Doctor => crate::doctor::doctor(&paths, &env, ui.out).await,
         Command::Completions { shell } => {
             let mut out = std::io::stdout();
@@ -414,6 +448,13 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             Ok(failure::OK)
         }
     }
+}
+
+/// `bytes` as megabytes with one decimal.
+fn megabytes(bytes: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let mb = bytes as f64 / 1_000_000.0;
+    format!("{mb:.1} MB")
 }
 
 /// The runtime threads `serve` starts: `[gateway] worker_threads` of the

@@ -18,12 +18,15 @@
 //!
 //! Files: `schema` (migrations), `writer` (the writer and checkpointer threads),
 //! `chat_states` (chat-state writes not committed yet, and the committed states
-//! of recent sessions).
+//! of recent sessions), `backup` (backup and restore of the file).
 //! Events are stored in their one JSON form, [`crate::bus::EventJson`].
 
+mod backup;
 mod chat_states;
 mod schema;
 mod writer;
+
+pub use backup::{backup, restore, Copied, CopyError};
 
 use std::fmt;
 use std::os::unix::fs::DirBuilderExt;
@@ -147,6 +150,9 @@ pub struct SqliteStore {
     /// Set by `close`: later writes are dropped with a warning and reads fail.
     closed: AtomicBool,
     chat_state_ttl_ms: i64,
+    /// The lock file beside the database, held shared while the store is
+    /// open: a restore refuses to replace the file under it.
+    file_lock: Mutex<Option<std::fs::File>>,
 }
 
 /// Where a store's writer applies its batches.
@@ -214,6 +220,7 @@ impl SqliteStore {
                 .map_err(|e| open_error(format!("cannot create {}: {e}", parent.display())))?;
         }
         make_private(path).map_err(open_error)?;
+        let file_lock = backup::hold_shared(path).map_err(open_error)?;
         let mut write_conn = connect(path).map_err(open_error)?;
         schema::migrate(&mut write_conn).map_err(open_error)?;
         let pragmas = [
@@ -258,6 +265,7 @@ impl SqliteStore {
             chat_states,
             closed: AtomicBool::new(false),
             chat_state_ttl_ms,
+            file_lock: Mutex::new(Some(file_lock)),
         })
     }
 
@@ -863,6 +871,7 @@ impl StoreLifecycle for SqliteStore {
                 }
                 drop(lock(&self.reader).take());
                 drop(lock(&self.lookup).take());
+                drop(lock(&self.file_lock).take());
                 tracing::debug!(path = %self.path.display(), "store closed");
                 return result;
             }
@@ -880,6 +889,7 @@ impl StoreLifecycle for SqliteStore {
             tracing::error!(path = %self.path.display(), "store writer thread panicked");
             return Err(StoreError::Database("store writer thread panicked".to_owned()));
         }
+        drop(lock(&self.file_lock).take());
         tracing::debug!(path = %self.path.display(), "store closed");
         result
     }

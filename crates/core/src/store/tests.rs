@@ -1720,3 +1720,143 @@ async fn sqlite_log_starts_over_while_turns_keep_coming() {
     assert!(largest > 0, "the store writes through its log");
     assert!(largest < 64 << 20, "the log's file grew to {largest} bytes");
 }
+
+// ------------------------------------------------------------ backup and restore
+
+/// Every finished run's row, in `seq` order, as text: what a backup must keep.
+fn finished_rows(path: &Path) -> Vec<String> {
+    let conn =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut statement = conn
+        .prepare(
+            "SELECT run_id, status, answer, usage, completed_at_ms FROM runs \
+             WHERE completed_at_ms IS NOT NULL ORDER BY seq",
+        )
+        .unwrap();
+    let rows = statement
+        .query_map([], |row| {
+            Ok(format!(
+                "{}|{}|{:?}|{}|{:?}",
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, Option<String>>(2)?,
+                row.get::<_, String>(3)?,
+                row.get::<_, Option<i64>>(4)?
+            ))
+        })
+        .unwrap();
+    rows.map(Result::unwrap).collect()
+}
+
+/// A backup taken while runs keep finishing is one moment of the store: every
+/// finished run in it matches the source row for row, in order, and the
+/// source's first runs are all there; restoring it gives exactly that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_during_traffic_restores_to_the_moment_it_was_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    for n in 0..300 {
+        run_to_end(
+            &store,
+            &format!("run_before_{n}"),
+            Completion::success(format!("answer {n}"), None),
+        )
+        .await;
+    }
+    store.flush().await.unwrap();
+    let traffic = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            for n in 0..2_000 {
+                run_to_end(&store, &format!("run_during_{n}"), Completion::success("later", None))
+                    .await;
+            }
+        })
+    };
+    let copy = dir.path().join("backup.db");
+    let copied = tokio::task::spawn_blocking({
+        let (path, copy) = (path.clone(), copy.clone());
+        move || sqlite::backup(&path, &copy)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    traffic.await.unwrap();
+    store.flush().await.unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777, 0o600);
+    let (backed_up, source) = (finished_rows(&copy), finished_rows(&path));
+    assert_eq!(copied.runs, backed_up.len() as u64);
+    assert!(backed_up.len() >= 300, "the runs finished before the backup are in it");
+    assert_eq!(source[..backed_up.len()], backed_up[..], "one moment of the source, row for row");
+    assert_eq!(source.len(), 2_300);
+
+    // A backup never overwrites a file.
+    let again = sqlite::backup(&path, &copy).unwrap_err();
+    assert!(
+        again.to_string().ends_with("already exists; name a new file, or remove it first"),
+        "{again}"
+    );
+
+    // While the store is open, a restore is refused and changes nothing.
+    let refused = sqlite::restore(&path, &copy).unwrap_err();
+    assert!(refused.to_string().contains("a gateway is running on"), "{refused}");
+    assert_eq!(finished_rows(&path).len(), 2_300);
+    store.close().await.unwrap();
+    drop(store);
+
+    let restored = sqlite::restore(&path, &copy).unwrap();
+    assert_eq!(restored.runs, backed_up.len() as u64);
+    assert_eq!(finished_rows(&path), backed_up);
+    let kept = path.with_file_name("lemon.db.before-restore");
+    assert_eq!(finished_rows(&kept).len(), 2_300, "the replaced store is kept");
+    // The restored file opens as a store and goes on.
+    let reopened = open(&path);
+    run_to_end(&reopened, "run_after_restore", Completion::success("new", None)).await;
+    assert!(reopened.get_run("run_before_0").await.unwrap().is_some());
+    reopened.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_restore_refuses_what_is_not_a_lemon_database_and_keeps_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    run_to_end(&store, "run_kept", Completion::success("kept", None)).await;
+    store.close().await.unwrap();
+    drop(store);
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "not a database at all, just some words that go on for a while").unwrap();
+    let other = dir.path().join("other.db");
+    {
+        let conn = rusqlite::Connection::open(&other).unwrap();
+        conn.execute_batch("CREATE TABLE t (x)").unwrap();
+        conn.pragma_update(None, "user_version", 2).unwrap();
+    }
+    let newer = dir.path().join("newer.db");
+    {
+        let conn = rusqlite::Connection::open(&newer).unwrap();
+        conn.execute_batch("CREATE TABLE runs (x); CREATE TABLE run_events (x); CREATE TABLE journal (x); CREATE TABLE kv (x);").unwrap();
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
+    }
+    for (file, why) in [
+        (&text, "file is not a database"),
+        (&other, "it lacks the gateway's tables"),
+        (
+            &newer,
+            &format!(
+                "its schema version is {}, this build reads 1 to {SCHEMA_VERSION}",
+                SCHEMA_VERSION + 1
+            )[..],
+        ),
+    ] {
+        let error = sqlite::restore(&path, file).unwrap_err().to_string();
+        assert!(error.contains("is not a Lemon Gateway database this build can read"), "{error}");
+        assert!(error.contains(why), "{error}");
+    }
+    assert_eq!(finished_rows(&path).len(), 1, "the store is as it was");
+    assert!(!path.with_file_name("lemon.db.before-restore").exists());
+    assert!(!path.with_file_name("lemon.db.restoring").exists());
+}
