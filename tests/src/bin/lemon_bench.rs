@@ -438,7 +438,7 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
             "[gateway]\nenable_webhook = true\nmax_concurrent_runs = 64\ndefault_cwd = \"{}\"\n\
              [gateway.api]\nport = 0\n[gateway.health]\nport = 0\n\
              [gateway.webhook]\nport = 0\nmode = \"sync\"\n\
-             [gateway.webhook.integrations.bench]\ntoken = \"{HOOK_TOKEN}\"\nallow_session_key = true\n\
+             [gateway.webhook.integrations.bench]\ntoken = \"{HOOK_TOKEN}\"\nallow_session_key = true\nuntrusted = false\n\
              [gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"bench-model\"\n",
             workdir.path().display(),
             llm.base_url()
