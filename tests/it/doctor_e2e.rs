@@ -185,6 +185,16 @@ async fn doctor_checks_node_the_bridge_its_packages_and_the_wallet_key() {
 }
 
 #[tokio::test]
+async fn doctor_says_how_big_the_database_is_and_how_much_room_is_left() {
+    let home = home_with("");
+    std::fs::write(home.path().join("lemon.db"), vec![0u8; 12_345]).unwrap();
+    let (_, report) = doctor(home.path()).await;
+    let line = line_with(&report, "storage", "lemon.db 12.3 kB;");
+    assert!(line.contains(" free of "), "{line}");
+    assert!(line.contains(&format!("on the disk of {}", home.path().display())), "{line}");
+}
+
+#[tokio::test]
 async fn doctor_says_whether_commands_are_contained() {
     let home = home_with("");
     let (_, report) = doctor(home.path()).await;

@@ -108,6 +108,7 @@ pub(crate) async fn doctor(
             .await?;
     let gateway = check_config(&mut report, paths, env);
     check_keychain(&mut report, &store);
+    check_storage(&mut report, paths);
     check_process_tracking(&mut report);
     if let Some(gateway) = &gateway {
         check_sandbox(&mut report, gateway, env);
@@ -178,6 +179,79 @@ fn check_keychain(report: &mut Report, store: &SecretStore) {
 /// How a run's processes are found at its end: a cgroup holds every one of
 /// them; the process group and the environment scope miss one that leaves its
 /// group and replaces its environment.
+/// Below either, the disk that holds the home is too full for comfort.
+const LOW_DISK_BYTES: u64 = 1_000_000_000;
+const LOW_DISK_PERCENT: u64 = 5;
+
+/// The database's size and the room left on the disk that holds the home:
+/// `warn` under 1 GB or 5 % free (a full disk pauses intake).
+fn check_storage(report: &mut Report, paths: &Paths) {
+    let database = paths.database();
+    let size = |suffix: &str| {
+        let mut name = database.as_os_str().to_owned();
+        name.push(suffix);
+        std::fs::metadata(std::path::Path::new(&name)).map_or(0, |meta| meta.len())
+    };
+    let stored = size("") + size("-wal");
+    // The home may not exist yet: the nearest folder above it that does.
+    let Some(existing) = paths.home.ancestors().find(|dir| dir.is_dir()) else { return };
+    let stat = match rustix::fs::statvfs(existing) {
+        Ok(stat) => stat,
+        Err(err) => {
+            report.warn(
+                "storage",
+                format!("cannot read the free space of {}: {err}", existing.display()),
+                "check the disk that holds the home",
+            );
+            return;
+        }
+    };
+    let (free, total) = (stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize);
+    let detail = format!(
+        "{} {}; {} free of {} on the disk of {}",
+        database.display(),
+        bytes_text(stored),
+        bytes_text(free),
+        bytes_text(total),
+        existing.display()
+    );
+    match storage_verdict(free, total) {
+        None => report.ok("storage", detail),
+        Some(why) => report.warn(
+            "storage",
+            format!("{detail}: {why}"),
+            "free space on that disk, or move the home (LEMON_HOME) to a larger one: a full disk refuses new messages until there is room",
+        ),
+    }
+}
+
+/// Why `free` of `total` bytes is too little, if it is.
+fn storage_verdict(free: u64, total: u64) -> Option<String> {
+    if free < LOW_DISK_BYTES {
+        return Some("less than 1 GB left".to_owned());
+    }
+    if total > 0 && free.saturating_mul(100) < total.saturating_mul(LOW_DISK_PERCENT) {
+        return Some(format!("less than {LOW_DISK_PERCENT} % left"));
+    }
+    None
+}
+
+/// Bytes in B, kB, MB, GB or TB (powers of 1000), one decimal past kB.
+fn bytes_text(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["kB", "MB", "GB", "TB"];
+    if bytes < 1000 {
+        return format!("{bytes} B");
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let mut value = bytes as f64 / 1000.0;
+    let mut unit = 0;
+    while value >= 1000.0 && unit + 1 < UNITS.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
 fn check_process_tracking(report: &mut Report) {
     match lemon_engines::cli::process_tracking() {
         tracking @ Tracking::Cgroup { .. } => report.ok("process tracking", tracking.to_string()),
@@ -698,4 +772,31 @@ async fn program_version(program: &std::path::Path, search: &str) -> Option<Stri
     helper.child.terminate(Duration::from_millis(200)).await;
     read.ok()?.ok()?;
     out.lines().next().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_disk_under_1_gb_or_5_percent_free_is_warned_about() {
+        assert_eq!(
+            storage_verdict(999_999_999, 2_000_000_000),
+            Some("less than 1 GB left".to_owned())
+        );
+        assert_eq!(
+            storage_verdict(4_000_000_000, 100_000_000_000),
+            Some("less than 5 % left".to_owned())
+        );
+        assert_eq!(storage_verdict(5_000_000_000, 100_000_000_000), None);
+        assert_eq!(storage_verdict(2_000_000_000, 0), None);
+    }
+
+    #[test]
+    fn sizes_read_in_powers_of_a_thousand() {
+        assert_eq!(bytes_text(999), "999 B");
+        assert_eq!(bytes_text(1_500), "1.5 kB");
+        assert_eq!(bytes_text(12_300_000_000), "12.3 GB");
+        assert_eq!(bytes_text(252_000_000_000_000), "252.0 TB");
+    }
 }
