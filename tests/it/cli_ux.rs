@@ -354,6 +354,12 @@ async fn status_engines_runs_logs_and_cancel_for_people_and_scripts() {
     let status = text(&run(&["status"]).await.stdout);
     assert!(status.contains(&format!("gateway   {}, up ", gateway.api)), "{status}");
     assert!(status.contains("slots     0 of 2 in use, 0 queued"), "{status}");
+    let store = format!("at {}\n", gateway.home.join("lemon.db").display());
+    assert!(
+        status.lines().any(|l| l.starts_with("store     ") && l.contains(" MB (log ")),
+        "{status}"
+    );
+    assert!(status.contains(&store), "{status}");
     assert!(status.contains("echo         available (default)"), "{status}");
     assert!(status.contains("channels  discord      disabled"), "{status}");
     assert!(status.contains("          email        disabled"), "{status}");

@@ -84,6 +84,7 @@ async fn metrics_count_runs_reloads_and_show_the_transport_and_its_backlog() {
         ("lemon_config_reloads_total", "counter"),
         ("lemon_spend_usd_total", "counter"),
         ("lemon_spend_tokens_total", "counter"),
+        ("lemon_store_bytes", "gauge"),
     ] {
         assert_eq!(before.types.get(family.0).map(String::as_str), Some(family.1), "{family:?}");
     }
@@ -101,6 +102,15 @@ async fn metrics_count_runs_reloads_and_show_the_transport_and_its_backlog() {
     );
     assert_eq!(before.value("lemon_outbox_backlog", &[("transport", "telegram")]), Some(0.0));
     assert_eq!(before.value("lemon_runs_in_flight", &[]), Some(0.0));
+    // The store's file and log as they are on disk, as /v1/status has them.
+    let stored = before.value("lemon_store_bytes", &[]).unwrap();
+    let status: serde_json::Value =
+        gateway.get("/v1/status").send().await.unwrap().json().await.unwrap();
+    let store = &status["store"];
+    assert_eq!(store["path"], gateway.home.join("lemon.db").display().to_string(), "{status}");
+    assert!(store["bytes"].as_u64().unwrap() > 0, "{status}");
+    let on_disk = std::fs::metadata(gateway.home.join("lemon.db")).unwrap().len();
+    assert!(stored >= on_disk as f64, "{stored} of {on_disk}");
 
     // One run each: echo and claude answer, codex fails, droid is cancelled.
     for (engine, status) in [("echo", "completed"), ("claude", "completed"), ("codex", "failed")] {

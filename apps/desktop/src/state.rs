@@ -73,7 +73,7 @@ impl WaitingApproval {
         })
     }
 
-    /// `tool: subject` on one line, cut to [`SUBJECT_CHARS`] characters.
+    /// `tool: subject` on one line, the subject cut to 40 characters.
     pub fn call(&self) -> String {
         let subject: String = self.subject.split_whitespace().collect::<Vec<_>>().join(" ");
         let mut short: String = subject.chars().take(SUBJECT_CHARS).collect();

@@ -44,6 +44,19 @@ pub fn status_text(status: &Value, url: &str, style: Style) -> String {
         num("max"),
         num("queued")
     ));
+    if let Some(store) = status["store"].as_object() {
+        let megabytes = |key: &str| {
+            #[allow(clippy::cast_precision_loss)]
+            let mb = store.get(key).and_then(Value::as_u64).unwrap_or(0) as f64 / 1_000_000.0;
+            format!("{mb:.1} MB")
+        };
+        out.push(format!(
+            "store     {} (log {}) at {}",
+            megabytes("bytes"),
+            megabytes("log_bytes"),
+            store.get("path").and_then(Value::as_str).unwrap_or("?")
+        ));
+    }
     let default = status["default_engine"].as_str().unwrap_or("");
     for (i, engine) in status["engines"].as_array().into_iter().flatten().enumerate() {
         let label = if i == 0 { "engines" } else { "" };
@@ -278,13 +291,15 @@ mod tests {
                 {"id": "claude", "available": false, "reason": "claude not found\non PATH"}
             ],
             "default_engine": "echo",
-            "transports": {"webhook": {"state": "running"}, "telegram": {"state": "failing", "reason": "401"}}
+            "transports": {"webhook": {"state": "running"}, "telegram": {"state": "failing", "reason": "401"}},
+            "store": {"path": "/home/me/.lemon/lemon.db", "bytes": 48_213_504, "log_bytes": 1_048_576}
         });
         let text = status_text(&status, "http://127.0.0.1:4040", Style { color: false });
         assert_eq!(
             text,
             "gateway   http://127.0.0.1:4040, up 1m 5s (version 0.1.0)\n\
              slots     1 of 4 in use, 2 queued\n\
+             store     48.2 MB (log 1.0 MB) at /home/me/.lemon/lemon.db\n\
              engines   echo         available (default)\n\
              \x20         claude       unavailable: claude not found on PATH\n\
              channels  telegram     failing: 401\n\

@@ -119,6 +119,9 @@ pub struct ApiState {
     pub sandbox: serde_json::Value,
     /// Tool calls waiting for the owner's answer (`/v1/approvals`).
     pub approvals: lemon_core::approvals::ApprovalHub,
+    /// The store's database file, whose size `/v1/status` reports as
+    /// `store`; `None` for a store in memory.
+    pub database: Option<Arc<std::path::Path>>,
 }
 
 impl fmt::Debug for ApiState {

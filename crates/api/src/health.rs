@@ -82,6 +82,8 @@ pub struct HealthState {
     pub config: ConfigStatus,
     /// What runs did, for `/metrics`; `None`: no run families.
     pub run_metrics: Option<RunMetrics>,
+    /// The store's database file, for `lemon_store_bytes`; `None`: in memory.
+    pub database: Option<Arc<std::path::Path>>,
 }
 
 impl HealthState {
@@ -97,6 +99,7 @@ impl HealthState {
             detail_token: None,
             config: ConfigStatus::default(),
             run_metrics: None,
+            database: None,
         }
     }
 
@@ -109,6 +112,12 @@ impl HealthState {
 
     /// Reports the config's state (`config`): a refused edit of the file is `degraded`.
     #[must_use]
+    /// Reports the size of the store's file at `database` in `/metrics`.
+    pub fn with_database(mut self, database: Arc<std::path::Path>) -> Self {
+        self.database = Some(database);
+        self
+    }
+
     pub fn with_config(mut self, config: ConfigStatus) -> Self {
         self.config = config;
         self
@@ -312,6 +321,15 @@ async fn metrics(State(state): State<HealthState>, headers: HeaderMap) -> Respon
         "1 when the scheduler answers, else 0.",
         u8::from(snapshot.is_some()),
     );
+    if let Some(database) = &state.database {
+        let sizes = lemon_core::store::sqlite::file_sizes(database);
+        out.single(
+            "lemon_store_bytes",
+            Kind::Gauge,
+            "Bytes of the store's database file and its write-ahead log on disk.",
+            sizes.database + sizes.log,
+        );
+    }
     if let Some(snapshot) = snapshot {
         out.single("lemon_runs_in_flight", Kind::Gauge, "Runs holding a slot.", snapshot.in_flight);
         out.single(

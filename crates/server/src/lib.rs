@@ -1143,6 +1143,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             })),
             sandbox: sandbox.to_json(),
             approvals: approval_hub.clone(),
+            database: Some(opts.paths.database().into()),
         },
         extra_routes.merge(secrets_routes).merge(extra),
         document,
@@ -1155,6 +1156,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             .with_transports(statuses.clone())
             .with_detail_token(shared_token.clone())
             .with_config(config_status.clone())
+            .with_database(opts.paths.database().into())
             .with_run_metrics(run_metrics),
     );
     tracker.spawn(serve_logged(

@@ -3,7 +3,8 @@
 //! and `version` where known) and transports
 //! (`{"<id>": {"state", "detail"?, "reason"?, "attempts"?, "retry_in_ms"?}}`),
 //! where the config's secrets come from (`{"<name>": {"source", "overrides"}}`)
-//! and how commands are contained (`sandbox`).
+//! how commands are contained (`sandbox`), and the store's file with its size
+//! and its log's (`store`, `null` for a store in memory).
 
 use axum::extract::State;
 use axum::Json;
@@ -75,6 +76,10 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
         },
         "transports": state.transports.to_json(),
         "sandbox": state.sandbox,
+        "store": state.database.as_deref().map(|path| {
+            let sizes = lemon_core::store::sqlite::file_sizes(path);
+            json!({ "path": path.display().to_string(), "bytes": sizes.database, "log_bytes": sizes.log })
+        }),
         "secrets": state
             .secret_sources
             .iter()

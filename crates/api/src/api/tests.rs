@@ -101,6 +101,7 @@ impl TestGateway {
             config_file: None,
             sandbox: serde_json::json!({ "mode": "off", "enforced": false }),
             approvals: lemon_core::approvals::ApprovalHub::default(),
+            database: None,
         };
         TestGateway { state, bus, store, token, tracker }
     }

@@ -365,6 +365,18 @@ pub struct Status {
     pub secrets: BTreeMap<String, SecretSource>,
     /// How the native engine's `bash` commands are contained.
     pub sandbox: SandboxStatus,
+    /// The store's file; `null` for a store in memory.
+    pub store: Option<StoreStatus>,
+}
+
+/// The store's file on disk, in `/v1/status`.
+#[derive(Debug, ToSchema)]
+pub struct StoreStatus {
+    pub path: String,
+    /// The database file's size.
+    pub bytes: u64,
+    /// Its write-ahead log's size.
+    pub log_bytes: u64,
 }
 
 /// `GET /v1/approvals`.

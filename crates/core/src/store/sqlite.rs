@@ -26,7 +26,7 @@ mod chat_states;
 mod schema;
 mod writer;
 
-pub use backup::{backup, restore, Copied, CopyError};
+pub use backup::{backup, file_sizes, restore, Copied, CopyError, FileSizes};
 
 use std::fmt;
 use std::os::unix::fs::DirBuilderExt;

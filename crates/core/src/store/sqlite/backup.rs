@@ -127,6 +127,20 @@ fn size(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |meta| meta.len())
 }
 
+/// The sizes of a store's files on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FileSizes {
+    /// The database file.
+    pub database: u64,
+    /// Its write-ahead log.
+    pub log: u64,
+}
+
+/// The sizes of the store at `db` and of its log (0 for a file not there).
+pub fn file_sizes(db: &Path) -> FileSizes {
+    FileSizes { database: size(db), log: size(&beside(db, "-wal")) }
+}
+
 /// Copies the store at `db` into the new file `to`, consistently, whether a
 /// gateway writes to it meanwhile or not.
 ///
