@@ -337,17 +337,8 @@ async fn bad_answers_are_clear_errors() {
 /// `lemon-gateway` with `args`, against `app`'s gateway; its stdout.
 async fn cli(app: &App, args: &[&str]) -> (bool, String) {
     let mut command = crate::support::command(&app.gateway.home);
-    command.env("LEMON_URL", &app.gateway.api).args(args).stdin(std::process::Stdio::null());
-    let output = tokio::time::timeout(PATIENCE, command.output())
-        .await
-        .expect("the command ends in time")
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), text)
+    command.env("LEMON_URL", &app.gateway.api).args(args);
+    crate::support::output_text(command).await
 }
 
 #[tokio::test]

@@ -356,7 +356,7 @@ async fn status_engines_runs_logs_and_cancel_for_people_and_scripts() {
     assert!(status.contains("slots     0 of 2 in use, 0 queued"), "{status}");
     let store = format!("at {}\n", gateway.home.join("lemon.db").display());
     assert!(
-        status.lines().any(|l| l.starts_with("store     ") && l.contains(" MB (log ")),
+        status.lines().any(|l| l.starts_with("store     ") && l.contains("B (log ")),
         "{status}"
     );
     assert!(status.contains(&store), "{status}");

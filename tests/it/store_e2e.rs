@@ -3,19 +3,12 @@
 
 use serde_json::json;
 
-use crate::support::{command, home_with, Gateway, PATIENCE};
+use crate::support::{command, home_with, output_text, Gateway};
 
 async fn cli(home: &std::path::Path, args: &[&std::ffi::OsStr]) -> (bool, String) {
     let mut command = command(home);
-    command.args(args).stdin(std::process::Stdio::null());
-    let output =
-        tokio::time::timeout(PATIENCE, command.output()).await.expect("the command ends").unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), text)
+    command.args(args);
+    output_text(command).await
 }
 
 #[tokio::test]

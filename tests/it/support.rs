@@ -65,6 +65,22 @@ pub(crate) fn command(home: &Path) -> Command {
     command_with_path(home, &std::env::var("PATH").unwrap_or_default())
 }
 
+/// Runs a command made by [`command`] with no stdin, within the tests'
+/// patience: whether it succeeded, and its stdout then stderr.
+pub(crate) async fn output_text(mut command: Command) -> (bool, String) {
+    command.stdin(std::process::Stdio::null());
+    let output = tokio::time::timeout(PATIENCE, command.output())
+        .await
+        .expect("the command ends in time")
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
 /// The gateway binary with `path` as its `PATH` (e.g. with the fake CLI first).
 pub(crate) fn command_with_path(home: &Path, path: &str) -> Command {
     configure(Command::new(gateway_bin()), home, path)

@@ -423,7 +423,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             println!(
                 "backed up {} runs ({}) to {}",
                 copied.runs,
-                megabytes(copied.bytes),
+                show::size(copied.bytes),
                 copied.path.display()
             );
             Ok(failure::OK)
@@ -433,7 +433,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             println!(
                 "restored {} runs ({}) from {} into {}; the replaced database is kept as {}.before-restore",
                 copied.runs,
-                megabytes(copied.bytes),
+                show::size(copied.bytes),
                 file.display(),
                 copied.path.display(),
                 copied.path.display()
@@ -448,13 +448,6 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             Ok(failure::OK)
         }
     }
-}
-
-/// `bytes` as megabytes with one decimal.
-fn megabytes(bytes: u64) -> String {
-    #[allow(clippy::cast_precision_loss)]
-    let mb = bytes as f64 / 1_000_000.0;
-    format!("{mb:.1} MB")
 }
 
 /// The runtime threads `serve` starts: `[gateway] worker_threads` of the

@@ -210,9 +210,9 @@ fn check_storage(report: &mut Report, paths: &Paths) {
     let detail = format!(
         "{} {}; {} free of {} on the disk of {}",
         database.display(),
-        bytes_text(stored),
-        bytes_text(free),
-        bytes_text(total),
+        crate::show::size(stored),
+        crate::show::size(free),
+        crate::show::size(total),
         existing.display()
     );
     match storage_verdict(free, total) {
@@ -234,22 +234,6 @@ fn storage_verdict(free: u64, total: u64) -> Option<String> {
         return Some(format!("less than {LOW_DISK_PERCENT} % left"));
     }
     None
-}
-
-/// Bytes in B, kB, MB, GB or TB (powers of 1000), one decimal past kB.
-fn bytes_text(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["kB", "MB", "GB", "TB"];
-    if bytes < 1000 {
-        return format!("{bytes} B");
-    }
-    #[allow(clippy::cast_precision_loss)]
-    let mut value = bytes as f64 / 1000.0;
-    let mut unit = 0;
-    while value >= 1000.0 && unit + 1 < UNITS.len() {
-        value /= 1000.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
 }
 
 fn check_process_tracking(report: &mut Report) {
@@ -790,13 +774,5 @@ mod tests {
         );
         assert_eq!(storage_verdict(5_000_000_000, 100_000_000_000), None);
         assert_eq!(storage_verdict(2_000_000_000, 0), None);
-    }
-
-    #[test]
-    fn sizes_read_in_powers_of_a_thousand() {
-        assert_eq!(bytes_text(999), "999 B");
-        assert_eq!(bytes_text(1_500), "1.5 kB");
-        assert_eq!(bytes_text(12_300_000_000), "12.3 GB");
-        assert_eq!(bytes_text(252_000_000_000_000), "252.0 TB");
     }
 }

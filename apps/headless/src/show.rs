@@ -31,6 +31,22 @@ fn engine_line(engine: &Value, style: Style) -> String {
 }
 
 /// The human summary of `/v1/status`.
+/// Bytes in B, kB, MB, GB or TB (powers of 1000), one decimal past B.
+pub fn size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["kB", "MB", "GB", "TB"];
+    if bytes < 1000 {
+        return format!("{bytes} B");
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let mut value = bytes as f64 / 1000.0;
+    let mut unit = 0;
+    while value >= 1000.0 && unit + 1 < UNITS.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
 pub fn status_text(status: &Value, url: &str, style: Style) -> String {
     let mut out = Vec::new();
     let uptime = duration(status["uptime_ms"].as_u64().unwrap_or(0));
@@ -45,15 +61,11 @@ pub fn status_text(status: &Value, url: &str, style: Style) -> String {
         num("queued")
     ));
     if let Some(store) = status["store"].as_object() {
-        let megabytes = |key: &str| {
-            #[allow(clippy::cast_precision_loss)]
-            let mb = store.get(key).and_then(Value::as_u64).unwrap_or(0) as f64 / 1_000_000.0;
-            format!("{mb:.1} MB")
-        };
+        let bytes = |key: &str| size(store.get(key).and_then(Value::as_u64).unwrap_or(0));
         out.push(format!(
             "store     {} (log {}) at {}",
-            megabytes("bytes"),
-            megabytes("log_bytes"),
+            bytes("bytes"),
+            bytes("log_bytes"),
             store.get("path").and_then(Value::as_str).unwrap_or("?")
         ));
     }
@@ -305,6 +317,14 @@ mod tests {
              channels  telegram     failing: 401\n\
              \x20         webhook      running"
         );
+    }
+
+    #[test]
+    fn sizes_read_in_powers_of_a_thousand() {
+        assert_eq!(size(999), "999 B");
+        assert_eq!(size(1_500), "1.5 kB");
+        assert_eq!(size(12_300_000_000), "12.3 GB");
+        assert_eq!(size(252_000_000_000_000), "252.0 TB");
     }
 
     #[test]
