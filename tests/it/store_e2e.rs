@@ -50,3 +50,85 @@ async fn a_backup_taken_while_running_restores_once_the_gateway_stopped() {
     assert_eq!(response.status(), 404, "the run after the backup is gone with the restore");
     gateway.terminate().await;
 }
+
+/// A session's export reads back in order: each run's prompt, answer, engine
+/// and completed actions (a tool the CLI ran), as JSON lines and Markdown;
+/// the CLI prints the same.
+#[tokio::test]
+async fn a_sessions_export_reads_back_its_runs_in_order_with_their_actions() {
+    let cli_path = env!("CARGO_BIN_EXE_fake-cli");
+    let fixture = lemon_tests::fake_cli::fixture("claude", "synth_tool_use_success.jsonl");
+    let home = home_with(&format!(
+        "[gateway.engines.echo]\ndelay_ms = 0\n[gateway.engines.claude]\ncli_path = \"{cli_path}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\" }}\n{}",
+        fixture.display(),
+        crate::support::ALLOW_EVERY_CALL
+    ));
+    let gateway = Gateway::start_in(home.path()).await;
+    let session = "export:chat-1";
+    let mut runs = Vec::new();
+    for (engine, prompt) in
+        [("echo", "first question"), ("claude", "use a tool"), ("echo", "last one")]
+    {
+        let run_id = gateway
+            .submit(json!({ "prompt": prompt, "engine": engine, "session_key": session }))
+            .await;
+        let record = gateway.wait(&run_id).await;
+        assert_eq!(record["status"], "completed", "{record}");
+        runs.push((run_id, record));
+    }
+    // Another session's run is not in the export.
+    let other = gateway.submit(json!({ "prompt": "elsewhere", "session_key": "other" })).await;
+    gateway.wait(&other).await;
+
+    let response = gateway.get("/v1/sessions/export:chat-1/export").send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/x-ndjson");
+    let text = response.text().await.unwrap();
+    let lines: Vec<serde_json::Value> =
+        text.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    for (line, (run_id, record)) in lines.iter().zip(&runs) {
+        assert_eq!(line["run_id"], run_id.as_str());
+        assert_eq!(line["prompt"], record["prompt"]);
+        assert_eq!(line["answer"], record["answer"]);
+        assert_eq!(line["engine"], record["engine"]);
+    }
+    let tool = lines[1]["actions"].as_array().unwrap();
+    assert!(!tool.is_empty(), "the CLI's tool call is in the export: {}", lines[1]);
+    assert!(tool.iter().all(|action| action["ok"] == true), "{tool:?}");
+    assert_eq!(lines[0]["actions"], json!([]));
+
+    let markdown = gateway
+        .get("/v1/sessions/export:chat-1/export?format=markdown")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(markdown.starts_with("# Session export:chat-1\n\n## "), "{markdown}");
+    let first = markdown.find("> first question").unwrap();
+    let tool_use = markdown.find("> use a tool").unwrap();
+    let last = markdown.find("> last one").unwrap();
+    assert!(first < tool_use && tool_use < last, "in order: {markdown}");
+    assert!(markdown.contains("- ✓ "), "the tool is listed: {markdown}");
+    assert!(!markdown.contains("elsewhere"), "{markdown}");
+
+    let refused = gateway.get("/v1/sessions/export:chat-1/export?format=pdf").send().await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"], "format: must be jsonl or markdown");
+
+    let mut export = command(home.path());
+    export.env("LEMON_URL", &gateway.api).args([
+        "export",
+        "--session",
+        session,
+        "--format",
+        "jsonl",
+    ]);
+    let (ok, printed) = output_text(export).await;
+    assert!(ok, "{printed}");
+    assert_eq!(printed, text, "the command prints what the API gives");
+    gateway.terminate().await;
+}

@@ -182,6 +182,18 @@ enum Command {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Write a conversation (prompts, answers, actions, engines, times,
+    /// spend), oldest first, to stdout.
+    Export {
+        /// The session's key.
+        #[arg(long)]
+        session: String,
+        /// `jsonl` (one run per line) or `markdown`.
+        #[arg(long, default_value = "jsonl", value_parser = ["jsonl", "markdown"])]
+        format: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Copy the database (runs, events, sessions) to a new file, consistently,
     /// while the gateway runs or not.
     Backup {
@@ -418,6 +430,13 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             SecretsCommand::Delete { name } => crate::secrets_cmd::delete(&paths, &env, &name),
             SecretsCommand::Migrate => crate::secrets_cmd::migrate(&paths, &env),
         },
+        Command::Export { session, format, remote } => {
+            let client = client(&paths, &env, remote)?;
+            let path =
+                format!("/v1/sessions/{}/export?format={format}", show::form_value(&session));
+            print!("{}", client.get_text(&path).await?);
+            Ok(failure::OK)
+        }
         Command::Backup { file } => {
             let copied = lemon_core::store::sqlite::backup(&paths.database(), &file)?;
             println!(

@@ -199,6 +199,15 @@ impl Client {
         self.json(self.http.get(format!("{}{path}", self.config.base_url))).await
     }
 
+    /// `GET path` as text (an export).
+    ///
+    /// # Errors
+    /// See [`ClientError`].
+    pub async fn get_text(&self, path: &str) -> Result<String, ClientError> {
+        let response = self.send(self.http.get(format!("{}{path}", self.config.base_url))).await?;
+        response.text().await.map_err(|e| ClientError::Protocol(format!("not text: {e}")))
+    }
+
     /// `POST path` with a JSON `body`, as JSON.
     ///
     /// # Errors

@@ -208,8 +208,9 @@ pub async fn runs(
     Ok(failure::OK)
 }
 
-/// A query value with everything but unreserved characters percent-encoded.
-fn form_value(raw: &str) -> String {
+/// A query value or path segment with everything but unreserved characters
+/// percent-encoded.
+pub fn form_value(raw: &str) -> String {
     raw.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {

@@ -232,6 +232,7 @@ pub fn router(state: ApiState) -> Router {
     sessions::get,
     sessions::cancel,
     sessions::abort,
+    sessions::export,
     usage::get_budget,
     usage::put_budget,
     usage::usage,
@@ -292,6 +293,7 @@ pub fn router_documented(
         .route("/v1/sessions/{key}", get(sessions::get))
         .route("/v1/sessions/{key}/cancel", post(sessions::cancel))
         .route("/v1/sessions/{key}/abort", post(sessions::abort))
+        .route("/v1/sessions/{key}/export", get(sessions::export))
         .route("/v1/sessions/{key}/budget", get(usage::get_budget).put(usage::put_budget))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/status", get(status::status))

@@ -310,6 +310,12 @@ pub trait RunStore: Send + Sync + fmt::Debug + 'static {
     async fn finalize_run(&self, run: FinishedRun);
     async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
     async fn list_runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, StoreError>;
+    /// The runs of one session, oldest first, at most `limit`.
+    async fn session_runs(
+        &self,
+        session_key: &SessionKey,
+        limit: usize,
+    ) -> Result<Vec<RunRecord>, StoreError>;
 }
 
 /// Every event of every run, by run and index. Events may arrive for a run that
@@ -545,6 +551,18 @@ impl StoreHandle {
     /// The store is closed or a run cannot be read.
     pub async fn list_runs(&self, filter: RunFilter) -> Result<Vec<RunRecord>, StoreError> {
         self.runs().list_runs(filter).await
+    }
+
+    /// The runs of one session, oldest first, at most `limit`.
+    ///
+    /// # Errors
+    /// The store is closed or a run cannot be read.
+    pub async fn session_runs(
+        &self,
+        session_key: &SessionKey,
+        limit: usize,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        self.runs().session_runs(session_key, limit).await
     }
 
     /// See [`RunEventStore::append_event`].

@@ -1,4 +1,5 @@
-//! Handlers of `/v1/sessions/{key}`: what a session is doing, and cancelling it.
+//! Handlers of `/v1/sessions/{key}`: what a session is doing, cancelling it,
+//! and its export.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -92,4 +93,137 @@ pub(super) async fn abort(
 ) -> Result<Response, ApiError> {
     let key = session_key(&key)?;
     Ok(summary(&key, state.router.abort_session(&key).await?))
+}
+
+/// The most runs an export holds (the oldest first).
+pub(super) const EXPORT_MAX_RUNS: usize = 10_000;
+
+/// `?format=` of an export.
+#[derive(Debug, serde::Deserialize, Default)]
+pub(super) struct ExportQuery {
+    #[serde(default)]
+    format: Option<String>,
+}
+
+/// One run of a session as its export shows it: what was asked, answered,
+/// done (each completed action), with which engine, when, and what it spent.
+fn exported_run(
+    record: &lemon_core::store::RunRecord,
+    events: &[lemon_core::store::StoredEvent],
+) -> serde_json::Value {
+    let actions: Vec<serde_json::Value> = events
+        .iter()
+        .filter(|event| event.kind == "engine_action")
+        .map(|event| &event.data["action"])
+        .filter(|action| action["phase"] == "completed")
+        .map(|action| {
+            json!({
+                "kind": action["kind"],
+                "title": action["title"],
+                "ok": action["ok"],
+                "message": action["message"],
+            })
+        })
+        .collect();
+    json!({
+        "run_id": record.run_id,
+        "engine": record.engine,
+        "status": record.status.as_str(),
+        "prompt": record.prompt,
+        "answer": record.answer,
+        "error": record.error,
+        "actions": actions,
+        "usage": record.usage,
+        "spend_usd": record.spend.usd,
+        "created_at_ms": record.created_at_ms,
+        "completed_at_ms": record.completed_at_ms,
+    })
+}
+
+/// One run in Markdown: a heading with when and on what, the prompt quoted,
+/// the actions as a list, the answer (or the error).
+fn markdown_run(run: &serde_json::Value) -> String {
+    let when = run["created_at_ms"]
+        .as_i64()
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .map(|at| at.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+        .unwrap_or_default();
+    let mut out = format!(
+        "## {when} · {} · {}\n\n",
+        run["engine"].as_str().unwrap_or("?"),
+        run["status"].as_str().unwrap_or("?")
+    );
+    for line in run["prompt"].as_str().unwrap_or_default().lines() {
+        out.push_str(&format!("> {line}\n"));
+    }
+    out.push('\n');
+    for action in run["actions"].as_array().into_iter().flatten() {
+        let mark = if action["ok"] == false { "✗" } else { "✓" };
+        out.push_str(&format!(
+            "- {mark} {}: {}\n",
+            action["kind"].as_str().unwrap_or("action"),
+            action["title"].as_str().unwrap_or_default()
+        ));
+    }
+    if run["actions"].as_array().is_some_and(|a| !a.is_empty()) {
+        out.push('\n');
+    }
+    match (run["answer"].as_str(), run["error"].as_str()) {
+        (Some(answer), _) if !answer.is_empty() => out.push_str(&format!("{answer}\n\n")),
+        (_, Some(error)) => out.push_str(&format!("*Error: {error}*\n\n")),
+        _ => {}
+    }
+    out
+}
+
+/// `GET /v1/sessions/{key}/export`: the session's runs, oldest first, as
+/// JSON lines (`format=jsonl`, the default: one run per line with its
+/// prompt, answer, actions, engine, times and spend) or Markdown
+/// (`format=markdown`).
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{key}/export",
+    tag = "sessions",
+    params(
+        ("key" = String, Path, description = "The session key."),
+        ("format" = Option<String>, Query, description = "`jsonl` (default) or `markdown`."),
+    ),
+    responses(
+        (status = 200, description = "The session's runs, oldest first.", content_type = "application/x-ndjson", body = String),
+        Errors,
+    )
+)]
+pub(super) async fn export(
+    State(state): State<ApiState>,
+    PathParams(key): PathParams<String>,
+    axum::extract::Query(query): axum::extract::Query<ExportQuery>,
+) -> Result<Response, ApiError> {
+    let markdown = match query.format.as_deref() {
+        None | Some("jsonl") => false,
+        Some("markdown") => true,
+        Some(_) => {
+            return Err(ApiError::BadRequest("format: must be jsonl or markdown".to_owned()))
+        }
+    };
+    let key = session_key(&key)?;
+    let records = state.runs.session_runs(&key, EXPORT_MAX_RUNS).await?;
+    let mut runs = Vec::with_capacity(records.len());
+    for record in &records {
+        let events = match lemon_core::ids::RunId::parse(&record.run_id) {
+            Some(run_id) => state.runs.events(&run_id).await?,
+            None => Vec::new(),
+        };
+        runs.push(exported_run(record, &events));
+    }
+    let (content_type, body) = if markdown {
+        let mut body = format!("# Session {}\n\n", key.as_str());
+        for run in &runs {
+            body.push_str(&markdown_run(run));
+        }
+        ("text/markdown; charset=utf-8", body)
+    } else {
+        let body: String = runs.iter().map(|run| format!("{run}\n")).collect();
+        ("application/x-ndjson", body)
+    };
+    Ok(([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response())
 }

@@ -49,6 +49,18 @@ impl Runs {
         self.router.store.list_runs(filter).await
     }
 
+    /// The runs of one session, oldest first, at most `limit`.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store cannot be read.
+    pub async fn session_runs(
+        &self,
+        session_key: &SessionKey,
+        limit: usize,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        self.router.store.session_runs(session_key, limit).await
+    }
+
     /// A run's stored events, in index order.
     ///
     /// # Errors

@@ -196,6 +196,22 @@ impl RunStore for MemoryStore {
             .cloned()
             .collect())
     }
+
+    async fn session_runs(
+        &self,
+        session_key: &SessionKey,
+        limit: usize,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let tables = self.tables();
+        Ok(tables
+            .order
+            .iter()
+            .filter_map(|id| tables.runs.get(id))
+            .filter(|run| run.session_key == *session_key)
+            .take(limit)
+            .cloned()
+            .collect())
+    }
 }
 
 #[async_trait]

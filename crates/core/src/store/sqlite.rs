@@ -536,6 +536,27 @@ impl RunStore for SqliteStore {
         })
         .await
     }
+
+    async fn session_runs(
+        &self,
+        session_key: &SessionKey,
+        limit: usize,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let session_key = session_key.as_str().to_owned();
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(concat!(
+                    "SELECT ",
+                    run_columns!(),
+                    " FROM runs WHERE session_key = ?1 ORDER BY seq LIMIT ?2"
+                ))
+                .map_err(db)?;
+            let rows = stmt.query(params![session_key, limit]).map_err(db)?;
+            runs_from_rows(rows)
+        })
+        .await
+    }
 }
 
 #[async_trait]

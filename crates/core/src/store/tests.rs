@@ -301,6 +301,27 @@ async fn events_are_kept_per_run_in_index_order() {
 }
 
 #[tokio::test]
+async fn a_sessions_runs_come_oldest_first_and_only_its_own() {
+    for Backend { name, store, _dir } in backends() {
+        for (n, (id, session)) in
+            [("run_a1", "a"), ("run_b1", "b"), ("run_a2", "a"), ("run_a3", "a")]
+                .into_iter()
+                .enumerate()
+        {
+            let mut run = new_run(id, 1_000 + n as i64);
+            run.session_key = session.into();
+            store.insert_run(run).await;
+        }
+        let ids = |runs: Vec<RunRecord>| runs.into_iter().map(|r| r.run_id).collect::<Vec<_>>();
+        let a = store.session_runs(&"a".into(), 100).await.unwrap();
+        assert_eq!(ids(a), ["run_a1", "run_a2", "run_a3"], "{name}");
+        let first_two = store.session_runs(&"a".into(), 2).await.unwrap();
+        assert_eq!(ids(first_two), ["run_a1", "run_a2"], "{name}");
+        assert!(store.session_runs(&"c".into(), 100).await.unwrap().is_empty(), "{name}");
+    }
+}
+
+#[tokio::test]
 async fn list_runs_is_newest_first_with_status_filter_and_limit() {
     for Backend { name, store, _dir } in backends() {
         for (n, id) in ["run_1", "run_2", "run_3", "run_4", "run_5"].into_iter().enumerate() {
@@ -1365,13 +1386,17 @@ async fn sqlite_a_file_from_before_the_kv_table_is_migrated_and_keeps_its_runs()
 }
 
 /// Writes a file at `path` holding the queued run `run_old`, then makes it
-/// look like one of schema `version`: `undo` takes out what came later.
+/// look like one of schema `version` (5 or older): `undo` takes out what
+/// came later, after migration 6 (the session index) is undone here.
 async fn older_file_with_a_run(path: &Path, undo: &str, version: u32) {
     let store = open(path);
     store.insert_run(new_run("run_old", 1_000)).await;
     store.close().await.unwrap();
     let conn = rusqlite::Connection::open(path).unwrap();
-    conn.execute_batch(&format!("{undo} PRAGMA user_version = {version};")).unwrap();
+    conn.execute_batch(&format!(
+        "DROP INDEX runs_by_session; {undo} PRAGMA user_version = {version};"
+    ))
+    .unwrap();
 }
 
 /// Undoes migration 5 (the spend columns and their indexes), to make a file look older.

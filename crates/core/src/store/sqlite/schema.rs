@@ -101,6 +101,8 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX runs_completed ON runs (completed_at_ms) WHERE completed_at_ms IS NOT NULL;
     CREATE INDEX runs_session_completed ON runs (session_key, completed_at_ms)
         WHERE completed_at_ms IS NOT NULL;",
+    // 6: a session's runs in order, for its export.
+    "CREATE INDEX runs_by_session ON runs (session_key, seq);",
 ];
 
 /// The version a fully migrated file has.
