@@ -132,3 +132,49 @@ async fn a_sessions_export_reads_back_its_runs_in_order_with_their_actions() {
     assert_eq!(printed, text, "the command prints what the API gives");
     gateway.terminate().await;
 }
+
+/// `[gateway.backup]`: a folder with no copy newer than the last slot gets
+/// one at start, and only the newest `keep` copies stay.
+#[tokio::test]
+async fn a_scheduled_backup_makes_up_a_missed_slot_at_start_and_keeps_the_newest() {
+    let copies = tempfile::tempdir().unwrap();
+    for day in 1..=4 {
+        std::fs::write(copies.path().join(format!("lemon-2020010{day}T030000Z.db")), "old")
+            .unwrap();
+    }
+    let home = home_with(&format!(
+        "[gateway.engines.echo]\ndelay_ms = 0\n[gateway.backup]\nevery = \"daily at 3am\"\ndir = \"{}\"\nkeep = 3\n",
+        copies.path().display()
+    ));
+    let gateway = Gateway::start_in(home.path()).await;
+    let names = || {
+        let mut names: Vec<String> = std::fs::read_dir(copies.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    let listed = tokio::time::timeout(crate::support::PATIENCE, async {
+        loop {
+            let names = names();
+            if names.len() == 3 && names.iter().any(|name| !name.starts_with("lemon-2020")) {
+                return names;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no backup at start: {:?}", names()));
+    assert_eq!(
+        listed[..2],
+        ["lemon-20200103T030000Z.db", "lemon-20200104T030000Z.db"],
+        "{listed:?}"
+    );
+    let made = copies.path().join(&listed[2]);
+    let head = std::fs::read(&made).unwrap();
+    assert!(head.starts_with(b"SQLite format 3\0"), "the copy is a database");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&made).unwrap().permissions().mode() & 0o777, 0o600);
+    gateway.terminate().await;
+}

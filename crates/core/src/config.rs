@@ -164,6 +164,26 @@ pub struct GatewayConfig {
     pub cron: Vec<CronJobConfig>,
     #[serde(default)]
     pub dashboard: Option<toml::Table>,
+    /// `[gateway.backup]`: backups of the store on a schedule; unset, none.
+    #[serde(default)]
+    pub backup: Option<BackupConfig>,
+}
+
+/// `[gateway.backup]`: when to copy the store and how many copies to keep.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct BackupConfig {
+    /// A schedule as cron jobs take it (`daily at 3am`, `0 3 * * *`).
+    pub every: String,
+    /// Where the copies go (`lemon-<UTC time>.db`); default `backups` in the
+    /// gateway's home.
+    #[serde(default)]
+    pub dir: Option<PathBuf>,
+    /// Copies kept, newest first; older ones are removed.
+    #[serde(default = "defaults::backup_keep")]
+    pub keep: u32,
+    /// The time zone of `every`; default UTC.
+    #[serde(default)]
+    pub timezone: Option<String>,
 }
 
 impl Default for GatewayConfig {
@@ -801,6 +821,9 @@ pub const FALLBACK_ENGINE: &str = "echo";
 
 /// Default values, as functions serde can call.
 mod defaults {
+    pub(super) fn backup_keep() -> u32 {
+        7
+    }
     pub(super) fn approval_timeout_ms() -> u64 {
         600_000
     }

@@ -10,6 +10,7 @@
 //! - [`paths`]: where state lives (`$LEMON_HOME`, `config.toml`, the database,
 //!   secrets), decided by the caller and passed in.
 
+mod backups;
 mod bridge;
 mod config_file;
 pub mod keychain;
@@ -1068,6 +1069,11 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         &tracker,
     );
     tools.register(Arc::new(CronTool::new(cron.clone())));
+    if let Some(plan) =
+        gateway_config.backup.as_ref().and_then(|b| backups::Plan::from_config(b, &opts.paths.home))
+    {
+        tracker.spawn(backups::run(opts.paths.database(), plan, token.clone()));
+    }
     let statuses = registry.statuses().clone();
 
     let api_listener = bind(&gateway_config.api.addr(DEFAULT_API_PORT), "control API").await?;

@@ -118,6 +118,7 @@ const LIVE_KEYS: &[&str] = &[
 /// Keys of `[gateway]` whose edits wait for a restart.
 const RESTART_KEYS: &[&str] = &[
     "api",
+    "backup",
     "sms",
     "health",
     "http_header_read_timeout_ms",

@@ -533,6 +533,18 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
     }
 
     check_cron(&gateway.cron).map_err(|(segs, message)| at(&segs, Anchor::Value, message))?;
+    if let Some(backup) = &gateway.backup {
+        let segs = |name: &str| [key("gateway"), key("backup"), key(name)];
+        if let Err(err) = crate::cron::Schedule::parse(&backup.every) {
+            return Err(at(&segs("every"), Anchor::Value, err.to_string()));
+        }
+        if backup.keep == 0 {
+            return Err(at(&segs("keep"), Anchor::Value, "must be at least 1".to_owned()));
+        }
+        if let Some(Err(err)) = backup.timezone.as_deref().map(crate::cron::parse_timezone) {
+            return Err(at(&segs("timezone"), Anchor::Value, err.to_string()));
+        }
+    }
 
     let approvals = &gateway.approvals;
     let compiled = crate::approvals::Policy::from_config(approvals).map_err(|e| ("rules", e));

@@ -234,6 +234,18 @@ fn a_scopes_approval_rule_that_is_not_a_glob_is_named_where_it_is() {
 }
 
 #[test]
+fn a_backup_schedule_that_does_not_parse_is_named_where_it_is() {
+    check_error(
+        "[gateway.backup]\nevery = \"daily at 25pm\"\n",
+        "/home/u/.lemon/config.toml:2:9: gateway.backup.every: `25pm` is not a time of day (such as 9am, 9:30pm, 21:15)",
+    );
+    check_error(
+        "[gateway.backup]\nevery = \"@daily\"\nkeep = 0\n",
+        "/home/u/.lemon/config.toml:3:8: gateway.backup.keep: must be at least 1",
+    );
+}
+
+#[test]
 fn missing_required_key_names_the_table() {
     check_error(
         "[gateway.projects.demo]\ndefault_engine = \"claude\"\n",
