@@ -187,12 +187,8 @@ const LOW_DISK_PERCENT: u64 = 5;
 /// `warn` under 1 GB or 5 % free (a full disk pauses intake).
 fn check_storage(report: &mut Report, paths: &Paths) {
     let database = paths.database();
-    let size = |suffix: &str| {
-        let mut name = database.as_os_str().to_owned();
-        name.push(suffix);
-        std::fs::metadata(std::path::Path::new(&name)).map_or(0, |meta| meta.len())
-    };
-    let stored = size("") + size("-wal");
+    let sizes = lemon_core::store::sqlite::file_sizes(&database);
+    let stored = sizes.database + sizes.log;
     // The home may not exist yet: the nearest folder above it that does.
     let Some(existing) = paths.home.ancestors().find(|dir| dir.is_dir()) else { return };
     let stat = match rustix::fs::statvfs(existing) {
