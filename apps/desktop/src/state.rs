@@ -37,11 +37,7 @@ pub struct RunSummary {
 impl RunSummary {
     /// `session: prompt… (engine)`, with `, queued` for a run that waits.
     pub fn label(&self) -> String {
-        let prompt: String = self.prompt.split_whitespace().collect::<Vec<_>>().join(" ");
-        let mut short: String = prompt.chars().take(PROMPT_CHARS).collect();
-        if prompt.chars().count() > PROMPT_CHARS {
-            short = format!("{}…", short.trim_end());
-        }
+        let short = one_line_cut(&self.prompt, PROMPT_CHARS);
         let status =
             if self.status == "running" { String::new() } else { format!(", {}", self.status) };
         format!("{}: {short} ({}{status})", self.session_key, self.engine)
@@ -75,13 +71,19 @@ impl WaitingApproval {
 
     /// `tool: subject` on one line, the subject cut to 40 characters.
     pub fn call(&self) -> String {
-        let subject: String = self.subject.split_whitespace().collect::<Vec<_>>().join(" ");
-        let mut short: String = subject.chars().take(SUBJECT_CHARS).collect();
-        if subject.chars().count() > SUBJECT_CHARS {
-            short = format!("{}…", short.trim_end());
-        }
-        format!("{}: {short}", self.tool)
+        format!("{}: {}", self.tool, one_line_cut(&self.subject, SUBJECT_CHARS))
     }
+}
+
+/// `text` on one line (whitespace folded), cut to `chars` characters with
+/// `…` when it was longer.
+fn one_line_cut(text: &str, chars: usize) -> String {
+    let line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut short: String = line.chars().take(chars).collect();
+    if line.chars().count() > chars {
+        short = format!("{}…", short.trim_end());
+    }
+    short
 }
 
 /// The longest subject shown in an approval's menu line, in characters.
