@@ -12,10 +12,13 @@ use crate::fault_support::{
 };
 use crate::support::{home_with, Gateway, PATIENCE};
 
-/// What the fake CLI's signal log says: (what, at_ms) in order.
+/// What the fake CLI's signal log says: (what, at_ms) in order. Only whole
+/// lines: the last one may still be being written when it is read.
 fn signal_log(path: &std::path::Path) -> Vec<(String, u128)> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
+    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+    whole
+        .lines()
         .map(|line| {
             let value: serde_json::Value = serde_json::from_str(line).unwrap();
             let what = value["signal"].as_str().or(value["event"].as_str()).unwrap().to_owned();

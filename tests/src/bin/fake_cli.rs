@@ -283,9 +283,11 @@ fn now_ms() -> u128 {
         .map_or(0, |since| since.as_millis())
 }
 
+/// Appends `line` in one write, so a reader never sees half of it (the
+/// CLI's signal thread and its witness append to the same file).
 fn append_line(path: &str, line: &serde_json::Value) {
     if let Ok(mut file) = fs::OpenOptions::new().create(true).append(true).open(path) {
-        let _ = writeln!(file, "{line}");
+        let _ = file.write_all(format!("{line}\n").as_bytes());
     }
 }
 
