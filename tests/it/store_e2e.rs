@@ -178,3 +178,61 @@ async fn a_scheduled_backup_makes_up_a_missed_slot_at_start_and_keeps_the_newest
     assert_eq!(std::fs::metadata(&made).unwrap().permissions().mode() & 0o777, 0o600);
     gateway.terminate().await;
 }
+
+/// Polls `/v1/status` (bounded) until the store shows a retention pass that
+/// ended after `after_ms`; returns the pass.
+async fn prune_after(gateway: &Gateway, after_ms: i64) -> serde_json::Value {
+    let found = tokio::time::timeout(crate::support::PATIENCE, async {
+        loop {
+            let pass = gateway.status().await["store"]["last_prune"].clone();
+            if pass["at_ms"].as_i64().is_some_and(|at| at > after_ms) {
+                return pass;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    found.expect("a retention pass in time")
+}
+
+/// Retention on the real binary: a pass at start shows in `/v1/status`,
+/// `status` and `/metrics`, and an edit of `[gateway.retention]` runs another
+/// at once, which keeps a run that just finished.
+#[tokio::test]
+async fn retention_passes_at_start_and_again_when_its_section_is_edited() {
+    let config = "[gateway.engines.echo]\ndelay_ms = 0\n";
+    let home = home_with(config);
+    let gateway = Gateway::start_in(home.path()).await;
+    let run_id = gateway.submit(json!({ "prompt": "kept" })).await;
+    gateway.wait(&run_id).await;
+    let first = prune_after(&gateway, 0).await;
+    assert_eq!(first["error"], serde_json::Value::Null, "{first}");
+    let store = gateway.status().await["store"].clone();
+    assert_eq!(store["rows"]["runs"], 1, "{store}");
+    assert!(store["rows"]["run_events"].as_u64().is_some_and(|n| n >= 1), "{store}");
+
+    crate::support::write_config(
+        home.path(),
+        &format!("{config}[gateway.retention]\nruns_days = 1\nevents_days = 1\n"),
+    );
+    let second = prune_after(&gateway, first["at_ms"].as_i64().unwrap()).await;
+    assert_eq!(second["error"], serde_json::Value::Null, "{second}");
+    let run = gateway.run(&run_id).await;
+    assert_eq!(
+        (run["status"].as_str(), &run["compacted"]),
+        (Some("completed"), &serde_json::Value::Null)
+    );
+
+    let mut status = command(home.path());
+    status.env("LEMON_URL", &gateway.api).arg("status");
+    let (ok, text) = output_text(status).await;
+    assert!(ok, "{text}");
+    assert!(text.contains("rows: "), "{text}");
+    assert!(text.contains("last prune "), "{text}");
+    assert!(text.contains("last backup: none"), "{text}");
+    let url = format!("{}/metrics", gateway.health);
+    let metrics = reqwest::get(url).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("lemon_store_rows{table=\"runs\"} 1"), "{metrics}");
+    assert!(metrics.contains("# TYPE lemon_store_pruned_total counter"), "{metrics}");
+    gateway.terminate().await;
+}

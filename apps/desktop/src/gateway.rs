@@ -192,6 +192,9 @@ pub struct Api {
     pub api_url: String,
     pub health_url: String,
     token: SecretValue,
+    /// The configured API token: `/healthz` gives its details (the store's
+    /// error) to it alone.
+    health_token: SecretValue,
 }
 
 impl Api {
@@ -201,6 +204,7 @@ impl Api {
             api_url: connection.api_url.clone(),
             health_url: connection.health_url.clone(),
             token: connection.window_token.clone(),
+            health_token: connection.token.clone(),
         }
     }
 
@@ -310,42 +314,119 @@ impl Api {
         Ok(all)
     }
 
-    /// The gateway's health: `/healthz`, then whether a channel is failing.
+    /// The gateway's health: `/healthz` (with the token, for the store's
+    /// error), read by [`health_of`].
     pub async fn health(&self) -> Health {
-        let probe = self.http.get(format!("{}/healthz", self.health_url)).timeout(REQUEST_TIMEOUT);
+        let probe = self
+            .http
+            .get(format!("{}/healthz", self.health_url))
+            .bearer_auth(self.health_token.expose())
+            .timeout(REQUEST_TIMEOUT);
         let Ok(response) = probe.send().await else {
             return Health::Failing("the gateway does not answer".to_owned());
         };
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        if body["ok"] != Value::Bool(true) {
-            let failed: Vec<String> = body["checks"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|check| check["ok"] != Value::Bool(true))
-                .map(|check| text(&check["name"]))
-                .collect();
-            return Health::Failing(if failed.is_empty() {
-                "unhealthy".to_owned()
-            } else {
-                format!("{} failing", failed.join(", "))
-            });
-        }
-        let failing: Vec<String> = body["transports"]
-            .as_object()
+        health_of(&response.json().await.unwrap_or(Value::Null))
+    }
+}
+
+/// The longest store error the tray shows, in characters.
+const STORE_ERROR_CHARS: usize = 80;
+
+/// The health a `/healthz` body reports: a failing `store` check first (new
+/// messages are refused), then any other failing check, then a failing
+/// channel.
+pub fn health_of(body: &Value) -> Health {
+    if body["ok"] != Value::Bool(true) {
+        let failed: Vec<&Value> = body["checks"]
+            .as_array()
             .into_iter()
             .flatten()
-            .filter(|(_, t)| t["state"] == "failing")
-            .map(|(id, _)| id.clone())
+            .filter(|check| check["ok"] != Value::Bool(true))
             .collect();
-        if failing.is_empty() {
-            Health::Healthy
-        } else {
-            Health::Failing(format!("{} failing", failing.join(", ")))
+        if let Some(store) = failed.iter().find(|check| check["name"] == "store") {
+            let why = store["error"]
+                .as_str()
+                .filter(|why| !why.trim().is_empty())
+                .map(|why| crate::state::one_line_cut(why, STORE_ERROR_CHARS));
+            return Health::StoreFailing(why);
         }
+        let names: Vec<String> = failed.iter().map(|check| text(&check["name"])).collect();
+        return Health::Failing(if names.is_empty() {
+            "unhealthy".to_owned()
+        } else {
+            format!("{} failing", names.join(", "))
+        });
+    }
+    let failing: Vec<String> = body["transports"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, t)| t["state"] == "failing")
+        .map(|(id, _)| id.clone())
+        .collect();
+    if failing.is_empty() {
+        Health::Healthy
+    } else {
+        Health::Failing(format!("{} failing", failing.join(", ")))
     }
 }
 
 fn text(value: &Value) -> String {
     value.as_str().unwrap_or_default().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::health_of;
+    use crate::state::Health;
+
+    fn check(body: serde_json::Value, expected: Health) {
+        assert_eq!(health_of(&body), expected, "{body}");
+    }
+
+    fn checks(store: serde_json::Value) -> serde_json::Value {
+        json!([{ "name": "scheduler", "ok": true }, store, { "name": "runs", "ok": true }])
+    }
+
+    #[test]
+    fn a_store_that_cannot_save_is_named_with_its_error_when_given() {
+        let error = "store database error: database or disk is full";
+        check(
+            json!({ "ok": false, "checks": checks(json!({ "name": "store", "ok": false, "error": error })) }),
+            Health::StoreFailing(Some(error.to_owned())),
+        );
+        // Without the token the report has no error.
+        check(
+            json!({ "ok": false, "checks": checks(json!({ "name": "store", "ok": false })) }),
+            Health::StoreFailing(None),
+        );
+        let long = format!("store database error: {}", "disk I/O error ".repeat(10));
+        let Health::StoreFailing(Some(shown)) = health_of(
+            &json!({ "ok": false, "checks": checks(json!({ "name": "store", "ok": false, "error": long })) }),
+        ) else {
+            panic!("a failing store");
+        };
+        assert_eq!(shown.chars().count(), 81, "{shown}");
+        assert!(shown.ends_with('…'), "{shown}");
+    }
+
+    #[test]
+    fn other_checks_and_channels_fail_by_name() {
+        check(
+            json!({ "ok": false, "checks": [{ "name": "scheduler", "ok": false }, { "name": "store", "ok": true }] }),
+            Health::Failing("scheduler failing".to_owned()),
+        );
+        check(json!(null), Health::Failing("unhealthy".to_owned()));
+        check(
+            json!({ "ok": true, "checks": checks(json!({ "name": "store", "ok": true })),
+                "transports": { "telegram": { "state": "failing" }, "sms": { "state": "running" } } }),
+            Health::Failing("telegram failing".to_owned()),
+        );
+        check(
+            json!({ "ok": true, "checks": checks(json!({ "name": "store", "ok": true })), "transports": {} }),
+            Health::Healthy,
+        );
+    }
 }

@@ -8,7 +8,9 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::EnvFilter;
 
-/// Logs go to stderr and to `$LEMON_HOME/logs/desktop.log` ("Show logs").
+/// Logs go to stderr and to `$LEMON_HOME/logs/desktop.log` ("Show logs"). A
+/// line that cannot be written (a full disk) is lost, never reported with a
+/// panic of the task that logged.
 fn init_logging(settings: &Settings) {
     let file = settings.log_file();
     let file_layer = file
@@ -19,11 +21,16 @@ fn init_logging(settings: &Settings) {
             tracing_subscriber::fmt::layer()
                 .with_ansi(false)
                 .with_writer(std::sync::Mutex::new(file))
+                .log_internal_errors(false)
         });
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::registry()
         .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .log_internal_errors(false),
+        )
         .with(file_layer)
         .init();
 }

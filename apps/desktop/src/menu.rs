@@ -153,6 +153,12 @@ pub fn status_line(view: &TrayView) -> String {
     let mut line = match &view.health {
         Health::Starting => "Lemon Gateway: starting".to_owned(),
         Health::Failing(reason) => format!("Lemon Gateway: failing ({reason})"),
+        Health::StoreFailing(None) => {
+            "Lemon Gateway: storage failing, new messages refused".to_owned()
+        }
+        Health::StoreFailing(Some(why)) => {
+            format!("Lemon Gateway: storage failing, new messages refused ({why})")
+        }
         Health::Healthy if running == 0 => "Lemon Gateway: idle".to_owned(),
         Health::Healthy => format!("Lemon Gateway: {running} run{} active", plural(running)),
     };
@@ -361,5 +367,23 @@ mod tests {
             ..TrayView::default()
         };
         assert_eq!(status_line(&view), "Lemon Gateway: failing (health check: store)");
+    }
+
+    #[test]
+    fn a_store_that_cannot_save_says_new_messages_are_refused() {
+        let mut view = TrayView {
+            health: Health::StoreFailing(Some("database or disk is full".to_owned())),
+            runs: vec![run("r1", "queued")],
+            ..TrayView::default()
+        };
+        assert_eq!(
+            status_line(&view),
+            "Lemon Gateway: storage failing, new messages refused (database or disk is full), 1 queued"
+        );
+        view.health = Health::StoreFailing(None);
+        assert_eq!(
+            menu_model(&view)[0].label,
+            "Lemon Gateway: storage failing, new messages refused, 1 queued"
+        );
     }
 }

@@ -21,6 +21,10 @@ pub enum Health {
     /// The gateway does not answer, reports itself unhealthy, or a channel is
     /// failing; why, in a few words.
     Failing(String),
+    /// The store cannot save (a full disk, a read-only file system): every
+    /// new message is refused until it can. The store's error, cut short,
+    /// when the gateway gave it.
+    StoreFailing(Option<String>),
 }
 
 /// A queued or running run, as the menu lists it.
@@ -77,7 +81,7 @@ impl WaitingApproval {
 
 /// `text` on one line (whitespace folded), cut to `chars` characters with
 /// `…` when it was longer.
-fn one_line_cut(text: &str, chars: usize) -> String {
+pub(crate) fn one_line_cut(text: &str, chars: usize) -> String {
     let line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     let mut short: String = line.chars().take(chars).collect();
     if line.chars().count() > chars {
@@ -114,7 +118,7 @@ impl TrayView {
     /// Which icon the tray shows.
     pub fn icon_state(&self) -> IconState {
         match &self.health {
-            Health::Failing(_) => IconState::Failing,
+            Health::Failing(_) | Health::StoreFailing(_) => IconState::Failing,
             _ if self.running_runs() > 0 => IconState::Busy(self.running_runs()),
             _ => IconState::Idle,
         }
@@ -142,6 +146,8 @@ mod tests {
         view.runs = vec![run("running"), run("queued"), run("cancelling")];
         assert_eq!(view.icon_state(), IconState::Busy(2));
         view.health = Health::Failing("no answer".to_owned());
+        assert_eq!(view.icon_state(), IconState::Failing);
+        view.health = Health::StoreFailing(None);
         assert_eq!(view.icon_state(), IconState::Failing);
     }
 

@@ -11,7 +11,9 @@ use std::time::Duration;
 use lemon_desktop::app::{with_commands, SharedShell};
 use lemon_desktop::controller::{Controller, Shell};
 use lemon_desktop::gateway::Settings;
-use lemon_desktop::state::TrayView;
+use lemon_desktop::icon::IconState;
+use lemon_desktop::menu::status_line;
+use lemon_desktop::state::{Health, TrayView};
 use serde_json::{json, Value};
 use tauri::test::{
     get_ipc_response, mock_builder, mock_context, noop_assets, MockRuntime, INVOKE_KEY,
@@ -336,4 +338,38 @@ async fn run_after_restart(home: &Path) -> Value {
         .unwrap();
     controller.quit(&Recorder::default()).await;
     run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tray_shows_storage_failing_while_the_store_cannot_save() {
+    let app = app("").await;
+    app.controller.refresh(&*app.shell).await;
+    assert_eq!(app.controller.view().health, Health::Healthy);
+    // Another connection to the store's file makes its writes fail, as a
+    // full disk does, until the trigger goes.
+    let db = rusqlite::Connection::open(app.home.join("lemon.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER no_health BEFORE INSERT ON health \
+         BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END;",
+    )
+    .unwrap();
+    app.controller.refresh(&*app.shell).await;
+    let view = app.controller.view();
+    let Health::StoreFailing(Some(why)) = &view.health else {
+        panic!("storage failing with the store's error: {view:?}");
+    };
+    assert!(why.contains("database or disk is full"), "{why}");
+    assert_eq!(view.icon_state(), IconState::Failing);
+    assert!(
+        status_line(&view).starts_with("Lemon Gateway: storage failing, new messages refused"),
+        "{}",
+        status_line(&view)
+    );
+    assert!(app.shell.get().drawn.iter().any(|v| v.health == view.health), "the tray was redrawn");
+
+    db.execute_batch("DROP TRIGGER no_health;").unwrap();
+    app.controller.refresh(&*app.shell).await;
+    assert_eq!(app.controller.view().health, Health::Healthy);
+    app.shut().await;
 }

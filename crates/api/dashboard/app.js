@@ -21,6 +21,30 @@ const PAGES = {
 
 const $ = (id) => document.getElementById(id);
 let cleanup = null;
+let storageTimer = null;
+
+// How often every page asks whether the store still saves.
+const STORAGE_EVERY_MS = 10000;
+
+// While the store cannot save (a full disk, a read-only file system), every
+// page says so above everything else: new messages are refused until it can.
+function showStorage(status) {
+  const store = status && status.store;
+  const failing = Boolean(store) && store.writable === false;
+  const alert = $('storage-alert');
+  alert.hidden = !failing;
+  alert.textContent = failing
+    ? `Storage failing: the gateway cannot save messages, so new messages are refused until it can.${store.error ? ` (${store.error})` : ''}`
+    : '';
+}
+
+async function checkStorage() {
+  try {
+    showStorage(await api.get('/v1/status'));
+  } catch {
+    // The status page and the next check say more.
+  }
+}
 
 async function signIn(event) {
   event.preventDefault();
@@ -44,6 +68,8 @@ async function signIn(event) {
 
 function showLogin() {
   if (cleanup) { cleanup(); cleanup = null; }
+  if (storageTimer) { clearInterval(storageTimer); storageTimer = null; }
+  showStorage(null);
   api.setToken('');
   $('shell').hidden = true;
   $('login').hidden = false;
@@ -54,6 +80,8 @@ function showShell(status) {
   $('login').hidden = true;
   $('shell').hidden = false;
   if (status && status.version) $('version').textContent = `v${status.version}`;
+  showStorage(status);
+  if (!storageTimer) storageTimer = setInterval(checkStorage, STORAGE_EVERY_MS);
   route();
 }
 

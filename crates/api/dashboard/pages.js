@@ -190,6 +190,41 @@ function stat(label, value) {
   return h('div', { class: 'stat' }, h('span', { class: 'stat-value' }, String(value)), h('span', { class: 'stat-label' }, label));
 }
 
+// Bytes in powers of a thousand, as the command line shows them.
+function size(bytes) {
+  const units = ['B', 'kB', 'MB', 'GB', 'TB'];
+  let value = Number(bytes || 0);
+  let unit = 0;
+  while (value >= 1000 && unit < units.length - 1) { value /= 1000; unit += 1; }
+  return unit === 0 ? `${value} B` : `${value.toFixed(1)} ${units[unit]}`;
+}
+
+// The store: whether it saves, its size, rows per table, the last
+// retention pass and the last scheduled backup.
+function storage(store) {
+  const removed = (counts) => Object.entries(counts || {}).map(([kind, n]) => `${n} ${kind}`).join(', ');
+  const prune = store.last_prune;
+  const backup = store.last_backup;
+  const rows = Object.entries(store.rows || {}).map(([table, n]) => ({ table, n }));
+  return section('Storage', store.path,
+    h('div', { class: 'stats', id: 'storage-stats' },
+      stat('State', store.writable === false ? 'failing' : 'saving'),
+      stat('Database', size(store.bytes)),
+      stat('Log', size(store.log_bytes)),
+      stat('Last prune', prune ? ago(prune.at_ms) : 'none yet'),
+      stat('Last backup', backup ? ago(backup.at_ms) : 'none')),
+    store.writable === false && store.error ? h('p', { class: 'reason' }, store.error) : null,
+    h('p', { class: 'muted', id: 'storage-upkeep' },
+      prune ? `Last retention pass: ${removed(prune.removed) || 'nothing to remove'}${prune.error ? ` (stopped: ${prune.error})` : ''}. ` : '',
+      Object.keys(store.pruned_total || {}).length ? `Removed since start: ${removed(store.pruned_total)}. ` : '',
+      backup ? `Last backup: ${backup.path}.` : 'No scheduled backup: [gateway.backup] sets one.',
+      store.backup_error ? ` Backup failing: ${store.backup_error}` : ''),
+    table([
+      ['Table', (r) => h('code', {}, r.table)],
+      ['Rows', (r) => String(r.n)],
+    ], rows, 'The store could not be read.'));
+}
+
 export function status(main) {
   const body = h('div', { id: 'status-body' });
   main.append(h('h1', {}, 'Engines & transports'), body);
@@ -224,7 +259,8 @@ export function status(main) {
           ['Transport', (t) => h('strong', {}, t.id)],
           ['State', (t) => badge(t.state)],
           ['Detail', (t) => t.detail || (t.reason ? `${t.reason} (attempt ${t.attempts}, retry in ${duration(t.retry_in_ms)})` : '')],
-        ], transports)));
+        ], transports)),
+        s.store ? storage(s.store) : null);
     } catch (err) {
       failed(body, err);
     }

@@ -122,6 +122,8 @@ pub struct ApiState {
     /// The store's database file, whose size `/v1/status` reports as
     /// `store`; `None` for a store in memory.
     pub database: Option<Arc<std::path::Path>>,
+    /// What retention and backups did last, for `/v1/status`.
+    pub upkeep: lemon_core::store::upkeep::Upkeep,
 }
 
 impl fmt::Debug for ApiState {

@@ -84,6 +84,9 @@ pub struct HealthState {
     pub run_metrics: Option<RunMetrics>,
     /// The store's database file, for `lemon_store_bytes`; `None`: in memory.
     pub database: Option<Arc<std::path::Path>>,
+    /// What retention and backups did, for `lemon_store_pruned_total` and
+    /// `lemon_backup_last_success_timestamp_seconds`.
+    pub upkeep: lemon_core::store::upkeep::Upkeep,
 }
 
 impl HealthState {
@@ -100,6 +103,7 @@ impl HealthState {
             config: ConfigStatus::default(),
             run_metrics: None,
             database: None,
+            upkeep: Default::default(),
         }
     }
 
@@ -110,14 +114,21 @@ impl HealthState {
         self
     }
 
-    /// Reports the config's state (`config`): a refused edit of the file is `degraded`.
+    /// Reports the store's file at `database` (its size, rows per table) and
+    /// its `upkeep` in `/metrics`.
     #[must_use]
-    /// Reports the size of the store's file at `database` in `/metrics`.
-    pub fn with_database(mut self, database: Arc<std::path::Path>) -> Self {
+    pub fn with_database(
+        mut self,
+        database: Arc<std::path::Path>,
+        upkeep: lemon_core::store::upkeep::Upkeep,
+    ) -> Self {
         self.database = Some(database);
+        self.upkeep = upkeep;
         self
     }
 
+    /// Reports the config's state (`config`): a refused edit of the file is `degraded`.
+    #[must_use]
     pub fn with_config(mut self, config: ConfigStatus) -> Self {
         self.config = config;
         self
@@ -329,6 +340,31 @@ async fn metrics(State(state): State<HealthState>, headers: HeaderMap) -> Respon
             "Bytes of the store's database file and its write-ahead log on disk.",
             sizes.database + sizes.log,
         );
+        if let Ok(Ok(rows)) =
+            tokio::time::timeout(state.check_timeout, state.runs.table_rows()).await
+        {
+            out.family("lemon_store_rows", Kind::Gauge, "Rows per table of the store.");
+            for (table, n) in rows {
+                out.sample("lemon_store_rows", &[("table", &table)], n);
+            }
+        }
+        let upkeep = state.upkeep.snapshot();
+        out.family(
+            "lemon_store_pruned_total",
+            Kind::Counter,
+            "What retention removed since start, by kind (runs, events: runs compacted, usage, expired_records, sessions, cron_runs, pages).",
+        );
+        for (kind, n) in &upkeep.pruned_total {
+            out.sample("lemon_store_pruned_total", &[("kind", kind)], n);
+        }
+        if let Some(backup) = &upkeep.last_backup {
+            out.single(
+                "lemon_backup_last_success_timestamp_seconds",
+                Kind::Gauge,
+                "When the newest scheduled backup was made (Unix time).",
+                backup.at_ms / 1000,
+            );
+        }
     }
     if let Some(snapshot) = snapshot {
         out.single("lemon_runs_in_flight", Kind::Gauge, "Runs holding a slot.", snapshot.in_flight);

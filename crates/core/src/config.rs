@@ -167,6 +167,50 @@ pub struct GatewayConfig {
     /// `[gateway.backup]`: backups of the store on a schedule; unset, none.
     #[serde(default)]
     pub backup: Option<BackupConfig>,
+    /// `[gateway.retention]`: how long the store keeps what it holds.
+    #[serde(default)]
+    pub retention: RetentionConfig,
+}
+
+/// `[gateway.retention]`: what the store forgets, and when. A count of days of
+/// 0 keeps that kind of record forever. Applied live by a background task in
+/// small batches; never touched: runs not finished or owed a delivery, the
+/// journal, chat state, secrets.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct RetentionConfig {
+    /// Finished runs older than this go, with their events; what they spent stays.
+    #[serde(default = "defaults::runs_days")]
+    pub runs_days: u32,
+    /// Events of finished runs older than this are compacted into the run's
+    /// record (answer, actions, error).
+    #[serde(default = "defaults::events_days")]
+    pub events_days: u32,
+    /// What deleted runs spent is kept this long (usage totals, budgets).
+    #[serde(default = "defaults::usage_days")]
+    pub usage_days: u32,
+    /// Native sessions' histories unused for this long go.
+    #[serde(default = "defaults::sessions_days")]
+    pub sessions_days: u32,
+    /// Past this many megabytes (10⁶ bytes) of database file the oldest finished
+    /// runs go first, until it is under 90 % of it; unset, no bound.
+    #[serde(default)]
+    pub max_db_mb: Option<u64>,
+    /// The runs kept per cron job, newest first.
+    #[serde(default = "defaults::cron_runs_kept")]
+    pub cron_runs_kept: u32,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            runs_days: defaults::runs_days(),
+            events_days: defaults::events_days(),
+            usage_days: defaults::usage_days(),
+            sessions_days: defaults::sessions_days(),
+            max_db_mb: None,
+            cron_runs_kept: defaults::cron_runs_kept(),
+        }
+    }
 }
 
 /// `[gateway.backup]`: when to copy the store and how many copies to keep.
@@ -823,6 +867,21 @@ pub const FALLBACK_ENGINE: &str = "echo";
 mod defaults {
     pub(super) fn backup_keep() -> u32 {
         7
+    }
+    pub(super) fn runs_days() -> u32 {
+        30
+    }
+    pub(super) fn events_days() -> u32 {
+        7
+    }
+    pub(super) fn usage_days() -> u32 {
+        400
+    }
+    pub(super) fn sessions_days() -> u32 {
+        90
+    }
+    pub(super) fn cron_runs_kept() -> u32 {
+        u32::try_from(crate::cron::RUNS_KEPT).unwrap_or(u32::MAX)
     }
     pub(super) fn approval_timeout_ms() -> u64 {
         600_000

@@ -36,7 +36,8 @@ pub const DEFAULT_TIMEZONE: &str = "UTC";
 pub const DEFAULT_AGENT: &str = "default";
 /// A run's outcome is kept up to this many characters.
 pub const OUTPUT_LIMIT: usize = 500;
-/// The runs kept per job; older ones are dropped.
+/// The runs kept per job unless `[gateway.retention] cron_runs_kept` says
+/// otherwise; older ones are dropped.
 pub const RUNS_KEPT: usize = 100;
 /// Largest jitter, retry count and durations a job may ask for.
 pub const MAX_JITTER_SEC: u64 = 86_400;

@@ -4,8 +4,9 @@
 //! offsets, pending deliveries, and the process groups of running CLIs).
 //!
 //! Each concern is a small trait: [`RunStore`], [`RunEventStore`],
-//! [`ChatStateStore`], [`JournalStore`], [`KvStore`], plus [`StoreLifecycle`]
-//! (flush, probe, close). A backend implements all of them ([`StoreBackend`]);
+//! [`ChatStateStore`], [`JournalStore`], [`KvStore`], [`UsageStore`],
+//! [`RetentionStore`] (bounded pruning steps, rows per table), plus
+//! [`StoreLifecycle`] (flush, probe, close). A backend implements all of them ([`StoreBackend`]);
 //! [`StoreHandle`] is what the rest of the gateway holds, so callers never name
 //! a backend. Two backends exist: [`sqlite`] (one file under `$LEMON_HOME`, WAL,
 //! a single writer thread that batches writes into transactions) and [`memory`]
@@ -22,6 +23,7 @@ pub mod memory;
 pub mod sqlite;
 #[cfg(test)]
 mod tests;
+pub mod upkeep;
 
 use std::fmt;
 use std::path::Path;
@@ -109,6 +111,82 @@ pub struct RunRecord {
     pub started_at_ms: Option<i64>,
     pub completed_at_ms: Option<i64>,
     pub duration_ms: Option<u64>,
+    /// Set once retention compacted the run's events: what it kept of them.
+    pub compacted: Option<Compacted>,
+}
+
+/// What compaction keeps of a finished run's events, besides its answer and
+/// error (in the run's record already) and its `run_completed` event (kept,
+/// marked `"compacted"`, so a follower of the run still sees it end).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Compacted {
+    /// When the events were compacted (ms since the epoch).
+    pub at_ms: i64,
+    /// How many events the run had.
+    pub events: u64,
+    /// Its completed actions: `[{kind, title, ok, message}]`, as [`action_summary`] makes them.
+    pub actions: Vec<serde_json::Value>,
+}
+
+/// A run's completed actions, each as `{kind, title, ok, message}`, in order:
+/// what an export lists and what compaction keeps.
+pub fn action_summary<'a>(
+    events: impl IntoIterator<Item = &'a serde_json::Value>,
+) -> Vec<serde_json::Value> {
+    events
+        .into_iter()
+        .filter(|event| event["type"] == "engine_action")
+        .map(|event| &event["action"])
+        .filter(|action| action["phase"] == "completed")
+        .map(|action| {
+            serde_json::json!({
+                "kind": action["kind"],
+                "title": action["title"],
+                "ok": action["ok"],
+                "message": action["message"],
+            })
+        })
+        .collect()
+}
+
+/// One bounded step of retention: each deletes or rewrites at most `limit`
+/// rows (or frees at most `pages` pages) in one short transaction of its own,
+/// so the writer is never held for long. Never touched: runs not finished,
+/// runs owed a delivery (a `kv` record keyed by the run id without expiry),
+/// the journal, chat state, secrets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PruneStep {
+    /// Finished runs completed before `before_ms`, oldest first, with their
+    /// events. What each spent moves to the usage history, so usage totals and
+    /// budgets do not change.
+    Runs { before_ms: i64, limit: usize },
+    /// Compacts the events of finished runs completed before `before_ms` into
+    /// their record ([`Compacted`]), keeping only `run_completed`.
+    Events { before_ms: i64, limit: usize },
+    /// The usage history of deleted runs completed before `before_ms`.
+    Usage { before_ms: i64, limit: usize },
+    /// `kv` records expired at `now_ms` (idempotency keys, given-up deliveries,
+    /// SMS inbox entries…), soonest expiry first.
+    ExpiredRecords { now_ms: i64, limit: usize },
+    /// Records of `namespace` whose value's `updated_at_ms` is before
+    /// `before_ms` (native sessions not used since).
+    IdleRecords { namespace: String, before_ms: i64, limit: usize },
+    /// Gives free pages back to the file system.
+    Vacuum { pages: u32 },
+}
+
+impl PruneStep {
+    /// The step's name in logs and `lemon_store_pruned_total{kind}`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PruneStep::Runs { .. } => "runs",
+            PruneStep::Events { .. } => "events",
+            PruneStep::Usage { .. } => "usage",
+            PruneStep::ExpiredRecords { .. } => "expired_records",
+            PruneStep::IdleRecords { .. } => "sessions",
+            PruneStep::Vacuum { .. } => "pages",
+        }
+    }
 }
 
 /// A stored event: its index within the run, type name and JSON body
@@ -160,6 +238,11 @@ pub struct UsageTotals {
 }
 
 impl UsageTotals {
+    /// Both groups together.
+    pub fn plus(&self, other: &UsageTotals) -> UsageTotals {
+        UsageTotals { spend: self.spend.plus(&other.spend), runs: self.runs + other.runs }
+    }
+
     /// Adds one run.
     pub fn add(&mut self, spend: &RunSpend) {
         self.spend = self.spend.plus(spend);
@@ -325,6 +408,15 @@ pub trait RunEventStore: Send + Sync + fmt::Debug + 'static {
     async fn append_event(&self, event: Arc<BusEvent>);
     /// The run's events in index order.
     async fn run_events(&self, run_id: &str) -> Result<Vec<StoredEvent>, StoreError>;
+    /// The events of each of `run_ids`, in its order, each run's in index
+    /// order: one read for many runs (a session's export).
+    async fn runs_events(&self, run_ids: Vec<String>) -> Result<Vec<Vec<StoredEvent>>, StoreError> {
+        let mut all = Vec::with_capacity(run_ids.len());
+        for run_id in &run_ids {
+            all.push(self.run_events(run_id).await?);
+        }
+        Ok(all)
+    }
 }
 
 /// The last engine and resume token of each session, for auto-resume, with expiry.
@@ -414,6 +506,28 @@ pub trait UsageStore: Send + Sync + fmt::Debug + 'static {
     ) -> Result<Vec<(String, UsageTotals)>, StoreError>;
 }
 
+/// Keeping the store small: retention's steps and what the store holds.
+#[async_trait]
+pub trait RetentionStore: Send + Sync + fmt::Debug + 'static {
+    /// Applies one step; how many runs, events, rows or pages it removed
+    /// (events compacted count their runs).
+    ///
+    /// # Errors
+    /// The store is closed or the step could not be written (nothing of it is).
+    async fn prune(&self, step: PruneStep) -> Result<u64, StoreError>;
+    /// Rows per table, by table name in order.
+    ///
+    /// # Errors
+    /// The store is closed or cannot be read.
+    async fn table_rows(&self) -> Result<Vec<(String, u64)>, StoreError>;
+    /// Bytes of the pages that hold data (the file less its free pages): what
+    /// `max_db_mb` bounds. 0 for a store in memory.
+    ///
+    /// # Errors
+    /// The store is closed or cannot be read.
+    async fn used_bytes(&self) -> Result<u64, StoreError>;
+}
+
 /// Durability and lifetime of a backend, across all that it holds.
 #[async_trait]
 pub trait StoreLifecycle: Send + Sync + fmt::Debug + 'static {
@@ -428,7 +542,14 @@ pub trait StoreLifecycle: Send + Sync + fmt::Debug + 'static {
 /// A backend that holds everything: what [`StoreHandle::new`] takes. Implemented
 /// for every type that implements each concern's trait.
 pub trait StoreBackend:
-    RunStore + RunEventStore + ChatStateStore + JournalStore + KvStore + UsageStore + StoreLifecycle
+    RunStore
+    + RunEventStore
+    + ChatStateStore
+    + JournalStore
+    + KvStore
+    + UsageStore
+    + RetentionStore
+    + StoreLifecycle
 {
 }
 
@@ -439,6 +560,7 @@ impl<T> StoreBackend for T where
         + JournalStore
         + KvStore
         + UsageStore
+        + RetentionStore
         + StoreLifecycle
 {
 }
@@ -517,6 +639,11 @@ impl StoreHandle {
         &*self.backend
     }
 
+    /// Retention's steps and the store's rows.
+    pub fn retention(&self) -> &dyn RetentionStore {
+        &*self.backend
+    }
+
     /// See [`RunStore::insert_run`].
     pub async fn insert_run(&self, run: NewRun) {
         self.runs().insert_run(run).await;
@@ -576,6 +703,17 @@ impl StoreHandle {
     /// The store is closed or an event cannot be read.
     pub async fn run_events(&self, run_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
         self.events().run_events(run_id).await
+    }
+
+    /// See [`RunEventStore::runs_events`].
+    ///
+    /// # Errors
+    /// The store is closed or an event cannot be read.
+    pub async fn runs_events(
+        &self,
+        run_ids: Vec<String>,
+    ) -> Result<Vec<Vec<StoredEvent>>, StoreError> {
+        self.events().runs_events(run_ids).await
     }
 
     /// See [`ChatStateStore::put_chat_state`].

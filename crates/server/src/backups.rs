@@ -13,6 +13,7 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use chrono_tz::Tz;
 use lemon_core::config::BackupConfig;
 use lemon_core::cron::Schedule;
+use lemon_core::store::upkeep::{Backup, Upkeep};
 use tokio_util::sync::CancellationToken;
 
 /// The names of the copies: `lemon-20261206T030000Z.db`, which sort by time.
@@ -102,9 +103,13 @@ fn due(plan: &Plan, now: DateTime<Utc>) -> DateTime<Utc> {
     }
 }
 
-/// Takes the copies `plan` asks for until `shutdown`.
-pub(crate) async fn run(db: PathBuf, plan: Plan, shutdown: CancellationToken) {
+/// Takes the copies `plan` asks for until `shutdown`, recording each (and the
+/// newest one already there) in `upkeep`.
+pub(crate) async fn run(db: PathBuf, plan: Plan, upkeep: Upkeep, shutdown: CancellationToken) {
     tracing::info!(dir = %plan.dir.display(), every = %plan.every, keep = plan.keep, "store backups scheduled");
+    if let Some((at, path)) = copies(&plan.dir).into_iter().next() {
+        upkeep.backed_up(Backup { at_ms: at.timestamp_millis(), path });
+    }
     loop {
         let now = Utc::now();
         let wait = (due(&plan, now) - now).to_std().unwrap_or_default();
@@ -115,9 +120,10 @@ pub(crate) async fn run(db: PathBuf, plan: Plan, shutdown: CancellationToken) {
         let (db, plan_now) = (db.clone(), plan.clone());
         let taken = tokio::task::spawn_blocking(move || take(&db, &plan_now, Utc::now())).await;
         match taken {
-            Ok(Ok(_)) => {}
+            Ok(Ok(path)) => upkeep.backed_up(Backup { at_ms: lemon_core::clock::now_ms(), path }),
             Ok(Err(error)) => {
                 tracing::error!(%error, "the scheduled backup failed; trying again at the next slot");
+                upkeep.backup_failed(error);
                 // Not again at once: the next slot after now.
                 let now = Utc::now();
                 let next = plan.every.next_after(&now, &plan.tz).map(|at| at.with_timezone(&Utc));
@@ -129,7 +135,10 @@ pub(crate) async fn run(db: PathBuf, plan: Plan, shutdown: CancellationToken) {
                     () = tokio::time::sleep(wait) => {}
                 }
             }
-            Err(_) => tracing::error!("the scheduled backup panicked"),
+            Err(_) => {
+                tracing::error!("the scheduled backup panicked");
+                upkeep.backup_failed("the backup task panicked".to_owned());
+            }
         }
     }
 }

@@ -9,6 +9,7 @@
 //!   the [`Running`] gateway; [`Running::shutdown`] drains it.
 //! - [`paths`]: where state lives (`$LEMON_HOME`, `config.toml`, the database,
 //!   secrets), decided by the caller and passed in.
+//! - [`retention`]: `[gateway.retention]`, the task that keeps the store small.
 
 mod backups;
 mod bridge;
@@ -16,6 +17,7 @@ mod config_file;
 pub mod keychain;
 pub mod paths;
 mod reload;
+pub mod retention;
 
 /// For an app's `main`, before any thread: the environment, with its secrets
 /// blanked in the block `/proc` shows.
@@ -85,6 +87,8 @@ pub struct ServeOptions {
 pub struct Running {
     pub api_addr: SocketAddr,
     pub health_addr: SocketAddr,
+    /// [`paths::Paths::running`], removed by a clean stop.
+    running_file: PathBuf,
     /// Set when the API token was generated on this start; shown to the user once.
     pub generated_token: Option<SecretValue>,
     /// Every enabled channel and where it is reached once started, as
@@ -326,7 +330,10 @@ fn engines(
         if id == native::ENGINE_ID {
             continue;
         }
-        let Some(name) = &section.api_key_secret else { continue };
+        let Some(name) = section.api_key_secret.as_ref().filter(|name| !name.trim().is_empty())
+        else {
+            continue;
+        };
         match secrets.get(name)? {
             Some(value) => {
                 api_keys.insert(id.to_owned(), ApiKey::new(value.expose()));
@@ -338,7 +345,7 @@ fn engines(
     }
     // The native engine's key has a default secret per provider.
     let native = NativeSettings::from_section(sections.get(native::ENGINE_ID))?;
-    if native.enabled {
+    if native.enabled && !native.api_key_secret.is_empty() {
         if let Some(value) = secrets.get(&native.api_key_secret)? {
             api_keys.insert(native::ENGINE_ID.to_owned(), ApiKey::new(value.expose()));
         }
@@ -368,7 +375,8 @@ pub struct DefaultEngine {
 }
 
 /// `default_engine` as configured; unset, `lemon` when its provider key is
-/// set, else `echo`.
+/// set or it needs none (`api_key_secret = ""`, a `base_url` on this
+/// machine), else `echo`.
 ///
 /// # Errors
 /// A secrets file that cannot be read.
@@ -385,8 +393,14 @@ pub fn default_engine(
     let secret = &native.api_key_secret;
     let (engine, reason) = if !native.enabled {
         (config::FALLBACK_ENGINE, "the lemon engine is disabled".to_owned())
-    } else if secrets.get(secret)?.is_some() {
+    } else if !secret.is_empty() && secrets.get(secret)?.is_some() {
         (native::ENGINE_ID, format!("{secret} is set"))
+    } else if native.key_optional() {
+        let reason = match native.base_url.as_deref() {
+            Some(url) if !secret.is_empty() => format!("{url} is on this machine and needs no key"),
+            _ => "api_key_secret = \"\": its server needs no key".to_owned(),
+        };
+        (native::ENGINE_ID, reason)
     } else {
         (config::FALLBACK_ENGINE, format!("no {secret} set"))
     };
@@ -534,7 +548,12 @@ fn secret_sources(
     secrets: &SecretStore,
 ) -> Vec<(String, lemon_core::secrets::SecretOrigin)> {
     let mut names = vec![API_TOKEN_SECRET.to_owned()];
-    names.extend(engines.iter().filter_map(|(_, section)| section.api_key_secret.clone()));
+    names.extend(
+        engines
+            .iter()
+            .filter_map(|(_, section)| section.api_key_secret.clone())
+            .filter(|name| !name.trim().is_empty()),
+    );
     let named = |section: Option<&toml::Table>, key: &str| -> Option<String> {
         section?.get(key)?.as_str().map(str::to_owned)
     };
@@ -650,7 +669,7 @@ pub(crate) fn secret_uses(
         }
     }
     if let Ok(native) = NativeSettings::from_section(engines.get(native::ENGINE_ID)) {
-        if native.enabled {
+        if native.enabled && !native.api_key_secret.is_empty() {
             uses.push(SecretUse {
                 name: native.api_key_secret.clone(),
                 used_by: vec![format!("engines.{}", native::ENGINE_ID)],
@@ -1069,11 +1088,23 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         &tracker,
     );
     tools.register(Arc::new(CronTool::new(cron.clone())));
+    let upkeep = lemon_core::store::upkeep::Upkeep::default();
     if let Some(plan) =
         gateway_config.backup.as_ref().and_then(|b| backups::Plan::from_config(b, &opts.paths.home))
     {
-        tracker.spawn(backups::run(opts.paths.database(), plan, token.clone()));
+        tracker.spawn(backups::run(opts.paths.database(), plan, upkeep.clone(), token.clone()));
     }
+    let (retention_config, retention_watch) =
+        tokio::sync::watch::channel(gateway_config.retention.clone());
+    tracker.spawn(retention::run(
+        retention::Retention {
+            store: store.clone(),
+            database: Some(opts.paths.database()),
+            upkeep: upkeep.clone(),
+        },
+        retention_watch,
+        token.clone(),
+    ));
     let statuses = registry.statuses().clone();
 
     let api_listener = bind(&gateway_config.api.addr(DEFAULT_API_PORT), "control API").await?;
@@ -1150,6 +1181,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             sandbox: sandbox.to_json(),
             approvals: approval_hub.clone(),
             database: Some(opts.paths.database().into()),
+            upkeep: upkeep.clone(),
         },
         extra_routes.merge(secrets_routes).merge(extra),
         document,
@@ -1162,7 +1194,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             .with_transports(statuses.clone())
             .with_detail_token(shared_token.clone())
             .with_config(config_status.clone())
-            .with_database(opts.paths.database().into())
+            .with_database(opts.paths.database().into(), upkeep.clone())
             .with_run_metrics(run_metrics),
     );
     tracker.spawn(serve_logged(
@@ -1218,12 +1250,16 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         secret_values,
         api_token: shared_token,
         env: opts.env.clone(),
+        retention: retention_config,
     };
     tracker.spawn(reload::watch(reloader, token.clone()));
     tracing::info!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");
+    let running_file = opts.paths.running();
+    write_running_file(&running_file, api_addr, health_addr);
     Ok(Running {
         api_addr,
         health_addr,
+        running_file,
         generated_token: generated.then_some(api_token),
         channels: channel_lines(&statuses.snapshot()),
         gateway,
@@ -1627,7 +1663,34 @@ impl Running {
             tracing::warn!("some tasks did not stop within 10 s");
         }
         self.store.close().await.context("could not flush the store")?;
+        if let Err(error) = std::fs::remove_file(&self.running_file) {
+            tracing::debug!(%error, "the running gateway's file was already gone");
+        }
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+/// Writes where this gateway listens to `path` (0600, replaced whole), for
+/// clients that cannot read it from a config file the gateway refused.
+fn write_running_file(path: &Path, api: SocketAddr, health: SocketAddr) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let body = serde_json::json!({
+        "pid": std::process::id(),
+        "api": format!("http://{api}"),
+        "health": format!("http://{health}"),
+    });
+    let partial = path.with_extension("json.partial");
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&partial)
+        .and_then(|mut file| file.write_all(body.to_string().as_bytes()))
+        .and_then(|()| std::fs::rename(&partial, path));
+    if let Err(error) = written {
+        tracing::warn!(path = %path.display(), %error, "could not write where the gateway listens; clients read config.toml");
     }
 }

@@ -113,6 +113,7 @@ const LIVE_KEYS: &[&str] = &[
     "enable_discord",
     "discord",
     "email",
+    "retention",
 ];
 
 /// Keys of `[gateway]` whose edits wait for a restart.
@@ -155,6 +156,8 @@ pub(crate) struct Plan {
     pub(crate) budgets: bool,
     /// The approval rules in force are replaced.
     pub(crate) approvals: bool,
+    /// The retention task gets the new `[gateway.retention]` and runs a pass.
+    pub(crate) retention: bool,
 }
 
 impl Plan {
@@ -209,6 +212,7 @@ pub(crate) fn plan(current: &GatewayConfig, next: &GatewayConfig) -> Plan {
                 plan.discord = true;
             }
             "approvals" => plan.approvals = true,
+            "retention" => plan.retention = true,
             "budgets" => {
                 plan.budgets = true;
                 // `/status` shows the limits the router reads.
@@ -354,6 +358,8 @@ pub(crate) struct Reloader {
     pub(crate) api_token: lemon_api::api::ApiToken,
     /// The environment the gateway started with (`LEMON_API_TOKEN`).
     pub(crate) env: std::collections::BTreeMap<String, String>,
+    /// `[gateway.retention]` for the retention task, which runs a pass on a change.
+    pub(crate) retention: tokio::sync::watch::Sender<lemon_core::config::RetentionConfig>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -574,6 +580,9 @@ impl Reloader {
         }
         if plan.approvals {
             self.approval_rules.replace(&config);
+        }
+        if plan.retention {
+            self.retention.send_replace(config.retention.clone());
         }
         if let Some(engines) = engines {
             self.engines.replace(&engines);

@@ -11,6 +11,7 @@
 //! owed, so an answer is neither lost nor texted twice.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use lemon_core::approvals::{ApprovalHub, Reply};
@@ -22,6 +23,7 @@ use lemon_core::router::{
 };
 use lemon_transports::ask;
 use lemon_transports::delivery::{DeliveryRecord, DeliveryRecords};
+use lemon_transports::refused::{Refusals, StoreNotice};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -67,6 +69,8 @@ pub(crate) struct Replies {
     pub(crate) shutdown: CancellationToken,
     /// Tool calls waiting for the owner's answer, answered by `yes 4821`.
     pub(crate) approvals: ApprovalHub,
+    /// Numbers told that the store cannot save messages, told once each.
+    pub(crate) refusals: Arc<Refusals>,
 }
 
 impl Replies {
@@ -83,6 +87,7 @@ impl Replies {
             records: DeliveryRecords::new(store, REPLY_NS, GIVEN_UP_TTL),
             shutdown,
             approvals,
+            refusals: Arc::new(Refusals::new(StoreNotice::SendAgain)),
         }
     }
 
@@ -104,9 +109,10 @@ impl Replies {
         self.records.record_durably(&record.run_id, &record).await;
         let mut meta = BTreeMap::new();
         meta.insert("sms".to_owned(), json!({ "message_sid": message_sid, "from": from }));
+        let session = session_of(&from);
         let req = RunRequest {
             origin: Origin::Channel,
-            session_key: session_of(&from),
+            session_key: session.clone(),
             agent_id: None,
             prompt: body,
             queue_mode: None,
@@ -124,7 +130,10 @@ impl Replies {
             }),
         };
         match self.router.submit(req).await {
-            Ok(Submitted::Run(_, follower)) => self.deliver(record, follower).await,
+            Ok(Submitted::Run(_, follower)) => {
+                self.refusals.accepted(&session);
+                self.deliver(record, follower).await;
+            }
             Ok(Submitted::Command { reply, .. }) => {
                 self.records.finish(&record.run_id).await;
                 if let Err(error) = self.sender.send(&from, &reply, None).await {
@@ -134,8 +143,11 @@ impl Replies {
             Err(error) => {
                 self.records.finish(&record.run_id).await;
                 tracing::warn!(%error, "an SMS was not accepted as a request");
-                let text = format!("Not accepted: {error}");
-                let _ = self.sender.send(&from, &text, None).await;
+                if let Some(text) = self.refusals.reply(&session, &error) {
+                    if let Err(error) = self.sender.send(&from, &text, None).await {
+                        tracing::warn!(%error, "reply to an SMS not accepted not sent");
+                    }
+                }
             }
         }
     }

@@ -5,6 +5,8 @@
 //! - [`access`]: who may talk to the gateway through a chat channel, one rule
 //!   for all: listed, or nobody, unless `allow_everyone` opens it (warned about
 //!   at every start, shown in status).
+//! - [`refused`]: what a chat answers when the router does not take a
+//!   message; a failing store is told once per conversation, in plain words.
 //! - [`delivery`]: what every channel shares on the way out (backoff between
 //!   attempts).
 //! - [`webhook`]: `POST /webhooks/{integration}`, generic inbound webhooks with
@@ -32,6 +34,7 @@ pub mod discord;
 pub mod email;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod refused;
 pub mod telegram;
 pub mod webhook;
 pub mod xmtp;

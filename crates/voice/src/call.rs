@@ -20,7 +20,8 @@ use futures::StreamExt;
 use lemon_core::bus::{EventKind, Notice};
 use lemon_core::config::QueueMode;
 use lemon_core::ids::{RunId, SessionKey};
-use lemon_core::router::{ChannelRef, Origin, RunFollower, RunRequest, Submitted};
+use lemon_core::router::{ChannelRef, Origin, RouteError, RunFollower, RunRequest, Submitted};
+use lemon_transports::refused;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -392,6 +393,7 @@ impl Call {
             .await;
         match self.shared.router.submit(req).await {
             Ok(Submitted::Run(accepted, follower)) => {
+                self.shared.refusals.accepted(&state.session_key);
                 let id = self.speak(state, Some(turn), Source::Run(follower), events);
                 let _ =
                     events.try_send(ReplyEvent::Accepted { reply: id, run_id: accepted.run_id });
@@ -401,7 +403,16 @@ impl Call {
             }
             Err(error) => {
                 tracing::warn!(call = %self.call_sid, %error, "turn not accepted");
-                let sorry = "Sorry, I can't answer right now.".to_owned();
+                // A caller hears an answer to every turn; only the first one
+                // a failing store refuses says why at length.
+                let sorry = match &error {
+                    RouteError::Journal(_) => self
+                        .shared
+                        .refusals
+                        .reply(&state.session_key, &error)
+                        .unwrap_or_else(|| refused::STILL_FAILING.to_owned()),
+                    _ => "Sorry, I can't answer right now.".to_owned(),
+                };
                 self.speak(state, Some(turn), Source::Text(sorry), events);
             }
         }

@@ -32,6 +32,7 @@ use futures::{SinkExt, StreamExt};
 use lemon_core::ids::EngineRef;
 use lemon_core::router::RouterHandle;
 use lemon_core::transport::{Transport, TransportContext, TransportError};
+use lemon_transports::refused::{Refusals, StoreNotice};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -83,6 +84,9 @@ pub(crate) struct Shared {
     /// Per-call one-time token → the call waiting for its stream, and the
     /// calls answered lately; one lock, so a call is answered once.
     pending: Mutex<Answered>,
+    /// Callers told that the store cannot save what they say, told once
+    /// each; a later turn hears [`lemon_transports::refused::STILL_FAILING`].
+    pub(crate) refusals: Refusals,
 }
 
 /// The calls the incoming-call webhook answered, in memory. The call records
@@ -187,6 +191,7 @@ fn shared(deps: &VoiceDeps, ctx: &TransportContext) -> Shared {
         auth_token: secrets.twilio_auth_token.clone(),
         deepgram_key: secrets.deepgram_api_key.clone(),
         pending: Mutex::new(Answered::default()),
+        refusals: Refusals::new(StoreNotice::SendAgain),
     }
 }
 

@@ -1,7 +1,7 @@
 //! `lemon-bench`: the gateway's speed and memory, one JSON object per scenario.
 //!
 //! ```text
-//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|latency|conversations|startup|telegram|native|voice|connections|soak[:SECONDS]]…
+//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|latency|latency-prune|conversations|startup|telegram|native|voice|connections|soak[:SECONDS]]…
 //! ```
 //! No argument runs them all but `connections` (10 000 connections: it needs
 //! a descriptor limit above 12 000) and `soak` (30 minutes; `soak:120` for two). `LEMON_BENCH_METRICS=off` runs the in-process
@@ -175,9 +175,104 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 }
 
 async fn latency(runs: usize, per_sec: u64) -> anyhow::Result<serde_json::Value> {
+    latency_on("memory", runs, per_sec, None).await
+}
+
+/// Finished runs, each with a command, a delta and its end, completed `age`
+/// ago and before: what retention finds in an old gateway's store.
+async fn seed_old_runs(store: &StoreHandle, prefix: &str, n: usize, age: Duration) {
+    use lemon_core::engine::{Action, ActionKind, ActionPhase, Completion};
+    let completed_at_ms = lemon_core::clock::now_ms() - age.as_millis() as i64;
+    for i in 0..n {
+        let run_id = RunId::parse(&format!("{prefix}_{i}")).expect("a valid run id");
+        store
+            .insert_run(lemon_core::store::NewRun {
+                run_id: run_id.clone(),
+                session_key: format!("old:{}", i % 100).into(),
+                conversation: format!("old:{}", i % 100),
+                engine: "echo".to_owned(),
+                prompt: "an old prompt".to_owned(),
+                meta: serde_json::json!({}),
+                resumed_from: None,
+                created_at_ms: completed_at_ms - 1_000 - i as i64,
+            })
+            .await;
+        let completion = Completion::success("an old answer", None);
+        let action = Action {
+            id: "a".to_owned(),
+            kind: ActionKind::Command,
+            title: "make".to_owned(),
+            detail: serde_json::Value::Null,
+            phase: ActionPhase::Completed,
+            ok: Some(true),
+            message: None,
+            level: None,
+            result_meta: serde_json::Value::Null,
+        };
+        for (index, kind) in [
+            EventKind::EngineAction(action),
+            EventKind::Delta { seq: 1, text: "an old answer".to_owned() },
+            EventKind::RunCompleted {
+                completion: completion.clone(),
+                engine: "echo".to_owned(),
+                duration_ms: 5,
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let event = lemon_core::bus::BusEvent {
+                run_id: run_id.clone(),
+                session_key: "old".into(),
+                index: index as u64 + 1,
+                ts_ms: completed_at_ms,
+                kind,
+            };
+            store.append_event(Arc::new(event)).await;
+        }
+        store
+            .finalize_run(lemon_core::store::FinishedRun {
+                run_id,
+                engine: "echo".to_owned(),
+                completion,
+                completed_at_ms: completed_at_ms - i as i64,
+                duration_ms: 5,
+                spend: Default::default(),
+            })
+            .await;
+    }
+}
+
+/// Latency on `store`; with `prune: Some(n)`, `n` runs 60 days old are
+/// stored first and a retention pass with the default settings (which
+/// deletes half of them and compacts the other half) runs beside the load.
+async fn latency_on(
+    store: &str,
+    runs: usize,
+    per_sec: u64,
+    prune: Option<usize>,
+) -> anyhow::Result<serde_json::Value> {
     let bus = EventBus::new(1 << 16, 1024);
     let mut events = bus.subscribe_all();
-    let bench = start("memory", 64, bus)?;
+    let bench = start(store, 64, bus)?;
+    let pruning = match prune {
+        Some(n) => {
+            // Half are older than `runs_days`, half only past `events_days`.
+            seed_old_runs(&bench.store, "expired", n / 2, Duration::from_secs(60 * 86_400)).await;
+            seed_old_runs(&bench.store, "aged", n - n / 2, Duration::from_secs(10 * 86_400)).await;
+            bench.store.flush().await?;
+            let retention = lemon_server::retention::Retention {
+                store: bench.store.clone(),
+                database: bench._dir.as_ref().map(|dir| dir.path().join("bench.db")),
+                upkeep: Default::default(),
+            };
+            Some(tokio::spawn(async move {
+                let config = lemon_core::config::RetentionConfig::default();
+                retention.pass(&config, lemon_core::clock::now_ms()).await
+            }))
+        }
+        None => None,
+    };
     let (submitted_tx, mut submitted_rx) =
         tokio::sync::mpsc::unbounded_channel::<(RunId, Instant)>();
     let observer = tokio::spawn(async move {
@@ -219,11 +314,24 @@ async fn latency(runs: usize, per_sec: u64) -> anyhow::Result<serde_json::Value>
         submitted_tx.send((run_id, at))?;
     }
     let (mut to_delta, mut to_done) = observer.await??;
+    // Whether the pass was still going when the load ended.
+    let pass_running = pruning.as_ref().map(|pass| !pass.is_finished());
+    let pass = match pruning {
+        Some(pass) => Some(pass.await?),
+        None => None,
+    };
     bench.stop().await;
     to_delta.sort_unstable();
     to_done.sort_unstable();
     Ok(serde_json::json!({
         "scenario": "latency",
+        "store": store,
+        "prune_beside": pass.map(|pass| serde_json::json!({
+            "removed": pass.removed,
+            "took_ms": pass.took_ms,
+            "error": pass.error,
+            "outlasted_the_load": pass_running,
+        })),
         "runs": runs,
         "rate_per_sec": per_sec,
         "first_delta_p50_us": percentile(&to_delta, 0.50),
@@ -664,6 +772,12 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
         "throughput-memory" => vec![throughput("memory", 200_000, 10_000).await?],
         "throughput-sqlite" => vec![throughput("sqlite", 200_000, 10_000).await?],
         "latency" => vec![latency(5_000, 1_000).await?],
+        // The same load on SQLite, alone and with a retention pass beside it
+        // over 200 000 old runs (it outlasts the load).
+        "latency-prune" => vec![
+            latency_on("sqlite", 5_000, 1_000, None).await?,
+            latency_on("sqlite", 5_000, 1_000, Some(200_000)).await?,
+        ],
         "conversations" => vec![conversations(100_000).await?],
         "startup" => vec![startup().await?],
         "telegram" => vec![telegram(20, 150).await?],
@@ -674,7 +788,7 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
         other => match other.strip_prefix("soak:").map(str::parse::<u64>) {
             Some(Ok(seconds)) => vec![load::soak(seconds).await?],
             _ => anyhow::bail!(
-                "unknown scenario {other:?}: use throughput, latency, conversations, startup, telegram, native, voice, connections or soak[:SECONDS]"
+                "unknown scenario {other:?}: use throughput, latency, latency-prune, conversations, startup, telegram, native, voice, connections or soak[:SECONDS]"
             ),
         },
     })

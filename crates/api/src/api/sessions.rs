@@ -107,24 +107,15 @@ pub(super) struct ExportQuery {
 
 /// One run of a session as its export shows it: what was asked, answered,
 /// done (each completed action), with which engine, when, and what it spent.
+/// A run whose events were compacted lists the actions its record kept.
 fn exported_run(
     record: &lemon_core::store::RunRecord,
     events: &[lemon_core::store::StoredEvent],
 ) -> serde_json::Value {
-    let actions: Vec<serde_json::Value> = events
-        .iter()
-        .filter(|event| event.kind == "engine_action")
-        .map(|event| &event.data["action"])
-        .filter(|action| action["phase"] == "completed")
-        .map(|action| {
-            json!({
-                "kind": action["kind"],
-                "title": action["title"],
-                "ok": action["ok"],
-                "message": action["message"],
-            })
-        })
-        .collect();
+    let actions = match &record.compacted {
+        Some(compacted) => compacted.actions.clone(),
+        None => lemon_core::store::action_summary(events.iter().map(|event| &event.data)),
+    };
     json!({
         "run_id": record.run_id,
         "engine": record.engine,
@@ -207,14 +198,20 @@ pub(super) async fn export(
     };
     let key = session_key(&key)?;
     let records = state.runs.session_runs(&key, EXPORT_MAX_RUNS).await?;
-    let mut runs = Vec::with_capacity(records.len());
-    for record in &records {
-        let events = match lemon_core::ids::RunId::parse(&record.run_id) {
-            Some(run_id) => state.runs.events(&run_id).await?,
-            None => Vec::new(),
-        };
-        runs.push(exported_run(record, &events));
-    }
+    // The events only of runs whose actions are not kept in their record.
+    let wanted: Vec<String> = records
+        .iter()
+        .filter(|record| record.compacted.is_none())
+        .map(|record| record.run_id.clone())
+        .collect();
+    let mut events = state.runs.runs_events(wanted).await?.into_iter();
+    let runs: Vec<serde_json::Value> = records
+        .iter()
+        .map(|record| match record.compacted {
+            Some(_) => exported_run(record, &[]),
+            None => exported_run(record, &events.next().unwrap_or_default()),
+        })
+        .collect();
     let (content_type, body) = if markdown {
         let mut body = format!("# Session {}\n\n", key.as_str());
         for run in &runs {

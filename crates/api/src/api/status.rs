@@ -3,8 +3,10 @@
 //! and `version` where known) and transports
 //! (`{"<id>": {"state", "detail"?, "reason"?, "attempts"?, "retry_in_ms"?}}`),
 //! where the config's secrets come from (`{"<name>": {"source", "overrides"}}`)
-//! how commands are contained (`sandbox`), and the store's file with its size
-//! and its log's (`store`, `null` for a store in memory).
+//! how commands are contained (`sandbox`), and the store (`store`, `null` for
+//! a store in memory): whether it saves (`writable`, and the `error` when it
+//! does not), its file's size and its log's, rows per table, the last
+//! retention pass and what retention removed since start, the last backup.
 
 use axum::extract::State;
 use axum::Json;
@@ -14,6 +16,45 @@ use serde_json::{json, Value};
 use super::ApiState;
 use crate::error::ApiError;
 use crate::openapi::{schema, Errors};
+
+/// How long `/v1/status` waits to learn whether the store saves.
+const STORE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The store as `/v1/status` shows it. Rows are `null` when the file cannot
+/// be read.
+async fn store_json(path: &std::path::Path, state: &ApiState) -> Value {
+    let sizes = lemon_core::store::sqlite::file_sizes(path);
+    let rows = state.runs.table_rows().await.ok().map(|rows| {
+        rows.into_iter().map(|(table, n)| (table, json!(n))).collect::<serde_json::Map<_, _>>()
+    });
+    let upkeep = state.upkeep.snapshot();
+    // Bounded like the health check: a store another process holds locked
+    // must not hold up the status.
+    let writable = match tokio::time::timeout(STORE_CHECK_TIMEOUT, state.runs.check_store()).await {
+        Ok(checked) => checked.map_err(|err| err.to_string()),
+        Err(_) => Err(format!("no answer within {} s", STORE_CHECK_TIMEOUT.as_secs())),
+    };
+    json!({
+        "path": path.display().to_string(),
+        "writable": writable.is_ok(),
+        "error": writable.err(),
+        "bytes": sizes.database,
+        "log_bytes": sizes.log,
+        "rows": rows,
+        "last_prune": upkeep.last_prune.map(|pass| json!({
+            "at_ms": pass.at_ms,
+            "took_ms": pass.took_ms,
+            "removed": pass.removed,
+            "error": pass.error,
+        })),
+        "pruned_total": upkeep.pruned_total,
+        "last_backup": upkeep.last_backup.map(|backup| json!({
+            "at_ms": backup.at_ms,
+            "path": backup.path.display().to_string(),
+        })),
+        "backup_error": upkeep.backup_error,
+    })
+}
 
 #[utoipa::path(
     get,
@@ -76,10 +117,10 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
         },
         "transports": state.transports.to_json(),
         "sandbox": state.sandbox,
-        "store": state.database.as_deref().map(|path| {
-            let sizes = lemon_core::store::sqlite::file_sizes(path);
-            json!({ "path": path.display().to_string(), "bytes": sizes.database, "log_bytes": sizes.log })
-        }),
+        "store": match state.database.as_deref() {
+            Some(path) => store_json(path, &state).await,
+            None => Value::Null,
+        },
         "secrets": state
             .secret_sources
             .iter()

@@ -102,6 +102,7 @@ impl TestGateway {
             sandbox: serde_json::json!({ "mode": "off", "enforced": false }),
             approvals: lemon_core::approvals::ApprovalHub::default(),
             database: None,
+            upkeep: Default::default(),
         };
         TestGateway { state, bus, store, token, tracker }
     }

@@ -283,6 +283,7 @@ pub(super) fn run_json(record: &RunRecord, runs: &Runs) -> Value {
         "started_at_ms": record.started_at_ms,
         "completed_at_ms": record.completed_at_ms,
         "duration_ms": record.duration_ms,
+        "compacted": record.compacted,
     })
 }
 

@@ -137,3 +137,18 @@ fn the_token_is_sent_in_a_header_never_in_a_url() {
         }
     }
 }
+
+#[test]
+fn every_page_carries_the_storage_alert_read_from_the_status() {
+    // The alert sits outside the page that each route clears, and shows what
+    // `/v1/status` says of the store: `store.writable`, `store.error`.
+    let page = INDEX.body;
+    let alert = page.find("id=\"storage-alert\"").expect("the alert element");
+    assert!(alert < page.find("id=\"page\"").unwrap(), "outside the routed page");
+    let line = page.lines().find(|line| line.contains("id=\"storage-alert\"")).unwrap();
+    assert!(line.contains("role=\"alert\"") && line.contains(" hidden"), "{line}");
+    let app = ASSETS.iter().find(|a| a.name == "app.js").unwrap().body;
+    for needle in ["store.writable === false", "store.error", "'/v1/status'", "Storage failing"] {
+        assert!(app.contains(needle), "app.js reads {needle}");
+    }
+}

@@ -131,6 +131,17 @@ pub struct Artifact {
     pub mime: String,
 }
 
+/// What compaction kept of a run's events.
+#[derive(Debug, ToSchema)]
+pub struct Compacted {
+    /// When (ms since the epoch).
+    pub at_ms: i64,
+    /// How many events the run had.
+    pub events: u64,
+    /// Its completed actions: `{kind, title, ok, message}`.
+    pub actions: Vec<Value>,
+}
+
 /// A run, as `GET /v1/runs/{id}` answers it.
 #[derive(Debug, ToSchema)]
 pub struct Run {
@@ -159,6 +170,9 @@ pub struct Run {
     pub started_at_ms: Option<i64>,
     pub completed_at_ms: Option<i64>,
     pub duration_ms: Option<u64>,
+    /// Set once retention compacted the run's events (`[gateway.retention]
+    /// events_days`): only its `run_completed` is left to replay.
+    pub compacted: Option<Compacted>,
     /// The files of a finished run's answer (`GET /v1/runs/{id}` and
     /// `?wait=true` only; `[]` while it runs).
     pub artifacts: Option<Vec<Artifact>>,
@@ -369,14 +383,49 @@ pub struct Status {
     pub store: Option<StoreStatus>,
 }
 
-/// The store's file on disk, in `/v1/status`.
+/// The store, in `/v1/status`.
 #[derive(Debug, ToSchema)]
 pub struct StoreStatus {
     pub path: String,
+    /// Whether it saves right now (a full disk or a read-only file system: no).
+    pub writable: bool,
+    /// Why it does not save; `null` while it does.
+    pub error: Option<String>,
     /// The database file's size.
     pub bytes: u64,
     /// Its write-ahead log's size.
     pub log_bytes: u64,
+    /// Rows per table (`runs`, `run_events`, `pruned_usage`, `journal`, `kv`,
+    /// `chat_state`); `null` when the file cannot be read.
+    pub rows: Option<std::collections::BTreeMap<String, u64>>,
+    /// The last retention pass, once one ran.
+    pub last_prune: Option<PrunePass>,
+    /// What retention removed since start, by kind (`runs`, `events`, `usage`,
+    /// `expired_records`, `sessions`, `cron_runs`, `pages`).
+    pub pruned_total: std::collections::BTreeMap<String, u64>,
+    /// The newest scheduled backup known.
+    pub last_backup: Option<BackupMade>,
+    /// Why the last scheduled backup failed, until one succeeds.
+    pub backup_error: Option<String>,
+}
+
+/// One retention pass.
+#[derive(Debug, ToSchema)]
+pub struct PrunePass {
+    /// When it ended (ms since the epoch).
+    pub at_ms: i64,
+    pub took_ms: u64,
+    /// What it removed, by kind.
+    pub removed: std::collections::BTreeMap<String, u64>,
+    /// The step that failed, and why; the pass stopped there.
+    pub error: Option<String>,
+}
+
+/// A scheduled backup that was made.
+#[derive(Debug, ToSchema)]
+pub struct BackupMade {
+    pub at_ms: i64,
+    pub path: String,
 }
 
 /// `GET /v1/approvals`.

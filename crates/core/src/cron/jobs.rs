@@ -1,10 +1,11 @@
 //! Jobs and their runs in the store's `kv`: namespace `cron_jobs` (key = job
 //! id, value = [`CronJob`]) and `cron_runs:<job id>` (key = run id, value =
-//! [`CronRun`]), the last [`RUNS_KEPT`] runs of each job.
+//! [`CronRun`]); retention keeps the newest `cron_runs_kept` runs of each job
+//! ([`CronJobs::trim_runs`]).
 
 use serde::Deserialize;
 
-use super::{CronJob, CronRun, RUNS_KEPT};
+use super::{CronJob, CronRun};
 use crate::clock::now_ms;
 use crate::store::{StoreError, StoreHandle};
 
@@ -67,20 +68,32 @@ impl CronJobs {
         Ok(())
     }
 
-    /// Writes (or overwrites) a run, dropping the job's oldest runs past [`RUNS_KEPT`].
+    /// Writes (or overwrites) a run.
     ///
     /// # Errors
-    /// The store is closed or cannot be read.
+    /// The run cannot be serialised.
     pub async fn put_run(&self, run: &CronRun) -> Result<(), StoreError> {
         let namespace = runs_namespace(&run.job_id);
         let value = serde_json::to_value(run)
             .map_err(|e| StoreError::Corrupt(format!("cron run {}: {e}", run.id)))?;
         self.store.kv_put(&namespace, &run.id, value, None).await;
-        let runs = self.runs(&run.job_id).await?;
-        for old in runs.iter().skip(RUNS_KEPT) {
-            self.store.kv_delete(&namespace, &old.id).await;
-        }
         Ok(())
+    }
+
+    /// Drops every job's runs past its newest `kept`; how many went.
+    ///
+    /// # Errors
+    /// The store is closed or cannot be read.
+    pub async fn trim_runs(&self, kept: usize) -> Result<u64, StoreError> {
+        let mut removed = 0;
+        for job in self.load().await? {
+            let namespace = runs_namespace(&job.id);
+            for old in self.runs(&job.id).await?.iter().skip(kept) {
+                self.store.kv_delete(&namespace, &old.id).await;
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     /// A job's runs, newest first.

@@ -61,6 +61,26 @@ impl Runs {
         self.router.store.session_runs(session_key, limit).await
     }
 
+    /// The stored events of each of `run_ids`, in its order, each run's in
+    /// index order, read at one moment.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store cannot be read.
+    pub async fn runs_events(
+        &self,
+        run_ids: Vec<String>,
+    ) -> Result<Vec<Vec<StoredEvent>>, StoreError> {
+        self.router.store.runs_events(run_ids).await
+    }
+
+    /// Rows per table of the store, by table name.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store cannot be read.
+    pub async fn table_rows(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.router.store.retention().table_rows().await
+    }
+
     /// A run's stored events, in index order.
     ///
     /// # Errors

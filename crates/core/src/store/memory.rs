@@ -11,8 +11,8 @@ use async_trait::async_trait;
 
 use super::{
     ChatState, ChatStateStore, FinishedRun, JournalEntry, JournalState, JournalStore, KvStore,
-    NewRun, RunEventStore, RunFilter, RunRecord, RunStore, StoreError, StoreLifecycle, StoredEvent,
-    UsageFilter, UsageGroup, UsageStore, UsageTotals,
+    NewRun, PruneStep, RetentionStore, RunEventStore, RunFilter, RunRecord, RunStore, StoreError,
+    StoreLifecycle, StoredEvent, UsageFilter, UsageGroup, UsageStore, UsageTotals,
 };
 use crate::budget::usage::RunSpend;
 use crate::bus::{BusEvent, RunStatus};
@@ -111,6 +111,7 @@ impl RunStore for MemoryStore {
             started_at_ms: None,
             completed_at_ms: None,
             duration_ms: None,
+            compacted: None,
         };
         let mut tables = self.tables();
         // A repeated id (the router admits a run, the gateway inserts it again when it
@@ -325,6 +326,35 @@ impl MemoryStore {
                 && filter.engine.as_ref().is_none_or(|engine| &run.engine == engine)
         });
         selected.for_each(&mut f);
+    }
+}
+
+/// Retention is for the file: this store keeps its own bound (at most
+/// `max_runs` runs, the oldest finished ones forgotten first) and nothing of it
+/// outlives the process, so each step finds nothing to remove.
+#[async_trait]
+impl RetentionStore for MemoryStore {
+    async fn prune(&self, _step: PruneStep) -> Result<u64, StoreError> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(StoreError::Closed);
+        }
+        Ok(0)
+    }
+
+    async fn table_rows(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let tables = self.tables();
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        Ok(vec![
+            ("runs".to_owned(), count(tables.runs.len())),
+            ("run_events".to_owned(), count(tables.events.values().map(Vec::len).sum())),
+            ("journal".to_owned(), count(tables.journal.len())),
+            ("kv".to_owned(), count(tables.kv.values().map(BTreeMap::len).sum())),
+            ("chat_state".to_owned(), count(tables.chat.len())),
+        ])
+    }
+
+    async fn used_bytes(&self) -> Result<u64, StoreError> {
+        Ok(0)
     }
 }
 

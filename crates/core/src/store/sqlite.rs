@@ -18,11 +18,13 @@
 //!
 //! Files: `schema` (migrations), `writer` (the writer and checkpointer threads),
 //! `chat_states` (chat-state writes not committed yet, and the committed states
-//! of recent sessions), `backup` (backup and restore of the file).
+//! of recent sessions), `backup` (backup and restore of the file), `prune`
+//! (retention's steps).
 //! Events are stored in their one JSON form, [`crate::bus::EventJson`].
 
 mod backup;
 mod chat_states;
+mod prune;
 mod schema;
 mod writer;
 
@@ -45,8 +47,9 @@ use self::chat_states::{ChatStates, Known};
 use self::writer::{Reply, WriteOp};
 use super::{
     ChatState, ChatStateStore, FinishedRun, JournalEntry, JournalRoute, JournalState, JournalStore,
-    KvStore, NewRun, RunEventStore, RunFilter, RunRecord, RunStore, StoreError, StoreLifecycle,
-    StoredEvent, UsageFilter, UsageGroup, UsageStore, UsageTotals, KV_PURGE_BATCH,
+    KvStore, NewRun, PruneStep, RetentionStore, RunEventStore, RunFilter, RunRecord, RunStore,
+    StoreError, StoreLifecycle, StoredEvent, UsageFilter, UsageGroup, UsageStore, UsageTotals,
+    KV_PURGE_BATCH,
 };
 use crate::budget::usage::RunSpend;
 use crate::bus::{BusEvent, RunStatus};
@@ -104,16 +107,20 @@ macro_rules! run_columns {
         "run_id, session_key, conversation, engine, prompt, meta, status, answer, error, error_code, \
          resume_engine, resume_value, usage, created_at_ms, started_at_ms, completed_at_ms, duration_ms, \
          resumed_from_engine, resumed_from_value, \
-         input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd"
+         input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd, compacted"
     };
 }
 
-/// The sums a usage query selects, after its group column if any.
+/// The sums a usage query selects from `$table` (`runs`, or `pruned_usage`:
+/// what deleted runs spent), after its group column if any.
 macro_rules! usage_sums {
-    () => {
-        "count(*), coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0), \
-         coalesce(sum(cache_read_tokens), 0), coalesce(sum(cache_write_tokens), 0), \
-         coalesce(sum(cost_usd), 0.0) FROM runs"
+    ($table:literal) => {
+        concat!(
+            "count(*), coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0), \
+             coalesce(sum(cache_read_tokens), 0), coalesce(sum(cache_write_tokens), 0), \
+             coalesce(sum(cost_usd), 0.0) FROM ",
+            $table
+        )
     };
 }
 
@@ -222,6 +229,7 @@ impl SqliteStore {
         make_private(path).map_err(open_error)?;
         let file_lock = backup::hold_shared(path).map_err(open_error)?;
         let mut write_conn = connect(path).map_err(open_error)?;
+        prune::use_incremental_vacuum(&write_conn).map_err(open_error)?;
         schema::migrate(&mut write_conn).map_err(open_error)?;
         let pragmas = [
             // The checkpointer thread copies the log back; the writer only appends.
@@ -564,14 +572,18 @@ impl UsageStore for SqliteStore {
     async fn usage_totals(&self, filter: &UsageFilter) -> Result<UsageTotals, StoreError> {
         let filter = filter.clone();
         self.read(move |conn| {
-            let mut stmt = conn
-                .prepare_cached(concat!("SELECT ", usage_sums!(), usage_where!()))
-                .map_err(db)?;
-            let mut rows = stmt.query(usage_params(&filter)).map_err(db)?;
-            match rows.next().map_err(db)? {
-                Some(row) => totals_from_row(row, 0),
-                None => Ok(UsageTotals::default()),
+            let mut totals = UsageTotals::default();
+            for sql in [
+                concat!("SELECT ", usage_sums!("runs"), usage_where!()),
+                concat!("SELECT ", usage_sums!("pruned_usage"), usage_where!()),
+            ] {
+                let mut stmt = conn.prepare_cached(sql).map_err(db)?;
+                let mut rows = stmt.query(usage_params(&filter)).map_err(db)?;
+                if let Some(row) = rows.next().map_err(db)? {
+                    totals = totals.plus(&totals_from_row(row, 0)?);
+                }
             }
+            Ok(totals)
         })
         .await
     }
@@ -583,27 +595,45 @@ impl UsageStore for SqliteStore {
     ) -> Result<Vec<(String, UsageTotals)>, StoreError> {
         let filter = filter.clone();
         self.read(move |conn| {
-            let sql = match group {
-                UsageGroup::Engine => concat!(
-                    "SELECT engine, ",
-                    usage_sums!(),
-                    usage_where!(),
-                    " GROUP BY engine ORDER BY engine"
-                ),
-                UsageGroup::Session => concat!(
-                    "SELECT session_key, ",
-                    usage_sums!(),
-                    usage_where!(),
-                    " GROUP BY session_key ORDER BY session_key"
-                ),
-            };
-            let mut stmt = conn.prepare_cached(sql).map_err(db)?;
-            let mut rows = stmt.query(usage_params(&filter)).map_err(db)?;
-            let mut groups = Vec::new();
-            while let Some(row) = rows.next().map_err(db)? {
-                groups.push((row.get::<_, String>(0).map_err(db)?, totals_from_row(row, 1)?));
+            // The same grouped sums over the runs and over what deleted runs spent.
+            macro_rules! grouped {
+                ($column:literal) => {
+                    [
+                        concat!(
+                            "SELECT ",
+                            $column,
+                            ", ",
+                            usage_sums!("runs"),
+                            usage_where!(),
+                            " GROUP BY ",
+                            $column
+                        ),
+                        concat!(
+                            "SELECT ",
+                            $column,
+                            ", ",
+                            usage_sums!("pruned_usage"),
+                            usage_where!(),
+                            " GROUP BY ",
+                            $column
+                        ),
+                    ]
+                };
             }
-            Ok(groups)
+            let queries = match group {
+                UsageGroup::Engine => grouped!("engine"),
+                UsageGroup::Session => grouped!("session_key"),
+            };
+            let mut groups: std::collections::BTreeMap<String, UsageTotals> = Default::default();
+            for sql in queries {
+                let mut stmt = conn.prepare_cached(sql).map_err(db)?;
+                let mut rows = stmt.query(usage_params(&filter)).map_err(db)?;
+                while let Some(row) = rows.next().map_err(db)? {
+                    let group = groups.entry(row.get::<_, String>(0).map_err(db)?).or_default();
+                    *group = group.plus(&totals_from_row(row, 1)?);
+                }
+            }
+            Ok(groups.into_iter().collect())
         })
         .await
     }
@@ -618,6 +648,29 @@ fn usage_params(filter: &UsageFilter) -> (i64, Option<String>, Option<String>) {
 }
 
 #[async_trait]
+impl RetentionStore for SqliteStore {
+    async fn prune(&self, step: PruneStep) -> Result<u64, StoreError> {
+        if self.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        let tx = self.tx.as_ref().ok_or(StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        self.send(tx, WriteOp::Prune { step, reply }).await.map_err(|_| StoreError::Closed)?;
+        self.wake_writer();
+        self.pump_if(|_| true);
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn table_rows(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.read(|conn| prune::table_rows(conn).map_err(db)).await
+    }
+
+    async fn used_bytes(&self) -> Result<u64, StoreError> {
+        self.point_read(|conn| prune::used_bytes(conn).map_err(db)).await
+    }
+}
+
+#[async_trait]
 impl RunEventStore for SqliteStore {
     async fn append_event(&self, event: Arc<BusEvent>) {
         self.queue(WriteOp::AppendEvent(event)).await;
@@ -625,34 +678,50 @@ impl RunEventStore for SqliteStore {
 
     async fn run_events(&self, run_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
         let run_id = run_id.to_owned();
+        self.read(move |conn| read_run_events(conn, &run_id)).await
+    }
+
+    async fn runs_events(&self, run_ids: Vec<String>) -> Result<Vec<Vec<StoredEvent>>, StoreError> {
         self.read(move |conn| {
-            let mut stmt = conn
-                .prepare_cached(
-                    "SELECT idx, kind, data FROM run_events
-                     WHERE run_seq = (SELECT seq FROM runs WHERE run_id = ?1
-                                      UNION ALL SELECT seq FROM event_only_runs WHERE run_id = ?1)
-                     ORDER BY idx",
-                )
-                .map_err(db)?;
-            let mut rows = stmt.query(params![run_id]).map_err(db)?;
-            let mut events = Vec::new();
-            while let Some(row) = rows.next().map_err(db)? {
-                let first: i64 = row.get(0).map_err(db)?;
-                let data: String = row.get(2).map_err(db)?;
-                // A row holds one or more consecutive events, one JSON object per line.
-                for line in data.split('\n') {
-                    let data = parse_json(line, || format!("event row {first} of run {run_id}"))?;
-                    let head = StoredEventHead::deserialize(&data).map_err(|e| {
-                        StoreError::Corrupt(format!("event row {first} of run {run_id}: {e}"))
-                    })?;
-                    let (index, kind) = (head.index, head.kind);
-                    events.push(StoredEvent { index, kind, data });
-                }
-            }
-            Ok(events)
+            // One read transaction, so every run is seen at the same moment.
+            conn.execute_batch("BEGIN").map_err(db)?;
+            let all: Result<Vec<_>, _> =
+                run_ids.iter().map(|run_id| read_run_events(conn, run_id)).collect();
+            // Ended whether or not a run could be read.
+            let ended = conn.execute_batch("COMMIT").map_err(db);
+            let all = all?;
+            ended.map(|()| all)
         })
         .await
     }
+}
+
+/// A run's events in index order, on `conn`.
+fn read_run_events(conn: &Connection, run_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT idx, kind, data FROM run_events
+             WHERE run_seq = (SELECT seq FROM runs WHERE run_id = ?1
+                              UNION ALL SELECT seq FROM event_only_runs WHERE run_id = ?1)
+             ORDER BY idx",
+        )
+        .map_err(db)?;
+    let mut rows = stmt.query(params![run_id]).map_err(db)?;
+    let mut events = Vec::new();
+    while let Some(row) = rows.next().map_err(db)? {
+        let first: i64 = row.get(0).map_err(db)?;
+        let data: String = row.get(2).map_err(db)?;
+        // A row holds one or more consecutive events, one JSON object per line.
+        for line in data.split('\n') {
+            let data = parse_json(line, || format!("event row {first} of run {run_id}"))?;
+            let head = StoredEventHead::deserialize(&data).map_err(|e| {
+                StoreError::Corrupt(format!("event row {first} of run {run_id}: {e}"))
+            })?;
+            let (index, kind) = (head.index, head.kind);
+            events.push(StoredEvent { index, kind, data });
+        }
+    }
+    Ok(events)
 }
 
 impl SqliteStore {
@@ -949,6 +1018,10 @@ fn make_private(path: &Path) -> Result<(), String> {
 fn connect(path: &Path) -> Result<Connection, String> {
     let conn = Connection::open(path).map_err(|e| e.to_string())?;
     conn.busy_handler(Some(wait_for_lock)).map_err(|e| e.to_string())?;
+    // Before WAL, whose switch writes a new file's header: a new file gives
+    // freed pages back incrementally (an existing one is converted by
+    // `prune::use_incremental_vacuum`; for it this line alone changes nothing).
+    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL").map_err(|e| e.to_string())?;
     // WAL lets the reader read while the writer writes; NORMAL syncs only at
     // checkpoints, so a commit is an append to the log. A power cut may lose the
     // last commits but never corrupts the file.
@@ -1025,6 +1098,7 @@ fn run_from_row(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     let duration_ms: Option<i64> = row.get(16).map_err(db)?;
     let resumed_from_engine: Option<String> = row.get(17).map_err(db)?;
     let resumed_from_value: Option<String> = row.get(18).map_err(db)?;
+    let compacted: Option<String> = row.get(24).map_err(db)?;
     Ok(RunRecord {
         session_key: row.get::<_, String>(1).map_err(db)?.into(),
         conversation: row.get(2).map_err(db)?,
@@ -1052,6 +1126,13 @@ fn run_from_row(row: &Row<'_>) -> Result<RunRecord, StoreError> {
             .map(|d| {
                 u64::try_from(d)
                     .map_err(|_| StoreError::Corrupt(format!("run {run_id} has duration {d}")))
+            })
+            .transpose()?,
+        compacted: compacted
+            .map(|text| {
+                serde_json::from_str(&text).map_err(|e| {
+                    StoreError::Corrupt(format!("compacted events of run {run_id}: {e}"))
+                })
             })
             .transpose()?,
         run_id,

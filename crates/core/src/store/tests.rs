@@ -83,6 +83,7 @@ fn queued_record(id: &str, created_at_ms: i64) -> RunRecord {
         started_at_ms: None,
         completed_at_ms: None,
         duration_ms: None,
+        compacted: None,
     }
 }
 
@@ -1394,10 +1395,14 @@ async fn older_file_with_a_run(path: &Path, undo: &str, version: u32) {
     store.close().await.unwrap();
     let conn = rusqlite::Connection::open(path).unwrap();
     conn.execute_batch(&format!(
-        "DROP INDEX runs_by_session; {undo} PRAGMA user_version = {version};"
+        "{UNDO_RETENTION} DROP INDEX runs_by_session; {undo} PRAGMA user_version = {version};"
     ))
     .unwrap();
 }
+
+/// Undoes migration 7 (retention's column, table and indexes).
+const UNDO_RETENTION: &str = "DROP INDEX runs_uncompacted; ALTER TABLE runs DROP COLUMN compacted;
+     DROP TABLE pruned_usage; DROP INDEX kv_unexpired_by_key;";
 
 /// Undoes migration 5 (the spend columns and their indexes), to make a file look older.
 const UNDO_SPEND: &str = "DROP INDEX runs_completed; DROP INDEX runs_session_completed;
@@ -1884,4 +1889,110 @@ async fn a_restore_refuses_what_is_not_a_lemon_database_and_keeps_the_store() {
     assert_eq!(finished_rows(&path).len(), 1, "the store is as it was");
     assert!(!path.with_file_name("lemon.db.before-restore").exists());
     assert!(!path.with_file_name("lemon.db.restoring").exists());
+}
+
+#[tokio::test]
+async fn a_file_that_kept_its_free_pages_is_converted_once_and_keeps_its_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = open(&path);
+    run_to_end(&store, "run_kept", Completion::success("kept", None)).await;
+    store.close().await.unwrap();
+    drop(store);
+    let mode = |path: &Path| -> i64 {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.query_row("PRAGMA auto_vacuum", [], |row| row.get(0)).unwrap()
+    };
+    assert_eq!(mode(&path), 2, "a new file gives pages back incrementally");
+    // As files made before retention were.
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("PRAGMA auto_vacuum = NONE; VACUUM;").unwrap();
+    }
+    assert_eq!(mode(&path), 0);
+    let store = open(&path);
+    assert_eq!(store.get_run("run_kept").await.unwrap().unwrap().answer.as_deref(), Some("kept"));
+    store.close().await.unwrap();
+    drop(store);
+    assert_eq!(mode(&path), 2);
+}
+
+#[tokio::test]
+async fn compaction_keeps_a_runs_end_and_actions_once_and_a_closed_store_refuses_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_inline(&db_path(&dir));
+    let run = run_id("run_c");
+    store.insert_run(new_run("run_c", 1_000)).await;
+    let action = Action {
+        id: "a".to_owned(),
+        kind: ActionKind::Command,
+        title: "ls".to_owned(),
+        detail: serde_json::Value::Null,
+        phase: ActionPhase::Completed,
+        ok: Some(true),
+        message: None,
+        level: None,
+        result_meta: serde_json::Value::Null,
+    };
+    let completion = Completion::success("listed", None);
+    for (index, kind) in [
+        EventKind::Delta { seq: 1, text: "listed".to_owned() },
+        EventKind::EngineAction(action),
+        EventKind::RunCompleted {
+            completion: completion.clone(),
+            engine: "echo".to_owned(),
+            duration_ms: 5,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let event = BusEvent {
+            run_id: run.clone(),
+            session_key: "s".into(),
+            index: index as u64 + 1,
+            ts_ms: 1_500,
+            kind,
+        };
+        store.append_event(Arc::new(event)).await;
+    }
+    store.finalize_run(finished("run_c", completion)).await;
+    let step = PruneStep::Events { before_ms: 3_000, limit: 10 };
+    assert_eq!(store.retention().prune(step.clone()).await.unwrap(), 1);
+    assert_eq!(store.retention().prune(step).await.unwrap(), 0, "compacted once");
+    let events = store.run_events("run_c").await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].data["compacted"]["events"], 3);
+    assert_eq!(events[0].data["answer"], "listed");
+    let record = store.get_run("run_c").await.unwrap().unwrap();
+    let compacted = record.compacted.unwrap();
+    assert_eq!(
+        compacted.actions,
+        vec![json!({"kind": "command", "title": "ls", "ok": true, "message": null})]
+    );
+    assert_eq!(store.retention().table_rows().await.unwrap()[0], ("runs".to_owned(), 1));
+    store.close().await.unwrap();
+    assert_eq!(
+        store.retention().prune(PruneStep::Runs { before_ms: i64::MAX, limit: 1 }).await,
+        Err(StoreError::Closed)
+    );
+}
+
+#[tokio::test]
+async fn many_runs_events_read_at_once_in_the_order_asked() {
+    for Backend { name, store, _dir } in backends() {
+        for (id, n) in [("run_a", 2), ("run_b", 3)] {
+            store.insert_run(new_run(id, 1_000)).await;
+            for index in 1..=n {
+                let delta = EventKind::Delta { seq: index, text: format!("{id} {index}") };
+                store.append_event(event(id, index, delta)).await;
+            }
+        }
+        let ids = ["run_b", "run_missing", "run_a"].map(str::to_owned).to_vec();
+        let all = store.runs_events(ids).await.unwrap();
+        let indexes: Vec<Vec<u64>> =
+            all.iter().map(|events| events.iter().map(|e| e.index).collect()).collect();
+        assert_eq!(indexes, vec![vec![1, 2, 3], vec![], vec![1, 2]], "{name}");
+        assert_eq!(all[2][1].data["text"], "run_a 2", "{name}");
+    }
 }

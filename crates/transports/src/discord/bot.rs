@@ -50,6 +50,7 @@ use super::types::{
 use crate::access::Access;
 use crate::ask;
 use crate::delivery::{self, Backoff, DeliveryRecord, DeliveryRecords, Outbox};
+use crate::refused::{self, Refusals, StoreNotice};
 
 /// Store namespace of the gateway session to resume, under [`SESSION_KEY`].
 const SESSION_NS: &str = "discord.gateway";
@@ -142,6 +143,7 @@ impl Transport for DiscordTransport {
             places: Mutex::default(),
             approvals: ctx.approvals.clone(),
             offered: ask::Offered::default(),
+            refusals: Refusals::new(StoreNotice::SendAgain),
         });
         bot.recover_deliveries().await;
         if let Some(application_id) = self.config.application_id {
@@ -226,6 +228,8 @@ struct Bot {
     /// The approval requests offered here: their channel and the message
     /// with the buttons, by request id.
     offered: ask::Offered<Snowflake, Snowflake>,
+    /// Conversations told that the store cannot save messages, told once each.
+    refusals: Refusals,
 }
 
 /// A channel as looked up: a thread's (parent, thread), else (None, None).
@@ -400,6 +404,7 @@ impl Bot {
         let run_id = inbound::run_id(message.id);
         let mut req = self.request(&place, text.clone());
         req.run_id = Some(run_id.clone());
+        let session = req.session_key.clone();
         req.resume = self.resume_from_reply(&message);
         req.meta.insert(
             "discord".to_owned(),
@@ -428,15 +433,20 @@ impl Bot {
                 self.reply_soon(place.target(), message.id, reply);
             }
             // Seen before: the first handling (or its recovered delivery) follows it.
-            Ok(Submitted::Run(accepted, _)) if accepted.duplicate => {}
+            Ok(Submitted::Run(accepted, _)) if accepted.duplicate => {
+                self.refusals.accepted(&session);
+            }
             Ok(Submitted::Run(_, events)) => {
+                self.refusals.accepted(&session);
                 let bot = self.clone();
                 self.tracker.spawn(async move { bot.follow(delivery, events).await });
             }
             Err(error) => {
                 self.deliveries.finish(&delivery.run_id).await;
                 tracing::warn!(%error, "message not accepted");
-                self.reply_soon(place.target(), message.id, error.chat_reply());
+                if let Some(reply) = self.refusals.reply(&session, &error) {
+                    self.reply_soon(place.target(), message.id, reply);
+                }
             }
         }
     }
@@ -468,6 +478,7 @@ impl Bot {
                 let run_id = inbound::interaction_run_id(interaction.id);
                 let mut req = self.request(&place, text);
                 req.run_id = Some(run_id.clone());
+                let session = req.session_key.clone();
                 let delivery = Delivery {
                     run_id: run_id.to_string(),
                     channel_id: place.target(),
@@ -483,6 +494,7 @@ impl Bot {
                         reply
                     }
                     Ok(Submitted::Run(accepted, events)) => {
+                        self.refusals.accepted(&session);
                         if !accepted.duplicate {
                             let bot = self.clone();
                             self.tracker.spawn(async move { bot.follow(delivery, events).await });
@@ -491,7 +503,10 @@ impl Bot {
                     }
                     Err(error) => {
                         self.deliveries.finish(&delivery.run_id).await;
-                        error.chat_reply()
+                        // Discord wants every interaction answered.
+                        self.refusals
+                            .reply(&session, &error)
+                            .unwrap_or_else(|| refused::STILL_FAILING.to_owned())
                     }
                 }
             }

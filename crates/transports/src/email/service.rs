@@ -51,6 +51,7 @@ use crate::ask;
 use crate::delivery::{
     Backoff, DeliveryError, DeliveryRecord, DeliveryRecords, Outbox, OutboxSettings, Window,
 };
+use crate::refused::{Refusals, StoreNotice};
 
 /// Store namespace of answers not yet sent, keyed by run id.
 pub const DELIVERY_NS: &str = "email.delivery";
@@ -194,6 +195,7 @@ impl Transport for EmailTransport {
             deliveries: DeliveryRecords::new(ctx.store.clone(), DELIVERY_NS, FAILED_DELIVERY_TTL),
             approvals: ctx.approvals.clone(),
             detail: std::sync::OnceLock::new(),
+            refusals: Refusals::new(StoreNotice::Kept),
         });
         service.recover_deliveries().await;
         // Subscribed before mail is read, so no run of a thread is missed.
@@ -306,6 +308,9 @@ pub(super) struct Mailer {
     approvals: ApprovalHub,
     /// What status shows while serving; set once at start.
     detail: std::sync::OnceLock<Detail>,
+    /// Threads told that the store cannot save mail, told once each (the
+    /// mail is handed over again, and would be answered at every attempt).
+    refusals: Refusals,
 }
 
 type Detail = Arc<dyn Fn() -> String + Send + Sync>;
@@ -453,7 +458,7 @@ impl Mailer {
         )
         .await;
 
-        let mut req = RunRequest::new(session_key, prompt.clone());
+        let mut req = RunRequest::new(session_key.clone(), prompt.clone());
         req.origin = Origin::Channel;
         req.agent_id = Some(self.config.agent_id.clone());
         req.queue_mode = self.config.queue_mode;
@@ -503,6 +508,7 @@ impl Mailer {
                 Handled::Accepted(run_id)
             }
             Ok(Submitted::Run(accepted, events)) => {
+                self.refusals.accepted(&session_key);
                 if accepted.duplicate {
                     return Handled::Duplicate(run_id);
                 }
@@ -513,6 +519,16 @@ impl Mailer {
             Err(error) => {
                 self.deliveries.finish(&delivery.run_id).await;
                 tracing::warn!(%error, "mail not accepted");
+                if let Some(text) = self.refusals.reply(&session_key, &error) {
+                    let mut mail = delivery.mail;
+                    mail.text = text;
+                    let outbox = self.outbox.clone();
+                    self.tracker.spawn(async move {
+                        if let Err(error) = outbox.send(mail).await {
+                            tracing::warn!(%error, "reply to a mail not accepted not sent");
+                        }
+                    });
+                }
                 Handled::NotAccepted(error.to_string())
             }
         }

@@ -50,6 +50,7 @@ use super::types::{
 use crate::access::Access;
 use crate::ask;
 use crate::delivery::{DeliveryRecord, DeliveryRecords};
+use crate::refused::{Refusals, StoreNotice};
 use lemon_core::transport::{
     StatusHandle, Transport, TransportContext, TransportError, TransportState,
 };
@@ -171,6 +172,7 @@ impl Transport for TelegramTransport {
             deliveries: DeliveryRecords::new(ctx.store.clone(), DELIVERY_NS, FAILED_DELIVERY_TTL),
             approvals: ctx.approvals.clone(),
             offered: ask::Offered::default(),
+            refusals: Refusals::new(StoreNotice::SendAgain),
         });
         bot.recover_deliveries().await;
         // Subscribed before polling starts, so no run of a chat is missed.
@@ -237,6 +239,8 @@ struct Bot {
     /// The approval requests offered here: their chat and the message with
     /// the buttons, by request id.
     offered: ask::Offered<i64, i64>,
+    /// Chats told that the store cannot save messages, told once each.
+    refusals: Refusals,
 }
 
 fn now_ms() -> i64 {
@@ -419,6 +423,7 @@ impl Bot {
                 "from": message.from.as_ref().map(|u| u.id),
             }),
         );
+        let session = req.session_key.clone();
         let is_command = parse_slash_command(&text).is_some();
         let delivery = Delivery {
             run_id: run_id.to_string(),
@@ -442,15 +447,20 @@ impl Bot {
                 self.reply_soon(&message, reply);
             }
             // Seen before: the first handling (or the recovery of its delivery) follows it.
-            Ok(Submitted::Run(accepted, _)) if accepted.duplicate => {}
+            Ok(Submitted::Run(accepted, _)) if accepted.duplicate => {
+                self.refusals.accepted(&session);
+            }
             Ok(Submitted::Run(_, events)) => {
+                self.refusals.accepted(&session);
                 let bot = self.clone();
                 self.tracker.spawn(async move { bot.follow(delivery, events).await });
             }
             Err(error) => {
                 self.deliveries.finish(&delivery.run_id).await;
                 tracing::warn!(%error, "message not accepted");
-                self.reply_soon(&message, error.chat_reply());
+                if let Some(reply) = self.refusals.reply(&session, &error) {
+                    self.reply_soon(&message, reply);
+                }
             }
         }
     }

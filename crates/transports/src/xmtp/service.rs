@@ -43,6 +43,7 @@ use crate::access::Access;
 use crate::delivery::{
     Backoff, DeliveryError, DeliveryRecord, DeliveryRecords, Outbox, OutboxSettings, Window,
 };
+use crate::refused::{Refusals, StoreNotice};
 
 /// Store namespace of answers not yet sent, keyed by run id.
 pub const DELIVERY_NS: &str = "xmtp.delivery";
@@ -180,6 +181,7 @@ impl Transport for XmtpTransport {
             outbox,
             deliveries: DeliveryRecords::new(ctx.store.clone(), DELIVERY_NS, FAILED_DELIVERY_TTL),
             me: Mutex::new(None),
+            refusals: Refusals::new(StoreNotice::SendAgain),
         });
         service.recover_deliveries().await;
         // Subscribed before the bridge starts, so no run of a conversation is missed.
@@ -246,6 +248,8 @@ struct Service {
     deliveries: DeliveryRecords<Delivery>,
     /// The bridge's inbox id once it is ready: its own messages get no run.
     me: Mutex<Option<String>>,
+    /// Conversations told that the store cannot save messages, told once each.
+    refusals: Refusals,
 }
 
 fn now_ms() -> i64 {
@@ -345,8 +349,8 @@ impl Service {
         if matches!(seen, Ok(Some(_))) || matches!(owed, Ok(Some(_))) {
             return true;
         }
-        let mut req =
-            RunRequest::new(session_key(&self.config.agent_id, &message.conversation_id), prompt);
+        let session = session_key(&self.config.agent_id, &message.conversation_id);
+        let mut req = RunRequest::new(session.clone(), prompt);
         req.origin = Origin::Channel;
         req.agent_id = Some(self.config.agent_id.clone());
         req.queue_mode = self.config.queue_mode;
@@ -396,9 +400,11 @@ impl Service {
             }
             Ok(Submitted::Run(accepted, _)) if accepted.duplicate => {
                 // The first handling (or its recovered delivery) answers it.
+                self.refusals.accepted(&session);
                 true
             }
             Ok(Submitted::Run(_, events)) => {
+                self.refusals.accepted(&session);
                 let this = self.handle();
                 self.tracker.spawn(async move { this.follow(delivery, events).await });
                 true
@@ -406,6 +412,19 @@ impl Service {
             Err(error) => {
                 self.deliveries.finish(&delivery.run_id).await;
                 tracing::warn!(%error, "xmtp message not accepted");
+                if let Some(text) = self.refusals.reply(&session, &error) {
+                    let outbox = self.outbox.clone();
+                    let answer = Outgoing {
+                        request_id: format!("{}.refused", delivery.run_id),
+                        conversation_id: delivery.conversation_id,
+                        text,
+                    };
+                    self.tracker.spawn(async move {
+                        if let Err(error) = outbox.send(answer).await {
+                            tracing::warn!(%error, "xmtp reply to a message not accepted not sent");
+                        }
+                    });
+                }
                 false
             }
         }

@@ -103,6 +103,27 @@ const MIGRATIONS: &[&str] = &[
         WHERE completed_at_ms IS NOT NULL;",
     // 6: a session's runs in order, for its export.
     "CREATE INDEX runs_by_session ON runs (session_key, seq);",
+    // 7: retention. A deleted run's spend stays in `pruned_usage`, so usage totals
+    // and budgets read the same; a run whose events were compacted keeps what
+    // they showed in `compacted` (JSON), and the runs still to compact have an
+    // index of their own. Unexpired records are found by key, so that a run
+    // owed a delivery (a record keyed by its id) is never deleted.
+    "ALTER TABLE runs ADD COLUMN compacted TEXT;
+    CREATE INDEX runs_uncompacted ON runs (completed_at_ms)
+        WHERE completed_at_ms IS NOT NULL AND compacted IS NULL;
+    CREATE TABLE pruned_usage (
+        completed_at_ms INTEGER NOT NULL,
+        session_key TEXT NOT NULL,
+        engine TEXT NOT NULL,
+        input_tokens INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL,
+        cache_read_tokens INTEGER NOT NULL,
+        cache_write_tokens INTEGER NOT NULL,
+        cost_usd REAL NOT NULL
+    );
+    CREATE INDEX pruned_usage_completed ON pruned_usage (completed_at_ms);
+    CREATE INDEX pruned_usage_by_session ON pruned_usage (session_key, completed_at_ms);
+    CREATE INDEX kv_unexpired_by_key ON kv (key) WHERE expires_at_ms IS NULL;",
 ];
 
 /// The version a fully migrated file has.

@@ -42,7 +42,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::super::{FinishedRun, JournalEntry, NewRun, StoreError};
+use super::super::{FinishedRun, JournalEntry, NewRun, PruneStep, StoreError};
 use super::chat_states::{ChatStates, FORGET};
 use crate::budget::usage::RunSpend;
 use crate::bus::{BusEvent, RunStatus};
@@ -145,6 +145,12 @@ pub(super) enum WriteOp {
     },
     /// A short read, run on the write connection once the batch it is in is committed.
     Read(Read),
+    /// One step of retention, in a transaction of its own once the batch it is in
+    /// is committed; answered with what it removed.
+    Prune {
+        step: PruneStep,
+        reply: oneshot::Sender<Result<u64, StoreError>>,
+    },
     /// Rewrites the `health` row: a real write, answered like a flush.
     CheckWritable {
         now_ms: i64,
@@ -164,6 +170,7 @@ impl WriteOp {
             self,
             WriteOp::Flush { .. }
                 | WriteOp::Read(_)
+                | WriteOp::Prune { .. }
                 | WriteOp::CheckWritable { .. }
                 | WriteOp::Stop { .. }
         )
@@ -188,6 +195,7 @@ impl WriteOp {
             WriteOp::KvPurgeExpired { .. } => "kv_purge_expired",
             WriteOp::Flush { .. } => "flush",
             WriteOp::Read(_) => "read",
+            WriteOp::Prune { .. } => "prune",
             WriteOp::CheckWritable { .. } => "check_writable",
             WriteOp::Stop { .. } => "stop",
         }
@@ -242,6 +250,9 @@ struct Writer {
     replies: Vec<Reply>,
     /// Point reads of the batch being applied, run after its commit.
     reads: Vec<Read>,
+    /// Retention steps of the batch being applied, each run after its commit
+    /// in a transaction of its own.
+    prunes: Vec<(PruneStep, oneshot::Sender<Result<u64, StoreError>>)>,
     /// Runs inserted in the batch being applied, in insertion order. Later ops of the
     /// same batch on them are folded in, so a run that starts and finishes within one
     /// batch costs one `INSERT` instead of an insert and two updates. `None` marks a
@@ -524,6 +535,7 @@ impl Writer {
             failure: None,
             replies: Vec::new(),
             reads: Vec::new(),
+            prunes: Vec::new(),
             pending: Vec::new(),
             pending_index: HashMap::default(),
             event_groups: Vec::new(),
@@ -589,6 +601,7 @@ impl Writer {
             match op {
                 WriteOp::Flush { reply } => self.replies.push(reply),
                 WriteOp::Read(read) => self.reads.push(read),
+                WriteOp::Prune { step, reply } => self.prunes.push((step, reply)),
                 WriteOp::Stop { reply } => {
                     stop = true;
                     self.replies.push(reply);
@@ -679,7 +692,34 @@ impl Writer {
                 tracing::error!("a store read panicked");
             }
         }
+        self.prune();
         stop
+    }
+
+    /// Runs the batch's retention steps, each in its own transaction, and
+    /// answers them. A failed step changes nothing and is only its caller's
+    /// news: the writes of runs are not marked failed by it.
+    fn prune(&mut self) {
+        if self.prunes.is_empty() {
+            return;
+        }
+        let now_ms = crate::clock::now_ms();
+        let mut removed_any = false;
+        for (step, reply) in std::mem::take(&mut self.prunes) {
+            let result = super::prune::apply(&self.conn, &step, now_ms);
+            if let Ok(removed @ 1..) = result {
+                removed_any = true;
+                self.n_writes_since_checkpoint += usize::try_from(removed).unwrap_or(0);
+                // A run deleted here may have its `seq` cached.
+                if matches!(step, PruneStep::Runs { .. }) {
+                    self.seqs.clear();
+                }
+            }
+            let _ = reply.send(result.map_err(|err| StoreError::Database(err.to_string())));
+        }
+        if removed_any {
+            self.bound_log();
+        }
     }
 
     /// Opens the batch's transaction if none is open. Also re-begins when SQLite rolled
@@ -884,13 +924,7 @@ impl Writer {
                 stmt.execute(params![namespace, key])?;
             }
             WriteOp::KvPurgeExpired { now_ms, limit } => {
-                let mut stmt = self.conn.prepare_cached(
-                    "DELETE FROM kv WHERE (namespace, key) IN (
-                        SELECT namespace, key FROM kv
-                        WHERE expires_at_ms IS NOT NULL AND expires_at_ms <= ?1
-                        ORDER BY expires_at_ms LIMIT ?2)",
-                )?;
-                stmt.execute(params![now_ms, i64::try_from(limit).unwrap_or(i64::MAX)])?;
+                super::prune::purge_expired(&self.conn, now_ms, limit)?;
             }
             WriteOp::CheckWritable { now_ms, reply } => {
                 self.replies.push(reply);
@@ -902,6 +936,7 @@ impl Writer {
             // `apply_batch` answers barriers itself; this arm only keeps the match total.
             WriteOp::Flush { reply } | WriteOp::Stop { reply } => self.replies.push(reply),
             WriteOp::Read(read) => self.reads.push(read),
+            WriteOp::Prune { step, reply } => self.prunes.push((step, reply)),
         }
         Ok(())
     }
