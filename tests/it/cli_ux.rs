@@ -512,3 +512,46 @@ async fn in_a_terminal_run_shows_a_spinner_and_each_action_and_ctrl_c_cancels() 
     let capture = format!("--- while running ---\n{running}\n--- after Ctrl-C ---\n{done}");
     std::fs::write(artifacts.join("tmux-run.txt"), capture).unwrap();
 }
+
+/// A reader that went away (`runs | head -1`, `logs --json RUN | head -3`)
+/// ends a command quietly with exit 0, not with a panic.
+#[tokio::test]
+async fn output_into_a_closed_pipe_ends_the_command_quietly_with_exit_0() {
+    let gateway = Gateway::start("").await;
+    let dir = tempfile::tempdir().unwrap();
+    let run_id = gateway.submit(serde_json::json!({ "prompt": "hello" })).await;
+    gateway.wait(&run_id).await;
+    for args in [&["runs"][..], &["logs", "--json", &run_id], &["status"], &["engines"]] {
+        // A stream whose other end is closed: writing to it fails with EPIPE.
+        let (closed, gone) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop(gone);
+        let mut command = cli(&gateway, dir.path());
+        command
+            .args(args)
+            .stdout(Stdio::from(std::os::fd::OwnedFd::from(closed)))
+            .stderr(Stdio::piped());
+        let out = tokio::time::timeout(PATIENCE, command.output()).await.unwrap().unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+/// `token` prints the API token the dashboard signs in with, and says where to
+/// set one when there is none.
+#[tokio::test]
+async fn token_prints_the_api_token_or_where_to_set_one() {
+    let home = tempfile::tempdir().unwrap();
+    let mut with = command(home.path());
+    with.arg("token");
+    let out = output(with).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), format!("{TOKEN}\n"));
+
+    let mut without = command(home.path());
+    without.env_remove("LEMON_API_TOKEN").arg("token");
+    let out = output(without).await;
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("LEMON_API_TOKEN") && stderr.contains("secrets.toml"), "{stderr}");
+}

@@ -215,3 +215,22 @@ async fn doctor_says_whether_commands_are_contained() {
     let line = line_with(&report, "sandbox", "no Landlock");
     assert!(line.starts_with("warn"), "{line}");
 }
+
+/// Beside the gateway running on its home, doctor checks it through its API
+/// and its health port instead of failing on ports it cannot bind.
+#[tokio::test]
+async fn doctor_beside_the_running_gateway_checks_it_instead_of_failing_its_ports() {
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (api, health) = (free(), free());
+    let home =
+        home_with(&format!("[gateway.api]\nport = {api}\n\n[gateway.health]\nport = {health}\n"));
+    let gateway = crate::support::Gateway::start_in(home.path()).await;
+    let (code, report) = doctor(home.path()).await;
+    assert!(!report.contains("cannot listen"), "{report}");
+    let line = line_with(&report, "control API", "this home's gateway runs there (version");
+    assert!(line.starts_with("ok"), "{line}");
+    let line = line_with(&report, "health", "the gateway answers there: healthy");
+    assert!(line.starts_with("ok"), "{line}");
+    assert_eq!(code, Some(0), "{report}");
+    gateway.terminate().await;
+}

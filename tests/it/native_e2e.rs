@@ -127,6 +127,32 @@ async fn without_a_key_the_default_engine_is_echo_and_the_status_says_why() {
     gateway.terminate().await;
 }
 
+/// A server on this machine that takes no key (Ollama, llama.cpp): with only
+/// its `base_url` set, `lemon` is the default engine and answers, and no key
+/// header is sent; `api_key_secret = ""` does the same for any server.
+#[tokio::test]
+async fn a_server_that_takes_no_key_needs_none() {
+    let llm = FakeLlm::builder().start().await;
+    llm.push(Turn::text(&["Hi ", "from a local model."]));
+    let gateway = Gateway::start(&lemon_config(&llm.base_url())).await;
+    let status = gateway.status().await;
+    assert_eq!(status["default_engine"], "lemon", "{status}");
+    let reason = status["default_engine_reason"].as_str().unwrap();
+    assert!(reason.ends_with("is on this machine and needs no key"), "{reason}");
+    let run_id = gateway.submit(json!({ "prompt": "hello" })).await;
+    let run = gateway.wait(&run_id).await;
+    assert_eq!(run["answer"], "Hi from a local model.", "{run}");
+    assert_eq!(llm.requests()[0].header("authorization"), None);
+    gateway.terminate().await;
+
+    let config = format!("{}api_key_secret = \"\"\n", lemon_config(&llm.base_url()));
+    let gateway = Gateway::start(&config).await;
+    let status = gateway.status().await;
+    assert_eq!(status["default_engine"], "lemon", "{status}");
+    assert_eq!(status["default_engine_reason"], "api_key_secret = \"\": its server needs no key");
+    gateway.terminate().await;
+}
+
 #[tokio::test]
 async fn with_a_key_lemon_is_the_default_and_streams_a_bash_round_trip() {
     let workdir = tempfile::tempdir().unwrap();
@@ -247,8 +273,11 @@ async fn the_key_from_the_environment_streams_deltas_and_an_edit_changes_the_fil
     gateway.terminate().await;
 }
 
-#[tokio::test]
-async fn a_message_steered_while_a_command_runs_reaches_the_next_model_turn() {
+/// A gateway whose model first runs a command that waits until a file `go`
+/// exists in the returned directory, then answers "Limes it is." to a turn
+/// that says "use limes instead".
+async fn a_gateway_whose_command_waits_for_go(
+) -> (tempfile::TempDir, FakeLlm, tempfile::TempDir, Gateway) {
     let workdir = tempfile::tempdir().unwrap();
     let llm = fake_llm().await;
     let wait = json!({ "command": "while [ ! -e go ]; do sleep 0.02; done; echo waited" });
@@ -256,6 +285,12 @@ async fn a_message_steered_while_a_command_runs_reaches_the_next_model_turn() {
     llm.rule("use limes instead", Turn::text(&["Limes ", "it is."]));
     let dir = home_for(&llm, "");
     let gateway = Gateway::start_in(dir.path()).await;
+    (workdir, llm, dir, gateway)
+}
+
+#[tokio::test]
+async fn a_message_steered_while_a_command_runs_reaches_the_next_model_turn() {
+    let (workdir, llm, _dir, gateway) = a_gateway_whose_command_waits_for_go().await;
 
     let cwd = workdir.path().to_str().unwrap();
     let run_id = gateway.submit(json!({ "prompt": "pick a fruit", "cwd": cwd })).await;
@@ -281,6 +316,57 @@ async fn a_message_steered_while_a_command_runs_reaches_the_next_model_turn() {
     let second = requests[1].body["messages"].to_string();
     assert!(second.contains("waited"), "the command's output went back: {second}");
     assert_eq!(requests[1].last_message_text(), "use limes instead");
+    gateway.terminate().await;
+}
+
+/// A session's export with a tool call and a message steered into the live
+/// run reads back in order: the run with its command, then the steered
+/// message with its answer.
+#[tokio::test]
+async fn a_session_with_a_tool_and_a_steer_exports_in_order() {
+    let (workdir, _llm, _dir, gateway) = a_gateway_whose_command_waits_for_go().await;
+    let cwd = workdir.path().to_str().unwrap();
+    let session = "export:steer";
+    let run_id = gateway
+        .submit(json!({ "prompt": "pick a fruit", "cwd": cwd, "session_key": session }))
+        .await;
+    let mut live = Live::open(&gateway, &run_id).await;
+    live.until("the command's start", tool_started("bash")).await;
+    let steered = gateway
+        .submit(
+            json!({ "prompt": "use limes instead", "session_key": session, "queue_mode": "steer" }),
+        )
+        .await;
+    // Taken into the live run or, had it ended first, run after it: either
+    // way the steered message is answered by the rule below, after the run.
+    std::fs::write(workdir.path().join("go"), "").unwrap();
+    live.completed().await;
+    assert_eq!(gateway.wait(&steered).await["answer"], "Limes it is.");
+
+    let text = gateway
+        .get(&format!("/v1/sessions/{session}/export"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lines: Vec<Value> = text.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(
+        (lines[0]["run_id"].as_str(), lines[0]["prompt"].as_str()),
+        (Some(run_id.as_str()), Some("pick a fruit"))
+    );
+    let actions = lines[0]["actions"].as_array().unwrap();
+    assert!(
+        actions.iter().any(|a| a["kind"] == "command" && a["ok"] == true),
+        "the command is in the export: {actions:?}"
+    );
+    assert_eq!(
+        (lines[1]["run_id"].as_str(), lines[1]["prompt"].as_str()),
+        (Some(steered.as_str()), Some("use limes instead"))
+    );
+    assert_eq!(lines[1]["answer"], "Limes it is.");
     gateway.terminate().await;
 }
 

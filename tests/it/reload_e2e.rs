@@ -397,6 +397,17 @@ async fn config_check_and_config_path_on_the_command_line() {
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.contains("other.toml:"), "{stderr}");
     assert!(stderr.contains("set token or token_secret"), "{stderr}");
+
+    // A misspelt section is not a warning beside an `ok`: all of it would be ignored.
+    std::fs::write(&bad, "[gatway]\nmax_concurrent_runs = 4\n").unwrap();
+    let output = command(dir.path()).args(["config", "check"]).arg(&bad).output().await.unwrap();
+    assert_eq!(output.status.code(), Some(5));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("other.toml:1:2: gatway: unknown section; did you mean `gateway`?"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8(output.stdout).unwrap().contains(": ok"));
 }
 
 #[tokio::test]
@@ -465,4 +476,28 @@ async fn an_engine_section_the_engines_refuse_is_rejected_with_its_location() {
         "{error}"
     );
     assert_eq!(gateway.status().await["scheduler"]["max"], 2, "nothing of the edit applied");
+}
+
+/// After an edit the gateway refused, the command line still finds it (the
+/// gateway says where it listens in its home) and `status` says the edit was
+/// refused, with a warning naming the bad line.
+#[tokio::test]
+async fn after_a_refused_edit_the_command_line_finds_the_gateway_and_status_says_so() {
+    let gateway = Gateway::start("[gateway]\nmax_concurrent_runs = 2\n").await;
+    let mut notices = Notices::subscribe(&gateway).await;
+    write_config(&gateway.home, "[gateway]\nmax_concurrent_runs = \"many\"\n");
+    let (kind, data) = notices.next().await;
+    assert_eq!(kind, "config_rejected", "{data}");
+
+    let mut status = command(&gateway.home);
+    status.env_remove("LEMON_URL").arg("status");
+    let output = tokio::time::timeout(PATIENCE, status.output()).await.unwrap().unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("slots     0 of 2 in use"), "the last good config runs: {stdout}");
+    assert!(stdout.contains("config    edit refused at "), "{stdout}");
+    assert!(stdout.contains("config.toml:2:23: gateway.max_concurrent_runs"), "{stdout}");
+    assert!(stderr.contains("the file has an edit the gateway refused"), "{stderr}");
+    gateway.terminate().await;
 }

@@ -180,6 +180,34 @@ impl Gateway {
         })
         .await
         .expect("gateway ready in time");
+        Gateway::ready(child, &ready, home)
+    }
+
+    /// Starts `command` (from [`command`]) with its stdout and stderr appended
+    /// to the file `log`, as a service manager or `nohup` would, and waits for
+    /// the ready line there.
+    pub(crate) async fn spawn_logging_to(mut command: Command, home: &Path, log: &Path) -> Gateway {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+        let mut child = command.stdout(file.try_clone().unwrap()).stderr(file).spawn().unwrap();
+        let ready = tokio::time::timeout(PATIENCE, async {
+            loop {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                if let Some(line) = text.lines().find(|l| l.starts_with("lemon-gateway ready")) {
+                    return line.to_owned();
+                }
+                if let Some(status) = child.try_wait().unwrap() {
+                    panic!("gateway exited ({status}) before it was ready:\n{text}");
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("gateway ready in time");
+        Gateway::ready(child, &ready, home)
+    }
+
+    /// The gateway whose ready line is `ready`.
+    fn ready(child: Child, ready: &str, home: &Path) -> Gateway {
         let field = |name: &str| -> String {
             ready
                 .split_whitespace()

@@ -16,12 +16,12 @@ use crate::failure;
 pub async fn list(client: &Client, json: bool) -> anyhow::Result<u8> {
     let answer = client.get("/v1/approvals").await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&answer["approvals"])?);
+        crate::say!("{}", serde_json::to_string_pretty(&answer["approvals"])?);
         return Ok(failure::OK);
     }
     let pending = answer["approvals"].as_array().cloned().unwrap_or_default();
     if pending.is_empty() {
-        println!("no call is waiting for an answer");
+        crate::say!("no call is waiting for an answer");
     }
     for request in pending {
         let text = |key: &str| request[key].as_str().unwrap_or_default().to_owned();
@@ -29,7 +29,7 @@ pub async fn list(client: &Client, json: bool) -> anyhow::Result<u8> {
             .as_str()
             .map(|source| format!(", untrusted text from {}", one_line(source)))
             .unwrap_or_default();
-        println!(
+        crate::say!(
             "{}  {}  {}: {}  (run {}, {}{outside})",
             text("id"),
             text("session_key"),
@@ -50,7 +50,7 @@ pub async fn decide(client: &Client, id: &str, approve: bool) -> anyhow::Result<
         client.post(&format!("/v1/approvals/{id}"), &json!({ "decision": decision })).await?;
     let request: &Value = &answer["approval"];
     let done = if approve { "approved" } else { "denied" };
-    println!(
+    crate::say!(
         "{id}: {done} ({}: {})",
         request["tool"].as_str().unwrap_or_default(),
         one_line(request["subject"].as_str().unwrap_or_default())
@@ -97,9 +97,13 @@ pub fn test(
         let verdict = rules.for_scope(&scope).judge(tool.trim(), subject.trim());
         match verdict.rule {
             Some(n) => {
-                println!("{prefix}{}: rule {n} ({})", verdict.action.as_str(), verdict.rule_text);
+                crate::say!(
+                    "{prefix}{}: rule {n} ({})",
+                    verdict.action.as_str(),
+                    verdict.rule_text
+                );
             }
-            None => println!("{prefix}{}: no rule matched", verdict.action.as_str()),
+            None => crate::say!("{prefix}{}: no rule matched", verdict.action.as_str()),
         }
     }
     Ok(failure::OK)

@@ -209,6 +209,8 @@ enum Command {
     /// Check config, keychain, ports, engines, keys and channels; each line
     /// ok / warn / fail with its fix. Exits 1 when a check fails.
     Doctor,
+    /// Print the API token the dashboard and the clients sign in with.
+    Token,
     /// Print a shell completion script.
     Completions {
         /// The shell.
@@ -283,10 +285,14 @@ fn init_logging(cli: &Cli) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEMON_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let ansi = cli.color.enabled(std::io::stderr().is_terminal(), environment());
+    // A log line that cannot be written (stderr on a full disk, a closed
+    // pipe) is lost: reporting it with `eprintln!` would panic the task that
+    // logged, and drop the connection it was answering.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     match cli.log_format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -344,6 +350,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
     };
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
+            // A service manager that stopped reading stdout stops nothing.
+            crate::out::keep_going_on_closed_pipe();
             // Listening before the ready line: a SIGTERM right after it drains.
             let signals = StopSignals::listen();
             let opts = ServeOptions {
@@ -356,8 +364,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             if let Some(token) = &running.generated_token {
                 eprintln!("{}", token_line(token.expose(), &paths.secrets(), cli.log_format));
             }
-            println!("{}", ready_line(&running));
-            std::io::stdout().flush()?;
+            crate::say!("{}", ready_line(&running));
             signals.wait(running.token()).await;
             running.shutdown().await?;
             Ok(failure::OK)
@@ -402,7 +409,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             show::engines(&client(&paths, &env, remote)?, json, ui.out).await
         }
         Command::Config { command: ConfigCommand::Path } => {
-            println!("{}", paths.config.display());
+            crate::say!("{}", paths.config.display());
             Ok(failure::OK)
         }
         Command::Config { command: ConfigCommand::Check { file } } => {
@@ -413,9 +420,9 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
                         eprintln!("warning: {warning}");
                     }
                     if let Ok(loaded) = lemon_core::config::load_file_or_default(&file) {
-                        println!("{}", approvals_cmd::summary(&loaded.config.gateway));
+                        crate::say!("{}", approvals_cmd::summary(&loaded.config.gateway));
                     }
-                    println!("{}: ok", file.display());
+                    crate::say!("{}: ok", file.display());
                     Ok(failure::OK)
                 }
                 Err(error) => {
@@ -434,12 +441,12 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             let client = client(&paths, &env, remote)?;
             let path =
                 format!("/v1/sessions/{}/export?format={format}", show::form_value(&session));
-            print!("{}", client.get_text(&path).await?);
+            crate::say_raw!("{}", client.get_text(&path).await?);
             Ok(failure::OK)
         }
         Command::Backup { file } => {
             let copied = lemon_core::store::sqlite::backup(&paths.database(), &file)?;
-            println!(
+            crate::say!(
                 "backed up {} runs ({}) to {}",
                 copied.runs,
                 show::size(copied.bytes),
@@ -449,7 +456,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Restore { file } => {
             let copied = lemon_core::store::sqlite::restore(&paths.database(), &file)?;
-            println!(
+            crate::say!(
                 "restored {} runs ({}) from {} into {}; the replaced database is kept as {}.before-restore",
                 copied.runs,
                 show::size(copied.bytes),
@@ -460,6 +467,21 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             Ok(failure::OK)
         }
         Command::Doctor => crate::doctor::doctor(&paths, &env, ui.out).await,
+        Command::Token => {
+            let secrets = server::open_secrets(&paths, &env);
+            let name = server::API_TOKEN_SECRET;
+            match secrets.get(name)? {
+                Some(token) => {
+                    crate::say!("{}", token.expose());
+                    Ok(failure::OK)
+                }
+                None => Err(crate::client::ClientError::NoToken {
+                    var: lemon_core::secrets::env_var_name(name),
+                    file: paths.secrets(),
+                }
+                .into()),
+            }
+        }
         Command::Completions { shell } => {
             let mut out = std::io::stdout();
             clap_complete::generate(shell, &mut Cli::command(), "lemon-gateway", &mut out);

@@ -115,16 +115,26 @@ impl ClientConfig {
     ) -> anyhow::Result<Self> {
         let base_url = match url {
             Some(url) => url.trim_end_matches('/').to_owned(),
-            None => {
-                let loaded = config::load_file_or_default(&paths.config)?;
-                let api = &loaded.config.gateway.api;
-                let bind = match api.bind.as_deref() {
-                    None | Some("0.0.0.0") | Some("any") => "127.0.0.1",
-                    Some("::") => "[::1]",
-                    Some(other) => other,
-                };
-                format!("http://{bind}:{}", api.port.unwrap_or(DEFAULT_API_PORT))
-            }
+            None => match config::load_file_or_default(&paths.config) {
+                Ok(loaded) => {
+                    let api = &loaded.config.gateway.api;
+                    let bind = match api.bind.as_deref() {
+                        None | Some("0.0.0.0") | Some("any") => "127.0.0.1",
+                        Some("::") => "[::1]",
+                        Some(other) => other,
+                    };
+                    format!("http://{bind}:{}", api.port.unwrap_or(DEFAULT_API_PORT))
+                }
+                // An edit the running gateway refused: it still runs on its
+                // last good config, and says where it listens.
+                Err(error) => match running_api(paths) {
+                    Some(api) => {
+                        warn_refused_config(&error, &api);
+                        api
+                    }
+                    None => return Err(error.into()),
+                },
+            },
         };
         let var = env_var_name(API_TOKEN_SECRET);
         let from_env = env.get(&var).is_some_and(|value| !value.trim().is_empty());
@@ -143,6 +153,26 @@ impl ClientConfig {
         };
         Ok(ClientConfig { base_url, token, token_source })
     }
+}
+
+/// The control API's URL from the running gateway's file
+/// ([`Paths::running`]); `None` without one.
+fn running_api(paths: &Paths) -> Option<String> {
+    let text = std::fs::read_to_string(paths.running()).ok()?;
+    let body: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let api = body.get("api")?.as_str()?;
+    // Only a loopback or plain address: the file is the gateway's own, but
+    // what reaches the token must not be steered elsewhere by its text.
+    api.strip_prefix("http://")
+        .filter(|rest| rest.parse::<std::net::SocketAddr>().is_ok())
+        .map(|_| api.to_owned())
+}
+
+#[allow(clippy::print_stderr)] // The command's own warning, before any output.
+fn warn_refused_config(error: &config::ConfigError, api: &str) {
+    eprintln!(
+        "lemon-gateway: warning: {error}\n  (the file has an edit the gateway refused; it runs on its last good config at {api})"
+    );
 }
 
 /// A connection to the gateway's control API.

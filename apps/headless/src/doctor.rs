@@ -112,7 +112,7 @@ pub(crate) async fn doctor(
     check_process_tracking(&mut report);
     if let Some(gateway) = &gateway {
         check_sandbox(&mut report, gateway, env);
-        check_ports(&mut report, gateway).await;
+        check_ports(&mut report, gateway, &store).await;
         check_engines(&mut report, gateway, paths, env, &store).await;
         check_channels(&mut report, gateway, &store).await;
         check_sms_and_voice(&mut report, gateway, &store).await;
@@ -120,7 +120,7 @@ pub(crate) async fn doctor(
         check_email(&mut report, gateway, &store).await;
         check_xmtp(&mut report, gateway, paths, env, &store).await;
     }
-    print!("{}", report.render(style));
+    crate::say_raw!("{}", report.render(style));
     let failed = report.checks.iter().any(|c| c.level == Level::Fail);
     Ok(if failed { failure::RUN_FAILED } else { failure::OK })
 }
@@ -274,22 +274,74 @@ fn is_loopback(bind: &str) -> bool {
     host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-async fn check_ports(report: &mut Report, gateway: &GatewayConfig) {
+/// How long doctor waits for a gateway already listening to answer.
+const RUNNING_GATEWAY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What a gateway listening at `addr` says of itself: on the control API its
+/// status (with the API token), on the health port its `/healthz`. `None`
+/// when nothing there answers as this home's gateway.
+async fn running_gateway(addr: &str, health: bool, store: &SecretStore) -> Option<String> {
+    let http = reqwest::Client::builder().timeout(RUNNING_GATEWAY_TIMEOUT).build().ok()?;
+    // A wildcard bind is reached on loopback.
+    let (host, port) = addr.rsplit_once(':')?;
+    let host = match host {
+        "0.0.0.0" => "127.0.0.1",
+        "[::]" => "[::1]",
+        other => other,
+    };
+    if health {
+        let body: serde_json::Value = http
+            .get(format!("http://{host}:{port}/healthz"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let status = body.get("checks").and(body.get("status"))?.as_str()?;
+        return Some(format!("the gateway answers there: {status}"));
+    }
+    let token = store.get(lemon_server::API_TOKEN_SECRET).ok()??;
+    let response = http
+        .get(format!("http://{host}:{port}/v1/status"))
+        .bearer_auth(token.expose())
+        .send()
+        .await
+        .ok()?;
+    let body: serde_json::Value = response.json().await.ok()?;
+    let version = body.get("version")?.as_str()?;
+    let up = body.get("uptime_ms").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    Some(format!(
+        "this home's gateway runs there (version {version}, up {})",
+        crate::show::duration(up)
+    ))
+}
+
+async fn check_ports(report: &mut Report, gateway: &GatewayConfig, store: &SecretStore) {
     let listeners = [
-        ("control API", gateway.api.addr(DEFAULT_API_PORT), gateway.api.bind.clone()),
-        ("health", gateway.health.addr(DEFAULT_HEALTH_PORT), gateway.health.bind.clone()),
+        ("control API", gateway.api.addr(DEFAULT_API_PORT), gateway.api.bind.clone(), false),
+        ("health", gateway.health.addr(DEFAULT_HEALTH_PORT), gateway.health.bind.clone(), true),
     ];
-    for (what, addr, bind) in listeners {
+    for (what, addr, bind, health) in listeners {
         match tokio::net::TcpListener::bind(&addr).await {
             Ok(listener) => {
                 drop(listener);
                 report.ok(what, format!("{addr} is free"));
             }
-            Err(error) => report.fail(
-                what,
-                format!("cannot listen on {addr}: {error}"),
-                "stop what listens there (another gateway? `lemon-gateway status`) or set another port in config.toml",
-            ),
+            Err(error) => match running_gateway(&addr, health, store).await {
+                // The user's own gateway: checked through its API, not its port.
+                Some(running) if running.ends_with(": unhealthy") => report.warn(
+                    what,
+                    format!("{addr}: {running}"),
+                    "see which check fails: curl -H \"Authorization: Bearer $(lemon-gateway token)\" on /healthz",
+                ),
+                Some(running) => report.ok(what, format!("{addr}: {running}")),
+                None => report.fail(
+                    what,
+                    format!("cannot listen on {addr}: {error}"),
+                    "stop what listens there or set another port in config.toml",
+                ),
+            },
         }
         let bind = bind.unwrap_or_else(|| "127.0.0.1".to_owned());
         if !is_loopback(&bind) {
@@ -347,10 +399,16 @@ async fn check_engines(
     if let Ok(native) = lemon_engines::native::NativeSettings::from_section(
         sections.get(lemon_engines::native::ENGINE_ID),
     ) {
-        if native.enabled {
+        if native.enabled && native.api_key_secret.is_empty() {
+            report.ok("provider key", "none needed: api_key_secret = \"\"");
+        } else if native.enabled {
             let name = &native.api_key_secret;
             match store.get(name) {
                 Ok(Some(_)) => report.ok("provider key", format!("{name} is set")),
+                Ok(None) if native.key_optional() => report.ok(
+                    "provider key",
+                    format!("{name} is not set; none needed by the server on this machine"),
+                ),
                 Ok(None) => report.warn(
                     "provider key",
                     format!("{name} is not set; runs use the echo engine"),

@@ -14,6 +14,7 @@
 //! - [`doctor`]: `doctor`, the checks before a start.
 //! - [`failure`]: exit codes.
 //! - [`style`]: `--color` and `NO_COLOR`.
+//! - [`out`]: stdout for the commands' output, quiet on a closed pipe.
 //! - [`sse`]: a small Server-Sent Events reader for the client.
 
 pub mod approvals_cmd;
@@ -23,6 +24,7 @@ pub mod client;
 pub mod doctor;
 pub mod failure;
 pub mod last_session;
+pub mod out;
 pub mod progress;
 pub mod run;
 pub mod secrets_cmd;

@@ -163,7 +163,7 @@ pub async fn run(client: &Client, args: RunArgs, ui: Ui, state_home: &Path) -> a
     })?;
     // Slash commands (`/status`, `/cancel`, …) are answered at once, without a run.
     if let (Some(_), Some(reply)) = (accepted["command"].as_str(), accepted["reply"].as_str()) {
-        println!("{reply}");
+        crate::say!("{reply}");
         return Ok(failure::OK);
     }
     let run_id = accepted["run_id"]
@@ -179,7 +179,7 @@ pub async fn run(client: &Client, args: RunArgs, ui: Ui, state_home: &Path) -> a
         eprintln!("run {run_id}: session {session} in {}", cwd.display());
     }
     if args.detach {
-        println!("{run_id}");
+        crate::say!("{run_id}");
         return Ok(failure::OK);
     }
     follow(client, &run_id, ui, OnInterrupt::Cancel, args.json, &mut interrupts).await
@@ -270,11 +270,11 @@ pub async fn follow(
     let record = client.get(&format!("/v1/runs/{run_id}")).await?;
     let status = completed["status"].as_str().unwrap_or("failed");
     if json {
-        println!("{}", serde_json::to_string_pretty(&record)?);
+        crate::say!("{}", serde_json::to_string_pretty(&record)?);
     } else if status == "completed" {
         let answer = completed["answer"].as_str().filter(|a| !a.is_empty()).unwrap_or(&streamed);
         if !answer.is_empty() {
-            println!("{}", answer.trim_end_matches('\n'));
+            crate::say!("{}", answer.trim_end_matches('\n'));
         }
     }
     match status {
@@ -318,7 +318,7 @@ fn say(text: &str) {
 pub async fn cancel(client: &Client, run_id: &str) -> anyhow::Result<u8> {
     let answer = client.post(&format!("/v1/runs/{run_id}/cancel"), &json!({})).await?;
     let status = answer["status"].as_str().unwrap_or("unknown");
-    println!("run {run_id}: {status}");
+    crate::say!("run {run_id}: {status}");
     Ok(failure::OK)
 }
 

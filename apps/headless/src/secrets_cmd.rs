@@ -99,7 +99,7 @@ pub(crate) fn set(paths: &Paths, env: &BTreeMap<String, String>, name: &str) -> 
     let store = lemon_server::open_secrets(paths, env);
     let value = read_value(name)?;
     let kind = store.store(name, &value)?;
-    println!("{name}: saved to the {}", place(&store, Some(kind)));
+    crate::say!("{name}: saved to the {}", place(&store, Some(kind)));
     if let Some(SourceKind::Env) = store.kind_of(name)?.filter(|k| *k != kind) {
         eprintln!(
             "warning: {} is set in the environment and is used over it",
@@ -131,12 +131,12 @@ pub(crate) fn list(
             "secrets": secrets,
             "keychain": { "available": keychain.available, "detail": keychain.detail },
         });
-        println!("{out}");
+        crate::say!("{out}");
         return Ok(failure::OK);
     }
-    println!("{}", keychain_line(&store));
+    crate::say!("{}", keychain_line(&store));
     if rows.is_empty() {
-        println!("no secrets");
+        crate::say!("no secrets");
     }
     let width = rows.iter().map(|(name, _, _)| name.len()).max().unwrap_or(0);
     for (name, source, used_by) in &rows {
@@ -145,7 +145,7 @@ pub(crate) fn list(
         } else {
             format!("  (used by {})", used_by.join(", "))
         };
-        println!("{name:<width$}  {}{used}", place(&store, *source));
+        crate::say!("{name:<width$}  {}{used}", place(&store, *source));
     }
     Ok(failure::OK)
 }
@@ -159,7 +159,7 @@ pub(crate) fn delete(
     name_ok(name)?;
     let store = lemon_server::open_secrets(paths, env);
     if store.delete(name)? {
-        println!("{name}: deleted");
+        crate::say!("{name}: deleted");
         return Ok(failure::OK);
     }
     match store.kind_of(name)? {
@@ -185,10 +185,10 @@ pub(crate) fn migrate(paths: &Paths, env: &BTreeMap<String, String>) -> anyhow::
     }
     let moved = store.migrate_file()?;
     if moved.is_empty() {
-        println!("nothing to move: {} holds no secrets", store.file_path().display());
+        crate::say!("nothing to move: {} holds no secrets", store.file_path().display());
     }
     for name in &moved {
-        println!("{name}: moved to the keychain");
+        crate::say!("{name}: moved to the keychain");
     }
     Ok(failure::OK)
 }

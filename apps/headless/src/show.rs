@@ -30,7 +30,6 @@ fn engine_line(engine: &Value, style: Style) -> String {
     }
 }
 
-/// The human summary of `/v1/status`.
 /// Bytes in B, kB, MB, GB or TB (powers of 1000), one decimal past B.
 pub fn size(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["kB", "MB", "GB", "TB"];
@@ -47,6 +46,7 @@ pub fn size(bytes: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
+/// The human summary of `/v1/status`.
 pub fn status_text(status: &Value, url: &str, style: Style) -> String {
     let mut out = Vec::new();
     let uptime = duration(status["uptime_ms"].as_u64().unwrap_or(0));
@@ -68,6 +68,7 @@ pub fn status_text(status: &Value, url: &str, style: Style) -> String {
             bytes("log_bytes"),
             store.get("path").and_then(Value::as_str).unwrap_or("?")
         ));
+        out.extend(store_upkeep_lines(store).into_iter().map(|line| format!("          {line}")));
     }
     let default = status["default_engine"].as_str().unwrap_or("");
     for (i, engine) in status["engines"].as_array().into_iter().flatten().enumerate() {
@@ -108,13 +109,49 @@ pub fn status_text(status: &Value, url: &str, style: Style) -> String {
 /// The gateway unreachable or refusing.
 #[allow(clippy::print_stdout)] // The command's own output.
 pub async fn status(client: &Client, json: bool, style: Style) -> anyhow::Result<u8> {
-    let status = client.get("/v1/status").await?;
+    let mut status = client.get("/v1/status").await?;
+    // The config's state: an edit refused, settings waiting for a restart.
+    let config = client.get("/v1/config").await.unwrap_or(Value::Null);
+    let edits = serde_json::json!({
+        "rejected": config["rejected"],
+        "pending_restart": config["pending_restart"],
+    });
     if json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
+        status["config"] = edits;
+        crate::say!("{}", serde_json::to_string_pretty(&status)?);
     } else {
-        println!("{}", status_text(&status, client.url(), style));
+        let mut text = status_text(&status, client.url(), style);
+        for line in config_lines(&edits) {
+            text.push('\n');
+            text.push_str(&line);
+        }
+        crate::say!("{text}");
     }
     Ok(failure::OK)
+}
+
+/// What `status` says of the config file: an edit the gateway refused (it
+/// runs on its last good config) and settings that wait for a restart.
+pub fn config_lines(edits: &Value) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(error) = edits["rejected"]["error"].as_str() {
+        lines.push(format!(
+            "config    edit refused at {}, the last good config runs: {}",
+            utc_minute(edits["rejected"]["at_ms"].as_i64()),
+            one_line(error)
+        ));
+    }
+    let pending: Vec<&str> = edits["pending_restart"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["key"].as_str())
+        .collect();
+    if !pending.is_empty() {
+        let label = if lines.is_empty() { "config" } else { "" };
+        lines.push(format!("{label:<9} waits for a restart: {}", pending.join(", ")));
+    }
+    lines
 }
 
 /// `engines [--json]`: each engine with its availability (or why not).
@@ -125,7 +162,7 @@ pub async fn status(client: &Client, json: bool, style: Style) -> anyhow::Result
 pub async fn engines(client: &Client, json: bool, style: Style) -> anyhow::Result<u8> {
     let status = client.get("/v1/status").await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&status["engines"])?);
+        crate::say!("{}", serde_json::to_string_pretty(&status["engines"])?);
         return Ok(failure::OK);
     }
     let default = status["default_engine"].as_str().unwrap_or("");
@@ -143,7 +180,7 @@ pub async fn engines(client: &Client, json: bool, style: Style) -> anyhow::Resul
         if let Some(path) = engine["path"].as_str() {
             line.push_str(&format!("  {}", style.dim(path)));
         }
-        println!("{line}");
+        crate::say!("{line}");
     }
     Ok(failure::OK)
 }
@@ -199,11 +236,11 @@ pub async fn runs(
     };
     let answer = client.get(&path).await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&answer["runs"])?);
+        crate::say!("{}", serde_json::to_string_pretty(&answer["runs"])?);
         return Ok(failure::OK);
     }
     for run in answer["runs"].as_array().into_iter().flatten() {
-        println!("{}", run_line(run, style));
+        crate::say!("{}", run_line(run, style));
     }
     Ok(failure::OK)
 }
@@ -255,7 +292,79 @@ pub fn event_line(kind: &str, data: &Value) -> String {
     format!("{index:>4} {kind:<17} {detail}").trim_end().to_owned()
 }
 
-/// `logs RUN [--json]`: the run's events, following a live run to its end.
+/// A time in UTC to the minute: `2026-12-06 03:00 UTC`.
+fn utc_minute(at_ms: Option<i64>) -> String {
+    at_ms
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .map_or_else(|| "?".to_owned(), |at| at.format("%Y-%m-%d %H:%M UTC").to_string())
+}
+
+/// The store's rows, its last retention pass and its last backup, as
+/// `status` shows them under its size.
+fn store_upkeep_lines(store: &serde_json::Map<String, Value>) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(rows) = store.get("rows").and_then(Value::as_object) {
+        let rows: Vec<String> =
+            rows.iter().map(|(table, n)| format!("{table} {}", n.as_u64().unwrap_or(0))).collect();
+        lines.push(format!("rows: {}", rows.join(", ")));
+    }
+    match store.get("last_prune").filter(|pass| !pass.is_null()) {
+        Some(pass) => {
+            let removed: Vec<String> = pass["removed"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(kind, n)| format!("{} {kind}", n.as_u64().unwrap_or(0)))
+                .collect();
+            let what = if removed.is_empty() {
+                "nothing to remove".to_owned()
+            } else {
+                removed.join(", ")
+            };
+            let mut line = format!("last prune {}: {what}", utc_minute(pass["at_ms"].as_i64()));
+            if let Some(error) = pass["error"].as_str() {
+                line.push_str(&format!(" (stopped: {})", one_line(error)));
+            }
+            lines.push(line);
+        }
+        None => lines.push("last prune: none yet".to_owned()),
+    }
+    match store.get("last_backup").filter(|backup| !backup.is_null()) {
+        Some(backup) => lines.push(format!(
+            "last backup {} at {}",
+            utc_minute(backup["at_ms"].as_i64()),
+            backup["path"].as_str().unwrap_or("?")
+        )),
+        None => lines.push("last backup: none ([gateway.backup] schedules them)".to_owned()),
+    }
+    if let Some(error) = store.get("backup_error").and_then(Value::as_str) {
+        lines.push(format!("backup failing: {}", one_line(error)));
+    }
+    lines
+}
+
+/// What `logs` prints in place of a run's compacted events: that they were
+/// compacted, how many there were, and the actions the run's record kept.
+pub fn compacted_lines(compacted: &Value) -> Vec<String> {
+    let events = compacted["events"].as_u64().unwrap_or(0);
+    let when = utc_minute(compacted["at_ms"].as_i64());
+    let mut lines = vec![format!(
+        "   … {events} events were compacted on {when} ([gateway.retention] events_days); \
+         the run keeps its answer, error and actions:"
+    )];
+    for action in compacted["actions"].as_array().into_iter().flatten() {
+        let mark = if action["ok"] == false { "✗" } else { "✓" };
+        lines.push(format!(
+            "     {mark} {}: {}",
+            action["kind"].as_str().unwrap_or("action"),
+            one_line(action["title"].as_str().unwrap_or_default())
+        ));
+    }
+    lines
+}
+
+/// `logs RUN [--json]`: the run's events, following a live run to its end. A
+/// run whose events were compacted shows what its record kept, then its end.
 ///
 /// # Errors
 /// The gateway unreachable, the run unknown, the connection lost.
@@ -264,9 +373,15 @@ pub async fn logs(client: &Client, run_id: &str, json: bool) -> anyhow::Result<u
     let mut events = client.events(run_id).await?;
     while let Some((kind, data)) = events.next().await? {
         if json {
-            println!("{}", serde_json::to_string(&data)?);
+            crate::say!("{}", serde_json::to_string(&data)?);
         } else {
-            println!("{}", event_line(&kind, &data));
+            if data.get("compacted").is_some_and(|c| !c.is_null()) {
+                let run = client.get(&format!("/v1/runs/{}", form_value(run_id))).await?;
+                for line in compacted_lines(&run["compacted"]) {
+                    crate::say!("{line}");
+                }
+            }
+            crate::say!("{}", event_line(&kind, &data));
         }
         if kind == "run_completed" {
             return Ok(failure::OK);
@@ -284,6 +399,42 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn compacted_events_say_so_and_list_the_kept_actions() {
+        let compacted = json!({
+            "at_ms": 1_780_000_000_000_i64,
+            "events": 42,
+            "actions": [
+                {"kind": "command", "title": "cargo test", "ok": true, "message": null},
+                {"kind": "file_change", "title": "src/lib.rs", "ok": false, "message": "denied"}
+            ]
+        });
+        assert_eq!(
+            compacted_lines(&compacted),
+            [
+                "   … 42 events were compacted on 2026-05-28 20:26 UTC ([gateway.retention] events_days); the run keeps its answer, error and actions:",
+                "     ✓ command: cargo test",
+                "     ✗ file_change: src/lib.rs",
+            ]
+        );
+    }
+
+    #[test]
+    fn status_says_when_an_edit_was_refused_and_what_waits_for_a_restart() {
+        let edits = json!({
+            "rejected": {"error": "config.toml:3:9: gateway.max_concurrent_runs: invalid type", "at_ms": 1_780_000_000_000_i64},
+            "pending_restart": [{"key": "gateway.api.port"}, {"key": "gateway.sandbox.mode"}]
+        });
+        assert_eq!(
+            config_lines(&edits),
+            [
+                "config    edit refused at 2026-05-28 20:26 UTC, the last good config runs: config.toml:3:9: gateway.max_concurrent_runs: invalid type",
+                "          waits for a restart: gateway.api.port, gateway.sandbox.mode",
+            ]
+        );
+        assert!(config_lines(&json!({"rejected": null, "pending_restart": []})).is_empty());
+    }
 
     #[test]
     fn durations_read_at_a_glance() {
@@ -305,7 +456,12 @@ mod tests {
             ],
             "default_engine": "echo",
             "transports": {"webhook": {"state": "running"}, "telegram": {"state": "failing", "reason": "401"}},
-            "store": {"path": "/home/me/.lemon/lemon.db", "bytes": 48_213_504, "log_bytes": 1_048_576}
+            "store": {
+                "path": "/home/me/.lemon/lemon.db", "bytes": 48_213_504, "log_bytes": 1_048_576,
+                "rows": {"runs": 4210, "run_events": 31_022},
+                "last_prune": {"at_ms": 1_780_000_000_000_i64, "took_ms": 40, "removed": {"runs": 12, "events": 300}, "error": null},
+                "last_backup": null
+            }
         });
         let text = status_text(&status, "http://127.0.0.1:4040", Style { color: false });
         assert_eq!(
@@ -313,6 +469,9 @@ mod tests {
             "gateway   http://127.0.0.1:4040, up 1m 5s (version 0.1.0)\n\
              slots     1 of 4 in use, 2 queued\n\
              store     48.2 MB (log 1.0 MB) at /home/me/.lemon/lemon.db\n\
+             \x20         rows: run_events 31022, runs 4210\n\
+             \x20         last prune 2026-05-28 20:26 UTC: 300 events, 12 runs\n\
+             \x20         last backup: none ([gateway.backup] schedules them)\n\
              engines   echo         available (default)\n\
              \x20         claude       unavailable: claude not found on PATH\n\
              channels  telegram     failing: 401\n\

@@ -207,12 +207,18 @@ pub fn build(
         ProviderKind::OpenAiResponses => crate::llm::Provider::OpenAiResponses,
         ProviderKind::Anthropic => crate::llm::Provider::Anthropic,
     };
-    let client = match &api_key {
+    // A keyless server gets no key header (the client sends none for "").
+    let key = match &api_key {
+        Some(key) => Some(key.expose()),
+        None if settings.key_optional() => Some(""),
+        None => None,
+    };
+    let client = match key {
         Some(key) => Ok(crate::llm::build_client(
             provider,
             crate::llm::ClientOptions {
                 base_url: settings.base_url.clone(),
-                api_key: lemon_core::secrets::SecretValue::new(key.expose()),
+                api_key: lemon_core::secrets::SecretValue::new(key),
                 ..crate::llm::ClientOptions::default()
             },
         )),
@@ -243,7 +249,8 @@ pub fn build(
 pub fn missing_key_reason(settings: &NativeSettings) -> String {
     let secret = &settings.api_key_secret;
     format!(
-        "no {secret} set: store the {} API key as `{secret}` in secrets.toml or the {} environment variable",
+        "no {secret} set: store the {} API key as `{secret}` in secrets.toml or the {} environment variable \
+         (a server that takes no key: set api_key_secret = \"\" in [gateway.engines.lemon])",
         settings.provider,
         lemon_core::secrets::env_var_name(secret)
     )

@@ -45,6 +45,13 @@ impl Paths {
         self.home.join("secrets.toml")
     }
 
+    /// Where the gateway running on this home says where it listens
+    /// (`{"pid", "api", "health"}`, written at start and removed at a clean
+    /// stop), so a client finds it when `config.toml` has an edit it refused.
+    pub fn running(&self) -> PathBuf {
+        self.home.join("gateway.json")
+    }
+
     /// Where a run goes whose directory would hold the gateway's state:
     /// `lemon-workspace` beside the home (`~/lemon-workspace` for the
     /// default `~/.lemon`), never inside it.

@@ -134,18 +134,24 @@ pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigError> {
         serde_ignored::deserialize(toml::Deserializer::new(text), |p| ignored.push(segments(&p)))
             .map_err(|e: toml::de::Error| file.deserialize_error(&e))?;
 
-    let warnings = ignored
-        .iter()
-        .map(|segs| {
-            let last = match segs.last() {
-                Some(Segment::Key(last)) => Some(last.as_str()),
-                _ => None,
-            };
-            let suggestion =
-                last.and_then(|last| did_you_mean(last, known_keys(segs).iter().copied()));
-            file.unknown_key_warning(segs, suggestion)
-        })
-        .collect();
+    let suggestion = |segs: &[Segment]| {
+        let last = match segs.last() {
+            Some(Segment::Key(last)) => Some(last.as_str()),
+            _ => None,
+        };
+        last.and_then(|last| did_you_mean(last, known_keys(segs).iter().copied()))
+    };
+    // A whole section nobody reads (`[gatway]`) is an error: everything in it
+    // would be ignored. A stray key is a warning.
+    if let Some(segs) = ignored.iter().find(|segs| file.is_section(segs)) {
+        let message = match suggestion(segs) {
+            Some(known) => format!("unknown section; did you mean `{known}`?"),
+            None => "unknown section".to_owned(),
+        };
+        return Err(file.invalid(segs, Anchor::Key, message));
+    }
+    let warnings =
+        ignored.iter().map(|segs| file.unknown_key_warning(segs, suggestion(segs))).collect();
     validate(&config, &file)?;
     Ok(LoadedConfig { config, warnings })
 }
@@ -484,6 +490,19 @@ impl ParsedFile<'_> {
         }
     }
 
+    /// Whether `segs` names a table written as a header (`[gatway]`,
+    /// `[[gateway.crn]]`), not a key or an inline table.
+    fn is_section(&self, segs: &[Segment]) -> bool {
+        let mut node = self.root();
+        for seg in segs {
+            match node.child(seg) {
+                Some((_, child)) => node = child,
+                None => return false,
+            }
+        }
+        matches!(node, Node::Item(Item::Table(_) | Item::ArrayOfTables(_)))
+    }
+
     fn unknown_key_warning(&self, segs: &[Segment], suggestion: Option<&str>) -> String {
         let mut out = self.path.display().to_string();
         if let Some(at) = self.position_of(segs, Anchor::Key) {
@@ -544,6 +563,11 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
         if let Some(Err(err)) = backup.timezone.as_deref().map(crate::cron::parse_timezone) {
             return Err(at(&segs("timezone"), Anchor::Value, err.to_string()));
         }
+    }
+
+    if gateway.retention.max_db_mb == Some(0) {
+        let segs = [key("gateway"), key("retention"), key("max_db_mb")];
+        return Err(at(&segs, Anchor::Value, "must be at least 1 (or unset: no bound)".to_owned()));
     }
 
     let approvals = &gateway.approvals;

@@ -71,6 +71,20 @@ fn reference_example_loads_without_errors_or_warnings() {
     assert_eq!(gateway.native_only, Some(false));
     assert_eq!(gateway.api_addr(), "127.0.0.1:4040");
     assert_eq!(gateway.health_addr(), "0.0.0.0:4042");
+    let retention = crate::config::RetentionConfig {
+        runs_days: 60,
+        events_days: 3,
+        max_db_mb: Some(4000),
+        ..Default::default()
+    };
+    assert_eq!(gateway.retention, retention);
+    // The defaults the README states.
+    let defaults = crate::config::RetentionConfig::default();
+    assert_eq!(
+        (defaults.runs_days, defaults.events_days, defaults.usage_days, defaults.sessions_days),
+        (30, 7, 400, 90)
+    );
+    assert_eq!((defaults.max_db_mb, defaults.cron_runs_kept), (None, 100));
 
     // The sections' own keys are read by lemon-engines (its tests load this file too).
     assert_eq!(gateway.engines.keys().collect::<Vec<_>>(), ["claude", "codex", "echo"]);
@@ -234,6 +248,14 @@ fn a_scopes_approval_rule_that_is_not_a_glob_is_named_where_it_is() {
 }
 
 #[test]
+fn a_retention_bound_of_zero_megabytes_is_named_where_it_is() {
+    check_error(
+        "[gateway.retention]\nmax_db_mb = 0\n",
+        "/home/u/.lemon/config.toml:2:13: gateway.retention.max_db_mb: must be at least 1 (or unset: no bound)",
+    );
+}
+
+#[test]
 fn a_backup_schedule_that_does_not_parse_is_named_where_it_is() {
     check_error(
         "[gateway.backup]\nevery = \"daily at 25pm\"\n",
@@ -317,12 +339,12 @@ fn unknown_keys_are_warnings_with_their_dotted_path() {
     assert_eq!(config.gateway.queue.mode, Some(QueueMode::Collect));
 
     check_ok(
-        "[agent]\nname = \"x\"\n\n[[gateway.bindings]]\ntransport = \"telegram\"\nchat = 1\n\n\
+        "agent = \"x\"\n\n[[gateway.bindings]]\ntransport = \"telegram\"\nchat = 1\n\n\
          [gateway.projects.demo]\nroot = \"/tmp\"\n\"odd key\" = 1\n",
         &[
-            "/home/u/.lemon/config.toml:1:2: unknown key agent (ignored)",
-            "/home/u/.lemon/config.toml:6:1: unknown key gateway.bindings[0].chat (ignored); did you mean `chat_id`?",
-            "/home/u/.lemon/config.toml:10:1: unknown key gateway.projects.demo.\"odd key\" (ignored)",
+            "/home/u/.lemon/config.toml:1:1: unknown key agent (ignored)",
+            "/home/u/.lemon/config.toml:5:1: unknown key gateway.bindings[0].chat (ignored); did you mean `chat_id`?",
+            "/home/u/.lemon/config.toml:9:1: unknown key gateway.projects.demo.\"odd key\" (ignored)",
         ],
     );
     check_ok(
@@ -510,6 +532,22 @@ fn load_file_or_default_treats_a_missing_file_as_defaults() {
     assert!(
         err.to_string().starts_with(&format!("{}: cannot read config file: ", missing.display())),
         "{err}"
+    );
+}
+
+#[test]
+fn a_section_nobody_reads_is_an_error_where_it_is() {
+    check_error(
+        "[gatway]\nmax_concurrent_runs = 3\n",
+        "/home/u/.lemon/config.toml:1:2: gatway: unknown section; did you mean `gateway`?",
+    );
+    check_error(
+        "[gateway]\nmax_concurrent_runs = 3\n\n[gateway.telegrm]\nbot_token = \"x\"\n",
+        "/home/u/.lemon/config.toml:4:10: gateway.telegrm: unknown section; did you mean `telegram`?",
+    );
+    check_error(
+        "[agent]\nname = \"x\"\n",
+        "/home/u/.lemon/config.toml:1:2: agent: unknown section",
     );
 }
 

@@ -172,6 +172,35 @@ fn the_lemon_section_is_parsed_with_defaults_per_provider() {
 }
 
 #[test]
+fn a_server_on_this_machine_or_an_empty_secret_needs_no_key() {
+    use crate::native::NativeSettings;
+    let settings = |text: &str| {
+        let sections = load(&format!("[gateway.engines.lemon]\n{text}")).unwrap();
+        NativeSettings::from_section(sections.get("lemon")).unwrap()
+    };
+    for local in [
+        "http://localhost:11434/v1",
+        "http://127.0.0.1:8080/v1",
+        "http://[::1]:11434",
+        "https://LOCALHOST/v1",
+    ] {
+        assert!(settings(&format!("base_url = \"{local}\"\n")).key_optional(), "{local}");
+    }
+    for remote in [
+        "https://api.openai.com/v1",
+        "http://10.0.0.5:11434/v1",
+        "http://localhost.example.com/v1",
+        "http://127.0.0.1.example.com/",
+    ] {
+        assert!(!settings(&format!("base_url = \"{remote}\"\n")).key_optional(), "{remote}");
+    }
+    assert!(!settings("").key_optional(), "the public endpoint needs its key");
+    let keyless = settings("api_key_secret = \"\"\nbase_url = \"https://llm.example.com/v1\"\n");
+    assert!(keyless.key_optional());
+    assert_eq!(keyless.api_key_secret, "");
+}
+
+#[test]
 fn wrong_lemon_keys_point_at_the_value() {
     check_error(
         "[gateway.engines.lemon]\nprovider = \"gemini\"\n",

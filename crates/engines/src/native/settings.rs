@@ -93,6 +93,27 @@ pub struct NativeSettings {
     pub context_window: u64,
 }
 
+impl NativeSettings {
+    /// Whether the engine runs without a key: `api_key_secret = ""`, or a
+    /// `base_url` on this machine (`localhost`, `127.0.0.1`, `[::1]`: a local
+    /// server such as Ollama), where a key is sent only when one is set.
+    pub fn key_optional(&self) -> bool {
+        self.api_key_secret.is_empty() || self.base_url.as_deref().is_some_and(is_local_url)
+    }
+}
+
+/// `http(s)://localhost…`, `127.x.x.x` or `[::1]`.
+fn is_local_url(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 impl Default for NativeSettings {
     fn default() -> Self {
         let provider = ProviderKind::OpenAi;
@@ -180,13 +201,12 @@ impl NativeSettings {
                 ));
             }
         }
-        let api_key_secret = section
-            .api_key_secret
-            .as_deref()
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .unwrap_or(provider.default_secret())
-            .to_owned();
+        // `api_key_secret = ""`: a server that takes no key (Ollama, llama.cpp).
+        let api_key_secret = match section.api_key_secret.as_deref().map(str::trim) {
+            Some("") => String::new(),
+            Some(name) => name.to_owned(),
+            None => provider.default_secret().to_owned(),
+        };
         let temperature = match section.other.get("temperature") {
             None => None,
             Some(value) => {
