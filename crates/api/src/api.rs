@@ -89,11 +89,10 @@ pub struct ApiState {
     /// makes one at each launch for its own window, and it is never stored.
     /// Never logged.
     pub launch_token: Option<Arc<str>>,
-    /// The engine of requests that name none, when `default_engine` is unset
-    /// (the gateway chose it at start).
-    pub default_engine: Arc<str>,
-    /// Why the gateway chose [`ApiState::default_engine`] (`no openai_api_key set`).
-    pub default_engine_reason: Arc<str>,
+    /// The engine of requests that name none when `default_engine` is unset,
+    /// and why the gateway chose it (`no openai_api_key set`); chosen again
+    /// while it runs when a secret or the `lemon` engine's section changes.
+    pub default_engine: DefaultChoice,
     /// The gateway's version, reported by `/v1/status`.
     pub version: Arc<str>,
     /// When the gateway started, for uptime.
@@ -134,7 +133,6 @@ impl fmt::Debug for ApiState {
             .field("token", &"<redacted>")
             .field("launch_token", &self.launch_token.as_ref().map(|_| "<redacted>"))
             .field("default_engine", &self.default_engine)
-            .field("default_engine_reason", &self.default_engine_reason)
             .field("version", &self.version)
             .field("started_at", &self.started_at)
             .field("shutdown", &self.shutdown)
@@ -143,6 +141,27 @@ impl fmt::Debug for ApiState {
             .field("cron", &self.cron)
             .field("config_file", &self.config_file)
             .finish()
+    }
+}
+
+/// The engine the gateway chose for requests that name none, and why; one
+/// value shared by the API and the reload path, which replaces it.
+#[derive(Clone, Debug)]
+pub struct DefaultChoice(Arc<std::sync::RwLock<(Arc<str>, Arc<str>)>>);
+
+impl DefaultChoice {
+    pub fn new(engine: &str, reason: &str) -> Self {
+        DefaultChoice(Arc::new(std::sync::RwLock::new((engine.into(), reason.into()))))
+    }
+
+    /// The engine and the reason in force.
+    pub fn get(&self) -> (Arc<str>, Arc<str>) {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts `engine`, chosen for `reason`, in force.
+    pub fn replace(&self, engine: &str, reason: &str) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = (engine.into(), reason.into());
     }
 }
 

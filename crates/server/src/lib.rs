@@ -934,10 +934,11 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     if keychain.available {
         tracing::info!(keychain = %keychain.detail, "secrets: keychain, environment, secrets file");
     } else {
+        // Why each backend failed is long; `doctor` says it, and `-v` logs it.
         tracing::info!(
-            reason = %keychain.detail,
-            "no keychain; secrets come from the environment and the secrets file"
+            "no keychain; secrets come from the environment and the secrets file (`lemon-gateway doctor` says why)"
         );
+        tracing::debug!(reason = %keychain.detail, "no keychain");
     }
     for warning in secrets.warnings() {
         tracing::warn!("{warning}");
@@ -1157,14 +1158,17 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // One token for the API, its OpenAI routes and the detailed health
     // report; the reload path replaces it when the secret changes.
     let shared_token = lemon_api::api::ApiToken::new(api_token.expose());
+    let default_choice = lemon_api::api::DefaultChoice::new(
+        &chosen_default.engine.to_string(),
+        &chosen_default.reason,
+    );
     let api = lemon_api::api::router_documented(
         lemon_api::api::ApiState {
             router: router.clone(),
             runs: router.query(),
             token: shared_token.clone(),
             launch_token: opts.launch_token.as_ref().map(|token| token.expose().into()),
-            default_engine: chosen_default.engine.to_string().into(),
-            default_engine_reason: chosen_default.reason.clone().into(),
+            default_engine: default_choice.clone(),
             version: version.clone(),
             started_at: started,
             shutdown: token.clone(),
@@ -1243,6 +1247,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         lemon_home: opts.paths.home.clone(),
         shutdown_grace_ms: shutdown_grace_ms.clone(),
         default_engine: chosen_default,
+        default_choice,
         budget,
         approval_rules,
         secret_uses,
@@ -1253,7 +1258,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         retention: retention_config,
     };
     tracker.spawn(reload::watch(reloader, token.clone()));
-    tracing::info!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");
+    // The front end says it is ready (the headless binary's ready line); this is the time it took.
+    tracing::debug!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");
     let running_file = opts.paths.running();
     write_running_file(&running_file, api_addr, health_addr);
     Ok(Running {

@@ -340,8 +340,11 @@ pub(crate) struct Reloader {
     /// `$LEMON_HOME`, which a relative `workspace_dir` is under.
     pub(crate) lemon_home: PathBuf,
     pub(crate) shutdown_grace_ms: Arc<AtomicU64>,
-    /// The engine chosen at start for an unset `default_engine`.
+    /// The engine chosen for an unset `default_engine`: at start, and again
+    /// when the engines are rebuilt (a key set, the `lemon` section edited).
     pub(crate) default_engine: crate::DefaultEngine,
+    /// The same choice as `/v1/status` reports it.
+    pub(crate) default_choice: lemon_api::api::DefaultChoice,
     /// Lives as long as the gateway; an edit of `[gateway.budgets]` reconfigures it.
     pub(crate) budget: Arc<StoreBudgetGuard>,
     /// The approval rules the native engine and the vendor relay judge by;
@@ -431,7 +434,8 @@ impl Reloader {
     /// as if its section had been edited.
     pub(crate) async fn check_secrets(&mut self) {
         self.check_api_token().await;
-        let Some(text) = self.last_text.clone() else { return };
+        // Without a config file the defaults are in force: their secrets count too.
+        let text = self.last_text.clone().unwrap_or_default();
         if self.status.get().rejected.is_some() {
             return;
         }
@@ -465,7 +469,7 @@ impl Reloader {
         if forced.is_empty() {
             return;
         }
-        let Some(text) = self.last_text.clone() else { return };
+        let text = self.last_text.clone().unwrap_or_default();
         match self.checked_with(&text, Some(forced)) {
             Ok(checked) => self.apply(checked).await,
             Err(message) => self.reject(message),
@@ -490,6 +494,32 @@ impl Reloader {
                 tracing::warn!(%error, "the API token was not changed");
             }
         }
+    }
+
+    /// Chooses the default engine again by the documented rule (a key set
+    /// while running makes `lemon` the default at once); whether it changed.
+    async fn choose_default(&mut self, config: &GatewayConfig, sections: &EngineSections) -> bool {
+        let (config, sections, secrets) = (config.clone(), sections.clone(), self.secrets.clone());
+        let chosen = tokio::task::spawn_blocking(move || {
+            crate::default_engine(&config, &sections, &secrets)
+        })
+        .await;
+        let chosen = match chosen {
+            Ok(Ok(chosen)) => chosen,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "the default engine was not chosen again");
+                return false;
+            }
+            Err(_) => return false,
+        };
+        self.default_choice.replace(&chosen.engine.to_string(), &chosen.reason);
+        if chosen.engine == self.default_engine.engine {
+            self.default_engine = chosen;
+            return false;
+        }
+        tracing::info!(engine = %chosen.engine, reason = %chosen.reason, "default engine changed");
+        self.default_engine = chosen;
+        true
     }
 
     fn checked(&self, text: &str) -> Result<Checked, String> {
@@ -596,7 +626,9 @@ impl Reloader {
                 return;
             }
         }
-        if plan.router
+        let chose_again =
+            (plan.engines || plan.router) && self.choose_default(&config, &sections).await;
+        if (plan.router || chose_again)
             && self
                 .router
                 .reload(crate::router_config(&config, &self.default_engine))

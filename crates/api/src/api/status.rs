@@ -89,7 +89,7 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
             body
         })
         .collect();
-    // An unset `default_engine` is the one the gateway chose at start.
+    // An unset `default_engine` is the one the gateway chose.
     let configured = state
         .config
         .get()
@@ -97,6 +97,7 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
         .get("default_engine")
         .filter(|value| !value.is_null())
         .cloned();
+    let (chosen, reason) = state.default_engine.get();
     Ok(Json(json!({
         "version": &*state.version,
         "uptime_ms": u64::try_from(state.started_at.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -110,10 +111,10 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
             "queued": snapshot.queued,
         },
         "engines": engines,
-        "default_engine": configured.clone().unwrap_or_else(|| json!(&*state.default_engine)),
+        "default_engine": configured.clone().unwrap_or_else(|| json!(&*chosen)),
         "default_engine_reason": match configured {
             Some(_) => json!("set by default_engine in config.toml"),
-            None => json!(&*state.default_engine_reason),
+            None => json!(&*reason),
         },
         "transports": state.transports.to_json(),
         "sandbox": state.sandbox,
