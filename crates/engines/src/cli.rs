@@ -61,7 +61,7 @@ pub(crate) mod process;
 mod resume;
 pub(crate) mod runner;
 mod settings;
-mod tools;
+pub(crate) mod tools;
 pub(crate) mod translate;
 
 pub use process::{

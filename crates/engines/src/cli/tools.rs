@@ -49,14 +49,16 @@ pub(crate) fn classify(
             ActionKind::Tool,
             text("pattern").map_or_else(|| "find".to_owned(), |p| format!("find: {p}")),
         ),
-        "ls" => {
+        "ls" | "list" => {
             let path = path().or_else(|| text("path").map(|p| relativize(p, cwd)));
             (ActionKind::Tool, path.map_or_else(|| "ls".to_owned(), |p| format!("ls: `{p}`")))
         }
         "websearch" | "web_search" => {
             (ActionKind::WebSearch, text("query").unwrap_or(name).to_owned())
         }
-        "webfetch" | "web_fetch" => (ActionKind::WebSearch, text("url").unwrap_or(name).to_owned()),
+        "webfetch" | "web_fetch" | "fetch" => {
+            (ActionKind::WebSearch, text("url").unwrap_or(name).to_owned())
+        }
         "task" | "agent" => {
             let what = text("description").or_else(|| text("prompt")).unwrap_or(name);
             let title = match text("model") {

@@ -58,7 +58,7 @@ fn engine_specific_keys_are_kept_for_the_engine() {
 fn wrong_types_point_at_the_value() {
     check_error(
         "[gateway.engines.echo]\ndelay_ms = \"fast\"\n",
-        r#"/home/u/.lemon/config.toml:2:12: gateway.engines.echo.delay_ms: invalid type: string "fast", expected u64"#,
+        r#"/home/u/.lemon/config.toml:2:12: gateway.engines.echo.delay_ms: invalid type: string "fast", expected a whole number, 0 or more"#,
     );
     check_error(
         "[gateway.engines.claude]\nenv = { A = 1 }\n",

@@ -2,7 +2,7 @@
 //! the budget check and the run's one `Completed`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use futures::stream::FuturesUnordered;
@@ -441,7 +441,7 @@ impl Agent {
         let mut asked: BTreeMap<usize, (Arc<dyn Tool>, Value, PendingApproval)> = BTreeMap::new();
         for (index, call) in calls.iter().enumerate() {
             let args = parse_arguments(&call.arguments);
-            let (kind, title) = classify(&call.name);
+            let (kind, title) = classify(call, &self.req.cwd);
             let mut started = action(&action_id(call), kind, &title, ActionPhase::Started);
             started.detail = json!({
                 "name": call.name,
@@ -496,7 +496,8 @@ impl Agent {
         // Calls that could not run complete at once.
         for (index, call) in calls.iter().enumerate() {
             if let Some(output) = &results[index] {
-                self.send(EngineEvent::Action(completed_action(call, output))).await?;
+                self.send(EngineEvent::Action(completed_action(call, output, &self.req.cwd)))
+                    .await?;
             }
         }
         let mut redirect = None;
@@ -516,7 +517,7 @@ impl Agent {
                 Some(step) = running.next() => match step {
                     Step::Finished(index, joined) => {
                         let output = joined.unwrap_or_else(|_| ToolOutput::error("the tool failed unexpectedly"));
-                        self.send(EngineEvent::Action(completed_action(&calls[index], &output))).await?;
+                        self.send(EngineEvent::Action(completed_action(&calls[index], &output, &self.req.cwd))).await?;
                         results[index] = Some(self.outside_text(&calls[index], output));
                     }
                     Step::Answered(index, outcome) => {
@@ -527,7 +528,7 @@ impl Agent {
                         match refusal {
                             None => running.push(self.start_tool(index, call, tool, args, &turn_cancel)),
                             Some(output) => {
-                                self.send(EngineEvent::Action(completed_action(call, &output))).await?;
+                                self.send(EngineEvent::Action(completed_action(call, &output, &self.req.cwd))).await?;
                                 results[index] = Some(output);
                             }
                         }
@@ -798,15 +799,12 @@ enum Step {
 
 type StepFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Step> + Send>>;
 
-/// The action kind and title of a tool call.
-fn classify(name: &str) -> (ActionKind, String) {
-    let kind = match name {
-        "bash" => ActionKind::Command,
-        "write" | "edit" => ActionKind::FileChange,
-        "fetch" | "websearch" | "webfetch" => ActionKind::WebSearch,
-        _ => ActionKind::Tool,
-    };
-    (kind, name.to_owned())
+/// The action kind and title of a tool call, as the vendor engines' read: the
+/// command of `bash`, the path of a file tool (relative to `cwd` inside it),
+/// the URL of `fetch`, the pattern of a search; cut short on a character.
+fn classify(call: &ToolCall, cwd: &Path) -> (ActionKind, String) {
+    let args = parse_arguments(&call.arguments).unwrap_or(Value::Null);
+    crate::cli::tools::classify(&call.name, &args, &["path"], Some(cwd))
 }
 
 fn action(id: &str, kind: ActionKind, title: &str, phase: ActionPhase) -> Action {
@@ -833,8 +831,8 @@ fn preview(text: &str) -> String {
 
 /// The `completed` action of a call: ok, a result preview, the tool's details
 /// (their keys, `auto_send_files` among them, at the top of `detail`).
-fn completed_action(call: &ToolCall, output: &ToolOutput) -> Action {
-    let (kind, title) = classify(&call.name);
+fn completed_action(call: &ToolCall, output: &ToolOutput, cwd: &Path) -> Action {
+    let (kind, title) = classify(call, cwd);
     let mut done = action(&action_id(call), kind, &title, ActionPhase::Completed);
     done.ok = Some(!output.is_error);
     done.message = Some(preview(&output.text));
