@@ -184,7 +184,10 @@ async fn the_cli_runs_a_prompt_and_prints_the_resume_line() {
     assert!(output.status.success(), "{stdout} {}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(stdout, "hello from the cli\n", "the answer alone on stdout");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("`echo resume run_"), "the resume line on stderr: {stderr}");
+    assert!(
+        stderr.lines().any(|l| l.starts_with("echo resume run_")),
+        "the resume line on stderr: {stderr}"
+    );
 
     let status = command(&gateway.home).args(["status", "--json", "--url", &gateway.api]).output();
     let status = tokio::time::timeout(PATIENCE, status).await.unwrap().unwrap();
@@ -212,7 +215,7 @@ async fn an_engine_section_error_stops_the_start_naming_file_line_and_column() {
     let (code, stderr) = crate::support::failed_start(dir.path()).await;
     assert_eq!(code, Some(5), "a configuration error");
     let expected = format!(
-        "{}:4:12: gateway.engines.echo.delay_ms: invalid type: string \"fast\", expected u64",
+        "{}:4:12: gateway.engines.echo.delay_ms: invalid type: string \"fast\", expected a whole number, 0 or more",
         dir.path().join("config.toml").display()
     );
     assert!(stderr.contains(&expected), "{stderr}");
@@ -290,8 +293,24 @@ async fn a_missing_cli_is_reported_not_crashed() {
         status["engines"].as_array().unwrap().iter().find(|e| e["id"] == "codex").unwrap().clone();
     assert_eq!(codex["available"], false);
     assert!(codex["reason"].as_str().unwrap().contains("/nonexistent/codex"), "{codex}");
-    let run_id = gateway.submit(json!({ "prompt": "x", "engine": "codex" })).await;
-    let record = gateway.wait(&run_id).await;
+    // Naming it is refused before anything is accepted, with what fixes it.
+    let refused = gateway
+        .post("/v1/runs")
+        .json(&json!({ "prompt": "x", "engine": "codex" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 409);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    let error = body["error"].as_str().unwrap();
+    assert!(error.starts_with("engine codex is unavailable: "), "{error}");
+    assert!(error.contains("/nonexistent/codex") && error.contains("cli_path"), "{error}");
+    let runs = gateway.get("/v1/runs").send().await.unwrap().json::<serde_json::Value>().await;
+    assert_eq!(runs.unwrap()["runs"], json!([]), "no run was recorded");
+
+    // A directive in the prompt that routes to it still fails its run with the reason.
+    let directive = gateway.submit(json!({ "prompt": "/codex x" })).await;
+    let record = gateway.wait(&directive).await;
     assert_eq!(record["status"], "failed");
     assert!(record["error"].as_str().unwrap().starts_with("engine_unavailable: codex"), "{record}");
 }

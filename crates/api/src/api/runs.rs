@@ -30,7 +30,7 @@ use crate::openapi::{schema, Errors};
     responses(
         (status = 202, description = "Accepted.", body = schema::Accepted),
         (status = 200, description = "A slash command's reply, or with `?wait=true` the finished run.", body = schema::SubmitReply),
-        (status = 409, description = "The run id names another run.", body = schema::Error),
+        (status = 409, description = "The run id names another run, or the engine named cannot run (its CLI is not installed).", body = schema::Error),
         Errors,
     )
 )]
@@ -41,6 +41,9 @@ pub(super) async fn submit(
 ) -> Result<Response, ApiError> {
     let wait = query.wait()?;
     let req = body.into_request()?;
+    if let Some(engine) = &req.engine {
+        refuse_unavailable(&state, engine)?;
+    }
     let (accepted, follower) = match state.router.submit(req).await? {
         Submitted::Run(accepted, follower) => (accepted, follower),
         Submitted::Command { command, reply } => {
@@ -62,6 +65,23 @@ pub(super) async fn submit(
         body["duplicate"] = json!(true);
     }
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+/// An engine named by the request that cannot run (its CLI is not installed)
+/// is refused before anything is accepted, with what fixes it: no failed run
+/// is recorded for it.
+fn refuse_unavailable(
+    state: &ApiState,
+    engine: &lemon_core::ids::EngineRef,
+) -> Result<(), ApiError> {
+    let engines = state.runs.engines();
+    let info = engines.iter().find(|info| engine.is(&info.id));
+    match info.map(|info| &info.availability) {
+        Some(lemon_core::engine::Availability::Unavailable { reason }) => {
+            Err(ApiError::Conflict(format!("engine {} is unavailable: {reason}", engine.id())))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn command_name(command: &SlashCommand) -> &'static str {
