@@ -429,7 +429,7 @@ async fn a_mistake_in_the_telegram_section_names_file_line_and_column() {
     assert_eq!(code, Some(5));
     // An unknown key is a warning now (see first_run.rs); a wrong type is the mistake here.
     let expected = format!(
-        "{}:5:18: gateway.telegram.poll_timeout_s: `poll_timeout_s`: invalid type: string \"5\", expected u64",
+        "{}:5:18: gateway.telegram.poll_timeout_s: `poll_timeout_s`: invalid type: string \"5\", expected a whole number, 0 or more",
         dir.path().join("config.toml").display()
     );
     assert!(stderr.contains(&expected), "{stderr}");

@@ -51,7 +51,7 @@ impl fmt::Display for Position {
 ///
 /// Displays as `<file>:<line>:<column>: <key path>: <message>`, for example
 /// `/home/u/.lemon/config.toml:3:23: gateway.max_concurrent_runs: invalid type:
-/// string "two", expected usize`.
+/// string "two", expected a whole number, 0 or more`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfigError {
     /// The file could not be read (missing, a directory, no permission…).
@@ -282,9 +282,46 @@ pub fn section_error(path: &Path, text: &str, section: &[&str], message: &str) -
     file.invalid(&segs, anchor, message)
 }
 
-/// TOML parser messages span several lines ("invalid string\nexpected …").
+/// TOML parser messages span several lines ("invalid string\nexpected …"),
+/// and name Rust's types; one line, in words ([`plain_types`]).
 fn one_line(message: &str) -> String {
-    message.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
+    let line =
+        message.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ");
+    plain_types(&line)
+}
+
+/// `expected usize` as a person reads it: `expected a whole number, 0 or more`.
+fn plain_types(message: &str) -> String {
+    const TYPES: [(&str, &str); 11] = [
+        ("usize", "a whole number, 0 or more"),
+        ("u64", "a whole number, 0 or more"),
+        ("u32", "a whole number from 0 to 4294967295"),
+        ("u16", "a whole number from 0 to 65535"),
+        ("u8", "a whole number from 0 to 255"),
+        ("isize", "a whole number"),
+        ("i64", "a whole number"),
+        ("i32", "a whole number"),
+        ("i16", "a whole number"),
+        ("f64", "a number"),
+        ("f32", "a number"),
+    ];
+    let mut out = message.to_owned();
+    for (rust, words) in TYPES {
+        let needle = format!("expected {rust}");
+        let mut from = 0;
+        while let Some(found) = out[from..].find(&needle) {
+            let (start, end) = (from + found, from + found + needle.len());
+            let whole_word = !out[end..].starts_with(|c: char| c.is_ascii_alphanumeric());
+            if whole_word {
+                let plain = format!("expected {words}");
+                out.replace_range(start..end, &plain);
+                from = start + plain.len();
+            } else {
+                from = end;
+            }
+        }
+    }
+    out
 }
 
 /// One step of a key path.

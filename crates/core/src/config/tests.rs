@@ -207,7 +207,7 @@ fn zero_concurrent_runs_is_valid() {
 fn wrong_type_names_file_line_column_and_key() {
     check_error(
         "[gateway]\n# how many runs at once\nmax_concurrent_runs = \"two\"\n",
-        r#"/home/u/.lemon/config.toml:3:23: gateway.max_concurrent_runs: invalid type: string "two", expected usize"#,
+        r#"/home/u/.lemon/config.toml:3:23: gateway.max_concurrent_runs: invalid type: string "two", expected a whole number, 0 or more"#,
     );
     check_error(
         "[gateway]\nrequire_engine_lock = \"no\"\n",
@@ -215,7 +215,7 @@ fn wrong_type_names_file_line_column_and_key() {
     );
     check_error(
         "[gateway.api]\nport = 70000\n",
-        "/home/u/.lemon/config.toml:2:8: gateway.api.port: invalid value: integer `70000`, expected u16",
+        "/home/u/.lemon/config.toml:2:8: gateway.api.port: invalid value: integer `70000`, expected a whole number from 0 to 65535",
     );
     check_error(
         "[[gateway.bindings]]\ntransport = \"telegram\"\n\n[[gateway.bindings]]\ntransport = 5\n",
@@ -435,7 +435,7 @@ fn values_are_validated() {
     );
     check_error(
         "[gateway.queue]\ncap = -1\n",
-        "/home/u/.lemon/config.toml:2:7: gateway.queue.cap: invalid value: integer `-1`, expected usize",
+        "/home/u/.lemon/config.toml:2:7: gateway.queue.cap: invalid value: integer `-1`, expected a whole number, 0 or more",
     );
 }
 
@@ -569,7 +569,7 @@ fn load_file_reads_and_names_the_file() {
     assert_eq!(
         err.to_string(),
         format!(
-            "{}:2:23: gateway.max_concurrent_runs: invalid type: boolean `true`, expected usize",
+            "{}:2:23: gateway.max_concurrent_runs: invalid type: boolean `true`, expected a whole number, 0 or more",
             path.display()
         )
     );
