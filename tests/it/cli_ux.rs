@@ -30,13 +30,16 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// A fixture of the fake Claude CLI: a successful run without its result line,
-/// so with `FAKE_CLI_HANG` the run is still going after its actions.
+/// A fixture of the fake Claude CLI: a successful run without its answer and
+/// result lines, so with `FAKE_CLI_HANG` the run is still going after its actions.
 fn unfinished_fixture(dir: &Path) -> PathBuf {
     let source = lemon_tests::fake_cli::fixture("claude", "synth_tool_use_success.jsonl");
     let text = std::fs::read_to_string(source).unwrap();
-    let lines: Vec<&str> =
-        text.lines().filter(|line| !line.starts_with("{\"type\":\"result\"")).collect();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|line| !line.starts_with("{\"type\":\"result\""))
+        .filter(|line| !line.contains("There are 2 test files."))
+        .collect();
     let path = dir.join("unfinished.jsonl");
     std::fs::write(&path, format!("{}\n", lines.join("\n"))).unwrap();
     path
@@ -74,7 +77,11 @@ async fn run_works_in_the_callers_directory_and_prints_the_answer_alone() {
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert_eq!(out.status.code(), Some(0), "{stdout} {stderr}");
     assert_eq!(stdout, "There are 2 test files.\n", "the answer alone on stdout");
-    assert!(stderr.contains("`claude --resume 5b1c7a52-8f0e-4d7b-9c1a-2f3e4d5c6b7a`"), "{stderr}");
+    // The resume line alone on its line, nothing around it to pick up when copied.
+    assert!(
+        stderr.lines().any(|l| l == "claude --resume 5b1c7a52-8f0e-4d7b-9c1a-2f3e4d5c6b7a"),
+        "{stderr}"
+    );
     assert!(!stderr.contains('\x1b'), "no escape codes off a terminal: {stderr:?}");
     let recorded: Value =
         serde_json::from_str(std::fs::read_to_string(&args).unwrap().lines().next().unwrap())
@@ -422,23 +429,28 @@ impl Tmux {
     }
 
     async fn capture(&self) -> String {
-        let out = self.command().args(["capture-pane", "-p", "-t", "cli"]).output().await;
+        // From the start of the history: what scrolled off the screen too.
+        let out = self.command().args(["capture-pane", "-p", "-S", "-", "-t", "cli"]).output().await;
         text(&out.unwrap().stdout)
     }
 
     /// Waits (bounded) until the pane shows everything `wanted` accepts.
     async fn until(&self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+        let last = std::sync::Mutex::new(String::new());
         let found = tokio::time::timeout(PATIENCE, async {
             loop {
                 let pane = self.capture().await;
                 if wanted(&pane) {
                     return pane;
                 }
+                *last.lock().unwrap() = pane;
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         })
         .await;
-        found.unwrap_or_else(|_| panic!("{what} on the screen in time"))
+        found.unwrap_or_else(|_| {
+            panic!("{what} on the screen in time; the screen:\n{}", last.lock().unwrap())
+        })
     }
 }
 
@@ -455,6 +467,41 @@ fn quote(value: &str) -> String {
     format!("'{}'", value.replace('\'', "'\\''"))
 }
 
+impl Tmux {
+    /// A terminal `width` columns wide, in `dir`, running the client on
+    /// `gateway` with `args` (shell words), then saying its exit code.
+    async fn client(gateway: &Gateway, dir: &Path, width: u16, args: &str) -> Tmux {
+        static SESSIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmux = Tmux { socket: format!("lemon-cli-ux-{}-{n}", std::process::id()) };
+        let vars = [
+            ("PATH", std::env::var("PATH").unwrap_or_default()),
+            ("HOME", gateway.home.display().to_string()),
+            ("LEMON_HOME", gateway.home.display().to_string()),
+            ("LEMON_API_TOKEN", TOKEN.to_owned()),
+            ("LEMON_URL", gateway.api.clone()),
+            ("LEMON_LOG", "warn".to_owned()),
+            ("TERM", "xterm-256color".to_owned()),
+        ];
+        let vars: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={}", quote(v))).collect();
+        let script = format!(
+            "env -i {} {} {args}; echo \"exit code $?\"; cat",
+            vars.join(" "),
+            quote(crate::support::gateway_bin())
+        );
+        let started = tmux
+            .command()
+            .args(["new-session", "-d", "-s", "cli", "-x", &width.to_string(), "-y", "30", "-c"])
+            .arg(dir)
+            .arg(script)
+            .status()
+            .await
+            .unwrap();
+        assert!(started.success(), "tmux starts");
+        tmux
+    }
+}
+
 #[tokio::test]
 async fn in_a_terminal_run_shows_a_spinner_and_each_action_and_ctrl_c_cancels() {
     let dir = tempfile::tempdir().unwrap();
@@ -463,31 +510,8 @@ async fn in_a_terminal_run_shows_a_spinner_and_each_action_and_ctrl_c_cancels() 
         unfinished_fixture(dir.path()).display()
     );
     let gateway = Gateway::start(&claude_config(&env, "")).await;
-    let tmux = Tmux { socket: format!("lemon-cli-ux-{}", std::process::id()) };
-    let vars = [
-        ("PATH", std::env::var("PATH").unwrap_or_default()),
-        ("HOME", gateway.home.display().to_string()),
-        ("LEMON_HOME", gateway.home.display().to_string()),
-        ("LEMON_API_TOKEN", TOKEN.to_owned()),
-        ("LEMON_URL", gateway.api.clone()),
-        ("LEMON_LOG", "warn".to_owned()),
-        ("TERM", "xterm-256color".to_owned()),
-    ];
-    let vars: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={}", quote(v))).collect();
-    let script = format!(
-        "env -i {} {} run --engine claude 'count the tests'; echo \"exit code $?\"; cat",
-        vars.join(" "),
-        quote(crate::support::gateway_bin())
-    );
-    let started = tmux
-        .command()
-        .args(["new-session", "-d", "-s", "cli", "-x", "100", "-y", "20", "-c"])
-        .arg(dir.path())
-        .arg(script)
-        .status()
-        .await
-        .unwrap();
-    assert!(started.success(), "tmux starts");
+    let tmux =
+        Tmux::client(&gateway, dir.path(), 100, "run --engine claude 'count the tests'").await;
 
     let running = tmux
         .until("the spinner and both tool calls", |pane| {
@@ -554,4 +578,172 @@ async fn token_prints_the_api_token_or_where_to_set_one() {
     assert_eq!(out.status.code(), Some(4), "{}", text(&out.stdout));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("LEMON_API_TOKEN") && stderr.contains("secrets.toml"), "{stderr}");
+}
+
+/// The native engine on a fake model that calls `bash`, then streams part of
+/// its answer and stalls, so the run is still going when the text is out.
+async fn slow_lemon() -> (lemon_tests::fake_llm::FakeLlm, Gateway) {
+    use lemon_tests::fake_llm::{FakeLlm, FakeToolCall, Turn};
+    let llm = FakeLlm::builder().start().await;
+    let bash = serde_json::json!({ "command": "echo from the tool" }).to_string();
+    llm.push(Turn::tool_calls(vec![FakeToolCall::new("call_1", "bash", &[&bash])]));
+    llm.push(Turn::stall(&["Half of the answer, ", "and the model is still thinking"]));
+    let config = format!(
+        "{}\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+        crate::support::ALLOW_EVERY_CALL,
+        llm.base_url()
+    );
+    let gateway = Gateway::start(&config).await;
+    (llm, gateway)
+}
+
+/// On a terminal `run` prints the answer's text as it arrives and a tool call
+/// with its command: both are on the screen while the model is still
+/// answering, and Ctrl-C then cancels.
+#[tokio::test]
+async fn in_a_terminal_run_streams_the_answer_and_shows_the_command_it_runs() {
+    let (_llm, gateway) = slow_lemon().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tmux = Tmux::client(&gateway, dir.path(), 100, "run 'answer slowly'").await;
+    let running = tmux
+        .until("the streamed text and the command", |pane| {
+            pane.contains("Half of the answer, and the model is still thinking")
+                && pane.contains("command: echo from the tool")
+        })
+        .await;
+    assert!(!running.contains("exit code"), "the run is still going: {running}");
+    let sent = tmux.command().args(["send-keys", "-t", "cli", "C-c"]).status().await.unwrap();
+    assert!(sent.success());
+    let done = tmux.until("the cancellation", |pane| pane.contains("exit code 130")).await;
+    assert!(done.contains("Half of the answer"), "the streamed text stays: {done}");
+
+    let artifacts = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli_ux");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let capture = format!("--- while streaming ---\n{running}\n--- after Ctrl-C ---\n{done}");
+    std::fs::write(artifacts.join("tmux-stream.txt"), capture).unwrap();
+}
+
+/// Off a terminal `run` prints the answer only at the end, unless `--stream`:
+/// then the text comes out of the pipe while the run goes on.
+#[tokio::test]
+async fn run_stream_prints_the_text_into_a_pipe_as_it_arrives() {
+    let (_llm, gateway) = slow_lemon().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = cli(&gateway, dir.path());
+    run.args(["run", "--stream", "answer slowly"]).stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = run.spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let streamed = tokio::time::timeout(PATIENCE, async {
+        let mut buf = [0u8; 256];
+        loop {
+            let n = tokio::io::AsyncReadExt::read(&mut stdout, &mut buf).await.unwrap();
+            assert!(n > 0, "stdout ended before the text: {}", text(&seen));
+            seen.extend_from_slice(&buf[..n]);
+            if text(&seen).contains("still thinking") {
+                return text(&seen);
+            }
+        }
+    })
+    .await
+    .expect("the text comes through the pipe while the run goes on");
+    assert_eq!(streamed, "Half of the answer, and the model is still thinking");
+    assert!(child.try_wait().unwrap().is_none(), "the run is still being followed");
+    child.kill().await.unwrap();
+}
+
+/// `status` on a 60-column terminal folds its long lines at spaces instead of
+/// cutting them: each unavailable CLI's line still ends with its fix.
+#[tokio::test]
+async fn status_at_60_columns_folds_lines_and_keeps_the_fix() {
+    let long_path: Vec<String> =
+        (0..8).map(|i| format!("/nonexistent/tools-directory-number-{i}/bin")).collect();
+    let gateway = Gateway::start_with_path("", &long_path.join(":")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tmux = Tmux::client(&gateway, dir.path(), 60, "status").await;
+    let pane = tmux.until("the status", |pane| pane.contains("exit code 0")).await;
+    let words = pane.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert_eq!(words.matches("; set cli_path").count(), 5, "every CLI's fix is shown: {pane}");
+    let folded = pane.lines().filter(|l| l.starts_with(&" ".repeat(10))).count();
+    assert!(folded >= 5, "long lines are folded under their values: {pane}");
+}
+
+/// `run --engine claude` without the CLI is refused before anything is sent to
+/// it, with the fix; no failed run is left behind.
+#[tokio::test]
+async fn run_on_an_engine_whose_cli_is_missing_is_refused_before_it_starts() {
+    let gateway = Gateway::start_with_path("", "/nonexistent/bin").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = cli(&gateway, dir.path());
+    run.args(["run", "--engine", "claude", "hello"]);
+    let out = output(run).await;
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("engine claude is unavailable") && stderr.contains("set cli_path"),
+        "{stderr}"
+    );
+    let runs: Value = gateway.get("/v1/runs").send().await.unwrap().json().await.unwrap();
+    assert_eq!(runs["runs"], serde_json::json!([]), "no run was recorded");
+}
+
+/// `runs` has a header and says when each run was made; `logs`, `attach` and
+/// `cancel` take `last` or the start of a run's id.
+#[tokio::test]
+async fn runs_has_a_header_and_logs_takes_last_or_the_start_of_an_id() {
+    let gateway = Gateway::start("").await;
+    let dir = tempfile::tempdir().unwrap();
+    let first = gateway.submit(serde_json::json!({ "prompt": "first" })).await;
+    gateway.wait(&first).await;
+    let second = gateway.submit(serde_json::json!({ "prompt": "second" })).await;
+    gateway.wait(&second).await;
+    let run = |args: &[&str]| {
+        let mut command = cli(&gateway, dir.path());
+        command.args(args);
+        output(command)
+    };
+
+    let runs = text(&run(&["runs"]).await.stdout);
+    let header = runs.lines().next().unwrap();
+    assert!(header.starts_with("RUN ") && header.contains("WHEN") && header.ends_with("PROMPT"));
+    let line = runs.lines().find(|l| l.starts_with(&second)).unwrap_or_else(|| panic!("{runs}"));
+    assert!(line.contains("s ago") && line.ends_with("second"), "{line}");
+
+    let whole = text(&run(&["logs", &second]).await.stdout);
+    assert!(whole.contains("run_completed"), "{whole}");
+    assert_eq!(text(&run(&["logs", "last"]).await.stdout), whole, "`last` is the newest run");
+    let shared = first.chars().zip(second.chars()).take_while(|(a, b)| a == b).count();
+    let prefix = &second[..=shared];
+    assert_eq!(text(&run(&["logs", prefix]).await.stdout), whole, "the start of its id");
+    let bare = prefix.strip_prefix("run_").unwrap();
+    assert_eq!(text(&run(&["logs", bare]).await.stdout), whole, "without `run_`");
+
+    let both = run(&["logs", &second[..shared]]).await;
+    assert_eq!(both.status.code(), Some(2));
+    assert!(text(&both.stderr).contains("starts 2 runs' ids"), "{}", text(&both.stderr));
+    let none = run(&["logs", "nothing-like-it"]).await;
+    assert_eq!(none.status.code(), Some(1));
+    assert!(text(&none.stderr).contains("run nothing-like-it not found"), "{}", text(&none.stderr));
+}
+
+/// Client commands print their own output: their log says only what went
+/// wrong, `-v` adds no library's detail, and `config check` says nothing but
+/// its report.
+#[tokio::test]
+async fn clients_log_only_what_went_wrong_and_v_adds_no_library_detail() {
+    let gateway = Gateway::start("").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut status = cli(&gateway, dir.path());
+    status.env_remove("LEMON_LOG").args(["-v", "status"]);
+    let out = output(status).await;
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("DEBUG"), "no library debug lines with -v: {stderr}");
+
+    let mut check = cli(&gateway, dir.path());
+    check.env_remove("LEMON_LOG").args(["config", "check"]);
+    let out = output(check).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!text(&out.stderr).contains("INFO"), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).trim_end().ends_with(": ok"), "{}", text(&out.stdout));
 }

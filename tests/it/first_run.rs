@@ -43,7 +43,8 @@ async fn start_and_stop(mut command: tokio::process::Command) -> StartOutput {
     let ready = tokio::time::timeout(PATIENCE, async {
         loop {
             let line = lines.next_line().await.unwrap().expect("ready before exiting");
-            if line.starts_with("lemon-gateway ready") {
+            // Plain, or with `--log-format json` a JSON object saying it.
+            if line.starts_with("lemon-gateway ready") || line.contains("\"lemon-gateway ready\"") {
                 return line;
             }
         }
@@ -112,6 +113,9 @@ async fn a_start_off_a_terminal_prints_urls_state_config_token_and_one_engine_li
     );
     assert!(!stderr.contains("/nonexistent/bin"), "the summary leaves out the PATH: {stderr}");
     assert!(!stderr.contains("migrated"), "migrations are debug: {stderr}");
+    assert!(!stderr.contains("gateway ready"), "the ready line is said once, on stdout: {stderr}");
+    let keychain = stderr.lines().find(|l| l.contains("keychain")).unwrap_or_default();
+    assert!(keychain.len() < 200, "the keychain line is short: {keychain}");
 
     // The token is printed only when it is generated.
     let again = start_and_stop(first_start(home, &[])).await;
@@ -143,7 +147,11 @@ async fn with_json_logs_every_line_is_json_and_the_token_is_an_object() {
         "{}",
         out.stderr
     );
-    assert!(out.ready.starts_with("lemon-gateway ready api="), "{}", out.ready);
+    let ready: Value =
+        serde_json::from_str(&out.ready).unwrap_or_else(|e| panic!("{e}: {}", out.ready));
+    assert_eq!(ready["fields"]["message"], "lemon-gateway ready", "{ready}");
+    assert!(ready["fields"]["api"].as_str().unwrap().starts_with("http://127.0.0.1:"), "{ready}");
+    assert!(ready["fields"]["webhook"].as_str().unwrap().ends_with("/webhooks/"), "{ready}");
 }
 
 /// `config.toml` with API and health on free ports (nothing else added).

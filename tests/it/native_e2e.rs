@@ -153,6 +153,49 @@ async fn a_server_that_takes_no_key_needs_none() {
     gateway.terminate().await;
 }
 
+/// A key set while the gateway runs (`secrets set`) makes `lemon` the default
+/// engine at once: `/v1/status` says why and the next run answers on it.
+#[tokio::test]
+async fn a_key_set_while_running_makes_lemon_the_default_at_once() {
+    let llm = fake_llm().await;
+    llm.push(Turn::text(&["Answered by ", "lemon."]));
+    // `0.0.0.0` reaches the fake on this machine without naming a local server
+    // (which would need no key and make `lemon` the default from the start).
+    let url = llm.base_url().replace("127.0.0.1", "0.0.0.0");
+    let gateway = Gateway::start(&lemon_config(&url)).await;
+    assert_eq!(gateway.status().await["default_engine"], "echo");
+
+    let mut set = command(&gateway.home);
+    set.args(["secrets", "set", "openai_api_key"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = set.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, format!("{KEY}\n").as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output()).await.unwrap().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let status = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let status = gateway.status().await;
+            if status["default_engine"] == "lemon" {
+                return status;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("lemon became the default engine in time");
+    assert_eq!(status["default_engine_reason"], "openai_api_key is set", "{status}");
+    let run_id = gateway.submit(json!({ "prompt": "who answers?" })).await;
+    let run = gateway.wait(&run_id).await;
+    assert_eq!(run["resume"]["engine"], "lemon", "{run}");
+    assert_eq!(run["answer"], "Answered by lemon.", "{run}");
+    gateway.terminate().await;
+}
+
 #[tokio::test]
 async fn with_a_key_lemon_is_the_default_and_streams_a_bash_round_trip() {
     let workdir = tempfile::tempdir().unwrap();
@@ -196,6 +239,48 @@ async fn with_a_key_lemon_is_the_default_and_streams_a_bash_round_trip() {
     let second = requests[1].body["messages"].to_string();
     assert!(second.contains("changed"), "the tool's output went back: {second}");
     assert!(!format!("{events:?}{run}").contains(KEY));
+    gateway.terminate().await;
+}
+
+/// A tool call shows its command, not the tool's name, in a Telegram chat's
+/// progress message while it runs, and in `logs`.
+#[tokio::test]
+async fn a_bash_call_shows_its_command_in_logs_and_telegrams_progress() {
+    use crate::telegram_e2e::{fake_telegram, wait_for_reply, USER};
+    let workdir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::builder().start().await;
+    let command_line = "while [ ! -e go ]; do sleep 0.02; done; echo hello from telegram";
+    llm.push(Turn::tool_calls(vec![call("call_1", "bash", &json!({ "command": command_line }))]));
+    llm.push(Turn::text(&["It said hello."]));
+    let fake = fake_telegram().await;
+    let extra = format!(
+        "default_cwd = \"{}\"\n{}\n[gateway.engines.lemon]\nbase_url = \"{}\"\nmodel = \"test-model\"\n",
+        workdir.path().display(),
+        crate::support::TRUST_EVERY_CALL,
+        llm.base_url()
+    );
+    let telegram = "engine = \"lemon\"\nprogress_delay_ms = 0";
+    let config = crate::telegram_e2e::config(&fake, telegram, &extra);
+    let gateway = crate::telegram_e2e::start(&fake, &config).await;
+    let chat = lemon_tests::fake_telegram::ChatSpec::private(USER);
+    let asked = fake.inject_text(&chat, USER, "say hello");
+    let shown = format!("- {command_line}: running");
+    fake.wait_until("the progress message names the command", PATIENCE, |s| {
+        s.messages(USER)
+            .iter()
+            .any(|m| m.reply_to == Some(asked.message_id) && m.text.contains(&shown))
+    })
+    .await;
+    std::fs::write(workdir.path().join("go"), "").unwrap();
+    wait_for_reply(&fake, USER, asked.message_id, "It said hello.").await;
+
+    let runs = gateway.get("/v1/runs").send().await.unwrap().json::<Value>().await.unwrap();
+    let run_id = runs["runs"][0]["run_id"].as_str().unwrap().to_owned();
+    let mut logs = command(&gateway.home);
+    logs.args(["logs", &run_id]).env("LEMON_URL", &gateway.api);
+    let out = tokio::time::timeout(PATIENCE, logs.output()).await.unwrap().unwrap();
+    let logs = String::from_utf8_lossy(&out.stdout);
+    assert!(logs.contains(&format!("started command: {command_line}")), "{logs}");
     gateway.terminate().await;
 }
 

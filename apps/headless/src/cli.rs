@@ -81,6 +81,10 @@ enum Command {
         /// Print the final run record as JSON instead of the answer.
         #[arg(long, conflicts_with = "detach")]
         json: bool,
+        /// Print the answer's text as it arrives also when stdout is not a
+        /// terminal (on a terminal it always is).
+        #[arg(long, conflicts_with_all = ["json", "detach"])]
+        stream: bool,
         /// Print the run id and return without waiting.
         #[arg(long)]
         detach: bool,
@@ -92,17 +96,21 @@ enum Command {
     },
     /// Follow a run to its end and print its answer (Ctrl-C stops following).
     Attach {
-        /// The run id.
+        /// The run: its id, the start of it, or `last`.
         run: String,
         /// Print the final run record as JSON instead of the answer.
         #[arg(long)]
         json: bool,
+        /// Print the answer's text as it arrives also when stdout is not a
+        /// terminal (on a terminal it always is).
+        #[arg(long, conflicts_with = "json")]
+        stream: bool,
         #[command(flatten)]
         remote: Remote,
     },
     /// Cancel a queued or running run.
     Cancel {
-        /// The run id.
+        /// The run: its id, the start of it, or `last`.
         run: String,
         #[command(flatten)]
         remote: Remote,
@@ -123,7 +131,7 @@ enum Command {
     },
     /// Print a run's events, following a running run to its end.
     Logs {
-        /// The run id.
+        /// The run: its id, the start of it, or `last`.
         run: String,
         /// One JSON object per event.
         #[arg(long)]
@@ -273,14 +281,13 @@ enum ConfigCommand {
 }
 
 fn init_logging(cli: &Cli) {
-    // The checks and secrets commands print their own report.
-    let own_report = matches!(cli.command, Some(Command::Doctor | Command::Secrets { .. }));
-    let default = if cli.quiet || own_report {
-        "warn"
-    } else if cli.verbose > 0 {
-        "debug"
-    } else {
-        "info"
+    // Every command but `serve` prints its own output: its log says only what
+    // went wrong, `-v` adds what it did, `-vv` the libraries' detail.
+    let serve = matches!(cli.command, None | Some(Command::Serve));
+    let default = match (serve, cli.quiet, cli.verbose) {
+        (_, true, _) | (false, false, 0) => "warn",
+        (true, false, 0) | (false, false, 1) => "info",
+        _ => "debug",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEMON_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
@@ -317,16 +324,33 @@ fn token_line(token: &str, secrets: &std::path::Path, format: LogFormat) -> Stri
 }
 
 /// `lemon-gateway ready api=… health=… <channel>=…` on stdout: the one line
-/// scripts wait for, with every enabled channel's address or state.
-fn ready_line(running: &server::Running) -> String {
-    let mut line = format!(
-        "lemon-gateway ready api=http://{} health=http://{}",
-        running.api_addr, running.health_addr
-    );
-    for (id, at) in &running.channels {
-        line.push_str(&format!(" {id}={at}"));
+/// scripts wait for, with every enabled channel's address or state; with
+/// `--log-format json` a JSON object like the log lines (`fields.message` is
+/// `lemon-gateway ready`, the addresses beside it).
+fn ready_line(running: &server::Running, format: LogFormat) -> String {
+    let api = format!("http://{}", running.api_addr);
+    let health = format!("http://{}", running.health_addr);
+    match format {
+        LogFormat::Human => {
+            let mut line = format!("lemon-gateway ready api={api} health={health}");
+            for (id, at) in &running.channels {
+                line.push_str(&format!(" {id}={at}"));
+            }
+            line
+        }
+        LogFormat::Json => {
+            let mut fields = serde_json::json!({
+                "message": "lemon-gateway ready",
+                "api": api,
+                "health": health,
+            });
+            for (id, at) in &running.channels {
+                fields[id.as_str()] = serde_json::json!(at.to_string());
+            }
+            serde_json::json!({ "level": "INFO", "fields": fields, "target": "lemon_gateway" })
+                .to_string()
+        }
     }
-    line
 }
 
 fn user_home(env: &BTreeMap<String, String>) -> Option<PathBuf> {
@@ -364,20 +388,33 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             if let Some(token) = &running.generated_token {
                 eprintln!("{}", token_line(token.expose(), &paths.secrets(), cli.log_format));
             }
-            crate::say!("{}", ready_line(&running));
+            crate::say!("{}", ready_line(&running, cli.log_format));
             signals.wait(running.token()).await;
             running.shutdown().await?;
             Ok(failure::OK)
         }
-        Command::Run { continue_session, session, engine, cwd, json, detach, remote, prompt } => {
+        Command::Run {
+            continue_session,
+            session,
+            engine,
+            cwd,
+            json,
+            stream,
+            detach,
+            remote,
+            prompt,
+        } => {
             let client = client(&paths, &env, remote)?;
-            let args = RunArgs { session, continue_session, engine, cwd, json, detach, prompt };
+            let args =
+                RunArgs { session, continue_session, engine, cwd, json, stream, detach, prompt };
             run_cmd::run(&client, args, ui, &paths.home).await
         }
-        Command::Attach { run, json, remote } => {
+        Command::Attach { run, json, stream, remote } => {
             let mut interrupts = Interrupts::listen()?;
             let client = client(&paths, &env, remote)?;
-            run_cmd::follow(&client, &run, ui, OnInterrupt::Detach, json, &mut interrupts).await
+            let run = show::resolve_run(&client, &run).await?;
+            let answer = run_cmd::Answer::new(json, stream);
+            run_cmd::follow(&client, &run, ui, OnInterrupt::Detach, answer, &mut interrupts).await
         }
         Command::Approvals {
             command: Some(ApprovalsCommand::Test { call, engine, cwd, chat }),
@@ -393,14 +430,16 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             approvals_cmd::decide(&client(&paths, &env, remote)?, &id, false).await
         }
         Command::Cancel { run, remote } => {
-            run_cmd::cancel(&client(&paths, &env, remote)?, &run).await
+            let client = client(&paths, &env, remote)?;
+            run_cmd::cancel(&client, &show::resolve_run(&client, &run).await?).await
         }
         Command::Runs { status, limit, json, remote } => {
             let client = client(&paths, &env, remote)?;
             show::runs(&client, status.as_deref(), limit, json, ui.out).await
         }
         Command::Logs { run, json, remote } => {
-            show::logs(&client(&paths, &env, remote)?, &run, json).await
+            let client = client(&paths, &env, remote)?;
+            show::logs(&client, &show::resolve_run(&client, &run).await?, json).await
         }
         Command::Status { json, remote } => {
             show::status(&client(&paths, &env, remote)?, json, ui.out).await

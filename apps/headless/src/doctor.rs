@@ -37,6 +37,8 @@ const XMTP_NODE_MAJOR: u32 = 22;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Level {
+    /// Something to know that needs nothing done (optional CLIs not installed).
+    Info,
     Ok,
     Warn,
     Fail,
@@ -57,6 +59,9 @@ struct Report {
 }
 
 impl Report {
+    fn info(&mut self, what: &str, detail: impl Into<String>) {
+        self.push(Level::Info, what, detail.into(), None);
+    }
     fn ok(&mut self, what: &str, detail: impl Into<String>) {
         self.push(Level::Ok, what, detail.into(), None);
     }
@@ -75,6 +80,7 @@ impl Report {
         let mut out = String::new();
         for check in &self.checks {
             let level = match check.level {
+                Level::Info => style.dim("info"),
                 Level::Ok => style.green("ok  "),
                 Level::Warn => style.yellow("warn"),
                 Level::Fail => style.red("fail"),
@@ -86,10 +92,8 @@ impl Report {
         }
         let fails = self.checks.iter().filter(|c| c.level == Level::Fail).count();
         let warns = self.checks.iter().filter(|c| c.level == Level::Warn).count();
-        out.push_str(&format!(
-            "\n{fails} failed, {warns} warnings, {} checks\n",
-            self.checks.len()
-        ));
+        let checks = self.checks.iter().filter(|c| c.level != Level::Info).count();
+        out.push_str(&format!("\n{fails} failed, {warns} warnings, {checks} checks\n"));
         out
     }
 }
@@ -354,6 +358,16 @@ async fn check_ports(report: &mut Report, gateway: &GatewayConfig, store: &Secre
     }
 }
 
+/// Whether the config names engine `id`: its section, `default_engine`, a
+/// project's or a binding's engine.
+fn named_by(gateway: &GatewayConfig, id: &str) -> bool {
+    let names = |engine: Option<&lemon_core::ids::EngineRef>| engine.is_some_and(|e| e.is(id));
+    gateway.engines.contains_key(id)
+        || names(gateway.default_engine.as_ref())
+        || gateway.projects.values().any(|p| names(p.default_engine.as_ref()))
+        || gateway.bindings.iter().any(|b| names(b.default_engine.as_ref()))
+}
+
 async fn check_engines(
     report: &mut Report,
     gateway: &GatewayConfig,
@@ -371,6 +385,8 @@ async fn check_engines(
     let Ok(registry) = lemon_engines::build_registry(&sections, &ctx) else { return };
     let mut ids: Vec<_> = registry.ids().collect();
     ids.sort();
+    // A CLI the config does not name is optional: its absence is one note.
+    let mut not_installed = Vec::new();
     for id in ids {
         let Some(engine) = registry.engine(&id) else { continue };
         let what = format!("engine {id}");
@@ -389,12 +405,21 @@ async fn check_engines(
                 }
                 report.ok(&what, detail);
             }
+            Availability::Unavailable { .. } if !named_by(gateway, id.as_str()) => {
+                not_installed.push(id.to_string());
+            }
             Availability::Unavailable { reason } => report.warn(
                 &what,
                 reason.to_string(),
-                format!("only needed to run {id}: do what the message says"),
+                format!("the config names {id}: install its CLI or set cli_path in [gateway.engines.{id}]"),
             ),
         }
+    }
+    if !not_installed.is_empty() {
+        report.info(
+            "vendor CLIs",
+            format!("{} not installed (optional: install one to run it)", not_installed.join(", ")),
+        );
     }
     if let Ok(native) = lemon_engines::native::NativeSettings::from_section(
         sections.get(lemon_engines::native::ENGINE_ID),

@@ -151,16 +151,20 @@ fn since(ts_ms: u64) -> Option<Instant> {
     Instant::now().checked_sub(std::time::Duration::from_millis(ago))
 }
 
-/// Outside text as one short line without control characters.
-pub fn one_line(text: &str) -> String {
-    const MAX: usize = 120;
-    let mut out: String = text
-        .chars()
+/// Outside text as one line without control characters, whole.
+pub fn flat(text: &str) -> String {
+    text.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect::<String>()
         .split_whitespace()
         .collect::<Vec<_>>()
-        .join(" ");
+        .join(" ")
+}
+
+/// Outside text as one short line without control characters.
+pub fn one_line(text: &str) -> String {
+    const MAX: usize = 120;
+    let mut out = flat(text);
     if out.chars().count() > MAX {
         out = out.chars().take(MAX - 1).collect();
         out.push('…');

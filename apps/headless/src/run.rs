@@ -1,8 +1,9 @@
 //! `run`, `attach` and `cancel`: submit a prompt in a directory and session,
 //! follow the run's events to its end, and answer Ctrl-C.
 //!
-//! Output: the answer alone on stdout (or the final record with `--json`);
-//! progress, notices and the resume line on stderr. An approval request of
+//! Output: the answer alone on stdout, its text streamed as it arrives when
+//! stdout is a terminal or `--stream` is given (or the final record with
+//! `--json`); progress, notices and the resume line on stderr. An approval request of
 //! the run is asked there too ([`crate::ask`]).
 
 use std::io::{IsTerminal, Read};
@@ -55,6 +56,8 @@ pub struct RunArgs {
     pub engine: Option<String>,
     pub cwd: Option<PathBuf>,
     pub json: bool,
+    /// Print the answer's text as it arrives also when stdout is not a terminal.
+    pub stream: bool,
     pub detach: bool,
     pub prompt: Vec<String>,
 }
@@ -182,7 +185,106 @@ pub async fn run(client: &Client, args: RunArgs, ui: Ui, state_home: &Path) -> a
         crate::say!("{run_id}");
         return Ok(failure::OK);
     }
-    follow(client, &run_id, ui, OnInterrupt::Cancel, args.json, &mut interrupts).await
+    let answer = Answer::new(args.json, args.stream);
+    follow(client, &run_id, ui, OnInterrupt::Cancel, answer, &mut interrupts).await
+}
+
+/// How `follow` prints the answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer {
+    /// The final record as JSON instead of the answer.
+    json: bool,
+    /// The answer's text as it arrives.
+    live: bool,
+    /// stdout is a terminal: control characters are dropped from the text and
+    /// a line of it is ended before a progress line is written below it.
+    terminal: bool,
+}
+
+impl Answer {
+    /// Streamed when stdout is a terminal or `stream`; never with `json`.
+    pub fn new(json: bool, stream: bool) -> Self {
+        let terminal = std::io::stdout().is_terminal();
+        Answer { json, live: !json && (stream || terminal), terminal }
+    }
+}
+
+/// The answer's text on stdout as it arrives.
+#[derive(Debug)]
+struct Echo {
+    answer: Answer,
+    /// The text printed so far, as the engine sent it.
+    sent: String,
+    /// The last line printed is not ended yet.
+    open_line: bool,
+}
+
+impl Echo {
+    fn new(answer: Answer) -> Self {
+        Echo { answer, sent: String::new(), open_line: false }
+    }
+
+    /// Prints a delta's text when the answer is streamed.
+    fn delta(&mut self, text: &str) {
+        if self.answer.live && !text.is_empty() {
+            self.put(text);
+            self.sent.push_str(text);
+        }
+    }
+
+    fn put(&mut self, text: &str) {
+        if self.answer.terminal {
+            crate::say_raw!("{}", printable(text));
+        } else {
+            crate::say_raw!("{text}");
+        }
+        self.open_line = !text.ends_with('\n');
+    }
+
+    /// Ends a line of text on the terminal before something is written below it.
+    fn break_line(&mut self) {
+        if self.open_line && self.answer.terminal {
+            crate::say!();
+            self.open_line = false;
+        }
+    }
+
+    /// Whether the spinner may be drawn (not over a line of text).
+    fn at_line_start(&self) -> bool {
+        !self.open_line
+    }
+
+    /// Prints what of the final `answer` was not streamed, and ends the line.
+    fn finish(&mut self, answer: Option<&str>) {
+        if let Some(answer) = answer {
+            let rest = if self.sent.is_empty() {
+                answer
+            } else {
+                // The terminal already shows what was streamed, also when the
+                // final answer is only its last part.
+                answer.strip_prefix(self.sent.as_str()).unwrap_or_default()
+            };
+            let rest = rest.trim_end_matches('\n');
+            if !rest.is_empty() {
+                self.put(rest);
+            }
+        }
+        if self.open_line {
+            crate::say!();
+            self.open_line = false;
+        }
+    }
+}
+
+/// `text` without the control characters a terminal acts on (escape
+/// sequences, carriage returns, bells), newlines and tabs kept.
+fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let acted_on = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if text.contains(acted_on) {
+        text.chars().filter(|c| !acted_on(*c)).collect::<String>().into()
+    } else {
+        text.into()
+    }
 }
 
 /// What the first Ctrl-C does.
@@ -194,8 +296,7 @@ pub enum OnInterrupt {
     Detach,
 }
 
-/// Follows a run to its end, printing its answer (or its record with `json`);
-/// the exit code.
+/// Follows a run to its end, printing its answer as `answer` says; the exit code.
 ///
 /// # Errors
 /// The gateway unreachable or refusing, the connection lost.
@@ -205,9 +306,11 @@ pub async fn follow(
     run_id: &str,
     ui: Ui,
     on_interrupt: OnInterrupt,
-    json: bool,
+    answer: Answer,
     interrupts: &mut Interrupts,
 ) -> anyhow::Result<u8> {
+    let json = answer.json;
+    let mut echo = Echo::new(answer);
     let mut events = client.events(run_id).await?;
     let mut progress = Progress::new(ui.progress_mode(), ui.err);
     let mut ticker = tokio::time::interval(Duration::from_millis(100));
@@ -219,19 +322,31 @@ pub async fn follow(
             event = events.next() => {
                 let Some((kind, data)) = event? else {
                     progress.clear();
+                    echo.finish(None);
                     return Err(ClientError::Lost {
                         url: client.url().to_owned(),
                         run_id: run_id.to_owned(),
                     }
                     .into());
                 };
+                if kind == "engine_action" {
+                    echo.break_line();
+                }
                 progress.event(&kind, &data);
                 if let Some(text) = asker.event(&kind, &data) {
                     progress.clear();
+                    echo.break_line();
                     say(&text);
                 }
                 match kind.as_str() {
-                    "delta" => streamed.push_str(data["text"].as_str().unwrap_or_default()),
+                    "delta" => {
+                        let text = data["text"].as_str().unwrap_or_default();
+                        if answer.live {
+                            progress.clear();
+                        }
+                        echo.delta(text);
+                        streamed.push_str(text);
+                    }
                     "run_completed" => break data,
                     _ => {}
                 }
@@ -249,9 +364,10 @@ pub async fn follow(
                 },
                 None => asker.stdin_closed(),
             },
-            _ = ticker.tick(), if progress.animated() && !asker.asking() => progress.tick(),
+            _ = ticker.tick(), if progress.animated() && !asker.asking() && echo.at_line_start() => progress.tick(),
             () = interrupts.recv() => {
                 interrupted += 1;
+                echo.break_line();
                 if on_interrupt == OnInterrupt::Cancel && interrupted == 1 {
                     client.post(&format!("/v1/runs/{run_id}/cancel"), &json!({})).await?;
                     progress.clear();
@@ -272,15 +388,15 @@ pub async fn follow(
     if json {
         crate::say!("{}", serde_json::to_string_pretty(&record)?);
     } else if status == "completed" {
-        let answer = completed["answer"].as_str().filter(|a| !a.is_empty()).unwrap_or(&streamed);
-        if !answer.is_empty() {
-            crate::say!("{}", answer.trim_end_matches('\n'));
-        }
+        let text = completed["answer"].as_str().filter(|a| !a.is_empty()).unwrap_or(&streamed);
+        echo.finish(Some(text));
+    } else {
+        echo.finish(None);
     }
     match status {
         "completed" => {
             if let Some(line) = record["resume_line"].as_str().filter(|_| !ui.quiet && !json) {
-                eprintln!("\n{}", ui.err.dim(&format!("`{line}`")));
+                eprintln!("\n{}", ui.err.dim(line));
             }
             Ok(failure::OK)
         }

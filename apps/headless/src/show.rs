@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::client::Client;
 use crate::failure;
-use crate::progress::one_line;
+use crate::progress::{flat, one_line};
 use crate::style::Style;
 
 /// `1h 2m`, `5m 3s`, `42s`, `350ms`.
@@ -25,7 +25,7 @@ fn engine_line(engine: &Value, style: Style) -> String {
     if engine["available"] == true {
         format!("{id:<12} {}", style.green("available"))
     } else {
-        let reason = one_line(engine["reason"].as_str().unwrap_or("unavailable"));
+        let reason = flat(engine["reason"].as_str().unwrap_or("unavailable"));
         format!("{id:<12} {}", style.red(&format!("unavailable: {reason}")))
     }
 }
@@ -95,12 +95,82 @@ pub fn status_text(status: &Value, url: &str, style: Style) -> String {
         let mut line = format!("{label:<9} {id:<12} {painted}");
         for key in ["detail", "reason"] {
             if let Some(text) = transport[key].as_str() {
-                line.push_str(&format!(": {}", one_line(text)));
+                line.push_str(&format!(": {}", flat(text)));
             }
         }
         out.push(line);
     }
     out.join("\n")
+}
+
+/// Where a folded line of `status` goes on: under the values, past the labels.
+const STATUS_INDENT: usize = 10;
+/// Where a folded line of `engines` goes on: under the state, past the id.
+const ENGINES_INDENT: usize = 13;
+
+/// The width of the terminal stdout is (`COLUMNS` when set), or `None` when
+/// stdout is not a terminal: a pipe or a file gets whole lines.
+pub fn terminal_width() -> Option<usize> {
+    use std::io::IsTerminal;
+    let stdout = std::io::stdout();
+    if !stdout.is_terminal() {
+        return None;
+    }
+    let columns = std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse::<usize>().ok());
+    columns
+        .or_else(|| rustix::termios::tcgetwinsize(&stdout).ok().map(|size| size.ws_col.into()))
+        .filter(|width| *width > 0)
+}
+
+/// `line` as it fits `width` columns: folded at spaces, each folded part
+/// indented by `indent`; whole when there is no width.
+pub fn fit(line: &str, width: Option<usize>, indent: usize) -> String {
+    match width {
+        Some(width) => wrap(line, width, indent),
+        None => line.to_owned(),
+    }
+}
+
+/// `line` folded at spaces into lines of at most `width` visible columns
+/// (colour escapes take none), the folded parts after `indent` spaces. A
+/// word longer than the room is left whole for the terminal to fold.
+pub fn wrap(line: &str, width: usize, indent: usize) -> String {
+    // Narrower than this, folding under the values helps no one.
+    let width = width.max(indent + 20);
+    let mut out = String::with_capacity(line.len());
+    let mut column = 0;
+    for (i, word) in line.split(' ').enumerate() {
+        let len = visible_len(word);
+        if i > 0 {
+            if column + 1 + len > width && column > indent && len > 0 {
+                out.push('\n');
+                out.push_str(&" ".repeat(indent));
+                column = indent;
+            } else {
+                out.push(' ');
+                column += 1;
+            }
+        }
+        out.push_str(word);
+        column += len;
+    }
+    out
+}
+
+/// The columns `text` takes on a terminal: its characters but for the
+/// colour escapes (`ESC [ … m`).
+fn visible_len(text: &str) -> usize {
+    let mut len = 0;
+    let mut in_escape = false;
+    for c in text.chars() {
+        match (in_escape, c) {
+            (false, '\x1b') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, _) => len += 1,
+        }
+    }
+    len
 }
 
 /// `status [--json]`.
@@ -120,12 +190,11 @@ pub async fn status(client: &Client, json: bool, style: Style) -> anyhow::Result
         status["config"] = edits;
         crate::say!("{}", serde_json::to_string_pretty(&status)?);
     } else {
-        let mut text = status_text(&status, client.url(), style);
-        for line in config_lines(&edits) {
-            text.push('\n');
-            text.push_str(&line);
+        let text = status_text(&status, client.url(), style);
+        let width = terminal_width();
+        for line in text.lines().map(ToOwned::to_owned).chain(config_lines(&edits)) {
+            crate::say!("{}", fit(&line, width, STATUS_INDENT));
         }
-        crate::say!("{text}");
     }
     Ok(failure::OK)
 }
@@ -138,7 +207,7 @@ pub fn config_lines(edits: &Value) -> Vec<String> {
         lines.push(format!(
             "config    edit refused at {}, the last good config runs: {}",
             utc_minute(edits["rejected"]["at_ms"].as_i64()),
-            one_line(error)
+            flat(error)
         ));
     }
     let pending: Vec<&str> = edits["pending_restart"]
@@ -166,6 +235,7 @@ pub async fn engines(client: &Client, json: bool, style: Style) -> anyhow::Resul
         return Ok(failure::OK);
     }
     let default = status["default_engine"].as_str().unwrap_or("");
+    let width = terminal_width();
     for engine in status["engines"].as_array().into_iter().flatten() {
         let mut line = engine_line(engine, style);
         if engine["steer"] == true {
@@ -180,7 +250,7 @@ pub async fn engines(client: &Client, json: bool, style: Style) -> anyhow::Resul
         if let Some(path) = engine["path"].as_str() {
             line.push_str(&format!("  {}", style.dim(path)));
         }
-        crate::say!("{line}");
+        crate::say!("{}", fit(&line, width, ENGINES_INDENT));
     }
     Ok(failure::OK)
 }
@@ -203,18 +273,92 @@ pub fn run_line(run: &Value, style: Style) -> String {
         Some(_) => format!("{} {prompt}", style.yellow("[untrusted]")),
         None => prompt,
     };
+    let when = run["created_at_ms"].as_u64().map(|at| ago(now_ms().saturating_sub(at)));
     format!(
-        "{:<44} {painted}{pad} {:<12} {took:>7}  {prompt}",
+        "{:<44} {painted}{pad} {:<12} {:>8} {took:>7}  {prompt}",
         run["run_id"].as_str().unwrap_or("?"),
         run["engine"].as_str().unwrap_or("?"),
+        when.unwrap_or_default(),
     )
+}
+
+/// The head of the `runs` table, aligned with [`run_line`].
+pub fn runs_header() -> String {
+    format!("{:<44} {:<10} {:<12} {:>8} {:>7}  PROMPT", "RUN", "STATUS", "ENGINE", "WHEN", "TOOK")
+}
+
+/// How long ago, in the largest unit: `12s ago`, `5m ago`, `3h ago`, `2d ago`.
+pub fn ago(ms: u64) -> String {
+    let secs = ms / 1000;
+    match secs {
+        0..=59 => format!("{secs}s ago"),
+        60..=3599 => format!("{}m ago", secs / 60),
+        3600..=86_399 => format!("{}h ago", secs / 3600),
+        _ => format!("{}d ago", secs / 86_400),
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// How many of the latest runs a short id is looked for in.
+const RECENT_RUNS: usize = 500;
+
+/// The run `given` names: `last` (the newest run), its whole id, or the start
+/// of one (`run_0193…`, or without `run_`) that only one of the latest
+/// [`RECENT_RUNS`] runs has.
+///
+/// # Errors
+/// The gateway unreachable, no run named so (exit 1), or several (usage).
+pub async fn resolve_run(client: &Client, given: &str) -> anyhow::Result<String> {
+    let given = given.trim();
+    if given == "last" {
+        let newest = client.get("/v1/runs?limit=1").await?;
+        return newest["runs"][0]["run_id"].as_str().map(ToOwned::to_owned).ok_or_else(|| {
+            failure::Failure::usage("there is no run yet: `last` names the newest run").into()
+        });
+    }
+    match client.get(&format!("/v1/runs/{}", form_value(given))).await {
+        Ok(_) => return Ok(given.to_owned()),
+        Err(crate::client::ClientError::Refused { status: 404, .. }) => {}
+        Err(error) => return Err(error.into()),
+    }
+    let recent = client.get(&format!("/v1/runs?limit={RECENT_RUNS}")).await?;
+    let ids: Vec<&str> = recent["runs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|run| run["run_id"].as_str())
+        .filter(|id| {
+            id.starts_with(given)
+                || id.strip_prefix("run_").is_some_and(|rest| rest.starts_with(given))
+        })
+        .collect();
+    match ids[..] {
+        [id] => Ok(id.to_owned()),
+        [] => Err(failure::Failure::run(format!(
+            "run {} not found: give its id, the start of it, or `last` (see `lemon-gateway runs`)",
+            one_line(given)
+        ))
+        .into()),
+        _ => Err(failure::Failure::usage(format!(
+            "{:?} starts {} runs' ids ({}, …): give more of it",
+            one_line(given),
+            ids.len(),
+            ids[..2].join(", ")
+        ))
+        .into()),
+    }
 }
 
 /// `runs [--status S] [--limit N] [--json]`, newest first.
 ///
 /// # Errors
 /// The gateway unreachable or refusing (a bad status).
-#[allow(clippy::print_stdout)] // The command's own output.
+#[allow(clippy::print_stdout, clippy::print_stderr)] // The command's own output.
 pub async fn runs(
     client: &Client,
     status: Option<&str>,
@@ -239,7 +383,16 @@ pub async fn runs(
         crate::say!("{}", serde_json::to_string_pretty(&answer["runs"])?);
         return Ok(failure::OK);
     }
-    for run in answer["runs"].as_array().into_iter().flatten() {
+    let runs = answer["runs"].as_array().map(Vec::as_slice).unwrap_or_default();
+    if runs.is_empty() {
+        match status {
+            Some(status) => eprintln!("no {} runs", one_line(status)),
+            None => eprintln!("no runs yet: `lemon-gateway run \"…\"` starts one"),
+        }
+        return Ok(failure::OK);
+    }
+    crate::say!("{}", style.dim(&runs_header()));
+    for run in runs {
         crate::say!("{}", run_line(run, style));
     }
     Ok(failure::OK)
@@ -399,6 +552,46 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_long_line_folds_at_spaces_under_its_value_and_keeps_every_word() {
+        let line = "engines   claude       unavailable: claude not found on PATH \
+                    (looked in /opt/a/bin:/opt/b/bin:/usr/local/bin:/usr/bin); set cli_path";
+        let folded = wrap(line, 40, 10);
+        assert!(folded.lines().count() > 2, "{folded}");
+        for part in folded.lines() {
+            let one_word = !part.trim().contains(' ');
+            assert!(part.chars().count() <= 40 || one_word, "{part:?} in\n{folded}");
+        }
+        assert!(folded.lines().skip(1).all(|l| l.starts_with(&" ".repeat(10))), "{folded}");
+        assert_eq!(flat(&folded), flat(line), "no word lost");
+        assert!(flat(&folded).ends_with("set cli_path"));
+        assert_eq!(fit(line, None, 10), line, "off a terminal lines stay whole");
+    }
+
+    #[test]
+    fn colour_escapes_take_no_room() {
+        assert_eq!(visible_len("\x1b[31munavailable:\x1b[0m"), "unavailable:".len());
+        let painted = format!("engines   \x1b[31m{}\x1b[0m", "word ".repeat(12).trim_end());
+        assert!(wrap(&painted, 30, 10).lines().all(|l| visible_len(l) <= 30));
+    }
+
+    #[test]
+    fn runs_say_how_long_ago_in_the_largest_unit() {
+        assert_eq!(ago(12_000), "12s ago");
+        assert_eq!(ago(5 * 60_000 + 59_000), "5m ago");
+        assert_eq!(ago(3 * 3_600_000), "3h ago");
+        assert_eq!(ago(50 * 3_600_000), "2d ago");
+        let header = runs_header();
+        let line = run_line(
+            &json!({"run_id": "run_1", "status": "completed", "engine": "echo",
+                    "duration_ms": 1500, "prompt": "hello", "created_at_ms": now_ms() - 300_000}),
+            Style { color: false },
+        );
+        assert_eq!(header.find("PROMPT"), line.find("hello"), "{header}\n{line}");
+        assert_eq!(header.find("STATUS"), line.find("completed"), "{header}\n{line}");
+        assert_eq!(header.find("WHEN").map(|at| at + 4), line.find(" ago").map(|at| at + 4));
+    }
 
     #[test]
     fn compacted_events_say_so_and_list_the_kept_actions() {
