@@ -405,6 +405,8 @@ async fn check_engines(
                 }
                 report.ok(&what, detail);
             }
+            // The native engine's want is its key, which "provider key" checks.
+            Availability::Unavailable { .. } if id.as_str() == lemon_engines::native::ENGINE_ID => {}
             Availability::Unavailable { .. } if !named_by(gateway, id.as_str()) => {
                 not_installed.push(id.to_string());
             }
