@@ -430,7 +430,8 @@ impl Tmux {
 
     async fn capture(&self) -> String {
         // From the start of the history: what scrolled off the screen too.
-        let out = self.command().args(["capture-pane", "-p", "-S", "-", "-t", "cli"]).output().await;
+        let out =
+            self.command().args(["capture-pane", "-p", "-S", "-", "-t", "cli"]).output().await;
         text(&out.unwrap().stdout)
     }
 
