@@ -309,7 +309,7 @@ const RECENT_RUNS: usize = 500;
 
 /// The run `given` names: `last` (the newest run), its whole id, or the start
 /// of one (`run_0193…`, or without `run_`) that only one of the latest
-/// [`RECENT_RUNS`] runs has.
+/// 500 runs has.
 ///
 /// # Errors
 /// The gateway unreachable, no run named so (exit 1), or several (usage).
