@@ -44,7 +44,7 @@ async fn start_and_stop(mut command: tokio::process::Command) -> StartOutput {
         loop {
             let line = lines.next_line().await.unwrap().expect("ready before exiting");
             // Plain, or with `--log-format json` a JSON object saying it.
-            if line.starts_with("lemon-gateway ready") || line.contains("\"lemon-gateway ready\"") {
+            if crate::support::ready_line(&line).is_some() {
                 return line;
             }
         }

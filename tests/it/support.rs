@@ -20,6 +20,24 @@ pub(crate) fn gateway_bin() -> &'static str {
 }
 
 /// A running gateway process.
+/// The gateway's ready line, plain: `line` itself, or with `--log-format
+/// json` the JSON object saying it, written as the plain line would be.
+pub(crate) fn ready_line(line: &str) -> Option<String> {
+    if line.starts_with("lemon-gateway ready") {
+        return Some(line.to_owned());
+    }
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    let fields = value["fields"].as_object()?;
+    if fields.get("message")? != "lemon-gateway ready" {
+        return None;
+    }
+    let mut plain = "lemon-gateway ready".to_owned();
+    for (key, at) in fields.iter().filter(|(key, _)| *key != "message") {
+        plain.push_str(&format!(" {key}={}", at.as_str()?));
+    }
+    Some(plain)
+}
+
 pub(crate) struct Gateway {
     pub(crate) child: Child,
     pub(crate) api: String,
@@ -173,8 +191,8 @@ impl Gateway {
             loop {
                 let line =
                     lines.next_line().await.unwrap().expect("gateway exited before it was ready");
-                if line.starts_with("lemon-gateway ready") {
-                    return line;
+                if let Some(ready) = ready_line(&line) {
+                    return ready;
                 }
             }
         })
@@ -192,8 +210,8 @@ impl Gateway {
         let ready = tokio::time::timeout(PATIENCE, async {
             loop {
                 let text = std::fs::read_to_string(log).unwrap_or_default();
-                if let Some(line) = text.lines().find(|l| l.starts_with("lemon-gateway ready")) {
-                    return line.to_owned();
+                if let Some(line) = text.lines().find_map(ready_line) {
+                    return line;
                 }
                 if let Some(status) = child.try_wait().unwrap() {
                     panic!("gateway exited ({status}) before it was ready:\n{text}");
@@ -206,7 +224,7 @@ impl Gateway {
         Gateway::ready(child, &ready, home)
     }
 
-    /// The gateway whose ready line is `ready`.
+    /// The gateway whose ready line (as [`ready_line`] gives it) is `ready`.
     fn ready(child: Child, ready: &str, home: &Path) -> Gateway {
         let field = |name: &str| -> String {
             ready
