@@ -358,16 +358,6 @@ async fn check_ports(report: &mut Report, gateway: &GatewayConfig, store: &Secre
     }
 }
 
-/// Whether the config names engine `id`: its section, `default_engine`, a
-/// project's or a binding's engine.
-fn named_by(gateway: &GatewayConfig, id: &str) -> bool {
-    let names = |engine: Option<&lemon_core::ids::EngineRef>| engine.is_some_and(|e| e.is(id));
-    gateway.engines.contains_key(id)
-        || names(gateway.default_engine.as_ref())
-        || gateway.projects.values().any(|p| names(p.default_engine.as_ref()))
-        || gateway.bindings.iter().any(|b| names(b.default_engine.as_ref()))
-}
-
 async fn check_engines(
     report: &mut Report,
     gateway: &GatewayConfig,
@@ -387,6 +377,10 @@ async fn check_engines(
     ids.sort();
     // A CLI the config does not name is optional: its absence is one note.
     let mut not_installed = Vec::new();
+    // Named: its section, or any key that routes to it.
+    let refs = lemon_server::engine_refs(gateway);
+    let named_by =
+        |id: &str| gateway.engines.contains_key(id) || refs.iter().any(|(_, engine)| engine.is(id));
     for id in ids {
         let Some(engine) = registry.engine(&id) else { continue };
         let what = format!("engine {id}");
@@ -407,7 +401,7 @@ async fn check_engines(
             }
             // The native engine's want is its key, which "provider key" checks.
             Availability::Unavailable { .. } if id.as_str() == lemon_engines::native::ENGINE_ID => {}
-            Availability::Unavailable { .. } if !named_by(gateway, id.as_str()) => {
+            Availability::Unavailable { .. } if !named_by(id.as_str()) => {
                 not_installed.push(id.to_string());
             }
             Availability::Unavailable { reason } => report.warn(

@@ -721,9 +721,52 @@ fn channel_lines(states: &BTreeMap<String, TransportState>) -> Vec<(String, Stri
         .collect()
 }
 
-/// Every engine a config names — `default_engine`, each project's and
-/// binding's, Telegram's `engine`, each webhook integration's — is one of
-/// `registry`, checked at start and for every edit.
+/// Every engine a config names, with the key that names it: `default_engine`,
+/// each project's and binding's, Telegram's and Discord's `engine`, each
+/// webhook integration's.
+pub fn engine_refs(config: &GatewayConfig) -> Vec<(Vec<String>, lemon_core::ids::EngineRef)> {
+    let mut refs: Vec<(Vec<String>, lemon_core::ids::EngineRef)> = Vec::new();
+    if let Some(engine) = &config.default_engine {
+        refs.push((vec!["default_engine".to_owned()], engine.clone()));
+    }
+    for (id, project) in &config.projects {
+        if let Some(engine) = &project.default_engine {
+            let key = vec!["projects".into(), id.clone(), "default_engine".into()];
+            refs.push((key, engine.clone()));
+        }
+    }
+    for (i, binding) in config.bindings.iter().enumerate() {
+        if let Some(engine) = &binding.default_engine {
+            let key = vec!["bindings".into(), i.to_string(), "default_engine".into()];
+            refs.push((key, engine.clone()));
+        }
+    }
+    let parsed = |value: Option<&toml::Value>| {
+        value
+            .and_then(toml::Value::as_str)
+            .and_then(|raw| lemon_core::ids::EngineRef::parse(raw).ok())
+    };
+    for (channel, section) in [("telegram", &config.telegram), ("discord", &config.discord)] {
+        if let Some(engine) = parsed(section.as_ref().and_then(|section| section.get("engine"))) {
+            refs.push((vec![channel.into(), "engine".into()], engine));
+        }
+    }
+    let integrations = config
+        .webhook
+        .as_ref()
+        .and_then(|section| section.get("integrations"))
+        .and_then(|value| value.as_table());
+    for (id, integration) in integrations.into_iter().flatten() {
+        if let Some(engine) = parsed(integration.get("engine")) {
+            let key = vec!["webhook".into(), "integrations".into(), id.clone(), "engine".into()];
+            refs.push((key, engine));
+        }
+    }
+    refs
+}
+
+/// Every engine a config names ([`engine_refs`]) is one of `registry`, checked
+/// at start and for every edit.
 ///
 /// # Errors
 /// The first engine that is not, naming the key, its place in the file and the
@@ -734,61 +777,7 @@ fn check_engine_refs(
     path: &std::path::Path,
     text: &str,
 ) -> Result<(), config::ConfigError> {
-    let mut refs: Vec<(Vec<String>, &lemon_core::ids::EngineRef)> = Vec::new();
-    if let Some(engine) = &config.default_engine {
-        refs.push((vec!["default_engine".to_owned()], engine));
-    }
-    for (id, project) in &config.projects {
-        if let Some(engine) = &project.default_engine {
-            refs.push((vec!["projects".into(), id.clone(), "default_engine".into()], engine));
-        }
-    }
-    let bindings: Vec<_> = config.bindings.iter().enumerate().collect();
-    for (i, binding) in &bindings {
-        if let Some(engine) = &binding.default_engine {
-            refs.push((vec!["bindings".into(), i.to_string(), "default_engine".into()], engine));
-        }
-    }
-    let telegram_engine = config
-        .telegram
-        .as_ref()
-        .and_then(|section| section.get("engine"))
-        .and_then(|value| value.as_str())
-        .and_then(|raw| lemon_core::ids::EngineRef::parse(raw).ok());
-    if let Some(engine) = &telegram_engine {
-        refs.push((vec!["telegram".into(), "engine".into()], engine));
-    }
-    let discord_engine = config
-        .discord
-        .as_ref()
-        .and_then(|section| section.get("engine"))
-        .and_then(|value| value.as_str())
-        .and_then(|raw| lemon_core::ids::EngineRef::parse(raw).ok());
-    if let Some(engine) = &discord_engine {
-        refs.push((vec!["discord".into(), "engine".into()], engine));
-    }
-    let integration_engines: Vec<(String, lemon_core::ids::EngineRef)> = config
-        .webhook
-        .as_ref()
-        .and_then(|section| section.get("integrations"))
-        .and_then(|value| value.as_table())
-        .map(|integrations| {
-            integrations
-                .iter()
-                .filter_map(|(id, integration)| {
-                    let raw = integration.get("engine")?.as_str()?;
-                    Some((id.clone(), lemon_core::ids::EngineRef::parse(raw).ok()?))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    for (id, engine) in &integration_engines {
-        refs.push((
-            vec!["webhook".into(), "integrations".into(), id.clone(), "engine".into()],
-            engine,
-        ));
-    }
-    for (key, engine) in refs {
+    for (key, engine) in engine_refs(config) {
         if registry.engine(engine.id()).is_some() {
             continue;
         }
