@@ -450,6 +450,16 @@ mod tests {
         assert_eq!(join_prompt(" ", "\n"), None);
     }
 
+    /// A model's text cannot drive the terminal it streams to: escape
+    /// sequences (colours, a title, OSC 52 clipboard writes), carriage
+    /// returns and bells are dropped; lines and tabs stay.
+    #[test]
+    fn streamed_text_cannot_drive_the_terminal() {
+        let hostile = "ok\x1b]52;c;cm0gLXJmIH4=\x07\r\x1b[2Jdone\u{9b}31m\n\tnext";
+        assert_eq!(printable(hostile), "ok]52;c;cm0gLXJmIH4=[2Jdone31m\n\tnext");
+        assert!(matches!(printable("plain text\n"), std::borrow::Cow::Borrowed(_)));
+    }
+
     #[test]
     fn fresh_sessions_differ() {
         assert_ne!(fresh_session(), fresh_session());
