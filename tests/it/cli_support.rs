@@ -143,6 +143,7 @@ pub(crate) fn request(prompt: &str, cwd: &Path, resume: Option<ResumeToken>) -> 
         meta: BTreeMap::new(),
         workspace: None,
         off_limits: lemon_core::contain::OffLimits::none(),
+        attachments: Vec::new(),
     }
 }
 

@@ -219,6 +219,10 @@ pub enum Access {
     /// A file created or truncated for writing; missing parent directories
     /// are created.
     Create,
+    /// A new file created for writing, failing with `AlreadyExists` when the
+    /// name is taken (by anything, a link included); missing parent
+    /// directories are created.
+    CreateNew,
 }
 
 /// The kind of a directory entry, as [`Reach::read_dir`] reports it.
@@ -372,7 +376,7 @@ impl Reach {
             return Ok(dir);
         };
         for name in parents {
-            if access == Access::Create {
+            if matches!(access, Access::Create | Access::CreateNew) {
                 match rustix::fs::mkdirat(&dir, *name, Mode::from_raw_mode(0o777)) {
                     Ok(()) | Err(rustix::io::Errno::EXIST) => {}
                     Err(e) => return Err(io_error(resolved, e.into())),
@@ -390,6 +394,7 @@ impl Reach {
                 Access::Read => OFlags::RDONLY,
                 Access::ReadWrite => OFlags::RDWR,
                 Access::Create => OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC,
+                Access::CreateNew => OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
             };
         rustix::fs::openat(&dir, *last, flags, Mode::from_raw_mode(0o666))
             .map_err(|e| walk_error(resolved, e.into()))

@@ -385,6 +385,10 @@ pub struct StartRequest {
     pub workspace: Option<PathBuf>,
     /// The gateway's own state, which nothing the run does may touch.
     pub off_limits: crate::contain::OffLimits,
+    /// Files sent with the message, already in the run's uploads directory;
+    /// the prompt names them too. An engine that can see images may show
+    /// the images to its model.
+    pub attachments: Vec<crate::media::Attachment>,
 }
 
 /// Why a steer or redirect was not taken.

@@ -75,6 +75,9 @@ pub struct RuntimeConfig {
     /// `[gateway] auto_send_generated_images`: images a run added through its file
     /// changes are sent with the answer.
     pub auto_send_generated_images: bool,
+    /// Where channels keep received files until their run starts; `None`:
+    /// files sent with a request are not placed (the run gets no note).
+    pub media_stage: Option<crate::media::MediaStage>,
     /// Checked before every run starts (a session at its limit completes
     /// `budget_exceeded` without starting its engine) and asked what a
     /// finished run spent; `None`: no limits, and no prices.
@@ -99,6 +102,7 @@ impl Default for RuntimeConfig {
             off_limits: OffLimits::none(),
             spare_cwd: None,
             auto_send_generated_images: false,
+            media_stage: None,
             budget: None,
         }
     }
@@ -330,6 +334,22 @@ impl GatewayHandle {
     pub async fn snapshot(&self) -> Result<SchedulerSnapshot, ShuttingDown> {
         let (reply, rx) = oneshot::channel();
         self.tx.send(SchedulerMsg::Snapshot { reply }).await.map_err(|_| ShuttingDown)?;
+        rx.await.map_err(|_| ShuttingDown)
+    }
+
+    /// The directory a run asking for `requested` (`None`: the default)
+    /// would work in now, as the run itself would choose it.
+    ///
+    /// # Errors
+    /// [`ShuttingDown`] when the gateway is gone; the inner error says why no
+    /// directory is allowed (outside `allowed_cwd_roots`, no spare directory).
+    pub async fn run_dir(
+        &self,
+        requested: Option<PathBuf>,
+    ) -> Result<Result<PathBuf, String>, ShuttingDown> {
+        let (reply, rx) = oneshot::channel();
+        let msg = SchedulerMsg::RunDir { requested, reply };
+        self.tx.send(msg).await.map_err(|_| ShuttingDown)?;
         rx.await.map_err(|_| ShuttingDown)
     }
 

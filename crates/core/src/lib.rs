@@ -20,6 +20,8 @@
 //! - [`sms`]: the SMS inbox the `sms_*` tools read verification codes from.
 //! - [`cron`]: scheduled prompts: schedules, jobs in the store, the actor that
 //!   fires them through the router, the `cron` tool.
+//! - [`media`]: files people send with a message: checked, staged, and
+//!   placed in the run's uploads directory when it starts.
 //! - [`clock`]: wall-clock milliseconds for timestamps.
 //! - [`log_text`]: outside text (stderr, engine errors) escaped for a log field.
 //! - [`transport`]: the contract every channel implements, the states status
@@ -45,6 +47,7 @@ pub mod engine;
 pub mod gateway;
 pub mod ids;
 pub mod log_text;
+pub mod media;
 pub mod net;
 pub mod router;
 pub mod secrets;

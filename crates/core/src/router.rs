@@ -448,6 +448,29 @@ impl RouterHandle {
         })
     }
 
+    /// The directory a run from `channel` would work in now: its binding's
+    /// project, else the default, as the run would choose it. Channels use it
+    /// for `/file get` and `/file put`.
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`], or [`RouteError::CwdNotAllowed`] when no
+    /// directory is allowed.
+    pub async fn run_dir(&self, channel: Option<&ChannelRef>) -> Result<PathBuf, RouteError> {
+        let requested = match channel {
+            Some(channel) => {
+                let channel = channel.clone();
+                self.ask(|reply| RouterMsg::BindingDir { channel, reply }).await?
+            }
+            None => None,
+        };
+        let shown = requested.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+        match self.gateway.run_dir(requested).await {
+            Ok(Ok(dir)) => Ok(dir),
+            Ok(Err(_)) => Err(RouteError::CwdNotAllowed { cwd: shown }),
+            Err(_) => Err(RouteError::ShuttingDown),
+        }
+    }
+
     fn follower(&self, run_id: RunId, live: Subscription, fresh: bool) -> RunFollower {
         RunFollower::new(run_id, live, self.store.clone(), fresh)
             .following_retries(self.bus.clone())

@@ -62,6 +62,9 @@ pub struct TransportContext {
     /// Tool calls waiting for the owner's answer: a chat channel offers them
     /// to the chat whose run asked, and takes the answer.
     pub approvals: crate::approvals::ApprovalHub,
+    /// Where a channel keeps the files it receives until their run starts
+    /// (see [`crate::media`]).
+    pub media: crate::media::MediaStage,
 }
 
 /// Why a transport stopped serving. The message is shown in `/v1/status` and

@@ -139,6 +139,7 @@ pub fn runtime_config(
         spare_cwd: Some(fence.spare.clone()),
         home_dir: user_home,
         auto_send_generated_images: gateway.auto_send_generated_images,
+        media_stage: Some(fence.media.clone()),
         ..RuntimeConfig::default()
     }
 }
@@ -1211,6 +1212,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         tracker: tracker.clone(),
         http: listener_serve,
         approvals: approval_hub.clone(),
+        media: fence.media.clone(),
     });
     let settled = statuses.wait_for(|map| !map.values().any(|s| *s == TransportState::Starting));
     if tokio::time::timeout(TRANSPORT_START_WAIT, settled).await.is_err() {

@@ -52,6 +52,11 @@ impl Paths {
         self.home.join("gateway.json")
     }
 
+    /// `$LEMON_HOME/media`: received files waiting for their run.
+    pub fn media_stage(&self) -> lemon_core::media::MediaStage {
+        lemon_core::media::MediaStage::new(self.home.join("media"))
+    }
+
     /// Where a run goes whose directory would hold the gateway's state:
     /// `lemon-workspace` beside the home (`~/lemon-workspace` for the
     /// default `~/.lemon`), never inside it.
@@ -91,13 +96,20 @@ impl Paths {
         let spare = self.spare_dir();
         let configured = self.off_limits(user_home, &workspace);
         if !configured.overlaps(&workspace) {
-            return Fence { off_limits: configured, workspace, spare, moved_from: None };
+            return Fence {
+                off_limits: configured,
+                workspace,
+                spare,
+                moved_from: None,
+                media: self.media_stage(),
+            };
         }
         Fence {
             off_limits: self.off_limits(user_home, &spare),
             workspace: spare.clone(),
             spare,
             moved_from: Some(workspace),
+            media: self.media_stage(),
         }
     }
 }
@@ -128,6 +140,8 @@ pub struct Fence {
     pub spare: PathBuf,
     /// The configured workspace, when it held the state and was replaced.
     pub moved_from: Option<PathBuf>,
+    /// Where channels keep received files until their run starts.
+    pub media: lemon_core::media::MediaStage,
 }
 
 /// How the state directory was made private.

@@ -38,6 +38,7 @@ use crate::engine::{
 };
 use crate::ids::{RunId, SessionKey};
 use crate::log_text;
+use crate::media::{self, Attachment};
 use crate::store::{FinishedRun, StoreHandle};
 
 /// What the scheduler and the run share: how to cancel it and how to steer it.
@@ -257,18 +258,14 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
     state.engine = engine.id().to_string();
     let model = ctx.req.engine.model().or(ctx.req.model.as_ref()).map(|m| m.as_str().to_owned());
     let requested = ctx.req.cwd.as_deref().filter(|p| !p.as_os_str().is_empty());
-    let cwd = match requested {
-        Some(requested) => resolve_cwd(Some(requested), &ctx.config),
-        None => ctx.fallback_cwd.to_path_buf(),
-    };
-    let cwd = match away_from_state(&cwd, &ctx.config) {
-        Ok(None) => cwd,
-        Ok(Some(spare)) => {
+    let cwd = match working_dir(requested, &ctx.fallback_cwd, &ctx.config) {
+        Ok((cwd, None)) => cwd,
+        Ok((spare, Some(asked))) => {
             // The fallback's move was logged once, at start.
             if requested.is_some() {
                 tracing::info!(
                     run_id = %ctx.run_id,
-                    requested = %cwd.display(),
+                    requested = %asked.display(),
                     cwd = %spare.display(),
                     "the run's directory holds the gateway's own state; the run works in the spare directory"
                 );
@@ -277,11 +274,8 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
         }
         Err(detail) => return Completion::failure(RunError::StartFailed { detail }, None),
     };
-    if !crate::config::cwd_allowed(&ctx.config.allowed_cwd_roots, &cwd) {
-        let detail = format!("working directory {} is outside allowed_cwd_roots", cwd.display());
-        return Completion::failure(RunError::StartFailed { detail }, None);
-    }
     state.model.clone_from(&model);
+    let (prompt, attachments) = place_attachments(ctx, &cwd).await;
     // CLI engines cannot be stopped between model turns, so a session already
     // at a limit is refused here, before its engine starts.
     if let Some(guard) = &ctx.config.budget {
@@ -323,13 +317,14 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
     let start = StartRequest {
         run_id: ctx.run_id.clone(),
         session_key: ctx.session_key.clone(),
-        prompt: ctx.req.prompt.clone(),
+        prompt,
         resume,
         cwd,
         model,
         meta: ctx.req.meta.clone(),
         workspace: ctx.config.workspace_dir.clone(),
         off_limits: ctx.config.off_limits.clone(),
+        attachments,
     };
     let control = tokio::select! {
         biased;
@@ -457,6 +452,59 @@ async fn relay(ctx: &RunContext, state: &mut RunState, event: EngineEvent) -> Op
             Some(completion)
         }
     }
+}
+
+/// The request's prompt with a note naming the files sent with it, once
+/// they are moved from the stage into the run's uploads directory.
+async fn place_attachments(ctx: &RunContext, cwd: &Path) -> (String, Vec<Attachment>) {
+    let sent = media::attachments_of(&ctx.req.meta);
+    let Some(stage) = ctx.config.media_stage.clone().filter(|_| !sent.is_empty()) else {
+        return (ctx.req.prompt.clone(), Vec::new());
+    };
+    let (cwd, off_limits) = (cwd.to_path_buf(), ctx.config.off_limits.clone());
+    let placing = move || {
+        let placed = media::place(&sent, &stage, &cwd, &off_limits);
+        // Placed paths are resolved; so is the directory they are shown from.
+        let note = placed.note(&cwd.canonicalize().unwrap_or(cwd));
+        (placed.attachments, note)
+    };
+    match tokio::task::spawn_blocking(placing).await {
+        Ok((attachments, Some(note))) => {
+            (format!("{}\n\n{note}", ctx.req.prompt.trim_end()), attachments)
+        }
+        Ok((attachments, None)) => (ctx.req.prompt.clone(), attachments),
+        Err(error) => {
+            tracing::warn!(run_id = %ctx.run_id, %error, "the run's files could not be placed");
+            (ctx.req.prompt.clone(), Vec::new())
+        }
+    }
+}
+
+/// The directory a run works in: the one it asks for (else the fallback),
+/// moved to the spare directory when it holds the gateway's state (the
+/// directory asked for is then returned too), and checked against
+/// `allowed_cwd_roots`.
+///
+/// # Errors
+/// Why no directory is allowed, as the run's start failure says it.
+pub(super) fn working_dir(
+    requested: Option<&Path>,
+    fallback: &Path,
+    config: &RuntimeConfig,
+) -> Result<(PathBuf, Option<PathBuf>), String> {
+    let requested = requested.filter(|p| !p.as_os_str().is_empty());
+    let cwd = match requested {
+        Some(requested) => resolve_cwd(Some(requested), config),
+        None => fallback.to_path_buf(),
+    };
+    let (cwd, moved_from) = match away_from_state(&cwd, config)? {
+        None => (cwd, None),
+        Some(spare) => (spare, Some(cwd)),
+    };
+    if !crate::config::cwd_allowed(&config.allowed_cwd_roots, &cwd) {
+        return Err(format!("working directory {} is outside allowed_cwd_roots", cwd.display()));
+    }
+    Ok((cwd, moved_from))
 }
 
 /// The working directory: the request's (with `~` expanded), else the configured

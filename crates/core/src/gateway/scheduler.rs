@@ -12,6 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use foldhash::fast::RandomState;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +60,11 @@ pub(super) enum SchedulerMsg {
     },
     Snapshot {
         reply: oneshot::Sender<SchedulerSnapshot>,
+    },
+    /// The directory a run asking for `requested` would work in.
+    RunDir {
+        requested: Option<PathBuf>,
+        reply: oneshot::Sender<Result<PathBuf, String>>,
     },
     SetMax {
         max: usize,
@@ -331,6 +337,11 @@ impl Scheduler {
             }
             SchedulerMsg::Snapshot { reply } => {
                 let _ = reply.send(self.snapshot());
+            }
+            SchedulerMsg::RunDir { requested, reply } => {
+                let dir =
+                    super::run::working_dir(requested.as_deref(), &self.fallback_cwd, &self.config);
+                let _ = reply.send(dir.map(|(dir, _)| dir));
             }
             SchedulerMsg::SetMax { max } => {
                 tracing::info!(from = self.max, to = max, "max_concurrent_runs changed");

@@ -493,3 +493,37 @@ fn an_unused_lock_table_is_empty() {
     assert_eq!(lock.n_held(), 0);
     assert_eq!(lock.n_waiting(&LockKey::Session("s".into())), 0);
 }
+
+#[tokio::test]
+async fn files_sent_with_a_request_land_in_the_runs_uploads_and_the_prompt_names_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (home, project) = (tmp.path().join("home"), tmp.path().join("project"));
+    std::fs::create_dir_all(&project).unwrap();
+    let stage = crate::media::MediaStage::new(home.join("media"));
+    let config = RuntimeConfig {
+        default_cwd: Some(project.clone()),
+        off_limits: crate::contain::OffLimits::new([home.clone()], []),
+        media_stage: Some(stage.clone()),
+        ..config(1)
+    };
+    let mut h = harness(config);
+    let files = crate::media::FilesConfig::default();
+    let pdf = stage.keep(&files, Some("report.pdf"), "x", None, b"%PDF-1.7").unwrap();
+    let staged = pdf.path.clone();
+    let mut req = request("s1", "ok read it");
+    crate::media::add_attachments(&mut req.meta, &[pdf]);
+    let run_id = h.gateway.submit(req).await.unwrap();
+    let events = collect(&mut h.events, 1).await.remove(&run_id).unwrap();
+    assert!(completion(&events).ok);
+    let prompt = h.fake.started().remove(0);
+    assert!(
+        prompt.starts_with("ok read it\n\n[Files sent with this message")
+            && prompt.contains("- .lemon/uploads/report.pdf (file, application/pdf, 8 bytes)"),
+        "{prompt}"
+    );
+    assert_eq!(std::fs::read(project.join(".lemon/uploads/report.pdf")).unwrap(), b"%PDF-1.7");
+    assert!(!staged.exists(), "the stage keeps nothing once the file is placed");
+    // Channels learn the same directory for `/file get`.
+    let dir = h.gateway.run_dir(None).await.unwrap().unwrap();
+    assert_eq!(dir, project);
+}

@@ -72,6 +72,11 @@ pub(super) enum RouterMsg {
         session_key: SessionKey,
         reply: oneshot::Sender<SessionView>,
     },
+    /// The project directory a channel's binding names, if any.
+    BindingDir {
+        channel: super::ChannelRef,
+        reply: oneshot::Sender<Option<std::path::PathBuf>>,
+    },
     /// Requests waiting in the router's queues, per session with any.
     SessionQueues {
         reply: oneshot::Sender<Vec<(SessionKey, usize)>>,
@@ -250,6 +255,9 @@ impl Router {
                 };
                 self.apply(key, effects).await;
                 let _ = reply.send(found);
+            }
+            RouterMsg::BindingDir { channel, reply } => {
+                let _ = reply.send(resolve_binding(&self.config.gateway, &channel).cwd);
             }
             RouterMsg::Session { session_key, reply } => {
                 let view = self.session_view(&session_of(&session_key)).await;

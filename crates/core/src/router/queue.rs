@@ -277,6 +277,9 @@ impl Conversation {
         } else {
             item.mode
         };
+        // Files cannot be steered into a live run: a message with files waits
+        // for its own run.
+        let live = live.filter(|_| !crate::media::has_attachments(&item.meta));
         if let (Some(kind), Some(host)) = (SteerKind::of(mode), live.clone()) {
             let effect = Effect::Steer {
                 host,
@@ -330,7 +333,11 @@ impl Conversation {
                 let mut merged = item;
                 merged.prompt = format!("{}\n{}", previous.prompt, merged.prompt);
                 let mut meta = previous.meta.clone();
+                let files = crate::media::attachments_of(&merged.meta);
+                merged.meta.remove(crate::media::META_KEY);
                 meta.append(&mut merged.meta);
+                // Files of both messages go to the merged run.
+                crate::media::add_attachments(&mut meta, &files);
                 merged.meta = meta;
                 // As with `meta`, the newer request's settings win over the earlier's.
                 merged.model = merged.model.take().or_else(|| previous.model.clone());

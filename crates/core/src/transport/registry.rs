@@ -68,6 +68,8 @@ pub struct TransportDeps {
     pub http: ServeConfig,
     /// Tool calls waiting for the owner's answer, which chats may give.
     pub approvals: crate::approvals::ApprovalHub,
+    /// Where received files wait for their run.
+    pub media: crate::media::MediaStage,
 }
 
 /// A registered transport.
@@ -246,6 +248,7 @@ impl RunningTransports {
             status: self.statuses.handle(&id),
             http: self.deps.http.clone(),
             approvals: self.deps.approvals.clone(),
+            media: self.deps.media.clone(),
         };
         let done = self.deps.tracker.spawn(supervise(transport, ctx, self.policy));
         Supervisor { id, stop, done }

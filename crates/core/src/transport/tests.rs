@@ -133,6 +133,7 @@ impl Harness {
                 tracker,
                 http: super::listener::ServeConfig::default(),
                 approvals: crate::approvals::ApprovalHub::default(),
+                media: crate::media::MediaStage::new(std::env::temp_dir().join("lemon-media-test")),
             },
             _gateway: gateway,
         }

@@ -138,6 +138,7 @@ async fn an_engine_refuses_to_start_with_a_token_or_model_that_could_be_an_optio
             meta: BTreeMap::new(),
             workspace: None,
             off_limits: lemon_core::contain::OffLimits::none(),
+            attachments: Vec::new(),
         };
         for req in [request(Some("--yolo"), None), request(None, Some("--yolo"))] {
             let (sink, _events) = EventSink::channel(8);
@@ -162,6 +163,7 @@ async fn an_engine_refuses_to_start_with_a_token_or_model_that_could_be_an_optio
         meta: BTreeMap::new(),
         workspace: None,
         off_limits: lemon_core::contain::OffLimits::none(),
+        attachments: Vec::new(),
     };
     assert!(engine.start(req, sink).await.is_err());
 }

@@ -20,6 +20,7 @@ fn request(prompt: &str) -> StartRequest {
         meta: Default::default(),
         workspace: None,
         off_limits: lemon_core::contain::OffLimits::none(),
+        attachments: Vec::new(),
     }
 }
 

@@ -285,6 +285,7 @@ fn request(prompt: &str, resume: Option<&str>) -> StartRequest {
         meta: Default::default(),
         workspace: None,
         off_limits: lemon_core::contain::OffLimits::none(),
+        attachments: Vec::new(),
     }
 }
 

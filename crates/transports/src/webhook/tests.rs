@@ -950,6 +950,7 @@ token = \"{TOKEN}\"\n",
     let deps = TransportDeps {
         http: lemon_api::http::ServeConfig::default(),
         approvals: lemon_core::approvals::ApprovalHub::default(),
+        media: lemon_core::media::MediaStage::new(std::env::temp_dir().join("lemon-media-test")),
         router: hook.router.clone(),
         store: hook.store.clone(),
         shutdown: hook._token.clone(),

@@ -1,0 +1,166 @@
+use super::*;
+
+const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
+
+struct Dirs {
+    _tmp: tempfile::TempDir,
+    stage: MediaStage,
+    cwd: PathBuf,
+    home: PathBuf,
+}
+
+fn dirs() -> Dirs {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let cwd = tmp.path().join("project");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&cwd).unwrap();
+    let stage = MediaStage::new(home.join("media"));
+    Dirs { _tmp: tmp, stage, cwd, home }
+}
+
+fn off_limits(d: &Dirs) -> OffLimits {
+    OffLimits::new([d.home.clone()], [])
+}
+
+#[test]
+fn an_image_is_known_by_its_bytes_whatever_was_claimed() {
+    let d = dirs();
+    let files = FilesConfig::default();
+    let image = d.stage.keep(&files, Some("shot.bin"), "x", Some("application/pdf"), PNG).unwrap();
+    assert_eq!((image.kind, image.mime.as_str()), (AttachmentKind::Image, "image/png"));
+    let text = d.stage.keep(&files, Some("a.log"), "x", None, b"line\n").unwrap();
+    assert_eq!((text.kind, text.mime.as_str()), (AttachmentKind::File, "text/plain"));
+    // A claimed type that is not a media type is not trusted.
+    let odd = d.stage.keep(&files, Some("a.pdf"), "x", Some("x\ny"), b"%PDF").unwrap();
+    assert_eq!(odd.mime, "application/pdf");
+}
+
+#[test]
+fn hostile_names_sizes_and_denied_names_are_refused() {
+    let d = dirs();
+    let files = FilesConfig { max_download_bytes: 10, ..FilesConfig::default() };
+    for name in ["../../.bashrc", "a/b.txt", "..", "a\\b", "bad\u{7}.txt", " "] {
+        let refused = d.stage.keep(&files, Some(name), "", None, b"x");
+        assert!(matches!(refused, Err(MediaRefusal::BadName { .. })), "{name:?}: {refused:?}");
+    }
+    let big = d.stage.keep(&files, Some("big.bin"), "x", None, &[0; 11]).unwrap_err();
+    assert_eq!(big.to_string(), "big.bin is 11 bytes — the limit is 10 bytes");
+    let key = d.stage.keep(&files, Some("server.pem"), "x", None, b"k").unwrap_err();
+    assert_eq!(key.to_string(), "server.pem is refused (it matches \"**/*.pem\" in deny_globs)");
+    // Nothing refused was kept.
+    assert!(!d.stage.dir().exists() || std::fs::read_dir(d.stage.dir()).unwrap().count() == 0);
+}
+
+#[test]
+fn placing_moves_files_under_fresh_names_and_notes_their_paths() {
+    let d = dirs();
+    let files = FilesConfig::default();
+    std::fs::create_dir_all(d.cwd.join(".lemon/uploads")).unwrap();
+    std::fs::write(d.cwd.join(".lemon/uploads/report.pdf"), b"older").unwrap();
+    let a = d.stage.keep(&files, Some("report.pdf"), "x", None, b"%PDF-1.4 new").unwrap();
+    let b = d.stage.keep(&files, None, "photo-1.png", None, PNG).unwrap();
+    let placed = place(&[a, b], &d.stage, &d.cwd, &off_limits(&d));
+    assert!(placed.failed.is_empty(), "{:?}", placed.failed);
+    let paths: Vec<_> = placed.attachments.iter().map(|a| a.path.clone()).collect();
+    let uploads = d.cwd.canonicalize().unwrap().join(".lemon/uploads");
+    assert_eq!(paths, [uploads.join("report-1.pdf"), uploads.join("photo-1.png")]);
+    assert_eq!(std::fs::read(&paths[0]).unwrap(), b"%PDF-1.4 new");
+    assert_eq!(std::fs::read(uploads.join("report.pdf")).unwrap(), b"older");
+    // The stage is emptied.
+    assert_eq!(std::fs::read_dir(d.stage.dir()).unwrap().count(), 0);
+    let note = placed.note(&d.cwd.canonicalize().unwrap()).unwrap();
+    assert!(
+        note.contains("- .lemon/uploads/report-1.pdf (file, application/pdf, 12 bytes)"),
+        "{note}"
+    );
+    assert!(note.contains("- .lemon/uploads/photo-1.png (image, image/png, 16 bytes)"), "{note}");
+}
+
+#[test]
+fn a_link_planted_in_the_uploads_directory_is_not_written_through() {
+    let d = dirs();
+    let files = FilesConfig::default();
+    let outside = d.home.join("secret.txt");
+    std::fs::write(&outside, b"keep").unwrap();
+    std::fs::create_dir_all(d.cwd.join(".lemon/uploads")).unwrap();
+    std::os::unix::fs::symlink(&outside, d.cwd.join(".lemon/uploads/notes.txt")).unwrap();
+    let a = d.stage.keep(&files, Some("notes.txt"), "x", None, b"new").unwrap();
+    let placed = place(&[a], &d.stage, &d.cwd, &off_limits(&d));
+    // The name is taken (by the link): the file goes under the next name.
+    assert_eq!(placed.attachments[0].path.file_name().unwrap(), "notes-1.txt");
+    assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+
+    // An uploads directory that is a link out of the project is refused.
+    let d = dirs();
+    std::fs::create_dir_all(d.cwd.join(".lemon")).unwrap();
+    std::os::unix::fs::symlink(&d.home, d.cwd.join(".lemon/uploads")).unwrap();
+    let a = d.stage.keep(&files, Some("n.txt"), "x", None, b"new").unwrap();
+    let placed = place(&[a], &d.stage, &d.cwd, &off_limits(&d));
+    assert!(placed.attachments.is_empty());
+    assert_eq!(placed.failed.len(), 1);
+    assert!(!d.home.join("n.txt").exists());
+}
+
+#[test]
+fn only_files_of_the_stage_are_moved() {
+    let d = dirs();
+    let elsewhere = d.home.join("config.toml");
+    std::fs::write(&elsewhere, b"secret").unwrap();
+    let forged = Attachment {
+        kind: AttachmentKind::File,
+        path: elsewhere.clone(),
+        name: "config.toml".into(),
+        mime: "text/plain".into(),
+        bytes: 6,
+        uploads_dir: None,
+    };
+    let placed = place(&[forged], &d.stage, &d.cwd, &off_limits(&d));
+    assert!(placed.attachments.is_empty() && placed.failed.is_empty());
+    assert!(elsewhere.exists());
+    assert!(!d.cwd.join(".lemon/uploads/config.toml").exists());
+}
+
+#[test]
+fn an_uploads_dir_in_the_gateways_state_is_refused() {
+    let d = dirs();
+    let files = FilesConfig {
+        uploads_dir: Some(d.home.join("up").display().to_string()),
+        ..FilesConfig::default()
+    };
+    let a = d.stage.keep(&files, Some("a.txt"), "x", None, b"a").unwrap();
+    let placed = place(&[a], &d.stage, &d.cwd, &off_limits(&d));
+    assert!(placed.attachments.is_empty());
+    assert!(placed.failed[0].1.contains("gateway's own state"), "{:?}", placed.failed);
+}
+
+#[test]
+fn attachments_travel_in_meta_and_add_up() {
+    let mut meta = BTreeMap::new();
+    let one = Attachment {
+        kind: AttachmentKind::Image,
+        path: "/s/1/a.png".into(),
+        name: "a.png".into(),
+        mime: "image/png".into(),
+        bytes: 1,
+        uploads_dir: None,
+    };
+    add_attachments(&mut meta, std::slice::from_ref(&one));
+    add_attachments(&mut meta, std::slice::from_ref(&one));
+    assert!(has_attachments(&meta));
+    assert_eq!(attachments_of(&meta), vec![one.clone(), one]);
+}
+
+#[test]
+fn the_files_section_reports_bad_globs_and_dirs() {
+    let files = FilesConfig {
+        deny_globs: vec!["[".into()],
+        uploads_dir: Some("../out".into()),
+        ..FilesConfig::default()
+    };
+    let problems = files.check();
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(files.user_allowed("42"));
+    let only = FilesConfig { allowed_user_ids: vec![UserId::Number(7)], ..FilesConfig::default() };
+    assert!(only.user_allowed("7") && !only.user_allowed("8"));
+}
