@@ -109,7 +109,7 @@ pub fn has_attachments(meta: &BTreeMap<String, Value>) -> bool {
 
 /// A user id in `allowed_user_ids`: Telegram's are numbers, Discord's are
 /// snowflakes often written as strings, email's are addresses.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum UserId {
     Number(i64),
@@ -126,7 +126,7 @@ impl fmt::Display for UserId {
 }
 
 /// What a channel does with `auto_put`: a file sent without `/file put`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AutoPutMode {
     /// The file is saved and a run is started with its path (and the caption
@@ -139,7 +139,7 @@ pub enum AutoPutMode {
 
 /// The `files` section of a channel (`[gateway.telegram.files]`,
 /// `[gateway.discord.files]`, `[gateway.email.files]`, …).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct FilesConfig {
     /// Files and photos are accepted at all; when off, a message with a file
@@ -174,6 +174,9 @@ pub struct FilesConfig {
     pub auto_send_generated_max_files: usize,
     /// The pause between two files sent with one answer, in milliseconds.
     pub outbound_send_delay_ms: u64,
+    /// A file given by URL (the control API, webhooks) may be fetched from a
+    /// loopback, private or link-local address; off, such a URL is refused.
+    pub allow_private_hosts: bool,
 }
 
 /// 20 MiB.
@@ -205,6 +208,7 @@ impl Default for FilesConfig {
             auto_send_generated_images: false,
             auto_send_generated_max_files: 4,
             outbound_send_delay_ms: 800,
+            allow_private_hosts: false,
         }
     }
 }
@@ -277,6 +281,15 @@ pub enum MediaRefusal {
     Fetch(String),
     #[error("the file could not be saved: {0}")]
     Save(String),
+    /// A `/file` path outside the project or in the gateway's state.
+    #[error("{path} is outside the project")]
+    Outside { path: String },
+    #[error("{path} does not exist in the project")]
+    NotFound { path: String },
+    #[error("{path} is not a file")]
+    NotAFile { path: String },
+    #[error("{path} exists; send it with `/file put --force {path}` to replace it")]
+    Exists { path: String },
 }
 
 /// `1.2 MB`, `350 KB`, `12 bytes`.
@@ -474,6 +487,152 @@ fn set_private(dir: &Path) {
 
 #[cfg(not(unix))]
 fn set_private(_dir: &Path) {}
+
+/// `/file put [--force] [path]` (with a file) or `/file get <path>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileCommand {
+    /// Save the file sent with the command at `path` in the project (a
+    /// path ending in `/` is a directory the file keeps its name in; `None`:
+    /// the uploads directory). An existing file is replaced only with `force`.
+    Put { path: Option<String>, force: bool },
+    /// Send the project's file at `path` back.
+    Get { path: String },
+}
+
+/// How `/file` is used, the reply to a malformed one.
+pub const FILE_USAGE: &str =
+    "Usage: /file put [--force] [path] (sent as the caption of a file), or /file get <path>";
+
+/// Parses a message that starts with `/file` (also `/file@bot`): `None` when
+/// it does not, `Some(Err(usage))` when it is malformed.
+pub fn parse_file_command(text: &str) -> Option<Result<FileCommand, &'static str>> {
+    let mut words = text.split_whitespace();
+    let first = words.next()?;
+    let command = first.split_once('@').map_or(first, |(c, _)| c);
+    if !command.eq_ignore_ascii_case("/file") {
+        return None;
+    }
+    let rest: Vec<&str> = words.collect();
+    Some(match rest.as_slice() {
+        ["put"] => Ok(FileCommand::Put { path: None, force: false }),
+        ["put", "--force"] => Ok(FileCommand::Put { path: None, force: true }),
+        ["put", "--force", path] => {
+            Ok(FileCommand::Put { path: Some((*path).into()), force: true })
+        }
+        ["put", path] => Ok(FileCommand::Put { path: Some((*path).into()), force: false }),
+        ["get", path] => Ok(FileCommand::Get { path: (*path).into() }),
+        _ => Err(FILE_USAGE),
+    })
+}
+
+/// The project path `raw` names, resolved inside `dir` (no `..` out, no link
+/// out, not the gateway's state) and checked against `deny_globs`.
+fn project_path(
+    reach: &Reach,
+    dir: &Path,
+    files: &FilesConfig,
+    raw: &str,
+) -> Result<PathBuf, MediaRefusal> {
+    let raw = raw.trim();
+    if raw.is_empty() || raw.chars().any(char::is_control) {
+        return Err(MediaRefusal::BadName { name: raw.to_owned(), why: "it is not a path" });
+    }
+    let outside = || MediaRefusal::Outside { path: raw.to_owned() };
+    let resolved = reach.resolve(Path::new(raw)).map_err(|_| outside())?;
+    let root = dir.canonicalize().map_err(|_| outside())?;
+    let rel = resolved.strip_prefix(&root).map_err(|_| outside())?;
+    let rel_text = rel.to_string_lossy();
+    if let Some(glob) = files.denied_by(&rel_text) {
+        return Err(MediaRefusal::Denied { name: rel_text.into_owned(), glob });
+    }
+    Ok(resolved)
+}
+
+/// `/file put`: saves `bytes` (a file sent as `name`) in the project `dir`
+/// at `target` (see [`FileCommand::Put`]); returns where it went, relative to `dir`.
+///
+/// # Errors
+/// A [`MediaRefusal`] the sender is told: a name or path refused, a path
+/// outside the project, an existing file without `force`, too large.
+pub fn put_file(
+    dir: &Path,
+    off_limits: &OffLimits,
+    files: &FilesConfig,
+    target: Option<&str>,
+    name: &str,
+    force: bool,
+    bytes: &[u8],
+) -> Result<PathBuf, MediaRefusal> {
+    let name = check_file_name(name)?;
+    let size = bytes.len() as u64;
+    if size > files.max_download_bytes {
+        return Err(MediaRefusal::TooLarge { name, bytes: size, max: files.max_download_bytes });
+    }
+    let raw = match target {
+        Some(path) if path.ends_with('/') => format!("{path}{name}"),
+        Some(path) => path.to_owned(),
+        None => {
+            let uploads = files.uploads_dir.as_deref().unwrap_or(DEFAULT_UPLOADS_DIR);
+            format!("{}/{name}", uploads.trim_end_matches('/'))
+        }
+    };
+    let reach = Reach::new([dir.to_path_buf()], off_limits.clone());
+    let resolved = project_path(&reach, dir, files, &raw)?;
+    let access = if force { Access::Create } else { Access::CreateNew };
+    let mut file = reach.open(&resolved, access).map_err(|err| match err {
+        ContainError::Io { source, .. } if source.kind() == io::ErrorKind::AlreadyExists => {
+            MediaRefusal::Exists { path: raw.clone() }
+        }
+        ContainError::Io { source, .. } => MediaRefusal::Save(source.to_string()),
+        _ => MediaRefusal::Outside { path: raw.clone() },
+    })?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| MediaRefusal::Save(e.to_string()))?;
+    let root = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    Ok(resolved.strip_prefix(&root).map(Path::to_path_buf).unwrap_or(resolved))
+}
+
+/// `/file get`: the project file at `path` in `dir`, as its name and bytes.
+///
+/// # Errors
+/// A [`MediaRefusal`] the sender is told: outside the project, denied, not
+/// found, not a regular file, larger than `max_upload_bytes`.
+pub fn get_file(
+    dir: &Path,
+    off_limits: &OffLimits,
+    files: &FilesConfig,
+    path: &str,
+) -> Result<(String, Vec<u8>), MediaRefusal> {
+    let reach = Reach::new([dir.to_path_buf()], off_limits.clone());
+    let resolved = project_path(&reach, dir, files, path)?;
+    let shown = path.trim().to_owned();
+    let mut file = reach.open(&resolved, Access::Read).map_err(|err| match err {
+        ContainError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound => {
+            MediaRefusal::NotFound { path: shown.clone() }
+        }
+        ContainError::Io { source, .. } => MediaRefusal::Fetch(source.to_string()),
+        _ => MediaRefusal::Outside { path: shown.clone() },
+    })?;
+    let meta = file.metadata().map_err(|e| MediaRefusal::Fetch(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(MediaRefusal::NotAFile { path: shown });
+    }
+    let name = resolved.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or(shown);
+    if meta.len() > files.max_upload_bytes {
+        return Err(MediaRefusal::TooLarge {
+            name,
+            bytes: meta.len(),
+            max: files.max_upload_bytes,
+        });
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    Read::by_ref(&mut file)
+        .take(files.max_upload_bytes + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| MediaRefusal::Fetch(e.to_string()))?;
+    Ok((name, bytes))
+}
 
 /// What [`place`] did with a run's attachments.
 #[derive(Debug, Default)]

@@ -164,3 +164,66 @@ fn the_files_section_reports_bad_globs_and_dirs() {
     let only = FilesConfig { allowed_user_ids: vec![UserId::Number(7)], ..FilesConfig::default() };
     assert!(only.user_allowed("7") && !only.user_allowed("8"));
 }
+
+#[test]
+fn file_commands_parse_and_malformed_ones_get_the_usage() {
+    let put = |path: Option<&str>, force| FileCommand::Put { path: path.map(Into::into), force };
+    assert_eq!(parse_file_command("/file put"), Some(Ok(put(None, false))));
+    assert_eq!(
+        parse_file_command("/file@lemon_bot put docs/"),
+        Some(Ok(put(Some("docs/"), false)))
+    );
+    assert_eq!(parse_file_command("/file put --force a.txt"), Some(Ok(put(Some("a.txt"), true))));
+    assert_eq!(
+        parse_file_command("/FILE get src/main.rs"),
+        Some(Ok(FileCommand::Get { path: "src/main.rs".into() }))
+    );
+    assert_eq!(parse_file_command("/file get"), Some(Err(FILE_USAGE)));
+    assert_eq!(parse_file_command("/file delete x"), Some(Err(FILE_USAGE)));
+    assert_eq!(parse_file_command("/filed"), None);
+    assert_eq!(parse_file_command("hello /file get x"), None);
+}
+
+#[test]
+fn file_put_and_get_stay_inside_the_project() {
+    let d = dirs();
+    let files = FilesConfig::default();
+    let limits = off_limits(&d);
+    std::fs::write(d.home.join("secrets.json"), b"{}").unwrap();
+    std::os::unix::fs::symlink(&d.home, d.cwd.join("home-link")).unwrap();
+
+    let saved =
+        put_file(&d.cwd, &limits, &files, Some("docs/"), "spec.pdf", false, b"%PDF").unwrap();
+    assert_eq!(saved, Path::new("docs/spec.pdf"));
+    let again = put_file(&d.cwd, &limits, &files, Some("docs/spec.pdf"), "x.pdf", false, b"2");
+    assert_eq!(
+        again.unwrap_err().to_string(),
+        "docs/spec.pdf exists; send it with `/file put --force docs/spec.pdf` to replace it"
+    );
+    put_file(&d.cwd, &limits, &files, Some("docs/spec.pdf"), "x.pdf", true, b"v2").unwrap();
+    assert_eq!(
+        get_file(&d.cwd, &limits, &files, "docs/spec.pdf").unwrap(),
+        ("spec.pdf".into(), b"v2".to_vec())
+    );
+    let uploaded = put_file(&d.cwd, &limits, &files, None, "a.txt", false, b"a").unwrap();
+    assert_eq!(uploaded, Path::new(".lemon/uploads/a.txt"));
+
+    for attack in ["../../.bashrc", "../home/secrets.json", "home-link/secrets.json", "/etc/passwd"]
+    {
+        let put = put_file(&d.cwd, &limits, &files, Some(attack), "n.txt", true, b"x").unwrap_err();
+        assert!(matches!(put, MediaRefusal::Outside { .. }), "put {attack}: {put:?}");
+        let get = get_file(&d.cwd, &limits, &files, attack).unwrap_err();
+        assert!(matches!(get, MediaRefusal::Outside { .. }), "get {attack}: {get:?}");
+    }
+    assert_eq!(std::fs::read(d.home.join("secrets.json")).unwrap(), b"{}");
+    std::fs::write(d.cwd.join(".env"), b"KEY=1").unwrap();
+    let env = get_file(&d.cwd, &limits, &files, ".env").unwrap_err();
+    assert!(matches!(env, MediaRefusal::Denied { .. }), "{env:?}");
+    let dir = get_file(&d.cwd, &limits, &files, "docs").unwrap_err();
+    assert_eq!(dir.to_string(), "docs is not a file");
+    let missing = get_file(&d.cwd, &limits, &files, "nope.txt").unwrap_err();
+    assert_eq!(missing.to_string(), "nope.txt does not exist in the project");
+    let small = FilesConfig { max_upload_bytes: 1, ..FilesConfig::default() };
+    let big = get_file(&d.cwd, &limits, &small, "docs/spec.pdf").unwrap_err();
+    assert_eq!(big.to_string(), "spec.pdf is 2 bytes — the limit is 1 bytes");
+}

@@ -349,3 +349,37 @@ fn abort_run_finds_queued_and_active_runs() {
     );
     assert!(conv.abort_run(&id(9), &RunError::UserRequested).is_empty());
 }
+
+fn with_file(mut item: Item, name: &str) -> Item {
+    let file = crate::media::Attachment {
+        kind: crate::media::AttachmentKind::File,
+        path: format!("/stage/{name}").into(),
+        name: name.into(),
+        mime: "text/plain".into(),
+        bytes: 1,
+        uploads_dir: None,
+    };
+    crate::media::add_attachments(&mut item.meta, &[file]);
+    item
+}
+
+#[test]
+fn a_message_with_files_waits_for_its_own_run_instead_of_steering() {
+    let mut conv = busy();
+    let effects =
+        conv.submit(with_file(item(1, QueueMode::Steer), "a.txt"), t0(), Limits::default());
+    assert!(acts(effects).is_empty(), "queued, not steered");
+    assert_eq!(queued(&conv), ["p1"]);
+}
+
+#[test]
+fn merged_followups_keep_the_files_of_both_messages() {
+    let mut conv = busy();
+    let now = t0();
+    conv.submit(with_file(item(1, QueueMode::Followup), "a.txt"), now, Limits::default());
+    conv.submit(with_file(item(2, QueueMode::Followup), "b.txt"), now, Limits::default());
+    let merged: Vec<&Item> = conv.queue().collect();
+    let names: Vec<String> =
+        crate::media::attachments_of(&merged[0].meta).into_iter().map(|a| a.name).collect();
+    assert_eq!(names, ["a.txt", "b.txt"]);
+}
