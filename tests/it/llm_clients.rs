@@ -55,7 +55,7 @@ fn request(text: &str) -> LlmRequest {
     LlmRequest {
         model: "fake-model".to_owned(),
         system: Some("You are terse.".to_owned()),
-        messages: vec![ChatMessage::User { text: text.to_owned() }],
+        messages: vec![ChatMessage::user(text)],
         tools: [ToolSpec {
             name: "read".to_owned(),
             description: "Reads a file".to_owned(),

@@ -15,6 +15,13 @@
 //!
 //! Every completed turn reports a usage of [`FAKE_INPUT_TOKENS`] input tokens
 //! and one output token per streamed piece.
+//!
+//! Images in a request are read in each protocol's documented form (Chat
+//! Completions `image_url` parts with a `data:` URL, Responses `input_image`
+//! parts whose `image_url` is one, Messages `image` blocks with a `base64`
+//! source) and decoded: [`RecordedRequest::images`] gives them. A request
+//! with an image part of another shape is refused with a 400, as a provider
+//! would.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
@@ -142,9 +149,26 @@ pub struct RecordedRequest {
     pub body: Value,
 }
 
+/// An image a request carried, decoded from the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedImage {
+    /// The media type the request gave (`image/png`…).
+    pub mime: String,
+    pub bytes: Vec<u8>,
+}
+
 impl RecordedRequest {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(&name.to_lowercase()).map(String::as_str)
+    }
+
+    /// Every image the request carries, in order, decoded.
+    ///
+    /// # Panics
+    /// When an image part is not in the protocol's form (such a request was
+    /// refused with a 400).
+    pub fn images(&self) -> Vec<ReceivedImage> {
+        request_images(self.protocol, &self.body).unwrap_or_else(|why| panic!("{why}"))
     }
 
     /// The text of the request's last message: a user text, or a tool result.
@@ -306,6 +330,11 @@ impl FakeLlm {
     /// Every request so far, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.shared.script).requests.clone()
+    }
+
+    /// The images of the last request, decoded; none before any request.
+    pub fn last_images(&self) -> Vec<ReceivedImage> {
+        self.requests().last().map(RecordedRequest::images).unwrap_or_default()
     }
 
     /// Turns queued and not yet served.
@@ -482,6 +511,9 @@ fn check_request(shared: &Shared, request: &RecordedRequest) -> Option<Response>
             "invalid_request_error",
             "the fake LLM only streams: `stream` must be true",
         ));
+    }
+    if let Err(why) = request_images(protocol, &request.body) {
+        return Some(error_response(protocol, 400, "invalid_request_error", &why));
     }
     if protocol == Protocol::Messages && request.body.get("max_tokens").is_none() {
         return Some(error_response(
@@ -660,6 +692,74 @@ fn last_message_text(protocol: Protocol, body: &Value) -> String {
             _ => String::new(),
         },
     }
+}
+
+/// The images of a request's messages, in order, decoded; why not when an
+/// image part is not in the protocol's form.
+fn request_images(protocol: Protocol, body: &Value) -> Result<Vec<ReceivedImage>, String> {
+    let list = |key: &str| body.get(key).and_then(Value::as_array).cloned().unwrap_or_default();
+    let items = match protocol {
+        Protocol::ChatCompletions | Protocol::Messages => list("messages"),
+        Protocol::Responses => list("input"),
+    };
+    let mut images = Vec::new();
+    for item in &items {
+        let Some(Value::Array(parts)) = item.get("content") else { continue };
+        for part in parts {
+            let kind = part.get("type").and_then(Value::as_str).unwrap_or_default();
+            let image = match (protocol, kind) {
+                (Protocol::ChatCompletions, "image_url") => {
+                    let url = part.pointer("/image_url/url").and_then(Value::as_str);
+                    data_url(url.ok_or("an image_url part without image_url.url")?)?
+                }
+                (Protocol::Responses, "input_image") => {
+                    let url = part.get("image_url").and_then(Value::as_str);
+                    data_url(url.ok_or("an input_image part whose image_url is not a string")?)?
+                }
+                (Protocol::Messages, "image") => {
+                    let source = part.get("source").ok_or("an image block without a source")?;
+                    if source.get("type").and_then(Value::as_str) != Some("base64") {
+                        return Err(format!("source.type: expected \"base64\" in {source}"));
+                    }
+                    let field = |key: &str| {
+                        source
+                            .get(key)
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| format!("source.{key}: Field required"))
+                    };
+                    ReceivedImage {
+                        mime: field("media_type")?.to_owned(),
+                        bytes: base64(field("data")?)?,
+                    }
+                }
+                (_, "image_url" | "input_image" | "image") => {
+                    return Err(format!("a {kind} part is not an image of this API"));
+                }
+                _ => continue,
+            };
+            if !["image/png", "image/jpeg", "image/gif", "image/webp"]
+                .contains(&image.mime.as_str())
+            {
+                return Err(format!("unsupported image type {}", image.mime));
+            }
+            images.push(image);
+        }
+    }
+    Ok(images)
+}
+
+/// `data:<mime>;base64,<data>` decoded.
+fn data_url(url: &str) -> Result<ReceivedImage, String> {
+    let rest = url.strip_prefix("data:").ok_or("the image URL is not a data: URL")?;
+    let (mime, data) = rest.split_once(";base64,").ok_or("the data: URL is not base64")?;
+    Ok(ReceivedImage { mime: mime.to_owned(), bytes: base64(data)? })
+}
+
+fn base64(data: &str) -> Result<Vec<u8>, String> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .map_err(|e| format!("invalid base64 image data: {e}"))
 }
 
 /// An SSE event with only `data:`.

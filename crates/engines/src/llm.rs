@@ -14,17 +14,25 @@
 //!
 //! The API key travels in a sensitive header only: `Debug` of every client
 //! prints `SecretValue(***)` and error messages have it replaced by `***`.
+//!
+//! A user message may carry images ([`ImageInput`]); each protocol sends them
+//! in its own form (a `data:` URL for OpenAI's two, a base64 source block for
+//! Anthropic's), and a message without images goes out exactly as before.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use base64::display::Base64Display;
+use base64::engine::general_purpose::STANDARD;
 use futures::Stream;
 use lemon_core::secrets::SecretValue;
 use lemon_core::tool::ToolSpec;
+use serde::Serialize;
 
 pub mod anthropic;
 pub(crate) mod http;
@@ -49,11 +57,75 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
-/// One message of a conversation, in the order the model saw them.
+/// An image shown to the model with a user message: PNG, JPEG, GIF or WebP.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ImageInput {
+    /// `image/png`, `image/jpeg`, `image/gif` or `image/webp`.
+    pub mime: String,
+    /// The image's bytes, base64-encoded on the wire. Shared: every request
+    /// of a run carries the whole history.
+    pub data: bytes::Bytes,
+    /// The file the image was read from. A session keeps this reference
+    /// instead of the bytes; an image without a file is not kept.
+    pub path: Option<PathBuf>,
+}
+
+impl ImageInput {
+    pub fn new(mime: impl Into<String>, data: impl Into<bytes::Bytes>) -> Self {
+        ImageInput { mime: mime.into(), data: data.into(), path: None }
+    }
+
+    /// `data:<mime>;base64,<data>`, the form both OpenAI protocols take.
+    pub fn data_url(&self) -> String {
+        DataUrl(self).to_string()
+    }
+}
+
+impl fmt::Debug for ImageInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImageInput")
+            .field("mime", &self.mime)
+            .field("bytes", &self.data.len())
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// An image's bytes in standard base64, written straight into the request
+/// body (no copy of the encoded text is made).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Base64<'a>(pub(crate) &'a [u8]);
+
+impl Serialize for Base64<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&Base64Display::new(self.0, &STANDARD))
+    }
+}
+
+/// An image as a `data:` URL, written straight into the request body.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DataUrl<'a>(pub(crate) &'a ImageInput);
+
+impl fmt::Display for DataUrl<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let image = self.0;
+        write!(f, "data:{};base64,{}", image.mime, Base64Display::new(&image.data, &STANDARD))
+    }
+}
+
+impl Serialize for DataUrl<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// One message of a conversation, in the order the model saw them. A user
+/// message carries the images sent with it (most have none).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ChatMessage {
     User {
         text: String,
+        images: Vec<ImageInput>,
     },
     /// What the model answered in one turn: its text and the tools it called.
     Assistant {
@@ -67,6 +139,21 @@ pub enum ChatMessage {
         content: String,
         is_error: bool,
     },
+}
+
+impl ChatMessage {
+    /// A user message of text alone.
+    pub fn user(text: impl Into<String>) -> Self {
+        ChatMessage::User { text: text.into(), images: Vec::new() }
+    }
+
+    /// The images the message carries: a user message's, none for the rest.
+    pub fn images(&self) -> &[ImageInput] {
+        match self {
+            ChatMessage::User { images, .. } => images,
+            _ => &[],
+        }
+    }
 }
 
 /// One model turn to stream.

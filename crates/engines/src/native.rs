@@ -19,15 +19,21 @@
 //!   model into one message; the run shows a `compaction` action.
 //! - **Budgets**: before every model turn the run's usage is checked against
 //!   [`BudgetGuard`]; a reached limit ends the run with `budget_exceeded`.
+//! - **Images**: with `vision` on, the images sent with the message
+//!   ([`StartRequest::attachments`]) go to the model with the run's first
+//!   user message, and again in later turns of the session; a provider that
+//!   refuses a request carrying images gets the turn once more without them.
 //!
 //! # Layout
 //! - `settings`: `[gateway.engines.lemon]`.
 //! - `session`: the session records and their ids.
 //! - `compact`: token estimates, where to cut, the summary request's text.
+//! - `images`: which attachments are shown to the model, read within bounds.
 //! - `agent`: one run's loop.
 
 mod agent;
 pub mod compact;
+pub mod images;
 pub mod session;
 pub mod settings;
 
@@ -293,7 +299,8 @@ impl Engine for NativeEngine {
                     EngineError::Start(format!("invalid resume token for lemon: {why}"))
                 })?;
                 let auto = req.meta.get("resume_source").and_then(|v| v.as_str()) == Some("auto");
-                match self.sessions.load(&token.value).await {
+                let read_images = self.settings.vision.then_some(&req.off_limits);
+                match self.sessions.load(&token.value, read_images).await {
                     Ok(history) => (token.value.clone(), history),
                     Err(error) if auto => {
                         tracing::warn!(run_id = %req.run_id, %error, "lemon session not continued; starting a new one");

@@ -172,6 +172,22 @@ fn the_lemon_section_is_parsed_with_defaults_per_provider() {
 }
 
 #[test]
+fn vision_is_on_for_every_provider_unless_turned_off() {
+    use crate::native::NativeSettings;
+    let settings = |text: &str| {
+        let sections = load(&format!("[gateway.engines.lemon]\n{text}")).unwrap();
+        NativeSettings::from_section(sections.get("lemon")).unwrap()
+    };
+    assert!(NativeSettings::default().vision);
+    for provider in ["openai", "openai-responses", "anthropic"] {
+        assert!(settings(&format!("provider = \"{provider}\"\n")).vision, "{provider}");
+    }
+    assert!(settings("base_url = \"http://127.0.0.1:11434/v1\"\n").vision, "a compatible server");
+    assert!(!settings("vision = false\n").vision);
+    assert!(settings("provider = \"anthropic\"\nvision = true\n").vision);
+}
+
+#[test]
 fn a_server_on_this_machine_or_an_empty_secret_needs_no_key() {
     use crate::native::NativeSettings;
     let settings = |text: &str| {
@@ -221,6 +237,10 @@ fn wrong_lemon_keys_point_at_the_value() {
     check_error(
         "[gateway.engines.lemon]\nbase_url = \"ftp://x\"\n",
         r#"/home/u/.lemon/config.toml:2:12: gateway.engines.lemon.base_url: "ftp://x" is not an http:// or https:// URL"#,
+    );
+    check_error(
+        "[gateway.engines.lemon]\nvision = \"yes\"\n",
+        "/home/u/.lemon/config.toml:2:10: gateway.engines.lemon.vision: invalid type: string, expected true or false",
     );
     check_error(
         "[gateway.engines.lemon]\nmodel = \"-x\"\n",

@@ -8,6 +8,9 @@
 //! and closed by `content_block_stop`, then `message_delta` (stop reason,
 //! output usage) and `message_stop`. `ping` may come anywhere; an `error`
 //! event (`overloaded_error`, …) ends the turn.
+//!
+//! A user message's images go first, each as an `image` block with a
+//! `base64` source (`media_type`, `data`), then its text block.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,8 +26,8 @@ use super::http::{self, Decoder, Endpoint};
 use super::sse::SseEvent;
 use super::tools_json::{self, ToolsJson};
 use super::{
-    ChatMessage, LlmClient, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage, StopReason,
-    ToolCall,
+    Base64, ChatMessage, LlmClient, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage,
+    StopReason, ToolCall,
 };
 
 /// What `max_tokens` is when the request sets none: Anthropic requires it.
@@ -69,8 +72,17 @@ pub(crate) fn request_body<'a>(
     let mut messages: Vec<WireMessage<'a>> = Vec::with_capacity(request.messages.len());
     for message in &request.messages {
         match message {
-            ChatMessage::User { text } => {
-                push_blocks(&mut messages, "user", [Block::Text { text }]);
+            ChatMessage::User { text, images } => {
+                // An empty text block is refused; the images alone are not.
+                let text = (!text.is_empty() || images.is_empty()).then_some(Block::Text { text });
+                let images = images.iter().map(|image| Block::Image {
+                    source: ImageSource {
+                        kind: "base64",
+                        media_type: &image.mime,
+                        data: Base64(&image.data),
+                    },
+                });
+                push_blocks(&mut messages, "user", images.chain(text));
             }
             ChatMessage::Assistant { text, tool_calls } => {
                 let text = (!text.is_empty()).then_some(Block::Text { text });
@@ -153,6 +165,9 @@ enum Block<'a> {
     Text {
         text: &'a str,
     },
+    Image {
+        source: ImageSource<'a>,
+    },
     ToolUse {
         id: &'a str,
         name: &'a str,
@@ -164,6 +179,15 @@ enum Block<'a> {
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         is_error: bool,
     },
+}
+
+/// An image's `source`: `{"type": "base64", "media_type", "data"}`.
+#[derive(Debug, Serialize)]
+struct ImageSource<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    media_type: &'a str,
+    data: Base64<'a>,
 }
 
 /// A tool call's arguments as the object the API takes back. The model wrote
@@ -324,6 +348,7 @@ mod tests {
 
     use super::*;
     use crate::llm::http::{decode_all, ok};
+    use crate::llm::ImageInput;
 
     #[test]
     fn thinking_text_tool_use_and_usage() {
@@ -421,6 +446,59 @@ mod tests {
     }
 
     #[test]
+    fn a_user_message_with_images_sends_image_blocks_before_its_text() {
+        let png: &[u8] = b"\x89PNG\r\n\x1a\n\xfb\xef\xff\xbf\x00";
+        let request = LlmRequest {
+            model: "claude-sonnet-4-5".to_owned(),
+            system: None,
+            messages: vec![
+                ChatMessage::Assistant {
+                    text: String::new(),
+                    tool_calls: vec![ToolCall {
+                        id: "t1".to_owned(),
+                        name: "read".to_owned(),
+                        arguments: "{}".to_owned(),
+                    }],
+                },
+                ChatMessage::ToolResult {
+                    call_id: "t1".to_owned(),
+                    name: "read".to_owned(),
+                    content: "ok".to_owned(),
+                    is_error: false,
+                },
+                ChatMessage::User {
+                    text: "what is this?".to_owned(),
+                    images: vec![
+                        ImageInput::new("image/png", png),
+                        ImageInput::new("image/gif", &b"GIF89a"[..]),
+                    ],
+                },
+                ChatMessage::User {
+                    text: String::new(),
+                    images: vec![ImageInput::new("image/png", png)],
+                },
+            ],
+            tools: [].into(),
+            max_tokens: Some(10),
+            temperature: None,
+        };
+        let image = |media_type: &str, data: &str| json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}});
+        assert_eq!(
+            serde_json::to_value(request_body(&request, None)).unwrap()["messages"],
+            json!([
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "ok"},
+                    image("image/png", "iVBORw0KGgr77/+/AA=="),
+                    image("image/gif", "R0lGODlh"),
+                    {"type": "text", "text": "what is this?"},
+                    image("image/png", "iVBORw0KGgr77/+/AA=="),
+                ]},
+            ])
+        );
+    }
+
+    #[test]
     fn the_request_maps_history_and_tools() {
         let call = |id: &str| ToolCall {
             id: id.to_owned(),
@@ -437,14 +515,14 @@ mod tests {
             model: "claude-sonnet-4-5".to_owned(),
             system: Some("be brief".to_owned()),
             messages: vec![
-                ChatMessage::User { text: "read a twice".to_owned() },
+                ChatMessage::user("read a twice"),
                 ChatMessage::Assistant {
                     text: "Reading.".to_owned(),
                     tool_calls: vec![call("t1"), call("t2")],
                 },
                 result("t1", false),
                 result("t2", true),
-                ChatMessage::User { text: "and now?".to_owned() },
+                ChatMessage::user("and now?"),
                 ChatMessage::Assistant {
                     text: String::new(),
                     tool_calls: vec![

@@ -7,6 +7,11 @@
 //! their `delta.tool_calls[i]` fragments by index and given once the turn's
 //! `finish_reason` arrives; usage comes in the extra chunk
 //! `stream_options.include_usage` asks for.
+//!
+//! A user message with images has an array of parts as its `content`: the
+//! text (`{"type":"text"}`), then each image as
+//! `{"type":"image_url","image_url":{"url":"data:<mime>;base64,…"}}`. One
+//! without images keeps the plain string.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,8 +26,8 @@ use super::http::{self, Decoder, Endpoint};
 use super::sse::SseEvent;
 use super::tools_json::{self, ToolsJson};
 use super::{
-    ChatMessage, LlmClient, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage, StopReason,
-    ToolCall,
+    ChatMessage, DataUrl, ImageInput, LlmClient, LlmError, LlmEvent, LlmRequest, LlmStream,
+    LlmUsage, StopReason, ToolCall,
 };
 
 /// A Chat Completions client for one base URL and key.
@@ -78,7 +83,9 @@ pub(crate) fn request_body<'a>(
         .into_iter()
         .chain(request.messages.iter().map(|message| {
             match message {
-                ChatMessage::User { text } => WireMessage::User { content: text },
+                ChatMessage::User { text, images } => {
+                    WireMessage::User { content: user_content(text, images) }
+                }
                 ChatMessage::Assistant { text, tool_calls } => WireMessage::Assistant {
                     content: (!text.is_empty() || tool_calls.is_empty()).then_some(text.as_str()),
                     tool_calls: tool_calls
@@ -107,6 +114,19 @@ pub(crate) fn request_body<'a>(
         max_tokens: request.max_tokens.filter(|_| !openai),
         temperature: request.temperature,
     }
+}
+
+/// A user message's `content`: the text alone as a string, as always; with
+/// images, the text part (unless empty) and an `image_url` part each.
+fn user_content<'a>(text: &'a str, images: &'a [ImageInput]) -> UserContent<'a> {
+    if images.is_empty() {
+        return UserContent::Text(text);
+    }
+    let text = (!text.is_empty()).then_some(ContentPart::Text { text });
+    let images = images
+        .iter()
+        .map(|image| ContentPart::ImageUrl { image_url: ImageUrl { url: DataUrl(image) } });
+    UserContent::Parts(text.into_iter().chain(images).collect())
 }
 
 /// A Chat Completions request as sent.
@@ -138,7 +158,7 @@ enum WireMessage<'a> {
         content: &'a str,
     },
     User {
-        content: &'a str,
+        content: UserContent<'a>,
     },
     Assistant {
         /// `null` when the turn only called tools.
@@ -150,6 +170,25 @@ enum WireMessage<'a> {
         tool_call_id: &'a str,
         content: &'a str,
     },
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum UserContent<'a> {
+    Text(&'a str),
+    Parts(Vec<ContentPart<'a>>),
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ContentPart<'a> {
+    Text { text: &'a str },
+    ImageUrl { image_url: ImageUrl<'a> },
+}
+
+#[derive(Debug, Serialize)]
+struct ImageUrl<'a> {
+    url: DataUrl<'a>,
 }
 
 #[derive(Debug, Serialize)]
@@ -504,13 +543,57 @@ mod tests {
         );
     }
 
+    /// PNG bytes whose base64 has `+`, `/` and padding in it.
+    const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\xfb\xef\xff\xbf\x00";
+    const PNG_BASE64: &str = "iVBORw0KGgr77/+/AA==";
+
+    #[test]
+    fn a_user_message_with_images_sends_text_and_image_url_parts() {
+        let request = LlmRequest {
+            model: "gpt-4o".to_owned(),
+            system: None,
+            messages: vec![
+                ChatMessage::User {
+                    text: "what is in these?".to_owned(),
+                    images: vec![
+                        ImageInput::new("image/png", PNG),
+                        ImageInput::new("image/jpeg", &b"\xff\xd8\xff\xe0\x00\x10JFIF"[..]),
+                    ],
+                },
+                ChatMessage::User {
+                    text: String::new(),
+                    images: vec![ImageInput::new("image/png", PNG)],
+                },
+                ChatMessage::user("and without?"),
+            ],
+            tools: [].into(),
+            max_tokens: None,
+            temperature: None,
+        };
+        assert_eq!(
+            serde_json::to_value(request_body(&request, "max_completion_tokens", None)).unwrap()
+                ["messages"],
+            json!([
+                {"role": "user", "content": [
+                    {"type": "text", "text": "what is in these?"},
+                    {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{PNG_BASE64}")}},
+                    {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQSkZJRg=="}},
+                ]},
+                {"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{PNG_BASE64}")}},
+                ]},
+                {"role": "user", "content": "and without?"},
+            ])
+        );
+    }
+
     #[test]
     fn the_request_maps_history_and_tools() {
         let request = LlmRequest {
             model: "gpt-4o".to_owned(),
             system: Some("be brief".to_owned()),
             messages: vec![
-                ChatMessage::User { text: "list files".to_owned() },
+                ChatMessage::user("list files"),
                 ChatMessage::Assistant {
                     text: String::new(),
                     tool_calls: vec![ToolCall {

@@ -8,6 +8,9 @@
 //! `response.completed` (with usage), `response.incomplete`,
 //! `response.failed` or an `error` event; there is no `[DONE]`, though one a
 //! proxy adds is accepted.
+//!
+//! A user message's images follow its `input_text` as `input_image` parts,
+//! each with a `data:` URL as its `image_url` and `detail: "auto"`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,8 +25,8 @@ use super::http::{self, Decoder, Endpoint};
 use super::sse::SseEvent;
 use super::tools_json::{self, ToolsJson};
 use super::{
-    ChatMessage, LlmClient, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage, StopReason,
-    ToolCall,
+    ChatMessage, DataUrl, LlmClient, LlmError, LlmEvent, LlmRequest, LlmStream, LlmUsage,
+    StopReason, ToolCall,
 };
 
 /// A Responses client for one base URL and key.
@@ -61,14 +64,22 @@ pub(crate) fn request_body<'a>(
     let mut input = Vec::with_capacity(request.messages.len());
     for message in &request.messages {
         match message {
-            ChatMessage::User { text } => {
-                input.push(Item::Message { role: "user", content: [Content::InputText { text }] })
+            ChatMessage::User { text, images } => {
+                let text =
+                    (!text.is_empty() || images.is_empty()).then_some(Content::InputText { text });
+                let images = images
+                    .iter()
+                    .map(|image| Content::InputImage { image_url: DataUrl(image), detail: "auto" });
+                input.push(Item::Message {
+                    role: "user",
+                    content: text.into_iter().chain(images).collect(),
+                })
             }
             ChatMessage::Assistant { text, tool_calls } => {
                 if !text.is_empty() {
                     input.push(Item::Message {
                         role: "assistant",
-                        content: [Content::OutputText { text }],
+                        content: vec![Content::OutputText { text }],
                     });
                 }
                 input.extend(tool_calls.iter().map(|call| Item::FunctionCall {
@@ -124,7 +135,7 @@ pub(crate) struct ResponsesBody<'a> {
 #[derive(Debug, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum Item<'a> {
-    Message { role: &'static str, content: [Content<'a>; 1] },
+    Message { role: &'static str, content: Vec<Content<'a>> },
     FunctionCall { call_id: &'a str, name: &'a str, arguments: &'a str },
     FunctionCallOutput { call_id: &'a str, output: &'a str },
 }
@@ -133,6 +144,7 @@ enum Item<'a> {
 #[serde(tag = "type", rename_all = "snake_case")]
 enum Content<'a> {
     InputText { text: &'a str },
+    InputImage { image_url: DataUrl<'a>, detail: &'static str },
     OutputText { text: &'a str },
 }
 
@@ -289,6 +301,7 @@ impl Decoder for ResponsesDecoder {
 mod tests {
     use super::*;
     use crate::llm::http::{decode_all, ok};
+    use crate::llm::ImageInput;
 
     #[test]
     fn text_reasoning_and_usage() {
@@ -385,12 +398,51 @@ mod tests {
     }
 
     #[test]
+    fn a_user_message_with_images_sends_input_image_parts_after_its_text() {
+        let png: &[u8] = b"\x89PNG\r\n\x1a\n\xfb\xef\xff\xbf\x00";
+        let request = LlmRequest {
+            model: "gpt-5".to_owned(),
+            system: None,
+            messages: vec![
+                ChatMessage::User {
+                    text: "describe".to_owned(),
+                    images: vec![
+                        ImageInput::new("image/png", png),
+                        ImageInput::new("image/webp", &b"RIFF\x00\x00\x00\x00WEBP"[..]),
+                    ],
+                },
+                ChatMessage::User {
+                    text: String::new(),
+                    images: vec![ImageInput::new("image/png", png)],
+                },
+            ],
+            tools: [].into(),
+            max_tokens: None,
+            temperature: None,
+        };
+        let image = |url: &str| json!({"type": "input_image", "image_url": url, "detail": "auto"});
+        assert_eq!(
+            serde_json::to_value(request_body(&request, None)).unwrap()["input"],
+            json!([
+                {"type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": "describe"},
+                    image("data:image/png;base64,iVBORw0KGgr77/+/AA=="),
+                    image("data:image/webp;base64,UklGRgAAAABXRUJQ"),
+                ]},
+                {"type": "message", "role": "user", "content": [
+                    image("data:image/png;base64,iVBORw0KGgr77/+/AA=="),
+                ]},
+            ])
+        );
+    }
+
+    #[test]
     fn the_request_maps_history_and_tools() {
         let request = LlmRequest {
             model: "gpt-5".to_owned(),
             system: Some("be brief".to_owned()),
             messages: vec![
-                ChatMessage::User { text: "weather?".to_owned() },
+                ChatMessage::user("weather?"),
                 ChatMessage::Assistant {
                     text: "Looking.".to_owned(),
                     tool_calls: vec![ToolCall {

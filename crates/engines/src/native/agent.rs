@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::compact;
+use super::images;
 use super::session::Sessions;
 use super::settings::NativeSettings;
 use super::{Control, ENGINE_ID};
@@ -93,7 +94,11 @@ enum Turn {
     },
     /// A redirect dropped the turn; its instruction comes next.
     Redirected(String),
-    Failed(LlmError),
+    /// The turn failed; `streamed`: after text or reasoning went out.
+    Failed {
+        error: LlmError,
+        streamed: bool,
+    },
 }
 
 /// One run of the native engine.
@@ -212,14 +217,23 @@ impl Agent {
         })
         .await?;
         let prompt = lemon_core::untrusted::prompt_for_model(&self.req.prompt, &self.req.meta);
-        self.messages.push(ChatMessage::User { text: prompt.into_owned() });
+        let images = if self.settings.vision {
+            images::from_attachments(&self.req.attachments, &self.req.off_limits).await
+        } else {
+            Vec::new()
+        };
+        if !images.is_empty() {
+            tracing::info!(run_id = %self.req.run_id, images = images.len(), "images shown to the model");
+        }
+        self.messages.push(ChatMessage::User { text: prompt.into_owned(), images });
+        images::keep_newest(&mut self.messages);
         self.save().await;
         let mut turns = 0u32;
         let mut overflow_compacted = false;
         loop {
             self.take_controls();
             for text in std::mem::take(&mut self.pending) {
-                self.messages.push(ChatMessage::User { text });
+                self.messages.push(ChatMessage::user(text));
             }
             if turns >= self.settings.max_turns {
                 let n = self.settings.max_turns;
@@ -255,7 +269,11 @@ impl Agent {
                     self.pending.extend(redirect);
                 }
                 Turn::Redirected(text) => self.pending.push(text),
-                Turn::Failed(LlmError::ContextOverflow { message }) => {
+                Turn::Failed { error, streamed: false } if self.drop_refused_images(&error) => {
+                    turns -= 1;
+                    self.save().await;
+                }
+                Turn::Failed { error: LlmError::ContextOverflow { message }, .. } => {
                     if overflow_compacted {
                         return Err(Halt::Fail(RunError::ContextOverflow {
                             message: self.redact(&format!("context overflow: {message}")),
@@ -265,7 +283,7 @@ impl Agent {
                     turns -= 1;
                     self.fit(true).await?;
                 }
-                Turn::Failed(error) => return Err(Halt::Fail(self.llm_failure(&error))),
+                Turn::Failed { error, .. } => return Err(Halt::Fail(self.llm_failure(&error))),
             }
         }
     }
@@ -279,6 +297,28 @@ impl Agent {
             max_tokens: self.settings.max_tokens,
             temperature: self.settings.temperature,
         }
+    }
+
+    /// After a refusal of a request with images (a server or model that
+    /// cannot see, images it finds too large) that streamed nothing yet,
+    /// drops every image of the conversation so the turn can be tried again
+    /// without them: the text still names each file's path. Whether there
+    /// were images to drop.
+    fn drop_refused_images(&mut self, error: &LlmError) -> bool {
+        let refusal = matches!(
+            error,
+            LlmError::Invalid { .. } | LlmError::Server { .. } | LlmError::ContextOverflow { .. }
+        );
+        if !refusal || !images::drop_all(&mut self.messages) {
+            return false;
+        }
+        tracing::warn!(
+            run_id = %self.req.run_id,
+            provider = %self.settings.provider,
+            error = %self.redact(&error.to_string()),
+            "the provider refused a request with images; trying the turn again without them"
+        );
+        true
     }
 
     /// Takes every control waiting, without waiting: between turns a redirect
@@ -375,7 +415,7 @@ impl Agent {
         };
         let mut stream = match started {
             Ok(stream) => stream,
-            Err(error) => return Ok(Turn::Failed(error)),
+            Err(error) => return Ok(Turn::Failed { error, streamed: false }),
         };
         let mut text = String::new();
         let mut calls = Vec::new();
@@ -414,7 +454,10 @@ impl Agent {
                         self.usage.output_tokens += usage.output_tokens;
                     }
                     Some(Ok(LlmEvent::Done(_))) | None => break,
-                    Some(Err(error)) => return Ok(Turn::Failed(error)),
+                    Some(Err(error)) => {
+                        let streamed = !text.is_empty() || reasoning.is_some();
+                        return Ok(Turn::Failed { error, streamed });
+                    }
                 },
             }
         }
@@ -696,9 +739,9 @@ impl Agent {
         let request = LlmRequest {
             model: self.model.clone(),
             system: Some(compact::SUMMARY_SYSTEM.to_owned()),
-            messages: vec![ChatMessage::User {
-                text: format!("{transcript}Summarise the conversation above."),
-            }],
+            messages: vec![ChatMessage::user(format!(
+                "{transcript}Summarise the conversation above."
+            ))],
             tools: Arc::from([]),
             max_tokens: self.settings.max_tokens,
             temperature: self.settings.temperature,
@@ -710,9 +753,8 @@ impl Agent {
                     .to_owned(),
             ));
         }
-        let mut messages = vec![ChatMessage::User {
-            text: format!("{}{}", compact::SUMMARY_PREFIX, summary.trim()),
-        }];
+        let mut messages =
+            vec![ChatMessage::user(format!("{}{}", compact::SUMMARY_PREFIX, summary.trim()))];
         messages.extend(self.messages.drain(cut..));
         self.messages = messages;
         self.save().await;

@@ -19,9 +19,15 @@ agent needs to continue the work. Answer with the summary only.";
 /// The text the summary is given back to the model as.
 pub const SUMMARY_PREFIX: &str = "Summary of the earlier conversation:\n";
 
+/// Tokens one image is counted as, whatever its size: about what the
+/// providers charge for a picture scaled to their largest (Anthropic's
+/// ~1,600 for 1.15 megapixels; OpenAI's high detail at most ~1,100). Its
+/// base64 length, millions of characters, says nothing about that.
+pub const IMAGE_TOKENS: u64 = 1600;
+
 fn message_chars(message: &ChatMessage) -> usize {
     match message {
-        ChatMessage::User { text } => text.len(),
+        ChatMessage::User { text, .. } => text.len(),
         ChatMessage::Assistant { text, tool_calls } => {
             text.len()
                 + tool_calls
@@ -35,9 +41,10 @@ fn message_chars(message: &ChatMessage) -> usize {
     }
 }
 
-/// Tokens of one message, estimated (four characters a token, plus framing).
+/// Tokens of one message, estimated: four characters a token, plus framing,
+/// plus [`IMAGE_TOKENS`] for each image.
 pub fn message_tokens(message: &ChatMessage) -> u64 {
-    (message_chars(message) / 4 + 4) as u64
+    (message_chars(message) / 4 + 4) as u64 + message.images().len() as u64 * IMAGE_TOKENS
 }
 
 /// Tokens a request of `system`, `messages` and `tools` takes, estimated.
@@ -106,9 +113,15 @@ pub fn transcript(messages: &[ChatMessage], max_chars: usize) -> String {
     let mut out = String::new();
     for message in messages {
         match message {
-            ChatMessage::User { text } => {
+            ChatMessage::User { text, images } => {
                 out.push_str("User: ");
                 out.push_str(text);
+                for image in images {
+                    match &image.path {
+                        Some(path) => out.push_str(&format!("\n[image {}]", path.display())),
+                        None => out.push_str("\n[image]"),
+                    }
+                }
             }
             ChatMessage::Assistant { text, tool_calls } => {
                 out.push_str("Assistant: ");

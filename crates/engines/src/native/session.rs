@@ -1,14 +1,21 @@
 //! Native sessions: the conversation of a session id (messages, tool calls and
 //! their results), kept in the store's `native.session` records as JSON and
 //! written after every model turn.
+//!
+//! A user message's images are kept by reference (`images: [{path, mime}]`),
+//! never their bytes: loading a session reads the files again (within the
+//! bounds of [`super::images`]), and those gone since are left out, their
+//! paths still in the message's text.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use lemon_core::contain::OffLimits;
 use lemon_core::engine::InvalidValue;
 use lemon_core::store::StoreHandle;
 use serde_json::{json, Value};
 
+use super::images::{self, ImageRef, Room};
 use crate::llm::{ChatMessage, ToolCall};
 
 /// The store namespace of native sessions.
@@ -34,10 +41,23 @@ pub fn check_id(value: &str) -> Result<(), InvalidValue> {
     Ok(())
 }
 
-/// The JSON form of one message.
+/// The JSON form of one message; a user message's images by their paths.
 pub fn message_to_json(message: &ChatMessage) -> Value {
     match message {
-        ChatMessage::User { text } => json!({ "role": "user", "text": text }),
+        ChatMessage::User { text, images } => {
+            let refs: Vec<Value> = images
+                .iter()
+                .filter_map(|image| {
+                    let path = image.path.as_ref()?.to_str()?;
+                    Some(json!({ "path": path, "mime": image.mime }))
+                })
+                .collect();
+            if refs.is_empty() {
+                json!({ "role": "user", "text": text })
+            } else {
+                json!({ "role": "user", "text": text, "images": refs })
+            }
+        }
         ChatMessage::Assistant { text, tool_calls } => json!({
             "role": "assistant",
             "text": text,
@@ -60,10 +80,24 @@ fn text(value: &Value, key: &str) -> Option<String> {
     value.get(key)?.as_str().map(str::to_owned)
 }
 
-/// A message back from its JSON form; `None` when it is not one.
+/// The images a message's JSON form names (a user message's; entries that
+/// are not `{path, mime}` are skipped).
+pub fn image_refs(value: &Value) -> Vec<ImageRef> {
+    let refs = value.get("images").and_then(Value::as_array);
+    refs.into_iter()
+        .flatten()
+        .filter_map(|image| {
+            Some(ImageRef { path: text(image, "path")?.into(), mime: text(image, "mime")? })
+        })
+        .collect()
+}
+
+/// A message back from its JSON form; `None` when it is not one. A user
+/// message comes back without its images: [`image_refs`] names them, and
+/// [`Sessions::load`] reads them.
 pub fn message_from_json(value: &Value) -> Option<ChatMessage> {
     match value.get("role")?.as_str()? {
-        "user" => Some(ChatMessage::User { text: text(value, "text")? }),
+        "user" => Some(ChatMessage::user(text(value, "text")?)),
         "assistant" => {
             let calls = value.get("tool_calls").and_then(Value::as_array);
             let tool_calls = calls
@@ -128,11 +162,19 @@ impl Sessions {
         }
     }
 
-    /// The conversation of session `id`.
+    /// The conversation of session `id`. With `read_images` (vision is on), the
+    /// images its messages name are read again, without any in the gateway's
+    /// state, the newest first while a request has room for them (those of
+    /// older messages are left out past that, as files gone since are);
+    /// without, no image is read.
     ///
     /// # Errors
     /// [`LoadError`] when there is no such session or it cannot be read.
-    pub async fn load(&self, id: &str) -> Result<Vec<ChatMessage>, LoadError> {
+    pub async fn load(
+        &self,
+        id: &str,
+        read_images: Option<&OffLimits>,
+    ) -> Result<Vec<ChatMessage>, LoadError> {
         let value = match self {
             Sessions::Store(store) => store
                 .kv_get(NAMESPACE, id, lemon_core::clock::now_ms())
@@ -141,10 +183,27 @@ impl Sessions {
             Sessions::Memory(map) => map.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned(),
         };
         let value = value.ok_or_else(|| LoadError::Missing(id.to_owned()))?;
-        value
+        let records = value
             .get("messages")
             .and_then(Value::as_array)
-            .and_then(|messages| messages.iter().map(message_from_json).collect())
-            .ok_or_else(|| LoadError::Invalid(id.to_owned()))
+            .ok_or_else(|| LoadError::Invalid(id.to_owned()))?;
+        let mut messages: Vec<ChatMessage> = records
+            .iter()
+            .map(message_from_json)
+            .collect::<Option<_>>()
+            .ok_or_else(|| LoadError::Invalid(id.to_owned()))?;
+        if let Some(off_limits) = read_images {
+            let mut room = Room::REQUEST;
+            for (message, record) in messages.iter_mut().zip(records).rev() {
+                let refs = image_refs(record);
+                if refs.is_empty() {
+                    continue;
+                }
+                if let ChatMessage::User { images: shown, .. } = message {
+                    *shown = images::read(refs, off_limits, &mut room).await;
+                }
+            }
+        }
+        Ok(messages)
     }
 }

@@ -60,6 +60,17 @@ impl ProviderKind {
         }
     }
 
+    /// Whether images sent with a message are shown to the model unless
+    /// `vision` says otherwise: yes for every provider. OpenAI's and
+    /// Anthropic's current models see; so do the vision models of
+    /// compatible servers, and a server or model that refuses a request with
+    /// images gets the turn again without them (the prompt names the files).
+    pub fn default_vision(self) -> bool {
+        match self {
+            ProviderKind::OpenAi | ProviderKind::OpenAiResponses | ProviderKind::Anthropic => true,
+        }
+    }
+
     /// Tokens of context unless `context_window` says otherwise.
     pub fn default_context_window(self) -> u64 {
         match self {
@@ -91,6 +102,10 @@ pub struct NativeSettings {
     /// Built-in tools offered; `None`: all of them.
     pub tools: Option<Vec<String>>,
     pub context_window: u64,
+    /// Images sent with a message (PNG, JPEG, GIF, WebP within
+    /// [`super::images`]' bounds) are shown to the model; when off, or for
+    /// any other file, the model has the path the prompt names.
+    pub vision: bool,
 }
 
 impl NativeSettings {
@@ -129,6 +144,7 @@ impl Default for NativeSettings {
             max_turns: DEFAULT_MAX_TURNS,
             tools: None,
             context_window: provider.default_context_window(),
+            vision: provider.default_vision(),
         }
     }
 }
@@ -160,6 +176,19 @@ fn int_key(
             None => Err(SectionError::at(
                 key,
                 format!("invalid type: {}, expected an integer", value.type_str()),
+            )),
+        },
+    }
+}
+
+fn bool_key(section: &EngineSection, key: &str) -> Result<Option<bool>, SectionError> {
+    match section.other.get(key) {
+        None => Ok(None),
+        Some(value) => match value.as_bool() {
+            Some(flag) => Ok(Some(flag)),
+            None => Err(SectionError::at(
+                key,
+                format!("invalid type: {}, expected true or false", value.type_str()),
             )),
         },
     }
@@ -266,6 +295,7 @@ impl NativeSettings {
             tools,
             context_window: int_key(section, "context_window", 1000, 100_000_000)?
                 .map_or(provider.default_context_window(), |n| n as u64),
+            vision: bool_key(section, "vision")?.unwrap_or(provider.default_vision()),
         })
     }
 

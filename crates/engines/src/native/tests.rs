@@ -365,7 +365,7 @@ async fn a_text_turn_streams_deltas_and_completes_with_the_answer_and_usage() {
     assert_eq!(done.resume, Some(ResumeToken::new("lemon", session)));
     assert_eq!(done.usage, json!({ "input_tokens": 7, "output_tokens": 3 }));
     let sent = client.requests();
-    assert_eq!(sent[0].messages, vec![ChatMessage::User { text: "hi".into() }]);
+    assert_eq!(sent[0].messages, vec![ChatMessage::user("hi")]);
     assert_eq!(sent[0].model, NativeSettings::default().model);
     assert_eq!(sent[0].tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["echo_args"]);
 }
@@ -513,7 +513,7 @@ async fn a_marked_prompt_reaches_the_model_in_a_data_block_and_its_calls_are_ask
     let events = collect(&mut rx).await;
     assert!(completion(&events).ok);
     let first = &client.requests()[0];
-    let ChatMessage::User { text } = first.messages.last().unwrap() else {
+    let ChatMessage::User { text, .. } = first.messages.last().unwrap() else {
         panic!("the prompt is the user's message: {:?}", first.messages)
     };
     assert!(text.starts_with("[The text in the block below came from email from eve@example.com."));
@@ -620,7 +620,7 @@ async fn a_steer_is_injected_at_the_next_turn_boundary() {
     assert!(
         matches!(second.messages[2], ChatMessage::ToolResult { ref content, .. } if content == "opened")
     );
-    assert_eq!(second.messages[3], ChatMessage::User { text: "answer in French".into() });
+    assert_eq!(second.messages[3], ChatMessage::user("answer in French"));
     assert_eq!(control.steer("late").await, Err(SteerError::Finished));
 }
 
@@ -641,7 +641,7 @@ async fn a_steer_during_the_last_turn_gets_another_turn() {
     let events = collect(&mut rx).await;
     assert_eq!(completion(&events).answer, "second");
     let second = &client.requests()[1];
-    assert_eq!(second.messages.last(), Some(&ChatMessage::User { text: "also this".into() }));
+    assert_eq!(second.messages.last(), Some(&ChatMessage::user("also this")));
 }
 
 #[tokio::test]
@@ -659,7 +659,7 @@ async fn a_redirect_drops_the_turn_and_its_tools_and_goes_on_with_the_new_instru
     assert_eq!(completion(&events).answer, "redirected");
     let second = &client.requests()[1];
     assert!(matches!(second.messages[2], ChatMessage::ToolResult { is_error: true, .. }));
-    assert_eq!(second.messages[3], ChatMessage::User { text: "do something else".into() });
+    assert_eq!(second.messages[3], ChatMessage::user("do something else"));
 }
 
 #[tokio::test]
@@ -676,7 +676,7 @@ async fn a_redirect_mid_stream_drops_the_model_turn() {
     assert_eq!(completion(&events).answer, "new");
     assert_eq!(
         client.requests()[1].messages,
-        [ChatMessage::User { text: "go".into() }, ChatMessage::User { text: "instead".into() }],
+        [ChatMessage::user("go"), ChatMessage::user("instead")],
         "the dropped turn is not in the history"
     );
 }
@@ -738,8 +738,8 @@ async fn a_session_is_kept_in_the_store_and_resumed() {
     assert_eq!(done.resume, Some(ResumeToken::new("lemon", id.clone())));
     let sent = &client.requests()[2];
     assert_eq!(sent.messages.len(), 5);
-    assert_eq!(sent.messages[0], ChatMessage::User { text: "one".into() });
-    assert_eq!(sent.messages[4], ChatMessage::User { text: "two".into() });
+    assert_eq!(sent.messages[0], ChatMessage::user("one"));
+    assert_eq!(sent.messages[4], ChatMessage::user("two"));
 }
 
 #[tokio::test]
@@ -782,7 +782,7 @@ async fn long_history(store: &lemon_core::store::StoreHandle) -> String {
     let id = session::new_id();
     let mut messages = Vec::new();
     for i in 0..10 {
-        messages.push(ChatMessage::User { text: format!("question {i} {}", "x".repeat(400)) });
+        messages.push(ChatMessage::user(format!("question {i} {}", "x".repeat(400))));
         messages.push(ChatMessage::Assistant {
             text: String::new(),
             tool_calls: vec![ToolCall {
@@ -833,20 +833,17 @@ async fn a_conversation_over_the_window_is_compacted_and_goes_on() {
     assert_eq!(acts[1].ok, Some(true));
     let sent = client.requests();
     assert!(sent[0].tools.is_empty(), "the summary request has no tools");
-    let ChatMessage::User { text } = &sent[0].messages[0] else { panic!() };
+    let ChatMessage::User { text, .. } = &sent[0].messages[0] else { panic!() };
     assert!(
         text.contains("question 6") && text.ends_with("Summarise the conversation above."),
         "{text}"
     );
     let after = &sent[1].messages;
-    assert_eq!(
-        after[0],
-        ChatMessage::User { text: format!("{}the summary", compact::SUMMARY_PREFIX) }
-    );
-    assert_eq!(after.last(), Some(&ChatMessage::User { text: "next".into() }));
+    assert_eq!(after[0], ChatMessage::user(format!("{}the summary", compact::SUMMARY_PREFIX)));
+    assert_eq!(after.last(), Some(&ChatMessage::user("next")));
     assert_calls_paired(after);
     assert!(compact::estimate(None, after, &sent[1].tools) <= 1800);
-    let saved = Sessions::new(Some(store)).load(&id).await.unwrap();
+    let saved = Sessions::new(Some(store)).load(&id, None).await.unwrap();
     assert_eq!(saved[0], after[0], "the compacted history is kept");
 }
 
@@ -969,7 +966,7 @@ fn without_a_key_the_engine_is_unavailable_and_says_which_secret_to_set() {
 #[test]
 fn the_split_keeps_tool_results_with_their_calls() {
     let messages = vec![
-        ChatMessage::User { text: "a".repeat(4000) },
+        ChatMessage::user("a".repeat(4000)),
         ChatMessage::Assistant {
             text: String::new(),
             tool_calls: vec![ToolCall { id: "1".into(), name: "n".into(), arguments: "{}".into() }],
@@ -980,7 +977,7 @@ fn the_split_keeps_tool_results_with_their_calls() {
             content: "r".repeat(100),
             is_error: false,
         },
-        ChatMessage::User { text: "b".into() },
+        ChatMessage::user("b"),
     ];
     let cut = compact::split_point(&messages, 30).unwrap();
     assert!(!matches!(messages[cut], ChatMessage::ToolResult { .. }));
@@ -991,7 +988,7 @@ fn the_split_keeps_tool_results_with_their_calls() {
 #[test]
 fn messages_survive_their_json_form() {
     let messages = [
-        ChatMessage::User { text: "u".into() },
+        ChatMessage::user("u"),
         ChatMessage::Assistant {
             text: "a".into(),
             tool_calls: vec![ToolCall {
@@ -1011,4 +1008,226 @@ fn messages_survive_their_json_form() {
         assert_eq!(session::message_from_json(&session::message_to_json(&message)), Some(message));
     }
     assert_eq!(session::message_from_json(&json!({"role": "system"})), None);
+}
+
+/// A small PNG whose bytes base64-encode with `+`, `/` and padding.
+const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\xfb\xef\xff\xbf\x00 a picture";
+
+/// A directory of uploads (resolved, as the gateway places files).
+fn uploads() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().canonicalize().unwrap();
+    (dir, path)
+}
+
+/// `bytes` written to `dir/name`, as an attachment of `kind` and `mime`.
+fn attachment(
+    dir: &std::path::Path,
+    name: &str,
+    kind: lemon_core::media::AttachmentKind,
+    mime: &str,
+    bytes: &[u8],
+) -> lemon_core::media::Attachment {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    lemon_core::media::Attachment {
+        kind,
+        path,
+        name: name.to_owned(),
+        mime: mime.to_owned(),
+        bytes: bytes.len() as u64,
+        uploads_dir: None,
+    }
+}
+
+fn photo(dir: &std::path::Path, name: &str, bytes: &[u8]) -> lemon_core::media::Attachment {
+    attachment(dir, name, lemon_core::media::AttachmentKind::Image, "image/png", bytes)
+}
+
+/// The images of the last user message of a request: (mime, bytes).
+fn images_sent(request: &LlmRequest) -> Vec<(String, Vec<u8>)> {
+    let user = request.messages.iter().rev().find(|m| matches!(m, ChatMessage::User { .. }));
+    user.map(ChatMessage::images)
+        .unwrap_or_default()
+        .iter()
+        .map(|image| (image.mime.clone(), image.data.to_vec()))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_image_sent_with_the_message_reaches_the_model_with_its_exact_bytes() {
+    let (_dir, dir) = uploads();
+    let jpeg = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00 jpeg bytes";
+    let mut req = request("what is in the picture?", None);
+    req.attachments = vec![
+        photo(&dir, "photo.png", PNG),
+        attachment(
+            &dir,
+            "notes.pdf",
+            lemon_core::media::AttachmentKind::File,
+            "application/pdf",
+            b"%PDF-1.7",
+        ),
+        // The channel's type is a guess; the bytes decide.
+        photo(&dir, "snap.png", jpeg),
+    ];
+    let client = Scripted::new(vec![answer("a lemon")]);
+    let engine = new_engine(client.clone(), Setup::default());
+    let (_c, mut rx) = start(&engine, req).await;
+    assert!(completion(&collect(&mut rx).await).ok);
+    let sent = &client.requests()[0];
+    let ChatMessage::User { text, images } = &sent.messages[0] else { panic!("{sent:?}") };
+    assert_eq!(text, "what is in the picture?");
+    assert_eq!(
+        images_sent(sent),
+        [("image/png".to_owned(), PNG.to_vec()), ("image/jpeg".to_owned(), jpeg.to_vec())],
+        "the PDF is not shown"
+    );
+    assert_eq!(images[0].path.as_deref(), Some(dir.join("photo.png").as_path()));
+}
+
+#[tokio::test]
+async fn with_vision_off_no_image_is_sent() {
+    let (_dir, dir) = uploads();
+    let mut req = request("look at photo.png", None);
+    req.attachments = vec![photo(&dir, "photo.png", PNG)];
+    let client = Scripted::new(vec![answer("I read its path")]);
+    let settings = NativeSettings { vision: false, ..NativeSettings::default() };
+    let engine = new_engine(client.clone(), Setup { settings, ..Setup::default() });
+    let (_c, mut rx) = start(&engine, req).await;
+    assert!(completion(&collect(&mut rx).await).ok);
+    assert_eq!(client.requests()[0].messages, [ChatMessage::user("look at photo.png")]);
+}
+
+#[tokio::test]
+async fn images_over_the_bounds_or_gone_are_not_sent() {
+    let (_dir, dir) = uploads();
+    let mut large = PNG.to_vec();
+    large.resize(images::MAX_IMAGE_BYTES as usize + 1, 0);
+    let mut req = request("three pictures", None);
+    req.attachments = vec![photo(&dir, "large.png", &large), photo(&dir, "ok.png", PNG)];
+    let mut gone = photo(&dir, "gone.png", PNG);
+    std::fs::remove_file(&gone.path).unwrap();
+    gone.bytes = 10;
+    req.attachments.push(gone);
+    // A link where an uploaded file was is not followed.
+    let link = dir.join("link.png");
+    std::os::unix::fs::symlink(dir.join("ok.png"), &link).unwrap();
+    let mut linked = photo(&dir, "unused.png", PNG);
+    linked.path = link;
+    req.attachments.push(linked);
+    let client = Scripted::new(vec![answer("one")]);
+    let engine = new_engine(client.clone(), Setup::default());
+    let (_c, mut rx) = start(&engine, req).await;
+    assert!(completion(&collect(&mut rx).await).ok);
+    assert_eq!(images_sent(&client.requests()[0]), [("image/png".to_owned(), PNG.to_vec())]);
+}
+
+#[tokio::test]
+async fn a_resumed_session_shows_the_model_its_image_again() {
+    let store = lemon_core::store::StoreHandle::memory();
+    let (_dir, dir) = uploads();
+    let mut req = request("keep this picture in mind", None);
+    req.attachments = vec![photo(&dir, "photo.png", PNG), photo(&dir, "other.png", PNG)];
+    let client = Scripted::new(vec![answer("noted"), answer("it was a lemon"), answer("plain")]);
+    let setup = |vision| Setup {
+        store: Some(store.clone()),
+        settings: NativeSettings { vision, ..NativeSettings::default() },
+        ..Setup::default()
+    };
+    let first = new_engine(client.clone(), setup(true));
+    let (_c, mut rx) = start(&first, req).await;
+    let id = session_of(&collect(&mut rx).await);
+    // The record holds the paths, never the bytes.
+    let saved = store.kv_get(session::NAMESPACE, &id, i64::MAX - 1).await.unwrap().unwrap();
+    let user = &saved["messages"][0];
+    assert_eq!(
+        user["images"],
+        json!([
+            { "path": dir.join("photo.png").to_str().unwrap(), "mime": "image/png" },
+            { "path": dir.join("other.png").to_str().unwrap(), "mime": "image/png" },
+        ])
+    );
+    assert!(saved.to_string().len() < 1000, "no image bytes in the record: {saved}");
+    std::fs::remove_file(dir.join("other.png")).unwrap();
+
+    // A later turn, on a gateway started again: the image is read anew, the
+    // file deleted since is left out.
+    let second = new_engine(client.clone(), setup(true));
+    let (_c, mut rx) = start(&second, request("what was it?", Some(&id))).await;
+    assert!(completion(&collect(&mut rx).await).ok);
+    let sent = &client.requests()[1];
+    assert_eq!(sent.messages.len(), 3);
+    assert_eq!(sent.messages[0].images().len(), 1);
+    assert_eq!(sent.messages[0].images()[0].data, PNG);
+    assert_eq!(sent.messages[2], ChatMessage::user("what was it?"));
+
+    // With vision off the history goes without images.
+    let third = new_engine(client.clone(), setup(false));
+    let (_c, mut rx) = start(&third, request("and now?", Some(&id))).await;
+    assert!(completion(&collect(&mut rx).await).ok);
+    assert!(client.requests()[2].messages.iter().all(|m| m.images().is_empty()));
+}
+
+#[tokio::test]
+async fn a_request_with_images_the_provider_refuses_is_tried_again_without_them() {
+    let (_dir, dir) = uploads();
+    let mut req = request("see photo.png", None);
+    req.attachments = vec![photo(&dir, "photo.png", PNG)];
+    let refusal = LlmError::Invalid { message: "image input is not supported".into() };
+    let client = Scripted::new(vec![Err(refusal.clone()), answer("read the path instead")]);
+    let engine = new_engine(client.clone(), Setup::default());
+    let (_c, mut rx) = start(&engine, req).await;
+    let done = completion(&collect(&mut rx).await).clone();
+    assert!(done.ok, "{done:?}");
+    assert_eq!(done.answer, "read the path instead");
+    let sent = client.requests();
+    assert_eq!(images_sent(&sent[0]).len(), 1);
+    assert_eq!(sent[1].messages, [ChatMessage::user("see photo.png")]);
+
+    // The same refusal of a request without images fails the run.
+    let client = Scripted::new(vec![Err(refusal)]);
+    let engine = new_engine(client.clone(), Setup::default());
+    let (_c, mut rx) = start(&engine, request("no pictures", None)).await;
+    assert!(!completion(&collect(&mut rx).await).ok);
+    assert_eq!(client.requests().len(), 1);
+
+    // A failure after the answer began streaming is not a refusal: the text
+    // shown is not streamed a second time.
+    let mut req = request("see photo.png", None);
+    req.attachments = vec![photo(&dir, "photo.png", PNG)];
+    let overloaded = LlmError::Server { status: 529, message: "Overloaded".into() };
+    let client = Scripted::new(vec![Ok(vec![text("It is"), Step::Fail(overloaded)])]);
+    let engine = new_engine(client.clone(), Setup::default());
+    let (_c, mut rx) = start(&engine, req).await;
+    let events = collect(&mut rx).await;
+    assert!(!completion(&events).ok);
+    assert_eq!(deltas(&events), "It is");
+    assert_eq!(client.requests().len(), 1);
+}
+
+#[test]
+fn an_image_counts_as_a_fixed_number_of_tokens() {
+    let text = ChatMessage::user("x".repeat(400));
+    let mut large = PNG.to_vec();
+    large.resize(4 * 1024 * 1024, 0);
+    let with_image = ChatMessage::User {
+        text: "x".repeat(400),
+        images: vec![crate::llm::ImageInput::new("image/png", large)],
+    };
+    assert_eq!(
+        compact::message_tokens(&with_image),
+        compact::message_tokens(&text) + compact::IMAGE_TOKENS
+    );
+    let transcript = compact::transcript(
+        &[ChatMessage::User {
+            text: "see".into(),
+            images: vec![crate::llm::ImageInput {
+                path: Some("/up/photo.png".into()),
+                ..crate::llm::ImageInput::new("image/png", PNG)
+            }],
+        }],
+        1000,
+    );
+    assert_eq!(transcript, "User: see\n[image /up/photo.png]\n\n");
 }
