@@ -117,7 +117,8 @@ async fn token_and_keychain(settings: &Settings) -> anyhow::Result<(SecretValue,
 /// A gateway already serving this home: its config's health port answers
 /// `/healthz` as the gateway does. `None` when nothing answers there.
 pub async fn find_running(settings: &Settings, http: &reqwest::Client) -> Option<(String, String)> {
-    let loaded = config::load_file_or_default(&settings.paths.config).ok()?;
+    // As the gateway reads it: `LEMON_GATEWAY_HEALTH_PORT` moves the health port.
+    let loaded = config::load_file_with_env(&settings.paths.config, &settings.env).ok()?;
     let gateway = &loaded.config.gateway;
     let health_url = loopback_url(&gateway.health_addr());
     let api_url = loopback_url(&gateway.api_addr());

@@ -153,7 +153,8 @@ fn check_config(
             return config::load_file(&paths.config).ok().map(|loaded| loaded.config.gateway);
         }
     }
-    config::load_file(&paths.config).ok().map(|loaded| loaded.config.gateway)
+    // As a start reads it: the environment's overrides (ports…) apply.
+    config::load_file_with_env(&paths.config, env).ok().map(|loaded| loaded.config.gateway)
 }
 
 fn check_keychain(report: &mut Report, store: &SecretStore) {

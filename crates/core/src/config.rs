@@ -9,17 +9,26 @@
 //! non-empty binding transports and project roots, and `queue.cap >= 1`.
 //! A missing file is not an error of [`load_file_or_default`]: it gives the
 //! defaults.
+//!
+//! A config written for the reference gateway loads as it is: its keys that
+//! name one of ours are read as ours, those without a use here are accepted
+//! with a note ([`ReferenceKey`], [`Translation`]), and its environment variables apply over the
+//! file ([`env`], through [`load_str_with_env`]).
 
+pub mod env;
 mod keys;
 mod loader;
+mod reference;
 mod status;
 
 pub use keys::{did_you_mean, field_names, parse_section, parse_table, TableError, UnknownKey};
 pub use loader::{
-    invalid_model_message, load_file, load_file_or_default, load_str, section_error,
-    unknown_key_warning, ConfigError, LoadedConfig, Position, MAX_CLIENT_RATE, MAX_CONCURRENT_RUNS,
-    MAX_CONNECTIONS, MAX_DURATION_MS, MAX_PENDING_RUNS, MAX_QUEUE_CAP, MAX_WORKER_THREADS,
+    invalid_model_message, key_note_warning, load_file, load_file_or_default, load_file_with_env,
+    load_str, load_str_with_env, section_error, unknown_key_warning, ConfigError, LoadedConfig,
+    Position, MAX_CLIENT_RATE, MAX_CONCURRENT_RUNS, MAX_CONNECTIONS, MAX_DURATION_MS,
+    MAX_PENDING_RUNS, MAX_QUEUE_CAP, MAX_WORKER_THREADS,
 };
+pub use reference::{reference_bind, KeyNote, ReferenceKey, Translation};
 pub use status::{ConfigReport, ConfigStatus, PendingRestart, Rejection};
 
 use std::borrow::Cow;
@@ -139,6 +148,11 @@ pub struct GatewayConfig {
     /// `[gateway.budgets]`: spending limits and model prices.
     #[serde(default)]
     pub budgets: BudgetsConfig,
+    /// `[gateway.files]`: files sent with runs over the control API and its
+    /// OpenAI-compatible routes: how large, which names are refused, where
+    /// they are saved, whether a URL may point at a private address.
+    #[serde(default)]
+    pub files: crate::media::FilesConfig,
     #[serde(default)]
     pub api: ListenConfig,
     #[serde(default)]

@@ -154,3 +154,11 @@ pub trait SmsInbox: Send + Sync + fmt::Debug + 'static {
     /// session), [`SmsError::Unavailable`].
     async fn claim_message(&self, session: &SessionKey, message_sid: &str) -> Result<(), SmsError>;
 }
+
+/// Whether `raw` is an E.164 phone number: `+`, then 2 to 15 digits, the first not 0.
+pub fn is_e164(raw: &str) -> bool {
+    let Some(digits) = raw.strip_prefix('+') else { return false };
+    (2..=15).contains(&digits.len())
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && !digits.starts_with('0')
+}

@@ -132,6 +132,7 @@ const RESTART_KEYS: &[&str] = &[
     "xmtp",
     "sandbox",
     "dashboard",
+    "files",
 ];
 
 /// What an accepted edit changes, component by component.
@@ -285,7 +286,8 @@ fn is_secret_key(key: &str) -> bool {
     if key.ends_with("_secret") || key.starts_with("allow_") {
         return false;
     }
-    ["token", "password", "secret", "api_key", "apikey", "credential"]
+    // `wallet_key` and `private_key`: the reference's inline XMTP key.
+    ["token", "password", "secret", "api_key", "apikey", "credential", "private_key", "wallet_key"]
         .iter()
         .any(|word| key.contains(word))
 }
@@ -527,7 +529,9 @@ impl Reloader {
     }
 
     fn checked_with(&self, text: &str, forced: Option<Plan>) -> Result<Checked, String> {
-        let loaded = config::load_str(text, &self.path).map_err(|e| e.to_string())?;
+        // The environment's overrides apply over every edit, as at start.
+        let loaded =
+            config::load_str_with_env(text, &self.path, &self.env).map_err(|e| e.to_string())?;
         for warning in &loaded.warnings {
             tracing::warn!("{warning}");
         }
@@ -554,10 +558,9 @@ impl Reloader {
         let paths =
             crate::paths::Paths { home: self.lemon_home.clone(), config: self.path.clone() };
         let fence = crate::fence(&config, &paths, self.user_home.as_deref());
-        let workspace = fence.reach();
         let email = plan
             .email
-            .then(|| crate::email_transport(&config, &self.secrets, &self.path, text, &workspace))
+            .then(|| crate::email_transport(&config, &self.secrets, &self.path, text))
             .transpose()
             .map_err(|e| e.to_string())?;
         let engines = plan

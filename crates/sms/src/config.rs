@@ -1,12 +1,22 @@
 //! `[gateway.sms]`: the raw TOML section parsed into typed settings, and the
 //! secrets it names read once at start.
+//!
+//! A section written for the reference gateway is read as it is: its
+//! `webhook_enabled`, `webhook_port` and `webhook_bind` are `enabled`, `port`
+//! and `bind` (where both names are written ours is used, and a warning
+//! names both); `webhook_url`, `auth_token`, `inbox_number`, `inbox_ttl_ms`
+//! and `validate_webhook` have the reference's meaning. Its environment
+//! variables (`LEMON_SMS_WEBHOOK_PORT`, `TWILIO_INBOX_NUMBER`…) are applied
+//! over the file where the file is loaded (`lemon_core::config::env`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use lemon_core::config::{parse_section, UnknownKey};
-use lemon_core::secrets::SecretStore;
-use serde::Deserialize;
+use lemon_core::config::{
+    field_names, parse_table, reference_bind, KeyNote, ReferenceKey, Translation, UnknownKey,
+};
+use lemon_core::secrets::{SecretStore, SecretValue};
+use serde::{Deserialize, Deserializer};
 
 /// Default port of the SMS webhook.
 pub const DEFAULT_SMS_PORT: u16 = 4041;
@@ -20,13 +30,21 @@ pub const DEFAULT_API_TIMEOUT_MS: u64 = 15_000;
 /// `[gateway.sms]`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct SmsConfig {
-    /// Switches SMS on (off unless set).
+    /// Switches SMS on (off unless set). The reference's name
+    /// `webhook_enabled` is read as this (`true`, a non-zero number, or `1`,
+    /// `true`, `yes`, `on`); so is `LEMON_SMS_WEBHOOK_ENABLED`, over the file.
     #[serde(default)]
     pub enabled: Option<bool>,
-    /// Listen address of the webhook: an IP, `localhost`, or `any`.
+    /// Listen address of the webhook: an IP, `localhost`, or `any`. The
+    /// reference's `webhook_bind` (and `LEMON_SMS_WEBHOOK_BIND`) is read as
+    /// the reference reads it: `127.0.0.1`/`localhost` loopback,
+    /// `0.0.0.0`/`any` every interface, a dotted IPv4 address itself, anything
+    /// else loopback (with a warning).
     #[serde(default = "defaults::bind")]
     pub bind: String,
-    /// Listen port of the webhook (default 4041; 0 picks a free one).
+    /// Listen port of the webhook (default 4041; 0 picks a free one). The
+    /// reference's `webhook_port` (a number or a string of digits) and
+    /// `LEMON_SMS_WEBHOOK_PORT` set it too.
     #[serde(default = "defaults::port")]
     pub port: u16,
     /// The base URL Twilio calls (the tunnel's or proxy's, `https://…`), which
@@ -34,22 +52,37 @@ pub struct SmsConfig {
     /// `/webhooks/twilio/sms`.
     #[serde(default)]
     pub public_url: Option<String>,
-    /// Whether inbound requests must carry a valid `X-Twilio-Signature`.
+    /// The reference's `webhook_url`: the exact URL Twilio signs, used as it
+    /// is instead of `public_url` + path + query (for a proxy that rewrites
+    /// the path). `public_url` wins when both are written;
+    /// `TWILIO_WEBHOOK_URL` wins over both.
+    #[serde(default)]
+    pub webhook_url: Option<String>,
+    /// Whether inbound requests must carry a valid `X-Twilio-Signature`
+    /// (default on here; the reference's default is off).
+    /// `TWILIO_VALIDATE_WEBHOOK` overrides it.
     #[serde(default = "defaults::yes")]
     pub validate_webhook: bool,
-    /// The secret holding the account's auth token.
+    /// The secret holding the account's auth token (its environment variable
+    /// is `TWILIO_AUTH_TOKEN` for the default name).
     #[serde(default = "defaults::auth_token_secret")]
     pub auth_token_secret: String,
+    /// The reference's inline auth token, used when the secret named by
+    /// `auth_token_secret` is not set. Never logged; a secret is better.
+    #[serde(default, deserialize_with = "inline_secret")]
+    pub auth_token: Option<SecretValue>,
     /// The secret holding the account SID (`AC…`), for sending.
     #[serde(default = "defaults::account_sid_secret")]
     pub account_sid_secret: String,
     /// Twilio's REST API base URL.
     #[serde(default = "defaults::api_base_url")]
     pub api_base_url: String,
-    /// The gateway's own number (E.164): where codes arrive, and what texts are sent from.
+    /// The gateway's own number (E.164): where codes arrive, and what texts
+    /// are sent from. `TWILIO_INBOX_NUMBER` overrides it.
     #[serde(default)]
     pub inbox_number: Option<String>,
-    /// How long a received message is kept.
+    /// How long a received message is kept. `LEMON_SMS_INBOX_TTL_MS`
+    /// overrides it.
     #[serde(default = "defaults::inbox_ttl_ms")]
     pub inbox_ttl_ms: u64,
     /// Numbers (E.164) that may talk to the agent (with `reply_to_allowed`)
@@ -78,6 +111,84 @@ pub struct SmsConfig {
     /// the text can then arrive twice, never not at all.
     #[serde(default = "defaults::api_timeout_ms")]
     pub api_timeout_ms: u64,
+    /// `[gateway.sms.files]`: MMS media (who may send them, how large, which
+    /// names are refused, where they are saved).
+    #[serde(default)]
+    pub files: lemon_core::media::FilesConfig,
+}
+
+/// An inline secret: kept out of `Debug`.
+fn inline_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SecretValue>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?
+        .filter(|value| !value.trim().is_empty())
+        .map(|value| SecretValue::new(value.trim())))
+}
+
+/// The reference's keys read as ours without a change of value.
+const REFERENCE_KEYS: &[ReferenceKey] =
+    &[ReferenceKey::Alias { theirs: "webhook_port", ours: "port" }];
+
+/// `table` with the reference's keys read as ours, and the notes about them.
+fn translate(table: &toml::Table) -> Translation {
+    let mut table = table.clone();
+    let mut notes = Vec::new();
+    // The reference's readings of its values, before they are moved.
+    if let Some(port) = table.get_mut("webhook_port") {
+        if let Some(n) = port.as_str().and_then(|raw| raw.trim().parse::<i64>().ok()) {
+            *port = n.into();
+        }
+    }
+    if let Some(enabled) = table.get_mut("webhook_enabled") {
+        let on = match &*enabled {
+            toml::Value::Boolean(on) => Some(*on),
+            toml::Value::Integer(n) => Some(*n != 0),
+            toml::Value::String(raw) => {
+                let word = raw.trim().to_ascii_lowercase();
+                let on = matches!(word.as_str(), "1" | "true" | "yes" | "on");
+                if !on && !matches!(word.as_str(), "0" | "false" | "no" | "off" | "") {
+                    notes.push(KeyNote::new(
+                        &["webhook_enabled"],
+                        format!("{raw:?} is read as false, as the reference reads it (only 1, true, yes and on switch it on)"),
+                    ));
+                }
+                Some(on)
+            }
+            _ => None,
+        };
+        if let Some(on) = on {
+            *enabled = on.into();
+        }
+    }
+    if let Some(bind) = table.get_mut("webhook_bind") {
+        if let Some(raw) = bind.as_str().map(str::to_owned) {
+            let read = reference_bind(&raw).unwrap_or_else(|| {
+                notes.push(KeyNote::new(
+                    &["webhook_bind"],
+                    format!("{raw:?} is not an IPv4 address: the webhook listens on loopback (127.0.0.1), as the reference does"),
+                ));
+                "127.0.0.1".to_owned()
+            });
+            *bind = read.into();
+        }
+    }
+    let mut out = Translation::new(&table, REFERENCE_KEYS);
+    out.alias(&["webhook_enabled"], &["enabled"]);
+    out.alias(&["webhook_bind"], &["bind"]);
+    if out.get(&["public_url"]).is_some() && out.take(&["webhook_url"]).is_some() {
+        out.notes.push(KeyNote::new(
+            &["webhook_url"],
+            "both `public_url` and `webhook_url` (the reference's URL to sign) are set; `public_url` is used",
+        ));
+    }
+    if table.contains_key("auth_token_secret") && table.contains_key("auth_token") {
+        out.notes.push(KeyNote::new(
+            &["auth_token"],
+            "both `auth_token_secret` and `auth_token` are set; the secret is used, and `auth_token` only while that secret is not set",
+        ));
+    }
+    notes.append(&mut out.notes);
+    out.notes = notes;
+    out
 }
 
 mod defaults {
@@ -123,10 +234,7 @@ impl Default for SmsConfig {
 
 /// Whether `raw` is an E.164 phone number: `+`, then 2 to 15 digits, the first not 0.
 pub fn is_e164(raw: &str) -> bool {
-    let Some(digits) = raw.strip_prefix('+') else { return false };
-    (2..=15).contains(&digits.len())
-        && digits.bytes().all(|b| b.is_ascii_digit())
-        && !digits.starts_with('0')
+    lemon_core::sms::is_e164(raw)
 }
 
 impl SmsConfig {
@@ -147,9 +255,19 @@ impl SmsConfig {
     pub fn parse_with_unknown_keys(
         table: &toml::Table,
     ) -> Result<(Self, Vec<UnknownKey>), SmsConfigError> {
-        let (config, unknown) =
-            parse_section::<SmsConfig>(table).map_err(|err| SmsConfigError(err.to_string()))?;
+        let translated = translate(table);
+        let (config, ignored) = parse_table::<SmsConfig>(&translated.table)
+            .map_err(|err| SmsConfigError(translated.in_file(err).to_string()))?;
+        let known = field_names::<SmsConfig>();
+        let unknown =
+            ignored.into_iter().map(|path| UnknownKey::new(path, known.iter().copied())).collect();
         Ok((config.checked()?, unknown))
+    }
+
+    /// What the section's reference keys do where that is worth saying: an
+    /// alias beside our own key, a value read as the reference reads it.
+    pub fn reference_notes(table: &toml::Table) -> Vec<KeyNote> {
+        translate(table).notes
     }
 
     fn checked(mut self) -> Result<Self, SmsConfigError> {
@@ -203,6 +321,18 @@ impl SmsConfig {
             }
             self.public_url = Some(url);
         }
+        if let Some(url) = &self.webhook_url {
+            let url = url.trim().to_owned();
+            let parsed = reqwest::Url::parse(&url).map_err(|err| {
+                SmsConfigError(format!("`webhook_url`: {url:?} is not a URL: {err}"))
+            })?;
+            if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+                return Err(SmsConfigError(format!(
+                    "`webhook_url`: {url:?} must be an http(s) URL with a host"
+                )));
+            }
+            self.webhook_url = Some(url);
+        }
         let base = self.api_base_url.trim().trim_end_matches('/').to_owned();
         match reqwest::Url::parse(&base) {
             Ok(url) if matches!(url.scheme(), "http" | "https") => self.api_base_url = base,
@@ -225,7 +355,8 @@ impl SmsConfig {
             Some(table) => SmsConfig::parse(table)?,
             None => return Ok(None),
         };
-        Ok(lemon_core::transport::enabled(None, table).then_some(config))
+        // `enabled` as parsed: the reference's `webhook_enabled` counts.
+        Ok(config.enabled.unwrap_or(false).then_some(config))
     }
 
     /// `bind:port`, with `any` meaning every interface.
@@ -251,9 +382,12 @@ impl SmsConfig {
         Duration::from_millis(self.api_timeout_ms)
     }
 
-    /// The URL Twilio is told to call, when `public_url` is set.
+    /// The URL Twilio is told to call: `webhook_url` as it is, else
+    /// `public_url` and the path; `None` when neither is set.
     pub fn webhook_url(&self) -> Option<String> {
-        self.public_url.as_ref().map(|base| format!("{base}{WEBHOOK_PATH}"))
+        self.webhook_url
+            .clone()
+            .or_else(|| self.public_url.as_ref().map(|base| format!("{base}{WEBHOOK_PATH}")))
     }
 
     /// Whether a text from `number` is in `allowed_senders`, so it may talk
@@ -284,7 +418,9 @@ impl SmsConfig {
                 Err(err) => Err(SmsConfigError(format!("`{key}`: {err}"))),
             }
         };
-        let auth_token = read(&self.auth_token_secret, "auth_token_secret")?;
+        // The secret first, then the reference's inline value.
+        let auth_token = read(&self.auth_token_secret, "auth_token_secret")?
+            .or_else(|| self.auth_token.as_ref().map(|token| token.expose().to_owned()));
         let account_sid = read(&self.account_sid_secret, "account_sid_secret")?;
         if self.validate_webhook {
             if auth_token.is_none() {
@@ -294,7 +430,7 @@ impl SmsConfig {
                     secrets.not_set_message(&self.auth_token_secret)
                 )));
             }
-            if self.public_url.is_none() {
+            if self.public_url.is_none() && self.webhook_url.is_none() {
                 return Err(SmsConfigError(
                     "`validate_webhook` is on but `public_url` is not set: set it to the \
                      https URL Twilio calls (your tunnel's), which signatures are computed over"

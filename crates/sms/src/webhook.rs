@@ -2,8 +2,8 @@
 //! and answered with empty TwiML.
 //!
 //! The signature is checked over the configured `public_url` + the path + the
-//! raw query (never the `Host` header) and the form parameters of the body
-//! only. Unsigned, forged and malformed requests get a 4xx JSON error and
+//! raw query (never the `Host` header), or over `webhook_url` as it is when
+//! that is set, and the form parameters of the body only. Unsigned, forged and malformed requests get a 4xx JSON error and
 //! store nothing. A duplicate `MessageSid` (Twilio retrying) is answered as
 //! success and changes nothing.
 //!
@@ -99,14 +99,19 @@ async fn receive(
         return error(StatusCode::BAD_REQUEST, "the body is not a URL-encoded form");
     };
     if state.config.validate_webhook {
-        let (Some(token), Some(public_url)) = (&state.auth_token, &state.config.public_url) else {
+        // The reference's `webhook_url` is the signed URL as it is.
+        let url = match (&state.config.webhook_url, &state.config.public_url) {
+            (Some(exact), _) => Some(exact.clone()),
+            (None, Some(public_url)) => Some(signed_url(public_url, &uri)),
+            (None, None) => None,
+        };
+        let (Some(token), Some(url)) = (&state.auth_token, url) else {
             // The start refuses this; never an open webhook.
             return error(StatusCode::SERVICE_UNAVAILABLE, "SMS signatures cannot be checked");
         };
         let Some(signature) = signature else {
             return error(StatusCode::UNAUTHORIZED, "missing X-Twilio-Signature");
         };
-        let url = signed_url(public_url, &uri);
         if !validate_form(token, &url, &params, signature.trim()) {
             tracing::warn!("an SMS webhook with a wrong signature was refused");
             return error(StatusCode::FORBIDDEN, "invalid X-Twilio-Signature");
@@ -137,10 +142,11 @@ async fn receive(
                 &from,
                 "allowed_senders",
             );
-        if allowed && !stored.body.is_empty() {
+        let media = crate::media::media_of(&params);
+        if allowed && (!stored.body.is_empty() || !media.is_empty()) {
             let replies = replies.clone();
             state.tracker.spawn(async move {
-                replies.converse(from, stored.body, stored.message_sid).await;
+                replies.converse(from, stored.body, stored.message_sid, media).await;
             });
         }
     }

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 
-use lemon_core::config::{parse_section, UnknownKey};
+use lemon_core::config::{parse_section, KeyNote, ReferenceKey, Translation, UnknownKey};
 use lemon_core::ids::EngineRef;
 use lemon_core::secrets::SecretStore;
 use serde::Deserialize;
@@ -21,12 +21,13 @@ pub struct VoiceConfig {
     /// Listen address: an IP, `localhost`, or `any` for every interface.
     #[serde(default = "defaults::bind")]
     pub bind: String,
-    /// Listen port (default 4047; 0 picks a free one).
+    /// Listen port (default 4047; 0 picks a free one). The reference's
+    /// `websocket_port` is read as this.
     #[serde(default = "defaults::port")]
     pub port: u16,
     /// The public base URL Twilio reaches the gateway at (`https://…`, a tunnel
     /// in development). Webhook signatures are checked against it and the media
-    /// stream URL is built from it.
+    /// stream URL is built from it. Unset here: `VOICE_PUBLIC_URL`.
     #[serde(default)]
     pub public_url: Option<String>,
     /// Whether Twilio's signature is required on every voice webhook (default true).
@@ -38,7 +39,8 @@ pub struct VoiceConfig {
     /// The secret holding the Twilio account SID (default `twilio_account_sid`).
     #[serde(default = "defaults::twilio_account_sid_secret")]
     pub twilio_account_sid_secret: String,
-    /// The number calls come in on, for status and logs.
+    /// The number calls come in on, for status and logs. Unset here:
+    /// `TWILIO_PHONE_NUMBER`.
     #[serde(default)]
     pub twilio_phone_number: Option<String>,
     /// Twilio's REST API (recordings, hang-up).
@@ -97,6 +99,11 @@ pub struct VoiceConfig {
     /// `$LEMON_HOME/recordings/<date>/`.
     #[serde(default)]
     pub record_calls: bool,
+    /// Where recordings are saved: `~` is the user's home, a relative path
+    /// is under `$LEMON_HOME`. Unset here: `VOICE_RECORDINGS_DIR`, else
+    /// `$LEMON_HOME/recordings`.
+    #[serde(default)]
+    pub recordings_dir: Option<std::path::PathBuf>,
     /// The engine calls run on; unset: the gateway's default engine (the native
     /// `lemon` engine when it is configured), or a `voice` binding's.
     #[serde(default)]
@@ -112,6 +119,20 @@ pub struct VoiceConfig {
     #[serde(default)]
     pub allow_everyone: bool,
 }
+
+/// The reference's `[gateway.voice]` keys: read as ours, or accepted with
+/// what happens instead.
+const REFERENCE_KEYS: &[ReferenceKey] = &[
+    ReferenceKey::Alias { theirs: "websocket_port", ours: "port" },
+    ReferenceKey::Inert {
+        key: "llm_model",
+        what_happens: "calls run on the engine `engine` names (else the default engine); set the model in that engine's section",
+    },
+    ReferenceKey::Inert {
+        key: "system_prompt",
+        what_happens: "calls run on the engine `engine` names, with that engine's own instructions",
+    },
+];
 
 mod defaults {
     pub(super) fn bind() -> String {
@@ -206,9 +227,32 @@ impl VoiceConfig {
     pub fn parse_with_unknown_keys(
         table: &toml::Table,
     ) -> Result<(Self, Vec<UnknownKey>), VoiceConfigError> {
-        let (config, unknown) =
-            parse_section::<VoiceConfig>(table).map_err(|err| VoiceConfigError(err.to_string()))?;
+        let translated = Translation::new(table, REFERENCE_KEYS);
+        let (config, unknown) = parse_section::<VoiceConfig>(&translated.table)
+            .map_err(|err| VoiceConfigError(translated.in_file(err).to_string()))?;
         Ok((config.checked()?, unknown))
+    }
+
+    /// What the section's reference keys do where that is worth saying.
+    pub fn reference_notes(table: &toml::Table) -> Vec<KeyNote> {
+        Translation::new(table, REFERENCE_KEYS).notes
+    }
+
+    /// Where recordings go: `recordings_dir` (`~` the user's home, relative
+    /// under `lemon_home`), else `<lemon_home>/recordings`.
+    pub fn recordings(
+        &self,
+        lemon_home: &std::path::Path,
+        user_home: Option<&std::path::Path>,
+    ) -> std::path::PathBuf {
+        let Some(dir) = self.recordings_dir.as_deref().filter(|d| !d.as_os_str().is_empty()) else {
+            return lemon_home.join("recordings");
+        };
+        match (dir.strip_prefix("~"), user_home) {
+            (Ok(rest), Some(home)) => home.join(rest),
+            _ if dir.is_absolute() => dir.to_path_buf(),
+            _ => lemon_home.join(dir),
+        }
     }
 
     fn checked(self) -> Result<Self, VoiceConfigError> {
@@ -438,6 +482,34 @@ mod tests {
             let err = VoiceConfig::parse(&table(text)).unwrap_err();
             assert!(err.0.contains(&format!("`{key}`")), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn the_reference_keys_are_read_as_ours_or_accepted_with_what_happens() {
+        let reference = table(
+            "websocket_port = 4099\nllm_model = \"gpt-4o-mini\"\nsystem_prompt = \"Be brief.\"",
+        );
+        let (config, unknown) = VoiceConfig::parse_with_unknown_keys(&reference).unwrap();
+        assert!(unknown.is_empty(), "{unknown:?}");
+        assert_eq!(config.port, 4099);
+        let notes = VoiceConfig::reference_notes(&reference);
+        let keys: Vec<String> = notes.iter().map(|n| n.path.join(".")).collect();
+        assert_eq!(keys, ["llm_model", "system_prompt"]);
+        assert!(notes.iter().all(|n| n.message.starts_with("accepted; ")));
+        let both = table("port = 1\nwebsocket_port = 2");
+        assert_eq!(VoiceConfig::parse(&both).unwrap().port, 1);
+        assert!(VoiceConfig::reference_notes(&both)[0].message.contains("`port` is used"));
+    }
+
+    #[test]
+    fn recordings_go_where_recordings_dir_says_else_under_the_home() {
+        let home = std::path::Path::new("/lemon");
+        let user = Some(std::path::Path::new("/home/u"));
+        let at = |text: &str| VoiceConfig::parse(&table(text)).unwrap().recordings(home, user);
+        assert_eq!(at(""), std::path::Path::new("/lemon/recordings"));
+        assert_eq!(at("recordings_dir = \"/var/rec\""), std::path::Path::new("/var/rec"));
+        assert_eq!(at("recordings_dir = \"~/rec\""), std::path::Path::new("/home/u/rec"));
+        assert_eq!(at("recordings_dir = \"rec\""), std::path::Path::new("/lemon/rec"));
     }
 
     #[test]

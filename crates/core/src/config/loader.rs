@@ -62,6 +62,9 @@ pub enum ConfigError {
     /// validation. `key` is the dotted path (`gateway.bindings[0].transport`);
     /// `at` points at the value, or at the key when the key itself is wrong.
     Invalid { path: PathBuf, at: Option<Position>, key: String, message: String },
+    /// An environment variable that overrides a setting of the file at
+    /// `path` has a value that cannot be used.
+    Env { path: PathBuf, var: String, message: String },
 }
 
 impl ConfigError {
@@ -70,14 +73,15 @@ impl ConfigError {
         match self {
             ConfigError::Read { path, .. }
             | ConfigError::Syntax { path, .. }
-            | ConfigError::Invalid { path, .. } => path,
+            | ConfigError::Invalid { path, .. }
+            | ConfigError::Env { path, .. } => path,
         }
     }
 
     /// Where in the file, when known.
     pub fn position(&self) -> Option<Position> {
         match self {
-            ConfigError::Read { .. } => None,
+            ConfigError::Read { .. } | ConfigError::Env { .. } => None,
             ConfigError::Syntax { at, .. } => Some(*at),
             ConfigError::Invalid { at, .. } => *at,
         }
@@ -101,6 +105,9 @@ impl fmt::Display for ConfigError {
                 }
                 write!(f, ": {message}")
             }
+            ConfigError::Env { var, message, .. } => {
+                write!(f, "environment variable {var}: {message}")
+            }
         }
     }
 }
@@ -122,6 +129,30 @@ pub struct LoadedConfig {
 /// [`ConfigError::Syntax`] for invalid TOML, [`ConfigError::Invalid`] for wrong
 /// types and values; both name the file, line and column.
 pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigError> {
+    load(text, path, None)
+}
+
+/// As [`load_str`], then the environment variables the reference gateway
+/// reads applied over the file ([`super::env`]): what a start, a reload and
+/// `config check` use. A variable that replaces a value of the file adds a
+/// warning naming both.
+///
+/// # Errors
+/// As [`load_str`]; [`ConfigError::Env`] naming a variable whose value
+/// cannot be used.
+pub fn load_str_with_env(
+    text: &str,
+    path: &Path,
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<LoadedConfig, ConfigError> {
+    load(text, path, Some(env))
+}
+
+fn load(
+    text: &str,
+    path: &Path,
+    env: Option<&std::collections::BTreeMap<String, String>>,
+) -> Result<LoadedConfig, ConfigError> {
     let doc = ImDocument::parse(text).map_err(|e| ConfigError::Syntax {
         path: path.to_owned(),
         at: Position::of_offset(text, e.span().map_or(0, |s| s.start)),
@@ -130,7 +161,7 @@ pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigError> {
     let file = ParsedFile { text, path, doc: &doc };
 
     let mut ignored: Vec<Vec<Segment>> = Vec::new();
-    let config: Config =
+    let mut config: Config =
         serde_ignored::deserialize(toml::Deserializer::new(text), |p| ignored.push(segments(&p)))
             .map_err(|e: toml::de::Error| file.deserialize_error(&e))?;
 
@@ -150,10 +181,52 @@ pub fn load_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigError> {
         };
         return Err(file.invalid(segs, Anchor::Key, message));
     }
-    let warnings =
+    let mut warnings: Vec<String> =
         ignored.iter().map(|segs| file.unknown_key_warning(segs, suggestion(segs))).collect();
+    if let Some(env) = env {
+        let raw: toml::Table = toml::from_str(text).unwrap_or_default();
+        let notes = super::env::apply_env(&mut config, &raw, env).map_err(|e| {
+            ConfigError::Env { path: path.to_owned(), var: e.var, message: e.message }
+        })?;
+        warnings.extend(notes.iter().map(|note| file.note(note)));
+    }
+    warnings.extend(inert_gateway_keys(&config).iter().map(|note| file.note(note)));
     validate(&config, &file)?;
     Ok(LoadedConfig { config, warnings })
+}
+
+/// `[gateway]` values of the reference's keys that this gateway reads but
+/// cannot honour, each with what happens instead.
+fn inert_gateway_keys(config: &Config) -> Vec<super::KeyNote> {
+    let mut notes = Vec::new();
+    if config.gateway.auto_resume == Some(false) {
+        notes.push(super::KeyNote::new(
+            &["gateway", "auto_resume"],
+            "false is accepted; a conversation here always continues its last engine session \
+             (send /new, or meta.disable_auto_resume = true, to start fresh)",
+        ));
+    }
+    notes
+}
+
+/// A note about a key a section another crate parses reads (an alias that
+/// lost to our own key, a reference key without a use here), placed in the
+/// file like [`unknown_key_warning`]: `<file>:<line>:<column>: gateway.sms.webhook_port:
+/// <message>`. `section` is the section's path and the note's path is inside it.
+pub fn key_note_warning(
+    path: &Path,
+    text: &str,
+    section: &[&str],
+    note: &super::KeyNote,
+) -> String {
+    let full = super::KeyNote {
+        path: section.iter().map(|s| (*s).to_owned()).chain(note.path.iter().cloned()).collect(),
+        message: note.message.clone(),
+    };
+    match ImDocument::parse(text) {
+        Ok(doc) => ParsedFile { text, path, doc: &doc }.note(&full),
+        Err(_) => format!("{}: {}: {}", path.display(), full.path.join("."), full.message),
+    }
 }
 
 /// The keys the table holding the last key of `segs` knows.
@@ -174,6 +247,7 @@ fn known_keys(segs: &[Segment]) -> &'static [&'static str] {
         ["gateway", _] => field_names::<GatewayConfig>(),
         ["gateway", "queue", _] => field_names::<QueueConfig>(),
         ["gateway", "http_client_limits", _] => field_names::<HttpClientLimitsConfig>(),
+        ["gateway", "files", _] => field_names::<crate::media::FilesConfig>(),
         ["gateway", "api" | "health", _] => field_names::<ListenConfig>(),
         ["gateway", "projects", _, _] => field_names::<ProjectConfig>(),
         ["gateway", "bindings", "[]", _] => field_names::<BindingConfig>(),
@@ -216,6 +290,22 @@ pub fn unknown_key_warning(path: &Path, text: &str, section: &[&str], key: &Unkn
 pub fn load_file(path: &Path) -> Result<LoadedConfig, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| read_error(path, &e))?;
     load_str(&text, path)
+}
+
+/// As [`load_file`], then the environment's overrides ([`load_str_with_env`]);
+/// a file that does not exist is the defaults with the overrides.
+///
+/// # Errors
+/// As [`load_file`] (a missing file aside) and [`load_str_with_env`].
+pub fn load_file_with_env(
+    path: &Path,
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<LoadedConfig, ConfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => load_str_with_env(&text, path, env),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => load_str_with_env("", path, env),
+        Err(e) => Err(read_error(path, &e)),
+    }
 }
 
 /// As [`load_file`], but a file that does not exist yields the defaults and no
@@ -540,6 +630,19 @@ impl ParsedFile<'_> {
         matches!(node, Node::Item(Item::Table(_) | Item::ArrayOfTables(_)))
     }
 
+    /// `<file>:<line>:<column>: <key path>: <message>`, placed at the key, or
+    /// at the closest table above it the file has.
+    fn note(&self, note: &super::KeyNote) -> String {
+        let segs: Vec<Segment> = note.path.iter().map(|part| key(part)).collect();
+        let mut out = self.path.display().to_string();
+        let at = (1..=segs.len()).rev().find_map(|n| self.position_of(&segs[..n], Anchor::Key));
+        if let Some(at) = at {
+            out.push_str(&format!(":{at}"));
+        }
+        out.push_str(&format!(": {}: {}", format_path(&segs), note.message));
+        out
+    }
+
     fn unknown_key_warning(&self, segs: &[Segment], suggestion: Option<&str>) -> String {
         let mut out = self.path.display().to_string();
         if let Some(at) = self.position_of(segs, Anchor::Key) {
@@ -600,6 +703,12 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
         if let Some(Err(err)) = backup.timezone.as_deref().map(crate::cron::parse_timezone) {
             return Err(at(&segs("timezone"), Anchor::Value, err.to_string()));
         }
+    }
+
+    if let Some(problem) = gateway.files.check().into_iter().next() {
+        let (name, why) = problem.split_once(": ").unwrap_or(("", problem.as_str()));
+        let segs = [key("gateway"), key("files"), key(name)];
+        return Err(at(&segs, Anchor::Value, why.to_owned()));
     }
 
     if gateway.retention.max_db_mb == Some(0) {

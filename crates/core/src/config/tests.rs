@@ -190,7 +190,8 @@ poll_interval_ms = 1500
 fn explicit_false_is_honoured() {
     let config = check_ok(
         "[gateway]\nrequire_engine_lock = false\nauto_resume = false\nenable_webhook = false\n",
-        &[],
+        // The router always resumes: the value is read, and the note says so.
+        &["/home/u/.lemon/config.toml:3:1: gateway.auto_resume: false is accepted; a conversation here always continues its last engine session (send /new, or meta.disable_auto_resume = true, to start fresh)"],
     );
     assert!(!config.gateway.require_engine_lock);
     assert_eq!(config.gateway.auto_resume, Some(false));

@@ -121,6 +121,23 @@ fn the_effective_config_has_defaults_and_no_secrets() {
     assert_eq!(effective["engines"]["claude"]["extra_args"], serde_json::json!([]), "as parsed");
 }
 
+/// The reference's inline secrets (`[gateway.sms] auth_token`, `[gateway.xmtp]
+/// wallet_key` / `private_key`, email passwords and tokens) are never shown.
+#[test]
+fn the_reference_inline_secrets_are_not_in_the_effective_config() {
+    let config = gateway(
+        "[gateway.sms]\nauth_token = \"twilio-inline\"\n\
+         [gateway.xmtp]\nwallet_key = \"0xwallet\"\nprivate_key = \"0xprivate\"\n\
+         [gateway.email]\nsmtp_password = \"smtp-inline\"\nwebhook_token = \"hook-inline\"\n",
+    );
+    let sections = EngineSections::parse(&config.engines, Path::new("/tmp/config.toml"), "")
+        .expect("valid engine sections");
+    let text = effective_json(&config, &sections).to_string();
+    for secret in ["twilio-inline", "0xwallet", "0xprivate", "smtp-inline", "hook-inline"] {
+        assert!(!text.contains(secret), "{secret} leaked: {text}");
+    }
+}
+
 #[test]
 fn a_file_that_turns_empty_is_taken_only_once_it_stays_empty() {
     let start = Instant::now();

@@ -160,3 +160,100 @@ fn conversations_need_the_inbox_number_and_both_credentials() {
     let error = config.resolve(&token_only).unwrap_err().to_string();
     assert!(error.contains("twilio_account_sid"), "{error}");
 }
+
+/// The reference's `[gateway.sms]`: its keys read as ours.
+#[test]
+fn the_reference_keys_are_read_as_ours() {
+    let reference = table(
+        "webhook_enabled = true\nwebhook_port = 4045\nwebhook_bind = \"any\"\n\
+         webhook_url = \"https://sms.example.test/hook\"\ninbox_number = \"+15551230000\"\n\
+         inbox_ttl_ms = 60000\nvalidate_webhook = true\nauth_token = \"tok-inline\"\n",
+    );
+    let (config, unknown) = SmsConfig::parse_with_unknown_keys(&reference).unwrap();
+    assert!(unknown.is_empty(), "{unknown:?}");
+    assert!(SmsConfig::reference_notes(&reference).is_empty());
+    assert_eq!(config.enabled, Some(true));
+    assert_eq!(config.addr(), "0.0.0.0:4045");
+    assert_eq!(config.webhook_url().as_deref(), Some("https://sms.example.test/hook"));
+    assert_eq!(config.inbox_number.as_deref(), Some("+15551230000"));
+    assert_eq!(config.inbox_ttl(), Duration::from_secs(60));
+    assert!(!format!("{config:?}").contains("tok-inline"), "the inline token is never shown");
+    assert!(
+        SmsConfig::from_gateway(Some(&reference)).unwrap().is_some(),
+        "webhook_enabled switches it on"
+    );
+    // The inline token counts when no secret is set, and the secret wins over it.
+    let (none, _dir) = secrets(&[]);
+    assert_eq!(config.resolve(&none).unwrap().auth_token.as_deref(), Some("tok-inline"));
+    let (env, _dir) = secrets(&[("TWILIO_AUTH_TOKEN", "tok-env")]);
+    assert_eq!(config.resolve(&env).unwrap().auth_token.as_deref(), Some("tok-env"));
+}
+
+#[test]
+fn reference_values_are_read_as_the_reference_reads_them() {
+    let check = |text: &str, addr: &str, enabled: Option<bool>| {
+        let config = SmsConfig::parse(&table(text)).unwrap();
+        assert_eq!(config.addr(), addr, "{text}");
+        assert_eq!(config.enabled, enabled, "{text}");
+    };
+    check("webhook_port = \"4046\"", "127.0.0.1:4046", None);
+    check("webhook_bind = \"localhost\"", "127.0.0.1:4041", None);
+    check("webhook_bind = \"0.0.0.0\"", "0.0.0.0:4041", None);
+    check("webhook_bind = \"10.0.0.7\"", "10.0.0.7:4041", None);
+    check("webhook_bind = \"::1\"", "127.0.0.1:4041", None);
+    check("webhook_enabled = 1", "127.0.0.1:4041", Some(true));
+    check("webhook_enabled = \"yes\"", "127.0.0.1:4041", Some(true));
+    check("webhook_enabled = \"nope\"", "127.0.0.1:4041", Some(false));
+    // What the reference does silently is said here.
+    let notes =
+        SmsConfig::reference_notes(&table("webhook_bind = \"::1\"\nwebhook_enabled = \"nope\""));
+    let messages: Vec<&str> = notes.iter().map(|n| n.message.as_str()).collect();
+    assert_eq!(
+        messages,
+        [
+            "\"nope\" is read as false, as the reference reads it (only 1, true, yes and on switch it on)",
+            "\"::1\" is not an IPv4 address: the webhook listens on loopback (127.0.0.1), as the reference does",
+        ]
+    );
+}
+
+#[test]
+fn where_ours_and_the_reference_name_are_both_written_ours_wins_with_a_note_naming_both() {
+    let both = table(
+        "port = 4050\nwebhook_port = 4045\nenabled = false\nwebhook_enabled = true\n\
+         public_url = \"https://a.example\"\nwebhook_url = \"https://b.example/hook\"\n",
+    );
+    let config = SmsConfig::parse(&both).unwrap();
+    assert_eq!(config.port, 4050);
+    assert_eq!(config.enabled, Some(false));
+    assert_eq!(config.webhook_url().as_deref(), Some("https://a.example/webhooks/twilio/sms"));
+    let notes = SmsConfig::reference_notes(&both);
+    let described: Vec<(String, &str)> =
+        notes.iter().map(|n| (n.path.join("."), n.message.as_str())).collect();
+    assert_eq!(
+        described,
+        [
+            ("webhook_port".to_owned(), "both `port` and `webhook_port` (the reference's name for it) are set; `port` is used"),
+            ("webhook_enabled".to_owned(), "both `enabled` and `webhook_enabled` (the reference's name for it) are set; `enabled` is used"),
+            ("webhook_url".to_owned(), "both `public_url` and `webhook_url` (the reference's URL to sign) are set; `public_url` is used"),
+        ]
+    );
+}
+
+#[test]
+fn errors_in_reference_keys_name_the_key_the_file_wrote() {
+    let error = SmsConfig::parse(&table("webhook_port = \"abc\"")).unwrap_err().to_string();
+    assert!(error.contains("`webhook_port`"), "{error}");
+    let error = SmsConfig::parse(&table("webhook_url = \"ftp://x\"")).unwrap_err().to_string();
+    assert!(error.contains("`webhook_url`"), "{error}");
+}
+
+#[test]
+fn signatures_on_accept_the_reference_webhook_url_instead_of_public_url() {
+    let config = SmsConfig::parse(&table(
+        "enabled = true\nwebhook_url = \"https://sms.example.test/webhooks/twilio/sms\"",
+    ))
+    .unwrap();
+    let (token, _dir) = secrets(&[("TWILIO_AUTH_TOKEN", "tok")]);
+    assert!(config.resolve(&token).is_ok());
+}

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use lemon_core::config::{parse_section, QueueMode, UnknownKey};
+use lemon_core::config::{
+    parse_section, KeyNote, QueueMode, ReferenceKey, Translation, UnknownKey,
+};
 use lemon_core::ids::EngineRef;
 use lemon_core::secrets::SecretStore;
 use serde::{Deserialize, Deserializer};
@@ -48,7 +50,8 @@ pub struct DiscordConfig {
     #[serde(default)]
     pub allow_everyone: bool,
     /// Channels without a `[[gateway.bindings]]` entry for `transport =
-    /// "discord"` get no run.
+    /// "discord"` get no run. The reference's `deny_unbound_channels` is read
+    /// as this (where both are written, this is used).
     #[serde(default)]
     pub deny_unbound: bool,
     /// In servers, only messages that mention the bot (or reply to it) start
@@ -83,6 +86,14 @@ pub struct DiscordConfig {
     /// shows once even if Discord had made it).
     #[serde(default = "defaults::api_timeout_ms")]
     pub api_timeout_ms: u64,
+    /// `[gateway.discord.files]`: files sent with a message (who may, how
+    /// large, which names are refused, where they are saved).
+    #[serde(default)]
+    pub files: lemon_core::media::FilesConfig,
+    /// The voice keys (`voice_transcription`, …), read by
+    /// [`VoiceConfig::split`](crate::media::VoiceConfig::split).
+    #[serde(skip)]
+    pub voice: crate::media::VoiceConfig,
 }
 
 impl std::fmt::Debug for DiscordConfig {
@@ -107,6 +118,8 @@ impl std::fmt::Debug for DiscordConfig {
             .field("edit_interval_ms", &self.edit_interval_ms)
             .field("delivery_attempts", &self.delivery_attempts)
             .field("api_timeout_ms", &self.api_timeout_ms)
+            .field("files", &self.files)
+            .field("voice", &self.voice)
             .finish()
     }
 }
@@ -140,6 +153,10 @@ mod defaults {
         30_000
     }
 }
+
+/// The reference's keys read as ours.
+const REFERENCE_KEYS: &[ReferenceKey] =
+    &[ReferenceKey::Alias { theirs: "deny_unbound_channels", ours: "deny_unbound" }];
 
 /// A snowflake written as a number or as a string of digits.
 #[derive(Deserialize)]
@@ -192,8 +209,15 @@ impl DiscordConfig {
     pub fn parse_values(
         table: &toml::Table,
     ) -> Result<(Self, Vec<UnknownKey>), DiscordConfigError> {
-        let (config, unknown) = parse_section::<DiscordConfig>(table)
-            .map_err(|err| DiscordConfigError(err.to_string()))?;
+        let (voice, table) = crate::media::VoiceConfig::split(table).map_err(DiscordConfigError)?;
+        let translated = Translation::new(&table, REFERENCE_KEYS);
+        let (mut config, mut unknown) = parse_section::<DiscordConfig>(&translated.table)
+            .map_err(|err| DiscordConfigError(translated.in_file(err).to_string()))?;
+        config.voice = voice;
+        crate::media::VoiceConfig::suggest(&mut unknown);
+        if let Some(problem) = config.files.check().into_iter().next() {
+            return Err(DiscordConfigError(format!("files.{problem}")));
+        }
         let gateway = config.gateway_url.trim();
         if !(gateway.starts_with("ws://") || gateway.starts_with("wss://")) {
             return Err(DiscordConfigError(format!("gateway_url: {gateway:?} is not a ws(s) URL")));
@@ -228,6 +252,12 @@ impl DiscordConfig {
             )));
         }
         Ok((config, unknown))
+    }
+
+    /// What the section's reference keys do where that is worth saying (an
+    /// alias beside our own key).
+    pub fn reference_notes(table: &toml::Table) -> Vec<KeyNote> {
+        Translation::new(table, REFERENCE_KEYS).notes
     }
 
     /// The bot token: inline, or read from the secret store.
@@ -419,6 +449,35 @@ mod tests {
     }
 
     #[test]
+    fn files_and_voice_keys_are_read_and_checked() {
+        let config = parse(
+            "voice_transcription = true\nvoice_transcription_provider = \"deepgram\"\n\
+             show_transcript = true\n[files]\nmax_download_bytes = 1234\nuploads_dir = \"incoming\"",
+        )
+        .unwrap();
+        assert_eq!(config.files.max_download_bytes, 1234);
+        assert_eq!(config.files.uploads_dir.as_deref(), Some("incoming"));
+        assert!(config.voice.voice_transcription && config.voice.show_transcript);
+        assert_eq!(config.voice.model(), "nova-3");
+        let defaults = parse("").unwrap();
+        assert!(defaults.files.enabled && !defaults.voice.voice_transcription);
+        for (text, key) in [
+            ("voice_max_seconds = 0", "voice_max_seconds"),
+            ("voice_transcription_provider = \"siri\"", "voice_transcription_provider"),
+            ("[files]\nuploads_dir = \"../out\"", "files.uploads_dir"),
+            ("[files]\nmax_download_bytes = \"big\"", "max_download_bytes"),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+        let table = "voice_transcripton = true".parse::<toml::Table>().unwrap();
+        let (_, unknown) = DiscordConfig::parse_values(&table).unwrap();
+        assert_eq!(unknown[0].suggestion.as_deref(), Some("voice_transcription"));
+        let inline = parse("voice_transcription_api_key = \"sk-inline-key\"").unwrap();
+        assert!(!format!("{inline:?}").contains("sk-inline-key"));
+    }
+
+    #[test]
     fn the_token_comes_from_the_default_secret_and_debug_hides_it() {
         let dir = tempfile::tempdir().unwrap();
         let env = [("DISCORD_BOT_TOKEN".to_owned(), "Mzk.secret-value".to_owned())].into();
@@ -430,5 +489,22 @@ mod tests {
         assert!(err.contains("other") && !err.contains("secret-value"), "{err}");
         let inline = parse("bot_token = \"inline-secret\"").unwrap();
         assert!(!format!("{inline:?}").contains("inline-secret"));
+    }
+
+    #[test]
+    fn the_reference_deny_unbound_channels_is_deny_unbound_and_ours_wins() {
+        let table = |text: &str| text.parse::<toml::Table>().unwrap();
+        let reference = table("deny_unbound_channels = true");
+        let (config, unknown) = DiscordConfig::parse_values(&reference).unwrap();
+        assert!(config.deny_unbound && unknown.is_empty());
+        assert!(DiscordConfig::reference_notes(&reference).is_empty());
+        let both = table("deny_unbound = false\ndeny_unbound_channels = true");
+        assert!(!parse("deny_unbound = false\ndeny_unbound_channels = true").unwrap().deny_unbound);
+        let notes = DiscordConfig::reference_notes(&both);
+        assert_eq!(notes.len(), 1);
+        assert_eq!(notes[0].path, ["deny_unbound_channels"]);
+        assert!(notes[0].message.contains("`deny_unbound` is used"), "{}", notes[0].message);
+        let err = parse("deny_unbound_channels = \"yes\"").unwrap_err().to_string();
+        assert!(err.contains("`deny_unbound_channels`"), "{err}");
     }
 }

@@ -20,13 +20,25 @@
 //! [gateway.email.inbound_webhook]   # optional: mail relayed as JSON
 //! token_secret = "email_webhook_token"
 //! ```
+//!
+//! A section written for the reference gateway is read as it is
+//! ([`translate`]): its SMTP keys (`relay`/`smtp_relay`, `smtp_port`,
+//! `smtp_username`, `smtp_password`, `smtp_tls`, `smtp_ssl`, `smtp_auth`,
+//! `smtp_hostname`, or the same in `[gateway.email.outbound]`) make
+//! `[gateway.email.smtp]`, its inbound webhook keys (`inbound_enabled`,
+//! `webhook_*`, or `[gateway.email.inbound]`) make
+//! `[gateway.email.inbound_webhook]`, and `reply_to` is the answers'
+//! `Reply-To`. Where our own table is written it is used, and a warning
+//! names the reference key that lost.
 
 use std::time::Duration;
 
-use lemon_core::config::{parse_section, QueueMode, UnknownKey};
+use lemon_core::config::{
+    field_names, parse_table, reference_bind, KeyNote, QueueMode, Translation, UnknownKey,
+};
 use lemon_core::ids::EngineRef;
-use lemon_core::secrets::SecretStore;
-use serde::Deserialize;
+use lemon_core::secrets::{SecretStore, SecretValue};
+use serde::{Deserialize, Deserializer};
 
 /// `[gateway.email]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -71,10 +83,15 @@ pub struct EmailConfig {
     /// The engine unless a binding, a directive or `/engine` picks one.
     #[serde(default)]
     pub engine: Option<EngineRef>,
-    /// Largest attachment saved to the workspace, in bytes; larger ones are
+    /// Largest attachment kept for the run, in bytes (the older key; the
+    /// smaller of it and `files.max_download_bytes` applies); larger ones are
     /// listed in the prompt but not saved.
     #[serde(default = "defaults::max_attachment_bytes")]
     pub max_attachment_bytes: u64,
+    /// `[gateway.email.files]`: attachments (who may send them, how large,
+    /// which names are refused, where they are saved).
+    #[serde(default)]
+    pub files: lemon_core::media::FilesConfig,
     /// Attempts of one answer over SMTP before it is recorded as undelivered.
     #[serde(default = "defaults::delivery_attempts")]
     pub delivery_attempts: u32,
@@ -121,6 +138,13 @@ pub struct ImapConfig {
     pub tls_ca_file: Option<std::path::PathBuf>,
 }
 
+/// An inline secret: kept out of `Debug`; blank is unset.
+fn inline_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SecretValue>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?
+        .filter(|value| !value.trim().is_empty())
+        .map(|value| SecretValue::new(value.trim())))
+}
+
 /// How an SMTP connection is secured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -148,9 +172,22 @@ pub struct SmtpConfig {
     pub username: Option<String>,
     #[serde(default)]
     pub password_secret: Option<String>,
+    /// The reference's inline password (`smtp_password`,
+    /// `outbound.password`), used when `password_secret` names no secret
+    /// that is set. Never logged.
+    #[serde(default, deserialize_with = "inline_secret")]
+    pub password: Option<SecretValue>,
     /// A PEM file of certificates trusted besides the Mozilla roots.
     #[serde(default)]
     pub tls_ca_file: Option<std::path::PathBuf>,
+    /// The name the gateway gives itself in `EHLO` (the reference's
+    /// `smtp_hostname`); unset: lettre's default.
+    #[serde(default)]
+    pub hostname: Option<String>,
+    /// The `Reply-To` of answers (the reference's `reply_to`); unset: none,
+    /// replies go to `from`.
+    #[serde(default)]
+    pub reply_to: Option<String>,
 }
 
 /// The certificates of a PEM file, as DER.
@@ -198,7 +235,12 @@ pub struct InboundWebhookConfig {
     pub path: String,
     /// The name of the secret holding the token callers send as
     /// `Authorization: Bearer <token>` (or `X-Lemon-Email-Token`).
-    pub token_secret: String,
+    #[serde(default)]
+    pub token_secret: Option<String>,
+    /// The reference's inline token (`webhook_token`, `inbound.token`),
+    /// used when `token_secret` is not set. Never logged.
+    #[serde(default, deserialize_with = "inline_secret")]
+    pub token: Option<SecretValue>,
 }
 
 mod defaults {
@@ -300,14 +342,41 @@ impl EmailConfig {
     /// # Errors
     /// A wrong type or value.
     pub fn parse_values(table: &toml::Table) -> Result<(Self, Vec<UnknownKey>), EmailConfigError> {
-        let (config, unknown) =
-            parse_section::<EmailConfig>(table).map_err(|err| EmailConfigError(err.to_string()))?;
+        let translated = translate(table)?;
+        let (config, ignored) = parse_table::<EmailConfig>(&translated.table)
+            .map_err(|err| EmailConfigError(translated.in_file(err).to_string()))?;
+        let unknown = ignored
+            .into_iter()
+            .map(|path| {
+                let known = match path.first().map(String::as_str) {
+                    Some("smtp") if path.len() > 1 => field_names::<SmtpConfig>(),
+                    Some("imap") if path.len() > 1 => field_names::<ImapConfig>(),
+                    Some("inbound_webhook") if path.len() > 1 => {
+                        field_names::<InboundWebhookConfig>()
+                    }
+                    Some("files") if path.len() > 1 => {
+                        field_names::<lemon_core::media::FilesConfig>()
+                    }
+                    _ => field_names::<EmailConfig>(),
+                };
+                UnknownKey::new(translated.file_path(&path), known.iter().copied())
+            })
+            .collect();
         config.check()?;
         Ok((config, unknown))
     }
 
+    /// What the section's reference keys do where that is worth saying: one
+    /// that lost to our own table, one without a use.
+    pub fn reference_notes(table: &toml::Table) -> Vec<KeyNote> {
+        translate(table).map(|t| t.notes).unwrap_or_default()
+    }
+
     fn check(&self) -> Result<(), EmailConfigError> {
         let err = |message: String| Err(EmailConfigError(message));
+        if let Some(problem) = self.files.check().into_iter().next() {
+            return err(format!("files.{problem}"));
+        }
         if !self.from.trim().is_empty() && self.answer_address().is_none() {
             return err(format!("`from`: {:?} is not an email address", self.from));
         }
@@ -364,11 +433,22 @@ impl EmailConfig {
             if smtp.host.trim().is_empty() {
                 return err("`smtp.host`: required".into());
             }
-            if smtp.username.is_some() != smtp.password_secret.is_some() {
+            let password = smtp.password_secret.is_some() || smtp.password.is_some();
+            if smtp.username.is_some() != password {
                 return err(
                     "`smtp.password_secret`: set both username and password_secret, or neither"
                         .into(),
                 );
+            }
+            if let Some(reply_to) = &smtp.reply_to {
+                if parse_address(reply_to).is_none() {
+                    return err(format!("`smtp.reply_to`: {reply_to:?} is not an email address"));
+                }
+            }
+            if let Some(name) = &smtp.hostname {
+                if !is_domain(name.trim()) {
+                    return err(format!("`smtp.hostname`: {name:?} is not a host name"));
+                }
             }
             if let Some(path) = &smtp.tls_ca_file {
                 if let Err(why) = ca_pems(path) {
@@ -377,7 +457,9 @@ impl EmailConfig {
             }
         }
         if let Some(hook) = &self.inbound_webhook {
-            if hook.token_secret.trim().is_empty() {
+            if hook.token.is_none()
+                && hook.token_secret.as_deref().is_none_or(|s| s.trim().is_empty())
+            {
                 return err("`inbound_webhook.token_secret`: required".into());
             }
             if hook.listen.parse::<std::net::SocketAddr>().is_err() {
@@ -426,17 +508,38 @@ impl EmailConfig {
                 })
                 .map(Some)
         };
+        // The secret when one is named and set, else the reference's inline
+        // value, else the error naming the secret.
+        let secret_or_inline = |key: &str, name: Option<&str>, inline: Option<&SecretValue>| {
+            if let (Some(name), Some(inline)) = (name, inline) {
+                if matches!(secrets.get(name), Ok(None)) {
+                    return Ok(Some(inline.expose().to_owned()));
+                }
+            }
+            match (name, inline) {
+                (Some(name), _) => read(key, name),
+                (None, inline) => Ok(inline.map(|v| v.expose().to_owned())),
+            }
+        };
         Ok(EmailSecrets {
             imap_password: match &self.imap {
                 Some(imap) => read("imap.password", &imap.password_secret)?,
                 None => None,
             },
-            smtp_password: match self.smtp.as_ref().and_then(|s| s.password_secret.as_deref()) {
-                Some(name) => read("smtp.password", name)?,
+            smtp_password: match &self.smtp {
+                Some(smtp) => secret_or_inline(
+                    "smtp.password",
+                    smtp.password_secret.as_deref(),
+                    smtp.password.as_ref(),
+                )?,
                 None => None,
             },
             webhook_token: match &self.inbound_webhook {
-                Some(hook) => read("inbound_webhook.token", &hook.token_secret)?,
+                Some(hook) => secret_or_inline(
+                    "inbound_webhook.token",
+                    hook.token_secret.as_deref(),
+                    hook.token.as_ref(),
+                )?,
                 None => None,
             },
         })
@@ -465,6 +568,324 @@ impl SmtpConfig {
             SmtpSecurity::None => 25,
         })
     }
+}
+
+/// The reference's flat SMTP keys and their place in `[gateway.email.outbound]`.
+const REFERENCE_SMTP: [(&str, &str); 8] = [
+    ("smtp_relay", "relay"),
+    ("smtp_port", "port"),
+    ("smtp_username", "username"),
+    ("smtp_password", "password"),
+    ("smtp_tls", "tls"),
+    ("smtp_ssl", "ssl"),
+    ("smtp_auth", "auth"),
+    ("smtp_hostname", "hostname"),
+];
+
+/// The reference's flat inbound webhook keys and their place in
+/// `[gateway.email.inbound]`.
+const REFERENCE_INBOUND: [(&str, &str); 5] = [
+    ("inbound_enabled", "enabled"),
+    ("webhook_bind", "bind"),
+    ("webhook_port", "port"),
+    ("webhook_path", "path"),
+    ("webhook_token", "token"),
+];
+
+/// Default listen port of the inbound mail webhook.
+const DEFAULT_INBOUND_PORT: u16 = 4049;
+
+/// `table` with the reference gateway's email keys read as ours:
+///
+/// - SMTP: `[gateway.email.outbound]` keys, else the flat ones (`relay` or
+///   `smtp_relay`, `smtp_port`…), make `[gateway.email.smtp]` when a relay is
+///   named. `ssl = true` is TLS from the first byte; `tls` true, `"always"` or
+///   `"if_available"` is STARTTLS (required here), false or `"never"` no TLS;
+///   `auth = "never"` logs in with nothing. `tls_versions` is accepted: TLS
+///   1.2 or later is always used.
+/// - Inbound: `[gateway.email.inbound]` keys, else `inbound_enabled`,
+///   `webhook_enabled`, `webhook_bind`, `webhook_port`, `webhook_path` and
+///   `webhook_token`, make `[gateway.email.inbound_webhook]` when enabled.
+/// - `outbound.from` is `from`; `reply_to` (or `outbound.reply_to`) is the
+///   answers' `Reply-To`.
+///
+/// Our own `[gateway.email.smtp]` and `[gateway.email.inbound_webhook]` win
+/// over the reference's keys, with a note naming them.
+///
+/// # Errors
+/// A reference value of the wrong kind (a port that is not a number…),
+/// naming the key as the file writes it.
+pub fn translate(table: &toml::Table) -> Result<Translation, EmailConfigError> {
+    let mut out = Translation::new(table, &[]);
+    let outbound_value = |out: &mut Translation, nested: &str, flat: Option<&str>| {
+        if let Some(value) = out.take(&["outbound", nested]) {
+            if let Some(flat) = flat {
+                if out.take(&[flat]).is_some() {
+                    out.notes.push(KeyNote::new(
+                        &[flat],
+                        format!("both `outbound.{nested}` and `{flat}` are set; `outbound.{nested}` is used"),
+                    ));
+                }
+            }
+            return Some((value, vec!["outbound".to_owned(), nested.to_owned()]));
+        }
+        flat.and_then(|flat| out.take(&[flat]).map(|value| (value, vec![flat.to_owned()])))
+    };
+    let bad =
+        |path: &[String], what: &str| EmailConfigError(format!("`{}`: {what}", path.join(".")));
+
+    // `from` and `reply_to`.
+    if out.get(&["outbound", "from"]).is_some() {
+        out.alias(&["outbound", "from"], &["from"]);
+    }
+    let reply_to = outbound_value(&mut out, "reply_to", Some("reply_to"));
+
+    // SMTP.
+    let mut smtp: Vec<(&str, toml::Value, Vec<String>)> = Vec::new();
+    let relay = match outbound_value(&mut out, "relay", Some("relay")) {
+        Some(found) => {
+            if out.take(&["smtp_relay"]).is_some() {
+                out.notes.push(KeyNote::new(
+                    &["smtp_relay"],
+                    format!(
+                        "both `{}` and `smtp_relay` are set; `{}` is used",
+                        found.1.join("."),
+                        found.1.join(".")
+                    ),
+                ));
+            }
+            Some(found)
+        }
+        None => outbound_value(&mut out, "relay", Some("smtp_relay")),
+    };
+    let mut fields: Vec<(&str, toml::Value, Vec<String>)> = Vec::new();
+    for (flat, nested) in REFERENCE_SMTP.iter().skip(1) {
+        if let Some((value, path)) = outbound_value(&mut out, nested, Some(flat)) {
+            fields.push((nested, value, path));
+        }
+    }
+    if let Some((value, path)) = outbound_value(&mut out, "tls_versions", None) {
+        out.notes.push(KeyNote {
+            path,
+            message: "accepted; TLS 1.2 or later is always used".to_owned(),
+        });
+        drop(value);
+    }
+    let ours = out.get(&["smtp"]).is_some();
+    let lost = |out: &mut Translation, path: Vec<String>, ours_name: &str| {
+        out.notes.push(KeyNote {
+            message: format!(
+                "both `[gateway.email.{ours_name}]` and `{}` (the reference's) are set; `[gateway.email.{ours_name}]` is used",
+                path.join(".")
+            ),
+            path,
+        });
+    };
+    match relay {
+        Some((_, path)) if ours => lost(&mut out, path, "smtp"),
+        Some((value, path)) => {
+            let host = value.as_str().map(str::trim).filter(|h| !h.is_empty());
+            let host = host.ok_or_else(|| bad(&path, "must be a host name"))?;
+            smtp.push(("host", host.into(), path));
+            let (mut ssl, mut tls, mut auth) = (None, None, None);
+            for (name, value, path) in fields.drain(..) {
+                match name {
+                    "ssl" => ssl = Some((value, path)),
+                    "tls" => tls = Some((value, path)),
+                    "auth" => auth = Some((value, path)),
+                    "port" => {
+                        let port = match &value {
+                            toml::Value::String(raw) => {
+                                raw.trim().parse::<i64>().ok().map(toml::Value::from)
+                            }
+                            _ => Some(value),
+                        };
+                        let port = port.ok_or_else(|| bad(&path, "must be a port number"))?;
+                        smtp.push(("port", port, path));
+                    }
+                    "username" => {
+                        let user = value.as_str().map(|u| u.trim().to_owned());
+                        let user = user.ok_or_else(|| bad(&path, "must be a user name"))?;
+                        smtp.push(("username", user.into(), path));
+                    }
+                    other => smtp.push((other, value, path)),
+                }
+            }
+            let ssl_on = match &ssl {
+                Some((toml::Value::Boolean(on), _)) => *on,
+                Some((_, path)) => return Err(bad(path, "must be true or false")),
+                None => false,
+            };
+            let security = if ssl_on {
+                Some(("tls", ssl.map(|(_, path)| path).unwrap_or_default()))
+            } else {
+                match tls {
+                    None => None,
+                    Some((value, path)) => {
+                        let word = match &value {
+                            toml::Value::Boolean(true) => "always".to_owned(),
+                            toml::Value::Boolean(false) => "never".to_owned(),
+                            toml::Value::String(word) => word.trim().to_ascii_lowercase(),
+                            _ => String::new(),
+                        };
+                        match word.as_str() {
+                            "always" => Some(("starttls", path)),
+                            "if_available" => {
+                                out.notes.push(KeyNote {
+                                    path: path.clone(),
+                                    message: "\"if_available\" is read as \"always\": STARTTLS is required here, never skipped".to_owned(),
+                                });
+                                Some(("starttls", path))
+                            }
+                            "never" => Some(("none", path)),
+                            _ => return Err(bad(
+                                &path,
+                                "must be true, false, \"always\", \"if_available\" or \"never\"",
+                            )),
+                        }
+                    }
+                }
+            };
+            if let Some((security, path)) = security {
+                smtp.push(("security", security.into(), path));
+            }
+            if let Some((value, path)) = auth {
+                match value.as_str().map(|w| w.trim().to_ascii_lowercase()).as_deref() {
+                    Some("always" | "if_available") => {}
+                    Some("never") => {
+                        smtp.retain(|(name, _, _)| !matches!(*name, "username" | "password"));
+                    }
+                    _ => {
+                        return Err(bad(&path, "must be \"always\", \"if_available\" or \"never\""))
+                    }
+                }
+            }
+        }
+        None => {
+            for (_, _, path) in fields.drain(..) {
+                out.notes.push(KeyNote {
+                    path,
+                    message:
+                        "accepted; without `relay` no SMTP server is configured, so it has no use"
+                            .to_owned(),
+                });
+            }
+        }
+    }
+    if !ours && !smtp.is_empty() {
+        for (name, value, path) in smtp {
+            let path: Vec<&str> = path.iter().map(String::as_str).collect();
+            out.put(&["smtp", name], value, &path);
+        }
+    } else {
+        for (_, _, path) in fields {
+            lost(&mut out, path, "smtp");
+        }
+    }
+    if let Some((value, path)) = reply_to {
+        let file_path: Vec<&str> = path.iter().map(String::as_str).collect();
+        if out.get(&["smtp"]).is_none() {
+            out.notes.push(KeyNote {
+                path,
+                message: "accepted; without an SMTP server nothing is sent, so it has no use"
+                    .to_owned(),
+            });
+        } else if out.get(&["smtp", "reply_to"]).is_some() {
+            lost(&mut out, path, "smtp");
+        } else {
+            out.put(&["smtp", "reply_to"], value, &file_path);
+        }
+    }
+
+    // The inbound webhook.
+    let mut enabled = None;
+    let mut inbound: Vec<(&str, toml::Value, Vec<String>)> = Vec::new();
+    for (flat, nested) in REFERENCE_INBOUND {
+        let found = match out.take(&["inbound", nested]) {
+            Some(value) => {
+                if out.take(&[flat]).is_some() {
+                    out.notes.push(KeyNote::new(
+                        &[flat],
+                        format!("both `inbound.{nested}` and `{flat}` are set; `inbound.{nested}` is used"),
+                    ));
+                }
+                Some((value, vec!["inbound".to_owned(), nested.to_owned()]))
+            }
+            None => out.take(&[flat]).map(|value| (value, vec![flat.to_owned()])),
+        };
+        let Some((value, path)) = found else { continue };
+        if nested == "enabled" {
+            let on = value.as_bool().ok_or_else(|| bad(&path, "must be true or false"))?;
+            enabled = Some((on || enabled.is_some_and(|(on, _)| on), path));
+        } else {
+            inbound.push((nested, value, path));
+        }
+    }
+    if let Some(value) = out.take(&["webhook_enabled"]) {
+        let path = vec!["webhook_enabled".to_owned()];
+        let on = value.as_bool().ok_or_else(|| bad(&path, "must be true or false"))?;
+        enabled = Some((on || enabled.as_ref().is_some_and(|(on, _)| *on), path));
+    }
+    let ours = out.get(&["inbound_webhook"]).is_some();
+    match enabled {
+        Some((true, path)) if ours => {
+            lost(&mut out, path, "inbound_webhook");
+            for (_, _, path) in inbound {
+                lost(&mut out, path, "inbound_webhook");
+            }
+        }
+        Some((true, enabled_path)) => {
+            let (mut bind, mut port) = ("127.0.0.1".to_owned(), i64::from(DEFAULT_INBOUND_PORT));
+            let mut first_path = enabled_path.clone();
+            for (name, value, path) in inbound {
+                match name {
+                    "bind" => {
+                        let raw = value.as_str().ok_or_else(|| bad(&path, "must be an address"))?;
+                        bind = reference_bind(raw).ok_or_else(|| {
+                            bad(
+                                &path,
+                                "must be 127.0.0.1, localhost, 0.0.0.0, any or an IPv4 address",
+                            )
+                        })?;
+                        first_path = path;
+                    }
+                    "port" => {
+                        let number = match &value {
+                            toml::Value::Integer(n) => Some(*n),
+                            toml::Value::String(raw) => raw.trim().parse::<i64>().ok(),
+                            _ => None,
+                        };
+                        port = number
+                            .filter(|n| (0..=i64::from(u16::MAX)).contains(n))
+                            .ok_or_else(|| bad(&path, "must be a port number"))?;
+                    }
+                    other => {
+                        let file_path: Vec<&str> = path.iter().map(String::as_str).collect();
+                        out.put(&["inbound_webhook", other], value, &file_path);
+                    }
+                }
+            }
+            if out.get(&["enabled"]).is_none() {
+                out.notes.push(KeyNote {
+                    path: enabled_path,
+                    message: "the inbound webhook is set up; the email channel itself is \
+                              switched on by `enabled = true` in [gateway.email]"
+                        .to_owned(),
+                });
+            }
+            let file_path: Vec<&str> = first_path.iter().map(String::as_str).collect();
+            out.put(&["inbound_webhook", "listen"], format!("{bind}:{port}").into(), &file_path);
+        }
+        _ => {
+            for (_, _, path) in inbound {
+                out.notes.push(KeyNote {
+                    path,
+                    message: "accepted; the inbound webhook is off (`inbound.enabled` is not true), so it has no use".to_owned(),
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// `a@b.c` or `@b.c`, lowercased; `None` for anything else.

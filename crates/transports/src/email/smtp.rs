@@ -8,6 +8,7 @@ use lettre::message::header::ContentType;
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Tls, TlsParameters};
+use lettre::transport::smtp::extension::ClientId;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
 use super::config::{SmtpConfig, SmtpSecurity};
@@ -51,6 +52,8 @@ pub(super) enum SmtpError {
 pub(super) struct SmtpSender {
     transport: AsyncSmtpTransport<Tokio1Executor>,
     from: Mailbox,
+    /// `smtp.reply_to`: the `Reply-To` of every answer.
+    reply_to: Option<Mailbox>,
     /// The domain of generated Message-IDs.
     domain: String,
 }
@@ -101,7 +104,14 @@ impl SmtpSender {
         if let (Some(username), Some(password)) = (&config.username, password) {
             builder = builder.credentials(Credentials::new(username.clone(), password.to_owned()));
         }
-        Ok(SmtpSender { transport: builder.build(), from, domain })
+        if let Some(name) = config.hostname.as_deref().map(str::trim).filter(|n| !n.is_empty()) {
+            builder = builder.hello_name(ClientId::Domain(name.to_owned()));
+        }
+        let reply_to = match &config.reply_to {
+            Some(address) => Some(address.parse().map_err(|e| format!("`smtp.reply_to`: {e}"))?),
+            None => None,
+        };
+        Ok(SmtpSender { transport: builder.build(), from, reply_to, domain })
     }
 
     /// Connects, says EHLO, upgrades to TLS as configured and logs in when a
@@ -134,6 +144,9 @@ impl SmtpSender {
             .to(to)
             .subject(mail.subject.clone())
             .message_id(Some(format!("<{}>", mail.message_id)));
+        if let Some(reply_to) = &self.reply_to {
+            builder = builder.reply_to(reply_to.clone());
+        }
         if let Some(parent) = &mail.in_reply_to {
             builder = builder.in_reply_to(format!("<{parent}>"));
         }
@@ -278,3 +291,6 @@ impl Sink for SmtpSender {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -62,6 +62,9 @@ pub struct CallbackSettings {
     /// The wait after the first failure; doubled after each next one.
     pub backoff: Duration,
     pub backoff_max: Duration,
+    /// How long the run may take before the callback is given up on
+    /// (`callback_wait_timeout_ms`); `None`: as long as it takes.
+    pub wait: Option<Duration>,
     /// Per attempt.
     pub timeout: Duration,
     pub allow_private_hosts: bool,
@@ -218,12 +221,36 @@ impl Delivery {
     /// Waits for the run's completion, then delivers it. A stop before that
     /// leaves the record for the next start.
     pub(super) async fn follow(mut self, mut run: RunFollower, shutdown: CancellationToken) {
+        let waited = async {
+            match self.settings.wait {
+                Some(wait) => tokio::time::timeout(wait, run.completion()).await.ok(),
+                None => Some(run.completion().await),
+            }
+        };
         let completed = tokio::select! {
             () = shutdown.cancelled() => return,
-            completed = run.completion() => completed,
+            completed = waited => completed,
         };
-        if let Some(event) = completed {
-            self.deliver(&event, &shutdown).await;
+        match completed {
+            Some(Some(event)) => {
+                self.deliver(&event, &shutdown).await;
+            }
+            Some(None) => {}
+            None => self.give_up_waiting().await,
+        }
+    }
+
+    /// The run outlasted `callback_wait_timeout_ms`: the callback is given
+    /// up on, as the reference gateway does, and the run goes on.
+    async fn give_up_waiting(&mut self) {
+        let wait_ms = self.settings.wait.map_or(0, |wait| wait.as_millis());
+        let reason =
+            format!("the run did not finish within callback_wait_timeout_ms ({wait_ms} ms)");
+        tracing::warn!(run_id = %self.record.run_id, %reason, "webhook callback given up");
+        self.record.failed = Some(reason);
+        self.records.give_up(&self.record.run_id, &self.record).await;
+        if let Some(status) = &self.status {
+            status.show();
         }
     }
 

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use lemon_core::config::{field_names, parse_table, QueueMode, UnknownKey};
+use lemon_core::media::FilesConfig;
 use lemon_core::secrets::SecretStore;
 use serde::Deserialize;
 
@@ -59,6 +60,12 @@ pub struct WebhookConfig {
     /// The longest wait between callback attempts.
     #[serde(default = "defaults::callback_backoff_max_ms")]
     pub callback_backoff_max_ms: u64,
+    /// How long a callback waits for its run to finish; a run still going
+    /// then gets no callback (given up on, logged and counted in status).
+    /// Unset: as long as the run takes, across restarts (the reference's
+    /// default is 10 minutes).
+    #[serde(default)]
+    pub callback_wait_timeout_ms: Option<u64>,
     /// Whether callbacks may go to loopback, private and link-local addresses.
     #[serde(default)]
     pub allow_private_callback_hosts: bool,
@@ -79,6 +86,11 @@ pub struct WebhookConfig {
     /// model the text in a data block (default on).
     #[serde(default = "defaults::untrusted")]
     pub untrusted: bool,
+    /// `[gateway.webhook.files]`: when set, the files a payload carries (as
+    /// base64 or as URLs) are saved for its run, within these limits; unset,
+    /// attachments are only listed in the prompt and base64 content is refused.
+    #[serde(default)]
+    pub files: Option<FilesConfig>,
     /// Integration id → its settings; each has its own token.
     #[serde(default)]
     pub integrations: BTreeMap<String, IntegrationConfig>,
@@ -122,6 +134,18 @@ pub struct IntegrationConfig {
     /// Overrides the section's `callback_url`.
     #[serde(default)]
     pub callback_url: Option<String>,
+    /// Overrides the section's `callback_max_attempts`.
+    #[serde(default)]
+    pub callback_max_attempts: Option<u32>,
+    /// Overrides the section's `callback_backoff_ms`.
+    #[serde(default)]
+    pub callback_backoff_ms: Option<u64>,
+    /// Overrides the section's `callback_backoff_max_ms`.
+    #[serde(default)]
+    pub callback_backoff_max_ms: Option<u64>,
+    /// Overrides the section's `callback_wait_timeout_ms`.
+    #[serde(default)]
+    pub callback_wait_timeout_ms: Option<u64>,
     /// Overrides the section's flag of the same name.
     #[serde(default)]
     pub allow_private_callback_hosts: Option<bool>,
@@ -141,6 +165,9 @@ pub struct IntegrationConfig {
     /// whose text is the owner's own (a script of theirs).
     #[serde(default)]
     pub untrusted: Option<bool>,
+    /// Replaces the section's `[gateway.webhook.files]` for this integration.
+    #[serde(default)]
+    pub files: Option<FilesConfig>,
 }
 
 impl std::fmt::Debug for IntegrationConfig {
@@ -157,11 +184,16 @@ impl std::fmt::Debug for IntegrationConfig {
             .field("mode", &self.mode)
             .field("timeout_ms", &self.timeout_ms)
             .field("callback_url", &self.callback_url)
+            .field("callback_max_attempts", &self.callback_max_attempts)
+            .field("callback_backoff_ms", &self.callback_backoff_ms)
+            .field("callback_backoff_max_ms", &self.callback_backoff_max_ms)
+            .field("callback_wait_timeout_ms", &self.callback_wait_timeout_ms)
             .field("allow_private_callback_hosts", &self.allow_private_callback_hosts)
             .field("allow_query_token", &self.allow_query_token)
             .field("allow_payload_token", &self.allow_payload_token)
             .field("allow_callback_override", &self.allow_callback_override)
             .field("allow_payload_idempotency_key", &self.allow_payload_idempotency_key)
+            .field("files", &self.files)
             .finish()
     }
 }
@@ -230,9 +262,13 @@ impl WebhookConfig {
             .into_iter()
             .map(|path| {
                 let known = match path.as_slice() {
+                    [section, _, files, _] if section == "integrations" && files == "files" => {
+                        field_names::<FilesConfig>()
+                    }
                     [section, _, _] if section == "integrations" => {
                         field_names::<IntegrationConfig>()
                     }
+                    [files, _] if files == "files" => field_names::<FilesConfig>(),
                     _ => field_names::<WebhookConfig>(),
                 };
                 UnknownKey::new(path, known.iter().copied())
@@ -251,7 +287,27 @@ impl WebhookConfig {
         if config.max_body_bytes == 0 {
             return Err(WebhookConfigError("max_body_bytes must be at least 1".into()));
         }
+        if config.callback_wait_timeout_ms == Some(0) {
+            return Err(WebhookConfigError("callback_wait_timeout_ms must be at least 1".into()));
+        }
+        if let Some(problem) = config.files.as_ref().and_then(|f| f.check().into_iter().next()) {
+            return Err(WebhookConfigError(format!("files.{problem}")));
+        }
         for (id, integration) in &config.integrations {
+            let files = integration.files.as_ref();
+            if let Some(problem) = files.and_then(|f| f.check().into_iter().next()) {
+                return Err(WebhookConfigError(format!("integrations.{id}.files.{problem}")));
+            }
+            if integration.callback_max_attempts == Some(0) {
+                return Err(WebhookConfigError(format!(
+                    "integrations.{id}.callback_max_attempts must be at least 1"
+                )));
+            }
+            if integration.callback_wait_timeout_ms == Some(0) {
+                return Err(WebhookConfigError(format!(
+                    "integrations.{id}.callback_wait_timeout_ms must be at least 1"
+                )));
+            }
             let inline = integration.token.as_deref().is_some_and(|t| !t.trim().is_empty());
             if !inline && integration.token_secret.is_none() {
                 return Err(WebhookConfigError(format!(

@@ -3,10 +3,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lemon_core::config::{parse_section, QueueMode, UnknownKey};
+use lemon_core::config::{
+    parse_section, KeyNote, QueueMode, ReferenceKey, Translation, UnknownKey,
+};
 use lemon_core::ids::EngineRef;
 use lemon_core::secrets::{SecretStore, SecretValue};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 /// The secret the wallet key is read from unless `wallet_key_secret` names another.
 pub const DEFAULT_WALLET_KEY_SECRET: &str = "xmtp_wallet_key";
@@ -55,9 +57,15 @@ pub struct XmtpConfig {
     /// its environment, never on its command line).
     #[serde(default = "defaults::wallet_key_secret")]
     pub wallet_key_secret: String,
+    /// The reference's inline wallet key (also read from its other name,
+    /// `private_key`; `"${VAR}"` is the environment variable's value), used
+    /// when the secret named by `wallet_key_secret` is not set. Never logged.
+    #[serde(default, deserialize_with = "inline_secret")]
+    pub wallet_key: Option<SecretValue>,
     /// The secret holding the key of the SDK's local database; optional.
     #[serde(default = "defaults::db_key_secret")]
     pub db_encryption_key_secret: String,
+    /// The network (the reference's `environment` is read as this).
     #[serde(default)]
     pub env: XmtpEnv,
     /// Inbox ids or Ethereum addresses that may start runs; empty lets
@@ -79,7 +87,8 @@ pub struct XmtpConfig {
     pub queue_mode: Option<QueueMode>,
     #[serde(default)]
     pub engine: Option<EngineRef>,
-    /// How long a started bridge has to say `ready`.
+    /// How long a started bridge has to say `ready` (connected); the
+    /// reference's `connect_timeout_ms` is read as this.
     #[serde(default = "defaults::ready_timeout_ms")]
     pub ready_timeout_ms: u64,
     /// How often a quiet bridge is pinged.
@@ -98,6 +107,50 @@ pub struct XmtpConfig {
     #[serde(default = "defaults::delivery_attempts")]
     pub delivery_attempts: u32,
 }
+
+/// An inline secret: kept out of `Debug`; blank is unset.
+fn inline_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SecretValue>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?
+        .filter(|value| !value.trim().is_empty())
+        .map(|value| SecretValue::new(value.trim())))
+}
+
+/// The reference's `[gateway.xmtp]` keys: read as ours, or accepted with
+/// what happens instead.
+const REFERENCE_KEYS: &[ReferenceKey] = &[
+    ReferenceKey::Alias { theirs: "environment", ours: "env" },
+    ReferenceKey::Alias { theirs: "connect_timeout_ms", ours: "ready_timeout_ms" },
+    ReferenceKey::Alias { theirs: "private_key", ours: "wallet_key" },
+    ReferenceKey::Inert {
+        key: "api_url",
+        what_happens: "the bridge joins the XMTP network `env` names (dev, production or local)",
+    },
+    ReferenceKey::Inert {
+        key: "poll_interval_ms",
+        what_happens: "the bridge streams new messages as they come; nothing polls",
+    },
+    ReferenceKey::Inert {
+        key: "require_live",
+        what_happens: "the bridge always connects to the network, and status says whether it is",
+    },
+    ReferenceKey::Inert {
+        key: "mock_mode",
+        what_happens: "there is no mock mode: with XMTP on, the bridge connects to the network",
+    },
+    ReferenceKey::Inert {
+        key: "wallet_address",
+        what_happens: "the address is the wallet key's own",
+    },
+    ReferenceKey::Inert { key: "inbox_id", what_happens: "the inbox is the wallet key's own" },
+    ReferenceKey::Inert {
+        key: "db_path",
+        what_happens: "the bridge keeps its database under $LEMON_HOME/xmtp",
+    },
+    ReferenceKey::Inert {
+        key: "sdk_module",
+        what_happens: "the bridge uses the XMTP agent SDK installed beside it (bridges/xmtp)",
+    },
+];
 
 mod defaults {
     pub(super) fn node() -> String {
@@ -159,8 +212,9 @@ impl XmtpConfig {
     /// # Errors
     /// A wrong type or value, naming the key.
     pub fn parse_values(table: &toml::Table) -> Result<(Self, Vec<UnknownKey>), XmtpConfigError> {
-        let (config, unknown) =
-            parse_section::<XmtpConfig>(table).map_err(|err| XmtpConfigError(err.to_string()))?;
+        let translated = Translation::new(table, REFERENCE_KEYS);
+        let (config, unknown) = parse_section::<XmtpConfig>(&translated.table)
+            .map_err(|err| XmtpConfigError(translated.in_file(err).to_string()))?;
         if config.node.trim().is_empty() {
             return Err(XmtpConfigError("node: name the Node.js program or its path".into()));
         }
@@ -204,6 +258,23 @@ impl XmtpConfig {
         Ok((config, unknown))
     }
 
+    /// What the section's reference keys do where that is worth saying: a
+    /// key accepted without a use here, an alias beside our own key.
+    pub fn reference_notes(table: &toml::Table) -> Vec<KeyNote> {
+        let mut notes = Translation::new(table, REFERENCE_KEYS).notes;
+        let explicit_secret = table.contains_key("wallet_key_secret");
+        if explicit_secret
+            && (table.contains_key("wallet_key") || table.contains_key("private_key"))
+        {
+            let key = if table.contains_key("wallet_key") { "wallet_key" } else { "private_key" };
+            notes.push(KeyNote::new(
+                &[key],
+                format!("both `wallet_key_secret` and `{key}` are set; the secret is used, and `{key}` only while that secret is not set"),
+            ));
+        }
+        notes
+    }
+
     /// The bridge script: the configured one (relative to `config_dir`), else
     /// the shipped one.
     pub fn script(&self, config_dir: &std::path::Path) -> PathBuf {
@@ -234,12 +305,15 @@ impl XmtpConfig {
                 .get(name)
                 .map_err(|e| XmtpConfigError(format!("the secret {name} cannot be read: {e}")))
         };
-        let wallet_key = read(&self.wallet_key_secret)?.ok_or_else(|| {
-            XmtpConfigError(format!(
-                "wallet_key_secret: the secret {} is not set (`lemon-gateway secrets set {}`)",
-                self.wallet_key_secret, self.wallet_key_secret
-            ))
-        })?;
+        // The secret first, then the reference's inline key.
+        let wallet_key = read(&self.wallet_key_secret)?
+            .or_else(|| self.wallet_key.clone())
+            .ok_or_else(|| {
+                XmtpConfigError(format!(
+                    "wallet_key_secret: the secret {} is not set (`lemon-gateway secrets set {}`)",
+                    self.wallet_key_secret, self.wallet_key_secret
+                ))
+            })?;
         let db_encryption_key = read(&self.db_encryption_key_secret)?;
         Ok(XmtpSecrets { wallet_key, db_encryption_key })
     }
@@ -317,6 +391,54 @@ mod tests {
             let error = parse(text).unwrap_err().0;
             assert!(error.contains(key), "{text}: {error}");
         }
+    }
+
+    #[test]
+    fn the_reference_keys_are_read_as_ours_or_accepted_with_what_happens() {
+        let reference: toml::Table = "environment = \"production\"\nconnect_timeout_ms = 10000\n\
+             private_key = \"0xkey\"\napi_url = \"https://x\"\npoll_interval_ms = 1500\n\
+             require_live = true\nmock_mode = false\nwallet_address = \"0xabc\"\n\
+             inbox_id = \"inbox-1\"\ndb_path = \"/tmp/x.db\"\nsdk_module = \"@xmtp/node-sdk\"\n"
+            .parse()
+            .unwrap();
+        let (config, unknown) = XmtpConfig::parse_values(&reference).unwrap();
+        assert!(unknown.is_empty(), "{unknown:?}");
+        assert_eq!(config.env, XmtpEnv::Production);
+        assert_eq!(config.ready_timeout_ms, 10_000);
+        assert_eq!(config.wallet_key.as_ref().map(SecretValue::expose), Some("0xkey"));
+        assert!(!format!("{config:?}").contains("0xkey"));
+        let notes = XmtpConfig::reference_notes(&reference);
+        let keys: Vec<String> = notes.iter().map(|n| n.path.join(".")).collect();
+        assert_eq!(
+            keys,
+            [
+                "api_url",
+                "poll_interval_ms",
+                "require_live",
+                "mock_mode",
+                "wallet_address",
+                "inbox_id",
+                "db_path",
+                "sdk_module"
+            ]
+        );
+        assert!(notes.iter().all(|n| n.message.starts_with("accepted; ")), "{notes:?}");
+        // The inline key is used while no secret is set; the secret wins.
+        let dir = std::env::temp_dir().join(format!("lemon-xmtp-{}", std::process::id()));
+        let none = SecretStore::new(Default::default(), dir.join("secrets.toml"));
+        assert_eq!(config.resolve_secrets(&none).unwrap().wallet_key.expose(), "0xkey");
+        let env = [("XMTP_WALLET_KEY".to_owned(), "0xsecret".to_owned())].into();
+        let set = SecretStore::new(env, dir.join("secrets.toml"));
+        assert_eq!(config.resolve_secrets(&set).unwrap().wallet_key.expose(), "0xsecret");
+        // Ours wins over its reference name, with a note naming both.
+        let both: toml::Table = "env = \"dev\"\nenvironment = \"production\"".parse().unwrap();
+        assert_eq!(XmtpConfig::parse(&both).unwrap().env, XmtpEnv::Dev);
+        let notes = XmtpConfig::reference_notes(&both);
+        assert!(notes[0].message.contains("`env` is used"), "{notes:?}");
+        // An error in an alias names the key the file wrote.
+        let bad: toml::Table = "environment = \"mainnet\"".parse().unwrap();
+        let error = XmtpConfig::parse(&bad).unwrap_err().0;
+        assert!(error.contains("`environment`"), "{error}");
     }
 
     #[test]
