@@ -353,6 +353,17 @@ impl GatewayHandle {
         rx.await.map_err(|_| ShuttingDown)
     }
 
+    /// The gateway's own state (home, config, secrets): what no run reaches,
+    /// and what a channel's `/file put` and `/file get` keep out of.
+    ///
+    /// # Errors
+    /// [`ShuttingDown`] when the gateway is gone.
+    pub async fn off_limits(&self) -> Result<OffLimits, ShuttingDown> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(SchedulerMsg::OffLimits { reply }).await.map_err(|_| ShuttingDown)?;
+        rx.await.map_err(|_| ShuttingDown)
+    }
+
     /// Changes the number of slots; extra runs finish, freed slots go to waiters.
     ///
     /// # Errors

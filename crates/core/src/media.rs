@@ -452,6 +452,27 @@ impl MediaStage {
         }
     }
 
+    /// Removes staged files older than `age`: left by requests that were
+    /// refused or ended before they ran, or by a crash mid-way. Returns how
+    /// many went.
+    pub fn sweep(&self, age: std::time::Duration) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
+        let now = std::time::SystemTime::now();
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            let old = meta
+                .modified()
+                .ok()
+                .and_then(|at| now.duration_since(at).ok())
+                .is_some_and(|elapsed| elapsed > age);
+            if old && meta.is_dir() && std::fs::remove_dir_all(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     /// The per-file directory holding `path`, when `path` is a file of this
     /// stage (`<stage>/<id>/<name>`, no link, no `..`).
     fn staged_dir(&self, path: &Path) -> Option<PathBuf> {
@@ -670,10 +691,12 @@ impl Placed {
     }
 }
 
-/// Moves `attachments` from `stage` into their uploads directory under the
+/// Copies `attachments` from `stage` into their uploads directory under the
 /// run's directory `cwd`, each under a name no file there has (`report.pdf`,
 /// then `report-1.pdf`, …). An entry whose path is not a file of the stage
-/// is dropped (logged): it was not received by a channel.
+/// is dropped (logged): it was not received by a channel. The staged files
+/// stay until the run has ended without a retry ([`MediaStage::discard`]):
+/// a retried run gets them again.
 pub fn place(
     attachments: &[Attachment],
     stage: &MediaStage,
@@ -682,25 +705,21 @@ pub fn place(
 ) -> Placed {
     let mut placed = Placed::default();
     for attachment in attachments {
-        let Some(staged_dir) = stage.staged_dir(&attachment.path) else {
+        if stage.staged_dir(&attachment.path).is_none() {
             tracing::warn!(
                 name = %crate::log_text::escape(&attachment.name),
                 "an attachment that is not a received file is dropped"
             );
             continue;
-        };
+        }
         match place_one(attachment, cwd, off_limits) {
-            Ok(path) => {
-                let _ = std::fs::remove_dir_all(&staged_dir);
-                placed.attachments.push(Attachment { path, ..attachment.clone() });
-            }
+            Ok(path) => placed.attachments.push(Attachment { path, ..attachment.clone() }),
             Err(why) => {
                 tracing::warn!(
                     name = %crate::log_text::escape(&attachment.name),
                     %why,
                     "a received file could not be saved for its run"
                 );
-                let _ = std::fs::remove_dir_all(&staged_dir);
                 placed.failed.push((attachment.name.clone(), why));
             }
         }

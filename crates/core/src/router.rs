@@ -471,6 +471,15 @@ impl RouterHandle {
         }
     }
 
+    /// The gateway's own state, which `/file put` and `/file get` in a
+    /// [`RouterHandle::run_dir`] keep out of.
+    ///
+    /// # Errors
+    /// [`RouteError::ShuttingDown`].
+    pub async fn off_limits(&self) -> Result<crate::contain::OffLimits, RouteError> {
+        self.gateway.off_limits().await.map_err(|_| RouteError::ShuttingDown)
+    }
+
     fn follower(&self, run_id: RunId, live: Subscription, fresh: bool) -> RunFollower {
         RunFollower::new(run_id, live, self.store.clone(), fresh)
             .following_retries(self.bus.clone())

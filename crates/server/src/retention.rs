@@ -63,7 +63,14 @@ pub struct Retention {
     pub database: Option<PathBuf>,
     /// Where each pass is recorded.
     pub upkeep: Upkeep,
+    /// Received files waiting for their run: those older than
+    /// [`STAGED_FILES_KEPT`] are removed by each pass.
+    pub media: Option<lemon_core::media::MediaStage>,
 }
+
+/// How long a received file waits in the stage for its run before a pass
+/// removes it (its request was refused, or ended before it ran).
+pub const STAGED_FILES_KEPT: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 /// A pass in progress: what it removed so far and each step's row limit.
 #[derive(Debug, Default)]
@@ -126,6 +133,10 @@ impl Retention {
                 limit,
             })
             .await?;
+        }
+        if let Some(stage) = self.media.clone() {
+            let swept = tokio::task::spawn_blocking(move || stage.sweep(STAGED_FILES_KEPT));
+            *pass.removed.entry("staged_files").or_default() += swept.await.unwrap_or(0) as u64;
         }
         let kept = usize::try_from(config.cron_runs_kept).unwrap_or(usize::MAX);
         let trimmed = CronJobs::new(self.store.clone()).trim_runs(kept).await?;

@@ -265,6 +265,7 @@ async fn latency_on(
                 store: bench.store.clone(),
                 database: bench._dir.as_ref().map(|dir| dir.path().join("bench.db")),
                 upkeep: Default::default(),
+                media: None,
             };
             Some(tokio::spawn(async move {
                 let config = lemon_core::config::RetentionConfig::default();

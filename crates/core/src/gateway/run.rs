@@ -200,8 +200,16 @@ pub(super) async fn execute(ctx: RunContext) {
     let status = RunStatus::of(&completion);
     // Only the router can resubmit, so only its requests are retried.
     let request = req.journaled.then_some(&req);
-    let end =
-        Ending { run_id: run_id.clone(), session_key, config: &config, started, spend, request };
+    let staged = media::attachments_of(&req.meta);
+    let end = Ending {
+        run_id: run_id.clone(),
+        session_key,
+        config: &config,
+        started,
+        spend,
+        request,
+        staged,
+    };
     finalize(&bus, &store, end, &mut state, completion).await;
     (finished.0)(run_id, status).await;
 }
@@ -566,6 +574,9 @@ struct Ending<'a> {
     spend: RunSpend,
     /// The request, when a failure without an answer may be retried.
     request: Option<&'a ExecutionRequest>,
+    /// The files sent with the request: removed from the stage unless the
+    /// run is retried (the retry places them again).
+    staged: Vec<Attachment>,
 }
 
 async fn finalize(
@@ -575,7 +586,7 @@ async fn finalize(
     state: &mut RunState,
     mut completion: Completion,
 ) {
-    let Ending { run_id, session_key, config, started, spend, request } = end;
+    let Ending { run_id, session_key, config, started, spend, request, staged } = end;
     if completion.answer.is_empty() {
         completion.answer = std::mem::take(&mut state.text);
     }
@@ -600,6 +611,11 @@ async fn finalize(
     }
     if request.is_some_and(|req| retry::should_retry(&completion, &req.prompt, &req.meta)) {
         completion.retried_by = Some(retry::retry_run_id(&run_id));
+    }
+    if let (Some(stage), false) = (config.media_stage.clone(), staged.is_empty()) {
+        if completion.retried_by.is_none() {
+            let _ = tokio::task::spawn_blocking(move || stage.discard(&staged)).await;
+        }
     }
     let duration_ms = started.elapsed().as_millis() as u64;
     match &completion.error {

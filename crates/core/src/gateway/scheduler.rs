@@ -66,6 +66,10 @@ pub(super) enum SchedulerMsg {
         requested: Option<PathBuf>,
         reply: oneshot::Sender<Result<PathBuf, String>>,
     },
+    /// The gateway's own state, which no run (and no `/file` command) reaches.
+    OffLimits {
+        reply: oneshot::Sender<crate::contain::OffLimits>,
+    },
     SetMax {
         max: usize,
     },
@@ -342,6 +346,9 @@ impl Scheduler {
                 let dir =
                     super::run::working_dir(requested.as_deref(), &self.fallback_cwd, &self.config);
                 let _ = reply.send(dir.map(|(dir, _)| dir));
+            }
+            SchedulerMsg::OffLimits { reply } => {
+                let _ = reply.send(self.config.off_limits.clone());
             }
             SchedulerMsg::SetMax { max } => {
                 tracing::info!(from = self.max, to = max, "max_concurrent_runs changed");

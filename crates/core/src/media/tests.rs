@@ -60,14 +60,17 @@ fn placing_moves_files_under_fresh_names_and_notes_their_paths() {
     std::fs::write(d.cwd.join(".lemon/uploads/report.pdf"), b"older").unwrap();
     let a = d.stage.keep(&files, Some("report.pdf"), "x", None, b"%PDF-1.4 new").unwrap();
     let b = d.stage.keep(&files, None, "photo-1.png", None, PNG).unwrap();
-    let placed = place(&[a, b], &d.stage, &d.cwd, &off_limits(&d));
+    let placed = place(&[a.clone(), b.clone()], &d.stage, &d.cwd, &off_limits(&d));
     assert!(placed.failed.is_empty(), "{:?}", placed.failed);
     let paths: Vec<_> = placed.attachments.iter().map(|a| a.path.clone()).collect();
     let uploads = d.cwd.canonicalize().unwrap().join(".lemon/uploads");
     assert_eq!(paths, [uploads.join("report-1.pdf"), uploads.join("photo-1.png")]);
     assert_eq!(std::fs::read(&paths[0]).unwrap(), b"%PDF-1.4 new");
     assert_eq!(std::fs::read(uploads.join("report.pdf")).unwrap(), b"older");
-    // The stage is emptied.
+    // The stage keeps the files (a retried run places them again) until
+    // they are discarded.
+    assert_eq!(std::fs::read_dir(d.stage.dir()).unwrap().count(), 2);
+    d.stage.discard(&[a, b]);
     assert_eq!(std::fs::read_dir(d.stage.dir()).unwrap().count(), 0);
     let note = placed.note(&d.cwd.canonicalize().unwrap()).unwrap();
     assert!(
@@ -226,4 +229,15 @@ fn file_put_and_get_stay_inside_the_project() {
     let small = FilesConfig { max_upload_bytes: 1, ..FilesConfig::default() };
     let big = get_file(&d.cwd, &limits, &small, "docs/spec.pdf").unwrap_err();
     assert_eq!(big.to_string(), "spec.pdf is 2 bytes — the limit is 1 bytes");
+}
+
+#[test]
+fn a_sweep_removes_only_staged_files_older_than_its_age() {
+    let d = dirs();
+    let files = FilesConfig::default();
+    let kept = d.stage.keep(&files, Some("a.txt"), "x", None, b"a").unwrap();
+    assert_eq!(d.stage.sweep(std::time::Duration::from_secs(3600)), 0);
+    assert!(kept.path.exists());
+    assert_eq!(d.stage.sweep(std::time::Duration::ZERO), 1);
+    assert!(!kept.path.exists());
 }

@@ -136,8 +136,12 @@ async fn a_year_of_runs_ages_out_as_configured_and_what_must_stay_stays() {
     let used_before = store.retention().used_bytes().await.unwrap();
 
     let upkeep = Upkeep::default();
-    let retention =
-        Retention { store: store.clone(), database: Some(db.clone()), upkeep: upkeep.clone() };
+    let retention = Retention {
+        store: store.clone(),
+        database: Some(db.clone()),
+        upkeep: upkeep.clone(),
+        media: None,
+    };
     let pass = retention.pass(&RetentionConfig::default(), NOW_MS).await;
     assert_eq!(pass.error, None);
 
@@ -220,8 +224,12 @@ async fn max_db_mb_removes_the_oldest_finished_runs_until_the_file_is_under_nine
     let used = store.retention().used_bytes().await.unwrap();
     let bound_mb = used / 2 / 1_000_000 + 1;
     let config = RetentionConfig { max_db_mb: Some(bound_mb), ..RetentionConfig::default() };
-    let retention =
-        Retention { store: store.clone(), database: Some(db), upkeep: Upkeep::default() };
+    let retention = Retention {
+        store: store.clone(),
+        database: Some(db),
+        upkeep: Upkeep::default(),
+        media: None,
+    };
     retention.check_size(&config).await.unwrap();
     let after = store.retention().used_bytes().await.unwrap();
     assert!(after <= bound_mb * 1_000_000 / 100 * 90, "{after} bytes in use, bound {bound_mb} MB");
@@ -244,8 +252,12 @@ async fn under_sustained_runs_the_file_stops_growing_at_max_db_mb() {
     let db = dir.path().join("lemon.db");
     let store = StoreHandle::open_sqlite(&db).unwrap();
     let config = RetentionConfig { max_db_mb: Some(2), ..RetentionConfig::default() };
-    let retention =
-        Retention { store: store.clone(), database: Some(db.clone()), upkeep: Upkeep::default() };
+    let retention = Retention {
+        store: store.clone(),
+        database: Some(db.clone()),
+        upkeep: Upkeep::default(),
+        media: None,
+    };
     let mut sizes = Vec::new();
     for round in 0..12 {
         for n in 0..400 {
