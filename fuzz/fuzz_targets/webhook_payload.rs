@@ -4,7 +4,8 @@
 //!
 //! Input: a query line, then the body.
 //! Properties: an accepted body has a non-blank prompt, at most the allowed
-//! attachments, each with a URL or a name and listed in the prompt, and an
+//! attachments, each listed in the prompt (by its URL and name; one that
+//! carries only content as a file without a name, its content never), and an
 //! object of metadata; percent-encoding any text decodes back to it.
 #![no_main]
 
@@ -51,7 +52,8 @@ fuzz_target!(|data: &[u8]| {
             (Some(name), Some(url)) => format!("- {name} ({url})"),
             (None, Some(url)) => format!("- {url}"),
             (Some(name), None) => format!("- {name}"),
-            (None, None) => panic!("an attachment with neither a URL nor a name: {attachment}"),
+            // Content alone (base64, a `data:` URL): never written in the prompt.
+            (None, None) => "- (a file without a name)".to_owned(),
         };
         assert!(accepted.prompt.contains(&line), "attachment line {line:?} not in the prompt");
     }

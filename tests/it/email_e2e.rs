@@ -10,14 +10,14 @@ use serde_json::Value;
 
 use crate::support::{home_with, Gateway, PATIENCE};
 
-const SMTP_USER: &str = "agent@lemon.test";
+pub(crate) const SMTP_USER: &str = "agent@lemon.test";
 const SMTP_PASSWORD: &str = "smtp-pass-93ab";
 const WEBHOOK_TOKEN: &str = "relay-token-5d2f9c";
-const ALICE: &str = "alice@example.com";
+pub(crate) const ALICE: &str = "alice@example.com";
 /// The receiving server whose `Authentication-Results` are believed.
 const AUTHSERV: &str = "mx.lemon.test";
 
-fn secrets(home: &Path) {
+pub(crate) fn secrets(home: &Path) {
     let text = format!(
         "imap_password = \"{}\"\nsmtp_password = \"{SMTP_PASSWORD}\"\nemail_webhook_token = \"{WEBHOOK_TOKEN}\"\n",
         dovecot::PASSWORD
@@ -27,7 +27,7 @@ fn secrets(home: &Path) {
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
 }
 
-fn config(imap: Option<&Dovecot>, smtp: &FakeSmtp, webhook: bool) -> String {
+pub(crate) fn config(imap: Option<&Dovecot>, smtp: &FakeSmtp, webhook: bool) -> String {
     let mut text = format!(
         "[gateway.email]\nenabled = true\nfrom = \"Lemon Agent <{SMTP_USER}>\"\n\
          allowed_senders = [\"{ALICE}\", \"@friends.test\"]\n\
@@ -53,7 +53,7 @@ fn config(imap: Option<&Dovecot>, smtp: &FakeSmtp, webhook: bool) -> String {
 }
 
 /// Starts the gateway on `home` and waits until the email transport runs.
-async fn start(home: &Path) -> Gateway {
+pub(crate) async fn start(home: &Path) -> Gateway {
     let gateway = Gateway::start_in(home).await;
     let wait = async {
         loop {
@@ -79,7 +79,7 @@ fn mail(from: &str, message_id: &str, subject: &str, body: &str, extra_headers: 
     )
 }
 
-fn plain(mail: &SmtpMail) -> String {
+pub(crate) fn plain(mail: &SmtpMail) -> String {
     mail.part("text/plain").unwrap_or_default()
 }
 

@@ -8,7 +8,9 @@
 //!   memory (`VmRSS` in `/proc/<pid>/status`) grows by less than 8 MiB.
 //! - An authenticated body declared over the listener's limit is a `413` with
 //!   `{"error": …}` (the limits the README states: 1 MiB for the API and the
-//!   webhooks, 40 MiB for the email hook, 64 KiB for the Twilio webhooks).
+//!   webhooks, one file of `[gateway.files] max_download_bytes` in base64 for
+//!   the routes that take files, 40 MiB for the email hook, 64 KiB for the
+//!   Twilio webhooks).
 //! - JSON nested 100 000 levels deep, with the right token, is a `400`, and
 //!   the gateway goes on answering.
 //! - An unknown webhook integration gets the answer a wrong token gets.
@@ -35,6 +37,10 @@ const RSS_BOUND_BYTES: u64 = 8 * 1024 * 1024;
 const HUGE: usize = 39 * 1024 * 1024;
 /// The limits the README states.
 const API_LIMIT: usize = 1024 * 1024;
+/// The routes that take files (`POST /v1/runs`, the OpenAI routes): one file
+/// of the default `[gateway.files] max_download_bytes` (20 MiB) in base64,
+/// and 64 KiB beside it.
+const FILES_LIMIT: usize = (20 * 1024 * 1024usize).div_ceil(3) * 4 + 64 * 1024;
 const MAIL_LIMIT: usize = 40 * 1024 * 1024;
 const TWILIO_LIMIT: usize = 64 * 1024;
 
@@ -257,12 +263,13 @@ async fn an_authenticated_body_over_the_limit_is_413_before_it_is_read() {
     let form = "content-type: application/x-www-form-urlencoded\r\n";
     let signed = format!("{form}x-twilio-signature: c2lnbmVk\r\n");
     let cases = [
-        ("api", "/v1/runs", format!("{json}authorization: Bearer {TOKEN}\r\n"), API_LIMIT),
+        ("api", "/v1/runs", format!("{json}authorization: Bearer {TOKEN}\r\n"), FILES_LIMIT),
+        ("api", "/v1/cron", format!("{json}authorization: Bearer {TOKEN}\r\n"), API_LIMIT),
         (
             "openai",
             "/v1/chat/completions",
             format!("{json}authorization: Bearer {TOKEN}\r\n"),
-            API_LIMIT,
+            FILES_LIMIT,
         ),
         ("webhook", "/webhooks/zap", format!("{json}x-webhook-token: {HOOK_TOKEN}\r\n"), API_LIMIT),
         (

@@ -2,6 +2,11 @@
 //! provider: the default engine with and without a key, streamed deltas, tool
 //! round trips (`bash`, `edit`), steering mid-run, compaction, a budget, cancel
 //! of a running command, refused paths and a session resumed after a restart.
+//!
+//! Images sent with a message are checked through `lemon_engines`' public API
+//! (the engine the gateway builds from its config section), over real HTTP
+//! to the fake in each of the three wire protocols, and end to end: an image
+//! attached to `POST /v1/runs` reaches the model with its bytes.
 
 use futures::StreamExt;
 use lemon_tests::fake_llm::{FakeLlm, FakeToolCall, Turn};
@@ -633,5 +638,154 @@ async fn the_workspace_is_readable_by_the_native_tools() {
     assert_eq!(run["answer"], "read it", "{run}");
     let result = llm.requests()[1].last_message_text();
     assert!(result.contains("from the workspace"), "{result}");
+    gateway.terminate().await;
+}
+
+/// A 1×1 lemon-yellow PNG.
+const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00\x90\x77\x53\xde\x00\x00\x00\x0cIDAT\x78\x9c\x63\xf8\x7f\x9d\x01\x00\x04\xaf\x01\xd7\xc0\xd0\x10\x3e\x00\x00\x00\x00IEND\xae\x42\x60\x82";
+
+/// The `lemon` engine the gateway builds from `section` (the lines of its
+/// `[gateway.engines.lemon]`), with the key and its sessions in `store`.
+fn native_engine(
+    section: &str,
+    store: &lemon_core::store::StoreHandle,
+) -> lemon_engines::native::NativeEngine {
+    let sections =
+        crate::cli_support::sections_from(&format!("[gateway.engines.lemon]\n{section}"));
+    let ctx = lemon_engines::cli::CliContext {
+        api_keys: [("lemon".to_owned(), lemon_engines::cli::ApiKey::new(KEY))].into(),
+        store: Some(store.clone()),
+        ..lemon_engines::cli::CliContext::default()
+    };
+    lemon_engines::native::build(&sections, &ctx).expect("lemon is enabled")
+}
+
+/// A run of `engine` on `prompt` with `attachments` (resuming `session`), to
+/// its completion; the session it ran in.
+async fn run_native(
+    engine: &lemon_engines::native::NativeEngine,
+    prompt: &str,
+    attachments: Vec<lemon_core::media::Attachment>,
+    session: Option<&str>,
+) -> String {
+    use lemon_core::engine::{Engine, EngineEvent, EventSink, ResumeToken, StartRequest};
+    let req = StartRequest {
+        run_id: lemon_core::ids::RunId::generate(),
+        session_key: "telegram:photos".into(),
+        prompt: prompt.to_owned(),
+        resume: session.map(|id| ResumeToken::new("lemon", id)),
+        cwd: std::env::temp_dir(),
+        model: None,
+        meta: Default::default(),
+        workspace: None,
+        off_limits: lemon_core::contain::OffLimits::none(),
+        attachments,
+    };
+    let (sink, mut rx) = EventSink::channel(64);
+    let _control = engine.start(req, sink).await.expect("the run starts");
+    let mut session = None;
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(event) = rx.recv().await {
+            match event {
+                EngineEvent::Started { resume: Some(token), .. } => session = Some(token.value),
+                EngineEvent::Completed(done) => {
+                    assert!(done.ok, "{done:?}");
+                    break;
+                }
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("the run completes in time");
+    session.expect("the run names its session")
+}
+
+/// `PNG` saved in a fresh uploads directory, as the gateway places a photo.
+fn placed_photo() -> (tempfile::TempDir, lemon_core::media::Attachment) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().canonicalize().unwrap().join("photo-1.png");
+    std::fs::write(&path, PNG).unwrap();
+    let attachment = lemon_core::media::Attachment {
+        kind: lemon_core::media::AttachmentKind::Image,
+        path,
+        name: "photo-1.png".to_owned(),
+        mime: "image/png".to_owned(),
+        bytes: PNG.len() as u64,
+        uploads_dir: None,
+    };
+    (dir, attachment)
+}
+
+#[tokio::test]
+async fn a_photo_reaches_the_model_in_each_wire_protocol_and_again_when_the_session_resumes() {
+    use lemon_tests::fake_llm::ReceivedImage;
+    let llm = fake_llm().await;
+    let png = ReceivedImage { mime: "image/png".to_owned(), bytes: PNG.to_vec() };
+    for (provider, base_url) in [
+        ("openai", llm.base_url()),
+        ("openai-responses", llm.base_url()),
+        ("anthropic", llm.root_url()),
+    ] {
+        let store = lemon_core::store::StoreHandle::memory();
+        let section = format!(
+            "provider = \"{provider}\"\nbase_url = \"{base_url}\"\nmodel = \"test-model\"\n"
+        );
+        let (_dir, photo) = placed_photo();
+        llm.push(Turn::text(&["A yellow ", "pixel."]));
+        let engine = native_engine(&section, &store);
+        let session = run_native(&engine, "what colour is this?", vec![photo], None).await;
+        let first = llm.requests().last().unwrap().clone();
+        assert_eq!(first.images(), std::slice::from_ref(&png), "{provider}");
+        assert_eq!(first.last_message_text(), "what colour is this?", "{provider}");
+
+        // Another engine on the same store, as after a restart: a later turn
+        // of the session still shows the model the picture.
+        llm.push(Turn::text(&["Still yellow."]));
+        let again = native_engine(&section, &store);
+        run_native(&again, "and now?", Vec::new(), Some(&session)).await;
+        assert_eq!(
+            llm.last_images(),
+            std::slice::from_ref(&png),
+            "{provider}: the resumed session"
+        );
+        assert_eq!(llm.requests().last().unwrap().last_message_text(), "and now?");
+
+        // With `vision = false` the request carries no image at all.
+        let (_dir, photo) = placed_photo();
+        llm.push(Turn::text(&["I can read its path."]));
+        let blind = native_engine(&format!("{section}vision = false\n"), &store);
+        run_native(&blind, "what colour is this?", vec![photo], None).await;
+        let body = llm.requests().last().unwrap().body.to_string();
+        assert!(llm.last_images().is_empty(), "{provider}: {body}");
+        assert!(!body.contains("base64"), "{provider}: {body}");
+    }
+}
+
+/// The control API's attachments end to end: the image is saved in the run's
+/// directory and shown to the model as an image block with its bytes.
+#[tokio::test]
+async fn an_image_attached_to_a_run_reaches_the_model_with_its_bytes() {
+    use base64::Engine as _;
+    use lemon_tests::fake_llm::ReceivedImage;
+    let workdir = tempfile::tempdir().unwrap();
+    let llm = fake_llm().await;
+    llm.push(Turn::text(&["A yellow pixel."]));
+    let dir = home_with(&lemon_config(&llm.base_url()));
+    write_key(dir.path());
+    let gateway = Gateway::start_in(dir.path()).await;
+    let data = base64::engine::general_purpose::STANDARD.encode(PNG);
+    let body = json!({
+        "prompt": "what colour is this?",
+        "cwd": workdir.path(),
+        "attachments": [{ "name": "pixel.png", "data": data }],
+    });
+    let run_id = gateway.submit(body).await;
+    let run = gateway.wait(&run_id).await;
+    assert_eq!(run["answer"], "A yellow pixel.", "{run}");
+    let png = ReceivedImage { mime: "image/png".to_owned(), bytes: PNG.to_vec() };
+    assert_eq!(llm.last_images(), [png]);
+    let saved = workdir.path().join(".lemon/uploads/pixel.png");
+    assert_eq!(std::fs::read(saved).unwrap(), PNG);
     gateway.terminate().await;
 }

@@ -96,6 +96,38 @@ impl FakeMessage {
     }
 }
 
+/// A file a user sends with a message.
+#[derive(Debug, Clone)]
+pub struct UserFile {
+    pub filename: String,
+    pub content_type: String,
+    pub bytes: Vec<u8>,
+    /// The size Discord announces (default: the bytes' length).
+    pub announced_size: Option<u64>,
+    /// A voice message's length in seconds: the message is a voice message.
+    pub voice_seconds: Option<f64>,
+}
+
+impl UserFile {
+    pub fn new(filename: &str, content_type: &str, bytes: &[u8]) -> Self {
+        UserFile {
+            filename: filename.to_owned(),
+            content_type: content_type.to_owned(),
+            bytes: bytes.to_vec(),
+            announced_size: None,
+            voice_seconds: None,
+        }
+    }
+
+    /// A voice message (`voice-message.ogg`, `audio/ogg`) of `seconds`.
+    pub fn voice(bytes: &[u8], seconds: f64) -> Self {
+        UserFile {
+            voice_seconds: Some(seconds),
+            ..UserFile::new("voice-message.ogg", "audio/ogg", bytes)
+        }
+    }
+}
+
 /// One REST call as the fake answered it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
@@ -195,6 +227,12 @@ pub(crate) struct State {
     pub(crate) nonce_hits: usize,
     pub(crate) next_id: u64,
     pub(crate) gateway_url: String,
+    /// `http://127.0.0.1:PORT`: where the fake's CDN serves attachments.
+    pub(crate) cdn_base: String,
+    /// CDN path → (content type, bytes) of the files users sent.
+    pub(crate) cdn_files: HashMap<String, (String, Vec<u8>)>,
+    /// CDN paths fetched, in order.
+    pub(crate) cdn_fetches: Vec<String>,
 }
 
 impl State {
@@ -287,6 +325,9 @@ impl FakeDiscord {
                 nonce_hits: 0,
                 next_id: 1_300_000_000_000_000_000,
                 gateway_url: format!("ws://{gateway_addr}"),
+                cdn_base: format!("http://{rest_addr}"),
+                cdn_files: HashMap::new(),
+                cdn_fetches: Vec::new(),
             }),
             changes: watch::Sender::new(0),
             stop: stop.clone(),
@@ -361,6 +402,21 @@ impl FakeDiscord {
         mention: bool,
         reply_to: Option<u64>,
     ) -> FakeMessage {
+        self.inject_message_with_files(channel, author, content, mention, reply_to, &[])
+    }
+
+    /// [`FakeDiscord::inject_message`] with `files` attached: each served by
+    /// the fake's CDN at the `url` of its attachment. A voice file (with
+    /// `voice_seconds`) makes it a voice message (flag `IS_VOICE_MESSAGE`).
+    pub fn inject_message_with_files(
+        &self,
+        channel: u64,
+        author: u64,
+        content: &str,
+        mention: bool,
+        reply_to: Option<u64>,
+        files: &[UserFile],
+    ) -> FakeMessage {
         let mut state = self.shared.lock();
         let spec =
             state.channels.get(&channel).cloned().unwrap_or_else(|| ChannelSpec::dm(channel));
@@ -380,6 +436,36 @@ impl FakeDiscord {
             data["member"] =
                 json!({ "roles": [], "joined_at": "2026-01-01T00:00:00.000000+00:00" });
         }
+        let mut attachments = Vec::new();
+        for file in files {
+            let attachment_id = state.next_id();
+            let encoded: String = file
+                .filename
+                .bytes()
+                .map(|b| {
+                    if b.is_ascii_alphanumeric() || b"-_.".contains(&b) {
+                        (b as char).to_string()
+                    } else {
+                        format!("%{b:02X}")
+                    }
+                })
+                .collect();
+            let path = format!("/attachments/{channel}/{attachment_id}/{encoded}");
+            let url = format!("{}{path}?ex=6a1b&is=6a0a&hm=signed", state.cdn_base);
+            state.cdn_files.insert(path, (file.content_type.clone(), file.bytes.clone()));
+            let mut attachment = json!({
+                "id": attachment_id.to_string(), "filename": file.filename,
+                "size": file.announced_size.unwrap_or(file.bytes.len() as u64),
+                "url": url, "proxy_url": url, "content_type": file.content_type,
+            });
+            if let Some(seconds) = file.voice_seconds {
+                attachment["duration_secs"] = json!(seconds);
+                attachment["waveform"] = json!("AAAAAAAA");
+                data["flags"] = json!(1 << 13);
+            }
+            attachments.push(attachment);
+        }
+        data["attachments"] = Value::Array(attachments);
         if let Some(replied) = &referenced {
             data["message_reference"] =
                 json!({ "message_id": replied.id.to_string(), "channel_id": channel.to_string() });
@@ -494,6 +580,11 @@ impl FakeDiscord {
     /// The bot's messages in `channel`, oldest first.
     pub fn bot_messages(&self, channel: u64) -> Vec<FakeMessage> {
         self.snapshot(|s| s.bot_messages(channel).into_iter().cloned().collect())
+    }
+
+    /// The CDN paths of the attachments fetched so far, in order.
+    pub fn cdn_fetches(&self) -> Vec<String> {
+        self.shared.lock().cdn_fetches.clone()
     }
 
     pub fn violations(&self) -> Vec<String> {

@@ -13,6 +13,12 @@
 //! recorded with when it came. Twilio's create has no idempotency key: a
 //! create made again makes another message, here as there.
 //!
+//! It serves MMS media as Twilio does: `GET
+//! /2010-04-01/Accounts/{AccountSid}/Messages/{MessageSid}/Media/{MediaSid}`
+//! with the account's basic auth (else `401`) answers a `307` to the file on
+//! the fake's "CDN" (`/cdn/{MediaSid}`), served without auth
+//! ([`FakeTwilio::add_media`], [`FakeTwilio::media_fetches`]).
+//!
 //! Two creates to one number less than a second apart are recorded as a
 //! violation ([`FakeTwilio::violations`]): the pace the gateway promises per
 //! recipient (Twilio itself queues what a number cannot send at once).
@@ -79,8 +85,20 @@ impl Recorded {
     }
 }
 
+/// One fetch of a media URL or of its file on the CDN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MediaFetch {
+    pub path: String,
+    /// Whether it carried the account's basic auth.
+    pub authorized: bool,
+    pub status: u16,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
+    /// Media SID → (content type, bytes).
+    media: std::collections::HashMap<String, (String, Vec<u8>)>,
+    media_fetches: Vec<MediaFetch>,
     failures: VecDeque<Failure>,
     recorded: Vec<Recorded>,
     next_sid: u64,
@@ -297,6 +315,50 @@ async fn create(
     }
 }
 
+/// A media URL: the account's basic auth, then a redirect to the CDN.
+async fn media(
+    State(shared): State<Shared>,
+    Path((account, message, media)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let authorized = basic_auth(&headers).is_some_and(|(user, password)| {
+        user == shared.account_sid && password == shared.auth_token
+    }) && account == shared.account_sid;
+    let mut inner = shared.inner.lock().unwrap_or_else(PoisonError::into_inner);
+    let known = inner.media.contains_key(&media);
+    let response = match (authorized, known) {
+        (false, _) => twilio_error(StatusCode::UNAUTHORIZED, 20003, "Authenticate"),
+        (true, false) => twilio_error(StatusCode::NOT_FOUND, 20404, "Not Found"),
+        (true, true) => {
+            (StatusCode::TEMPORARY_REDIRECT, [(header::LOCATION, format!("/cdn/{media}"))])
+                .into_response()
+        }
+    };
+    let path = format!("/2010-04-01/Accounts/{account}/Messages/{message}/Media/{media}");
+    inner.media_fetches.push(MediaFetch { path, authorized, status: response.status().as_u16() });
+    response
+}
+
+/// The file behind a media URL, as Twilio's CDN serves it (no auth).
+async fn cdn(
+    State(shared): State<Shared>,
+    Path(media): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let mut inner = shared.inner.lock().unwrap_or_else(PoisonError::into_inner);
+    let found = inner.media.get(&media).cloned();
+    let authorized = headers.contains_key(header::AUTHORIZATION);
+    let response = match found {
+        Some((content_type, bytes)) => {
+            ([(header::CONTENT_TYPE, content_type)], bytes).into_response()
+        }
+        None => StatusCode::NOT_FOUND.into_response(),
+    };
+    let path = format!("/cdn/{media}");
+    inner.media_fetches.push(MediaFetch { path, authorized, status: response.status().as_u16() });
+    response
+}
+
 impl FakeTwilio {
     /// Starts the fake on `127.0.0.1` for the account `account_sid` with `auth_token`.
     pub async fn start(account_sid: &str, auth_token: &str) -> FakeTwilio {
@@ -312,6 +374,11 @@ impl FakeTwilio {
         };
         let app = Router::new()
             .route("/2010-04-01/Accounts/{account}/Messages.json", post(create))
+            .route(
+                "/2010-04-01/Accounts/{account}/Messages/{message}/Media/{media}",
+                axum::routing::get(media),
+            )
+            .route("/cdn/{media}", axum::routing::get(cdn))
             .with_state(shared);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
         let addr = listener.local_addr().expect("an address");
@@ -327,6 +394,29 @@ impl FakeTwilio {
     /// The base URL, for `api_base_url`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Keeps a file sent with the inbound message `message_sid` of
+    /// `account_sid`; its `MediaUrl`, as the webhook carries it.
+    pub fn add_media(
+        &self,
+        account_sid: &str,
+        message_sid: &str,
+        content_type: &str,
+        bytes: &[u8],
+    ) -> String {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let media_sid = format!("ME{:032x}", inner.media.len() + 1);
+        inner.media.insert(media_sid.clone(), (content_type.to_owned(), bytes.to_vec()));
+        format!(
+            "{}/2010-04-01/Accounts/{account_sid}/Messages/{message_sid}/Media/{media_sid}",
+            self.url()
+        )
+    }
+
+    /// The media URL and CDN fetches so far.
+    pub fn media_fetches(&self) -> Vec<MediaFetch> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner).media_fetches.clone()
     }
 
     /// The next creates fail like this, in order.

@@ -22,6 +22,9 @@
 //! - [`fake_deepgram`], [`fake_elevenlabs`], [`fake_twilio_voice`]: a voice
 //!   call's providers on loopback (live transcription, speech, Twilio's media
 //!   stream, signed webhooks and REST API).
+//! - [`fake_transcribe`]: a transcription service speaking OpenAI's
+//!   `/audio/transcriptions` and Deepgram's pre-recorded `/v1/listen`, for
+//!   the chat channels' voice messages.
 
 pub mod dovecot;
 pub mod fake_deepgram;
@@ -30,6 +33,7 @@ pub mod fake_elevenlabs;
 pub mod fake_llm;
 pub mod fake_smtp;
 pub mod fake_telegram;
+pub mod fake_transcribe;
 pub mod fake_twilio;
 pub mod fake_twilio_voice;
 pub mod fake_xmtp;

@@ -34,9 +34,15 @@
 //! `queue_mode`, `resume` (`{"engine", "value"}`), `engine` and `run_id`;
 //! `meta.disable_auto_resume` starts a new session.
 //!
+//! `POST /v1/runs` may carry `attachments` (base64 or URLs, see
+//! [`crate::files`]): they are checked and staged before the run is
+//! submitted, and one refused refuses the request.
+//!
 //! Every route needs `Authorization: Bearer <token>`, checked before the body
 //! is read; a body is at most 1 MiB ([`MAX_BODY_BYTES`]: a longer declared
-//! `Content-Length` is a `413` before reading) and JSON nests at most
+//! `Content-Length` is a `413` before reading), the routes that take files
+//! one file of `[gateway.files] max_download_bytes` in base64 and some room
+//! ([`crate::files::body_limit`]), and JSON nests at most
 //! [`crate::error::MAX_JSON_DEPTH`] levels. Every error is
 //! `{"error": "..."}` (see [`ApiError`]). The dashboard's page and assets
 //! (`/`, `/ui/…`, see [`crate::dashboard`]) are public; every call the page
@@ -123,6 +129,9 @@ pub struct ApiState {
     pub database: Option<Arc<std::path::Path>>,
     /// What retention and backups did last, for `/v1/status`.
     pub upkeep: lemon_core::store::upkeep::Upkeep,
+    /// `[gateway.files]` and the stage: files sent with `POST /v1/runs` and
+    /// the OpenAI-compatible routes.
+    pub files: crate::files::FileIntake,
 }
 
 impl fmt::Debug for ApiState {
@@ -140,6 +149,7 @@ impl fmt::Debug for ApiState {
             .field("config", &self.config.get().generation)
             .field("cron", &self.cron)
             .field("config_file", &self.config_file)
+            .field("files", &self.files)
             .finish()
     }
 }
@@ -303,6 +313,7 @@ pub fn router_documented(
         "{}".to_owned()
     }));
     let token = state.token.with_launch(state.launch_token.clone());
+    let limits = BodyLimits { token, files: state.files.body_limit() };
     let state_for_openai = state.clone();
     let own = Router::new()
         .route("/v1/runs", post(runs::submit).get(runs::list))
@@ -336,21 +347,32 @@ pub fn router_documented(
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn_with_state(token, require_bearer))
+        .layer(middleware::from_fn_with_state(limits, require_bearer))
         // Its own token check and fallbacks answer in OpenAI's error shape.
         .merge(openai);
     crate::dashboard::router().merge(protected)
 }
 
+/// The token and the body limit of the routes that take files.
+#[derive(Clone)]
+struct BodyLimits {
+    token: ApiToken,
+    /// `POST /v1/runs` (see [`crate::files::body_limit`]).
+    files: usize,
+}
+
 /// Lets the request through only with the right `Authorization: Bearer`
-/// header, and then only when its declared length is within
-/// [`MAX_BODY_BYTES`]: nothing of a body is read before both hold.
-async fn require_bearer(State(expected): State<ApiToken>, req: Request, next: Next) -> Response {
-    if !expected.matches(req.headers()) {
+/// header, and then only when its declared length is within its route's
+/// limit ([`MAX_BODY_BYTES`], more for `POST /v1/runs`, which takes files):
+/// nothing of a body is read before both hold.
+async fn require_bearer(State(limits): State<BodyLimits>, req: Request, next: Next) -> Response {
+    if !limits.token.matches(req.headers()) {
         return ApiError::Unauthorized.into_response();
     }
-    if crate::error::declared_too_large(req.headers(), MAX_BODY_BYTES) {
-        return ApiError::PayloadTooLarge.into_response();
+    let takes_files = req.method() == axum::http::Method::POST && req.uri().path() == "/v1/runs";
+    let limit = if takes_files { limits.files } else { MAX_BODY_BYTES };
+    if crate::error::declared_too_large(req.headers(), limit) {
+        return ApiError::PayloadTooLarge { limit }.into_response();
     }
     next.run(req).await
 }

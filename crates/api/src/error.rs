@@ -47,8 +47,13 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("{0}")]
     Conflict(String),
-    #[error("request body is larger than {MAX_BODY_BYTES} bytes")]
-    PayloadTooLarge,
+    /// The body is longer than the route's limit ([`MAX_BODY_BYTES`], more on
+    /// the routes that take files).
+    #[error("request body is larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    /// A file sent with the request was refused; nothing of it was accepted.
+    #[error(transparent)]
+    Attachment(crate::files::AttachmentError),
     /// The body is not JSON by its `content-type` (or has none).
     #[error("request body must be JSON: send content-type: application/json")]
     UnsupportedMediaType,
@@ -84,7 +89,8 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Attachment(err) => err.status(),
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Overloaded { .. } | ApiError::QueueFull { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
@@ -156,9 +162,31 @@ impl From<StoreError> for ApiError {
 impl From<BytesRejection> for ApiError {
     fn from(rejection: BytesRejection) -> Self {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge
+            // The routes that read bodies this way have the default limit.
+            ApiError::PayloadTooLarge { limit: MAX_BODY_BYTES }
         } else {
             ApiError::BadRequest(format!("could not read request body: {}", rejection.body_text()))
+        }
+    }
+}
+
+impl From<crate::files::AttachmentError> for ApiError {
+    /// A file that could not be saved is the gateway's fault: logged, and
+    /// answered as an internal error.
+    fn from(err: crate::files::AttachmentError) -> Self {
+        if err.is_internal() {
+            ApiError::Internal(err.to_string())
+        } else {
+            ApiError::Attachment(err)
+        }
+    }
+}
+
+impl From<BodyError> for ApiError {
+    fn from(err: BodyError) -> Self {
+        match err {
+            BodyError::TooLarge { limit } => ApiError::PayloadTooLarge { limit },
+            BodyError::Unreadable(_) => ApiError::BadRequest(err.to_string()),
         }
     }
 }
@@ -208,6 +236,31 @@ where
         }
         parse_json(&bytes).map(JsonBody).map_err(|err| ApiError::BadRequest(err.to_string()))
     }
+}
+
+/// A JSON body of at most `limit` bytes, as [`JsonBody`] takes it (the same
+/// content-type rules), for a route whose limit is not the router's.
+///
+/// # Errors
+/// `415` for a body that is not JSON by its type, `413` past `limit`, `400`
+/// for one that does not parse as a `T`.
+pub async fn read_json<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let declared = match headers.get(header::CONTENT_TYPE) {
+        Some(value) => Some(value.to_str().map_err(|_| ApiError::UnsupportedMediaType)?),
+        None => None,
+    };
+    if declared.is_some_and(|value| !is_json_content_type(value)) {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let bytes = read_body(headers, body, limit).await?;
+    if declared.is_none() && !bytes.is_empty() {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    parse_json(&bytes).map_err(|err| ApiError::BadRequest(err.to_string()))
 }
 
 /// Why a JSON body was not parsed.

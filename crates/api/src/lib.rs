@@ -15,6 +15,9 @@
 //!   prompts reach the owner's approvals; it answers run tokens only.
 //! - [`metrics`]: the collector of run metrics (a task on the event bus) and
 //!   the Prometheus text format `/metrics` answers in.
+//! - [`files`]: files sent with a request (base64, `data:` URLs, URLs fetched
+//!   with a capped download that keeps off private addresses), checked
+//!   against a `files` section and staged for their run.
 //! - [`error`]: [`error::ApiError`], the one JSON error shape of every router
 //!   (the control API's and every channel's), and extractors whose rejections
 //!   use it.
@@ -28,6 +31,7 @@
 pub mod api;
 pub mod dashboard;
 pub mod error;
+pub mod files;
 pub mod health;
 pub mod http;
 pub mod mcp;

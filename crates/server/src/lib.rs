@@ -37,7 +37,6 @@ use lemon_core::bus::EventBus;
 use lemon_core::config::{
     self, ConfigStatus, GatewayConfig, DEFAULT_API_PORT, DEFAULT_HEALTH_PORT,
 };
-use lemon_core::contain::{OffLimits, Reach};
 use lemon_core::cron::tool::CronTool;
 use lemon_core::cron::{CronDeps, CronHandle, SystemClock};
 use lemon_core::engine::EngineRegistry;
@@ -479,8 +478,13 @@ async fn kill_leftover_processes(store: &StoreHandle) {
     }
 }
 
-/// The config file's text (`None`: there is none) and its `[gateway]`.
-fn load_config(paths: &Paths) -> anyhow::Result<(Option<String>, GatewayConfig)> {
+/// The config file's text (`None`: there is none) and its `[gateway]`, with
+/// the environment's overrides (`LEMON_GATEWAY_*`, `LEMON_SMS_*`,
+/// `TWILIO_*`…, see [`config::env`]) applied over it.
+fn load_config(
+    paths: &Paths,
+    env: &BTreeMap<String, String>,
+) -> anyhow::Result<(Option<String>, GatewayConfig)> {
     let text = match std::fs::read_to_string(&paths.config) {
         Ok(text) => Some(text),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
@@ -490,10 +494,7 @@ fn load_config(paths: &Paths) -> anyhow::Result<(Option<String>, GatewayConfig)>
             None
         }
     };
-    let loaded = match &text {
-        Some(text) => config::load_str(text, &paths.config)?,
-        None => config::LoadedConfig { config: config::Config::default(), warnings: Vec::new() },
-    };
+    let loaded = config::load_str_with_env(text.as_deref().unwrap_or(""), &paths.config, env)?;
     match &text {
         Some(_) => tracing::info!(config = %paths.config.display(), "config read"),
         None => tracing::info!(
@@ -560,6 +561,12 @@ fn secret_sources(
     };
     names.extend(named(config.telegram.as_ref(), "bot_token_secret"));
     names.extend(named(config.discord.as_ref(), "bot_token_secret"));
+    // The voice transcription key of a chat channel that transcribes.
+    for section in [config.telegram.as_ref(), config.discord.as_ref()].into_iter().flatten() {
+        if let Ok((voice, _)) = lemon_transports::media::VoiceConfig::split(section) {
+            names.extend(voice.secret_names());
+        }
+    }
     if lemon_core::transport::enabled(config.enable_xmtp, config.xmtp.as_ref()) {
         let xmtp = config.xmtp.as_ref();
         for (key, default) in [
@@ -647,6 +654,8 @@ pub(crate) fn secret_uses(
         "bot_token",
         "gateway.telegram".to_owned(),
     );
+    // The reference's inline Twilio auth token.
+    named("sms".to_owned(), config.sms.as_ref(), "auth_token", "gateway.sms".to_owned());
     if let Some(webhook) = config.webhook.as_ref() {
         named("webhook".to_owned(), Some(webhook), "token", "gateway.webhook".to_owned());
         if let Some(integrations) = webhook.get("integrations").and_then(|v| v.as_table()) {
@@ -821,6 +830,31 @@ fn section_warnings(
             out.push(config::unknown_key_warning(path, text, &["gateway", section], &key));
         }
     };
+    // What the reference gateway's keys do where that is worth saying.
+    let mut notes: Vec<String> = Vec::new();
+    let mut note = |section: &str, found: Vec<config::KeyNote>| {
+        for found in found {
+            notes.push(config::key_note_warning(path, text, &["gateway", section], &found));
+        }
+    };
+    if let Some(table) = &config.sms {
+        note("sms", lemon_sms::SmsConfig::reference_notes(table));
+    }
+    if let Some(table) = &config.discord {
+        note("discord", lemon_transports::discord::config::DiscordConfig::reference_notes(table));
+    }
+    if let Some(table) = &config.email {
+        note("email", lemon_transports::email::config::EmailConfig::reference_notes(table));
+    }
+    if let Some(table) = &config.xmtp {
+        note("xmtp", lemon_transports::xmtp::config::XmtpConfig::reference_notes(table));
+    }
+    if let Some(table) = &config.voice {
+        note("voice", lemon_voice::VoiceConfig::reference_notes(table));
+    }
+    if let Some(table) = &config.telegram {
+        note("telegram", telegram::config::TelegramConfig::reference_notes(table));
+    }
     if let Some(table) = &config.webhook {
         if let Ok((_, unknown)) = webhook::WebhookConfig::parse_with_unknown_keys(table) {
             place("webhook", unknown);
@@ -863,6 +897,7 @@ fn section_warnings(
     let ids: Vec<String> = registry.ids().map(|id| id.to_string()).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     out.extend(engines.warnings(path, text, &ids));
+    out.extend(notes);
     out
 }
 
@@ -885,7 +920,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let descriptor_limit = raise_descriptor_limit();
     // The text read here is compared with the file once it is watched, so an
     // edit made while starting is still picked up.
-    let (config_text, gateway_config) = load_config(&opts.paths)?;
+    let (config_text, gateway_config) = load_config(&opts.paths, &opts.env)?;
     let engine_sections = EngineSections::parse(
         &gateway_config.engines,
         &opts.paths.config,
@@ -957,9 +992,9 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         &opts.paths.config,
         config_text.as_deref().unwrap_or(""),
         sms.as_ref(),
-        &fence.reach(),
         &HelperDeps {
             lemon_home: &opts.paths.home,
+            user_home: opts.user_home.as_deref(),
             store: &store,
             tracker: &tracker,
             env: &opts.env,
@@ -1092,6 +1127,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             store: store.clone(),
             database: Some(opts.paths.database()),
             upkeep: upkeep.clone(),
+            media: Some(fence.media.clone()),
         },
         retention_watch,
         token.clone(),
@@ -1176,6 +1212,10 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             approvals: approval_hub.clone(),
             database: Some(opts.paths.database().into()),
             upkeep: upkeep.clone(),
+            files: lemon_api::files::FileIntake::new(
+                fence.media.clone(),
+                gateway_config.files.clone(),
+            ),
         },
         extra_routes.merge(secrets_routes).merge(extra),
         document,
@@ -1270,9 +1310,12 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     })
 }
 
-/// Checks the config file at `file` as a start would: core's keys, the
-/// engines' sections, every transport's section and the secrets they name (from `env`, then the
-/// secrets file of `paths`). The warnings (unknown keys) when it would load.
+/// Checks the config file at `file` as a start would: core's keys with the
+/// environment's overrides of `env` applied over them, the engines'
+/// sections, every transport's section and the secrets they name (from
+/// `env`, then the secrets file of `paths`). The warnings (unknown keys,
+/// notes on the reference gateway's keys, variables that replace a value of
+/// the file) when it would load.
 ///
 /// # Errors
 /// The first problem, with file, line and column where it has them.
@@ -1297,7 +1340,7 @@ fn check_config_text(
     secrets: &Arc<SecretStore>,
     env: &BTreeMap<String, String>,
 ) -> Result<Vec<String>, config::ConfigError> {
-    let loaded = config::load_str(text, file)?;
+    let loaded = config::load_str_with_env(text, file, env)?;
     let gateway = &loaded.config.gateway;
     let sections = EngineSections::parse(&gateway.engines, file, text)?;
     webhook_transport(gateway, secrets, file, text)?;
@@ -1305,11 +1348,9 @@ fn check_config_text(
     sms_section(gateway, secrets, file, text)?;
     discord_transport(gateway, secrets, file, text)?;
     let home = file.parent().unwrap_or_else(|| std::path::Path::new("."));
-    // Only checked, never started: nothing is saved, so nothing is fenced.
-    let workspace = Reach::new([gateway.workspace(home, None)], OffLimits::none());
-    email_transport(gateway, secrets, file, text, &workspace)?;
+    email_transport(gateway, secrets, file, text)?;
     xmtp_section(gateway, secrets, file, text)?;
-    voice_transport(gateway, secrets, file, text, home)?;
+    voice_transport(gateway, secrets, file, text, home, None)?;
     // The engine table as a start would build it, to check the names against.
     let ctx = CliContext { base_env: env.clone(), ..CliContext::default() };
     let registry = lemon_engines::build_registry(&sections, &ctx).map_err(|e| {
@@ -1338,7 +1379,6 @@ fn transports(
     config_path: &std::path::Path,
     text: &str,
     sms: Option<&lemon_sms::Sms>,
-    workspace: &Reach,
     helpers: &HelperDeps<'_>,
 ) -> anyhow::Result<TransportRegistry> {
     let lemon_home = helpers.lemon_home;
@@ -1360,11 +1400,11 @@ fn transports(
         Some(sms) => registry.add(sms.transport())?,
         None => registry.add_disabled(lemon_sms::reply::SMS_TRANSPORT_ID)?,
     }
-    match email_transport(config, secrets, config_path, text, workspace)? {
+    match email_transport(config, secrets, config_path, text)? {
         Some(transport) => registry.add(transport)?,
         None => registry.add_disabled(lemon_transports::email::TRANSPORT_ID)?,
     }
-    match voice_transport(config, secrets, config_path, text, lemon_home)? {
+    match voice_transport(config, secrets, config_path, text, lemon_home, helpers.user_home)? {
         Some(transport) => registry.add(transport)?,
         None => registry.add_disabled(lemon_voice::TRANSPORT_ID)?,
     }
@@ -1405,6 +1445,8 @@ fn transports(
 struct HelperDeps<'a> {
     /// `$LEMON_HOME`: voice recordings and the bridge's state go under it.
     lemon_home: &'a Path,
+    /// The user's home, for a `~` in `recordings_dir`.
+    user_home: Option<&'a Path>,
     store: &'a StoreHandle,
     tracker: &'a TaskTracker,
     env: &'a BTreeMap<String, String>,
@@ -1461,7 +1503,8 @@ fn sms_section(
 }
 
 /// The voice transport `config` asks for (`None`: switched off); recordings
-/// go under `<lemon_home>/recordings`.
+/// go where `recordings_dir` (or `VOICE_RECORDINGS_DIR`) says, else under
+/// `<lemon_home>/recordings`.
 ///
 /// # Errors
 /// `[gateway.voice]` is invalid or names a secret that is not set.
@@ -1471,6 +1514,7 @@ fn voice_transport(
     config_path: &std::path::Path,
     text: &str,
     lemon_home: &std::path::Path,
+    user_home: Option<&std::path::Path>,
 ) -> Result<Option<Arc<dyn lemon_core::transport::Transport>>, config::ConfigError> {
     let located =
         |message: &str| config::section_error(config_path, text, &["gateway", "voice"], message);
@@ -1480,13 +1524,14 @@ fn voice_transport(
         return Ok(None);
     };
     let voice_secrets = voice.resolve_secrets(secrets).map_err(|e| located(&e.0))?;
+    let recordings = voice.recordings(lemon_home, user_home);
     let bound_engine = config.bindings.iter().any(|binding| {
         binding.transport == lemon_voice::TRANSPORT_ID && binding.default_engine.is_some()
     });
     Ok(Some(Arc::new(lemon_voice::VoiceTransport::new(lemon_voice::VoiceDeps {
         config: voice,
         secrets: voice_secrets,
-        recordings: lemon_home.join("recordings"),
+        recordings,
         bound_engine,
     }))))
 }
@@ -1588,9 +1633,9 @@ fn discord_transport(
     ))))
 }
 
-/// The email transport `config` asks for (`None`: switched off); attachments
-/// are saved in `workspace` (a [`Reach`] of the workspace alone, less the
-/// gateway's state).
+/// The email transport `config` asks for (`None`: switched off); its
+/// attachments are staged like every channel's files and placed in the run's
+/// uploads directory when it starts.
 ///
 /// # Errors
 /// `[gateway.email]` is invalid or names a secret that is not set.
@@ -1599,7 +1644,6 @@ fn email_transport(
     secrets: &Arc<SecretStore>,
     config_path: &std::path::Path,
     text: &str,
-    workspace: &Reach,
 ) -> Result<Option<Arc<dyn lemon_core::transport::Transport>>, config::ConfigError> {
     use lemon_transports::email;
     let section = config.email.as_ref();
@@ -1615,11 +1659,7 @@ fn email_transport(
     let section = section.cloned().unwrap_or_default();
     let email_config = email::config::EmailConfig::parse(&section).map_err(|e| located(&e.0))?;
     email_config.resolve_secrets(secrets).map_err(|e| located(&e.0))?;
-    Ok(Some(Arc::new(email::service::EmailTransport::new(
-        email_config,
-        secrets.clone(),
-        workspace.clone(),
-    ))))
+    Ok(Some(Arc::new(email::service::EmailTransport::new(email_config, secrets.clone()))))
 }
 
 async fn serve_logged(

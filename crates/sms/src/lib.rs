@@ -9,6 +9,7 @@
 pub mod api;
 pub mod config;
 pub mod inbox;
+pub mod media;
 pub mod reply;
 pub mod send;
 pub mod signature;
@@ -33,6 +34,8 @@ pub use transport::SmsTransport;
 pub struct Sms {
     config: Arc<SmsConfig>,
     auth_token: Option<Arc<str>>,
+    /// For fetching MMS media (with the auth token).
+    account_sid: Option<Arc<str>>,
     inbox: Arc<StoreInbox>,
     sender: Option<SmsSender>,
 }
@@ -66,6 +69,7 @@ impl Sms {
             _ => None,
         };
         Sms {
+            account_sid: secrets.account_sid.map(Into::into),
             auth_token: secrets.auth_token.map(Into::into),
             config: Arc::new(config),
             inbox,
@@ -88,6 +92,7 @@ impl Sms {
         Arc::new(SmsTransport {
             config: self.config.clone(),
             auth_token: self.auth_token.clone(),
+            account_sid: self.account_sid.clone(),
             inbox: self.inbox.clone(),
             sender: self.sender.clone(),
         })

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::media::{InboundMedia, MmsMedia};
 use crate::send::{split_body, SmsSendError, SmsSender};
 
 /// Store namespace of the answers still owed.
@@ -71,6 +72,8 @@ pub(crate) struct Replies {
     pub(crate) approvals: ApprovalHub,
     /// Numbers told that the store cannot save messages, told once each.
     pub(crate) refusals: Arc<Refusals>,
+    /// Fetches and keeps MMS media; `None` without Twilio credentials.
+    pub(crate) media: Option<MmsMedia>,
 }
 
 impl Replies {
@@ -88,17 +91,57 @@ impl Replies {
             shutdown,
             approvals,
             refusals: Arc::new(Refusals::new(StoreNotice::SendAgain)),
+            media: None,
         }
     }
 
-    /// Submits `body` from `from` (an allowed E.164 number) in its session and
-    /// delivers the answer. Returns once the answer is out, given up on, or
-    /// the gateway stops (then the record stays for the next start).
-    pub(crate) async fn converse(&self, from: String, body: String, message_sid: String) {
-        if let Some((reply, code)) = ask::parse_text_reply(&body) {
+    /// The same, taking MMS media with `media`.
+    pub(crate) fn with_media(mut self, media: Option<MmsMedia>) -> Self {
+        self.media = media;
+        self
+    }
+
+    /// Submits `body` from `from` (an allowed E.164 number) in its session,
+    /// with the files of `media` (an MMS), and delivers the answer. Returns
+    /// once the answer is out, given up on, or the gateway stops (then the
+    /// record stays for the next start). Media that cannot be taken are
+    /// answered with why, and no run starts.
+    pub(crate) async fn converse(
+        &self,
+        from: String,
+        body: String,
+        message_sid: String,
+        media: Vec<InboundMedia>,
+    ) {
+        if let Some((reply, code)) = ask::parse_text_reply(&body).filter(|_| media.is_empty()) {
             self.answer(&from, reply, code).await;
             return;
         }
+        let attachments = if media.is_empty() {
+            Vec::new()
+        } else {
+            let received = match &self.media {
+                Some(mms) => mms.receive(&from, &media).await,
+                None => {
+                    Err("files cannot be fetched: the Twilio account SID is not set".to_owned())
+                }
+            };
+            match received {
+                Ok(attachments) => attachments,
+                Err(reply) => {
+                    tracing::info!(n_media = media.len(), "MMS media refused; no run");
+                    if let Err(error) = self.sender.send(&from, &reply, None).await {
+                        tracing::warn!(%error, "reply to refused MMS media not sent");
+                    }
+                    return;
+                }
+            }
+        };
+        let body = if body.trim().is_empty() && !attachments.is_empty() {
+            lemon_transports::media::FILES_ONLY_PROMPT.to_owned()
+        } else {
+            body
+        };
         let run_id = RunId::generate();
         let record = ReplyRecord {
             run_id: run_id.as_str().to_owned(),
@@ -109,6 +152,7 @@ impl Replies {
         self.records.record_durably(&record.run_id, &record).await;
         let mut meta = BTreeMap::new();
         meta.insert("sms".to_owned(), json!({ "message_sid": message_sid, "from": from }));
+        lemon_core::media::add_attachments(&mut meta, &attachments);
         let session = session_of(&from);
         let req = RunRequest {
             origin: Origin::Channel,
@@ -135,12 +179,14 @@ impl Replies {
                 self.deliver(record, follower).await;
             }
             Ok(Submitted::Command { reply, .. }) => {
+                self.discard(&attachments);
                 self.records.finish(&record.run_id).await;
                 if let Err(error) = self.sender.send(&from, &reply, None).await {
                     tracing::warn!(%error, "reply to an SMS command not sent");
                 }
             }
             Err(error) => {
+                self.discard(&attachments);
                 self.records.finish(&record.run_id).await;
                 tracing::warn!(%error, "an SMS was not accepted as a request");
                 if let Some(text) = self.refusals.reply(&session, &error) {
@@ -149,6 +195,13 @@ impl Replies {
                     }
                 }
             }
+        }
+    }
+
+    /// Removes the staged files of a request that got no run.
+    fn discard(&self, attachments: &[lemon_core::media::Attachment]) {
+        if let Some(media) = &self.media {
+            media.stage.discard(attachments);
         }
     }
 

@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::SmsConfig;
 use crate::inbox::StoreInbox;
+use crate::media::MmsMedia;
 use crate::reply::{Replies, SMS_TRANSPORT_ID};
 use crate::send::SmsSender;
 use crate::webhook::{router, HookState};
@@ -20,6 +21,7 @@ use crate::webhook::{router, HookState};
 pub struct SmsTransport {
     pub(crate) config: Arc<SmsConfig>,
     pub(crate) auth_token: Option<Arc<str>>,
+    pub(crate) account_sid: Option<Arc<str>>,
     pub(crate) inbox: Arc<StoreInbox>,
     pub(crate) sender: Option<SmsSender>,
 }
@@ -50,6 +52,9 @@ impl Transport for SmsTransport {
     }
 
     async fn run(&self, ctx: TransportContext) -> Result<(), TransportError> {
+        if let Some(problem) = self.config.files.check().into_iter().next() {
+            return Err(TransportError::fatal(format!("invalid [gateway.sms]: files.{problem}")));
+        }
         let addr = self.config.addr();
         let listener = lemon_api::http::bind(&addr).await.map_err(|err| bind_error(&addr, &err))?;
         let local = listener.local_addr().map_err(|err| bind_error(&addr, &err))?;
@@ -66,6 +71,18 @@ impl Transport for SmsTransport {
                     stop.clone(),
                     ctx.approvals.clone(),
                 );
+                // MMS media are fetched with the account's credentials.
+                let media = match (&self.account_sid, &self.auth_token) {
+                    (Some(sid), Some(token)) => Some(MmsMedia::new(
+                        ctx.media.clone(),
+                        self.config.files.clone(),
+                        &self.config.api_base_url,
+                        sid,
+                        token,
+                    )),
+                    _ => None,
+                };
+                let replies = replies.with_media(media);
                 let recovered = replies.recover(&deliveries).await;
                 if recovered > 0 {
                     tracing::info!(recovered, "SMS answers owed from before the restart");

@@ -21,6 +21,9 @@
 //! - [`email`]: mail in by IMAP IDLE or a relay's webhook, one conversation per
 //!   thread, answers as replies in the thread over SMTP.
 //!
+//! - [`media`]: files and voice messages people send: a capped download
+//!   that keeps to public addresses, staging, and voice transcription
+//!   (OpenAI-compatible or Deepgram), shared by the chat channels.
 //! - [`xmtp`]: XMTP through a Node.js bridge speaking JSON lines over stdio,
 //!   restarted with backoff; answers sent when the run completes.
 //!
@@ -34,6 +37,7 @@ pub mod discord;
 pub mod email;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod media;
 pub mod refused;
 pub mod telegram;
 pub mod webhook;

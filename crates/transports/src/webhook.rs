@@ -11,7 +11,9 @@
 //!   [`lemon_api::error::MAX_JSON_DEPTH`] levels.
 //! - Body: the text in `prompt` (or `text`, `message`, `input`, `content.text`),
 //!   attachments in `attachments`, `files` or `urls` (listed in the prompt under
-//!   `Attachments:`), optional `engine`, `queue_mode`, `metadata`, `session_key`
+//!   `Attachments:`; with a `files` section their content is decoded and their
+//!   URLs downloaded, and the files saved for the run, see
+//!   [`lemon_api::files`]), optional `engine`, `queue_mode`, `metadata`, `session_key`
 //!   (only where `allow_session_key` is set, and then kept under
 //!   `webhook:<integration>:`), `callback_url` (where overriding is allowed) and
 //!   `idempotency_key` (where allowed; the `Idempotency-Key` header always works).
@@ -87,6 +89,8 @@ use idempotency::{Claim, IdempotencyKeys};
 use payload::{Payload, PayloadError};
 
 use lemon_api::error::{parse_json, read_body, ApiError};
+use lemon_api::files::{AttachmentError, FileSource, IncomingFile};
+use lemon_core::media::{FilesConfig, MediaRefusal, MediaStage};
 
 /// The transport's id, in status and logs.
 pub const WEBHOOK_TRANSPORT_ID: &str = "webhook";
@@ -113,6 +117,8 @@ pub struct WebhookDeps {
     /// The transport's status entry and the address it shows, kept up to date
     /// with the callbacks given up on; `None` where nothing shows a status.
     pub status: Option<(StatusHandle, String)>,
+    /// Where the files payloads carry wait for their run.
+    pub media: MediaStage,
 }
 
 impl fmt::Debug for WebhookDeps {
@@ -152,6 +158,7 @@ struct Inner {
     /// Callbacks not delivered yet.
     callbacks: DeliveryRecords<CallbackRecord>,
     status: Option<callback::CallbackStatus>,
+    media: MediaStage,
 }
 
 impl fmt::Debug for WebhookState {
@@ -191,6 +198,7 @@ impl WebhookState {
                     records: callbacks.clone(),
                 }),
                 callbacks,
+                media: deps.media,
             }),
         }
     }
@@ -389,6 +397,8 @@ struct Resolved<'a> {
     /// Integration's, else the section's.
     callback_url: Option<&'a str>,
     callback: CallbackSettings,
+    /// `files` of the integration, else the section's: `None` takes no files.
+    files: Option<&'a FilesConfig>,
 }
 
 impl<'a> Resolved<'a> {
@@ -397,6 +407,7 @@ impl<'a> Resolved<'a> {
         let timeout = Duration::from_millis(integration.timeout_ms.unwrap_or(config.timeout_ms));
         let blank_is_none =
             |url: &'a Option<String>| url.as_deref().filter(|u| !u.trim().is_empty());
+        let backoff_ms = integration.callback_backoff_ms.unwrap_or(config.callback_backoff_ms);
         Resolved {
             id,
             integration,
@@ -415,12 +426,23 @@ impl<'a> Resolved<'a> {
             untrusted: flag(integration.untrusted, config.untrusted),
             callback_url: blank_is_none(&integration.callback_url)
                 .or_else(|| blank_is_none(&config.callback_url)),
+            files: integration.files.as_ref().or(config.files.as_ref()),
             callback: CallbackSettings {
-                max_attempts: config.callback_max_attempts.max(1),
-                backoff: Duration::from_millis(config.callback_backoff_ms),
+                max_attempts: integration
+                    .callback_max_attempts
+                    .unwrap_or(config.callback_max_attempts)
+                    .max(1),
+                backoff: Duration::from_millis(backoff_ms),
                 backoff_max: Duration::from_millis(
-                    config.callback_backoff_max_ms.max(config.callback_backoff_ms),
+                    integration
+                        .callback_backoff_max_ms
+                        .unwrap_or(config.callback_backoff_max_ms)
+                        .max(backoff_ms),
                 ),
+                wait: integration
+                    .callback_wait_timeout_ms
+                    .or(config.callback_wait_timeout_ms)
+                    .map(Duration::from_millis),
                 timeout,
                 allow_private_hosts: flag(
                     integration.allow_private_callback_hosts,
@@ -592,7 +614,11 @@ async fn receive(
     if !by_header && !settings.allow_payload_token {
         return error(StatusCode::UNAUTHORIZED, "unauthorized");
     }
-    let bytes = match read_body(&headers, body, inner.config.max_body_bytes).await {
+    // With files, a body may hold one of the largest in base64.
+    let limit = settings.files.map_or(inner.config.max_body_bytes, |files| {
+        lemon_api::files::body_limit(files, inner.config.max_body_bytes)
+    });
+    let bytes = match read_body(&headers, body, limit).await {
         Ok(bytes) => bytes,
         Err(refused) => return refused.into_response(),
     };
@@ -622,6 +648,7 @@ async fn receive(
             let body = json!({ "error": "invalid request payload", "detail": detail });
             return (StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response();
         }
+        Err(Refusal::File(err)) => return ApiError::from(err).into_response(),
     };
     if let Some(url) = &request.callback_url {
         match callback::check(url, inner.resolver.as_ref(), settings.callback.allow_private_hosts)
@@ -673,6 +700,8 @@ enum Refusal {
     /// No prompt: `422 {"error": "invalid request payload", "detail"}`, as the
     /// reference answers.
     MissingPrompt(String),
+    /// A file the integration does not take (it has no `files` section).
+    File(AttachmentError),
 }
 
 impl From<String> for Refusal {
@@ -688,6 +717,8 @@ struct Prepared {
     idempotency_key: Option<String>,
     metadata: Value,
     attachments: Value,
+    /// The files to save for the run (see [`incoming_files`]).
+    files: Vec<IncomingFile>,
 }
 
 impl Prepared {
@@ -744,6 +775,7 @@ impl Prepared {
             )));
         }
         let attachments = payload.attachments_json();
+        let files = incoming_files(&payload.attachments, settings.files)?;
         let request = request_info::request_json(
             parts.method,
             parts.uri.path(),
@@ -780,8 +812,60 @@ impl Prepared {
             run_id: Some(run_id),
             channel: None,
         };
-        Ok(Prepared { req, callback_url, idempotency_key, metadata: payload.metadata, attachments })
+        Ok(Prepared {
+            req,
+            callback_url,
+            idempotency_key,
+            metadata: payload.metadata,
+            attachments,
+            files,
+        })
     }
+}
+
+/// The files a payload carries for its run: every attachment with content
+/// (base64 or a `data:` URL) and, where the integration takes files, every
+/// one with a URL (downloaded). Labelled by the body field they came from:
+/// `attachments[0]`, `urls[1]`.
+///
+/// # Errors
+/// Content sent to an integration that takes no files (`403`).
+fn incoming_files(
+    attachments: &[payload::Attachment],
+    files: Option<&FilesConfig>,
+) -> Result<Vec<IncomingFile>, Refusal> {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut incoming = Vec::new();
+    for attachment in attachments {
+        let count = counts.entry(attachment.source).or_default();
+        let label = format!("{}[{count}]", attachment.source);
+        *count += 1;
+        let source = match (&attachment.data, &attachment.url) {
+            (Some(data), _) if lemon_api::files::parse_data_url(data).is_some() => {
+                FileSource::Url(data.clone())
+            }
+            (Some(data), _) => FileSource::Base64(data.clone()),
+            (None, Some(url)) if files.is_some() => FileSource::Url(url.clone()),
+            _ => continue,
+        };
+        if files.is_none() {
+            let label = match &attachment.name {
+                Some(name) => {
+                    format!("{label} ({})", lemon_core::log_text::escape_within(name, 120))
+                }
+                None => label,
+            };
+            let refusal = lemon_api::files::Refusal::Media(MediaRefusal::Disabled);
+            return Err(Refusal::File(AttachmentError { label, refusal }));
+        }
+        incoming.push(IncomingFile {
+            label,
+            name: attachment.name.clone(),
+            mime: attachment.content_type.clone(),
+            source,
+        });
+    }
+    Ok(incoming)
 }
 
 /// What submitting a prepared request still needs of its integration's settings.
@@ -790,6 +874,8 @@ struct SubmitSettings {
     mode: Mode,
     timeout: Duration,
     callback: CallbackSettings,
+    /// The integration's `files` (none when it takes no files).
+    files: FilesConfig,
 }
 
 impl SubmitSettings {
@@ -799,6 +885,7 @@ impl SubmitSettings {
             mode: settings.mode,
             timeout: settings.timeout,
             callback: settings.callback.clone(),
+            files: settings.files.cloned().unwrap_or_default(),
         }
     }
 }
@@ -810,7 +897,14 @@ async fn submit(
     claim: Option<idempotency::Guard>,
 ) -> Response {
     let inner = &state.inner;
-    let Prepared { req, callback_url, metadata, attachments, .. } = request;
+    let Prepared { mut req, callback_url, metadata, attachments, files, .. } = request;
+    // Saved before anything is on record; a refusal releases the key. They
+    // go again unless the run takes them.
+    let staged = match lemon_api::files::receive(&inner.media, &settings.files, files).await {
+        Ok(staged) => staged,
+        Err(err) => return ApiError::from(err).into_response(),
+    };
+    lemon_core::media::add_attachments(&mut req.meta, staged.attachments());
     let session_key = req.session_key.clone();
     let own_run_id = req.run_id.clone();
     // On record before the run exists, so a restart finds it.
@@ -843,6 +937,9 @@ async fn submit(
     }
     let submitted = inner.router.submit(req).await;
     let started_own = matches!(&submitted, Ok(Submitted::Run(accepted, _)) if !accepted.duplicate);
+    if started_own {
+        staged.hand_over();
+    }
     if !started_own {
         if let Some(run_id) = &own_run_id {
             inner.own_runs.take(run_id);

@@ -34,6 +34,9 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if uri.path().starts_with("/attachments/") {
+        return cdn(&shared, &method, &uri);
+    }
     let path = uri.path().strip_prefix("/api/v10").unwrap_or(uri.path()).to_owned();
     let nonce = create_nonce(&method, &path, &headers, &body);
     let fault = take_connection_fault(&mut shared.lock(), &path);
@@ -77,6 +80,24 @@ async fn handle(
     };
     response.headers_mut().extend(out_headers);
     response
+}
+
+/// The CDN: a file a user sent, by its attachment's path (no rate limits,
+/// no token, as Discord's CDN serves signed URLs).
+fn cdn(shared: &Shared, method: &Method, uri: &Uri) -> Response {
+    let found = {
+        let mut state = shared.lock();
+        state.cdn_fetches.push(uri.path().to_owned());
+        state.cdn_files.get(uri.path()).cloned()
+    };
+    shared.changed();
+    match found {
+        Some((content_type, bytes)) if method == Method::GET => {
+            ([(axum::http::header::CONTENT_TYPE, content_type)], bytes).into_response()
+        }
+        Some(_) => StatusCode::METHOD_NOT_ALLOWED.into_response(),
+        None => (StatusCode::NOT_FOUND, "no such attachment").into_response(),
+    }
 }
 
 /// Takes the first fault queued for `path` if it acts on the connection

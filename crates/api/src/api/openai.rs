@@ -19,7 +19,11 @@
 //!   client's copy of the conversation: when the session's engine already holds
 //!   it (the session has the engine's resume token), only the newest message is
 //!   sent; otherwise (a fresh session, or an engine that keeps none) they are
-//!   written before the prompt as a transcript.
+//!   written before the prompt as a transcript;
+//! - the last user message's images (`image_url`, `input_image`) and files
+//!   (`file`, `input_file`) become files of the run, as `POST /v1/runs`
+//!   attachments do ([`crate::files`]); those of earlier messages are not
+//!   sent again.
 //!
 //! Every error is OpenAI's `{"error": {"message", "type", "param", "code"}}`,
 //! including a missing token (`401`) and overload (`429` with `Retry-After`).
@@ -34,8 +38,7 @@ mod turns;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::middleware::{self, Next};
@@ -50,7 +53,8 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::ApiState;
-use crate::error::{is_json_content_type, ApiError, MAX_BODY_BYTES};
+use crate::error::{is_json_content_type, read_body, ApiError, MAX_BODY_BYTES};
+use crate::files::Staged;
 use error::OpenAiError;
 use turns::Turn;
 
@@ -67,6 +71,7 @@ const TRANSPORT: &str = "openai";
 /// refusal (a missing token, an oversized body, a wrong method).
 pub(super) fn router(state: ApiState) -> Router {
     let token = state.token.with_launch(state.launch_token.clone());
+    let limits = (token, state.files.body_limit());
     Router::new()
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/responses", post(responses::create))
@@ -75,20 +80,25 @@ pub(super) fn router(state: ApiState) -> Router {
         .with_state(state)
         .method_not_allowed_fallback(|| async { OpenAiError::from(ApiError::MethodNotAllowed) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn_with_state(token, require_bearer))
+        .layer(middleware::from_fn_with_state(limits, require_bearer))
 }
 
+/// The token, and the body limit of the routes that take images and files
+/// (see [`crate::files::body_limit`]); the others take [`MAX_BODY_BYTES`].
 async fn require_bearer(
-    State(expected): State<super::ApiToken>,
+    State((expected, files_limit)): State<(super::ApiToken, usize)>,
     req: Request,
     next: Next,
 ) -> Response {
     if !expected.matches(req.headers()) {
         return OpenAiError::unauthorized().into_response();
     }
+    let takes_files = req.method() == axum::http::Method::POST
+        && matches!(req.uri().path(), "/v1/chat/completions" | "/v1/responses");
+    let limit = if takes_files { files_limit } else { MAX_BODY_BYTES };
     // The body's declared length is judged before a byte of it is read.
-    if crate::error::declared_too_large(req.headers(), MAX_BODY_BYTES) {
-        return OpenAiError::from(ApiError::PayloadTooLarge).into_response();
+    if crate::error::declared_too_large(req.headers(), limit) {
+        return OpenAiError::from(ApiError::PayloadTooLarge { limit }).into_response();
     }
     next.run(req).await
 }
@@ -98,17 +108,21 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
 }
 
-/// A JSON body with every failure (no JSON content type, too large, not
-/// parseable) in OpenAI's shape.
-fn json_body<T: DeserializeOwned>(
+/// A JSON body of at most the limit of the routes that take files, with
+/// every failure (no JSON content type, too large, not parseable) in
+/// OpenAI's shape.
+async fn json_body<T: DeserializeOwned>(
+    state: &ApiState,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<T, OpenAiError> {
-    let bytes = body.map_err(|rejection| OpenAiError::from(ApiError::from(rejection)))?;
     let declared = headers.get(header::CONTENT_TYPE).and_then(|value| value.to_str().ok());
     if !declared.is_some_and(is_json_content_type) {
         return Err(ApiError::UnsupportedMediaType.into());
     }
+    let bytes = read_body(headers, body, state.files.body_limit())
+        .await
+        .map_err(|err| OpenAiError::from(ApiError::from(err)))?;
     crate::error::parse_json(&bytes).map_err(|err| OpenAiError::invalid(err.to_string()))
 }
 
@@ -251,10 +265,17 @@ impl Target {
         turns::prompt(turns, history, param)
     }
 
-    /// Submits `prompt` as this target's run.
-    async fn submit(&self, state: &ApiState, prompt: String) -> Result<Submitted, OpenAiError> {
+    /// Submits `prompt` as this target's run, with the `staged` files; they
+    /// are the run's once it is accepted, and removed if it is not.
+    async fn submit(
+        &self,
+        state: &ApiState,
+        prompt: String,
+        staged: Staged,
+    ) -> Result<Submitted, OpenAiError> {
         let mut meta = std::collections::BTreeMap::new();
         meta.insert("openai_api".to_owned(), json!(true));
+        lemon_core::media::add_attachments(&mut meta, staged.attachments());
         let req = RunRequest {
             origin: Origin::ControlPlane,
             session_key: self.session.clone(),
@@ -274,14 +295,36 @@ impl Target {
                 topic_id: None,
             }),
         };
-        state.router.submit(req).await.map_err(|err| match err {
+        let submitted = state.router.submit(req).await.map_err(|err| match err {
             // Named by what `GET /v1/models` lists.
             RouteError::UnknownEngine { engine, .. } => {
                 OpenAiError::unknown_model(&engine, &available_engines(state))
             }
             other => other.into(),
-        })
+        })?;
+        if matches!(&submitted, Submitted::Run(accepted, _) if !accepted.duplicate) {
+            staged.hand_over();
+        }
+        Ok(submitted)
     }
+}
+
+/// Checks and stages the images and files of the last message (the
+/// prompt's); those of earlier messages are not sent again.
+///
+/// # Errors
+/// The first file refused, in OpenAI's shape with `param`.
+async fn receive_files(
+    state: &ApiState,
+    turns: &mut [Turn],
+    param: &'static str,
+) -> Result<Staged, OpenAiError> {
+    let files = turns.last_mut().map(|turn| std::mem::take(&mut turn.files)).unwrap_or_default();
+    state
+        .files
+        .receive(files)
+        .await
+        .map_err(|err| OpenAiError::from(ApiError::from(err)).with_param(param))
 }
 
 /// A session key a client named.

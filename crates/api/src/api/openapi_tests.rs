@@ -174,3 +174,27 @@ fn streams_are_described_event_by_event() {
     let event = &doc["components"]["schemas"]["SseEvent"];
     assert_eq!(event["required"], serde_json::json!(["data"]), "{event}");
 }
+
+#[test]
+fn the_routes_that_take_files_document_them_and_their_refusals() {
+    let doc = serde_json::to_value(document()).unwrap();
+    for (path, schema) in [
+        ("/v1/runs", "SubmitBody"),
+        ("/v1/chat/completions", "ChatRequest"),
+        ("/v1/responses", "ResponsesRequest"),
+    ] {
+        let responses = &doc["paths"][path]["post"]["responses"];
+        for status in ["400", "403", "413", "422"] {
+            assert!(responses[status].is_object(), "{path} {status}: {responses}");
+        }
+        let too_large = responses["413"]["description"].as_str().unwrap();
+        assert!(too_large.contains("max_download_bytes"), "{path}: {too_large}");
+        assert!(doc["components"]["schemas"][schema].is_object(), "{schema}");
+    }
+    let attachment = &doc["components"]["schemas"]["AttachmentBody"]["properties"];
+    for field in ["name", "mime", "data", "url"] {
+        assert!(attachment[field].is_object(), "{field}: {attachment}");
+    }
+    let submit = &doc["components"]["schemas"]["SubmitBody"]["properties"]["attachments"];
+    assert!(submit.to_string().contains("AttachmentBody"), "{submit}");
+}

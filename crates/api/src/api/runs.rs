@@ -1,7 +1,8 @@
 //! Handlers of `/v1/runs`: submit, inspect, list, cancel and steer.
 
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lemon_core::bus::{completion_json, EventKind};
@@ -15,12 +16,14 @@ use super::transfer::{
     SubmitQuery,
 };
 use super::ApiState;
-use crate::error::{ApiError, JsonBody, PathParams, QueryParams};
+use crate::error::{read_json, ApiError, JsonBody, PathParams, QueryParams};
 use crate::openapi::{schema, Errors};
 
 /// `POST /v1/runs`: `202` once accepted (the same id again is the same run and
 /// answers `"duplicate": true`), `200` with the reply of a slash command, or with
-/// `?wait=true` `200` and the run once it has finished.
+/// `?wait=true` `200` and the run once it has finished. `attachments` are
+/// checked and staged before the run is submitted: one refused refuses the
+/// request, and the files of a request not accepted are removed.
 #[utoipa::path(
     post,
     path = "/v1/runs",
@@ -32,18 +35,27 @@ use crate::openapi::{schema, Errors};
         (status = 200, description = "A slash command's reply, or with `?wait=true` the finished run.", body = schema::SubmitReply),
         (status = 409, description = "The run id names another run, or the engine named cannot run (its CLI is not installed).", body = schema::Error),
         Errors,
+        (status = 403, description = "Files are not accepted (`[gateway.files] enabled = false`).", body = schema::Error),
+        (status = 413, description = "The body is larger than its limit (one file of `[gateway.files] max_download_bytes` in base64, at least 1 MiB), or an attachment is larger than `max_download_bytes`.", body = schema::Error),
+        (status = 422, description = "An attachment's URL could not be fetched, or points at a private or loopback address.", body = schema::Error),
     )
 )]
 pub(super) async fn submit(
     State(state): State<ApiState>,
     QueryParams(query): QueryParams<SubmitQuery>,
-    JsonBody(body): JsonBody<SubmitBody>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Response, ApiError> {
+    let mut body: SubmitBody = read_json(&headers, body, state.files.body_limit()).await?;
     let wait = query.wait()?;
-    let req = body.into_request()?;
+    let files = body.take_attachments()?;
+    let mut req = body.into_request()?;
     if let Some(engine) = &req.engine {
         refuse_unavailable(&state, engine)?;
     }
+    // Dropped (the files removed) unless the run takes them.
+    let staged = state.files.receive(files).await?;
+    lemon_core::media::add_attachments(&mut req.meta, staged.attachments());
     let (accepted, follower) = match state.router.submit(req).await? {
         Submitted::Run(accepted, follower) => (accepted, follower),
         Submitted::Command { command, reply } => {
@@ -51,6 +63,10 @@ pub(super) async fn submit(
             return Ok((StatusCode::OK, Json(body)).into_response());
         }
     };
+    // A repeated run id is the first request's run, with its own files.
+    if !accepted.duplicate {
+        staged.hand_over();
+    }
     if wait {
         return wait_for_run(&state, follower).await.map(IntoResponse::into_response);
     }

@@ -15,6 +15,7 @@ use lemon_core::bus::{BusEvent, EventBus, EventKind, RecvError, Subscription};
 use lemon_core::engine::{Completion, EngineRegistry};
 use lemon_core::gateway::{GatewayDeps, GatewayHandle, RuntimeConfig};
 use lemon_core::ids::RunId;
+use lemon_core::media::{FilesConfig, MediaStage};
 use lemon_core::router::{RouterConfig, RouterHandle};
 use lemon_core::store::{FinishedRun, NewRun, StoreHandle};
 use lemon_engines::echo::EchoEngine;
@@ -41,6 +42,8 @@ fn words(n: usize) -> String {
 /// A gateway with the echo engine and an API state over it.
 pub(super) struct TestGateway {
     pub(super) state: ApiState,
+    /// The stage files wait in for their run.
+    pub(super) media: tempfile::TempDir,
     bus: EventBus,
     store: StoreHandle,
     /// The gateway's own token; cancelled on drop.
@@ -63,6 +66,21 @@ impl TestGateway {
     }
 
     pub(super) fn with_config(word_delay: Duration, config: RuntimeConfig, bus: EventBus) -> Self {
+        // Small enough that a body over the default limit is still refused.
+        let files = FilesConfig { max_download_bytes: 64 * 1024, ..FilesConfig::default() };
+        TestGateway::with_files(word_delay, config, bus, files)
+    }
+
+    /// A gateway whose API takes files by `files`.
+    pub(super) fn with_files(
+        word_delay: Duration,
+        mut config: RuntimeConfig,
+        bus: EventBus,
+        files: FilesConfig,
+    ) -> Self {
+        let media = tempfile::tempdir().unwrap();
+        let stage = MediaStage::new(media.path().join("stage"));
+        config.media_stage.get_or_insert_with(|| stage.clone());
         let tracker = TaskTracker::new();
         let token = CancellationToken::new();
         let mut engines = EngineRegistry::new();
@@ -102,8 +120,9 @@ impl TestGateway {
             approvals: lemon_core::approvals::ApprovalHub::default(),
             database: None,
             upkeep: Default::default(),
+            files: crate::files::FileIntake::new(stage, files),
         };
-        TestGateway { state, bus, store, token, tracker }
+        TestGateway { state, media, bus, store, token, tracker }
     }
 
     pub(super) fn router(&self) -> Router {
@@ -1480,4 +1499,147 @@ async fn the_dashboard_is_public_and_the_api_beside_it_is_not() {
         let response = raw(uri).await.unwrap();
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{uri}");
     }
+}
+
+/// A gateway whose API takes files by `files`, and a project directory runs
+/// work in.
+fn with_files(files: FilesConfig) -> (TestGateway, tempfile::TempDir) {
+    let gw = TestGateway::with_files(
+        Duration::ZERO,
+        RuntimeConfig::default(),
+        EventBus::default(),
+        files,
+    );
+    (gw, tempfile::tempdir().unwrap())
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// How many files wait in the stage.
+fn staged_files(gw: &TestGateway) -> usize {
+    std::fs::read_dir(gw.media.path().join("stage")).map_or(0, Iterator::count)
+}
+
+const PDF: &[u8] = b"%PDF-1.7\n1 0 obj <<>> endobj\n%%EOF\n";
+
+#[tokio::test]
+async fn attachments_are_saved_in_the_runs_directory_and_named_in_its_prompt() {
+    let (gw, project) = with_files(FilesConfig::default());
+    let body = json!({
+        "prompt": "summarise the report",
+        "cwd": project.path(),
+        "attachments": [
+            { "name": "report.pdf", "mime": "application/pdf", "data": base64_of(PDF) },
+        ],
+        // Only the gateway lists files: a caller's own entry is dropped.
+        "meta": { "attachments": [{ "kind": "file", "path": "/etc/passwd", "name": "passwd",
+                                    "mime": "text/plain", "bytes": 1 }] },
+    });
+    let (status, run) = gw.call(Method::POST, "/v1/runs?wait=true", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{run}");
+    let saved = project.path().join(".lemon/uploads/report.pdf");
+    assert_eq!(std::fs::read(&saved).unwrap(), PDF);
+    let answer = run["answer"].as_str().unwrap();
+    assert!(
+        answer.starts_with("summarise the report\n\n[Files sent with this message"),
+        "{answer}"
+    );
+    assert!(answer.contains(".lemon/uploads/report.pdf (file, application/pdf,"), "{answer}");
+    assert!(!answer.contains("passwd"), "{answer}");
+    let listed = run["meta"]["attachments"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{run}");
+    assert_eq!(listed[0]["name"], "report.pdf");
+    assert_eq!(staged_files(&gw), 0, "the stage is empty once the run has its file");
+}
+
+#[tokio::test]
+async fn refused_attachments_are_4xx_naming_the_file_and_nothing_runs() {
+    let files = FilesConfig { max_download_bytes: 16, ..FilesConfig::default() };
+    let (gw, project) = with_files(files);
+    let good = json!({ "name": "ok.txt", "data": base64_of(b"fine") });
+    let cases = [
+        (
+            json!({ "name": "../../.bashrc", "data": base64_of(b"echo pwned") }),
+            StatusCode::BAD_REQUEST,
+            "attachments[1] (../../.bashrc): the file name \"../../.bashrc\" is refused: it holds a directory",
+        ),
+        (
+            json!({ "name": "big.txt", "data": base64_of(&[b'x'; 17]) }),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "attachments[1] (big.txt): big.txt is 17 bytes — the limit is 16 bytes",
+        ),
+        (
+            json!({ "name": "x.txt", "data": "%%%not base64%%%" }),
+            StatusCode::BAD_REQUEST,
+            "attachments[1] (x.txt): it is not base64",
+        ),
+        (
+            json!({ "data": base64_of(b"x") }),
+            StatusCode::BAD_REQUEST,
+            "attachments[1]: name is required with data",
+        ),
+        (
+            json!({ "name": "x.txt", "data": "QQ==", "url": "https://example.com/x" }),
+            StatusCode::BAD_REQUEST,
+            "attachments[1]: give either data or url, not both",
+        ),
+        (
+            json!({ "url": "http://127.0.0.1:9/secret" }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "attachments[1]: the file could not be fetched: 127.0.0.1 is a private or loopback address",
+        ),
+    ];
+    for (attachment, want_status, want_error) in cases {
+        let body = json!({
+            "prompt": "look", "cwd": project.path(), "attachments": [good, attachment],
+        });
+        let (status, error) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
+        assert_eq!(status, want_status, "{error}");
+        assert!(error_of(&error).starts_with(want_error), "{error}");
+    }
+    let (_, runs) = gw.call(Method::GET, "/v1/runs", None).await;
+    assert_eq!(runs["runs"], json!([]), "nothing was accepted");
+    assert_eq!(staged_files(&gw), 0, "the good file of each refused request is gone");
+    assert!(!project.path().join(".lemon").exists());
+
+    let off = FilesConfig { enabled: false, ..FilesConfig::default() };
+    let (gw, project) = with_files(off);
+    let body = json!({ "prompt": "look", "cwd": project.path(), "attachments": [good] });
+    let (status, error) = gw.call(Method::POST, "/v1/runs", Some(body)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{error}");
+    assert_eq!(error_of(&error), "attachments[0] (ok.txt): files are not accepted here");
+}
+
+#[tokio::test]
+async fn only_the_submit_route_takes_a_body_as_large_as_a_file() {
+    let files = FilesConfig { max_download_bytes: 2 * 1024 * 1024, ..FilesConfig::default() };
+    let (gw, project) = with_files(files);
+    let limit = gw.state.files.body_limit();
+    let encoded = (2usize * 1024 * 1024).div_ceil(3) * 4;
+    assert_eq!(limit, encoded + crate::files::ATTACHMENT_BODY_SLACK);
+    let big = vec![7u8; 1536 * 1024];
+    let body = json!({
+        "prompt": "take it", "cwd": project.path(),
+        "attachments": [{ "name": "blob.bin", "data": base64_of(&big) }],
+    });
+    let (status, run) = gw.call(Method::POST, "/v1/runs?wait=true", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{run}");
+    assert_eq!(std::fs::read(project.path().join(".lemon/uploads/blob.bin")).unwrap(), big);
+
+    // Every other route keeps its 1 MiB.
+    let budget = json!({ "run_usd": 1.0, "padding": "x".repeat(crate::error::MAX_BODY_BYTES) });
+    let (status, error) = gw.call(Method::PUT, "/v1/sessions/s/budget", Some(budget)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{error}");
+    assert_eq!(
+        error_of(&error),
+        format!("request body is larger than {} bytes", crate::error::MAX_BODY_BYTES)
+    );
+    // And the submit route its own limit.
+    let huge = json!({ "prompt": "x".repeat(limit) });
+    let (status, error) = gw.call(Method::POST, "/v1/runs", Some(huge)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{error}");
+    assert_eq!(error_of(&error), format!("request body is larger than {limit} bytes"));
 }

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::files::{FileSource, IncomingFile};
 
 /// Runs listed when the caller gives no limit.
 const DEFAULT_LIST_LIMIT: usize = 50;
@@ -39,6 +40,29 @@ pub(super) struct SubmitBody {
     /// `collect`, `followup`, `steer`, `steer-backlog`, `interrupt`.
     queue_mode: Option<String>,
     resume: Option<ResumeBody>,
+    /// Files for the run: saved in its working directory (`.lemon/uploads/`
+    /// unless `[gateway.files] uploads_dir` names another) before it starts,
+    /// their paths added to the prompt. At most 16; each at most `[gateway.files]
+    /// max_download_bytes`. One refused refuses the request.
+    #[schema(max_items = 16)]
+    attachments: Option<Vec<AttachmentBody>>,
+}
+
+/// A file sent with a run: its content in base64 (`data`), or a URL the
+/// gateway downloads (`url`, `http`, `https` or a base64 `data:` URL).
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub(super) struct AttachmentBody {
+    /// The file's name, without a directory (`report.pdf`); required with
+    /// `data`. With `url`, unset: the name the server gives, else the URL's.
+    name: Option<String>,
+    /// The media type (`application/pdf`); unset: from the name. Image bytes
+    /// are recognised whatever is claimed.
+    mime: Option<String>,
+    /// The content, base64 (standard or URL-safe, padding optional).
+    data: Option<String>,
+    /// Where to download it from. A private or loopback address is refused
+    /// unless `[gateway.files] allow_private_hosts` is on.
+    url: Option<String>,
 }
 
 /// A structured resume token in a submit body.
@@ -49,6 +73,40 @@ pub(super) struct ResumeBody {
 }
 
 impl SubmitBody {
+    /// The files the body carries, checked for shape: each has either `data`
+    /// (with a `name`) or `url`.
+    pub(super) fn take_attachments(&mut self) -> Result<Vec<IncomingFile>, ApiError> {
+        let items = self.attachments.take().unwrap_or_default();
+        let mut files = Vec::with_capacity(items.len());
+        for (index, item) in items.into_iter().enumerate() {
+            let label = format!("attachments[{index}]");
+            let source = match (item.data, item.url) {
+                (Some(data), None) => {
+                    if item.name.as_deref().is_none_or(|name| name.trim().is_empty()) {
+                        return Err(ApiError::BadRequest(format!(
+                            "{label}: name is required with data"
+                        )));
+                    }
+                    FileSource::Base64(data)
+                }
+                (None, Some(url)) => FileSource::Url(url),
+                (Some(_), Some(_)) => {
+                    return Err(ApiError::BadRequest(format!(
+                        "{label}: give either data or url, not both"
+                    )))
+                }
+                (None, None) => {
+                    return Err(ApiError::BadRequest(format!(
+                        "{label}: give the file as data (base64) or url"
+                    )))
+                }
+            };
+            let mime = item.mime.filter(|mime| !mime.trim().is_empty());
+            files.push(IncomingFile { label, name: item.name, mime, source });
+        }
+        Ok(files)
+    }
+
     /// The request to submit; blank optional fields count as absent. The run id is
     /// always set (generated when the caller gave none) so the caller can subscribe
     /// to the run before submitting it. Without an engine the router chooses one.
@@ -98,7 +156,9 @@ impl SubmitBody {
             .map(|raw| parse_engine_ref(raw.trim(), Field::Engine))
             .transpose()
             .map_err(|refusal| ApiError::BadRequest(RouteError::from(refusal).to_string()))?;
-        let meta = self.meta.unwrap_or_default();
+        let mut meta = self.meta.unwrap_or_default();
+        // Set by the gateway alone, from `attachments`.
+        meta.remove(lemon_core::media::META_KEY);
         Ok(RunRequest {
             origin: Origin::ControlPlane,
             session_key,

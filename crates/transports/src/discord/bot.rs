@@ -10,6 +10,11 @@
 //!   records left by a stop are delivered at the next start.
 //! - Every message and edit goes through the shared outbox; slash commands are
 //!   answered directly on their interaction (Discord wants that within 3 s).
+//! - A message's files are fetched from Discord's CDN (and a voice message
+//!   transcribed, when `voice_transcription` is on) before the next dispatch
+//!   is handled, so messages keep their order; each download and each
+//!   transcription is bounded by its time limit. A file refused is answered
+//!   with the reason and nothing of that message runs.
 //! - A tool call of a channel's run that waits for the owner's answer is
 //!   offered in the channel with Approve / Deny buttons ([`crate::ask`]); a
 //!   press counts from a user allowed in that channel, and the message then
@@ -25,6 +30,7 @@ use lemon_core::artifacts::Artifact;
 use lemon_core::bus::EventKind;
 use lemon_core::engine::{Action, ActionKind, ActionPhase, Completion, ResumeToken};
 use lemon_core::log_text;
+use lemon_core::media::{MediaRefusal, MediaStage};
 use lemon_core::router::{Origin, RouterHandle, RunFollower, RunRequest, Submitted};
 use lemon_core::secrets::SecretStore;
 use lemon_core::store::StoreHandle;
@@ -50,6 +56,7 @@ use super::types::{
 use crate::access::Access;
 use crate::ask;
 use crate::delivery::{self, Backoff, DeliveryRecord, DeliveryRecords, Outbox};
+use crate::media::{self, transcribe::RemoteVoice, Fetcher, RemoteFile, Transcriber};
 use crate::refused::{self, Refusals, StoreNotice};
 
 /// Store namespace of the gateway session to resume, under [`SESSION_KEY`].
@@ -113,6 +120,9 @@ impl Transport for DiscordTransport {
             .map_err(|error| TransportError::retryable(error.to_string()))?;
         let rest = Rest::new(&self.config.api_base_url, &token, self.config.api_timeout())
             .map_err(startup_error)?;
+        let transcriber = self.config.voice.transcriber(&self.secrets).map_err(|error| {
+            TransportError::retryable(format!("invalid [gateway.discord]: {error}"))
+        })?;
         let me = tokio::select! {
             () = ctx.shutdown.cancelled() => return Ok(()),
             me = rest.with_retries(3, || rest.current_user()) => me.map_err(startup_error)?,
@@ -144,6 +154,11 @@ impl Transport for DiscordTransport {
             approvals: ctx.approvals.clone(),
             offered: ask::Offered::default(),
             refusals: Refusals::new(StoreNotice::SendAgain),
+            media: ctx.media.clone(),
+            // The CDN is Discord's; a Discord on this machine (a test's fake,
+            // a proxy) serves its files from here too.
+            fetcher: Fetcher::new(media::is_local_url(&self.config.api_base_url)),
+            transcriber,
         });
         bot.recover_deliveries().await;
         if let Some(application_id) = self.config.application_id {
@@ -230,6 +245,21 @@ struct Bot {
     offered: ask::Offered<Snowflake, Snowflake>,
     /// Conversations told that the store cannot save messages, told once each.
     refusals: Refusals,
+    /// Where received files wait for their run.
+    media: MediaStage,
+    /// Fetches attachments from Discord's CDN.
+    fetcher: Fetcher,
+    /// Voice messages' words, when `voice_transcription` is on.
+    transcriber: Option<Transcriber>,
+}
+
+/// What a message's files became.
+struct Received {
+    prompt: String,
+    /// The files kept, for the run.
+    attachments: Vec<lemon_core::media::Attachment>,
+    /// A voice message's words, to show before the run (`show_transcript`).
+    heard: Option<String>,
 }
 
 /// A channel as looked up: a thread's (parent, thread), else (None, None).
@@ -390,9 +420,13 @@ impl Bot {
     }
 
     async fn on_message(self: &Arc<Self>, message: Message) {
-        let Some(text) = inbound::prompt(&message, self.me.id, self.config.mention_required) else {
+        let Some(text) = inbound::text_for_bot(&message, self.me.id, self.config.mention_required)
+        else {
             return;
         };
+        if text.is_empty() && message.attachments.is_empty() {
+            return;
+        }
         let place = self.place(message.guild_id, message.channel_id).await;
         if !self.allowed(&place, message.author.id) {
             return;
@@ -401,8 +435,23 @@ impl Bot {
             self.reply_soon(place.target(), message.id, help_text());
             return;
         }
+        let received = if message.attachments.is_empty() {
+            Received { prompt: text, attachments: Vec::new(), heard: None }
+        } else {
+            match self.receive_files(&message, text).await {
+                Ok(received) => received,
+                Err(reply) => {
+                    self.reply_soon(place.target(), message.id, reply);
+                    return;
+                }
+            }
+        };
+        if let Some(words) = &received.heard {
+            self.send_heard(place.target(), message.id, words).await;
+        }
+        let attachments = received.attachments;
         let run_id = inbound::run_id(message.id);
-        let mut req = self.request(&place, text.clone());
+        let mut req = self.request(&place, received.prompt);
         req.run_id = Some(run_id.clone());
         let session = req.session_key.clone();
         req.resume = self.resume_from_reply(&message);
@@ -416,6 +465,7 @@ impl Bot {
                 "author_id": message.author.id,
             }),
         );
+        lemon_core::media::add_attachments(&mut req.meta, &attachments);
         let delivery = Delivery {
             run_id: run_id.to_string(),
             channel_id: place.target(),
@@ -429,11 +479,13 @@ impl Bot {
         self.deliveries.record(&delivery.run_id, &delivery).await;
         match self.router.submit(req).await {
             Ok(Submitted::Command { reply, .. }) => {
+                self.media.discard(&attachments);
                 self.deliveries.finish(&delivery.run_id).await;
                 self.reply_soon(place.target(), message.id, reply);
             }
             // Seen before: the first handling (or its recovered delivery) follows it.
             Ok(Submitted::Run(accepted, _)) if accepted.duplicate => {
+                self.media.discard(&attachments);
                 self.refusals.accepted(&session);
             }
             Ok(Submitted::Run(_, events)) => {
@@ -442,12 +494,97 @@ impl Bot {
                 self.tracker.spawn(async move { bot.follow(delivery, events).await });
             }
             Err(error) => {
+                self.media.discard(&attachments);
                 self.deliveries.finish(&delivery.run_id).await;
                 tracing::warn!(%error, "message not accepted");
                 if let Some(reply) = self.refusals.reply(&session, &error) {
                     self.reply_soon(place.target(), message.id, reply);
                 }
             }
+        }
+    }
+
+    /// The prompt and the files of a message that brought files: a voice
+    /// message's words when transcription is on, else every file fetched from
+    /// Discord's CDN within `[gateway.discord.files]` and kept for the run
+    /// (no text: [`media::FILES_ONLY_PROMPT`]). `Err` is the reply refusing
+    /// them; then nothing is kept and no run starts.
+    async fn receive_files(&self, message: &Message, text: String) -> Result<Received, String> {
+        if let (true, Some(transcriber), Some(voice)) =
+            (message.is_voice_message(), &self.transcriber, message.attachments.first())
+        {
+            let note = RemoteVoice {
+                file_name: if voice.filename.is_empty() {
+                    "voice-message.ogg"
+                } else {
+                    &voice.filename
+                },
+                mime: voice.content_type.as_deref(),
+                bytes: voice.size,
+                seconds: voice.duration(),
+            };
+            let words = transcriber
+                .fetch_and_transcribe(&self.fetcher, &voice.url, note, None)
+                .await
+                .map_err(|error| {
+                    tracing::info!(%error, message = %message.id, "voice message not transcribed");
+                    error.to_string()
+                })?;
+            let prompt = if text.is_empty() { words.clone() } else { format!("{text}\n\n{words}") };
+            let heard = self.config.voice.show_transcript.then_some(words);
+            return Ok(Received { prompt, attachments: Vec::new(), heard });
+        }
+        // A voice message transcribed is words, not a file: the files
+        // section does not apply to it.
+        let files = &self.config.files;
+        if !files.enabled {
+            return Err(MediaRefusal::Disabled.to_string());
+        }
+        if !files.user_allowed(&message.author.id.to_string()) {
+            return Err(MediaRefusal::UserNotAllowed.to_string());
+        }
+        let mut kept = Vec::new();
+        let mut refused = Vec::new();
+        for (n, attachment) in message.attachments.iter().enumerate() {
+            let fallback = format!("attachment-{}", n + 1);
+            let remote = RemoteFile {
+                url: &attachment.url,
+                name: Some(&attachment.filename),
+                fallback: &fallback,
+                mime: attachment.content_type.as_deref(),
+                size: attachment.size,
+            };
+            match media::fetch_and_keep(&self.fetcher, &self.media, files, remote, None).await {
+                Ok(file) => kept.push(file),
+                Err(refusal) => refused.push(refusal),
+            }
+        }
+        if let Some(reply) = media::refusals_text(&refused) {
+            tracing::info!(
+                message = %message.id,
+                refused = refused.len(),
+                reply = %log_text::escape(&reply),
+                "files of a message refused; no run"
+            );
+            self.media.discard(&kept);
+            return Err(reply);
+        }
+        let prompt = if text.is_empty() { media::FILES_ONLY_PROMPT.to_owned() } else { text };
+        Ok(Received { prompt, attachments: kept, heard: None })
+    }
+
+    /// Shows a voice message's words (`heard: …`) before its run, waiting
+    /// until it is sent so it comes before the answer.
+    async fn send_heard(&self, channel_id: Snowflake, reply_to: Snowflake, words: &str) {
+        let message = CreateMessage {
+            channel_id,
+            content: truncated(&media::heard(words), super::types::MAX_CONTENT_CHARS),
+            reply_to: Some(reply_to),
+            nonce: nonce(&format!("heard:{reply_to}")),
+            buttons: Vec::new(),
+        };
+        if let Err(error) = self.outbox.send(Outgoing::Text(message)).await {
+            tracing::warn!(%error, "transcript not shown");
         }
     }
 
@@ -899,6 +1036,16 @@ impl Bot {
 /// the same whenever that part is sent again, after a timeout or a restart.
 fn part_nonce(run_id: &str, index: usize) -> String {
     nonce(&format!("{run_id}:part:{index}"))
+}
+
+/// `text` cut to `max` characters (an ellipsis at the end when cut).
+fn truncated(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
 }
 
 /// `/help` (and `/start`).

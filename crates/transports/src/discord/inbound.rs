@@ -132,10 +132,17 @@ pub fn interaction_run_id(interaction_id: Snowflake) -> RunId {
 }
 
 /// The prompt in a message for the bot `bot`, with its mentions of the bot
-/// taken out; `None` when the message is not for the bot: written by a bot, or,
-/// in a server with `mention_required`, neither mentioning the bot nor replying
-/// to it; or empty once the mention is gone.
+/// taken out; `None` when the message is not for the bot ([`text_for_bot`])
+/// or its text is empty once the mention is gone.
 pub fn prompt(message: &Message, bot: Snowflake, mention_required: bool) -> Option<String> {
+    text_for_bot(message, bot, mention_required).filter(|text| !text.is_empty())
+}
+
+/// The text of a message for the bot `bot`, with its mentions of the bot
+/// taken out (possibly empty: a message that only brings files); `None` when
+/// the message is not for the bot: written by a bot, or, in a server with
+/// `mention_required`, neither mentioning the bot nor replying to it.
+pub fn text_for_bot(message: &Message, bot: Snowflake, mention_required: bool) -> Option<String> {
     if message.author.bot || message.author.id == bot {
         return None;
     }
@@ -151,8 +158,7 @@ pub fn prompt(message: &Message, bot: Snowflake, mention_required: bool) -> Opti
     for token in &tokens {
         text = text.replace(token.as_str(), " ");
     }
-    let text = text.trim().trim_start_matches([',', ':']).trim();
-    (!text.is_empty()).then(|| text.to_owned())
+    Some(text.trim().trim_start_matches([',', ':']).trim().to_owned())
 }
 
 #[cfg(test)]
@@ -173,6 +179,7 @@ mod tests {
             mentions: Vec::new(),
             referenced_message: None,
             attachments: Vec::new(),
+            flags: 0,
         }
     }
 
@@ -226,6 +233,9 @@ mod tests {
         from_bot.author.bot = true;
         assert_eq!(prompt(&from_bot, BOT, false), None);
         assert_eq!(prompt(&message(None, "  <@900>  "), BOT, false), None);
+        // A message that only brings files is for the bot, with no text.
+        assert_eq!(text_for_bot(&message(None, "  <@900>  "), BOT, false).as_deref(), Some(""));
+        assert_eq!(text_for_bot(&message(Some(1), "a file"), BOT, true), None);
     }
 
     #[test]

@@ -66,7 +66,49 @@ pub struct Message {
     #[serde(default)]
     pub referenced_message: Option<Box<Message>>,
     #[serde(default)]
-    pub attachments: Vec<serde_json::Value>,
+    pub attachments: Vec<MessageAttachment>,
+    /// `IS_VOICE_MESSAGE` ([`IS_VOICE_MESSAGE`]) and others.
+    #[serde(default)]
+    pub flags: u64,
+}
+
+/// The message flag of a voice message (its one attachment is the audio).
+pub const IS_VOICE_MESSAGE: u64 = 1 << 13;
+
+impl Message {
+    /// Whether Discord marks it as a voice message.
+    pub fn is_voice_message(&self) -> bool {
+        self.flags & IS_VOICE_MESSAGE != 0
+    }
+}
+
+/// A file that came with a message. Every field may be missing, so an odd
+/// attachment never makes the message unreadable; one without a URL is
+/// refused when it is fetched.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageAttachment {
+    #[serde(default)]
+    pub id: Option<Snowflake>,
+    #[serde(default)]
+    pub filename: String,
+    #[serde(default)]
+    pub content_type: Option<String>,
+    /// Its size in bytes, as Discord announces it.
+    #[serde(default)]
+    pub size: Option<u64>,
+    /// Where Discord's CDN serves it.
+    #[serde(default)]
+    pub url: String,
+    /// A voice message's length, in seconds.
+    #[serde(default)]
+    pub duration_secs: Option<serde_json::Number>,
+}
+
+impl MessageAttachment {
+    /// A voice message's length, in seconds.
+    pub fn duration(&self) -> Option<f64> {
+        self.duration_secs.as_ref().and_then(serde_json::Number::as_f64)
+    }
 }
 
 /// `GET /channels/{id}`, as far as the bot needs it.
@@ -289,6 +331,29 @@ mod tests {
         assert_eq!(message.guild_id, Some(Snowflake(3_300_000_000_000_000_003)));
         assert!(message.mentions[0].bot);
         assert_eq!(serde_json::to_value(message.id).unwrap(), json!("1100000000000000001"));
+        assert!(!message.is_voice_message());
+    }
+
+    #[test]
+    fn attachments_and_voice_messages_parse_and_odd_ones_do_not_break_the_message() {
+        let raw = json!({
+            "id": "1", "channel_id": "2", "author": { "id": "3", "username": "ana" },
+            "content": "", "flags": 8192,
+            "attachments": [
+                { "id": "10", "filename": "voice-message.ogg", "size": 27_000,
+                  "url": "https://cdn.discordapp.com/attachments/2/10/voice-message.ogg",
+                  "proxy_url": "https://media.discordapp.net/x", "content_type": "audio/ogg",
+                  "duration_secs": 4.5, "waveform": "AAAA" },
+                { "unexpected": true }
+            ]
+        });
+        let message: Message = serde_json::from_value(raw).unwrap();
+        assert!(message.is_voice_message());
+        let voice = &message.attachments[0];
+        assert_eq!((voice.filename.as_str(), voice.size), ("voice-message.ogg", Some(27_000)));
+        assert_eq!(voice.duration(), Some(4.5));
+        assert_eq!(voice.content_type.as_deref(), Some("audio/ogg"));
+        assert_eq!(message.attachments[1].url, "");
     }
 
     #[test]

@@ -146,11 +146,6 @@ pub fn parse(raw: &[u8]) -> Option<InboundMail> {
     let body = message.body_text(0).map(|text| text.into_owned()).unwrap_or_default();
     let mut attachments = Vec::new();
     for (index, part) in message.attachments().enumerate().take(MAX_ATTACHMENTS) {
-        let filename = part
-            .attachment_name()
-            .map(safe_filename)
-            .filter(|name| !name.is_empty())
-            .unwrap_or_else(|| format!("attachment-{}", index + 1));
         let mime = part
             .content_type()
             .map(|ct| match ct.subtype() {
@@ -159,6 +154,12 @@ pub fn parse(raw: &[u8]) -> Option<InboundMail> {
             })
             .unwrap_or_else(|| "application/octet-stream".to_owned())
             .to_ascii_lowercase();
+        // An inline image often has no name, only a Content-ID.
+        let filename = part
+            .attachment_name()
+            .map(safe_filename)
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| unnamed(index, &mime));
         attachments.push(MailAttachment { filename, mime, content: part.contents().to_vec() });
     }
     let mut auth = Vec::new();
@@ -187,6 +188,24 @@ pub fn parse(raw: &[u8]) -> Option<InboundMail> {
         auth,
         automatic,
     })
+}
+
+/// The name of the `index`-th attachment when it has none: `image-1.png`
+/// for an image, `attachment-1.pdf`, `attachment-1` for an unknown type.
+fn unnamed(index: usize, mime: &str) -> String {
+    let ext = match mime {
+        "image/png" => ".png",
+        "image/jpeg" | "image/jpg" => ".jpg",
+        "image/gif" => ".gif",
+        "image/webp" => ".webp",
+        "application/pdf" => ".pdf",
+        "text/plain" => ".txt",
+        "text/csv" => ".csv",
+        "application/json" => ".json",
+        _ => "",
+    };
+    let stem = if mime.starts_with("image/") { "image" } else { "attachment" };
+    format!("{stem}-{}{ext}", index + 1)
 }
 
 /// `<id@host>` → `id@host`, trimmed; control characters dropped.
@@ -461,24 +480,26 @@ pub fn reply_subject(subject: &str) -> String {
     format!("Re: {trimmed}")
 }
 
-/// The prompt of a mail: its text (the subject when the text is empty), then
-/// the attachments as saved (`saved`: the path of each, or why it was not).
-pub fn prompt(mail: &InboundMail, saved: &[(String, Result<String, String>)]) -> String {
+/// The prompt of a mail: its text (the subject when the text is empty; a
+/// default when both are and files came), then the attachments that were not
+/// kept (`not_kept`: the index of each in `mail.attachments`, with why). The
+/// kept ones are named by the note the run adds once they are in its
+/// uploads directory.
+pub fn prompt(mail: &InboundMail, not_kept: &[(usize, String)]) -> String {
     let mut prompt = if mail.text.is_empty() { mail.subject.clone() } else { mail.text.clone() };
-    if !saved.is_empty() {
-        prompt.push_str("\n\nAttachments:");
-        for ((filename, result), attachment) in saved.iter().zip(&mail.attachments) {
-            let size = attachment.content.len();
-            match result {
-                Ok(path) => prompt.push_str(&format!(
-                    "\n- {filename} ({}, {size} bytes), saved at {path}",
-                    attachment.mime
-                )),
-                Err(why) => prompt.push_str(&format!(
-                    "\n- {filename} ({}, {size} bytes), not saved: {why}",
-                    attachment.mime
-                )),
-            }
+    if prompt.trim().is_empty() && !mail.attachments.is_empty() {
+        crate::media::FILES_ONLY_PROMPT.clone_into(&mut prompt);
+    }
+    if !not_kept.is_empty() {
+        prompt.push_str("\n\nAttachments not saved:");
+        for (index, why) in not_kept {
+            let Some(attachment) = mail.attachments.get(*index) else { continue };
+            prompt.push_str(&format!(
+                "\n- {} ({}, {}): {why}",
+                attachment.filename,
+                attachment.mime,
+                lemon_core::media::size_text(attachment.content.len() as u64)
+            ));
         }
     }
     prompt

@@ -22,17 +22,16 @@
 //!   thread whose first line is `yes 4821` or `no 4821` answers it (only in
 //!   that thread, only from an allowed sender) instead of starting a run.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lemon_core::approvals::ApprovalHub;
 use lemon_core::bus::EventKind;
-use lemon_core::contain::{self, Reach};
 use lemon_core::engine::{ActionKind, ActionPhase, Completion};
 use lemon_core::ids::RunId;
 use lemon_core::log_text;
+use lemon_core::media::{Attachment, MediaRefusal, MediaStage};
 use lemon_core::router::{ChannelRef, Origin, RouterHandle, RunFollower, RunRequest, Submitted};
 use lemon_core::secrets::SecretStore;
 use lemon_core::store::StoreHandle;
@@ -51,6 +50,7 @@ use crate::ask;
 use crate::delivery::{
     Backoff, DeliveryError, DeliveryRecord, DeliveryRecords, Outbox, OutboxSettings, Window,
 };
+use crate::media;
 use crate::refused::{Refusals, StoreNotice};
 
 /// Store namespace of answers not yet sent, keyed by run id.
@@ -76,23 +76,17 @@ pub struct EmailTransport {
     config: EmailConfig,
     /// The passwords are read from here at every start.
     secrets: Arc<SecretStore>,
-    /// Where attachments are saved (under `email/`): the workspace, less the
-    /// gateway's own state.
-    workspace: Reach,
 }
 
 impl std::fmt::Debug for EmailTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmailTransport")
-            .field("from", &self.config.from)
-            .field("workspace", &self.workspace)
-            .finish_non_exhaustive()
+        f.debug_struct("EmailTransport").field("from", &self.config.from).finish_non_exhaustive()
     }
 }
 
 impl EmailTransport {
-    pub fn new(config: EmailConfig, secrets: Arc<SecretStore>, workspace: Reach) -> Self {
-        EmailTransport { config, secrets, workspace }
+    pub fn new(config: EmailConfig, secrets: Arc<SecretStore>) -> Self {
+        EmailTransport { config, secrets }
     }
 }
 
@@ -183,7 +177,7 @@ impl Transport for EmailTransport {
         let service = Arc::new(Mailer {
             config: self.config.clone(),
             access,
-            workspace: self.workspace.clone(),
+            media: ctx.media.clone(),
             own_address: smtp.sender_address(),
             smtp,
             outbox,
@@ -293,7 +287,8 @@ pub(super) struct Mailer {
     config: EmailConfig,
     /// `allowed_senders` or `allow_everyone`; refusals logged once per sender.
     access: Access,
-    workspace: Reach,
+    /// Where attachments wait for their run.
+    media: MediaStage,
     /// The address answers come from: mail from it is the gateway's own.
     own_address: String,
     smtp: SmtpSender,
@@ -431,8 +426,8 @@ impl Mailer {
             });
             return Handled::Answered(run_id);
         }
-        let saved = self.save_attachments(&mail, &thread).await;
-        let prompt = message::prompt(&mail, &saved);
+        let (attachments, not_kept) = self.keep_attachments(&mail, &from).await;
+        let prompt = message::prompt(&mail, &not_kept);
 
         let mut references = mail.references.clone();
         if !references.contains(&mail.message_id) {
@@ -479,9 +474,10 @@ impl Mailer {
                 "from": from,
                 "subject": mail.subject,
                 "thread": thread,
-                "attachments": saved.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+                "attachments": mail.attachments.iter().map(|a| &a.filename).collect::<Vec<_>>(),
             }),
         );
+        lemon_core::media::add_attachments(&mut req.meta, &attachments);
         let is_command = lemon_core::router::resolve::parse_slash_command(&prompt).is_some();
         let delivery = Delivery {
             run_id: run_id.to_string(),
@@ -494,6 +490,7 @@ impl Mailer {
         }
         match self.router.submit(req).await {
             Ok(Submitted::Command { reply, .. }) => {
+                self.media.discard(&attachments);
                 if !is_command {
                     self.deliveries.finish(&delivery.run_id).await;
                 }
@@ -510,6 +507,7 @@ impl Mailer {
             Ok(Submitted::Run(accepted, events)) => {
                 self.refusals.accepted(&session_key);
                 if accepted.duplicate {
+                    self.media.discard(&attachments);
                     return Handled::Duplicate(run_id);
                 }
                 let this = self.clone();
@@ -517,6 +515,7 @@ impl Mailer {
                 Handled::Accepted(run_id)
             }
             Err(error) => {
+                self.media.discard(&attachments);
                 self.deliveries.finish(&delivery.run_id).await;
                 tracing::warn!(%error, "mail not accepted");
                 if let Some(text) = self.refusals.reply(&session_key, &error) {
@@ -534,51 +533,66 @@ impl Mailer {
         }
     }
 
-    /// Saves the attachments under `<workspace>/email/<thread>/<mail>/`:
-    /// (filename, the saved path or why not).
-    async fn save_attachments(
+    /// Keeps the attachments of a mail from `from` in the stage, each
+    /// checked against `[gateway.email.files]` (and `max_attachment_bytes`):
+    /// the files kept for the run, and the index of each one not kept with
+    /// why (the prompt says so; the mail still gets its run).
+    async fn keep_attachments(
         &self,
         mail: &InboundMail,
-        thread: &str,
-    ) -> Vec<(String, Result<String, String>)> {
-        let mut saved = Vec::new();
+        from: &str,
+    ) -> (Vec<Attachment>, Vec<(usize, String)>) {
+        let mut kept = Vec::new();
+        let mut not_kept = Vec::new();
         if mail.attachments.is_empty() {
-            return saved;
+            return (kept, not_kept);
         }
-        let folder = Path::new("email").join(thread).join(message::thread_id(&mail.message_id));
-        for attachment in &mail.attachments {
-            let name = attachment.filename.clone();
-            let size = u64::try_from(attachment.content.len()).unwrap_or(u64::MAX);
-            if size > self.config.max_attachment_bytes {
-                saved.push((name, Err("larger than max_attachment_bytes".to_owned())));
+        let files = &self.config.files;
+        let refused_all = if !files.enabled {
+            Some(MediaRefusal::Disabled)
+        } else if !files.user_allowed(from) {
+            Some(MediaRefusal::UserNotAllowed)
+        } else {
+            None
+        };
+        let mut limits = files.clone();
+        limits.max_download_bytes = files.max_download_bytes.min(self.config.max_attachment_bytes);
+        for (index, attachment) in mail.attachments.iter().enumerate() {
+            if let Some(refusal) = &refused_all {
+                not_kept.push((index, refusal.to_string()));
                 continue;
             }
-            let result = self.save_one(&folder.join(&name), &attachment.content).await;
-            saved.push((name, result));
+            let size = attachment.content.len() as u64;
+            if size > limits.max_download_bytes {
+                let refusal = MediaRefusal::TooLarge {
+                    name: attachment.filename.clone(),
+                    bytes: size,
+                    max: limits.max_download_bytes,
+                };
+                not_kept.push((index, refusal.to_string()));
+                continue;
+            }
+            let result = media::keep(
+                &self.media,
+                &limits,
+                attachment.filename.clone(),
+                Some(attachment.mime.clone()),
+                attachment.content.clone(),
+            )
+            .await;
+            match result {
+                Ok(file) => kept.push(file),
+                Err(refusal) => {
+                    tracing::info!(
+                        name = %log_text::escape(&attachment.filename),
+                        %refusal,
+                        "an attachment of a mail was not kept"
+                    );
+                    not_kept.push((index, refusal.to_string()));
+                }
+            }
         }
-        saved
-    }
-
-    async fn save_one(&self, relative: &Path, content: &[u8]) -> Result<String, String> {
-        let root = self.workspace.roots().first().cloned().unwrap_or_default();
-        if let Err(error) = tokio::fs::create_dir_all(&root).await {
-            return Err(format!("the workspace cannot be created: {error}"));
-        }
-        // Built again now the workspace exists, so opens walk down from it.
-        let workspace = self.workspace.with_roots([root]);
-        let (relative, content) = (relative.to_owned(), content.to_vec());
-        let save = move || -> Result<String, String> {
-            let path = workspace
-                .resolve(&relative)
-                .map_err(|error| format!("not inside the workspace: {error}"))?;
-            let mut file = workspace
-                .open(&path, contain::Access::Create)
-                .map_err(|error| format!("cannot write: {error}"))?;
-            std::io::Write::write_all(&mut file, &content)
-                .map_err(|error| format!("cannot write: {error}"))?;
-            Ok(path.display().to_string())
-        };
-        tokio::task::spawn_blocking(save).await.map_err(|error| format!("cannot write: {error}"))?
+        (kept, not_kept)
     }
 
     /// Follows a run to its completion, then sends the answer.

@@ -5,12 +5,14 @@
 //!   `body.text` and `content.text` (nested objects, or those literal keys).
 //! - Attachments: `attachments` and `files` (objects with `url`/`href`/`uri`,
 //!   `name`/`filename`/`file_name`/`title`, `content_type`/`mime_type`/`type`,
-//!   `size`/`bytes`, or plain URL strings) and `urls` (strings), as lists or
-//!   single values; a string holding a JSON list or object is read as that.
-//!   Entries with neither a URL nor a name are dropped, duplicates kept once.
+//!   `size`/`bytes`, the content in base64 as `data`/`content_base64`/`base64`/
+//!   `file_data`, or plain URL strings) and `urls` (strings), as lists or
+//!   single values; a string holding a JSON list or object is read as that. A
+//!   `data:` URL is content, not a link. Entries with no URL, name or content
+//!   are dropped, duplicates kept once.
 //! - The prompt is the text, then an `Attachments:` section with one line per
-//!   attachment (`- name (url)`, `- url` or `- name`); with no text it is the
-//!   section alone.
+//!   attachment (`- name (url)`, `- url` or `- name`; content is never
+//!   written there); with no text it is the section alone.
 //! - Metadata: an object, or a string holding a JSON object; absent means `{}`.
 
 use serde_json::{json, Map, Value};
@@ -38,6 +40,9 @@ pub(crate) struct Attachment {
     pub(crate) name: Option<String>,
     pub(crate) content_type: Option<String>,
     pub(crate) size: Option<u64>,
+    /// The content in base64 (or a `data:` URL), when the payload carries
+    /// it; never in the prompt, the run's record or a callback.
+    pub(crate) data: Option<String>,
 }
 
 impl Attachment {
@@ -64,7 +69,7 @@ impl Attachment {
             (Some(name), Some(url)) => format!("- {name} ({url})"),
             (None, Some(url)) => format!("- {url}"),
             (Some(name), None) => format!("- {name}"),
-            (None, None) => String::new(),
+            (None, None) => "- (a file without a name)".to_owned(),
         }
     }
 }
@@ -169,12 +174,21 @@ fn collect(source: &'static str, value: &Value, depth: usize, out: &mut Vec<Atta
                 Ok(inner @ (Value::Array(_) | Value::Object(_))) => {
                     collect(source, &inner, depth + 1, out);
                 }
+                _ if is_data_url(raw) => out.push(Attachment {
+                    source,
+                    url: None,
+                    name: None,
+                    content_type: None,
+                    size: None,
+                    data: Some(raw.to_owned()),
+                }),
                 _ => out.push(Attachment {
                     source,
                     url: Some(raw.to_owned()),
                     name: None,
                     content_type: None,
                     size: None,
+                    data: None,
                 }),
             }
         }
@@ -185,14 +199,22 @@ fn collect(source: &'static str, value: &Value, depth: usize, out: &mut Vec<Atta
         }
         Value::Object(fields) => {
             let text = |keys: &[&str]| first_string(value, keys);
+            let url = text(&["url", "href", "uri"]).map(str::to_owned);
+            let (url, data_url) = match url {
+                Some(url) if is_data_url(&url) => (None, Some(url)),
+                url => (url, None),
+            };
             let attachment = Attachment {
                 source,
-                url: text(&["url", "href", "uri"]).map(str::to_owned),
+                url,
                 name: text(&["name", "filename", "file_name", "title"]).map(str::to_owned),
                 content_type: text(&["content_type", "mime_type", "type"]).map(str::to_owned),
                 size: ["size", "bytes"].iter().find_map(|key| size_of(fields.get(*key)?)),
+                data: text(&["data", "content_base64", "base64", "file_data"])
+                    .map(str::to_owned)
+                    .or(data_url),
             };
-            if attachment.url.is_some() || attachment.name.is_some() {
+            if attachment.url.is_some() || attachment.name.is_some() || attachment.data.is_some() {
                 out.push(attachment);
             } else if attachment.content_type.is_none() && attachment.size.is_none() {
                 // A wrapper (`{"file": {...}}`, `{"0": "https://..."}`): look inside.
@@ -203,6 +225,11 @@ fn collect(source: &'static str, value: &Value, depth: usize, out: &mut Vec<Atta
         }
         Value::Null | Value::Bool(_) | Value::Number(_) => {}
     }
+}
+
+/// Whether `text` is a `data:` URL: content, not a link.
+fn is_data_url(text: &str) -> bool {
+    text.trim().get(..5).is_some_and(|scheme| scheme.eq_ignore_ascii_case("data:"))
 }
 
 fn size_of(value: &Value) -> Option<u64> {

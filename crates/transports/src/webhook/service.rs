@@ -77,6 +77,7 @@ impl Transport for WebhookTransport {
             tracker: ctx.tracker.clone(),
             shutdown: stop.clone(),
             status: Some((ctx.status.clone(), local.to_string())),
+            media: ctx.media.clone(),
         });
         // Subscribed before serving, so no run of an integration's session is missed.
         let others = ctx.router.subscribe_starts();

@@ -59,6 +59,8 @@ impl Resolve for MapResolver {
 
 struct TestHook {
     state: WebhookState,
+    /// The stage files wait in for their run.
+    media: tempfile::TempDir,
     bus: EventBus,
     store: StoreHandle,
     router: RouterHandle,
@@ -91,8 +93,10 @@ impl TestHook {
         let mut engines = EngineRegistry::new();
         engines.register(Arc::new(EchoEngine::new(word_delay, tracker.clone()))).unwrap();
         let bus = EventBus::default();
+        let media = tempfile::tempdir().unwrap();
+        let stage = lemon_core::media::MediaStage::new(media.path().join("stage"));
         let deps = GatewayDeps {
-            config: RuntimeConfig::default(),
+            config: RuntimeConfig { media_stage: Some(stage.clone()), ..RuntimeConfig::default() },
             engines,
             store: store.clone(),
             bus: bus.clone(),
@@ -117,8 +121,9 @@ impl TestHook {
             tracker: tracker.clone(),
             shutdown: token.clone(),
             status: None,
+            media: stage,
         });
-        TestHook { state, bus, store, router, tracker, _token: token }
+        TestHook { state, media, bus, store, router, tracker, _token: token }
     }
 
     /// Shuts the gateway down and waits for every task to end.
@@ -1214,6 +1219,50 @@ async fn attempts_are_counted_across_restarts_and_a_callback_out_of_them_is_give
     assert_eq!(attempts.load(Ordering::SeqCst), 2);
 }
 
+/// The reference's per-integration retry keys win over the section's.
+#[tokio::test]
+async fn an_integration_s_callback_retry_settings_win_over_the_section_s() {
+    let (addr, attempts, _received) = callback_server(10).await;
+    let toml = format!(
+        "callback_max_attempts = 5\ncallback_backoff_ms = 60000\nallow_private_callback_hosts = true\n\
+         [integrations.zap]\ntoken = \"{TOKEN}\"\ncallback_url = \"http://{addr}/cb\"\n\
+         callback_max_attempts = 2\ncallback_backoff_ms = 1\ncallback_backoff_max_ms = 2\n"
+    );
+    let store = StoreHandle::memory();
+    let hook = TestHook::start_on(store.clone(), &toml, Duration::ZERO, MapResolver::default());
+    let (status, body) = hook.post(json!({ "prompt": "nobody listens" })).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let run_id = body["run_id"].as_str().unwrap().to_owned();
+    let record = callback_record(&store, &run_id, |r| !r["failed"].is_null()).await;
+    assert_eq!(record["attempts"], 2);
+    hook.stop().await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+}
+
+/// The reference's `callback_wait_timeout_ms`: a run that outlasts it gets no
+/// callback, and the callback is on record as given up.
+#[tokio::test]
+async fn a_run_that_outlasts_callback_wait_timeout_ms_gets_no_callback() {
+    let (addr, attempts, _received) = callback_server(0).await;
+    let toml = format!(
+        "callback_wait_timeout_ms = 600000\nallow_private_callback_hosts = true\n\
+         [integrations.zap]\ntoken = \"{TOKEN}\"\ncallback_url = \"http://{addr}/cb\"\n\
+         callback_wait_timeout_ms = 20\n"
+    );
+    let store = StoreHandle::memory();
+    // A word a minute: the run is still going when the wait is over.
+    let hook =
+        TestHook::start_on(store.clone(), &toml, Duration::from_secs(60), MapResolver::default());
+    let (status, body) = hook.post(json!({ "prompt": "a long job" })).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let run_id = body["run_id"].as_str().unwrap().to_owned();
+    let record = callback_record(&store, &run_id, |r| !r["failed"].is_null()).await;
+    assert_eq!(record["failed"], "the run did not finish within callback_wait_timeout_ms (20 ms)");
+    assert_eq!(record["attempts"], 0);
+    hook.stop().await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 0);
+}
+
 #[tokio::test]
 async fn a_request_the_router_refuses_leaves_no_callback_record() {
     let (addr, attempts, _received) = callback_server(0).await;
@@ -1370,4 +1419,178 @@ async fn an_integration_without_a_callback_url_delivers_runs_from_elsewhere_nowh
     let now = lemon_core::clock::now_ms();
     assert_eq!(hook.store.kv_list("webhook.callback", now).await.unwrap().len(), 0);
     hook.stop().await;
+}
+
+// Files a payload carries: saved for the run where the integration takes
+// files, refused as bad input otherwise.
+
+const PDF: &[u8] = b"%PDF-1.7\n1 0 obj <<>> endobj\n%%EOF\n";
+
+fn base64_of(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// A webhook whose integration `zap` answers in sync mode and runs in
+/// `project`, with `files` (a `[files]` body, or none).
+fn hook_with_files(files: &str, project: &std::path::Path) -> TestHook {
+    let toml = format!(
+        "{files}\n[integrations.zap]\ntoken = \"{TOKEN}\"\nmode = \"sync\"\ncwd = {:?}\n",
+        project.display().to_string()
+    );
+    TestHook::start(&toml, Duration::ZERO, MapResolver::default())
+}
+
+/// How many files wait in the hook's stage.
+fn staged_files(hook: &TestHook) -> usize {
+    std::fs::read_dir(hook.media.path().join("stage")).map_or(0, Iterator::count)
+}
+
+/// A server on loopback answering `GET /report.pdf` with [`PDF`].
+async fn pdf_server() -> SocketAddr {
+    let app = Router::new().route(
+        "/report.pdf",
+        axum::routing::get(|| async { ([(header::CONTENT_TYPE, "application/pdf")], PDF) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+#[test]
+fn content_in_a_payload_is_a_file_never_written_in_the_prompt_or_the_record() {
+    let png = format!("data:image/png;base64,{}", base64_of(b"\x89PNG\r\n\x1a\n"));
+    let body = json!({
+        "message": "have a look",
+        "attachments": [
+            { "name": "report.pdf", "mime_type": "application/pdf", "data": base64_of(PDF) },
+            png,
+            { "url": png, "name": "dot.png" },
+        ],
+    });
+    check_payload(
+        body.clone(),
+        "have a look\n\nAttachments:\n- report.pdf\n- (a file without a name)\n- dot.png",
+        json!([
+            { "source": "attachments", "name": "report.pdf", "content_type": "application/pdf" },
+            { "source": "attachments" },
+            { "source": "attachments", "name": "dot.png" },
+        ]),
+    );
+    let payload = Payload::from_body(&body).unwrap();
+    assert!(payload.attachments.iter().all(|a| a.data.is_some() && a.url.is_none()));
+}
+
+#[tokio::test]
+async fn a_base64_attachment_is_saved_in_the_runs_directory_and_named_in_its_prompt() {
+    let project = tempfile::tempdir().unwrap();
+    let hook = hook_with_files("[files]\nmax_download_bytes = 4096\n", project.path());
+    let (status, body) = hook
+        .post(json!({
+            "message": "summarise",
+            "attachments": [{ "name": "report.pdf", "data": base64_of(PDF) }],
+        }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let answer = body["answer"].as_str().unwrap();
+    assert!(
+        answer.starts_with("summarise\n\nAttachments:\n- report.pdf\n\n[Files sent"),
+        "{answer}"
+    );
+    assert!(answer.contains(".lemon/uploads/report.pdf (file, application/pdf"), "{answer}");
+    assert_eq!(std::fs::read(project.path().join(".lemon/uploads/report.pdf")).unwrap(), PDF);
+    assert_eq!(staged_files(&hook), 0);
+    hook.stop().await;
+}
+
+#[tokio::test]
+async fn a_url_attachment_is_fetched_only_from_hosts_the_section_allows() {
+    let addr = pdf_server().await;
+    let url = format!("http://{addr}/report.pdf");
+    let project = tempfile::tempdir().unwrap();
+    let hook = hook_with_files("[files]\n", project.path());
+    let (status, body) = hook.post(json!({ "text": "read", "urls": [url] })).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(
+        body["error"],
+        "urls[0]: the file could not be fetched: 127.0.0.1 is a private or loopback address (allow_private_hosts is off)"
+    );
+    assert_eq!(hook.run_count().await, 0);
+    hook.stop().await;
+
+    let hook = hook_with_files("[files]\nallow_private_hosts = true\n", project.path());
+    let (status, body) = hook.post(json!({ "text": "read", "urls": [url] })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["answer"].as_str().unwrap().contains(".lemon/uploads/report.pdf"), "{body}");
+    assert_eq!(std::fs::read(project.path().join(".lemon/uploads/report.pdf")).unwrap(), PDF);
+    hook.stop().await;
+}
+
+#[tokio::test]
+async fn refused_files_are_4xx_json_and_nothing_runs() {
+    let project = tempfile::tempdir().unwrap();
+    // No `[files]`: links are listed, content is refused.
+    let hook = hook_with_files("", project.path());
+    let (status, body) =
+        hook.post(json!({ "text": "x", "files": [{ "name": "a.txt", "data": "QQ==" }] })).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body, json!({ "error": "files[0] (a.txt): files are not accepted here" }));
+    let (status, body) = hook.post(json!({ "text": "x", "urls": ["https://a.example/1"] })).await;
+    assert_eq!(status, StatusCode::OK, "links alone still run: {body}");
+    hook.stop().await;
+
+    let files = "max_body_bytes = 64\n[files]\nmax_download_bytes = 8\n";
+    let hook = hook_with_files(files, project.path());
+    let cases = [
+        (
+            json!({ "name": "../../.bashrc", "data": "QQ==" }),
+            StatusCode::BAD_REQUEST,
+            "it holds a directory",
+        ),
+        (
+            json!({ "name": "big.txt", "data": base64_of(b"0123456789") }),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "the limit is 8 bytes",
+        ),
+        (json!({ "name": "x.txt", "data": "@@@@" }), StatusCode::BAD_REQUEST, "it is not base64"),
+    ];
+    for (attachment, want, text) in cases {
+        let ok = json!({ "name": "ok.txt", "data": "QQ==" });
+        let (status, body) =
+            hook.post(json!({ "text": "x", "attachments": [ok, attachment] })).await;
+        assert_eq!(status, want, "{body}");
+        let error = body["error"].as_str().unwrap();
+        assert!(error.starts_with("attachments[1] (") && error.contains(text), "{error}");
+    }
+    assert_eq!(hook.run_count().await, 0);
+    assert_eq!(staged_files(&hook), 0, "the good file of each refused request is gone");
+    assert!(!project.path().join(".lemon").exists());
+    hook.stop().await;
+}
+
+#[tokio::test]
+async fn an_integrations_files_section_replaces_the_sections() {
+    let project = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[files]\n[integrations.zap]\ntoken = \"{TOKEN}\"\nmode = \"sync\"\ncwd = {:?}\n\
+         [integrations.zap.files]\nenabled = false\n",
+        project.path().display().to_string()
+    );
+    let hook = TestHook::start(&toml, Duration::ZERO, MapResolver::default());
+    let (status, body) = hook
+        .post(json!({ "text": "x", "attachments": [{ "name": "a.txt", "data": "QQ==" }] }))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    hook.stop().await;
+
+    let unknown = toml::from_str::<toml::Table>("[files]\nmax_dowload_bytes = 1\n").unwrap();
+    let (_, ignored) = WebhookConfig::parse_with_unknown_keys(&unknown).unwrap();
+    assert_eq!(ignored[0].suggestion.as_deref(), Some("max_download_bytes"), "{ignored:?}");
+    let bad = toml::from_str::<toml::Table>("[files]\nmax_download_bytes = 0\n").unwrap();
+    let err = WebhookConfig::parse(&bad).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid [gateway.webhook]: files.max_download_bytes: must be more than 0"
+    );
 }

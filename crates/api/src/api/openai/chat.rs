@@ -6,8 +6,7 @@
 
 use std::convert::Infallible;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -21,8 +20,11 @@ use serde_json::{json, Value};
 use super::error::OpenAiError;
 use super::follow::{rendered, AnswerStream, Render, Step};
 use super::turns::{Role, Turn};
-use super::{input_tokens, json_body, lemon_headers, reported_usage, unix_now, Target};
+use super::{
+    input_tokens, json_body, lemon_headers, receive_files, reported_usage, unix_now, Target,
+};
 use crate::api::ApiState;
+use crate::files::{FileSource, IncomingFile};
 
 /// The request body; fields OpenAI defines that an engine has no use for
 /// (`temperature`, `max_tokens`, `tools`…) are accepted and ignored.
@@ -48,7 +50,7 @@ struct Message {
     content: Option<Content>,
 }
 
-/// A message's content: text, or a list of parts of which only text is taken.
+/// A message's content: text, or a list of parts: text, images and files.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub(super) enum Content {
@@ -56,40 +58,126 @@ pub(super) enum Content {
     Parts(Vec<Part>),
 }
 
+/// One part of a message's content.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub(super) struct Part {
-    /// `text` (`input_text`, `output_text`); other parts are refused.
+    /// `text` (`input_text`, `output_text`); `image_url` (`input_image`) and
+    /// `file` (`input_file`) in the last user message become files of the run.
+    /// Other parts (audio) are refused.
     #[serde(rename = "type")]
     kind: String,
     text: Option<String>,
+    /// An image: `{"url"}` (Chat Completions) or the URL itself (Responses);
+    /// a base64 `data:` URL or an `http(s)` one the gateway downloads.
+    image_url: Option<ImageUrl>,
+    /// Chat Completions' `file` part: `{"file_data", "filename"}`.
+    file: Option<FilePart>,
+    /// Responses' `input_file`: base64, or a base64 `data:` URL.
+    file_data: Option<String>,
+    /// Responses' `input_file`: where to download the file from.
+    file_url: Option<String>,
+    /// The file's name (`input_file`).
+    filename: Option<String>,
+    /// Files uploaded to OpenAI are not known here: refused.
+    file_id: Option<String>,
+}
+
+/// An image's URL, as either API writes it.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub(super) enum ImageUrl {
+    Url(String),
+    Object { url: String },
+}
+
+/// Chat Completions' file.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub(super) struct FilePart {
+    /// Base64, or a base64 `data:` URL.
+    file_data: Option<String>,
+    filename: Option<String>,
+    /// Refused: files uploaded to OpenAI are not known here.
+    file_id: Option<String>,
+}
+
+/// Base64 text or a `data:` URL as a file's source.
+fn inline_source(data: String) -> FileSource {
+    if crate::files::parse_data_url(&data).is_some() {
+        FileSource::Url(data)
+    } else {
+        FileSource::Base64(data)
+    }
 }
 
 impl Content {
-    /// The text of the content; the text parts joined by newlines.
+    /// The text of the content (the text parts joined by newlines) and its
+    /// images and files.
     ///
     /// # Errors
-    /// A `400` for a part that is not text (an image, audio, a file).
-    pub(super) fn text(&self, param: &'static str) -> Result<String, OpenAiError> {
-        match self {
-            Content::Text(text) => Ok(text.clone()),
-            Content::Parts(parts) => {
-                let mut texts = Vec::with_capacity(parts.len());
-                for part in parts {
-                    match (part.kind.as_str(), &part.text) {
-                        ("text" | "input_text" | "output_text", Some(text)) => {
-                            texts.push(text.as_str())
-                        }
-                        (kind, _) => {
-                            return Err(OpenAiError::invalid(format!(
-                                "content of type {kind:?} is not supported: send text"
-                            ))
-                            .with_param(param))
-                        }
-                    }
+    /// A `400` for a part that is neither (audio), or a file without content.
+    pub(super) fn split(
+        &self,
+        param: &'static str,
+    ) -> Result<(String, Vec<IncomingFile>), OpenAiError> {
+        let parts = match self {
+            Content::Text(text) => return Ok((text.clone(), Vec::new())),
+            Content::Parts(parts) => parts,
+        };
+        let mut texts = Vec::with_capacity(parts.len());
+        let mut files = Vec::new();
+        let invalid = |message: String| OpenAiError::invalid(message).with_param(param);
+        for (index, part) in parts.iter().enumerate() {
+            let label = format!("content[{index}]");
+            let unknown_file = || {
+                invalid(format!(
+                    "{label}: file_id is not supported: send the file as file_data or file_url"
+                ))
+            };
+            match (part.kind.as_str(), &part.text) {
+                ("text" | "input_text" | "output_text", Some(text)) => texts.push(text.as_str()),
+                ("image_url" | "input_image", _) => {
+                    let url = match &part.image_url {
+                        Some(ImageUrl::Url(url) | ImageUrl::Object { url }) => url.clone(),
+                        None if part.file_id.is_some() => return Err(unknown_file()),
+                        None => return Err(invalid(format!("{label}: image_url is required"))),
+                    };
+                    files.push(IncomingFile {
+                        label,
+                        name: None,
+                        mime: None,
+                        source: FileSource::Url(url),
+                    });
                 }
-                Ok(texts.join("\n"))
+                ("file" | "input_file", _) => {
+                    let nested = part.file.as_ref();
+                    let data = nested.and_then(|f| f.file_data.clone()).or(part.file_data.clone());
+                    let name = nested.and_then(|f| f.filename.clone()).or(part.filename.clone());
+                    let source = match (data, &part.file_url) {
+                        (Some(data), _) => inline_source(data),
+                        (None, Some(url)) => FileSource::Url(url.clone()),
+                        (None, None) => {
+                            if nested
+                                .and_then(|f| f.file_id.as_ref())
+                                .or(part.file_id.as_ref())
+                                .is_some()
+                            {
+                                return Err(unknown_file());
+                            }
+                            return Err(invalid(format!(
+                                "{label}: file_data or file_url is required"
+                            )));
+                        }
+                    };
+                    files.push(IncomingFile { label, name, mime: None, source });
+                }
+                (kind, _) => {
+                    return Err(invalid(format!(
+                        "content of type {kind:?} is not supported: send text, images or files"
+                    )))
+                }
             }
         }
+        Ok((texts.join("\n"), files))
     }
 }
 
@@ -100,11 +188,11 @@ impl ChatRequest {
             .iter()
             .map(|message| {
                 let role = Role::parse(&message.role)?;
-                let text = match &message.content {
-                    Some(content) => content.text("messages")?,
-                    None => String::new(),
+                let (text, files) = match &message.content {
+                    Some(content) => content.split("messages")?,
+                    None => (String::new(), Vec::new()),
                 };
-                Ok(Turn { role, text })
+                Ok(Turn { role, text, files })
             })
             .collect()
     }
@@ -124,18 +212,22 @@ impl ChatRequest {
                 (crate::openapi::schema::SseEvent = "text/event-stream"),
             )),
         crate::openapi::OpenAiErrors,
+        (status = 403, description = "Files are not accepted (`[gateway.files] enabled = false`).", body = crate::openapi::schema::OpenAiErrorBody),
+        (status = 413, description = "The body is larger than its limit (one file of `[gateway.files] max_download_bytes` in base64, at least 1 MiB), or an image or file is larger than `max_download_bytes`.", body = crate::openapi::schema::OpenAiErrorBody),
+        (status = 422, description = "An image or file URL could not be fetched, or points at a private or loopback address.", body = crate::openapi::schema::OpenAiErrorBody),
     )
 )]
 pub(super) async fn create(
     State(state): State<ApiState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, OpenAiError> {
-    let request: ChatRequest = json_body(&headers, body)?;
-    let turns = request.turns()?;
+    let request: ChatRequest = json_body(&state, &headers, body).await?;
+    let mut turns = request.turns()?;
     let target =
         Target::resolve(request.model.as_deref(), &headers, request.user.as_deref(), None)?;
     let prompt = target.prompt(&state, &turns, "messages").await?;
+    let staged = receive_files(&state, &mut turns, "messages").await?;
     let model = target.engine.to_string();
     let id = format!("chatcmpl-{}", target.run_id);
     let created = unix_now();
@@ -143,7 +235,7 @@ pub(super) async fn create(
         request.stream_options.as_ref().and_then(|options| options.include_usage).unwrap_or(false);
     let stream = request.stream.unwrap_or(false);
     let chunks = Chunks { id, model, created, include_usage };
-    let mut response = match target.submit(&state, prompt).await? {
+    let mut response = match target.submit(&state, prompt, staged).await? {
         Submitted::Command { reply, .. } => {
             if stream {
                 sse_of(futures::stream::iter(chunks.whole(&reply)))

@@ -142,9 +142,8 @@ impl From<ApiError> for OpenAiError {
             ApiError::Unauthorized => OpenAiError::unauthorized(),
             ApiError::BadRequest(_)
             | ApiError::UnsupportedMediaType
-            | ApiError::PayloadTooLarge => {
-                OpenAiError::new(status, "invalid_request_error", message)
-            }
+            | ApiError::PayloadTooLarge { .. }
+            | ApiError::Attachment(_) => OpenAiError::new(status, "invalid_request_error", message),
             ApiError::NotFound(_) | ApiError::MethodNotAllowed | ApiError::Conflict(_) => {
                 OpenAiError::new(status, "invalid_request_error", message)
             }

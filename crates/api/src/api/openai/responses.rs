@@ -9,8 +9,7 @@
 
 use std::convert::Infallible;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::Event;
@@ -26,7 +25,9 @@ use super::chat::{answer_of, sse_of, Content};
 use super::error::OpenAiError;
 use super::follow::{rendered, AnswerStream, Render};
 use super::turns::{Role, Turn};
-use super::{input_tokens, json_body, lemon_headers, reported_usage, unix_now, Target};
+use super::{
+    input_tokens, json_body, lemon_headers, receive_files, reported_usage, unix_now, Target,
+};
 use crate::api::ApiState;
 
 /// The request body; fields an engine has no use for (`temperature`, `tools`,
@@ -62,11 +63,13 @@ impl ResponsesRequest {
     fn turns(&self) -> Result<Vec<Turn>, OpenAiError> {
         let mut turns = Vec::new();
         if let Some(instructions) = &self.instructions {
-            turns.push(Turn { role: Role::System, text: instructions.clone() });
+            turns.push(Turn { role: Role::System, text: instructions.clone(), files: Vec::new() });
         }
         match &self.input {
             None => {}
-            Some(Input::Text(text)) => turns.push(Turn { role: Role::User, text: text.clone() }),
+            Some(Input::Text(text)) => {
+                turns.push(Turn { role: Role::User, text: text.clone(), files: Vec::new() })
+            }
             Some(Input::Items(items)) => {
                 for item in items {
                     if let Some(kind) = item.kind.as_deref().filter(|kind| *kind != "message") {
@@ -78,11 +81,11 @@ impl ResponsesRequest {
                     let role = item.role.as_deref().ok_or_else(|| {
                         OpenAiError::invalid("every input message needs a role").with_param("input")
                     })?;
-                    let text = match &item.content {
-                        Some(content) => content.text("input")?,
-                        None => String::new(),
+                    let (text, files) = match &item.content {
+                        Some(content) => content.split("input")?,
+                        None => (String::new(), Vec::new()),
                     };
-                    turns.push(Turn { role: Role::parse(role)?, text });
+                    turns.push(Turn { role: Role::parse(role)?, text, files });
                 }
             }
         }
@@ -104,15 +107,18 @@ impl ResponsesRequest {
                 (crate::openapi::schema::SseEvent = "text/event-stream"),
             )),
         crate::openapi::OpenAiErrors,
+        (status = 403, description = "Files are not accepted (`[gateway.files] enabled = false`).", body = crate::openapi::schema::OpenAiErrorBody),
+        (status = 413, description = "The body is larger than its limit (one file of `[gateway.files] max_download_bytes` in base64, at least 1 MiB), or an image or file is larger than `max_download_bytes`.", body = crate::openapi::schema::OpenAiErrorBody),
+        (status = 422, description = "An image or file URL could not be fetched, or points at a private or loopback address.", body = crate::openapi::schema::OpenAiErrorBody),
     )
 )]
 pub(super) async fn create(
     State(state): State<ApiState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, OpenAiError> {
-    let request: ResponsesRequest = json_body(&headers, body)?;
-    let turns = request.turns()?;
+    let request: ResponsesRequest = json_body(&state, &headers, body).await?;
+    let mut turns = request.turns()?;
     let previous = match request.previous_response_id.as_deref() {
         Some(id) => Some(previous_session(&state, id).await?),
         None => None,
@@ -120,6 +126,7 @@ pub(super) async fn create(
     let target =
         Target::resolve(request.model.as_deref(), &headers, request.user.as_deref(), previous)?;
     let prompt = target.prompt(&state, &turns, "input").await?;
+    let staged = receive_files(&state, &mut turns, "input").await?;
     let shape = Shape {
         id: format!("resp_{}", target.run_id),
         message_id: format!("msg_{}", target.run_id),
@@ -128,7 +135,7 @@ pub(super) async fn create(
         instructions: request.instructions.clone(),
     };
     let stream = request.stream.unwrap_or(false);
-    let mut response = match target.submit(&state, prompt).await? {
+    let mut response = match target.submit(&state, prompt, staged).await? {
         Submitted::Command { reply, .. } => {
             if stream {
                 let mut events = Events::new(shape);

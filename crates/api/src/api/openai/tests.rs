@@ -557,7 +557,7 @@ fn an_answer_not_streamed_is_shown_at_the_end() {
 }
 
 fn turn(role: Role, text: &str) -> Turn {
-    Turn { role, text: text.to_owned() }
+    Turn { role, text: text.to_owned(), files: Vec::new() }
 }
 
 #[test]
@@ -578,4 +578,115 @@ fn the_prompt_is_the_last_user_message_after_the_history_when_wanted() {
     assert!(prompt(&[], true, "messages").is_err());
     assert!(prompt(&turns[..4], true, "messages").is_err());
     assert_eq!(prompt(&[turn(Role::User, " ")], true, "input").unwrap_err().param, Some("input"));
+}
+
+/// A gateway taking files whose runs work in a project directory of their own.
+fn with_project() -> (TestGateway, tempfile::TempDir) {
+    let project = tempfile::tempdir().unwrap();
+    let config =
+        RuntimeConfig { default_cwd: Some(project.path().to_owned()), ..RuntimeConfig::default() };
+    let files = lemon_core::media::FilesConfig::default();
+    (TestGateway::with_files(Duration::ZERO, config, EventBus::default(), files), project)
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01";
+
+#[tokio::test]
+async fn a_chat_image_becomes_a_file_of_the_run_named_in_its_prompt() {
+    let (gw, project) = with_project();
+    let image = format!("data:image/png;base64,{}", base64_of(PNG));
+    let body = json!({
+        "model": "echo",
+        "messages": [{ "role": "user", "content": [
+            { "type": "text", "text": "what is in this picture?" },
+            { "type": "image_url", "image_url": { "url": image, "detail": "low" } },
+        ] }],
+    });
+    let (status, _, completion) = post_json(&gw, "/v1/chat/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{completion}");
+    let answer = completion["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(answer.starts_with("what is in this picture?\n\n[Files sent"), "{answer}");
+    assert!(answer.contains(".lemon/uploads/attachment-1.png (image, image/png,"), "{answer}");
+    let saved = project.path().join(".lemon/uploads/attachment-1.png");
+    assert_eq!(std::fs::read(saved).unwrap(), PNG);
+}
+
+#[tokio::test]
+async fn responses_take_input_images_and_files() {
+    let (gw, project) = with_project();
+    let body = json!({
+        "model": "echo",
+        "input": [{ "role": "user", "content": [
+            { "type": "input_text", "text": "compare these" },
+            { "type": "input_image", "image_url": format!("data:image/png;base64,{}", base64_of(PNG)) },
+            { "type": "input_file", "filename": "notes.txt",
+              "file_data": format!("data:text/plain;base64,{}", base64_of(b"line one\n")) },
+        ] }],
+    });
+    let (status, _, response) = post_json(&gw, "/v1/responses", body).await;
+    assert_eq!(status, StatusCode::OK, "{response}");
+    let answer = response["output"][0]["content"][0]["text"].as_str().unwrap();
+    assert!(answer.contains(".lemon/uploads/attachment-1.png (image"), "{answer}");
+    assert!(answer.contains(".lemon/uploads/notes.txt (file, text/plain"), "{answer}");
+    let uploads = project.path().join(".lemon/uploads");
+    assert_eq!(std::fs::read(uploads.join("notes.txt")).unwrap(), b"line one\n");
+}
+
+#[tokio::test]
+async fn refused_images_and_files_answer_in_openais_shape() {
+    let (gw, project) = with_project();
+    let chat = |part: Value| {
+        json!({ "model": "echo", "messages": [{ "role": "user", "content": [
+            { "type": "text", "text": "look" }, part,
+        ] }] })
+    };
+    let invalid = (StatusCode::BAD_REQUEST, "invalid_request_error", None);
+    let cases = [
+        (
+            chat(
+                json!({ "type": "image_url", "image_url": { "url": "data:image/png;base64,@@@" } }),
+            ),
+            invalid,
+            "content[1]: it is not base64",
+        ),
+        (
+            chat(json!({ "type": "file", "file": { "file_id": "file-abc" } })),
+            invalid,
+            "file_id is not supported",
+        ),
+        (
+            chat(json!({ "type": "input_audio", "input_audio": { "data": "", "format": "wav" } })),
+            invalid,
+            "not supported",
+        ),
+        (
+            chat(
+                json!({ "type": "file", "file": { "filename": "../x.txt", "file_data": base64_of(b"x") } }),
+            ),
+            invalid,
+            "content[1] (../x.txt): the file name",
+        ),
+        (
+            chat(
+                json!({ "type": "image_url", "image_url": { "url": "http://127.0.0.1:9/cat.png" } }),
+            ),
+            (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error", None),
+            "private or loopback",
+        ),
+    ];
+    for (body, want, text) in cases {
+        let (status, _, error) = post_json(&gw, "/v1/chat/completions", body).await;
+        check_error(status, &error, want);
+        assert_eq!(error["error"]["param"], "messages", "{error}");
+        assert!(error["error"]["message"].as_str().unwrap().contains(text), "{error}");
+    }
+    assert!(!project.path().join(".lemon").exists(), "nothing was saved");
+    let filter = lemon_core::store::RunFilter { status: None, limit: 10 };
+    let runs = gw.state.runs.list(filter).await.unwrap();
+    assert!(runs.is_empty(), "nothing ran: {runs:?}");
 }

@@ -43,11 +43,13 @@ impl Role {
     }
 }
 
-/// One message: its role and its text.
+/// One message: its role, its text, and the images and files it carries
+/// (only the last user message's reach the run).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Turn {
     pub(crate) role: Role,
     pub(crate) text: String,
+    pub(crate) files: Vec<crate::files::IncomingFile>,
 }
 
 /// The prompt of a request whose last message is the user's. With `history`,

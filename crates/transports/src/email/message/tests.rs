@@ -91,13 +91,37 @@ fn attachments_are_read_and_their_names_made_safe() {
     assert_eq!(mail.attachments[0].filename, "passwd");
     assert_eq!(mail.attachments[0].content, b"hello");
     assert_eq!(mail.attachments[0].mime, "text/plain");
-    let saved = [("passwd".to_owned(), Ok::<_, String>("/w/email/passwd".to_owned()))];
-    let prompt = prompt(&mail, &saved);
-    assert!(prompt.starts_with("see attached\n\nAttachments:\n- passwd (text/plain, 5 bytes)"));
-    assert!(prompt.contains("saved at /w/email/passwd"), "{prompt}");
+    // Kept files are named by the run's note; only the others are listed.
+    assert_eq!(prompt(&mail, &[]), "see attached");
+    let not_kept = [(0, "files are not accepted here".to_owned())];
+    assert_eq!(
+        prompt(&mail, &not_kept),
+        "see attached\n\nAttachments not saved:\n- passwd (text/plain, 5 bytes): files are not accepted here"
+    );
     assert_eq!(safe_filename(".hidden"), "hidden");
     assert_eq!(safe_filename("a\\b\\c d.txt"), "c d.txt");
     assert_eq!(safe_filename("x;rm -rf.txt"), "x_rm -rf.txt");
+}
+
+#[test]
+fn an_inline_image_without_a_name_is_named_by_its_type_and_files_alone_get_a_prompt() {
+    let body = "--r1\r\nContent-Type: text/html\r\n\r\n<p><img src=\"cid:logo\"></p>\r\n--r1\r\n\
+                Content-Type: image/png\r\nContent-ID: <logo>\r\nContent-Disposition: inline\r\n\
+                Content-Transfer-Encoding: base64\r\n\r\niVBORw0KGgo=\r\n--r1--\r\n";
+    let mail = parse(&raw(
+        "From: a@b.cd\r\nMessage-ID: <img@b.cd>\r\nMIME-Version: 1.0\r\n\
+         Content-Type: multipart/related; boundary=\"r1\"",
+        body,
+    ))
+    .unwrap();
+    assert_eq!(mail.attachments.len(), 1, "{mail:?}");
+    assert_eq!(mail.attachments[0].filename, "image-1.png");
+    assert_eq!(mail.attachments[0].mime, "image/png");
+    assert_eq!(mail.attachments[0].content, b"\x89PNG\r\n\x1a\n");
+    let mut bare = mail.clone();
+    bare.text.clear();
+    bare.subject.clear();
+    assert_eq!(prompt(&bare, &[]), "(files attached)");
 }
 
 #[test]
