@@ -367,7 +367,7 @@ async fn channel_posts_and_photos_arrive_as_messages_without_text() {
     );
     assert_eq!(photo_message.text, None);
     assert_eq!(photo_message.caption.as_deref(), Some("look"));
-    assert!(photo_message.photo.is_some());
+    assert!(!photo_message.photo.is_empty());
     let channel_post = updates[1].channel_post.as_ref().unwrap();
     assert_eq!(updates[1].update_id, post.update_id);
     assert_eq!(channel_post.from, None);

@@ -8,9 +8,9 @@ use serde_json::{json, Value};
 
 use crate::support::{home_with, Gateway, PATIENCE};
 
-const BOT_TOKEN: &str = "424242:test-bot-token-5f1e";
-const BOT_ID: i64 = 424_242;
-const BOT_NAME: &str = "lemon_test_bot";
+pub(crate) const BOT_TOKEN: &str = "424242:test-bot-token-5f1e";
+pub(crate) const BOT_ID: i64 = 424_242;
+pub(crate) const BOT_NAME: &str = "lemon_test_bot";
 pub(crate) const USER: i64 = 1001;
 
 pub(crate) async fn fake_telegram() -> FakeTelegram {
@@ -338,7 +338,7 @@ async fn a_wrong_token_is_reported_and_the_gateway_keeps_serving() {
 }
 
 #[tokio::test]
-async fn only_allowed_chats_get_runs_start_gets_help_and_photos_get_a_notice() {
+async fn only_allowed_chats_get_runs_start_gets_help_and_stickers_get_a_notice() {
     let fake = fake_telegram().await;
     let _gateway = start(&fake, &config(&fake, &format!("allowed_chat_ids = [{USER}]"), "")).await;
     let stranger = ChatSpec::private(666);
@@ -347,8 +347,8 @@ async fn only_allowed_chats_get_runs_start_gets_help_and_photos_get_a_notice() {
     let start = fake.inject_text(&chat, USER, "/start");
     let help = wait_for_reply(&fake, USER, start.message_id, "/cancel").await;
     assert!(help.text.contains("/engine"), "{}", help.text);
-    let photo = fake.inject_photo(&chat, USER, Some("look"));
-    wait_for_reply(&fake, USER, photo.message_id, "Only text messages are supported yet.").await;
+    let sticker = fake.inject_sticker(&chat, USER);
+    wait_for_reply(&fake, USER, sticker.message_id, "this kind of message is not supported").await;
     // Updates are handled in order: once this one is answered, the stranger's was handled.
     let asked = fake.inject_text(&chat, USER, "am I allowed");
     wait_for_reply(&fake, USER, asked.message_id, "am I allowed").await;

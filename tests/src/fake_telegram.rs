@@ -13,6 +13,7 @@
 //! [`FakeTelegram::wait_until`], and the recorded calls, messages and limit
 //! violations can be read at any time. Bot tokens appear in no output of the fake.
 
+mod files;
 mod limits;
 mod multipart;
 mod state;
@@ -27,7 +28,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State as AxumState};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
+use axum::routing::{any, get};
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 use tokio::sync::watch;
@@ -35,6 +36,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use files::MAX_GET_FILE_BYTES;
 pub use limits::{Enforcement, LimitKind, RateLimits};
 use state::State;
 pub use types::{Command, Entity};
@@ -162,6 +164,7 @@ impl FakeTelegramBuilder {
         });
         let router = Router::new()
             .route("/{bot}/{method}", any(handle))
+            .route("/file/{bot}/{*path}", get(download))
             .fallback(not_found)
             .with_state(shared.clone());
         let shutdown = stop.clone().cancelled_owned();
@@ -355,6 +358,38 @@ pub struct BotMessage {
     pub edited_at: Option<Instant>,
 }
 
+/// A file a user sends in a message (a document, an audio file…).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserFile {
+    /// `file_name`; `None` sends none (as for photos and voice notes).
+    pub name: Option<String>,
+    pub mime: Option<String>,
+    pub bytes: Vec<u8>,
+    /// The `file_size` the message announces; the real size when `None`.
+    pub announced_size: Option<u64>,
+}
+
+impl UserFile {
+    pub fn new(name: &str, mime: &str, bytes: &[u8]) -> Self {
+        UserFile {
+            name: Some(name.to_owned()),
+            mime: Some(mime.to_owned()),
+            bytes: bytes.to_vec(),
+            announced_size: None,
+        }
+    }
+
+    /// The same, announcing `size` bytes whatever it holds.
+    pub fn announcing(mut self, size: u64) -> Self {
+        self.announced_size = Some(size);
+        self
+    }
+
+    fn size(&self) -> u64 {
+        self.announced_size.unwrap_or(self.bytes.len() as u64)
+    }
+}
+
 /// A file in a `multipart/form-data` call, as it arrived.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upload {
@@ -452,6 +487,24 @@ impl<'a> Snapshot<'a> {
     /// Updates not yet confirmed, oldest first.
     pub fn pending_updates(&self) -> Vec<&'a Value> {
         self.state.pending_updates(self.bot)
+    }
+
+    /// The `offset` of each `getUpdates` call of this bot, in order (`None`
+    /// for a call without one).
+    pub fn poll_offsets(&self) -> Vec<Option<i64>> {
+        self.calls_to("getUpdates")
+            .into_iter()
+            .map(|call| match call.params.get("offset") {
+                Some(Value::Number(n)) => n.as_i64(),
+                Some(Value::String(s)) => s.parse().ok(),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The bot's messages in `chat_id` that reply to `message_id`, oldest first.
+    pub fn replies_to(&self, chat_id: i64, message_id: i64) -> Vec<&'a BotMessage> {
+        self.messages(chat_id).into_iter().filter(|m| m.reply_to == Some(message_id)).collect()
     }
 
     /// `getUpdates` calls of this bot waiting for updates right now.
@@ -565,6 +618,143 @@ impl FakeTelegram {
         self.shared.update(|s| s.inject_photo(self.bot, chat, from, caption))
     }
 
+    /// User `from` sends the photo `bytes` (the largest of its sizes; the
+    /// smaller ones are prefixes of it), with an optional caption.
+    pub fn inject_photo_bytes(
+        &self,
+        chat: &ChatSpec,
+        from: i64,
+        caption: Option<&str>,
+        bytes: &[u8],
+    ) -> InjectedMessage {
+        self.inject_photo_in_group(chat, from, caption, bytes, None)
+    }
+
+    /// User `from` sends `photos` at once (an album): one message each, with
+    /// the same `media_group_id`, the caption on the first.
+    pub fn inject_album(
+        &self,
+        chat: &ChatSpec,
+        from: i64,
+        caption: Option<&str>,
+        photos: &[&[u8]],
+    ) -> Vec<InjectedMessage> {
+        let group = format!("1340{}", self.shared.read(|s| s.calls().len()) + photos.len());
+        photos
+            .iter()
+            .enumerate()
+            .map(|(n, bytes)| {
+                let caption = caption.filter(|_| n == 0);
+                self.inject_photo_in_group(chat, from, caption, bytes, Some(&group))
+            })
+            .collect()
+    }
+
+    fn inject_photo_in_group(
+        &self,
+        chat: &ChatSpec,
+        from: i64,
+        caption: Option<&str>,
+        bytes: &[u8],
+        group: Option<&str>,
+    ) -> InjectedMessage {
+        self.shared.update(|s| {
+            let sizes: Vec<Value> =
+                [(90, bytes.len() / 8), (320, bytes.len() / 3), (1280, bytes.len())]
+                    .into_iter()
+                    .map(|(side, len)| {
+                        let part = &bytes[..len.max(1).min(bytes.len())];
+                        let (file_id, unique_id) = s.served.register(part, "photos", "jpg");
+                        json!({
+                            "file_id": file_id, "file_unique_id": unique_id,
+                            "width": side, "height": side * 3 / 4, "file_size": part.len(),
+                        })
+                    })
+                    .collect();
+            let mut fields = Map::new();
+            fields.insert("photo".into(), Value::Array(sizes));
+            if let Some(caption) = caption {
+                fields.insert("caption".into(), json!(caption));
+            }
+            if let Some(group) = group {
+                fields.insert("media_group_id".into(), json!(group));
+            }
+            s.inject_fields(self.bot, chat, from, fields)
+        })
+    }
+
+    /// User `from` sends `file` as a document, with an optional caption.
+    pub fn inject_document(
+        &self,
+        chat: &ChatSpec,
+        from: i64,
+        caption: Option<&str>,
+        file: &UserFile,
+    ) -> InjectedMessage {
+        self.shared.update(|s| {
+            let ext =
+                file.name.as_deref().and_then(|n| n.rsplit_once('.')).map_or("bin", |(_, e)| e);
+            let ext: String = ext.chars().filter(char::is_ascii_alphanumeric).collect();
+            let (file_id, unique_id) = s.served.register(&file.bytes, "documents", &ext);
+            let mut document = json!({
+                "file_id": file_id, "file_unique_id": unique_id, "file_size": file.size(),
+            });
+            if let Some(name) = &file.name {
+                document["file_name"] = json!(name);
+            }
+            if let Some(mime) = &file.mime {
+                document["mime_type"] = json!(mime);
+            }
+            let mut fields = Map::new();
+            fields.insert("document".into(), document);
+            if let Some(caption) = caption {
+                fields.insert("caption".into(), json!(caption));
+            }
+            s.inject_fields(self.bot, chat, from, fields)
+        })
+    }
+
+    /// User `from` sends a voice note: `ogg` (OGG/Opus) lasting `seconds`,
+    /// announcing `announced_size` bytes (its real size when `None`).
+    pub fn inject_voice(
+        &self,
+        chat: &ChatSpec,
+        from: i64,
+        ogg: &[u8],
+        seconds: u64,
+        announced_size: Option<u64>,
+    ) -> InjectedMessage {
+        self.shared.update(|s| {
+            let (file_id, unique_id) = s.served.register(ogg, "voice", "oga");
+            let voice = json!({
+                "file_id": file_id, "file_unique_id": unique_id, "duration": seconds,
+                "mime_type": "audio/ogg", "file_size": announced_size.unwrap_or(ogg.len() as u64),
+            });
+            let mut fields = Map::new();
+            fields.insert("voice".into(), voice);
+            s.inject_fields(self.bot, chat, from, fields)
+        })
+    }
+
+    /// User `from` sends a sticker (a kind of message the bot does not take).
+    pub fn inject_sticker(&self, chat: &ChatSpec, from: i64) -> InjectedMessage {
+        self.shared.update(|s| {
+            let mut fields = Map::new();
+            fields.insert(
+                "sticker".into(),
+                json!({ "file_id": "CAACAgIAAxkBsticker", "file_unique_id": "AgADsticker",
+                        "type": "regular", "width": 512, "height": 512,
+                        "is_animated": false, "is_video": false, "emoji": "🍋" }),
+            );
+            s.inject_fields(self.bot, chat, from, fields)
+        })
+    }
+
+    /// The `file_path`s bots downloaded from the file route, in order.
+    pub fn downloads(&self) -> Vec<String> {
+        self.shared.read(|s| s.served.downloads().to_vec())
+    }
+
     /// Queues `update` as it is, with the next `update_id` set in it (replacing
     /// any given); returns that id. For updates the other methods cannot make,
     /// malformed ones included.
@@ -608,6 +798,16 @@ impl FakeTelegram {
     /// The commands this bot last set.
     pub fn commands(&self) -> Vec<Command> {
         self.snapshot(|s| s.commands().to_vec())
+    }
+
+    /// See [`Snapshot::poll_offsets`].
+    pub fn poll_offsets(&self) -> Vec<Option<i64>> {
+        self.snapshot(|s| s.poll_offsets())
+    }
+
+    /// See [`Snapshot::replies_to`].
+    pub fn replies_to(&self, chat_id: i64, message_id: i64) -> Vec<BotMessage> {
+        self.snapshot(|s| s.replies_to(chat_id, message_id).into_iter().cloned().collect())
     }
 
     /// See [`Snapshot::confirmed_offset`].
@@ -845,6 +1045,25 @@ fn dropped_connection() -> Response {
         Err::<Bytes, std::io::Error>(std::io::Error::other("connection dropped by the fake"))
     });
     Response::new(axum::body::Body::from_stream(failing))
+}
+
+/// `GET /file/bot<token>/<file_path>`: a file users sent, for the bot
+/// whose token is in the path.
+async fn download(
+    AxumState(shared): AxumState<Arc<Shared>>,
+    Path((bot_segment, path)): Path<(String, String)>,
+) -> Response {
+    let bot =
+        bot_segment.strip_prefix("bot").and_then(|token| shared.read(|s| s.bot_by_token(token)));
+    if bot.is_none() {
+        return Reply::error(401, "Unauthorized").into_response();
+    }
+    match shared.update(|s| s.served.download(&path)) {
+        Some(bytes) => {
+            ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
+        }
+        None => Reply::error(404, "Not Found").into_response(),
+    }
 }
 
 /// Any other path: what Telegram answers.

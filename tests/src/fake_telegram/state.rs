@@ -37,6 +37,8 @@ pub(super) struct State {
     calls: Vec<Call>,
     violations: Vec<Violation>,
     files: Vec<BotFile>,
+    /// Files users sent, served by `getFile` and the download route.
+    pub(super) served: super::files::Served,
 }
 
 /// Real time, or a start instant plus however far the test moved it.
@@ -131,6 +133,7 @@ impl State {
             calls: Vec::new(),
             violations: Vec::new(),
             files: Vec::new(),
+            served: super::files::Served::default(),
         }
     }
 
@@ -335,6 +338,20 @@ impl State {
         self.deliver(bot, spec, message_id, message)
     }
 
+    /// A message from `from` in `spec` with `fields` (a `photo`, a
+    /// `document`, a `caption`, …) besides the usual ones.
+    pub(super) fn inject_fields(
+        &mut self,
+        bot: usize,
+        spec: &ChatSpec,
+        from: i64,
+        fields: Map<String, Value>,
+    ) -> InjectedMessage {
+        let (message_id, mut message) = self.user_message(spec, from);
+        message.extend(fields);
+        self.deliver(bot, spec, message_id, message)
+    }
+
     pub(super) fn inject_raw(&mut self, bot: usize, mut update: Map<String, Value>) -> i64 {
         let bot = &mut self.bots[bot];
         let update_id = bot.next_update_id;
@@ -465,6 +482,7 @@ impl State {
             "editmessagetext" => self.edit_message_text(bot, params),
             "sendphoto" => self.send_file(bot, "sendPhoto", "photo", params, upload),
             "senddocument" => self.send_file(bot, "sendDocument", "document", params, upload),
+            "getfile" => self.served.get_file(params),
             _ => Err(Reply::error(404, "Not Found")),
         };
         result.map_or_else(|reply| reply, Reply::Ok)

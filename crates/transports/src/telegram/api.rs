@@ -18,8 +18,8 @@ use serde_json::{json, Value};
 use tracing::{debug, warn};
 
 use super::types::{
-    BotCommand, CallbackQuery, EditMessageText, Message, SendFile, SendMessage, TelegramError,
-    Update, User,
+    BotCommand, CallbackQuery, EditMessageText, FileInfo, Message, SendFile, SendMessage,
+    TelegramError, Update, User,
 };
 
 #[cfg(test)]
@@ -178,7 +178,23 @@ impl BotApi {
     /// # Cancel safety
     /// Cancel safe: deleting the webhook twice is harmless.
     pub async fn delete_webhook(&self) -> Result<(), TelegramError> {
-        let params = DeleteWebhookParams { drop_pending_updates: false };
+        self.delete_webhook_with(false).await
+    }
+
+    /// `deleteWebhook` with `drop_pending_updates`: also drops, for good, the
+    /// updates waiting to be fetched (what came while the bot was offline).
+    ///
+    /// # Errors
+    /// See [`TelegramError`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: deleting the webhook twice is harmless.
+    pub async fn delete_webhook_dropping_pending(&self) -> Result<(), TelegramError> {
+        self.delete_webhook_with(true).await
+    }
+
+    async fn delete_webhook_with(&self, drop_pending_updates: bool) -> Result<(), TelegramError> {
+        let params = DeleteWebhookParams { drop_pending_updates };
         self.call("deleteWebhook", &params, REQUEST_TIMEOUT).await.map(drop)
     }
 
@@ -229,6 +245,41 @@ impl BotApi {
     /// Not cancel safe: a cancelled call may still have delivered the message.
     pub async fn send_message(&self, req: &SendMessage) -> Result<Message, TelegramError> {
         self.call_typed("sendMessage", req, REQUEST_TIMEOUT).await
+    }
+
+    /// `getFile`: where a file a message carries can be downloaded from.
+    ///
+    /// # Errors
+    /// See [`TelegramError`]; a file Telegram no longer has (or one over its
+    /// 20 MB download limit) is [`TelegramError::Rejected`].
+    pub async fn get_file(&self, file_id: &str) -> Result<FileInfo, TelegramError> {
+        self.call_typed("getFile", &json!({ "file_id": file_id }), REQUEST_TIMEOUT).await
+    }
+
+    /// The download URL of a file `getFile` described:
+    /// `{base}/file/bot<token>/<file_path>`. It holds the token: it goes to
+    /// the fetcher and nowhere else ([`FileUrl`] prints as redacted).
+    ///
+    /// # Errors
+    /// [`TelegramError::Rejected`] when `file_path` is missing or is not a
+    /// relative path of plain segments (no `..`, query or fragment).
+    pub fn file_url(&self, info: &FileInfo) -> Result<FileUrl, TelegramError> {
+        let path = info.file_path.as_deref().unwrap_or_default();
+        let plain = !path.is_empty()
+            && !path.starts_with('/')
+            && path.split('/').all(|seg| !seg.is_empty() && seg != "." && seg != "..")
+            && path.chars().all(|c| !c.is_control() && !matches!(c, '?' | '#' | '\\' | '%'));
+        if !plain {
+            return Err(TelegramError::Rejected {
+                code: 400,
+                description: "getFile gave no usable file_path".to_owned(),
+            });
+        }
+        let prefix = self.inner.method_prefix.trim_end_matches('/');
+        let Some((base, bot)) = prefix.rsplit_once('/') else {
+            return Err(TelegramError::InvalidBaseUrl("no base".to_owned()));
+        };
+        Ok(FileUrl(format!("{base}/file/{bot}/{path}")))
     }
 
     /// `answerCallbackQuery`: the short notice the user who pressed a button
@@ -386,6 +437,24 @@ impl BotApi {
             | TelegramError::MigratedTo(_)
             | TelegramError::File { .. }) => other,
         }
+    }
+}
+
+/// A file's download URL. It holds the bot token: `Debug` shows
+/// `<redacted>`, and [`FileUrl::expose`] is for the request alone.
+#[derive(Clone)]
+pub struct FileUrl(String);
+
+impl FileUrl {
+    /// The URL, to fetch the file with; never to be logged or shown.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for FileUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FileUrl(<redacted>)")
     }
 }
 

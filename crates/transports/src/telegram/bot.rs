@@ -15,8 +15,20 @@
 //!   in the chat with Approve / Deny buttons; a press from an allowed chat
 //!   answers it (the first answer from any surface counts), and the message
 //!   then says how it was settled.
+//! - With `debounce_ms`, a chat's quick messages wait in the poll loop and go
+//!   as one prompt once the chat is quiet; while they wait they are on record
+//!   in the store (the offset is saved past them), so a stop submits them at
+//!   the next start.
+//! - With `show_resume_line = false` the answer has no resume line; the
+//!   session of each answer and progress message is on record instead, so a
+//!   reply to it still continues that session.
+//! - Photos, files and voice notes, albums and `/file` are the [`media`]
+//!   module's: files are checked, fetched and staged before the run is
+//!   submitted with them, and a refusal is replied instead of a run.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +36,7 @@ use async_trait::async_trait;
 use lemon_core::approvals::ApprovalHub;
 use lemon_core::artifacts::Artifact;
 use lemon_core::bus::EventKind;
+use lemon_core::config::QueueMode;
 use lemon_core::engine::{Action, ActionKind, ActionPhase, Completion, ResumeToken, RunError};
 use lemon_core::ids::RunId;
 use lemon_core::log_text;
@@ -37,12 +50,17 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+mod media;
+
+use super::albums::Albums;
 use super::api::BotApi;
-use super::config::TelegramConfig;
 use super::config::TelegramConfigError;
-use super::inbound::{self, Inbound, COMMANDS, TRANSPORT_ID};
+use super::config::{TelegramConfig, COMPACTION_NOTE};
+use super::debounce::Debouncer;
+use super::edits::EditPacer;
+use super::inbound::{self, Inbound, TRANSPORT_ID};
 use super::outbox::{BotSender, DeliveryError, OutboxConfig, OutboxHandle};
-use super::render::{ProgressRenderer, ResumeFormat};
+use super::render::{ProgressRenderer, RenderStyle, ResumeFormat};
 use super::types::{
     BotCommand, CallbackQuery, FileKind, FormattedText, Message, ReplyParameters, SendFile,
     SendMessage, TelegramError, User,
@@ -59,6 +77,14 @@ use lemon_core::transport::{
 const OFFSET_NS: &str = "telegram.offset";
 /// Store namespace of answers not yet delivered, keyed by run id.
 const DELIVERY_NS: &str = "telegram.delivery";
+/// Store namespace of messages waiting for their chat to go quiet
+/// (`debounce_ms`), keyed by chat (and topic).
+const DEBOUNCE_NS: &str = "telegram.debounce";
+/// Store namespace of the sessions of the bot's messages whose resume line is
+/// not shown (`show_resume_line = false`), keyed by `<chat>:<message>`.
+const RESUME_NS: &str = "telegram.resume";
+/// How long a reply to such a message still continues its session.
+const RESUME_TTL: Duration = Duration::from_secs(90 * 24 * 60 * 60);
 
 /// How long an answer Telegram refused stays on record.
 const FAILED_DELIVERY_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
@@ -66,8 +92,9 @@ const FAILED_DELIVERY_TTL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 /// The longest pause between failed polls.
 const MAX_POLL_BACKOFF: Duration = Duration::from_secs(30);
 
-/// What non-text messages get.
-pub const UNSUPPORTED_REPLY: &str = "Only text messages are supported yet.";
+/// What messages the bot cannot take (a sticker, a location, nothing) get.
+pub const UNSUPPORTED_REPLY: &str =
+    "Send text, a photo, a file or a voice note; this kind of message is not supported.";
 
 /// The Telegram transport.
 pub struct TelegramTransport {
@@ -77,6 +104,9 @@ pub struct TelegramTransport {
     secrets: Arc<SecretStore>,
     /// Chat ids with a `[[gateway.bindings]]` entry for this transport.
     bound_chats: Vec<String>,
+    /// Set once `startup_message` went out, so a restart of the bot after a
+    /// failure does not send it again (a new config makes a new transport).
+    announced: AtomicBool,
 }
 
 impl std::fmt::Debug for TelegramTransport {
@@ -96,7 +126,7 @@ impl TelegramTransport {
         secrets: Arc<SecretStore>,
         bound_chats: Vec<String>,
     ) -> Self {
-        TelegramTransport { config, secrets, bound_chats }
+        TelegramTransport { config, secrets, bound_chats, announced: AtomicBool::new(false) }
     }
 }
 
@@ -127,13 +157,26 @@ impl Transport for TelegramTransport {
             other => startup_error(other),
         })?;
         drop(token);
+        let transcriber = self.config.voice.transcriber(&self.secrets).map_err(|error| {
+            TransportError::retryable(format!("invalid [gateway.telegram]: {error}"))
+        })?;
         let me = tokio::select! {
             () = ctx.shutdown.cancelled() => return Ok(()),
             me = api.get_me() => me.map_err(startup_error)?,
         };
+        if let Some(mismatch) = self.config.identity_mismatch(me.id, me.username.as_deref()) {
+            return Err(TransportError::fatal(mismatch));
+        }
         // A webhook set on the bot would make every getUpdates fail with 409.
-        api.delete_webhook().await.map_err(startup_error)?;
-        let commands: Vec<BotCommand> = COMMANDS
+        if self.config.drops_pending_updates() {
+            api.delete_webhook_dropping_pending().await.map_err(startup_error)?;
+            tracing::info!(
+                "dropped the messages that came while the bot was offline (drop_pending_updates)"
+            );
+        } else {
+            api.delete_webhook().await.map_err(startup_error)?;
+        }
+        let commands: Vec<BotCommand> = inbound::commands(self.config.allow_queue_override)
             .iter()
             .map(|(command, description)| BotCommand {
                 command: (*command).to_owned(),
@@ -156,8 +199,16 @@ impl Transport for TelegramTransport {
         ctx.status.track_backlog(outbox.backlog());
         let access = Access::new(TRANSPORT_ID, self.config.allow_everyone);
         access.warn_at_start();
+        if self.config.compaction.is_some() {
+            tracing::info!(key = "gateway.telegram.compaction", "{COMPACTION_NOTE}");
+        }
+        let account = match &self.config.account_id {
+            Some(account) => account.trim().to_owned(),
+            None => me.id.to_string(),
+        };
         let bot = Arc::new(Bot {
             config: self.config.clone(),
+            account,
             access,
             bound_chats: self.bound_chats.clone(),
             me,
@@ -173,6 +224,16 @@ impl Transport for TelegramTransport {
             approvals: ctx.approvals.clone(),
             offered: ask::Offered::default(),
             refusals: Refusals::new(StoreNotice::SendAgain),
+            media: ctx.media.clone(),
+            // Files come from the Bot API's own server: one on this machine
+            // (a local Bot API server, a test's fake) is reached there.
+            fetcher: crate::media::Fetcher::new(crate::media::is_local_url(
+                &self.config.api_base_url,
+            )),
+            transcriber,
+            albums: Mutex::new(Albums::new(Duration::from_millis(
+                self.config.files.media_group_debounce_ms,
+            ))),
         });
         bot.recover_deliveries().await;
         // Subscribed before polling starts, so no run of a chat is missed.
@@ -180,6 +241,9 @@ impl Transport for TelegramTransport {
         let watcher = bot.clone();
         ctx.tracker.spawn(async move { watcher.deliver_others(others).await });
         bot.status.running(Some(bot.detail()));
+        if !self.announced.swap(true, Ordering::Relaxed) {
+            bot.announce_start();
+        }
         tracing::info!(bot = %bot.username(), "telegram bot polling");
         let result = bot.poll().await;
         // Followers and the outbox stop with the transport (a restart makes new ones).
@@ -218,6 +282,8 @@ impl DeliveryRecord for Delivery {
 
 struct Bot {
     config: TelegramConfig,
+    /// The account part of the chats' session keys: `account_id`, or the bot's id.
+    account: String,
     /// `allowed_chat_ids` or `allow_everyone`; refusals logged once per chat.
     access: Access,
     bound_chats: Vec<String>,
@@ -241,16 +307,55 @@ struct Bot {
     offered: ask::Offered<i64, i64>,
     /// Chats told that the store cannot save messages, told once each.
     refusals: Refusals,
+    /// Where received files wait for their run.
+    media: lemon_core::media::MediaStage,
+    /// Fetches files from Telegram's file server (within the limits).
+    fetcher: crate::media::Fetcher,
+    /// Voice notes' words, with `voice_transcription` on.
+    transcriber: Option<crate::media::Transcriber>,
+    /// Albums waiting for their last photo (`media_group_debounce_ms`).
+    albums: Mutex<Albums<(Message, String)>>,
 }
 
 fn now_ms() -> i64 {
     lemon_core::clock::now_ms()
 }
 
+/// A chat (and forum topic): where a batch of quick messages waits.
+type Scope = (i64, Option<i64>);
+
+/// A message waiting in its chat's batch (`debounce_ms`), as it is kept in
+/// the store until it is submitted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Waiting {
+    message: Message,
+    /// What the message says for the run (its text without a mention of the bot).
+    text: String,
+}
+
+/// The store key of a chat's waiting batch.
+fn scope_key((chat_id, topic): Scope) -> String {
+    match topic {
+        Some(topic) => format!("{chat_id}:{topic}"),
+        None => chat_id.to_string(),
+    }
+}
+
+/// The pause before the next `getUpdates` after a failed one: Telegram's
+/// `retry_after`, else a backoff doubling from 2 s up to [`MAX_POLL_BACKOFF`];
+/// never shorter than `poll_interval`.
+fn failed_poll_pause(error: &TelegramError, failures: u32, poll_interval: Duration) -> Duration {
+    let backoff = match error {
+        TelegramError::RetryAfter(wait) => *wait,
+        _ => Duration::from_secs(1u64 << failures.min(5)).min(MAX_POLL_BACKOFF),
+    };
+    backoff.max(poll_interval)
+}
+
 impl Bot {
     async fn poll(self: &Arc<Self>) -> Result<(), TransportError> {
         let bot_key = self.me.id.to_string();
-        let mut offset = match self.store.kv_get(OFFSET_NS, &bot_key, now_ms()).await {
+        let saved = match self.store.kv_get(OFFSET_NS, &bot_key, now_ms()).await {
             Ok(value) => value.and_then(|v| v.as_i64()),
             Err(error) => {
                 return Err(TransportError::retryable(format!(
@@ -258,18 +363,20 @@ impl Bot {
                 )))
             }
         };
+        let mut offset = self.config.start_offset(saved);
+        let mut batches = Debouncer::new(self.config.debounce());
+        self.restore_batches(&mut batches).await;
         let mut failures = 0u32;
         loop {
-            let polled = tokio::select! {
-                () = self.shutdown.cancelled() => return Ok(()),
-                polled = self.api.get_updates(offset, self.config.poll_timeout(), 100) => polled,
-            };
-            match polled {
+            let poll = self.api.get_updates(offset, self.config.poll_timeout(), 100);
+            let Some(polled) = self.flushing(&mut batches, poll).await else { return Ok(()) };
+            let pause = match polled {
                 Ok(updates) => {
                     if failures > 0 {
                         self.status.running(Some(self.detail()));
                         failures = 0;
                     }
+                    let nothing = updates.is_empty();
                     for update in updates {
                         let id = update.update_id;
                         if offset.is_some_and(|next| id < next) {
@@ -277,11 +384,18 @@ impl Bot {
                         }
                         match update.callback_query {
                             Some(query) => self.answer_button(query).await,
-                            None => self.handle(update.message.or(update.channel_post)).await,
+                            None => {
+                                let message = update.message.or(update.channel_post);
+                                self.handle(message, &mut batches).await;
+                            }
                         }
                         offset = Some(id + 1);
                         self.store.kv_put(OFFSET_NS, &bot_key, json!(id + 1), None).await;
                     }
+                    // A call with news is followed at once; an empty one
+                    // already waited poll_timeout_s, then poll_interval_ms.
+                    let interval = self.config.poll_interval();
+                    (nothing && !interval.is_zero()).then_some(interval)
                 }
                 Err(TelegramError::Unauthorized { .. }) => {
                     return Err(startup_error(TelegramError::Unauthorized {
@@ -290,10 +404,7 @@ impl Bot {
                 }
                 Err(error) => {
                     failures += 1;
-                    let pause = match &error {
-                        TelegramError::RetryAfter(wait) => *wait,
-                        _ => Duration::from_secs(1u64 << failures.min(5)).min(MAX_POLL_BACKOFF),
-                    };
+                    let pause = failed_poll_pause(&error, failures, self.config.poll_interval());
                     let retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);
                     tracing::warn!(%error, retry_in_ms, "getUpdates failed");
                     self.status.set(TransportState::Failing {
@@ -301,12 +412,105 @@ impl Bot {
                         attempts: failures,
                         retry_in_ms: Some(retry_in_ms),
                     });
-                    tokio::select! {
-                        () = self.shutdown.cancelled() => return Ok(()),
-                        () = tokio::time::sleep(pause) => {}
+                    Some(pause)
+                }
+            };
+            if let Some(pause) = pause {
+                let paused = tokio::time::sleep(pause);
+                if self.flushing(&mut batches, paused).await.is_none() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Waits for `work` (a poll, a pause), submitting the batches of quick
+    /// messages that fall due meanwhile; `None` when the bot stops first.
+    async fn flushing<F: Future>(
+        self: &Arc<Self>,
+        batches: &mut Debouncer<Scope, Waiting>,
+        work: F,
+    ) -> Option<F::Output> {
+        tokio::pin!(work);
+        loop {
+            let due = batches.next_due();
+            tokio::select! {
+                () = self.shutdown.cancelled() => return None,
+                done = &mut work => return Some(done),
+                () = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
+                    for (scope, batch) in batches.take_due(tokio::time::Instant::now()) {
+                        self.submit_batch(scope, batch.items).await;
                     }
                 }
             }
+        }
+    }
+
+    /// Puts back the batches a stop left waiting; they are due at once.
+    async fn restore_batches(&self, batches: &mut Debouncer<Scope, Waiting>) {
+        let stored = match self.store.kv_list(DEBOUNCE_NS, now_ms()).await {
+            Ok(stored) => stored,
+            Err(error) => {
+                tracing::warn!(%error, "waiting messages unreadable");
+                return;
+            }
+        };
+        for (key, value) in stored {
+            match serde_json::from_value::<Vec<Waiting>>(value) {
+                Ok(items) if !items.is_empty() => {
+                    let scope = inbound::scope_of(&items[0].message);
+                    batches.restore(scope, items, tokio::time::Instant::now());
+                }
+                Ok(_) => self.store.kv_delete(DEBOUNCE_NS, &key).await,
+                Err(error) => {
+                    tracing::warn!(%error, key, "a waiting message could not be read; dropped");
+                    self.store.kv_delete(DEBOUNCE_NS, &key).await;
+                }
+            }
+        }
+    }
+
+    /// Submits a batch of a chat's quick messages as one prompt, and takes it
+    /// off the record.
+    async fn submit_batch(self: &Arc<Self>, scope: Scope, items: Vec<Waiting>) {
+        if !items.is_empty() {
+            self.submit(items, None).await;
+        }
+        self.store.kv_delete(DEBOUNCE_NS, &scope_key(scope)).await;
+    }
+
+    /// Submits `scope`'s waiting messages now (a command came after them).
+    async fn flush_scope(self: &Arc<Self>, batches: &mut Debouncer<Scope, Waiting>, scope: Scope) {
+        if let Some(batch) = batches.take(&scope) {
+            self.submit_batch(scope, batch.items).await;
+        }
+    }
+
+    /// Sends `startup_message` to every chat that may talk to the bot: those
+    /// in `allowed_chat_ids` and the bound ones (bound ones only, with
+    /// `deny_unbound_chats`; any bound one, with `allow_everyone`). Paced by
+    /// the outbox, without holding up polling.
+    fn announce_start(self: &Arc<Self>) {
+        let Some(text) = self.config.startup_message.text() else { return };
+        let bound: Vec<i64> =
+            self.bound_chats.iter().filter_map(|chat| chat.parse::<i64>().ok()).collect();
+        let mut chats: Vec<i64> = self.config.allowed_chat_ids.clone();
+        chats.extend(&bound);
+        chats.sort_unstable();
+        chats.dedup();
+        chats.retain(|chat| {
+            let admitted = self.config.allow_everyone || self.config.chat_listed(*chat);
+            admitted && (!self.config.deny_unbound_chats || bound.contains(chat))
+        });
+        for chat_id in chats {
+            let send = message_to(chat_id, None, None, FormattedText::plain(text));
+            let outbox = self.outbox.clone();
+            self.tracker.spawn(async move {
+                match outbox.send(send).await {
+                    Ok(_) | Err(DeliveryError::ShuttingDown) => {}
+                    Err(error) => tracing::warn!(%error, chat_id, "startup message not delivered"),
+                }
+            });
         }
     }
 
@@ -349,7 +553,11 @@ impl Bot {
         bound
     }
 
-    async fn handle(self: &Arc<Self>, message: Option<Message>) {
+    async fn handle(
+        self: &Arc<Self>,
+        message: Option<Message>,
+        batches: &mut Debouncer<Scope, Waiting>,
+    ) {
         let Some(message) = message else { return };
         if message.from.as_ref().is_some_and(|from| from.id == self.me.id) {
             return;
@@ -357,20 +565,64 @@ impl Bot {
         if !self.chat_allowed(message.chat.id, true) {
             return;
         }
-        match inbound::classify(&message, self.username()) {
-            Inbound::OtherBot => {}
-            Inbound::Unsupported => self.reply_soon(&message, UNSUPPORTED_REPLY.to_owned()),
-            Inbound::Text(text) if is_help(&text) => self.reply_soon(&message, help_text()),
-            Inbound::Text(text) => {
-                if parse_slash_command(&text) == Some(SlashCommand::Cancel) {
-                    if let Some(run_id) = self.replied_progress(&message).await {
-                        self.cancel_run(&message, &run_id).await;
-                        return;
-                    }
-                }
-                self.submit(message, text).await;
+        let text = match inbound::classify(&message, self.username()) {
+            Inbound::OtherBot => return,
+            Inbound::Unsupported => {
+                self.reply_soon(&message, UNSUPPORTED_REPLY.to_owned());
+                return;
+            }
+            Inbound::Media(caption) => {
+                // What the chat wrote before the files goes first.
+                self.flush_scope(batches, inbound::scope_of(&message)).await;
+                self.on_media(message, caption).await;
+                return;
+            }
+            Inbound::Text(text) => text,
+        };
+        let scope = inbound::scope_of(&message);
+        let queue_override =
+            inbound::queue_override(&text).filter(|_| self.config.allow_queue_override);
+        if !text.starts_with('/') && queue_override.is_none() {
+            if batches.merges() {
+                let waiting = Waiting { message, text };
+                let batch = batches.push(scope, waiting, tokio::time::Instant::now());
+                // On record before the offset moves past the message.
+                let items = serde_json::to_value(&batch.items).unwrap_or_default();
+                self.store.kv_put(DEBOUNCE_NS, &scope_key(scope), items, None).await;
+            } else {
+                self.submit(vec![Waiting { message, text }], None).await;
+            }
+            return;
+        }
+        // A command is never merged: what the chat wrote before it goes first.
+        self.flush_scope(batches, scope).await;
+        if is_help(&text) {
+            self.reply_soon(&message, help_text(self.config.allow_queue_override));
+            return;
+        }
+        if lemon_core::media::parse_file_command(&text).is_some() {
+            self.on_file_command(&message, &text).await;
+            return;
+        }
+        if let Some(chosen) = queue_override {
+            if chosen.prompt.is_empty() {
+                let usage = format!(
+                    "Write the message after {}, e.g. {} check the tests too",
+                    chosen.command, chosen.command
+                );
+                self.reply_soon(&message, usage);
+                return;
+            }
+            self.submit(vec![Waiting { message, text: chosen.prompt }], Some(chosen.mode)).await;
+            return;
+        }
+        if parse_slash_command(&text) == Some(SlashCommand::Cancel) {
+            if let Some(run_id) = self.replied_progress(&message).await {
+                self.cancel_run(&message, &run_id).await;
+                return;
             }
         }
+        self.submit(vec![Waiting { message, text }], None).await;
     }
 
     /// The run whose progress message `message` replies to.
@@ -391,38 +643,92 @@ impl Bot {
         self.reply_soon(message, reply.to_owned());
     }
 
-    /// A resume line in the bot message this one replies to continues that session.
-    fn resume_from_reply(&self, message: &Message) -> Option<ResumeToken> {
+    /// The session the bot message this one replies to belongs to: the
+    /// resume line in its text, or (when resume lines are not shown) the one
+    /// on record for it.
+    async fn resume_from_reply(&self, message: &Message) -> Option<ResumeToken> {
         let replied = message.reply_to_message.as_ref()?;
         if replied.from.as_ref().is_none_or(|from| from.id != self.me.id) {
             return None;
         }
-        let text = replied.text.as_deref()?;
-        self.router.query().extract_resume(text)
+        if let Some(token) =
+            replied.text.as_deref().and_then(|text| self.router.query().extract_resume(text))
+        {
+            return Some(token);
+        }
+        let key = format!("{}:{}", message.chat.id, replied.message_id);
+        let stored = self.store.kv_get(RESUME_NS, &key, now_ms()).await.ok()??;
+        let engine = stored["engine"].as_str()?;
+        let value = stored["value"].as_str()?;
+        Some(ResumeToken::new(engine, value))
     }
 
-    async fn submit(self: &Arc<Self>, message: Message, text: String) {
+    /// Records the session of the bot's `message_id` in `chat_id`, whose
+    /// resume line is not shown, so a reply to it continues that session.
+    async fn remember_resume(&self, chat_id: i64, message_id: i64, token: &ResumeToken) {
+        let expires = now_ms() + i64::try_from(RESUME_TTL.as_millis()).unwrap_or(i64::MAX);
+        let value = json!({ "engine": token.engine, "value": token.value });
+        self.store
+            .kv_put(RESUME_NS, &format!("{chat_id}:{message_id}"), value, Some(expires))
+            .await;
+    }
+
+    /// Submits the messages (one, or a chat's quick ones merged: their texts
+    /// joined with line breaks) as one run, answered as a reply to the last.
+    /// `mode` is the queue mode the message chose (`allow_queue_override`).
+    async fn submit(self: &Arc<Self>, items: Vec<Waiting>, mode: Option<QueueMode>) {
+        self.submit_with(items, mode, media::Received::default()).await;
+    }
+
+    /// [`Bot::submit`] with the files (and the voice note's mark) the run
+    /// gets; the files are dropped from the stage when no run takes them.
+    async fn submit_with(
+        self: &Arc<Self>,
+        items: Vec<Waiting>,
+        mode: Option<QueueMode>,
+        received: media::Received,
+    ) {
+        let Some(last) = items.last() else {
+            self.media.discard(&received.attachments);
+            return;
+        };
+        let message = last.message.clone();
+        let text = items.iter().map(|item| item.text.as_str()).collect::<Vec<_>>().join("\n");
+        let mut resume = None;
+        for item in items.iter().rev() {
+            resume = self.resume_from_reply(&item.message).await;
+            if resume.is_some() {
+                break;
+            }
+        }
         let run_id = inbound::run_id(self.me.id, &message);
         let mut req = RunRequest::new(
-            inbound::session_key(&self.config.agent_id, self.me.id, &message),
+            inbound::session_key(&self.config.agent_id, &self.account, &message),
             text.clone(),
         );
         req.origin = Origin::Channel;
         req.agent_id = Some(self.config.agent_id.clone());
-        req.queue_mode = self.config.queue_mode;
+        req.queue_mode = mode.or(self.config.queue_mode);
         req.engine = self.config.engine.clone();
-        req.resume = self.resume_from_reply(&message);
+        req.resume = resume;
         req.run_id = Some(run_id.clone());
         req.channel = Some(inbound::channel_ref(&message));
-        req.meta.insert(
-            "telegram".to_owned(),
-            json!({
-                "chat_id": message.chat.id,
-                "message_id": message.message_id,
-                "thread_id": inbound::topic_of(&message),
-                "from": message.from.as_ref().map(|u| u.id),
-            }),
-        );
+        let mut telegram = json!({
+            "chat_id": message.chat.id,
+            "message_id": message.message_id,
+            "thread_id": inbound::topic_of(&message),
+            "from": message.from.as_ref().map(|u| u.id),
+        });
+        if items.len() > 1 {
+            let merged: Vec<i64> = items.iter().map(|item| item.message.message_id).collect();
+            telegram["merged_message_ids"] = json!(merged);
+        }
+        if received.voice_transcribed {
+            telegram["voice_transcribed"] = json!(true);
+        }
+        req.meta.insert("telegram".to_owned(), telegram);
+        let attachments = received.attachments;
+        lemon_core::media::add_attachments(&mut req.meta, &attachments);
         let session = req.session_key.clone();
         let is_command = parse_slash_command(&text).is_some();
         let delivery = Delivery {
@@ -441,6 +747,7 @@ impl Bot {
         }
         match self.router.submit(req).await {
             Ok(Submitted::Command { reply, .. }) => {
+                self.media.discard(&attachments);
                 if !is_command {
                     self.deliveries.finish(&delivery.run_id).await;
                 }
@@ -448,6 +755,7 @@ impl Bot {
             }
             // Seen before: the first handling (or the recovery of its delivery) follows it.
             Ok(Submitted::Run(accepted, _)) if accepted.duplicate => {
+                self.media.discard(&attachments);
                 self.refusals.accepted(&session);
             }
             Ok(Submitted::Run(_, events)) => {
@@ -456,6 +764,7 @@ impl Bot {
                 self.tracker.spawn(async move { bot.follow(delivery, events).await });
             }
             Err(error) => {
+                self.media.discard(&attachments);
                 self.deliveries.finish(&delivery.run_id).await;
                 tracing::warn!(%error, "message not accepted");
                 if let Some(reply) = self.refusals.reply(&session, &error) {
@@ -485,7 +794,7 @@ impl Bot {
             if !matches!(event.kind, EventKind::RunStarted { .. }) {
                 continue;
             }
-            let Some((chat_id, thread_id)) = inbound::chat_of(&event.session_key, self.me.id)
+            let Some((chat_id, thread_id)) = inbound::chat_of(&event.session_key, &self.account)
             else {
                 continue;
             };
@@ -543,10 +852,17 @@ impl Bot {
     /// finished before (a delivery recovered after a restart) ends at once.
     async fn follow(self: Arc<Self>, mut delivery: Delivery, mut events: RunFollower) {
         let run_id = events.run_id().clone();
-        let mut renderer = ProgressRenderer::new(self.resume_format());
+        let style = RenderStyle {
+            resume_line: self.config.show_resume_line,
+            markdown: self.config.use_markdown,
+        };
+        let mut renderer = ProgressRenderer::with_style(self.resume_format(), style);
         let mut started = false;
+        // Edits of the progress message are paced by `edit_throttle_ms`.
+        let mut edits = EditPacer::new(self.config.edit_throttle());
         if let Some(progress) = delivery.progress_message_id {
             self.progress.insert(delivery.chat_id, progress, &run_id);
+            edits.shown(tokio::time::Instant::now());
         }
         // A run that ends within `progress_delay_ms` gets no progress message: its
         // answer is the only message, and it is not held back by the chat's pace.
@@ -556,12 +872,20 @@ impl Bot {
             .then(|| tokio::time::Instant::now() + self.config.progress_delay());
         let completion = loop {
             let due = progress_due.unwrap_or_else(tokio::time::Instant::now);
+            let edit_due = edits.due();
             let event = tokio::select! {
                 () = self.shutdown.cancelled() => return,
                 () = tokio::time::sleep_until(due), if progress_due.is_some() => {
                     progress_due = None;
                     if self.send_progress(&mut delivery, &renderer, &run_id).await.is_err() {
                         return;
+                    }
+                    edits.shown(tokio::time::Instant::now());
+                    continue;
+                }
+                () = tokio::time::sleep_until(edit_due.unwrap_or_else(tokio::time::Instant::now)), if edit_due.is_some() => {
+                    if edits.fire(tokio::time::Instant::now()) {
+                        self.show_progress(&delivery, renderer.progress()).await;
                     }
                     continue;
                 }
@@ -582,7 +906,10 @@ impl Bot {
             if let EventKind::RunCompleted { completion, .. } = &typed.kind {
                 break completion.clone();
             }
-            if changed {
+            if changed
+                && delivery.progress_message_id.is_some()
+                && edits.changed(tokio::time::Instant::now())
+            {
                 self.show_progress(&delivery, renderer.progress()).await;
             }
         };
@@ -704,6 +1031,12 @@ impl Bot {
         renderer.complete(&completion);
         let (progress, answer) = final_output(&renderer, &completion, started);
         let (chat_id, progress_id) = (delivery.chat_id, delivery.progress_message_id);
+        // Without resume lines, the session of each message is kept on record.
+        let hidden_resume =
+            renderer.resume_token(&completion).filter(|_| !self.config.show_resume_line).cloned();
+        if let (Some(token), Some(message_id)) = (&hidden_resume, progress_id) {
+            self.remember_resume(chat_id, message_id, token).await;
+        }
         // The last edit has a send's attempts; it runs beside the answer, which
         // the outbox puts first in the chat.
         let final_edit = async {
@@ -715,7 +1048,7 @@ impl Bot {
             }
         };
         let files = uploads(&delivery, &completion.artifacts);
-        let send = self.send_answer(&mut delivery, answer, files);
+        let send = self.send_answer(&mut delivery, answer, files, hidden_resume.as_ref());
         let ((), delivered) = tokio::join!(final_edit, send);
         if delivered {
             self.deliveries.finish(&delivery.run_id).await;
@@ -724,12 +1057,14 @@ impl Bot {
 
     /// Sends the answer's parts and then its files not sent yet, recording
     /// each; false when it stopped short (kept for the next start, or given up
-    /// on and recorded).
+    /// on and recorded). `hidden_resume` is the session to record for each
+    /// part sent when resume lines are not shown.
     async fn send_answer(
         &self,
         delivery: &mut Delivery,
         answer: Vec<FormattedText>,
         files: Vec<SendFile>,
+        hidden_resume: Option<&ResumeToken>,
     ) -> bool {
         let parts = answer.into_iter().map(Part::Text).chain(files.into_iter().map(Part::File));
         for (index, part) in parts.enumerate().skip(delivery.sent) {
@@ -761,7 +1096,10 @@ impl Bot {
                 }
             };
             match sent {
-                Ok(_) => {
+                Ok(sent) => {
+                    if let Some(token) = hidden_resume {
+                        self.remember_resume(delivery.chat_id, sent.message_id, token).await;
+                    }
                     delivery.sent = index + 1;
                     self.deliveries.record(&delivery.run_id, delivery).await;
                 }
@@ -863,13 +1201,14 @@ fn is_help(text: &str) -> bool {
     first.eq_ignore_ascii_case("/start") || first.eq_ignore_ascii_case("/help")
 }
 
-/// What `/start` and `/help` answer.
-fn help_text() -> String {
+/// What `/start` and `/help` answer; the queue-mode commands when a message
+/// may pick its mode.
+fn help_text(allow_queue_override: bool) -> String {
     let mut text = String::from(
         "Send a message and an agent works on it: a progress message shows what it does, \
          then the answer comes as a reply. Reply to an answer to continue its session.\n",
     );
-    for (command, description) in COMMANDS {
+    for (command, description) in inbound::commands(allow_queue_override) {
         text.push_str(&format!("\n/{command} — {description}"));
     }
     text

@@ -8,6 +8,9 @@
 //!
 //! Every text produced fits one message ([`MAX_TEXT_UTF16`] UTF-16 units) and its
 //! entities are sorted, disjoint, non-empty and inside the text.
+//!
+//! A [`RenderStyle`] can leave the resume line out (`show_resume_line = false`)
+//! and send everything plain, without entities (`use_markdown = false`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -34,6 +37,22 @@ const MAX_TITLE_CHARS: usize = 80;
 /// A resume line longer than this is not a resume command anyone can type; it is
 /// left out rather than cut.
 const MAX_RESUME_UTF16: usize = 512;
+
+/// How the messages look: `[gateway.telegram] show_resume_line` and `use_markdown`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenderStyle {
+    /// The resume line ends the progress message and the answer.
+    pub resume_line: bool,
+    /// Code is formatted as Telegram code; otherwise the engine's Markdown is
+    /// sent as it is, without entities.
+    pub markdown: bool,
+}
+
+impl Default for RenderStyle {
+    fn default() -> Self {
+        RenderStyle { resume_line: true, markdown: true }
+    }
+}
 
 /// How far an action got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +94,7 @@ struct ActionLine {
 /// completes, send [`final_messages`](Self::final_messages).
 pub struct ProgressRenderer {
     resume_format: ResumeFormat,
+    style: RenderStyle,
     /// The engine's id, from `run_started`.
     engine: Option<String>,
     /// Where the run is, as the first line of the progress message says.
@@ -96,15 +116,22 @@ impl fmt::Debug for ProgressRenderer {
             .field("status", &self.status)
             .field("actions", &self.actions.len())
             .field("resume", &self.resume)
+            .field("style", &self.style)
             .finish_non_exhaustive()
     }
 }
 
 impl ProgressRenderer {
-    /// A renderer for a run that has not started yet.
+    /// A renderer for a run that has not started yet, in the default style.
     pub fn new(resume_format: ResumeFormat) -> Self {
+        ProgressRenderer::with_style(resume_format, RenderStyle::default())
+    }
+
+    /// A renderer for a run that has not started yet, in `style`.
+    pub fn with_style(resume_format: ResumeFormat, style: RenderStyle) -> Self {
         let mut renderer = ProgressRenderer {
             resume_format,
+            style,
             engine: None,
             status: RunStatus::Running,
             actions: Vec::new(),
@@ -162,6 +189,12 @@ impl ProgressRenderer {
         self.rendered.clone()
     }
 
+    /// The session the run continues or started, as known so far (or as its
+    /// completion says).
+    pub fn resume_token<'a>(&'a self, completion: &'a Completion) -> Option<&'a ResumeToken> {
+        completion.resume.as_ref().or(self.resume.as_ref())
+    }
+
     /// The messages that end the run: the answer split to Telegram's limit with
     /// the resume command after it; `Error: <message>` for a failed run,
     /// `Cancelled.` (or why it was stopped: interrupted, dropped from a full
@@ -176,24 +209,28 @@ impl ProgressRenderer {
             },
             _ => completion.answer.clone(),
         };
+        let markdown = self.style.markdown;
         let mut messages: Vec<FormattedText> = split_markdown(&body, MAX_TEXT_UTF16)
             .iter()
-            .map(|chunk| trim_outside_entities(markdown_to_telegram(chunk)))
+            .map(|chunk| match markdown {
+                true => trim_outside_entities(markdown_to_telegram(chunk)),
+                false => FormattedText::plain(chunk.trim()),
+            })
             .filter(|message| !message.text.is_empty())
             .collect();
         if messages.is_empty() {
             messages.push(FormattedText::plain("Done."));
         }
-        let resume = completion.resume.as_ref().or(self.resume.as_ref());
+        let resume = self.resume_token(completion);
         if let Some(line) = resume.and_then(|token| self.resume_line(token)) {
             let last = messages
                 .last_mut()
                 .filter(|last| utf16_len(&last.text) + 2 + utf16_len(&line) <= MAX_TEXT_UTF16);
             match last {
-                Some(last) => push_code_paragraph(last, &line),
+                Some(last) => self.push_resume_paragraph(last, &line),
                 None => {
                     let mut own = FormattedText::default();
-                    push_code_paragraph(&mut own, &line);
+                    self.push_resume_paragraph(&mut own, &line);
                     messages.push(own);
                 }
             }
@@ -212,8 +249,12 @@ impl ProgressRenderer {
         }
     }
 
-    /// The resume command without backticks, if there is a usable one.
+    /// The resume command without backticks, if there is a usable one and
+    /// the style shows it.
     fn resume_line(&self, token: &ResumeToken) -> Option<String> {
+        if !self.style.resume_line {
+            return None;
+        }
         let formatted = (self.resume_format)(token);
         let line = formatted.trim().trim_matches('`').trim();
         let usable = !line.is_empty() && utf16_len(line) <= MAX_RESUME_UTF16;
@@ -255,9 +296,21 @@ impl ProgressRenderer {
             out.text.push_str(&shown.join("\n"));
         }
         if let Some(line) = self.resume.as_ref().and_then(|token| self.resume_line(token)) {
-            push_code_paragraph(&mut out, &line);
+            self.push_resume_paragraph(&mut out, &line);
         }
         out
+    }
+
+    /// Appends the resume line as its own paragraph: as code, or plain.
+    fn push_resume_paragraph(&self, out: &mut FormattedText, line: &str) {
+        if self.style.markdown {
+            push_code_paragraph(out, line);
+        } else {
+            if !out.text.is_empty() {
+                out.text.push_str("\n\n");
+            }
+            out.text.push_str(line);
+        }
     }
 }
 

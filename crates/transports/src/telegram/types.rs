@@ -58,19 +58,67 @@ pub struct Message {
     pub reply_to_message: Option<Box<Message>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub entities: Vec<MessageEntity>,
+    /// A photo, in the sizes Telegram made of it, smallest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub photo: Vec<TelegramFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub document: Option<TelegramFile>,
+    /// A voice message (OGG/Opus), with its `duration` in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub voice: Option<TelegramFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio: Option<TelegramFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub video: Option<TelegramFile>,
+    /// A GIF or a silent video.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub animation: Option<TelegramFile>,
+    /// A round video message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub video_note: Option<TelegramFile>,
     /// Present on media messages; only its presence matters here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub photo: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub document: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub voice: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub audio: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub video: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sticker: Option<serde_json::Value>,
+    /// Photos and files sent together (an album) share it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_group_id: Option<String>,
+}
+
+/// A file a message carries (`PhotoSize`, `Document`, `Voice`, `Audio`,
+/// `Video`, `Animation`, `VideoNote`): the fields of those the transport reads.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+pub struct TelegramFile {
+    /// What `getFile` takes.
+    #[serde(default)]
+    pub file_id: String,
+    /// The same for every bot and over time; names files without a name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub file_unique_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
+    /// The size Telegram announces, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_size: Option<u64>,
+    /// Seconds (voice, audio, video).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub width: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub height: Option<u32>,
+}
+
+/// `getFile`'s answer: where the file can be downloaded from
+/// (`{base}/file/bot<token>/<file_path>`, for an hour).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct FileInfo {
+    pub file_id: String,
+    #[serde(default)]
+    pub file_size: Option<u64>,
+    #[serde(default)]
+    pub file_path: Option<String>,
 }
 
 /// A chat: `private`, `group`, `supergroup` or `channel`.

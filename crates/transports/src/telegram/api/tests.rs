@@ -231,3 +231,27 @@ async fn https_base_urls_reach_the_network() {
     assert!(text.contains("connect") && !text.contains("scheme"), "{text}");
     assert!(!text.contains(TOKEN), "{text}");
 }
+
+#[test]
+fn a_file_url_holds_the_token_only_where_the_request_needs_it() {
+    use crate::telegram::types::FileInfo;
+    let api = BotApi::new("http://127.0.0.1:9/prefix/", TOKEN).unwrap();
+    let info = |path: Option<&str>| FileInfo {
+        file_id: "f".into(),
+        file_size: None,
+        file_path: path.map(str::to_owned),
+    };
+    let url = api.file_url(&info(Some("documents/file_7.pdf"))).unwrap();
+    assert_eq!(
+        url.expose(),
+        format!("http://127.0.0.1:9/prefix/file/bot{TOKEN}/documents/file_7.pdf")
+    );
+    assert!(!format!("{url:?}").contains(TOKEN), "Debug is redacted");
+    for bad in
+        [None, Some(""), Some("/etc/passwd"), Some("a/../../b"), Some("a?x=1"), Some("a/%2e%2e")]
+    {
+        let error = api.file_url(&info(bad)).unwrap_err();
+        assert!(!error.to_string().contains(TOKEN), "{error}");
+        assert!(matches!(error, TelegramError::Rejected { .. }), "{bad:?}: {error}");
+    }
+}

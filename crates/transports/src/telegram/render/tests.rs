@@ -7,7 +7,7 @@ use lemon_core::engine::{Action, ActionKind, ActionPhase, Completion, ResumeToke
 use lemon_core::ids::RunId;
 use proptest::prelude::*;
 
-use super::{ProgressRenderer, ResumeFormat};
+use super::{ProgressRenderer, RenderStyle, ResumeFormat};
 use crate::telegram::format::tests::{annotate, entity_problem};
 use crate::telegram::format::utf16_len;
 use crate::telegram::types::{FormattedText, MAX_TEXT_UTF16};
@@ -379,4 +379,56 @@ fn an_ending_read_back_from_the_store_finishes_the_progress_too() {
         "Cancelled.\n\n- ls: running\n\n<code>claude --resume s9</code>"
     );
     assert!(!renderer.complete(&cut_off), "the same ending twice changes nothing");
+}
+
+/// The final messages and the last progress text of a run that started
+/// session `abc` and answered `answer`, rendered in `style`.
+fn styled(style: RenderStyle, answer: &str) -> (Vec<FormattedText>, FormattedText) {
+    let mut renderer = ProgressRenderer::with_style(resume_format(), style);
+    renderer.apply(&started("claude"));
+    renderer.apply(&engine_started("abc"));
+    let completion = Completion::success(answer, None);
+    renderer.apply(&completed(completion.clone()));
+    (renderer.final_messages(&completion), renderer.progress())
+}
+
+#[test]
+fn without_the_resume_line_the_answer_and_progress_end_with_the_answer() {
+    let style = RenderStyle { resume_line: false, markdown: true };
+    let (messages, progress) = styled(style, "Use `ls`.");
+    let shown: Vec<String> = messages.iter().map(annotate).collect();
+    assert_eq!(shown, ["Use <code>ls</code>."]);
+    assert_eq!(annotate(&progress), "Done.");
+    // The session is still known, for the bot to keep on record.
+    let mut renderer = ProgressRenderer::with_style(resume_format(), style);
+    renderer.apply(&engine_started("abc"));
+    let done = Completion::success("x", None);
+    assert_eq!(renderer.resume_token(&done), Some(&ResumeToken::new("claude", "abc")));
+}
+
+#[test]
+fn without_markdown_the_answer_is_sent_as_written_with_no_entities() {
+    let style = RenderStyle { resume_line: true, markdown: false };
+    let (messages, progress) = styled(style, "Use `ls`:\n\n```sh\nls -la\n```\n");
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0].text, "Use `ls`:\n\n```sh\nls -la\n```\n\nclaude --resume abc");
+    assert!(messages[0].entities.is_empty(), "{:?}", messages[0].entities);
+    assert_eq!(progress.text, "Done.\n\nclaude --resume abc");
+    assert!(progress.entities.is_empty());
+    let neither = RenderStyle { resume_line: false, markdown: false };
+    let (messages, _) = styled(neither, "  plain *text*  ");
+    assert_eq!(messages, [FormattedText::plain("plain *text*")]);
+}
+
+#[test]
+fn a_long_plain_answer_is_split_within_the_limit() {
+    let style = RenderStyle { resume_line: true, markdown: false };
+    let answer = "word ".repeat(2000);
+    let (messages, _) = styled(style, &answer);
+    assert!(messages.len() >= 2);
+    for message in &messages {
+        assert!(utf16_len(&message.text) <= MAX_TEXT_UTF16);
+        assert!(message.entities.is_empty());
+    }
+    assert!(messages.last().unwrap().text.ends_with("claude --resume abc"));
 }
