@@ -13,7 +13,7 @@
 //! A config written for the reference gateway loads as it is: its keys that
 //! name one of ours are read as ours, those without a use here are accepted
 //! with a note ([`ReferenceKey`], [`Translation`]), and its environment variables apply over the
-//! file ([`env`], through [`load_str_with_env`]).
+//! file ([`env`](mod@env), through [`load_str_with_env`]).
 
 pub mod env;
 mod keys;

@@ -15,10 +15,10 @@
 //!   the size and length limits checked before anything is uploaded.
 //! - [`voice`]: the voice keys of a chat channel's section
 //!   (`voice_transcription`, `voice_transcription_model`, …), the same for
-//!   every channel, and the [`Transcriber`](transcribe::Transcriber) they
+//!   every channel, and the [`Transcriber`] they
 //!   build.
 //!
-//! A refusal's text ([`MediaRefusal`], [`TranscribeError`](transcribe::TranscribeError))
+//! A refusal's text ([`MediaRefusal`], [`TranscribeError`])
 //! is the reply the sender sees; none holds a URL's query, a token or a key.
 
 pub mod fetch;

@@ -22,7 +22,7 @@
 //! - With `show_resume_line = false` the answer has no resume line; the
 //!   session of each answer and progress message is on record instead, so a
 //!   reply to it still continues that session.
-//! - Photos, files and voice notes, albums and `/file` are the [`media`]
+//! - Photos, files and voice notes, albums and `/file` are the `media`
 //!   module's: files are checked, fetched and staged before the run is
 //!   submitted with them, and a refusal is replied instead of a run.
 
