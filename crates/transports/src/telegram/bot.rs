@@ -833,7 +833,7 @@ impl Bot {
     }
 
     /// Sends a short reply on its own task (the poll loop never waits for Telegram's limits).
-    fn reply_soon(self: &Arc<Self>, message: &Message, text: String) {
+    fn reply_soon(&self, message: &Message, text: String) {
         let send = message_to(
             message.chat.id,
             inbound::topic_of(message),

@@ -248,7 +248,7 @@ impl Bot {
             Ok(project) => project,
             Err(reply) => {
                 self.media.discard(&kept);
-                self.reply_soon_plain(message, reply);
+                self.reply_soon(message, reply);
                 return;
             }
         };
@@ -263,7 +263,7 @@ impl Bot {
         let mut lines: Vec<String> =
             placed.attachments.iter().map(|a| format!("Saved {}", shown(&a.path))).collect();
         lines.extend(placed.failed.iter().map(|(name, why)| format!("{name} not saved: {why}")));
-        self.reply_soon_plain(message, lines.join("\n"));
+        self.reply_soon(message, lines.join("\n"));
     }
 
     /// `/file put [--force] [path]` with the message's one file.
@@ -304,7 +304,7 @@ impl Bot {
                 refusal.to_string()
             }
         };
-        self.reply_soon_plain(message, reply);
+        self.reply_soon(message, reply);
     }
 
     /// `/file get <path>`: the project's file, sent back as a document.
@@ -322,7 +322,7 @@ impl Bot {
             Ok(found) => found,
             Err(refusal) => {
                 tracing::info!(%refusal, chat_id = message.chat.id, "/file get refused");
-                self.reply_soon_plain(message, refusal.to_string());
+                self.reply_soon(message, refusal.to_string());
                 return;
             }
         };
@@ -331,7 +331,7 @@ impl Bot {
             Ok(copy) => copy,
             Err(error) => {
                 tracing::warn!(%error, "/file get: no copy to send");
-                self.reply_soon_plain(message, format!("{name} could not be sent: {error}"));
+                self.reply_soon(message, format!("{name} could not be sent: {error}"));
                 return;
             }
         };
@@ -350,7 +350,7 @@ impl Bot {
             Ok(_) | Err(DeliveryError::ShuttingDown) => {}
             Err(error) => {
                 tracing::warn!(%error, "/file get: the document was not sent");
-                self.reply_soon_plain(message, format!("{name} could not be sent: {error}"));
+                self.reply_soon(message, format!("{name} could not be sent: {error}"));
             }
         }
     }
@@ -411,22 +411,6 @@ impl Bot {
             size: file.size,
         };
         media::fetch_and_keep(&self.fetcher, &self.media, &self.config.files, remote, None).await
-    }
-
-    /// A reply that is plain text, sent soon (never parsed as a command).
-    fn reply_soon_plain(&self, message: &Message, text: String) {
-        let send = message_to(
-            message.chat.id,
-            inbound::topic_of(message),
-            Some(message.message_id),
-            FormattedText::plain(text),
-        );
-        let outbox = self.outbox.clone();
-        self.tracker.spawn(async move {
-            if let Err(error) = outbox.send(send).await {
-                tracing::warn!(%error, "reply not delivered");
-            }
-        });
     }
 }
 
