@@ -3,13 +3,20 @@
 // stdin/stdout. Protocol version 1 (every line has "v": 1):
 //
 //   bridge → gateway  ready   {inbox_id, address, env}
-//                     message {id, conversation_id, sender, sender_address?, text, sent_at_ms}
+//                     message {id, conversation_id, sender, sender_address?, text, sent_at_ms,
+//                              attachment?}
 //                     sent    {request_id, message_id}
 //                     error   {request_id?, message, retry}
 //                     pong    {id}
 //   gateway → bridge  ack     {id}
 //                     send    {request_id, conversation_id, text}
 //                     ping    {id}
+//
+// A remote attachment is a message with `text` "" and `attachment` {url,
+// filename, content_length, secret, salt, nonce (base64), content_digest,
+// scheme}: its metadata only. The bridge never fetches it (the SDK's
+// downloadRemoteAttachment would fetch any URL, of any size); the gateway
+// fetches, checks and decrypts it.
 //
 // The SDK is injected (`createAgent`), so the handling here is tested with the
 // SDK's objects mocked (lib.test.mjs); bridge.mjs, the entry point the
@@ -55,19 +62,22 @@ export async function runBridge({ createAgent, input, output, env, log = () => {
 
   const handOver = (message, conversationId) => {
     if (message.senderInboxId && message.senderInboxId === inboxId()) return;
-    if (typeof message.content !== "string") return;
+    const attachment = remoteAttachmentFields(message.content);
+    if (typeof message.content !== "string" && attachment === null) return;
     const sentAtNs = toBigInt(message.sentAtNs);
     unacked.set(message.id, sentAtNs);
     emit("message", {
       id: message.id,
       conversation_id: conversationId ?? message.conversationId,
       sender: message.senderInboxId,
-      text: message.content,
+      text: attachment === null ? message.content : "",
       sent_at_ms: Number(sentAtNs / 1_000_000n),
+      ...(attachment === null ? {} : { attachment }),
     });
   };
 
   agent.on("text", (ctx) => handOver(ctx.message, ctx.conversation?.id));
+  agent.on("attachment", (ctx) => handOver(ctx.message, ctx.conversation?.id));
   agent.on("unhandledError", (error) => log(`xmtp error: ${error?.message ?? error}`));
 
   const handleLine = async (line) => {
@@ -159,6 +169,29 @@ async function catchUp(agent, cursorNs, handOver, log) {
   } catch (error) {
     log(`catching up failed: ${error?.message ?? error}`);
   }
+}
+
+/**
+ * The protocol's `attachment` fields of a remote attachment's content (the
+ * SDK's RemoteAttachment: url, contentDigest, secret, salt, nonce, scheme,
+ * contentLength?, filename?), or null when `content` is not one.
+ */
+export function remoteAttachmentFields(content) {
+  if (content === null || typeof content !== "object") return null;
+  const { url, contentDigest, secret, salt, nonce, scheme, contentLength, filename } = content;
+  if (typeof url !== "string" || typeof contentDigest !== "string") return null;
+  if (![secret, salt, nonce].every((bytes) => bytes instanceof Uint8Array)) return null;
+  const length = Number(contentLength);
+  return {
+    url,
+    filename: typeof filename === "string" && filename !== "" ? filename : null,
+    content_length: Number.isSafeInteger(length) && length >= 0 ? length : null,
+    secret: Buffer.from(secret).toString("base64"),
+    salt: Buffer.from(salt).toString("base64"),
+    nonce: Buffer.from(nonce).toString("base64"),
+    content_digest: contentDigest,
+    scheme: typeof scheme === "string" ? scheme : "",
+  };
 }
 
 function toBigInt(value) {

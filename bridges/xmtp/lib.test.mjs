@@ -6,7 +6,7 @@ import { PassThrough } from "node:stream";
 import { mkdtemp, readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { runBridge, MAX_LINE_BYTES } from "./lib.mjs";
+import { runBridge, MAX_LINE_BYTES, remoteAttachmentFields } from "./lib.mjs";
 
 const ME = "1nb0x";
 
@@ -213,4 +213,68 @@ test("an ack moves the cursor, and a restart hands over only what came after it"
   assert.deepEqual(again.lines.filter((l) => l.type === "message").map((l) => l.id), ["m-2"]);
   again.input.end();
   await again.done;
+});
+
+/** A remote attachment's content as the SDK decodes it. */
+function remoteAttachment(overrides = {}) {
+  return {
+    url: "https://files.example/abc",
+    contentDigest: "ab".repeat(32),
+    secret: new Uint8Array(32).fill(1),
+    salt: new Uint8Array(32).fill(2),
+    nonce: new Uint8Array(12).fill(3),
+    scheme: "https://",
+    contentLength: 1234,
+    filename: "notes.txt",
+    ...overrides,
+  };
+}
+
+test("a remote attachment is handed over as its metadata, never fetched", async () => {
+  const agent = fakeAgent([]);
+  const h = await harness(agent);
+  await h.waitFor((l) => l.type === "ready");
+  const fetched = [];
+  const realFetch = globalThis.fetch;
+  globalThis.fetch = async (url) => {
+    fetched.push(url);
+    throw new Error("the bridge must not fetch");
+  };
+  try {
+    agent.emit("attachment", {
+      message: textMessage("m-file", "s1", remoteAttachment(), 9_000_000n),
+      conversation: { id: "conv-1" },
+    });
+    const message = await h.waitFor((l) => l.type === "message");
+    assert.deepEqual(message, {
+      v: 1, type: "message", id: "m-file", conversation_id: "conv-1", sender: "s1", text: "", sent_at_ms: 9,
+      attachment: {
+        url: "https://files.example/abc",
+        filename: "notes.txt",
+        content_length: 1234,
+        secret: Buffer.alloc(32, 1).toString("base64"),
+        salt: Buffer.alloc(32, 2).toString("base64"),
+        nonce: Buffer.alloc(12, 3).toString("base64"),
+        content_digest: "ab".repeat(32),
+        scheme: "https://",
+      },
+    });
+    assert.deepEqual(fetched, []);
+    // Small: the line carries no file, whatever its size.
+    assert.ok(JSON.stringify(message).length < 1024);
+  } finally {
+    globalThis.fetch = realFetch;
+  }
+  h.input.end();
+  await h.done;
+});
+
+test("only a complete remote attachment is one", () => {
+  assert.equal(remoteAttachmentFields("text"), null);
+  assert.equal(remoteAttachmentFields(null), null);
+  assert.equal(remoteAttachmentFields(remoteAttachment({ secret: "not bytes" })), null);
+  assert.equal(remoteAttachmentFields(remoteAttachment({ url: undefined })), null);
+  const bare = remoteAttachmentFields(remoteAttachment({ filename: undefined, contentLength: undefined }));
+  assert.equal(bare.filename, null);
+  assert.equal(bare.content_length, null);
 });

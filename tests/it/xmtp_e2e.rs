@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use lemon_tests::fake_xmtp::{BridgeConn, FakeXmtpHub};
+use lemon_tests::fake_xmtp::{AttachmentHost, BridgeConn, FakeXmtpHub};
 use serde_json::{json, Value};
 
 use crate::support::{failed_start, home_with, Gateway, PATIENCE};
@@ -281,4 +281,77 @@ async fn a_mistake_in_the_xmtp_section_is_placed_in_the_file_and_a_missing_key_n
     assert_ne!(code, Some(0));
     assert!(stderr.contains("xmtp_wallet_key"), "{stderr}");
     assert!(!stderr.contains(WALLET_KEY));
+}
+
+/// XMTP on a local network (so attachments may come from loopback over
+/// http), files of at most 4 KiB, runs in `project`.
+fn attachment_config(hub: &FakeXmtpHub, project: &Path) -> String {
+    config(
+        hub,
+        "env = \"local\"\n[gateway.xmtp.files]\nmax_download_bytes = 4096",
+        &format!(
+            "default_cwd = {:?}\n[gateway.engines.echo]\ndelay_ms = 0",
+            project.display().to_string()
+        ),
+    )
+}
+
+#[tokio::test]
+async fn a_remote_attachment_is_fetched_decrypted_and_handed_to_the_run() {
+    let hub = FakeXmtpHub::start(true).await;
+    let host = AttachmentHost::start().await;
+    let project = tempfile::tempdir().unwrap();
+    let home = home(&attachment_config(&hub, project.path()));
+    let (gateway, bridge) = start(&hub, home.path()).await;
+
+    let fields = host.put("abc123", "notes.txt", "text/plain", b"remember the milk");
+    bridge.attachment("m-file", CONVERSATION, FRIEND, fields).await;
+    let send = answer(&bridge, ".lemon/uploads/notes.txt").await;
+    let text = send["text"].as_str().unwrap();
+    assert!(text.starts_with("(files attached)\n\n[Files sent with this message"), "{text}");
+    assert!(text.contains("- .lemon/uploads/notes.txt (file, text/plain,"), "{text}");
+    assert_eq!(send["conversation_id"], CONVERSATION);
+    assert_eq!(
+        std::fs::read(project.path().join(".lemon/uploads/notes.txt")).unwrap(),
+        b"remember the milk"
+    );
+    bridge.wait_for("the ack", PATIENCE, |_| acks(&bridge) == ["m-file"]).await;
+    assert_eq!(host.n_fetches(), 1);
+    assert_eq!(runs(&gateway).await.len(), 1);
+    gateway.terminate().await;
+}
+
+#[tokio::test]
+async fn a_tampered_or_oversized_attachment_is_refused_with_a_reply_and_no_run() {
+    let hub = FakeXmtpHub::start(true).await;
+    let host = AttachmentHost::start().await;
+    let project = tempfile::tempdir().unwrap();
+    let home = home(&attachment_config(&hub, project.path()));
+    let (gateway, bridge) = start(&hub, home.path()).await;
+
+    // Changed on the way: its bytes no longer match the sender's digest.
+    let fields = host.put("t1", "plan.txt", "text/plain", b"the real plan");
+    host.tamper("t1");
+    bridge.attachment("m-tampered", CONVERSATION, FRIEND, fields).await;
+    answer(&bridge, "plan.txt was refused: its bytes do not match the digest the sender gave")
+        .await;
+
+    // Announced larger than the limit: refused before a byte is fetched.
+    let fetched = host.n_fetches();
+    let big = host.put("b1", "big.bin", "application/octet-stream", &[7; 8192]);
+    bridge.attachment("m-big", CONVERSATION, FRIEND, big).await;
+    let send = answer(&bridge, "big.bin is 8 KB").await;
+    assert!(send["text"].as_str().unwrap().ends_with("the limit is 4 KB"), "{send}");
+    assert_eq!(host.n_fetches(), fetched, "not fetched");
+
+    // Announced small, but larger once opened: refused all the same.
+    let mut liar = host.put("l1", "liar.bin", "application/octet-stream", &[7; 8192]);
+    liar["content_length"] = json!(10);
+    bridge.attachment("m-liar", CONVERSATION, FRIEND, liar).await;
+    answer(&bridge, "liar.bin is 8 KB — the limit is 4 KB").await;
+
+    bridge.wait_for("the acks", PATIENCE, |_| acks(&bridge).len() == 3).await;
+    assert!(runs(&gateway).await.is_empty(), "no run started");
+    assert!(!project.path().join(".lemon/uploads").exists());
+    gateway.terminate().await;
 }

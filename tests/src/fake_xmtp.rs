@@ -3,8 +3,15 @@
 //! the bridge's side of the protocol (JSON lines with `"v": 1`) through a
 //! [`BridgeConn`]. Lines are parsed as plain JSON here, never with the
 //! gateway's types.
+//!
+//! [`AttachmentHost`] stands in for the storage a sender's app uploads a
+//! remote attachment to: it serves encrypted payloads on loopback, and
+//! [`AttachmentHost::put`] seals a file as the sender's app does and gives
+//! the `attachment` fields the bridge would forward.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -125,6 +132,17 @@ impl BridgeConn {
         .await;
     }
 
+    /// A remote attachment from `sender` in `conversation`: a message with
+    /// no text and the `attachment` fields ([`AttachmentHost::put`]).
+    pub async fn attachment(&self, id: &str, conversation: &str, sender: &str, attachment: Value) {
+        self.send(json!({
+            "v": 1, "type": "message", "id": id, "conversation_id": conversation,
+            "sender": sender, "text": "", "sent_at_ms": 1_700_000_000_000_i64,
+            "attachment": attachment,
+        }))
+        .await;
+    }
+
     /// Answers a `send` as sent.
     pub async fn sent(&self, request_id: &str, message_id: &str) {
         self.send(
@@ -192,5 +210,76 @@ impl BridgeConn {
             }
         };
         tokio::time::timeout(patience, wait).await.expect("the bridge is gone in time");
+    }
+}
+
+/// Where remote attachments are uploaded: `GET /files/<name>` serves what
+/// [`AttachmentHost::put`] stored, on loopback.
+#[derive(Debug, Clone)]
+pub struct AttachmentHost {
+    /// `http://127.0.0.1:<port>`.
+    pub base_url: String,
+    payloads: Arc<Mutex<HashMap<String, Vec<u8>>>>,
+    n_fetches: Arc<AtomicUsize>,
+}
+
+impl AttachmentHost {
+    pub async fn start() -> AttachmentHost {
+        let payloads: Arc<Mutex<HashMap<String, Vec<u8>>>> = Arc::default();
+        let n_fetches = Arc::new(AtomicUsize::new(0));
+        let (served, counted) = (payloads.clone(), n_fetches.clone());
+        let app = axum::Router::new().route(
+            "/files/{name}",
+            axum::routing::get(move |axum::extract::Path(name): axum::extract::Path<String>| {
+                let (served, counted) = (served.clone(), counted.clone());
+                async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    match served.lock().unwrap().get(&name) {
+                        Some(bytes) => Ok(bytes.clone()),
+                        None => Err(axum::http::StatusCode::NOT_FOUND),
+                    }
+                }
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base_url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        AttachmentHost { base_url, payloads, n_fetches }
+    }
+
+    /// Seals `data` as an attachment named `filename`, serves the payload at
+    /// `/files/<path>`, and returns the `attachment` fields of its message.
+    pub fn put(&self, path: &str, filename: &str, mime: &str, data: &[u8]) -> Value {
+        let (secret, salt, nonce) = ([0x5e; 32], [0x5a; 32], [0x4e; 12]);
+        let sealed =
+            lemon_transports::xmtp::attachment::seal(filename, mime, data, secret, salt, nonce);
+        let b64 = |bytes: &[u8]| {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        };
+        let fields = json!({
+            "url": format!("{}/files/{path}", self.base_url),
+            "filename": filename,
+            "content_length": sealed.payload.len(),
+            "secret": b64(&secret),
+            "salt": b64(&salt),
+            "nonce": b64(&nonce),
+            "content_digest": sealed.digest,
+            "scheme": "https://",
+        });
+        self.payloads.lock().unwrap().insert(path.to_owned(), sealed.payload);
+        fields
+    }
+
+    /// Replaces what `/files/<path>` serves (a payload changed on the way).
+    pub fn tamper(&self, path: &str) {
+        if let Some(bytes) = self.payloads.lock().unwrap().get_mut(path) {
+            bytes[0] ^= 0xff;
+        }
+    }
+
+    /// How many requests it answered.
+    pub fn n_fetches(&self) -> usize {
+        self.n_fetches.load(Ordering::SeqCst)
     }
 }

@@ -4,6 +4,7 @@
 //! with backoff, and keeps one conversation per XMTP conversation.
 //!
 //! - [`config`] — `[gateway.xmtp]`.
+//! - [`attachment`] — remote attachments: fetched, checked and decrypted here.
 //! - [`protocol`] — the lines the gateway and the bridge exchange.
 //! - [`bridge`] — starting the bridge ([`bridge::Launcher`], given by the
 //!   server, which owns process spawning) and one bridge's life: ready, lines,
@@ -12,6 +13,7 @@
 //! - [`service`] — [`XmtpTransport`](service::XmtpTransport): messages through
 //!   the router, answers in delivery records sent through the outbox.
 
+pub mod attachment;
 pub mod bridge;
 pub mod config;
 pub mod protocol;

@@ -168,6 +168,14 @@ impl Link {
         }
     }
 
+    /// Acks message `id` to the running bridge, if one is (best effort: a
+    /// bridge that hands it over again gets it deduplicated by its run id).
+    pub fn ack(&self, id: &str) {
+        if let Some(writer) = self.writer.borrow().as_ref() {
+            let _ = writer.try_send(ToBridge::Ack { id: id.to_owned() }.to_line());
+        }
+    }
+
     fn connect(&self, writer: mpsc::Sender<String>) {
         self.writer.send_replace(Some(writer));
     }

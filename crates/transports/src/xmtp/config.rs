@@ -106,6 +106,10 @@ pub struct XmtpConfig {
     /// How many times an answer is sent before it is recorded as undelivered.
     #[serde(default = "defaults::delivery_attempts")]
     pub delivery_attempts: u32,
+    /// `[gateway.xmtp.files]`: remote attachments (who may send them, how
+    /// large, which names are refused, where they are saved).
+    #[serde(default)]
+    pub files: lemon_core::media::FilesConfig,
 }
 
 /// An inline secret: kept out of `Debug`; blank is unset.
@@ -255,6 +259,9 @@ impl XmtpConfig {
         if config.delivery_attempts == 0 {
             return Err(XmtpConfigError("delivery_attempts must be at least 1".into()));
         }
+        if let Some(problem) = config.files.check().into_iter().next() {
+            return Err(XmtpConfigError(format!("files.{problem}")));
+        }
         Ok((config, unknown))
     }
 
@@ -318,6 +325,13 @@ impl XmtpConfig {
         Ok(XmtpSecrets { wallet_key, db_encryption_key })
     }
 
+    /// Whether attachments may come from this machine or a private network
+    /// (and over plain http): only when the XMTP network itself is local
+    /// (`env = "local"`), as other channels allow it when their own API is.
+    pub fn attachments_may_be_local(&self) -> bool {
+        self.env == XmtpEnv::Local
+    }
+
     pub(crate) fn duration(ms: u64) -> Duration {
         Duration::from_millis(ms)
     }
@@ -369,6 +383,17 @@ mod tests {
     }
 
     #[test]
+    fn files_take_20_mib_by_default_and_local_addresses_only_on_a_local_network() {
+        let config = parse("").unwrap();
+        assert!(config.files.enabled);
+        assert_eq!(config.files.max_download_bytes, 20 * 1024 * 1024);
+        assert!(!config.attachments_may_be_local());
+        let local = parse("env = \"local\"\n[files]\nmax_download_bytes = 4096").unwrap();
+        assert!(local.attachments_may_be_local());
+        assert_eq!(local.files.max_download_bytes, 4096);
+    }
+
+    #[test]
     fn a_relative_bridge_script_is_taken_from_the_config_folder() {
         let config = parse("bridge_script = \"b/bridge.mjs\"").unwrap();
         assert_eq!(
@@ -386,6 +411,8 @@ mod tests {
             ("ping_timeout_ms = 1", "ping_timeout_ms"),
             ("delivery_attempts = 0", "delivery_attempts"),
             ("node = \" \"", "node"),
+            ("[files]\nuploads_dir = \"../out\"", "files.uploads_dir"),
+            ("[files]\nmax_download_bytes = \"big\"", "max_download_bytes"),
         ];
         for (text, key) in cases {
             let error = parse(text).unwrap_err().0;

@@ -3,8 +3,12 @@
 //!
 //! Bridge → gateway:
 //! - `ready` `{inbox_id, address?, env?}` — connected; answers can be sent.
-//! - `message` `{id, conversation_id, sender, sender_address?, text, sent_at_ms}` —
-//!   a text message someone else wrote in a conversation.
+//! - `message` `{id, conversation_id, sender, sender_address?, text, sent_at_ms,
+//!   attachment?}` — a message someone else wrote in a conversation: a text,
+//!   or a remote attachment (`text` empty) described by `attachment`
+//!   `{url, filename?, content_length?, secret, salt, nonce, content_digest,
+//!   scheme}` (keys in base64, the digest in hex): the bridge never fetches
+//!   it, the gateway does ([`super::attachment`]).
 //! - `sent` `{request_id, message_id}` — a `send` went out.
 //! - `error` `{request_id?, message, retry?}` — a `send` failed (`retry`: worth
 //!   sending again), or, without `request_id`, something the bridge reports.
@@ -39,9 +43,44 @@ pub struct InboundMessage {
     pub sender: String,
     #[serde(default)]
     pub sender_address: Option<String>,
+    #[serde(default)]
     pub text: String,
     #[serde(default)]
     pub sent_at_ms: Option<i64>,
+    /// A remote attachment the message is (its text is then empty).
+    #[serde(default)]
+    pub attachment: Option<Box<RemoteAttachment>>,
+}
+
+/// A remote attachment as the sender described it: where its encrypted bytes
+/// are and how to open them. Its `Debug` shows neither the URL nor the keys.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+pub struct RemoteAttachment {
+    pub url: String,
+    #[serde(default)]
+    pub filename: Option<String>,
+    /// The encrypted payload's length, as announced.
+    #[serde(default)]
+    pub content_length: Option<u64>,
+    /// Base64, 32 bytes.
+    pub secret: String,
+    /// Base64, 32 bytes.
+    pub salt: String,
+    /// Base64, 12 bytes.
+    pub nonce: String,
+    /// The payload's SHA-256, lowercase hex.
+    pub content_digest: String,
+    /// `https://`.
+    pub scheme: String,
+}
+
+impl std::fmt::Debug for RemoteAttachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteAttachment")
+            .field("filename", &self.filename)
+            .field("content_length", &self.content_length)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A line from the bridge.
@@ -259,6 +298,24 @@ mod tests {
             parse_line(r#"{"v":1,"type":"pong","id":"7"}"#),
             Ok(FromBridge::Pong { id: "7".into() })
         );
+    }
+
+    #[test]
+    fn an_attachment_message_parses_without_text_and_hides_its_keys() {
+        let line = r#"{"v":1,"type":"message","id":"m","conversation_id":"c","sender":"ab","text":"","attachment":{"url":"https://files.example/secret-path","filename":"a.txt","content_length":12,"secret":"c2VjcmV0","salt":"c2FsdA==","nonce":"bm9uY2U=","content_digest":"00","scheme":"https://"}}"#;
+        let Ok(FromBridge::Message(message)) = parse_line(line) else { panic!("{line}") };
+        let attachment = message.attachment.clone().unwrap();
+        assert_eq!(attachment.filename.as_deref(), Some("a.txt"));
+        assert_eq!(attachment.content_length, Some(12));
+        assert_eq!(message.text, "");
+        let shown = format!("{message:?}");
+        assert!(!shown.contains("c2VjcmV0") && !shown.contains("secret-path"), "{shown}");
+        // A text message needs no attachment; an attachment without its keys is skipped.
+        let text =
+            r#"{"v":1,"type":"message","id":"m","conversation_id":"c","sender":"ab","text":"hi"}"#;
+        assert!(matches!(parse_line(text), Ok(FromBridge::Message(m)) if m.attachment.is_none()));
+        let keyless = r#"{"v":1,"type":"message","id":"m","conversation_id":"c","sender":"ab","attachment":{"url":"https://x"}}"#;
+        assert!(matches!(parse_line(keyless), Err(LineError::Fields { .. })));
     }
 
     #[test]

@@ -11,6 +11,12 @@
 //!   of the gateway or of the bridge is sent once after it.
 //! - Runs started elsewhere in an XMTP conversation's session (the API, cron)
 //!   are answered in that conversation as well.
+//! - A remote attachment is fetched, checked and decrypted off the bridge's
+//!   read loop (a large download must not hold its pings up), then submitted
+//!   like a text with the file kept for the run, and acked once the router
+//!   has it; a refused one is answered in the conversation with the reason.
+//!   A gateway that stops mid-download has not acked it: the bridge hands it
+//!   over again.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -22,6 +28,7 @@ use lemon_core::bus::EventKind;
 use lemon_core::engine::Completion;
 use lemon_core::ids::{RunId, SessionKey};
 use lemon_core::log_text;
+use lemon_core::media::{Attachment, MediaRefusal, MediaStage};
 use lemon_core::router::{ChannelRef, Origin, RouterHandle, RunFollower, RunRequest, Submitted};
 use lemon_core::secrets::SecretStore;
 use lemon_core::store::StoreHandle;
@@ -34,15 +41,17 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::attachment;
 use super::bridge::{self, BridgeCommand, BridgeEvents, Ended, Launcher, Link, Timings};
 use super::config::XmtpConfig;
-use super::protocol::InboundMessage;
+use super::protocol::{InboundMessage, RemoteAttachment};
 use super::sink::{BridgeSink, Outgoing};
 use super::TRANSPORT_ID;
 use crate::access::Access;
 use crate::delivery::{
     Backoff, DeliveryError, DeliveryRecord, DeliveryRecords, Outbox, OutboxSettings, Window,
 };
+use crate::media::{self, Fetcher};
 use crate::refused::{Refusals, StoreNotice};
 
 /// Store namespace of answers not yet sent, keyed by run id.
@@ -182,6 +191,9 @@ impl Transport for XmtpTransport {
             deliveries: DeliveryRecords::new(ctx.store.clone(), DELIVERY_NS, FAILED_DELIVERY_TTL),
             me: Mutex::new(None),
             refusals: Refusals::new(StoreNotice::SendAgain),
+            media: ctx.media.clone(),
+            fetcher: Fetcher::new(config.attachments_may_be_local()),
+            link: link.clone(),
         });
         service.recover_deliveries().await;
         // Subscribed before the bridge starts, so no run of a conversation is missed.
@@ -210,7 +222,7 @@ impl Transport for XmtpTransport {
                 command,
                 timings,
                 &link,
-                service.as_ref(),
+                &service,
                 &stop,
                 &ctx.tracker,
             )
@@ -250,6 +262,12 @@ struct Service {
     me: Mutex<Option<String>>,
     /// Conversations told that the store cannot save messages, told once each.
     refusals: Refusals,
+    /// Where received files wait for their run.
+    media: MediaStage,
+    /// Fetches remote attachments: private addresses only with `env = "local"`.
+    fetcher: Fetcher,
+    /// The running bridge: attachments are acked through it once taken.
+    link: Arc<Link>,
 }
 
 fn now_ms() -> i64 {
@@ -284,7 +302,7 @@ pub fn run_id(message_id: &str) -> RunId {
 }
 
 #[async_trait]
-impl BridgeEvents for Service {
+impl BridgeEvents for Arc<Service> {
     async fn ready(&self, inbox_id: &str, address: Option<&str>) {
         *self.me.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
             Some(inbox_id.to_ascii_lowercase());
@@ -302,8 +320,25 @@ impl BridgeEvents for Service {
     }
 
     async fn message(&self, message: InboundMessage) -> bool {
-        // The service is always held in an Arc by the transport.
-        self.take(message).await
+        let Some(remote) = message.attachment.clone() else {
+            return self.take(message, Vec::new()).await;
+        };
+        if !self.admitted(&message).await {
+            return true;
+        }
+        let this = self.clone();
+        self.tracker.spawn(async move {
+            let id = message.id.clone();
+            let acked = tokio::select! {
+                () = this.shutdown.cancelled() => false,
+                acked = this.take_attachment(message, remote) => acked,
+            };
+            if acked {
+                this.link.ack(&id);
+            }
+        });
+        // Acked by the task once the router has it.
+        false
     }
 }
 
@@ -316,39 +351,97 @@ impl Service {
             .is_some_and(|me| me.eq_ignore_ascii_case(sender))
     }
 
-    /// Takes one message: `true` when the bridge may forget it.
-    async fn take(&self, message: InboundMessage) -> bool {
+    /// Whether a message may start a run: a plain conversation id, not the
+    /// bridge's own, an allowed sender, a bound conversation if that is
+    /// required, and not answered before. `false`: the bridge may forget it.
+    async fn admitted(&self, message: &InboundMessage) -> bool {
         if !is_conversation_id(&message.conversation_id) {
             tracing::warn!(
                 conversation = %log_text::escape(&message.conversation_id),
                 "an XMTP message with a malformed conversation id; skipped"
             );
-            return true;
+            return false;
         }
         if self.is_me(&message.sender) {
-            return true;
+            return false;
         }
         let listed = self.config.sender_listed(&message.sender, message.sender_address.as_deref());
         if !self.access.check(listed, "sender", &message.sender, "allowed_senders") {
-            return true;
+            return false;
         }
         if self.config.deny_unbound && !self.bound.contains(&message.conversation_id) {
             tracing::info!(
                 conversation = %message.conversation_id,
                 "an XMTP message in a conversation without a binding; no run"
             );
-            return true;
-        }
-        let prompt = message.text.trim().to_owned();
-        if prompt.is_empty() {
-            return true;
+            return false;
         }
         let run_id = run_id(&message.id);
         let seen = self.store.kv_get(SEEN_NS, run_id.as_str(), now_ms()).await;
         let owed = self.store.kv_get(DELIVERY_NS, run_id.as_str(), now_ms()).await;
-        if matches!(seen, Ok(Some(_))) || matches!(owed, Ok(Some(_))) {
+        !(matches!(seen, Ok(Some(_))) || matches!(owed, Ok(Some(_))))
+    }
+
+    /// Fetches, checks and keeps a remote attachment, then takes its message
+    /// with it (no text: [`media::FILES_ONLY_PROMPT`]); a refusal is answered
+    /// in the conversation. `true` when the bridge may forget the message.
+    async fn take_attachment(
+        &self,
+        message: InboundMessage,
+        remote: Box<RemoteAttachment>,
+    ) -> bool {
+        let files = &self.config.files;
+        let kept = if !files.enabled {
+            Err(MediaRefusal::Disabled.to_string())
+        } else if !files.user_allowed(&message.sender)
+            && !message.sender_address.as_deref().is_some_and(|a| files.user_allowed(a))
+        {
+            Err(MediaRefusal::UserNotAllowed.to_string())
+        } else {
+            attachment::fetch_open_and_keep(
+                &self.fetcher,
+                &self.media,
+                files,
+                &remote,
+                "attachment",
+            )
+            .await
+            .map_err(|refusal| refusal.to_string())
+        };
+        match kept {
+            Ok(file) => self.take(message, vec![file]).await,
+            Err(reply) => {
+                tracing::info!(
+                    message = %log_text::escape(&message.id),
+                    reply = %log_text::escape(&reply),
+                    "an XMTP attachment refused; no run"
+                );
+                let answer = Outgoing {
+                    request_id: format!("{}.refused", run_id(&message.id)),
+                    conversation_id: message.conversation_id,
+                    text: reply,
+                };
+                if let Err(error) = self.outbox.send(answer).await {
+                    tracing::warn!(%error, "xmtp reply refusing an attachment not sent");
+                }
+                true
+            }
+        }
+    }
+
+    /// Takes one message with the files kept for it: `true` when the bridge
+    /// may forget it.
+    async fn take(&self, message: InboundMessage, attachments: Vec<Attachment>) -> bool {
+        if message.attachment.is_none() && !self.admitted(&message).await {
             return true;
         }
+        let text = message.text.trim();
+        let prompt = match (text.is_empty(), attachments.is_empty()) {
+            (true, true) => return true,
+            (true, false) => media::FILES_ONLY_PROMPT.to_owned(),
+            (false, _) => text.to_owned(),
+        };
+        let run_id = run_id(&message.id);
         let session = session_key(&self.config.agent_id, &message.conversation_id);
         let mut req = RunRequest::new(session.clone(), prompt);
         req.origin = Origin::Channel;
@@ -371,6 +464,7 @@ impl Service {
                 "sent_at_ms": message.sent_at_ms,
             }),
         );
+        lemon_core::media::add_attachments(&mut req.meta, &attachments);
         let is_command = lemon_core::router::resolve::parse_slash_command(&req.prompt).is_some();
         let delivery = Delivery {
             run_id: run_id.to_string(),
@@ -382,6 +476,7 @@ impl Service {
         }
         match self.router.submit(req).await {
             Ok(Submitted::Command { reply, .. }) => {
+                self.media.discard(&attachments);
                 if !is_command {
                     self.deliveries.finish(&delivery.run_id).await;
                 }
@@ -400,6 +495,7 @@ impl Service {
             }
             Ok(Submitted::Run(accepted, _)) if accepted.duplicate => {
                 // The first handling (or its recovered delivery) answers it.
+                self.media.discard(&attachments);
                 self.refusals.accepted(&session);
                 true
             }
@@ -410,6 +506,7 @@ impl Service {
                 true
             }
             Err(error) => {
+                self.media.discard(&attachments);
                 self.deliveries.finish(&delivery.run_id).await;
                 tracing::warn!(%error, "xmtp message not accepted");
                 if let Some(text) = self.refusals.reply(&session, &error) {
