@@ -317,7 +317,7 @@ pub async fn fetch_open_and_keep(
 
 /// A file encrypted as a sender's app encrypts it: the payload to serve and
 /// its digest (lowercase hex). The gateway never sends attachments; this is
-/// [`open`]'s other half, for the tests and the fake bridge.
+/// `open`'s other half, for the tests and the fake bridge.
 #[derive(Debug, Clone)]
 pub struct Sealed {
     pub payload: Vec<u8>,
