@@ -27,7 +27,7 @@ use crate::engine::{Action, ActionKind, ActionPhase};
 
 use crate::config::{ApprovalAction, ApprovalRuleConfig, ApprovalsConfig};
 
-pub use gate::{Decision, Gate, Registration, RunTicket, UnknownToken};
+pub use gate::{Decision, Gate, Registration, RunTicket, TokenRun, UnknownToken};
 pub use hub::{
     Answer, AnswerError, ApprovalHub, ApprovalRequest, Outcome, PendingApproval, Reply, Waiting,
 };

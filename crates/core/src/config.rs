@@ -176,6 +176,10 @@ pub struct GatewayConfig {
     /// by name.
     #[serde(default)]
     pub cron: Vec<CronJobConfig>,
+    /// `[[gateway.mcp_servers]]`: MCP servers whose tools the native engine
+    /// offers as `<name>__<tool>`.
+    #[serde(default)]
+    pub mcp_servers: Vec<crate::mcp::McpServerConfig>,
     #[serde(default)]
     pub dashboard: Option<toml::Table>,
     /// `[gateway.backup]`: backups of the store on a schedule; unset, none.
@@ -304,6 +308,10 @@ pub struct ProjectConfig {
     /// Approval rules of the project's runs, judged before the owner's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approvals: Vec<ApprovalRuleConfig>,
+    /// The tools the project's runs may use (`["bash", "github__*"]`);
+    /// unset, all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
 }
 
 /// One `[[gateway.cron]]` job. `name`, `schedule` and `prompt` are required;
@@ -377,6 +385,10 @@ pub struct BindingConfig {
     /// the owner's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approvals: Vec<ApprovalRuleConfig>,
+    /// The tools the binding's runs may use (`["bash", "github__*"]`),
+    /// within its project's; unset, all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
 }
 
 impl BindingConfig {

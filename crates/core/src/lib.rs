@@ -47,6 +47,7 @@ pub mod engine;
 pub mod gateway;
 pub mod ids;
 pub mod log_text;
+pub mod mcp;
 pub mod media;
 pub mod net;
 pub mod router;

@@ -586,7 +586,11 @@ impl SecretStore {
     }
 }
 
-fn check_name(name: &str) -> Result<(), SecretsError> {
+/// A secret name as config files may name one: `[A-Za-z0-9_.-]{1,128}`.
+///
+/// # Errors
+/// [`SecretsError::InvalidName`].
+pub fn check_name(name: &str) -> Result<(), SecretsError> {
     let valid = !name.is_empty()
         && name.len() <= 128
         && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));

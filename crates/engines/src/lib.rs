@@ -22,6 +22,7 @@ pub mod echo;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod llm;
+pub mod mcp;
 pub mod native;
 pub mod tools;
 

@@ -101,6 +101,17 @@ impl Drop for Registration {
     }
 }
 
+/// The run a token names, as [`Gate::run_of`] finds it.
+#[derive(Debug, Clone)]
+pub struct TokenRun {
+    pub run_id: String,
+    pub session_key: String,
+    pub engine: String,
+    pub cwd: PathBuf,
+    /// The request's metadata (its channel, its tool filter).
+    pub meta: BTreeMap<String, Value>,
+}
+
 /// The token is no run's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown or expired run token")]
@@ -160,6 +171,18 @@ impl Gate {
     /// Whether `token` is a registered run's.
     pub fn knows(&self, token: &str) -> bool {
         self.lock().contains_key(token)
+    }
+
+    /// The run that holds `token`: whose session the gateway's tools act for
+    /// when the run calls them over MCP.
+    pub fn run_of(&self, token: &str) -> Option<TokenRun> {
+        self.lock().get(token).map(|run| TokenRun {
+            run_id: run.run_id.clone(),
+            session_key: run.session_key.clone(),
+            engine: run.engine.clone(),
+            cwd: run.cwd.clone(),
+            meta: run.meta.clone(),
+        })
     }
 
     /// Judges `tool` called with `input` by the run of `token`: allowed or

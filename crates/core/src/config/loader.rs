@@ -690,6 +690,28 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
             return Err(at(&segs, Anchor::Value, "must not be empty".to_owned()));
         }
     }
+    let tool_lists = gateway
+        .projects
+        .iter()
+        .map(|(id, project)| (vec![key("gateway"), key("projects"), key(id)], &project.tools))
+        .chain(gateway.bindings.iter().enumerate().map(|(i, binding)| {
+            (vec![key("gateway"), key("bindings"), Segment::Index(i)], &binding.tools)
+        }));
+    for (segs, tools) in tool_lists {
+        if let Some(Err(why)) = tools.as_deref().map(crate::mcp::check_patterns) {
+            let segs = [segs.as_slice(), &[key("tools")]].concat();
+            return Err(at(&segs, Anchor::Value, why));
+        }
+    }
+    for (i, server) in gateway.mcp_servers.iter().enumerate() {
+        let segs =
+            |name: &str| vec![key("gateway"), key("mcp_servers"), Segment::Index(i), key(name)];
+        server.check().map_err(|(name, why)| at(&segs(name), Anchor::Value, why))?;
+        if gateway.mcp_servers[..i].iter().any(|other| other.name == server.name) {
+            let why = format!("another server is already named {:?}", server.name);
+            return Err(at(&segs("name"), Anchor::Value, why));
+        }
+    }
 
     check_cron(&gateway.cron).map_err(|(segs, message)| at(&segs, Anchor::Value, message))?;
     if let Some(backup) = &gateway.backup {
