@@ -371,6 +371,20 @@ impl ToolFilter {
         self.lists.iter().all(|list| list.iter().any(|pattern| glob_match(pattern, name)))
     }
 
+    /// Whether some tool of MCP server `server` (`<server>__…`) may pass:
+    /// `false` when every pattern of some list names other tools, so the
+    /// server need not be started for the run.
+    pub fn may_allow_server(&self, server: &str) -> bool {
+        let prefix = qualified_name(server, "");
+        self.lists.iter().all(|list| {
+            list.iter().any(|pattern| match pattern.split_once('*') {
+                // A literal name: one of the server's tools, or not.
+                None => pattern.starts_with(&prefix) && pattern.len() > prefix.len(),
+                Some((head, _)) => head.starts_with(&prefix) || prefix.starts_with(head),
+            })
+        })
+    }
+
     /// The lists, narrowest last.
     pub fn lists(&self) -> &[Vec<String>] {
         &self.lists
@@ -503,6 +517,12 @@ mod tests {
         ToolFilter::narrow_meta(&mut meta, &["github__search".to_owned()]);
         let filter = ToolFilter::from_meta(&meta);
         assert!(filter.allows("github__search") && !filter.allows("github__push"));
+        assert!(filter.may_allow_server("github") && !filter.may_allow_server("git"));
+        let mut narrowed = ToolFilter::all();
+        narrowed.narrow(&["bash".to_owned(), "*_send_*".to_owned()]);
+        assert!(narrowed.may_allow_server("fs"), "a leading * may match any server's tool");
+        narrowed.narrow(&["bash".to_owned()]);
+        assert!(!narrowed.may_allow_server("fs"));
         meta.insert(META_KEY.to_owned(), json!("everything"));
         assert!(!ToolFilter::from_meta(&meta).allows("bash"), "garbage narrows to nothing");
     }

@@ -202,7 +202,9 @@ pub struct RunRequest {
     /// The model to run with, unless the engine names one (`claude:opus`).
     pub model: Option<String>,
     pub flags: RequestFlags,
-    /// Free-form metadata, kept with the run; the router reads none of it.
+    /// Free-form metadata, kept with the run; the router reads none of it,
+    /// and narrows its tool filter ([`crate::mcp::META_KEY`]) by the run's
+    /// project and binding.
     pub meta: BTreeMap<String, serde_json::Value>,
     /// A caller-chosen id; submitting the same id twice is one run.
     pub run_id: Option<RunId>,

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::contain::{OffLimits, Reach};
@@ -20,7 +21,9 @@ use crate::ids::{RunId, SessionKey};
 /// What the model is told about a tool.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolSpec {
-    /// `[a-z0-9_]+`, unique among the tools of a run.
+    /// Unique among the tools of a run: `[a-z0-9_]+` for the built-in and
+    /// gateway tools; an MCP server's tools are `<server>__<tool>`, with
+    /// `A-Z` and `-` as the server gives them ([`crate::mcp::check_tool`]).
     pub name: String,
     pub description: String,
     /// A JSON schema of the arguments object.
@@ -102,9 +105,19 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
 /// The gateway's tools, by name, shared by clones: the server registers them
 /// after it has built what they use (the cron scheduler, the SMS inbox), and the
 /// native engine reads the table at every run's start.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ToolRegistry {
     tools: Arc<RwLock<BTreeMap<String, Arc<dyn Tool>>>>,
+    /// The table's version, bumped by every [`ToolRegistry::register`]: what
+    /// shows the table to someone (the MCP endpoint's sessions) follows it
+    /// with [`ToolRegistry::changes`].
+    version: Arc<watch::Sender<u64>>,
+}
+
+impl Default for ToolRegistry {
+    fn default() -> Self {
+        ToolRegistry { tools: Arc::default(), version: Arc::new(watch::Sender::new(0)) }
+    }
 }
 
 impl ToolRegistry {
@@ -116,6 +129,13 @@ impl ToolRegistry {
     pub fn register(&self, tool: Arc<dyn Tool>) {
         let name = tool.spec().name;
         self.tools.write().unwrap_or_else(|e| e.into_inner()).insert(name, tool);
+        self.version.send_modify(|version| *version += 1);
+    }
+
+    /// The table's version, changed whenever a tool is registered; a receiver
+    /// sees the version current when it was made as already seen.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use super::{ApprovalHub, ApprovalRequest, Rules, RunScope};
 use crate::config::ApprovalAction;
@@ -57,6 +58,9 @@ struct GatedRun {
     meta: BTreeMap<String, Value>,
     sink: EventSink,
     asking: Arc<AtomicUsize>,
+    /// Cancelled when the registration is dropped: calls of the run still
+    /// going stop.
+    ended: CancellationToken,
 }
 
 impl GatedRun {
@@ -97,7 +101,10 @@ pub struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.gate.lock().remove(&self.token);
+        let run = self.gate.lock().remove(&self.token);
+        if let Some(run) = run {
+            run.ended.cancel();
+        }
     }
 }
 
@@ -157,6 +164,7 @@ impl Gate {
             meta: ticket.meta,
             sink: ticket.sink,
             asking: asking.clone(),
+            ended: CancellationToken::new(),
         };
         self.lock().insert(token.clone(), Arc::new(run));
         Registration { gate: self.clone(), token, asking }
@@ -183,6 +191,28 @@ impl Gate {
             cwd: run.cwd.clone(),
             meta: run.meta.clone(),
         })
+    }
+
+    /// A token cancelled when the run that holds `token` ends (its
+    /// registration is dropped); `None` for a token no run holds.
+    pub fn ended(&self, token: &str) -> Option<CancellationToken> {
+        self.lock().get(token).map(|run| run.ended.child_token())
+    }
+
+    /// Adds `event` to the events of the run that holds `token`, as if its
+    /// engine had sent it: a gateway tool called over MCP shows as an action
+    /// of the run, and the files its result queues go with the run's answer.
+    /// A run no longer listening loses the event.
+    ///
+    /// # Errors
+    /// [`UnknownToken`] for a token no run holds.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the event is sent or not.
+    pub async fn report(&self, token: &str, event: EngineEvent) -> Result<(), UnknownToken> {
+        let run = self.lock().get(token).cloned().ok_or(UnknownToken)?;
+        let _ = run.sink.send(event).await;
+        Ok(())
     }
 
     /// Judges `tool` called with `input` by the run of `token`: allowed or

@@ -13,9 +13,9 @@ use super::follow::RunFollower;
 use super::journal::Journal;
 use super::queue::{Conversation, Effect, Item, RouteChoice, SteerKind};
 use super::resolve::{
-    check_resume_token, choose_engine, conversation_key, parse_engine_ref, parse_slash_command,
-    queue_mode, request_model, resolve_binding, strip_prompt, ChoiceError, EngineInputs, Refusal,
-    SlashCommand, NATIVE_ONLY_RESUME_MESSAGE,
+    check_resume_token, choose_engine, conversation_key, narrow_tools, parse_engine_ref,
+    parse_slash_command, project_of, queue_mode, request_model, resolve_binding, strip_prompt,
+    ChoiceError, EngineInputs, Refusal, SlashCommand, NATIVE_ONLY_RESUME_MESSAGE,
 };
 use super::watch::{publish_phase, Watch};
 use super::{
@@ -562,6 +562,10 @@ impl Router {
                 return Err(RouteError::CwdNotAllowed { cwd: cwd.display().to_string() });
             }
         }
+        // The tools the run is offered: what the request asked for, within
+        // its project's and its binding's lists (journaled with `meta`).
+        let project = project_of(&self.config.gateway, binding.project.as_deref(), cwd.as_deref());
+        narrow_tools(&mut meta, project.and_then(|p| p.tools.as_deref()), binding.tools.as_deref());
         let seq = self.next_seq;
         self.next_seq += 1;
         Ok(Item {

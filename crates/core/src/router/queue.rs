@@ -200,6 +200,21 @@ fn aborted(reason: RunError) -> Completion {
     Completion::failure(reason, None)
 }
 
+/// Narrows the tool filter of `merged` by every list of `earlier`'s it does
+/// not have yet (an unreadable filter narrows it to no tool).
+fn keep_tool_filter(
+    earlier: &BTreeMap<String, serde_json::Value>,
+    merged: &mut BTreeMap<String, serde_json::Value>,
+) {
+    use crate::mcp::ToolFilter;
+    let earlier = ToolFilter::from_meta(earlier);
+    for list in earlier.lists() {
+        if !ToolFilter::from_meta(merged).lists().contains(list) {
+            ToolFilter::narrow_meta(merged, list);
+        }
+    }
+}
+
 impl Conversation {
     pub fn active(&self) -> Option<&Active> {
         self.active.as_ref()
@@ -332,6 +347,9 @@ impl Conversation {
                 let previous = self.queue.pop_back().expect("checked non-empty");
                 let mut merged = item;
                 merged.prompt = format!("{}\n{}", previous.prompt, merged.prompt);
+                // The merged turn holds the earlier message too: it gets no
+                // tool either message's filter kept from it.
+                keep_tool_filter(&previous.meta, &mut merged.meta);
                 let mut meta = previous.meta.clone();
                 let files = crate::media::attachments_of(&merged.meta);
                 merged.meta.remove(crate::media::META_KEY);

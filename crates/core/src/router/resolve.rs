@@ -1,9 +1,10 @@
 //! Pure resolution of a request: explicit resume lines, engine directives, slash
 //! commands, bindings, the engine and the conversation key. Nothing here touches the store or the bus, so every rule is a unit test.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
-use crate::config::{BindingConfig, GatewayConfig, QueueMode, SessionLimits};
+use crate::config::{BindingConfig, GatewayConfig, ProjectConfig, QueueMode, SessionLimits};
 use crate::engine::validate::{check_engine_ref_model, check_model};
 use crate::engine::{extract_plain_resume, EngineRegistry, Field, InvalidValue, ResumeToken};
 use crate::ids::{ConversationKey, EngineId, EngineRef, EngineRefError, Model, SessionKey};
@@ -194,6 +195,10 @@ pub struct BindingDefaults {
     pub queue_mode: Option<QueueMode>,
     /// The topic binding's limits over the chat binding's, key by key.
     pub budget: Option<SessionLimits>,
+    /// The project the topic binding names, else the chat binding's.
+    pub project: Option<String>,
+    /// The topic binding's `tools`, else the chat binding's.
+    pub tools: Option<Vec<String>>,
 }
 
 /// Resolves the bindings of a channel: a binding for the exact topic wins over the
@@ -208,8 +213,8 @@ pub fn resolve_binding(config: &GatewayConfig, channel: &ChannelRef) -> BindingD
     ) -> Option<T> {
         topic.and_then(&f).or_else(|| chat.and_then(&f))
     }
-    let project =
-        pick(topic, chat, |b| b.project.clone()).and_then(|id| config.project(&id).cloned());
+    let project_id = pick(topic, chat, |b| b.project.clone());
+    let project = project_id.as_deref().and_then(|id| config.project(id));
     BindingDefaults {
         cwd: project.as_ref().map(|p| p.root.clone()),
         agent_id: pick(topic, chat, |b| b.agent_id.clone()),
@@ -220,6 +225,43 @@ pub fn resolve_binding(config: &GatewayConfig, channel: &ChannelRef) -> BindingD
             (Some(topic), Some(chat)) => Some(topic.over(&chat)),
             (topic, chat) => topic.or(chat),
         },
+        tools: pick(topic, chat, |b| b.tools.clone()),
+        project: project_id,
+    }
+}
+
+/// The project a run belongs to: the one its binding names, else the one
+/// whose root is the deepest holding the run's directory (as the approval
+/// rules of projects are found).
+pub fn project_of<'a>(
+    config: &'a GatewayConfig,
+    bound: Option<&str>,
+    cwd: Option<&Path>,
+) -> Option<&'a ProjectConfig> {
+    match bound {
+        Some(id) => config.project(id),
+        None => {
+            let cwd = cwd?;
+            config
+                .projects
+                .values()
+                .filter(|project| cwd.starts_with(&project.root))
+                .max_by_key(|project| project.root.components().count())
+        }
+    }
+}
+
+/// Narrows the tool filter `meta` carries ([`crate::mcp::META_KEY`]) by the
+/// project's `tools`, then the binding's: a run is offered a tool only when
+/// the request's own filter, the project's and the binding's lists all let
+/// it through. Unset lists narrow nothing.
+pub fn narrow_tools(
+    meta: &mut BTreeMap<String, serde_json::Value>,
+    project: Option<&[String]>,
+    binding: Option<&[String]>,
+) {
+    for patterns in [project, binding].into_iter().flatten() {
+        crate::mcp::ToolFilter::narrow_meta(meta, patterns);
     }
 }
 

@@ -827,6 +827,66 @@ async fn a_channel_binding_gives_project_cwd_agent_engine_and_queue_mode() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_binding_the_project_and_the_request_narrow_the_tools_and_are_journaled() {
+    use crate::mcp::ToolFilter;
+    let loaded = crate::config::load_str(
+        r#"
+        [gateway.projects.app]
+        root = "/srv/app"
+        tools = ["bash", "read", "github__*"]
+
+        [[gateway.bindings]]
+        transport = "telegram"
+        chat_id = 42
+        project = "app"
+        tools = ["bash", "github__*"]
+        "#,
+        std::path::Path::new("config.toml"),
+    )
+    .unwrap();
+    let config = RouterConfig { gateway: Arc::new(loaded.config.gateway), ..router_config() };
+    let mut h = harness(config).await;
+    let busy = h.submit("tg:42", "hang", None).await;
+    let channel =
+        ChannelRef { transport: "telegram".into(), chat_id: Some("42".into()), topic_id: None };
+    let mut from_chat = RunRequest {
+        origin: Origin::Channel,
+        channel: Some(channel),
+        ..RunRequest::new("tg:42", "ok from the chat")
+    };
+    ToolFilter::narrow_meta(&mut from_chat.meta, &["github__search".to_owned(), "read".to_owned()]);
+    let chat_run = h.submit_req(from_chat).await;
+    // Queued behind `busy` too, so the journal still holds them.
+    let in_project =
+        RunRequest { cwd: Some("/srv/app/src".into()), ..RunRequest::new("tg:42", "ok in app") };
+    let project_run = h.submit_req(in_project).await;
+    let elsewhere = h.submit_req(RunRequest::new("tg:42", "ok elsewhere")).await;
+
+    let pending = h.store.journal_pending().await.unwrap();
+    let journaled = |run_id: &RunId| {
+        let entry = pending.iter().find(|e| &e.run_id == run_id).expect("journaled");
+        let meta: BTreeMap<String, serde_json::Value> =
+            entry.meta.as_object().unwrap().clone().into_iter().collect();
+        ToolFilter::from_meta(&meta)
+    };
+    let filter = journaled(&chat_run);
+    assert_eq!(filter.lists().len(), 3, "the request's, the project's, the binding's");
+    assert!(filter.allows("github__search"));
+    assert!(!filter.allows("read"), "the binding leaves read out");
+    assert!(!filter.allows("bash"), "the request leaves bash out");
+    let filter = journaled(&project_run);
+    assert!(filter.allows("read") && !filter.allows("write"), "the project's list, by cwd");
+    assert!(journaled(&elsewhere).is_all(), "no project, no binding: every tool");
+
+    h.router.abort_run(&busy).await.unwrap();
+    assert!(h.completion_of(&chat_run).await.ok);
+    let record = h.store.get_run(chat_run.as_str()).await.unwrap().unwrap();
+    let meta = record.meta.as_object().unwrap().clone().into_iter().collect();
+    let filter = ToolFilter::from_meta(&meta);
+    assert!(filter.allows("github__search") && !filter.allows("read"), "kept with the run");
+}
+
+#[tokio::test(start_paused = true)]
 async fn redirect_falls_back_to_a_followup_when_the_engine_cannot_redirect() {
     let mut h = harness(router_config()).await;
     let busy = h.submit("s", "hang", None).await;

@@ -383,3 +383,38 @@ fn merged_followups_keep_the_files_of_both_messages() {
         crate::media::attachments_of(&merged[0].meta).into_iter().map(|a| a.name).collect();
     assert_eq!(names, ["a.txt", "b.txt"]);
 }
+
+fn with_tools(mut item: Item, patterns: &[&str]) -> Item {
+    let patterns: Vec<String> = patterns.iter().map(|p| (*p).to_owned()).collect();
+    crate::mcp::ToolFilter::narrow_meta(&mut item.meta, &patterns);
+    item
+}
+
+#[test]
+fn merged_followups_keep_the_tool_filters_of_both_messages() {
+    use crate::mcp::ToolFilter;
+    let check = |earlier: Item, later: Item, allowed: &[&str], refused: &[&str]| {
+        let mut conv = busy();
+        conv.submit(earlier, t0(), Limits::default());
+        conv.submit(later, t0(), Limits::default());
+        let merged: Vec<&Item> = conv.queue().collect();
+        assert_eq!(merged.len(), 1, "merged");
+        let filter = ToolFilter::from_meta(&merged[0].meta);
+        for tool in allowed {
+            assert!(filter.allows(tool), "{tool} allowed by {filter:?}");
+        }
+        for tool in refused {
+            assert!(!filter.allows(tool), "{tool} refused by {filter:?}");
+        }
+        filter.lists().len()
+    };
+    let narrow = |n| with_tools(item(n, QueueMode::Followup), &["bash", "github__*"]);
+    let lists = check(narrow(1), item(2, QueueMode::Followup), &["bash"], &["read"]);
+    assert_eq!(lists, 1, "the earlier message's filter holds for the merged turn");
+    let lists = check(item(1, QueueMode::Followup), narrow(2), &["github__x"], &["read"]);
+    assert_eq!(lists, 1);
+    let lists = check(narrow(1), narrow(2), &["bash"], &["read"]);
+    assert_eq!(lists, 1, "the same list is not repeated");
+    let only_bash = with_tools(item(2, QueueMode::Followup), &["bash"]);
+    check(narrow(1), only_bash, &["bash"], &["github__x"]);
+}

@@ -208,6 +208,7 @@ fn bindings_prefer_the_topic_then_the_chat_then_the_project() {
         project = "app"
         queue_mode = "followup"
         agent_id = "helper"
+        tools = ["bash", "github__*"]
 
         [[gateway.bindings]]
         transport = "telegram"
@@ -215,6 +216,7 @@ fn bindings_prefer_the_topic_then_the_chat_then_the_project() {
         topic_id = "7"
         default_engine = "claude"
         queue_mode = "steer"
+        tools = ["github__search"]
         "#,
         std::path::Path::new("config.toml"),
     )
@@ -230,6 +232,8 @@ fn bindings_prefer_the_topic_then_the_chat_then_the_project() {
             default_engine: Some("codex".parse().unwrap()),
             queue_mode: Some(QueueMode::Followup),
             budget: None,
+            project: Some("app".into()),
+            tools: Some(vec!["bash".into(), "github__*".into()]),
         }
     );
     let topic = ChannelRef { topic_id: Some("7".into()), ..chat.clone() };
@@ -241,10 +245,71 @@ fn bindings_prefer_the_topic_then_the_chat_then_the_project() {
             default_engine: Some("claude".parse().unwrap()),
             queue_mode: Some(QueueMode::Steer),
             budget: None,
+            project: Some("app".into()),
+            tools: Some(vec!["github__search".into()]),
         }
     );
     let other = ChannelRef { chat_id: Some("43".into()), ..chat };
     assert_eq!(resolve_binding(&config, &other), BindingDefaults::default());
+}
+
+#[test]
+fn a_run_belongs_to_its_bindings_project_else_the_deepest_root_holding_its_directory() {
+    let loaded = load_str(
+        r#"
+        [gateway.projects.srv]
+        root = "/srv"
+
+        [gateway.projects.app]
+        root = "/srv/app"
+        "#,
+        std::path::Path::new("config.toml"),
+    )
+    .unwrap();
+    let config = loaded.config.gateway;
+    let check = |bound: Option<&str>, cwd: Option<&str>, expected: Option<&str>| {
+        let found = project_of(&config, bound, cwd.map(std::path::Path::new));
+        let root = found.map(|p| p.root.to_string_lossy().into_owned());
+        let expected = expected.map(|id| config.projects[id].root.to_string_lossy().into_owned());
+        assert_eq!(root, expected, "bound {bound:?}, cwd {cwd:?}");
+    };
+    check(Some("srv"), Some("/srv/app/src"), Some("srv"));
+    check(None, Some("/srv/app/src"), Some("app"));
+    check(None, Some("/srv/other"), Some("srv"));
+    check(None, Some("/srv2"), None);
+    check(None, None, None);
+    check(Some("gone"), Some("/srv/app"), None);
+}
+
+#[test]
+fn the_request_the_project_and_the_binding_narrow_the_tools_in_turn() {
+    use crate::mcp::{ToolFilter, META_KEY};
+    let list = |patterns: &[&str]| patterns.iter().map(|p| (*p).to_owned()).collect::<Vec<_>>();
+    let project = list(&["bash", "read", "github__*"]);
+    let binding = list(&["bash", "github__*"]);
+
+    let mut meta = BTreeMap::new();
+    narrow_tools(&mut meta, None, None);
+    assert!(!meta.contains_key(META_KEY), "no list, no filter: every tool");
+
+    let mut meta = BTreeMap::new();
+    ToolFilter::narrow_meta(&mut meta, &list(&["github__search", "read"]));
+    narrow_tools(&mut meta, Some(&project), Some(&binding));
+    let filter = ToolFilter::from_meta(&meta);
+    assert_eq!(filter.lists().len(), 3);
+    assert!(filter.allows("github__search"));
+    assert!(!filter.allows("read"), "the binding leaves read out");
+    assert!(!filter.allows("bash"), "the request leaves bash out");
+    assert!(!filter.allows("github__push"), "the request leaves github__push out");
+
+    let mut meta = BTreeMap::new();
+    narrow_tools(&mut meta, Some(&project), None);
+    let filter = ToolFilter::from_meta(&meta);
+    assert!(filter.allows("read") && !filter.allows("write"));
+
+    let mut meta = BTreeMap::new();
+    narrow_tools(&mut meta, None, Some(&[]));
+    assert!(!ToolFilter::from_meta(&meta).allows("bash"), "an empty list leaves no tool");
 }
 
 #[test]
