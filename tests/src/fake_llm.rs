@@ -58,6 +58,9 @@ pub struct FakeToolCall {
     pub id: String,
     pub name: String,
     pub argument_chunks: Vec<String>,
+    /// The Responses API's namespace of the tool (Codex offers an MCP
+    /// server's tools as namespace `mcp__<server>`); the other APIs have none.
+    pub namespace: Option<String>,
 }
 
 impl FakeToolCall {
@@ -66,7 +69,14 @@ impl FakeToolCall {
             id: id.to_owned(),
             name: name.to_owned(),
             argument_chunks: argument_chunks.iter().map(|c| (*c).to_owned()).collect(),
+            namespace: None,
         }
+    }
+
+    /// The same call of a tool of `namespace` (Responses only).
+    pub fn in_namespace(mut self, namespace: &str) -> Self {
+        self.namespace = Some(namespace.to_owned());
+        self
     }
 
     /// The whole arguments text.
@@ -1019,13 +1029,14 @@ mod responses {
         for (n, call) in calls.iter().enumerate() {
             let index = output.len();
             let item_id = format!("fc_fake_{n}");
-            w.event(
-                "response.output_item.added",
-                json!({"output_index": index, "item": {
-                    "id": item_id, "type": "function_call", "status": "in_progress",
-                    "arguments": "", "call_id": call.id, "name": call.name,
-                }}),
-            );
+            let mut added = json!({
+                "id": item_id, "type": "function_call", "status": "in_progress",
+                "arguments": "", "call_id": call.id, "name": call.name,
+            });
+            if let Some(namespace) = &call.namespace {
+                added["namespace"] = json!(namespace);
+            }
+            w.event("response.output_item.added", json!({"output_index": index, "item": added}));
             for piece in &call.argument_chunks {
                 w.event(
                     "response.function_call_arguments.delta",
@@ -1037,8 +1048,11 @@ mod responses {
                 "response.function_call_arguments.done",
                 json!({"item_id": item_id, "output_index": index, "arguments": arguments}),
             );
-            let item = json!({"id": item_id, "type": "function_call", "status": "completed",
-                              "arguments": arguments, "call_id": call.id, "name": call.name});
+            let mut item = json!({"id": item_id, "type": "function_call", "status": "completed",
+                                  "arguments": arguments, "call_id": call.id, "name": call.name});
+            if let Some(namespace) = &call.namespace {
+                item["namespace"] = json!(namespace);
+            }
             w.event("response.output_item.done", json!({"output_index": index, "item": item}));
             output.push(item);
         }

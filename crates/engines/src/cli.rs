@@ -19,6 +19,8 @@
 //! - `claude`, `codex`, `opencode`, `pi`, `droid`: each vendor's command line and parser.
 //! - `settings`: `[gateway.engines.<id>]` resolved into settings, the child
 //!   environment and the PATH lookup.
+//! - `link`: a run's registration with the approvals gate and its CLI's MCP
+//!   configuration pointing at the gateway's endpoint with the run's token.
 //!
 //! # Configuration
 //!
@@ -44,6 +46,7 @@
 //! | `max_line_bytes` | `8388608` | a longer stdout line is skipped with a warning |
 //! | `provider` | none | pi `--provider` |
 //! | `reasoning_effort` | none | droid `--reasoning-effort` |
+//! | `gateway_tools` | `true` | once the API listens, claude, codex, opencode and droid get the gateway's MCP endpoint (`lemon`) with the gateway's tools (`cron`, `sms_*`…) acting for the run's session; pi has no MCP client |
 //!
 //! The child's environment is built from nothing: the allowlisted variables of
 //! [`CliContext::base_env`] (`PATH`, `HOME`, `USER`, `LOGNAME`, `SHELL`, `TMPDIR`,
@@ -55,6 +58,7 @@
 mod claude;
 mod codex;
 mod droid;
+mod link;
 mod opencode;
 mod pi;
 pub(crate) mod process;
@@ -163,9 +167,9 @@ struct CommandInput<'a> {
     /// The dollars the run may spend under the limits that apply to it
     /// (`[gateway.budgets]`); Claude gets it as `--max-budget-usd`.
     max_budget_usd: Option<f64>,
-    /// The MCP config file that points Claude's permission prompts at the
-    /// gateway (`--mcp-config`), when the run asks through it.
-    permission_config: Option<&'a std::path::Path>,
+    /// How the CLI reaches the gateway's MCP endpoint as this run (Claude's
+    /// permission prompts, the gateway's tools), when it does.
+    gateway_mcp: Option<&'a link::McpAccess>,
 }
 
 impl CommandInput<'_> {
@@ -274,9 +278,13 @@ pub struct CliContext {
     /// The owner's policy over the native engine's tool calls; `None`
     /// allows every call.
     pub approvals: Option<crate::native::Approvals>,
-    /// Where Claude Code asks about its calls (its permission prompt tool on
-    /// the gateway's MCP endpoint); `None`: it is not pointed there.
+    /// Where the CLIs ask about their calls (Claude Code's permission prompt
+    /// tool on the gateway's MCP endpoint) and find the gateway's tools there;
+    /// `None`: no CLI is pointed at the endpoint.
     pub gate: Option<lemon_core::approvals::Gate>,
+    /// The MCP servers of `[[gateway.mcp_servers]]`, whose tools native runs
+    /// are offered; `None`: no MCP tools.
+    pub mcp: Option<crate::mcp::McpClients>,
 }
 
 /// The allowlisted part of `base` (the variables every child gets).

@@ -47,7 +47,7 @@ pub struct EngineSection {
     /// Name of the secret holding the engine's API key.
     pub api_key_secret: Option<String>,
     /// Engine-specific keys (`max_line_bytes`, `api_key_env`, `provider`,
-    /// `reasoning_effort`, and whatever a vendor's engine reads).
+    /// `reasoning_effort`, `gateway_tools`, and whatever a vendor's engine reads).
     #[serde(flatten)]
     pub other: toml::Table,
 }
@@ -200,8 +200,8 @@ pub fn passes_through(patterns: &[String], name: &str) -> bool {
 }
 
 /// Checks the keys only the CLI engines read (`max_line_bytes`, `api_key_env`,
-/// `provider`, `reasoning_effort`): their types and ranges. The message quotes
-/// the key (`like_this`), which places it in the file.
+/// `provider`, `reasoning_effort`, `gateway_tools`): their types and ranges.
+/// The message quotes the key (`like_this`), which places it in the file.
 fn check_cli_keys(other: &toml::Table) -> Result<(), String> {
     if let Some(value) = other.get("max_line_bytes") {
         match value.as_integer() {
@@ -224,6 +224,12 @@ fn check_cli_keys(other: &toml::Table) -> Result<(), String> {
             return Err(format!("`{key}`: invalid type: {}, expected a string", value.type_str()));
         }
     }
+    if let Some(value) = other.get("gateway_tools").filter(|value| !value.is_bool()) {
+        return Err(format!(
+            "`gateway_tools`: invalid type: {}, expected a boolean",
+            value.type_str()
+        ));
+    }
     Ok(())
 }
 
@@ -245,7 +251,8 @@ pub const SHARED_KEYS: [&str; 13] = [
 ];
 
 /// The keys only the CLI engines read (kept in [`EngineSection::other`]).
-pub const CLI_KEYS: [&str; 4] = ["max_line_bytes", "api_key_env", "provider", "reasoning_effort"];
+pub const CLI_KEYS: [&str; 5] =
+    ["max_line_bytes", "api_key_env", "provider", "reasoning_effort", "gateway_tools"];
 
 /// Every `[gateway.engines.<id>]` of a config, parsed, by engine id.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

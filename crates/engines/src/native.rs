@@ -83,6 +83,8 @@ pub struct NativeParts {
     /// The owner's policy over tool calls and where asked calls wait; `None`
     /// allows every call.
     pub approvals: Option<Approvals>,
+    /// The MCP servers whose tools runs are offered (`<server>__<tool>`).
+    pub mcp: Option<crate::mcp::McpClients>,
 }
 
 /// `[gateway.approvals]` compiled, and the hub its asked calls wait in.
@@ -104,10 +106,12 @@ pub struct NativeEngine {
     /// JSON schema, and every run offers the same ones.
     builtins: Vec<(ToolSpec, Arc<dyn Tool>)>,
     gateway_tools: ToolRegistry,
-    /// The tool sets runs were offered, by the gateway tools they add to the
-    /// built-ins: a session offered the same tools as an earlier run shares its
-    /// set (specs, their token estimate, the lookup by name). Like the
-    /// built-ins', a gateway tool's spec is read once.
+    mcp: Option<crate::mcp::McpClients>,
+    /// The tool sets runs were offered, by the tools in them: a run offered
+    /// the same tools as an earlier one shares its set (specs, their token
+    /// estimate, the lookup by name). Like the built-ins', a gateway or MCP
+    /// tool's spec is read once per set (and its name once per run when the
+    /// run's tool filter narrows the tools).
     tool_sets: Mutex<Vec<OfferedSet>>,
     budget: Option<Arc<dyn BudgetGuard>>,
     sessions: Sessions,
@@ -142,6 +146,7 @@ impl NativeEngine {
             api_key: parts.api_key,
             builtins,
             gateway_tools: parts.gateway_tools,
+            mcp: parts.mcp,
             tool_sets: Mutex::new(Vec::new()),
             budget: parts.budget,
             sessions: Sessions::new(parts.store),
@@ -156,11 +161,34 @@ impl NativeEngine {
         &self.settings
     }
 
-    /// The tools a run in `session` is offered: the built-ins and the gateway
-    /// tools offered there, whose names no built-in has.
-    fn tool_set(&self, session: &lemon_core::ids::SessionKey) -> Arc<ToolSet> {
+    /// The tools a run in `session` is offered: the built-ins, the gateway
+    /// tools offered there whose names no built-in has, and the MCP servers'
+    /// tools (their servers started when needed), each only when `filter`
+    /// (the run's [`ToolFilter`](lemon_core::mcp::ToolFilter)) allows its name.
+    async fn tool_set(
+        &self,
+        session: &lemon_core::ids::SessionKey,
+        filter: &lemon_core::mcp::ToolFilter,
+    ) -> Arc<ToolSet> {
+        let mcp_tools = match &self.mcp {
+            Some(mcp) => mcp.tools_within(filter).await,
+            None => Vec::new(),
+        };
+        let allowed = |tool: &Arc<dyn Tool>| filter.is_all() || filter.allows(&tool.spec().name);
+        let builtins: Vec<&(ToolSpec, Arc<dyn Tool>)> = self
+            .builtins
+            .iter()
+            .filter(|(spec, _)| filter.is_all() || filter.allows(&spec.name))
+            .collect();
+        let extras = self
+            .gateway_tools
+            .list()
+            .into_iter()
+            .filter(|tool| tool.offered(session))
+            .chain(mcp_tools)
+            .filter(|tool| allowed(tool));
         let offered: Vec<Arc<dyn Tool>> =
-            self.gateway_tools.list().into_iter().filter(|tool| tool.offered(session)).collect();
+            builtins.iter().map(|(_, tool)| tool.clone()).chain(extras).collect();
         let mut sets = self.tool_sets.lock().unwrap_or_else(|e| e.into_inner());
         let same = |known: &[Arc<dyn Tool>]| {
             known.len() == offered.len()
@@ -169,16 +197,18 @@ impl NativeEngine {
         if let Some((_, set)) = sets.iter().find(|(known, _)| same(known)) {
             return set.clone();
         }
-        let mut tools = self.builtins.clone();
-        for tool in &offered {
+        let mut tools: Vec<(ToolSpec, Arc<dyn Tool>)> =
+            builtins.iter().map(|(spec, tool)| (spec.clone(), tool.clone())).collect();
+        for tool in &offered[builtins.len()..] {
             let spec = tool.spec();
             if !tools.iter().any(|(known, _)| known.name == spec.name) {
                 tools.push((spec, tool.clone()));
             }
         }
         let set = Arc::new(ToolSet::new(tools));
-        // A handful of sets in practice (one per kind of channel); a registry
-        // that keeps changing starts the list over instead of growing it.
+        // A handful of sets in practice (one per kind of channel and tool
+        // filter); tools that keep changing start the list over instead of
+        // growing it.
         if sets.len() >= MAX_TOOL_SETS {
             sets.clear();
         }
@@ -187,7 +217,7 @@ impl NativeEngine {
     }
 }
 
-/// A tool set with the gateway tools it was made for.
+/// A tool set with the tools it was made for.
 type OfferedSet = (Vec<Arc<dyn Tool>>, Arc<ToolSet>);
 
 /// Most tool sets an engine keeps.
@@ -248,6 +278,7 @@ pub fn build(
         shutdown: ctx.shutdown.clone(),
         workspace: None,
         approvals: ctx.approvals.clone(),
+        mcp: ctx.mcp.clone(),
     }))
 }
 
@@ -311,7 +342,8 @@ impl Engine for NativeEngine {
             }
             None => (session::new_id(), Vec::new()),
         };
-        let tools = self.tool_set(&req.session_key);
+        let filter = lemon_core::mcp::ToolFilter::from_meta(&req.meta);
+        let tools = self.tool_set(&req.session_key, &filter).await;
         let cancel = self.shutdown.child_token();
         let (controls_tx, controls_rx) = mpsc::channel(16);
         let stopped = CancellationToken::new();

@@ -1,10 +1,13 @@
 //! Claude Code: `claude -p --output-format stream-json --verbose`, the prompt on stdin.
 //!
 //! Command line: `claude -p --output-format stream-json --input-format text|stream-json
-//! --verbose [--dangerously-skip-permissions | --mcp-config <file>
-//! --permission-prompt-tool mcp__lemon__approve] [--allowedTools t…] [--model=m]
+//! --verbose [--dangerously-skip-permissions] [--mcp-config <file>
+//! [--permission-prompt-tool mcp__lemon__approve]] [--allowedTools t…] [--model=m]
 //! [--max-budget-usd=<usd>] [extra_args…] [--resume=<session_id>]`, with
-//! `--max-budget-usd` where a dollar limit of `[gateway.budgets]` applies. Without steering the prompt goes on stdin
+//! `--max-budget-usd` where a dollar limit of `[gateway.budgets]` applies;
+//! `--mcp-config` names the gateway's endpoint (server `lemon`, [`super::link`])
+//! for its tools and, without `--dangerously-skip-permissions`, its
+//! permission tool. Without steering the prompt goes on stdin
 //! as text and stdin is closed; with steering stdin carries stream-json user messages
 //! and stays open until the run's `result`.
 //!
@@ -42,12 +45,18 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
     args.push("--verbose".to_owned());
     if settings.skip_permissions {
         args.push("--dangerously-skip-permissions".to_owned());
-    } else if let Some(config) = input.permission_config {
-        // Calls Claude would ask a person about are asked through the gateway.
-        args.push("--mcp-config".to_owned());
-        args.push(config.display().to_string());
-        args.push("--permission-prompt-tool".to_owned());
-        args.push(PERMISSION_TOOL.to_owned());
+    }
+    if let Some(access) = input.gateway_mcp {
+        // The gateway's endpoint as server `lemon`: its tools, and its permission tool.
+        if let Some(config) = access.file() {
+            args.push("--mcp-config".to_owned());
+            args.push(config.display().to_string());
+        }
+        if access.prompts() && !settings.skip_permissions {
+            // Calls Claude would ask a person about are asked through the gateway.
+            args.push("--permission-prompt-tool".to_owned());
+            args.push(PERMISSION_TOOL.to_owned());
+        }
     }
     if !settings.allowed_tools.is_empty() {
         args.push("--allowedTools".to_owned());

@@ -4,8 +4,12 @@
 //!
 //! Command line: `codex [extra_args…] exec [--model=m] --json --skip-git-repo-check
 //! --color=never [--dangerously-bypass-approvals-and-sandbox]
-//! -c model_auto_compact_token_limit=170000 [resume -- <thread_id>] -`; the prompt and a
-//! newline go on stdin, which is then closed.
+//! -c model_auto_compact_token_limit=170000 [-c mcp_servers.lemon.url="<url>"
+//! -c mcp_servers.lemon.bearer_token_env_var="LEMON_MCP_TOKEN"
+//! -c mcp_servers.lemon.default_tools_approval_mode="approve"] [resume -- <thread_id>] -`;
+//! the prompt and a newline go on stdin, which is then closed. The
+//! `mcp_servers.lemon` overrides point Codex at the gateway's endpoint for
+//! its tools ([`super::link`]); the run's token is in `LEMON_MCP_TOKEN`.
 //!
 //! Schema (`type`): `thread.started`, `turn.started`, `turn.completed`,
 //! `turn.failed`, `error`, `item.started|updated|completed` with items
@@ -43,6 +47,9 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
         args.push("--dangerously-bypass-approvals-and-sandbox".to_owned());
     }
     args.extend(["-c", "model_auto_compact_token_limit=170000"].map(str::to_owned));
+    if let Some(access) = input.gateway_mcp {
+        args.extend(access.codex_args());
+    }
     if let Some(thread) = input.resume {
         // After `--` the thread id and `-` are positional, whatever they start with.
         args.extend(["resume".to_owned(), "--".to_owned(), thread.to_owned()]);

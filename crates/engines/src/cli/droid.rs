@@ -1,8 +1,9 @@
 //! Droid (Factory): `droid exec -o stream-json`, the prompt as the last argument.
 //!
 //! Command line: `droid exec -o stream-json [--skip-permissions-unsafe] [-s <id>]
-//! [-m model] [--reasoning-effort e] [extra_args…] --cwd <cwd> <prompt>`; stdin is
-//! `/dev/null`.
+//! [-m model] [--reasoning-effort e] [--settings <file>] [extra_args…] --cwd <cwd>
+//! <prompt>`; stdin is `/dev/null`. `--settings` names a runtime settings file
+//! (this process only) holding the gateway's endpoint ([`super::link`]).
 //!
 //! Schema (`type`): `system`, `message`, `reasoning`, `tool_call`, `tool_result`,
 //! `completion`; any other type is a decode error.
@@ -46,6 +47,10 @@ pub(super) fn command(input: &CommandInput<'_>) -> Invocation {
     }
     if let Some(effort) = &settings.reasoning_effort {
         args.extend(["--reasoning-effort".to_owned(), effort.clone()]);
+    }
+    if let Some(settings_file) = input.gateway_mcp.and_then(|access| access.file()) {
+        // Runtime settings of this process only: the gateway's endpoint as server `lemon`.
+        args.extend(["--settings".to_owned(), path_arg(settings_file)]);
     }
     args.extend(settings.extra_args.iter().cloned());
     args.extend(["--cwd".to_owned(), path_arg(input.cwd)]);

@@ -3,7 +3,8 @@
 //! ([`serve`]), whose client prints the same lines.
 //!
 //! Command line: `opencode run --format json [--session=ses_…] [--model=m]
-//! [extra_args…] -- <prompt>`; stdin is `/dev/null`.
+//! [extra_args…] -- <prompt>`; stdin is `/dev/null`. The gateway's endpoint
+//! comes in `OPENCODE_CONFIG_CONTENT` ([`super::link`]).
 //!
 //! Schema: every line is `{type, timestamp, sessionID, part}`; types `step_start`,
 //! `step_finish`, `tool_use`, `text` and `error` (which carries `error` and

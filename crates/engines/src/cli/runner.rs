@@ -35,6 +35,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
+use super::link::GateLink;
 use super::process::{
     self, CliChild, Exit, LineReader, ProcessRecorder, ProcessSpec, StderrTail, StdinHandle,
     StdoutLine,
@@ -58,7 +59,7 @@ pub(crate) struct Launch {
     pub(crate) recorder: Option<Arc<dyn ProcessRecorder>>,
     /// `--max-budget-usd` for the CLIs that take it.
     pub(crate) max_budget_usd: Option<f64>,
-    /// Where Claude asks about its calls.
+    /// Where the CLI asks about its calls and finds the gateway's tools.
     pub(crate) gate: Option<lemon_core::approvals::Gate>,
 }
 
@@ -93,20 +94,17 @@ pub(crate) async fn start(
         cwd: &req.cwd,
         meta: &req.meta,
     };
-    let permission = match gate.as_ref().filter(|_| !settings.skip_permissions) {
-        Some(gate) if vendor == Vendor::Claude => PermissionRelay::open(gate, &req, &sink)
-            .map_err(|err| {
-                EngineError::Start(format!("cannot point claude at the approval relay: {err}"))
-            })?,
-        // Codex and OpenCode ask through their own servers, when a rule may say no.
-        Some(gate)
-            if matches!(vendor, Vendor::Codex | Vendor::Opencode) && gate.may_refuse(&scope) =>
-        {
-            Some(PermissionRelay::register(gate, vendor.id(), &req, &sink))
+    let link = match &gate {
+        Some(gate) => {
+            GateLink::open(gate, vendor, &settings, &scope, &req, &sink).map_err(|err| {
+                EngineError::Start(format!(
+                    "cannot point {vendor} at the gateway's MCP endpoint: {err}"
+                ))
+            })?
         }
-        _ => None,
+        None => None,
     };
-    let relayed = permission.is_some() && vendor != Vendor::Claude;
+    let relayed = link.as_ref().is_some_and(GateLink::relayed);
     let input = CommandInput {
         settings: &settings,
         prompt: &prompt,
@@ -115,7 +113,7 @@ pub(crate) async fn start(
         cwd: &req.cwd,
         base_env: &base_env,
         max_budget_usd,
-        permission_config: permission.as_ref().and_then(|relay| relay.config.as_deref()),
+        gateway_mcp: link.as_ref().and_then(GateLink::access),
     };
     let invocation = match vendor {
         Vendor::Claude => claude::command(&input),
@@ -135,6 +133,9 @@ pub(crate) async fn start(
     let parser = parser(vendor, ctx, invocation.new_session.clone(), resume.is_some());
     let model = invocation.model.clone();
     let mut env = settings::child_env(&base_env, &invocation.env, &settings, api_key.as_deref());
+    if let Some(access) = link.as_ref().and_then(GateLink::access) {
+        access.add_env(&mut env);
+    }
     // OpenCode's server answers only whoever holds this run's password.
     let password = (relayed && vendor == Vendor::Opencode).then(opencode::serve::password);
     if let Some(password) = &password {
@@ -166,7 +167,7 @@ pub(crate) async fn start(
     let process::Spawned { child, stdout, stderr, stdin, .. } = spawned;
     // A relayed run's client owns the server's pipes and hands the supervisor
     // the lines the CLI's own stream would have printed.
-    let (stdout, stdin) = match permission.as_ref().filter(|_| relayed) {
+    let (stdout, stdin) = match link.as_ref().filter(|_| relayed) {
         Some(relay) => {
             let (lines, driven) = mpsc::channel(64);
             let asker = relay.asker();
@@ -212,89 +213,11 @@ pub(crate) async fn start(
         grace: settings.cancel_grace,
         max_line_bytes: settings.max_line_bytes,
         recorder,
-        permission,
+        link,
         _stopped: stopped.clone().drop_guard(),
     };
     tracker.spawn(supervisor.run());
     Ok(Arc::new(CliControl { cancel, steer: steer_tx, stopped }))
-}
-
-/// A run's line to the approval relay: its registration with the gate (its
-/// token) and, for Claude, the MCP config file that names the endpoint and
-/// the token (0600, removed with the relay; the token never goes on a
-/// command line).
-#[derive(Debug)]
-struct PermissionRelay {
-    gate: lemon_core::approvals::Gate,
-    registration: lemon_core::approvals::Registration,
-    config: Option<PathBuf>,
-}
-
-impl PermissionRelay {
-    /// The MCP server's name in Claude's config; the tool is
-    /// `mcp__lemon__approve`.
-    const SERVER: &'static str = "lemon";
-
-    /// Registers the run with the gate.
-    fn register(
-        gate: &lemon_core::approvals::Gate,
-        engine: &str,
-        req: &StartRequest,
-        sink: &EventSink,
-    ) -> PermissionRelay {
-        let registration = gate.register(lemon_core::approvals::RunTicket {
-            run_id: req.run_id.to_string(),
-            session_key: req.session_key.to_string(),
-            engine: engine.to_owned(),
-            cwd: req.cwd.clone(),
-            meta: req.meta.clone(),
-            sink: sink.clone(),
-        });
-        PermissionRelay { gate: gate.clone(), registration, config: None }
-    }
-
-    /// Registers a Claude run and writes its config file; `None` while the
-    /// gateway's MCP endpoint does not listen.
-    fn open(
-        gate: &lemon_core::approvals::Gate,
-        req: &StartRequest,
-        sink: &EventSink,
-    ) -> std::io::Result<Option<PermissionRelay>> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let Some(url) = gate.url() else { return Ok(None) };
-        let mut relay = PermissionRelay::register(gate, Vendor::Claude.id(), req, sink);
-        let token = &relay.registration.token;
-        let config = std::env::temp_dir().join(format!("lemon-mcp-{}.json", &token[..16]));
-        let text = serde_json::json!({ "mcpServers": { Self::SERVER: {
-            "type": "http",
-            "url": url,
-            "headers": { "Authorization": format!("Bearer {token}") },
-        } } });
-        let mut file =
-            std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&config)?;
-        relay.config = Some(config);
-        file.write_all(text.to_string().as_bytes())?;
-        Ok(Some(relay))
-    }
-
-    /// Whether a call of the run waits for the owner's answer now.
-    fn asking(&self) -> bool {
-        self.registration.asking.load(std::sync::atomic::Ordering::SeqCst) > 0
-    }
-
-    /// How a relayed CLI's client asks about the run's calls.
-    fn asker(&self) -> Asker {
-        Asker::new(self.gate.clone(), self.registration.token.clone())
-    }
-}
-
-impl Drop for PermissionRelay {
-    fn drop(&mut self) {
-        if let Some(config) = &self.config {
-            let _ = std::fs::remove_file(config);
-        }
-    }
 }
 
 /// Asks the gate about one run's calls, for the client of a CLI's server.
@@ -428,8 +351,9 @@ struct Supervisor {
     max_line_bytes: usize,
     /// Told when the group is reaped; `None` when nothing was recorded.
     recorder: Option<Arc<dyn ProcessRecorder>>,
-    /// The run's line to the approval relay, held as long as the process.
-    permission: Option<PermissionRelay>,
+    /// The run's registration with the gate (its token, and the MCP
+    /// configuration that holds it), held as long as the process.
+    link: Option<GateLink>,
     /// Fires [`CliControl::stopped`] when the supervisor is gone; declared after
     /// `child`, so a child dropped unreaped is killed first.
     _stopped: DropGuard,
@@ -515,7 +439,7 @@ impl Supervisor {
                 }
                 () = sleep_until(idle) => {
                     // A call waiting for the owner's answer is not inactivity.
-                    if self.permission.as_ref().is_some_and(PermissionRelay::asking) {
+                    if self.link.as_ref().is_some_and(GateLink::asking) {
                         idle_deadline = self.timeout.map(|timeout| Instant::now() + timeout);
                         continue;
                     }

@@ -57,6 +57,9 @@ pub(crate) struct CliSettings {
     pub(crate) api_key_env: Option<String>,
     pub(crate) provider: Option<String>,
     pub(crate) reasoning_effort: Option<String>,
+    /// The CLI is pointed at the gateway's MCP endpoint for the gateway's
+    /// own tools (`cron`, `sms_*`…) where it can be.
+    pub(crate) gateway_tools: bool,
 }
 
 impl fmt::Debug for CliSettings {
@@ -76,6 +79,7 @@ impl fmt::Debug for CliSettings {
             .field("api_key_env", &self.api_key_env)
             .field("provider", &self.provider)
             .field("reasoning_effort", &self.reasoning_effort)
+            .field("gateway_tools", &self.gateway_tools)
             .finish()
     }
 }
@@ -109,6 +113,11 @@ impl CliSettings {
                 .or_else(|| vendor.default_api_key_env().map(str::to_owned)),
             provider: section.other_str("provider"),
             reasoning_effort: section.other_str("reasoning_effort"),
+            gateway_tools: section
+                .other
+                .get("gateway_tools")
+                .and_then(toml::Value::as_bool)
+                .unwrap_or(true),
         }
     }
 }

@@ -64,7 +64,7 @@ fn the_run_model_wins_without_its_prefix() {
         cwd: std::path::Path::new("/"),
         base_env: &base,
         max_budget_usd: None,
-        permission_config: None,
+        gateway_mcp: None,
     };
     let prefixes = ["claude:", "anthropic/"];
     assert_eq!(input(Some("Anthropic/opus")).model(&prefixes).as_deref(), Some("opus"));
@@ -93,7 +93,7 @@ fn values_follow_their_option_in_a_form_no_cli_reads_as_another_option() {
             cwd: std::path::Path::new("/work"),
             base_env: &base,
             max_budget_usd: None,
-            permission_config: None,
+            gateway_mcp: None,
         };
         match vendor {
             Vendor::Claude => claude::command(&input),
@@ -181,7 +181,7 @@ fn claude_is_capped_at_what_the_budget_leaves() {
             cwd: std::path::Path::new("/"),
             base_env: &base,
             max_budget_usd,
-            permission_config: None,
+            gateway_mcp: None,
         };
         claude::command(&input).args
     };
@@ -197,7 +197,87 @@ fn claude_is_capped_at_what_the_budget_leaves() {
         cwd: std::path::Path::new("/"),
         base_env: &base,
         max_budget_usd: Some(1.0),
-        permission_config: None,
+        gateway_mcp: None,
     });
     assert!(!codex.args.iter().any(|arg| arg.contains("budget")), "{:?}", codex.args);
+}
+
+/// A Claude stand-in that records its command line, the mode and content of
+/// its `--mcp-config` file and its environment, then answers.
+fn recording_claude(dir: &std::path::Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("claude");
+    let out = dir.display();
+    let text = format!(
+        "#!/bin/sh\nprev=\nfor a in \"$@\"; do [ \"$prev\" = --mcp-config ] && cfg=\"$a\"; prev=\"$a\"; done\n\
+         printf '%s\\n' \"$@\" > {out}/argv\nenv > {out}/env\nstat -c %a \"$cfg\" > {out}/mode\n\
+         cat \"$cfg\" > {out}/config\ncat > /dev/null\n\
+         echo '{{\"type\":\"system\",\"subtype\":\"init\",\"session_id\":\"s1\"}}'\n\
+         echo '{{\"type\":\"result\",\"subtype\":\"success\",\"is_error\":false,\"result\":\"ok\",\"session_id\":\"s1\"}}'\n"
+    );
+    std::fs::write(&script, text).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+#[tokio::test]
+async fn a_runs_token_reaches_claude_in_a_private_file_that_ends_with_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = lemon_core::config::ApprovalsConfig::default();
+    let gate = lemon_core::approvals::Gate::new(
+        lemon_core::approvals::Rules::from_config(&config).unwrap(),
+        lemon_core::approvals::ApprovalHub::default(),
+    );
+    gate.set_url("http://127.0.0.1:4041/mcp".to_owned());
+    let ctx = CliContext {
+        base_env: BTreeMap::from([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
+        gate: Some(gate.clone()),
+        ..CliContext::default()
+    };
+    let section = EngineSection {
+        cli_path: Some(recording_claude(dir.path())),
+        dangerously_skip_permissions: Some(true),
+        ..EngineSection::default()
+    };
+    let engine = CliEngine::new(Vendor::Claude, &section, &ctx);
+    let (sink, mut events) = EventSink::channel(16);
+    let req = StartRequest {
+        run_id: lemon_core::ids::RunId::generate(),
+        session_key: "agent:main:telegram:42".into(),
+        prompt: "hi".to_owned(),
+        resume: None,
+        cwd: dir.path().to_path_buf(),
+        model: None,
+        meta: BTreeMap::new(),
+        workspace: None,
+        off_limits: lemon_core::contain::OffLimits::none(),
+        attachments: Vec::new(),
+    };
+    let control = engine.start(req, sink).await.expect("started");
+    let completed = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Some(event) = events.recv().await {
+            if let lemon_core::engine::EngineEvent::Completed(done) = event {
+                return done;
+            }
+        }
+        panic!("the run ended without its completion");
+    })
+    .await
+    .expect("the run completes");
+    assert!(completed.ok, "{completed:?}");
+    control.stopped().await;
+
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+    let argv = read("argv");
+    let file = argv.lines().skip_while(|arg| *arg != "--mcp-config").nth(1).expect("--mcp-config");
+    assert!(argv.contains("--dangerously-skip-permissions"), "{argv}");
+    assert!(!argv.contains("--permission-prompt-tool"), "{argv}");
+    assert_eq!(read("mode").trim(), "600");
+    let config: serde_json::Value = serde_json::from_str(&read("config")).unwrap();
+    let header = config["mcpServers"]["lemon"]["headers"]["Authorization"].as_str().unwrap();
+    let token = header.strip_prefix("Bearer ").unwrap();
+    assert_eq!(token.len(), 64);
+    assert!(!argv.contains(token) && !read("env").contains(token));
+    assert!(!std::path::Path::new(file).exists(), "the file is removed once the run is over");
+    assert!(!gate.knows(token), "the token is withdrawn once the run is over");
 }

@@ -125,6 +125,11 @@ fn engine_specific_keys_are_checked_by_type_and_range() {
         err("reasoning_effort = 3"),
         Err("`reasoning_effort`: invalid type: integer, expected a string".to_owned())
     );
+    assert_eq!(err("gateway_tools = false"), Ok(()));
+    assert_eq!(
+        err("gateway_tools = \"no\""),
+        Err("`gateway_tools`: invalid type: string, expected a boolean".to_owned())
+    );
     // In the file, the quoted key places the error.
     check_error(
         "[gateway.engines.codex]\nmax_line_bytes = \"lots\"\n",
@@ -269,7 +274,7 @@ fn env_passthrough_takes_names_and_prefixes_and_refuses_the_rest() {
 
 #[test]
 fn unknown_engine_sections_and_keys_warn_with_the_closest_name() {
-    let text = "[gateway.engines.cluade]\ncli_path = \"x\"\n\n[gateway.engines.codex]\ncli_pth = \"/bin/codex\"\nmax_line_bytes = 10\n\n[gateway.engines.lemon]\nwhatever = 1\n";
+    let text = "[gateway.engines.cluade]\ncli_path = \"x\"\n\n[gateway.engines.codex]\ncli_pth = \"/bin/codex\"\nmax_line_bytes = 10\ngateway_tools = false\n\n[gateway.engines.lemon]\nwhatever = 1\n";
     let config = lemon_core::config::load_str(text, Path::new("/etc/lemon.toml")).unwrap().config;
     let sections =
         EngineSections::parse(&config.gateway.engines, Path::new("/etc/lemon.toml"), text).unwrap();

@@ -271,6 +271,7 @@ fn new_engine(client: Arc<Scripted>, setup: Setup) -> NativeEngine {
         tracker: TaskTracker::new(),
         shutdown: CancellationToken::new(),
         workspace: None,
+        mcp: None,
     })
 }
 
@@ -958,6 +959,7 @@ fn without_a_key_the_engine_is_unavailable_and_says_which_secret_to_set() {
         tracker: TaskTracker::new(),
         shutdown: CancellationToken::new(),
         workspace: None,
+        mcp: None,
     });
     assert_eq!(engine.availability(), Availability::Unavailable { reason: reason.clone().into() });
     assert!(reason.contains("openai_api_key") && reason.contains("OPENAI_API_KEY"), "{reason}");

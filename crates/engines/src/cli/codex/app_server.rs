@@ -3,7 +3,8 @@
 //! `codex exec` has no way for another program to answer Codex's approval
 //! requests; the app server (JSON-RPC 2.0, one message per line on stdio)
 //! sends them to its client. A run whose policy may ask or deny is started as
-//! `codex [extra_args…] app-server -c model_auto_compact_token_limit=170000`,
+//! `codex [extra_args…] app-server -c model_auto_compact_token_limit=170000`
+//! (and the gateway's endpoint as `exec` gets it, [`super::command`]),
 //! and [`drive`] is its client:
 //!
 //! 1. `initialize`, then the `initialized` notification;
@@ -49,6 +50,9 @@ pub(in crate::cli) fn command(input: &CommandInput<'_>) -> Invocation {
     let mut args: Vec<String> = input.settings.extra_args.clone();
     args.push("app-server".to_owned());
     args.extend(["-c", "model_auto_compact_token_limit=170000"].map(str::to_owned));
+    if let Some(access) = input.gateway_mcp {
+        args.extend(access.codex_args());
+    }
     let model = input.model(&["codex:", "openai-codex:", "openai:", "chatgpt:"]);
     Invocation {
         args,

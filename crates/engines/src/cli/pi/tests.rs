@@ -43,7 +43,7 @@ fn a_new_session_is_resumed_by_its_whole_id() {
         cwd: &cwd,
         base_env: &base,
         max_budget_usd: None,
-        permission_config: None,
+        gateway_mcp: None,
     };
     let invocation = command(&input);
     let ctx = ParseContext { cwd: Some(cwd.clone()), ..ParseContext::default() };
@@ -74,7 +74,7 @@ fn a_new_session_token_is_a_file_under_the_agent_dir() {
         cwd: std::path::Path::new("/work/my:proj"),
         base_env: &base,
         max_budget_usd: None,
-        permission_config: None,
+        gateway_mcp: None,
     };
     let token = new_session_token(&input);
     let dir = home.path().join(".pi/agent/sessions/--work-my-proj--");
@@ -113,7 +113,7 @@ fn a_new_session_file_is_under_the_agent_dir_of_the_section_env() {
         cwd: std::path::Path::new("/tmp/proj"),
         base_env: &base,
         max_budget_usd: None,
-        permission_config: None,
+        gateway_mcp: None,
     };
     let token = new_session_token(&input);
     let dir = agent.path().join("sessions/--tmp-proj--");

@@ -65,6 +65,7 @@ fn defaults_and_overrides() {
     assert_eq!(defaults.cancel_grace, DEFAULT_CANCEL_GRACE);
     assert_eq!(defaults.max_line_bytes, DEFAULT_MAX_LINE_BYTES);
     assert!(!defaults.skip_permissions && !defaults.steering);
+    assert!(defaults.gateway_tools, "the gateway's tools are offered unless turned off");
     assert_eq!(defaults.api_key_env.as_deref(), Some("ANTHROPIC_API_KEY"));
     assert_eq!(CliSettings::from_section(Vendor::Pi, &EngineSection::default()).api_key_env, None);
 
@@ -76,7 +77,9 @@ fn defaults_and_overrides() {
     section.model = Some("  ".to_owned());
     section.other.insert("api_key_env".to_owned(), "MY_KEY".into());
     section.other.insert("max_line_bytes".to_owned(), 4096_i64.into());
+    section.other.insert("gateway_tools".to_owned(), false.into());
     let custom = settings(&section);
+    assert!(!custom.gateway_tools);
     assert_eq!(custom.timeout, None, "0 disables the inactivity timeout");
     assert_eq!(custom.cancel_grace, Duration::from_millis(50));
     assert_eq!(custom.model, None);
