@@ -1,6 +1,6 @@
 //! The command line: `serve` (the default), `run`, `attach`, `cancel`, `runs`,
 //! `logs`, `status`, `engines`, `config` (`check [FILE]`, `path`), `secrets`
-//! (`set`, `list`, `delete`, `migrate`), `doctor` and `completions`. The binaries are one-line wrappers around [`main`]; exit codes
+//! (`set`, `list`, `delete`, `migrate`), `doctor`, `mcp` and `completions`. The binaries are one-line wrappers around [`main`]; exit codes
 //! are in [`crate::failure`].
 
 use std::collections::BTreeMap;
@@ -219,6 +219,13 @@ enum Command {
     Doctor,
     /// Print the API token the dashboard and the clients sign in with.
     Token,
+    /// Serve MCP on stdin/stdout for an MCP client that starts a command
+    /// (Claude Desktop, Cursor): the running gateway's tools, and `run`,
+    /// `status`, `cancel` and `runs` to start and follow runs on its engines.
+    Mcp {
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Print a shell completion script.
     Completions {
         /// The shell.
@@ -506,6 +513,9 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             Ok(failure::OK)
         }
         Command::Doctor => crate::doctor::doctor(&paths, &env, ui.out).await,
+        Command::Mcp { remote } => {
+            crate::mcp_cmd::serve(ClientConfig::resolve(&paths, env.clone(), remote.url)?).await
+        }
         Command::Token => {
             let secrets = server::open_secrets(&paths, &env);
             let name = server::API_TOKEN_SECRET;

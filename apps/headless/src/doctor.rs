@@ -12,7 +12,9 @@
 //! IMAP login and an SMTP connection with its login); XMTP (Node.js and its
 //! version, the bridge script and its installed SDK, the wallet key). For
 //! each chat channel, who it lets in: its allow-lists, nobody (a warning),
-//! or everyone (`allow_everyone`, a warning). Every call to a server has a
+//! or everyone (`allow_everyone`, a warning). Each `[[gateway.mcp_servers]]`
+//! entry: disabled, or started with its tools listed (how many, their
+//! names), or why it cannot start and the fix. Every call to a server has a
 //! timeout.
 
 use std::collections::BTreeMap;
@@ -123,6 +125,9 @@ pub(crate) async fn doctor(
         check_discord(&mut report, gateway, &store).await;
         check_email(&mut report, gateway, &store).await;
         check_xmtp(&mut report, gateway, paths, env, &store).await;
+    }
+    if let Some(gateway) = &gateway {
+        check_mcp_servers(&mut report, &gateway.mcp_servers, paths, env, store).await;
     }
     crate::say_raw!("{}", report.render(style));
     let failed = report.checks.iter().any(|c| c.level == Level::Fail);
@@ -809,6 +814,199 @@ async fn check_xmtp(
         }
     }
     check_secret(report, what, store, &config.wallet_key_secret, "the wallet key");
+}
+
+/// How much longer than a server's `startup_timeout_ms` doctor waits for
+/// its probe before it reports the server as not answering.
+const MCP_PROBE_MARGIN: Duration = Duration::from_secs(5);
+
+/// Each `[[gateway.mcp_servers]]` entry: a disabled one is listed as such;
+/// an enabled one is started (all at once, each within its
+/// `startup_timeout_ms`), its tools listed as runs would be offered them,
+/// and stopped. A missing command or secret is named before anything is
+/// started.
+async fn check_mcp_servers(
+    report: &mut Report,
+    servers: &[lemon_core::mcp::McpServerConfig],
+    paths: &Paths,
+    env: &BTreeMap<String, String>,
+    store: SecretStore,
+) {
+    use lemon_engines::mcp::{probe, McpOptions};
+    if servers.is_empty() {
+        return;
+    }
+    let store = std::sync::Arc::new(store);
+    let lookup_store = store.clone();
+    let options = McpOptions {
+        base_env: env.clone(),
+        home: paths.home.clone(),
+        secrets: std::sync::Arc::new(move |name: &str| {
+            lookup_store.get(name).map_err(|error| error.to_string())
+        }),
+        tracker: tokio_util::task::TaskTracker::new(),
+        shutdown: tokio_util::sync::CancellationToken::new(),
+    };
+    let search = env.get("PATH").cloned().unwrap_or_default();
+    // In config order; the probes run at once.
+    let checks = servers.iter().map(|server| {
+        let (options, store, search) = (&options, &store, &search);
+        async move {
+            if !server.enabled {
+                return (server, McpVerdict::Disabled);
+            }
+            if let Some((detail, fix)) = mcp_missing(server, store, search) {
+                return (server, McpVerdict::Failed(detail, fix));
+            }
+            let patience = Duration::from_millis(server.startup_timeout_ms) + MCP_PROBE_MARGIN;
+            match tokio::time::timeout(patience, probe(server, options)).await {
+                Ok(Ok(tools)) => (server, McpVerdict::Listed(tools)),
+                Ok(Err(error)) => (server, McpVerdict::Failed(error, mcp_fix(server))),
+                Err(_) => (
+                    server,
+                    McpVerdict::Failed(
+                        format!("no answer within {} s", patience.as_secs()),
+                        mcp_fix(server),
+                    ),
+                ),
+            }
+        }
+    });
+    for (server, verdict) in futures::future::join_all(checks).await {
+        let what = format!("mcp server {}", server.name);
+        match verdict {
+            McpVerdict::Disabled => {
+                report.info(&what, format!("disabled (enabled = false), {}", mcp_place(server)));
+            }
+            McpVerdict::Listed(tools) => report.ok(&what, mcp_tools_line(server, &tools)),
+            McpVerdict::Failed(detail, fix) => report.fail(&what, detail, fix),
+        }
+    }
+    options.shutdown.cancel();
+    options.tracker.close();
+    if tokio::time::timeout(MCP_PROBE_MARGIN, options.tracker.wait()).await.is_err() {
+        report.warn(
+            "mcp servers",
+            "a probed server did not stop in time",
+            "look for a leftover MCP server process and stop it",
+        );
+    }
+}
+
+/// What doctor found of one MCP server.
+#[derive(Debug)]
+enum McpVerdict {
+    Disabled,
+    /// Started; the tools runs would be offered.
+    Listed(Vec<lemon_core::tool::ToolSpec>),
+    /// Why not, and the fix.
+    Failed(String, String),
+}
+
+/// The fix of a server that would not start or list its tools.
+fn mcp_fix(server: &lemon_core::mcp::McpServerConfig) -> String {
+    format!(
+        "correct the [[gateway.mcp_servers]] entry named {:?} (or set enabled = false there), \
+         then run lemon-gateway doctor again",
+        server.name
+    )
+}
+
+/// How a server is reached, for the report: `stdio: npx -y pkg` or `http: <url>`.
+fn mcp_place(server: &lemon_core::mcp::McpServerConfig) -> String {
+    match (&server.command, &server.url) {
+        (Some(command), _) => {
+            let mut line = format!("stdio: {command}");
+            for arg in &server.args {
+                line.push(' ');
+                line.push_str(arg);
+            }
+            lemon_core::log_text::escape(&line)
+        }
+        (None, Some(url)) => {
+            // Without a login or a query, which may hold a key.
+            let shown = match reqwest::Url::parse(url) {
+                Ok(mut parsed) => {
+                    let _ = parsed.set_username("");
+                    let _ = parsed.set_password(None);
+                    parsed.set_query(None);
+                    parsed.to_string()
+                }
+                Err(_) => url.clone(),
+            };
+            format!("http: {}", lemon_core::log_text::escape(&shown))
+        }
+        (None, None) => "no command or url".to_owned(),
+    }
+}
+
+/// A command that is not there or a secret that is not set: what is
+/// missing and the fix.
+fn mcp_missing(
+    server: &lemon_core::mcp::McpServerConfig,
+    store: &SecretStore,
+    search: &str,
+) -> Option<(String, String)> {
+    let entry = format!("the [[gateway.mcp_servers]] entry named {:?}", server.name);
+    if let Some(command) = &server.command {
+        let found = if command.contains('/') {
+            std::path::Path::new(command).is_file()
+        } else {
+            lemon_engines::cli::which(std::path::Path::new(command), search).is_some()
+        };
+        if !found {
+            let shown = lemon_core::log_text::escape(command);
+            let detail = if command.contains('/') {
+                format!("the command {shown} does not exist")
+            } else {
+                format!("the command {shown} is not found on PATH")
+            };
+            let fix = format!(
+                "install {shown} (npx and node come with Node.js), or set command in {entry} to \
+                 its full path"
+            );
+            return Some((detail, fix));
+        }
+    }
+    let named =
+        server.env.iter().map(|(var, secret)| (format!("env {var}"), secret)).chain(
+            server.headers.iter().map(|(header, secret)| (format!("header {header}"), secret)),
+        );
+    for (what, secret) in named {
+        match store.get(secret) {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Some((
+                    format!("the secret {secret} ({what}) is not set"),
+                    format!("lemon-gateway secrets set {secret}"),
+                ))
+            }
+            Err(error) => {
+                return Some((
+                    format!("the secret {secret} ({what}) cannot be read: {error}"),
+                    "repair the secret store named".to_owned(),
+                ))
+            }
+        }
+    }
+    None
+}
+
+/// `3 tools (offered as everything__<tool>): add, echo, sum`.
+fn mcp_tools_line(
+    server: &lemon_core::mcp::McpServerConfig,
+    tools: &[lemon_core::tool::ToolSpec],
+) -> String {
+    let prefix = lemon_core::mcp::qualified_name(&server.name, "");
+    let mut names: Vec<&str> =
+        tools.iter().map(|tool| tool.name.strip_prefix(&prefix).unwrap_or(&tool.name)).collect();
+    names.sort_unstable();
+    let count = match names.len() {
+        0 => return format!("started, offers no tools ({})", mcp_place(server)),
+        1 => "1 tool".to_owned(),
+        n => format!("{n} tools"),
+    };
+    format!("{count} (offered as {}__<tool>): {}", server.name, names.join(", "))
 }
 
 /// What `program --version` prints (first line), within a few seconds.

@@ -11,6 +11,7 @@
 //! - [`progress`]: the spinner and action lines on stderr.
 //! - [`last_session`]: the last session of each directory, for `run --continue`.
 //! - [`secrets_cmd`]: `secrets set|list|delete|migrate`.
+//! - [`mcp_cmd`]: `mcp`, a stdio MCP server bridged to the running gateway's `/mcp`.
 //! - [`doctor`]: `doctor`, the checks before a start.
 //! - [`failure`]: exit codes.
 //! - [`style`]: `--color` and `NO_COLOR`.
@@ -24,6 +25,7 @@ pub mod client;
 pub mod doctor;
 pub mod failure;
 pub mod last_session;
+pub mod mcp_cmd;
 pub mod out;
 pub mod progress;
 pub mod run;

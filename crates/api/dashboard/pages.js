@@ -225,6 +225,20 @@ function storage(store) {
     ], rows, 'The store could not be read.'));
 }
 
+// A server's tools: how many, then their names without the `<server>__` prefix.
+function mcpTools(server) {
+  const prefix = `${server.name}__`;
+  const names = (server.tools || []).map((t) => (t.startsWith(prefix) ? t.slice(prefix.length) : t));
+  if (!names.length) return h('span', { class: 'muted' }, server.state === 'running' ? 'none offered' : '');
+  return h('span', { class: 'mcp-tools' }, h('strong', {}, String(names.length)), ' ', h('span', { class: 'muted' }, names.join(', ')));
+}
+
+// Tool calls by outcome: `12 ok, 1 timeout`.
+function mcpCalls(calls) {
+  const parts = Object.entries(calls || {}).filter(([, n]) => n > 0).map(([outcome, n]) => `${n} ${outcome}`);
+  return parts.length ? parts.join(', ') : 'none';
+}
+
 export function status(main) {
   const body = h('div', { id: 'status-body' });
   main.append(h('h1', {}, 'Engines & transports'), body);
@@ -249,6 +263,15 @@ export function status(main) {
             ['Program', (e) => (e.path ? h('code', {}, e.path) : h('span', { class: 'reason' }, e.reason || 'built in'))],
             ['Steer', (e) => (e.steer ? 'yes' : 'no')],
           ], s.engines)),
+        section('MCP servers', 'Servers of [[gateway.mcp_servers]]: native runs are offered their tools as <server>__<tool>. A server starts with the first run that offers it.',
+          h('div', { id: 'mcp-servers' }, table([
+            ['Server', (m) => h('strong', { class: 'nowrap' }, m.name)],
+            ['Transport', (m) => m.transport],
+            ['State', (m) => badge(m.state)],
+            ['Tools', (m) => mcpTools(m)],
+            ['Last error', (m) => (m.error ? h('span', { class: 'reason' }, m.error) : '')],
+            ['Calls', (m) => h('span', { class: 'nowrap' }, mcpCalls(m.calls))],
+          ], s.mcp_servers || [], 'No MCP servers configured.'))),
         section('Provider keys and secrets', 'Where each secret the config names was found. Values are never shown.',
           table([
             ['Secret', (x) => h('code', {}, x.name)],

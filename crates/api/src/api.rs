@@ -31,7 +31,9 @@
 //!
 //! Runs are submitted through the router, so queue modes, resume lines, engine
 //! directives and slash commands work here as in every channel. A body may carry
-//! `queue_mode`, `resume` (`{"engine", "value"}`), `engine` and `run_id`;
+//! `queue_mode`, `resume` (`{"engine", "value"}`), `engine`, `run_id` and
+//! `tools` (patterns that narrow the tools the run is offered, within its
+//! project's and binding's; `400` for a pattern that is not one);
 //! `meta.disable_auto_resume` starts a new session.
 //!
 //! `POST /v1/runs` may carry `attachments` (base64 or URLs, see
@@ -54,10 +56,12 @@ mod cron;
 mod events;
 mod intake;
 mod openai;
-mod runs;
+// The MCP endpoint's control tools (`run`, `status`, `cancel`, `runs`) take
+// the routes' paths through these.
+pub(crate) mod runs;
 mod sessions;
 mod status;
-mod transfer;
+pub(crate) mod transfer;
 mod usage;
 
 pub use config::{ConfigEditor, ConfigFileText, ConfigSaveError};
@@ -132,6 +136,9 @@ pub struct ApiState {
     /// `[gateway.files]` and the stage: files sent with `POST /v1/runs` and
     /// the OpenAI-compatible routes.
     pub files: crate::files::FileIntake,
+    /// The MCP servers of `[[gateway.mcp_servers]]` (the native engine's
+    /// client), reported by `/v1/status` as `mcp_servers`; `None`: none.
+    pub mcp: Option<Arc<dyn lemon_core::mcp::McpStatusSource>>,
 }
 
 impl fmt::Debug for ApiState {
@@ -150,6 +157,7 @@ impl fmt::Debug for ApiState {
             .field("cron", &self.cron)
             .field("config_file", &self.config_file)
             .field("files", &self.files)
+            .field("mcp", &self.mcp)
             .finish()
     }
 }

@@ -7,8 +7,9 @@
 //! with the token it adds the version, the checks' counters, durations and
 //! errors, and the transports' addresses and failure reasons. `/metrics` needs
 //! no token (Prometheus scrapers usually have none) and then holds only
-//! counters, engine and transport ids: no session keys (they name chats and
-//! phone numbers), addresses, versions or error texts. With the token it also
+//! counters, engine and transport ids and MCP server names: no session keys
+//! (they name chats and phone numbers), addresses, versions or error texts
+//! (an MCP server's last error is in `/v1/status`). With the token it also
 //! names the 20 sessions with the longest queues. Its run families come from
 //! a [`RunMetrics`] collector on the event bus, its queue figures from the
 //! scheduler's snapshot, so a scrape adds no work to a run.
@@ -87,6 +88,8 @@ pub struct HealthState {
     /// What retention and backups did, for `lemon_store_pruned_total` and
     /// `lemon_backup_last_success_timestamp_seconds`.
     pub upkeep: lemon_core::store::upkeep::Upkeep,
+    /// The MCP servers, for the `lemon_mcp_*` families; `None`: none.
+    pub mcp: Option<Arc<dyn lemon_core::mcp::McpStatusSource>>,
 }
 
 impl HealthState {
@@ -104,7 +107,16 @@ impl HealthState {
             run_metrics: None,
             database: None,
             upkeep: Default::default(),
+            mcp: None,
         }
+    }
+
+    /// Shows the MCP servers' states and tool calls (the native engine's
+    /// MCP client) in `/metrics`.
+    #[must_use]
+    pub fn with_mcp(mut self, mcp: Arc<dyn lemon_core::mcp::McpStatusSource>) -> Self {
+        self.mcp = Some(mcp);
+        self
     }
 
     /// Shows what runs did (a collector on the bus) in `/metrics`.
@@ -403,6 +415,9 @@ async fn metrics(State(state): State<HealthState>, headers: HeaderMap) -> Respon
         run_metrics.render(&mut out);
     }
     transport_metrics(&mut out, &state.transports);
+    if let Some(mcp) = &state.mcp {
+        crate::metrics::render_mcp(&mut out, &mcp.servers());
+    }
     let config = state.config.get();
     out.family(
         "lemon_config_reloads_total",

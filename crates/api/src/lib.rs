@@ -11,8 +11,10 @@
 //!   handlers' annotations, served at `/v1/openapi.json`.
 //! - [`health`]: `/healthz`, `/health` and `/metrics`, meant for a loopback or
 //!   internal port; without the API token `/healthz` shows states only.
-//! - [`mcp`]: the MCP endpoint `/mcp`, where Claude Code's permission
-//!   prompts reach the owner's approvals; it answers run tokens only.
+//! - [`mcp`]: the MCP endpoint `/mcp`: for a run's token, `approve` (where
+//!   Claude Code's permission prompts reach the owner's approvals) and the
+//!   gateway's tools acting for the run; for the API token, the gateway's
+//!   tools and `run`, `status`, `cancel` and `runs`.
 //! - [`metrics`]: the collector of run metrics (a task on the event bus) and
 //!   the Prometheus text format `/metrics` answers in.
 //! - [`files`]: files sent with a request (base64, `data:` URLs, URLs fetched

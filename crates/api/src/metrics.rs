@@ -7,6 +7,9 @@
 //! the bus loses the oldest events and counts them
 //! (`lemon_metrics_events_lost_total`).
 //!
+//! The MCP servers' families ([`render_mcp`]) are read from the native
+//! engine's MCP client at each scrape.
+//!
 //! Engine labels are the engine ids runs report, which come from the engine
 //! table (configured ids, never a user's text); at most [`MAX_ENGINES`]
 //! distinct ones, later ones are counted under `other`.
@@ -25,6 +28,7 @@ use lemon_core::budget::{BudgetGuard, BudgetScope};
 use lemon_core::bus::{EventKind, RecvError, RunStatus, Subscription};
 use lemon_core::engine::{ActionKind, ActionPhase};
 use lemon_core::ids::RunId;
+use lemon_core::mcp::{McpServerState, McpServerStatus};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -377,6 +381,85 @@ impl Collector {
                 *approvals.entry(key).or_default() += 1;
             }
             _ => {}
+        }
+    }
+}
+
+/// The states an MCP server is counted in, as `lemon_mcp_server_state`
+/// labels them.
+const MCP_STATES: [McpServerState; 5] = [
+    McpServerState::Disabled,
+    McpServerState::Idle,
+    McpServerState::Starting,
+    McpServerState::Running,
+    McpServerState::Failed,
+];
+/// The outcomes a tool call of an MCP server is counted under; any other as
+/// `other`.
+const MCP_CALL_OUTCOMES: [&str; 4] = ["ok", "error", "timeout", "cancelled"];
+
+/// Writes the MCP server families: each configured server's state, its
+/// offered tools, its starts and its tool calls by outcome. Labels are the
+/// servers' configured names and fixed words, never a tool's or a user's
+/// text.
+pub fn render_mcp(out: &mut Exposition, servers: &[McpServerStatus]) {
+    out.family(
+        "lemon_mcp_server_state",
+        Kind::Gauge,
+        "1 for the state the MCP server is in (disabled, idle, starting, running, failed), else 0.",
+    );
+    for server in servers {
+        for state in MCP_STATES {
+            let state_name = state.to_string();
+            out.sample(
+                "lemon_mcp_server_state",
+                &[("server", &server.name), ("state", &state_name)],
+                u8::from(server.state == state),
+            );
+        }
+    }
+    out.family(
+        "lemon_mcp_server_tools",
+        Kind::Gauge,
+        "Tools the MCP server offers runs (after its tools filter), as last listed.",
+    );
+    for server in servers {
+        out.sample("lemon_mcp_server_tools", &[("server", &server.name)], server.tools.len());
+    }
+    out.family(
+        "lemon_mcp_server_starts_total",
+        Kind::Counter,
+        "Times the MCP server was started or restarted since the gateway started.",
+    );
+    for server in servers {
+        out.sample("lemon_mcp_server_starts_total", &[("server", &server.name)], server.starts);
+    }
+    out.family(
+        "lemon_mcp_tool_calls_total",
+        Kind::Counter,
+        "Tool calls of the MCP server that finished, by outcome (ok, error, timeout, cancelled, other).",
+    );
+    for server in servers {
+        for outcome in MCP_CALL_OUTCOMES {
+            let n = server.calls.get(outcome).copied().unwrap_or(0);
+            out.sample(
+                "lemon_mcp_tool_calls_total",
+                &[("server", &server.name), ("outcome", outcome)],
+                n,
+            );
+        }
+        let other: u64 = server
+            .calls
+            .iter()
+            .filter(|(outcome, _)| !MCP_CALL_OUTCOMES.contains(&outcome.as_str()))
+            .map(|(_, n)| n)
+            .sum();
+        if other > 0 {
+            out.sample(
+                "lemon_mcp_tool_calls_total",
+                &[("server", &server.name), ("outcome", "other")],
+                other,
+            );
         }
     }
 }

@@ -8,7 +8,7 @@ use axum::Json;
 use lemon_core::bus::{completion_json, EventKind};
 use lemon_core::gateway::CancelOutcome;
 use lemon_core::ids::RunId;
-use lemon_core::router::{RunFollower, SlashCommand, Submitted};
+use lemon_core::router::{RouterHandle, RunFollower, Runs, SlashCommand, Submitted};
 use serde_json::json;
 
 use super::transfer::{
@@ -51,7 +51,7 @@ pub(super) async fn submit(
     let files = body.take_attachments()?;
     let mut req = body.into_request()?;
     if let Some(engine) = &req.engine {
-        refuse_unavailable(&state, engine)?;
+        refuse_unavailable(&state.runs, engine)?;
     }
     // Dropped (the files removed) unless the run takes them.
     let staged = state.files.receive(files).await?;
@@ -68,7 +68,10 @@ pub(super) async fn submit(
         staged.hand_over();
     }
     if wait {
-        return wait_for_run(&state, follower).await.map(IntoResponse::into_response);
+        return wait_for_run(&state.runs, follower)
+            .await
+            .map(Json)
+            .map(IntoResponse::into_response);
     }
     let mut body = json!({
         "run_id": accepted.run_id.as_str(),
@@ -86,11 +89,11 @@ pub(super) async fn submit(
 /// An engine named by the request that cannot run (its CLI is not installed)
 /// is refused before anything is accepted, with what fixes it: no failed run
 /// is recorded for it.
-fn refuse_unavailable(
-    state: &ApiState,
+pub(crate) fn refuse_unavailable(
+    runs: &Runs,
     engine: &lemon_core::ids::EngineRef,
 ) -> Result<(), ApiError> {
-    let engines = state.runs.engines();
+    let engines = runs.engines();
     let info = engines.iter().find(|info| engine.is(&info.id));
     match info.map(|info| &info.availability) {
         Some(lemon_core::engine::Availability::Unavailable { reason }) => {
@@ -100,7 +103,7 @@ fn refuse_unavailable(
     }
 }
 
-fn command_name(command: &SlashCommand) -> &'static str {
+pub(crate) fn command_name(command: &SlashCommand) -> &'static str {
     match command {
         SlashCommand::Cancel => "cancel",
         SlashCommand::New => "new",
@@ -112,13 +115,16 @@ fn command_name(command: &SlashCommand) -> &'static str {
 /// Answers with the finished run, once the follower reaches its completion (a
 /// run that already finished, a repeated id, completes at once). The wait is
 /// bounded by the run itself: every accepted run completes, also at shutdown.
-async fn wait_for_run(
-    state: &ApiState,
+///
+/// # Cancel safety
+/// Cancel safe: dropped while it waits, it leaves the run as it is.
+pub(crate) async fn wait_for_run(
+    runs: &Runs,
     mut follower: RunFollower,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<serde_json::Value, ApiError> {
     let completed = follower.completion().await;
     let run_id = follower.run_id();
-    let mut record = state.runs.get(run_id).await?.ok_or_else(|| {
+    let mut record = runs.get(run_id).await?.ok_or_else(|| {
         ApiError::Internal(format!("accepted run {run_id} is missing from the store"))
     })?;
     let mut artifacts = serde_json::Value::Array(Vec::new());
@@ -130,9 +136,9 @@ async fn wait_for_run(
             artifacts = completion_json(completion)["artifacts"].take();
         }
     }
-    let mut body = run_json(&record, &state.runs);
+    let mut body = run_json(&record, runs);
     body["artifacts"] = artifacts;
-    Ok(Json(body))
+    Ok(body)
 }
 
 /// The files sent with a finished run's answer, from its stored `run_completed`
@@ -210,20 +216,30 @@ pub(super) async fn cancel(
     State(state): State<ApiState>,
     PathParams(raw): PathParams<String>,
 ) -> Result<Response, ApiError> {
-    let run_id = parse_run_id(&raw)?;
-    if state.runs.get(&run_id).await?.is_none() {
-        return Err(run_not_found(&raw));
+    let body = cancel_run(&state.router, &state.runs, &raw).await?;
+    Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+/// Cancels the run `raw` names: `{"run_id", "status"}`, `cancelling` or the
+/// status of a run no longer active.
+pub(crate) async fn cancel_run(
+    router: &RouterHandle,
+    runs: &Runs,
+    raw: &str,
+) -> Result<serde_json::Value, ApiError> {
+    let run_id = parse_run_id(raw)?;
+    if runs.get(&run_id).await?.is_none() {
+        return Err(run_not_found(raw));
     }
-    let status = match state.router.cancel_run(&run_id).await? {
+    let status = match router.cancel_run(&run_id).await? {
         CancelOutcome::Cancelling => "cancelling",
         // Read again: the run may have finished since the first read.
-        CancelOutcome::NotActive => match state.runs.get(&run_id).await? {
+        CancelOutcome::NotActive => match runs.get(&run_id).await? {
             Some(record) => record.status.as_str(),
-            None => return Err(run_not_found(&raw)),
+            None => return Err(run_not_found(raw)),
         },
     };
-    Ok((StatusCode::ACCEPTED, Json(json!({ "run_id": run_id.as_str(), "status": status })))
-        .into_response())
+    Ok(json!({ "run_id": run_id.as_str(), "status": status }))
 }
 
 /// `POST /v1/runs/{id}/steer`: whether the running engine took the text.

@@ -2,8 +2,10 @@
 //! `worker_threads`, scheduler counters, engines (with `path`
 //! and `version` where known) and transports
 //! (`{"<id>": {"state", "detail"?, "reason"?, "attempts"?, "retry_in_ms"?}}`),
-//! where the config's secrets come from (`{"<name>": {"source", "overrides"}}`)
-//! how commands are contained (`sandbox`), and the store (`store`, `null` for
+//! where the config's secrets come from (`{"<name>": {"source", "overrides"}}`),
+//! the MCP servers of `[[gateway.mcp_servers]]` (`mcp_servers`: `[{"name",
+//! "transport", "state", "tools", "error", "calls", "starts"}]`), how
+//! commands are contained (`sandbox`), and the store (`store`, `null` for
 //! a store in memory): whether it saves (`writable`, and the `error` when it
 //! does not), its file's size and its log's, rows per table, the last
 //! retention pass and what retention removed since start, the last backup.
@@ -11,6 +13,7 @@
 use axum::extract::State;
 use axum::Json;
 use lemon_core::engine::Availability;
+use lemon_core::mcp::McpStatusSource;
 use serde_json::{json, Value};
 
 use super::ApiState;
@@ -54,6 +57,28 @@ async fn store_json(path: &std::path::Path, state: &ApiState) -> Value {
         })),
         "backup_error": upkeep.backup_error,
     })
+}
+
+/// The configured MCP servers in name order, as `/v1/status` shows them.
+fn mcp_servers_json(source: Option<&dyn McpStatusSource>) -> Value {
+    let mut servers = source.map(McpStatusSource::servers).unwrap_or_default();
+    servers.sort_by(|a, b| a.name.cmp(&b.name));
+    Value::Array(
+        servers
+            .iter()
+            .map(|server| {
+                json!({
+                    "name": server.name,
+                    "transport": server.transport,
+                    "state": server.state,
+                    "tools": server.tools,
+                    "error": server.error,
+                    "calls": server.calls,
+                    "starts": server.starts,
+                })
+            })
+            .collect(),
+    )
 }
 
 #[utoipa::path(
@@ -117,6 +142,7 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
             None => json!(&*reason),
         },
         "transports": state.transports.to_json(),
+        "mcp_servers": mcp_servers_json(state.mcp.as_deref()),
         "sandbox": state.sandbox,
         "store": match state.database.as_deref() {
             Some(path) => store_json(path, &state).await,

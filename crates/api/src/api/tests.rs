@@ -121,6 +121,7 @@ impl TestGateway {
             database: None,
             upkeep: Default::default(),
             files: crate::files::FileIntake::new(stage, files),
+            mcp: None,
         };
         TestGateway { state, media, bus, store, token, tracker }
     }
@@ -537,6 +538,43 @@ async fn bad_submissions_are_400_with_a_json_error() {
     // Nothing was accepted.
     let (_, list) = gw.call(Method::GET, "/v1/runs", None).await;
     assert_eq!(list, json!({ "runs": [] }));
+}
+
+#[tokio::test]
+async fn a_bad_tools_pattern_is_400_naming_the_field_and_good_ones_narrow_the_run() {
+    let gw = TestGateway::start(Duration::ZERO);
+    for tools in [json!(["bash", "rm -rf"]), json!([""]), json!(["a.b"])] {
+        let (status, error) = gw
+            .call(Method::POST, "/v1/runs", Some(json!({ "prompt": "hi", "tools": tools })))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{tools}: {error}");
+        assert!(error_of(&error).starts_with("tools: "), "{tools}: {error}");
+        assert!(error_of(&error).contains("not a tool name or pattern"), "{tools}: {error}");
+    }
+    let (status, error) =
+        gw.call(Method::POST, "/v1/runs", Some(json!({ "prompt": "hi", "tools": "bash" }))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "not a list: {error}");
+    let (_, list) = gw.call(Method::GET, "/v1/runs", None).await;
+    assert_eq!(list, json!({ "runs": [] }), "nothing was accepted");
+
+    // The caller's own filter in `meta` stays, and `tools` narrows it further.
+    let body = json!({
+        "prompt": "narrowed",
+        "run_id": "tools-1",
+        "tools": ["github__*", "bash"],
+        "meta": { "tool_filter": [["github__search", "bash", "read"]] },
+    });
+    let (status, run) = gw.call(Method::POST, "/v1/runs?wait=true", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{run}");
+    assert_eq!(
+        run["meta"]["tool_filter"],
+        json!([["github__search", "bash", "read"], ["github__*", "bash"]]),
+        "{run}"
+    );
+    let (_, run) = gw
+        .call(Method::POST, "/v1/runs?wait=true", Some(json!({ "prompt": "all", "tools": [] })))
+        .await;
+    assert_eq!(run["meta"]["tool_filter"], json!([[]]), "[]: no tool at all: {run}");
 }
 
 #[tokio::test]
@@ -1001,6 +1039,61 @@ async fn status_reports_scheduler_and_engines() {
     );
     assert_eq!(body["default_engine"], json!("echo"));
     assert_eq!(body["transports"], json!({}));
+}
+
+/// MCP servers as the native engine's client would report them.
+#[derive(Debug)]
+struct FakeMcp(Vec<lemon_core::mcp::McpServerStatus>);
+
+impl lemon_core::mcp::McpStatusSource for FakeMcp {
+    fn servers(&self) -> Vec<lemon_core::mcp::McpServerStatus> {
+        self.0.clone()
+    }
+}
+
+#[tokio::test]
+async fn status_lists_the_mcp_servers_by_name() {
+    use lemon_core::mcp::{McpServerState, McpServerStatus, McpTransportKind};
+    let mut gw = TestGateway::start(Duration::ZERO);
+    let (_, body) = gw.call(Method::GET, "/v1/status", None).await;
+    assert_eq!(body["mcp_servers"], json!([]), "no MCP client: {body}");
+
+    let github = McpServerStatus {
+        name: "github".into(),
+        transport: McpTransportKind::Http,
+        state: McpServerState::Running,
+        tools: vec!["github__get_issue".into(), "github__search".into()],
+        error: None,
+        calls: [("ok".to_owned(), 4), ("timeout".to_owned(), 1)].into(),
+        starts: 1,
+    };
+    let fs = McpServerStatus {
+        name: "fs".into(),
+        transport: McpTransportKind::Stdio,
+        state: McpServerState::Failed,
+        tools: Vec::new(),
+        error: Some("MCP server fs could not be started: npx is not on the PATH".into()),
+        calls: Default::default(),
+        starts: 3,
+    };
+    gw.state.mcp = Some(Arc::new(FakeMcp(vec![github, fs])));
+    let (status, body) = gw.call(Method::GET, "/v1/status", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["mcp_servers"],
+        json!([
+            {
+                "name": "fs", "transport": "stdio", "state": "failed", "tools": [],
+                "error": "MCP server fs could not be started: npx is not on the PATH",
+                "calls": {}, "starts": 3,
+            },
+            {
+                "name": "github", "transport": "http", "state": "running",
+                "tools": ["github__get_issue", "github__search"], "error": null,
+                "calls": { "ok": 4, "timeout": 1 }, "starts": 1,
+            },
+        ])
+    );
 }
 
 #[tokio::test]

@@ -17,13 +17,13 @@ use crate::error::ApiError;
 use crate::files::{FileSource, IncomingFile};
 
 /// Runs listed when the caller gives no limit.
-const DEFAULT_LIST_LIMIT: usize = 50;
+pub(crate) const DEFAULT_LIST_LIMIT: usize = 50;
 /// The most runs one list returns.
-const MAX_LIST_LIMIT: usize = 1000;
+pub(crate) const MAX_LIST_LIMIT: usize = 1000;
 
 /// `POST /v1/runs` body.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
-pub(super) struct SubmitBody {
+pub(crate) struct SubmitBody {
     /// What to ask; required, not blank.
     prompt: Option<String>,
     /// Unset: `default`.
@@ -46,6 +46,11 @@ pub(super) struct SubmitBody {
     /// max_download_bytes`. One refused refuses the request.
     #[schema(max_items = 16)]
     attachments: Option<Vec<AttachmentBody>>,
+    /// The tools the run may use: tool names or patterns where `*` matches
+    /// any run of characters (`["bash", "github__*"]`), within the tools its
+    /// project and binding allow; `[]`: none. Unset: all of those.
+    #[schema(example = json!(["bash", "github__*"]))]
+    tools: Option<Vec<String>>,
 }
 
 /// A file sent with a run: its content in base64 (`data`), or a URL the
@@ -110,7 +115,7 @@ impl SubmitBody {
     /// The request to submit; blank optional fields count as absent. The run id is
     /// always set (generated when the caller gave none) so the caller can subscribe
     /// to the run before submitting it. Without an engine the router chooses one.
-    pub(super) fn into_request(self) -> Result<RunRequest, ApiError> {
+    pub(crate) fn into_request(self) -> Result<RunRequest, ApiError> {
         let prompt = self.prompt.unwrap_or_default();
         if prompt.trim().is_empty() {
             return Err(ApiError::BadRequest(
@@ -159,6 +164,12 @@ impl SubmitBody {
         let mut meta = self.meta.unwrap_or_default();
         // Set by the gateway alone, from `attachments`.
         meta.remove(lemon_core::media::META_KEY);
+        // A filter the caller put in `meta` itself stays: every list narrows.
+        if let Some(tools) = &self.tools {
+            lemon_core::mcp::check_patterns(tools)
+                .map_err(|why| ApiError::BadRequest(format!("tools: {why}")))?;
+            lemon_core::mcp::ToolFilter::narrow_meta(&mut meta, tools);
+        }
         Ok(RunRequest {
             origin: Origin::ControlPlane,
             session_key,
@@ -291,11 +302,11 @@ impl SteerBody {
 }
 
 /// A run id from the path; a malformed id names no run.
-pub(super) fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
+pub(crate) fn parse_run_id(raw: &str) -> Result<RunId, ApiError> {
     RunId::parse(raw).ok_or_else(|| run_not_found(raw))
 }
 
-pub(super) fn run_not_found(run_id: &str) -> ApiError {
+pub(crate) fn run_not_found(run_id: &str) -> ApiError {
     ApiError::NotFound(format!("run {run_id} not found"))
 }
 
@@ -320,7 +331,7 @@ pub(super) fn apply_completion(
 }
 
 /// The JSON form of a run, as `GET /v1/runs/{id}` returns it.
-pub(super) fn run_json(record: &RunRecord, runs: &Runs) -> Value {
+pub(crate) fn run_json(record: &RunRecord, runs: &Runs) -> Value {
     let token_json = |token: &ResumeToken| json!({ "engine": token.engine, "value": token.value });
     let resume = record.resume.as_ref().map(token_json);
     json!({

@@ -492,3 +492,72 @@ async fn metrics_show_transport_states_errors_backlog_and_reloads() {
     }
     assert!(!text.contains("@bot") && !text.contains("4046"), "{text}");
 }
+
+/// MCP servers as the native engine's client would report them.
+#[derive(Debug)]
+struct FakeMcp(Vec<lemon_core::mcp::McpServerStatus>);
+
+impl lemon_core::mcp::McpStatusSource for FakeMcp {
+    fn servers(&self) -> Vec<lemon_core::mcp::McpServerStatus> {
+        self.0.clone()
+    }
+}
+
+fn mcp_server(
+    name: &str,
+    state: lemon_core::mcp::McpServerState,
+    tools: &[&str],
+    calls: &[(&str, u64)],
+) -> lemon_core::mcp::McpServerStatus {
+    lemon_core::mcp::McpServerStatus {
+        name: name.to_owned(),
+        transport: lemon_core::mcp::McpTransportKind::Stdio,
+        state,
+        tools: tools.iter().map(|tool| format!("{name}__{tool}")).collect(),
+        error: Some("secret-looking error text sk-123".to_owned()),
+        calls: calls.iter().map(|(outcome, n)| ((*outcome).to_owned(), *n)).collect(),
+        starts: 2,
+    }
+}
+
+#[tokio::test]
+async fn metrics_show_mcp_servers_states_tools_starts_and_calls() {
+    use lemon_core::mcp::McpServerState;
+    let gw = TestGateway::start();
+    let (_, _, text) = get_with(gw.state(), Method::GET, "/metrics", None).await;
+    assert!(!text.contains("lemon_mcp_"), "no MCP client, no MCP families:\n{text}");
+
+    let fake = FakeMcp(vec![
+        mcp_server(
+            "github",
+            McpServerState::Running,
+            &["search", "get_issue"],
+            &[("ok", 5), ("timeout", 1), ("strange", 2)],
+        ),
+        mcp_server("fs", McpServerState::Failed, &[], &[]),
+    ]);
+    let state = gw.state().with_mcp(Arc::new(fake));
+    let (_, _, text) = get_with(state, Method::GET, "/metrics", None).await;
+    for line in [
+        "# TYPE lemon_mcp_server_state gauge",
+        "lemon_mcp_server_state{server=\"github\",state=\"running\"} 1",
+        "lemon_mcp_server_state{server=\"github\",state=\"failed\"} 0",
+        "lemon_mcp_server_state{server=\"fs\",state=\"failed\"} 1",
+        "lemon_mcp_server_state{server=\"fs\",state=\"idle\"} 0",
+        "lemon_mcp_server_tools{server=\"github\"} 2",
+        "lemon_mcp_server_tools{server=\"fs\"} 0",
+        "# TYPE lemon_mcp_server_starts_total counter",
+        "lemon_mcp_server_starts_total{server=\"github\"} 2",
+        "# TYPE lemon_mcp_tool_calls_total counter",
+        "lemon_mcp_tool_calls_total{server=\"github\",outcome=\"ok\"} 5",
+        "lemon_mcp_tool_calls_total{server=\"github\",outcome=\"error\"} 0",
+        "lemon_mcp_tool_calls_total{server=\"github\",outcome=\"timeout\"} 1",
+        "lemon_mcp_tool_calls_total{server=\"github\",outcome=\"cancelled\"} 0",
+        "lemon_mcp_tool_calls_total{server=\"github\",outcome=\"other\"} 2",
+        "lemon_mcp_tool_calls_total{server=\"fs\",outcome=\"ok\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} missing from:\n{text}");
+    }
+    assert!(!text.contains("fs\",outcome=\"other\""), "no other outcome without calls:\n{text}");
+    assert!(!text.contains("sk-123") && !text.contains("get_issue"), "{text}");
+}

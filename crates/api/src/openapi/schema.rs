@@ -351,6 +351,27 @@ pub struct TransportStatus {
     pub retry_in_ms: Option<u64>,
 }
 
+/// An MCP server of `[[gateway.mcp_servers]]` in `/v1/status`: the
+/// native engine's runs are offered its tools.
+#[derive(Debug, ToSchema)]
+pub struct McpServerStatus {
+    pub name: String,
+    /// `stdio` (a command) or `http` (Streamable HTTP).
+    pub transport: String,
+    /// `disabled`, `idle` (not started yet: it starts with the first run
+    /// that offers it), `starting`, `running` or `failed` (started again
+    /// when a run offers it).
+    pub state: String,
+    /// The tools offered, as runs see them (`<server>__<tool>`), in name order.
+    pub tools: Vec<String>,
+    /// Why the last start or call failed.
+    pub error: Option<String>,
+    /// Tool calls finished, by outcome (`ok`, `error`, `timeout`, `cancelled`).
+    pub calls: BTreeMap<String, u64>,
+    /// Times the server was started or restarted.
+    pub starts: u64,
+}
+
 /// Where a secret the config names was found.
 #[derive(Debug, ToSchema)]
 pub struct SecretSource {
@@ -377,6 +398,8 @@ pub struct Status {
     pub transports: BTreeMap<String, TransportStatus>,
     /// By secret name.
     pub secrets: BTreeMap<String, SecretSource>,
+    /// The servers of `[[gateway.mcp_servers]]`, by name.
+    pub mcp_servers: Vec<McpServerStatus>,
     /// How the native engine's `bash` commands are contained.
     pub sandbox: SandboxStatus,
     /// The store's file; `null` for a store in memory.
