@@ -1,7 +1,7 @@
 // The dashboard in headless Chromium against a real gateway: sign in (a wrong
 // token first), start a prompt and watch it stream, cancel one, steer one,
 // approve and deny a command on its card, edit the config (an error shown at its line, then a good edit applied
-// live), and every page once, with a screenshot of each.
+// live), the MCP servers on the engines page, and every page once, with a screenshot of each.
 //
 // Run by tests/it/dashboard_e2e.rs, which starts the gateway and passes:
 //   DASHBOARD_URL, DASHBOARD_TOKEN, DASHBOARD_SCREENSHOTS (a folder),
@@ -229,6 +229,23 @@ try {
     await page.locator(ready).first().waitFor();
     await shot(name);
   }
+  step('the engines page lists the MCP servers');
+  await page.goto(`${url}#/status`);
+  const mcp = page.locator('#mcp-servers');
+  await mcp.locator('tr', { hasText: 'docs' }).waitFor();
+  const docs = mcp.locator('tr', { hasText: 'docs' });
+  check(await docs.locator('.badge-disabled').count() === 1, `docs is disabled: ${await docs.textContent()}`);
+  check((await docs.textContent()).includes('http'), `docs is reached over http: ${await docs.textContent()}`);
+  const missing = mcp.locator('tr', { hasText: 'missing' });
+  check(await missing.count() === 1, 'the server whose command is missing is listed');
+  const missingText = await missing.textContent();
+  check(/stdio/.test(missingText), `missing is a stdio server: ${missingText}`);
+  check(await missing.locator('.badge-failed').count() === 1, `missing failed to start: ${missingText}`);
+  check(missingText.includes('lemon-no-such-mcp-server'), `its last error names the command: ${missingText}`);
+  const headings = await mcp.locator('th').allTextContents();
+  check(['Server', 'Transport', 'State', 'Tools', 'Last error', 'Calls'].every((h) => headings.includes(h)), `MCP columns: ${headings}`);
+  await mcp.scrollIntoViewIfNeeded();
+  await shot('mcp-servers');
   await page.goto(`${url}#/secrets`);
   const secretsText = await page.locator('#secrets-body').textContent();
   const secretsRoute = await page.evaluate(async () => (await fetch('/v1/secrets', { headers: { Authorization: `Bearer ${sessionStorage.getItem('lemon.token')}` } })).status);

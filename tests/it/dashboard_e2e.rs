@@ -50,7 +50,11 @@ fn config(llm: &FakeLlm) -> String {
          env = {{ FAKE_CLI_FIXTURE = \"{fixture}\" }}\n",
         env!("CARGO_BIN_EXE_fake-cli"),
     );
-    cli + &native
+    // Listed on the engines page: one disabled, one whose command is missing.
+    let mcp = "\n[[gateway.mcp_servers]]\nname = \"docs\"\nurl = \"https://mcp.example.test/mcp\"\n\
+               enabled = false\n\n\
+               [[gateway.mcp_servers]]\nname = \"missing\"\ncommand = \"lemon-no-such-mcp-server\"\n";
+    cli + &native + mcp
 }
 
 /// `playwright-core`'s folder, or why it is missing.
@@ -114,7 +118,15 @@ async fn the_dashboard_signs_in_streams_cancels_steers_and_edits_the_config() {
         "dashboard script failed ({}):\n{stdout}\n{stderr}",
         output.status
     );
-    for name in ["login-refused", "live", "approval", "config-error", "config-applied", "status"] {
+    for name in [
+        "login-refused",
+        "live",
+        "approval",
+        "config-error",
+        "config-applied",
+        "status",
+        "mcp-servers",
+    ] {
         assert!(shots.join(format!("{name}.png")).exists(), "screenshot {name}.png");
     }
 
@@ -145,6 +157,18 @@ async fn the_dashboard_signs_in_streams_cancels_steers_and_edits_the_config() {
     let config: serde_json::Value =
         gateway.get("/v1/config").send().await.unwrap().json().await.unwrap();
     assert!(config["rejected"].is_null(), "the refused text was never written: {config}");
+
+    // The MCP servers the engines page listed, as the API gives them.
+    let servers = status["mcp_servers"].as_array().expect("mcp_servers");
+    let names: Vec<&str> = servers.iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, ["docs", "missing"], "{status}");
+    assert_eq!(servers[0]["transport"], "http");
+    assert_eq!(servers[0]["state"], "disabled");
+    assert_eq!(servers[1]["transport"], "stdio");
+    // The native runs above tried to start it.
+    assert_eq!(servers[1]["state"], "failed", "{status}");
+    let error = servers[1]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("lemon-no-such-mcp-server"), "{status}");
 }
 
 /// Reads the firehose until an event of type `kind`; its data.

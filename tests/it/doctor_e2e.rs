@@ -234,3 +234,69 @@ async fn doctor_beside_the_running_gateway_checks_it_instead_of_failing_its_port
     assert_eq!(code, Some(0), "{report}");
     gateway.terminate().await;
 }
+
+/// `mcp-server-everything` of `@modelcontextprotocol/server-everything`,
+/// where `scripts/test` installs it (`$LEMON_MCP_SERVERS_DIR`, else
+/// `~/.cache/lemon-tests/mcp-servers`). Missing: `None`, and a panic under
+/// `LEMON_REQUIRE_MCP=1`.
+fn everything_server() -> Option<std::path::PathBuf> {
+    let dir = match std::env::var_os("LEMON_MCP_SERVERS_DIR") {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => Path::new(&std::env::var_os("HOME")?).join(".cache/lemon-tests/mcp-servers"),
+    };
+    let bin = dir.join("node_modules/.bin/mcp-server-everything");
+    if bin.is_file() {
+        return Some(bin);
+    }
+    assert!(
+        std::env::var_os("LEMON_REQUIRE_MCP").is_none(),
+        "LEMON_REQUIRE_MCP is set but {} is missing: run scripts/test once (it installs it)",
+        bin.display()
+    );
+    None
+}
+
+#[tokio::test]
+async fn doctor_starts_each_mcp_server_and_lists_its_tools_or_says_why_not() {
+    let Some(everything) = everything_server() else {
+        #[allow(clippy::print_stderr)] // the skip is said where the test runs
+        {
+            eprintln!("skipped: @modelcontextprotocol/server-everything is not installed");
+        }
+        return;
+    };
+    let home = home_with(&format!(
+        "[[gateway.mcp_servers]]\nname = \"everything\"\ncommand = \"{}\"\nargs = [\"stdio\"]\n\n\
+         [[gateway.mcp_servers]]\nname = \"missing\"\ncommand = \"lemon-no-such-mcp-server\"\n\n\
+         [[gateway.mcp_servers]]\nname = \"github\"\nurl = \"https://mcp.example.test/mcp?key=k\"\n\
+         headers = {{ Authorization = \"github_mcp_auth\" }}\n\n\
+         [[gateway.mcp_servers]]\nname = \"off\"\ncommand = \"npx\"\nargs = [\"-y\", \"some-server\"]\nenabled = false\n",
+        everything.display()
+    ));
+    let (code, report) = doctor(home.path()).await;
+
+    let line = line_with(&report, "mcp server everything", "tools");
+    assert!(line.starts_with("ok"), "{report}");
+    assert!(line.contains("(offered as everything__<tool>): "), "{line}");
+    let count: usize = line
+        .split_once("mcp server everything")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a count of tools: {line}"));
+    let names: Vec<&str> = line.rsplit_once("): ").unwrap().1.split(", ").collect();
+    assert_eq!(names.len(), count, "{line}");
+    assert!(names.contains(&"echo"), "the everything server's echo tool: {line}");
+
+    let missing = line_with(&report, "mcp server missing", "lemon-no-such-mcp-server");
+    assert!(missing.starts_with("fail") && missing.contains("not found on PATH"), "{missing}");
+    assert!(missing.contains("fix: install lemon-no-such-mcp-server"), "{missing}");
+    assert!(missing.contains("set command in the [[gateway.mcp_servers]] entry named \"missing\""));
+
+    let secret = line_with(&report, "mcp server github", "github_mcp_auth");
+    assert!(secret.starts_with("fail") && secret.contains("header Authorization"), "{secret}");
+    assert!(secret.contains("fix: lemon-gateway secrets set github_mcp_auth"), "{secret}");
+
+    let off = line_with(&report, "mcp server off", "disabled");
+    assert!(off.starts_with("info") && off.contains("stdio: npx -y some-server"), "{off}");
+    assert_eq!(code, Some(1), "{report}");
+}

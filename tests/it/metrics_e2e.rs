@@ -2,7 +2,7 @@
 //! (with the API token, and once without it: no session keys then):
 //! runs on echo and on the fake CLI by engine and outcome, their histograms
 //! and spend, config reloads applied and refused, the Telegram transport's
-//! state and its outbox's backlog.
+//! state and its outbox's backlog, the MCP servers' states and calls.
 
 use serde_json::json;
 
@@ -200,4 +200,29 @@ async fn metrics_count_runs_reloads_and_show_the_transport_and_its_backlog() {
         scrape_until(&gateway, "the refused edit", |s| reloads(s, "rejected") == 1.0).await;
     assert_eq!(reloads(&refused, "applied"), 1.0);
     assert_eq!(refused.value("lemon_config_rejected", &[]), Some(1.0));
+}
+
+/// The MCP servers of `[[gateway.mcp_servers]]` before any run started
+/// one: a disabled server and an idle one, no calls, no tools yet.
+#[tokio::test]
+async fn metrics_show_each_mcp_servers_state_and_calls() {
+    let gateway = Gateway::start(
+        "[[gateway.mcp_servers]]\nname = \"docs\"\nurl = \"https://mcp.example.test/mcp\"\nenabled = false\n\n\
+         [[gateway.mcp_servers]]\nname = \"fs\"\ncommand = \"lemon-no-such-mcp-server\"\n",
+    )
+    .await;
+    let scrape = scrape(&gateway).await;
+    let value = |name: &str, labels: &[(&str, &str)]| {
+        scrape.value(name, labels).unwrap_or_else(|| panic!("{name} {labels:?}"))
+    };
+    assert_eq!(value("lemon_mcp_server_state", &[("server", "docs"), ("state", "disabled")]), 1.0);
+    assert_eq!(value("lemon_mcp_server_state", &[("server", "docs"), ("state", "running")]), 0.0);
+    assert_eq!(value("lemon_mcp_server_state", &[("server", "fs"), ("state", "idle")]), 1.0);
+    assert_eq!(value("lemon_mcp_server_tools", &[("server", "fs")]), 0.0);
+    assert_eq!(value("lemon_mcp_server_starts_total", &[("server", "fs")]), 0.0);
+    for outcome in ["ok", "error", "timeout", "cancelled"] {
+        let labels = [("server", "fs"), ("outcome", outcome)];
+        assert_eq!(value("lemon_mcp_tool_calls_total", &labels), 0.0, "{outcome}");
+    }
+    gateway.terminate().await;
 }

@@ -104,6 +104,9 @@ pub struct Running {
     pub config: ConfigStatus,
     /// The gateway's tools, as native runs are offered them.
     pub tools: ToolRegistry,
+    /// The native engine's MCP servers (their status for the dashboard and
+    /// `/metrics`).
+    pub mcp: lemon_engines::mcp::McpClients,
     store: StoreHandle,
     token: CancellationToken,
     tracker: TaskTracker,
@@ -300,6 +303,7 @@ struct Shared<'a> {
     sandbox: &'a lemon_engines::tools::Sandbox,
     approvals: &'a lemon_engines::native::Approvals,
     gate: &'a lemon_core::approvals::Gate,
+    mcp: &'a lemon_engines::mcp::McpClients,
 }
 
 /// The address a local client reaches a listener bound to `addr` at: the
@@ -363,6 +367,7 @@ fn engines(
         sandbox: shared.sandbox.clone(),
         approvals: Some(shared.approvals.clone()),
         gate: Some(shared.gate.clone()),
+        mcp: Some(shared.mcp.clone()),
     };
     Ok(lemon_engines::build_registry(sections, &ctx)?)
 }
@@ -1054,11 +1059,14 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     };
     // Where Claude Code asks about its calls, on the API's `/mcp` once it listens.
     let gate = lemon_core::approvals::Gate::new(approval_rules.clone(), approval_hub.clone());
+    // The native engine's MCP servers, started by the first run that offers them.
+    let mcp = mcp_clients(&gateway_config, &opts, &secrets, &tracker, &token);
+    mcp.record_processes(Arc::new(StoreRecorder { store: store.clone() }));
     let build_engines: reload::BuildEngines = {
         let (opts, secrets, store) = (opts.clone(), secrets.clone(), store.clone());
         let (tracker, token, tools) = (tracker.clone(), token.clone(), tools.clone());
         let (budget, sandbox, approvals) = (budget.clone(), sandbox.clone(), approvals.clone());
-        let gate = gate.clone();
+        let (gate, mcp) = (gate.clone(), mcp.clone());
         Arc::new(move |sections: &EngineSections| {
             let shared = Shared {
                 tracker: &tracker,
@@ -1068,6 +1076,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
                 sandbox: &sandbox,
                 approvals: &approvals,
                 gate: &gate,
+                mcp: &mcp,
             };
             engines(sections, &opts, &secrets, &store, shared)
         })
@@ -1216,12 +1225,25 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
                 fence.media.clone(),
                 gateway_config.files.clone(),
             ),
+            mcp: Some(Arc::new(mcp.clone())),
         },
         extra_routes.merge(secrets_routes).merge(extra),
         document,
     )
-    // The MCP endpoint answers run tokens, not the API token.
-    .merge(lemon_api::mcp::router(gate.clone(), &token));
+    // The MCP endpoint: the gateway's tools for run tokens and the API token,
+    // the control tools for the API token.
+    .merge(lemon_api::mcp::router(
+        lemon_api::mcp::McpEndpoint {
+            gate: gate.clone(),
+            token: shared_token
+                .with_launch(opts.launch_token.as_ref().map(|token| token.expose().into())),
+            router: router.clone(),
+            tools: tools.clone(),
+            workspace: Some(fence.workspace.clone()),
+            tracker: tracker.clone(),
+        },
+        &token,
+    ));
     gate.set_url(format!("http://{}/mcp", loopback_of(api_addr)));
     let health = lemon_api::health::health_router(
         lemon_api::health::HealthState::new(router.query(), version, started)
@@ -1229,7 +1251,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             .with_detail_token(shared_token.clone())
             .with_config(config_status.clone())
             .with_database(opts.paths.database().into(), upkeep.clone())
-            .with_run_metrics(run_metrics),
+            .with_run_metrics(run_metrics)
+            .with_mcp(Arc::new(mcp.clone())),
     );
     tracker.spawn(serve_logged(
         api_listener,
@@ -1287,6 +1310,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         api_token: shared_token,
         env: opts.env.clone(),
         retention: retention_config,
+        mcp: mcp.clone(),
     };
     tracker.spawn(reload::watch(reloader, token.clone()));
     // The front end says it is ready (the headless binary's ready line); this is the time it took.
@@ -1304,10 +1328,35 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         shutdown_grace_ms,
         config: config_status,
         tools,
+        mcp,
         store,
         token,
         tracker,
     })
+}
+
+/// The MCP client of `[[gateway.mcp_servers]]`: secrets from the gateway's
+/// store, stdio servers started in `$LEMON_HOME` with the safe environment.
+fn mcp_clients(
+    gateway: &GatewayConfig,
+    opts: &ServeOptions,
+    secrets: &Arc<SecretStore>,
+    tracker: &TaskTracker,
+    token: &CancellationToken,
+) -> lemon_engines::mcp::McpClients {
+    let store = secrets.clone();
+    let lookup: lemon_engines::mcp::SecretLookup =
+        Arc::new(move |name: &str| store.get(name).map_err(|error| error.to_string()));
+    lemon_engines::mcp::McpClients::new(
+        gateway.mcp_servers.clone(),
+        lemon_engines::mcp::McpOptions {
+            base_env: opts.env.clone(),
+            home: opts.paths.home.clone(),
+            secrets: lookup,
+            tracker: tracker.clone(),
+            shutdown: token.clone(),
+        },
+    )
 }
 
 /// Checks the config file at `file` as a start would: core's keys with the
@@ -1695,6 +1744,8 @@ impl Running {
         tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down");
         let _ = self.gateway.drain(grace).await;
         self.token.cancel();
+        // Every MCP server's process group is killed before the wait below.
+        self.mcp.shutdown().await;
         self.tracker.close();
         if tokio::time::timeout(Duration::from_secs(10), self.tracker.wait()).await.is_err() {
             tracing::warn!("some tasks did not stop within 10 s");

@@ -114,6 +114,7 @@ const LIVE_KEYS: &[&str] = &[
     "discord",
     "email",
     "retention",
+    "mcp_servers",
 ];
 
 /// Keys of `[gateway]` whose edits wait for a restart.
@@ -159,6 +160,9 @@ pub(crate) struct Plan {
     pub(crate) approvals: bool,
     /// The retention task gets the new `[gateway.retention]` and runs a pass.
     pub(crate) retention: bool,
+    /// `[[gateway.mcp_servers]]`: changed and removed servers are stopped,
+    /// new ones start with the next native run.
+    pub(crate) mcp: bool,
 }
 
 impl Plan {
@@ -214,6 +218,7 @@ pub(crate) fn plan(current: &GatewayConfig, next: &GatewayConfig) -> Plan {
             }
             "approvals" => plan.approvals = true,
             "retention" => plan.retention = true,
+            "mcp_servers" => plan.mcp = true,
             "budgets" => {
                 plan.budgets = true;
                 // `/status` shows the limits the router reads.
@@ -365,6 +370,8 @@ pub(crate) struct Reloader {
     pub(crate) env: std::collections::BTreeMap<String, String>,
     /// `[gateway.retention]` for the retention task, which runs a pass on a change.
     pub(crate) retention: tokio::sync::watch::Sender<lemon_core::config::RetentionConfig>,
+    /// The native engine's MCP servers, put in step with `[[gateway.mcp_servers]]`.
+    pub(crate) mcp: lemon_engines::mcp::McpClients,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -616,6 +623,9 @@ impl Reloader {
         }
         if plan.retention {
             self.retention.send_replace(config.retention.clone());
+        }
+        if plan.mcp {
+            self.mcp.reload(config.mcp_servers.clone());
         }
         if let Some(engines) = engines {
             self.engines.replace(&engines);
