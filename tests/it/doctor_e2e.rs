@@ -10,7 +10,7 @@ use lemon_tests::fake_discord::FakeDiscord;
 use lemon_tests::fake_smtp::FakeSmtp;
 use tokio::process::Command;
 
-use crate::support::{command, home_with, write_config, PATIENCE};
+use crate::support::{command, everything_server, home_with, write_config, PATIENCE};
 
 const DISCORD_TOKEN: &str = "discord-doctor-token-51f0";
 
@@ -235,36 +235,9 @@ async fn doctor_beside_the_running_gateway_checks_it_instead_of_failing_its_port
     gateway.terminate().await;
 }
 
-/// `mcp-server-everything` of `@modelcontextprotocol/server-everything`,
-/// where `scripts/test` installs it (`$LEMON_MCP_SERVERS_DIR`, else
-/// `~/.cache/lemon-tests/mcp-servers`). Missing: `None`, and a panic under
-/// `LEMON_REQUIRE_MCP=1`.
-fn everything_server() -> Option<std::path::PathBuf> {
-    let dir = match std::env::var_os("LEMON_MCP_SERVERS_DIR") {
-        Some(dir) => std::path::PathBuf::from(dir),
-        None => Path::new(&std::env::var_os("HOME")?).join(".cache/lemon-tests/mcp-servers"),
-    };
-    let bin = dir.join("node_modules/.bin/mcp-server-everything");
-    if bin.is_file() {
-        return Some(bin);
-    }
-    assert!(
-        std::env::var_os("LEMON_REQUIRE_MCP").is_none(),
-        "LEMON_REQUIRE_MCP is set but {} is missing: run scripts/test once (it installs it)",
-        bin.display()
-    );
-    None
-}
-
 #[tokio::test]
 async fn doctor_starts_each_mcp_server_and_lists_its_tools_or_says_why_not() {
-    let Some(everything) = everything_server() else {
-        #[allow(clippy::print_stderr)] // the skip is said where the test runs
-        {
-            eprintln!("skipped: @modelcontextprotocol/server-everything is not installed");
-        }
-        return;
-    };
+    let Some(everything) = everything_server() else { return };
     let home = home_with(&format!(
         "[[gateway.mcp_servers]]\nname = \"everything\"\ncommand = \"{}\"\nargs = [\"stdio\"]\n\n\
          [[gateway.mcp_servers]]\nname = \"missing\"\ncommand = \"lemon-no-such-mcp-server\"\n\n\

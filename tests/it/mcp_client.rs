@@ -5,37 +5,14 @@
 //! answer going back to the model and the run showing the call as an action;
 //! a run narrowed by its tool filter is not offered the server's tools.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use lemon_tests::fake_llm::{FakeLlm, FakeToolCall, Turn};
 use serde_json::{json, Value};
 
-use crate::support::{home_with, Gateway};
+use crate::support::{everything_server, home_with, Gateway};
 
 const KEY: &str = "sk-test-mcp-client-key";
-
-/// `mcp-server-everything`, where `scripts/test` installs it; `None` (with a
-/// skip line) when missing, a panic under `LEMON_REQUIRE_MCP=1`.
-fn everything_server() -> Option<PathBuf> {
-    let dir = match std::env::var_os("LEMON_MCP_SERVERS_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(&std::env::var_os("HOME")?).join(".cache/lemon-tests/mcp-servers"),
-    };
-    let bin = dir.join("node_modules/.bin/mcp-server-everything");
-    if bin.is_file() {
-        return Some(bin);
-    }
-    assert!(
-        std::env::var_os("LEMON_REQUIRE_MCP").is_none(),
-        "LEMON_REQUIRE_MCP is set but {} is missing: run scripts/test once (it installs it)",
-        bin.display()
-    );
-    #[allow(clippy::print_stderr)] // the skip is said where the test runs
-    {
-        eprintln!("skipped: @modelcontextprotocol/server-everything is not installed");
-    }
-    None
-}
 
 fn write_key(home: &Path) {
     use std::os::unix::fs::PermissionsExt;

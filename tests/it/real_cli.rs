@@ -44,7 +44,7 @@ const CLI_PATIENCE: Duration = Duration::from_secs(120);
 
 /// The model the CLIs' side requests (titles, small tasks) go to; answered by
 /// a rule so that they never take a turn meant for the main request.
-const SMALL_MODEL: &str = "fake-small";
+pub(crate) const SMALL_MODEL: &str = "fake-small";
 
 /// What the shell tool runs: its output (`lemon-42`) is not in the command.
 const SHELL_COMMAND: &str = "echo lemon-$((6*7))";
@@ -113,7 +113,7 @@ impl Cli {
 
 /// The installed CLIs' `node_modules/.bin`, or `None` (the test is skipped)
 /// when they are not installed at the pinned versions.
-fn installed_clis() -> Option<PathBuf> {
+pub(crate) fn installed_clis() -> Option<PathBuf> {
     let root = std::env::var_os("LEMON_REAL_CLIS_DIR").map(PathBuf::from).or_else(|| {
         std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache/lemon-tests/clis"))
     })?;
@@ -147,7 +147,7 @@ struct Setup {
     section: String,
 }
 
-fn toml_str(text: &str) -> String {
+pub(crate) fn toml_str(text: &str) -> String {
     serde_json::to_string(text).expect("a string")
 }
 
@@ -445,7 +445,8 @@ impl Rig {
     }
 }
 
-fn main_requests(llm: &FakeLlm) -> Vec<RecordedRequest> {
+/// The model requests of the runs themselves (not the CLIs' side requests).
+pub(crate) fn main_requests(llm: &FakeLlm) -> Vec<RecordedRequest> {
     llm.requests()
         .into_iter()
         .filter(|request| request.body.get("model").and_then(Value::as_str) != Some(SMALL_MODEL))

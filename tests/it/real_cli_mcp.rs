@@ -25,15 +25,11 @@ use futures::StreamExt;
 use lemon_tests::fake_llm::{FakeLlm, FakeToolCall, RecordedRequest, Turn};
 use serde_json::{json, Value};
 
+use crate::real_cli::{installed_clis, main_requests, toml_str, SMALL_MODEL};
 use crate::support::Gateway;
-
-const PACKAGE_LOCK: &str = include_str!("../clis/package-lock.json");
 
 /// The real CLIs start slowly (Node, first-run setup) on a busy machine.
 const CLI_PATIENCE: Duration = Duration::from_secs(120);
-
-/// The model of the CLIs' side requests (titles, small tasks).
-const SMALL_MODEL: &str = "fake-small";
 
 /// The session of a Telegram direct chat (bot 123456, chat 4242).
 const CHAT_SESSION: &str = "agent:main:telegram:123456:dm:4242";
@@ -71,31 +67,6 @@ impl Cli {
             Cli::Droid => FakeToolCall::new("call_lemon_cron_1", "lemon___cron", &[arguments]),
         }
     }
-}
-
-/// The installed CLIs' `node_modules/.bin`, or `None` (skipped).
-fn installed_clis() -> Option<PathBuf> {
-    let root = std::env::var_os("LEMON_REAL_CLIS_DIR").map(PathBuf::from).or_else(|| {
-        std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache/lemon-tests/clis"))
-    })?;
-    let lock = std::fs::read_to_string(root.join("installed.lock")).unwrap_or_default();
-    if lock == PACKAGE_LOCK && root.join("node_modules/.bin").is_dir() {
-        return Some(root.join("node_modules/.bin"));
-    }
-    assert!(
-        std::env::var_os("LEMON_REQUIRE_REAL_CLIS").is_none(),
-        "the vendor CLIs of tests/clis are not installed in {}: run scripts/test, which installs them",
-        root.display()
-    );
-    #[allow(clippy::print_stderr)] // The reason a test is skipped is for the person running it.
-    {
-        eprintln!("skipped: the vendor CLIs of tests/clis are not installed in {}", root.display());
-    }
-    None
-}
-
-fn toml_str(text: &str) -> String {
-    serde_json::to_string(text).expect("a string")
 }
 
 /// A CLI's own HOME pointing it at the fake, the wrapper that records how it
@@ -263,13 +234,6 @@ fn write_wrapper(home: &Path, program: &Path) -> PathBuf {
     std::fs::write(&path, script).expect("the wrapper");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("executable");
     path
-}
-
-fn main_requests(llm: &FakeLlm) -> Vec<RecordedRequest> {
-    llm.requests()
-        .into_iter()
-        .filter(|request| request.body.get("model").and_then(Value::as_str) != Some(SMALL_MODEL))
-        .collect()
 }
 
 /// The names of the tools a model request offered, wherever the API puts them.

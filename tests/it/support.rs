@@ -387,3 +387,28 @@ pub(crate) fn cached_python_tool(
     );
     None
 }
+
+/// `mcp-server-everything`, where `scripts/test` installs it; `None` (with a
+/// skip line) when missing, a panic under `LEMON_REQUIRE_MCP=1`.
+pub(crate) fn everything_server() -> Option<std::path::PathBuf> {
+    let dir = match std::env::var_os("LEMON_MCP_SERVERS_DIR") {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => {
+            std::path::Path::new(&std::env::var_os("HOME")?).join(".cache/lemon-tests/mcp-servers")
+        }
+    };
+    let bin = dir.join("node_modules/.bin/mcp-server-everything");
+    if bin.is_file() {
+        return Some(bin);
+    }
+    assert!(
+        std::env::var_os("LEMON_REQUIRE_MCP").is_none(),
+        "LEMON_REQUIRE_MCP is set but {} is missing: run scripts/test once (it installs it)",
+        bin.display()
+    );
+    #[allow(clippy::print_stderr)] // the skip is said where the test runs
+    {
+        eprintln!("skipped: @modelcontextprotocol/server-everything is not installed");
+    }
+    None
+}

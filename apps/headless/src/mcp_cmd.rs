@@ -17,8 +17,8 @@ use std::sync::{Arc, OnceLock};
 use anyhow::Context as _;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig as McpClientInfo,
-    Implementation, ListToolsResult, PaginatedRequestParams, ResultType, ServerCapabilities,
-    ServerConfig, SubscriptionFilter,
+    Implementation, ListToolsResult, PaginatedRequestParams, ResultType, ServerConfig,
+    SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, ServiceError, SubscriptionContext};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -120,10 +120,7 @@ fn relayed(error: ServiceError) -> McpError {
 
 impl ServerHandler for Bridge {
     fn get_info(&self) -> ServerConfig {
-        let capabilities = ServerCapabilities::builder().enable_tools().enable_tool_list_changed();
-        let mut info = ServerConfig::new(capabilities.build());
-        info.server_info = Implementation::new("lemon-gateway", env!("CARGO_PKG_VERSION"));
-        info
+        lemon_api::mcp::server_config()
     }
 
     async fn list_tools(

@@ -8,10 +8,10 @@
 //!   mcp__lemon__approve`), and the gateway's tools of the [`ToolRegistry`]
 //!   offered to the run's session and let through by the run's tool filter.
 //!   A call acts for the run: its session, its directory, its events (see
-//!   [`gateway`]). When the run ends its token is withdrawn and every request
+//!   `gateway`). When the run ends its token is withdrawn and every request
 //!   with it is a `401`.
 //! - **The API token** (the control API's check): the control tools `run`,
-//!   `status`, `cancel` and `runs` (see [`control`]) and the gateway's tools,
+//!   `status`, `cancel` and `runs` (see `control`) and the gateway's tools,
 //!   acting for the session an optional `Lemon-Session` header names (else
 //!   `default`). This is what Claude Desktop, Cursor or any MCP client of the
 //!   owner starts runs with, directly or through `lemon-gateway mcp`.
@@ -19,7 +19,7 @@
 //!   than [`MAX_BODY_BYTES`] is a `413`.
 //!
 //! `tools/list` answers in pages of [`TOOLS_PER_PAGE`] with an opaque
-//! cursor ([`catalog`]); `notifications/tools/list_changed` goes to every
+//! cursor (`catalog`); `notifications/tools/list_changed` goes to every
 //! session (and every `subscriptions/listen` stream) when a tool is
 //! registered. An unknown tool is a JSON-RPC invalid-params error; a tool's
 //! own failure and a bad argument are results with `isError`.
@@ -256,12 +256,18 @@ fn no_tool(name: &str) -> McpError {
     McpError::invalid_params(format!("unknown tool {name:?}"), None)
 }
 
+/// What the gateway says of itself to an MCP client, over `/mcp` or
+/// `lemon-gateway mcp`: its name and version, tools that may change.
+pub fn server_config() -> ServerConfig {
+    let capabilities = ServerCapabilities::builder().enable_tools().enable_tool_list_changed();
+    let mut info = ServerConfig::new(capabilities.build());
+    info.server_info = Implementation::new("lemon-gateway", env!("CARGO_PKG_VERSION"));
+    info
+}
+
 impl ServerHandler for McpServer {
     fn get_info(&self) -> ServerConfig {
-        let capabilities = ServerCapabilities::builder().enable_tools().enable_tool_list_changed();
-        let mut info = ServerConfig::new(capabilities.build());
-        info.server_info = Implementation::new("lemon-gateway", env!("CARGO_PKG_VERSION"));
-        info
+        server_config()
     }
 
     async fn list_tools(

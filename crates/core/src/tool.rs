@@ -76,6 +76,31 @@ impl ToolOutput {
         ToolOutput { text: text.into(), details, ..ToolOutput::default() }
     }
 
+    /// Fills `done`, the completed action of a call of tool `name` that
+    /// gave this output, as every surface shows a call: ok, a preview of
+    /// the text, the tool's details at the top of `detail`
+    /// (`auto_send_files` among them, which the run's channel sends), and
+    /// `result_meta`.
+    pub fn complete(&self, done: &mut crate::engine::Action, name: &str) {
+        done.ok = Some(!self.is_error);
+        done.message = Some(preview(&self.text));
+        let mut detail = serde_json::Map::new();
+        detail.insert("name".to_owned(), serde_json::Value::String(name.to_owned()));
+        match &self.details {
+            serde_json::Value::Object(fields) => {
+                for (key, value) in fields {
+                    detail.entry(key.clone()).or_insert_with(|| value.clone());
+                }
+            }
+            serde_json::Value::Null => {}
+            other => {
+                detail.insert("details".to_owned(), other.clone());
+            }
+        }
+        done.detail = serde_json::Value::Object(detail);
+        done.result_meta = self.result_meta.clone();
+    }
+
     pub fn error(text: impl Into<String>) -> Self {
         ToolOutput {
             text: text.into(),
@@ -83,6 +108,17 @@ impl ToolOutput {
             is_error: true,
             result_meta: serde_json::Value::Null,
         }
+    }
+}
+
+/// The most characters of a result an action's message shows.
+pub const PREVIEW_CHARS: usize = 500;
+
+/// At most [`PREVIEW_CHARS`] characters of `text`, with `…` when cut.
+pub fn preview(text: &str) -> String {
+    match text.char_indices().nth(PREVIEW_CHARS) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
     }
 }
 

@@ -32,8 +32,6 @@ use super::McpEndpoint;
 /// The files a tool's result asks its run's channel to send (see
 /// [`lemon_core::artifacts`]).
 const SEND_FILES_KEY: &str = "auto_send_files";
-/// The longest preview of a result in the run's action.
-const PREVIEW_CHARS: usize = 400;
 
 /// A call about to run: its context, and where it reports.
 pub(super) struct Call {
@@ -198,30 +196,10 @@ fn action(id: &str, name: &str, phase: ActionPhase) -> Action {
     }
 }
 
-/// The completed action of a call, as a native call's: ok, a preview of the
-/// text, the tool's details at the top of `detail` (`auto_send_files` among
-/// them).
+/// The completed action of a call, as a native call's
+/// ([`ToolOutput::complete`]).
 fn completed_action(id: &str, name: &str, output: &ToolOutput) -> Action {
     let mut done = action(id, name, ActionPhase::Completed);
-    done.ok = Some(!output.is_error);
-    done.message = Some(match output.text.char_indices().nth(PREVIEW_CHARS) {
-        Some((at, _)) => format!("{}…", &output.text[..at]),
-        None => output.text.clone(),
-    });
-    let mut detail = serde_json::Map::new();
-    detail.insert("name".to_owned(), Value::String(name.to_owned()));
-    match &output.details {
-        Value::Object(fields) => {
-            for (key, value) in fields {
-                detail.entry(key.clone()).or_insert_with(|| value.clone());
-            }
-        }
-        Value::Null => {}
-        other => {
-            detail.insert("details".to_owned(), other.clone());
-        }
-    }
-    done.detail = Value::Object(detail);
-    done.result_meta = output.result_meta.clone();
+    output.complete(&mut done, name);
     done
 }

@@ -28,9 +28,6 @@ use super::{Control, ENGINE_ID};
 use crate::cli::ApiKey;
 use crate::llm::{ChatMessage, LlmClient, LlmError, LlmEvent, LlmRequest, ToolCall};
 
-/// The longest result preview an action's `message` shows.
-const PREVIEW_CHARS: usize = 500;
-
 /// What a run is built from.
 #[derive(Debug)]
 pub(crate) struct AgentParts {
@@ -464,7 +461,7 @@ impl Agent {
         if let Some((id, thought)) = reasoning {
             let mut done = action(&id, ActionKind::Reasoning, "reasoning", ActionPhase::Completed);
             done.ok = Some(true);
-            done.message = Some(preview(&thought));
+            done.message = Some(lemon_core::tool::preview(&thought));
             done.detail = json!({ "source": "lemon_reasoning" });
             self.send(EngineEvent::Action(done)).await?;
         }
@@ -863,35 +860,10 @@ fn action(id: &str, kind: ActionKind, title: &str, phase: ActionPhase) -> Action
     }
 }
 
-/// At most [`PREVIEW_CHARS`] characters of `text`.
-fn preview(text: &str) -> String {
-    match text.char_indices().nth(PREVIEW_CHARS) {
-        Some((at, _)) => format!("{}…", &text[..at]),
-        None => text.to_owned(),
-    }
-}
-
-/// The `completed` action of a call: ok, a result preview, the tool's details
-/// (their keys, `auto_send_files` among them, at the top of `detail`).
+/// The `completed` action of a call ([`ToolOutput::complete`]).
 fn completed_action(call: &ToolCall, output: &ToolOutput, cwd: &Path) -> Action {
     let (kind, title) = classify(call, cwd);
     let mut done = action(&action_id(call), kind, &title, ActionPhase::Completed);
-    done.ok = Some(!output.is_error);
-    done.message = Some(preview(&output.text));
-    let mut detail = serde_json::Map::new();
-    detail.insert("name".to_owned(), Value::String(call.name.clone()));
-    match &output.details {
-        Value::Object(fields) => {
-            for (key, value) in fields {
-                detail.entry(key.clone()).or_insert_with(|| value.clone());
-            }
-        }
-        Value::Null => {}
-        other => {
-            detail.insert("details".to_owned(), other.clone());
-        }
-    }
-    done.detail = Value::Object(detail);
-    done.result_meta = output.result_meta.clone();
+    output.complete(&mut done, &call.name);
     done
 }
