@@ -362,7 +362,9 @@ async fn the_gateways_cron_tool_acts_for_the_runs_session(cli: Cli, rules: &str)
 const NO_RULES: &str = "[]";
 /// The gateway's `cron` is allowed, anything else asked: Claude asks through
 /// `approve`; Codex runs as `codex app-server`.
-const CRON_ALLOWED: &str = "[\n  { tool = \"mcp__lemon__cron\", action = \"allow\" },\n  { tool = \"*\", action = \"ask\" },\n]";
+/// Claude names the tool `mcp__lemon__cron` in its permission prompt; the
+/// gateway judges a Codex call by the tool's own name, `cron`.
+const CRON_ALLOWED: &str = "[\n  { tool = \"mcp__lemon__cron\", action = \"allow\" },\n  { tool = \"cron\", action = \"allow\" },\n  { tool = \"*\", action = \"ask\" },\n]";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_claude_code_calls_the_gateways_cron_for_its_chat() {

@@ -224,6 +224,33 @@ impl McpServer {
             .ok_or_else(|| McpError::invalid_request("unknown or expired run token", None))
     }
 
+    /// The owner's rules on a gateway tool called by a run whose CLI does
+    /// not ask about it itself, by the tool's own name (`cron`), as a native
+    /// call is judged: `None` to run it, else the refusal the model reads.
+    /// An asked call waits for the owner, its expiry, the run's end or the
+    /// request's cancellation.
+    async fn judge(
+        &self,
+        token: &str,
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Option<CallToolResult>, McpError> {
+        let input = Value::Object(request.arguments.clone().unwrap_or_default());
+        let decided = tokio::select! {
+            decided = self.endpoint().gate.decide(token, &request.name, &input, None) => decided,
+            () = context.ct.cancelled() => {
+                return Err(McpError::invalid_request("the call was cancelled", None))
+            }
+        };
+        match decided {
+            Ok(Decision::Allow) => Ok(None),
+            Ok(Decision::Deny(message)) => {
+                Ok(Some(CallToolResult::error(vec![ContentBlock::text(message)])))
+            }
+            Err(unknown) => Err(McpError::invalid_request(unknown.to_string(), None)),
+        }
+    }
+
     async fn approve(
         &self,
         token: &str,
@@ -299,6 +326,11 @@ impl ServerHandler for McpServer {
                 }
                 let tool = catalog::run_tool(&endpoint.tools, &run, &request.name)
                     .ok_or_else(|| no_tool(&request.name))?;
+                if catalog::judged_here(&run) {
+                    if let Some(refused) = self.judge(&token, &request, &context).await? {
+                        return Ok(refused.into());
+                    }
+                }
                 let call = gateway::Call::for_run(endpoint, &token, run, &context).await?;
                 Ok(call.execute(tool, request.arguments, endpoint).await.into())
             }

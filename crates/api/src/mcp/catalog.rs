@@ -86,6 +86,15 @@ pub(super) fn asks_through_approve(run: &TokenRun) -> bool {
 /// The engine whose runs ask through `approve`.
 const CLAUDE: &str = "claude";
 
+/// Whether the gateway judges the run's calls of its tools by the owner's
+/// rules before running them: for every CLI but Claude Code (which asks
+/// through `approve` about `mcp__lemon__<tool>`) and OpenCode (whose relay
+/// asks about `lemon_<tool>`). Codex runs them without asking, Droid by its
+/// own permission level.
+pub(super) fn judged_here(run: &TokenRun) -> bool {
+    !matches!(run.engine.as_str(), CLAUDE | "opencode")
+}
+
 /// What the owner sees acting for `session`, in name order.
 pub(super) fn for_owner(registry: &ToolRegistry, session: &SessionKey) -> Vec<rmcp::model::Tool> {
     let mut tools: Vec<_> = registry

@@ -430,6 +430,35 @@ async fn a_runs_call_of_a_gateway_tool_acts_for_the_runs_session() {
 }
 
 #[tokio::test]
+async fn a_codex_runs_calls_are_judged_by_the_owners_rules_under_the_tools_own_name() {
+    let rules = vec![
+        rule("note_down", "*secret*", ApprovalAction::Deny),
+        rule("note_down", "*", ApprovalAction::Allow),
+    ];
+    let endpoint = serve(rules).await;
+    let recorder = Recorder::new("note_down");
+    let seen = recorder.seen.clone();
+    endpoint.tools.register(Arc::new(recorder));
+    let (sink, _events) = EventSink::channel(8);
+    let registration = endpoint.register_engine("codex", TELEGRAM_CHAT, json!({}), sink);
+    let mut client = Client::new(&endpoint, &registration.token);
+    client.initialize().await;
+
+    let denied = client.tool("note_down", json!({ "text": "the secret plan" })).await;
+    assert_eq!(denied["result"]["isError"], true, "{denied}");
+    let message = denied["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        message.contains(r#"tool = "note_down", match = "*secret*", action = "deny""#),
+        "{message}"
+    );
+    assert!(seen.lock().unwrap().is_empty(), "a denied call never runs");
+
+    let allowed = client.tool("note_down", json!({ "text": "groceries" })).await;
+    assert_ne!(allowed["result"]["isError"], true, "{allowed}");
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
 async fn only_claude_runs_are_offered_the_permission_tool() {
     let endpoint = serve(Vec::new()).await;
     endpoint.tools.register(Arc::new(Recorder::new("note_down")));

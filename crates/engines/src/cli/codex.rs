@@ -6,7 +6,8 @@
 //! --color=never [--dangerously-bypass-approvals-and-sandbox]
 //! -c model_auto_compact_token_limit=170000 [-c mcp_servers.lemon.url="<url>"
 //! -c mcp_servers.lemon.bearer_token_env_var="LEMON_MCP_TOKEN"
-//! -c mcp_servers.lemon.default_tools_approval_mode="approve"] [resume -- <thread_id>] -`;
+//! -c mcp_servers.lemon.default_tools_approval_mode="approve"
+//! -c mcp_servers.lemon.tool_timeout_sec=3600.0] [resume -- <thread_id>] -`;
 //! the prompt and a newline go on stdin, which is then closed. The
 //! `mcp_servers.lemon` overrides point Codex at the gateway's endpoint for
 //! its tools ([`super::link`]); the run's token is in `LEMON_MCP_TOKEN`.

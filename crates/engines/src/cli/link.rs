@@ -14,7 +14,7 @@
 //! | CLI | pointed at `/mcp` by | the token in |
 //! |---|---|---|
 //! | Claude Code | `--mcp-config <file>`: `mcpServers.lemon`, `type = "http"` | the file's `Authorization` header |
-//! | Codex | `-c mcp_servers.lemon.url="…"` `-c mcp_servers.lemon.bearer_token_env_var="LEMON_MCP_TOKEN"` `-c mcp_servers.lemon.default_tools_approval_mode="approve"` | `LEMON_MCP_TOKEN` |
+//! | Codex | `-c mcp_servers.lemon.url="…"` `-c mcp_servers.lemon.bearer_token_env_var="LEMON_MCP_TOKEN"` `-c mcp_servers.lemon.default_tools_approval_mode="approve"` `-c mcp_servers.lemon.tool_timeout_sec=3600.0` | `LEMON_MCP_TOKEN` |
 //! | OpenCode | `OPENCODE_CONFIG_CONTENT`: `mcp.lemon`, `type = "remote"`, merged into the section's own | that variable's `headers` |
 //! | Droid | `--settings <file>` (runtime settings for the one process): `mcp.mcpServers.lemon`, `type = "http"` | the file's `Authorization` header |
 //! | Pi | nothing: Pi has no MCP client | — |
@@ -45,6 +45,8 @@ pub(crate) const APPROVE_TOOL: &str = "approve";
 /// The variable Codex reads the run's bearer token from (named like a
 /// secret, so the gateway's and Codex's secret-name filters treat it as one).
 pub(crate) const TOKEN_ENV: &str = "LEMON_MCP_TOKEN";
+/// How long Codex waits for one call of the gateway's tools, in seconds.
+const CODEX_TOOL_TIMEOUT_SEC: f64 = 3600.0;
 /// The variable OpenCode reads a configuration from, over its files.
 pub(crate) const OPENCODE_CONFIG_ENV: &str = "OPENCODE_CONFIG_CONTENT";
 
@@ -215,15 +217,19 @@ impl McpAccess {
     }
 
     /// Codex's `-c` overrides naming the server, the variable its token is
-    /// in, and that its tools run unasked: Codex would otherwise refuse them
-    /// under `codex exec` (its approval policy is `never`) and ask its
-    /// app-server client, which relays only commands and file changes.
+    /// in, and that Codex runs its tools unasked: it would otherwise refuse
+    /// them under `codex exec` (its approval policy is `never`) and ask its
+    /// app-server client, which relays only commands and file changes. The
+    /// gateway judges them itself by the owner's rules, and a call may wait
+    /// for the owner's answer (or `sms_wait_for_code` for a text) far longer
+    /// than Codex's default 60 s per call: an hour.
     pub(crate) fn codex_args(&self) -> Vec<String> {
         let string = |text: &str| toml::Value::String(text.to_owned()).to_string();
         [
             format!("mcp_servers.{SERVER}.url={}", string(&self.url)),
             format!("mcp_servers.{SERVER}.bearer_token_env_var={}", string(TOKEN_ENV)),
             format!("mcp_servers.{SERVER}.default_tools_approval_mode={}", string("approve")),
+            format!("mcp_servers.{SERVER}.tool_timeout_sec={CODEX_TOOL_TIMEOUT_SEC:.1}"),
         ]
         .into_iter()
         .flat_map(|value| ["-c".to_owned(), value])

@@ -203,6 +203,7 @@ fn codex_gets_the_endpoint_in_overrides_and_the_token_in_its_bearer_variable() {
             ["-c", "mcp_servers.lemon.url=\"http://127.0.0.1:4041/mcp\""],
             ["-c", "mcp_servers.lemon.bearer_token_env_var=\"LEMON_MCP_TOKEN\""],
             ["-c", "mcp_servers.lemon.default_tools_approval_mode=\"approve\""],
+            ["-c", "mcp_servers.lemon.tool_timeout_sec=3600.0"],
         ] {
             assert!(args.windows(2).any(|window| window == pair), "{pair:?} in {args:?}");
         }
