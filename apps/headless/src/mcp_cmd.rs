@@ -153,8 +153,7 @@ impl ServerHandler for Bridge {
         &self,
         requested: &SubscriptionFilter,
     ) -> Option<SubscriptionFilter> {
-        (requested.tools_list_changed == Some(true))
-            .then(|| SubscriptionFilter::builder().tools_list_changed().build())
+        lemon_api::mcp::tools_subscription(requested)
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {

@@ -283,6 +283,13 @@ fn no_tool(name: &str) -> McpError {
     McpError::invalid_params(format!("unknown tool {name:?}"), None)
 }
 
+/// The part of a client's `subscriptions/listen` the gateway serves, over
+/// `/mcp` or `lemon-gateway mcp`: changes of the tool list, nothing else.
+pub fn tools_subscription(requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+    (requested.tools_list_changed == Some(true))
+        .then(|| SubscriptionFilter::builder().tools_list_changed().build())
+}
+
 /// What the gateway says of itself to an MCP client, over `/mcp` or
 /// `lemon-gateway mcp`: its name and version, tools that may change.
 pub fn server_config() -> ServerConfig {
@@ -371,8 +378,7 @@ impl ServerHandler for McpServer {
         &self,
         requested: &SubscriptionFilter,
     ) -> Option<SubscriptionFilter> {
-        (requested.tools_list_changed == Some(true))
-            .then(|| SubscriptionFilter::builder().tools_list_changed().build())
+        tools_subscription(requested)
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
