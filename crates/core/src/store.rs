@@ -8,9 +8,12 @@
 //! [`RetentionStore`] (bounded pruning steps, rows per table), plus
 //! [`StoreLifecycle`] (flush, probe, close). A backend implements all of them ([`StoreBackend`]);
 //! [`StoreHandle`] is what the rest of the gateway holds, so callers never name
-//! a backend. Two backends exist: [`sqlite`] (one file under `$LEMON_HOME`, WAL,
-//! a single writer thread that batches writes into transactions) and [`memory`]
-//! (for unit tests and benchmarks). Writes are queued and return once queued;
+//! a backend. Three backends exist: [`sqlite`] (one file under `$LEMON_HOME`, WAL,
+//! a single writer thread that batches writes into transactions), [`postgres`]
+//! (a PostgreSQL database several nodes can share, a pool of connections and a
+//! writer task that batches writes the same way and retries them while the
+//! server is unreachable) and [`memory`] (for unit tests and benchmarks).
+//! Writes are queued and return once queued;
 //! [`StoreLifecycle::flush`] waits until everything queued before it is durable,
 //! and [`StoreLifecycle::close`] flushes and stops the writer, so nothing a run
 //! published is lost on a clean shutdown.
@@ -20,6 +23,7 @@
 //! request metadata, usage and channel records are kept as the caller's JSON.
 
 pub mod memory;
+pub mod postgres;
 pub mod sqlite;
 #[cfg(test)]
 mod tests;
@@ -43,6 +47,34 @@ pub const DEFAULT_CHAT_STATE_TTL_MS: i64 = 24 * 60 * 60 * 1000;
 /// The most expired `kv` records one read purges, so tidying up stays a small,
 /// bounded piece of work however many records expired at once.
 pub const KV_PURGE_BATCH: usize = 64;
+
+/// Where a store keeps what it holds, as status and metrics show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// The SQLite file (its write-ahead log beside it).
+    File(Arc<Path>),
+    /// A PostgreSQL database, as `postgres://host:port/database`: never the
+    /// user or the password.
+    Postgres(Arc<str>),
+}
+
+impl StoreLocation {
+    /// `sqlite` or `postgres`, as `[gateway.store] backend` names it.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            StoreLocation::File(_) => "sqlite",
+            StoreLocation::Postgres(_) => "postgres",
+        }
+    }
+
+    /// The file's path or the database's `postgres://host:port/database`.
+    pub fn describe(&self) -> String {
+        match self {
+            StoreLocation::File(path) => path.display().to_string(),
+            StoreLocation::Postgres(target) => target.to_string(),
+        }
+    }
+}
 
 /// Why a store operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -592,6 +624,21 @@ impl StoreHandle {
     /// [`StoreError::Open`] when the file cannot be opened or migrated.
     pub fn open_sqlite(path: &Path) -> Result<Self, StoreError> {
         Ok(StoreHandle::new(Arc::new(sqlite::SqliteStore::open(path, DEFAULT_CHAT_STATE_TTL_MS)?)))
+    }
+
+    /// Connects to the PostgreSQL database `config` names, applies the
+    /// migrations it has not seen and starts the store's writer task on the
+    /// current runtime: see [`postgres::PostgresStore::connect`].
+    ///
+    /// # Errors
+    /// [`StoreError::Open`] naming `host:port/database` (never the user or the
+    /// password) when the server cannot be reached, refuses the login, or the
+    /// database cannot be migrated or comes from a newer build.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running.
+    pub async fn open_postgres(config: postgres::PostgresConfig) -> Result<Self, StoreError> {
+        Ok(StoreHandle::new(Arc::new(postgres::PostgresStore::connect(config).await?)))
     }
 
     /// The SQLite store at `path` with no writer thread, for deterministic tests

@@ -1,5 +1,8 @@
-//! Store tests: one conformance suite run against both backends, then what only the
-//! SQLite backend promises (durability across reopen, migrations, close, errors).
+//! Store tests: one conformance suite run against every backend, then what only the
+//! SQLite backend promises (durability across reopen, migrations, close, errors),
+//! then the same for PostgreSQL. The PostgreSQL halves run when
+//! `LEMON_TEST_POSTGRES_URL` names a server (see [`postgres::testing`]), each on
+//! a database of its own.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,16 +23,22 @@ struct Backend {
     _dir: Option<TempDir>,
 }
 
-fn backends() -> Vec<Backend> {
+/// Every backend, each empty: PostgreSQL on a fresh database when a server is configured.
+async fn backends() -> Vec<Backend> {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = StoreHandle::open_sqlite(&dir.path().join("lemon.db")).unwrap();
     let inline_dir = tempfile::tempdir().unwrap();
     let inline = StoreHandle::open_sqlite_inline(&inline_dir.path().join("lemon.db")).unwrap();
-    vec![
+    let mut backends = vec![
         Backend { name: "memory", store: StoreHandle::memory(), _dir: None },
         Backend { name: "sqlite", store: sqlite, _dir: Some(dir) },
         Backend { name: "sqlite-inline", store: inline, _dir: Some(inline_dir) },
-    ]
+    ];
+    if let Some(server) = postgres::testing::server_url() {
+        let url = postgres::testing::fresh_database(&server).await;
+        backends.push(Backend { name: "postgres", store: open_postgres(&url).await, _dir: None });
+    }
+    backends
 }
 
 fn db_path(dir: &TempDir) -> PathBuf {
@@ -168,7 +177,7 @@ async fn run_to_end(store: &StoreHandle, id: &str, completion: Completion) -> Ru
 
 #[tokio::test]
 async fn run_lifecycle_is_stored_field_by_field() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         store.insert_run(new_run("run_ok", 1_000)).await;
         assert_eq!(
             store.get_run("run_ok").await.unwrap(),
@@ -217,7 +226,7 @@ async fn run_lifecycle_is_stored_field_by_field() {
 
 #[tokio::test]
 async fn failed_run_keeps_the_engine_error_text_and_code() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         let error = RunError::Engine { message: "model overloaded (529)".to_owned() };
         let run = run_to_end(&store, "run_failed", Completion::failure(error, None)).await;
         assert_eq!(run.status, RunStatus::Failed, "{name}");
@@ -232,7 +241,7 @@ async fn failed_run_keeps_the_engine_error_text_and_code() {
 
 #[tokio::test]
 async fn cancelled_run_is_cancelled_not_failed() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         let resume = Some(ResumeToken::new("claude", "sess-9"));
         let run = run_to_end(
             &store,
@@ -263,7 +272,7 @@ async fn cancelled_run_is_cancelled_not_failed() {
 
 #[tokio::test]
 async fn mark_running_after_finalize_keeps_the_terminal_status() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         run_to_end(&store, "run_late", Completion::failure(RunError::Interrupted, None)).await;
         store.mark_running(run_id("run_late"), "echo".to_owned(), 3_000).await;
         let run = store.get_run("run_late").await.unwrap().unwrap();
@@ -274,7 +283,7 @@ async fn mark_running_after_finalize_keeps_the_terminal_status() {
 
 #[tokio::test]
 async fn unknown_runs_are_absent() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         store.mark_running(run_id("run_nobody"), "echo".to_owned(), 1).await;
         store.finalize_run(finished("run_nobody", Completion::success("x", None))).await;
         assert_eq!(store.get_run("run_nobody").await.unwrap(), None, "{name}");
@@ -289,7 +298,7 @@ async fn unknown_runs_are_absent() {
 
 #[tokio::test]
 async fn events_are_kept_per_run_in_index_order() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         let a = every_kind_of_event("run_a");
         let b = every_kind_of_event("run_b");
         for (event_a, event_b) in a.iter().zip(&b) {
@@ -303,7 +312,7 @@ async fn events_are_kept_per_run_in_index_order() {
 
 #[tokio::test]
 async fn a_sessions_runs_come_oldest_first_and_only_its_own() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         for (n, (id, session)) in
             [("run_a1", "a"), ("run_b1", "b"), ("run_a2", "a"), ("run_a3", "a")]
                 .into_iter()
@@ -324,7 +333,7 @@ async fn a_sessions_runs_come_oldest_first_and_only_its_own() {
 
 #[tokio::test]
 async fn list_runs_is_newest_first_with_status_filter_and_limit() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         for (n, id) in ["run_1", "run_2", "run_3", "run_4", "run_5"].into_iter().enumerate() {
             store.insert_run(new_run(id, 1_000 + n as i64)).await;
         }
@@ -362,7 +371,7 @@ async fn list_runs_is_newest_first_with_status_filter_and_limit() {
 
 #[tokio::test]
 async fn runs_created_in_the_same_millisecond_list_in_insertion_order() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         for id in ["run_x", "run_y", "run_z"] {
             store.insert_run(new_run(id, 1_000)).await;
         }
@@ -374,7 +383,7 @@ async fn runs_created_in_the_same_millisecond_list_in_insertion_order() {
 
 #[tokio::test]
 async fn chat_state_put_get_overwrite_delete() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         assert_eq!(
             store.get_chat_state(&SessionKey::from("s1"), 1_000).await.unwrap(),
             None,
@@ -419,7 +428,7 @@ async fn chat_state_put_get_overwrite_delete() {
 
 #[tokio::test]
 async fn chat_state_expires_after_its_ttl() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         store.put_chat_state(&SessionKey::from("s1"), "claude", "tok-1", 1_000).await;
         let expiry = 1_000 + DEFAULT_CHAT_STATE_TTL_MS;
         assert!(
@@ -449,7 +458,7 @@ async fn chat_state_expires_after_its_ttl() {
 
 #[tokio::test]
 async fn check_writable_and_flush_succeed_on_an_open_store() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         store.insert_run(new_run("run_1", 1_000)).await;
         store.flush().await.unwrap_or_else(|e| panic!("{name}: {e}"));
         store.check_writable().await.unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -458,7 +467,7 @@ async fn check_writable_and_flush_succeed_on_an_open_store() {
 
 #[tokio::test]
 async fn concurrent_writers_lose_nothing() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         let tasks: Vec<_> = (0..8)
             .map(|task| {
                 let store = store.clone();
@@ -1022,7 +1031,7 @@ async fn sqlite_runs_from_before_a_reopen_take_new_writes() {
 
 #[tokio::test]
 async fn events_before_the_run_is_inserted_stay_with_it() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         store.append_event(event("run_early", 1, EventKind::Phase(RunPhase::Accepted))).await;
         store.insert_run(new_run("run_other", 1_000)).await;
         store.flush().await.unwrap();
@@ -1061,11 +1070,10 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
     ]
 }
 
-/// Applies `steps` to both backends and checks that they end up the same. Runs are
-/// inserted at most once and event indexes grow, which is how the gateway writes.
-async fn check_backends_agree(steps: Vec<Step>, sqlite: fn(&Path) -> StoreHandle) {
-    let dir = tempfile::tempdir().unwrap();
-    let sqlite = sqlite(&db_path(&dir));
+/// Applies `steps` to the memory backend and to `sqlite` (an empty store of
+/// another backend) and checks that they end up the same. Runs are inserted at
+/// most once and event indexes grow, which is how the gateway writes.
+async fn check_backends_agree(steps: Vec<Step>, sqlite: StoreHandle) {
     let memory = StoreHandle::memory();
     let ids = ["run_a", "run_b", "run_c", "run_d"];
     let mut inserted = [false; 4];
@@ -1142,14 +1150,32 @@ proptest::proptest! {
 
     #[test]
     fn sqlite_agrees_with_memory_on_any_history(steps in proptest::collection::vec(step(), 0..40)) {
+        let dir = tempfile::tempdir().unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(check_backends_agree(steps, open));
+        runtime.block_on(check_backends_agree(steps, open(&db_path(&dir))));
     }
 
     #[test]
     fn inline_sqlite_agrees_with_memory_on_any_history(steps in proptest::collection::vec(step(), 0..40)) {
+        let dir = tempfile::tempdir().unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(check_backends_agree(steps, open_inline));
+        runtime.block_on(check_backends_agree(steps, open_inline(&db_path(&dir))));
+    }
+}
+
+proptest::proptest! {
+    // A database each case: fewer cases than SQLite's.
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(16))]
+
+    #[test]
+    fn postgres_agrees_with_memory_on_any_history(steps in proptest::collection::vec(step(), 0..40)) {
+        if let Some(server) = postgres::testing::server_url() {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                let url = postgres::testing::fresh_database(&server).await;
+                check_backends_agree(steps, open_postgres(&url).await).await;
+            });
+        }
     }
 }
 
@@ -1179,7 +1205,7 @@ fn journal_entry(id: &str, seq: u64) -> JournalEntry {
 
 #[tokio::test]
 async fn journal_keeps_unfinished_requests_in_acceptance_order() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         store.journal_admit(journal_entry("j3", 3)).await;
         store.journal_admit(journal_entry("j1", 1)).await;
         store.journal_admit(journal_entry("j2", 2)).await;
@@ -1214,7 +1240,7 @@ async fn sqlite_journal_survives_close_and_reopen() {
 
 #[tokio::test]
 async fn inserting_a_run_again_keeps_its_place_and_creation_time() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         store.insert_run(new_run("run_a", 1_000)).await;
         store.insert_run(new_run("run_b", 1_001)).await;
         // Same run, sent on later (the router admitted it, the gateway inserts it again).
@@ -1232,7 +1258,7 @@ async fn inserting_a_run_again_keeps_its_place_and_creation_time() {
 
 #[tokio::test]
 async fn kv_put_get_overwrite_delete() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         assert_eq!(store.kv_get("offsets", "bot-1", 1_000).await.unwrap(), None, "{name}");
         store.kv_put("offsets", "bot-1", json!({ "update_id": 41 }), None).await;
         assert_eq!(
@@ -1268,7 +1294,7 @@ async fn kv_put_get_overwrite_delete() {
 
 #[tokio::test]
 async fn kv_records_expire_at_their_deadline() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         store.kv_put("keys", "k", json!({ "run_id": "r1" }), Some(2_000)).await;
         assert!(store.kv_get("keys", "k", 1_999).await.unwrap().is_some(), "{name}");
         assert_eq!(store.kv_get("keys", "k", 2_000).await.unwrap(), None, "{name}");
@@ -1286,7 +1312,7 @@ async fn kv_records_expire_at_their_deadline() {
 
 #[tokio::test]
 async fn kv_list_holds_unexpired_records_of_one_namespace_by_key() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         assert_eq!(store.kv_list("pending", 0).await.unwrap(), [], "{name}");
         store.kv_put("pending", "c", json!({ "n": 3 }), None).await;
         store.kv_put("pending", "a", json!({ "n": 1 }), Some(10_000)).await;
@@ -1305,7 +1331,7 @@ async fn kv_list_holds_unexpired_records_of_one_namespace_by_key() {
 
 #[tokio::test]
 async fn kv_values_keep_their_json_exactly() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         let value = json!({
             "text": "wörld \u{1f34b} \"quoted\"\nsecond line",
             "n": -7,
@@ -1427,7 +1453,7 @@ async fn sqlite_a_file_from_before_spend_is_migrated_and_sums_its_runs() {
 
 #[tokio::test]
 async fn usage_sums_finished_runs_since_a_time_by_session_and_engine() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         let spend = |tokens: u64, usd: f64| RunSpend {
             input_tokens: tokens,
             output_tokens: 1,
@@ -1505,7 +1531,7 @@ async fn sqlite_a_file_from_before_resumed_from_is_migrated_and_keeps_its_runs()
 
 #[tokio::test]
 async fn a_run_keeps_the_session_it_resumed_through_its_end() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         let from = ResumeToken::new("echo", "tok-before");
         store
             .insert_run(NewRun { resumed_from: Some(from.clone()), ..new_run("run_res", 1_000) })
@@ -1529,7 +1555,7 @@ async fn a_run_keeps_the_session_it_resumed_through_its_end() {
 
 #[tokio::test]
 async fn inserting_a_run_again_takes_the_later_resumed_from() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         // The router admits without a token; the gateway inserts it again with the
         // token it was dispatched with.
         store.insert_run(new_run("run_twice", 1_000)).await;
@@ -1545,7 +1571,7 @@ async fn inserting_a_run_again_takes_the_later_resumed_from() {
 
 #[tokio::test]
 async fn journal_route_round_trips_on_every_backend() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         let entry = journal_entry("j_route", 1);
         store.journal_admit(entry.clone()).await;
         let pending = store.journal().journal_pending().await.unwrap();
@@ -1628,7 +1654,7 @@ async fn sqlite_journal_routes_of_older_and_newer_builds_still_read() {
 
 #[tokio::test]
 async fn process_groups_are_recorded_listed_and_forgotten_on_every_backend() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         let group = ProcessGroupRecord { pgid: 4321, start_time: 987_654, session: 4000, scope: 7 };
         store.record_process_group(group).await.unwrap();
         assert_eq!(store.process_groups().await.unwrap(), vec![group], "{name}");
@@ -1665,7 +1691,7 @@ async fn process_groups_are_recorded_listed_and_forgotten_on_every_backend() {
 
 #[tokio::test]
 async fn each_concern_is_reachable_through_its_own_trait() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         let runs: &dyn RunStore = store.runs();
         runs.insert_run(new_run("run_view", 1_000)).await;
         let events: &dyn RunEventStore = store.events();
@@ -1702,7 +1728,7 @@ async fn each_concern_is_reachable_through_its_own_trait() {
 
 #[tokio::test]
 async fn stored_events_give_back_their_resume_token() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         for event in every_kind_of_event("run_tok") {
             store.append_event(event).await;
         }
@@ -1980,7 +2006,7 @@ async fn compaction_keeps_a_runs_end_and_actions_once_and_a_closed_store_refuses
 
 #[tokio::test]
 async fn many_runs_events_read_at_once_in_the_order_asked() {
-    for Backend { name, store, _dir } in backends() {
+    for Backend { name, store, _dir } in backends().await {
         for (id, n) in [("run_a", 2), ("run_b", 3)] {
             store.insert_run(new_run(id, 1_000)).await;
             for index in 1..=n {
@@ -1995,4 +2021,547 @@ async fn many_runs_events_read_at_once_in_the_order_asked() {
         assert_eq!(indexes, vec![vec![1, 2, 3], vec![], vec![1, 2]], "{name}");
         assert_eq!(all[2][1].data["text"], "run_a 2", "{name}");
     }
+}
+
+#[tokio::test]
+async fn retention_steps_keep_what_they_must_on_sqlite_and_postgres() {
+    for Backend { name, store, _dir } in backends().await {
+        if name == "memory" {
+            // It keeps its own bound and prunes nothing.
+            continue;
+        }
+        let spend = RunSpend { input_tokens: 10, usd: 0.5, ..RunSpend::default() };
+        for (id, completed_at_ms) in [("r_old", 2_000), ("r_owed", 2_000), ("r_new", 10_000)] {
+            store.insert_run(new_run(id, 1_000)).await;
+            for event in every_kind_of_event(id) {
+                store.append_event(event).await;
+            }
+            let done = FinishedRun {
+                completed_at_ms,
+                spend,
+                ..finished(id, Completion::success("done", None))
+            };
+            store.finalize_run(done).await;
+        }
+        store.insert_run(new_run("r_live", 1_000)).await;
+        store.mark_running(run_id("r_live"), "echo".to_owned(), 1_001).await;
+        // A delivery still owed for r_owed.
+        store.kv_put("deliveries", "r_owed", json!({ "chat": 1 }), None).await;
+        let prune = |step: PruneStep| {
+            let store = store.clone();
+            async move { store.retention().prune(step).await.unwrap() }
+        };
+
+        let events = PruneStep::Events { before_ms: 5_000, limit: 10 };
+        assert_eq!(prune(events.clone()).await, 2, "{name}: r_old and r_owed");
+        assert_eq!(prune(events).await, 0, "{name}: compacted once");
+        let kept = store.run_events("r_old").await.unwrap();
+        assert_eq!(kept.len(), 1, "{name}");
+        assert_eq!(kept[0].kind, "run_completed", "{name}");
+        assert_eq!(kept[0].data["compacted"]["events"], 9, "{name}");
+        let compacted = store.get_run("r_old").await.unwrap().unwrap().compacted.unwrap();
+        assert_eq!(compacted.events, 9, "{name}");
+        assert_eq!(
+            compacted.actions,
+            [json!({ "kind": "command", "title": "ls", "ok": true, "message": null })],
+            "{name}"
+        );
+        assert_eq!(store.run_events("r_new").await.unwrap().len(), 9, "{name}: too recent");
+
+        let runs = PruneStep::Runs { before_ms: 5_000, limit: 10 };
+        assert_eq!(prune(runs.clone()).await, 1, "{name}: r_owed is owed a delivery");
+        assert_eq!(prune(runs).await, 0, "{name}");
+        assert_eq!(store.get_run("r_old").await.unwrap(), None, "{name}");
+        assert_eq!(store.run_events("r_old").await.unwrap(), [], "{name}");
+        for id in ["r_owed", "r_new", "r_live"] {
+            assert!(store.get_run(id).await.unwrap().is_some(), "{name}: {id} kept");
+        }
+        let totals = store.usage().usage_totals(&UsageFilter::default()).await.unwrap();
+        assert_eq!((totals.runs, totals.spend.input_tokens), (3, 30), "{name}: r_old still counts");
+
+        let usage = PruneStep::Usage { before_ms: 5_000, limit: 10 };
+        assert_eq!(prune(usage).await, 1, "{name}");
+        let totals = store.usage().usage_totals(&UsageFilter::default()).await.unwrap();
+        assert_eq!(totals.runs, 2, "{name}");
+
+        for (key, expires_at_ms) in [("a", Some(100)), ("b", Some(200)), ("c", Some(i64::MAX))] {
+            store.kv_put("keys", key, json!(key), expires_at_ms).await;
+        }
+        let expired = PruneStep::ExpiredRecords { now_ms: 1_000, limit: 1 };
+        assert_eq!(prune(expired.clone()).await, 1, "{name}");
+        assert_eq!(prune(expired.clone()).await, 1, "{name}");
+        assert_eq!(prune(expired).await, 0, "{name}");
+
+        store.kv_put("sessions", "s1", json!({ "updated_at_ms": 100 }), None).await;
+        store.kv_put("sessions", "s2", json!({ "updated_at_ms": 9_000 }), None).await;
+        store.kv_put("sessions", "s3", json!("no updated_at_ms here"), None).await;
+        store.kv_put("sessions", "s4", json!({ "updated_at_ms": 50 }), Some(i64::MAX)).await;
+        let idle = PruneStep::IdleRecords {
+            namespace: "sessions".to_owned(),
+            before_ms: 1_000,
+            limit: 10,
+        };
+        assert_eq!(prune(idle).await, 1, "{name}");
+        let keys: Vec<String> =
+            store.kv_list("sessions", 0).await.unwrap().into_iter().map(|(key, _)| key).collect();
+        assert_eq!(keys, ["s2", "s3", "s4"], "{name}");
+
+        store.retention().prune(PruneStep::Vacuum { pages: 16 }).await.unwrap();
+        let tables: Vec<String> =
+            store.retention().table_rows().await.unwrap().into_iter().map(|(t, _)| t).collect();
+        assert_eq!(
+            tables,
+            ["runs", "run_events", "pruned_usage", "journal", "kv", "chat_state"],
+            "{name}"
+        );
+        assert_eq!(store.retention().table_rows().await.unwrap()[0].1, 3, "{name}");
+        assert!(store.retention().used_bytes().await.unwrap() > 0, "{name}");
+    }
+}
+
+// PostgreSQL only. Each test runs on a database of its own and is skipped
+// when no server is configured (see `postgres::testing::server_url`).
+
+fn postgres_config(url: &str) -> postgres::PostgresConfig {
+    postgres::PostgresConfig {
+        url: url.to_owned(),
+        pool_size: 4,
+        chat_state_ttl_ms: DEFAULT_CHAT_STATE_TTL_MS,
+        exclusive: false,
+    }
+}
+
+async fn open_postgres(url: &str) -> StoreHandle {
+    StoreHandle::open_postgres(postgres_config(url)).await.unwrap()
+}
+
+/// A fresh database on the tests' server, or `None` without a server.
+async fn postgres_database() -> Option<String> {
+    let server = postgres::testing::server_url()?;
+    Some(postgres::testing::fresh_database(&server).await)
+}
+
+/// A plain connection to `url`, beside the store's pool.
+async fn plain_connection(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+async fn count_rows(client: &tokio_postgres::Client, table: &str) -> i64 {
+    client.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await.unwrap().get(0)
+}
+
+async fn schema_version(client: &tokio_postgres::Client) -> i32 {
+    client.query_one("SELECT version FROM lemon_schema", &[]).await.unwrap().get(0)
+}
+
+/// A gateway's store holds its database alone: a second exclusive store is
+/// refused with who holds it, and can open once the first has closed; even
+/// after the holder's connection was ended by the server, the holder takes
+/// the lock back and a second store is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_exclusive_store_refuses_a_second_gateway_on_its_database() {
+    let Some(url) = postgres_database().await else { return };
+    let exclusive = || postgres::PostgresConfig { exclusive: true, ..postgres_config(&url) };
+    let first = StoreHandle::open_postgres(exclusive()).await.unwrap();
+    let refused = StoreHandle::open_postgres(exclusive()).await.unwrap_err().to_string();
+    assert!(refused.contains("another gateway uses this database"), "{refused}");
+    assert!(refused.contains("connected from 127.0.0.1 since "), "{refused}");
+    assert!(!refused.contains(&password_of(&url)), "{refused}");
+
+    // The server ends every other connection (the lock's too): the holder
+    // takes the lock back on a new one before anyone else may.
+    let admin = plain_connection(&url).await;
+    let lock_held_again = || async {
+        let held: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        held == 1
+    };
+    admin
+        .batch_execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !lock_held_again().await {
+        assert!(tokio::time::Instant::now() < deadline, "the lock was not taken back");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let refused = StoreHandle::open_postgres(exclusive()).await.unwrap_err().to_string();
+    assert!(refused.contains("another gateway uses this database"), "{refused}");
+
+    first.close().await.unwrap();
+    let second = StoreHandle::open_postgres(exclusive()).await.unwrap();
+    second.close().await.unwrap();
+}
+
+/// The password in a `postgresql://user:password@host…` string.
+fn password_of(url: &str) -> String {
+    let login = url.split("://").nth(1).unwrap().split('@').next().unwrap();
+    login.split(':').nth(1).unwrap_or("no password").to_owned()
+}
+
+#[tokio::test]
+async fn postgres_data_survives_close_and_reconnect() {
+    let Some(url) = postgres_database().await else { return };
+    let store = open_postgres(&url).await;
+    let completion = Completion {
+        ok: true,
+        answer: "kept".to_owned(),
+        error: None,
+        resume: Some(ResumeToken::new("echo", "tok-1")),
+        usage: json!({ "output_tokens": 1 }),
+        artifacts: Vec::new(),
+        retried_by: None,
+    };
+    let before = run_to_end(&store, "run_kept", completion).await;
+    let events = every_kind_of_event("run_kept");
+    for event in &events {
+        store.append_event(event.clone()).await;
+    }
+    store.put_chat_state(&SessionKey::from("s1"), "echo", "tok-1", 1_000).await;
+    let mut bare = journal_entry("j-bare", 7);
+    bare.resume = None;
+    bare.cwd = None;
+    store.journal_admit(bare.clone()).await;
+    store.journal_admit(journal_entry("j-full", 8)).await;
+    store.kv_put("offsets", "bot-7", json!({ "offset": 1_234 }), None).await;
+    store.close().await.unwrap();
+
+    let store = open_postgres(&url).await;
+    assert_eq!(store.get_run("run_kept").await.unwrap(), Some(before));
+    assert_eq!(store.run_events("run_kept").await.unwrap(), stored(&events));
+    let state = store.get_chat_state(&SessionKey::from("s1"), 1_001).await.unwrap().unwrap();
+    assert_eq!(state.last_resume_token, "tok-1");
+    assert_eq!(store.journal_pending().await.unwrap(), [bare, journal_entry("j-full", 8)]);
+    assert_eq!(
+        store.kv_get("offsets", "bot-7", 0).await.unwrap(),
+        Some(json!({ "offset": 1_234 }))
+    );
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn postgres_two_nodes_connect_at_once_and_no_migration_runs_twice() {
+    let Some(url) = postgres_database().await else { return };
+    // Both find an empty database; one migrates, the other waits for it.
+    let (a, b) = tokio::join!(
+        postgres::PostgresStore::connect(postgres_config(&url)),
+        postgres::PostgresStore::connect(postgres_config(&url)),
+    );
+    let (a, b) = (StoreHandle::new(Arc::new(a.unwrap())), StoreHandle::new(Arc::new(b.unwrap())));
+    a.insert_run(new_run("run_1", 1_000)).await;
+    a.flush().await.unwrap();
+    assert_eq!(b.get_run("run_1").await.unwrap(), Some(queued_record("run_1", 1_000)));
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    let client = plain_connection(&url).await;
+    assert_eq!(schema_version(&client).await, postgres::SCHEMA_VERSION);
+
+    // Migration 1 creates tables without `IF NOT EXISTS`: running it again would fail the connect.
+    for _ in 0..2 {
+        let store = open_postgres(&url).await;
+        assert_eq!(store.get_run("run_1").await.unwrap(), Some(queued_record("run_1", 1_000)));
+        store.close().await.unwrap();
+        assert_eq!(schema_version(&client).await, postgres::SCHEMA_VERSION);
+    }
+}
+
+#[tokio::test]
+async fn postgres_refuses_a_database_from_a_newer_build() {
+    let Some(url) = postgres_database().await else { return };
+    open_postgres(&url).await.close().await.unwrap();
+    let client = plain_connection(&url).await;
+    client
+        .execute("UPDATE lemon_schema SET version = $1", &[&(postgres::SCHEMA_VERSION + 1)])
+        .await
+        .unwrap();
+    match postgres::PostgresStore::connect(postgres_config(&url)).await {
+        Err(StoreError::Open { path, message }) => {
+            assert!(path.starts_with("postgres://") && !path.contains('@'), "{path}");
+            assert!(message.contains("newer"), "{message}");
+        }
+        other => panic!("expected an open error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn postgres_a_refused_login_names_neither_the_user_nor_the_password() {
+    let Some(server) = postgres::testing::server_url() else { return };
+    let config: tokio_postgres::Config = server.parse().unwrap();
+    let host = match &config.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(host) => host.clone(),
+        tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let url = format!("postgresql://lemon_nobody:hunter2-not-this-one@{host}:{port}/postgres");
+    match postgres::PostgresStore::connect(postgres_config(&url)).await {
+        Err(error @ StoreError::Open { .. }) => {
+            let text = error.to_string();
+            assert!(text.contains("refused the login"), "{text}");
+            assert!(!text.contains("lemon_nobody"), "{text}");
+            assert!(!text.contains("hunter2"), "{text}");
+        }
+        other => panic!("expected an open error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn postgres_writes_queued_before_close_are_all_kept() {
+    let Some(url) = postgres_database().await else { return };
+    let store = open_postgres(&url).await;
+    store.insert_run(new_run("run_burst", 1_000)).await;
+    for index in 1..=5_000 {
+        store
+            .append_event(event(
+                "run_burst",
+                index,
+                EventKind::Delta { seq: index, text: format!("word{index} ") },
+            ))
+            .await;
+    }
+    store.close().await.unwrap();
+    assert_eq!(count_rows(&plain_connection(&url).await, "run_events").await, 5_000);
+
+    let store = open_postgres(&url).await;
+    let events = store.run_events("run_burst").await.unwrap();
+    assert_eq!(events.len(), 5_000);
+    assert!(events.iter().zip(1..).all(|(e, index)| e.index == index));
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn postgres_dropping_without_close_keeps_queued_writes() {
+    let Some(url) = postgres_database().await else { return };
+    let store = open_postgres(&url).await;
+    store.insert_run(new_run("run_dropped", 1_000)).await;
+    for index in 1..=2_000 {
+        store
+            .append_event(event(
+                "run_dropped",
+                index,
+                EventKind::Delta { seq: index, text: "w ".to_owned() },
+            ))
+            .await;
+    }
+    drop(store);
+    // The writer task drains its queue on this runtime once the store is gone.
+    let client = plain_connection(&url).await;
+    crate::testing::within("the dropped store's writes to commit", async {
+        while count_rows(&client, "run_events").await < 2_000 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert_eq!(count_rows(&client, "runs").await, 1);
+    assert_eq!(count_rows(&client, "run_events").await, 2_000);
+}
+
+#[tokio::test]
+async fn postgres_after_close_reads_fail_and_writes_are_dropped() {
+    let Some(url) = postgres_database().await else { return };
+    let store = open_postgres(&url).await;
+    store.insert_run(new_run("run_1", 1_000)).await;
+    store.close().await.unwrap();
+    // Closing twice is harmless.
+    store.close().await.unwrap();
+
+    assert_eq!(store.get_run("run_1").await, Err(StoreError::Closed));
+    assert_eq!(
+        store.list_runs(RunFilter { status: None, limit: 1 }).await,
+        Err(StoreError::Closed)
+    );
+    assert_eq!(store.run_events("run_1").await, Err(StoreError::Closed));
+    assert_eq!(store.get_chat_state(&SessionKey::from("s1"), 1).await, Err(StoreError::Closed));
+    assert_eq!(store.kv_get("ns", "k", 1).await, Err(StoreError::Closed));
+    assert_eq!(store.flush().await, Err(StoreError::Closed));
+    assert_eq!(store.check_writable().await, Err(StoreError::Closed));
+    assert_eq!(
+        store.retention().prune(PruneStep::Runs { before_ms: i64::MAX, limit: 1 }).await,
+        Err(StoreError::Closed)
+    );
+
+    store.insert_run(new_run("run_2", 1_000)).await;
+    store.mark_running(run_id("run_1"), "echo".to_owned(), 1).await;
+    store.append_event(event("run_1", 1, EventKind::Phase(RunPhase::Accepted))).await;
+    store.finalize_run(finished("run_1", Completion::success("x", None))).await;
+    store.put_chat_state(&SessionKey::from("s1"), "echo", "tok", 1).await;
+    store.kv_put("ns", "k", json!(1), None).await;
+    drop(store);
+
+    let client = plain_connection(&url).await;
+    assert_eq!(count_rows(&client, "runs").await, 1);
+    let status: String = client.query_one("SELECT status FROM runs", &[]).await.unwrap().get(0);
+    assert_eq!(status, "queued");
+    for table in ["run_events", "chat_state", "kv"] {
+        assert_eq!(count_rows(&client, table).await, 0, "{table}");
+    }
+}
+
+/// PostgreSQL text cannot hold a NUL character, which SQLite keeps: outside
+/// text that has one is stored with U+FFFD in its place, and found again by
+/// the same key, instead of failing the write and losing the run.
+#[tokio::test]
+async fn postgres_stores_a_nul_in_outside_text_as_a_replacement_character() {
+    let Some(url) = postgres_database().await else { return };
+    let store = open_postgres(&url).await;
+    let run = NewRun {
+        prompt: "nul \0 byte".to_owned(),
+        session_key: "chat\0key".into(),
+        ..new_run("run_nul", 1_000)
+    };
+    store.insert_run(run).await;
+    store.kv_put("ns\0", "key\0", json!({ "text": "in json \0 stays" }), None).await;
+    store.flush().await.unwrap();
+    let stored = store.get_run("run_nul").await.unwrap().expect("the run is kept");
+    assert_eq!(stored.prompt, "nul \u{FFFD} byte");
+    assert_eq!(stored.session_key.as_str(), "chat\u{FFFD}key");
+    assert_eq!(store.session_runs(&"chat\0key".into(), 10).await.unwrap().len(), 1);
+    assert_eq!(
+        store.kv_get("ns\0", "key\0", 0).await.unwrap(),
+        Some(json!({ "text": "in json \0 stays" }))
+    );
+    store.close().await.unwrap();
+}
+
+/// A write the database refuses for what it holds (here a session key too
+/// large for its index's row), which no retry would change.
+#[tokio::test]
+async fn postgres_a_refused_write_is_dropped_alone_and_reported_until_a_write_succeeds() {
+    let Some(url) = postgres_database().await else { return };
+    let store = open_postgres(&url).await;
+    store.check_writable().await.unwrap();
+    store.insert_run(new_run("run_before", 1_000)).await;
+    // Random hex does not compress below the b-tree's 2 704-byte row limit.
+    let huge: String = (0..400).map(|_| uuid::Uuid::new_v4().simple().to_string()).collect();
+    let bad = NewRun { session_key: huge.into(), ..new_run("run_bad", 1_000) };
+    store.insert_run(bad).await;
+    store.insert_run(new_run("run_after", 1_000)).await;
+    store.append_event(event("run_after", 1, EventKind::Phase(RunPhase::Accepted))).await;
+    match store.flush().await {
+        Err(StoreError::Database(message)) => {
+            assert!(message.starts_with("insert_run: "), "{message}");
+        }
+        other => panic!("expected a database error, got {other:?}"),
+    }
+    // Reported until a write succeeds; the rest of the batch is kept.
+    assert!(matches!(store.flush().await, Err(StoreError::Database(_))));
+    assert_eq!(store.get_run("run_bad").await.unwrap(), None);
+    assert_eq!(
+        store.get_run("run_before").await.unwrap(),
+        Some(queued_record("run_before", 1_000))
+    );
+    assert_eq!(store.get_run("run_after").await.unwrap(), Some(queued_record("run_after", 1_000)));
+    assert_eq!(store.run_events("run_after").await.unwrap().len(), 1);
+    store.check_writable().await.unwrap();
+    store.flush().await.unwrap();
+    store.close().await.unwrap();
+}
+
+/// Another session ends every connection of the store's database while runs
+/// are being written, several times: the writer keeps its batch, reconnects
+/// and tries again, so every run and event is there in the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_writes_survive_the_server_ending_the_stores_connections() {
+    let Some(url) = postgres_database().await else { return };
+    let store = open_postgres(&url).await;
+    let killer = plain_connection(&url).await;
+    const END_OTHERS: &str = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+        WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    let writing = tokio::spawn({
+        let store = store.clone();
+        async move {
+            for n in 0..300 {
+                let id = format!("run_{n}");
+                store.insert_run(new_run(&id, 1_000)).await;
+                store.mark_running(run_id(&id), "echo".to_owned(), 1_001).await;
+                for index in 1..=3 {
+                    let delta = EventKind::Delta { seq: index, text: format!("{id} {index}") };
+                    store.append_event(event(&id, index, delta)).await;
+                }
+                store.finalize_run(finished(&id, Completion::success("ok", None))).await;
+                if n % 10 == 9 {
+                    // Spreads the traffic over time; failing while connections end is expected.
+                    let _ = store.flush().await;
+                }
+            }
+        }
+    });
+    // A few times, far enough apart for the writer to reconnect and commit
+    // in between (ending them faster than a connection is made would starve it).
+    let mut n_ended = 0;
+    for _ in 0..5 {
+        n_ended += killer.execute(END_OTHERS, &[]).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(n_ended > 0, "no connection was ended");
+    crate::testing::within("the runs to be queued", writing).await.unwrap();
+
+    crate::testing::within("the writes to commit after the connections ended", async {
+        while store.flush().await.is_err() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let completed = store
+        .list_runs(RunFilter { status: Some(RunStatus::Completed), limit: 1_000 })
+        .await
+        .unwrap();
+    assert_eq!(completed.len(), 300);
+    assert_eq!(count_rows(&killer, "run_events").await, 900);
+    assert_eq!(store.run_events("run_299").await.unwrap().len(), 3);
+    store.close().await.unwrap();
+}
+
+/// While the database takes no connections, barriers say so at once instead
+/// of waiting; the writes wait in the writer, and once connections are
+/// allowed again they commit and barriers succeed.
+#[tokio::test]
+async fn postgres_writes_wait_out_a_database_that_takes_no_connections() {
+    let Some(server) = postgres::testing::server_url() else { return };
+    let url = postgres::testing::fresh_database(&server).await;
+    let name = url.parse::<tokio_postgres::Config>().unwrap().get_dbname().unwrap().to_owned();
+    let admin = plain_connection(&server).await;
+    let store = open_postgres(&url).await;
+    store.insert_run(new_run("run_before", 1_000)).await;
+    store.flush().await.unwrap();
+
+    admin.batch_execute(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false")).await.unwrap();
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+            &[&name],
+        )
+        .await
+        .unwrap();
+    store.insert_run(new_run("run_during", 1_000)).await;
+    store.append_event(event("run_during", 1, EventKind::Phase(RunPhase::Accepted))).await;
+    assert!(matches!(store.flush().await, Err(StoreError::Database(_))));
+    // Answered while the writer waits to try again.
+    assert!(matches!(store.check_writable().await, Err(StoreError::Database(_))));
+
+    admin.batch_execute(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true")).await.unwrap();
+    crate::testing::within("the held writes to commit", async {
+        while store.flush().await.is_err() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        store.get_run("run_during").await.unwrap(),
+        Some(queued_record("run_during", 1_000))
+    );
+    assert_eq!(store.run_events("run_during").await.unwrap().len(), 1);
+    store.check_writable().await.unwrap();
+    store.close().await.unwrap();
 }
