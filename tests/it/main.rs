@@ -45,6 +45,7 @@ mod metrics_e2e;
 mod native_e2e;
 mod openai_e2e;
 mod openapi_e2e;
+mod postgres_e2e;
 mod process_reach_e2e;
 mod queue_cap_e2e;
 mod real_cli;

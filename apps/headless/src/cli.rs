@@ -491,6 +491,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             Ok(failure::OK)
         }
         Command::Backup { file } => {
+            refuse_postgres(&paths, "back up")?;
             let copied = lemon_core::store::sqlite::backup(&paths.database(), &file)?;
             crate::say!(
                 "backed up {} runs ({}) to {}",
@@ -501,6 +502,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             Ok(failure::OK)
         }
         Command::Restore { file } => {
+            refuse_postgres(&paths, "restore")?;
             let copied = lemon_core::store::sqlite::restore(&paths.database(), &file)?;
             crate::say!(
                 "restored {} runs ({}) from {} into {}; the replaced database is kept as {}.before-restore",
@@ -538,6 +540,21 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             Ok(failure::OK)
         }
     }
+}
+
+/// `backup` and `restore` copy the SQLite file: with a PostgreSQL store they
+/// would copy a file the gateway does not use.
+fn refuse_postgres(paths: &Paths, what: &str) -> anyhow::Result<()> {
+    let backend = lemon_core::config::load_file_or_default(&paths.config)
+        .map(|loaded| loaded.config.gateway.store.backend)
+        .unwrap_or_default();
+    if backend == lemon_core::config::StoreBackendKind::Postgres {
+        anyhow::bail!(
+            "the store is PostgreSQL ([gateway.store] backend = \"postgres\" in {}): {what} it with the database's own tools (pg_dump and pg_restore, or base backups)",
+            paths.config.display()
+        );
+    }
+    Ok(())
 }
 
 /// The runtime threads `serve` starts: `[gateway] worker_threads` of the

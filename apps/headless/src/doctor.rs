@@ -114,7 +114,12 @@ pub(crate) async fn doctor(
             .await?;
     let gateway = check_config(&mut report, paths, env);
     check_keychain(&mut report, &store);
-    check_storage(&mut report, paths);
+    match gateway.as_ref().map(|g| &g.store) {
+        Some(wanted) if wanted.backend == config::StoreBackendKind::Postgres => {
+            check_postgres(&mut report, wanted, paths, &store).await;
+        }
+        _ => check_storage(&mut report, paths),
+    }
     check_process_tracking(&mut report);
     if let Some(gateway) = &gateway {
         check_sandbox(&mut report, gateway, env);
@@ -227,6 +232,51 @@ fn check_storage(report: &mut Report, paths: &Paths) {
             "storage",
             format!("{detail}: {why}"),
             "free space on that disk, or move the home (LEMON_HOME) to a larger one: a full disk refuses new messages until there is room",
+        ),
+    }
+}
+
+/// A PostgreSQL store: it can be reached with the `url_secret` connection
+/// string, its schema is one this build reads, and it takes writes.
+async fn check_postgres(
+    report: &mut Report,
+    config: &config::StoreConfig,
+    paths: &Paths,
+    secrets: &SecretStore,
+) {
+    const WAIT: Duration = Duration::from_secs(20);
+    let opened = tokio::time::timeout(WAIT, lemon_server::open_store(config, paths, secrets)).await;
+    let (store, location) = match opened {
+        Ok(Ok(opened)) => opened,
+        Ok(Err(error)) => {
+            report.fail(
+                "store",
+                format!("{error:#}"),
+                "check the connection string in the url_secret secret and that the server takes connections from here",
+            );
+            return;
+        }
+        Err(_) => {
+            report.fail(
+                "store",
+                format!("the PostgreSQL server gave no answer within {} s", WAIT.as_secs()),
+                "check the host and port of the connection string and the network to it",
+            );
+            return;
+        }
+    };
+    let checked = store.lifecycle().check_writable().await;
+    let bytes = store.retention().used_bytes().await.unwrap_or(0);
+    let _ = store.lifecycle().close().await;
+    match checked {
+        Ok(()) => report.ok(
+            "store",
+            format!("postgres {} takes writes; {}", location.describe(), crate::show::size(bytes)),
+        ),
+        Err(error) => report.fail(
+            "store",
+            format!("postgres {}: {error}", location.describe()),
+            "check the database user's rights and the server's free space",
         ),
     }
 }

@@ -61,13 +61,13 @@ pub fn status_text(status: &Value, url: &str, style: Style) -> String {
         num("queued")
     ));
     if let Some(store) = status["store"].as_object() {
-        let bytes = |key: &str| size(store.get(key).and_then(Value::as_u64).unwrap_or(0));
-        out.push(format!(
-            "store     {} (log {}) at {}",
-            bytes("bytes"),
-            bytes("log_bytes"),
-            store.get("path").and_then(Value::as_str).unwrap_or("?")
-        ));
+        let bytes = |key: &str| store.get(key).and_then(Value::as_u64).map(size);
+        let path = store.get("path").and_then(Value::as_str).unwrap_or("?");
+        let total = bytes("bytes").unwrap_or_else(|| "size unknown".to_owned());
+        out.push(match bytes("log_bytes") {
+            Some(log) => format!("store     {total} (log {log}) at {path}"),
+            None => format!("store     {total} at {path}"),
+        });
         out.extend(store_upkeep_lines(store).into_iter().map(|line| format!("          {line}")));
     }
     let default = status["default_engine"].as_str().unwrap_or("");

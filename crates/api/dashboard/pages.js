@@ -210,7 +210,7 @@ function storage(store) {
     h('div', { class: 'stats', id: 'storage-stats' },
       stat('State', store.writable === false ? 'failing' : 'saving'),
       stat('Database', size(store.bytes)),
-      stat('Log', size(store.log_bytes)),
+      store.log_bytes == null ? stat('Backend', store.backend || 'sqlite') : stat('Log', size(store.log_bytes)),
       stat('Last prune', prune ? ago(prune.at_ms) : 'none yet'),
       stat('Last backup', backup ? ago(backup.at_ms) : 'none')),
     store.writable === false && store.error ? h('p', { class: 'reason' }, store.error) : null,

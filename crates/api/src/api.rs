@@ -128,9 +128,9 @@ pub struct ApiState {
     pub sandbox: serde_json::Value,
     /// Tool calls waiting for the owner's answer (`/v1/approvals`).
     pub approvals: lemon_core::approvals::ApprovalHub,
-    /// The store's database file, whose size `/v1/status` reports as
-    /// `store`; `None` for a store in memory.
-    pub database: Option<Arc<std::path::Path>>,
+    /// Where the store is (the SQLite file, or a PostgreSQL database), which
+    /// `/v1/status` reports as `store`; `None` for a store in memory.
+    pub database: Option<lemon_core::store::StoreLocation>,
     /// What retention and backups did last, for `/v1/status`.
     pub upkeep: lemon_core::store::upkeep::Upkeep,
     /// `[gateway.files]` and the stage: files sent with `POST /v1/runs` and

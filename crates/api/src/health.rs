@@ -39,6 +39,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use lemon_core::config::{ConfigReport, ConfigStatus};
 use lemon_core::router::Runs;
+use lemon_core::store::StoreLocation;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -83,8 +84,8 @@ pub struct HealthState {
     pub config: ConfigStatus,
     /// What runs did, for `/metrics`; `None`: no run families.
     pub run_metrics: Option<RunMetrics>,
-    /// The store's database file, for `lemon_store_bytes`; `None`: in memory.
-    pub database: Option<Arc<std::path::Path>>,
+    /// Where the store is, for `lemon_store_bytes`; `None`: in memory.
+    pub database: Option<lemon_core::store::StoreLocation>,
     /// What retention and backups did, for `lemon_store_pruned_total` and
     /// `lemon_backup_last_success_timestamp_seconds`.
     pub upkeep: lemon_core::store::upkeep::Upkeep,
@@ -126,12 +127,12 @@ impl HealthState {
         self
     }
 
-    /// Reports the store's file at `database` (its size, rows per table) and
-    /// its `upkeep` in `/metrics`.
+    /// Reports the store at `database` (its size, rows per table) and its
+    /// `upkeep` in `/metrics`.
     #[must_use]
     pub fn with_database(
         mut self,
-        database: Arc<std::path::Path>,
+        database: lemon_core::store::StoreLocation,
         upkeep: lemon_core::store::upkeep::Upkeep,
     ) -> Self {
         self.database = Some(database);
@@ -345,13 +346,26 @@ async fn metrics(State(state): State<HealthState>, headers: HeaderMap) -> Respon
         u8::from(snapshot.is_some()),
     );
     if let Some(database) = &state.database {
-        let sizes = lemon_core::store::sqlite::file_sizes(database);
-        out.single(
-            "lemon_store_bytes",
-            Kind::Gauge,
-            "Bytes of the store's database file and its write-ahead log on disk.",
-            sizes.database + sizes.log,
-        );
+        let bytes = match database {
+            StoreLocation::File(path) => {
+                let sizes = lemon_core::store::sqlite::file_sizes(path);
+                Some(sizes.database + sizes.log)
+            }
+            StoreLocation::Postgres(_) => {
+                tokio::time::timeout(state.check_timeout, state.runs.store_bytes())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+        };
+        if let Some(bytes) = bytes {
+            out.single(
+                "lemon_store_bytes",
+                Kind::Gauge,
+                "Bytes of the store on disk: the SQLite file and its write-ahead log, or the PostgreSQL tables and their indexes.",
+                bytes,
+            );
+        }
         if let Ok(Ok(rows)) =
             tokio::time::timeout(state.check_timeout, state.runs.table_rows()).await
         {

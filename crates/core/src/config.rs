@@ -188,6 +188,55 @@ pub struct GatewayConfig {
     /// `[gateway.retention]`: how long the store keeps what it holds.
     #[serde(default)]
     pub retention: RetentionConfig,
+    /// `[gateway.store]`: where the store lives: the SQLite file (the
+    /// default) or a PostgreSQL database.
+    #[serde(default)]
+    pub store: StoreConfig,
+}
+
+/// `[gateway.store]`: which backend holds runs, events, the journal and
+/// channel records. Read once at start; a change takes a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct StoreConfig {
+    /// `sqlite` (one file under the gateway's home) or `postgres` (a database
+    /// one node or several share).
+    #[serde(default)]
+    pub backend: StoreBackendKind,
+    /// The secret that holds the PostgreSQL connection string
+    /// (`postgresql://user:password@host:5432/db`); required with `postgres`.
+    #[serde(default)]
+    pub url_secret: Option<String>,
+    /// At most this many PostgreSQL connections.
+    #[serde(default = "defaults::store_pool_size")]
+    pub pool_size: u32,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            backend: StoreBackendKind::default(),
+            url_secret: None,
+            pool_size: defaults::store_pool_size(),
+        }
+    }
+}
+
+/// `[gateway.store] backend`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackendKind {
+    #[default]
+    Sqlite,
+    Postgres,
+}
+
+impl StoreBackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreBackendKind::Sqlite => "sqlite",
+            StoreBackendKind::Postgres => "postgres",
+        }
+    }
 }
 
 /// `[gateway.retention]`: what the store forgets, and when. A count of days of
@@ -891,6 +940,9 @@ pub const FALLBACK_ENGINE: &str = "echo";
 
 /// Default values, as functions serde can call.
 mod defaults {
+    pub(super) fn store_pool_size() -> u32 {
+        16
+    }
     pub(super) fn backup_keep() -> u32 {
         7
     }

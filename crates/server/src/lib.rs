@@ -47,7 +47,7 @@ use lemon_core::router::{RouterConfig, RouterHandle};
 use lemon_core::secrets::{
     check_bearer_token, env_var_name, SecretStore, SecretValue, SecretsFile,
 };
-use lemon_core::store::{ProcessGroupRecord, StoreHandle};
+use lemon_core::store::{ProcessGroupRecord, StoreHandle, StoreLocation};
 use lemon_core::tool::ToolRegistry;
 use lemon_core::transport::{TransportDeps, TransportRegistry, TransportState};
 use lemon_engines::cli::{kill_leftover_group, ApiKey, CliContext, Leftover, ProcessRecorder};
@@ -218,6 +218,50 @@ pub fn open_secrets(paths: &Paths, env: &BTreeMap<String, String>) -> SecretStor
 }
 
 /// [`open_secrets`] off the async runtime's threads.
+/// Opens the store `[gateway.store]` names: the SQLite file under the home, or
+/// the PostgreSQL database whose connection string is the `url_secret` secret.
+///
+/// # Errors
+/// The file or database cannot be opened or migrated, or the secret is unset.
+pub async fn open_store(
+    config: &lemon_core::config::StoreConfig,
+    paths: &Paths,
+    secrets: &SecretStore,
+) -> anyhow::Result<(StoreHandle, StoreLocation)> {
+    use lemon_core::config::StoreBackendKind;
+    match config.backend {
+        StoreBackendKind::Sqlite => {
+            let path = paths.database();
+            let store = StoreHandle::open_sqlite(&path)?;
+            Ok((store, StoreLocation::File(path.into())))
+        }
+        StoreBackendKind::Postgres => {
+            let name = config.url_secret.as_deref().unwrap_or_default();
+            let url = secrets
+                .get(name)
+                .with_context(|| format!("could not read the secret {name}"))?
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "[gateway.store] backend = \"postgres\": {}",
+                        secrets.not_set_message(name)
+                    )
+                })?;
+            let store = lemon_core::store::postgres::PostgresStore::connect(
+                lemon_core::store::postgres::PostgresConfig {
+                    url: url.expose().to_owned(),
+                    pool_size: config.pool_size as usize,
+                    chat_state_ttl_ms: lemon_core::store::DEFAULT_CHAT_STATE_TTL_MS,
+                    // Not in cluster mode: the only gateway on its database.
+                    exclusive: true,
+                },
+            )
+            .await?;
+            let target: Arc<str> = store.target().into();
+            Ok((StoreHandle::new(Arc::new(store)), StoreLocation::Postgres(target)))
+        }
+    }
+}
+
 async fn open_secrets_blocking(paths: &Paths, env: &BTreeMap<String, String>) -> SecretStore {
     let (owned_paths, owned_env) = (paths.clone(), env.clone());
     match tokio::task::spawn_blocking(move || open_secrets(&owned_paths, &owned_env)).await {
@@ -949,17 +993,19 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             "the state directory is readable by other users (mode {mode:o}) and belongs to another user; run `chmod 700` on it"
         ),
     }
-    let store = StoreHandle::open_sqlite(&opts.paths.database())?;
+    // Secrets first: a PostgreSQL store's connection string is one.
+    let secrets = Arc::new(open_secrets_blocking(&opts.paths, &opts.env).await);
+    let (store, location) = open_store(&gateway_config.store, &opts.paths, &secrets).await?;
     tracing::info!(
         home = %home.display(),
-        database = %opts.paths.database().display(),
+        store = location.backend(),
+        database = %location.describe(),
         secrets = %opts.paths.secrets().display(),
         "state"
     );
     // Before anything runs (and before the router resumes a single session): a
     // gateway that was killed may have left CLIs' grandchildren behind.
     kill_leftover_processes(&store).await;
-    let secrets = Arc::new(open_secrets_blocking(&opts.paths, &opts.env).await);
     let keychain = secrets.keychain();
     if keychain.available {
         tracing::info!(keychain = %keychain.detail, "secrets: keychain, environment, secrets file");
@@ -1124,17 +1170,28 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     );
     tools.register(Arc::new(CronTool::new(cron.clone())));
     let upkeep = lemon_core::store::upkeep::Upkeep::default();
+    let database_file = match &location {
+        StoreLocation::File(path) => Some(path.to_path_buf()),
+        StoreLocation::Postgres(_) => None,
+    };
     if let Some(plan) =
         gateway_config.backup.as_ref().and_then(|b| backups::Plan::from_config(b, &opts.paths.home))
     {
-        tracker.spawn(backups::run(opts.paths.database(), plan, upkeep.clone(), token.clone()));
+        match &database_file {
+            Some(file) => {
+                tracker.spawn(backups::run(file.clone(), plan, upkeep.clone(), token.clone()));
+            }
+            None => tracing::warn!(
+                "[gateway.backup] copies the SQLite file; a PostgreSQL store is backed up with the database's own tools (pg_dump, base backups)"
+            ),
+        }
     }
     let (retention_config, retention_watch) =
         tokio::sync::watch::channel(gateway_config.retention.clone());
     tracker.spawn(retention::run(
         retention::Retention {
             store: store.clone(),
-            database: Some(opts.paths.database()),
+            database: database_file.clone(),
             upkeep: upkeep.clone(),
             media: Some(fence.media.clone()),
         },
@@ -1219,7 +1276,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             })),
             sandbox: sandbox.to_json(),
             approvals: approval_hub.clone(),
-            database: Some(opts.paths.database().into()),
+            database: Some(location.clone()),
             upkeep: upkeep.clone(),
             files: lemon_api::files::FileIntake::new(
                 fence.media.clone(),
@@ -1250,7 +1307,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
             .with_transports(statuses.clone())
             .with_detail_token(shared_token.clone())
             .with_config(config_status.clone())
-            .with_database(opts.paths.database().into(), upkeep.clone())
+            .with_database(location.clone(), upkeep.clone())
             .with_run_metrics(run_metrics)
             .with_mcp(Arc::new(mcp.clone())),
     );

@@ -134,6 +134,7 @@ const RESTART_KEYS: &[&str] = &[
     "sandbox",
     "dashboard",
     "files",
+    "store",
 ];
 
 /// What an accepted edit changes, component by component.

@@ -1,11 +1,13 @@
 //! `lemon-bench`: the gateway's speed and memory, one JSON object per scenario.
 //!
 //! ```text
-//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|latency|latency-prune|conversations|startup|telegram|native|voice|connections|soak[:SECONDS]]…
+//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|throughput-postgres|latency|latency-prune|latency-postgres|conversations|startup|telegram|native|voice|connections|soak[:SECONDS]]…
 //! ```
 //! No argument runs them all but `connections` (10 000 connections: it needs
 //! a descriptor limit above 12 000) and `soak` (30 minutes; `soak:120` for two). `LEMON_BENCH_METRICS=off` runs the in-process
 //! scenarios without the metrics collector the server runs on the bus.
+//! The `-postgres` scenarios need `LEMON_BENCH_POSTGRES_URL`: a server on
+//! which each makes a database of its own (`scripts/postgres start DIR`).
 //! Figures are measured in this process on the echo
 //! engine; `startup`, `telegram`, `native` and `voice` start the real
 //! `lemon-gateway` binary next to this one (`telegram` against a fake Bot API,
@@ -46,7 +48,11 @@ struct Bench {
     _dir: Option<tempfile::TempDir>,
 }
 
-fn start(store: &str, max: usize, bus: EventBus) -> anyhow::Result<Bench> {
+/// The PostgreSQL server the `postgres` store variants use: a fresh database
+/// is made on it for each.
+const POSTGRES_VAR: &str = "LEMON_BENCH_POSTGRES_URL";
+
+async fn start(store: &str, max: usize, bus: EventBus) -> anyhow::Result<Bench> {
     let tracker = TaskTracker::new();
     let token = CancellationToken::new();
     let mut engines = EngineRegistry::new();
@@ -55,6 +61,19 @@ fn start(store: &str, max: usize, bus: EventBus) -> anyhow::Result<Bench> {
         "sqlite" => {
             let dir = tempfile::tempdir()?;
             (StoreHandle::open_sqlite(&dir.path().join("bench.db"))?, Some(dir))
+        }
+        "postgres" => {
+            let Ok(server) = std::env::var(POSTGRES_VAR) else {
+                anyhow::bail!("set {POSTGRES_VAR} to a PostgreSQL server's URL (scripts/postgres start DIR prints one)");
+            };
+            let url = lemon_core::store::postgres::testing::fresh_database(&server).await;
+            let config = lemon_core::store::postgres::PostgresConfig {
+                url,
+                pool_size: 16,
+                chat_state_ttl_ms: lemon_core::store::DEFAULT_CHAT_STATE_TTL_MS,
+                exclusive: true,
+            };
+            (StoreHandle::open_postgres(config).await?, None)
         }
         _ => (StoreHandle::memory(), None),
     };
@@ -112,7 +131,7 @@ async fn throughput(
     runs: usize,
     conversations: usize,
 ) -> anyhow::Result<serde_json::Value> {
-    let bench = start(store, 64, EventBus::default())?;
+    let bench = start(store, 64, EventBus::default()).await?;
     let began = Instant::now();
     let mut submitters = Vec::new();
     for worker in 0..SUBMITTERS {
@@ -254,7 +273,7 @@ async fn latency_on(
 ) -> anyhow::Result<serde_json::Value> {
     let bus = EventBus::new(1 << 16, 1024);
     let mut events = bus.subscribe_all();
-    let bench = start(store, 64, bus)?;
+    let bench = start(store, 64, bus).await?;
     let pruning = match prune {
         Some(n) => {
             // Half are older than `runs_days`, half only past `events_days`.
@@ -355,7 +374,7 @@ fn rss_bytes(pid: &str) -> anyhow::Result<u64> {
 
 async fn conversations(n: usize) -> anyhow::Result<serde_json::Value> {
     // No slots: every request waits, each in its own conversation.
-    let bench = start("sqlite", 0, EventBus::default())?;
+    let bench = start("sqlite", 0, EventBus::default()).await?;
     // Warm up allocator and store so the baseline includes their fixed cost.
     for i in 0..1000 {
         bench.gateway.submit(request(n + i)).await?;
@@ -772,6 +791,12 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
         ],
         "throughput-memory" => vec![throughput("memory", 200_000, 10_000).await?],
         "throughput-sqlite" => vec![throughput("sqlite", 200_000, 10_000).await?],
+        // The same on a PostgreSQL store (a server named by LEMON_BENCH_POSTGRES_URL).
+        "throughput-postgres" => vec![throughput("postgres", 50_000, 5_000).await?],
+        "latency-postgres" => vec![
+            latency_on("sqlite", 5_000, 1_000, None).await?,
+            latency_on("postgres", 5_000, 1_000, None).await?,
+        ],
         "latency" => vec![latency(5_000, 1_000).await?],
         // The same load on SQLite, alone and with a retention pass beside it
         // over 200 000 old runs (it outlasts the load).
@@ -789,7 +814,7 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
         other => match other.strip_prefix("soak:").map(str::parse::<u64>) {
             Some(Ok(seconds)) => vec![load::soak(seconds).await?],
             _ => anyhow::bail!(
-                "unknown scenario {other:?}: use throughput, latency, latency-prune, conversations, startup, telegram, native, voice, connections or soak[:SECONDS]"
+                "unknown scenario {other:?}: use throughput, throughput-postgres, latency, latency-prune, latency-postgres, conversations, startup, telegram, native, voice, connections or soak[:SECONDS]"
             ),
         },
     })

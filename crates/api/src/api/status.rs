@@ -6,14 +6,17 @@
 //! the MCP servers of `[[gateway.mcp_servers]]` (`mcp_servers`: `[{"name",
 //! "transport", "state", "tools", "error", "calls", "starts"}]`), how
 //! commands are contained (`sandbox`), and the store (`store`, `null` for
-//! a store in memory): whether it saves (`writable`, and the `error` when it
-//! does not), its file's size and its log's, rows per table, the last
+//! a store in memory): its `backend` (`sqlite` or `postgres`) and `path` (the
+//! file, or `postgres://host:port/database`), whether it saves (`writable`,
+//! and the `error` when it does not), its size (`bytes`; the file's, or the
+//! tables' in PostgreSQL) and its log's (`log_bytes`, SQLite only), rows per table, the last
 //! retention pass and what retention removed since start, the last backup.
 
 use axum::extract::State;
 use axum::Json;
 use lemon_core::engine::Availability;
 use lemon_core::mcp::McpStatusSource;
+use lemon_core::store::StoreLocation;
 use serde_json::{json, Value};
 
 use super::ApiState;
@@ -25,8 +28,17 @@ const STORE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 
 /// The store as `/v1/status` shows it. Rows are `null` when the file cannot
 /// be read.
-async fn store_json(path: &std::path::Path, state: &ApiState) -> Value {
-    let sizes = lemon_core::store::sqlite::file_sizes(path);
+async fn store_json(location: &StoreLocation, state: &ApiState) -> Value {
+    let (bytes, log_bytes) = match location {
+        StoreLocation::File(path) => {
+            let sizes = lemon_core::store::sqlite::file_sizes(path);
+            (Some(sizes.database), Some(sizes.log))
+        }
+        StoreLocation::Postgres(_) => {
+            let bytes = tokio::time::timeout(STORE_CHECK_TIMEOUT, state.runs.store_bytes()).await;
+            (bytes.ok().and_then(Result::ok), None)
+        }
+    };
     let rows = state.runs.table_rows().await.ok().map(|rows| {
         rows.into_iter().map(|(table, n)| (table, json!(n))).collect::<serde_json::Map<_, _>>()
     });
@@ -38,11 +50,12 @@ async fn store_json(path: &std::path::Path, state: &ApiState) -> Value {
         Err(_) => Err(format!("no answer within {} s", STORE_CHECK_TIMEOUT.as_secs())),
     };
     json!({
-        "path": path.display().to_string(),
+        "backend": location.backend(),
+        "path": location.describe(),
         "writable": writable.is_ok(),
         "error": writable.err(),
-        "bytes": sizes.database,
-        "log_bytes": sizes.log,
+        "bytes": bytes,
+        "log_bytes": log_bytes,
         "rows": rows,
         "last_prune": upkeep.last_prune.map(|pass| json!({
             "at_ms": pass.at_ms,
@@ -144,8 +157,8 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
         "transports": state.transports.to_json(),
         "mcp_servers": mcp_servers_json(state.mcp.as_deref()),
         "sandbox": state.sandbox,
-        "store": match state.database.as_deref() {
-            Some(path) => store_json(path, &state).await,
+        "store": match &state.database {
+            Some(location) => store_json(location, &state).await,
             None => Value::Null,
         },
         "secrets": state

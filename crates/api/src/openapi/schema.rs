@@ -402,22 +402,27 @@ pub struct Status {
     pub mcp_servers: Vec<McpServerStatus>,
     /// How the native engine's `bash` commands are contained.
     pub sandbox: SandboxStatus,
-    /// The store's file; `null` for a store in memory.
+    /// The store; `null` for a store in memory.
     pub store: Option<StoreStatus>,
 }
 
 /// The store, in `/v1/status`.
 #[derive(Debug, ToSchema)]
 pub struct StoreStatus {
+    /// `sqlite` or `postgres`.
+    pub backend: String,
+    /// The SQLite file, or the database as `postgres://host:port/database`
+    /// (never the user or password).
     pub path: String,
     /// Whether it saves right now (a full disk or a read-only file system: no).
     pub writable: bool,
     /// Why it does not save; `null` while it does.
     pub error: Option<String>,
-    /// The database file's size.
-    pub bytes: u64,
-    /// Its write-ahead log's size.
-    pub log_bytes: u64,
+    /// The database file's size, or the PostgreSQL tables' with their
+    /// indexes; `null` when it cannot be read.
+    pub bytes: Option<u64>,
+    /// Its write-ahead log's size; `null` for PostgreSQL.
+    pub log_bytes: Option<u64>,
     /// Rows per table (`runs`, `run_events`, `pruned_usage`, `journal`, `kv`,
     /// `chat_state`); `null` when the file cannot be read.
     pub rows: Option<std::collections::BTreeMap<String, u64>>,

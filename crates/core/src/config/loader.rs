@@ -733,6 +733,23 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
         return Err(at(&segs, Anchor::Value, why.to_owned()));
     }
 
+    let store = &gateway.store;
+    let store_key = |name: &str| [key("gateway"), key("store"), key(name)];
+    if store.pool_size == 0 || store.pool_size > 1000 {
+        let why = "must be from 1 to 1000".to_owned();
+        return Err(at(&store_key("pool_size"), Anchor::Value, why));
+    }
+    if let Some(Err(_)) = store.url_secret.as_deref().map(crate::secrets::check_name) {
+        let why = "not a secret name (letters, digits, `_`, `-`, `.`; at most 128)".to_owned();
+        return Err(at(&store_key("url_secret"), Anchor::Value, why));
+    }
+    if store.backend == crate::config::StoreBackendKind::Postgres && store.url_secret.is_none() {
+        let why = "backend = \"postgres\" needs url_secret: the secret that holds the \
+                   connection string"
+            .to_owned();
+        return Err(at(&store_key("backend"), Anchor::Value, why));
+    }
+
     if gateway.retention.max_db_mb == Some(0) {
         let segs = [key("gateway"), key("retention"), key("max_db_mb")];
         return Err(at(&segs, Anchor::Value, "must be at least 1 (or unset: no bound)".to_owned()));

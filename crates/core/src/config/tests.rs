@@ -257,6 +257,35 @@ fn a_retention_bound_of_zero_megabytes_is_named_where_it_is() {
 }
 
 #[test]
+fn the_store_is_sqlite_unless_the_file_says_postgres_with_its_secret() {
+    let gateway = check_ok("", &[]).gateway;
+    assert_eq!(gateway.store, crate::config::StoreConfig::default());
+    assert_eq!(gateway.store.backend.as_str(), "sqlite");
+    assert_eq!(gateway.store.pool_size, 16);
+    let text = "[gateway.store]\nbackend = \"postgres\"\nurl_secret = \"pg.url\"\npool_size = 4\n";
+    let store = check_ok(text, &[]).gateway.store;
+    assert_eq!(store.backend, crate::config::StoreBackendKind::Postgres);
+    assert_eq!(store.url_secret.as_deref(), Some("pg.url"));
+    assert_eq!(store.pool_size, 4);
+}
+
+#[test]
+fn a_postgres_store_without_its_connection_secret_is_named_where_it_is() {
+    check_error(
+        "[gateway.store]\nbackend = \"postgres\"\n",
+        "/home/u/.lemon/config.toml:2:11: gateway.store.backend: backend = \"postgres\" needs url_secret: the secret that holds the connection string",
+    );
+    check_error(
+        "[gateway.store]\nbackend = \"postgres\"\nurl_secret = \"a b\"\n",
+        "/home/u/.lemon/config.toml:3:14: gateway.store.url_secret: not a secret name (letters, digits, `_`, `-`, `.`; at most 128)",
+    );
+    check_error(
+        "[gateway.store]\npool_size = 0\n",
+        "/home/u/.lemon/config.toml:2:13: gateway.store.pool_size: must be from 1 to 1000",
+    );
+}
+
+#[test]
 fn a_backup_schedule_that_does_not_parse_is_named_where_it_is() {
     check_error(
         "[gateway.backup]\nevery = \"daily at 25pm\"\n",

@@ -81,6 +81,14 @@ impl Runs {
         self.router.store.retention().table_rows().await
     }
 
+    /// Bytes the store's data takes (what `max_db_mb` bounds).
+    ///
+    /// # Errors
+    /// The store is closed or cannot be read.
+    pub async fn store_bytes(&self) -> Result<u64, StoreError> {
+        self.router.store.retention().used_bytes().await
+    }
+
     /// A run's stored events, in index order.
     ///
     /// # Errors
