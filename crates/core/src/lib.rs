@@ -13,6 +13,9 @@
 //!   The way back up: [`router::RunFollower`] follows one run to its completion,
 //!   [`router::Runs`] answers reads.
 //! - [`store`]: durable state (runs, run events, chat state) in SQLite, or in memory.
+//! - [`cluster`]: cluster mode's coordination over the shared PostgreSQL
+//!   database: node registry, session and channel leases with fencing epochs,
+//!   run slots, control requests, the cluster config row, notifications.
 //! - [`config`]: the `config.toml` types and loader.
 //! - [`secrets`]: where secret values come from.
 //! - [`contain`]: file paths kept inside the directories a run may touch.
@@ -40,6 +43,7 @@ pub mod artifacts;
 pub mod budget;
 pub mod bus;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod contain;
 pub mod cron;

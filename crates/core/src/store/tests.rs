@@ -2177,7 +2177,8 @@ async fn postgres_an_exclusive_store_refuses_a_second_gateway_on_its_database() 
         let held: i64 = admin
             .query_one(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-                 AND pid <> pg_backend_pid()",
+                 AND pid <> pg_backend_pid() \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                 &[],
             )
             .await

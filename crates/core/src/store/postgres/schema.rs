@@ -110,6 +110,99 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX pruned_usage_completed ON pruned_usage (completed_at_ms);
     CREATE INDEX pruned_usage_by_session ON pruned_usage (session_key, completed_at_ms);",
+    // 2: cluster mode (`crate::cluster`): the nodes, the leases that give each
+    // session and each single-consumer channel one owner, the run slots that
+    // make the global cap structural, the waiting slot claims that keep grants
+    // in admission order, the control requests between nodes and the one
+    // cluster-wide config row.
+    //
+    // Every time is the database's clock. A lease row is never deleted, only
+    // released or taken over, so its epoch only ever grows: a fencing check
+    // that matches (node, epoch) can never match a later holder. The unique
+    // index on (key, epoch) makes `epoch` a key column: a takeover, which
+    // changes it, waits for the `FOR KEY SHARE` lock of every write fenced by
+    // the old epoch, while a renewal, which does not, never waits. A slot row
+    // with `retired` is above the current slot count and is deleted once its
+    // run frees it.
+    "CREATE TABLE cluster_nodes (
+        node_id TEXT PRIMARY KEY,
+        started_at TIMESTAMPTZ NOT NULL,
+        last_heartbeat TIMESTAMPTZ NOT NULL,
+        version TEXT NOT NULL,
+        api_base_url TEXT,
+        channels TEXT[] NOT NULL
+    );
+    CREATE TABLE session_leases (
+        session_key TEXT PRIMARY KEY,
+        node_id TEXT NOT NULL,
+        epoch BIGINT NOT NULL CHECK (epoch > 0),
+        acquired_at TIMESTAMPTZ NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL,
+        released_at TIMESTAMPTZ
+    );
+    CREATE UNIQUE INDEX session_leases_epoch ON session_leases (session_key, epoch);
+    CREATE INDEX session_leases_by_node ON session_leases (node_id);
+    CREATE INDEX session_leases_expiring ON session_leases (expires_at)
+        WHERE released_at IS NULL;
+    CREATE TABLE run_slots (
+        slot INTEGER PRIMARY KEY CHECK (slot >= 0),
+        retired BOOLEAN NOT NULL DEFAULT false,
+        run_id TEXT UNIQUE,
+        node_id TEXT,
+        session_key TEXT,
+        epoch BIGINT,
+        admitted_at TIMESTAMPTZ,
+        claimed_at TIMESTAMPTZ,
+        CHECK (
+            (run_id IS NULL) = (node_id IS NULL)
+            AND (run_id IS NULL) = (session_key IS NULL)
+            AND (run_id IS NULL) = (epoch IS NULL)
+            AND (run_id IS NULL) = (admitted_at IS NULL)
+            AND (run_id IS NULL) = (claimed_at IS NULL)
+        )
+    );
+    CREATE TABLE slot_requests (
+        run_id TEXT PRIMARY KEY,
+        seq BIGINT GENERATED ALWAYS AS IDENTITY,
+        session_key TEXT NOT NULL,
+        node_id TEXT NOT NULL,
+        epoch BIGINT NOT NULL,
+        admitted_at TIMESTAMPTZ NOT NULL,
+        requested_at TIMESTAMPTZ NOT NULL
+    );
+    CREATE INDEX slot_requests_fifo ON slot_requests (admitted_at, seq);
+    CREATE TABLE channel_leases (
+        channel TEXT PRIMARY KEY,
+        node_id TEXT NOT NULL,
+        epoch BIGINT NOT NULL CHECK (epoch > 0),
+        acquired_at TIMESTAMPTZ NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL,
+        released_at TIMESTAMPTZ
+    );
+    CREATE UNIQUE INDEX channel_leases_epoch ON channel_leases (channel, epoch);
+    CREATE INDEX channel_leases_by_node ON channel_leases (node_id);
+    CREATE TABLE cluster_control (
+        id BIGSERIAL PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        target_node TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        body TEXT NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL,
+        taken_at TIMESTAMPTZ,
+        answered_at TIMESTAMPTZ,
+        answer TEXT
+    );
+    CREATE INDEX cluster_control_pending ON cluster_control (target_node, id)
+        WHERE taken_at IS NULL;
+    CREATE INDEX cluster_control_created ON cluster_control (created_at);
+    CREATE TABLE cluster_config (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        version BIGINT NOT NULL,
+        body TEXT NOT NULL,
+        updated_at TIMESTAMPTZ NOT NULL,
+        updated_by TEXT
+    );
+    INSERT INTO cluster_config (id, version, body, updated_at) VALUES (1, 0, '', now());",
 ];
 
 /// The version a fully migrated database has.
