@@ -20,9 +20,19 @@ impl Journal {
 
     /// Writes (or rewrites) an entry and waits until it is durable, so a crash
     /// right after the caller's acknowledgement cannot lose it.
+    ///
+    /// When it cannot be made durable the caller is refused, so the entry is
+    /// withdrawn too: a store that keeps the write and commits it later (one
+    /// that was briefly unreachable) must not hand a refused request to the
+    /// next start's recovery.
     pub(super) async fn admit(&self, entry: JournalEntry) -> Result<(), StoreError> {
+        let run_id = entry.run_id.clone();
         self.store.journal_admit(entry).await;
-        self.store.flush().await
+        let flushed = self.store.flush().await;
+        if flushed.is_err() {
+            self.store.journal_complete(&run_id).await;
+        }
+        flushed
     }
 
     pub(super) async fn mark_started(&self, run_id: &RunId) {
