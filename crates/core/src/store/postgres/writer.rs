@@ -475,28 +475,87 @@ impl Failure {
     }
 }
 
+/// Every event of a batch in one statement: one row per `(run, index)`, the
+/// last written winning, as one statement per event would leave it.
+const APPEND_EVENTS: &str = "INSERT INTO run_events (run_id, idx, kind, data)
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[])
+    ON CONFLICT (run_id, idx) DO UPDATE SET kind = EXCLUDED.kind, data = EXCLUDED.data";
+
+/// The events of a batch as the columns of [`APPEND_EVENTS`].
+#[derive(Default)]
+struct EventColumns {
+    run_ids: Vec<String>,
+    indexes: Vec<i64>,
+    kinds: Vec<&'static str>,
+    data: Vec<String>,
+    /// Where each `(run, index)` is in the columns, so a later write replaces it.
+    at: std::collections::HashMap<(String, i64), usize>,
+}
+
+impl EventColumns {
+    fn push(&mut self, event: &crate::bus::BusEvent) -> Result<(), String> {
+        let (run_id, index) = (text(event.run_id.as_str()), to_i64(event.index));
+        let (kind, data) = (event.kind.type_name(), json(&event.json())?);
+        match self.at.get(&(run_id.clone(), index)) {
+            Some(&at) => (self.kinds[at], self.data[at]) = (kind, data),
+            None => {
+                self.at.insert((run_id.clone(), index), self.run_ids.len());
+                self.run_ids.push(run_id);
+                self.indexes.push(index);
+                self.kinds.push(kind);
+                self.data.push(data);
+            }
+        }
+        Ok(())
+    }
+
+    fn exec(self) -> Exec {
+        Exec {
+            sql: APPEND_EVENTS,
+            params: vec![
+                Box::new(self.run_ids),
+                Box::new(self.indexes),
+                Box::new(self.kinds),
+                Box::new(self.data),
+            ],
+        }
+    }
+}
+
 /// Applies `writes` in one transaction on `client`, their statements all in
-/// flight at once (pipelined), in order.
+/// flight at once (pipelined), in order; the events among them (most of what
+/// runs write) go in one statement of their own, as no other write reads or
+/// writes `run_events`.
 async fn apply(client: &mut Object, writes: &[Write]) -> Result<(), Failure> {
-    let mut execs = Vec::with_capacity(writes.len());
+    // Each statement with the write it is, or `None` for the events'.
+    let mut execs: Vec<(Option<usize>, Exec)> = Vec::with_capacity(writes.len());
+    let mut events = EventColumns::default();
     for (index, write) in writes.iter().enumerate() {
-        execs.push(write.exec().map_err(|message| Failure::Refused { index, message })?);
+        let refused = |message| Failure::Refused { index, message };
+        match write {
+            Write::AppendEvent(event) if writes.len() > 1 => events.push(event).map_err(refused)?,
+            _ => execs.push((Some(index), write.exec().map_err(refused)?)),
+        }
+    }
+    if !events.run_ids.is_empty() {
+        execs.push((None, events.exec()));
     }
     let tx = client.transaction().await.map_err(|e| Failure::of(&e, None))?;
     let mut statements = Vec::with_capacity(execs.len());
-    for exec in &execs {
+    for (_, exec) in &execs {
         statements.push(tx.prepare_cached(exec.sql).await.map_err(|e| Failure::of(&e, None))?);
     }
     let results =
-        futures::future::join_all(execs.iter().zip(&statements).map(|(exec, statement)| {
+        futures::future::join_all(execs.iter().zip(&statements).map(|((_, exec), statement)| {
             tx.execute_raw(statement, exec.params.iter().map(|p| &**p as &(dyn ToSql + Sync)))
         }))
         .await;
     // Statements after a failed one fail too ("transaction is aborted"): the
-    // first failure is the cause.
+    // first failure is the cause. The events' statement names no one write:
+    // the batch is then tried a write at a time.
     let failed = results.into_iter().enumerate().find_map(|(i, r)| r.err().map(|e| (i, e)));
-    if let Some((index, error)) = failed {
-        let failure = Failure::of(&error, Some(index));
+    if let Some((at, error)) = failed {
+        let failure = Failure::of(&error, execs[at].0);
         // Nothing of the batch is kept; a broken connection has nothing to roll back.
         let _ = tx.rollback().await;
         return Err(failure);
