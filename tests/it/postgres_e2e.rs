@@ -170,3 +170,109 @@ async fn a_second_gateway_on_the_same_database_is_refused_while_the_first_runs()
     let events = first.events(&run_id).await;
     assert_eq!(events.last().unwrap().1["answer"], "still here");
 }
+
+/// A PostgreSQL server of the test's own (`scripts/postgres`), so that it can
+/// be restarted without touching the other tests' server; stopped on drop.
+struct OwnServer {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl OwnServer {
+    async fn start() -> OwnServer {
+        let dir = tempfile::tempdir().unwrap();
+        let output = tokio::process::Command::new(postgres_script())
+            .arg("start")
+            .arg(dir.path().join("pg"))
+            .output()
+            .await
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let url = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+        OwnServer { dir, url }
+    }
+
+    /// `pg_ctl restart -m immediate`: every connection is cut, and the server
+    /// recovers from its log as after a crash.
+    async fn restart_immediately(&self) {
+        let status = tokio::process::Command::new(postgres_script())
+            .arg("restart")
+            .arg(self.dir.path().join("pg"))
+            .status()
+            .await
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(postgres_script())
+            .arg("stop")
+            .arg(self.dir.path().join("pg"))
+            .status();
+    }
+}
+
+fn postgres_script() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/postgres")
+}
+
+/// The server restarts (`-m immediate`) while messages arrive and runs write
+/// their events: a submit the store could not make durable is refused with
+/// 503 and never runs; every one acknowledged completes exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_restart_mid_traffic_loses_and_repeats_nothing() {
+    if server_url().is_none() {
+        return;
+    }
+    let server = OwnServer::start().await;
+    let home = home_with(&format!(
+        "[gateway]\nmax_concurrent_runs = 4\n[gateway.store]\nbackend = \"postgres\"\nurl_secret = \"{URL_SECRET}\"\n[gateway.engines.echo]\ndelay_ms = 30\n"
+    ));
+    write_secret(home.path(), &server.url);
+    let gateway = Gateway::start_in(home.path()).await;
+    let (mut accepted, mut refused) = (Vec::new(), 0);
+    for n in 0..60 {
+        if n == 20 {
+            server.restart_immediately().await;
+        }
+        let body = json!({ "prompt": format!("message {n}"), "run_id": format!("pg-restart-{n}") });
+        let response = gateway.post("/v1/runs").json(&body).send().await.unwrap();
+        match response.status().as_u16() {
+            202 => accepted.push(format!("pg-restart-{n}")),
+            503 => {
+                let error: Value = response.json().await.unwrap();
+                assert!(error["error"].as_str().is_some_and(|e| !e.is_empty()), "{error}");
+                refused += 1;
+            }
+            other => panic!("submit {n}: {other} {}", response.text().await.unwrap()),
+        }
+    }
+    assert!(accepted.len() >= 20, "accepted {} of 60, refused {refused}", accepted.len());
+    for run_id in &accepted {
+        let events = gateway.events(run_id).await;
+        let completions = events.iter().filter(|(kind, _)| kind == "run_completed").count();
+        assert_eq!(completions, 1, "{run_id}: {events:?}");
+    }
+    // Durable, and only what was acknowledged: once the store says it saves
+    // (a write behind everything queued committed), a kill and a restart
+    // recover nothing again and no refused submit runs.
+    let status = gateway.status().await;
+    assert_eq!(status["store"]["writable"], true, "{status}");
+    let mut gateway = gateway;
+    gateway.child.kill().await.unwrap();
+    let gateway = Gateway::start_in(home.path()).await;
+    let runs: Value = gateway.get("/v1/runs?limit=200").send().await.unwrap().json().await.unwrap();
+    for run in runs["runs"].as_array().unwrap() {
+        let id = run["run_id"].as_str().unwrap();
+        if accepted.iter().any(|a| a == id) {
+            assert_eq!(run["status"], "completed", "{run}");
+        } else {
+            assert_ne!(run["status"], "completed", "a refused submit ran: {run}");
+            assert_ne!(run["status"], "running", "a refused submit runs: {run}");
+        }
+    }
+    let status = gateway.status().await;
+    assert_eq!(status["store"]["writable"], true, "{status}");
+}
