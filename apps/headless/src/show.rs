@@ -673,6 +673,21 @@ mod tests {
     }
 
     #[test]
+    fn a_postgres_store_shows_its_database_and_no_log() {
+        let status = json!({
+            "version": "0.1.0", "uptime_ms": 1_000,
+            "scheduler": {"in_flight": 0, "max": 2, "queued": 0},
+            "store": {
+                "backend": "postgres", "path": "postgres://db.internal:5432/lemon",
+                "bytes": 2_400_000, "log_bytes": null, "rows": null, "last_backup": null
+            }
+        });
+        let text = status_text(&status, "http://127.0.0.1:4040", Style { color: false });
+        let line = text.lines().find(|line| line.starts_with("store")).unwrap();
+        assert_eq!(line, "store     2.4 MB at postgres://db.internal:5432/lemon");
+    }
+
+    #[test]
     fn sizes_read_in_powers_of_a_thousand() {
         assert_eq!(size(999), "999 B");
         assert_eq!(size(1_500), "1.5 kB");
