@@ -22,6 +22,7 @@
 //! ([`JournalRoute`], [`ProcessGroupRecord`], the head of a stored event);
 //! request metadata, usage and channel records are kept as the caller's JSON.
 
+mod columns;
 pub mod memory;
 pub mod postgres;
 pub mod sqlite;

@@ -45,6 +45,7 @@ use tokio::task::JoinHandle;
 
 use self::rows::ReadError;
 use self::writer::{sql_limit, Write, WriteOp};
+use super::columns;
 use super::{
     ChatState, ChatStateStore, FinishedRun, JournalEntry, JournalStore, KvStore, NewRun, PruneStep,
     RetentionStore, RunEventStore, RunFilter, RunRecord, RunStore, StoreError, StoreLifecycle,
@@ -457,7 +458,7 @@ impl RunEventStore for PostgresStore {
                 for row in client.query(&stmt, &[&run_id]).await? {
                     let idx: i64 = row.try_get(0)?;
                     let data: &str = row.try_get(1)?;
-                    rows::push_events(&mut events, &run_id, idx, data)?;
+                    columns::push_events(&mut events, &run_id, idx, data)?;
                 }
                 Ok(events)
             })
@@ -478,7 +479,7 @@ impl RunEventStore for PostgresStore {
                     let idx: i64 = row.try_get(1)?;
                     let data: &str = row.try_get(2)?;
                     let events = by_run.entry(run_id.to_owned()).or_default();
-                    rows::push_events(events, run_id, idx, data)?;
+                    columns::push_events(events, run_id, idx, data)?;
                 }
                 Ok(run_ids.iter().map(|id| by_run.get(id).cloned().unwrap_or_default()).collect())
             })
@@ -606,7 +607,7 @@ impl KvStore for PostgresStore {
                     let text: Option<String> = row.try_get(0)?;
                     let value = text
                         .map(|text| {
-                            rows::parse_json(&text, || format!("kv record {namespace}/{key}"))
+                            columns::parse_json(&text, || format!("kv record {namespace}/{key}"))
                         })
                         .transpose()?;
                     Ok((value, row.try_get::<_, bool>(1)?))
@@ -647,7 +648,7 @@ impl KvStore for PostgresStore {
                         let key: String = row.try_get(0)?;
                         let text: &str = row.try_get(1)?;
                         let value =
-                            rows::parse_json(text, || format!("kv record {namespace}/{key}"))?;
+                            columns::parse_json(text, || format!("kv record {namespace}/{key}"))?;
                         records.push((key, value));
                     }
                     Ok((records, expired.try_get::<_, bool>(0)?))

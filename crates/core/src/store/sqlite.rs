@@ -40,20 +40,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, Row, Rows};
-use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
 use self::chat_states::{ChatStates, Known};
 use self::writer::{Reply, WriteOp};
+use super::columns::{self, parse_json};
 use super::{
-    ChatState, ChatStateStore, FinishedRun, JournalEntry, JournalRoute, JournalState, JournalStore,
-    KvStore, NewRun, PruneStep, RetentionStore, RunEventStore, RunFilter, RunRecord, RunStore,
-    StoreError, StoreLifecycle, StoredEvent, UsageFilter, UsageGroup, UsageStore, UsageTotals,
-    KV_PURGE_BATCH,
+    ChatState, ChatStateStore, FinishedRun, JournalEntry, JournalStore, KvStore, NewRun, PruneStep,
+    RetentionStore, RunEventStore, RunFilter, RunRecord, RunStore, StoreError, StoreLifecycle,
+    StoredEvent, UsageFilter, UsageGroup, UsageStore, UsageTotals, KV_PURGE_BATCH,
 };
-use crate::budget::usage::RunSpend;
-use crate::bus::{BusEvent, RunStatus};
-use crate::engine::ResumeToken;
+use crate::bus::BusEvent;
 use crate::ids::{RunId, SessionKey};
 
 #[cfg(test)]
@@ -712,14 +709,7 @@ fn read_run_events(conn: &Connection, run_id: &str) -> Result<Vec<StoredEvent>, 
         let first: i64 = row.get(0).map_err(db)?;
         let data: String = row.get(2).map_err(db)?;
         // A row holds one or more consecutive events, one JSON object per line.
-        for line in data.split('\n') {
-            let data = parse_json(line, || format!("event row {first} of run {run_id}"))?;
-            let head = StoredEventHead::deserialize(&data).map_err(|e| {
-                StoreError::Corrupt(format!("event row {first} of run {run_id}: {e}"))
-            })?;
-            let (index, kind) = (head.index, head.kind);
-            events.push(StoredEvent { index, kind, data });
-        }
+        columns::push_events(&mut events, run_id, first, &data)?;
     }
     Ok(events)
 }
@@ -1065,125 +1055,17 @@ fn runs_from_rows(mut rows: Rows<'_>) -> Result<Vec<RunRecord>, StoreError> {
     Ok(runs)
 }
 
-/// The spend in the five columns from `first` on.
-fn spend_from_row(row: &Row<'_>, first: usize) -> Result<RunSpend, StoreError> {
-    let tokens = |i: usize| -> Result<u64, StoreError> {
-        Ok(u64::try_from(row.get::<_, i64>(first + i).map_err(db)?).unwrap_or(0))
-    };
-    Ok(RunSpend {
-        input_tokens: tokens(0)?,
-        output_tokens: tokens(1)?,
-        cache_read_tokens: tokens(2)?,
-        cache_write_tokens: tokens(3)?,
-        usd: row.get(first + 4).map_err(db)?,
-    })
-}
-
 /// A usage row: the run count at `first`, then the spend.
 fn totals_from_row(row: &Row<'_>, first: usize) -> Result<UsageTotals, StoreError> {
     let runs: i64 = row.get(first).map_err(db)?;
-    Ok(UsageTotals {
-        runs: u64::try_from(runs).unwrap_or(0),
-        spend: spend_from_row(row, first + 1)?,
-    })
+    let spend = columns::read_spend_columns!(first + 1, i => row.get(i).map_err(db)?);
+    Ok(UsageTotals { runs: u64::try_from(runs).unwrap_or(0), spend: spend.spend() })
 }
 
 fn run_from_row(row: &Row<'_>) -> Result<RunRecord, StoreError> {
-    let run_id: String = row.get(0).map_err(db)?;
-    let meta: String = row.get(5).map_err(db)?;
-    let status: String = row.get(6).map_err(db)?;
-    let resume_engine: Option<String> = row.get(10).map_err(db)?;
-    let resume_value: Option<String> = row.get(11).map_err(db)?;
-    let usage: String = row.get(12).map_err(db)?;
-    let duration_ms: Option<i64> = row.get(16).map_err(db)?;
-    let resumed_from_engine: Option<String> = row.get(17).map_err(db)?;
-    let resumed_from_value: Option<String> = row.get(18).map_err(db)?;
-    let compacted: Option<String> = row.get(24).map_err(db)?;
-    Ok(RunRecord {
-        session_key: row.get::<_, String>(1).map_err(db)?.into(),
-        conversation: row.get(2).map_err(db)?,
-        engine: row.get(3).map_err(db)?,
-        prompt: row.get(4).map_err(db)?,
-        meta: parse_json(&meta, || format!("meta of run {run_id}"))?,
-        status: RunStatus::parse(&status)
-            .ok_or_else(|| StoreError::Corrupt(format!("run {run_id} has status {status:?}")))?,
-        answer: row.get(7).map_err(db)?,
-        error: row.get(8).map_err(db)?,
-        error_code: row.get(9).map_err(db)?,
-        resumed_from: resumed_from_engine
-            .zip(resumed_from_value)
-            .map(|(engine, value)| ResumeToken { engine, value }),
-        resume: match (resume_engine, resume_value) {
-            (Some(engine), Some(value)) => Some(ResumeToken { engine, value }),
-            _ => None,
-        },
-        usage: parse_json(&usage, || format!("usage of run {run_id}"))?,
-        spend: spend_from_row(row, 19)?,
-        created_at_ms: row.get(13).map_err(db)?,
-        started_at_ms: row.get(14).map_err(db)?,
-        completed_at_ms: row.get(15).map_err(db)?,
-        duration_ms: duration_ms
-            .map(|d| {
-                u64::try_from(d)
-                    .map_err(|_| StoreError::Corrupt(format!("run {run_id} has duration {d}")))
-            })
-            .transpose()?,
-        compacted: compacted
-            .map(|text| {
-                serde_json::from_str(&text).map_err(|e| {
-                    StoreError::Corrupt(format!("compacted events of run {run_id}: {e}"))
-                })
-            })
-            .transpose()?,
-        run_id,
-    })
-}
-
-/// The fields of a stored event's JSON that the store itself reads back.
-#[derive(Debug, Deserialize)]
-struct StoredEventHead {
-    index: u64,
-    #[serde(rename = "type", default)]
-    kind: String,
-}
-
-fn parse_json(text: &str, what: impl FnOnce() -> String) -> Result<serde_json::Value, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{}: {e}", what())))
-}
-
-/// The route of a journal entry. Text that is not JSON is corrupt; JSON of another
-/// shape (a key of the wrong type) is read as the default route with a warning,
-/// as it was read before the route had a type.
-fn journal_route(text: &str, run_id: &str) -> Result<JournalRoute, StoreError> {
-    let value = parse_json(text, || format!("route of journal entry {run_id}"))?;
-    Ok(JournalRoute::deserialize(&value).unwrap_or_else(|error| {
-        tracing::warn!(%run_id, %error, "unreadable journal route; the default route is used");
-        JournalRoute::default()
-    }))
+    columns::read_run_columns!(i => row.get(i).map_err(db)?).into_record()
 }
 
 fn journal_from_row(row: &Row<'_>) -> Result<JournalEntry, StoreError> {
-    let run_id: String = row.get(0).map_err(db)?;
-    let corrupt = |what: &str| StoreError::Corrupt(format!("journal entry {run_id}: {what}"));
-    let seq: i64 = row.get(1).map_err(db)?;
-    let resume_engine: Option<String> = row.get(6).map_err(db)?;
-    let resume_value: Option<String> = row.get(7).map_err(db)?;
-    let cwd: Option<String> = row.get(8).map_err(db)?;
-    let meta: String = row.get(9).map_err(db)?;
-    let route: String = row.get(10).map_err(db)?;
-    let state: String = row.get(11).map_err(db)?;
-    Ok(JournalEntry {
-        run_id: RunId::parse(&run_id).ok_or_else(|| corrupt("bad run id"))?,
-        seq: u64::try_from(seq).map_err(|_| corrupt("negative seq"))?,
-        session_key: row.get::<_, String>(2).map_err(db)?.into(),
-        conversation: row.get(3).map_err(db)?,
-        prompt: row.get(4).map_err(db)?,
-        engine: row.get(5).map_err(db)?,
-        resume: resume_engine.zip(resume_value).map(|(e, v)| ResumeToken::new(e, v)),
-        cwd: cwd.map(std::path::PathBuf::from),
-        meta: parse_json(&meta, || format!("meta of journal entry {run_id}"))?,
-        route: journal_route(&route, &run_id)?,
-        state: JournalState::parse(&state).ok_or_else(|| corrupt("unknown state"))?,
-        accepted_at_ms: row.get(12).map_err(db)?,
-    })
+    columns::read_journal_columns!(i => row.get(i).map_err(db)?).into_entry()
 }
