@@ -217,7 +217,6 @@ pub fn open_secrets(paths: &Paths, env: &BTreeMap<String, String>) -> SecretStor
     SecretStore::new(env.clone(), paths.secrets()).with_keychain(keychain, status)
 }
 
-/// [`open_secrets`] off the async runtime's threads.
 /// Opens the store `[gateway.store]` names: the SQLite file under the home, or
 /// the PostgreSQL database whose connection string is the `url_secret` secret.
 ///
@@ -262,6 +261,7 @@ pub async fn open_store(
     }
 }
 
+/// [`open_secrets`] off the async runtime's threads.
 async fn open_secrets_blocking(paths: &Paths, env: &BTreeMap<String, String>) -> SecretStore {
     let (owned_paths, owned_env) = (paths.clone(), env.clone());
     match tokio::task::spawn_blocking(move || open_secrets(&owned_paths, &owned_env)).await {

@@ -59,7 +59,8 @@ const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 #[derive(Debug, Clone)]
 pub struct Retention {
     pub store: StoreHandle,
-    /// The database file, for its size; `None`: a store in memory.
+    /// The SQLite file, whose free pages vacuum gives back; `None`: a store
+    /// in memory or in PostgreSQL (whose autovacuum does that).
     pub database: Option<PathBuf>,
     /// Where each pass is recorded.
     pub upkeep: Upkeep,
