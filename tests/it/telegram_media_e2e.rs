@@ -203,7 +203,9 @@ async fn a_spoken_voice_note_is_transcribed_and_its_words_are_the_prompt() {
 #[tokio::test]
 async fn file_put_and_file_get_stay_inside_the_project() {
     let fake = fake_telegram().await;
-    let project = tempfile::tempdir().unwrap();
+    // A folder of its own around the project, so nothing is at `../x` before.
+    let around = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir_in(around.path()).unwrap();
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("secret.txt"), "not yours").unwrap();
     std::os::unix::fs::symlink(outside.path().join("secret.txt"), project.path().join("link"))
@@ -226,7 +228,7 @@ async fn file_put_and_file_get_stay_inside_the_project() {
     let escape = fake.inject_document(&chat, USER, Some("/file put ../x"), &notes);
     let reply = wait_for_reply(&fake, USER, escape.message_id, "outside").await;
     assert_eq!(reply.text, "../x is outside the project");
-    assert!(!project.path().parent().unwrap().join("x").exists());
+    assert!(!around.path().join("x").exists());
 
     let cases = [
         ("/file get ../../etc/passwd", "../../etc/passwd is outside the project"),
