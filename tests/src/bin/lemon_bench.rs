@@ -1,12 +1,12 @@
 //! `lemon-bench`: the gateway's speed and memory, one JSON object per scenario.
 //!
 //! ```text
-//! cargo run --release -p lemon-tests --bin lemon-bench -- [throughput|throughput-postgres|latency|latency-prune|latency-postgres|conversations|startup|telegram|native|voice|connections|soak[:SECONDS]]…
+//! cargo run --release -p lemon-tests --bin lemon-bench -- [api-store|throughput|throughput-postgres|latency|latency-prune|latency-postgres|conversations|startup|telegram|native|voice|connections|soak[:SECONDS]]…
 //! ```
 //! No argument runs them all but `connections` (10 000 connections: it needs
 //! a descriptor limit above 12 000) and `soak` (30 minutes; `soak:120` for two). `LEMON_BENCH_METRICS=off` runs the in-process
 //! scenarios without the metrics collector the server runs on the bus.
-//! The `-postgres` scenarios need `LEMON_BENCH_POSTGRES_URL`: a server on
+//! The `-postgres` scenarios and `api-store` need `LEMON_BENCH_POSTGRES_URL`: a server on
 //! which each makes a database of its own (`scripts/postgres start DIR`).
 //! Figures are measured in this process on the echo
 //! engine; `startup`, `telegram`, `native` and `voice` start the real
@@ -464,6 +464,99 @@ async fn startup() -> anyhow::Result<serde_json::Value> {
     }))
 }
 
+/// The real binary's control API on `store` (`sqlite`, or `postgres` on a
+/// fresh database of the server `LEMON_BENCH_POSTGRES_URL` names): `runs`
+/// echo runs, `concurrency` callers each posting one and following its events
+/// to `run_completed`, then the next. Each is timed from its POST (which
+/// returns once the journal entry is durable) to its completion on the stream.
+async fn api_store(
+    store: &str,
+    runs: usize,
+    concurrency: usize,
+) -> anyhow::Result<serde_json::Value> {
+    use futures::StreamExt;
+    let home = tempfile::tempdir()?;
+    let mut config = format!(
+        "[gateway]\nmax_concurrent_runs = {concurrency}\n[gateway.api]\nport = 0\n[gateway.health]\nport = 0\n"
+    );
+    if store == "postgres" {
+        let Ok(server) = std::env::var(POSTGRES_VAR) else {
+            anyhow::bail!("set {POSTGRES_VAR} to a PostgreSQL server's URL (scripts/postgres start DIR prints one)");
+        };
+        let url = lemon_core::store::postgres::testing::fresh_database(&server).await;
+        config.push_str("[gateway.store]\nbackend = \"postgres\"\nurl_secret = \"store_url\"\n");
+        let secrets = home.path().join("secrets.toml");
+        std::fs::write(&secrets, format!("store_url = \"{url}\"\n"))?;
+        std::fs::set_permissions(&secrets, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    }
+    std::fs::write(home.path().join("config.toml"), config)?;
+    let (mut child, ready) = spawn_server(home.path()).await?;
+    let api = ready
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("api="))
+        .ok_or_else(|| anyhow::anyhow!("no api address in {ready:?}"))?
+        .to_owned();
+    let client = reqwest::Client::new();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let began = Instant::now();
+    let mut callers = Vec::new();
+    for _ in 0..concurrency {
+        let (client, api, next) = (client.clone(), api.clone(), next.clone());
+        callers.push(tokio::spawn(async move {
+            let mut took = Vec::new();
+            loop {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n >= runs {
+                    return anyhow::Ok(took);
+                }
+                let at = Instant::now();
+                let accepted: serde_json::Value = client
+                    .post(format!("{api}/v1/runs"))
+                    .bearer_auth("bench-token-0123456789")
+                    .json(&serde_json::json!({ "prompt": format!("bench {n}"), "session_key": format!("bench-{n}") }))
+                    .send()
+                    .await?
+                    .error_for_status()?
+                    .json()
+                    .await?;
+                let run_id = accepted["run_id"].as_str().unwrap_or_default().to_owned();
+                let events = client
+                    .get(format!("{api}/v1/runs/{run_id}/events"))
+                    .bearer_auth("bench-token-0123456789")
+                    .send()
+                    .await?
+                    .error_for_status()?;
+                let mut stream = events.bytes_stream();
+                let mut seen = String::new();
+                while let Some(chunk) = stream.next().await {
+                    seen.push_str(&String::from_utf8_lossy(&chunk?));
+                    if seen.contains("event: run_completed") {
+                        break;
+                    }
+                }
+                took.push(at.elapsed().as_micros() as u64);
+            }
+        }));
+    }
+    let mut took = Vec::with_capacity(runs);
+    for caller in callers {
+        took.extend(caller.await??);
+    }
+    let elapsed = began.elapsed();
+    child.start_kill()?;
+    let _ = child.wait().await;
+    took.sort_unstable();
+    Ok(serde_json::json!({
+        "scenario": "api-store",
+        "store": store,
+        "runs": runs,
+        "concurrency": concurrency,
+        "runs_per_sec": (runs as f64 / elapsed.as_secs_f64()).round(),
+        "submit_to_completed_p50_us": percentile(&took, 0.50),
+        "submit_to_completed_p99_us": percentile(&took, 0.99),
+    }))
+}
+
 /// The Telegram bot against a fake Bot API in this process: first the time from
 /// a message to its answer in a quiet chat, then a burst of one message in each
 /// of `chats` chats, paced by the outbox within Telegram's limits.
@@ -793,6 +886,13 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
         "throughput-sqlite" => vec![throughput("sqlite", 200_000, 10_000).await?],
         // The same on a PostgreSQL store (a server named by LEMON_BENCH_POSTGRES_URL).
         "throughput-postgres" => vec![throughput("postgres", 50_000, 5_000).await?],
+        // The real binary over HTTP, one node on each store.
+        "api-store" => vec![
+            api_store("sqlite", 300, 1).await?,
+            api_store("postgres", 300, 1).await?,
+            api_store("sqlite", 2_000, 16).await?,
+            api_store("postgres", 2_000, 16).await?,
+        ],
         "latency-postgres" => vec![
             latency_on("sqlite", 5_000, 1_000, None).await?,
             latency_on("postgres", 5_000, 1_000, None).await?,
@@ -814,7 +914,7 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
         other => match other.strip_prefix("soak:").map(str::parse::<u64>) {
             Some(Ok(seconds)) => vec![load::soak(seconds).await?],
             _ => anyhow::bail!(
-                "unknown scenario {other:?}: use throughput, throughput-postgres, latency, latency-prune, latency-postgres, conversations, startup, telegram, native, voice, connections or soak[:SECONDS]"
+                "unknown scenario {other:?}: use api-store, throughput, throughput-postgres, latency, latency-prune, latency-postgres, conversations, startup, telegram, native, voice, connections or soak[:SECONDS]"
             ),
         },
     })
