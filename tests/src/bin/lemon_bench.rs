@@ -63,10 +63,7 @@ async fn start(store: &str, max: usize, bus: EventBus) -> anyhow::Result<Bench> 
             (StoreHandle::open_sqlite(&dir.path().join("bench.db"))?, Some(dir))
         }
         "postgres" => {
-            let Ok(server) = std::env::var(POSTGRES_VAR) else {
-                anyhow::bail!("set {POSTGRES_VAR} to a PostgreSQL server's URL (scripts/postgres start DIR prints one)");
-            };
-            let url = lemon_core::store::postgres::testing::fresh_database(&server).await;
+            let url = bench_database().await?;
             let config = lemon_core::store::postgres::PostgresConfig {
                 url,
                 pool_size: 16,
@@ -426,6 +423,35 @@ async fn spawn_server(home: &std::path::Path) -> anyhow::Result<(tokio::process:
     Ok((child, ready))
 }
 
+/// The address the ready line gives after `name` (`api=`, `health=`, `webhook=`).
+fn ready_address(ready: &str, name: &str) -> anyhow::Result<String> {
+    ready
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(name))
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow::anyhow!("no {name} address in {ready:?}"))
+}
+
+/// Writes the gateway home's secrets file, private to its owner as the
+/// gateway requires.
+fn write_secrets(home: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let secrets = home.join("secrets.toml");
+    std::fs::write(&secrets, text)?;
+    std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+/// A fresh database on the server `LEMON_BENCH_POSTGRES_URL` names.
+async fn bench_database() -> anyhow::Result<String> {
+    let Ok(server) = std::env::var(POSTGRES_VAR) else {
+        anyhow::bail!(
+            "set {POSTGRES_VAR} to a PostgreSQL server's URL (scripts/postgres start DIR prints one)"
+        );
+    };
+    Ok(lemon_core::store::postgres::testing::fresh_database(&server).await)
+}
+
 async fn startup() -> anyhow::Result<serde_json::Value> {
     let home = tempfile::tempdir()?;
     std::fs::write(
@@ -434,11 +460,7 @@ async fn startup() -> anyhow::Result<serde_json::Value> {
     )?;
     let began = Instant::now();
     let (mut child, ready) = spawn_server(home.path()).await?;
-    let health = ready
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("health="))
-        .ok_or_else(|| anyhow::anyhow!("no health address in {ready:?}"))?
-        .to_owned();
+    let health = ready_address(&ready, "health=")?;
     let client = reqwest::Client::new();
     loop {
         if client
@@ -480,22 +502,13 @@ async fn api_store(
         "[gateway]\nmax_concurrent_runs = {concurrency}\n[gateway.api]\nport = 0\n[gateway.health]\nport = 0\n"
     );
     if store == "postgres" {
-        let Ok(server) = std::env::var(POSTGRES_VAR) else {
-            anyhow::bail!("set {POSTGRES_VAR} to a PostgreSQL server's URL (scripts/postgres start DIR prints one)");
-        };
-        let url = lemon_core::store::postgres::testing::fresh_database(&server).await;
+        let url = bench_database().await?;
         config.push_str("[gateway.store]\nbackend = \"postgres\"\nurl_secret = \"store_url\"\n");
-        let secrets = home.path().join("secrets.toml");
-        std::fs::write(&secrets, format!("store_url = \"{url}\"\n"))?;
-        std::fs::set_permissions(&secrets, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        write_secrets(home.path(), &format!("store_url = \"{url}\"\n"))?;
     }
     std::fs::write(home.path().join("config.toml"), config)?;
     let (mut child, ready) = spawn_server(home.path()).await?;
-    let api = ready
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("api="))
-        .ok_or_else(|| anyhow::anyhow!("no api address in {ready:?}"))?
-        .to_owned();
+    let api = ready_address(&ready, "api=")?;
     let client = reqwest::Client::new();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let began = Instant::now();
@@ -643,7 +656,6 @@ async fn telegram(lone: usize, chats: usize) -> anyhow::Result<serde_json::Value
 /// read from `/proc` around each phase.
 async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> {
     use lemon_tests::fake_llm::{FakeLlm, FakeToolCall, Turn};
-    use std::os::unix::fs::PermissionsExt;
     const HOOK_TOKEN: &str = "bench-hook-token-0123456789";
     const LIST_PROMPT: &str = "please call the list tool";
     let llm = FakeLlm::start().await;
@@ -665,15 +677,9 @@ async fn native(text: usize, tools: usize) -> anyhow::Result<serde_json::Value> 
             llm.base_url()
         ),
     )?;
-    let secrets = home.path().join("secrets.toml");
-    std::fs::write(&secrets, "openai_api_key = \"sk-bench-key\"\n")?;
-    std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o600))?;
+    write_secrets(home.path(), "openai_api_key = \"sk-bench-key\"\n")?;
     let (mut child, ready) = spawn_server(home.path()).await?;
-    let hook = ready
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("webhook="))
-        .ok_or_else(|| anyhow::anyhow!("no webhook address in {ready:?}"))?
-        .to_owned();
+    let hook = ready_address(&ready, "webhook=")?;
     let pid = child.id().ok_or_else(|| anyhow::anyhow!("server exited"))?;
     let client = reqwest::Client::new();
     let mut turn = 0usize;
@@ -789,24 +795,15 @@ async fn voice(turns: usize) -> anyhow::Result<serde_json::Value> {
             deepgram.base_url, elevenlabs.base_url, rest.base_url
         ),
     )?;
-    std::fs::write(
-        home.path().join("secrets.toml"),
-        format!(
+    write_secrets(
+        home.path(),
+        &format!(
             "twilio_auth_token = \"{token}\"\ntwilio_account_sid = \"ACbench\"\n\
              deepgram_api_key = \"{key}\"\nelevenlabs_api_key = \"{key}\"\n"
         ),
     )?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let secrets = home.path().join("secrets.toml");
-        std::fs::set_permissions(secrets, std::fs::Permissions::from_mode(0o600))?;
-    }
     let (mut child, ready) = spawn_server(home.path()).await?;
-    let api = ready
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("api="))
-        .ok_or_else(|| anyhow::anyhow!("no api address in {ready:?}"))?
-        .to_owned();
+    let api = ready_address(&ready, "api=")?;
     let client = reqwest::Client::new();
     let hook = format!("{public_url}/webhooks/twilio/voice");
     let params = [("CallSid", sid), ("From", "+15551230100"), ("To", "+15551239999")];
