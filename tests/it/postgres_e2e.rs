@@ -143,6 +143,14 @@ async fn doctor_reports_a_reachable_postgres_store_and_backup_points_at_pg_dump(
     assert!(line.contains(&format!("postgres {}", target_of(&url))), "{line}");
     assert!(!report.contains(&password_of(&url)), "{report}");
 
+    // Beside the gateway that holds the database, doctor still gets in.
+    let gateway = Gateway::start_in(home.path()).await;
+    let mut doctor = command(home.path());
+    doctor.env("NO_COLOR", "1").arg("doctor");
+    let (_, report) = output_text(doctor).await;
+    assert!(report.contains("takes writes"), "{report}");
+    drop(gateway);
+
     let mut backup = command(home.path());
     backup.arg("backup").arg(home.path().join("copy.db")).stdin(Stdio::null());
     let (ok, text) = output_text(backup).await;

@@ -245,7 +245,8 @@ async fn check_postgres(
     secrets: &SecretStore,
 ) {
     const WAIT: Duration = Duration::from_secs(20);
-    let opened = tokio::time::timeout(WAIT, lemon_server::open_store(config, paths, secrets)).await;
+    let opened =
+        tokio::time::timeout(WAIT, lemon_server::open_store(config, paths, secrets, false)).await;
     let (store, location) = match opened {
         Ok(Ok(opened)) => opened,
         Ok(Err(error)) => {

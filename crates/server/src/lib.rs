@@ -219,6 +219,8 @@ pub fn open_secrets(paths: &Paths, env: &BTreeMap<String, String>) -> SecretStor
 
 /// Opens the store `[gateway.store]` names: the SQLite file under the home, or
 /// the PostgreSQL database whose connection string is the `url_secret` secret.
+/// A gateway that `serves` holds a PostgreSQL database alone; a check
+/// (`doctor`) opens it beside the gateway that does.
 ///
 /// # Errors
 /// The file or database cannot be opened or migrated, or the secret is unset.
@@ -226,6 +228,7 @@ pub async fn open_store(
     config: &lemon_core::config::StoreConfig,
     paths: &Paths,
     secrets: &SecretStore,
+    serves: bool,
 ) -> anyhow::Result<(StoreHandle, StoreLocation)> {
     use lemon_core::config::StoreBackendKind;
     match config.backend {
@@ -251,7 +254,7 @@ pub async fn open_store(
                     pool_size: config.pool_size as usize,
                     chat_state_ttl_ms: lemon_core::store::DEFAULT_CHAT_STATE_TTL_MS,
                     // Not in cluster mode: the only gateway on its database.
-                    exclusive: true,
+                    exclusive: serves,
                 },
             )
             .await?;
@@ -995,7 +998,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     }
     // Secrets first: a PostgreSQL store's connection string is one.
     let secrets = Arc::new(open_secrets_blocking(&opts.paths, &opts.env).await);
-    let (store, location) = open_store(&gateway_config.store, &opts.paths, &secrets).await?;
+    let (store, location) = open_store(&gateway_config.store, &opts.paths, &secrets, true).await?;
     tracing::info!(
         home = %home.display(),
         store = location.backend(),
