@@ -10,7 +10,10 @@
 
 use serde::Deserialize;
 
-use super::{JournalEntry, JournalRoute, JournalState, RunRecord, StoreError, StoredEvent};
+use super::{
+    action_summary, Compacted, JournalEntry, JournalRoute, JournalState, RunRecord, StoreError,
+    StoredEvent,
+};
 use crate::budget::usage::RunSpend;
 use crate::bus::RunStatus;
 use crate::engine::ResumeToken;
@@ -332,4 +335,42 @@ pub(super) fn push_events(
         events.push(StoredEvent { index: head.index, kind: head.kind, data });
     }
     Ok(())
+}
+
+/// What compaction makes of one run's event rows (their `data` column, in
+/// index order).
+pub(super) struct CompactedEvents {
+    /// The run's last `run_completed`, marked `"compacted"`, with its index:
+    /// the one event kept.
+    pub kept: Option<(i64, String)>,
+    /// The [`Compacted`] summary the run's record keeps, as JSON.
+    pub summary: String,
+}
+
+/// Compacts a run's event rows at `now_ms`: every line counts as an event (a
+/// line that does not read is counted and goes with the rest), the completed
+/// actions are summarised, and the last `run_completed` is kept.
+pub(super) fn compact_events(
+    rows: impl IntoIterator<Item = String>,
+    now_ms: i64,
+) -> CompactedEvents {
+    let mut events = Vec::new();
+    let mut n_events = 0u64;
+    for data in rows {
+        for line in data.split('\n') {
+            n_events += 1;
+            if let Ok(event) = serde_json::from_str::<serde_json::Value>(line) {
+                events.push(event);
+            }
+        }
+    }
+    let compacted = Compacted { at_ms: now_ms, events: n_events, actions: action_summary(&events) };
+    let kept = events.into_iter().rfind(|e| e["type"] == "run_completed").map(|mut completed| {
+        let index = completed["index"].as_i64().unwrap_or(0);
+        completed["compacted"] = serde_json::json!({ "at_ms": now_ms, "events": n_events });
+        (index, completed.to_string())
+    });
+    // A summary of plain JSON values always serialises.
+    let summary = serde_json::to_string(&compacted).unwrap_or_default();
+    CompactedEvents { kept, summary }
 }

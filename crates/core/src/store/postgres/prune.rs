@@ -8,7 +8,8 @@
 use deadpool_postgres::{Object, Transaction};
 use tokio_postgres::Error;
 
-use super::super::{action_summary, PruneStep};
+use super::super::columns;
+use super::super::PruneStep;
 use super::writer::{sql_limit, KV_PURGE_EXPIRED};
 
 /// The tables [`table_rows`] counts, in the order it reports them (SQLite's).
@@ -132,31 +133,16 @@ async fn compact_events(
         .await?;
     let mark = tx.prepare_cached("UPDATE runs SET compacted = $2 WHERE run_id = $1").await?;
     for run_id in &runs {
-        let mut events = Vec::new();
-        let mut n_events = 0u64;
+        let mut rows = Vec::new();
         for row in tx.query(&read, &[run_id]).await? {
-            let data: String = row.try_get(0)?;
-            // One event a row, as this backend writes them; lines, as SQLite
-            // groups them, read the same.
-            for line in data.split('\n') {
-                n_events += 1;
-                // A line that does not read is counted and goes with the rest.
-                if let Ok(event) = serde_json::from_str::<serde_json::Value>(line) {
-                    events.push(event);
-                }
-            }
+            rows.push(row.try_get::<_, String>(0)?);
         }
-        let actions = action_summary(&events);
+        let compacted = columns::compact_events(rows, now_ms);
         tx.execute(&delete, &[run_id]).await?;
-        if let Some(mut completed) = events.into_iter().rfind(|e| e["type"] == "run_completed") {
-            let index = completed["index"].as_i64().unwrap_or(0);
-            completed["compacted"] = serde_json::json!({ "at_ms": now_ms, "events": n_events });
-            tx.execute(&keep, &[run_id, &index, &completed.to_string()]).await?;
+        if let Some((index, completed)) = compacted.kept {
+            tx.execute(&keep, &[run_id, &index, &completed]).await?;
         }
-        // The JSON of `Compacted`, built as a value so that writing it cannot fail.
-        let summary =
-            serde_json::json!({ "at_ms": now_ms, "events": n_events, "actions": actions });
-        tx.execute(&mark, &[run_id, &summary.to_string()]).await?;
+        tx.execute(&mark, &[run_id, &compacted.summary]).await?;
     }
     Ok(runs.len() as u64)
 }

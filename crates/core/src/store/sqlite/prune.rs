@@ -10,7 +10,8 @@ use tokio::time::Instant;
 
 use rusqlite::{params, Connection};
 
-use super::super::{action_summary, Compacted, PruneStep};
+use super::super::columns;
+use super::super::PruneStep;
 
 /// The tables [`table_rows`] counts, in the order it reports them.
 const TABLES: [&str; 6] = ["runs", "run_events", "pruned_usage", "journal", "kv", "chat_state"];
@@ -104,29 +105,14 @@ fn compact_events(
     )?;
     let mut mark = conn.prepare_cached("UPDATE runs SET compacted = ?2 WHERE seq = ?1")?;
     for seq in &runs {
-        let mut events = Vec::new();
-        let mut n_events = 0u64;
         let rows = read.query_map([seq], |row| row.get::<_, String>(0))?;
-        for data in rows {
-            for line in data?.split('\n') {
-                n_events += 1;
-                // A line that does not read is counted and goes with the rest.
-                if let Ok(event) = serde_json::from_str::<serde_json::Value>(line) {
-                    events.push(event);
-                }
-            }
-        }
         let compacted =
-            Compacted { at_ms: now_ms, events: n_events, actions: action_summary(&events) };
+            columns::compact_events(rows.collect::<rusqlite::Result<Vec<_>>>()?, now_ms);
         delete.execute([seq])?;
-        if let Some(mut completed) = events.into_iter().rfind(|e| e["type"] == "run_completed") {
-            let index = completed["index"].as_i64().unwrap_or(0);
-            completed["compacted"] = serde_json::json!({ "at_ms": now_ms, "events": n_events });
-            keep.execute(params![seq, index, completed.to_string()])?;
+        if let Some((index, completed)) = compacted.kept {
+            keep.execute(params![seq, index, completed])?;
         }
-        let summary = serde_json::to_string(&compacted)
-            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
-        mark.execute(params![seq, summary])?;
+        mark.execute(params![seq, compacted.summary])?;
     }
     Ok(runs.len() as u64)
 }
