@@ -33,6 +33,7 @@ pub mod control;
 pub mod keeper;
 pub mod leases;
 pub mod listener;
+pub mod node;
 pub mod slots;
 
 use std::collections::HashMap;
@@ -46,6 +47,7 @@ pub use control::{Control, ControlKind, SharedConfig};
 pub use keeper::{KeeperConfig, LeaseKeeper};
 pub use leases::{LeaseOwner, LostLease, RenewReport, StaleLease};
 pub use listener::{Listener, Notice, Topic};
+pub use node::{ClusterNode, ClusterSettings, Placement};
 pub use slots::FreedSlot;
 
 /// A node's id: 1 to 64 of `A-Z a-z 0-9 . _ -`, from the node's config or

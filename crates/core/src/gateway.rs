@@ -30,6 +30,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::budget::BudgetGuard;
 use crate::bus::{EventBus, RunStatus};
+use crate::cluster::ClusterNode;
 use crate::config::SessionLimits;
 use crate::contain::OffLimits;
 use crate::engine::{EngineRegistry, ResumeToken, RunError, SteerError};
@@ -227,19 +228,34 @@ pub struct GatewayHandle {
     engines: EngineRegistry,
     store: StoreHandle,
     bus: EventBus,
+    /// This node's cluster, in cluster mode.
+    cluster: Option<Arc<ClusterNode>>,
 }
 
 impl GatewayHandle {
     /// Starts the scheduler on `tracker`; it stops when `token` is cancelled.
     pub fn start(deps: GatewayDeps, token: CancellationToken, tracker: &TaskTracker) -> Self {
+        Self::start_clustered(deps, None, token, tracker)
+    }
+
+    /// [`GatewayHandle::start`] for a node of a cluster (`Some`): every run
+    /// claims one of the cluster's slots before its engine starts, and the
+    /// node's engines stop once it is fenced.
+    pub fn start_clustered(
+        deps: GatewayDeps,
+        cluster: Option<Arc<ClusterNode>>,
+        token: CancellationToken,
+        tracker: &TaskTracker,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(1024);
         let handle = GatewayHandle {
             tx: tx.clone(),
             engines: deps.engines.clone(),
             store: deps.store.clone(),
             bus: deps.bus.clone(),
+            cluster: cluster.clone(),
         };
-        let scheduler = Scheduler::new(deps, rx, tx, token, tracker.clone());
+        let scheduler = Scheduler::new(deps, cluster, rx, tx, token, tracker.clone());
         tracker.spawn(scheduler.run());
         handle
     }
@@ -416,6 +432,11 @@ impl GatewayHandle {
 
     pub(crate) fn engines(&self) -> &EngineRegistry {
         &self.engines
+    }
+
+    /// This node's cluster, in cluster mode.
+    pub fn cluster(&self) -> Option<&Arc<ClusterNode>> {
+        self.cluster.as_ref()
     }
 }
 

@@ -43,11 +43,24 @@ pub enum Topic {
     Slots,
     /// The cluster config changed; the payload is its new version.
     Config,
+    /// A batch of a run's events was committed; the payload is
+    /// `<run id>:<highest event index>`.
+    Events,
+    /// A request was journaled for a session another node owns; the payload
+    /// is `<owner node id>\t<session key>`.
+    Handoff,
 }
 
 impl Topic {
     /// Every topic.
-    pub const ALL: [Topic; 4] = [Topic::Control, Topic::ControlAnswer, Topic::Slots, Topic::Config];
+    pub const ALL: [Topic; 6] = [
+        Topic::Control,
+        Topic::ControlAnswer,
+        Topic::Slots,
+        Topic::Config,
+        Topic::Events,
+        Topic::Handoff,
+    ];
 
     /// The PostgreSQL channel name.
     pub fn channel(self) -> &'static str {
@@ -56,6 +69,8 @@ impl Topic {
             Topic::ControlAnswer => "lemon_control_answer",
             Topic::Slots => "lemon_slots",
             Topic::Config => "lemon_config",
+            Topic::Events => "lemon_events",
+            Topic::Handoff => "lemon_handoff",
         }
     }
 

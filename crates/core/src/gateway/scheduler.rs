@@ -29,6 +29,7 @@ use super::{
 };
 use crate::bus::{EventBus, RunStatus};
 use crate::clock::now_ms;
+use crate::cluster::ClusterNode;
 use crate::engine::{Completion, EngineRegistry, RunControl, RunError};
 use crate::ids::{ConversationKey, EngineRef, RunId, SessionKey};
 use crate::store::{NewRun, StoreHandle};
@@ -204,6 +205,8 @@ pub(super) struct Scheduler {
     engines: EngineRegistry,
     store: StoreHandle,
     bus: EventBus,
+    /// This node's cluster, in cluster mode.
+    cluster: Option<Arc<ClusterNode>>,
     lock: EngineLock,
     /// Where runs without a cwd run; resolved once, as it needs file system checks.
     fallback_cwd: Arc<std::path::Path>,
@@ -248,6 +251,7 @@ fn fallback_cwd(config: &RuntimeConfig) -> Arc<std::path::Path> {
 impl Scheduler {
     pub(super) fn new(
         deps: GatewayDeps,
+        cluster: Option<Arc<ClusterNode>>,
         rx: mpsc::Receiver<SchedulerMsg>,
         tx: mpsc::Sender<SchedulerMsg>,
         token: CancellationToken,
@@ -263,6 +267,7 @@ impl Scheduler {
             engines: deps.engines,
             store: deps.store,
             bus: deps.bus,
+            cluster,
             lock,
             fallback_cwd,
             token,

@@ -26,6 +26,7 @@
 //! read back into the store's types).
 
 mod connect;
+pub mod fence;
 mod holder;
 mod prune;
 mod rows;
@@ -218,6 +219,10 @@ pub struct PostgresStore {
     chat_state_ttl_ms: i64,
     /// The one-gateway lock of an exclusive store, let go by `close` (or drop).
     holder: Mutex<Option<holder::Holder>>,
+    /// The connection settings, for a node's own listening connection.
+    settings: tokio_postgres::Config,
+    /// Which writes are fenced by which lease (cluster mode).
+    fences: fence::Fences,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -258,7 +263,7 @@ impl PostgresStore {
             ),
             false => None,
         };
-        let pool = connect::pool(parsed, config.pool_size).map_err(open_error)?;
+        let pool = connect::pool(parsed.clone(), config.pool_size).map_err(open_error)?;
         let mut client = pool.get().await.map_err(|e| open_error(connect::pool_error_text(&e)))?;
         schema::migrate(&mut client).await.map_err(open_error)?;
         drop(client);
@@ -273,7 +278,22 @@ impl PostgresStore {
             closed: AtomicBool::new(false),
             chat_state_ttl_ms: config.chat_state_ttl_ms,
             holder: Mutex::new(holder),
+            settings: parsed,
+            fences: fence::Fences::default(),
         })
+    }
+
+    /// Which writes are fenced by which lease; cluster mode registers its runs here.
+    pub fn fences(&self) -> &fence::Fences {
+        &self.fences
+    }
+
+    /// The connection settings (the login included: never log them) and the
+    /// TLS connector, for a connection of a node's own, such as a listener's.
+    pub fn connection_settings(
+        &self,
+    ) -> (tokio_postgres::Config, tokio_postgres_rustls::MakeRustlsConnect) {
+        (self.settings.clone(), connect::tls())
     }
 
     /// `postgres://host:port/database`: where it is, without the login.

@@ -1,0 +1,1 @@
+//! Single-consumer channels owned through channel leases.

@@ -1,0 +1,1 @@
+//! Events of runs on other nodes, for local followers.

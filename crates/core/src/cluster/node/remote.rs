@@ -1,0 +1,1 @@
+//! Cancel and steer of a run another node owns.

@@ -1,0 +1,1 @@
+//! The cluster as status pages show it.
