@@ -12,6 +12,11 @@
 //! `run_completed` queued for the store → `run_completed` published → slot
 //! released and the conversation notified. Every event is queued for the store
 //! before it is published, so a reader that sees an event can read it back.
+//!
+//! On a node of a cluster the run first claims one of the cluster's slots,
+//! waiting (still `queued`) while every slot is taken; cancelled meanwhile, it
+//! withdraws its claim and completes without starting. It frees the slot once
+//! its completion is queued for the store, before `run_completed` is published.
 
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
@@ -23,6 +28,7 @@ use futures::FutureExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::lock::{EngineLock, LockKey};
 use super::retry;
@@ -32,6 +38,8 @@ use crate::budget::usage::{ReportedUsage, RunSpend};
 use crate::budget::BudgetScope;
 use crate::bus::{BusEvent, EventBus, EventKind, RunStatus};
 use crate::clock::now_ms;
+use crate::cluster::node::admission::{AdmissionError, SlotHeld};
+use crate::cluster::ClusterNode;
 use crate::engine::{
     Availability, Completion, EngineError, EngineEvent, EngineRegistry, EventSink, ResumeToken,
     RunControl, RunError, StartRequest,
@@ -51,15 +59,19 @@ pub(super) struct RunShared {
     control: OnceLock<Arc<dyn RunControl>>,
     /// Set while a cancelled run waits for its engine to stop.
     cancelling: AtomicBool,
+    /// Set while the run waits for one of the cluster's slots.
+    waiting_for_slot: AtomicBool,
 }
 
 impl RunShared {
-    pub(super) fn new(token: CancellationToken) -> Self {
+    /// `waiting_for_slot`: the run needs one of the cluster's slots first.
+    pub(super) fn new(token: CancellationToken, waiting_for_slot: bool) -> Self {
         RunShared {
             token,
             reason: Mutex::new(None),
             control: OnceLock::new(),
             cancelling: AtomicBool::new(false),
+            waiting_for_slot: AtomicBool::new(waiting_for_slot),
         }
     }
 
@@ -79,6 +91,12 @@ impl RunShared {
     /// Whether the run was stopped and waits for its engine to let go.
     pub(super) fn is_cancelling(&self) -> bool {
         self.cancelling.load(Ordering::Relaxed)
+    }
+
+    /// Whether the run still waits for one of the cluster's slots: it has not
+    /// started, and a shutdown treats it as queued.
+    pub(super) fn is_waiting_for_slot(&self) -> bool {
+        self.waiting_for_slot.load(Ordering::Relaxed)
     }
 
     fn reason(&self) -> RunError {
@@ -103,6 +121,21 @@ pub(super) struct RunContext {
     pub(super) finished: OnFinished,
     /// The working directory of requests without one, resolved once at start.
     pub(super) fallback_cwd: Arc<Path>,
+    /// In cluster mode: where the run claims its cluster slot.
+    pub(super) cluster: Option<ClusterRun>,
+}
+
+/// What a run of a cluster node needs to claim and free its cluster slot.
+#[derive(Debug, Clone)]
+pub(super) struct ClusterRun {
+    pub(super) node: Arc<ClusterNode>,
+    /// When the scheduler accepted the run (this node's clock): the claim's
+    /// place in the cluster's queue.
+    pub(super) accepted_at_ms: i64,
+    /// Where a slot that could not be freed at once is freed later.
+    pub(super) tracker: TaskTracker,
+    /// The gateway's shutdown: background frees stop then.
+    pub(super) stop: CancellationToken,
 }
 
 /// The run's report to whoever granted its slot: called once, after
@@ -140,6 +173,15 @@ struct RunState {
     artifacts: ArtifactCollector,
     /// The model the run asked for, if any (prices are by model).
     model: Option<String>,
+}
+
+/// Why a run of a cluster node got no cluster slot.
+enum Unadmitted {
+    /// Stopped by a shutdown while it waited, and journaled: left queued, as
+    /// a queued request is, for whichever node runs the session next.
+    LeftQueued,
+    /// It ends with this completion without starting.
+    Ended(Completion),
 }
 
 fn event(run_id: &RunId, session: &SessionKey, index: u64, kind: EventKind) -> Arc<BusEvent> {
@@ -183,20 +225,35 @@ pub(super) async fn execute(ctx: RunContext) {
         engine: ctx.req.engine.to_string(),
         ..RunState::default()
     };
-    let body = AssertUnwindSafe(drive(&ctx, &mut state)).catch_unwind().await;
-    let completion = body.unwrap_or_else(|panic| {
-        let detail = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "run panicked".to_owned());
-        Completion::failure(
-            RunError::EngineCrashed { detail: format!("panic: {detail}") },
-            state.last_resume.clone(),
-        )
-    });
+    let admitted = match &ctx.cluster {
+        None => Ok(None),
+        Some(cluster) => admit(&ctx, cluster).await.map(Some),
+    };
+    let (completion, slot) = match admitted {
+        Ok(slot) => {
+            let body = AssertUnwindSafe(drive(&ctx, &mut state)).catch_unwind().await;
+            let completion = body.unwrap_or_else(|panic| {
+                let detail = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "run panicked".to_owned());
+                Completion::failure(
+                    RunError::EngineCrashed { detail: format!("panic: {detail}") },
+                    state.last_resume.clone(),
+                )
+            });
+            (completion, slot)
+        }
+        Err(Unadmitted::Ended(completion)) => (completion, None),
+        Err(Unadmitted::LeftQueued) => {
+            tracing::debug!(run_id = %ctx.run_id, "run left queued at shutdown while it waited for a run slot");
+            (ctx.finished.0)(ctx.run_id, RunStatus::Queued).await;
+            return;
+        }
+    };
     let spend = spend_of(&ctx, &state, &completion);
-    let RunContext { run_id, session_key, store, bus, finished, config, req, .. } = ctx;
+    let RunContext { run_id, session_key, store, bus, finished, config, req, cluster, .. } = ctx;
     let status = RunStatus::of(&completion);
     // Only the router can resubmit, so only its requests are retried.
     let request = req.journaled.then_some(&req);
@@ -210,8 +267,53 @@ pub(super) async fn execute(ctx: RunContext) {
         request,
         staged,
     };
-    finalize(&bus, &store, end, &mut state, completion).await;
+    let completed = finalize(&store, end, &mut state, completion).await;
+    // The slot is freed once the completion is queued for the store, and
+    // before it is published: whoever sees the run end (the router, which
+    // may then let the session go) finds the slot free.
+    if let (Some(cluster), Some(slot)) = (cluster, slot) {
+        cluster
+            .node
+            .free_slot_of(&slot.lease, run_id.as_str(), &cluster.tracker, &cluster.stop)
+            .await;
+    }
+    bus.publish(completed);
     (finished.0)(run_id, status).await;
+}
+
+/// Claims the run's cluster slot, waiting while every slot is taken; the run
+/// stays `queued` meanwhile (its phase stays `waiting_for_slot`).
+async fn admit(ctx: &RunContext, cluster: &ClusterRun) -> Result<SlotHeld, Unadmitted> {
+    let claimed = cluster
+        .node
+        .claim_slot_for(
+            &ctx.session_key,
+            ctx.run_id.as_str(),
+            cluster.accepted_at_ms,
+            &ctx.shared.token,
+            &cluster.tracker,
+            &cluster.stop,
+        )
+        .await;
+    ctx.shared.waiting_for_slot.store(false, Ordering::Relaxed);
+    match claimed {
+        Ok(held) => Ok(held),
+        Err(AdmissionError::Cancelled) => {
+            let reason = ctx.shared.reason();
+            if matches!(reason, RunError::ShuttingDown) && ctx.req.journaled {
+                return Err(Unadmitted::LeftQueued);
+            }
+            Err(Unadmitted::Ended(Completion::failure(reason, ctx.req.resume.clone())))
+        }
+        Err(refused) => {
+            tracing::warn!(run_id = %ctx.run_id, error = %refused, "run got no run slot");
+            let detail = refused.to_string();
+            Err(Unadmitted::Ended(Completion::failure(
+                RunError::StartFailed { detail },
+                ctx.req.resume.clone(),
+            )))
+        }
+    }
 }
 
 /// What the run spent, priced by the budget guard when there is one; the guard
@@ -579,13 +681,14 @@ struct Ending<'a> {
     staged: Vec<Attachment>,
 }
 
+/// Writes the run's completion (queued for the store) and returns its
+/// `run_completed`, for the caller to publish.
 async fn finalize(
-    bus: &EventBus,
     store: &StoreHandle,
     end: Ending<'_>,
     state: &mut RunState,
     mut completion: Completion,
-) {
+) -> Arc<BusEvent> {
     let Ending { run_id, session_key, config, started, spend, request, staged } = end;
     if completion.answer.is_empty() {
         completion.answer = std::mem::take(&mut state.text);
@@ -639,7 +742,7 @@ async fn finalize(
         duration_ms,
         spend,
     };
-    complete(bus, store, end).await;
+    write_completion(store, end).await
 }
 
 /// A run's completion, as [`complete`] writes it.
@@ -662,6 +765,13 @@ pub(crate) struct RunEnd {
 /// `run_completed` is published, so whoever sees the completion reads the
 /// finished run.
 pub(crate) async fn complete(bus: &EventBus, store: &StoreHandle, end: RunEnd) {
+    let completed = write_completion(store, end).await;
+    bus.publish(completed);
+}
+
+/// Queues a run's `run_completed` and final row for the store; returns the
+/// event, to be published next.
+async fn write_completion(store: &StoreHandle, end: RunEnd) -> Arc<BusEvent> {
     let RunEnd { run_id, session_key, index, engine, completion, duration_ms, spend } = end;
     let kind = EventKind::RunCompleted {
         completion: completion.clone(),
@@ -673,7 +783,7 @@ pub(crate) async fn complete(bus: &EventBus, store: &StoreHandle, end: RunEnd) {
         FinishedRun { run_id, engine, completion, completed_at_ms: now_ms(), duration_ms, spend };
     store.append_event(completed.clone()).await;
     store.finalize_run(finished).await;
-    bus.publish(completed);
+    completed
 }
 
 /// Completes a request that never started (cancelled or dropped while queued).

@@ -8,6 +8,12 @@
 //!
 //! The actor never waits on a run. Runs report back with `RunFinished` through the
 //! same bounded channel the handles use, so channels form no cycle.
+//!
+//! On a node of a cluster a granted run also claims one of the cluster's slots
+//! before its engine starts (see `run`); until it has one it is shown as
+//! queued, and a shutdown treats it as queued. Once the node is fenced the
+//! scheduler stops every run as a shutdown does, starts nothing more and
+//! refuses new requests.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -22,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::lock::EngineLock;
-use super::run::{self, OnFinished, RunContext, RunShared};
+use super::run::{self, ClusterRun, OnFinished, RunContext, RunShared};
 use super::{
     ActiveRun, CancelOutcome, ExecutionRequest, GatewayDeps, RuntimeConfig, SchedulerSnapshot,
     SubmitError,
@@ -176,12 +182,14 @@ impl RunEntry {
             engine: self.engine().clone(),
             status: match self.shared() {
                 None => RunStatus::Queued,
+                Some(shared) if shared.is_waiting_for_slot() => RunStatus::Queued,
                 Some(shared) if shared.is_cancelling() => RunStatus::Cancelling,
                 Some(_) => RunStatus::Running,
             },
             created_at_ms: self.created_at_ms,
             started_at_ms: match &self.stage {
                 Stage::Queued(_) => None,
+                Stage::Running(running) if running.shared.is_waiting_for_slot() => None,
                 Stage::Running(running) => Some(running.started_at_ms),
             },
         }
@@ -223,6 +231,9 @@ pub(super) struct Scheduler {
     /// Intake paused: no slot is granted, so queued runs wait.
     paused: bool,
     draining: Option<Draining>,
+    /// The cluster node was fenced: every run was stopped, and nothing starts
+    /// or is accepted any more.
+    fenced: bool,
 }
 
 /// Where runs without a directory run: the configured default, else the
@@ -279,6 +290,7 @@ impl Scheduler {
             n_queued: 0,
             paused: false,
             draining: None,
+            fenced: false,
         }
     }
 
@@ -290,11 +302,13 @@ impl Scheduler {
             .max(Duration::from_millis(10));
         let mut reap = tokio::time::interval_at(Instant::now() + reap_every, reap_every);
         let mut inbox = Vec::with_capacity(MAX_MESSAGES_PER_WAKE);
+        let fence = self.cluster.as_ref().map(|node| node.fenced());
         loop {
             let drain_deadline = self.draining.as_ref().map(|d| d.deadline);
             tokio::select! {
                 biased;
                 () = self.token.cancelled() => break,
+                () = cancelled_opt(fence.as_ref()), if !self.fenced => self.on_fenced().await,
                 // Several messages per wake-up: under load this halves the actor's
                 // scheduling overhead, and each message is still handled in order.
                 n = self.rx.recv_many(&mut inbox, MAX_MESSAGES_PER_WAKE) => {
@@ -403,7 +417,7 @@ impl Scheduler {
     }
 
     async fn submit(&mut self, mut req: ExecutionRequest) -> Result<RunId, SubmitError> {
-        if self.draining.is_some() {
+        if self.draining.is_some() || self.fenced {
             return Err(SubmitError::ShuttingDown);
         }
         let run_id = req.run_id.take().unwrap_or_else(RunId::generate);
@@ -448,7 +462,7 @@ impl Scheduler {
 
     /// Grants free slots to waiting conversations, oldest first.
     fn grant_until_full(&mut self) {
-        if self.draining.is_some() || self.paused {
+        if self.draining.is_some() || self.paused || self.fenced {
             return;
         }
         while self.in_flight < self.max {
@@ -470,7 +484,7 @@ impl Scheduler {
     fn start_run(&mut self, run_id: RunId) {
         let Some(entry) = self.runs.get_mut(&run_id) else { return };
         let Stage::Queued(req) = &entry.stage else { return };
-        let shared = Arc::new(RunShared::new(self.token.child_token()));
+        let shared = Arc::new(RunShared::new(self.token.child_token(), self.cluster.is_some()));
         let running = Running {
             session_key: req.session_key.clone(),
             conversation: req.conversation.clone(),
@@ -478,6 +492,7 @@ impl Scheduler {
             started_at_ms: now_ms(),
             shared: shared.clone(),
         };
+        let accepted_at_ms = entry.created_at_ms;
         let Stage::Queued(req) =
             std::mem::replace(&mut entry.stage, Stage::Running(Box::new(running)))
         else {
@@ -497,6 +512,12 @@ impl Scheduler {
             lock: self.lock.clone(),
             finished: self.on_finished(),
             fallback_cwd: self.fallback_cwd.clone(),
+            cluster: self.cluster.as_ref().map(|node| ClusterRun {
+                node: node.clone(),
+                accepted_at_ms,
+                tracker: self.tracker.clone(),
+                stop: self.token.clone(),
+            }),
         };
         self.tracker.spawn(run::execute(ctx));
     }
@@ -566,8 +587,15 @@ impl Scheduler {
 
     /// At shutdown, takes every request still waiting for a slot out of the queues.
     /// A journaled one is left as it is stored (`queued`), so the router's journal
-    /// runs it at the next start; any other completes with `error`.
+    /// runs it at the next start; any other completes with `error`. A run waiting
+    /// for one of the cluster's slots is stopped with `error` and does the same
+    /// itself.
     async fn stop_queued(&mut self, error: RunError) {
+        for shared in self.runs.values().filter_map(RunEntry::shared) {
+            if shared.is_waiting_for_slot() {
+                shared.cancel(error.clone());
+            }
+        }
         let queued: Vec<(RunId, bool)> = self
             .runs
             .iter()
@@ -614,6 +642,20 @@ impl Scheduler {
         }
     }
 
+    /// The cluster node was fenced: its leases may be another node's in a third
+    /// of a term. Every run stops now, as at a hard shutdown (engines cancelled,
+    /// process groups killed); nothing more starts or is accepted.
+    async fn on_fenced(&mut self) {
+        tracing::error!(
+            in_flight = self.in_flight,
+            queued = self.n_queued,
+            "cluster node fenced: stopping every run"
+        );
+        self.fenced = true;
+        self.cancel_running(RunError::ShuttingDown);
+        self.stop_queued(RunError::ShuttingDown).await;
+    }
+
     async fn start_drain(&mut self, grace: Duration, reply: oneshot::Sender<()>) {
         match &mut self.draining {
             Some(draining) => draining.replies.push(reply),
@@ -639,9 +681,21 @@ impl Scheduler {
     }
 }
 
+/// Resolves when `token` is cancelled; never without one.
+async fn cancelled_opt(token: Option<&CancellationToken>) {
+    match token {
+        Some(token) => token.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+#[path = "tests/cluster_tests.rs"]
+mod cluster_tests;
