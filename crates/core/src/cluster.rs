@@ -302,6 +302,11 @@ impl Cluster {
         &self.inner.node
     }
 
+    /// The shared database's pool.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
     /// Runs `op` on a pooled connection. The connection goes back to the pool
     /// only when `op` finishes: one dropped mid-statement (a timed-out
     /// renewal, a cancelled caller) is closed instead, so nobody else waits

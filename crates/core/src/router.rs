@@ -34,6 +34,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::bus::{EventBus, Subscription};
+use crate::cluster::node::remote::{ControlHandler, RemoteAnswer};
+use crate::cluster::{ClusterNode, Notice, Topic};
 use crate::config::{GatewayConfig, QueueMode};
 use crate::engine::{Field, InvalidValue, ResumeToken, RunError, SteerError};
 use crate::gateway::{CancelOutcome, GatewayHandle};
@@ -409,6 +411,9 @@ impl RouterHandle {
         tracker: &TaskTracker,
     ) -> Self {
         let (tx, rx) = mpsc::channel(1024);
+        if let Some(node) = gateway.cluster() {
+            tracker.spawn(cluster_pump(node.clone(), tx.clone(), token.clone()));
+        }
         let router = Router::new(config, gateway.clone(), rx, tx.clone(), token, tracker.clone());
         tracker.spawn(router.run());
         let (bus, store) = (gateway.bus().clone(), gateway.store().clone());
@@ -540,6 +545,25 @@ impl RouterHandle {
     /// # Errors
     /// [`RouteError::ShuttingDown`] when the router or the gateway is gone.
     pub async fn cancel_run(&self, run_id: &RunId) -> Result<CancelOutcome, RouteError> {
+        let outcome = self.cancel_here(run_id).await?;
+        let Some(node) = self.gateway.cluster() else { return Ok(outcome) };
+        if outcome != CancelOutcome::NotActive {
+            return Ok(outcome);
+        }
+        // In a cluster the run may belong to a session another node owns.
+        let Some(session_key) = self.unfinished_session(run_id).await else { return Ok(outcome) };
+        match node.remote_cancel(run_id, session_key.as_str()).await {
+            Ok(RemoteAnswer::Done) => Ok(CancelOutcome::Cancelling),
+            Ok(_) => Ok(CancelOutcome::NotActive),
+            Err(error) => {
+                tracing::warn!(%error, %run_id, "cancel not delivered to the run's node");
+                Err(RouteError::Journal(StoreError::Database(format!("cluster: {error}"))))
+            }
+        }
+    }
+
+    /// [`RouterHandle::cancel_run`] on this node only.
+    async fn cancel_here(&self, run_id: &RunId) -> Result<CancelOutcome, RouteError> {
         if self.abort_run(run_id).await? {
             return Ok(CancelOutcome::Cancelling);
         }
@@ -549,12 +573,33 @@ impl RouterHandle {
             .map_err(|_| RouteError::ShuttingDown)
     }
 
-    /// Sends more input into a running run.
+    /// The session of a run the store has and that has not finished.
+    async fn unfinished_session(&self, run_id: &RunId) -> Option<SessionKey> {
+        match self.store.get_run(run_id.as_str()).await {
+            Ok(Some(record)) if !record.status.is_terminal() => Some(record.session_key),
+            _ => None,
+        }
+    }
+
+    /// Sends more input into a running run, on whichever node of a cluster runs it.
     ///
     /// # Errors
     /// [`SteerError`] when the run is not running or its engine refused.
     pub async fn steer(&self, run_id: &RunId, text: &str) -> Result<(), SteerError> {
-        self.gateway.steer(run_id, text).await
+        let here = self.gateway.steer(run_id, text).await;
+        let Some(node) = self.gateway.cluster() else { return here };
+        if !matches!(here, Err(SteerError::Finished)) {
+            return here;
+        }
+        let Some(session_key) = self.unfinished_session(run_id).await else { return here };
+        match node.remote_steer(run_id, session_key.as_str(), text).await {
+            Ok(RemoteAnswer::Done) => Ok(()),
+            Ok(RemoteAnswer::NotActive) => Err(SteerError::Finished),
+            Ok(RemoteAnswer::Refused(why)) => Err(SteerError::Failed(why)),
+            Err(error) => {
+                Err(SteerError::Failed(format!("the run's node did not answer: {error}")))
+            }
+        }
     }
 
     /// Cancels a conversation: drops its queue and in-flight steers, cancels its run.
@@ -625,6 +670,69 @@ impl RouterHandle {
     pub async fn reload(&self, config: RouterConfig) -> Result<(), RouteError> {
         let msg = RouterMsg::Reload { config: Box::new(config) };
         self.tx.send(msg).await.map_err(|_| RouteError::ShuttingDown)
+    }
+}
+
+/// A cluster node's router hears about handed-off requests from the
+/// notifications, and sweeps every `sweep` interval and after a notification
+/// may have been missed.
+async fn cluster_pump(
+    node: Arc<ClusterNode>,
+    tx: mpsc::Sender<RouterMsg>,
+    token: CancellationToken,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    let mut notices = node.subscribe();
+    let mut tick = tokio::time::interval(node.settings().sweep);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let msg = tokio::select! {
+            biased;
+            () = token.cancelled() => return,
+            notice = notices.recv() => match notice {
+                Ok(Notice::Notified { topic: Topic::Handoff, payload }) => {
+                    match node.handoff_for_me(&payload) {
+                        Some(session_key) => RouterMsg::Adopt { session_key },
+                        None => continue,
+                    }
+                }
+                Ok(Notice::Resync) | Err(RecvError::Lagged(_)) => RouterMsg::Sweep,
+                Ok(Notice::Notified { .. }) => continue,
+                Err(RecvError::Closed) => return,
+            },
+            _ = tick.tick() => RouterMsg::Sweep,
+        };
+        // A sweep the router has not got to yet covers this one too.
+        let sent = match msg {
+            RouterMsg::Sweep => match tx.try_send(msg) {
+                Err(mpsc::error::TrySendError::Closed(_)) => Err(()),
+                _ => Ok(()),
+            },
+            other => tx.send(other).await.map_err(drop),
+        };
+        if sent.is_err() {
+            return;
+        }
+    }
+}
+
+/// How a node acts on a cancel or steer another node sent it.
+#[async_trait::async_trait]
+impl ControlHandler for RouterHandle {
+    async fn cancel(&self, run_id: &RunId) -> RemoteAnswer {
+        match self.cancel_here(run_id).await {
+            Ok(CancelOutcome::NotActive) => RemoteAnswer::NotActive,
+            Ok(_) => RemoteAnswer::Done,
+            Err(error) => RemoteAnswer::Refused(error.to_string()),
+        }
+    }
+
+    async fn steer(&self, run_id: &RunId, text: &str) -> RemoteAnswer {
+        match self.gateway.steer(run_id, text).await {
+            Ok(()) => RemoteAnswer::Done,
+            Err(SteerError::Finished) => RemoteAnswer::NotActive,
+            Err(error) => RemoteAnswer::Refused(error.to_string()),
+        }
     }
 }
 

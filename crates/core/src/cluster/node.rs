@@ -196,6 +196,11 @@ impl ClusterNode {
         self.sessions().len()
     }
 
+    /// The keys of the sessions this node holds.
+    pub fn held_sessions(&self) -> Vec<String> {
+        self.sessions().keys().cloned().collect()
+    }
+
     /// Where session `key` runs: here when this node holds its lease or could
     /// take it (free, released or lapsed), else on its owner.
     ///
@@ -256,13 +261,19 @@ impl ClusterNode {
             .await
     }
 
-    /// Sessions with journaled requests and no live owner (never leased,
-    /// released, or lapsed), up to `limit`, after taking back the slots of
-    /// runs whose session lease lapsed. Any node may take them over.
+    /// Journaled requests, as `(session key, run id)`, whose session has no
+    /// live owner (never leased, released, or lapsed) or whose lease names
+    /// this node (held now, or by an earlier life of a node with this id), up
+    /// to `limit`, after taking back the slots of runs whose session lease
+    /// lapsed. Any node may take the ownerless sessions over; the owner adopts
+    /// the requests it does not know yet.
     ///
     /// # Errors
     /// [`ClusterError`] when the database could not be read.
-    pub async fn orphaned_sessions(&self, limit: u32) -> Result<Vec<String>, ClusterError> {
+    pub async fn journal_candidates(
+        &self,
+        limit: u32,
+    ) -> Result<Vec<(String, String)>, ClusterError> {
         let freed = self.cluster.free_slots_of_expired().await?;
         for slot in &freed {
             tracing::info!(run_id = %slot.run_id, node = %slot.node, slot = slot.slot, "slot of a lapsed session taken back");
@@ -271,15 +282,36 @@ impl ClusterNode {
             .with_client(async |client| {
                 let rows = client
                     .query(
-                        "SELECT DISTINCT j.session_key FROM journal j
+                        "SELECT j.session_key, j.run_id FROM journal j
                          LEFT JOIN session_leases l ON l.session_key = j.session_key
                          WHERE l.session_key IS NULL OR l.released_at IS NOT NULL
-                            OR l.expires_at <= clock_timestamp()
+                            OR l.expires_at <= clock_timestamp() OR l.node_id = $2
+                         ORDER BY j.accepted_at_ms, j.seq
                          LIMIT $1",
-                        &[&i64::from(limit)],
+                        &[&i64::from(limit), &self.id().as_str()],
                     )
                     .await?;
-                Ok::<_, ClusterError>(rows.into_iter().map(|row| row.get(0)).collect())
+                Ok::<_, ClusterError>(
+                    rows.into_iter().map(|row| (row.get(0), row.get(1))).collect(),
+                )
+            })
+            .await
+    }
+
+    /// Whether the journal holds a request for session `session_key`.
+    ///
+    /// # Errors
+    /// [`ClusterError`] when the database could not be read.
+    pub async fn has_journaled(&self, session_key: &str) -> Result<bool, ClusterError> {
+        self.cluster
+            .with_client(async |client| {
+                let row = client
+                    .query_opt(
+                        "SELECT 1 FROM journal WHERE session_key = $1 LIMIT 1",
+                        &[&session_key],
+                    )
+                    .await?;
+                Ok::<_, ClusterError>(row.is_some())
             })
             .await
     }

@@ -1,7 +1,8 @@
 //! The router actor: the conversation table, the sticky engines, and the
 //! interpreter of the queue state machine's effects.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -24,6 +25,7 @@ use super::{
 };
 use crate::bus::{EventBus, RunPhase, RunStatus};
 use crate::clock::now_ms;
+use crate::cluster::{ClusterNode, NodeId, Placement};
 use crate::config::QueueMode;
 use crate::engine::{
     Availability, Completion, EngineRegistry, Field, InvalidValue, ResumeToken, RunError,
@@ -35,6 +37,9 @@ use crate::store::{JournalEntry, JournalRoute, JournalState, StoreError, StoreHa
 /// A steer whose engine has not answered within this is treated as refused, so
 /// a stuck engine cannot hold its conversation's queue forever.
 const STEER_ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Journaled requests one cluster sweep looks at, at most.
+const SWEEP_REQUESTS: u32 = 4096;
 
 /// What the actor made of a submitted message; the handle adds the follower.
 #[derive(Debug)]
@@ -98,6 +103,13 @@ pub(super) enum RouterMsg {
         run_id: RunId,
         accepted: bool,
     },
+    /// Cluster mode: requests for `session_key` were journaled for this node.
+    Adopt {
+        session_key: String,
+    },
+    /// Cluster mode: adopt what waits in the journal for sessions nobody (or
+    /// this node) owns, and let go of sessions with no work left.
+    Sweep,
 }
 
 fn terminal_phase(completion: &Completion) -> RunPhase {
@@ -163,6 +175,9 @@ pub(super) struct Router {
     /// zero-answer retry resubmits.
     retryable: HashMap<RunId, Item>,
     next_seq: u64,
+    /// This node's cluster, in cluster mode: the router runs only the
+    /// sessions whose lease the node holds.
+    cluster: Option<Arc<ClusterNode>>,
 }
 
 impl Router {
@@ -174,6 +189,13 @@ impl Router {
         token: CancellationToken,
         tracker: TaskTracker,
     ) -> Self {
+        let cluster = gateway.cluster().cloned();
+        // Across nodes, journal order is by acceptance time: start the
+        // sequence at the clock so entries of nodes and restarts interleave.
+        let next_seq = match cluster {
+            Some(_) => u64::try_from(now_ms()).unwrap_or(1).saturating_mul(1000),
+            None => 1,
+        };
         Router {
             rx,
             tx,
@@ -189,20 +211,33 @@ impl Router {
             runs: HashMap::new(),
             sticky: HashMap::new(),
             retryable: HashMap::new(),
-            next_seq: 1,
+            next_seq,
+            cluster,
         }
     }
 
     pub(super) async fn run(mut self) {
         // Messages wait in the channel until recovery is done, so recovered
-        // requests keep their place ahead of new ones.
-        if let Err(error) = self.recover().await {
-            tracing::error!(%error, "journal recovery failed; unfinished requests stay journaled");
+        // requests keep their place ahead of new ones. A cluster node recovers
+        // a session when it takes the session over, not the whole journal.
+        match self.cluster {
+            None => {
+                if let Err(error) = self.recover().await {
+                    tracing::error!(%error, "journal recovery failed; unfinished requests stay journaled");
+                }
+            }
+            Some(_) => self.sweep().await,
         }
+        let fenced = self.cluster.as_ref().map(|node| node.fenced()).unwrap_or_default();
         loop {
             tokio::select! {
                 biased;
                 () = self.token.cancelled() => break,
+                () = fenced.cancelled() => {
+                    // Whatever this node held is another node's now.
+                    tracing::error!("router stopped: this node was fenced");
+                    break;
+                }
                 msg = self.rx.recv() => match msg {
                     Some(msg) => self.handle(msg).await,
                     None => break,
@@ -290,6 +325,8 @@ impl Router {
                 };
                 self.apply(conversation, effects).await;
             }
+            RouterMsg::Adopt { session_key } => self.adopt(&session_key).await,
+            RouterMsg::Sweep => self.sweep().await,
         }
     }
 
@@ -340,7 +377,11 @@ impl Router {
                 return Ok(Admitted::Run(known.accepted));
             }
         }
+        let placement = self.place(&session_key).await?;
         let item = self.prepare(req, session_key).await?;
+        if let Some(Placement::Elsewhere { node }) = placement {
+            return self.hand_off(item, &node).await;
+        }
         let accepted = Accepted {
             run_id: item.run_id.clone(),
             session_key: item.session_key.clone(),
@@ -357,7 +398,11 @@ impl Router {
         if idle {
             // An idle conversation hands the request straight to the gateway, which
             // writes the row; a refusal is the caller's error and leaves nothing behind.
-            self.journal.admit(journaled).await?;
+            self.fence(&run_id, &session_key);
+            if let Err(error) = self.journal.admit(journaled).await {
+                self.unfence(&run_id);
+                return Err(error.into());
+            }
             let mut conv = Conversation::default();
             let mut effects = conv.submit(item, Instant::now(), limits);
             self.conversations.insert(key.clone(), conv);
@@ -394,7 +439,11 @@ impl Router {
         }
         // Journaled (and the row written) before the queue acts on it, so nothing
         // a merge, a drop or a steer does is ever undone.
-        self.accept(&journaled).await?;
+        self.fence(&run_id, &session_key);
+        if let Err(error) = self.accept(&journaled).await {
+            self.unfence(&run_id);
+            return Err(error);
+        }
         publish_phase(&self.bus, &run_id, &session_key, RunPhase::Accepted);
         self.runs.insert(run_id, key.clone());
         let effects =
@@ -406,6 +455,7 @@ impl Router {
     /// Drops a request that was never accepted from the router's tables.
     fn forget(&mut self, key: &ConversationKey, run_id: &RunId) {
         self.runs.remove(run_id);
+        self.unfence(run_id);
         if self.conversations.get(key).is_some_and(Conversation::is_idle) {
             self.conversations.remove(key);
         }
@@ -829,6 +879,7 @@ impl Router {
         };
         gateway::complete(&self.bus, &self.store, end).await;
         self.journal.complete(run_id).await;
+        self.unfence(run_id);
     }
 
     async fn run_ended(
@@ -864,6 +915,7 @@ impl Router {
             self.queue_retry(&key, &session_key, original, retry, &completion, &engine).await;
         }
         self.journal.complete(&run_id).await;
+        self.unfence(&run_id);
         let effects = match self.conversations.get_mut(&key) {
             Some(conv) => conv.run_ended(&run_id, &completion, &engine),
             None => Vec::new(),
@@ -891,6 +943,7 @@ impl Router {
             return;
         };
         let item = retry_item(&original, retry, &reason, failed.resume.clone());
+        self.fence(&item.run_id, &item.session_key);
         if let Err(error) = self.accept(&journal_entry(&item, now_ms())).await {
             tracing::warn!(%error, run_id = %item.run_id, "retry not journaled; the failure stands");
             self.complete(&item.run_id, &item.session_key, engine, failed.clone(), 1).await;
@@ -1073,6 +1126,177 @@ impl Router {
         }
     }
 
+    /// Writes of `run_id` land only while this node holds `session_key`'s
+    /// lease (cluster mode; nothing otherwise).
+    fn fence(&self, run_id: &RunId, session_key: &SessionKey) {
+        let Some(node) = &self.cluster else { return };
+        if let Some(lease) = node.session_lease(session_key.as_str()) {
+            node.register_run(run_id.as_str(), &lease);
+        }
+    }
+
+    /// The last write of `run_id` is queued.
+    fn unfence(&self, run_id: &RunId) {
+        if let Some(node) = &self.cluster {
+            node.forget_run(run_id.as_str());
+        }
+    }
+
+    /// Where `session_key` runs (cluster mode; `None` otherwise). A session this
+    /// node just took gets whatever its journal holds first, so earlier
+    /// requests stay ahead of the new one.
+    async fn place(&mut self, session_key: &SessionKey) -> Result<Option<Placement>, RouteError> {
+        let Some(node) = self.cluster.clone() else { return Ok(None) };
+        let placement = node
+            .place_session(session_key.as_str())
+            .await
+            .map_err(|error| StoreError::Database(format!("cluster: {error}")))?;
+        if let Placement::Here { acquired: true, .. } = &placement {
+            // A session nobody held with nothing journaled has nothing to adopt.
+            let journaled = node
+                .has_journaled(session_key.as_str())
+                .await
+                .map_err(|error| StoreError::Database(format!("cluster: {error}")))?;
+            if !journaled {
+                return Ok(Some(placement));
+            }
+            let sessions = HashSet::from([session_key.as_str().to_owned()]);
+            self.adopt_sessions(&sessions).await.map_err(|error| {
+                tracing::warn!(%error, session_key = session_key.as_str(), "journal of a session taken over not read");
+                error
+            })?;
+        }
+        Ok(Some(placement))
+    }
+
+    /// Journals a request for a session `owner` runs and tells the owner,
+    /// which takes it from the journal (at once on the notification, at its
+    /// next sweep otherwise).
+    async fn hand_off(&mut self, item: Item, owner: &NodeId) -> Result<Admitted, RouteError> {
+        let accepted = Accepted {
+            run_id: item.run_id.clone(),
+            session_key: item.session_key.clone(),
+            conversation: item.conversation.clone(),
+            engine: item.engine.clone(),
+            duplicate: false,
+        };
+        self.accept(&journal_entry(&item, now_ms())).await?;
+        publish_phase(&self.bus, &item.run_id, &item.session_key, RunPhase::Accepted);
+        if let Some(node) = &self.cluster {
+            if let Err(error) = node.hand_off(owner, item.session_key.as_str()).await {
+                tracing::debug!(%error, %owner, "handoff not notified; the owner finds it at its next sweep");
+            }
+        }
+        tracing::debug!(run_id = %item.run_id, %owner, "request handed to the session's node");
+        Ok(Admitted::Run(accepted))
+    }
+
+    /// A notification says requests for `session_key` wait for this node.
+    async fn adopt(&mut self, session_key: &str) {
+        let Some(node) = self.cluster.clone() else { return };
+        match node.place_session(session_key).await {
+            Ok(Placement::Here { .. }) => {
+                let sessions = HashSet::from([session_key.to_owned()]);
+                if let Err(error) = self.adopt_sessions(&sessions).await {
+                    tracing::warn!(%error, session_key, "handed-off requests not adopted; the next sweep tries again");
+                }
+            }
+            Ok(Placement::Elsewhere { .. }) => {}
+            Err(error) => {
+                tracing::debug!(%error, session_key, "handoff not placed; the next sweep tries again");
+            }
+        }
+    }
+
+    /// Takes the journal's requests for `sessions` (which this node holds)
+    /// that the router does not know yet: those another node handed over, and
+    /// those a node that lost the session left. They are recovered as after a
+    /// restart, in acceptance order.
+    async fn adopt_sessions(&mut self, sessions: &HashSet<String>) -> Result<(), RouteError> {
+        let mut entries: Vec<JournalEntry> = self
+            .journal
+            .pending()
+            .await?
+            .into_iter()
+            .filter(|e| sessions.contains(session_of(&e.session_key).as_str()))
+            .filter(|e| !self.runs.contains_key(&e.run_id))
+            .collect();
+        entries.sort_by_key(|e| (e.accepted_at_ms, e.seq));
+        let mut recovered = Recovered::default();
+        for entry in entries {
+            self.recover_entry(entry, &mut recovered).await?;
+        }
+        if recovered != Recovered::default() {
+            tracing::info!(
+                requeued = recovered.requeued,
+                interrupted = recovered.interrupted,
+                expired = recovered.expired,
+                "sessions adopted"
+            );
+        }
+        Ok(())
+    }
+
+    /// Cluster mode, every sweep interval and whenever notifications may have
+    /// been missed: adopts what waits in the journal for sessions with no
+    /// live owner or owned here, then lets go of sessions with no work here,
+    /// once everything written under them is durable.
+    async fn sweep(&mut self) {
+        let Some(node) = self.cluster.clone() else { return };
+        if node.is_fenced() {
+            return;
+        }
+        match node.journal_candidates(SWEEP_REQUESTS).await {
+            Ok(candidates) => {
+                // Only sessions with a request this router does not know yet.
+                let unknown: HashSet<String> = candidates
+                    .into_iter()
+                    .filter(|(_, run_id)| {
+                        RunId::parse(run_id).is_none_or(|run_id| !self.runs.contains_key(&run_id))
+                    })
+                    .map(|(session_key, _)| session_key)
+                    .collect();
+                let mut mine = HashSet::new();
+                for key in unknown {
+                    match node.place_session(&key).await {
+                        Ok(Placement::Here { .. }) => {
+                            mine.insert(key);
+                        }
+                        Ok(Placement::Elsewhere { .. }) => {}
+                        Err(error) => {
+                            tracing::debug!(%error, session_key = key, "session not placed");
+                        }
+                    }
+                }
+                if !mine.is_empty() {
+                    if let Err(error) = self.adopt_sessions(&mine).await {
+                        tracing::warn!(%error, "sessions not adopted; the next sweep tries again");
+                    }
+                }
+            }
+            Err(error) => tracing::debug!(%error, "cluster sweep failed; trying again"),
+        }
+        let busy: HashSet<&SessionKey> =
+            self.conversations.values().flat_map(Conversation::sessions).collect();
+        let idle: Vec<String> = node
+            .held_sessions()
+            .into_iter()
+            .filter(|key| !busy.iter().any(|b| b.as_str() == key))
+            .collect();
+        if idle.is_empty() {
+            return;
+        }
+        // A completion still queued must land before another node may read
+        // the session's journal, or it would run the request again.
+        if let Err(error) = self.store.flush().await {
+            tracing::debug!(%error, "idle sessions kept: the store is not writable");
+            return;
+        }
+        for key in idle {
+            node.release_session(&key).await;
+        }
+    }
+
     /// Handles what a crash left in the journal, once, before new requests:
     /// requests that never started are queued again in acceptance order; those
     /// that were running complete as `interrupted` with their last resume token.
@@ -1080,65 +1304,7 @@ impl Router {
         let entries = self.journal.pending().await?;
         let mut recovered = Recovered::default();
         for entry in entries {
-            self.next_seq = self.next_seq.max(entry.seq + 1);
-            let record = self.store.get_run(entry.run_id.as_str()).await?;
-            if record.as_ref().is_some_and(|r| r.status.is_terminal()) {
-                if let Some((retry, reason)) = self.unqueued_retry(&entry).await? {
-                    if let Ok(original) = item_from_entry(entry.clone()) {
-                        let item = retry_item(&original, retry, &reason, None);
-                        self.accept(&journal_entry(&item, now_ms())).await?;
-                        recovered.requeued += 1;
-                        let key = item.conversation.clone();
-                        self.runs.insert(item.run_id.clone(), key.clone());
-                        let limits = super::Limits { cap: None, ..self.config.limits };
-                        let effects = self.conversations.entry(key.clone()).or_default().submit(
-                            item,
-                            Instant::now(),
-                            limits,
-                        );
-                        self.apply(key, effects).await;
-                    }
-                }
-                self.journal.complete(&entry.run_id).await;
-                continue;
-            }
-            let started = entry.state == JournalState::Started
-                || record.as_ref().is_some_and(|r| r.status == RunStatus::Running);
-            if started {
-                recovered.interrupted += 1;
-                self.interrupt_recovered(&entry).await?;
-                continue;
-            }
-            let age_ms = now_ms().saturating_sub(entry.accepted_at_ms);
-            if u128::try_from(age_ms).unwrap_or(0) > self.config.recovered_max_age.as_millis() {
-                recovered.expired += 1;
-                let completion = Completion::failure(RunError::Expired, entry.resume.clone());
-                let session_key = session_of(&entry.session_key);
-                self.complete(&entry.run_id, &session_key, &entry.engine, completion, 1).await;
-                continue;
-            }
-            let item = match item_from_entry(entry.clone()) {
-                Ok(item) => item,
-                Err(engine) => {
-                    // A journal written with an engine this version cannot name.
-                    tracing::warn!(run_id = %entry.run_id, "journaled request names no engine id");
-                    let error = RunError::UnknownEngine { engine };
-                    let completion = Completion::failure(error, entry.resume.clone());
-                    let session_key = session_of(&entry.session_key);
-                    self.complete(&entry.run_id, &session_key, &entry.engine, completion, 1).await;
-                    continue;
-                }
-            };
-            recovered.requeued += 1;
-            let key = item.conversation.clone();
-            self.runs.insert(item.run_id.clone(), key.clone());
-            let limits = super::Limits { cap: None, ..self.config.limits };
-            let effects = self.conversations.entry(key.clone()).or_default().submit(
-                item,
-                Instant::now(),
-                limits,
-            );
-            self.apply(key, effects).await;
+            self.recover_entry(entry, &mut recovered).await?;
         }
         if recovered != Recovered::default() {
             tracing::info!(
@@ -1149,6 +1315,73 @@ impl Router {
             );
         }
         Ok(recovered)
+    }
+
+    /// Handles one entry a crash (or, in cluster mode, another node) left in
+    /// the journal: requeued, completed `interrupted` or `expired`, or removed
+    /// when its run already finished.
+    async fn recover_entry(
+        &mut self,
+        entry: JournalEntry,
+        recovered: &mut Recovered,
+    ) -> Result<(), RouteError> {
+        self.next_seq = self.next_seq.max(entry.seq + 1);
+        let session_key = session_of(&entry.session_key);
+        // Everything written for it from here on is fenced by this node's lease.
+        self.fence(&entry.run_id, &session_key);
+        let record = self.store.get_run(entry.run_id.as_str()).await?;
+        if record.as_ref().is_some_and(|r| r.status.is_terminal()) {
+            if let Some((retry, reason)) = self.unqueued_retry(&entry).await? {
+                if let Ok(original) = item_from_entry(entry.clone()) {
+                    let item = retry_item(&original, retry, &reason, None);
+                    self.fence(&item.run_id, &item.session_key);
+                    self.accept(&journal_entry(&item, now_ms())).await?;
+                    recovered.requeued += 1;
+                    self.queue_recovered(item).await;
+                }
+            }
+            self.journal.complete(&entry.run_id).await;
+            self.unfence(&entry.run_id);
+            return Ok(());
+        }
+        let started = entry.state == JournalState::Started
+            || record.as_ref().is_some_and(|r| r.status == RunStatus::Running);
+        if started {
+            recovered.interrupted += 1;
+            return self.interrupt_recovered(&entry).await;
+        }
+        let age_ms = now_ms().saturating_sub(entry.accepted_at_ms);
+        if u128::try_from(age_ms).unwrap_or(0) > self.config.recovered_max_age.as_millis() {
+            recovered.expired += 1;
+            let completion = Completion::failure(RunError::Expired, entry.resume.clone());
+            self.complete(&entry.run_id, &session_key, &entry.engine, completion, 1).await;
+            return Ok(());
+        }
+        let item = match item_from_entry(entry.clone()) {
+            Ok(item) => item,
+            Err(engine) => {
+                // A journal written with an engine this version cannot name.
+                tracing::warn!(run_id = %entry.run_id, "journaled request names no engine id");
+                let error = RunError::UnknownEngine { engine };
+                let completion = Completion::failure(error, entry.resume.clone());
+                self.complete(&entry.run_id, &session_key, &entry.engine, completion, 1).await;
+                return Ok(());
+            }
+        };
+        recovered.requeued += 1;
+        self.queue_recovered(item).await;
+        Ok(())
+    }
+
+    /// Queues a recovered request in its conversation, past the queue's cap:
+    /// it was accepted before.
+    async fn queue_recovered(&mut self, item: Item) {
+        let key = item.conversation.clone();
+        self.runs.insert(item.run_id.clone(), key.clone());
+        let limits = super::Limits { cap: None, ..self.config.limits };
+        let effects =
+            self.conversations.entry(key.clone()).or_default().submit(item, Instant::now(), limits);
+        self.apply(key, effects).await;
     }
 
     async fn interrupt_recovered(&mut self, entry: &JournalEntry) -> Result<(), RouteError> {

@@ -251,6 +251,16 @@ impl Conversation {
             || self.pending.iter().any(|p| &p.item.run_id == run_id)
     }
 
+    /// The sessions of every request the conversation holds (active,
+    /// queued or steered): in cluster mode, the sessions a node must keep.
+    pub fn sessions(&self) -> impl Iterator<Item = &SessionKey> {
+        let active = self.active.as_ref().map(|a| &a.session_key);
+        active
+            .into_iter()
+            .chain(self.queue.iter().map(|i| &i.session_key))
+            .chain(self.pending.iter().map(|p| &p.item.session_key))
+    }
+
     /// A queued or in-flight item.
     pub fn find(&self, run_id: &RunId) -> Option<&Item> {
         self.queue.iter().chain(self.pending.iter().map(|p| &p.item)).find(|i| &i.run_id == run_id)

@@ -21,6 +21,7 @@ use crate::ids::EngineId;
 use crate::store::StoreHandle;
 use crate::testing::{poll_until, FakeEngine};
 
+mod cluster;
 mod follow;
 mod properties;
 mod retry;
