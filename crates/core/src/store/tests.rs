@@ -2173,19 +2173,20 @@ async fn postgres_an_exclusive_store_refuses_a_second_gateway_on_its_database() 
     // The server ends every other connection (the lock's too): the holder
     // takes the lock back on a new one before anyone else may.
     let admin = plain_connection(&url).await;
-    let lock_held_again = || async {
-        let held: i64 = admin
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+    // The pid of the backend holding the advisory lock, if one does.
+    let lock_holder = || async {
+        admin
+            .query_opt(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
                  AND pid <> pg_backend_pid() \
                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                 &[],
             )
             .await
             .unwrap()
-            .get(0);
-        held == 1
+            .map(|row| row.get::<_, i32>(0))
     };
+    let before = lock_holder().await.expect("the first store holds the lock");
     admin
         .batch_execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
@@ -2193,8 +2194,10 @@ async fn postgres_an_exclusive_store_refuses_a_second_gateway_on_its_database() 
         )
         .await
         .unwrap();
+    // A terminated backend may still show its lock for a moment: wait for the
+    // lock under a new connection.
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !lock_held_again().await {
+    while lock_holder().await.is_none_or(|pid| pid == before) {
         assert!(tokio::time::Instant::now() < deadline, "the lock was not taken back");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
