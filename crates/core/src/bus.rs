@@ -8,6 +8,10 @@
 //! and is told how many ([`RecvError::Lagged`]); it can resynchronise from the
 //! store. Per-run topics exist only while someone listens, so a run nobody watches
 //! costs one firehose send per event.
+//!
+//! In cluster mode a run's events are published on the bus of the node that
+//! runs it; another node's followers get them from the store through
+//! [`EventBus::relay`], rebuilt by [`BusEvent::from_json`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,7 +19,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::broadcast;
 
-use crate::engine::{Action, Completion, ResumeToken};
+use crate::engine::{Action, ActionKind, ActionPhase, Completion, ResumeToken, RunError};
 use crate::ids::{RunId, SessionKey};
 
 mod json;
@@ -47,6 +51,21 @@ impl RunPhase {
             RunPhase::Failed => "failed",
             RunPhase::Aborted => "aborted",
         }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        [
+            RunPhase::Accepted,
+            RunPhase::QueuedInSession,
+            RunPhase::WaitingForSlot,
+            RunPhase::Dispatched,
+            RunPhase::Streaming,
+            RunPhase::Completed,
+            RunPhase::Failed,
+            RunPhase::Aborted,
+        ]
+        .into_iter()
+        .find(|phase| phase.as_str() == raw)
     }
 }
 
@@ -191,6 +210,109 @@ impl BusEvent {
     pub fn to_json(&self) -> serde_json::Value {
         to_value(self.json())
     }
+
+    /// An event back from its JSON form (as the store keeps it); `None` for
+    /// JSON that is not an event of a type this version knows. The error of a
+    /// completion comes back as [`RunError::from_stored`] reads it.
+    pub fn from_json(value: &serde_json::Value) -> Option<BusEvent> {
+        let text = |key: &str| value.get(key).and_then(serde_json::Value::as_str);
+        let owned = |key: &str| text(key).map(str::to_owned);
+        let kind = match text("type")? {
+            "run_started" => {
+                EventKind::RunStarted { engine: owned("engine")?, model: owned("model") }
+            }
+            "engine_started" => EventKind::EngineStarted {
+                resume: value.get("resume").and_then(resume_from_json),
+                title: owned("title"),
+                meta: value.get("meta").cloned().unwrap_or_default(),
+            },
+            "engine_action" => EventKind::EngineAction(action_from_json(value.get("action")?)?),
+            "delta" => EventKind::Delta { seq: value.get("seq")?.as_u64()?, text: owned("text")? },
+            "engine_completed" => EventKind::EngineCompleted(completion_from_json(value)),
+            "run_completed" => EventKind::RunCompleted {
+                completion: completion_from_json(value),
+                engine: owned("engine").unwrap_or_default(),
+                duration_ms: value.get("duration_ms").and_then(|v| v.as_u64()).unwrap_or(0),
+            },
+            "run_phase" => EventKind::Phase(RunPhase::parse(text("phase")?)?),
+            "run_status" => EventKind::Status(RunStatus::parse(text("status")?)?),
+            _ => return None,
+        };
+        Some(BusEvent {
+            run_id: RunId::parse(text("run_id")?)?,
+            session_key: text("session_key").unwrap_or_default().into(),
+            index: value.get("index")?.as_u64()?,
+            ts_ms: value.get("ts_ms").and_then(serde_json::Value::as_i64).unwrap_or(0),
+            kind,
+        })
+    }
+}
+
+/// A completion back from its JSON form (the fields of `engine_completed` and
+/// `run_completed`); a missing field reads as its empty value.
+pub fn completion_from_json(data: &serde_json::Value) -> Completion {
+    let text = |key: &str| data.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+    let error = match (text("error_code"), text("error")) {
+        (Some(code), message) => {
+            Some(RunError::from_stored(Some(&code), message.unwrap_or_default()))
+        }
+        (None, Some(message)) => Some(RunError::Engine { message }),
+        (None, None) => None,
+    };
+    Completion {
+        ok: data.get("ok").and_then(serde_json::Value::as_bool).unwrap_or(false),
+        answer: text("answer").unwrap_or_default(),
+        error,
+        resume: data.get("resume").and_then(resume_from_json),
+        usage: data.get("usage").cloned().unwrap_or(serde_json::Value::Null),
+        artifacts: data
+            .get("artifacts")
+            .and_then(serde_json::Value::as_array)
+            .map(|list| list.iter().filter_map(artifact_from_json).collect())
+            .unwrap_or_default(),
+        retried_by: text("retried_by").as_deref().and_then(RunId::parse),
+    }
+}
+
+/// A resume token from `{engine, value}`.
+fn resume_from_json(value: &serde_json::Value) -> Option<ResumeToken> {
+    let engine = value.get("engine")?.as_str()?;
+    let token = value.get("value")?.as_str()?;
+    Some(ResumeToken::new(engine, token))
+}
+
+/// An action from its JSON form; `None` for a kind or phase this version
+/// does not know.
+fn action_from_json(value: &serde_json::Value) -> Option<Action> {
+    let text = |key: &str| value.get(key).and_then(serde_json::Value::as_str);
+    let owned = |key: &str| text(key).map(str::to_owned);
+    let kind = [
+        ActionKind::Tool,
+        ActionKind::Command,
+        ActionKind::FileChange,
+        ActionKind::WebSearch,
+        ActionKind::Subagent,
+        ActionKind::Reasoning,
+        ActionKind::Note,
+        ActionKind::Warning,
+        ActionKind::Approval,
+    ]
+    .into_iter()
+    .find(|kind| Some(kind.as_str()) == text("kind"))?;
+    let phase = [ActionPhase::Started, ActionPhase::Updated, ActionPhase::Completed]
+        .into_iter()
+        .find(|phase| Some(phase.as_str()) == text("phase"))?;
+    Some(Action {
+        id: owned("id")?,
+        kind,
+        title: owned("title").unwrap_or_default(),
+        detail: value.get("detail").cloned().unwrap_or_default(),
+        phase,
+        ok: value.get("ok").and_then(serde_json::Value::as_bool),
+        message: owned("message"),
+        level: owned("level"),
+        result_meta: value.get("result_meta").cloned().unwrap_or_default(),
+    })
 }
 
 /// A gateway-wide event that belongs to no run (`config_reloaded`,
@@ -357,22 +479,44 @@ impl EventBus {
 
     /// Publishes to the firehose and the run's topic; never waits.
     pub fn publish(&self, event: Arc<BusEvent>) {
-        let is_last = matches!(event.kind, EventKind::RunCompleted { .. });
         if matches!(event.kind, EventKind::RunStarted { .. }) {
             let _ = self.inner.starts.send(event.clone());
         }
-        if self.inner.n_topics.load(Ordering::Relaxed) > 0 {
-            let mut topics = self.inner.topics.lock().unwrap_or_else(|e| e.into_inner());
-            if is_last {
-                if let Some(sender) = topics.remove(&event.run_id) {
-                    self.inner.n_topics.fetch_sub(1, Ordering::Relaxed);
-                    let _ = sender.send(event.clone());
-                }
-            } else if let Some(sender) = topics.get(&event.run_id) {
+        self.send_to_topic(&event);
+        let _ = self.inner.firehose.send(event);
+    }
+
+    /// Publishes an event of a run another node runs, read back from the
+    /// store, to the run's topic alone (the firehose and the starts carry
+    /// this node's runs); closes the topic after `run_completed`. Never waits.
+    pub fn relay(&self, event: Arc<BusEvent>) {
+        self.send_to_topic(&event);
+    }
+
+    /// Sends `event` to its run's topic, if anyone listens, and removes the
+    /// topic after the run's `run_completed`.
+    fn send_to_topic(&self, event: &Arc<BusEvent>) {
+        if self.inner.n_topics.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut topics = self.inner.topics.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(event.kind, EventKind::RunCompleted { .. }) {
+            if let Some(sender) = topics.remove(&event.run_id) {
+                self.inner.n_topics.fetch_sub(1, Ordering::Relaxed);
                 let _ = sender.send(event.clone());
             }
+        } else if let Some(sender) = topics.get(&event.run_id) {
+            let _ = sender.send(event.clone());
         }
-        let _ = self.inner.firehose.send(event);
+    }
+
+    /// The runs someone is subscribed to ([`EventBus::subscribe_run`]) right now.
+    pub fn watched_runs(&self) -> Vec<RunId> {
+        if self.inner.n_topics.load(Ordering::Relaxed) == 0 {
+            return Vec::new();
+        }
+        let topics = self.inner.topics.lock().unwrap_or_else(|e| e.into_inner());
+        topics.keys().cloned().collect()
     }
 
     /// Number of live per-run topics (for tests and health).

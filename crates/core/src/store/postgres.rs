@@ -16,6 +16,11 @@
 //! [`StoreLifecycle::close`] still applies what is queued, as long as the
 //! runtime runs: the writer drains its queue once the sender is gone.
 //!
+//! In cluster mode the writes of a run (and of a session's chat state) land
+//! only while this node holds the session's lease at the epoch the run was
+//! registered under (`fence`), checked by the writer in each batch's own
+//! transaction, and a batch that wrote events notifies `lemon_events`.
+//!
 //! JSON is kept as the text the gateway wrote, as on SQLite, and text sorts
 //! byte by byte (`COLLATE "C"`) wherever order shows, whatever the database's
 //! collation.
@@ -44,8 +49,9 @@ use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use self::fence::WriteFence;
 use self::rows::ReadError;
-use self::writer::{sql_limit, Write, WriteOp};
+use self::writer::{sql_limit, Queued, Write, WriteOp};
 use super::columns;
 use super::{
     ChatState, ChatStateStore, FinishedRun, JournalEntry, JournalStore, KvStore, NewRun, PruneStep,
@@ -268,7 +274,8 @@ impl PostgresStore {
         schema::migrate(&mut client).await.map_err(open_error)?;
         drop(client);
         let (tx, rx) = mpsc::channel(writer::QUEUE_CAPACITY);
-        let handle = tokio::spawn(writer::Writer::new(pool.clone(), rx).run());
+        let fences = fence::Fences::default();
+        let handle = tokio::spawn(writer::Writer::new(pool.clone(), rx, fences.clone()).run());
         tracing::debug!(target = %target, "store opened");
         Ok(PostgresStore {
             target,
@@ -279,7 +286,7 @@ impl PostgresStore {
             chat_state_ttl_ms: config.chat_state_ttl_ms,
             holder: Mutex::new(holder),
             settings: parsed,
-            fences: fence::Fences::default(),
+            fences,
         })
     }
 
@@ -310,16 +317,31 @@ impl PostgresStore {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Hands a write to the writer, waiting for a queue slot; drops it once closed.
+    /// Hands a write that is conditional on no lease to the writer.
     async fn queue(&self, write: Write) {
+        self.queue_fenced(write, WriteFence::None).await;
+    }
+
+    /// Hands a write to the writer, waiting for a queue slot, with the fence
+    /// it was queued under; drops it once closed, or when the node is fenced.
+    async fn queue_fenced(&self, write: Write, fence: WriteFence) {
+        let fence = match fence {
+            WriteFence::None => None,
+            WriteFence::Lease(fence) => Some(fence),
+            WriteFence::Refused => {
+                let run_id = write.run_id().unwrap_or_default();
+                tracing::debug!(op = write.name(), run_id, "write of a fenced node dropped");
+                return;
+            }
+        };
         if self.is_closed() {
             tracing::warn!(op = write.name(), "write to a closed store dropped");
             return;
         }
-        if let Err(mpsc::error::SendError(WriteOp::Write(write))) =
-            self.tx.send(WriteOp::Write(write)).await
+        if let Err(mpsc::error::SendError(WriteOp::Write(queued))) =
+            self.tx.send(WriteOp::Write(Queued { write, fence })).await
         {
-            tracing::warn!(op = write.name(), "write to a closed store dropped");
+            tracing::warn!(op = queued.write.name(), "write to a closed store dropped");
         }
     }
 
@@ -327,7 +349,7 @@ impl PostgresStore {
     /// so it never waits for a queue slot, and a later read asks again.
     fn tidy(&self, write: Write) {
         if !self.is_closed() {
-            let _ = self.tx.try_send(WriteOp::Write(write));
+            let _ = self.tx.try_send(WriteOp::Write(Queued { write, fence: None }));
         }
     }
 
@@ -394,19 +416,23 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[async_trait]
 impl RunStore for PostgresStore {
     async fn insert_run(&self, run: NewRun) {
-        self.queue(Write::InsertRun(run)).await;
+        let fence = self.fences.of_run(run.run_id.as_str());
+        self.queue_fenced(Write::InsertRun(run), fence).await;
     }
 
     async fn mark_running(&self, run_id: RunId, engine: String, started_at_ms: i64) {
-        self.queue(Write::MarkRunning { run_id, engine, started_at_ms }).await;
+        let fence = self.fences.of_run(run_id.as_str());
+        self.queue_fenced(Write::MarkRunning { run_id, engine, started_at_ms }, fence).await;
     }
 
     async fn mark_cancelling(&self, run_id: RunId) {
-        self.queue(Write::MarkCancelling { run_id }).await;
+        let fence = self.fences.of_run(run_id.as_str());
+        self.queue_fenced(Write::MarkCancelling { run_id }, fence).await;
     }
 
     async fn finalize_run(&self, run: FinishedRun) {
-        self.queue(Write::FinalizeRun(run)).await;
+        let fence = self.fences.of_run(run.run_id.as_str());
+        self.queue_fenced(Write::FinalizeRun(run), fence).await;
     }
 
     async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
@@ -465,7 +491,8 @@ impl RunStore for PostgresStore {
 #[async_trait]
 impl RunEventStore for PostgresStore {
     async fn append_event(&self, event: Arc<BusEvent>) {
-        self.queue(Write::AppendEvent(event)).await;
+        let fence = self.fences.of_run(event.run_id.as_str());
+        self.queue_fenced(Write::AppendEvent(event), fence).await;
     }
 
     async fn run_events(&self, run_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
@@ -524,7 +551,8 @@ impl ChatStateStore for PostgresStore {
             updated_at_ms: now_ms,
             expires_at_ms: now_ms.saturating_add(self.chat_state_ttl_ms),
         };
-        self.queue(write).await;
+        let fence = self.fences.of_session(session_key.as_str());
+        self.queue_fenced(write, fence).await;
     }
 
     async fn get_chat_state(
@@ -563,22 +591,26 @@ impl ChatStateStore for PostgresStore {
     }
 
     async fn delete_chat_state(&self, session_key: &SessionKey) {
-        self.queue(Write::DeleteChatState { session_key: session_key.clone() }).await;
+        let fence = self.fences.of_session(session_key.as_str());
+        self.queue_fenced(Write::DeleteChatState { session_key: session_key.clone() }, fence).await;
     }
 }
 
 #[async_trait]
 impl JournalStore for PostgresStore {
     async fn journal_admit(&self, entry: JournalEntry) {
-        self.queue(Write::JournalAdmit(Box::new(entry))).await;
+        let fence = self.fences.of_run(entry.run_id.as_str());
+        self.queue_fenced(Write::JournalAdmit(Box::new(entry)), fence).await;
     }
 
     async fn journal_mark_started(&self, run_id: &RunId) {
-        self.queue(Write::JournalStarted { run_id: run_id.clone() }).await;
+        let fence = self.fences.of_run(run_id.as_str());
+        self.queue_fenced(Write::JournalStarted { run_id: run_id.clone() }, fence).await;
     }
 
     async fn journal_complete(&self, run_id: &RunId) {
-        self.queue(Write::JournalComplete { run_id: run_id.clone() }).await;
+        let fence = self.fences.of_run(run_id.as_str());
+        self.queue_fenced(Write::JournalComplete { run_id: run_id.clone() }, fence).await;
     }
 
     async fn journal_pending(&self) -> Result<Vec<JournalEntry>, StoreError> {

@@ -10,9 +10,11 @@
 //! this node journaled for a session another node owns) is written unfenced.
 //!
 //! Once the node is fenced ([`Fences::fence_all`]) every registered run's
-//! writes are dropped without asking the database.
+//! writes are dropped without asking the database: those queued from then on
+//! at once, and those the writer still holds before its next batch.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// The lease a write is conditional on.
@@ -26,7 +28,14 @@ pub struct Fence {
 /// The runs a cluster node writes under a lease. Cheap to clone; clones share.
 #[derive(Debug, Clone, Default)]
 pub struct Fences {
-    inner: Arc<Mutex<Inner>>,
+    inner: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// Whether cluster mode is on: read for every write, so without a lock.
+    enabled: AtomicBool,
+    state: Mutex<Inner>,
 }
 
 #[derive(Debug, Default)]
@@ -35,7 +44,7 @@ struct Inner {
     node: Option<String>,
     /// Set once the node could not renew its leases in time.
     fenced: bool,
-    runs: HashMap<String, Fence>,
+    runs: HashMap<String, Arc<Fence>>,
     /// Sessions this node holds, with their epochs: chat state is fenced by them.
     sessions: HashMap<String, i64>,
 }
@@ -46,24 +55,25 @@ pub enum WriteFence {
     /// Not a cluster write, or a run this node does not own: written as is.
     None,
     /// Written only while the lease is live at the epoch.
-    Lease(Fence),
+    Lease(Arc<Fence>),
     /// The node was fenced: dropped.
     Refused,
 }
 
 impl Fences {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Turns cluster mode on for node `node`.
     pub fn enable(&self, node: &str) {
         self.lock().node = Some(node.to_owned());
+        self.inner.enabled.store(true, Ordering::Release);
     }
 
     /// Whether cluster mode is on.
     pub fn enabled(&self) -> bool {
-        self.lock().node.is_some()
+        self.inner.enabled.load(Ordering::Acquire)
     }
 
     /// Writes of `run_id` land only under session `session_key`'s lease at `epoch`.
@@ -71,7 +81,7 @@ impl Fences {
         let mut inner = self.lock();
         let Some(node) = inner.node.clone() else { return };
         let fence = Fence { session_key: session_key.to_owned(), node, epoch };
-        inner.runs.insert(run_id.to_owned(), fence);
+        inner.runs.insert(run_id.to_owned(), Arc::new(fence));
     }
 
     /// The run completed and its last write is queued.
@@ -99,28 +109,40 @@ impl Fences {
         self.lock().fenced
     }
 
+    /// Whether this node registered run `run_id` (it runs here) and has not
+    /// forgotten it yet.
+    pub fn has_run(&self, run_id: &str) -> bool {
+        self.enabled() && self.lock().runs.contains_key(run_id)
+    }
+
     /// The fence of a write of run `run_id`.
     pub fn of_run(&self, run_id: &str) -> WriteFence {
+        if !self.enabled() {
+            return WriteFence::None;
+        }
         let inner = self.lock();
         match inner.runs.get(run_id) {
             None => WriteFence::None,
             Some(_) if inner.fenced => WriteFence::Refused,
-            Some(fence) => WriteFence::Lease(fence.clone()),
+            Some(fence) => WriteFence::Lease(Arc::clone(fence)),
         }
     }
 
     /// The fence of a write of session `session_key`'s own state (chat state).
     pub fn of_session(&self, session_key: &str) -> WriteFence {
+        if !self.enabled() {
+            return WriteFence::None;
+        }
         let inner = self.lock();
         let Some(node) = inner.node.clone() else { return WriteFence::None };
         match inner.sessions.get(session_key) {
             None => WriteFence::None,
             Some(_) if inner.fenced => WriteFence::Refused,
-            Some(epoch) => WriteFence::Lease(Fence {
+            Some(epoch) => WriteFence::Lease(Arc::new(Fence {
                 session_key: session_key.to_owned(),
                 node,
                 epoch: *epoch,
-            }),
+            })),
         }
     }
 
@@ -142,7 +164,8 @@ mod tests {
         fences.enable("node-a");
         fences.register("r1", "s", 3);
         let expected = Fence { session_key: "s".into(), node: "node-a".into(), epoch: 3 };
-        assert_eq!(fences.of_run("r1"), WriteFence::Lease(expected));
+        assert_eq!(fences.of_run("r1"), WriteFence::Lease(Arc::new(expected)));
+        assert!(fences.has_run("r1") && !fences.has_run("r2"));
         assert_eq!(fences.of_run("r2"), WriteFence::None);
         fences.fence_all();
         assert_eq!(fences.of_run("r1"), WriteFence::Refused);

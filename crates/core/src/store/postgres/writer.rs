@@ -17,11 +17,24 @@
 //! NUL byte, say) is logged and dropped on its own, and the rest of its batch
 //! is applied without it, so one bad write never blocks the queue.
 //!
+//! In cluster mode a write of a run (or of a session's chat state) carries the
+//! session lease it is conditional on ([`Queued::fence`]). A batch holding
+//! such writes first checks all their leases in one statement of its own
+//! transaction, which holds the live lease rows `FOR KEY SHARE` until it
+//! commits, so a takeover (which changes the lease's epoch) waits for it; the
+//! writes whose lease is no longer this node's at that epoch are left out and
+//! the rest commits. A batch with no fenced write sends nothing more. Once the
+//! node is fenced ([`Fences::fence_all`]), the fenced writes the writer holds
+//! are dropped before its next batch, without asking the database. In cluster
+//! mode a batch that wrote events also notifies [`Topic::Events`] in its
+//! transaction, once per run, with the run's highest index in the batch.
+//!
 //! The writer exits once its queue is closed (`Stop`, or every sender
 //! dropped) and empty, having applied everything it took. Only a writer whose
 //! queue is closed gives up: once its tries have been failing for
 //! [`GIVE_UP_AFTER`], it logs how many writes are lost and exits.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +45,8 @@ use tokio_postgres::types::ToSql;
 
 use super::super::{FinishedRun, JournalEntry, NewRun, PruneStep, StoreError};
 use super::connect::{error_text, pool_error_text};
+use super::fence::{Fence, Fences};
+use crate::cluster::Topic;
 use crate::ids::{RunId, SessionKey};
 
 /// Writes that may wait for the writer before callers feel backpressure.
@@ -69,7 +84,7 @@ pub(super) type PruneReply = oneshot::Sender<Result<u64, StoreError>>;
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(super) enum WriteOp {
-    Write(Write),
+    Write(Queued),
     Flush {
         reply: Reply,
     },
@@ -89,6 +104,15 @@ pub(super) enum WriteOp {
     Stop {
         reply: Reply,
     },
+}
+
+/// A write as queued: what to write, and the lease it is conditional on.
+#[derive(Debug)]
+pub(super) struct Queued {
+    pub(super) write: Write,
+    /// Written only while this session lease is live and this node's at its
+    /// epoch; `None`: written as is.
+    pub(super) fence: Option<Arc<Fence>>,
 }
 
 /// One write, kept until a batch holding it commits.
@@ -171,6 +195,27 @@ impl Write {
             Write::Health { .. } => "check_writable",
         }
     }
+
+    /// The run the write is of, if it is of one.
+    pub(super) fn run_id(&self) -> Option<&str> {
+        match self {
+            Write::InsertRun(run) => Some(run.run_id.as_str()),
+            Write::MarkRunning { run_id, .. }
+            | Write::MarkCancelling { run_id }
+            | Write::JournalStarted { run_id }
+            | Write::JournalComplete { run_id } => Some(run_id.as_str()),
+            Write::AppendEvent(event) => Some(event.run_id.as_str()),
+            Write::FinalizeRun(finished) => Some(finished.run_id.as_str()),
+            Write::JournalAdmit(entry) => Some(entry.run_id.as_str()),
+            Write::PutChatState { .. }
+            | Write::DeleteChatState { .. }
+            | Write::DeleteExpiredChatState { .. }
+            | Write::KvPut { .. }
+            | Write::KvDelete { .. }
+            | Write::KvPurgeExpired { .. }
+            | Write::Health { .. } => None,
+        }
+    }
 }
 
 /// A statement parameter, owned so that a batch's statements can all be in
@@ -181,6 +226,36 @@ type Param = Box<dyn ToSql + Sync + Send>;
 struct Exec {
     sql: &'static str,
     params: Vec<Param>,
+}
+
+/// A write made ready before its transaction begins: an event as its
+/// columns (events are written together), or any other write's statement.
+enum Ready {
+    Event(EventRow),
+    Exec(Exec),
+}
+
+/// One event as its row.
+struct EventRow {
+    run_id: String,
+    index: i64,
+    kind: &'static str,
+    data: String,
+}
+
+impl EventRow {
+    /// The statement that writes this event alone.
+    fn exec(self) -> Exec {
+        Exec {
+            sql: APPEND_EVENT,
+            params: vec![
+                Box::new(self.run_id),
+                Box::new(self.index),
+                Box::new(self.kind),
+                Box::new(self.data),
+            ],
+        }
+    }
 }
 
 /// A repeated insert replaces the run but keeps its `seq` (its place) and its
@@ -286,11 +361,11 @@ fn json(value: &impl serde::Serialize) -> Result<String, String> {
 }
 
 impl Write {
-    /// The statement that applies this write.
+    /// The statement that applies this write, or its event row.
     ///
     /// # Errors
     /// A JSON column cannot be serialised.
-    fn exec(&self) -> Result<Exec, String> {
+    fn ready(&self) -> Result<Ready, String> {
         fn boxed<T: ToSql + Sync + Send + 'static>(value: T) -> Param {
             Box::new(value)
         }
@@ -319,15 +394,14 @@ impl Write {
             Write::MarkCancelling { run_id } => {
                 (MARK_CANCELLING, vec![boxed(text(run_id.as_str()))])
             }
-            Write::AppendEvent(event) => (
-                APPEND_EVENT,
-                vec![
-                    boxed(text(event.run_id.as_str())),
-                    boxed(to_i64(event.index)),
-                    boxed(event.kind.type_name()),
-                    boxed(json(&event.json())?),
-                ],
-            ),
+            Write::AppendEvent(event) => {
+                return Ok(Ready::Event(EventRow {
+                    run_id: text(event.run_id.as_str()),
+                    index: to_i64(event.index),
+                    kind: event.kind.type_name(),
+                    data: json(&event.json())?,
+                }));
+            }
             Write::FinalizeRun(finished) => {
                 let completion = &finished.completion;
                 let resume = completion.resume.as_ref();
@@ -421,7 +495,7 @@ impl Write {
             }
             Write::Health { now_ms } => (HEALTH, vec![boxed(*now_ms)]),
         };
-        Ok(Exec { sql, params })
+        Ok(Ready::Exec(Exec { sql, params }))
     }
 }
 
@@ -481,6 +555,21 @@ const APPEND_EVENTS: &str = "INSERT INTO run_events (run_id, idx, kind, data)
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[])
     ON CONFLICT (run_id, idx) DO UPDATE SET kind = EXCLUDED.kind, data = EXCLUDED.data";
 
+/// The leases of a batch's fenced writes that are still live and this node's
+/// at their epochs, their rows held `FOR KEY SHARE` until the transaction
+/// ends: a takeover changes the epoch, a key column, so it waits for the
+/// batch to commit, and nothing it fenced lands after the new holder starts.
+const CHECK_FENCES: &str = "SELECT l.session_key, l.node_id, l.epoch FROM session_leases l
+    JOIN unnest($1::text[], $2::text[], $3::bigint[]) AS f(session_key, node_id, epoch)
+        ON l.session_key = f.session_key AND l.node_id = f.node_id AND l.epoch = f.epoch
+    WHERE l.released_at IS NULL AND l.expires_at > clock_timestamp()
+    FOR KEY SHARE OF l";
+
+/// One notification per run whose events the batch wrote, `<run id>:<highest
+/// index>`, sent when the transaction commits.
+const NOTIFY_EVENTS: &str = "SELECT pg_notify($1, n.run_id || ':' || n.idx)
+    FROM unnest($2::text[], $3::bigint[]) AS n(run_id, idx)";
+
 /// The events of a batch as the columns of [`APPEND_EVENTS`].
 #[derive(Default)]
 struct EventColumns {
@@ -489,13 +578,12 @@ struct EventColumns {
     kinds: Vec<&'static str>,
     data: Vec<String>,
     /// Where each `(run, index)` is in the columns, so a later write replaces it.
-    at: std::collections::HashMap<(String, i64), usize>,
+    at: HashMap<(String, i64), usize>,
 }
 
 impl EventColumns {
-    fn push(&mut self, event: &crate::bus::BusEvent) -> Result<(), String> {
-        let (run_id, index) = (text(event.run_id.as_str()), to_i64(event.index));
-        let (kind, data) = (event.kind.type_name(), json(&event.json())?);
+    fn push(&mut self, row: EventRow) {
+        let EventRow { run_id, index, kind, data } = row;
         match self.at.get(&(run_id.clone(), index)) {
             Some(&at) => (self.kinds[at], self.data[at]) = (kind, data),
             None => {
@@ -506,7 +594,6 @@ impl EventColumns {
                 self.data.push(data);
             }
         }
-        Ok(())
     }
 
     fn exec(self) -> Exec {
@@ -522,25 +609,116 @@ impl EventColumns {
     }
 }
 
+/// The highest event index of each run a batch writes events of, as the
+/// parameters of [`NOTIFY_EVENTS`].
+#[derive(Default)]
+struct EventMaxima(HashMap<String, i64>);
+
+impl EventMaxima {
+    fn push(&mut self, row: &EventRow) {
+        let max = self.0.entry(row.run_id.clone()).or_insert(row.index);
+        *max = (*max).max(row.index);
+    }
+
+    fn exec(self) -> Exec {
+        let (run_ids, indexes): (Vec<String>, Vec<i64>) = self.0.into_iter().unzip();
+        Exec {
+            sql: NOTIFY_EVENTS,
+            params: vec![Box::new(Topic::Events.channel()), Box::new(run_ids), Box::new(indexes)],
+        }
+    }
+}
+
+/// The distinct leases `writes` are fenced by.
+fn fences_of(writes: &[Queued]) -> Vec<&Arc<Fence>> {
+    let mut fences: Vec<&Arc<Fence>> = Vec::new();
+    for fence in writes.iter().filter_map(|queued| queued.fence.as_ref()) {
+        // Pointer first: the writes of one run share their fence.
+        if !fences.iter().any(|seen| Arc::ptr_eq(seen, fence) || *seen == fence) {
+            fences.push(fence);
+        }
+    }
+    fences
+}
+
+/// Which of `fences` are no longer live and this node's at their epochs;
+/// holds the others' rows `FOR KEY SHARE` for the rest of `tx`.
+async fn lost_fences(
+    tx: &deadpool_postgres::Transaction<'_>,
+    fences: &[&Arc<Fence>],
+) -> Result<Vec<Arc<Fence>>, tokio_postgres::Error> {
+    let keys: Vec<&str> = fences.iter().map(|f| f.session_key.as_str()).collect();
+    let nodes: Vec<&str> = fences.iter().map(|f| f.node.as_str()).collect();
+    let epochs: Vec<i64> = fences.iter().map(|f| f.epoch).collect();
+    let statement = tx.prepare_cached(CHECK_FENCES).await?;
+    let live = tx.query(&statement, &[&keys, &nodes, &epochs]).await?;
+    let live: HashSet<(&str, &str, i64)> = live
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+        .collect::<Result<_, tokio_postgres::Error>>()?;
+    Ok(fences
+        .iter()
+        .filter(|f| !live.contains(&(f.session_key.as_str(), f.node.as_str(), f.epoch)))
+        .map(|f| Arc::clone(f))
+        .collect())
+}
+
 /// Applies `writes` in one transaction on `client`, their statements all in
 /// flight at once (pipelined), in order; the events among them (most of what
 /// runs write) go in one statement of their own, as no other write reads or
-/// writes `run_events`.
-async fn apply(client: &mut Object, writes: &[Write]) -> Result<(), Failure> {
-    // Each statement with the write it is, or `None` for the events'.
-    let mut execs: Vec<(Option<usize>, Exec)> = Vec::with_capacity(writes.len());
+/// writes `run_events`. The leases of the fenced writes are checked first,
+/// in the same transaction, and the writes of a lease that failed are left
+/// out; `notify`: the runs whose events were written are notified.
+///
+/// Returns the leases that failed.
+async fn apply(
+    client: &mut Object,
+    writes: &[Queued],
+    notify: bool,
+) -> Result<Vec<Arc<Fence>>, Failure> {
+    let mut ready = Vec::with_capacity(writes.len());
+    for (index, queued) in writes.iter().enumerate() {
+        ready.push(queued.write.ready().map_err(|message| Failure::Refused { index, message })?);
+    }
+    let fences = fences_of(writes);
+    let tx = client.transaction().await.map_err(|e| Failure::of(&e, None))?;
+    let lost = match fences.is_empty() {
+        true => Vec::new(),
+        false => lost_fences(&tx, &fences).await.map_err(|e| Failure::of(&e, None))?,
+    };
+    let kept = |queued: &Queued| queued.fence.as_ref().is_none_or(|fence| !lost.contains(fence));
+    let n_kept = match lost.is_empty() {
+        true => writes.len(),
+        false => writes.iter().filter(|queued| kept(queued)).count(),
+    };
+    // Each statement with the write it is, or `None` for the events' and the
+    // notifications'.
+    let mut execs: Vec<(Option<usize>, Exec)> = Vec::with_capacity(n_kept + 1);
     let mut events = EventColumns::default();
-    for (index, write) in writes.iter().enumerate() {
-        let refused = |message| Failure::Refused { index, message };
-        match write {
-            Write::AppendEvent(event) if writes.len() > 1 => events.push(event).map_err(refused)?,
-            _ => execs.push((Some(index), write.exec().map_err(refused)?)),
+    let mut maxima = EventMaxima::default();
+    for (index, (queued, ready)) in writes.iter().zip(ready).enumerate() {
+        if !lost.is_empty() && !kept(queued) {
+            continue;
+        }
+        match ready {
+            Ready::Exec(exec) => execs.push((Some(index), exec)),
+            Ready::Event(row) => {
+                if notify {
+                    maxima.push(&row);
+                }
+                match n_kept {
+                    1 => execs.push((Some(index), row.exec())),
+                    _ => events.push(row),
+                }
+            }
         }
     }
     if !events.run_ids.is_empty() {
         execs.push((None, events.exec()));
     }
-    let tx = client.transaction().await.map_err(|e| Failure::of(&e, None))?;
+    if !maxima.0.is_empty() {
+        execs.push((None, maxima.exec()));
+    }
     let mut statements = Vec::with_capacity(execs.len());
     for (_, exec) in &execs {
         statements.push(tx.prepare_cached(exec.sql).await.map_err(|e| Failure::of(&e, None))?);
@@ -560,7 +738,34 @@ async fn apply(client: &mut Object, writes: &[Write]) -> Result<(), Failure> {
         let _ = tx.rollback().await;
         return Err(failure);
     }
-    tx.commit().await.map_err(|e| Failure::of(&e, None))
+    tx.commit().await.map_err(|e| Failure::of(&e, None))?;
+    Ok(lost)
+}
+
+/// Logs the writes of `batch` left out because their lease was `lost`: once
+/// per run (or, for chat state, per session).
+fn report_lost(batch: &[Queued], lost: &[Arc<Fence>]) {
+    let mut seen: HashSet<(Option<&str>, &Fence)> = HashSet::new();
+    for queued in batch {
+        let Some(fence) = queued.fence.as_deref().filter(|f| lost.iter().any(|l| **l == **f))
+        else {
+            continue;
+        };
+        let run_id = queued.write.run_id();
+        if !seen.insert((run_id, fence)) {
+            continue;
+        }
+        let (session, epoch) = (&fence.session_key, fence.epoch);
+        match run_id {
+            Some(run_id) => tracing::warn!(
+                "write of run {run_id} dropped: session lease {session} at epoch {epoch} is no longer this node's"
+            ),
+            None => tracing::warn!(
+                op = queued.write.name(),
+                "write of session {session} dropped: session lease {session} at epoch {epoch} is no longer this node's"
+            ),
+        }
+    }
 }
 
 /// Takes a connection that failed out of the pool, so it is not handed out again.
@@ -572,11 +777,13 @@ pub(super) fn discard(client: Object) {
 pub(super) struct Writer {
     /// Where connections come from; one is taken for each batch and given back.
     pool: Pool,
+    /// The store's fences: whether cluster mode is on, and the node fenced.
+    fences: Fences,
     /// The store's queue; closed by `Stop`.
     rx: mpsc::Receiver<WriteOp>,
     /// Writes taken from the queue and not committed yet, in queue order.
     /// Kept across failed tries.
-    held: Vec<Write>,
+    held: Vec<Queued>,
     /// Barriers behind `held`, answered once it commits (or fails once).
     replies: Vec<Reply>,
     /// Retention steps behind `held`, run once it commits.
@@ -605,9 +812,10 @@ impl std::fmt::Debug for Writer {
 }
 
 impl Writer {
-    pub(super) fn new(pool: Pool, rx: mpsc::Receiver<WriteOp>) -> Writer {
+    pub(super) fn new(pool: Pool, rx: mpsc::Receiver<WriteOp>, fences: Fences) -> Writer {
         Writer {
             pool,
+            fences,
             rx,
             held: Vec::with_capacity(MAX_BATCH),
             replies: Vec::new(),
@@ -674,10 +882,10 @@ impl Writer {
     /// Files one op: writes are held, barriers wait for them.
     fn take(&mut self, op: WriteOp) {
         match op {
-            WriteOp::Write(write) => self.held.push(write),
+            WriteOp::Write(queued) => self.held.push(queued),
             WriteOp::Flush { reply } => self.replies.push(reply),
             WriteOp::CheckWritable { now_ms, reply } => {
-                self.held.push(Write::Health { now_ms });
+                self.held.push(Queued { write: Write::Health { now_ms }, fence: None });
                 self.replies.push(reply);
             }
             WriteOp::Prune { step, reply } => self.prunes.push((step, reply)),
@@ -733,6 +941,10 @@ impl Writer {
     /// # Errors
     /// Why the database could not be reached; what was not applied stays held.
     async fn commit(&mut self) -> Result<(), String> {
+        let cluster = self.fences.enabled();
+        if cluster && self.fences.is_fenced() {
+            self.drop_fenced();
+        }
         if self.held.is_empty() {
             return Ok(());
         }
@@ -740,16 +952,18 @@ impl Writer {
         let mut one_at_a_time = false;
         while !self.held.is_empty() {
             let n = if one_at_a_time { 1 } else { self.held.len() };
-            let applied = tokio::time::timeout(BATCH_TIMEOUT, apply(&mut client, &self.held[..n]))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Failure::Transient(format!(
-                        "the database did not answer within {} s",
-                        BATCH_TIMEOUT.as_secs()
-                    )))
-                });
+            let batch = apply(&mut client, &self.held[..n], cluster);
+            let applied = tokio::time::timeout(BATCH_TIMEOUT, batch).await.unwrap_or_else(|_| {
+                Err(Failure::Transient(format!(
+                    "the database did not answer within {} s",
+                    BATCH_TIMEOUT.as_secs()
+                )))
+            });
             match applied {
-                Ok(()) => {
+                Ok(lost) => {
+                    if !lost.is_empty() {
+                        report_lost(&self.held[..n], &lost);
+                    }
                     self.held.drain(..n);
                 }
                 Err(Failure::Transient(message)) => {
@@ -764,10 +978,29 @@ impl Writer {
         Ok(())
     }
 
+    /// Drops the held writes fenced by a lease: the node was fenced, and
+    /// writes nothing more under any of its leases.
+    fn drop_fenced(&mut self) {
+        let before = self.held.len();
+        self.held.retain(|queued| {
+            let keep = queued.fence.is_none();
+            if !keep {
+                let op = queued.write.name();
+                let run_id = queued.write.run_id().unwrap_or_default();
+                tracing::debug!(op, run_id, "write of a fenced node dropped");
+            }
+            keep
+        });
+        let n_dropped = before - self.held.len();
+        if n_dropped > 0 {
+            tracing::warn!(n_dropped, "writes held when the node was fenced dropped");
+        }
+    }
+
     /// Drops held write `index`, which the database refused.
     fn drop_write(&mut self, index: usize, message: &str) {
-        let write = self.held.remove(index);
-        let op = write.name();
+        let queued = self.held.remove(index);
+        let op = queued.write.name();
         tracing::error!(op, error = %message, "store write refused by the database; dropped");
         self.refused.get_or_insert_with(|| format!("{op}: {message}"));
     }
@@ -848,3 +1081,6 @@ impl Writer {
         self.refuse_prunes();
     }
 }
+
+#[cfg(test)]
+mod tests;
