@@ -303,38 +303,13 @@ impl RunFollower {
 fn stored_completion(run_id: &RunId, event: &StoredEvent) -> Arc<BusEvent> {
     let data = &event.data;
     let text = |key: &str| data.get(key).and_then(|v| v.as_str()).map(str::to_owned);
-    let error = match (text("error_code"), text("error")) {
-        (Some(code), message) => {
-            Some(RunError::from_stored(Some(&code), message.unwrap_or_default()))
-        }
-        (None, Some(message)) => Some(RunError::Engine { message }),
-        (None, None) => None,
-    };
-    let resume = data.get("resume").and_then(|resume| {
-        let engine = resume.get("engine")?.as_str()?;
-        let value = resume.get("value")?.as_str()?;
-        Some(ResumeToken::new(engine, value))
-    });
-    let completion = Completion {
-        ok: data.get("ok").and_then(serde_json::Value::as_bool).unwrap_or(false),
-        answer: text("answer").unwrap_or_default(),
-        error,
-        resume,
-        usage: data.get("usage").cloned().unwrap_or(serde_json::Value::Null),
-        artifacts: data
-            .get("artifacts")
-            .and_then(serde_json::Value::as_array)
-            .map(|list| list.iter().filter_map(crate::bus::artifact_from_json).collect())
-            .unwrap_or_default(),
-        retried_by: text("retried_by").as_deref().and_then(RunId::parse),
-    };
     Arc::new(BusEvent {
         run_id: run_id.clone(),
         session_key: text("session_key").unwrap_or_default().into(),
         index: event.index,
         ts_ms: data.get("ts_ms").and_then(serde_json::Value::as_i64).unwrap_or_default(),
         kind: EventKind::RunCompleted {
-            completion,
+            completion: crate::bus::completion_from_json(data),
             engine: text("engine").unwrap_or_default(),
             duration_ms: data.get("duration_ms").and_then(serde_json::Value::as_u64).unwrap_or(0),
         },
