@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -49,6 +49,20 @@ impl WallClock for SystemClock {
 /// The longest the actor sleeps before it looks at the wall clock again, so a
 /// clock that jumps (a suspended laptop, an NTP step) is noticed soon.
 const MAX_NAP: Duration = Duration::from_secs(60);
+
+/// In a cluster, the longest the firing node sleeps before it reads the jobs
+/// again, so a job another node added or edited fires on time within this.
+const CLUSTER_NAP: Duration = Duration::from_secs(5);
+
+/// The next change of `leader`; never, for a gateway that has none.
+async fn changed(
+    leader: Option<&mut watch::Receiver<bool>>,
+) -> Result<(), watch::error::RecvError> {
+    match leader {
+        Some(leader) => leader.changed().await,
+        None => std::future::pending().await,
+    }
+}
 
 /// The longest retry backoff, however many attempts came before.
 const MAX_BACKOFF_MS: u64 = 3_600_000;
@@ -174,6 +188,22 @@ impl CronHandle {
         token: CancellationToken,
         tracker: &TaskTracker,
     ) -> CronHandle {
+        Self::start_led(deps, config_jobs, None, token, tracker)
+    }
+
+    /// [`CronHandle::start`] for a node of a cluster: every node answers the
+    /// API and the tool from the shared store, and only while `leader` says
+    /// `true` does this node fire scheduled jobs. On becoming the leader it
+    /// reads the jobs again and records the runs a previous leader left going
+    /// as failed; while leading it reads them before each firing, so edits
+    /// made on other nodes count and nothing fires twice.
+    pub fn start_led(
+        deps: CronDeps,
+        config_jobs: Vec<ConfigJob>,
+        leader: Option<watch::Receiver<bool>>,
+        token: CancellationToken,
+        tracker: &TaskTracker,
+    ) -> CronHandle {
         let (tx, rx) = mpsc::channel(256);
         let (updates, _) = broadcast::channel(256);
         let records = CronJobs::new(deps.store.clone());
@@ -187,6 +217,7 @@ impl CronHandle {
             token,
             tracker: tracker.clone(),
             updates: updates.clone(),
+            leader,
         };
         tracker.spawn(actor.run(config_jobs));
         CronHandle { tx, updates }
@@ -317,6 +348,9 @@ struct Cron {
     tracker: TaskTracker,
     /// Where stored run changes are published.
     updates: broadcast::Sender<CronRun>,
+    /// In a cluster: whether this node is the one that fires scheduled jobs
+    /// (it holds the cron lease). `None`: a single gateway, which always does.
+    leader: Option<watch::Receiver<bool>>,
 }
 
 impl Cron {
@@ -324,12 +358,20 @@ impl Cron {
         self.deps.clock.now_ms()
     }
 
-    async fn load(&mut self) -> Result<(), CronError> {
+    /// Whether this node fires scheduled jobs now.
+    fn leads(&self) -> bool {
+        self.leader.as_ref().is_none_or(|leader| *leader.borrow())
+    }
+
+    /// Reads every job from the store; with `close_left_runs`, records the
+    /// runs a stopped gateway (or a previous leader) left going as failed.
+    async fn load(&mut self, close_left_runs: bool) -> Result<(), CronError> {
         let now = self.now_ms();
+        self.jobs.clear();
         for mut job in self.records.load().await? {
             // Runs a stopped gateway left going will not report again.
             for mut run in self.records.runs(&job.id).await? {
-                if run.status.is_active() {
+                if close_left_runs && run.status.is_active() && !self.active.contains_key(&run.id) {
                     run.status = CronRunStatus::Failed;
                     run.ended_at_ms = Some(now);
                     run.output = Some("interrupted: the gateway stopped during the run".to_owned());
@@ -346,31 +388,59 @@ impl Cron {
     }
 
     async fn run(mut self, config_jobs: Vec<ConfigJob>) {
-        if let Err(error) = self.load().await {
+        // In a cluster the leader's runs are its own to finish: only a node
+        // that takes the lead closes what its predecessor left going.
+        if let Err(error) = self.load(self.leader.is_none()).await {
             tracing::error!(%error, "stored cron jobs could not be read");
         }
         self.sync_config(config_jobs).await;
+        let mut leader = self.leader.clone();
         loop {
             let wake = self.next_wake();
+            let leads = self.leads();
             tokio::select! {
                 () = self.token.cancelled() => break,
                 msg = self.rx.recv() => match msg {
                     Some(msg) => self.handle(msg).await,
                     None => break,
                 },
-                () = sleep_until(wake) => self.fire_due().await,
+                () = sleep_until(wake), if leads => {
+                    if self.leader.is_some() {
+                        // Other nodes may have added, edited or fired jobs.
+                        if let Err(error) = self.load(false).await {
+                            tracing::warn!(%error, "cron jobs not read again; firing what is known");
+                        }
+                    }
+                    self.fire_due().await;
+                }
+                changed = changed(leader.as_mut()) => {
+                    if changed.is_err() {
+                        // The lease's owner is gone: this node fires nothing more.
+                        leader = None;
+                        self.leader = Some(watch::channel(false).1);
+                        continue;
+                    }
+                    if self.leads() {
+                        tracing::info!("this node fires the scheduled jobs now");
+                        if let Err(error) = self.load(true).await {
+                            tracing::error!(%error, "stored cron jobs could not be read");
+                        }
+                    }
+                }
             }
         }
     }
 
-    /// When the earliest enabled job is due, at most [`MAX_NAP`] from now.
+    /// When the earliest enabled job is due, at most [`MAX_NAP`] from now
+    /// ([`CLUSTER_NAP`] in a cluster).
     fn next_wake(&self) -> Instant {
         let now = self.now_ms();
         let next =
             self.jobs.values().filter(|job| job.enabled).filter_map(|job| job.next_run_at_ms).min();
+        let longest = if self.leader.is_some() { CLUSTER_NAP } else { MAX_NAP };
         let nap = match next {
-            Some(at) => Duration::from_millis(u64::try_from(at - now).unwrap_or(0)).min(MAX_NAP),
-            None => MAX_NAP,
+            Some(at) => Duration::from_millis(u64::try_from(at - now).unwrap_or(0)).min(longest),
+            None => longest,
         };
         Instant::now() + nap
     }

@@ -414,3 +414,52 @@ async fn config_jobs_follow_the_file_by_name() {
     assert_eq!(jobs[0].id, api.id);
     assert_eq!(jobs[0].schedule, "0 0 * * *");
 }
+
+/// In a cluster every node answers for the jobs, and only the one holding the
+/// cron lease fires them: a job added on a follower fires once a minute on
+/// the leader, and after the lead moves, on the new leader alone.
+#[tokio::test(start_paused = true)]
+async fn in_a_cluster_only_the_leading_node_fires_and_sees_jobs_added_elsewhere() {
+    let h = harness().await;
+    let start = |leader: watch::Receiver<bool>| {
+        let deps =
+            CronDeps { router: h.router.clone(), store: h.store.clone(), clock: h.clock.clone() };
+        CronHandle::start_led(deps, Vec::new(), Some(leader), h.token.clone(), &h.tracker)
+    };
+    let (lead_a, leader_a) = watch::channel(true);
+    let (lead_b, leader_b) = watch::channel(false);
+    let a = start(leader_a);
+    let b = start(leader_b);
+    let mut runs_a = a.subscribe_runs();
+    let mut runs_b = b.subscribe_runs();
+    // (The harness's own actor reads the store only at start: it never
+    // learns of the job.)
+    let job = b.add(spec("* * * * *", "ok from b")).await.unwrap();
+    let ended = |runs: &mut broadcast::Receiver<CronRun>| {
+        let mut runs = runs.resubscribe();
+        let job_id = job.id.clone();
+        async move {
+            loop {
+                let run = runs.recv().await.unwrap();
+                if !run.status.is_active() && run.job_id == job_id {
+                    return run;
+                }
+            }
+        }
+    };
+    let first = within("the leader fires the job", ended(&mut runs_a)).await;
+    assert_eq!(first.status, CronRunStatus::Succeeded);
+    assert!(runs_b.try_recv().is_err(), "the follower fired nothing");
+
+    lead_a.send_replace(false);
+    lead_b.send_replace(true);
+    let second = within("the new leader fires the job", ended(&mut runs_b)).await;
+    assert_eq!(second.status, CronRunStatus::Succeeded);
+    assert!(second.started_at_ms > first.started_at_ms);
+    let runs = b.runs(&job.id).await.unwrap();
+    let mut starts: Vec<i64> = runs.iter().map(|r| r.started_at_ms / MINUTE).collect();
+    starts.sort_unstable();
+    let mut distinct = starts.clone();
+    distinct.dedup();
+    assert_eq!(starts.len(), distinct.len(), "no minute fired twice: {starts:?}");
+}
