@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bus::{BusEvent, EventBus, EventKind, RecvError, Subscription};
-use crate::engine::{Completion, ResumeToken, RunError};
+
 use crate::ids::RunId;
 use crate::store::{StoreHandle, StoredEvent};
 

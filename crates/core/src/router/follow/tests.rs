@@ -1,5 +1,6 @@
 use super::*;
 use crate::bus::EventBus;
+use crate::engine::{Completion, ResumeToken, RunError};
 use crate::store::NewRun;
 use crate::testing::within;
 
