@@ -396,9 +396,10 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
                 eprintln!("{}", token_line(token.expose(), &paths.secrets(), cli.log_format));
             }
             crate::say!("{}", ready_line(&running, cli.log_format));
-            signals.wait(running.token()).await;
+            signals.wait(running.stop_requested()).await;
+            let fenced = running.fenced();
             running.shutdown().await?;
-            Ok(failure::OK)
+            Ok(if fenced { failure::FENCED } else { failure::OK })
         }
         Command::Run {
             continue_session,

@@ -120,6 +120,9 @@ pub(crate) async fn doctor(
         }
         _ => check_storage(&mut report, paths),
     }
+    if let Some(gateway) = gateway.as_ref().filter(|g| g.cluster.enabled) {
+        check_cluster(&mut report, gateway, paths, &store).await;
+    }
     check_process_tracking(&mut report);
     if let Some(gateway) = &gateway {
         check_sandbox(&mut report, gateway, env);
@@ -280,6 +283,74 @@ async fn check_postgres(
             "check the database user's rights and the server's free space",
         ),
     }
+}
+
+/// Cluster mode: the cluster's nodes, read without joining it (no lease is
+/// taken), and whether another live node is registered with this node's id.
+async fn check_cluster(
+    report: &mut Report,
+    gateway: &GatewayConfig,
+    paths: &Paths,
+    secrets: &SecretStore,
+) {
+    const WAIT: Duration = Duration::from_secs(20);
+    let inspected = tokio::time::timeout(WAIT, lemon_server::cluster::inspect(gateway, secrets));
+    let inspection = match inspected.await {
+        Ok(Ok(inspection)) => inspection,
+        Ok(Err(error)) => {
+            report.fail(
+                "cluster",
+                format!("{error:#}"),
+                "the cluster needs the PostgreSQL store: check it as the store check says",
+            );
+            return;
+        }
+        Err(_) => {
+            report.fail(
+                "cluster",
+                format!("the PostgreSQL server gave no answer within {} s", WAIT.as_secs()),
+                "check the host and port of the connection string and the network to it",
+            );
+            return;
+        }
+    };
+    let alive: Vec<&str> =
+        inspection.nodes.iter().filter(|n| n.alive).map(|n| n.id.as_str()).collect();
+    let summary = format!(
+        "{} of {} registered nodes alive{}{}",
+        alive.len(),
+        inspection.nodes.len(),
+        if alive.is_empty() { "" } else { ": " },
+        alive.join(", ")
+    );
+    let Some(id) = gateway.cluster.node_id.as_deref() else {
+        report.ok("cluster", format!("{summary}; this node takes a new id at each start"));
+        return;
+    };
+    let clash = inspection.nodes.iter().find(|n| n.alive && n.id.as_str() == id);
+    match clash {
+        Some(_) if local_gateway_runs(paths) => report
+            .ok("cluster", format!("{summary}; {id} is this home's gateway, which is running")),
+        Some(node) => report.fail(
+            "cluster",
+            format!(
+                "{summary}; another live node is registered as {id} (version {}, at {})",
+                node.info.version,
+                node.info.api_base_url.as_deref().unwrap_or("no api_base_url")
+            ),
+            "give each node its own [gateway.cluster] node_id (or none: a new one at each start)",
+        ),
+        None => report.ok("cluster", format!("{summary}; none is registered as {id}")),
+    }
+}
+
+/// Whether this home's gateway runs: its running file names a live process.
+fn local_gateway_runs(paths: &Paths) -> bool {
+    let Ok(text) = std::fs::read_to_string(paths.running()) else { return false };
+    let pid = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("pid").and_then(serde_json::Value::as_u64));
+    pid.is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
 }
 
 /// Why `free` of `total` bytes is too little, if it is.

@@ -8,6 +8,7 @@
 //! | 3 | cannot reach the gateway |
 //! | 4 | authentication (no token, or the gateway refused it) |
 //! | 5 | configuration error |
+//! | 75 | `serve`: the cluster node was fenced; start it again |
 //! | 130 | cancelled by Ctrl-C |
 
 use std::fmt;
@@ -20,6 +21,8 @@ pub const OK: u8 = 0;
 pub const RUN_FAILED: u8 = 1;
 pub const USAGE: u8 = 2;
 pub const CONFIG: u8 = 5;
+/// A cluster node that was fenced stopped; its supervisor starts it again.
+pub const FENCED: u8 = lemon_server::cluster::FENCED_EXIT_CODE;
 pub const INTERRUPTED: u8 = 130;
 
 /// The exit codes as `--help` shows them.
@@ -31,6 +34,7 @@ Exit codes:
   3    cannot reach the gateway
   4    authentication (no API token, or the gateway refused it)
   5    configuration error
+  75   serve: the cluster node was fenced (a supervisor should start it again)
   130  cancelled by Ctrl-C";
 
 /// An error with the exit code it ends the process with.

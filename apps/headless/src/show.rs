@@ -70,6 +70,9 @@ pub fn status_text(status: &Value, url: &str, style: Style) -> String {
         });
         out.extend(store_upkeep_lines(store).into_iter().map(|line| format!("          {line}")));
     }
+    if let Some(cluster) = status["cluster"].as_object() {
+        out.push(format!("cluster   {}", cluster_line(cluster, style)));
+    }
     let default = status["default_engine"].as_str().unwrap_or("");
     for (i, engine) in status["engines"].as_array().into_iter().flatten().enumerate() {
         let label = if i == 0 { "engines" } else { "" };
@@ -101,6 +104,41 @@ pub fn status_text(status: &Value, url: &str, style: Style) -> String {
         out.push(line);
     }
     out.join("\n")
+}
+
+/// A cluster node's line: this node, the nodes alive, the cluster's slots, the
+/// sessions here and the channels this node owns.
+fn cluster_line(cluster: &serde_json::Map<String, Value>, style: Style) -> String {
+    let node = cluster.get("node").and_then(Value::as_str).unwrap_or("?");
+    let mut line = format!("node {node}");
+    if cluster.get("fenced").and_then(Value::as_bool) == Some(true) {
+        line.push_str(&format!(" {}", style.red("fenced")));
+    }
+    if let Some(nodes) = cluster.get("nodes").and_then(Value::as_array) {
+        let alive = nodes.iter().filter(|n| n["alive"] == true).count();
+        line.push_str(&format!(", {alive} of {} nodes alive", nodes.len()));
+    }
+    if let Some(slots) = cluster.get("slots") {
+        let num = |key: &str| slots[key].as_u64().unwrap_or(0);
+        line.push_str(&format!(", {} of {} cluster slots in use", num("in_use"), num("total")));
+    }
+    let here = cluster.get("sessions_here").and_then(Value::as_u64).unwrap_or(0);
+    line.push_str(&format!(", sessions here: {here}"));
+    let owned: Vec<&str> = cluster
+        .get("channels")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|c| c["live"] == true && c["node"].as_str() == Some(node))
+        .filter_map(|c| c["channel"].as_str())
+        .collect();
+    if !owned.is_empty() {
+        line.push_str(&format!(", owns {}", owned.join(" ")));
+    }
+    if let Some(error) = cluster.get("error").and_then(Value::as_str) {
+        line.push_str(&format!(" ({})", flat(error)));
+    }
+    line
 }
 
 /// Where a folded line of `status` goes on: under the values, past the labels.
@@ -685,6 +723,47 @@ mod tests {
         let text = status_text(&status, "http://127.0.0.1:4040", Style { color: false });
         let line = text.lines().find(|line| line.starts_with("store")).unwrap();
         assert_eq!(line, "store     2.4 MB at postgres://db.internal:5432/lemon");
+    }
+
+    #[test]
+    fn a_cluster_node_shows_the_cluster_in_one_line() {
+        let status = json!({
+            "version": "0.1.0", "uptime_ms": 1_000,
+            "scheduler": {"in_flight": 0, "max": 2, "queued": 0},
+            "cluster": {
+                "node": "node-a", "term_ms": 10_000, "fenced": false,
+                "nodes": [
+                    {"id": "node-a", "alive": true}, {"id": "node-b", "alive": true},
+                    {"id": "node-c", "alive": false}
+                ],
+                "slots": {"total": 8, "in_use": 3},
+                "channels": [
+                    {"channel": "telegram:mybot", "node": "node-a", "epoch": 2, "live": true},
+                    {"channel": "discord:42", "node": "node-b", "epoch": 1, "live": true}
+                ],
+                "sessions_here": 5
+            }
+        });
+        let text = status_text(&status, "http://127.0.0.1:4040", Style { color: false });
+        let line = text.lines().find(|line| line.starts_with("cluster")).unwrap();
+        assert_eq!(
+            line,
+            "cluster   node node-a, 2 of 3 nodes alive, 3 of 8 cluster slots in use, sessions here: 5, owns telegram:mybot"
+        );
+        let fenced = json!({
+            "scheduler": {},
+            "cluster": {"node": "node-a", "fenced": true, "sessions_here": 0, "error": "cluster database unavailable: refused"}
+        });
+        let text = status_text(&fenced, "http://127.0.0.1:4040", Style { color: false });
+        let line = text.lines().find(|line| line.starts_with("cluster")).unwrap();
+        assert_eq!(
+            line,
+            "cluster   node node-a fenced, sessions here: 0 (cluster database unavailable: refused)"
+        );
+        // Not a cluster node: no line.
+        let single = json!({"scheduler": {}, "cluster": null});
+        let text = status_text(&single, "http://127.0.0.1:4040", Style { color: false });
+        assert!(!text.contains("cluster"), "{text}");
     }
 
     #[test]

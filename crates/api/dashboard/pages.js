@@ -225,6 +225,125 @@ function storage(store) {
     ], rows, 'The store could not be read.'));
 }
 
+// A cluster node's view of the cluster: its nodes and their heartbeats,
+// who owns each single-consumer channel, the cluster's run slots.
+function clusterPanel(c) {
+  const lead = `This gateway is node ${c.node} of a cluster; leases last ${duration(c.term_ms)}.` +
+    (c.fenced ? ' This node is fenced: it writes nothing more and is stopping.' : '');
+  const slots = c.slots || {};
+  return section('Cluster', lead,
+    h('div', { class: 'stats', id: 'cluster-stats' },
+      stat('Nodes alive', c.nodes ? `${c.nodes.filter((n) => n.alive).length} / ${c.nodes.length}` : '?'),
+      stat('Cluster slots', c.slots ? `${slots.in_use} / ${slots.total}` : '?'),
+      stat('Sessions here', c.sessions_here)),
+    c.error ? h('p', { class: 'reason' }, c.error) : null,
+    h('div', { id: 'cluster-nodes' }, table([
+      ['Node', (n) => h('strong', { class: 'nowrap' }, n.id === c.node ? `${n.id} (this one)` : n.id)],
+      ['State', (n) => badge(n.alive ? 'alive' : 'gone')],
+      ['Heartbeat', (n) => ago(n.last_heartbeat_ms)],
+      ['Started', (n) => ago(n.started_at_ms)],
+      ['Version', (n) => n.version],
+      ['API', (n) => (n.api_base_url ? h('code', {}, n.api_base_url) : '')],
+    ], c.nodes || [], 'No node is registered.')),
+    h('div', { id: 'cluster-channels' }, table([
+      ['Channel', (o) => h('code', {}, o.channel)],
+      ['Owner', (o) => o.node],
+      ['State', (o) => badge(o.live ? 'owned' : 'free')],
+      ['Epoch', (o) => String(o.epoch)],
+    ], c.channels || [], 'No single-consumer channel is owned.')));
+}
+
+// The cluster config: the keys of [gateway] every node takes from the
+// database over its own config.toml. Saved with the version it was read at;
+// a save another node beat is refused (409) and says so. Built once and moved
+// into each new Cluster panel, so what is typed survives the refresh.
+function clusterConfigEditor() {
+  const text = h('textarea', { id: 'cluster-config-text', class: 'code', spellcheck: 'false', wrap: 'off', 'aria-label': 'Cluster config' });
+  const info = h('p', { class: 'muted', id: 'cluster-config-info' });
+  const error = h('p', { class: 'error', id: 'cluster-config-error', role: 'alert', hidden: true });
+  const notice = h('p', { class: 'flash', id: 'cluster-config-notice', hidden: true });
+  const save = h('button', { type: 'button', class: 'primary', id: 'cluster-config-save' }, 'Save');
+  const reload = h('button', { type: 'button', id: 'cluster-config-reload' }, 'Reload');
+  const box = h('div', { class: 'cluster-config', id: 'cluster-config' },
+    h('h3', {}, 'Cluster config'),
+    h('p', { class: 'muted' }, 'Shared by every node and applied live: max_concurrent_runs, [gateway.queue], [[gateway.bindings]], [gateway.projects], [gateway.budgets], [gateway.approvals]. A key set here replaces that key of each node\'s config.toml; ports, paths, engines and secrets stay in the file.'),
+    info, text, error, h('div', { class: 'row' }, save, reload, notice));
+  let row = null;
+  let applied = null;
+  let edited = false;
+  // The error shown is this node's refusal of a version, not a save's.
+  let refusal = false;
+
+  function describe() {
+    if (!row) return;
+    const here = applied == null ? '' : ` This node runs version ${applied}.`;
+    info.textContent = row.version
+      ? `Version ${row.version}, written by ${row.updated_by || 'a node'} ${ago(row.updated_at_ms)}.${here}`
+      : `Version 0: nothing is shared yet; each node's config.toml is in force.${here}`;
+  }
+
+  function showError(body) {
+    refusal = false;
+    error.hidden = false;
+    const bare = body.line ? body.error.replace(/^.*?:\d+:\d+: /, '') : body.error;
+    error.textContent = body.line ? `Line ${body.line}, column ${body.column}: ${bare}` : body.error;
+  }
+
+  async function load() {
+    try {
+      row = await api.get('/v1/cluster/config');
+      applied = row.applied_version;
+      text.value = row.body;
+      edited = false;
+      error.hidden = true;
+      describe();
+    } catch (err) {
+      flash(notice, err.message, 'error');
+    }
+  }
+
+  save.addEventListener('click', async () => {
+    if (!row) return;
+    save.disabled = true;
+    flash(notice, '', 'ok');
+    error.hidden = true;
+    try {
+      row = await api.put('/v1/cluster/config', { expected_version: row.version, body: text.value });
+      edited = false;
+      describe();
+      flash(notice, `Saved as version ${row.version}; every node applies it.`, 'ok');
+    } catch (err) {
+      if (err.status === 409) showError({ error: `${err.message} (Reload shows it; your text stays until then.)` });
+      else if (err.status === 400 || err.status === 422) showError(err.body);
+      else flash(notice, err.message, 'error');
+    } finally {
+      save.disabled = false;
+    }
+  });
+  reload.addEventListener('click', () => { flash(notice, '', 'ok'); load(); });
+  text.addEventListener('input', () => { edited = true; });
+  load();
+
+  return {
+    box,
+    // A refresh of the status: the version this node runs, and a newer
+    // version another node wrote (loaded unless the text is being edited).
+    update(config) {
+      if (!config) return;
+      applied = config.applied_version;
+      if (row && config.version != null && config.version !== row.version && !edited) load();
+      else describe();
+      if (config.error) {
+        showError({ error: `This node refused version ${config.version}: ${config.error}` });
+        refusal = true;
+      } else if (refusal) {
+        error.hidden = true;
+        refusal = false;
+      }
+    },
+  };
+}
+
 // A server's tools: how many, then their names without the `<server>__` prefix.
 function mcpTools(server) {
   const prefix = `${server.name}__`;
@@ -243,10 +362,19 @@ export function status(main) {
   const body = h('div', { id: 'status-body' });
   main.append(h('h1', {}, 'Engines & transports'), body);
   let timer = null;
+  let clusterConfig = null;
 
   async function load() {
     try {
       const s = await api.get('/v1/status');
+      // Not rebuilt under the hands of someone typing in the cluster config.
+      if (clusterConfig && clusterConfig.box.contains(document.activeElement)) return;
+      const cluster = s.cluster ? clusterPanel(s.cluster) : null;
+      if (cluster) {
+        clusterConfig = clusterConfig || clusterConfigEditor();
+        cluster.appendChild(clusterConfig.box);
+        clusterConfig.update(s.cluster.config);
+      }
       const transports = Object.entries(s.transports).map(([id, t]) => ({ id, ...t }));
       const secrets = Object.entries(s.secrets || {}).map(([name, origin]) => ({ name, ...origin }));
       clear(body).append(
@@ -283,6 +411,7 @@ export function status(main) {
           ['State', (t) => badge(t.state)],
           ['Detail', (t) => t.detail || (t.reason ? `${t.reason} (attempt ${t.attempts}, retry in ${duration(t.retry_in_ms)})` : '')],
         ], transports)),
+        cluster,
         s.store ? storage(s.store) : null);
     } catch (err) {
       failed(body, err);

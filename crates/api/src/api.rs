@@ -26,6 +26,8 @@
 //! | `GET` | `/v1/config` | `200` the config in force, its generation, pending and refused edits |
 //! | `GET` | `/v1/config/file` | `200 {"path", "exists", "text"}`: config.toml as written |
 //! | `PUT` | `/v1/config` | `200 {"saved", "warnings"}` once checked and written; `422 {"error", "line", "column"}` |
+//! | `GET` | `/v1/cluster/config` | `200 {"version", "body", "updated_at_ms", "updated_by", "applied_version"}`: the cluster config (cluster nodes only) |
+//! | `PUT` | `/v1/cluster/config` | `200` the same once checked and written with `{"expected_version", "body"}`; `409` stale version; `400`/`422 {"error", "key", "line", "column"}` |
 //! | `POST` | `/v1/chat/completions`, `/v1/responses`; `GET` `/v1/models` | OpenAI's shapes (see `openai`) |
 //! | `GET` | `/v1/openapi.json` | `200` the OpenAPI 3.1 document of every route this gateway serves |
 //!
@@ -51,6 +53,7 @@
 //! makes carries the token.
 
 mod approvals;
+mod cluster_config;
 mod config;
 mod cron;
 mod events;
@@ -139,6 +142,13 @@ pub struct ApiState {
     /// The MCP servers of `[[gateway.mcp_servers]]` (the native engine's
     /// client), reported by `/v1/status` as `mcp_servers`; `None`: none.
     pub mcp: Option<Arc<dyn lemon_core::mcp::McpStatusSource>>,
+    /// This node, when the gateway is one node of a cluster: `/v1/status`
+    /// reports the cluster as `cluster` (`null` otherwise), and
+    /// `/v1/cluster/config` reads and writes the cluster config.
+    pub cluster: Option<Arc<lemon_core::cluster::ClusterNode>>,
+    /// What this node did with the cluster config, and how it checks a new
+    /// body; `None` off a cluster (or where nothing applies it).
+    pub cluster_config: Option<crate::cluster::ClusterConfig>,
 }
 
 impl fmt::Debug for ApiState {
@@ -158,6 +168,8 @@ impl fmt::Debug for ApiState {
             .field("config_file", &self.config_file)
             .field("files", &self.files)
             .field("mcp", &self.mcp)
+            .field("cluster", &self.cluster.as_ref().map(|node| node.id().clone()))
+            .field("cluster_config", &self.cluster_config)
             .finish()
     }
 }
@@ -283,6 +295,8 @@ pub fn router(state: ApiState) -> Router {
     config::get,
     config::put,
     config::file,
+    cluster_config::get,
+    cluster_config::put,
     cron::list,
     cron::create,
     cron::update,
@@ -343,6 +357,7 @@ pub fn router_documented(
         .route("/v1/approvals/{id}", post(approvals::decide))
         .route("/v1/config", get(config::get).put(config::put))
         .route("/v1/config/file", get(config::file))
+        .route("/v1/cluster/config", get(cluster_config::get).put(cluster_config::put))
         .route("/v1/cron", get(cron::list).post(cron::create))
         .route("/v1/cron/{id}", patch(cron::update).delete(cron::remove))
         .route("/v1/cron/{id}/run", post(cron::run))

@@ -91,6 +91,9 @@ pub struct HealthState {
     pub upkeep: lemon_core::store::upkeep::Upkeep,
     /// The MCP servers, for the `lemon_mcp_*` families; `None`: none.
     pub mcp: Option<Arc<dyn lemon_core::mcp::McpStatusSource>>,
+    /// This node, in cluster mode: the `cluster` check (failing once the node
+    /// is fenced) and the `lemon_cluster_*` families.
+    pub cluster: Option<Arc<lemon_core::cluster::ClusterNode>>,
 }
 
 impl HealthState {
@@ -109,7 +112,17 @@ impl HealthState {
             database: None,
             upkeep: Default::default(),
             mcp: None,
+            cluster: None,
         }
+    }
+
+    /// Reports this cluster node: `/healthz` is unhealthy once it is fenced,
+    /// `/metrics` has the `lemon_cluster_*` families.
+    #[must_use]
+    pub fn with_cluster(mut self, node: Arc<lemon_core::cluster::ClusterNode>) -> Self {
+        self.extra_checks.push(Arc::new(crate::cluster::ClusterCheck { node: node.clone() }));
+        self.cluster = Some(node);
+        self
     }
 
     /// Shows the MCP servers' states and tool calls (the native engine's
@@ -229,6 +242,11 @@ async fn healthz(State(state): State<HealthState>, headers: HeaderMap) -> Respon
             .collect();
         let mut body =
             json!({ "ok": ok, "status": summary, "checks": checks, "transports": transports });
+        // A fenced node says why it is going away: a prober may not hold the
+        // token, and the reason names nothing private.
+        if state.cluster.as_ref().is_some_and(|node| node.is_fenced()) {
+            body["reason"] = json!(crate::cluster::FENCED_REASON);
+        }
         // Only a refused edit is news to a prober.
         if config.rejected.is_some() {
             body["config"] = config_json(&config, false);
@@ -429,6 +447,13 @@ async fn metrics(State(state): State<HealthState>, headers: HeaderMap) -> Respon
         run_metrics.render(&mut out);
     }
     transport_metrics(&mut out, &state.transports);
+    if let Some(node) = &state.cluster {
+        let status = tokio::time::timeout(state.check_timeout, node.status())
+            .await
+            .ok()
+            .and_then(Result::ok);
+        crate::cluster::render_metrics(&mut out, node, status.as_ref());
+    }
     if let Some(mcp) = &state.mcp {
         crate::metrics::render_mcp(&mut out, &mcp.servers());
     }

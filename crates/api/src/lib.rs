@@ -15,6 +15,7 @@
 //!   Claude Code's permission prompts reach the owner's approvals) and the
 //!   gateway's tools acting for the run; for the API token, the gateway's
 //!   tools and `run`, `status`, `cancel` and `runs`.
+//! - [`cluster`]: a cluster node in `/v1/status`, `/healthz` and `/metrics`.
 //! - [`metrics`]: the collector of run metrics (a task on the event bus) and
 //!   the Prometheus text format `/metrics` answers in.
 //! - [`files`]: files sent with a request (base64, `data:` URLs, URLs fetched
@@ -31,6 +32,7 @@
 //! they hold no business rules and never call engines.
 
 pub mod api;
+pub mod cluster;
 pub mod dashboard;
 pub mod error;
 pub mod files;

@@ -14,11 +14,15 @@
 //! name one of ours are read as ours, those without a use here are accepted
 //! with a note ([`ReferenceKey`], [`Translation`]), and its environment variables apply over the
 //! file ([`env`](mod@env), through [`load_str_with_env`]).
+//!
+//! In a cluster, a few keys of `[gateway]` come from one versioned row of the
+//! database over every node's file ([`SharedSettings`], [`SHARED_KEYS`]).
 
 pub mod env;
 mod keys;
 mod loader;
 mod reference;
+mod shared;
 mod status;
 
 pub use keys::{did_you_mean, field_names, parse_section, parse_table, TableError, UnknownKey};
@@ -29,6 +33,7 @@ pub use loader::{
     MAX_PENDING_RUNS, MAX_QUEUE_CAP, MAX_WORKER_THREADS,
 };
 pub use reference::{reference_bind, KeyNote, ReferenceKey, Translation};
+pub use shared::{SharedSettings, SHARED_KEYS, SHARED_SOURCE};
 pub use status::{ConfigReport, ConfigStatus, PendingRestart, Rejection};
 
 use std::borrow::Cow;
@@ -192,6 +197,69 @@ pub struct GatewayConfig {
     /// default) or a PostgreSQL database.
     #[serde(default)]
     pub store: StoreConfig,
+    /// `[gateway.cluster]`: this gateway as one node of several sharing a
+    /// PostgreSQL store; off by default.
+    #[serde(default)]
+    pub cluster: ClusterConfig,
+}
+
+/// `[gateway.cluster]`: cluster mode, where several gateways (nodes) share one
+/// PostgreSQL store and act as one gateway. Read once at start; a change takes
+/// a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct ClusterConfig {
+    /// Join the cluster of the store's database; needs `[gateway.store]
+    /// backend = "postgres"`.
+    #[serde(default)]
+    pub enabled: bool,
+    /// This node's id (1 to 64 of letters, digits, `.`, `_`, `-`), unique among
+    /// the running nodes; unset, a new one (`node-` and 12 hex digits) at every
+    /// start.
+    #[serde(default)]
+    pub node_id: Option<String>,
+    /// The term of every lease a node holds: a dead node's sessions and
+    /// channels move to the others after at most about this long. From 1000 to
+    /// 600000.
+    #[serde(default = "defaults::lease_term_ms")]
+    pub lease_term_ms: u64,
+    /// Where this node's control API is reached (`http://` or `https://`),
+    /// shown to the other nodes' status pages.
+    #[serde(default)]
+    pub api_base_url: Option<String>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            enabled: false,
+            node_id: None,
+            lease_term_ms: defaults::lease_term_ms(),
+            api_base_url: None,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The shortest `lease_term_ms`.
+    pub const MIN_LEASE_TERM_MS: u64 = 1_000;
+    /// The longest `lease_term_ms`.
+    pub const MAX_LEASE_TERM_MS: u64 = 600_000;
+
+    /// The node id `node_id` names, or a new one when it names none.
+    ///
+    /// # Errors
+    /// Why `node_id` is not an id (the loader has refused such a file already).
+    pub fn node(&self) -> Result<crate::cluster::NodeId, crate::cluster::NodeIdError> {
+        match self.node_id.as_deref() {
+            Some(raw) => crate::cluster::NodeId::parse(raw),
+            None => Ok(crate::cluster::NodeId::generate()),
+        }
+    }
+
+    /// `lease_term_ms` as a duration.
+    pub fn lease_term(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.lease_term_ms)
+    }
 }
 
 /// `[gateway.store]`: which backend holds runs, events, the journal and
@@ -942,6 +1010,9 @@ pub const FALLBACK_ENGINE: &str = "echo";
 mod defaults {
     pub(super) fn store_pool_size() -> u32 {
         16
+    }
+    pub(super) fn lease_term_ms() -> u64 {
+        10_000
     }
     pub(super) fn backup_keep() -> u32 {
         7

@@ -7,7 +7,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lemon_core::store::StoreHandle;
 use lemon_engines::cli::{spawn_helper, HelperChild, HelperSpec};
 use lemon_transports::xmtp::bridge::{BridgeChild, BridgeCommand, BridgeProcess, Launcher};
 use tokio_util::task::TaskTracker;
@@ -15,7 +14,7 @@ use tokio_util::task::TaskTracker;
 /// Starts bridges for the transports.
 #[derive(Debug)]
 pub(crate) struct HelperLauncher {
-    pub(crate) store: StoreHandle,
+    pub(crate) groups: crate::ProcessGroups,
     pub(crate) tracker: TaskTracker,
 }
 
@@ -32,7 +31,7 @@ impl Launcher for HelperLauncher {
         let spec = HelperSpec { program, args: command.args, cwd: command.cwd, env: command.env };
         let helper = spawn_helper(spec, &self.tracker).await?;
         if let Some(group) = helper.group {
-            if let Err(error) = self.store.record_process_group(group).await {
+            if let Err(error) = self.groups.record(group).await {
                 tracing::warn!(pgid = group.pgid, %error, "process group not recorded");
             }
         }
@@ -40,29 +39,29 @@ impl Launcher for HelperLauncher {
             stdin: Box::pin(helper.stdin),
             stdout: Box::pin(helper.stdout),
             stderr: Box::pin(helper.stderr),
-            child: Box::new(RecordedChild { child: helper.child, store: self.store.clone() }),
+            child: Box::new(RecordedChild { child: helper.child, groups: self.groups.clone() }),
         })
     }
 }
 
-/// A helper whose group is forgotten by the store once it is reaped.
+/// A helper whose group record is forgotten once it is reaped.
 #[derive(Debug)]
 struct RecordedChild {
     child: HelperChild,
-    store: StoreHandle,
+    groups: crate::ProcessGroups,
 }
 
 #[async_trait]
 impl BridgeChild for RecordedChild {
     async fn wait(&mut self) -> String {
         let exit = self.child.wait().await;
-        self.store.forget_process_group(self.child.pgid()).await;
+        self.groups.forget(self.child.pgid()).await;
         exit
     }
 
     async fn stop(&mut self, grace: Duration) -> String {
         let exit = self.child.terminate(grace).await;
-        self.store.forget_process_group(self.child.pgid()).await;
+        self.groups.forget(self.child.pgid()).await;
         exit
     }
 }

@@ -10,9 +10,11 @@
 //! - [`paths`]: where state lives (`$LEMON_HOME`, `config.toml`, the database,
 //!   secrets), decided by the caller and passed in.
 //! - [`retention`]: `[gateway.retention]`, the task that keeps the store small.
+//! - [`cluster`]: `[gateway.cluster]`, this gateway as one node of several.
 
 mod backups;
 mod bridge;
+pub mod cluster;
 mod config_file;
 pub mod keychain;
 pub mod paths;
@@ -110,6 +112,11 @@ pub struct Running {
     store: StoreHandle,
     token: CancellationToken,
     tracker: TaskTracker,
+    /// This node, in cluster mode.
+    cluster: Option<Arc<lemon_core::cluster::ClusterNode>>,
+    /// Cancelled when the gateway must stop on its own (its cluster node was
+    /// fenced) or has stopped.
+    stop_requested: CancellationToken,
 }
 
 /// How much longer than the longest `cancel_grace_ms` a cancelled run waits for
@@ -220,7 +227,8 @@ pub fn open_secrets(paths: &Paths, env: &BTreeMap<String, String>) -> SecretStor
 /// Opens the store `[gateway.store]` names: the SQLite file under the home, or
 /// the PostgreSQL database whose connection string is the `url_secret` secret.
 /// A gateway that `serves` holds a PostgreSQL database alone; a check
-/// (`doctor`) opens it beside the gateway that does.
+/// (`doctor`) opens it beside the gateway that does, and so does a cluster
+/// node ([`start`] opens its store itself).
 ///
 /// # Errors
 /// The file or database cannot be opened or migrated, or the secret is unset.
@@ -238,30 +246,43 @@ pub async fn open_store(
             Ok((store, StoreLocation::File(path.into())))
         }
         StoreBackendKind::Postgres => {
-            let name = config.url_secret.as_deref().unwrap_or_default();
-            let url = secrets
-                .get(name)
-                .with_context(|| format!("could not read the secret {name}"))?
-                .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "[gateway.store] backend = \"postgres\": {}",
-                        secrets.not_set_message(name)
-                    )
-                })?;
-            let store = lemon_core::store::postgres::PostgresStore::connect(
-                lemon_core::store::postgres::PostgresConfig {
-                    url: url.expose().to_owned(),
-                    pool_size: config.pool_size as usize,
-                    chat_state_ttl_ms: lemon_core::store::DEFAULT_CHAT_STATE_TTL_MS,
-                    // Not in cluster mode: the only gateway on its database.
-                    exclusive: serves,
-                },
-            )
-            .await?;
-            let target: Arc<str> = store.target().into();
-            Ok((StoreHandle::new(Arc::new(store)), StoreLocation::Postgres(target)))
+            let (store, location) = open_postgres(config, secrets, serves).await?;
+            Ok((StoreHandle::new(store), location))
         }
     }
+}
+
+/// The PostgreSQL store of `config`; `exclusive`: it holds the database alone
+/// (one gateway, not a cluster node and not a check).
+///
+/// # Errors
+/// The secret is unset, or the database cannot be reached or migrated.
+pub(crate) async fn open_postgres(
+    config: &lemon_core::config::StoreConfig,
+    secrets: &SecretStore,
+    exclusive: bool,
+) -> anyhow::Result<(Arc<lemon_core::store::postgres::PostgresStore>, StoreLocation)> {
+    let name = config.url_secret.as_deref().unwrap_or_default();
+    let url = secrets
+        .get(name)
+        .with_context(|| format!("could not read the secret {name}"))?
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "[gateway.store] backend = \"postgres\": {}",
+                secrets.not_set_message(name)
+            )
+        })?;
+    let store = lemon_core::store::postgres::PostgresStore::connect(
+        lemon_core::store::postgres::PostgresConfig {
+            url: url.expose().to_owned(),
+            pool_size: config.pool_size as usize,
+            chat_state_ttl_ms: lemon_core::store::DEFAULT_CHAT_STATE_TTL_MS,
+            exclusive,
+        },
+    )
+    .await?;
+    let target: Arc<str> = store.target().into();
+    Ok((Arc::new(store), StoreLocation::Postgres(target)))
 }
 
 /// [`open_secrets`] off the async runtime's threads.
@@ -351,6 +372,7 @@ struct Shared<'a> {
     approvals: &'a lemon_engines::native::Approvals,
     gate: &'a lemon_core::approvals::Gate,
     mcp: &'a lemon_engines::mcp::McpClients,
+    groups: &'a ProcessGroups,
 }
 
 /// The address a local client reaches a listener bound to `addr` at: the
@@ -407,7 +429,7 @@ fn engines(
         tracker: shared.tracker.clone(),
         shutdown: shared.token.clone(),
         api_keys,
-        recorder: Some(Arc::new(StoreRecorder { store: store.clone() })),
+        recorder: Some(Arc::new(StoreRecorder { groups: shared.groups.clone() })),
         tools: shared.tools.clone(),
         budget: Some(shared.budget.clone()),
         store: Some(store.clone()),
@@ -477,36 +499,87 @@ pub(crate) fn cron_jobs(
     config.cron.iter().map(lemon_core::config::CronJobConfig::to_spec).collect()
 }
 
+/// The process groups this gateway's CLIs and helpers run in, recorded in the
+/// store while they run so that a start after a crash kills what is left. In
+/// cluster mode each machine and home has its own records
+/// ([`cluster::process_namespace`]): the store is shared, the processes are not.
+#[derive(Debug, Clone)]
+pub(crate) struct ProcessGroups {
+    store: StoreHandle,
+    namespace: Arc<str>,
+}
+
+impl ProcessGroups {
+    /// Records `group` and waits until the record is durable.
+    pub(crate) async fn record(
+        &self,
+        group: ProcessGroupRecord,
+    ) -> Result<(), lemon_core::store::StoreError> {
+        if &*self.namespace == lemon_core::store::PROCESS_GROUPS_NAMESPACE {
+            return self.store.record_process_group(group).await;
+        }
+        let value = serde_json::to_value(group).map_err(|e| {
+            lemon_core::store::StoreError::Corrupt(format!("process group {}: {e}", group.pgid))
+        })?;
+        self.store.kv_put(&self.namespace, &group.pgid.to_string(), value, None).await;
+        self.store.flush().await
+    }
+
+    /// Forgets a reaped group.
+    pub(crate) async fn forget(&self, pgid: i32) {
+        self.store.kv_delete(&self.namespace, &pgid.to_string()).await;
+    }
+
+    /// Every recorded group; an unreadable record is dropped.
+    async fn list(&self) -> Result<Vec<ProcessGroupRecord>, lemon_core::store::StoreError> {
+        if &*self.namespace == lemon_core::store::PROCESS_GROUPS_NAMESPACE {
+            return self.store.process_groups().await;
+        }
+        let records = self.store.kv_list(&self.namespace, lemon_core::clock::now_ms()).await?;
+        let mut groups = Vec::with_capacity(records.len());
+        for (key, value) in records {
+            match serde_json::from_value::<ProcessGroupRecord>(value) {
+                Ok(group) => groups.push(group),
+                Err(error) => {
+                    tracing::warn!(key, %error, "unreadable process group record dropped");
+                    self.store.kv_delete(&self.namespace, &key).await;
+                }
+            }
+        }
+        Ok(groups)
+    }
+}
+
 /// Records the process groups of CLI runs in the store while they run.
 #[derive(Debug)]
 struct StoreRecorder {
-    store: StoreHandle,
+    groups: ProcessGroups,
 }
 
 #[async_trait::async_trait]
 impl ProcessRecorder for StoreRecorder {
     async fn started(&self, group: ProcessGroupRecord) {
-        if let Err(error) = self.store.record_process_group(group).await {
+        if let Err(error) = self.groups.record(group).await {
             tracing::warn!(pgid = group.pgid, %error, "process group not recorded");
         }
     }
 
     async fn reaped(&self, pgid: i32) {
-        self.store.forget_process_group(pgid).await;
+        self.groups.forget(pgid).await;
     }
 }
 
 /// Kills every process group an earlier gateway recorded and did not reap (it
 /// was killed), unless its pid now belongs to another process; then forgets them.
-async fn kill_leftover_processes(store: &StoreHandle) {
-    let groups = match store.process_groups().await {
-        Ok(groups) => groups,
+async fn kill_leftover_processes(groups: &ProcessGroups) {
+    let recorded = match groups.list().await {
+        Ok(recorded) => recorded,
         Err(error) => {
             tracing::error!(%error, "recorded process groups unreadable; none killed");
             return;
         }
     };
-    for group in groups {
+    for group in recorded {
         match kill_leftover_group(&group) {
             Leftover::Killed { processes } => {
                 tracing::warn!(
@@ -523,9 +596,9 @@ async fn kill_leftover_processes(store: &StoreHandle) {
             }
             Leftover::Gone => {}
         }
-        store.forget_process_group(group.pgid).await;
+        groups.forget(group.pgid).await;
     }
-    if let Err(error) = store.flush().await {
+    if let Err(error) = groups.store.flush().await {
         tracing::warn!(%error, "leftover process group records not removed");
     }
 }
@@ -767,6 +840,8 @@ fn channel_lines(states: &BTreeMap<String, TransportState>) -> Vec<(String, Stri
                 _ => None,
             };
             let at = match (id.as_str(), detail) {
+                // A cluster node's single-consumer channel another node runs.
+                (_, Some("standby")) => "standby".to_owned(),
                 (webhook::WEBHOOK_TRANSPORT_ID, Some(addr)) => format!("http://{addr}/webhooks/"),
                 (telegram::inbound::TRANSPORT_ID, Some(bot)) => format!("polling:{bot}"),
                 (lemon_sms::reply::SMS_TRANSPORT_ID, Some(addr)) => {
@@ -972,7 +1047,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let descriptor_limit = raise_descriptor_limit();
     // The text read here is compared with the file once it is watched, so an
     // edit made while starting is still picked up.
-    let (config_text, gateway_config) = load_config(&opts.paths, &opts.env)?;
+    let (config_text, mut gateway_config) = load_config(&opts.paths, &opts.env)?;
     let engine_sections = EngineSections::parse(
         &gateway_config.engines,
         &opts.paths.config,
@@ -998,7 +1073,21 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     }
     // Secrets first: a PostgreSQL store's connection string is one.
     let secrets = Arc::new(open_secrets_blocking(&opts.paths, &opts.env).await);
-    let (store, location) = open_store(&gateway_config.store, &opts.paths, &secrets, true).await?;
+    // A cluster node shares its database with the other nodes: it does not
+    // take the one-gateway lock, and it joins the cluster below.
+    let clustered = gateway_config.cluster.enabled;
+    let (store, location, postgres) = if clustered {
+        let (postgres, location) = open_postgres(&gateway_config.store, &secrets, false).await?;
+        (StoreHandle::new(postgres.clone()), location, Some(postgres))
+    } else {
+        let (store, location) =
+            open_store(&gateway_config.store, &opts.paths, &secrets, true).await?;
+        (store, location, None)
+    };
+    let groups = ProcessGroups {
+        store: store.clone(),
+        namespace: cluster::process_namespace(clustered, home),
+    };
     tracing::info!(
         home = %home.display(),
         store = location.backend(),
@@ -1008,7 +1097,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     );
     // Before anything runs (and before the router resumes a single session): a
     // gateway that was killed may have left CLIs' grandchildren behind.
-    kill_leftover_processes(&store).await;
+    kill_leftover_processes(&groups).await;
     let keychain = secrets.keychain();
     if keychain.available {
         tracing::info!(keychain = %keychain.detail, "secrets: keychain, environment, secrets file");
@@ -1025,6 +1114,38 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let (api_token, generated) = api_token(&opts.env, &secrets)?;
     let token = CancellationToken::new();
     let tracker = TaskTracker::new();
+    // A cluster node puts the cluster config over its file before anything
+    // is built from it, and follows it from then on.
+    let joined = match &postgres {
+        Some(postgres) => {
+            Some(cluster::join(&mut gateway_config, postgres, &tracker, token.clone()).await?)
+        }
+        None => None,
+    };
+    let cluster_node = joined.as_ref().map(|joined| joined.node.clone());
+    let shared_config = joined.as_ref().and_then(|joined| joined.shared.clone().ok());
+    let applied_config = lemon_api::cluster::AppliedConfig::default();
+    // A version refused at start is tried again after a good edit of the file.
+    let mut refused_row = None;
+    let (shared_rows, shared_checks) = match joined {
+        Some(joined) => {
+            config_status.update(|report| {
+                report.effective = reload::effective_json(&gateway_config, &engine_sections);
+            });
+            match &joined.shared {
+                Ok(shared) => applied_config.applied(shared.version()),
+                Err(error) => {
+                    applied_config.refused(joined.row.version, error.clone());
+                    refused_row = Some(joined.row.clone());
+                }
+            }
+            let (rows_tx, rows) = tokio::sync::watch::channel(Some(joined.row));
+            cluster::follow_config(joined.node.clone(), rows_tx, &tracker, token.clone());
+            let (checks_tx, checks) = tokio::sync::mpsc::channel(8);
+            (Some(rows), Some((checks_tx, checks)))
+        }
+        None => (None, None),
+    };
     // Transports are checked before anything starts: a config mistake stops the
     // start before the router recovers a single request, while a port in use
     // only makes that transport fail (and retry).
@@ -1049,9 +1170,10 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         &HelperDeps {
             lemon_home: &opts.paths.home,
             user_home: opts.user_home.as_deref(),
-            store: &store,
+            groups: &groups,
             tracker: &tracker,
             env: &opts.env,
+            cluster: cluster_node.as_ref(),
         },
     )?;
     check_webhook_callbacks(
@@ -1110,12 +1232,12 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let gate = lemon_core::approvals::Gate::new(approval_rules.clone(), approval_hub.clone());
     // The native engine's MCP servers, started by the first run that offers them.
     let mcp = mcp_clients(&gateway_config, &opts, &secrets, &tracker, &token);
-    mcp.record_processes(Arc::new(StoreRecorder { store: store.clone() }));
+    mcp.record_processes(Arc::new(StoreRecorder { groups: groups.clone() }));
     let build_engines: reload::BuildEngines = {
         let (opts, secrets, store) = (opts.clone(), secrets.clone(), store.clone());
         let (tracker, token, tools) = (tracker.clone(), token.clone(), tools.clone());
         let (budget, sandbox, approvals) = (budget.clone(), sandbox.clone(), approvals.clone());
-        let (gate, mcp) = (gate.clone(), mcp.clone());
+        let (gate, mcp, groups) = (gate.clone(), mcp.clone(), groups.clone());
         Arc::new(move |sections: &EngineSections| {
             let shared = Shared {
                 tracker: &tracker,
@@ -1126,6 +1248,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
                 approvals: &approvals,
                 gate: &gate,
                 mcp: &mcp,
+                groups: &groups,
             };
             engines(sections, &opts, &secrets, &store, shared)
         })
@@ -1141,7 +1264,13 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     // Clones share one table: a reload swaps the engines for every holder.
     let engine_table = build_engines(&engine_sections)?;
     let text = config_text.as_deref().unwrap_or("");
-    check_engine_refs(&gateway_config, &engine_table, &opts.paths.config, text)?;
+    reload::check_engine_refs_merged(
+        &gateway_config,
+        &engine_table,
+        &opts.paths.config,
+        text,
+        shared_config.as_ref(),
+    )?;
     for warning in
         section_warnings(&gateway_config, &engine_sections, &engine_table, &opts.paths.config, text)
     {
@@ -1156,18 +1285,47 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         store: store.clone(),
         bus: bus.clone(),
     };
-    let gateway = GatewayHandle::start(deps, token.clone(), &tracker);
+    let gateway =
+        GatewayHandle::start_clustered(deps, cluster_node.clone(), token.clone(), &tracker);
     // The router recovers its journal (requests a crash left behind) before it
     // takes the first new request, so recovered ones keep their place.
     let chosen_default = default_engine(&gateway_config, &engine_sections, &secrets)?;
     tracing::info!("default engine: {} ({})", chosen_default.engine, chosen_default.reason);
     let router_config = router_config(&gateway_config, &chosen_default);
     let router = RouterHandle::start(router_config, gateway.clone(), token.clone(), &tracker);
+    if let Some(node) = &cluster_node {
+        // Followers here of runs on other nodes get their events; cancels and
+        // steers from other nodes reach this node's runs.
+        lemon_core::cluster::node::relay::spawn_relay(
+            node.clone(),
+            bus.clone(),
+            &tracker,
+            token.clone(),
+        );
+        let handler: Arc<dyn lemon_core::cluster::node::remote::ControlHandler> =
+            Arc::new(router.clone());
+        node.serve_controls(handler, &tracker, token.clone());
+    }
     // Scheduled prompts fire through the router; a native run manages them
-    // with the `cron` tool.
-    let cron = CronHandle::start(
+    // with the `cron` tool. In a cluster one node at a time fires them: the
+    // one holding the `cron` lease.
+    let cron_leader = cluster_node.as_ref().map(|node| {
+        let (lead, leader) = tokio::sync::watch::channel(false);
+        let lead = Arc::new(lead);
+        node.own_channel(cluster::CRON_LEASE, &tracker, token.clone(), move |held| {
+            let lead = lead.clone();
+            Box::pin(async move {
+                lead.send_replace(true);
+                held.cancelled().await;
+                lead.send_replace(false);
+            })
+        });
+        leader
+    });
+    let cron = CronHandle::start_led(
         CronDeps { router: router.clone(), store: store.clone(), clock: Arc::new(SystemClock) },
         cron_jobs(&gateway_config),
+        cron_leader,
         token.clone(),
         &tracker,
     );
@@ -1286,6 +1444,13 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
                 gateway_config.files.clone(),
             ),
             mcp: Some(Arc::new(mcp.clone())),
+            cluster: cluster_node.clone(),
+            cluster_config: shared_checks.as_ref().map(|(requests, _)| {
+                lemon_api::cluster::ClusterConfig {
+                    applied: applied_config.clone(),
+                    check: Some(Arc::new(cluster::SharedChecker { requests: requests.clone() })),
+                }
+            }),
         },
         extra_routes.merge(secrets_routes).merge(extra),
         document,
@@ -1305,15 +1470,17 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         &token,
     ));
     gate.set_url(format!("http://{}/mcp", loopback_of(api_addr)));
-    let health = lemon_api::health::health_router(
-        lemon_api::health::HealthState::new(router.query(), version, started)
-            .with_transports(statuses.clone())
-            .with_detail_token(shared_token.clone())
-            .with_config(config_status.clone())
-            .with_database(location.clone(), upkeep.clone())
-            .with_run_metrics(run_metrics)
-            .with_mcp(Arc::new(mcp.clone())),
-    );
+    let mut health_state = lemon_api::health::HealthState::new(router.query(), version, started)
+        .with_transports(statuses.clone())
+        .with_detail_token(shared_token.clone())
+        .with_config(config_status.clone())
+        .with_database(location.clone(), upkeep.clone())
+        .with_run_metrics(run_metrics)
+        .with_mcp(Arc::new(mcp.clone()));
+    if let Some(node) = &cluster_node {
+        health_state = health_state.with_cluster(node.clone());
+    }
+    let health = lemon_api::health::health_router(health_state);
     tracker.spawn(serve_logged(
         api_listener,
         api,
@@ -1346,7 +1513,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         path: opts.paths.config.clone(),
         started: gateway_config.clone(),
         current: gateway_config.clone(),
-        last_text: config_text,
+        last_text: config_text.clone(),
         empty_since: None,
         status: config_status.clone(),
         bus,
@@ -1371,8 +1538,35 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         env: opts.env.clone(),
         retention: retention_config,
         mcp: mcp.clone(),
+        cluster: cluster_node.clone(),
+        applied_text: config_text,
+        shared: shared_config,
+        refused_row,
+        applied: applied_config,
     };
-    tracker.spawn(reload::watch(reloader, token.clone()));
+    let feed = shared_rows
+        .zip(shared_checks)
+        .map(|(rows, (_, checks))| reload::SharedFeed { rows, checks });
+    tracker.spawn(reload::watch(reloader, feed, token.clone()));
+    let stop_requested = token.child_token();
+    if let Some(node) = &cluster_node {
+        // Fail-stop: a fenced node writes nothing more and its engines are
+        // stopped; the process goes, for its supervisor to start a new member.
+        let (fenced, stop, id) = (node.fenced(), stop_requested.clone(), node.id().clone());
+        tracker.spawn(async move {
+            tokio::select! {
+                () = fenced.cancelled() => {
+                    tracing::error!(
+                        node = %id,
+                        exit_code = cluster::FENCED_EXIT_CODE,
+                        "this cluster node is fenced: it could not renew its leases in time, so other nodes take its sessions and channels over; the gateway stops and exits for its supervisor to start it again"
+                    );
+                    stop.cancel();
+                }
+                () = stop.cancelled() => {}
+            }
+        });
+    }
     // The front end says it is ready (the headless binary's ready line); this is the time it took.
     tracing::debug!(%api_addr, %health_addr, elapsed_ms = started.elapsed().as_millis() as u64, "gateway ready");
     let running_file = opts.paths.running();
@@ -1392,6 +1586,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         store,
         token,
         tracker,
+        cluster: cluster_node,
+        stop_requested,
     })
 }
 
@@ -1493,16 +1689,18 @@ fn transports(
     let lemon_home = helpers.lemon_home;
     use lemon_transports::{telegram, webhook};
     let mut registry = TransportRegistry::default();
+    // In cluster mode a single-consumer channel runs under its channel lease.
+    let leased = |transport| cluster::leased(config, transport, helpers.cluster);
     match webhook_transport(config, secrets, config_path, text)? {
-        Some(transport) => registry.add(transport)?,
+        Some(transport) => registry.add(leased(transport))?,
         None => registry.add_disabled(webhook::WEBHOOK_TRANSPORT_ID)?,
     }
     match telegram_transport(config, secrets, config_path, text)? {
-        Some(transport) => registry.add(transport)?,
+        Some(transport) => registry.add(leased(transport))?,
         None => registry.add_disabled(telegram::inbound::TRANSPORT_ID)?,
     }
     match discord_transport(config, secrets, config_path, text)? {
-        Some(transport) => registry.add(transport)?,
+        Some(transport) => registry.add(leased(transport))?,
         None => registry.add_disabled(lemon_transports::discord::inbound::TRANSPORT_ID)?,
     }
     match sms {
@@ -1510,11 +1708,11 @@ fn transports(
         None => registry.add_disabled(lemon_sms::reply::SMS_TRANSPORT_ID)?,
     }
     match email_transport(config, secrets, config_path, text)? {
-        Some(transport) => registry.add(transport)?,
+        Some(transport) => registry.add(leased(transport))?,
         None => registry.add_disabled(lemon_transports::email::TRANSPORT_ID)?,
     }
     match voice_transport(config, secrets, config_path, text, lemon_home, helpers.user_home)? {
-        Some(transport) => registry.add(transport)?,
+        Some(transport) => registry.add(leased(transport))?,
         None => registry.add_disabled(lemon_voice::TRANSPORT_ID)?,
     }
     match xmtp_section(config, secrets, config_path, text)? {
@@ -1528,10 +1726,10 @@ fn transports(
                 .filter_map(lemon_core::config::BindingConfig::chat_id_text)
                 .collect();
             let launcher = Arc::new(bridge::HelperLauncher {
-                store: helpers.store.clone(),
+                groups: helpers.groups.clone(),
                 tracker: helpers.tracker.clone(),
             });
-            registry.add(Arc::new(lemon_transports::xmtp::service::XmtpTransport::new(
+            registry.add(leased(Arc::new(lemon_transports::xmtp::service::XmtpTransport::new(
                 lemon_transports::xmtp::service::XmtpDeps {
                     config: xmtp_config,
                     secrets: secrets.clone(),
@@ -1541,7 +1739,7 @@ fn transports(
                     base_env: helpers.env.clone(),
                     bound_conversations,
                 },
-            )))?;
+            ))))?;
         }
         None => registry.add_disabled(lemon_transports::xmtp::TRANSPORT_ID)?,
     }
@@ -1556,9 +1754,12 @@ struct HelperDeps<'a> {
     lemon_home: &'a Path,
     /// The user's home, for a `~` in `recordings_dir`.
     user_home: Option<&'a Path>,
-    store: &'a StoreHandle,
+    groups: &'a ProcessGroups,
     tracker: &'a TaskTracker,
     env: &'a BTreeMap<String, String>,
+    /// This node, in cluster mode: single-consumer channels run under their
+    /// channel lease.
+    cluster: Option<&'a Arc<lemon_core::cluster::ClusterNode>>,
 }
 
 /// `[gateway.xmtp]` when XMTP is on (`None`: switched off; the section is
@@ -1792,6 +1993,25 @@ impl Running {
     /// The token that stops everything.
     pub fn token(&self) -> CancellationToken {
         self.token.clone()
+    }
+
+    /// Cancelled when the gateway must stop without being asked: its cluster
+    /// node was fenced ([`Running::fenced`]). A front end shuts it down then
+    /// as it does on a signal.
+    pub fn stop_requested(&self) -> CancellationToken {
+        self.stop_requested.clone()
+    }
+
+    /// Whether this gateway is a cluster node that was fenced: after
+    /// [`Running::shutdown`] the process should exit with
+    /// [`cluster::FENCED_EXIT_CODE`].
+    pub fn fenced(&self) -> bool {
+        self.cluster.as_ref().is_some_and(|node| node.is_fenced())
+    }
+
+    /// This node, in cluster mode.
+    pub fn cluster(&self) -> Option<&Arc<lemon_core::cluster::ClusterNode>> {
+        self.cluster.as_ref()
     }
 
     /// Stops accepting runs, lets running ones finish within the grace period,

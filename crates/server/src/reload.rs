@@ -16,6 +16,16 @@
 //! turns empty is taken only once it has stayed empty for [`EMPTY_SETTLE`]:
 //! an editor saving in place truncates the file before it writes the new
 //! text, and a reader in between must not apply the defaults for a moment.
+//!
+//! On a cluster node the cluster config (one versioned row of the database,
+//! [`SharedSettings`]) is put over the file: a new version of the row and an
+//! edit of the file both give a merged config that is checked and applied
+//! the same way. A version this node refuses (it names an engine this node
+//! lacks, say) is logged and published (`config_rejected`), the node keeps
+//! the config in force, and it tries that version again after its next good
+//! file edit. A changed `max_concurrent_runs` also sets the cluster's slot
+//! count. Bodies sent to `PUT /v1/cluster/config` are checked here too
+//! ([`CheckRequest`]), over the config in force, without applying them.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,8 +36,10 @@ use tokio::time::Instant;
 
 use lemon_core::budget::store_guard::StoreBudgetGuard;
 use lemon_core::bus::{EventBus, Notice};
+use lemon_core::cluster::SharedConfig;
 use lemon_core::config::{
-    self, ConfigReport, ConfigStatus, GatewayConfig, PendingRestart, Rejection,
+    self, ConfigError, ConfigReport, ConfigStatus, GatewayConfig, PendingRestart, Rejection,
+    SharedSettings, SHARED_SOURCE,
 };
 use lemon_core::gateway::GatewayHandle;
 use lemon_core::router::RouterHandle;
@@ -35,6 +47,7 @@ use lemon_core::transport::RunningTransports;
 use lemon_engines::config::EngineSections;
 use lemon_transports::{discord, telegram, webhook};
 use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot, watch as watch_channel};
 use tokio_util::sync::CancellationToken;
 
 use self::dir_watch::DirWatch;
@@ -135,6 +148,7 @@ const RESTART_KEYS: &[&str] = &[
     "dashboard",
     "files",
     "store",
+    "cluster",
 ];
 
 /// What an accepted edit changes, component by component.
@@ -373,6 +387,94 @@ pub(crate) struct Reloader {
     pub(crate) retention: tokio::sync::watch::Sender<lemon_core::config::RetentionConfig>,
     /// The native engine's MCP servers, put in step with `[[gateway.mcp_servers]]`.
     pub(crate) mcp: lemon_engines::mcp::McpClients,
+    /// This node, in cluster mode: a rebuilt single-consumer channel runs
+    /// under its channel lease as at start.
+    pub(crate) cluster: Option<Arc<lemon_core::cluster::ClusterNode>>,
+    /// The file's text of the config in force (`last_text` may be a
+    /// refused one): a new cluster config is put over this.
+    pub(crate) applied_text: Option<String>,
+    /// The cluster config in force over the file; `None` off a cluster.
+    pub(crate) shared: Option<SharedSettings>,
+    /// The last version of the cluster config this node refused, tried
+    /// again after the next good edit of the file.
+    pub(crate) refused_row: Option<SharedConfig>,
+    /// What this node did with the cluster config, for the API.
+    pub(crate) applied: lemon_api::cluster::AppliedConfig,
+}
+
+/// A cluster config body to check as this node would apply it, and where
+/// the answer goes.
+#[derive(Debug)]
+pub(crate) struct CheckRequest {
+    pub(crate) body: String,
+    pub(crate) reply: oneshot::Sender<Result<(), ConfigError>>,
+}
+
+/// What reaches the reload path from the cluster: the cluster config's row
+/// as last read, and bodies to check.
+#[derive(Debug)]
+pub(crate) struct SharedFeed {
+    pub(crate) rows: watch_channel::Receiver<Option<SharedConfig>>,
+    pub(crate) checks: mpsc::Receiver<CheckRequest>,
+}
+
+/// Why a text (or a merged config) was refused: a config error with its
+/// place, or what a component said.
+#[derive(Debug)]
+enum Refusal {
+    Config(ConfigError),
+    Other(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Config(error) => error.fmt(f),
+            Refusal::Other(message) => f.write_str(message),
+        }
+    }
+}
+
+impl Refusal {
+    fn other(error: impl std::fmt::Display) -> Self {
+        Refusal::Other(error.to_string())
+    }
+
+    /// As `PUT /v1/cluster/config` answers it.
+    fn into_config_error(self) -> ConfigError {
+        match self {
+            Refusal::Config(error) => error,
+            Refusal::Other(message) => ConfigError::Invalid {
+                path: SHARED_SOURCE.into(),
+                at: None,
+                key: String::new(),
+                message,
+            },
+        }
+    }
+}
+
+/// [`crate::check_engine_refs`] of a config merged from a file (`text` at
+/// `path`) and `shared`: each engine a key names is placed in the text that
+/// set the key.
+///
+/// # Errors
+/// The first engine that is not in `table`.
+pub(crate) fn check_engine_refs_merged(
+    config: &GatewayConfig,
+    table: &lemon_core::engine::EngineRegistry,
+    path: &Path,
+    text: &str,
+    shared: Option<&SharedSettings>,
+) -> Result<(), ConfigError> {
+    match shared.filter(|shared| !shared.keys().is_empty()) {
+        None => crate::check_engine_refs(config, table, path, text),
+        Some(shared) => {
+            crate::check_engine_refs(&shared.without(config), table, path, text)?;
+            let source = Path::new(SHARED_SOURCE);
+            crate::check_engine_refs(&shared.only(config), table, source, shared.body())
+        }
+    }
 }
 
 impl std::fmt::Debug for Reloader {
@@ -432,10 +534,71 @@ impl Reloader {
         }
         self.last_text = Some(text.clone());
         match self.checked(&text) {
-            Ok(checked) => self.apply(checked).await,
+            Ok(checked) => {
+                self.applied_text = Some(text);
+                self.apply(checked).await;
+                // A version refused with the old file may fit the new one.
+                if let Some(row) = self.refused_row.take() {
+                    self.check_shared(row).await;
+                }
+            }
             Err(message) => self.reject(message),
         }
         None
+    }
+
+    /// Applies version `row` of the cluster config over the file in force,
+    /// unless it is the one in force or was refused already.
+    pub(crate) async fn check_shared(&mut self, row: SharedConfig) {
+        let in_force = self.shared.as_ref().map_or(0, SharedSettings::version);
+        let refused = self.refused_row.as_ref().is_some_and(|r| r.version == row.version);
+        if row.version == in_force || refused {
+            return;
+        }
+        let version = row.version;
+        let shared = match SharedSettings::parse(version, &row.body) {
+            Ok(shared) => shared,
+            Err(error) => return self.refuse_shared(row, error.to_string()),
+        };
+        let text = self.applied_text.clone().unwrap_or_default();
+        match self.checked_with(&text, Some(&shared), None) {
+            Ok(checked) => {
+                let keys = shared.keys().join(", ");
+                self.shared = Some(shared);
+                self.refused_row = None;
+                self.apply(checked).await;
+                self.applied.applied(version);
+                tracing::info!(version, keys = %keys, "cluster config applied");
+            }
+            Err(refusal) => self.refuse_shared(row, refusal.to_string()),
+        }
+    }
+
+    /// A version of the cluster config this node cannot apply: said, and
+    /// the config in force kept.
+    fn refuse_shared(&mut self, row: SharedConfig, error: String) {
+        tracing::error!(
+            version = row.version,
+            %error,
+            "cluster config refused on this node; keeping the config in force"
+        );
+        self.applied.refused(row.version, error.clone());
+        let mut body = serde_json::Map::new();
+        body.insert("error".to_owned(), json!(error));
+        body.insert("path".to_owned(), json!(SHARED_SOURCE));
+        body.insert("version".to_owned(), json!(row.version));
+        self.bus.publish_notice(Notice { type_name: "config_rejected", ts_ms: now_ms(), body });
+        self.refused_row = Some(row);
+    }
+
+    /// Checks `body` as this node would apply it as the cluster config, over
+    /// the file in force; applies nothing.
+    fn check_candidate(&self, body: &str) -> Result<(), ConfigError> {
+        let shared = SharedSettings::parse(0, body)?;
+        let text = self.applied_text.clone().unwrap_or_default();
+        self.checked_with(&text, Some(&shared), None)
+            .map(|_| ())
+            .map_err(Refusal::into_config_error)
     }
 
     /// Reads again the secrets the transports and engines use; a component
@@ -480,9 +643,9 @@ impl Reloader {
             return;
         }
         let text = self.last_text.clone().unwrap_or_default();
-        match self.checked_with(&text, Some(forced)) {
+        match self.checked_with(&text, self.shared.as_ref(), Some(forced)) {
             Ok(checked) => self.apply(checked).await,
-            Err(message) => self.reject(message),
+            Err(refusal) => self.reject(refusal.to_string()),
         }
     }
 
@@ -533,36 +696,47 @@ impl Reloader {
     }
 
     fn checked(&self, text: &str) -> Result<Checked, String> {
-        self.checked_with(text, None)
+        self.checked_with(text, self.shared.as_ref(), None).map_err(|refusal| refusal.to_string())
     }
 
-    fn checked_with(&self, text: &str, forced: Option<Plan>) -> Result<Checked, String> {
-        // The environment's overrides apply over every edit, as at start.
+    /// The file's `text` with `shared` put over it, checked whole; `forced`
+    /// rebuilds what it names whether it changed or not.
+    fn checked_with(
+        &self,
+        text: &str,
+        shared: Option<&SharedSettings>,
+        forced: Option<Plan>,
+    ) -> Result<Checked, Refusal> {
+        // The environment's overrides apply over every edit, as at start;
+        // the cluster config over both.
         let loaded =
-            config::load_str_with_env(text, &self.path, &self.env).map_err(|e| e.to_string())?;
+            config::load_str_with_env(text, &self.path, &self.env).map_err(Refusal::Config)?;
         for warning in &loaded.warnings {
             tracing::warn!("{warning}");
         }
-        let config = loaded.config.gateway;
+        let mut config = loaded.config.gateway;
+        if let Some(shared) = shared {
+            shared.apply(&mut config);
+        }
         let sections =
-            EngineSections::parse(&config.engines, &self.path, text).map_err(|e| e.to_string())?;
+            EngineSections::parse(&config.engines, &self.path, text).map_err(Refusal::other)?;
         let plan = forced.unwrap_or_else(|| plan(&self.current, &config));
         // Only the parts the edit changes are built again.
         let webhook = plan
             .webhook
             .then(|| crate::webhook_transport(&config, &self.secrets, &self.path, text))
             .transpose()
-            .map_err(|e| e.to_string())?;
+            .map_err(Refusal::other)?;
         let telegram = plan
             .telegram
             .then(|| crate::telegram_transport(&config, &self.secrets, &self.path, text))
             .transpose()
-            .map_err(|e| e.to_string())?;
+            .map_err(Refusal::other)?;
         let discord = plan
             .discord
             .then(|| crate::discord_transport(&config, &self.secrets, &self.path, text))
             .transpose()
-            .map_err(|e| e.to_string())?;
+            .map_err(Refusal::other)?;
         let paths =
             crate::paths::Paths { home: self.lemon_home.clone(), config: self.path.clone() };
         let fence = crate::fence(&config, &paths, self.user_home.as_deref());
@@ -570,18 +744,24 @@ impl Reloader {
             .email
             .then(|| crate::email_transport(&config, &self.secrets, &self.path, text))
             .transpose()
-            .map_err(|e| e.to_string())?;
+            .map_err(Refusal::other)?;
         let engines = plan
             .engines
             .then(|| (self.build_engines)(&sections))
             .transpose()
-            .map_err(|e| format!("{}: {e}", self.path.display()))?;
+            .map_err(|e| Refusal::Other(format!("{}: {e}", self.path.display())))?;
         // Engine names are checked against the table the edit leaves in force.
         let table = engines.as_ref().unwrap_or(&self.engines);
-        crate::check_engine_refs(&config, table, &self.path, text).map_err(|e| e.to_string())?;
+        check_engine_refs_merged(&config, table, &self.path, text, shared)
+            .map_err(Refusal::Config)?;
         for warning in crate::section_warnings(&config, &sections, table, &self.path, text) {
             tracing::warn!("{warning}");
         }
+        let leased = |built: Option<Option<Arc<dyn lemon_core::transport::Transport>>>| {
+            built.map(|t| t.map(|t| crate::cluster::leased(&config, t, self.cluster.as_ref())))
+        };
+        let (webhook, telegram, discord, email) =
+            (leased(webhook), leased(telegram), leased(discord), leased(email));
         Ok(Checked { config, sections, engines, webhook, telegram, discord, email, fence, plan })
     }
 
@@ -639,6 +819,9 @@ impl Reloader {
             if self.gateway.reload(runtime).await.is_err() {
                 return;
             }
+        }
+        if config.max_concurrent_runs != self.current.max_concurrent_runs {
+            self.set_cluster_slots(config.max_concurrent_runs).await;
         }
         let chose_again =
             (plan.engines || plan.router) && self.choose_default(&config, &sections).await;
@@ -698,6 +881,32 @@ impl Reloader {
         body.insert("applied".to_owned(), json!(plan.applied));
         body.insert("pending_restart".to_owned(), json!(pending_keys));
         self.bus.publish_notice(Notice { type_name: "config_reloaded", ts_ms: now_ms(), body });
+    }
+
+    /// Makes the cluster's slot count `max`, on a cluster node. When the
+    /// cluster config sets the cap, only while its version is still the
+    /// latest: a node slow to apply an older version must not undo a newer
+    /// one that another node applied already (every node sets the same
+    /// count for the same version, so repeating it changes nothing).
+    async fn set_cluster_slots(&self, max: usize) {
+        let Some(node) = &self.cluster else { return };
+        if let Some(shared) = self.shared.as_ref().filter(|s| s.sets("max_concurrent_runs")) {
+            match node.cluster().config().await {
+                Ok(row) if row.version != shared.version() => return,
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "cluster slot count not changed: the cluster config could not be read");
+                    return;
+                }
+            }
+        }
+        let slots = u32::try_from(max).unwrap_or(u32::MAX);
+        match node.cluster().set_slot_count(slots).await {
+            Ok(_) => tracing::info!(slots, "the cluster runs at most {slots} runs at once"),
+            Err(error) => {
+                tracing::error!(%error, slots, "the cluster's slot count was not changed")
+            }
+        }
     }
 
     /// An edit that changes only settings needing a restart: nothing is
@@ -787,7 +996,15 @@ pub(crate) fn initial_report(
 /// `reloader` once its events have been quiet for [`DEBOUNCE`], until `token`
 /// is cancelled. Without a watch (the directory cannot be watched) it reads
 /// the file every second instead.
-pub(crate) async fn watch(mut reloader: Reloader, token: CancellationToken) {
+pub(crate) async fn watch(
+    mut reloader: Reloader,
+    feed: Option<SharedFeed>,
+    token: CancellationToken,
+) {
+    let (mut rows, mut checks) = match feed {
+        Some(SharedFeed { rows, checks }) => (Some(rows), Some(checks)),
+        None => (None, None),
+    };
     let name = reloader.path.file_name().map(ToOwned::to_owned).unwrap_or_default();
     let dir = reloader.path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
     let mut watcher = match DirWatch::new(&dir, name) {
@@ -827,12 +1044,49 @@ pub(crate) async fn watch(mut reloader: Reloader, token: CancellationToken) {
                 reloader.check_secrets().await;
                 continue;
             }
+            changed = row_changed(rows.as_mut()) => {
+                match changed {
+                    Some(row) => reloader.check_shared(row).await,
+                    None => rows = None,
+                }
+                continue;
+            }
+            request = next_check(checks.as_mut()) => {
+                match request {
+                    Some(request) => {
+                        let _ = request.reply.send(reloader.check_candidate(&request.body));
+                    }
+                    None => checks = None,
+                }
+                continue;
+            }
             _ = secrets_tick.tick() => {
                 reloader.check_secrets().await;
                 continue;
             }
         }
         recheck = reloader.check_file().await;
+    }
+}
+
+/// The next row of the cluster config; `None` once nothing sends any more.
+async fn row_changed(
+    rows: Option<&mut watch_channel::Receiver<Option<SharedConfig>>>,
+) -> Option<SharedConfig> {
+    let Some(rows) = rows else { return std::future::pending().await };
+    loop {
+        rows.changed().await.ok()?;
+        if let Some(row) = rows.borrow_and_update().clone() {
+            return Some(row);
+        }
+    }
+}
+
+/// The next body to check; `None` once nothing sends any more.
+async fn next_check(checks: Option<&mut mpsc::Receiver<CheckRequest>>) -> Option<CheckRequest> {
+    match checks {
+        Some(checks) => checks.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -10,7 +10,9 @@
 //! file, or `postgres://host:port/database`), whether it saves (`writable`,
 //! and the `error` when it does not), its size (`bytes`; the file's, or the
 //! tables' in PostgreSQL) and its log's (`log_bytes`, SQLite only), rows per table, the last
-//! retention pass and what retention removed since start, the last backup.
+//! retention pass and what retention removed since start, the last backup;
+//! and the cluster (`cluster`, `null` unless the gateway is a cluster node;
+//! see [`crate::cluster`]).
 
 use axum::extract::State;
 use axum::Json;
@@ -159,6 +161,13 @@ pub(super) async fn status(State(state): State<ApiState>) -> Result<Json<Value>,
         "sandbox": state.sandbox,
         "store": match &state.database {
             Some(location) => store_json(location, &state).await,
+            None => Value::Null,
+        },
+        "cluster": match &state.cluster {
+            Some(node) => {
+                let applied = state.cluster_config.as_ref().map(|c| &c.applied);
+                crate::cluster::cluster_json(node, applied, STORE_CHECK_TIMEOUT).await
+            }
             None => Value::Null,
         },
         "secrets": state

@@ -122,6 +122,8 @@ impl TestGateway {
             upkeep: Default::default(),
             files: crate::files::FileIntake::new(stage, files),
             mcp: None,
+            cluster: None,
+            cluster_config: None,
         };
         TestGateway { state, media, bus, store, token, tracker }
     }
@@ -1735,4 +1737,25 @@ async fn only_the_submit_route_takes_a_body_as_large_as_a_file() {
     let (status, error) = gw.call(Method::POST, "/v1/runs", Some(huge)).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{error}");
     assert_eq!(error_of(&error), format!("request body is larger than {limit} bytes"));
+}
+
+#[tokio::test]
+async fn the_cluster_config_is_not_found_off_a_cluster_and_needs_the_token() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let (status, body) = gw.call(Method::GET, "/v1/cluster/config", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(error_of(&body), "not a cluster node");
+    let put = json!({ "expected_version": 0, "body": "[gateway]\nmax_concurrent_runs = 2\n" });
+    let (status, body) = gw.call(Method::PUT, "/v1/cluster/config", Some(put.clone())).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let request = Request::builder()
+        .method(Method::PUT)
+        .uri("/v1/cluster/config")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(put.to_string()))
+        .unwrap();
+    let (status, _, _) = gw.send(request).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let status = gw.call(Method::GET, "/v1/status", None).await.1;
+    assert_eq!(status["cluster"], Value::Null, "{status}");
 }

@@ -561,3 +561,77 @@ async fn metrics_show_mcp_servers_states_tools_starts_and_calls() {
     assert!(!text.contains("fs\",outcome=\"other\""), "no other outcome without calls:\n{text}");
     assert!(!text.contains("sk-123") && !text.contains("get_issue"), "{text}");
 }
+
+/// A cluster node: `/healthz` has a `cluster` check, which fails with the
+/// reason once the node is fenced; `/metrics` has the `lemon_cluster_*`
+/// families. Against the PostgreSQL server `LEMON_TEST_POSTGRES_URL` names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_cluster_node_is_unhealthy_and_says_why() {
+    use lemon_core::cluster::node::DEFAULT_SWEEP;
+    use lemon_core::cluster::{ClusterNode, ClusterSettings, NodeId, NodeInfo};
+    use lemon_core::store::postgres::testing::{fresh_database, server_url};
+    use lemon_core::store::postgres::{PostgresConfig, PostgresStore};
+
+    let Some(server) = server_url() else { return };
+    let url = fresh_database(&server).await;
+    let connect = || {
+        PostgresStore::connect(PostgresConfig {
+            url: url.clone(),
+            pool_size: 4,
+            chat_state_ttl_ms: 60_000,
+            exclusive: false,
+        })
+    };
+    let (store, other) = (connect().await.unwrap(), connect().await.unwrap());
+    let gw = TestGateway::start();
+    let settings = ClusterSettings {
+        node: NodeId::parse("node-h").unwrap(),
+        term: Duration::from_millis(1500),
+        info: NodeInfo { version: "9.9.9".to_owned(), api_base_url: None, channels: vec![] },
+        sweep: DEFAULT_SWEEP,
+    };
+    let node = ClusterNode::start(&store, settings, &gw.tracker, gw.token.clone()).await.unwrap();
+    node.cluster().set_slot_count(3).await.unwrap();
+    let state = gw.state().with_cluster(node.clone());
+
+    let (status, _, body) = get(state.clone(), Method::GET, "/healthz").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let report: Value = serde_json::from_str(&body).unwrap();
+    let cluster = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "cluster");
+    assert_eq!(cluster.unwrap()["detail"]["node"], "node-h", "{body}");
+    let (_, _, metrics) = get(state.clone(), Method::GET, "/metrics").await;
+    for line in [
+        "lemon_cluster_nodes_alive 1",
+        "lemon_cluster_slots_total 3",
+        "lemon_cluster_slots_in_use 0",
+        "lemon_cluster_sessions_owned 0",
+        "lemon_cluster_fenced 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} missing:\n{metrics}");
+    }
+
+    // Another connection locks the lease tables: renewals wait, time out,
+    // and after two thirds of the term the node is fenced.
+    let mut holder = other.pool().get().await.unwrap();
+    let lock = holder.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE session_leases, channel_leases IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    within("the node to be fenced", node.fenced().cancelled()).await;
+
+    // Without the token too: a prober learns why.
+    let (status, _, body) = get_with(state.clone(), Method::GET, "/healthz", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let report: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(report["status"], "unhealthy", "{body}");
+    assert_eq!(report["reason"], crate::cluster::FENCED_REASON, "{body}");
+    let (status, _, body) = get(state.clone(), Method::GET, "/healthz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let report: Value = serde_json::from_str(&body).unwrap();
+    let cluster = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "cluster");
+    assert_eq!(cluster.unwrap()["error"], crate::cluster::FENCED_REASON, "{body}");
+    lock.rollback().await.unwrap();
+    let (_, _, metrics) = get(state, Method::GET, "/metrics").await;
+    assert!(metrics.lines().any(|l| l == "lemon_cluster_fenced 1"), "{metrics}");
+    gw.shut_down().await;
+}

@@ -404,6 +404,110 @@ pub struct Status {
     pub sandbox: SandboxStatus,
     /// The store; `null` for a store in memory.
     pub store: Option<StoreStatus>,
+    /// The cluster, when the gateway is one of its nodes; `null` otherwise.
+    pub cluster: Option<ClusterStatus>,
+}
+
+/// The cluster, in `/v1/status`, as this node sees it.
+#[derive(Debug, ToSchema)]
+pub struct ClusterStatus {
+    /// This node's id.
+    pub node: String,
+    /// The lease term.
+    pub term_ms: u64,
+    /// Whether this node is fenced (it writes nothing more and is stopping).
+    pub fenced: bool,
+    /// Every registered node, oldest first; `null` when the cluster tables
+    /// could not be read (see `error`).
+    pub nodes: Option<Vec<ClusterNodeStatus>>,
+    pub slots: Option<ClusterSlots>,
+    /// Who owns each single-consumer channel, by name.
+    pub channels: Option<Vec<ClusterChannel>>,
+    /// Sessions whose lease this node holds.
+    pub sessions_here: u64,
+    /// The cluster config: its version and the one this node applied.
+    pub config: ClusterConfigVersions,
+    /// Why the cluster tables could not be read.
+    pub error: Option<String>,
+}
+
+/// `cluster.config` in `/v1/status`.
+#[derive(Debug, ToSchema)]
+pub struct ClusterConfigVersions {
+    /// The version in the database; `null` when it could not be read.
+    pub version: Option<i64>,
+    /// The version in force on this node (0: none, its file alone).
+    pub applied_version: Option<i64>,
+    /// Why this node refused a later version (it keeps the one it applied).
+    pub error: Option<String>,
+}
+
+/// `GET` and `PUT /v1/cluster/config`: the cluster config.
+#[derive(Debug, ToSchema)]
+pub struct ClusterConfig {
+    /// 0 before anyone wrote it.
+    pub version: i64,
+    /// TOML with only the cluster-wide keys of `[gateway]`.
+    pub body: String,
+    pub updated_at_ms: i64,
+    /// The node that wrote it.
+    pub updated_by: Option<String>,
+    /// The version in force on this node.
+    pub applied_version: Option<i64>,
+}
+
+/// `400` and `422` of `PUT /v1/cluster/config`: the body is refused, with
+/// the key and where in the body (or in the node's file) the problem is.
+#[derive(Debug, ToSchema)]
+pub struct ClusterConfigRefused {
+    pub error: String,
+    /// The key path (`gateway.api`), when the problem has one.
+    pub key: Option<String>,
+    pub line: Option<u64>,
+    pub column: Option<u64>,
+}
+
+/// `409` of `PUT /v1/cluster/config`: the row moved on.
+#[derive(Debug, ToSchema)]
+pub struct ClusterConfigConflict {
+    pub error: String,
+    /// The version the row is at now.
+    pub version: i64,
+}
+
+/// A node of the cluster.
+#[derive(Debug, ToSchema)]
+pub struct ClusterNodeStatus {
+    pub id: String,
+    /// Its last heartbeat is within the lease term.
+    pub alive: bool,
+    pub started_at_ms: i64,
+    pub last_heartbeat_ms: i64,
+    pub api_base_url: Option<String>,
+    pub version: String,
+    /// The single-consumer channels it could own.
+    pub channels: Vec<String>,
+}
+
+/// The cluster's run slots.
+#[derive(Debug, ToSchema)]
+pub struct ClusterSlots {
+    /// The cap on concurrent runs across the cluster.
+    pub total: u64,
+    /// Slots runs hold now.
+    pub in_use: u64,
+}
+
+/// A single-consumer channel's lease.
+#[derive(Debug, ToSchema)]
+pub struct ClusterChannel {
+    /// `<transport>:<account>`.
+    pub channel: String,
+    /// The node holding it (or that held it last).
+    pub node: String,
+    pub epoch: i64,
+    /// Held now: `node` runs the channel.
+    pub live: bool,
 }
 
 /// The store, in `/v1/status`.

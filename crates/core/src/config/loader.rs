@@ -195,6 +195,54 @@ fn load(
     Ok(LoadedConfig { config, warnings })
 }
 
+/// As [`load_str`] for a text that may set only the `allowed` keys of
+/// `[gateway]` (the cluster config): any other key is an error at the key,
+/// with the message `refused` gives for it, and so is a key no section
+/// knows (a warning in a file). The rest of the config keeps its defaults.
+pub(super) fn load_restricted(
+    text: &str,
+    path: &Path,
+    allowed: &[&str],
+    refused: impl Fn(&str) -> String,
+) -> Result<Config, ConfigError> {
+    let doc = ImDocument::parse(text).map_err(|e| ConfigError::Syntax {
+        path: path.to_owned(),
+        at: Position::of_offset(text, e.span().map_or(0, |s| s.start)),
+        message: one_line(e.message()),
+    })?;
+    let file = ParsedFile { text, path, doc: &doc };
+    for (name, item) in doc.as_table().iter() {
+        if name != "gateway" {
+            let why = "only keys of [gateway] go here".to_owned();
+            return Err(file.invalid(&[key(name)], Anchor::Key, why));
+        }
+        for (inner, _) in item.as_table_like().into_iter().flat_map(TableLike::iter) {
+            if !allowed.contains(&inner) {
+                let segs = [key("gateway"), key(inner)];
+                return Err(file.invalid(&segs, Anchor::Key, refused(inner)));
+            }
+        }
+    }
+    let mut ignored: Vec<Vec<Segment>> = Vec::new();
+    let config: Config =
+        serde_ignored::deserialize(toml::Deserializer::new(text), |p| ignored.push(segments(&p)))
+            .map_err(|e: toml::de::Error| file.deserialize_error(&e))?;
+    if let Some(segs) = ignored.first() {
+        let last = match segs.last() {
+            Some(Segment::Key(last)) => Some(last.as_str()),
+            _ => None,
+        };
+        let message =
+            match last.and_then(|last| did_you_mean(last, known_keys(segs).iter().copied())) {
+                Some(known) => format!("unknown key; did you mean `{known}`?"),
+                None => "unknown key".to_owned(),
+            };
+        return Err(file.invalid(segs, Anchor::Key, message));
+    }
+    validate(&config, &file)?;
+    Ok(config)
+}
+
 /// `[gateway]` values of the reference's keys that this gateway reads but
 /// cannot honour, each with what happens instead.
 fn inert_gateway_keys(config: &Config) -> Vec<super::KeyNote> {
@@ -748,6 +796,33 @@ fn validate(config: &Config, file: &ParsedFile<'_>) -> Result<(), ConfigError> {
                    connection string"
             .to_owned();
         return Err(at(&store_key("backend"), Anchor::Value, why));
+    }
+
+    let cluster = &gateway.cluster;
+    let cluster_key = |name: &str| [key("gateway"), key("cluster"), key(name)];
+    if let Some(Err(why)) = cluster.node_id.as_deref().map(crate::cluster::NodeId::parse) {
+        return Err(at(&cluster_key("node_id"), Anchor::Value, why.to_string()));
+    }
+    let terms = crate::config::ClusterConfig::MIN_LEASE_TERM_MS
+        ..=crate::config::ClusterConfig::MAX_LEASE_TERM_MS;
+    if !terms.contains(&cluster.lease_term_ms) {
+        let why = format!("must be from {} to {}", terms.start(), terms.end());
+        return Err(at(&cluster_key("lease_term_ms"), Anchor::Value, why));
+    }
+    if let Some(url) = &cluster.api_base_url {
+        let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+        if rest.is_none_or(|host| host.is_empty() || host.starts_with('/')) {
+            let why = format!("{url:?} is not an http:// or https:// URL");
+            return Err(at(&cluster_key("api_base_url"), Anchor::Value, why));
+        }
+    }
+    if cluster.enabled && store.backend != crate::config::StoreBackendKind::Postgres {
+        let why = format!(
+            "cluster mode needs the postgres store ([gateway.store] backend = \"postgres\"); \
+             the store is {}",
+            store.backend.as_str()
+        );
+        return Err(at(&cluster_key("enabled"), Anchor::Value, why));
     }
 
     if gateway.retention.max_db_mb == Some(0) {

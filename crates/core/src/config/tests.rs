@@ -286,6 +286,66 @@ fn a_postgres_store_without_its_connection_secret_is_named_where_it_is() {
 }
 
 #[test]
+fn cluster_mode_is_off_unless_the_file_turns_it_on_over_postgres() {
+    let cluster = check_ok("", &[]).gateway.cluster;
+    assert_eq!(cluster, crate::config::ClusterConfig::default());
+    assert!(!cluster.enabled);
+    assert_eq!(cluster.lease_term_ms, 10_000);
+    assert_eq!(cluster.lease_term(), std::time::Duration::from_secs(10));
+    let text = "[gateway.store]\nbackend = \"postgres\"\nurl_secret = \"pg.url\"\n\
+                [gateway.cluster]\nenabled = true\nnode_id = \"node-a\"\nlease_term_ms = 3000\n\
+                api_base_url = \"http://10.0.0.5:4040\"\n";
+    let cluster = check_ok(text, &[]).gateway.cluster;
+    assert!(cluster.enabled);
+    assert_eq!(cluster.node().unwrap().as_str(), "node-a");
+    assert_eq!(cluster.lease_term_ms, 3000);
+    assert_eq!(cluster.api_base_url.as_deref(), Some("http://10.0.0.5:4040"));
+    // No id: a new one at each start, never the same twice.
+    let unnamed = crate::config::ClusterConfig { enabled: true, ..Default::default() };
+    let (a, b) = (unnamed.node().unwrap(), unnamed.node().unwrap());
+    assert!(a.as_str().starts_with("node-") && a != b, "{a} {b}");
+    // A cluster section that is not enabled is accepted over SQLite.
+    check_ok("[gateway.cluster]\nnode_id = \"node-a\"\n", &[]);
+}
+
+#[test]
+fn a_cluster_over_sqlite_or_with_bad_keys_is_named_where_it_is() {
+    check_error(
+        "[gateway.cluster]\nenabled = true\n",
+        "/home/u/.lemon/config.toml:2:11: gateway.cluster.enabled: cluster mode needs the postgres store ([gateway.store] backend = \"postgres\"); the store is sqlite",
+    );
+    check_error(
+        "[gateway.cluster]\nnode_id = \"node a\"\n",
+        "/home/u/.lemon/config.toml:2:11: gateway.cluster.node_id: invalid node id: only letters, digits, '.', '_' and '-' are allowed",
+    );
+    check_error(
+        "[gateway.cluster]\nnode_id = \"\"\n",
+        "/home/u/.lemon/config.toml:2:11: gateway.cluster.node_id: invalid node id: it must be 1 to 64 characters",
+    );
+    check_error(
+        "[gateway.cluster]\nlease_term_ms = 999\n",
+        "/home/u/.lemon/config.toml:2:17: gateway.cluster.lease_term_ms: must be from 1000 to 600000",
+    );
+    check_error(
+        "[gateway.cluster]\nlease_term_ms = 600001\n",
+        "/home/u/.lemon/config.toml:2:17: gateway.cluster.lease_term_ms: must be from 1000 to 600000",
+    );
+    check_error(
+        "[gateway.cluster]\napi_base_url = \"10.0.0.5:4040\"\n",
+        "/home/u/.lemon/config.toml:2:16: gateway.cluster.api_base_url: \"10.0.0.5:4040\" is not an http:// or https:// URL",
+    );
+    check_error(
+        "[gateway.cluster]\napi_base_url = \"https://\"\n",
+        "/home/u/.lemon/config.toml:2:16: gateway.cluster.api_base_url: \"https://\" is not an http:// or https:// URL",
+    );
+    // Unknown keys are warned about like everywhere else.
+    check_ok(
+        "[gateway.cluster]\nnode = \"a\"\n",
+        &["/home/u/.lemon/config.toml:2:1: unknown key gateway.cluster.node (ignored)"],
+    );
+}
+
+#[test]
 fn a_backup_schedule_that_does_not_parse_is_named_where_it_is() {
     check_error(
         "[gateway.backup]\nevery = \"daily at 25pm\"\n",
