@@ -12,6 +12,8 @@
 //! - [`fake_smtp`]: a fake SMTP server on loopback that keeps the mail it is sent.
 //! - [`fake_telegram`]: a fake Telegram Bot API server on loopback, for the
 //!   Telegram client's tests and for the gateway binary to poll.
+//! - [`history`]: a checker over a cluster test's recorded history (engine
+//!   intervals, completions, pollers, followers).
 //! - [`prometheus`]: a strict reader of the Prometheus text format, for `/metrics`.
 //! - [`fake_twilio`]: a fake Twilio REST API (message create) on loopback, and
 //!   Twilio's webhook signatures, for the SMS channel.
@@ -37,6 +39,7 @@ pub mod fake_transcribe;
 pub mod fake_twilio;
 pub mod fake_twilio_voice;
 pub mod fake_xmtp;
+pub mod history;
 pub mod load;
 pub mod prometheus;
 pub mod tls_cert;

@@ -21,6 +21,7 @@
 //! | `FAKE_CLI_PARENT_ENVIRON_FILE` | `read: ` and the parent's `/proc/<ppid>/environ` (one entry a line), or `refused: ` and why it could not be read; then `mem: opened` or `mem: refused: ` and why for `/proc/<ppid>/mem` |
 //! | `FAKE_CLI_VERSION` | what `--version` prints (default `1.0.0-fake (fake-cli)`) |
 //! | `FAKE_CLI_WRITE_FILE` | `name=content`: writes that file in the working directory first |
+//! | `FAKE_CLI_RUN_LOG` | lines `start <ns> <pid> <run>…` once the prompt is in (the runs are the prompt's `msg:<run>` words, in order) and `end <ns> <pid> exited` just before exiting, or `end <ns> <pid> killed` from a witness outside the CLI's group when it died otherwise; `<ns>` is `CLOCK_MONOTONIC`, comparable across processes |
 //! | `FAKE_CLI_RETRY_FIXTURE` | read stdin to its end first; if it holds the gateway's `Retry notice:`, replay this file instead, with no stderr and exit status 0 |
 //!
 //! Run as `<cli> --version` it prints its version and exits, like the real ones.
@@ -66,6 +67,7 @@ fn main() -> ExitCode {
             sleep_forever();
         }
         Some("witness") => return witness(),
+        Some("run-witness") => return run_witness(),
         _ => {}
     }
     // Kept until the process ends: the witness sees the pipe close when it dies.
@@ -165,11 +167,15 @@ fn run() -> io::Result<ExitCode> {
         fs::rename(&tmp, &path)?;
     }
 
-    let stdin_lines = Arc::new((Mutex::new(0usize), Condvar::new()));
+    let stdin_lines = Arc::new((Mutex::new(Stdin::default()), Condvar::new()));
     let mut reader = Some({
         let stdin_lines = stdin_lines.clone();
         thread::spawn(move || read_stdin(args_file.as_deref(), &stdin_lines))
     });
+    let run_log = match var("FAKE_CLI_RUN_LOG") {
+        Some(path) => Some(RunLog::start(path, &stdin_lines)?),
+        None => None,
+    };
     // A retry of a failed run answers: the prompt decides which fixture plays.
     let retry_fixture = var("FAKE_CLI_RETRY_FIXTURE");
     let retrying = match (&retry_fixture, reader.take_if(|_| retry_fixture.is_some())) {
@@ -209,7 +215,7 @@ fn run() -> io::Result<ExitCode> {
                 let (lines, arrived) = &*stdin_lines;
                 let mut seen =
                     lines.lock().map_err(|_| io::Error::other("stdin counter poisoned"))?;
-                while *seen < count {
+                while seen.lines < count {
                     seen = arrived
                         .wait(seen)
                         .map_err(|_| io::Error::other("stdin counter poisoned"))?;
@@ -236,6 +242,9 @@ fn run() -> io::Result<ExitCode> {
     }
     let code = var("FAKE_CLI_EXIT_CODE").and_then(|code| code.parse::<u8>().ok()).unwrap_or(0);
     let code = if retrying { 0 } else { code };
+    if let Some(run_log) = run_log {
+        run_log.end();
+    }
     Ok(ExitCode::from(code))
 }
 
@@ -248,26 +257,42 @@ fn wait_directive(line: &str) -> Option<usize> {
     value.get("count")?.as_u64().and_then(|n| usize::try_from(n).ok())
 }
 
+/// What has arrived on stdin so far.
+#[derive(Debug, Default)]
+struct Stdin {
+    /// Whole lines.
+    lines: usize,
+    text: Vec<u8>,
+    closed: bool,
+}
+
 /// Copies stdin to the args file (after its header) and counts its lines;
 /// returns everything it read.
-fn read_stdin(args_file: Option<&Path>, lines: &(Mutex<usize>, Condvar)) -> Vec<u8> {
+fn read_stdin(args_file: Option<&Path>, lines: &(Mutex<Stdin>, Condvar)) -> Vec<u8> {
     let mut input = Vec::new();
     let mut file = args_file.and_then(|path| fs::OpenOptions::new().append(true).open(path).ok());
     let mut stdin = io::stdin().lock();
     loop {
         let mut line = Vec::new();
         match stdin.read_until(b'\n', &mut line) {
-            Ok(0) | Err(_) => break,
+            Ok(0) | Err(_) => {
+                if let Ok(mut seen) = lines.0.lock() {
+                    seen.closed = true;
+                    lines.1.notify_all();
+                }
+                break;
+            }
             Ok(_) => {
                 if let Some(file) = file.as_mut() {
                     let _ = file.write_all(&line);
                     let _ = file.flush();
                 }
-                if line.ends_with(b"\n") {
-                    if let Ok(mut seen) = lines.0.lock() {
-                        *seen += 1;
-                        lines.1.notify_all();
+                if let Ok(mut seen) = lines.0.lock() {
+                    seen.text.extend_from_slice(&line);
+                    if line.ends_with(b"\n") {
+                        seen.lines += 1;
                     }
+                    lines.1.notify_all();
                 }
                 input.extend_from_slice(&line);
             }
@@ -342,6 +367,86 @@ fn witness() -> ExitCode {
     let event = if said.contains("exit") { "exited" } else { "killed" };
     if let Some(log) = var("FAKE_CLI_SIGNAL_LOG") {
         append_line(&log, &serde_json::json!({ "event": event, "at_ms": now_ms() }));
+    }
+    ExitCode::SUCCESS
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock every process of the machine shares.
+fn monotonic_ns() -> i128 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map_or(0, |now| i128::from(now.tv_sec()) * 1_000_000_000 + i128::from(now.tv_nsec()))
+}
+
+/// Appends `line` and a newline in one write.
+fn append_text(path: &str, line: &str) {
+    if let Ok(mut file) = fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = file.write_all(format!("{line}\n").as_bytes());
+    }
+}
+
+/// The engine interval of this CLI in `FAKE_CLI_RUN_LOG`: the start once the
+/// prompt is in, the end from the CLI itself or, when it is killed, from a
+/// witness outside its process group.
+struct RunLog {
+    path: String,
+    witness: std::process::ChildStdin,
+}
+
+impl RunLog {
+    /// Waits for the prompt (stdin closed, or the first stream-json line of a
+    /// steered run), logs the start and starts the witness.
+    fn start(path: String, stdin: &(Mutex<Stdin>, Condvar)) -> io::Result<RunLog> {
+        let (state, arrived) = stdin;
+        let mut seen = state.lock().map_err(|_| io::Error::other("stdin state poisoned"))?;
+        while !(seen.closed || (seen.lines > 0 && seen.text.first() == Some(&b'{'))) {
+            seen = arrived.wait(seen).map_err(|_| io::Error::other("stdin state poisoned"))?;
+        }
+        let prompt = String::from_utf8_lossy(&seen.text).into_owned();
+        drop(seen);
+        let runs: Vec<&str> = prompt
+            .split("msg:")
+            .skip(1)
+            .map(|rest| {
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            })
+            .filter(|run| !run.is_empty())
+            .collect();
+        let pid = std::process::id();
+        append_text(&path, &format!("start {} {pid} {}", monotonic_ns(), runs.join(" ")));
+        let mut witness = Command::new(std::env::current_exe()?)
+            .env_remove("LEMON_PROCESS_SCOPE")
+            .env("FAKE_CLI_ROLE", "run-witness")
+            .env("FAKE_CLI_WITNESSED_PID", pid.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        leave_run_cgroup(witness.id())?;
+        let witness =
+            witness.stdin.take().ok_or_else(|| io::Error::other("the witness has no stdin"))?;
+        Ok(RunLog { path, witness })
+    }
+
+    /// Logs the end, then tells the witness the CLI is exiting by itself.
+    fn end(mut self) {
+        append_text(&self.path, &format!("end {} {} exited", monotonic_ns(), std::process::id()));
+        let _ = self.witness.write_all(b"exit\n");
+    }
+}
+
+/// The run log's witness: when the CLI's pipe closes without its saying it
+/// exits, logs its end as killed.
+fn run_witness() -> ExitCode {
+    let mut said = String::new();
+    let _ = io::Read::read_to_string(&mut io::stdin(), &mut said);
+    if !said.contains("exit") {
+        if let (Some(log), Some(pid)) = (var("FAKE_CLI_RUN_LOG"), var("FAKE_CLI_WITNESSED_PID")) {
+            append_text(&log, &format!("end {} {pid} killed", monotonic_ns()));
+        }
     }
     ExitCode::SUCCESS
 }

@@ -1,13 +1,14 @@
 //! `lemon-bench`: the gateway's speed and memory, one JSON object per scenario.
 //!
 //! ```text
-//! cargo run --release -p lemon-tests --bin lemon-bench -- [api-store|throughput|throughput-postgres|latency|latency-prune|latency-postgres|conversations|startup|telegram|native|voice|connections|soak[:SECONDS]]…
+//! cargo run --release -p lemon-tests --bin lemon-bench -- [api-store|cluster|throughput|throughput-postgres|latency|latency-prune|latency-postgres|conversations|startup|telegram|native|voice|connections|soak[:SECONDS]]…
 //! ```
 //! No argument runs them all but `connections` (10 000 connections: it needs
 //! a descriptor limit above 12 000) and `soak` (30 minutes; `soak:120` for two). `LEMON_BENCH_METRICS=off` runs the in-process
 //! scenarios without the metrics collector the server runs on the bus.
-//! The `-postgres` scenarios and `api-store` need `LEMON_BENCH_POSTGRES_URL`: a server on
-//! which each makes a database of its own (`scripts/postgres start DIR`).
+//! The `-postgres` scenarios, `api-store` and `cluster` need `LEMON_BENCH_POSTGRES_URL`: a server on
+//! which each makes a database of its own (`scripts/postgres start DIR`); `cluster`
+//! starts real nodes in cluster mode on one database.
 //! Figures are measured in this process on the echo
 //! engine; `startup`, `telegram`, `native` and `voice` start the real
 //! `lemon-gateway` binary next to this one (`telegram` against a fake Bot API,
@@ -570,6 +571,176 @@ async fn api_store(
     }))
 }
 
+/// `nodes` real binaries in cluster mode on one fresh database of the server
+/// `LEMON_BENCH_POSTGRES_URL` names, the echo engine, lease term `term_ms`;
+/// `extra` config; the homes, the processes and each node's API address.
+async fn cluster_nodes(
+    nodes: usize,
+    max: usize,
+    term_ms: u64,
+    extra: &str,
+) -> anyhow::Result<(Vec<tempfile::TempDir>, Vec<tokio::process::Child>, Vec<String>)> {
+    let url = bench_database().await?;
+    let (mut homes, mut children, mut apis) = (Vec::new(), Vec::new(), Vec::new());
+    for n in 1..=nodes {
+        let home = tempfile::tempdir()?;
+        std::fs::write(
+            home.path().join("config.toml"),
+            format!(
+                "[gateway]\nmax_concurrent_runs = {max}\n[gateway.api]\nport = 0\n[gateway.health]\nport = 0\n\
+                 [gateway.store]\nbackend = \"postgres\"\nurl_secret = \"store_url\"\n\
+                 [gateway.cluster]\nenabled = true\nnode_id = \"node-{n}\"\nlease_term_ms = {term_ms}\n{extra}"
+            ),
+        )?;
+        write_secrets(home.path(), &format!("store_url = \"{url}\"\n"))?;
+        let (child, ready) = spawn_server(home.path()).await?;
+        apis.push(ready_address(&ready, "api=")?);
+        homes.push(home);
+        children.push(child);
+    }
+    Ok((homes, children, apis))
+}
+
+/// Posts one echo run in `session` to `api` and follows its events on the
+/// same node to `run_completed`.
+async fn run_to_completion(
+    client: &reqwest::Client,
+    api: &str,
+    session: &str,
+    prompt: &str,
+) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let accepted: serde_json::Value = client
+        .post(format!("{api}/v1/runs"))
+        .bearer_auth("bench-token-0123456789")
+        .json(&serde_json::json!({ "prompt": prompt, "session_key": session }))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let run_id = accepted["run_id"].as_str().unwrap_or_default().to_owned();
+    let events = client
+        .get(format!("{api}/v1/runs/{run_id}/events"))
+        .bearer_auth("bench-token-0123456789")
+        .send()
+        .await?
+        .error_for_status()?;
+    let mut stream = events.bytes_stream();
+    let mut seen = String::new();
+    while let Some(chunk) = stream.next().await {
+        seen.push_str(&String::from_utf8_lossy(&chunk?));
+        if seen.contains("event: run_completed") {
+            return Ok(());
+        }
+    }
+    anyhow::bail!("the events of {run_id} ended before run_completed")
+}
+
+/// Cluster mode: `runs` echo runs through `nodes` real nodes on one
+/// PostgreSQL (each caller posts to the nodes in turn, a session of its own
+/// per run), timed from the POST to `run_completed`.
+async fn cluster(
+    nodes: usize,
+    runs: usize,
+    concurrency: usize,
+) -> anyhow::Result<serde_json::Value> {
+    let (_homes, mut children, apis) = cluster_nodes(nodes, concurrency, 10_000, "").await?;
+    let client = reqwest::Client::new();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let apis = Arc::new(apis);
+    let began = Instant::now();
+    let mut callers = Vec::new();
+    for _ in 0..concurrency {
+        let (client, apis, next) = (client.clone(), apis.clone(), next.clone());
+        callers.push(tokio::spawn(async move {
+            let mut took = Vec::new();
+            loop {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n >= runs {
+                    return anyhow::Ok(took);
+                }
+                let at = Instant::now();
+                let api = &apis[n % apis.len()];
+                run_to_completion(&client, api, &format!("bench-{n}"), &format!("bench {n}"))
+                    .await?;
+                took.push(at.elapsed().as_micros() as u64);
+            }
+        }));
+    }
+    let mut took = Vec::with_capacity(runs);
+    for caller in callers {
+        took.extend(caller.await??);
+    }
+    let elapsed = began.elapsed();
+    for child in &mut children {
+        child.start_kill()?;
+        let _ = child.wait().await;
+    }
+    took.sort_unstable();
+    Ok(serde_json::json!({
+        "scenario": "cluster",
+        "nodes": nodes,
+        "runs": runs,
+        "concurrency": concurrency,
+        "runs_per_sec": (runs as f64 / elapsed.as_secs_f64()).round(),
+        "submit_to_completed_p50_us": percentile(&took, 0.50),
+        "submit_to_completed_p99_us": percentile(&took, 0.99),
+    }))
+}
+
+/// Failover: three nodes with lease term `term_ms` and an echo engine taking
+/// `ECHO_MS` a run; each of `sessions` sessions is given a run through the
+/// nodes in turn (the node that takes it holds the session while it runs),
+/// then node 1 is killed (`SIGKILL`) and every session is sent another run
+/// through node 2. Each session's time from the kill to that run's
+/// completion, less the run's own `ECHO_MS`: the slowest is the failover time
+/// (node 1's sessions wait for its leases to lapse and another node to adopt them).
+async fn cluster_failover(sessions: usize, term_ms: u64) -> anyhow::Result<serde_json::Value> {
+    const ECHO_MS: u64 = 500;
+    let extra = format!("[gateway.engines.echo]\ndelay_ms = {ECHO_MS}\n");
+    let (_homes, mut children, apis) = cluster_nodes(3, sessions * 2, term_ms, &extra).await?;
+    let client = reqwest::Client::new();
+    for n in 0..sessions {
+        client
+            .post(format!("{}/v1/runs", apis[n % apis.len()]))
+            .bearer_auth("bench-token-0123456789")
+            .json(&serde_json::json!({ "prompt": "held", "session_key": format!("failover-{n}") }))
+            .send()
+            .await?
+            .error_for_status()?;
+    }
+    let killed = Instant::now();
+    children[0].start_kill()?;
+    let _ = children[0].wait().await;
+    let mut answers = Vec::new();
+    for n in 0..sessions {
+        let (client, api) = (client.clone(), apis[1].clone());
+        answers.push(tokio::spawn(async move {
+            run_to_completion(&client, &api, &format!("failover-{n}"), "after the kill").await?;
+            anyhow::Ok((killed.elapsed().as_micros() as u64).saturating_sub(ECHO_MS * 1_000))
+        }));
+    }
+    let mut took = Vec::with_capacity(sessions);
+    for answer in answers {
+        took.push(answer.await??);
+    }
+    for child in &mut children[1..] {
+        child.start_kill()?;
+        let _ = child.wait().await;
+    }
+    took.sort_unstable();
+    Ok(serde_json::json!({
+        "scenario": "cluster-failover",
+        "nodes": 3,
+        "sessions": sessions,
+        "lease_term_ms": term_ms,
+        "echo_ms": ECHO_MS,
+        "kill_to_answer_p50_ms": percentile(&took, 0.50) / 1_000,
+        "failover_ms": took.last().copied().unwrap_or(0) / 1_000,
+    }))
+}
+
 /// The Telegram bot against a fake Bot API in this process: first the time from
 /// a message to its answer in a quiet chat, then a burst of one message in each
 /// of `chats` chats, paced by the outbox within Telegram's limits.
@@ -890,6 +1061,13 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
             api_store("sqlite", 2_000, 16).await?,
             api_store("postgres", 2_000, 16).await?,
         ],
+        // Cluster mode on one PostgreSQL: one node, then three; and how long
+        // a killed node's sessions take to answer again on another.
+        "cluster" => vec![
+            cluster(1, 2_000, 16).await?,
+            cluster(3, 2_000, 16).await?,
+            cluster_failover(12, 3_000).await?,
+        ],
         "latency-postgres" => vec![
             latency_on("sqlite", 5_000, 1_000, None).await?,
             latency_on("postgres", 5_000, 1_000, None).await?,
@@ -911,7 +1089,7 @@ async fn scenario(name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
         other => match other.strip_prefix("soak:").map(str::parse::<u64>) {
             Some(Ok(seconds)) => vec![load::soak(seconds).await?],
             _ => anyhow::bail!(
-                "unknown scenario {other:?}: use api-store, throughput, throughput-postgres, latency, latency-prune, latency-postgres, conversations, startup, telegram, native, voice, connections or soak[:SECONDS]"
+                "unknown scenario {other:?}: use api-store, cluster, throughput, throughput-postgres, latency, latency-prune, latency-postgres, conversations, startup, telegram, native, voice, connections or soak[:SECONDS]"
             ),
         },
     })
