@@ -3,9 +3,9 @@
 //!
 //! What the server adds to a node: joining the cluster at start (its id, its
 //! lease term, what it tells the others), the cluster config put over the
-//! file at start and followed afterwards ([`follow_config`]), the cap of
+//! file at start and followed afterwards (`follow_config`), the cap of
 //! concurrent runs as the cluster's slot count, the single-consumer channels
-//! run only where their channel lease is held ([`Leased`]), and the
+//! run only where their channel lease is held (`Leased`), and the
 //! process-group records kept per machine and home, since another node's
 //! processes are not this one's to kill.
 
