@@ -2023,6 +2023,19 @@ impl Running {
         let grace = self.shutdown_grace();
         tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down");
         let _ = self.gateway.drain(grace).await;
+        if let Some(node) = self.cluster() {
+            // The runs have ended; once what they wrote is durable, their
+            // sessions may move on now rather than a lease term later.
+            match self.store.flush().await {
+                Ok(()) => {
+                    let released = node.release_all_sessions().await;
+                    tracing::info!(released, "sessions given up to the other nodes");
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "sessions kept until their leases lapse: the store is not writable");
+                }
+            }
+        }
         self.token.cancel();
         // Every MCP server's process group is killed before the wait below.
         self.mcp.shutdown().await;

@@ -231,3 +231,38 @@ async fn the_sessions_of_a_node_that_stopped_renewing_are_taken_over_and_recover
     let _ = b_store.close().await;
     a.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_stops_as_planned_hands_its_sessions_on_at_once() {
+    let Some(url) = database().await else { return };
+    let a = Node::start(&url, "node-a").await;
+    let b = Node::start(&url, "node-b").await;
+
+    let running = b.submit("s3", "hang").await;
+    let queued = b.submit("s3", "ok after the stop").await;
+    within("B starts the first run", async {
+        while b.fake.running() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // A planned stop: B stops, its writes are flushed, its sessions go.
+    b.token.cancel();
+    b.tracker.close();
+    b.tracker.wait().await;
+    b.store.flush().await.unwrap();
+    assert_eq!(b.node.release_all_sessions().await, 1);
+
+    // No lease had to lapse: A adopts the queued request at its next sweep.
+    assert_eq!(a.completion_of(&queued).await, "completed");
+    assert_eq!(a.fake.started(), vec!["ok after the stop".to_owned()]);
+    within("the stopped run's one completion", async {
+        while completions(&a.store, &running).await == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(completions(&a.store, &running).await, 1);
+    let _ = b.store.close().await;
+    a.stop().await;
+}
