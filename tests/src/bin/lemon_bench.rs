@@ -497,7 +497,6 @@ async fn api_store(
     runs: usize,
     concurrency: usize,
 ) -> anyhow::Result<serde_json::Value> {
-    use futures::StreamExt;
     let home = tempfile::tempdir()?;
     let mut config = format!(
         "[gateway]\nmax_concurrent_runs = {concurrency}\n[gateway.api]\nport = 0\n[gateway.health]\nport = 0\n"
@@ -524,30 +523,8 @@ async fn api_store(
                     return anyhow::Ok(took);
                 }
                 let at = Instant::now();
-                let accepted: serde_json::Value = client
-                    .post(format!("{api}/v1/runs"))
-                    .bearer_auth("bench-token-0123456789")
-                    .json(&serde_json::json!({ "prompt": format!("bench {n}"), "session_key": format!("bench-{n}") }))
-                    .send()
-                    .await?
-                    .error_for_status()?
-                    .json()
+                run_to_completion(&client, &api, &format!("bench-{n}"), &format!("bench {n}"))
                     .await?;
-                let run_id = accepted["run_id"].as_str().unwrap_or_default().to_owned();
-                let events = client
-                    .get(format!("{api}/v1/runs/{run_id}/events"))
-                    .bearer_auth("bench-token-0123456789")
-                    .send()
-                    .await?
-                    .error_for_status()?;
-                let mut stream = events.bytes_stream();
-                let mut seen = String::new();
-                while let Some(chunk) = stream.next().await {
-                    seen.push_str(&String::from_utf8_lossy(&chunk?));
-                    if seen.contains("event: run_completed") {
-                        break;
-                    }
-                }
                 took.push(at.elapsed().as_micros() as u64);
             }
         }));
