@@ -134,6 +134,10 @@ struct KnownRun {
     accepted: Accepted,
     /// The prompt as stored.
     prompt: String,
+    /// Queued in the store and not held by this router: an admission whose
+    /// caller was told to try again, which landed after all, or a request
+    /// that waits on another node.
+    stray: bool,
 }
 
 fn refused(refusal: Refusal) -> RouteError {
@@ -374,6 +378,9 @@ impl Router {
                 if !self.same_request(&req, &session_key, &known) {
                     return Err(RouteError::RunIdConflict { run_id: run_id.to_string() });
                 }
+                if known.stray {
+                    self.take_up(&known.accepted.session_key).await;
+                }
                 return Ok(Admitted::Run(known.accepted));
             }
         }
@@ -474,6 +481,7 @@ impl Router {
                         duplicate: true,
                     },
                     prompt: item.prompt.clone(),
+                    stray: false,
                 }));
             }
         }
@@ -493,8 +501,35 @@ impl Router {
                 })?,
                 duplicate: true,
             },
+            stray: record.status == RunStatus::Queued,
             prompt: record.prompt,
         }))
+    }
+
+    /// Makes sure the journaled requests of `session_key` that this router
+    /// does not hold yet are run: by this node, when it holds the session (or
+    /// runs alone), else by the session's node, which is told.
+    async fn take_up(&mut self, session_key: &SessionKey) {
+        let session_key = session_of(session_key);
+        if let Some(node) = self.cluster.clone() {
+            match node.place_session(session_key.as_str()).await {
+                Ok(Placement::Here { .. }) => {}
+                Ok(Placement::Elsewhere { node: owner }) => {
+                    if let Err(error) = node.hand_off(&owner, session_key.as_str()).await {
+                        tracing::debug!(%error, %owner, "handoff not notified; the owner finds it at its next sweep");
+                    }
+                    return;
+                }
+                Err(error) => {
+                    tracing::debug!(%error, session_key = session_key.as_str(), "session not placed; the next sweep tries again");
+                    return;
+                }
+            }
+        }
+        let sessions = HashSet::from([session_key.as_str().to_owned()]);
+        if let Err(error) = self.adopt_sessions(&sessions).await {
+            tracing::warn!(%error, session_key = session_key.as_str(), "journaled requests not taken up");
+        }
     }
 
     /// Whether a request that reuses a known run id asks for the same thing: the

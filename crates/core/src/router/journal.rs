@@ -21,18 +21,15 @@ impl Journal {
     /// Writes (or rewrites) an entry and waits until it is durable, so a crash
     /// right after the caller's acknowledgement cannot lose it.
     ///
-    /// When it cannot be made durable the caller is refused, so the entry is
-    /// withdrawn too: a store that keeps the write and commits it later (one
-    /// that was briefly unreachable) must not hand a refused request to the
-    /// next start's recovery.
+    /// An error means the store could not confirm it: the write was dropped,
+    /// or it is still held and lands once the store is back (a database that
+    /// went away). It is not taken back, since a caller told to try again may
+    /// already have found it landed and been told it is accepted; a request
+    /// that lands after all is taken up like any other journaled one, and a
+    /// retry with the same run id is the same run.
     pub(super) async fn admit(&self, entry: JournalEntry) -> Result<(), StoreError> {
-        let run_id = entry.run_id.clone();
         self.store.journal_admit(entry).await;
-        let flushed = self.store.flush().await;
-        if flushed.is_err() {
-            self.store.journal_complete(&run_id).await;
-        }
-        flushed
+        self.store.flush().await
     }
 
     pub(super) async fn mark_started(&self, run_id: &RunId) {

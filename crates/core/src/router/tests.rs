@@ -553,6 +553,39 @@ async fn a_caller_run_id_submitted_twice_is_one_run() {
     assert_eq!(h.fake.started(), ["sleep:10 once"]);
 }
 
+/// A submit the store could not confirm is refused, but the store may keep
+/// it and commit it later (a database that went away and came back). The
+/// caller's retry with the same run id is then that run: accepted, it runs
+/// and answers once.
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_an_unconfirmed_admission_is_the_same_run_and_runs_once() {
+    let memory =
+        Arc::new(crate::store::memory::MemoryStore::new(crate::store::DEFAULT_CHAT_STATE_TTL_MS));
+    let store = StoreHandle::new(memory.clone());
+    let mut h = harness_with(router_config(), FakeEngine::new("fake"), store.clone()).await;
+    // An idle conversation and a busy one take different paths to the journal.
+    h.submit("busy", "sleep:50 first", None).await;
+    for session in ["idle", "busy"] {
+        let id = RunId::parse(&format!("job-{session}")).unwrap();
+        let req = RunRequest {
+            run_id: Some(id.clone()),
+            ..RunRequest::new(session, &format!("ok once {session}"))
+        };
+        memory.fail_next_flushes(1);
+        let refused = h.router.submit(req.clone()).await;
+        assert!(refused.is_err(), "an unconfirmed admission is refused: {refused:?}");
+        let Submitted::Run(again, _) = h.router.submit(req).await.unwrap() else { panic!("a run") };
+        assert_eq!(again.run_id, id);
+        let completion = h.completion_of(&id).await;
+        assert!(completion.ok, "{completion:?}");
+        assert!(store.journal_pending().await.unwrap().iter().all(|e| e.run_id != id));
+    }
+    let started = h.fake.started();
+    for prompt in ["ok once idle", "ok once busy"] {
+        assert_eq!(started.iter().filter(|p| *p == prompt).count(), 1, "{started:?}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn slash_cancel_and_status() {
     let mut h = harness(router_config()).await;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use foldhash::fast::RandomState;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -25,6 +25,8 @@ use crate::ids::{RunId, SessionKey};
 pub struct MemoryStore {
     inner: Mutex<Tables>,
     closed: AtomicBool,
+    /// Flushes still to fail ([`MemoryStore::fail_next_flushes`]).
+    unconfirmed_flushes: AtomicUsize,
     chat_state_ttl_ms: i64,
     max_runs: usize,
 }
@@ -68,9 +70,17 @@ impl MemoryStore {
         MemoryStore {
             inner: Mutex::new(Tables::default()),
             closed: AtomicBool::new(false),
+            unconfirmed_flushes: AtomicUsize::new(0),
             chat_state_ttl_ms,
             max_runs: max_runs.max(1),
         }
+    }
+
+    /// The next `n` flushes fail as a database that went away fails them,
+    /// while every write is kept (and counts, as when it comes back): what a
+    /// caller sees when a store cannot confirm what it holds.
+    pub fn fail_next_flushes(&self, n: usize) {
+        self.unconfirmed_flushes.store(n, Ordering::Relaxed);
     }
 
     fn tables(&self) -> MutexGuard<'_, Tables> {
@@ -442,6 +452,12 @@ impl KvStore for MemoryStore {
 #[async_trait]
 impl StoreLifecycle for MemoryStore {
     async fn flush(&self) -> Result<(), StoreError> {
+        let failing =
+            self.unconfirmed_flushes
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        if failing.is_ok() {
+            return Err(StoreError::Database("the database did not confirm the writes".to_owned()));
+        }
         Ok(())
     }
 

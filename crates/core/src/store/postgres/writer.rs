@@ -259,7 +259,8 @@ impl EventRow {
 }
 
 /// A repeated insert replaces the run but keeps its `seq` (its place) and its
-/// creation time.
+/// creation time; never a finished run's (an insert held by a node's writer
+/// while the database was away may land after another node ran the request).
 const INSERT_RUN: &str =
     "INSERT INTO runs (run_id, session_key, conversation, engine, prompt, meta,
         status, usage, created_at_ms, resumed_from_engine, resumed_from_value)
@@ -271,7 +272,8 @@ const INSERT_RUN: &str =
         usage = 'null', started_at_ms = NULL, completed_at_ms = NULL, duration_ms = NULL,
         resumed_from_engine = EXCLUDED.resumed_from_engine,
         resumed_from_value = EXCLUDED.resumed_from_value, input_tokens = 0, output_tokens = 0,
-        cache_read_tokens = 0, cache_write_tokens = 0, cost_usd = 0, compacted = NULL";
+        cache_read_tokens = 0, cache_write_tokens = 0, cost_usd = 0, compacted = NULL
+    WHERE runs.status NOT IN ('completed', 'failed', 'cancelled')";
 
 /// Never overwrites a terminal status.
 const MARK_RUNNING: &str = "UPDATE runs SET
