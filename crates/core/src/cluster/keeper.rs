@@ -9,11 +9,16 @@
 //! term (by its own clock) to stop its engines before any other node may take
 //! a session over. Once fenced, the node forgets its leases: none of them is
 //! renewed again, and acquiring one again takes a new epoch.
+//!
+//! The same two thirds bound what the node may still begin: a process that
+//! was stopped (`SIGSTOP`, a VM paused) and resumes finds its last renewal
+//! older than that before the keeper has run again, and starts no engine
+//! until a renewal succeeds or the node is fenced ([`LeaseKeeper::live`]).
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -38,6 +43,8 @@ pub struct KeeperConfig {
 pub struct LeaseKeeper {
     fenced: CancellationToken,
     lost: broadcast::Sender<LostLease>,
+    /// Until when the last successful renewal lets the node begin work.
+    good_until: watch::Receiver<Instant>,
 }
 
 impl LeaseKeeper {
@@ -62,9 +69,40 @@ impl LeaseKeeper {
     ) -> LeaseKeeper {
         let fenced = CancellationToken::new();
         let (lost, _) = broadcast::channel(LOST_QUEUE);
-        let keeper = Keeper { renewer, term, token, fenced: fenced.clone(), lost: lost.clone() };
+        // Started before the first lease: what the node holds is as fresh as
+        // its start until the first renewal says more.
+        let (renewed, good_until) = watch::channel(Instant::now() + term * 2 / 3);
+        let keeper =
+            Keeper { renewer, term, token, fenced: fenced.clone(), lost: lost.clone(), renewed };
         tracker.spawn(keeper.run());
-        LeaseKeeper { fenced, lost }
+        LeaseKeeper { fenced, lost, good_until }
+    }
+
+    /// Waits until the node may begin work under its leases: `true` at once
+    /// while its last renewal is younger than two thirds of the term, else
+    /// once a renewal succeeds; `false` once the node is fenced.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn live(&self) -> bool {
+        let mut good_until = self.good_until.clone();
+        loop {
+            if self.fenced.is_cancelled() {
+                return false;
+            }
+            if Instant::now() < *good_until.borrow_and_update() {
+                return true;
+            }
+            tokio::select! {
+                () = self.fenced.cancelled() => return false,
+                changed = good_until.changed() => {
+                    if changed.is_err() {
+                        // The keeper stopped (shutdown): nothing renews any more.
+                        return false;
+                    }
+                }
+            }
+        }
     }
 
     /// Cancelled when the node could not renew its leases in time: it must
@@ -122,6 +160,7 @@ struct Keeper<R> {
     /// Cancelled by this task, once, when it fences the node.
     fenced: CancellationToken,
     lost: broadcast::Sender<LostLease>,
+    renewed: watch::Sender<Instant>,
 }
 
 impl<R: Renewer> Keeper<R> {
@@ -138,6 +177,7 @@ impl<R: Renewer> Keeper<R> {
             match renewed {
                 Ok(Ok(report)) => {
                     deadline = attempt + grace;
+                    self.renewed.send_replace(deadline);
                     for lost in report.lost {
                         tracing::warn!(kind = lost.kind.as_str(), key = %lost.key, epoch = lost.epoch, "lease lost");
                         let _ = self.lost.send(lost);

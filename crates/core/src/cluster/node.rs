@@ -164,6 +164,12 @@ impl ClusterNode {
         self.keeper.fenced()
     }
 
+    /// Waits until the node may begin work under its leases (see
+    /// [`LeaseKeeper::live`]); `false` once it is fenced.
+    pub async fn leases_live(&self) -> bool {
+        self.keeper.live().await
+    }
+
     /// Whether the node is fenced.
     pub fn is_fenced(&self) -> bool {
         self.keeper.fenced().is_cancelled()
