@@ -2,9 +2,11 @@
 //! traffic through every node's API and one Telegram bot, with faults injected
 //! while it flows: `kill -9` of a node, `SIGSTOP` of a node's process group
 //! for longer than its lease (it must come back fenced, exit with code 75 and
-//! write nothing), and `pg_terminate_backend` of a node's connections. The
-//! long variant (`LEMON_CLUSTER_LONG=1`) sends more and adds `pg_ctl restart
-//! -m immediate`.
+//! write nothing), `pg_terminate_backend` of a node's connections, and a
+//! network partition of the node that lives in a network namespace of its own
+//! (its veth link set down for longer than its lease, then up: it too must
+//! come back fenced). The long variant (`LEMON_CLUSTER_LONG=1`) sends more and
+//! adds `pg_ctl restart -m immediate`.
 //!
 //! The history is recorded from the outside (what the APIs answered, the fake
 //! CLI's engine intervals on `CLOCK_MONOTONIC`, the store's completions, the
@@ -31,13 +33,18 @@ use nix::unistd::Pid;
 use serde_json::json;
 use tokio::task::JoinSet;
 
-use crate::support::{command_with_path, write_config, Gateway, TOKEN, TRUST_EVERY_CALL};
+use crate::netns::Netns;
+use crate::support::{
+    command_through, command_with_path, write_config, Gateway, TOKEN, TRUST_EVERY_CALL,
+};
 
 /// Engines running at once, across the cluster.
 const CAP: usize = 3;
 /// Every lease's term.
 const TERM: Duration = Duration::from_secs(3);
 const NODES: usize = 3;
+/// The node that lives in a network namespace of its own, to be partitioned.
+const PARTITIONED: usize = 2;
 const BOT_TOKEN: &str = "4242:cluster-bot-token";
 const BOT_ID: i64 = 4242;
 /// The private chats of the bot's users (the chat id is the user id).
@@ -54,14 +61,32 @@ struct Plan {
     chat_messages: usize,
     /// Adds `pg_ctl restart -m immediate`.
     long: bool,
+    /// How long a follower waits for its run's completion (a run may wait
+    /// long behind the others under load); a lost run shows as missing once
+    /// the followers gave up.
+    follow_patience: Duration,
 }
 
 impl Plan {
     fn from_env() -> Plan {
         if std::env::var("LEMON_CLUSTER_LONG").is_ok_and(|v| v == "1") {
-            Plan { conversations: 60, messages: 16, chats: 8, chat_messages: 10, long: true }
+            Plan {
+                conversations: 60,
+                messages: 16,
+                chats: 8,
+                chat_messages: 10,
+                long: true,
+                follow_patience: Duration::from_secs(300),
+            }
         } else {
-            Plan { conversations: 24, messages: 10, chats: 4, chat_messages: 6, long: false }
+            Plan {
+                conversations: 24,
+                messages: 10,
+                chats: 4,
+                chat_messages: 6,
+                long: false,
+                follow_patience: Duration::from_secs(120),
+            }
         }
     }
 }
@@ -78,11 +103,15 @@ fn postgres_script() -> PathBuf {
 }
 
 impl OwnServer {
-    async fn start() -> OwnServer {
+    /// Listening on loopback and on the host's side of `netns`, for the node
+    /// inside it.
+    async fn start(netns: &Netns) -> OwnServer {
         let dir = tempfile::tempdir().unwrap();
         let output = tokio::process::Command::new(postgres_script())
             .arg("start")
             .arg(dir.path().join("pg"))
+            .env("LEMON_PG_LISTEN", netns.host_addr.to_string())
+            .env("LEMON_PG_CLIENTS", netns.cidr())
             .output()
             .await
             .unwrap();
@@ -181,11 +210,12 @@ async fn forward(
     }
 }
 
-/// Starts a recording proxy for `node` in front of `upstream`; its base URL.
-async fn proxy(node: &str, upstream: String, polls: Polls) -> String {
+/// Starts a recording proxy for `node` in front of `upstream`, listening on
+/// `host`; its base URL.
+async fn proxy(node: &str, host: &str, upstream: String, polls: Polls) -> String {
     let state = ProxyState { node: node.to_owned(), upstream, http: reqwest::Client::new(), polls };
     let app = axum::Router::new().fallback(forward).with_state(state);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind((host, 0)).await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     format!("http://{addr}")
@@ -204,14 +234,35 @@ struct Cluster {
     dir: tempfile::TempDir,
     pg: OwnServer,
     nodes: Vec<Node>,
+    /// Where node [`PARTITIONED`] lives; dropped after the nodes.
+    netns: Netns,
     /// Each node's API address, `None` while it is down; read by the traffic.
     apis: Arc<Mutex<Vec<Option<String>>>>,
     down: Vec<Down>,
+    /// What was done to the cluster, and when.
+    faults: Vec<(String, u64)>,
 }
 
 impl Cluster {
-    fn run_log(&self) -> PathBuf {
-        self.dir.path().join("runs.log")
+    /// Each node's engines log their runs to a file of the node's own.
+    fn run_log(&self, node: &str) -> PathBuf {
+        self.dir.path().join(format!("runs-{node}.log"))
+    }
+
+    /// Every node's run log: the node, and its engine spans.
+    fn engines_by_node(&self) -> Vec<(String, Vec<lemon_tests::history::EngineSpan>)> {
+        self.nodes
+            .iter()
+            .map(|node| {
+                let log = std::fs::read_to_string(self.run_log(&node.name)).unwrap_or_default();
+                (node.name.clone(), engine_spans(&log))
+            })
+            .collect()
+    }
+
+    /// Notes a fault (or its end) with its time, for the report.
+    fn mark(&mut self, what: impl Into<String>) {
+        self.faults.push((what.into(), monotonic_ns()));
     }
 
     /// Starts node `n` (again) and waits for its ready line.
@@ -219,7 +270,11 @@ impl Cluster {
         let node = &mut self.nodes[n];
         let log = node.home.join(format!("gateway-{}.log", node.starts));
         node.starts += 1;
-        let mut command = command_with_path(&node.home, &std::env::var("PATH").unwrap_or_default());
+        let mut command = if n == PARTITIONED {
+            command_through(&node.home, &self.netns.exec_prefix())
+        } else {
+            command_with_path(&node.home, &std::env::var("PATH").unwrap_or_default())
+        };
         // Its own process group, so that SIGSTOP reaches the whole node.
         command.process_group(0);
         let gateway = Gateway::spawn_logging_to(command, &node.home, &log).await;
@@ -250,6 +305,7 @@ impl Cluster {
         killpg(group, Signal::SIGSTOP).unwrap();
         tokio::time::sleep(how_long).await;
         killpg(group, Signal::SIGCONT).unwrap();
+        self.mark(format!("SIGCONT {}", self.nodes[n].name));
         let mut gateway = self.nodes[n].gateway.take().unwrap();
         let exited = tokio::time::timeout(TERM * 5, gateway.child.wait()).await;
         let code = match exited {
@@ -261,6 +317,37 @@ impl Cluster {
                 None
             }
         };
+        self.down.push(Down {
+            node: self.nodes[n].name.clone(),
+            from_ns,
+            to_ns: Some(monotonic_ns()),
+        });
+        code
+    }
+
+    /// Partitions node [`PARTITIONED`] from everything for `how_long`, then
+    /// heals the partition; returns the node's exit status, which a fenced
+    /// node gives by itself, and restarts it as a supervisor would.
+    async fn partition_for(&mut self, how_long: Duration) -> Option<i32> {
+        let n = PARTITIONED;
+        self.netns.cut();
+        tokio::time::sleep(how_long).await;
+        self.netns.heal();
+        self.mark("the partition healed");
+        let gateway = self.nodes[n].gateway.as_mut().expect("the node runs");
+        let exited = tokio::time::timeout(TERM * 5, gateway.child.wait()).await;
+        self.apis.lock().unwrap()[n] = None;
+        let from_ns = monotonic_ns();
+        let mut gateway = self.nodes[n].gateway.take().unwrap();
+        let code = match exited {
+            Ok(status) => status.unwrap().code(),
+            Err(_) => {
+                gateway.child.start_kill().unwrap();
+                gateway.child.wait().await.unwrap();
+                None
+            }
+        };
+        self.start_node(n).await;
         self.down.push(Down {
             node: self.nodes[n].name.clone(),
             from_ns,
@@ -307,7 +394,8 @@ impl Cluster {
     }
 }
 
-/// The local ports of `pid`'s TCP connections to `remote_port` on loopback.
+/// The local ports of `pid`'s TCP connections to `remote_port` (in its own
+/// network namespace's table).
 fn tcp_ports_to(pid: i32, remote_port: u16) -> Vec<u16> {
     let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|dir| {
@@ -335,13 +423,15 @@ fn tcp_ports_to(pid: i32, remote_port: u16) -> Vec<u16> {
 }
 
 /// The node config: the fake CLI as Claude, logging its runs; the store and
-/// the cluster; the bot, polling through the node's proxy.
+/// the cluster; the bot, polling through the node's proxy; the listeners on
+/// `host`.
 fn node_config(
     node: &str,
     cli_env: &str,
     store_secret: &str,
     telegram: &str,
     chats: &str,
+    host: &str,
 ) -> String {
     format!(
         "[gateway]\nmax_concurrent_runs = {CAP}\ndefault_engine = \"claude\"\nenable_telegram = true\n\
@@ -349,7 +439,9 @@ fn node_config(
          [gateway.store]\nbackend = \"postgres\"\nurl_secret = \"{store_secret}\"\npool_size = 4\n\
          [gateway.cluster]\nenabled = true\nnode_id = \"{node}\"\nlease_term_ms = {term}\n\
          [gateway.telegram]\nbot_token = \"{BOT_TOKEN}\"\napi_base_url = \"{telegram}\"\npoll_timeout_s = 2\n\
-         allowed_chat_ids = [{chats}]\n{TRUST_EVERY_CALL}",
+         allowed_chat_ids = [{chats}]\n\
+         [gateway.api]\nbind = \"{host}\"\nport = 0\n[gateway.health]\nbind = \"{host}\"\nport = 0\n\
+         {TRUST_EVERY_CALL}",
         cli = env!("CARGO_BIN_EXE_fake-cli"),
         term = TERM.as_millis(),
     )
@@ -409,10 +501,10 @@ async fn follow(
     apis: Arc<Mutex<Vec<Option<String>>>>,
     run_id: String,
     accepted_by: usize,
+    patience: Duration,
 ) -> Vec<u64> {
     let mut seen: Vec<u64> = Vec::new();
-    // A run may wait long behind the others under the long variant's load.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+    let deadline = tokio::time::Instant::now() + patience;
     let mut next = accepted_by + 1;
     while tokio::time::Instant::now() < deadline {
         let mut n = next % NODES;
@@ -441,6 +533,8 @@ async fn follow(
         let mut stream = response.bytes_stream();
         let mut buffer = String::new();
         let (mut id, mut kind) = (None, String::new());
+        // The lines of the event being read, to show one that breaks the rules.
+        let mut frame = String::new();
         // A stream quiet for this long may be on a stopped node: go elsewhere.
         while let Ok(Some(Ok(chunk))) =
             tokio::time::timeout(Duration::from_secs(4), stream.next()).await
@@ -449,17 +543,30 @@ async fn follow(
             while let Some(end) = buffer.find('\n') {
                 let line: String = buffer.drain(..=end).collect();
                 let line = line.trim_end_matches(['\n', '\r']);
+                frame.push_str(line);
+                frame.push('\n');
                 if let Some(value) = line.strip_prefix("id:") {
                     id = value.trim().parse::<u64>().ok();
                 } else if let Some(value) = line.strip_prefix("event:") {
                     value.trim().clone_into(&mut kind);
                 } else if line.is_empty() {
-                    if let Some(index) = id.take() {
+                    let index = id.take();
+                    if let Some(index) = index {
                         seen.push(index);
                     }
                     if std::mem::take(&mut kind) == "run_completed" {
+                        if index.is_none() {
+                            #[allow(clippy::print_stderr)]
+                            {
+                                eprintln!(
+                                    "{run_id} on node-{}: run_completed without an id:\n{frame}",
+                                    n + 1
+                                );
+                            }
+                        }
                         return seen;
                     }
+                    frame.clear();
                 }
             }
         }
@@ -506,7 +613,8 @@ async fn three_nodes_under_faults_keep_the_cap_the_order_and_exactly_one_complet
     }
     let plan = Plan::from_env();
     let began = tokio::time::Instant::now();
-    let pg = OwnServer::start().await;
+    let netns = Netns::create();
+    let pg = OwnServer::start(&netns).await;
     let fake = FakeTelegram::start(&[(BOT_TOKEN, BOT_ID, "cluster_bot")]).await;
     let users: Vec<i64> = (0..plan.chats as i64).map(|n| FIRST_USER + n).collect();
     for user in &users {
@@ -515,29 +623,43 @@ async fn three_nodes_under_faults_keep_the_cap_the_order_and_exactly_one_complet
     let chats = users.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
     let polls: Polls = Arc::default();
     let dir = tempfile::tempdir().unwrap();
-    let run_log = dir.path().join("runs.log");
     let fixture = lemon_tests::fake_cli::fixture("claude", "synth_tool_use_success.jsonl");
-    let cli_env = format!(
-        "FAKE_CLI_FIXTURE = {:?}, FAKE_CLI_LINE_DELAY_MS = \"25\", FAKE_CLI_RUN_LOG = {:?}",
-        fixture.to_str().unwrap(),
-        run_log.to_str().unwrap()
-    );
     let mut nodes = Vec::new();
     for n in 0..NODES {
         let name = format!("node-{}", n + 1);
+        let cli_env = format!(
+            "FAKE_CLI_FIXTURE = {:?}, FAKE_CLI_LINE_DELAY_MS = \"25\", FAKE_CLI_RUN_LOG = {:?}",
+            fixture.to_str().unwrap(),
+            dir.path().join(format!("runs-{name}.log")).to_str().unwrap()
+        );
         let home = dir.path().join(&name);
         std::fs::create_dir_all(&home).unwrap();
-        let telegram = proxy(&name, fake.base_url(), polls.clone()).await;
-        write_config(&home, &node_config(&name, &cli_env, "store_url", &telegram, &chats));
-        write_secret(&home, &pg.url);
+        // The partitioned node reaches the others, and they it, over its link.
+        let (host, store_host) = if n == PARTITIONED {
+            (netns.inside_addr.to_string(), netns.host_addr.to_string())
+        } else {
+            ("127.0.0.1".to_owned(), "127.0.0.1".to_owned())
+        };
+        let telegram = proxy(&name, &store_host, fake.base_url(), polls.clone()).await;
+        write_config(&home, &node_config(&name, &cli_env, "store_url", &telegram, &chats, &host));
+        write_secret(&home, &pg.url.replace("@127.0.0.1:", &format!("@{store_host}:")));
         nodes.push(Node { name, home, gateway: None, starts: 0 });
     }
-    let mut cluster =
-        Cluster { dir, pg, nodes, apis: Arc::new(Mutex::new(vec![None; NODES])), down: Vec::new() };
+    let mut cluster = Cluster {
+        dir,
+        pg,
+        netns,
+        nodes,
+        apis: Arc::new(Mutex::new(vec![None; NODES])),
+        down: Vec::new(),
+        faults: Vec::new(),
+    };
     for n in 0..NODES {
         cluster.start_node(n).await;
     }
-    assert_eq!(cluster.run_log(), run_log);
+    let engines_of = |cluster: &Cluster| -> Vec<lemon_tests::history::EngineSpan> {
+        cluster.engines_by_node().into_iter().flat_map(|(_, spans)| spans).collect()
+    };
 
     // The traffic: each conversation sends its messages one after the other
     // (the next once a node acknowledged the last), through every node; each
@@ -552,7 +674,13 @@ async fn three_nodes_under_faults_keep_the_cap_the_order_and_exactly_one_complet
             for m in 0..plan.messages {
                 let by = submit(&http, &apis, c, m).await;
                 let run_id = format!("c{c:02}-m{m:02}");
-                let follower = tokio::spawn(follow(http.clone(), apis.clone(), run_id.clone(), by));
+                let follower = tokio::spawn(follow(
+                    http.clone(),
+                    apis.clone(),
+                    run_id.clone(),
+                    by,
+                    plan.follow_patience,
+                ));
                 followers.push((run_id, follower));
                 let gap = 300 + spread((c * 1000 + m) as u64, 1_500);
                 tokio::time::sleep(Duration::from_millis(gap)).await;
@@ -585,21 +713,31 @@ async fn three_nodes_under_faults_keep_the_cap_the_order_and_exactly_one_complet
     let victim =
         cluster.nodes.iter().position(|node| Some(&node.name) == poller.as_ref()).unwrap_or(2);
     let (stopped, cut_off) = ((victim + 1) % NODES, (victim + 2) % NODES);
+    cluster.mark(format!("kill -9 node-{}", victim + 1));
     let killed_at = cluster.kill(victim).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.mark(format!("pg_terminate_backend of node-{}", cut_off + 1));
     let cut = cluster.terminate_connections(cut_off).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     cluster.start_node(victim).await;
+    cluster.mark(format!("node-{} restarted", victim + 1));
     cluster.down.push(Down {
         node: cluster.nodes[victim].name.clone(),
         from_ns: killed_at,
         to_ns: Some(monotonic_ns()),
     });
+    cluster.mark(format!("SIGSTOP node-{}", stopped + 1));
     let fenced_exit = cluster.stop_for(stopped, TERM * 3 / 2).await;
+    cluster.mark(format!("node-{} exited, restarting", stopped + 1));
     cluster.start_node(stopped).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.mark(format!("partition of node-{}", PARTITIONED + 1));
+    let partitioned_exit = cluster.partition_for(TERM * 2).await;
+    cluster.mark(format!("node-{} restarted after the partition", PARTITIONED + 1));
     if plan.long {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let restarted_at = monotonic_ns();
+        cluster.mark("pg_ctl restart -m immediate");
         cluster.pg.restart_immediately().await;
         // Nodes that could not renew their leases meanwhile exit fenced; the
         // harness is their supervisor.
@@ -652,8 +790,7 @@ async fn three_nodes_under_faults_keep_the_cap_the_order_and_exactly_one_complet
     // Every engine process has ended (a killed one is logged by its witness).
     let ended = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            let log = std::fs::read_to_string(&run_log).unwrap_or_default();
-            if engine_spans(&log).iter().all(|span| span.end_ns.is_some()) {
+            if engines_of(&cluster).iter().all(|span| span.end_ns.is_some()) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -717,7 +854,7 @@ async fn three_nodes_under_faults_keep_the_cap_the_order_and_exactly_one_complet
     let history = History {
         cap: CAP,
         accepted,
-        engines: engine_spans(&std::fs::read_to_string(&run_log).unwrap_or_default()),
+        engines: engines_of(&cluster),
         completions: completions.into_values().collect(),
         polls: polls.lock().unwrap().clone(),
         down: cluster.down.clone(),
@@ -728,23 +865,30 @@ async fn three_nodes_under_faults_keep_the_cap_the_order_and_exactly_one_complet
     // the first engine's start).
     let origin = history.engines.iter().map(|span| span.start_ns).min().unwrap_or(0);
     let ms = |ns: u64| (ns.saturating_sub(origin) as f64 / 1e6).round();
-    let report = violations
+    let by_node = cluster.engines_by_node();
+    let mut report = violations
         .iter()
         .take(40)
         .map(|violation| {
             let named = format!("{violation:?}");
-            let spans: Vec<String> = history
-                .engines
+            let spans: Vec<String> = by_node
                 .iter()
-                .filter(|span| named.contains(&format!("\"{}\"", span.run_id)))
-                .map(|span| {
-                    format!("{} {}..{:?}", span.run_id, ms(span.start_ns), span.end_ns.map(ms))
+                .flat_map(|(node, spans)| spans.iter().map(move |span| (node, span)))
+                .filter(|(_, span)| named.contains(&format!("\"{}\"", span.run_id)))
+                .map(|(node, span)| {
+                    let (start, end) = (ms(span.start_ns), span.end_ns.map(ms));
+                    format!("{} on {node} {start}..{end:?}", span.run_id)
                 })
                 .collect();
             format!("{violation} [{}]", spans.join(", "))
         })
         .collect::<Vec<_>>()
         .join("\n");
+    if !violations.is_empty() {
+        let faults: Vec<String> =
+            cluster.faults.iter().map(|(what, at)| format!("{what} at {}", ms(*at))).collect();
+        report.push_str(&format!("\nfaults (ms from the first engine's start): {faults:?}"));
+    }
     let interrupted = runs.iter().filter(|run| run.2.as_deref() == Some("interrupted")).count();
     let mut pollers: Vec<&str> = history.polls.iter().map(|poll| poll.node.as_str()).collect();
     pollers.dedup();
@@ -754,6 +898,7 @@ async fn three_nodes_under_faults_keep_the_cap_the_order_and_exactly_one_complet
         eprintln!(
             "cluster history: {} accepted, {} engine runs (at most {} at once), {interrupted} interrupted, \
              {} follows, polls by {pollers:?}, {cut} connections cut, fenced exit {fenced_exit:?}, \
+             partitioned exit {partitioned_exit:?}, \
              settled {settled:?} after the faults, {:?} in all",
             history.accepted.len(),
             history.engines.len(),
@@ -767,6 +912,7 @@ async fn three_nodes_under_faults_keep_the_cap_the_order_and_exactly_one_complet
     assert!(ended.is_ok(), "an engine process outlived the test's wait");
     assert!(cut > 0, "the node held no connection to terminate");
     assert_eq!(fenced_exit, Some(FENCED_EXIT), "the stopped node, fenced, exits with 75");
+    assert_eq!(partitioned_exit, Some(FENCED_EXIT), "the partitioned node, fenced, exits with 75");
     assert_eq!(history.peak_engines(), CAP, "the load reached the cap");
     let mut polling: Vec<&str> = pollers.clone();
     polling.sort_unstable();

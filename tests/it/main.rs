@@ -46,6 +46,7 @@ mod mcp_server;
 mod media_e2e;
 mod metrics_e2e;
 mod native_e2e;
+mod netns;
 mod openai_e2e;
 mod openapi_e2e;
 mod postgres_e2e;

@@ -104,6 +104,15 @@ pub(crate) fn command_with_path(home: &Path, path: &str) -> Command {
     configure(Command::new(gateway_bin()), home, path)
 }
 
+/// The gateway binary run by `prefix` (a program and its first arguments,
+/// which end by running the binary).
+pub(crate) fn command_through(home: &Path, prefix: &[std::ffi::OsString]) -> Command {
+    let (program, args) = prefix.split_first().expect("a program");
+    let mut command = Command::new(program);
+    command.args(args).arg(gateway_bin());
+    configure(command, home, &std::env::var("PATH").unwrap_or_default())
+}
+
 /// The gateway binary with `args` on a terminal of its own: `script` gives it
 /// a pseudo-terminal as stdin, stdout and stderr, fed from this command's
 /// stdin and copied to its stdout.
