@@ -99,7 +99,7 @@ pub(crate) async fn until_asked_within(
     patience: std::time::Duration,
 ) -> Value {
     let response = gateway.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
-    let mut parser = lemon_gateway::sse::SseParser::default();
+    let mut parser = lemon_tests::event_stream::EventStream::default();
     let mut stream = response.bytes_stream();
     tokio::time::timeout(patience, async {
         while let Some(chunk) = stream.next().await {

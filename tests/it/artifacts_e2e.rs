@@ -1,8 +1,8 @@
 //! What a run's end hands to its channel, on the real binary with the fake CLI:
 //! a file named by a `MEDIA:` line goes to a Telegram chat as a photo and to a
 //! webhook as an attachment, without the line in the text; a path outside the
-//! run's directory is not sent; a failed command's `result_meta` is on the
-//! event stream.
+//! run's directory is not sent; at most 4 images the run created go with one
+//! answer; a failed command's `result_meta` is on the event stream.
 
 use base64::Engine as _;
 use serde_json::{json, Value};
@@ -94,6 +94,61 @@ async fn a_webhook_answer_and_callback_carry_the_file_and_leave_out_the_outside_
         tokio::time::timeout(PATIENCE, receive_one(callback)).await.expect("callback in time");
     assert_eq!(delivered["completed"]["attachments"], expected, "{delivered}");
     assert_eq!(delivered["completed"]["answer"], "Here is the chart.");
+    gateway.terminate().await;
+}
+
+/// The documented cap: with `auto_send_generated_images`, at most 4 images a
+/// run created go with its answer, beside the files it names itself (here one
+/// `MEDIA:` line, so the cap is the only limit reached).
+#[tokio::test]
+async fn at_most_4_generated_images_go_with_an_answer() {
+    let cwd = tempfile::tempdir().unwrap();
+    let images: Vec<String> = (1..=6).map(|n| format!("drawing{n}.png")).collect();
+    for image in &images {
+        std::fs::write(cwd.path().join(image), format!("image {image}")).unwrap();
+    }
+    std::fs::write(cwd.path().join("notes.txt"), "notes").unwrap();
+    let changes: Vec<Value> =
+        images.iter().map(|image| json!({ "path": image, "kind": "add" })).collect();
+    let replay = [
+        json!({ "type": "thread.started", "thread_id": "drawing-thread" }),
+        json!({ "type": "item.completed", "item": { "type": "file_change", "id": "fc_1", "changes": changes, "status": "completed" } }),
+        json!({ "type": "item.completed", "item": { "type": "agent_message", "id": "2", "text": "Six drawings.\nMEDIA: notes.txt" } }),
+        json!({ "type": "turn.completed" }),
+    ];
+    let fixture = cwd.path().join("replay.jsonl");
+    let lines: Vec<String> = replay.iter().map(Value::to_string).collect();
+    std::fs::write(&fixture, lines.join("\n") + "\n").unwrap();
+    let config = format!(
+        "[gateway]\nenable_webhook = true\ndefault_engine = \"codex\"\ndefault_cwd = \"{}\"\n\
+         auto_send_generated_images = true\n\
+         [gateway.engines.codex]\ncli_path = \"{}\"\nenv = {{ FAKE_CLI_FIXTURE = \"{}\" }}\n{}\
+         [gateway.webhook]\nport = 0\n\
+         [gateway.webhook.integrations.ci]\ntoken = \"hook-token-drawings\"\nmode = \"sync\"\n",
+        cwd.path().display(),
+        env!("CARGO_BIN_EXE_fake-cli"),
+        fixture.display(),
+        crate::support::TRUST_EVERY_CALL,
+    );
+    let gateway = Gateway::start(&config).await;
+    let response =
+        gateway.post_webhook("ci", "hook-token-drawings", &json!({ "prompt": "draw" })).await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["answer"], "Six drawings.", "{body}");
+    let sent: Vec<&str> = body["attachments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|file| file["filename"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        sent,
+        ["notes.txt", "drawing1.png", "drawing2.png", "drawing3.png", "drawing4.png"],
+        "{body}"
+    );
+    let record = gateway.run(body["run_id"].as_str().unwrap()).await;
+    assert_eq!(record["artifacts"].as_array().unwrap().len(), 5, "{record}");
     gateway.terminate().await;
 }
 

@@ -174,7 +174,7 @@ async fn the_dashboard_signs_in_streams_cancels_steers_and_edits_the_config() {
 /// Reads the firehose until an event of type `kind`; its data.
 async fn next_event(response: reqwest::Response, kind: &str) -> serde_json::Value {
     use futures::StreamExt;
-    let mut parser = lemon_gateway::sse::SseParser::default();
+    let mut parser = lemon_tests::event_stream::EventStream::default();
     let mut stream = response.bytes_stream();
     tokio::time::timeout(PATIENCE, async {
         while let Some(chunk) = stream.next().await {

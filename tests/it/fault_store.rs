@@ -1,5 +1,6 @@
 //! The store under faults, with the real binary: its disk full (the home on a
-//! small tmpfs, as root; skipped with a message where mounting is refused) and
+//! small tmpfs, as root; skipped with a message where mounting is refused,
+//! failed instead under `LEMON_REQUIRE_TMPFS=1`) and
 //! its file locked by another process holding SQLite's write lock. A request
 //! that cannot be journaled is refused with a clear error instead of being
 //! accepted and lost, nothing already accepted is lost, and once the disk has
@@ -86,18 +87,8 @@ impl Drop for Tmpfs {
 
 #[tokio::test]
 async fn a_full_disk_refuses_new_requests_clearly_and_loses_no_accepted_one() {
-    let tmpfs = match Tmpfs::mount("3m") {
-        Ok(tmpfs) => tmpfs,
-        Err(why) => {
-            // Not root, or no tmpfs here: the fault cannot be made, and the
-            // test says so where its output is read.
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!("skipping the full-disk test: cannot mount a tmpfs: {why}");
-            }
-            return;
-        }
-    };
+    let test = "the full-disk test";
+    let Some(tmpfs) = tmpfs_or_skip("3m", test) else { return };
     let home = tmpfs.dir.path();
     write_config(home, "[gateway]\nmax_concurrent_runs = 0\n");
     let gateway = Gateway::start_in(home).await;
@@ -187,16 +178,16 @@ async fn a_store_locked_by_another_process_refuses_clearly_and_recovers_when_rel
     gateway.terminate().await;
 }
 
-/// A tmpfs of `size`, or `None` (said where the test output is read) where
-/// mounting is refused: not root, or no tmpfs here.
+/// A tmpfs of `size`, or `None` where mounting is refused (not root, or no
+/// tmpfs here): the fault cannot be made, and `test` is skipped, or fails
+/// under `LEMON_REQUIRE_TMPFS=1`.
 fn tmpfs_or_skip(size: &str, test: &str) -> Option<Tmpfs> {
     match Tmpfs::mount(size) {
         Ok(tmpfs) => Some(tmpfs),
         Err(why) => {
-            #[allow(clippy::print_stderr)] // The skip is said where test output is read.
-            {
-                eprintln!("skipping {test}: cannot mount a tmpfs: {why}");
-            }
+            let need =
+                format!("a tmpfs it mounts (as root) for {test}; mounting one failed: {why}");
+            lemon_tests::host::lacks("LEMON_REQUIRE_TMPFS", &need);
             None
         }
     }

@@ -85,7 +85,7 @@ pub(crate) async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
 /// Reads the run's event stream until an event of type `kind` has arrived.
 pub(crate) async fn until_event(gateway: &Gateway, run_id: &str, kind: &str) {
     let response = gateway.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
-    let mut parser = lemon_gateway::sse::SseParser::default();
+    let mut parser = lemon_tests::event_stream::EventStream::default();
     let mut stream = response.bytes_stream();
     let seen = tokio::time::timeout(PATIENCE, async {
         while let Some(chunk) = stream.next().await {

@@ -38,7 +38,7 @@ impl Live {
         assert_eq!(response.status(), 200);
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
-            let mut parser = lemon_gateway::sse::SseParser::default();
+            let mut parser = lemon_tests::event_stream::EventStream::default();
             let mut stream = response.bytes_stream();
             while let Some(Ok(chunk)) = stream.next().await {
                 for event in parser.push(&chunk) {

@@ -50,7 +50,7 @@ async fn sse(response: reqwest::Response) -> Vec<(String, String)> {
     assert_eq!(response.status(), 200);
     let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
     assert!(content_type.starts_with("text/event-stream"), "{content_type}");
-    let mut parser = lemon_gateway::sse::SseParser::default();
+    let mut parser = lemon_tests::event_stream::EventStream::default();
     let mut out = Vec::new();
     let mut body = response.bytes_stream();
     tokio::time::timeout(PATIENCE, async {
@@ -308,7 +308,7 @@ async fn a_client_that_disconnects_mid_stream_does_not_lose_the_run() {
     let body = json!({ "model": "echo", "messages": [{ "role": "user", "content": prompt }], "stream": true });
     let response = chat(&gateway, &body).send().await.unwrap();
     let run_id = response.headers()["x-lemon-run-id"].to_str().unwrap().to_owned();
-    let mut parser = lemon_gateway::sse::SseParser::default();
+    let mut parser = lemon_tests::event_stream::EventStream::default();
     let mut body = response.bytes_stream();
     // Read until the first piece of content, then go away.
     tokio::time::timeout(PATIENCE, async {
@@ -341,10 +341,8 @@ fn openai_python() -> Option<PathBuf> {
 #[tokio::test]
 async fn the_official_openai_python_client_talks_to_the_gateway() {
     let Some(python) = openai_python() else {
-        #[allow(clippy::print_stderr)] // The reason a test is skipped is for the person running it.
-        {
-            eprintln!("skipped: no Python on this machine for the openai client test");
-        }
+        let need = "python3, to run the official openai client (scripts/test installs it)";
+        lemon_tests::host::lacks("LEMON_REQUIRE_PYTHON", need);
         return;
     };
     let (gateway, _dir) = start(0).await;
@@ -409,7 +407,7 @@ async fn a_binding_sets_the_queue_mode_and_merged_followups_share_one_answer() {
     // A long answer keeps the session busy while two more messages come.
     let long: String = (1..=30).map(|i| format!("a{i} ")).collect::<String>().trim_end().to_owned();
     let first = ask(&long, true).await.unwrap();
-    let mut parser = lemon_gateway::sse::SseParser::default();
+    let mut parser = lemon_tests::event_stream::EventStream::default();
     let mut body = first.bytes_stream();
     let mut streamed = Vec::new();
     tokio::time::timeout(PATIENCE, async {

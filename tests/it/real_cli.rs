@@ -457,7 +457,7 @@ pub(crate) fn main_requests(llm: &FakeLlm) -> Vec<RecordedRequest> {
 async fn events(gateway: &Gateway, run_id: &str) -> Vec<(String, Value)> {
     let response = gateway.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
     assert_eq!(response.status(), 200);
-    let mut parser = lemon_gateway::sse::SseParser::default();
+    let mut parser = lemon_tests::event_stream::EventStream::default();
     let mut stream = response.bytes_stream();
     let mut out = Vec::new();
     while let Some(chunk) = stream.next().await {

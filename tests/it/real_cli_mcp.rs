@@ -282,7 +282,7 @@ async fn completed(gateway: &Gateway, run_id: &str) -> Value {
     let stream = async {
         let response = gateway.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
         assert_eq!(response.status(), 200);
-        let mut parser = lemon_gateway::sse::SseParser::default();
+        let mut parser = lemon_tests::event_stream::EventStream::default();
         let mut chunks = response.bytes_stream();
         while let Some(chunk) = chunks.next().await {
             if parser.push(&chunk.unwrap()).iter().any(|event| event.event == "run_completed") {

@@ -16,7 +16,7 @@ use lemon_tests::fake_telegram::ChatSpec;
 /// The gateway-wide events of `/v1/events`, subscribed before an edit is made.
 pub(crate) struct Notices {
     response: reqwest::Response,
-    parser: lemon_gateway::sse::SseParser,
+    parser: lemon_tests::event_stream::EventStream,
     ready: std::collections::VecDeque<(String, Value)>,
 }
 
@@ -27,7 +27,7 @@ impl Notices {
         assert_eq!(response.status(), 200);
         Notices {
             response,
-            parser: lemon_gateway::sse::SseParser::default(),
+            parser: lemon_tests::event_stream::EventStream::default(),
             ready: std::collections::VecDeque::new(),
         }
     }

@@ -371,6 +371,8 @@ async fn keyutils_keeps_a_secret_that_a_second_process_in_the_session_serves() {
         .status()
         .is_ok_and(|s| s.success());
     if !keyctl_present {
+        let need = "keyctl (scripts/test installs keyutils)";
+        lemon_tests::host::lacks("LEMON_REQUIRE_KEYCTL", need);
         return;
     }
     // Keys linked to the user's persistent keyring outlive the session, so

@@ -300,7 +300,7 @@ impl Gateway {
         use futures::StreamExt;
         let response = self.get(&format!("/v1/runs/{run_id}/events")).send().await.unwrap();
         assert_eq!(response.status(), 200);
-        let mut parser = lemon_gateway::sse::SseParser::default();
+        let mut parser = lemon_tests::event_stream::EventStream::default();
         let mut out = Vec::new();
         let mut stream = response.bytes_stream();
         tokio::time::timeout(PATIENCE, async {

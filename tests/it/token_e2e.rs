@@ -98,7 +98,7 @@ async fn a_token_set_through_the_api_takes_over_and_open_streams_go_on() {
         .unwrap();
     assert_eq!(submitted.status(), 202);
     let run_id = submitted.json::<Value>().await.unwrap()["run_id"].as_str().unwrap().to_owned();
-    let mut parser = lemon_gateway::sse::SseParser::default();
+    let mut parser = lemon_tests::event_stream::EventStream::default();
     tokio::time::timeout(PATIENCE, async {
         loop {
             let chunk = stream.chunk().await.unwrap().expect("the old stream stays open");

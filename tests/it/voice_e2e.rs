@@ -224,7 +224,7 @@ async fn a_call_gets_a_spoken_answer_with_its_turn_timings_on_the_bus_and_on_rec
     assert!(voice.elevenlabs.spoken()[0].query.contains("output_format=ulaw_8000"));
 
     // The turn's timings on the bus.
-    let mut parser = lemon_gateway::sse::SseParser::default();
+    let mut parser = lemon_tests::event_stream::EventStream::default();
     let mut stream = events.bytes_stream();
     let turn = tokio::time::timeout(PATIENCE, async {
         while let Some(chunk) = stream.next().await {

@@ -12,8 +12,12 @@
 //! - [`fake_smtp`]: a fake SMTP server on loopback that keeps the mail it is sent.
 //! - [`fake_telegram`]: a fake Telegram Bot API server on loopback, for the
 //!   Telegram client's tests and for the gateway binary to poll.
+//! - [`event_stream`]: a reader of Server-Sent Events streams, the tests' own
+//!   (not the product's), by the WHATWG rules.
 //! - [`history`]: a checker over a cluster test's recorded history (engine
 //!   intervals, completions, pollers, followers).
+//! - [`host`]: what a test needs of the machine, and the `LEMON_REQUIRE_*`
+//!   switches that make a missing need fail instead of skip.
 //! - [`prometheus`]: a strict reader of the Prometheus text format, for `/metrics`.
 //! - [`fake_twilio`]: a fake Twilio REST API (message create) on loopback, and
 //!   Twilio's webhook signatures, for the SMS channel.
@@ -29,6 +33,7 @@
 //!   the chat channels' voice messages.
 
 pub mod dovecot;
+pub mod event_stream;
 pub mod fake_deepgram;
 pub mod fake_discord;
 pub mod fake_elevenlabs;
@@ -40,6 +45,7 @@ pub mod fake_twilio;
 pub mod fake_twilio_voice;
 pub mod fake_xmtp;
 pub mod history;
+pub mod host;
 pub mod load;
 pub mod prometheus;
 pub mod tls_cert;

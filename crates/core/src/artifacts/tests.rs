@@ -240,6 +240,24 @@ fn at_most_the_file_limits_are_sent() {
     assert!(collected.answer.is_empty());
 }
 
+/// The documented cap: at most 4 generated images go with one answer, with
+/// room for more files.
+#[test]
+fn at_most_4_generated_images_go_with_an_answer() {
+    let d = dirs();
+    let mut changes = Vec::new();
+    for i in 0..6 {
+        fs::write(d.workspace.join(format!("g{i}.png")), b"x").unwrap();
+        changes.push(json!({ "path": d.workspace.join(format!("g{i}.png")), "kind": "add" }));
+    }
+    let mut collector = ArtifactCollector::default();
+    collector.action(&completed(ActionKind::FileChange, json!({ "changes": changes })));
+    let collected = collector.finish("Here are the charts.", d.roots(true));
+    assert_eq!(collected.artifacts.len(), 4, "{:?}", collected.artifacts);
+    let reasons: Vec<&str> = collected.refused.iter().map(|r| r.reason.as_str()).collect();
+    assert_eq!(reasons, ["more than 4 generated images"; 2]);
+}
+
 #[test]
 fn the_gateways_state_is_never_sent_even_through_a_link() {
     let d = dirs();

@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::config::DiscordConfig;
-use super::gateway::{self, GatewayEvent, GatewaySettings, Resumable, INTENTS};
+use super::gateway::{self, GatewayEvent, GatewaySettings, Resumable};
 use super::inbound::{self, Place, COMMANDS, TRANSPORT_ID};
 use super::render::StreamRenderer;
 use super::rest::Rest;
@@ -55,7 +55,7 @@ use super::types::{
 };
 use crate::access::Access;
 use crate::ask;
-use crate::delivery::{self, Backoff, DeliveryRecord, DeliveryRecords, Outbox};
+use crate::delivery::{self, DeliveryRecord, DeliveryRecords, Outbox};
 use crate::media::{self, transcribe::RemoteVoice, Fetcher, RemoteFile, Transcriber};
 use crate::refused::{self, Refusals, StoreNotice};
 
@@ -172,12 +172,7 @@ impl Transport for DiscordTransport {
                 )))
             }
         };
-        let settings = GatewaySettings {
-            url: self.config.gateway_url.clone(),
-            token,
-            intents: INTENTS,
-            backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
-        };
+        let settings = GatewaySettings::new(self.config.gateway_url.clone(), token);
         // Subscribed before the session starts, so no run of a channel is missed.
         let others = bot.router.subscribe_starts();
         let watcher = bot.clone();

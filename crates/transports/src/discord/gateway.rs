@@ -50,6 +50,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_RESUME_FAILURES: u32 = 3;
 /// Close code sent on shutdown: not 1000/1001, so Discord keeps the session.
 const CLOSE_KEEP_SESSION: u16 = 4000;
+/// Waits between failed connects: 1 s, doubling up to a minute.
+const CONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 
 /// A session that can be resumed: kept across drops and in the store across
 /// restarts.
@@ -83,6 +85,14 @@ pub struct GatewaySettings {
     pub intents: u64,
     /// Waits between failed connects.
     pub backoff: Backoff,
+}
+
+impl GatewaySettings {
+    /// The bot's session at `url` as `token`: [`INTENTS`], and failed
+    /// connects backing off from 1 s to 60 s.
+    pub fn new(url: String, token: String) -> Self {
+        GatewaySettings { url, token, intents: INTENTS, backoff: CONNECT_BACKOFF }
+    }
 }
 
 impl fmt::Debug for GatewaySettings {
@@ -476,6 +486,178 @@ mod tests {
             payload,
             json!({ "op": 6, "d": { "token": "t", "session_id": "s-1", "seq": 42 } })
         );
+        stop.cancel();
+        assert_eq!(session.await.unwrap(), Ok(()));
+    }
+
+    /// A payload a scripted gateway got, on its `connection` (counted from
+    /// 0), with the (paused) time of that connection's HELLO and of the
+    /// payload's arrival, once its answers were sent.
+    #[derive(Debug)]
+    struct Received {
+        connection: usize,
+        hello_at: Instant,
+        at: Instant,
+        payload: Value,
+    }
+
+    /// A gateway on 127.0.0.1, one connection at a time: HELLO with
+    /// `interval_ms`, then `answer(payload)` sent back for each payload, which
+    /// is reported.
+    ///
+    /// Under paused time the clock jumps to the next timer whenever every
+    /// task waits for a socket with nothing to read yet, so no byte may be
+    /// held back in real time: the gateway writes without delay (no Nagle)
+    /// and answers every payload, which acknowledges it at once, so the bot's
+    /// next write is not held back waiting for a TCP acknowledgement either.
+    async fn scripted_gateway(
+        interval_ms: u64,
+        answer: fn(&Value) -> Vec<Value>,
+    ) -> (String, mpsc::UnboundedReceiver<Received>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}", listener.local_addr().unwrap());
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            for connection in 0.. {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                stream.set_nodelay(true).unwrap();
+                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else { continue };
+                let hello = json!({ "op": 10, "d": { "heartbeat_interval": interval_ms } });
+                if ws.send(WsMessage::text(hello.to_string())).await.is_err() {
+                    continue;
+                }
+                let hello_at = Instant::now();
+                while let Some(Ok(WsMessage::Text(text))) = ws.next().await {
+                    let payload: Value = serde_json::from_str(&text).unwrap();
+                    let replies = answer(&payload);
+                    assert!(!replies.is_empty(), "every payload is answered: {payload}");
+                    for reply in replies {
+                        let _ = ws.send(WsMessage::text(reply.to_string())).await;
+                    }
+                    let received = Received { connection, hello_at, at: Instant::now(), payload };
+                    if tx.send(received).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        (url, rx)
+    }
+
+    /// The next payload with opcode `op`.
+    async fn next_op(received: &mut mpsc::UnboundedReceiver<Received>, op: u64) -> Received {
+        let patience = Duration::from_secs(3600);
+        lemon_core::testing::within_for(patience, "a payload from the session", async {
+            loop {
+                let got = received.recv().await.expect("the gateway runs");
+                if got.payload["op"] == op {
+                    return got;
+                }
+            }
+        })
+        .await
+    }
+
+    /// The documented pacing: the first heartbeat at a random point of the
+    /// interval, then one per interval.
+    #[tokio::test(start_paused = true)]
+    async fn the_first_heartbeat_comes_at_a_random_point_of_the_interval() {
+        // Every payload, IDENTIFY too, is answered with a heartbeat ACK.
+        let (url, mut received) = scripted_gateway(45_000, |_| vec![json!({ "op": 11 })]).await;
+        let mut firsts = Vec::new();
+        for _ in 0..5 {
+            let (events, _events) = mpsc::channel(8);
+            let stop = CancellationToken::new();
+            let settings = GatewaySettings::new(url.clone(), "t".into());
+            let session = tokio::spawn(run(settings, None, events, stop.clone()));
+            let first = next_op(&mut received, 1).await;
+            let second = next_op(&mut received, 1).await;
+            assert_eq!(first.connection, second.connection, "{first:?} {second:?}");
+            let jitter = first.at - first.hello_at;
+            assert!(jitter > Duration::ZERO, "{jitter:?}");
+            assert!(jitter < Duration::from_secs(45), "{jitter:?}");
+            assert_eq!(second.at - first.at, Duration::from_secs(45));
+            firsts.push(jitter);
+            stop.cancel();
+            assert_eq!(session.await.unwrap(), Ok(()));
+        }
+        assert!(firsts.iter().any(|jitter| *jitter != firsts[0]), "always the same: {firsts:?}");
+    }
+
+    /// The documented wait: a session Discord calls invalid (op 9, `d =
+    /// false`) is started afresh after 1–5 s.
+    #[tokio::test(start_paused = true)]
+    async fn an_invalid_session_is_identified_afresh_after_1_to_5_s() {
+        let refuse = |payload: &Value| {
+            if payload["op"] == 2 {
+                vec![json!({ "op": 9, "d": false })]
+            } else {
+                vec![json!({ "op": 11 })]
+            }
+        };
+        let (url, mut received) = scripted_gateway(3_600_000, refuse).await;
+        let (events, _events) = mpsc::channel(8);
+        let stop = CancellationToken::new();
+        let settings = GatewaySettings::new(url, "t".into());
+        let session = tokio::spawn(run(settings, None, events, stop.clone()));
+        let mut refused = next_op(&mut received, 2).await;
+        let mut waits = Vec::new();
+        for _ in 0..5 {
+            let again = lemon_core::testing::within_for(
+                Duration::from_secs(3600),
+                "the next connection's first payload",
+                async {
+                    loop {
+                        let got = received.recv().await.expect("the gateway runs");
+                        if got.connection != refused.connection && got.payload["op"] != 1 {
+                            return got;
+                        }
+                    }
+                },
+            )
+            .await;
+            assert_eq!(again.payload["op"], 2, "a new session, not a resume: {:?}", again.payload);
+            waits.push(again.hello_at - refused.at);
+            refused = again;
+        }
+        for wait in &waits {
+            assert!(*wait >= Duration::from_secs(1), "{waits:?}");
+            assert!(*wait <= Duration::from_secs(5), "{waits:?}");
+        }
+        stop.cancel();
+        assert_eq!(session.await.unwrap(), Ok(()));
+    }
+
+    /// The documented backoff: failed connects wait 1 s, doubling up to 60 s.
+    /// The URL's scheme is refused before any connection, so each attempt
+    /// fails at once and only the waits take (paused) time.
+    #[tokio::test(start_paused = true)]
+    async fn failed_connects_back_off_from_1_s_doubling_to_60_s() {
+        let settings = GatewaySettings::new("http://127.0.0.1".into(), "t".into());
+        let (events, mut rx) = mpsc::channel(16);
+        let stop = CancellationToken::new();
+        let session = tokio::spawn(run(settings, None, events, stop.clone()));
+        let mut promised = Vec::new();
+        let mut previous: Option<(Instant, Duration)> = None;
+        for attempt in 1..=9 {
+            let event = lemon_core::testing::within_for(
+                Duration::from_secs(3600),
+                "a failed connect",
+                rx.recv(),
+            )
+            .await;
+            let Some(GatewayEvent::Disconnected { attempts, retry_in, .. }) = event else {
+                panic!("not a failed connect: {event:?}");
+            };
+            assert_eq!(attempts, attempt);
+            let now = Instant::now();
+            if let Some((at, wait)) = previous {
+                assert_eq!(now - at, wait, "the wait taken is the one announced");
+            }
+            previous = Some((now, retry_in));
+            promised.push(retry_in.as_secs());
+        }
+        assert_eq!(promised, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
         stop.cancel();
         assert_eq!(session.await.unwrap(), Ok(()));
     }

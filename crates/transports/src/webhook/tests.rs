@@ -1219,6 +1219,93 @@ async fn attempts_are_counted_across_restarts_and_a_callback_out_of_them_is_give
     assert_eq!(attempts.load(Ordering::SeqCst), 2);
 }
 
+/// A callback receiver that answers every attempt with a 500 and reports the
+/// (paused) time of each.
+async fn refusing_callback_server() -> (SocketAddr, mpsc::UnboundedReceiver<tokio::time::Instant>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let app = Router::new().route(
+        "/cb",
+        axum::routing::post(move || {
+            let _ = tx.send(tokio::time::Instant::now());
+            async { StatusCode::INTERNAL_SERVER_ERROR }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, rx)
+}
+
+/// The waits between the callback attempts of a run submitted to a hook
+/// configured by `retry` (keys of `[gateway.webhook]`), once it has made
+/// `attempts` of them and given up.
+async fn waits_between_callback_attempts(retry: &str, attempts: usize) -> Vec<Duration> {
+    let (addr, mut times) = refusing_callback_server().await;
+    let toml = format!(
+        "{retry}allow_private_callback_hosts = true\n\
+         [integrations.zap]\ntoken = \"{TOKEN}\"\ncallback_url = \"http://{addr}/cb\"\n"
+    );
+    let store = StoreHandle::memory();
+    let hook = TestHook::start_on(store.clone(), &toml, Duration::ZERO, MapResolver::default());
+    let (status, body) = hook.post(json!({ "prompt": "nobody listens" })).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let run_id = body["run_id"].as_str().unwrap().to_owned();
+    let mut seen = Vec::new();
+    for _ in 0..attempts {
+        let patience = Duration::from_secs(600);
+        seen.push(
+            lemon_core::testing::within_for(patience, "an attempt", times.recv()).await.unwrap(),
+        );
+    }
+    let record = callback_record(&store, &run_id, |r| !r["failed"].is_null()).await;
+    assert_eq!(record["attempts"], attempts, "{record}");
+    hook.stop().await;
+    assert!(times.try_recv().is_err(), "no attempt after the last");
+    seen.windows(2).map(|pair| pair[1] - pair[0]).collect()
+}
+
+/// The documented defaults: a callback is tried 3 times, 500 ms after the
+/// first failure, then twice as long.
+#[tokio::test(start_paused = true)]
+async fn by_default_a_callback_is_tried_3_times_500_ms_then_1000_ms_apart() {
+    let waits = waits_between_callback_attempts("", 3).await;
+    assert_eq!(waits, [Duration::from_millis(500), Duration::from_millis(1000)]);
+}
+
+/// The documented default of `callback_backoff_max_ms`: the wait doubles up to 5000 ms.
+#[tokio::test(start_paused = true)]
+async fn by_default_the_wait_between_callback_attempts_doubles_up_to_5000_ms() {
+    let waits = waits_between_callback_attempts("callback_max_attempts = 8\n", 8).await;
+    let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
+    assert_eq!(ms, [500, 1000, 2000, 4000, 5000, 5000, 5000]);
+}
+
+/// The documented default of `max_body_bytes`: a body of 1 MiB is taken, one
+/// byte more is a `413`, declared or found while reading.
+#[tokio::test]
+async fn by_default_a_webhook_body_of_1_mib_is_taken_and_one_byte_more_is_413() {
+    let hook = TestHook::simple("");
+    let body = |len: usize| {
+        let mut body = br#"{"prompt": "padded"}"#.to_vec();
+        body.resize(len, b' ');
+        body
+    };
+    let request = |len: usize, declared: bool| {
+        let mut request = post("/webhooks/zap").header("authorization", format!("Bearer {TOKEN}"));
+        if declared {
+            request = request.header("content-length", len.to_string());
+        }
+        request.body(Body::from(body(len))).unwrap()
+    };
+    for declared in [true, false] {
+        let (status, answer) = hook.send(request(1_048_576, declared)).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "declared {declared}: {answer}");
+        let (status, answer) = hook.send(request(1_048_577, declared)).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "declared {declared}");
+        assert_eq!(answer, json!({ "error": "request body is larger than 1048576 bytes" }));
+    }
+}
+
 /// The reference's per-integration retry keys win over the section's.
 #[tokio::test]
 async fn an_integration_s_callback_retry_settings_win_over_the_section_s() {

@@ -86,6 +86,53 @@ async fn long_output_keeps_its_head_and_tail_and_says_how_much_was_cut() {
     assert!(out.text.len() < 200, "{}", out.text);
 }
 
+/// The README's promise: a command's output keeps its head and tail up to
+/// 30 000 bytes.
+#[tokio::test]
+async fn by_default_output_keeps_30_000_bytes_of_head_and_tail() {
+    let dirs = Dirs::new();
+    let xs = |n: usize| format!("head -c {n} /dev/zero | tr '\\0' x");
+
+    let whole = bash(&dirs, BuiltinOptions::default(), json!({"command": xs(30_000)})).await;
+    assert_eq!(whole.text, format!("{}\n[exit code 0]", "x".repeat(30_000)));
+    assert_eq!(whole.details["truncated"], false);
+
+    let one_over = bash(&dirs, BuiltinOptions::default(), json!({"command": xs(30_001)})).await;
+    assert!(one_over.text.contains("[... 1 bytes of output cut ...]"), "{}", one_over.text);
+    assert_eq!(one_over.details["truncated"], true);
+
+    let long = bash(&dirs, BuiltinOptions::default(), json!({"command": xs(100_000)})).await;
+    assert_eq!(long.details["output_bytes"], 100_000);
+    assert!(long.text.contains("\n[... 70000 bytes of output cut ...]\n"), "{}", long.text);
+    let kept = long.text.strip_suffix("\n[exit code 0]").expect("the exit code follows");
+    assert_eq!(kept.matches('x').count(), 30_000, "what is kept: 30 000 bytes");
+    assert!(kept.starts_with('x') && kept.ends_with('x'), "{kept}");
+}
+
+/// The README's promise: `timeout_ms` is 120 s by default and at most 600 s.
+#[tokio::test(start_paused = true)]
+async fn by_default_a_command_is_killed_after_120_s_and_never_runs_past_600_s() {
+    let dirs = Dirs::new();
+    let tool = Bash::new(BuiltinOptions::default().into());
+    let started = tokio::time::Instant::now();
+    let out = tool.execute(json!({"command": "sleep 100000"}), dirs.ctx()).await;
+    let waited = started.elapsed();
+    assert_eq!(out.result_meta, json!({"error_type": "timeout", "timeout_ms": 120_000}));
+    assert!(out.text.ends_with("[timed out after 120000 ms; the command was killed]"));
+    assert!(waited >= Duration::from_secs(120), "killed after {waited:?}");
+    assert!(waited < Duration::from_secs(130), "killed after {waited:?}");
+
+    let started = tokio::time::Instant::now();
+    let asked_for_an_hour = json!({"command": "sleep 100000", "timeout_ms": 3_600_000});
+    let out = tool.execute(asked_for_an_hour, dirs.ctx()).await;
+    let waited = started.elapsed();
+    assert_eq!(out.result_meta, json!({"error_type": "timeout", "timeout_ms": 600_000}));
+    assert!(waited >= Duration::from_secs(600), "killed after {waited:?}");
+    assert!(waited < Duration::from_secs(610), "killed after {waited:?}");
+    let description = tool.spec().description;
+    assert!(description.contains("default 120000, at most 600000"), "{description}");
+}
+
 #[tokio::test]
 async fn a_command_over_its_timeout_is_killed_and_says_so() {
     let dirs = Dirs::new();

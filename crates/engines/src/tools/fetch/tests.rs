@@ -5,6 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::Path;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Redirect};
 use axum::routing::get;
@@ -29,6 +30,7 @@ async fn serve(ip: &str, other: Option<SocketAddr>) -> SocketAddr {
             get(|| async { ([(header::CONTENT_TYPE, "application/json")], "{\"a\":1}") }),
         )
         .route("/big", get(|| async { "x".repeat(10_000) }))
+        .route("/bytes/{n}", get(|Path(n): Path<usize>| async move { "x".repeat(n) }))
         .route(
             "/png",
             get(|| async {
@@ -176,6 +178,38 @@ async fn a_slow_server_hits_the_time_limit_and_cancel_stops_the_fetch() {
     )
     .await;
     assert!(out.is_error && out.text.contains("cancelled"), "{}", out.text);
+}
+
+/// The documented default: `fetch` reads at most 1 MiB of a body.
+#[tokio::test]
+async fn by_default_a_body_is_cut_at_1_mib() {
+    let addr = serve("127.0.0.1", None).await;
+    let tool = Fetch::new(Arc::new(allowing()));
+    let whole = fetch(&tool, format!("http://{addr}/bytes/1048576")).await;
+    assert!(!whole.is_error, "{}", &whole.text[..80]);
+    assert_eq!(whole.details["bytes"], 1_048_576);
+    assert_eq!(whole.details["truncated"], false);
+    assert!(whole.text.ends_with('x'), "nothing follows the body");
+
+    let longer = fetch(&tool, format!("http://{addr}/bytes/1048577")).await;
+    assert_eq!(longer.details["bytes"], 1_048_576);
+    assert_eq!(longer.details["truncated"], true);
+    assert!(longer.text.ends_with("x\n[the body was cut at 1048576 bytes]"));
+}
+
+/// The documented default: a whole `fetch` may take 30 s.
+#[tokio::test(start_paused = true)]
+async fn by_default_a_fetch_gives_up_after_30_s() {
+    let addr = serve("127.0.0.1", None).await;
+    let tool = Fetch::new(Arc::new(allowing()));
+    let started = tokio::time::Instant::now();
+    let out =
+        tool.execute(json!({ "url": format!("http://{addr}/slow") }), Dirs::new().ctx()).await;
+    let waited = started.elapsed();
+    assert_eq!(out.text, "The fetch timed out after 30000 ms.");
+    assert_eq!(out.result_meta, json!({"error_type": "timeout", "timeout_ms": 30_000}));
+    assert!(waited >= Duration::from_secs(30), "gave up after {waited:?}");
+    assert!(waited < Duration::from_secs(31), "gave up after {waited:?}");
 }
 
 #[test]

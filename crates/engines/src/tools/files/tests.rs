@@ -169,6 +169,27 @@ async fn every_file_tool_refuses_paths_out_of_the_cwd_and_workspace() {
     );
 }
 
+/// The documented default: `read` returns 2 000 lines when the call gives no `limit`.
+#[tokio::test]
+async fn read_returns_2_000_lines_by_default() {
+    let dirs = Dirs::new();
+    let line = |n: usize| format!("line {n}\n");
+    std::fs::write(dirs.cwd.join("exact"), (1..=2_000).map(line).collect::<String>()).unwrap();
+    std::fs::write(dirs.cwd.join("longer"), (1..=2_500).map(line).collect::<String>()).unwrap();
+
+    let exact = call(&dirs, "read", json!({"path": "exact"})).await;
+    assert_eq!(exact.details["lines"], 2_000);
+    assert_eq!(exact.details["truncated"], false);
+    assert!(exact.text.ends_with("line 2000\n"), "{}", &exact.text[exact.text.len() - 40..]);
+
+    let longer = call(&dirs, "read", json!({"path": "longer"})).await;
+    assert_eq!(longer.details["lines"], 2_000);
+    let expected: String = (1..=2_000).map(line).collect();
+    assert_eq!(longer.text, expected + "[more lines follow; continue with offset=2001]\n");
+    let rest = call(&dirs, "read", json!({"path": "longer", "offset": 2_001})).await;
+    assert_eq!(rest.details["lines"], 500);
+}
+
 #[tokio::test]
 async fn read_returns_at_most_30000_bytes_of_a_single_line_file() {
     let dirs = Dirs::new();

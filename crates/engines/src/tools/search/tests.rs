@@ -84,6 +84,51 @@ async fn grep_and_glob_are_bounded() {
     assert_eq!(out.details["truncated"], true);
 }
 
+/// The documented defaults: `grep` returns at most 200 lines, `glob` at most 200 paths.
+#[tokio::test]
+async fn grep_and_glob_return_at_most_200_by_default() {
+    let dirs = Dirs::new();
+    let matching = |count: usize| (1..=count).map(|n| format!("match {n}\n")).collect::<String>();
+    for (dir, count) in [("many", 250), ("exactly", 200)] {
+        std::fs::create_dir(dirs.cwd.join(dir)).unwrap();
+        std::fs::write(dirs.cwd.join(dir).join("lines.txt"), matching(count)).unwrap();
+        for n in 0..count {
+            std::fs::write(dirs.cwd.join(dir).join(format!("f{n:03}.rs")), "").unwrap();
+        }
+    }
+
+    let out =
+        grep(&dirs, BuiltinOptions::default(), json!({"pattern": "^match", "path": "many"})).await;
+    assert_eq!(out.details["matches"], 200);
+    let lines: Vec<&str> = out.text.lines().collect();
+    assert_eq!(lines.len(), 201, "{}", out.text);
+    assert_eq!(
+        (lines[0], lines[199]),
+        ("many/lines.txt:1: match 1", "many/lines.txt:200: match 200")
+    );
+    assert_eq!(lines[200], "[stopped at 200 matches; narrow the pattern or the path]");
+    let all = json!({"pattern": "^match", "path": "exactly"});
+    let out = grep(&dirs, BuiltinOptions::default(), all).await;
+    assert_eq!(
+        (out.details["matches"].clone(), out.details["truncated"].clone()),
+        (json!(200), json!(false))
+    );
+
+    let out =
+        glob(&dirs, BuiltinOptions::default(), json!({"pattern": "*.rs", "path": "many"})).await;
+    assert_eq!(out.details["count"], 200);
+    let paths: Vec<&str> = out.text.lines().collect();
+    assert_eq!(paths.len(), 201, "{}", out.text);
+    assert_eq!((paths[0], paths[199]), ("many/f000.rs", "many/f199.rs"));
+    assert_eq!(paths[200], "[stopped at 200 paths; narrow the pattern]");
+    let all = json!({"pattern": "*.rs", "path": "exactly"});
+    let out = glob(&dirs, BuiltinOptions::default(), all).await;
+    assert_eq!(
+        (out.details["count"].clone(), out.details["truncated"].clone()),
+        (json!(200), json!(false))
+    );
+}
+
 #[tokio::test]
 async fn glob_matches_paths_with_single_and_double_stars() {
     let dirs = Dirs::new();
