@@ -1421,6 +1421,13 @@ impl Router {
 
     async fn interrupt_recovered(&mut self, entry: &JournalEntry) -> Result<(), RouteError> {
         let events = self.store.run_events(entry.run_id.as_str()).await?;
+        if let Some(done) = events.iter().find(|e| e.kind == "run_completed") {
+            // Its node stored the completion and lost the rest (the final row,
+            // the journal's removal) to a crash or a fence: the run has its
+            // one completion, and the row is finished from it.
+            self.finish_from_stored(entry, done).await;
+            return Ok(());
+        }
         let next_index = events.iter().map(|e| e.index).max().unwrap_or(0) + 1;
         let resume = events
             .iter()
@@ -1432,6 +1439,32 @@ impl Router {
         self.record_session(&session_key, &completion).await;
         self.complete(&entry.run_id, &session_key, &entry.engine, completion, next_index).await;
         Ok(())
+    }
+
+    /// Finishes a recovered run whose `run_completed` is stored: its row,
+    /// its session, its journal entry; nothing is written twice.
+    async fn finish_from_stored(&mut self, entry: &JournalEntry, done: &crate::store::StoredEvent) {
+        let completion = crate::bus::completion_from_json(&done.data);
+        let number = |key: &str| done.data.get(key).and_then(serde_json::Value::as_u64);
+        let engine = done.data.get("engine").and_then(serde_json::Value::as_str);
+        let session_key = session_of(&entry.session_key);
+        self.record_session(&session_key, &completion).await;
+        let finished = crate::store::FinishedRun {
+            run_id: entry.run_id.clone(),
+            engine: engine.unwrap_or(&entry.engine).to_owned(),
+            completion,
+            completed_at_ms: done
+                .data
+                .get("ts_ms")
+                .and_then(serde_json::Value::as_i64)
+                .unwrap_or_else(now_ms),
+            duration_ms: number("duration_ms").unwrap_or(0),
+            spend: crate::budget::usage::RunSpend::default(),
+        };
+        self.store.finalize_run(finished).await;
+        self.runs.remove(&entry.run_id);
+        self.journal.complete(&entry.run_id).await;
+        self.unfence(&entry.run_id);
     }
 }
 

@@ -776,6 +776,52 @@ async fn recovery_requeues_unstarted_requests_and_interrupts_started_ones() {
     assert_eq!(store.journal_pending().await.unwrap(), []);
 }
 
+/// A node that stored a run's `run_completed` and lost the rest of its
+/// completion (the final row, the journal's removal: a fence or a crash cut
+/// its writes between two batches): recovery finishes the run from the stored
+/// completion instead of writing a second one.
+#[tokio::test(start_paused = true)]
+async fn recovery_finishes_a_run_from_its_stored_completion_and_writes_no_second() {
+    use crate::store::JournalState;
+    let store = StoreHandle::memory();
+    let cut = journaled("r-cut", 1, "ok cut", JournalState::Started);
+    leave_row(&store, &cut).await;
+    store.mark_running(cut.run_id.clone(), "fake".to_owned(), 1_001).await;
+    for (index, kind) in [
+        (1, EventKind::RunStarted { engine: "fake".to_owned(), model: None }),
+        (
+            2,
+            EventKind::RunCompleted {
+                completion: Completion::success("the answer", None),
+                engine: "fake".to_owned(),
+                duration_ms: 7,
+            },
+        ),
+    ] {
+        let event = BusEvent {
+            run_id: cut.run_id.clone(),
+            session_key: "s".into(),
+            index,
+            ts_ms: 1_002,
+            kind,
+        };
+        store.append_event(Arc::new(event)).await;
+    }
+
+    let mut h = harness_with(router_config(), FakeEngine::new("fake"), store.clone()).await;
+    // Recovery is done before the router takes a new request.
+    let next = h.submit("t", "ok next", None).await;
+    h.completion_of(&next).await;
+    let events = store.run_events("r-cut").await.unwrap();
+    let completions = events.iter().filter(|e| e.kind == "run_completed").count();
+    assert_eq!(completions, 1, "{events:?}");
+    let record = store.get_run("r-cut").await.unwrap().unwrap();
+    assert_eq!(record.status, crate::bus::RunStatus::Completed, "{record:?}");
+    assert_eq!(record.answer.as_deref(), Some("the answer"));
+    assert_eq!(h.fake.started(), ["ok next"], "the run is not started again");
+    assert!(store.journal_pending().await.unwrap().iter().all(|e| e.run_id != cut.run_id));
+}
+
 #[tokio::test(start_paused = true)]
 async fn accepted_requests_are_journaled_until_they_complete() {
     let mut h = harness(router_config()).await;
