@@ -569,7 +569,7 @@ async fn a_retry_after_an_unconfirmed_admission_is_the_same_run_and_runs_once() 
         let id = RunId::parse(&format!("job-{session}")).unwrap();
         let req = RunRequest {
             run_id: Some(id.clone()),
-            ..RunRequest::new(session, &format!("ok once {session}"))
+            ..RunRequest::new(session, format!("ok once {session}"))
         };
         memory.fail_next_flushes(1);
         let refused = h.router.submit(req.clone()).await;
