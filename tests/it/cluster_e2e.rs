@@ -484,13 +484,26 @@ async fn submit(
             .json(&body)
             .send()
             .await;
-        match sent.map(|r| r.status().as_u16()) {
-            Ok(202) => return n,
+        match sent.map(|r| (r.status().as_u16(), retry_after(&r))) {
+            Ok((202, _)) => return n,
             // Not durable (the store is away), or no answer: another node, later.
-            Ok(503) | Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            Ok(other) => panic!("submit of {run_id} to node {n}: {other}"),
+            Ok((503, _)) | Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            // Over this client's rate (followers reconnecting after a fault
+            // count too): as long as the node asks.
+            Ok((429, wait)) => tokio::time::sleep(wait).await,
+            Ok((other, _)) => panic!("submit of {run_id} to node {n}: {other}"),
         }
     }
+}
+
+/// How long a `429` asks the client to wait (`Retry-After`, at most 2 s).
+fn retry_after(response: &reqwest::Response) -> Duration {
+    let seconds = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok())
+        .unwrap_or(1);
+    Duration::from_secs(seconds.clamp(1, 2))
 }
 
 /// Follows `run_id`'s events on the nodes other than `accepted_by`, resuming
@@ -527,7 +540,12 @@ async fn follow(
         };
         let Ok(response) = response else { continue };
         if !response.status().is_success() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let wait = if response.status().as_u16() == 429 {
+                retry_after(&response)
+            } else {
+                Duration::from_millis(100)
+            };
+            tokio::time::sleep(wait).await;
             continue;
         }
         let mut stream = response.bytes_stream();
