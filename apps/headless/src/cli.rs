@@ -1,7 +1,8 @@
 //! The command line: `serve` (the default), `run`, `attach`, `cancel`, `runs`,
-//! `logs`, `status`, `engines`, `config` (`check [FILE]`, `path`), `secrets`
-//! (`set`, `list`, `delete`, `migrate`), `doctor`, `mcp` and `completions`. The binaries are one-line wrappers around [`main`]; exit codes
-//! are in [`crate::failure`].
+//! `logs`, `status`, `engines`, `config` (`check [FILE]`, `path`, `schema`,
+//! `reference`, `init`), `secrets` (`set`, `list`, `delete`, `migrate`),
+//! `doctor`, `mcp`, `completions` and the hidden `docs cli`. The binaries are
+//! one-line wrappers around [`main`]; exit codes are in [`crate::failure`].
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -155,7 +156,7 @@ enum Command {
         #[command(flatten)]
         remote: Remote,
     },
-    /// Check or locate the config file.
+    /// Check, locate or start the config file; print its schema or reference.
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
@@ -231,6 +232,18 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
+    /// Print reference pages printed from the code.
+    #[command(hide = true)]
+    Docs {
+        #[command(subcommand)]
+        command: DocsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DocsCommand {
+    /// The command-line reference as Markdown (docs/reference/cli.md).
+    Cli,
 }
 
 #[derive(Debug, Subcommand)]
@@ -285,6 +298,21 @@ enum ConfigCommand {
     },
     /// Print where the config file is read from.
     Path,
+    /// Print the JSON Schema of config.toml, for editors and validators.
+    Schema,
+    /// Print the reference of every config.toml key (type, default, allowed
+    /// values, meaning), as Markdown.
+    Reference,
+    /// Write a commented starter config.toml, and config.schema.json beside
+    /// it for editors; an existing config is never replaced without --force.
+    Init {
+        /// Where to write it (default: the config file in use).
+        #[arg(long, value_name = "FILE")]
+        path: Option<PathBuf>,
+        /// Replace an existing file.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 fn init_logging(cli: &Cli) {
@@ -459,6 +487,31 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             crate::say!("{}", paths.config.display());
             Ok(failure::OK)
         }
+        Command::Config { command: ConfigCommand::Schema } => {
+            crate::say_raw!("{}", crate::config_cmd::schema_json()?);
+            Ok(failure::OK)
+        }
+        Command::Config { command: ConfigCommand::Reference } => {
+            crate::say_raw!("{}", crate::config_cmd::reference()?);
+            Ok(failure::OK)
+        }
+        Command::Config { command: ConfigCommand::Init { path, force } } => {
+            let target = path.unwrap_or_else(|| paths.config.clone());
+            let written = crate::config_cmd::init(&target, force).map_err(|error| {
+                match error.downcast::<crate::config_cmd::InitError>() {
+                    Ok(refused) => anyhow::Error::new(failure::Failure::usage(refused.to_string())),
+                    Err(other) => other,
+                }
+            })?;
+            crate::say!("wrote {}", written.config.display());
+            crate::say!("wrote {} (the schema its #:schema line names)", written.schema.display());
+            crate::say!("check it with: lemon-gateway config check {}", written.config.display());
+            Ok(failure::OK)
+        }
+        Command::Docs { command: DocsCommand::Cli } => {
+            crate::say_raw!("{}", crate::cli_reference::render(&command()));
+            Ok(failure::OK)
+        }
         Command::Config { command: ConfigCommand::Check { file } } => {
             let file = file.unwrap_or_else(|| paths.config.clone());
             match server::check_config(&file, &paths, &env) {
@@ -541,6 +594,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<u8> {
             Ok(failure::OK)
         }
     }
+}
+
+/// The command line's definition, for its reference page.
+pub fn command() -> clap::Command {
+    Cli::command()
 }
 
 /// `backup` and `restore` copy the SQLite file: with a PostgreSQL store they

@@ -13,6 +13,9 @@
 //! - [`secrets_cmd`]: `secrets set|list|delete|migrate`.
 //! - [`mcp_cmd`]: `mcp`, a stdio MCP server bridged to the running gateway's `/mcp`.
 //! - [`doctor`]: `doctor`, the checks before a start.
+//! - [`config_cmd`]: `config schema`, `config reference`, `config init`: the
+//!   schema, reference page and starter file of `config.toml`.
+//! - [`cli_reference`]: the command-line reference page (`docs cli`).
 //! - [`failure`]: exit codes.
 //! - [`style`]: `--color` and `NO_COLOR`.
 //! - [`out`]: stdout for the commands' output, quiet on a closed pipe.
@@ -21,7 +24,9 @@
 pub mod approvals_cmd;
 pub mod ask;
 pub mod cli;
+pub mod cli_reference;
 pub mod client;
+pub mod config_cmd;
 pub mod doctor;
 pub mod failure;
 pub mod last_session;

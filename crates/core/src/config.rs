@@ -22,6 +22,7 @@ pub mod env;
 mod keys;
 mod loader;
 mod reference;
+pub mod schema;
 mod shared;
 mod status;
 
@@ -40,117 +41,170 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::EngineRef;
 
-/// The whole file.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+/// Lemon Gateway's `config.toml`: every setting lives in the `[gateway]`
+/// table and the tables under it. A key the gateway does not know is reported
+/// with its file, line and column and otherwise ignored; a whole table it
+/// does not know is an error.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[schemars(title = "Lemon Gateway config.toml")]
 pub struct Config {
     #[serde(default)]
     pub gateway: GatewayConfig,
 }
 
-/// `[gateway]`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// `[gateway]`: the runtime's limits and timeouts, the default engine and
+/// working directory, and which channels are switched on. The tables below
+/// it configure the control API, the queue, the engines, the channels and
+/// the store.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 pub struct GatewayConfig {
-    /// Runs that may execute at once across all conversations; 0 queues everything.
+    /// Runs that may execute at once across all conversations. 0 queues
+    /// everything: nothing runs until it is raised.
     #[serde(default = "defaults::max_concurrent_runs")]
+    #[schemars(range(max = MAX_CONCURRENT_RUNS))]
     pub max_concurrent_runs: usize,
-    /// Engine used when nothing else picks one. Unset, the gateway picks
-    /// `lemon` when its provider key is set, else `echo`
-    /// ([`FALLBACK_ENGINE`] where nothing decides).
+    /// The engine a run uses when nothing else picks one (the request, a
+    /// directive, the session, a binding or a project): an engine id,
+    /// optionally with a model (`claude:opus`). Unset: `lemon` when its
+    /// provider's API key is set, else `echo`.
     #[serde(default)]
+    #[schemars(example = &"claude")]
     pub default_engine: Option<EngineRef>,
-    /// Working directory for runs without a project or explicit cwd.
+    /// The working directory of runs that have no project and name no
+    /// directory; `~` is your home directory. Unset: your home directory.
     #[serde(default)]
+    #[schemars(example = &"~/code")]
     pub default_cwd: Option<PathBuf>,
+    /// Read from the reference layout. A conversation always continues its
+    /// last engine session (send `/new` to start fresh); `false` is
+    /// accepted with a note saying so.
     #[serde(default)]
     pub auto_resume: Option<bool>,
+    /// One run at a time per engine session, even across conversations: a
+    /// run waits for its session's lock for up to `engine_lock_timeout_ms`.
     #[serde(default = "defaults::yes")]
     pub require_engine_lock: bool,
+    /// How long a run waits for its engine session's lock, in milliseconds;
+    /// one that cannot get it completes with `lock_timeout`.
     #[serde(default = "defaults::engine_lock_timeout_ms")]
+    #[schemars(range(max = MAX_DURATION_MS))]
     pub engine_lock_timeout_ms: u64,
-    /// A run with no engine event for this long is cancelled with `timeout`.
+    /// A run with no engine event for this long, in milliseconds, is
+    /// cancelled and completes with `timeout`.
     #[serde(default = "defaults::run_inactivity_timeout_ms")]
+    #[schemars(range(max = MAX_DURATION_MS))]
     pub run_inactivity_timeout_ms: u64,
-    /// The router cancels a run with no event for this long (`run_idle_watchdog_timeout`);
-    /// 0 disables it. Unset: two hours.
+    /// The router cancels a run with no event for this long, in
+    /// milliseconds (`run_idle_watchdog_timeout`); 0 turns the watchdog off.
+    /// Unset: two hours.
     #[serde(default)]
+    #[schemars(example = 7_200_000)]
+    #[schemars(range(max = MAX_DURATION_MS))]
     pub run_idle_watchdog_ms: Option<u64>,
-    /// On SIGINT/SIGTERM, how long running runs may finish before they are cancelled.
+    /// On SIGINT or SIGTERM, how long running runs may go on before they
+    /// are cancelled, in milliseconds.
     #[serde(default = "defaults::shutdown_grace_ms")]
+    #[schemars(range(max = MAX_DURATION_MS))]
     pub shutdown_grace_ms: u64,
-    /// A request left queued by a shutdown or a crash runs at the next start unless
-    /// it was accepted longer ago than this; then it completes `expired`.
+    /// A request left queued by a shutdown or a crash runs at the next start
+    /// unless it was accepted longer ago than this, in milliseconds; then it
+    /// completes `expired`.
     #[serde(default = "defaults::recovered_max_age_ms")]
+    #[schemars(range(max = MAX_DURATION_MS))]
     pub recovered_max_age_ms: u64,
     /// When set, every run's working directory must be inside one of these
-    /// (absolute) directories, whoever chose it.
+    /// absolute directories, whoever chose it (links are resolved first).
+    /// Empty: any directory.
     #[serde(default)]
     pub allowed_cwd_roots: Vec<PathBuf>,
-    /// Requests waiting in all queues together (accepted and not yet finished)
-    /// before submits are refused with 429; 10 000 by default, a few tens of
-    /// MB of queued prompts at most.
+    /// Requests waiting in all queues together (accepted and not yet
+    /// finished) before new ones are refused with 429 and `Retry-After`: a
+    /// few tens of MB of queued prompts at most.
     #[serde(default = "defaults::max_pending_runs")]
+    #[schemars(range(max = MAX_PENDING_RUNS))]
     pub max_pending_runs: usize,
-    /// The gateway's workspace: files a run sends back may be here as well as in
-    /// its working directory. `~` is the user's home and a relative path is under
-    /// `$LEMON_HOME`; unset, `$LEMON_HOME/workspace`.
+    /// The gateway's workspace: files a run sends back may be here as well
+    /// as in its working directory. `~` is your home directory and a
+    /// relative path is under `$LEMON_HOME`. Unset: `$LEMON_HOME/workspace`.
     #[serde(default)]
+    #[schemars(example = &"workspace")]
     pub workspace_dir: Option<PathBuf>,
-    /// Images a run adds through its file changes are sent with its answer.
+    /// Images a run creates through its file changes are sent with its
+    /// answer.
     #[serde(default)]
     pub auto_send_generated_images: bool,
-    /// HTTP listeners: how long a client has to send a request head, from the
-    /// connection opening or the previous response ending.
+    /// Every HTTP listener: how long a client has to send a request's head,
+    /// in milliseconds, from the connection opening or the previous response
+    /// ending.
     #[serde(default = "defaults::http_header_read_timeout_ms")]
+    #[schemars(range(min = 1, max = MAX_DURATION_MS))]
     pub http_header_read_timeout_ms: u64,
-    /// HTTP listeners: a connection with no request in flight that sends nothing
-    /// this long is closed (an open event stream is never cut).
+    /// Every HTTP listener: a connection with no request in flight that
+    /// sends nothing for this long, in milliseconds, is closed (an open
+    /// event stream is never cut).
     #[serde(default = "defaults::http_idle_timeout_ms")]
+    #[schemars(range(min = 1, max = MAX_DURATION_MS))]
     pub http_idle_timeout_ms: u64,
-    /// Connections the control API (and each transport's listener) keeps open at
-    /// once; unset: derived from the descriptor limit.
+    /// Connections the control API (and each channel's listener) keeps open
+    /// at once. Unset: derived from the process's file descriptor limit.
     #[serde(default)]
+    #[schemars(range(min = 1, max = MAX_CONNECTIONS))]
     pub http_max_connections: Option<usize>,
-    /// `[gateway.http_client_limits]`: what one client address may do on the
-    /// control API and the channels' listeners.
     #[serde(default)]
     pub http_client_limits: HttpClientLimitsConfig,
     /// Threads of the async runtime that serves the API and the channels and
-    /// drives runs, in the `lemon-gateway` binary; unset: see
-    /// [`GatewayConfig::worker_threads_for`].
+    /// drives runs, in the `lemon-gateway` binary; a change takes a restart.
+    /// Unset: one less than the CPUs, at least 1.
     #[serde(default)]
+    #[schemars(range(min = 1, max = MAX_WORKER_THREADS))]
     pub worker_threads: Option<usize>,
+    /// Switches the Telegram channel on or off; `[gateway.telegram] enabled`
+    /// wins when both are set. Unset (and no `enabled`): off.
     #[serde(default)]
     pub enable_telegram: Option<bool>,
+    /// Switches the Discord channel on or off; `[gateway.discord] enabled`
+    /// wins when both are set. Unset (and no `enabled`): off.
     #[serde(default)]
     pub enable_discord: Option<bool>,
+    /// Switches the XMTP channel on or off; `[gateway.xmtp] enabled` wins
+    /// when both are set. Unset (and no `enabled`): off.
     #[serde(default)]
     pub enable_xmtp: Option<bool>,
+    /// Switches the webhook channel on or off; `[gateway.webhook] enabled`
+    /// wins when both are set. Unset (and no `enabled`): off.
     #[serde(default)]
     pub enable_webhook: Option<bool>,
+    /// Only the native `lemon` engine runs: `/<engine>` directives are
+    /// ignored, explicit vendor resume lines are refused, and stored vendor
+    /// sessions are kept but not continued.
     #[serde(default)]
     pub native_only: Option<bool>,
-    /// `[gateway.engines.<id>]`, kept raw: each engine parses its own section
-    /// (`lemon_engines::config`); core checks only the ids.
+    // `[gateway.engines.<id>]` is kept raw: each engine parses its own section
+    // (`lemon_engines::config`); core checks only the ids.
     #[serde(default)]
+    #[schemars(schema_with = "schema::slot::engines")]
     pub engines: BTreeMap<String, toml::Table>,
+    /// `[gateway.projects.<name>]`: a project is a directory runs work in,
+    /// with its own default engine, approval rules and tools; a binding
+    /// names it.
     #[serde(default)]
     pub projects: BTreeMap<String, ProjectConfig>,
+    /// `[[gateway.bindings]]`: a chat (or a forum topic) of a channel tied to
+    /// a project, an agent, an engine, a queue mode, budgets, approval rules
+    /// and tools.
     #[serde(default)]
     pub bindings: Vec<BindingConfig>,
     #[serde(default)]
     pub queue: QueueConfig,
-    /// `[gateway.sandbox]`: how the native engine's `bash` commands are contained.
     #[serde(default)]
     pub sandbox: SandboxConfig,
-    /// `[gateway.approvals]`: which tool calls the owner allows, is asked
-    /// about or denies.
     #[serde(default)]
     pub approvals: ApprovalsConfig,
-    /// `[gateway.budgets]`: spending limits and model prices.
     #[serde(default)]
     pub budgets: BudgetsConfig,
     /// `[gateway.files]`: files sent with runs over the control API and its
@@ -158,47 +212,57 @@ pub struct GatewayConfig {
     /// they are saved, whether a URL may point at a private address.
     #[serde(default)]
     pub files: crate::media::FilesConfig,
+    /// `[gateway.api]`: where the control API (and the dashboard) listens.
+    /// Default `127.0.0.1:4040`.
     #[serde(default)]
     pub api: ListenConfig,
+    /// `[gateway.health]`: where the health endpoint (`/healthz`,
+    /// `/metrics`) listens. Default `127.0.0.1:4042`.
     #[serde(default)]
     pub health: ListenConfig,
-    /// Sections owned by channels and features that read them themselves.
+    // The sections of the channels: each parses its own.
     #[serde(default)]
+    #[schemars(schema_with = "schema::slot::telegram")]
     pub telegram: Option<toml::Table>,
     #[serde(default)]
+    #[schemars(schema_with = "schema::slot::discord")]
     pub discord: Option<toml::Table>,
     #[serde(default)]
+    #[schemars(schema_with = "schema::slot::xmtp")]
     pub xmtp: Option<toml::Table>,
     #[serde(default)]
+    #[schemars(schema_with = "schema::slot::email")]
     pub email: Option<toml::Table>,
     #[serde(default)]
+    #[schemars(schema_with = "schema::slot::webhook")]
     pub webhook: Option<toml::Table>,
     #[serde(default)]
+    #[schemars(schema_with = "schema::slot::sms")]
     pub sms: Option<toml::Table>,
     #[serde(default)]
+    #[schemars(schema_with = "schema::slot::voice")]
     pub voice: Option<toml::Table>,
-    /// `[[gateway.cron]]`: scheduled prompts, kept in step with the stored jobs
-    /// by name.
+    /// `[[gateway.cron]]`: scheduled prompts. The jobs written here are
+    /// kept in step with the stored jobs by name: one removed here is
+    /// removed there.
     #[serde(default)]
     pub cron: Vec<CronJobConfig>,
     /// `[[gateway.mcp_servers]]`: MCP servers whose tools the native engine
     /// offers as `<name>__<tool>`.
     #[serde(default)]
     pub mcp_servers: Vec<crate::mcp::McpServerConfig>,
+    /// `[gateway.dashboard]`: accepted with any keys, for configs that carry
+    /// one; the dashboard has no settings.
     #[serde(default)]
+    #[schemars(schema_with = "schema::any_table")]
     pub dashboard: Option<toml::Table>,
-    /// `[gateway.backup]`: backups of the store on a schedule; unset, none.
+    /// `[gateway.backup]`: copies of the store on a schedule. Unset: none.
     #[serde(default)]
     pub backup: Option<BackupConfig>,
-    /// `[gateway.retention]`: how long the store keeps what it holds.
     #[serde(default)]
     pub retention: RetentionConfig,
-    /// `[gateway.store]`: where the store lives: the SQLite file (the
-    /// default) or a PostgreSQL database.
     #[serde(default)]
     pub store: StoreConfig,
-    /// `[gateway.cluster]`: this gateway as one node of several sharing a
-    /// PostgreSQL store; off by default.
     #[serde(default)]
     pub cluster: ClusterConfig,
 }
@@ -206,21 +270,22 @@ pub struct GatewayConfig {
 /// `[gateway.cluster]`: cluster mode, where several gateways (nodes) share one
 /// PostgreSQL store and act as one gateway. Read once at start; a change takes
 /// a restart.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 pub struct ClusterConfig {
     /// Join the cluster of the store's database; needs `[gateway.store]
     /// backend = "postgres"`.
     #[serde(default)]
     pub enabled: bool,
     /// This node's id (1 to 64 of letters, digits, `.`, `_`, `-`), unique among
-    /// the running nodes; unset, a new one (`node-` and 12 hex digits) at every
+    /// the running nodes. Unset: a new one (`node-` and 12 hex digits) at every
     /// start.
     #[serde(default)]
+    #[schemars(length(min = 1, max = 64), pattern(r"^[A-Za-z0-9._-]+$"))]
     pub node_id: Option<String>,
-    /// The term of every lease a node holds: a dead node's sessions and
-    /// channels move to the others after at most about this long. From 1000 to
-    /// 600000.
+    /// The term of every lease a node holds, in milliseconds: a dead node's
+    /// sessions and channels move to the others after at most about this long.
     #[serde(default = "defaults::lease_term_ms")]
+    #[schemars(range(min = ClusterConfig::MIN_LEASE_TERM_MS, max = ClusterConfig::MAX_LEASE_TERM_MS))]
     pub lease_term_ms: u64,
     /// Where this node's control API is reached (`http://` or `https://`),
     /// shown to the other nodes' status pages.
@@ -264,18 +329,19 @@ impl ClusterConfig {
 
 /// `[gateway.store]`: which backend holds runs, events, the journal and
 /// channel records. Read once at start; a change takes a restart.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 pub struct StoreConfig {
-    /// `sqlite` (one file under the gateway's home) or `postgres` (a database
-    /// one node or several share).
+    /// Where the store lives.
     #[serde(default)]
     pub backend: StoreBackendKind,
-    /// The secret that holds the PostgreSQL connection string
+    /// The name of the secret that holds the PostgreSQL connection string
     /// (`postgresql://user:password@host:5432/db`); required with `postgres`.
     #[serde(default)]
+    #[schemars(length(min = 1, max = 128), pattern(r"^[A-Za-z0-9_.-]+$"))]
     pub url_secret: Option<String>,
     /// At most this many PostgreSQL connections.
     #[serde(default = "defaults::store_pool_size")]
+    #[schemars(range(min = 1, max = 1000))]
     pub pool_size: u32,
 }
 
@@ -290,11 +356,13 @@ impl Default for StoreConfig {
 }
 
 /// `[gateway.store] backend`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreBackendKind {
+    /// One SQLite file under the gateway's home.
     #[default]
     Sqlite,
+    /// A PostgreSQL database, which one node or several share.
     Postgres,
 }
 
@@ -311,24 +379,26 @@ impl StoreBackendKind {
 /// 0 keeps that kind of record forever. Applied live by a background task in
 /// small batches; never touched: runs not finished or owed a delivery, the
 /// journal, chat state, secrets.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 pub struct RetentionConfig {
-    /// Finished runs older than this go, with their events; what they spent stays.
+    /// Finished runs older than this many days go, with their events; what
+    /// they spent stays.
     #[serde(default = "defaults::runs_days")]
     pub runs_days: u32,
-    /// Events of finished runs older than this are compacted into the run's
-    /// record (answer, actions, error).
+    /// Events of finished runs older than this many days are compacted into
+    /// the run's record (answer, actions, error).
     #[serde(default = "defaults::events_days")]
     pub events_days: u32,
-    /// What deleted runs spent is kept this long (usage totals, budgets).
+    /// What deleted runs spent is kept this many days (usage totals, budgets).
     #[serde(default = "defaults::usage_days")]
     pub usage_days: u32,
-    /// Native sessions' histories unused for this long go.
+    /// Native sessions' histories unused for this many days go.
     #[serde(default = "defaults::sessions_days")]
     pub sessions_days: u32,
-    /// Past this many megabytes (10⁶ bytes) of database file the oldest finished
-    /// runs go first, until it is under 90 % of it; unset, no bound.
+    /// Past this many megabytes (10⁶ bytes) of database file the oldest
+    /// finished runs go first, until it is under 90 % of it. Unset: no bound.
     #[serde(default)]
+    #[schemars(range(min = 1))]
     pub max_db_mb: Option<u64>,
     /// The runs kept per cron job, newest first.
     #[serde(default = "defaults::cron_runs_kept")]
@@ -349,18 +419,21 @@ impl Default for RetentionConfig {
 }
 
 /// `[gateway.backup]`: when to copy the store and how many copies to keep.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+/// The copy is due at the schedule's first slot after the newest one.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 pub struct BackupConfig {
     /// A schedule as cron jobs take it (`daily at 3am`, `0 3 * * *`).
+    #[schemars(example = &"daily at 3am")]
     pub every: String,
-    /// Where the copies go (`lemon-<UTC time>.db`); default `backups` in the
+    /// Where the copies go (`lemon-<UTC time>.db`). Unset: `backups` in the
     /// gateway's home.
     #[serde(default)]
     pub dir: Option<PathBuf>,
     /// Copies kept, newest first; older ones are removed.
     #[serde(default = "defaults::backup_keep")]
+    #[schemars(range(min = 1))]
     pub keep: u32,
-    /// The time zone of `every`; default UTC.
+    /// The time zone of `every` (an IANA name, `Europe/Berlin`). Unset: UTC.
     #[serde(default)]
     pub timezone: Option<String>,
 }
@@ -416,13 +489,20 @@ impl GatewayConfig {
     }
 }
 
-/// `[gateway.projects.<id>]`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// `[gateway.projects.<name>]`: a directory runs work in, and what its runs
+/// may do.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 pub struct ProjectConfig {
+    /// The project's directory: the working directory of its runs. `~` is
+    /// your home directory.
+    #[schemars(length(min = 1))]
     pub root: PathBuf,
+    /// The engine of the project's runs when the request, the session and
+    /// the binding pick none (`codex`, `claude:opus`).
     #[serde(default)]
     pub default_engine: Option<EngineRef>,
-    /// Approval rules of the project's runs, judged before the owner's.
+    /// Approval rules of the project's runs (`[{ tool, match, action }]`),
+    /// judged before the owner's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approvals: Vec<ApprovalRuleConfig>,
     /// The tools the project's runs may use (`["bash", "github__*"]`);
@@ -431,29 +511,49 @@ pub struct ProjectConfig {
     pub tools: Option<Vec<String>>,
 }
 
-/// One `[[gateway.cron]]` job. `name`, `schedule` and `prompt` are required;
-/// the rest default as for a job made over the API.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// One `[[gateway.cron]]` job: a prompt run on a schedule. `name`,
+/// `schedule` and `prompt` are required; the rest default as for a job made
+/// over the API.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 pub struct CronJobConfig {
+    /// The job's name, unique among the jobs; the stored job of that name
+    /// follows this entry.
+    #[schemars(length(min = 1))]
     pub name: String,
+    /// When it runs: five cron fields (`30 9 * * 1-5`), a shorthand
+    /// (`@daily`) or words (`weekdays at 09:30`, `every 15 minutes`).
     pub schedule: String,
+    /// What the run is asked.
+    #[schemars(length(min = 1))]
     pub prompt: String,
-    /// Unset: `agent:<agent_id or default>:main`.
+    /// The conversation its runs go to. Unset: `agent:<agent_id>:main`.
     #[serde(default)]
     pub session_key: Option<String>,
+    /// The agent of the default session key. Unset: `default`.
     #[serde(default)]
     pub agent_id: Option<String>,
+    /// The time zone of `schedule` (an IANA name, `Europe/Berlin`). Unset: UTC.
     #[serde(default)]
     pub timezone: Option<String>,
+    /// `false` keeps the job without running it. Unset: on.
     #[serde(default)]
     pub enabled: Option<bool>,
+    /// Each firing waits a random time up to this many seconds, so jobs on
+    /// the same minute do not start together.
     #[serde(default)]
+    #[schemars(range(max = crate::cron::MAX_JITTER_SEC))]
     pub jitter_sec: Option<u64>,
+    /// A run still going after this many milliseconds is cancelled.
     #[serde(default)]
+    #[schemars(range(min = 1, max = crate::cron::MAX_DURATION_MS))]
     pub timeout_ms: Option<u64>,
+    /// How many times a failed run is tried again.
     #[serde(default)]
+    #[schemars(range(max = crate::cron::MAX_RETRIES))]
     pub max_retries: Option<u32>,
+    /// The wait before the first retry, in milliseconds; doubled after each.
     #[serde(default)]
+    #[schemars(range(max = crate::cron::MAX_DURATION_MS))]
     pub retry_backoff_ms: Option<u64>,
 }
 
@@ -478,28 +578,43 @@ impl CronJobConfig {
     }
 }
 
-/// One `[[gateway.bindings]]` entry.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// One `[[gateway.bindings]]` entry: what the runs of one chat (or one
+/// forum topic) of a channel get.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 pub struct BindingConfig {
+    /// The channel: `telegram`, `discord`, `xmtp`, `email`, `sms`, `voice`
+    /// or `webhook`.
+    #[schemars(length(min = 1))]
     pub transport: String,
+    /// The chat, as the channel names it: a Telegram chat id, a Discord
+    /// channel id, an XMTP conversation id. A number or a string.
     #[serde(default)]
+    #[schemars(schema_with = "schema::integer_or_string")]
     pub chat_id: Option<toml::Value>,
+    /// A forum topic (Telegram) within the chat; a topic's binding wins over
+    /// its chat's. A number or a string.
     #[serde(default)]
+    #[schemars(schema_with = "schema::integer_or_string")]
     pub topic_id: Option<toml::Value>,
+    /// The `[gateway.projects.<name>]` the chat's runs work in.
     #[serde(default)]
     pub project: Option<String>,
+    /// The agent part of the chat's session keys.
     #[serde(default)]
     pub agent_id: Option<String>,
+    /// The engine of the chat's runs when the request and the session pick
+    /// none.
     #[serde(default)]
     pub default_engine: Option<EngineRef>,
+    /// The chat's queue mode, over `[gateway.queue] mode`.
     #[serde(default)]
     pub queue_mode: Option<QueueMode>,
     /// `[gateway.bindings.budget]`: limits for the sessions of this binding,
     /// over `[gateway.budgets]`.
     #[serde(default)]
     pub budget: Option<SessionLimits>,
-    /// Approval rules of the binding's runs, judged before its project's and
-    /// the owner's.
+    /// Approval rules of the binding's runs (`[{ tool, match, action }]`),
+    /// judged before its project's and the owner's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approvals: Vec<ApprovalRuleConfig>,
     /// The tools the binding's runs may use (`["bash", "github__*"]`),
@@ -528,18 +643,28 @@ fn id_text(value: &toml::Value) -> Option<String> {
     }
 }
 
-/// How a message sent while a conversation is busy is handled.
-///
-/// An unknown string in the file is a config error naming the valid modes (the
-/// reference crashed at start-up instead).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+/// What happens to a message sent while its conversation is busy (with
+/// nothing active, every mode just runs it). A steer the run took completes
+/// with that run; one still unanswered when the run ends is queued in its
+/// fallback mode, so it is never lost and never runs twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum QueueMode {
+    /// Queue it after the others (a user message goes ahead of queued goal
+    /// continuations).
     Collect,
+    /// Queue it; followups sent within 500 ms of each other merge into one
+    /// turn.
     Followup,
+    /// Send it into the live run; if the engine refuses (or cannot steer),
+    /// queue it as a `followup`.
     Steer,
+    /// As `steer`, falling back to `collect`.
     SteerBacklog,
+    /// Redirect the live run, falling back to `followup`.
     Redirect,
+    /// Cancel the live run (it completes `interrupted`) and run this next;
+    /// the queue stays.
     Interrupt,
 }
 
@@ -586,10 +711,12 @@ impl std::str::FromStr for QueueMode {
 }
 
 /// Which request a full conversation queue drops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DropPolicy {
+    /// The request waiting longest completes `queue_overflow`.
     Oldest,
+    /// The request that came last before this one completes `queue_overflow`.
     Newest,
 }
 
@@ -609,16 +736,22 @@ impl DropPolicy {
 /// `[gateway.http_client_limits]`: per client address (an IPv4 address or an
 /// IPv6 /64), on the control API and every channel's listener (not health).
 /// Zero turns a limit off.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 pub struct HttpClientLimitsConfig {
-    /// Connections one client may hold open at once.
+    /// Connections one client may hold open at once; one more is answered
+    /// 429 and closed.
     #[serde(default = "defaults::client_max_connections")]
+    #[schemars(range(max = MAX_CONNECTIONS))]
     pub max_connections: usize,
-    /// Requests a second one client may send, sustained.
+    /// Requests a second one client may send, sustained; a request over it
+    /// is answered 429 with `Retry-After`.
     #[serde(default = "defaults::client_requests_per_second")]
+    #[schemars(range(max = MAX_CLIENT_RATE))]
     pub requests_per_second: u32,
-    /// Requests a client may send at once; unset: four times the rate.
+    /// Requests a client may send at once after a quiet spell (at least 1
+    /// while `requests_per_second` is set). Unset: four times the rate.
     #[serde(default)]
+    #[schemars(range(max = MAX_CLIENT_RATE))]
     pub burst: Option<u32>,
     /// Networks (CIDR blocks or addresses) no limit applies to. Loopback by
     /// default: behind a reverse proxy on the same machine every client
@@ -645,14 +778,19 @@ impl HttpClientLimitsConfig {
     }
 }
 
-/// `[gateway.queue]`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// `[gateway.queue]`: what happens to a message sent while its conversation
+/// is busy, and how many may wait.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 pub struct QueueConfig {
+    /// The queue mode of requests that name none and whose binding sets
+    /// none. Unset: `collect`.
     #[serde(default)]
+    #[schemars(example = &"collect")]
     pub mode: Option<QueueMode>,
-    /// Requests a conversation may have waiting behind its active run (queued,
-    /// or sent into it and not yet answered); at least 1; 100 by default.
+    /// Requests a conversation may have waiting behind its active run
+    /// (queued, or sent into it and not yet answered).
     #[serde(default = "defaults::queue_cap")]
+    #[schemars(range(min = 1, max = MAX_QUEUE_CAP))]
     pub cap: Option<usize>,
     /// What a request to a full conversation gets. Unset: it is refused (429
     /// with `Retry-After` on the API and webhooks), so nothing accepted is
@@ -670,10 +808,9 @@ impl Default for QueueConfig {
 
 /// `[gateway.sandbox]`: the kernel's containment of the native engine's
 /// `bash` commands (Landlock on Linux).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 pub struct SandboxConfig {
-    /// `auto` (contain where the kernel can, say so where it cannot),
-    /// `required` (refuse to run commands uncontained) or `off`.
+    /// How commands are contained.
     #[serde(default)]
     pub mode: SandboxMode,
     /// Directories a command may read and execute beneath, besides the run's
@@ -704,22 +841,30 @@ impl Default for SandboxConfig {
 /// `[gateway.approvals]`: ordered rules over the tool calls of native and
 /// Claude Code runs; the first that matches decides, and a call none matches
 /// is allowed.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 pub struct ApprovalsConfig {
-    /// How long an asked call waits for an answer before it is denied.
+    /// How long an asked call waits for an answer before it is denied, in
+    /// milliseconds.
     #[serde(default = "defaults::approval_timeout_ms")]
+    #[schemars(range(min = 1))]
     pub timeout_ms: u64,
-    /// The owner's rules, for runs of trusted text. Unset:
-    /// [`ApprovalsConfig::default_rules`]; `rules = []` allows every call.
+    /// `[[gateway.approvals.rules]]`: the owner's rules, for runs of trusted
+    /// text. Unset: reading tools (`read`, `list`, `ls`, `grep`, `glob` and
+    /// the SMS inbox's) are allowed and every other call is asked about;
+    /// `rules = []` allows every call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rules: Option<Vec<ApprovalRuleConfig>>,
-    /// The rules of untrusted runs (a webhook's payload, an email, a run that
-    /// fetched a page). Unset: [`ApprovalsConfig::default_untrusted`].
+    /// `[[gateway.approvals.untrusted]]`: the rules of untrusted runs (a
+    /// webhook's payload, an email, a run that fetched a page). Unset: the
+    /// reading file tools are allowed, `fetch` is denied and every other
+    /// call is asked about.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub untrusted: Option<Vec<ApprovalRuleConfig>>,
-    /// `[gateway.approvals.engines]`: rules of one engine's runs (`codex =
-    /// [...]`), judged before the owner's.
+    /// `[gateway.approvals.engines]`: the rules of one engine's runs
+    /// (`codex = [{ tool = "bash", match = "cargo *", action = "allow" }]`),
+    /// judged before the owner's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("x-key" = "engine"))]
     pub engines: BTreeMap<String, Vec<ApprovalRuleConfig>>,
 }
 
@@ -777,15 +922,16 @@ impl ApprovalsConfig {
     }
 }
 
-/// One `[[gateway.approvals.rules]]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+/// One approval rule: which calls it matches and what it does with them.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 pub struct ApprovalRuleConfig {
-    /// A glob over tool names (`bash`, `write`, `*`).
+    /// A glob over tool names (`bash`, `write`, `{read,list}`, `*`).
     pub tool: String,
     /// A glob over the call's subject: `bash`'s command line, a file tool's
     /// resolved path, `fetch`'s host. Unset: any.
     #[serde(default, rename = "match")]
     pub pattern: Option<String>,
+    /// What happens to a call the rule matches.
     pub action: ApprovalAction,
 }
 
@@ -797,11 +943,14 @@ impl ApprovalRuleConfig {
 }
 
 /// What a rule does with a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ApprovalAction {
+    /// The call runs unasked.
     Allow,
+    /// The call waits for the owner's answer (up to `timeout_ms`).
     Ask,
+    /// The call is not run; the model is told so.
     Deny,
 }
 
@@ -816,12 +965,15 @@ impl ApprovalAction {
 }
 
 /// `[gateway.sandbox] mode`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SandboxMode {
+    /// Contain commands where the kernel can, and say so where it cannot.
     #[default]
     Auto,
+    /// Refuse to run commands uncontained.
     Required,
+    /// No containment.
     Off,
 }
 
@@ -837,28 +989,33 @@ impl SandboxMode {
 
 /// `[gateway.budgets]`: spending limits (none by default) and the prices that
 /// turn tokens into US dollars for engines that report no cost. Days are UTC.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 pub struct BudgetsConfig {
     /// Tokens (input + output) one run may use.
     #[serde(default)]
     pub run_tokens: Option<u64>,
     /// US dollars one run may spend.
     #[serde(default)]
+    #[schemars(range(min = 0))]
     pub run_usd: Option<f64>,
     /// Tokens one session may use per UTC day.
     #[serde(default)]
     pub session_daily_tokens: Option<u64>,
     /// US dollars one session may spend per UTC day.
     #[serde(default)]
+    #[schemars(range(min = 0))]
     pub session_daily_usd: Option<f64>,
     /// Tokens all sessions together may use per UTC day.
     #[serde(default)]
     pub daily_tokens: Option<u64>,
     /// US dollars all sessions together may spend per UTC day.
     #[serde(default)]
+    #[schemars(range(min = 0))]
     pub daily_usd: Option<f64>,
-    /// `[gateway.budgets.prices."<model>"]`, by model name (or engine id).
+    /// `[gateway.budgets.prices."<model>"]`: prices by model name (or engine
+    /// id, for runs that name no model).
     #[serde(default)]
+    #[schemars(extend("x-key" = "model"))]
     pub prices: BTreeMap<String, ModelPrice>,
 }
 
@@ -886,15 +1043,21 @@ impl BudgetsConfig {
 
 /// The limits a binding or a session may set for itself (`[gateway.bindings.budget]`,
 /// `PUT /v1/sessions/{key}/budget`); an unset key keeps the one below it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 pub struct SessionLimits {
+    /// Tokens (input + output) one run may use.
     #[serde(default)]
     pub run_tokens: Option<u64>,
+    /// US dollars one run may spend.
     #[serde(default)]
+    #[schemars(range(min = 0))]
     pub run_usd: Option<f64>,
+    /// Tokens one session may use per UTC day.
     #[serde(default)]
     pub session_daily_tokens: Option<u64>,
+    /// US dollars one session may spend per UTC day.
     #[serde(default)]
+    #[schemars(range(min = 0))]
     pub session_daily_usd: Option<f64>,
 }
 
@@ -935,13 +1098,23 @@ impl BudgetLimits {
 
 /// `[gateway.budgets.prices."<model>"]`: US dollars per million tokens. Cache
 /// reads and writes cost the input price unless priced themselves.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, JsonSchema)]
 pub struct ModelPrice {
+    /// US dollars per million input tokens.
+    #[schemars(range(min = 0))]
     pub input_per_mtok: f64,
+    /// US dollars per million output tokens.
+    #[schemars(range(min = 0))]
     pub output_per_mtok: f64,
+    /// US dollars per million tokens read from the cache. Unset: the input
+    /// price.
     #[serde(default)]
+    #[schemars(range(min = 0))]
     pub cache_read_per_mtok: Option<f64>,
+    /// US dollars per million tokens written to the cache. Unset: the input
+    /// price.
     #[serde(default)]
+    #[schemars(range(min = 0))]
     pub cache_write_per_mtok: Option<f64>,
 }
 
@@ -961,10 +1134,14 @@ impl ModelPrice {
 }
 
 /// A listener: `bind` address and `port`; unset keys take the section's defaults.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 pub struct ListenConfig {
+    /// The address to listen on (`127.0.0.1`, `0.0.0.0` for every
+    /// interface, `::1`). Unset: `127.0.0.1`.
     #[serde(default)]
+    #[schemars(example = &"127.0.0.1")]
     pub bind: Option<String>,
+    /// The port (0 picks a free one). Unset: the section's default port.
     #[serde(default)]
     pub port: Option<u16>,
 }

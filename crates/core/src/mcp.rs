@@ -35,13 +35,18 @@ pub const MAX_DESCRIPTION_CHARS: usize = 4096;
 
 /// One `[[gateway.mcp_servers]]` entry: a stdio server (`command`) or a
 /// Streamable HTTP server (`url`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 pub struct McpServerConfig {
-    /// `[a-z0-9_-]+`: the tools' prefix (`<name>__<tool>`).
+    /// The server's name, the prefix of its tools (`<name>__<tool>`): 1 to
+    /// 32 of `a-z`, `0-9`, `_` and `-`, without `__` and not starting or
+    /// ending with `_`; unique among the servers.
+    #[schemars(length(min = 1, max = MAX_SERVER_NAME), pattern(r"^[a-z0-9-]([a-z0-9_-]*[a-z0-9-])?$"))]
     pub name: String,
     /// The program of a stdio server, found on `PATH` when it has no `/`.
+    /// A server has `command` or `url`, not both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
+    /// The arguments of a stdio server's program.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     /// Environment variables of a stdio server, each set to the value of
@@ -55,22 +60,27 @@ pub struct McpServerConfig {
     pub cwd: Option<PathBuf>,
     /// The endpoint of a Streamable HTTP server (`http://` or `https://`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^https?://"))]
     pub url: Option<String>,
     /// Headers of every request to an HTTP server, each set to the value of
     /// the secret named (`Authorization = "linear_auth"`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
+    /// `false` keeps the entry without starting the server.
     #[serde(default = "yes")]
     pub enabled: bool,
     /// The server's tools offered (their own names, `*` matches any run of
     /// characters); unset, all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
-    /// How long one tool call may take.
+    /// How long one tool call may take, in milliseconds.
     #[serde(default = "default_timeout_ms")]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_MS))]
     pub timeout_ms: u64,
-    /// How long the server may take to start and list its tools.
+    /// How long the server may take to start and list its tools, in
+    /// milliseconds.
     #[serde(default = "default_startup_timeout_ms")]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_MS))]
     pub startup_timeout_ms: u64,
 }
 

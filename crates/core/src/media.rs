@@ -109,7 +109,7 @@ pub fn has_attachments(meta: &BTreeMap<String, Value>) -> bool {
 
 /// A user id in `allowed_user_ids`: Telegram's are numbers, Discord's are
 /// snowflakes often written as strings, email's are addresses.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum UserId {
     Number(i64),
@@ -126,7 +126,9 @@ impl fmt::Display for UserId {
 }
 
 /// What a channel does with `auto_put`: a file sent without `/file put`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum AutoPutMode {
     /// The file is saved and a run is started with its path (and the caption
@@ -138,8 +140,9 @@ pub enum AutoPutMode {
 }
 
 /// The `files` section of a channel (`[gateway.telegram.files]`,
-/// `[gateway.discord.files]`, `[gateway.email.files]`, …).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `[gateway.discord.files]`, `[gateway.email.files]`, …): who may send files,
+/// how large, which names are refused and where they are saved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct FilesConfig {
     /// Files and photos are accepted at all; when off, a message with a file
@@ -148,19 +151,21 @@ pub struct FilesConfig {
     /// A file sent without `/file put` is saved and handed to a run (see
     /// `auto_put_mode`); when off, only `/file put` saves files.
     pub auto_put: bool,
-    /// `prompt` (default): start a run with the file; `upload`: only save it.
+    /// What a file sent without `/file put` does.
     pub auto_put_mode: AutoPutMode,
-    /// Where files are saved: relative to the run's directory, or absolute.
-    /// Default `.lemon/uploads`.
+    /// Where files are saved: relative to the run's directory, or absolute;
+    /// no `..`. Unset: `.lemon/uploads`.
+    #[schemars(length(min = 1))]
     pub uploads_dir: Option<String>,
     /// Only these users may send files (empty: everyone the channel lets in).
     pub allowed_user_ids: Vec<UserId>,
     /// File names and `/file` paths matching one of these globs are refused.
     pub deny_globs: Vec<String>,
-    /// The largest file accepted from a chat, in bytes (default 20 MiB,
-    /// Telegram's download limit).
+    /// The largest file accepted, in bytes (20 MiB by default, Telegram's
+    /// download limit); larger ones are refused before they are fetched.
+    #[schemars(range(min = 1))]
     pub max_download_bytes: u64,
-    /// The largest file `/file get` sends, in bytes (default 50 MiB).
+    /// The largest file `/file get` sends, in bytes.
     pub max_upload_bytes: u64,
     /// Photos sent together (an album) become one message once none has
     /// arrived for this long, in milliseconds.

@@ -64,7 +64,7 @@ mod pi;
 pub(crate) mod process;
 mod resume;
 pub(crate) mod runner;
-mod settings;
+pub(crate) mod settings;
 pub(crate) mod tools;
 pub(crate) mod translate;
 

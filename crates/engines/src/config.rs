@@ -16,6 +16,7 @@ use lemon_core::config::{
     MAX_DURATION_MS,
 };
 use lemon_core::engine::validate::check_model;
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -23,33 +24,160 @@ use serde::Serialize;
 pub const MAX_LINE_BYTES_LIMIT: i64 = 1 << 30;
 
 /// One `[gateway.engines.<id>]`: the keys every engine shares plus the ones a
-/// single engine reads itself (`other`).
-#[derive(Clone, Default, PartialEq, Serialize)]
+/// single engine reads itself (`other`). Its schema documents the keys; the
+/// defaults are the vendor CLIs' (`cli::settings`).
+#[derive(Clone, Default, PartialEq, Serialize, JsonSchema)]
 pub struct EngineSection {
-    /// `false` leaves a CLI engine out of the table.
+    /// `false` leaves the engine out of the table.
+    #[schemars(extend("default" = true))]
     pub enabled: Option<bool>,
-    /// Echo: milliseconds between streamed words.
+    /// Milliseconds between the words the echo engine streams.
+    #[schemars(range(max = MAX_DURATION_MS), extend("default" = 0))]
     pub delay_ms: Option<u64>,
+    /// The executable: a path, or a name looked up on `PATH`. Unset: the
+    /// engine's id (`claude`, `codex`…) on `PATH`.
     pub cli_path: Option<PathBuf>,
+    /// Arguments added to the vendor's command line.
+    #[schemars(extend("default" = []))]
     pub extra_args: Vec<String>,
+    /// The model of runs that name none (`claude:opus` names `opus`).
     pub model: Option<String>,
-    /// Added to a CLI's environment; values may be secrets, so `Debug` shows keys only.
+    /// Variables added to the CLI's environment (`CLAUDE_CONFIG_DIR =
+    /// "/srv/claude"`); values may be secrets, so they are never logged.
+    #[schemars(extend("default" = {}))]
     pub env: BTreeMap<String, String>,
     /// Variables of the gateway's own environment passed to the CLI: names
-    /// (`ANTHROPIC_API_KEY`) or prefixes (`ANTHROPIC_*`), checked by
-    /// [`check_passthrough`].
+    /// (`ANTHROPIC_API_KEY`) or prefixes (`ANTHROPIC_*`); never `*` alone
+    /// or the gateway's own `LEMON_*`. Logged by name only.
+    #[schemars(extend("default" = []), inner(pattern(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")))]
     pub env_passthrough: Vec<String>,
+    /// Inactivity timeout, in milliseconds: a run whose CLI prints nothing
+    /// for this long fails with `timeout`; 0 turns it off.
+    #[schemars(
+        range(max = MAX_DURATION_MS),
+        extend("default" = crate::cli::settings::DEFAULT_TIMEOUT.as_millis() as u64)
+    )]
     pub timeout_ms: Option<u64>,
+    /// After SIGTERM on cancel, how long before SIGKILL, in milliseconds.
+    #[schemars(
+        range(max = MAX_DURATION_MS),
+        extend("default" = crate::cli::settings::DEFAULT_CANCEL_GRACE.as_millis() as u64)
+    )]
     pub cancel_grace_ms: Option<u64>,
+    /// Runs without the CLI's own permission checks (claude
+    /// `--dangerously-skip-permissions`, codex
+    /// `--dangerously-bypass-approvals-and-sandbox`, droid
+    /// `--skip-permissions-unsafe`); claude, codex and opencode calls are
+    /// then not relayed to the owner.
+    #[schemars(extend("default" = false))]
     pub dangerously_skip_permissions: Option<bool>,
+    /// Claude only: its `--allowedTools`.
+    #[schemars(extend("default" = []))]
     pub allowed_tools: Vec<String>,
+    /// Claude only: stdin stays open (`--input-format stream-json`) so a
+    /// live run can be steered.
+    #[schemars(extend("default" = false))]
     pub steering: Option<bool>,
-    /// Name of the secret holding the engine's API key.
+    /// The name of the secret holding the engine's API key, passed to the
+    /// CLI in `api_key_env`.
     pub api_key_secret: Option<String>,
     /// Engine-specific keys (`max_line_bytes`, `api_key_env`, `provider`,
     /// `reasoning_effort`, `gateway_tools`, and whatever a vendor's engine reads).
     #[serde(flatten)]
+    #[schemars(skip)]
     pub other: toml::Table,
+}
+
+/// The keys only the vendor CLIs read, kept in [`EngineSection::other`]
+/// and checked by `check_cli_keys`: their schema ([`CLI_KEYS`]).
+#[derive(JsonSchema)]
+#[allow(dead_code)] // Only the schema is used; the keys are read from `other`.
+struct CliKeys {
+    /// A stdout line longer than this many bytes is skipped with a warning.
+    #[schemars(
+        range(min = 1, max = MAX_LINE_BYTES_LIMIT),
+        extend("default" = crate::cli::settings::DEFAULT_MAX_LINE_BYTES)
+    )]
+    max_line_bytes: Option<i64>,
+    /// The variable the API key is passed in. Unset: `ANTHROPIC_API_KEY`
+    /// (claude), `OPENAI_API_KEY` (codex), `FACTORY_API_KEY` (droid); opencode
+    /// and pi need it set to get a key.
+    api_key_env: Option<String>,
+    /// Pi only: its `--provider`.
+    provider: Option<String>,
+    /// Droid only: its `--reasoning-effort`.
+    reasoning_effort: Option<String>,
+    /// Once the API listens, claude, codex, opencode and droid get the
+    /// gateway's MCP endpoint with the gateway's tools (`cron`, `sms_*`…)
+    /// acting for the run's session; pi has no MCP client.
+    #[schemars(extend("default" = true))]
+    gateway_tools: Option<bool>,
+}
+
+/// `[gateway.engines]` in the schema of `config.toml`: a table for the echo
+/// engine, the native `lemon` engine and each vendor CLI, with the keys each
+/// reads. A key an engine does not read is kept for it (and named by
+/// `config check` for echo and the vendor CLIs).
+pub fn engines_schema(generator: &mut SchemaGenerator) -> Schema {
+    let shared = EngineSection::json_schema(generator);
+    let cli = CliKeys::json_schema(generator);
+    let native = crate::native::settings::NativeKeys::json_schema(generator);
+    let properties = |schema: &Schema| {
+        schema.get("properties").and_then(|p| p.as_object()).cloned().unwrap_or_default()
+    };
+    let section = |description: String, properties: serde_json::Map<String, serde_json::Value>| {
+        json_schema!({
+            "type": "object",
+            "description": description,
+            "properties": properties,
+            "additionalProperties": true,
+        })
+    };
+    let mut engines = serde_json::Map::new();
+    let echo = properties(&shared).into_iter().filter(|(key, _)| key == "delay_ms").collect();
+    engines.insert(
+        "echo".to_owned(),
+        section(
+            "The echo engine, always there: it streams the prompt back word by word.".to_owned(),
+            echo,
+        )
+        .to_value(),
+    );
+    engines.insert(
+        crate::native::ENGINE_ID.to_owned(),
+        section(
+            "The native `lemon` engine: an LLM agent loop in the gateway, with the built-in \
+             tools and the MCP servers' tools."
+                .to_owned(),
+            properties(&native),
+        )
+        .to_value(),
+    );
+    let mut vendor_keys = properties(&shared);
+    vendor_keys.remove("delay_ms");
+    vendor_keys.extend(properties(&cli));
+    // The vendors share one table's schema; each adds its own description.
+    let shared_name = "CliEngineSection";
+    let vendor = section("A vendor CLI as an engine.".to_owned(), vendor_keys);
+    generator.definitions_mut().insert(shared_name.to_owned(), vendor.to_value());
+    let path = generator.settings().definitions_path.trim_end_matches('/').to_owned();
+    let reference = format!("#{path}/{shared_name}");
+    for vendor in crate::cli::Vendor::ALL {
+        let description = format!(
+            "{}'s CLI as an engine, run as `{}` (found on `PATH` unless `cli_path` says otherwise).",
+            vendor.title(),
+            vendor.id()
+        );
+        let schema = json_schema!({ "allOf": [{ "$ref": reference }], "description": description });
+        engines.insert(vendor.id().to_owned(), schema.to_value());
+    }
+    json_schema!({
+        "type": "object",
+        "description": "`[gateway.engines.<id>]`: the engines' settings, one table per engine id. \
+            A table named after no engine is reported by `config check`.",
+        "properties": engines,
+        "additionalProperties": false,
+    })
 }
 
 impl fmt::Debug for EngineSection {

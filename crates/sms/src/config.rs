@@ -27,8 +27,12 @@ pub const WEBHOOK_PATH: &str = "/webhooks/twilio/sms";
 /// How long one call to Twilio's REST API may take unless `api_timeout_ms` says.
 pub const DEFAULT_API_TIMEOUT_MS: u64 = 15_000;
 
-/// `[gateway.sms]`.
-#[derive(Debug, Clone, Deserialize)]
+/// `[gateway.sms]`: Twilio SMS. Texts to the gateway's number are kept in an
+/// inbox the `sms_*` tools read (codes, replies); with `reply_to_allowed`, a
+/// text from an allowed number is a conversation and its answer is texted
+/// back.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[schemars(transform = reference_keys_schema)]
 pub struct SmsConfig {
     /// Switches SMS on (off unless set). The reference's name
     /// `webhook_enabled` is read as this (`true`, a non-zero number, or `1`,
@@ -70,6 +74,7 @@ pub struct SmsConfig {
     /// The reference's inline auth token, used when the secret named by
     /// `auth_token_secret` is not set. Never logged; a secret is better.
     #[serde(default, deserialize_with = "inline_secret")]
+    #[schemars(with = "Option<String>")]
     pub auth_token: Option<SecretValue>,
     /// The secret holding the account SID (`AC…`), for sending.
     #[serde(default = "defaults::account_sid_secret")]
@@ -81,9 +86,10 @@ pub struct SmsConfig {
     /// are sent from. `TWILIO_INBOX_NUMBER` overrides it.
     #[serde(default)]
     pub inbox_number: Option<String>,
-    /// How long a received message is kept. `LEMON_SMS_INBOX_TTL_MS`
-    /// overrides it.
+    /// How long a received message is kept, in milliseconds.
+    /// `LEMON_SMS_INBOX_TTL_MS` overrides it.
     #[serde(default = "defaults::inbox_ttl_ms")]
+    #[schemars(range(min = 1))]
     pub inbox_ttl_ms: u64,
     /// Numbers (E.164) that may talk to the agent (with `reply_to_allowed`)
     /// and that `sms_send` may text.
@@ -103,10 +109,12 @@ pub struct SmsConfig {
     /// and shown in status. `sms_send` still texts only the listed numbers.
     #[serde(default)]
     pub allow_everyone: bool,
-    /// The largest webhook body accepted; larger ones get `413`.
+    /// The largest webhook body accepted, in bytes; larger ones get `413`.
     #[serde(default = "defaults::max_body_bytes")]
+    #[schemars(range(min = 1))]
     pub max_body_bytes: usize,
-    /// How long one call to Twilio's REST API may take. A text whose call
+    /// How long one call to Twilio's REST API may take, in milliseconds. A
+    /// text whose call
     /// takes longer is sent again, and Twilio may have taken the first one:
     /// the text can then arrive twice, never not at all.
     #[serde(default = "defaults::api_timeout_ms")]
@@ -122,6 +130,38 @@ fn inline_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SecretValue>,
     Ok(Option::<String>::deserialize(d)?
         .filter(|value| !value.trim().is_empty())
         .map(|value| SecretValue::new(value.trim())))
+}
+
+/// The reference layout's keys in the section's schema: those read as ours
+/// as they are, and `webhook_enabled` and `webhook_bind`, whose values are
+/// read the reference's way first.
+fn reference_keys_schema(schema: &mut schemars::Schema) {
+    use lemon_core::config::schema::{add_reference_keys, add_reference_property};
+    add_reference_keys(schema, REFERENCE_KEYS);
+    add_reference_property(
+        schema,
+        "webhook_port",
+        schemars::json_schema!({
+            "type": ["integer", "string"],
+            "description": "The reference layout's name for `port` (a number, or a string of digits), read as it; where both are written, `port` is used.",
+        }),
+    );
+    add_reference_property(
+        schema,
+        "webhook_enabled",
+        schemars::json_schema!({
+            "type": ["boolean", "integer", "string"],
+            "description": "The reference layout's switch, read as `enabled`: `true`, a number other than 0, or `1`, `true`, `yes`, `on` switch SMS on; where both are written, `enabled` is used.",
+        }),
+    );
+    add_reference_property(
+        schema,
+        "webhook_bind",
+        schemars::json_schema!({
+            "type": "string",
+            "description": "The reference layout's listen address, read as `bind`: `127.0.0.1` and `localhost` are loopback, `0.0.0.0` and `any` every interface, an IPv4 address itself, anything else loopback.",
+        }),
+    );
 }
 
 /// The reference's keys read as ours without a change of value.

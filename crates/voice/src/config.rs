@@ -12,8 +12,12 @@ use serde::Deserialize;
 /// Default port of the voice webhooks and media streams.
 pub const DEFAULT_VOICE_PORT: u16 = 4047;
 
-/// `[gateway.voice]`.
-#[derive(Debug, Clone, Deserialize)]
+/// `[gateway.voice]`: phone calls to a Twilio number, each a conversation
+/// spoken with the agent: Deepgram turns speech into text, the engine
+/// answers, ElevenLabs speaks the answer. Only the callers listed reach the
+/// agent.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[schemars(transform = reference_keys_schema)]
 pub struct VoiceConfig {
     /// Switches voice calls on (default off).
     #[serde(default)]
@@ -75,12 +79,16 @@ pub struct VoiceConfig {
     pub elevenlabs_model_id: String,
     /// `ulaw_8000` (sent to Twilio as is) or `pcm_8000` (encoded to μ-law here).
     #[serde(default = "defaults::elevenlabs_output_format")]
+    #[schemars(extend("enum" = ["ulaw_8000", "pcm_8000"]))]
     pub elevenlabs_output_format: String,
-    /// A call is ended (politely) after this long.
+    /// A call is ended (politely) after this many seconds.
     #[serde(default = "defaults::max_call_duration_seconds")]
+    #[schemars(range(min = 1))]
     pub max_call_duration_seconds: u64,
-    /// A call in which nobody speaks for this long is ended (politely).
+    /// A call in which nobody speaks for this long, in milliseconds, is
+    /// ended (politely).
     #[serde(default = "defaults::silence_timeout_ms")]
+    #[schemars(range(min = 100))]
     pub silence_timeout_ms: u64,
     /// Whether the caller can interrupt an answer by speaking.
     #[serde(default = "defaults::yes")]
@@ -88,6 +96,7 @@ pub struct VoiceConfig {
     /// The words a confirmed transcript needs to interrupt (noise and the
     /// caller's echo of the answer have none).
     #[serde(default = "defaults::barge_in_min_words")]
+    #[schemars(range(min = 1))]
     pub barge_in_min_words: usize,
     /// Spoken when the call connects; empty for none.
     #[serde(default = "defaults::greeting")]
@@ -118,6 +127,11 @@ pub struct VoiceConfig {
     /// Warned about at every start and shown in `/v1/status`.
     #[serde(default)]
     pub allow_everyone: bool,
+}
+
+/// The reference layout's keys in the section's schema.
+fn reference_keys_schema(schema: &mut schemars::Schema) {
+    lemon_core::config::schema::add_reference_keys(schema, REFERENCE_KEYS);
 }
 
 /// The reference's `[gateway.voice]` keys: read as ours, or accepted with

@@ -8,6 +8,70 @@ use lemon_core::engine::validate::check_model;
 
 use crate::config::{EngineSection, SectionError};
 
+/// The keys of `[gateway.engines.lemon]` [`NativeSettings::from_section`]
+/// reads, for the schema of `config.toml`.
+#[derive(schemars::JsonSchema)]
+#[allow(dead_code)] // Only the schema is used; `from_section` reads the keys.
+pub(crate) struct NativeKeys {
+    /// `false` leaves the engine out of the table.
+    #[schemars(extend("default" = true))]
+    enabled: Option<bool>,
+    /// The wire protocol: `openai` (Chat Completions, and every compatible
+    /// server: Ollama, vLLM, llama.cpp, OpenRouter…), `openai-responses` or
+    /// `anthropic`.
+    #[schemars(schema_with = "provider_schema")]
+    provider: Option<String>,
+    /// The server's base URL (`http://127.0.0.1:11434/v1` for Ollama).
+    /// Unset: the provider's public endpoint.
+    #[schemars(pattern(r"^https?://"))]
+    base_url: Option<String>,
+    /// The model of runs that name none. Unset: `gpt-4o-mini` (openai),
+    /// `claude-sonnet-4-5` (anthropic).
+    model: Option<String>,
+    /// The name of the secret holding the provider's key; `""` for a server
+    /// that takes none. A server on this machine (`localhost`, `127.0.0.1`)
+    /// gets a key only when one is set. Unset: `openai_api_key` (openai),
+    /// `anthropic_api_key` (anthropic).
+    api_key_secret: Option<String>,
+    /// The most tokens one model turn may answer with. Unset: the
+    /// provider's default.
+    #[schemars(range(min = 1, max = u32::MAX))]
+    max_tokens: Option<u32>,
+    /// Sampling temperature. Unset: the provider's default.
+    #[schemars(range(min = 0, max = 2))]
+    temperature: Option<f64>,
+    /// Instructions put before every conversation.
+    system_prompt: Option<String>,
+    /// Model turns of one run; then it stops and says the limit was hit.
+    #[schemars(range(min = 1, max = 1000), extend("default" = DEFAULT_MAX_TURNS))]
+    max_turns: Option<u32>,
+    /// The built-in tools offered. Unset: all of them.
+    #[schemars(schema_with = "tools_schema")]
+    tools: Option<Vec<String>>,
+    /// Tokens of context; a conversation estimated over 90% of it is
+    /// compacted. Unset: 128000 (openai), 200000 (anthropic).
+    #[schemars(range(min = 1000, max = 100_000_000))]
+    context_window: Option<u64>,
+    /// Images sent with a message (PNG, JPEG, GIF, WebP) are shown to the
+    /// model; off, the model has the path the prompt names. A server that
+    /// refuses a request with images gets the turn again without them.
+    #[schemars(extend("default" = true))]
+    vision: Option<bool>,
+}
+
+/// Every provider, as `provider` names it.
+pub(crate) const PROVIDERS: [ProviderKind; 3] =
+    [ProviderKind::OpenAi, ProviderKind::OpenAiResponses, ProviderKind::Anthropic];
+
+fn provider_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let names: Vec<&str> = PROVIDERS.iter().map(|kind| kind.as_str()).collect();
+    schemars::json_schema!({ "type": "string", "enum": names, "default": ProviderKind::OpenAi.as_str() })
+}
+
+fn tools_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": "array", "items": { "type": "string", "enum": BUILTIN_TOOLS } })
+}
+
 /// The engine's id.
 pub const ENGINE_ID: &str = "lemon";
 
@@ -39,9 +103,7 @@ impl ProviderKind {
     }
 
     fn parse(value: &str) -> Option<Self> {
-        [ProviderKind::OpenAi, ProviderKind::OpenAiResponses, ProviderKind::Anthropic]
-            .into_iter()
-            .find(|kind| kind.as_str() == value)
+        PROVIDERS.into_iter().find(|kind| kind.as_str() == value)
     }
 
     /// The secret holding the key unless `api_key_secret` names another.

@@ -18,9 +18,15 @@ pub const DEFAULT_API_BASE_URL: &str = "https://discord.com/api/v10";
 /// The secret the bot token is read from unless `bot_token_secret` names another.
 pub const DEFAULT_TOKEN_SECRET: &str = "discord_bot_token";
 
-/// `[gateway.discord]`.
-#[derive(Clone, Deserialize)]
+/// `[gateway.discord]`: a Discord bot on the Gateway WebSocket, answering
+/// in server channels and direct messages; only the servers, channels and
+/// users listed may start runs. The reference layout's
+/// `deny_unbound_channels` is read as `deny_unbound`.
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
+#[schemars(transform = reference_keys_schema)]
 pub struct DiscordConfig {
+    /// Switches the channel on or off, over `[gateway] enable_discord`.
+    /// Unset: as `enable_discord` says, else off.
     #[serde(default)]
     pub enabled: Option<bool>,
     /// The bot token, inline (a secret is better). Never logged.
@@ -32,18 +38,22 @@ pub struct DiscordConfig {
     /// The application whose commands are registered; taken from the
     /// gateway's READY when not set.
     #[serde(default, deserialize_with = "optional_snowflake")]
+    #[schemars(schema_with = "lemon_core::config::schema::integer_or_string")]
     pub application_id: Option<Snowflake>,
     /// Servers whose channels may start runs. A server message needs its
     /// server here or its channel in `allowed_channel_ids` (both lists set:
     /// both); all three lists empty lets nobody in.
     #[serde(default, deserialize_with = "snowflakes")]
+    #[schemars(schema_with = "snowflake_list")]
     pub allowed_guild_ids: Vec<Snowflake>,
     /// Server channels (a thread counts as its parent) that may start runs.
     #[serde(default, deserialize_with = "snowflakes")]
+    #[schemars(schema_with = "snowflake_list")]
     pub allowed_channel_ids: Vec<Snowflake>,
     /// Users who may start runs: a direct message needs its author here; in
     /// a server, when set, the author must be here too.
     #[serde(default, deserialize_with = "snowflakes")]
+    #[schemars(schema_with = "snowflake_list")]
     pub allowed_user_ids: Vec<Snowflake>,
     /// Every server, channel and user may start runs, whatever the lists say:
     /// a public bot. Warned about at every start and shown in status.
@@ -58,12 +68,17 @@ pub struct DiscordConfig {
     /// runs; direct messages always do.
     #[serde(default = "defaults::yes")]
     pub mention_required: bool,
+    /// Discord's Gateway, the WebSocket the bot connects to (a test fake).
     #[serde(default = "defaults::gateway_url")]
+    #[schemars(pattern(r"^wss?://"))]
     pub gateway_url: String,
+    /// Discord's REST API (a test fake).
     #[serde(default = "defaults::api_base_url")]
+    #[schemars(pattern(r"^https?://"))]
     pub api_base_url: String,
-    /// The agent part of session keys.
+    /// The agent part of session keys: a word without `:`.
     #[serde(default = "defaults::agent_id")]
+    #[schemars(pattern(r"^[^:\s]+$"))]
     pub agent_id: String,
     /// The channels' queue mode unless a binding sets one.
     #[serde(default)]
@@ -71,20 +86,25 @@ pub struct DiscordConfig {
     /// The engine unless a binding, a directive or `/engine` picks one.
     #[serde(default)]
     pub engine: Option<EngineRef>,
-    /// The largest file sent as an attachment.
+    /// The largest file of an answer sent as an attachment, in bytes;
+    /// larger ones are not attached.
     #[serde(default = "defaults::max_upload_bytes")]
+    #[schemars(range(min = 1))]
     pub max_upload_bytes: u64,
-    /// Least time between two calls to one channel (sends and edits), so a
-    /// streamed answer is a few edits a second at most.
+    /// Least time between two calls to one channel (sends and edits), in
+    /// milliseconds, so a streamed answer is a few edits a second at most.
     #[serde(default = "defaults::edit_interval_ms")]
+    #[schemars(range(min = 50, max = 60_000))]
     pub edit_interval_ms: u64,
     /// How many times an answer is sent before it is recorded as undelivered.
     #[serde(default = "defaults::delivery_attempts")]
+    #[schemars(range(min = 1))]
     pub delivery_attempts: u32,
     /// How long one REST call may take; one that takes longer counts as
     /// failed and is made again (a message create with the same nonce, so it
-    /// shows once even if Discord had made it).
+    /// shows once even if Discord had made it). In milliseconds.
     #[serde(default = "defaults::api_timeout_ms")]
+    #[schemars(range(min = 100, max = 600_000))]
     pub api_timeout_ms: u64,
     /// `[gateway.discord.files]`: files sent with a message (who may, how
     /// large, which names are refused, where they are saved).
@@ -93,7 +113,22 @@ pub struct DiscordConfig {
     /// The voice keys (`voice_transcription`, …), read by
     /// [`VoiceConfig::split`](crate::media::VoiceConfig::split).
     #[serde(skip)]
+    #[schemars(!skip, flatten)]
     pub voice: crate::media::VoiceConfig,
+}
+
+/// A list of Discord ids, each a number or a string of digits.
+fn snowflake_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": { "type": ["integer", "string"] },
+        "default": [],
+    })
+}
+
+/// The reference layout's keys in the section's schema.
+fn reference_keys_schema(schema: &mut schemars::Schema) {
+    lemon_core::config::schema::add_reference_keys(schema, REFERENCE_KEYS);
 }
 
 impl std::fmt::Debug for DiscordConfig {

@@ -40,9 +40,16 @@ use lemon_core::ids::EngineRef;
 use lemon_core::secrets::{SecretStore, SecretValue};
 use serde::{Deserialize, Deserializer};
 
-/// `[gateway.email]`.
-#[derive(Debug, Clone, Deserialize)]
+/// `[gateway.email]`: an agent's mailbox. Mail comes in over IMAP (or a
+/// relay's webhook), each thread is a conversation, and answers go out over
+/// SMTP in the thread; only the senders listed may start runs. A section
+/// written for the reference layout (its `smtp_*` and `webhook_*` keys, or
+/// `[gateway.email.outbound]` and `[gateway.email.inbound]`) is read as
+/// `[gateway.email.smtp]` and `[gateway.email.inbound_webhook]`.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[schemars(transform = reference_keys_schema)]
 pub struct EmailConfig {
+    /// Switches the channel on (off unless set).
     #[serde(default)]
     pub enabled: Option<bool>,
     /// The address answers come from (`Name <addr>` or a bare address).
@@ -74,8 +81,9 @@ pub struct EmailConfig {
     /// the model the mail in a data block.
     #[serde(default = "defaults::yes")]
     pub untrusted: bool,
-    /// The agent part of session keys.
+    /// The agent part of session keys: letters, digits, `-` and `_`.
     #[serde(default = "defaults::agent_id")]
+    #[schemars(pattern(r"^[A-Za-z0-9_-]+$"))]
     pub agent_id: String,
     /// The threads' queue mode unless a binding sets one.
     #[serde(default)]
@@ -94,6 +102,7 @@ pub struct EmailConfig {
     pub files: lemon_core::media::FilesConfig,
     /// Attempts of one answer over SMTP before it is recorded as undelivered.
     #[serde(default = "defaults::delivery_attempts")]
+    #[schemars(range(min = 1))]
     pub delivery_attempts: u32,
     #[serde(default)]
     pub imap: Option<ImapConfig>,
@@ -104,9 +113,11 @@ pub struct EmailConfig {
 }
 
 /// `[gateway.email.imap]`: where mail comes in.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 pub struct ImapConfig {
+    /// The IMAP server (`imap.gmail.com`); required.
     #[serde(default)]
+    #[schemars(length(min = 1))]
     pub host: String,
     /// Default 993 with TLS, 143 without.
     #[serde(default)]
@@ -115,10 +126,14 @@ pub struct ImapConfig {
     /// server on this machine only.
     #[serde(default = "defaults::yes")]
     pub tls: bool,
+    /// The mailbox's user name; required.
     #[serde(default)]
+    #[schemars(length(min = 1))]
     pub username: String,
-    /// The name of the secret holding the password (an app password).
+    /// The name of the secret holding the password (an app password),
+    /// never the password itself; required.
     #[serde(default)]
+    #[schemars(length(min = 1))]
     pub password_secret: String,
     /// The folder watched.
     #[serde(default = "defaults::folder")]
@@ -127,10 +142,14 @@ pub struct ImapConfig {
     /// every `poll_interval_s`.
     #[serde(default = "defaults::yes")]
     pub idle: bool,
+    /// Seconds between two checks for new mail without IDLE.
     #[serde(default = "defaults::poll_interval_s")]
+    #[schemars(range(min = 1, max = 3600))]
     pub poll_interval_s: u64,
-    /// How long one IDLE lasts before it is renewed (servers drop it after 30 minutes).
+    /// How long one IDLE lasts before it is renewed, in seconds (servers
+    /// drop it after 30 minutes).
     #[serde(default = "defaults::idle_renew_s")]
+    #[schemars(range(min = 1, max = 1740))]
     pub idle_renew_s: u64,
     /// A PEM file of certificates trusted besides the Mozilla roots (a
     /// server with its own CA or a self-signed certificate).
@@ -146,7 +165,7 @@ fn inline_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SecretValue>,
 }
 
 /// How an SMTP connection is secured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SmtpSecurity {
     /// Plain, then upgraded with STARTTLS (required); port 587.
@@ -158,24 +177,30 @@ pub enum SmtpSecurity {
 }
 
 /// `[gateway.email.smtp]`: where answers go out.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 pub struct SmtpConfig {
+    /// The SMTP server (`smtp.gmail.com`); required.
     #[serde(default)]
+    #[schemars(length(min = 1))]
     pub host: String,
-    /// Default 587 (STARTTLS), 465 (TLS) or 25 (none).
+    /// Unset: 587 (STARTTLS), 465 (TLS) or 25 (none).
     #[serde(default)]
     pub port: Option<u16>,
+    /// How the connection is secured.
     #[serde(default = "defaults::security")]
+    #[schemars(extend("default" = "starttls"))]
     pub security: SmtpSecurity,
-    /// Unset: no authentication.
+    /// The user name to log in with. Unset: no authentication.
     #[serde(default)]
     pub username: Option<String>,
+    /// The name of the secret holding the password; set with `username`.
     #[serde(default)]
     pub password_secret: Option<String>,
     /// The reference's inline password (`smtp_password`,
     /// `outbound.password`), used when `password_secret` names no secret
     /// that is set. Never logged.
     #[serde(default, deserialize_with = "inline_secret")]
+    #[schemars(with = "Option<String>")]
     pub password: Option<SecretValue>,
     /// A PEM file of certificates trusted besides the Mozilla roots.
     #[serde(default)]
@@ -226,12 +251,14 @@ pub(super) fn ca_pems(path: &std::path::Path) -> Result<Vec<Vec<u8>>, String> {
 
 /// `[gateway.email.inbound_webhook]`: `POST <path>` with a JSON mail, for relay
 /// services that push mail instead of an IMAP mailbox.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 pub struct InboundWebhookConfig {
     /// `address:port`; port 0 picks a free one.
     #[serde(default = "defaults::listen")]
     pub listen: String,
+    /// The path relays post to: a plain path starting with `/`.
     #[serde(default = "defaults::path")]
+    #[schemars(pattern(r"^/[^{}*?#]*$"))]
     pub path: String,
     /// The name of the secret holding the token callers send as
     /// `Authorization: Bearer <token>` (or `X-Lemon-Email-Token`).
@@ -240,6 +267,7 @@ pub struct InboundWebhookConfig {
     /// The reference's inline token (`webhook_token`, `inbound.token`),
     /// used when `token_secret` is not set. Never logged.
     #[serde(default, deserialize_with = "inline_secret")]
+    #[schemars(with = "Option<String>")]
     pub token: Option<SecretValue>,
 }
 
@@ -594,6 +622,85 @@ const REFERENCE_INBOUND: [(&str, &str); 5] = [
 
 /// Default listen port of the inbound mail webhook.
 const DEFAULT_INBOUND_PORT: u16 = 4049;
+
+/// The reference layout's keys of the section (flat, and in its
+/// `[gateway.email.outbound]` and `[gateway.email.inbound]` tables), as
+/// [`translate`] reads them, in the section's schema.
+fn reference_keys_schema(schema: &mut schemars::Schema) {
+    use lemon_core::config::schema::add_reference_property;
+    use schemars::json_schema;
+    let kind = |nested: &str| match nested {
+        "port" => json_schema!({ "type": ["integer", "string"] }),
+        "tls" => json_schema!({ "enum": [true, false, "always", "if_available", "never"] }),
+        "ssl" | "enabled" => json_schema!({ "type": "boolean" }),
+        "auth" => json_schema!({ "enum": ["always", "if_available", "never"] }),
+        "tls_versions" => json_schema!({ "type": "array", "items": { "type": "string" } }),
+        _ => json_schema!({ "type": "string" }),
+    };
+    let described = |mut schema: schemars::Schema, text: String| {
+        schema.insert("description".to_owned(), text.into());
+        schema
+    };
+    let smtp = "`[gateway.email.smtp]`, when a relay is named";
+    let inbound =
+        "`[gateway.email.inbound_webhook]`, when `inbound_enabled` or `webhook_enabled` is true";
+    let mut outbound_table = json_schema!({ "type": "object", "properties": {} });
+    let mut inbound_table = json_schema!({ "type": "object", "properties": {} });
+    for (flat, nested) in REFERENCE_SMTP {
+        let text = format!("The reference layout's SMTP `{nested}`, read into {smtp}.");
+        add_reference_property(schema, flat, described(kind(nested), text.clone()));
+        add_reference_property(&mut outbound_table, nested, described(kind(nested), text));
+    }
+    add_reference_property(
+        schema,
+        "relay",
+        described(kind("relay"), format!("The reference layout's SMTP relay, read into {smtp}.")),
+    );
+    for nested in ["from", "reply_to", "tls_versions"] {
+        let text = match nested {
+            "from" => "The reference layout's `from`, read as `from`.".to_owned(),
+            "reply_to" => "The reference layout's `Reply-To` of answers, read as `[gateway.email.smtp] reply_to`.".to_owned(),
+            _ => "Accepted from the reference layout; TLS 1.2 or later is always used.".to_owned(),
+        };
+        add_reference_property(&mut outbound_table, nested, described(kind(nested), text));
+    }
+    add_reference_property(
+        schema,
+        "reply_to",
+        described(kind("reply_to"), "The reference layout's `Reply-To` of answers, read as `[gateway.email.smtp] reply_to`.".to_owned()),
+    );
+    for (flat, nested) in REFERENCE_INBOUND {
+        let text =
+            format!("The reference layout's inbound webhook `{nested}`, read into {inbound}.");
+        add_reference_property(schema, flat, described(kind(nested), text.clone()));
+        add_reference_property(&mut inbound_table, nested, described(kind(nested), text));
+    }
+    add_reference_property(
+        schema,
+        "webhook_enabled",
+        described(
+            kind("enabled"),
+            format!("The reference layout's switch of the inbound webhook, read into {inbound}."),
+        ),
+    );
+    let table = |mut table: schemars::Schema, text: &str| {
+        table.insert("description".to_owned(), text.into());
+        table
+    };
+    add_reference_property(
+        schema,
+        "outbound",
+        table(outbound_table, "The reference layout's outbound mail settings, read into `[gateway.email.smtp]` (its `from` as `from`)."),
+    );
+    add_reference_property(
+        schema,
+        "inbound",
+        table(
+            inbound_table,
+            "The reference layout's inbound webhook, read into `[gateway.email.inbound_webhook]`.",
+        ),
+    );
+}
 
 /// `table` with the reference gateway's email keys read as ours:
 ///

@@ -27,7 +27,7 @@ use super::BasicAuth;
 pub const DEFAULT_TRANSCRIBE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Which API the transcription service speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema)]
 pub enum TranscriptionProvider {
     /// OpenAI's `/audio/transcriptions`, or a server that speaks it.
     #[default]

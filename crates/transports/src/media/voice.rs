@@ -33,26 +33,39 @@ pub const DEFAULT_VOICE_MAX_BYTES: u64 = 10 * 1024 * 1024;
 pub const DEFAULT_VOICE_MAX_SECONDS: u64 = 300;
 
 /// The voice keys of a chat channel's section.
-#[derive(Clone, PartialEq, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct VoiceConfig {
     /// Voice messages are transcribed and their words are the prompt (off:
     /// a voice message is a file like any other).
     pub voice_transcription: bool,
-    /// `openai` (and OpenAI-compatible servers) or `deepgram`.
+    /// The transcription service's API: `openai` (and OpenAI-compatible
+    /// servers) or `deepgram`.
+    #[schemars(extend("default" = "openai"))]
     pub voice_transcription_provider: TranscriptionProvider,
-    /// Default `gpt-4o-mini-transcribe` (openai), `nova-3` (deepgram).
+    /// The transcription model. Unset: `gpt-4o-mini-transcribe` (openai),
+    /// `nova-3` (deepgram).
+    #[schemars(length(min = 1))]
     pub voice_transcription_model: Option<String>,
-    /// Default `https://api.openai.com/v1` (openai), `https://api.deepgram.com` (deepgram).
+    /// The transcription service's base URL. Unset:
+    /// `https://api.openai.com/v1` (openai), `https://api.deepgram.com`
+    /// (deepgram).
+    #[schemars(pattern(r"^https?://"))]
     pub voice_transcription_base_url: Option<String>,
-    /// The key inline (the reference's key; never logged). A secret is better.
+    /// The service's key inline (the reference layout's key; never logged).
+    /// A secret is better.
     pub voice_transcription_api_key: Option<String>,
-    /// The secret holding the key: default `openai_api_key` (environment
-    /// `OPENAI_API_KEY`) or `deepgram_api_key` (`DEEPGRAM_API_KEY`).
+    /// The name of the secret holding the service's key. Unset:
+    /// `openai_api_key` (environment `OPENAI_API_KEY`) or `deepgram_api_key`
+    /// (`DEEPGRAM_API_KEY`).
+    #[schemars(length(min = 1))]
     pub voice_transcription_api_key_secret: Option<String>,
-    /// The largest voice message transcribed.
+    /// The largest voice message transcribed, in bytes; a larger one is
+    /// refused before any upload.
+    #[schemars(range(min = 1))]
     pub voice_max_bytes: u64,
     /// The longest voice message transcribed, in seconds.
+    #[schemars(range(min = 1))]
     pub voice_max_seconds: u64,
     /// The chat is answered `heard: <words>` before the run starts.
     pub show_transcript: bool,

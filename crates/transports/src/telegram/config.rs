@@ -11,10 +11,16 @@ use serde::{Deserialize, Deserializer};
 
 use super::types::MAX_TEXT_UTF16;
 
-/// `[gateway.telegram]`. A config written for the reference gateway is read
-/// with the reference's meaning of its keys (its `token` is `bot_token`).
-#[derive(Clone, Deserialize)]
+/// `[gateway.telegram]`: a Telegram bot, polling the Bot API for messages.
+/// Every chat gets a conversation of its own (a forum topic too); only the
+/// chats listed in `allowed_chat_ids` may start runs. A config written for
+/// the reference gateway is read with the reference's meaning of its keys
+/// (its `token` is `bot_token`).
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
+#[schemars(transform = reference_keys_schema)]
 pub struct TelegramConfig {
+    /// Switches the channel on or off, over `[gateway] enable_telegram`.
+    /// Unset: as `enable_telegram` says, else off.
     #[serde(default)]
     pub enabled: Option<bool>,
     /// The bot token, inline. Never logged.
@@ -36,13 +42,17 @@ pub struct TelegramConfig {
     /// get no run.
     #[serde(default)]
     pub deny_unbound_chats: bool,
+    /// The Bot API's base URL (a local Bot API server, or a test fake).
     #[serde(default = "defaults::api_base_url")]
+    #[schemars(pattern(r"^https?://"))]
     pub api_base_url: String,
     /// How long one `getUpdates` call waits for news, in seconds.
     #[serde(default = "defaults::poll_timeout_s")]
+    #[schemars(range(max = 300))]
     pub poll_timeout_s: u64,
-    /// The agent part of session keys.
+    /// The agent part of session keys: a word without `:`.
     #[serde(default = "defaults::agent_id")]
+    #[schemars(pattern(r"^[^:\s]+$"))]
     pub agent_id: String,
     /// The chats' queue mode unless a binding sets one.
     #[serde(default)]
@@ -52,8 +62,10 @@ pub struct TelegramConfig {
     pub engine: Option<EngineRef>,
     /// How many times a final answer is sent before it is recorded as undelivered.
     #[serde(default = "defaults::delivery_attempts")]
+    #[schemars(range(min = 1))]
     pub delivery_attempts: u32,
-    /// A run that ends sooner gets no progress message, only its answer.
+    /// A run that ends sooner than this, in milliseconds, gets no progress
+    /// message, only its answer.
     #[serde(default = "defaults::progress_delay_ms")]
     pub progress_delay_ms: u64,
     /// Least time between two edits of a progress message, in milliseconds:
@@ -61,6 +73,7 @@ pub struct TelegramConfig {
     /// (the run's end) is never held back. Edits are never faster than
     /// Telegram's one call a second per chat, whatever this says.
     #[serde(default = "defaults::edit_throttle_ms")]
+    #[schemars(range(max = MAX_PAUSE_MS))]
     pub edit_throttle_ms: u64,
     /// Messages a chat (or forum topic) sends less than this many
     /// milliseconds apart are one prompt: joined with line breaks, in order,
@@ -68,6 +81,7 @@ pub struct TelegramConfig {
     /// submits every message at once. A message starting with `/` is never
     /// merged: it first submits what is waiting, then goes on its own.
     #[serde(default)]
+    #[schemars(range(max = MAX_PAUSE_MS))]
     pub debounce_ms: u64,
     /// Whether answers (and the progress message) end with the line that
     /// resumes the session (`` `claude --resume …` ``). Replying to an answer
@@ -83,6 +97,7 @@ pub struct TelegramConfig {
     /// too; with `deny_unbound_chats`, only bound ones): `true` for a
     /// standard one, or the text itself; `false` (the default) for none.
     #[serde(default)]
+    #[schemars(schema_with = "startup_message_schema", extend("default" = false))]
     pub startup_message: StartupMessage,
     /// At start, the messages that came while the bot was offline are
     /// skipped (Telegram drops them), unless `offset` says where to start.
@@ -92,6 +107,7 @@ pub struct TelegramConfig {
     /// one that brought nothing (each call already waits `poll_timeout_s` for
     /// news) or failed (then the longer of this and the backoff).
     #[serde(default)]
+    #[schemars(range(max = MAX_PAUSE_MS))]
     pub poll_interval_ms: u64,
     /// Whether a message may choose its own queue mode with a leading
     /// `/steer`, `/followup`, `/interrupt` or `/redirect` (also `!redirect`);
@@ -102,6 +118,7 @@ pub struct TelegramConfig {
     /// bot learns it from Telegram at start; when set, a token of another bot
     /// is refused with both ids named.
     #[serde(default)]
+    #[schemars(range(min = 1))]
     pub bot_id: Option<i64>,
     /// The bot's `@username` (with or without `@`), by which group messages
     /// address it (`@name …`, `/cmd@name`). Optional: the bot learns it from
@@ -118,12 +135,14 @@ pub struct TelegramConfig {
     /// updates below it are skipped for good (Telegram's `getUpdates`
     /// offset). `0` (the default) starts where the bot left off.
     #[serde(default)]
+    #[schemars(range(min = 0))]
     pub offset: i64,
-    /// The reference's context-compaction settings for Telegram sessions.
-    /// Accepted for compatibility; compaction is the engine's here (the
-    /// native engine compacts at 90% of `[gateway.engines.lemon]
-    /// context_window`), as [`TelegramConfig::reference_notes`] tells.
+    /// The reference layout's context compaction of Telegram sessions:
+    /// accepted, and `config check` says what happens instead. Telegram
+    /// chats are compacted by their engine, like every session (the native
+    /// engine compacts at 90% of `[gateway.engines.lemon] context_window`).
     #[serde(default)]
+    #[schemars(extend("deprecated" = true))]
     pub compaction: Option<CompactionConfig>,
     /// `[gateway.telegram.files]`: photos, documents and other files sent to
     /// the bot (who may, how large, which names are refused, where they are
@@ -133,7 +152,18 @@ pub struct TelegramConfig {
     /// The voice keys (`voice_transcription`, …), read by
     /// [`VoiceConfig::split`](crate::media::VoiceConfig::split).
     #[serde(skip)]
+    #[schemars(!skip, flatten)]
     pub voice: crate::media::VoiceConfig,
+}
+
+/// `startup_message` in the schema: a switch or the text.
+fn startup_message_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": ["boolean", "string"], "minLength": 1 })
+}
+
+/// The reference layout's keys in the section's schema.
+fn reference_keys_schema(schema: &mut schemars::Schema) {
+    lemon_core::config::schema::add_reference_keys(schema, REFERENCE_KEYS);
 }
 
 /// `startup_message`: none, the standard text, or a text of one's own.
@@ -179,16 +209,24 @@ impl<'de> Deserialize<'de> for StartupMessage {
     }
 }
 
-/// `[gateway.telegram.compaction]`, as the reference reads it.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+/// `[gateway.telegram.compaction]`, as the reference layout writes it:
+/// accepted and checked, without effect here.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, schemars::JsonSchema)]
 pub struct CompactionConfig {
+    /// The reference layout's switch.
     #[serde(default)]
     pub enabled: Option<bool>,
+    /// The context window, in tokens.
     #[serde(default)]
+    #[schemars(range(min = 1))]
     pub context_window_tokens: Option<u64>,
+    /// Tokens kept free for the answer.
     #[serde(default)]
+    #[schemars(range(min = 1))]
     pub reserve_tokens: Option<u64>,
+    /// The share of the window that starts a compaction (above 0, at most 1).
     #[serde(default)]
+    #[schemars(range(min = 0, max = 1))]
     pub trigger_ratio: Option<f64>,
 }
 

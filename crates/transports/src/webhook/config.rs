@@ -14,7 +14,7 @@ use serde::Deserialize;
 pub const DEFAULT_WEBHOOK_PORT: u16 = 4046;
 
 /// Whether a request waits for its run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Wait for `run_completed` and answer with the result.
@@ -24,8 +24,10 @@ pub enum Mode {
     Async,
 }
 
-/// `[gateway.webhook]`.
-#[derive(Debug, Clone, Deserialize)]
+/// `[gateway.webhook]`: `POST /webhooks/<integration>` starts a run, for
+/// n8n, Zapier, Make and scripts; each integration has its own token and
+/// session, and the result is the answer (`sync`) or a callback (`async`).
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 pub struct WebhookConfig {
     /// Switches the webhook on or off; wins over `[gateway] enable_webhook`.
     #[serde(default)]
@@ -38,26 +40,31 @@ pub struct WebhookConfig {
     pub port: u16,
     /// Whether requests wait for their run (`sync`) or are answered at once.
     #[serde(default)]
+    #[schemars(extend("default" = "async"))]
     pub mode: Mode,
-    /// How long a sync request waits; also each callback attempt's timeout.
+    /// How long a sync request waits, in milliseconds; also each callback
+    /// attempt's timeout.
     #[serde(default = "defaults::timeout_ms")]
     pub timeout_ms: u64,
-    /// Largest body accepted; larger ones get `413`.
+    /// Largest body accepted, in bytes; larger ones get `413`.
     #[serde(default = "defaults::max_body_bytes")]
     pub max_body_bytes: usize,
-    /// How long an idempotency key answers with its first request's answer.
+    /// How long an idempotency key answers with its first request's answer,
+    /// in milliseconds.
     #[serde(default = "defaults::idempotency_ttl_ms")]
     pub idempotency_ttl_ms: u64,
     /// Where results are POSTed when the integration names no URL.
     #[serde(default)]
     pub callback_url: Option<String>,
-    /// Callback attempts before giving up (at least 1).
+    /// Callback attempts before giving up.
     #[serde(default = "defaults::callback_max_attempts")]
+    #[schemars(range(min = 1))]
     pub callback_max_attempts: u32,
-    /// The wait after a failed callback attempt; doubled after each next one.
+    /// The wait after a failed callback attempt, in milliseconds; doubled
+    /// after each next one.
     #[serde(default = "defaults::callback_backoff_ms")]
     pub callback_backoff_ms: u64,
-    /// The longest wait between callback attempts.
+    /// The longest wait between callback attempts, in milliseconds.
     #[serde(default = "defaults::callback_backoff_max_ms")]
     pub callback_backoff_max_ms: u64,
     /// How long a callback waits for its run to finish; a run still going
@@ -91,13 +98,16 @@ pub struct WebhookConfig {
     /// attachments are only listed in the prompt and base64 content is refused.
     #[serde(default)]
     pub files: Option<FilesConfig>,
-    /// Integration id → its settings; each has its own token.
+    /// `[gateway.webhook.integrations.<integration>]`: the integrations by
+    /// name (the last part of `/webhooks/<integration>`); each has its own
+    /// token.
     #[serde(default)]
+    #[schemars(extend("x-key" = "integration"))]
     pub integrations: BTreeMap<String, IntegrationConfig>,
 }
 
-/// `[gateway.webhook.integrations.<id>]`; unset values fall back to the section's.
-#[derive(Clone, Default, Deserialize)]
+/// One integration; unset values fall back to `[gateway.webhook]`'s.
+#[derive(Clone, Default, Deserialize, schemars::JsonSchema)]
 pub struct IntegrationConfig {
     /// The shared token, inline. Never logged.
     #[serde(default)]
@@ -105,12 +115,13 @@ pub struct IntegrationConfig {
     /// The name of a secret holding the token.
     #[serde(default)]
     pub token_secret: Option<String>,
-    /// The session runs go to (default `webhook:<id>`). A payload's `session_key`
-    /// counts only with `allow_session_key`.
+    /// The session runs go to (default `webhook:<integration>`). A payload's
+    /// `session_key` counts only with `allow_session_key`.
     #[serde(default)]
     pub session_key: Option<String>,
     /// Whether a payload may choose its session; it is then kept under
-    /// `webhook:<id>:`, so a webhook never reaches another channel's session.
+    /// `webhook:<integration>:`, so a webhook never reaches another channel's
+    /// session.
     #[serde(default)]
     pub allow_session_key: bool,
     /// The agent runs are attributed to.

@@ -19,7 +19,7 @@ pub const SHIPPED_BRIDGE_SCRIPT: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/../../bridges/xmtp/bridge.mjs");
 
 /// The XMTP network the bridge joins.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum XmtpEnv {
     /// XMTP's test network.
@@ -41,9 +41,14 @@ impl XmtpEnv {
     }
 }
 
-/// `[gateway.xmtp]`.
-#[derive(Debug, Clone, Deserialize)]
+/// `[gateway.xmtp]`: an agent on the XMTP messaging network, through a
+/// Node.js bridge the gateway starts and supervises; only the senders listed
+/// may start runs.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[schemars(transform = reference_keys_schema)]
 pub struct XmtpConfig {
+    /// Switches the channel on or off, over `[gateway] enable_xmtp`. Unset:
+    /// as `enable_xmtp` says, else off.
     #[serde(default)]
     pub enabled: Option<bool>,
     /// The Node.js program: a name looked up on `PATH`, or a path.
@@ -61,12 +66,14 @@ pub struct XmtpConfig {
     /// `private_key`; `"${VAR}"` is the environment variable's value), used
     /// when the secret named by `wallet_key_secret` is not set. Never logged.
     #[serde(default, deserialize_with = "inline_secret")]
+    #[schemars(with = "Option<String>")]
     pub wallet_key: Option<SecretValue>,
     /// The secret holding the key of the SDK's local database; optional.
     #[serde(default = "defaults::db_key_secret")]
     pub db_encryption_key_secret: String,
     /// The network (the reference's `environment` is read as this).
     #[serde(default)]
+    #[schemars(extend("default" = "dev"))]
     pub env: XmtpEnv,
     /// Inbox ids or Ethereum addresses that may start runs; empty lets
     /// nobody in. A refused sender's inbox id is in the log (INFO), to copy here.
@@ -83,28 +90,34 @@ pub struct XmtpConfig {
     /// The agent part of session keys.
     #[serde(default = "defaults::agent_id")]
     pub agent_id: String,
+    /// The conversations' queue mode unless a binding sets one.
     #[serde(default)]
     pub queue_mode: Option<QueueMode>,
+    /// The engine unless a binding, a directive or `/engine` picks one.
     #[serde(default)]
     pub engine: Option<EngineRef>,
-    /// How long a started bridge has to say `ready` (connected); the
-    /// reference's `connect_timeout_ms` is read as this.
+    /// How long a started bridge has to say `ready` (connected), in
+    /// milliseconds; the reference's `connect_timeout_ms` is read as this.
     #[serde(default = "defaults::ready_timeout_ms")]
     pub ready_timeout_ms: u64,
-    /// How often a quiet bridge is pinged.
+    /// How often a quiet bridge is pinged, in milliseconds.
     #[serde(default = "defaults::ping_interval_ms")]
     pub ping_interval_ms: u64,
-    /// How long a ping may go unanswered before the bridge is restarted.
+    /// How long a ping may go unanswered before the bridge is restarted, in
+    /// milliseconds.
     #[serde(default = "defaults::ping_timeout_ms")]
     pub ping_timeout_ms: u64,
-    /// The wait before the first restart (doubling up to a minute).
+    /// The wait before the first restart, in milliseconds (doubling up to a
+    /// minute).
     #[serde(default = "defaults::restart_backoff_ms")]
     pub restart_backoff_ms: u64,
-    /// How long a send waits for a bridge, and then for its answer.
+    /// How long a send waits for a bridge, and then for its answer, in
+    /// milliseconds.
     #[serde(default = "defaults::send_timeout_ms")]
     pub send_timeout_ms: u64,
     /// How many times an answer is sent before it is recorded as undelivered.
     #[serde(default = "defaults::delivery_attempts")]
+    #[schemars(range(min = 1))]
     pub delivery_attempts: u32,
     /// `[gateway.xmtp.files]`: remote attachments (who may send them, how
     /// large, which names are refused, where they are saved).
@@ -117,6 +130,11 @@ fn inline_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SecretValue>,
     Ok(Option::<String>::deserialize(d)?
         .filter(|value| !value.trim().is_empty())
         .map(|value| SecretValue::new(value.trim())))
+}
+
+/// The reference layout's keys in the section's schema.
+fn reference_keys_schema(schema: &mut schemars::Schema) {
+    lemon_core::config::schema::add_reference_keys(schema, REFERENCE_KEYS);
 }
 
 /// The reference's `[gateway.xmtp]` keys: read as ours, or accepted with
