@@ -102,10 +102,7 @@ async fn the_document_lists_the_components_routes_behind_the_token() {
 #[tokio::test]
 async fn schemathesis_finds_no_5xx_and_no_response_off_its_schema() {
     let Some(schemathesis) = schemathesis() else {
-        #[allow(clippy::print_stderr)] // The reason a test is skipped is for the person running it.
-        {
-            eprintln!("skipped: no Python on this machine for the schemathesis test");
-        }
+        lemon_tests::host::lacks("LEMON_REQUIRE_PYTHON", "Python 3 with a venv for schemathesis");
         return;
     };
     let examples = std::env::var("LEMON_SCHEMATHESIS_EXAMPLES")

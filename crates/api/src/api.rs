@@ -58,7 +58,7 @@ mod config;
 mod cron;
 mod events;
 mod intake;
-mod openai;
+pub(crate) mod openai;
 // The MCP endpoint's control tools (`run`, `status`, `cancel`, `runs`) take
 // the routes' paths through these.
 pub(crate) mod runs;
@@ -431,5 +431,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod openapi_tests;
+#[cfg(test)]
+mod responses_tests;
 #[cfg(test)]
 mod tests;

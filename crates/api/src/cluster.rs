@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lemon_core::cluster::node::status::ClusterStatus;
 use lemon_core::cluster::ClusterNode;
 use lemon_core::config::ConfigError;
 use serde_json::{json, Value};
@@ -33,63 +32,165 @@ use crate::metrics::text::{Exposition, Kind};
 pub const FENCED_REASON: &str = "this cluster node is fenced: it could not renew its leases in \
      time, writes nothing more and is stopping";
 
-/// `status` as `/v1/status` shows it.
-pub fn status_json(status: &ClusterStatus) -> Value {
-    json!({
-        "node": status.node.as_str(),
-        "term_ms": millis(status.term),
-        "fenced": status.fenced,
-        "nodes": status.nodes.iter().map(|n| json!({
-            "id": n.id.as_str(),
-            "alive": n.alive,
-            "started_at_ms": n.started_at_ms,
-            "last_heartbeat_ms": n.last_heartbeat_ms,
-            "api_base_url": n.info.api_base_url,
-            "version": n.info.version,
-            "channels": n.info.channels,
-        })).collect::<Vec<_>>(),
-        "slots": { "total": status.slots.total, "in_use": status.slots.in_use },
-        "channels": status.channels.iter().map(|c| json!({
-            "channel": c.channel,
-            "node": c.node.as_str(),
-            "epoch": c.epoch,
-            "live": c.live,
-        })).collect::<Vec<_>>(),
-        "sessions_here": status.sessions_here,
-    })
+/// The cluster, in `/v1/status`, as this node sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct ClusterStatus {
+    /// Who owns each single-consumer channel (absent when the cluster tables
+    /// could not be read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channels: Option<Vec<ClusterChannel>>,
+    /// The cluster config: its version and the one this node applied.
+    pub config: ClusterConfigVersions,
+    /// Why the cluster tables could not be read (absent when they were).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Whether this node is fenced (it writes nothing more and is stopping).
+    pub fenced: bool,
+    /// This node's id.
+    pub node: String,
+    /// Every registered node, oldest first (absent when the cluster tables
+    /// could not be read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Vec<ClusterNodeStatus>>,
+    /// Sessions whose lease this node holds.
+    pub sessions_here: usize,
+    /// The cluster's run slots (absent when the cluster tables could not be read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slots: Option<ClusterSlots>,
+    /// The lease term.
+    pub term_ms: u64,
+}
+
+/// A node of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct ClusterNodeStatus {
+    /// Its last heartbeat is within the lease term.
+    pub alive: bool,
+    /// Where its API is reached.
+    #[schema(required = true)]
+    pub api_base_url: Option<String>,
+    /// The single-consumer channels it could own.
+    pub channels: Vec<String>,
+    pub id: String,
+    pub last_heartbeat_ms: i64,
+    pub started_at_ms: i64,
+    /// The gateway's version on that node.
+    pub version: String,
+}
+
+/// The cluster's run slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct ClusterSlots {
+    /// Slots runs hold now.
+    pub in_use: u32,
+    /// The cap on concurrent runs across the cluster.
+    pub total: u32,
+}
+
+/// A single-consumer channel's lease.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct ClusterChannel {
+    /// `<transport>:<account>`.
+    pub channel: String,
+    pub epoch: i64,
+    /// Held now: `node` runs the channel.
+    pub live: bool,
+    /// The node holding it (or that held it last).
+    pub node: String,
+}
+
+/// `config` of the cluster in `/v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct ClusterConfigVersions {
+    /// The version in force on this node (0: none, its file alone).
+    #[schema(required = true)]
+    pub applied_version: Option<i64>,
+    /// Why this node refused a later version (it keeps the one it applied).
+    #[schema(required = true)]
+    pub error: Option<String>,
+    /// The version in the database; `null` when it could not be read.
+    #[schema(required = true)]
+    pub version: Option<i64>,
+}
+
+impl ClusterStatus {
+    /// `status`, read from the cluster tables, with `config`.
+    pub fn of(
+        status: &lemon_core::cluster::node::status::ClusterStatus,
+        config: ClusterConfigVersions,
+    ) -> Self {
+        ClusterStatus {
+            channels: Some(
+                status
+                    .channels
+                    .iter()
+                    .map(|c| ClusterChannel {
+                        channel: c.channel.clone(),
+                        epoch: c.epoch,
+                        live: c.live,
+                        node: c.node.as_str().to_owned(),
+                    })
+                    .collect(),
+            ),
+            config,
+            error: None,
+            fenced: status.fenced,
+            node: status.node.as_str().to_owned(),
+            nodes: Some(
+                status
+                    .nodes
+                    .iter()
+                    .map(|n| ClusterNodeStatus {
+                        alive: n.alive,
+                        api_base_url: n.info.api_base_url.clone(),
+                        channels: n.info.channels.clone(),
+                        id: n.id.as_str().to_owned(),
+                        last_heartbeat_ms: n.last_heartbeat_ms,
+                        started_at_ms: n.started_at_ms,
+                        version: n.info.version.clone(),
+                    })
+                    .collect(),
+            ),
+            sessions_here: status.sessions_here,
+            slots: Some(ClusterSlots { in_use: status.slots.in_use, total: status.slots.total }),
+            term_ms: millis(status.term),
+        }
+    }
 }
 
 /// The cluster as `/v1/status` shows it, read within `timeout`; what this
 /// node knows by itself, and the `error`, when the tables cannot be read.
 /// `applied` is what this node did with the cluster config.
-pub async fn cluster_json(
+pub async fn cluster_status(
     node: &ClusterNode,
     applied: Option<&AppliedConfig>,
     timeout: Duration,
-) -> Value {
+) -> ClusterStatus {
     let read = async { tokio::join!(node.status(), node.cluster().config()) };
     let (status, row) = match tokio::time::timeout(timeout, read).await {
         Ok((status, row)) => (status.map_err(|e| e.to_string()), row.ok()),
         Err(_) => (Err(format!("no answer within {} s", timeout.as_secs())), None),
     };
     let applied = applied.map(AppliedConfig::get);
-    let config = json!({
-        "version": row.map(|row| row.version),
-        "applied_version": applied.as_ref().map(|a| a.version),
-        "error": applied.and_then(|a| a.refused).map(|r| r.error),
-    });
-    let mut out = match status {
-        Ok(status) => status_json(&status),
-        Err(error) => json!({
-            "node": node.id().as_str(),
-            "term_ms": millis(node.settings().term),
-            "fenced": node.is_fenced(),
-            "sessions_here": node.sessions_held(),
-            "error": error,
-        }),
+    let config = ClusterConfigVersions {
+        applied_version: applied.as_ref().map(|a| a.version),
+        error: applied.and_then(|a| a.refused).map(|r| r.error),
+        version: row.map(|row| row.version),
     };
-    out["config"] = config;
-    out
+    match status {
+        Ok(status) => ClusterStatus::of(&status, config),
+        Err(error) => ClusterStatus {
+            channels: None,
+            config,
+            error: Some(error),
+            fenced: node.is_fenced(),
+            node: node.id().as_str().to_owned(),
+            nodes: None,
+            sessions_here: node.sessions_held(),
+            slots: None,
+            term_ms: millis(node.settings().term),
+        },
+    }
 }
 
 /// What this node did with the cluster config: the version it applied, and
@@ -159,7 +260,11 @@ fn millis(d: Duration) -> u64 {
 
 /// The `lemon_cluster_*` families: the cluster's nodes and slots (when
 /// `status` could be read) and the sessions this node owns.
-pub fn render_metrics(out: &mut Exposition, node: &ClusterNode, status: Option<&ClusterStatus>) {
+pub fn render_metrics(
+    out: &mut Exposition,
+    node: &ClusterNode,
+    status: Option<&lemon_core::cluster::node::status::ClusterStatus>,
+) {
     if let Some(status) = status {
         out.single(
             "lemon_cluster_nodes_alive",

@@ -76,6 +76,21 @@ pub enum ApiError {
     Internal(String),
 }
 
+/// `{"error": "..."}`: the body of every refusal of the control API, and of
+/// every listener that answers with the same errors.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong, for a person.
+    pub error: String,
+}
+
+impl ErrorBody {
+    /// `{"error": message}`.
+    pub fn new(message: impl Into<String>) -> Self {
+        ErrorBody { error: message.into() }
+    }
+}
+
 impl ApiError {
     /// `404 {"error":"not found"}`, for unknown routes.
     pub fn route_not_found() -> Self {
@@ -112,8 +127,7 @@ impl IntoResponse for ApiError {
             }
             _ => {}
         }
-        let mut response =
-            (self.status(), Json(serde_json::json!({ "error": self.to_string() }))).into_response();
+        let mut response = (self.status(), Json(ErrorBody::new(self.to_string()))).into_response();
         match self {
             ApiError::Unauthorized => {
                 response
@@ -351,7 +365,7 @@ impl BodyError {
 
 impl IntoResponse for BodyError {
     fn into_response(self) -> Response {
-        (self.status(), Json(serde_json::json!({ "error": self.to_string() }))).into_response()
+        (self.status(), Json(ErrorBody::new(self.to_string()))).into_response()
     }
 }
 

@@ -244,16 +244,17 @@ fn rate_limited(refusal: Refusal, path: &str) -> axum::response::Response {
     let message = refusal.message();
     let openai = ["/v1/chat/", "/v1/responses", "/v1/models"];
     let body = if openai.iter().any(|prefix| path.starts_with(prefix)) {
-        serde_json::json!({ "error": {
-            "message": message,
-            "type": "rate_limit_error",
-            "param": null,
-            "code": "rate_limit_exceeded",
-        }})
+        let error = crate::api::openai::error::OpenAiErrorDetail {
+            code: Some("rate_limit_exceeded".to_owned()),
+            message,
+            param: None,
+            kind: "rate_limit_error".to_owned(),
+        };
+        axum::Json(crate::api::openai::error::OpenAiErrorBody { error }).into_response()
     } else {
-        serde_json::json!({ "error": message })
+        axum::Json(crate::error::ErrorBody::new(message)).into_response()
     };
-    let mut response = (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response();
+    let mut response = (StatusCode::TOO_MANY_REQUESTS, body).into_response();
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(refusal.retry_after_secs()));

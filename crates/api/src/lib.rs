@@ -8,7 +8,8 @@
 //!   embedded in the binary and served without the token under a strict CSP.
 //! - [`secrets`]: `/v1/secrets` (names, sources and uses; set and delete, never a value back).
 //! - [`openapi`]: the OpenAPI document of every `/v1` route, from the
-//!   handlers' annotations, served at `/v1/openapi.json`.
+//!   handlers' annotations and the types they read and write, served at
+//!   `/v1/openapi.json`; the book's HTTP API reference is rendered from it.
 //! - [`health`]: `/healthz`, `/health` and `/metrics`, meant for a loopback or
 //!   internal port; without the API token `/healthz` shows states only.
 //! - [`mcp`]: the MCP endpoint `/mcp`: for a run's token, `approve` (where

@@ -1,9 +1,11 @@
 //! The control API's OpenAPI 3.1 document, served at `GET /v1/openapi.json`.
 //!
 //! Each handler carries its `#[utoipa::path]` (method, path, parameters,
-//! body and every status it answers); request bodies and query strings are
-//! the handlers' own types, and the responses built as JSON are described by
-//! the types of [`schema`]. [`document`] holds the API's own routes (runs,
+//! body and every status it answers); request bodies, query strings and
+//! response bodies are the types the handlers read and write, their doc
+//! comments the descriptions ([`schema`] holds the few shapes with no type
+//! of their own). [`markdown`] renders the book's reference page from the
+//! document. [`document`] holds the API's own routes (runs,
 //! sessions, cron, config, the OpenAI-compatible routes, secrets); the
 //! components that merge routes in (SMS, calls) give their own document, and
 //! the server merges them with [`merge`] into the one it serves, so the
@@ -13,6 +15,9 @@
 //! but it is served behind the same bearer token as the rest: a port scanner
 //! learns nothing about what answers there.
 
+#[cfg(any(test, feature = "test-util"))]
+pub mod conformance;
+pub mod markdown;
 pub mod schema;
 
 use std::collections::BTreeMap;
@@ -21,6 +26,8 @@ use utoipa::openapi::response::{Response, ResponseBuilder};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, RefOr};
 use utoipa::{IntoResponses, OpenApi, PartialSchema};
+
+use crate::api::openai::error::OpenAiErrorBody;
 
 /// The name of the bearer-token security scheme every operation requires.
 pub const SECURITY_SCHEME: &str = "bearer";
@@ -58,13 +65,9 @@ fn finish(mut doc: Document) -> Document {
         SECURITY_SCHEME,
         SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
     );
-    // The error bodies the shared refusals ([`Errors`], [`OpenAiErrors`]) point to.
+    // The types the shared refusals' bodies ([`Errors`], [`OpenAiErrors`]) point to.
     let mut shared = Vec::new();
-    <schema::OpenAiErrorBody as utoipa::ToSchema>::schemas(&mut shared);
-    shared.push((
-        <schema::OpenAiError as utoipa::ToSchema>::name().into_owned(),
-        schema::OpenAiError::schema(),
-    ));
+    <OpenAiErrorBody as utoipa::ToSchema>::schemas(&mut shared);
     for (name, schema) in shared {
         components.schemas.entry(name).or_insert(schema);
     }
@@ -117,7 +120,7 @@ pub struct Errors;
 
 impl IntoResponses for Errors {
     fn responses() -> BTreeMap<String, RefOr<Response>> {
-        use schema::Error;
+        use crate::error::ErrorBody as Error;
         BTreeMap::from([
             ("400".to_owned(), json_response::<Error>("The request is malformed.")),
             ("401".to_owned(), json_response::<Error>("Missing or invalid bearer token.")),
@@ -140,7 +143,7 @@ pub struct OpenAiErrors;
 
 impl IntoResponses for OpenAiErrors {
     fn responses() -> BTreeMap<String, RefOr<Response>> {
-        use schema::OpenAiErrorBody as E;
+        use OpenAiErrorBody as E;
         BTreeMap::from([
             ("400".to_owned(), json_response::<E>("The request is malformed.")),
             ("401".to_owned(), json_response::<E>("Missing or invalid API key.")),
@@ -156,7 +159,7 @@ impl IntoResponses for OpenAiErrors {
     }
 }
 
-/// `GET /v1/openapi.json`: this document.
+/// `GET /v1/openapi.json`: this OpenAPI document.
 #[utoipa::path(
     get,
     path = "/v1/openapi.json",

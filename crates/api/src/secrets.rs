@@ -23,12 +23,56 @@ use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use lemon_core::secrets::{check_settable_name, SecretStore, SecretsError, SourceKind};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tokio::sync::Notify;
 
-use crate::error::{ApiError, JsonBody, PathParams};
-use crate::openapi::{schema, Errors};
+use crate::error::{ApiError, ErrorBody, JsonBody, PathParams};
+use crate::openapi::Errors;
+
+/// `GET /v1/secrets`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Secrets {
+    /// Whether the OS keychain can be used.
+    pub keychain: Keychain,
+    /// Every secret known (set somewhere, or named by the config), by name.
+    pub secrets: Vec<SecretEntry>,
+}
+
+/// A secret in `GET /v1/secrets` (never its value).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct SecretEntry {
+    pub name: String,
+    /// `keychain`, `env`, `file`, `inline`, or `null`: not set anywhere.
+    #[schema(required = true)]
+    pub source: Option<String>,
+    /// What in the config uses it.
+    pub used_by: Vec<String>,
+}
+
+/// Whether the OS keychain can be used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Keychain {
+    pub available: bool,
+    /// The backend in use (`Secret Service`), or why there is none.
+    pub detail: String,
+}
+
+/// `PUT /v1/secrets/{name}`: where the secret was saved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct SecretSaved {
+    pub name: String,
+    /// `keychain` or `file`.
+    pub source: String,
+}
+
+/// `DELETE /v1/secrets/{name}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct SecretDeleted {
+    /// `true`.
+    pub deleted: bool,
+    pub name: String,
+}
 
 /// Longest secret value accepted, in bytes.
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
@@ -147,27 +191,28 @@ async fn blocking<T: Send + 'static>(
 #[openapi(paths(list, put, delete))]
 pub(crate) struct SecretsDoc;
 
+/// `GET /v1/secrets`: every secret's name, where it is kept and what uses it.
 #[utoipa::path(
     get,
     path = "/v1/secrets",
     tag = "secrets",
-    responses((status = 200, description = "Every secret's name, source and uses; never a value.", body = schema::Secrets), Errors)
+    responses((status = 200, description = "Every secret's name, source and uses; never a value.", body = Secrets), Errors)
 )]
-async fn list(State(api): State<SecretsApi>) -> Result<Json<Value>, ApiError> {
+async fn list(State(api): State<SecretsApi>) -> Result<Json<Secrets>, ApiError> {
     let store = api.store.clone();
     let uses = api.uses.get();
     let rows = blocking(move || listing(&store, &uses)).await?;
-    let secrets: Vec<Value> = rows
+    let secrets = rows
         .into_iter()
-        .map(|(name, source, used_by)| {
-            json!({ "name": name, "source": source.map(SourceKind::as_str), "used_by": used_by })
+        .map(|(name, source, used_by)| SecretEntry {
+            name,
+            source: source.map(|source| source.as_str().to_owned()),
+            used_by,
         })
         .collect();
     let keychain = api.store.keychain();
-    Ok(Json(json!({
-        "secrets": secrets,
-        "keychain": { "available": keychain.available, "detail": keychain.detail },
-    })))
+    let keychain = Keychain { available: keychain.available, detail: keychain.detail.clone() };
+    Ok(Json(Secrets { keychain, secrets }))
 }
 
 /// `PUT /v1/secrets/{name}`'s body.
@@ -181,19 +226,21 @@ fn checked_name(name: &str) -> Result<(), ApiError> {
     check_settable_name(name).map_err(store_error)
 }
 
+/// `PUT /v1/secrets/{name}`: saves a secret in the keychain when there is
+/// one, else in the secrets file.
 #[utoipa::path(
     put,
     path = "/v1/secrets/{name}",
     tag = "secrets",
     params(("name" = String, Path, description = "1 to 64 lowercase letters, digits and `_`.")),
     request_body = PutBody,
-    responses((status = 200, description = "Saved.", body = schema::SecretSaved), Errors)
+    responses((status = 200, description = "Saved.", body = SecretSaved), Errors)
 )]
 async fn put(
     State(api): State<SecretsApi>,
     PathParams(name): PathParams<String>,
     JsonBody(body): JsonBody<Value>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SecretSaved>, ApiError> {
     checked_name(&name)?;
     let body: PutBody = serde_json::from_value(body).map_err(|_| {
         ApiError::BadRequest("the body must be {\"value\": \"…\"} with a string value".to_owned())
@@ -211,25 +258,27 @@ async fn put(
     let source = blocking(move || store.store(&key, &body.value)).await?;
     tracing::info!(secret = %name, source = source.as_str(), "secret saved");
     api.changed.notify_one();
-    Ok(Json(json!({ "name": name, "source": source.as_str() })))
+    Ok(Json(SecretSaved { name, source: source.as_str().to_owned() }))
 }
 
+/// `DELETE /v1/secrets/{name}`: removes a secret from the keychain and the
+/// secrets file.
 #[utoipa::path(
     delete,
     path = "/v1/secrets/{name}",
     tag = "secrets",
     params(("name" = String, Path, description = "The secret's name.")),
     responses(
-        (status = 200, description = "Deleted.", body = schema::SecretDeleted),
-        (status = 404, description = "Not stored in the keychain or the secrets file.", body = schema::Error),
-        (status = 409, description = "Set in the gateway's environment.", body = schema::Error),
+        (status = 200, description = "Deleted.", body = SecretDeleted),
+        (status = 404, description = "Not stored in the keychain or the secrets file.", body = ErrorBody),
+        (status = 409, description = "Set in the gateway's environment.", body = ErrorBody),
         Errors,
     )
 )]
 async fn delete(
     State(api): State<SecretsApi>,
     PathParams(name): PathParams<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SecretDeleted>, ApiError> {
     checked_name(&name)?;
     let store = api.store.clone();
     let key = name.clone();
@@ -251,7 +300,7 @@ async fn delete(
     }
     tracing::info!(secret = %name, "secret deleted");
     api.changed.notify_one();
-    Ok(Json(json!({ "name": name, "deleted": true })))
+    Ok(Json(SecretDeleted { deleted: true, name }))
 }
 
 #[cfg(test)]

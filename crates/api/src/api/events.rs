@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::transfer::{parse_run_id, run_not_found};
 use super::ApiState;
-use crate::error::{ApiError, PathParams};
+use crate::error::{ApiError, ErrorBody, PathParams};
 use crate::openapi::{schema, Errors};
 
 /// How often an idle stream sends a comment so proxies keep it open.
@@ -29,7 +29,10 @@ const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 /// How long a run's topic may stay quiet before the stream checks the store.
 const IDLE_RESYNC: Duration = Duration::from_secs(1);
 
-/// `GET /v1/runs/{id}/events`. A `Last-Event-ID` header resumes after that index.
+/// `GET /v1/runs/{id}/events`: the run's events as Server-Sent Events, the
+/// stored ones and then the live ones, until `run_completed`.
+///
+/// A `Last-Event-ID` header resumes after that index.
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/events",
@@ -40,7 +43,7 @@ const IDLE_RESYNC: Duration = Duration::from_secs(1);
     ),
     responses(
         (status = 200, description = "Server-Sent Events: the run's stored events, then live ones, until `run_completed`.", content_type = "text/event-stream", body = schema::SseEvent),
-        (status = 404, description = "No such run.", body = schema::Error),
+        (status = 404, description = "No such run.", body = ErrorBody),
         Errors,
     )
 )]

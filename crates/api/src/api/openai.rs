@@ -31,7 +31,7 @@
 //! is recorded like every run.
 
 mod chat;
-mod error;
+pub(crate) mod error;
 mod follow;
 mod responses;
 mod turns;
@@ -134,20 +134,53 @@ pub(super) fn doc() -> utoipa::openapi::OpenApi {
     <OpenAiDoc as utoipa::OpenApi>::openapi()
 }
 
+/// An engine as an OpenAI model.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct Model {
+    /// Seconds since the epoch: when it was listed.
+    pub(crate) created: u64,
+    /// The engine id, what `model` names in a request.
+    pub(crate) id: String,
+    /// `model`.
+    pub(crate) object: String,
+    /// `lemon-gateway`.
+    pub(crate) owned_by: String,
+}
+
+impl Model {
+    fn new(id: &str, created: u64) -> Self {
+        Model {
+            created,
+            id: id.to_owned(),
+            object: "model".to_owned(),
+            owned_by: "lemon-gateway".to_owned(),
+        }
+    }
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct ModelList {
+    /// The engines that can run now, in registration order.
+    pub(crate) data: Vec<Model>,
+    /// `list`.
+    pub(crate) object: String,
+}
+
 /// `GET /v1/models`: every available engine as a model.
 #[utoipa::path(
     get,
     path = "/v1/models",
     tag = "openai",
     responses(
-        (status = 200, description = "The available engines.", body = crate::openapi::schema::ModelList),
+        (status = 200, description = "The available engines.", body = ModelList),
         crate::openapi::OpenAiErrors,
     )
 )]
-async fn models(State(state): State<ApiState>) -> Json<serde_json::Value> {
+async fn models(State(state): State<ApiState>) -> Json<ModelList> {
     let created = unix_now();
-    let data: Vec<_> = available_engines(&state).iter().map(|id| model_json(id, created)).collect();
-    Json(json!({ "object": "list", "data": data }))
+    let data = available_engines(&state).iter().map(|id| Model::new(id, created)).collect();
+    Json(ModelList { data, object: "list".to_owned() })
 }
 
 /// `GET /v1/models/{id}`: one engine, or `404 model_not_found`.
@@ -157,25 +190,21 @@ async fn models(State(state): State<ApiState>) -> Json<serde_json::Value> {
     tag = "openai",
     params(("id" = String, Path, description = "The engine id.")),
     responses(
-        (status = 200, description = "The engine.", body = crate::openapi::schema::Model),
+        (status = 200, description = "The engine.", body = Model),
         crate::openapi::OpenAiErrors,
     )
 )]
 async fn model(
     State(state): State<ApiState>,
     axum::extract::Path(id): axum::extract::Path<String>,
-) -> Result<Json<serde_json::Value>, OpenAiError> {
+) -> Result<Json<Model>, OpenAiError> {
     let engines = available_engines(&state);
     if engines.contains(&id) {
-        return Ok(Json(model_json(&id, unix_now())));
+        return Ok(Json(Model::new(&id, unix_now())));
     }
     let mut error = OpenAiError::unknown_model(&id, &engines);
     error.status = axum::http::StatusCode::NOT_FOUND;
     Err(error)
-}
-
-fn model_json(id: &str, created: u64) -> serde_json::Value {
-    json!({ "id": id, "object": "model", "created": created, "owned_by": "lemon-gateway" })
 }
 
 /// The ids of the engines that can run now, in registration order.

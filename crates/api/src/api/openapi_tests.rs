@@ -19,7 +19,7 @@ use crate::secrets::{SecretUses, SecretsApi};
 
 const TOKEN: &str = "test-token-6f1c";
 
-fn secrets_routes(dir: &std::path::Path) -> axum::Router {
+pub(super) fn secrets_routes(dir: &std::path::Path) -> axum::Router {
     crate::secrets::routes(SecretsApi {
         store: Arc::new(lemon_core::secrets::SecretStore::new(
             Default::default(),

@@ -616,6 +616,55 @@ async fn oversized_body_is_413_with_a_json_error() {
     assert!(error_of(&error).contains("larger than"), "{error}");
 }
 
+/// `{"run_usd": 1}` followed by spaces up to `len` bytes: valid JSON of any length.
+fn budget_body_of(len: usize) -> Vec<u8> {
+    let mut body = br#"{"run_usd": 1}"#.to_vec();
+    body.resize(len, b' ');
+    body
+}
+
+/// The documented limit: a body is at most 1 MiB (routes without files).
+/// Exactly 1 MiB is taken; one byte more is a `413` with a JSON error, both
+/// when the length is declared and when it is only found by reading.
+#[tokio::test]
+async fn a_body_of_1_mib_is_taken_and_one_byte_more_is_413() {
+    let gw = TestGateway::start(Duration::ZERO);
+    let (addr, _server) = gw.serve().await;
+    let client = reqwest::Client::new();
+    let put = |len: usize| {
+        client
+            .put(format!("http://{addr}/v1/sessions/s/budget"))
+            .bearer_auth(TOKEN)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(budget_body_of(len))
+            .send()
+    };
+    let taken = within("a 1 MiB body", put(1_048_576)).await.unwrap();
+    assert_eq!(taken.status(), reqwest::StatusCode::OK);
+    let taken: Value = taken.json().await.unwrap();
+    assert_eq!(taken["limits"]["run_usd"], 1.0, "{taken}");
+    let refused = within("a body of 1 MiB and a byte", put(1_048_577)).await.unwrap();
+    assert_eq!(refused.status(), reqwest::StatusCode::PAYLOAD_TOO_LARGE);
+    let refused: Value = refused.json().await.unwrap();
+    assert_eq!(refused, json!({ "error": "request body is larger than 1048576 bytes" }));
+
+    // No declared length: the limit is found while reading.
+    let undeclared = |len: usize| {
+        Request::builder()
+            .method(Method::PUT)
+            .uri("/v1/sessions/s/budget")
+            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(budget_body_of(len)))
+            .unwrap()
+    };
+    let (status, _, body) = gw.send(undeclared(1_048_576)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _, body) = gw.send(undeclared(1_048_577)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body, json!({ "error": "request body is larger than 1048576 bytes" }));
+}
+
 #[tokio::test]
 async fn unknown_routes_and_wrong_methods_are_json_errors() {
     let gw = TestGateway::start(Duration::ZERO);
@@ -864,6 +913,47 @@ async fn event_stream_that_lags_catches_up_from_the_store() {
     check_complete_run(&frames, "lag-1", &prompt);
 }
 
+/// The documented default of `run_idle_watchdog_ms`: a run with no event for
+/// two hours is cancelled with `run_idle_watchdog_timeout`.
+#[tokio::test(start_paused = true)]
+async fn a_run_silent_for_two_hours_is_cancelled_by_the_idle_watchdog() {
+    // Three hours between words, and the engine's own inactivity timeout
+    // further still: only the watchdog ends the run.
+    let config = RuntimeConfig {
+        run_inactivity_timeout: Duration::from_secs(10 * 60 * 60),
+        ..RuntimeConfig::default()
+    };
+    let gw =
+        TestGateway::with_config(Duration::from_secs(3 * 60 * 60), config, EventBus::default());
+    let mut events = gw.bus.subscribe_run(&RunId::parse("silent-1").unwrap());
+    let (status, body) = gw
+        .call(Method::POST, "/v1/runs", Some(json!({ "prompt": "one two", "run_id": "silent-1" })))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    until_event(&mut events, "silent-1", |kind| matches!(kind, EventKind::RunStarted { .. })).await;
+    let started = Instant::now();
+    // Not `until_completed`: its patience is shorter than the wait.
+    let completed =
+        lemon_core::testing::within_for(Duration::from_secs(3 * 60 * 60), "the watchdog", async {
+            loop {
+                match events.recv().await {
+                    Ok(event) if matches!(event.kind, EventKind::RunCompleted { .. }) => {
+                        return event
+                    }
+                    Ok(_) | Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => panic!("the run's topic closed before it completed"),
+                }
+            }
+        })
+        .await;
+    let silent = started.elapsed();
+    let EventKind::RunCompleted { completion, .. } = &completed.kind else { unreachable!() };
+    let code = completion.error.as_ref().map(|error| error.code().to_owned());
+    assert_eq!(code.as_deref(), Some("run_idle_watchdog_timeout"), "{completion:?}");
+    assert!(silent >= Duration::from_secs(2 * 60 * 60), "cancelled after {silent:?}");
+    assert!(silent < Duration::from_secs(2 * 60 * 60 + 1), "cancelled after {silent:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn quiet_event_stream_rereads_the_store() {
     // Events that reach the store without passing the run's topic (published
@@ -1045,7 +1135,7 @@ async fn status_reports_scheduler_and_engines() {
 
 /// MCP servers as the native engine's client would report them.
 #[derive(Debug)]
-struct FakeMcp(Vec<lemon_core::mcp::McpServerStatus>);
+pub(super) struct FakeMcp(pub(super) Vec<lemon_core::mcp::McpServerStatus>);
 
 impl lemon_core::mcp::McpStatusSource for FakeMcp {
     fn servers(&self) -> Vec<lemon_core::mcp::McpServerStatus> {
@@ -1502,7 +1592,7 @@ async fn bad_cron_input_is_a_json_4xx() {
 
 /// `config.toml` in memory, checked with core's loader like a start would.
 #[derive(Debug, Default)]
-struct MemoryConfig {
+pub(super) struct MemoryConfig {
     text: std::sync::Mutex<Option<String>>,
 }
 

@@ -1,8 +1,9 @@
-//! Transfer types of the control API: request bodies in, run JSON out.
+//! Transfer types of the control API's runs: request bodies in, runs out.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use lemon_core::budget::usage::RunSpend;
 use lemon_core::bus::RunStatus;
 use lemon_core::config::QueueMode;
 use lemon_core::engine::{Completion, Field, ResumeToken};
@@ -10,8 +11,8 @@ use lemon_core::ids::{RunId, SessionKey};
 use lemon_core::router::resolve::parse_engine_ref;
 use lemon_core::router::{model_from_meta, Origin, RequestFlags, RouteError, RunRequest, Runs};
 use lemon_core::store::{RunFilter, RunRecord};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::files::{FileSource, IncomingFile};
@@ -39,6 +40,7 @@ pub(crate) struct SubmitBody {
     run_id: Option<String>,
     /// `collect`, `followup`, `steer`, `steer-backlog`, `interrupt`.
     queue_mode: Option<String>,
+    /// The engine session to continue.
     resume: Option<ResumeBody>,
     /// Files for the run: saved in its working directory (`.lemon/uploads/`
     /// unless `[gateway.files] uploads_dir` names another) before it starts,
@@ -70,11 +72,20 @@ pub(super) struct AttachmentBody {
     url: Option<String>,
 }
 
-/// A structured resume token in a submit body.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-pub(super) struct ResumeBody {
-    engine: String,
-    value: String,
+/// A resume token: the engine and its session id (`resume` of a submit
+/// body, `resume` and `resumed_from` of a run).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub(crate) struct ResumeBody {
+    /// The engine that holds the session (`claude`, `codex`).
+    pub(crate) engine: String,
+    /// The engine's session id.
+    pub(crate) value: String,
+}
+
+impl From<&ResumeToken> for ResumeBody {
+    fn from(token: &ResumeToken) -> Self {
+        ResumeBody { engine: token.engine.clone(), value: token.value.clone() }
+    }
 }
 
 impl SubmitBody {
@@ -257,7 +268,7 @@ impl SubmitQuery {
 #[into_params(parameter_in = Query)]
 pub(super) struct ListQuery {
     /// Only runs in this status.
-    #[param(value_type = Option<crate::openapi::schema::RunStatus>)]
+    #[param(value_type = Option<RunStatusName>)]
     status: Option<String>,
     /// The most runs to list (50 unless given, at most 1000).
     #[param(value_type = Option<u64>)]
@@ -330,43 +341,201 @@ pub(super) fn apply_completion(
     record.duration_ms = Some(duration_ms);
 }
 
-/// The JSON form of a run, as `GET /v1/runs/{id}` returns it.
-pub(crate) fn run_json(record: &RunRecord, runs: &Runs) -> Value {
-    let token_json = |token: &ResumeToken| json!({ "engine": token.engine, "value": token.value });
-    let resume = record.resume.as_ref().map(token_json);
-    json!({
-        "run_id": record.run_id,
-        "session_key": record.session_key,
-        "engine": record.engine,
-        "prompt": record.prompt,
-        "meta": record.meta,
-        "untrusted": lemon_core::untrusted::source_in(&record.meta),
-        "status": record.status.as_str(),
-        "answer": record.answer,
-        "error": record.error,
-        "error_code": record.error_code,
-        "resumed_from": record.resumed_from.as_ref().map(token_json),
-        "resume": resume,
-        "resume_line": record.resume.as_ref().map(|token| resume_line(token, runs)),
-        "usage": record.usage,
-        "spend": spend_json(&record.spend),
-        "created_at_ms": record.created_at_ms,
-        "started_at_ms": record.started_at_ms,
-        "completed_at_ms": record.completed_at_ms,
-        "duration_ms": record.duration_ms,
-        "compacted": record.compacted,
-    })
+// The fields of this and every response type of the API are in the order of
+// their names: the bodies were JSON objects, whose keys serde_json writes
+// sorted, so a client sees the same bytes as before they had types.
+/// A run, as `GET /v1/runs/{id}` answers it.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub(crate) struct Run {
+    /// The engine's answer, once it gave one.
+    #[schema(required = true)]
+    pub(crate) answer: Option<String>,
+    /// The files sent with a finished run's answer (`GET /v1/runs/{id}` and
+    /// `?wait=true` only; `[]` while it runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) artifacts: Option<Vec<Artifact>>,
+    /// Set once retention compacted the run's events (`[gateway.retention]
+    /// events_days`): only its `run_completed` is left to replay.
+    #[schema(required = true)]
+    pub(crate) compacted: Option<Compacted>,
+    /// When it finished (ms since the epoch).
+    #[schema(required = true)]
+    pub(crate) completed_at_ms: Option<i64>,
+    /// When it was accepted (ms since the epoch).
+    pub(crate) created_at_ms: i64,
+    /// How long it ran.
+    #[schema(required = true)]
+    pub(crate) duration_ms: Option<u64>,
+    /// The engine it runs on (`claude`, `claude:opus`).
+    pub(crate) engine: String,
+    /// Why it failed, for a person.
+    #[schema(required = true)]
+    pub(crate) error: Option<String>,
+    /// Why it failed, for a program: `timeout`, `engine_exited`, `cancelled`…
+    #[schema(required = true)]
+    pub(crate) error_code: Option<String>,
+    /// What the caller sent as `meta`.
+    pub(crate) meta: Value,
+    /// What was asked.
+    pub(crate) prompt: String,
+    /// The session to continue after it: the token its engine reported.
+    #[schema(required = true)]
+    pub(crate) resume: Option<ResumeBody>,
+    /// The line a user pastes to continue the session.
+    #[schema(required = true)]
+    pub(crate) resume_line: Option<String>,
+    /// The session the run continued (the token it started with).
+    #[schema(required = true)]
+    pub(crate) resumed_from: Option<ResumeBody>,
+    pub(crate) run_id: String,
+    pub(crate) session_key: String,
+    /// What the run spent, normalised.
+    pub(crate) spend: Spend,
+    /// When its engine started (ms since the epoch).
+    #[schema(required = true)]
+    pub(crate) started_at_ms: Option<i64>,
+    pub(crate) status: RunStatusName,
+    /// Where the run's outside text came from (`webhook ci`, `email from
+    /// ann@example.com`); `null` for the owner's own words.
+    #[schema(required = true)]
+    pub(crate) untrusted: Option<String>,
+    /// The engine's own usage report, as it gave it.
+    pub(crate) usage: Value,
+}
+
+impl Run {
+    /// `record` as the API shows it, without its artifacts (the routes that
+    /// show them add them).
+    pub(crate) fn of(record: &RunRecord, runs: &Runs) -> Run {
+        Run {
+            answer: record.answer.clone(),
+            artifacts: None,
+            compacted: record.compacted.as_ref().map(Compacted::from),
+            completed_at_ms: record.completed_at_ms,
+            created_at_ms: record.created_at_ms,
+            duration_ms: record.duration_ms,
+            engine: record.engine.clone(),
+            error: record.error.clone(),
+            error_code: record.error_code.clone(),
+            meta: record.meta.clone(),
+            prompt: record.prompt.clone(),
+            resume: record.resume.as_ref().map(ResumeBody::from),
+            resume_line: record.resume.as_ref().map(|token| resume_line(token, runs)),
+            resumed_from: record.resumed_from.as_ref().map(ResumeBody::from),
+            run_id: record.run_id.clone(),
+            session_key: record.session_key.as_str().to_owned(),
+            spend: Spend::from(&record.spend),
+            started_at_ms: record.started_at_ms,
+            status: record.status.into(),
+            untrusted: lemon_core::untrusted::source_in(&record.meta),
+            usage: record.usage.clone(),
+        }
+    }
+}
+
+/// A run's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[schema(as = RunStatus)]
+pub(crate) enum RunStatusName {
+    Queued,
+    Running,
+    /// Cancelled while running, and waiting for its engine to let go.
+    Cancelling,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl From<RunStatus> for RunStatusName {
+    fn from(status: RunStatus) -> Self {
+        match status {
+            RunStatus::Queued => RunStatusName::Queued,
+            RunStatus::Running => RunStatusName::Running,
+            RunStatus::Cancelling => RunStatusName::Cancelling,
+            RunStatus::Completed => RunStatusName::Completed,
+            RunStatus::Failed => RunStatusName::Failed,
+            RunStatus::Cancelled => RunStatusName::Cancelled,
+        }
+    }
 }
 
 /// What a run spent, normalised: tokens and US dollars.
-fn spend_json(spend: &lemon_core::budget::usage::RunSpend) -> Value {
-    json!({
-        "input_tokens": spend.input_tokens,
-        "output_tokens": spend.output_tokens,
-        "cache_read_tokens": spend.cache_read_tokens,
-        "cache_write_tokens": spend.cache_write_tokens,
-        "usd": spend.usd,
-    })
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
+pub(crate) struct Spend {
+    /// Prompt tokens read from the engine's cache.
+    pub(crate) cache_read_tokens: u64,
+    /// Prompt tokens written to the engine's cache.
+    pub(crate) cache_write_tokens: u64,
+    /// Prompt tokens, cache traffic left out.
+    pub(crate) input_tokens: u64,
+    /// Tokens of the answer.
+    pub(crate) output_tokens: u64,
+    /// US dollars: the engine's own figure when it reports one, else priced
+    /// from `[gateway.budgets.prices]`, else 0.
+    pub(crate) usd: f64,
+}
+
+impl From<&RunSpend> for Spend {
+    fn from(spend: &RunSpend) -> Self {
+        Spend {
+            cache_read_tokens: spend.cache_read_tokens,
+            cache_write_tokens: spend.cache_write_tokens,
+            input_tokens: spend.input_tokens,
+            output_tokens: spend.output_tokens,
+            usd: spend.usd,
+        }
+    }
+}
+
+/// What compaction kept of a run's events.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub(crate) struct Compacted {
+    /// Its completed actions, each `{kind, title, ok, message}`.
+    #[schema(value_type = Vec<Object>)]
+    pub(crate) actions: Vec<Value>,
+    /// When (ms since the epoch).
+    pub(crate) at_ms: i64,
+    /// How many events the run had.
+    pub(crate) events: u64,
+}
+
+impl From<&lemon_core::store::Compacted> for Compacted {
+    fn from(compacted: &lemon_core::store::Compacted) -> Self {
+        Compacted {
+            actions: compacted.actions.clone(),
+            at_ms: compacted.at_ms,
+            events: compacted.events,
+        }
+    }
+}
+
+/// A file sent with a run's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub(crate) struct Artifact {
+    /// What the run said about it.
+    #[schema(required = true)]
+    pub(crate) caption: Option<String>,
+    /// The name the recipient sees.
+    pub(crate) filename: String,
+    /// The media type its extension suggests (`application/octet-stream` otherwise).
+    pub(crate) mime: String,
+    /// The file, absolute, inside the run's directory or the workspace.
+    pub(crate) path: String,
+    /// Bytes.
+    pub(crate) size: u64,
+}
+
+impl From<&lemon_core::artifacts::Artifact> for Artifact {
+    fn from(artifact: &lemon_core::artifacts::Artifact) -> Self {
+        Artifact {
+            caption: artifact.caption.clone(),
+            filename: artifact.filename.clone(),
+            mime: artifact.mime().to_owned(),
+            path: artifact.path.to_string_lossy().into_owned(),
+            size: artifact.size,
+        }
+    }
 }
 
 /// The line a user pastes to continue the session, in the engine's own format

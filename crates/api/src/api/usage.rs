@@ -7,12 +7,200 @@ use lemon_core::budget::store_guard::SessionBudget;
 use lemon_core::config::{BudgetLimits, SessionLimits};
 use lemon_core::ids::SessionKey;
 use lemon_core::store::{UsageFilter, UsageGroup, UsageTotals};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
 use super::ApiState;
 use crate::error::{ApiError, JsonBody, PathParams, QueryParams};
-use crate::openapi::{schema, Errors};
+use crate::openapi::Errors;
+
+/// `GET /v1/usage`: what finished runs spent since `since_ms`.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub(crate) struct Usage {
+    /// Per engine.
+    pub(crate) engines: Vec<EngineTotals>,
+    /// Per session.
+    pub(crate) sessions: Vec<SessionTotals>,
+    /// The start of the span (ms since the epoch; 0: everything).
+    pub(crate) since_ms: i64,
+    pub(crate) total: Totals,
+}
+
+/// Tokens, dollars and runs over a span.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
+pub(crate) struct Totals {
+    /// Prompt tokens read from the engine's cache.
+    pub(crate) cache_read_tokens: u64,
+    /// Prompt tokens written to the engine's cache.
+    pub(crate) cache_write_tokens: u64,
+    /// Prompt tokens, cache traffic left out.
+    pub(crate) input_tokens: u64,
+    /// Tokens of the answer.
+    pub(crate) output_tokens: u64,
+    /// Finished runs.
+    pub(crate) runs: u64,
+    /// What token limits count: input plus output.
+    pub(crate) tokens: u64,
+    /// US dollars.
+    pub(crate) usd: f64,
+}
+
+impl From<&UsageTotals> for Totals {
+    fn from(totals: &UsageTotals) -> Self {
+        let spend = &totals.spend;
+        Totals {
+            cache_read_tokens: spend.cache_read_tokens,
+            cache_write_tokens: spend.cache_write_tokens,
+            input_tokens: spend.input_tokens,
+            output_tokens: spend.output_tokens,
+            runs: totals.runs,
+            tokens: spend.tokens(),
+            usd: spend.usd,
+        }
+    }
+}
+
+/// Tokens, dollars and runs of one engine.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub(crate) struct EngineTotals {
+    /// Prompt tokens read from the engine's cache.
+    pub(crate) cache_read_tokens: u64,
+    /// Prompt tokens written to the engine's cache.
+    pub(crate) cache_write_tokens: u64,
+    /// The engine (`claude`).
+    pub(crate) engine: String,
+    /// Prompt tokens, cache traffic left out.
+    pub(crate) input_tokens: u64,
+    /// Tokens of the answers.
+    pub(crate) output_tokens: u64,
+    /// Finished runs.
+    pub(crate) runs: u64,
+    /// What token limits count: input plus output.
+    pub(crate) tokens: u64,
+    /// US dollars.
+    pub(crate) usd: f64,
+}
+
+impl EngineTotals {
+    fn new(engine: String, totals: &UsageTotals) -> Self {
+        let Totals {
+            cache_read_tokens,
+            cache_write_tokens,
+            input_tokens,
+            output_tokens,
+            runs,
+            tokens,
+            usd,
+        } = Totals::from(totals);
+        EngineTotals {
+            cache_read_tokens,
+            cache_write_tokens,
+            engine,
+            input_tokens,
+            output_tokens,
+            runs,
+            tokens,
+            usd,
+        }
+    }
+}
+
+/// Tokens, dollars and runs of one session.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub(crate) struct SessionTotals {
+    /// Prompt tokens read from the engine's cache.
+    pub(crate) cache_read_tokens: u64,
+    /// Prompt tokens written to the engine's cache.
+    pub(crate) cache_write_tokens: u64,
+    /// Prompt tokens, cache traffic left out.
+    pub(crate) input_tokens: u64,
+    /// Tokens of the answer.
+    pub(crate) output_tokens: u64,
+    /// Finished runs.
+    pub(crate) runs: u64,
+    pub(crate) session_key: String,
+    /// What token limits count: input plus output.
+    pub(crate) tokens: u64,
+    /// US dollars.
+    pub(crate) usd: f64,
+}
+
+impl SessionTotals {
+    fn new(session_key: String, totals: &UsageTotals) -> Self {
+        let Totals {
+            cache_read_tokens,
+            cache_write_tokens,
+            input_tokens,
+            output_tokens,
+            runs,
+            tokens,
+            usd,
+        } = Totals::from(totals);
+        SessionTotals {
+            cache_read_tokens,
+            cache_write_tokens,
+            input_tokens,
+            output_tokens,
+            runs,
+            session_key,
+            tokens,
+            usd,
+        }
+    }
+}
+
+/// `GET` and `PUT /v1/sessions/{key}/budget`: the limits in force for a
+/// session and what it spent today (UTC).
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub(crate) struct Budget {
+    /// What every session spent today.
+    pub(crate) all_sessions_today: Totals,
+    /// The start of the current UTC day (ms since the epoch).
+    pub(crate) day_start_ms: i64,
+    /// The limits in force: the session's own, its binding's, then the global ones.
+    pub(crate) limits: Limits,
+    pub(crate) session_key: String,
+    /// The session's own limits (`PUT`), if it has some.
+    #[schema(required = true)]
+    pub(crate) session_override: Option<SessionLimitsBody>,
+    /// What this session spent today.
+    pub(crate) today: Totals,
+}
+
+/// The limits in force for a session (`null`: no limit).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
+pub(crate) struct Limits {
+    /// Tokens all sessions may spend per UTC day.
+    #[schema(required = true)]
+    pub(crate) daily_tokens: Option<u64>,
+    /// US dollars all sessions may spend per UTC day.
+    #[schema(required = true)]
+    pub(crate) daily_usd: Option<f64>,
+    /// Tokens one run may spend.
+    #[schema(required = true)]
+    pub(crate) run_tokens: Option<u64>,
+    /// US dollars one run may spend.
+    #[schema(required = true)]
+    pub(crate) run_usd: Option<f64>,
+    /// Tokens the session may spend per UTC day.
+    #[schema(required = true)]
+    pub(crate) session_daily_tokens: Option<u64>,
+    /// US dollars the session may spend per UTC day.
+    #[schema(required = true)]
+    pub(crate) session_daily_usd: Option<f64>,
+}
+
+impl From<&BudgetLimits> for Limits {
+    fn from(limits: &BudgetLimits) -> Self {
+        Limits {
+            daily_tokens: limits.daily_tokens,
+            daily_usd: limits.daily_usd,
+            run_tokens: limits.session.run_tokens,
+            run_usd: limits.session.run_usd,
+            session_daily_tokens: limits.session.session_daily_tokens,
+            session_daily_usd: limits.session.session_daily_usd,
+        }
+    }
+}
 
 /// The query of `GET /v1/usage`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -21,7 +209,9 @@ use crate::openapi::{schema, Errors};
 pub(super) struct UsageQuery {
     /// Milliseconds since the epoch, or an RFC 3339 time; unset: everything.
     since: Option<String>,
+    /// Only this session's runs.
     session: Option<String>,
+    /// Only this engine's runs (`claude`).
     engine: Option<String>,
 }
 
@@ -97,32 +287,19 @@ fn rfc3339_ms(raw: &str) -> Option<i64> {
     Some(seconds * 1000 + millis)
 }
 
-/// A spend and run count as JSON.
-pub(super) fn totals_json(totals: &UsageTotals) -> Value {
-    let spend = &totals.spend;
-    json!({
-        "runs": totals.runs,
-        "input_tokens": spend.input_tokens,
-        "output_tokens": spend.output_tokens,
-        "cache_read_tokens": spend.cache_read_tokens,
-        "cache_write_tokens": spend.cache_write_tokens,
-        "tokens": spend.tokens(),
-        "usd": spend.usd,
-    })
-}
-
-/// `GET /v1/usage?since=&session=&engine=`.
+/// `GET /v1/usage`: what finished runs spent, in total, per engine and per
+/// session, since `since`.
 #[utoipa::path(
     get,
     path = "/v1/usage",
     tag = "usage",
     params(UsageQuery),
-    responses((status = 200, description = "Totals, per engine and per session.", body = schema::Usage), Errors)
+    responses((status = 200, description = "Totals, per engine and per session.", body = Usage), Errors)
 )]
 pub(super) async fn usage(
     State(state): State<ApiState>,
     QueryParams(query): QueryParams<UsageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Usage>, ApiError> {
     let since = query.since.as_deref().map(since_ms).transpose()?.unwrap_or(0);
     let session_key = query
         .session
@@ -137,45 +314,25 @@ pub(super) async fn usage(
     let filter = UsageFilter { since_ms: since, session_key, engine };
     let usage = state.budget.store().usage();
     let total = usage.usage_totals(&filter).await?;
-    let groups = |list: Vec<(String, UsageTotals)>, name: &str| -> Vec<Value> {
-        list.iter()
-            .map(|(key, totals)| {
-                let mut entry = totals_json(totals);
-                entry[name] = json!(key);
-                entry
-            })
-            .collect()
-    };
-    let by_engine = groups(usage.usage_by(&filter, UsageGroup::Engine).await?, "engine");
-    let by_session = groups(usage.usage_by(&filter, UsageGroup::Session).await?, "session_key");
-    Ok(Json(json!({
-        "since_ms": since,
-        "total": totals_json(&total),
-        "engines": by_engine,
-        "sessions": by_session,
-    })))
+    let engines = usage.usage_by(&filter, UsageGroup::Engine).await?;
+    let sessions = usage.usage_by(&filter, UsageGroup::Session).await?;
+    Ok(Json(Usage {
+        engines: engines.into_iter().map(|(key, t)| EngineTotals::new(key, &t)).collect(),
+        sessions: sessions.into_iter().map(|(key, t)| SessionTotals::new(key, &t)).collect(),
+        since_ms: since,
+        total: Totals::from(&total),
+    }))
 }
 
-fn limits_json(limits: &BudgetLimits) -> Value {
-    json!({
-        "run_tokens": limits.session.run_tokens,
-        "run_usd": limits.session.run_usd,
-        "session_daily_tokens": limits.session.session_daily_tokens,
-        "session_daily_usd": limits.session.session_daily_usd,
-        "daily_tokens": limits.daily_tokens,
-        "daily_usd": limits.daily_usd,
-    })
-}
-
-fn budget_json(key: &SessionKey, budget: &SessionBudget) -> Value {
-    json!({
-        "session_key": key,
-        "limits": limits_json(&budget.limits),
-        "session_override": budget.session_override,
-        "day_start_ms": budget.day_start_ms,
-        "today": totals_json(&budget.session_today),
-        "all_sessions_today": totals_json(&budget.all_today),
-    })
+fn budget_of(key: &SessionKey, budget: &SessionBudget) -> Budget {
+    Budget {
+        all_sessions_today: Totals::from(&budget.all_today),
+        day_start_ms: budget.day_start_ms,
+        limits: Limits::from(&budget.limits),
+        session_key: key.as_str().to_owned(),
+        session_override: budget.session_override.as_ref().map(SessionLimitsBody::from),
+        today: Totals::from(&budget.session_today),
+    }
 }
 
 fn session_key(raw: &str) -> Result<SessionKey, ApiError> {
@@ -189,26 +346,42 @@ fn session_key(raw: &str) -> Result<SessionKey, ApiError> {
     path = "/v1/sessions/{key}/budget",
     tag = "usage",
     params(("key" = String, Path, description = "The session key.")),
-    responses((status = 200, description = "The session's limits and spend today.", body = schema::Budget), Errors)
+    responses((status = 200, description = "The session's limits and spend today.", body = Budget), Errors)
 )]
 pub(super) async fn get_budget(
     State(state): State<ApiState>,
     PathParams(key): PathParams<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Budget>, ApiError> {
     let key = session_key(&key)?;
     let budget = state.budget.report(&key).await?;
-    Ok(Json(budget_json(&key, &budget)))
+    Ok(Json(budget_of(&key, &budget)))
 }
 
-/// The body of `PUT /v1/sessions/{key}/budget`: the session's own limits; an
-/// absent or `null` key keeps the binding's or the global one.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+/// A session's own limits: the body of `PUT /v1/sessions/{key}/budget`,
+/// and `session_override` of the budget. An absent or `null` key keeps the
+/// binding's or the global one.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct BudgetBody {
-    run_tokens: Option<u64>,
-    run_usd: Option<f64>,
-    session_daily_tokens: Option<u64>,
-    session_daily_usd: Option<f64>,
+pub(crate) struct SessionLimitsBody {
+    /// Tokens one run may spend.
+    pub(crate) run_tokens: Option<u64>,
+    /// US dollars one run may spend.
+    pub(crate) run_usd: Option<f64>,
+    /// Tokens the session may spend per UTC day.
+    pub(crate) session_daily_tokens: Option<u64>,
+    /// US dollars the session may spend per UTC day.
+    pub(crate) session_daily_usd: Option<f64>,
+}
+
+impl From<&SessionLimits> for SessionLimitsBody {
+    fn from(limits: &SessionLimits) -> Self {
+        SessionLimitsBody {
+            run_tokens: limits.run_tokens,
+            run_usd: limits.run_usd,
+            session_daily_tokens: limits.session_daily_tokens,
+            session_daily_usd: limits.session_daily_usd,
+        }
+    }
 }
 
 /// `PUT /v1/sessions/{key}/budget`: sets the session's own limits (an empty
@@ -218,14 +391,14 @@ pub(super) struct BudgetBody {
     path = "/v1/sessions/{key}/budget",
     tag = "usage",
     params(("key" = String, Path, description = "The session key.")),
-    request_body = BudgetBody,
-    responses((status = 200, description = "The session's limits and spend today.", body = schema::Budget), Errors)
+    request_body = SessionLimitsBody,
+    responses((status = 200, description = "The session's limits and spend today.", body = Budget), Errors)
 )]
 pub(super) async fn put_budget(
     State(state): State<ApiState>,
     PathParams(key): PathParams<String>,
-    JsonBody(body): JsonBody<BudgetBody>,
-) -> Result<Json<Value>, ApiError> {
+    JsonBody(body): JsonBody<SessionLimitsBody>,
+) -> Result<Json<Budget>, ApiError> {
     let key = session_key(&key)?;
     let limits = SessionLimits {
         run_tokens: body.run_tokens,
@@ -239,5 +412,5 @@ pub(super) async fn put_budget(
     let limits = (limits != SessionLimits::default()).then_some(limits);
     state.budget.set_session_limits(&key, limits).await?;
     let budget = state.budget.report(&key).await?;
-    Ok(Json(budget_json(&key, &budget)))
+    Ok(Json(budget_of(&key, &budget)))
 }

@@ -154,7 +154,8 @@ pub(super) fn json_error_response(
     message: &str,
     extra_headers: &str,
 ) -> Vec<u8> {
-    let body = serde_json::json!({ "error": message }).to_string();
+    // One string field: it always serialises.
+    let body = serde_json::to_string(&crate::error::ErrorBody::new(message)).unwrap_or_default();
     format!(
         "HTTP/1.1 {code} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra_headers}connection: close\r\n\r\n{body}",
         body.len()

@@ -19,9 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::catalog::{argument_error, object};
 use super::McpEndpoint;
-use crate::api::runs::{cancel_run, command_name, refuse_unavailable, wait_for_run};
+use crate::api::runs::{cancel_run, refuse_unavailable, wait_for_run, CommandReply};
 use crate::api::transfer::{
-    parse_run_id, run_json, run_not_found, SubmitBody, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT,
+    parse_run_id, run_not_found, Run, SubmitBody, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT,
 };
 use crate::error::ApiError;
 
@@ -233,7 +233,7 @@ impl Control {
         let (accepted, follower) = match self.router.submit(req).await.map_err(ApiError::from)? {
             Submitted::Run(accepted, follower) => (accepted, follower),
             Submitted::Command { command, reply } => {
-                let body = json!({ "command": command_name(&command), "reply": reply });
+                let body = json!(CommandReply::new(&command, reply));
                 return Ok(Answer { body, failed: false });
             }
         };
@@ -277,12 +277,12 @@ impl Control {
             .await
             .map_err(ApiError::from)?
             .ok_or_else(|| run_not_found(&raw))?;
-        Ok(Answer::of_run(&run_json(&record, &self.runs)))
+        Ok(Answer::of_run(&Run::of(&record, &self.runs)))
     }
 
     async fn cancel(&self, args: &Args) -> Result<Answer, Refusal> {
         let raw = args.required("run_id")?;
-        let body = cancel_run(&self.router, &self.runs, &raw).await?;
+        let body = json!(cancel_run(&self.router, &self.runs, &raw).await?);
         Ok(Answer { body, failed: false })
     }
 
@@ -327,8 +327,9 @@ struct Answer {
 }
 
 impl Answer {
-    /// A run's state and outcome, from its JSON as `GET /v1/runs/{id}` has it.
-    fn of_run(run: &Value) -> Answer {
+    /// A run's state and outcome, from the run as `GET /v1/runs/{id}` has it.
+    fn of_run(run: &Run) -> Answer {
+        let run = json!(run);
         let keys = [
             "run_id",
             "session_key",

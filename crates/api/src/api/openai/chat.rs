@@ -14,10 +14,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lemon_core::engine::Completion;
 use lemon_core::router::Submitted;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::error::OpenAiError;
+use super::error::{OpenAiError, OpenAiErrorBody};
 use super::follow::{rendered, AnswerStream, Render, Step};
 use super::turns::{Role, Turn};
 use super::{
@@ -32,21 +32,28 @@ use crate::files::{FileSource, IncomingFile};
 pub(super) struct ChatRequest {
     /// The engine, with a model if it takes one (`claude:opus`).
     model: Option<String>,
+    /// The conversation; the last message is the user's, the prompt.
     messages: Option<Vec<Message>>,
+    /// Answer with Server-Sent Events of `chat.completion.chunk`s.
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
+    /// The session, unless `X-Lemon-Session` names one.
     user: Option<String>,
 }
 
+/// What a stream carries besides the answer.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 struct StreamOptions {
+    /// A last chunk with the usage, when the engine reported it.
     include_usage: Option<bool>,
 }
 
+/// One message of a chat.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 struct Message {
-    /// `system`, `developer`, `user` or `assistant`.
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
     role: String,
+    /// Text, or a list of parts (text, images, files).
     content: Option<Content>,
 }
 
@@ -98,6 +105,72 @@ pub(super) struct FilePart {
     filename: Option<String>,
     /// Refused: files uploaded to OpenAI are not known here.
     file_id: Option<String>,
+}
+
+/// `POST /v1/chat/completions` without `stream`: a `chat.completion`.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub(crate) struct ChatCompletion {
+    /// The one choice: the run's answer.
+    pub(crate) choices: Vec<ChatChoice>,
+    /// Seconds since the epoch.
+    pub(crate) created: u64,
+    /// `chatcmpl-<run id>`.
+    pub(crate) id: String,
+    /// The engine, as the request named it.
+    pub(crate) model: String,
+    /// `chat.completion`.
+    pub(crate) object: String,
+    /// Always `null`.
+    #[schema(required = true)]
+    pub(crate) system_fingerprint: Option<String>,
+    /// `null` when the engine reported none.
+    #[schema(required = true)]
+    pub(crate) usage: Option<ChatUsage>,
+}
+
+/// The one choice of a chat completion.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub(crate) struct ChatChoice {
+    /// `stop`.
+    pub(crate) finish_reason: String,
+    /// `0`.
+    pub(crate) index: u32,
+    /// Always `null`.
+    #[schema(required = true, value_type = Option<Object>)]
+    pub(crate) logprobs: Option<Value>,
+    pub(crate) message: ChatMessage,
+}
+
+/// The assistant's message in a chat completion.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub(crate) struct ChatMessage {
+    /// The answer.
+    pub(crate) content: String,
+    /// Always `null`.
+    #[schema(required = true)]
+    pub(crate) refusal: Option<String>,
+    /// `assistant`.
+    pub(crate) role: String,
+}
+
+/// A chat completion's token counts, OpenAI's way: prompt tokens include
+/// the cached ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub(crate) struct ChatUsage {
+    /// Tokens of the answer.
+    pub(crate) completion_tokens: u64,
+    /// Prompt tokens, cached ones included.
+    pub(crate) prompt_tokens: u64,
+    pub(crate) prompt_tokens_details: PromptTokensDetails,
+    /// Prompt and completion tokens.
+    pub(crate) total_tokens: u64,
+}
+
+/// Cached prompt tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub(crate) struct PromptTokensDetails {
+    /// Prompt tokens read from the engine's cache.
+    pub(crate) cached_tokens: u64,
 }
 
 /// Base64 text or a `data:` URL as a file's source.
@@ -198,6 +271,9 @@ impl ChatRequest {
     }
 }
 
+/// `POST /v1/chat/completions`: OpenAI's chat completion, answered by a run
+/// of the engine `model` names; with `stream`, its chunks as Server-Sent
+/// Events.
 #[utoipa::path(
     post,
     path = "/v1/chat/completions",
@@ -208,13 +284,13 @@ impl ChatRequest {
     responses(
         (status = 200, description = "A `chat.completion`, or with `stream` Server-Sent Events of `chat.completion.chunk`s ending with `data: [DONE]`.",
             content(
-                (crate::openapi::schema::ChatCompletion = "application/json"),
+                (ChatCompletion = "application/json"),
                 (crate::openapi::schema::SseEvent = "text/event-stream"),
             )),
         crate::openapi::OpenAiErrors,
-        (status = 403, description = "Files are not accepted (`[gateway.files] enabled = false`).", body = crate::openapi::schema::OpenAiErrorBody),
-        (status = 413, description = "The body is larger than its limit (one file of `[gateway.files] max_download_bytes` in base64, at least 1 MiB), or an image or file is larger than `max_download_bytes`.", body = crate::openapi::schema::OpenAiErrorBody),
-        (status = 422, description = "An image or file URL could not be fetched, or points at a private or loopback address.", body = crate::openapi::schema::OpenAiErrorBody),
+        (status = 403, description = "Files are not accepted (`[gateway.files] enabled = false`).", body = OpenAiErrorBody),
+        (status = 413, description = "The body is larger than its limit (one file of `[gateway.files] max_download_bytes` in base64, at least 1 MiB), or an image or file is larger than `max_download_bytes`.", body = OpenAiErrorBody),
+        (status = 422, description = "An image or file URL could not be fetched, or points at a private or loopback address.", body = OpenAiErrorBody),
     )
 )]
 pub(super) async fn create(
@@ -240,7 +316,7 @@ pub(super) async fn create(
             if stream {
                 sse_of(futures::stream::iter(chunks.whole(&reply)))
             } else {
-                Json(completion_json(&chunks, &reply, None)).into_response()
+                Json(chunks.completion(&reply, None)).into_response()
             }
         }
         Submitted::Run(_, follower) => {
@@ -250,8 +326,8 @@ pub(super) async fn create(
                 sse_of(rendered(role, chunks, answer))
             } else {
                 let completion = answer_of(answer).await?;
-                let usage = reported_usage(&completion.usage).map(|u| usage_json(&u));
-                Json(completion_json(&chunks, &completion.answer, usage)).into_response()
+                let usage = reported_usage(&completion.usage).map(|u| chat_usage(&u));
+                Json(chunks.completion(&completion.answer, usage)).into_response()
             }
         }
     };
@@ -314,7 +390,7 @@ impl Chunks {
         data(&self.chunk(json!({}), Some("stop")))
     }
 
-    fn usage(&self, usage: Value) -> Event {
+    fn usage(&self, usage: ChatUsage) -> Event {
         data(&json!({
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -332,40 +408,47 @@ impl Chunks {
     }
 }
 
-fn data(value: &Value) -> Event {
-    Event::default().data(value.to_string())
+fn data(value: &impl Serialize) -> Event {
+    // The bodies here are objects with string keys: they always serialise.
+    Event::default().data(serde_json::to_string(value).unwrap_or_default())
 }
 
 fn done() -> Event {
     Event::default().data("[DONE]")
 }
 
-/// The non-streamed object.
-fn completion_json(chunks: &Chunks, content: &str, usage: Option<Value>) -> Value {
-    json!({
-        "id": chunks.id,
-        "object": "chat.completion",
-        "created": chunks.created,
-        "model": chunks.model,
-        "system_fingerprint": null,
-        "choices": [{
-            "index": 0,
-            "message": { "role": "assistant", "content": content, "refusal": null },
-            "logprobs": null,
-            "finish_reason": "stop",
-        }],
-        "usage": usage,
-    })
+impl Chunks {
+    /// The non-streamed object.
+    fn completion(&self, content: &str, usage: Option<ChatUsage>) -> ChatCompletion {
+        ChatCompletion {
+            choices: vec![ChatChoice {
+                finish_reason: "stop".to_owned(),
+                index: 0,
+                logprobs: None,
+                message: ChatMessage {
+                    content: content.to_owned(),
+                    refusal: None,
+                    role: "assistant".to_owned(),
+                },
+            }],
+            created: self.created,
+            id: self.id.clone(),
+            model: self.model.clone(),
+            object: "chat.completion".to_owned(),
+            system_fingerprint: None,
+            usage,
+        }
+    }
 }
 
-fn usage_json(usage: &lemon_core::budget::usage::ReportedUsage) -> Value {
+fn chat_usage(usage: &lemon_core::budget::usage::ReportedUsage) -> ChatUsage {
     let prompt = input_tokens(usage);
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": usage.output_tokens,
-        "total_tokens": prompt + usage.output_tokens,
-        "prompt_tokens_details": { "cached_tokens": usage.cache_read_tokens },
-    })
+    ChatUsage {
+        completion_tokens: usage.output_tokens,
+        prompt_tokens: prompt,
+        prompt_tokens_details: PromptTokensDetails { cached_tokens: usage.cache_read_tokens },
+        total_tokens: prompt + usage.output_tokens,
+    }
 }
 
 /// The chunks of a followed run, ending with `[DONE]`; a failed run ends with
@@ -384,7 +467,7 @@ impl Render for Chunks {
         let mut out = vec![Ok(self.finish())];
         let usage = reported_usage(&completion.usage);
         if let Some(usage) = usage.filter(|_| self.include_usage) {
-            out.push(Ok(self.usage(usage_json(&usage))));
+            out.push(Ok(self.usage(chat_usage(&usage))));
         }
         out.push(Ok(done()));
         out

@@ -2,18 +2,39 @@
 //! the status OpenAI's clients expect, so their own error classes (bad request,
 //! authentication, rate limit) are raised.
 
+use crate::error::ApiError;
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lemon_core::engine::RunError;
 use lemon_core::router::RouteError;
-use serde_json::{json, Value};
-
-use crate::error::ApiError;
 
 /// OpenAI's client retries some statuses by itself unless told not to; a run
 /// that was executed and failed is not retried (it would run the agent again).
 const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+
+/// `{"error": {...}}`: every error of the OpenAI-compatible routes, and the
+/// last event of a stream whose run failed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct OpenAiErrorBody {
+    pub(crate) error: OpenAiErrorDetail,
+}
+
+/// OpenAI's error object.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct OpenAiErrorDetail {
+    /// What OpenAI's clients branch on (`model_not_found`,
+    /// `context_length_exceeded`, `rate_limit_exceeded`…), when there is one.
+    pub(crate) code: Option<String>,
+    /// What went wrong, for a person.
+    pub(crate) message: String,
+    /// The request field at fault (`model`, `messages`, `input`…), when one is.
+    pub(crate) param: Option<String>,
+    /// `invalid_request_error`, `authentication_error`, `rate_limit_error`,
+    /// `insufficient_quota`, `cancelled` or `server_error`.
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+}
 
 /// An error of the OpenAI-compatible routes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,15 +99,15 @@ impl OpenAiError {
     }
 
     /// The JSON body: `{"error": {...}}`, also the form of an error in a stream.
-    pub(crate) fn body(&self) -> Value {
-        json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        })
+    pub(crate) fn body(&self) -> OpenAiErrorBody {
+        OpenAiErrorBody {
+            error: OpenAiErrorDetail {
+                code: self.code.clone(),
+                message: self.message.clone(),
+                param: self.param.map(str::to_owned),
+                kind: self.kind.to_owned(),
+            },
+        }
     }
 
     /// The error of a completion that did not succeed; `None` for one that did.

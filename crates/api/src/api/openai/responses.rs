@@ -7,6 +7,7 @@
 //! `previous_response_id` continues that response's session: the id is
 //! `resp_<run id>`.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 
 use axum::body::Body;
@@ -18,11 +19,11 @@ use axum::Json;
 use lemon_core::engine::Completion;
 use lemon_core::ids::{RunId, SessionKey};
 use lemon_core::router::Submitted;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::chat::{answer_of, sse_of, Content};
-use super::error::OpenAiError;
+use super::error::{OpenAiError, OpenAiErrorBody};
 use super::follow::{rendered, AnswerStream, Render};
 use super::turns::{Role, Turn};
 use super::{
@@ -36,11 +37,120 @@ use crate::api::ApiState;
 pub(super) struct ResponsesRequest {
     /// The engine, with a model if it takes one (`claude:opus`).
     model: Option<String>,
+    /// The user's message as text, or a list of messages; the last is the
+    /// user's, the prompt.
     input: Option<Input>,
+    /// A system message before the input.
     instructions: Option<String>,
+    /// Answer with the Responses API's Server-Sent Events.
     stream: Option<bool>,
+    /// The session, unless `X-Lemon-Session` names one.
     user: Option<String>,
+    /// An earlier response (`resp_…`) whose session this one continues.
     previous_response_id: Option<String>,
+}
+
+/// `POST /v1/responses` without `stream`: a `response`; also the `response`
+/// of the stream's `response.created`, `response.completed` and
+/// `response.failed` events.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub(crate) struct ResponseObject {
+    /// Seconds since the epoch.
+    pub(crate) created_at: u64,
+    /// Why it failed (`response.failed` only); `null` otherwise.
+    #[schema(required = true)]
+    pub(crate) error: Option<ResponseError>,
+    /// `resp_<run id>`: what `previous_response_id` names to continue.
+    pub(crate) id: String,
+    /// Always `null`.
+    #[schema(required = true, value_type = Option<Object>)]
+    pub(crate) incomplete_details: Option<Value>,
+    /// The request's `instructions`.
+    #[schema(required = true)]
+    pub(crate) instructions: Option<String>,
+    /// Always `{}`.
+    pub(crate) metadata: BTreeMap<String, String>,
+    /// The engine, as the request named it.
+    pub(crate) model: String,
+    /// `response`.
+    pub(crate) object: String,
+    /// The assistant's message, once there is one.
+    pub(crate) output: Vec<OutputMessage>,
+    /// `false`.
+    pub(crate) parallel_tool_calls: bool,
+    /// `completed`, `in_progress` or `failed`.
+    pub(crate) status: String,
+    /// `none`.
+    pub(crate) tool_choice: String,
+    /// Always `[]`.
+    #[schema(value_type = Vec<Object>)]
+    pub(crate) tools: Vec<Value>,
+    /// `null` until it completed, or when the engine reported none.
+    #[schema(required = true)]
+    pub(crate) usage: Option<ResponseUsage>,
+}
+
+/// The error of a failed response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub(crate) struct ResponseError {
+    /// `timeout`, `context_length_exceeded`, `engine_exited`…
+    #[schema(required = true)]
+    pub(crate) code: Option<String>,
+    pub(crate) message: String,
+}
+
+/// The assistant's message: the one output item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub(crate) struct OutputMessage {
+    pub(crate) content: Vec<OutputText>,
+    /// `msg_<run id>`.
+    pub(crate) id: String,
+    /// `assistant`.
+    pub(crate) role: String,
+    /// `in_progress` or `completed`.
+    pub(crate) status: String,
+    /// `message`.
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+}
+
+/// The text of the assistant's message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub(crate) struct OutputText {
+    /// Always `[]`.
+    #[schema(value_type = Vec<Object>)]
+    pub(crate) annotations: Vec<Value>,
+    pub(crate) text: String,
+    /// `output_text`.
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+}
+
+/// A response's token counts, OpenAI's way: input tokens include the
+/// cached ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub(crate) struct ResponseUsage {
+    /// Input tokens, cached ones included.
+    pub(crate) input_tokens: u64,
+    pub(crate) input_tokens_details: InputTokensDetails,
+    /// Tokens of the answer.
+    pub(crate) output_tokens: u64,
+    pub(crate) output_tokens_details: OutputTokensDetails,
+    /// Input and output tokens.
+    pub(crate) total_tokens: u64,
+}
+
+/// Cached input tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub(crate) struct InputTokensDetails {
+    /// Input tokens read from the engine's cache.
+    pub(crate) cached_tokens: u64,
+}
+
+/// Reasoning tokens: `0`, engines do not report them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub(crate) struct OutputTokensDetails {
+    pub(crate) reasoning_tokens: u64,
 }
 
 /// The input: a user message as text, or a list of message items.
@@ -51,11 +161,15 @@ enum Input {
     Items(Vec<InputItem>),
 }
 
+/// One message of the input.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 struct InputItem {
+    /// `message` (other item types are refused).
     #[serde(rename = "type")]
     kind: Option<String>,
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
     role: Option<String>,
+    /// Text, or a list of parts (text, images, files).
     content: Option<Content>,
 }
 
@@ -93,6 +207,8 @@ impl ResponsesRequest {
     }
 }
 
+/// `POST /v1/responses`: OpenAI's response, answered by a run of the engine
+/// `model` names; with `stream`, the Responses API's events.
 #[utoipa::path(
     post,
     path = "/v1/responses",
@@ -103,13 +219,13 @@ impl ResponsesRequest {
     responses(
         (status = 200, description = "A `response`, or with `stream` Server-Sent Events from `response.created` to `response.completed`.",
             content(
-                (crate::openapi::schema::ResponseObject = "application/json"),
+                (ResponseObject = "application/json"),
                 (crate::openapi::schema::SseEvent = "text/event-stream"),
             )),
         crate::openapi::OpenAiErrors,
-        (status = 403, description = "Files are not accepted (`[gateway.files] enabled = false`).", body = crate::openapi::schema::OpenAiErrorBody),
-        (status = 413, description = "The body is larger than its limit (one file of `[gateway.files] max_download_bytes` in base64, at least 1 MiB), or an image or file is larger than `max_download_bytes`.", body = crate::openapi::schema::OpenAiErrorBody),
-        (status = 422, description = "An image or file URL could not be fetched, or points at a private or loopback address.", body = crate::openapi::schema::OpenAiErrorBody),
+        (status = 403, description = "Files are not accepted (`[gateway.files] enabled = false`).", body = OpenAiErrorBody),
+        (status = 413, description = "The body is larger than its limit (one file of `[gateway.files] max_download_bytes` in base64, at least 1 MiB), or an image or file is larger than `max_download_bytes`.", body = OpenAiErrorBody),
+        (status = 422, description = "An image or file URL could not be fetched, or points at a private or loopback address.", body = OpenAiErrorBody),
     )
 )]
 pub(super) async fn create(
@@ -155,7 +271,7 @@ pub(super) async fn create(
                 sse_of(rendered(start, events, answer))
             } else {
                 let completion = answer_of(answer).await?;
-                let usage = reported_usage(&completion.usage).map(|u| usage_json(&u));
+                let usage = reported_usage(&completion.usage).map(|u| response_usage(&u));
                 Json(shape.completed(&completion.answer, usage)).into_response()
             }
         }
@@ -188,54 +304,63 @@ struct Shape {
 }
 
 impl Shape {
-    fn response(&self, status: &str, output: Vec<Value>, usage: Option<Value>) -> Value {
-        json!({
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created_at,
-            "status": status,
-            "error": null,
-            "incomplete_details": null,
-            "instructions": self.instructions,
-            "model": self.model,
-            "output": output,
-            "parallel_tool_calls": false,
-            "tool_choice": "none",
-            "tools": [],
-            "metadata": {},
-            "usage": usage,
-        })
+    fn response(
+        &self,
+        status: &str,
+        output: Vec<OutputMessage>,
+        usage: Option<ResponseUsage>,
+    ) -> ResponseObject {
+        ResponseObject {
+            created_at: self.created_at,
+            error: None,
+            id: self.id.clone(),
+            incomplete_details: None,
+            instructions: self.instructions.clone(),
+            metadata: BTreeMap::new(),
+            model: self.model.clone(),
+            object: "response".to_owned(),
+            output,
+            parallel_tool_calls: false,
+            status: status.to_owned(),
+            tool_choice: "none".to_owned(),
+            tools: Vec::new(),
+            usage,
+        }
     }
 
-    fn text_part(text: &str) -> Value {
-        json!({ "type": "output_text", "text": text, "annotations": [] })
+    fn text_part(text: &str) -> OutputText {
+        OutputText {
+            annotations: Vec::new(),
+            text: text.to_owned(),
+            kind: "output_text".to_owned(),
+        }
     }
 
-    fn message(&self, status: &str, content: Vec<Value>) -> Value {
-        json!({
-            "id": self.message_id,
-            "type": "message",
-            "status": status,
-            "role": "assistant",
-            "content": content,
-        })
+    fn message(&self, status: &str, content: Vec<OutputText>) -> OutputMessage {
+        OutputMessage {
+            content,
+            id: self.message_id.clone(),
+            role: "assistant".to_owned(),
+            status: status.to_owned(),
+            kind: "message".to_owned(),
+        }
     }
 
-    fn completed(&self, text: &str, usage: Option<Value>) -> Value {
+    fn completed(&self, text: &str, usage: Option<ResponseUsage>) -> ResponseObject {
         let message = self.message("completed", vec![Shape::text_part(text)]);
         self.response("completed", vec![message], usage)
     }
 }
 
-fn usage_json(usage: &lemon_core::budget::usage::ReportedUsage) -> Value {
+fn response_usage(usage: &lemon_core::budget::usage::ReportedUsage) -> ResponseUsage {
     let input = input_tokens(usage);
-    json!({
-        "input_tokens": input,
-        "input_tokens_details": { "cached_tokens": usage.cache_read_tokens },
-        "output_tokens": usage.output_tokens,
-        "output_tokens_details": { "reasoning_tokens": 0 },
-        "total_tokens": input + usage.output_tokens,
-    })
+    ResponseUsage {
+        input_tokens: input,
+        input_tokens_details: InputTokensDetails { cached_tokens: usage.cache_read_tokens },
+        output_tokens: usage.output_tokens,
+        output_tokens_details: OutputTokensDetails { reasoning_tokens: 0 },
+        total_tokens: input + usage.output_tokens,
+    }
 }
 
 /// The events of one response, numbered as they are made.
@@ -268,7 +393,7 @@ impl Events {
         let response = self.shape.response("in_progress", Vec::new(), None);
         let item = self.shape.message("in_progress", Vec::new());
         let mut part = self.item_ref();
-        part["part"] = Shape::text_part("");
+        part["part"] = json!(Shape::text_part(""));
         vec![
             self.event("response.created", json!({ "response": response })),
             self.event("response.in_progress", json!({ "response": response })),
@@ -290,20 +415,19 @@ impl Events {
     fn finish(&mut self, completion: &Completion) -> Vec<Event> {
         if let Some(error) = OpenAiError::of_completion(completion) {
             let mut response = self.shape.response("failed", Vec::new(), None);
-            response["error"] = json!({ "code": error.code, "message": error.message });
+            response.error = Some(ResponseError { code: error.code, message: error.message });
             return vec![self.event("response.failed", json!({ "response": response }))];
         }
         let text = self.text.clone();
         let part = Shape::text_part(&text);
         let item = self.shape.message("completed", vec![part.clone()]);
-        let usage = reported_usage(&completion.usage).map(|u| usage_json(&u));
-        let mut response = self.shape.response("completed", vec![item.clone()], usage);
-        response["output"] = json!([item]);
+        let usage = reported_usage(&completion.usage).map(|u| response_usage(&u));
+        let response = self.shape.response("completed", vec![item.clone()], usage);
         let mut text_done = self.item_ref();
         text_done["text"] = json!(text);
         text_done["logprobs"] = json!([]);
         let mut part_done = self.item_ref();
-        part_done["part"] = part;
+        part_done["part"] = json!(part);
         vec![
             self.event("response.output_text.done", text_done),
             self.event("response.content_part.done", part_done),
