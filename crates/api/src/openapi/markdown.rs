@@ -216,7 +216,11 @@ impl<'a> Page<'a> {
 
     fn operation(&mut self, operation: &Operation<'_>) {
         let title = operation_title(operation);
-        let _ = writeln!(self.out, "### {title}\n");
+        // A heading that ends in `{…}` would be read as its attributes (a
+        // path parameter as a class) by the book's Markdown: the braces are
+        // escaped, and the heading's id stays the one its text gives.
+        let heading = title.replace('{', "\\{").replace('}', "\\}");
+        let _ = writeln!(self.out, "### {heading}\n");
         let summary = summary_of(operation);
         if !summary.is_empty() {
             let _ = writeln!(self.out, "{summary}\n");
