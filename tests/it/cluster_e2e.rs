@@ -307,16 +307,7 @@ impl Cluster {
         killpg(group, Signal::SIGCONT).unwrap();
         self.mark(format!("SIGCONT {}", self.nodes[n].name));
         let mut gateway = self.nodes[n].gateway.take().unwrap();
-        let exited = tokio::time::timeout(TERM * 5, gateway.child.wait()).await;
-        let code = match exited {
-            Ok(status) => status.unwrap().code(),
-            Err(_) => {
-                // Still running though fenced: stop it so the test goes on.
-                gateway.child.start_kill().unwrap();
-                gateway.child.wait().await.unwrap();
-                None
-            }
-        };
+        let code = exit_code_within(&mut gateway, TERM * 5).await;
         self.down.push(Down {
             node: self.nodes[n].name.clone(),
             from_ns,
@@ -334,19 +325,10 @@ impl Cluster {
         tokio::time::sleep(how_long).await;
         self.netns.heal();
         self.mark("the partition healed");
-        let gateway = self.nodes[n].gateway.as_mut().expect("the node runs");
-        let exited = tokio::time::timeout(TERM * 5, gateway.child.wait()).await;
+        let mut gateway = self.nodes[n].gateway.take().expect("the node runs");
+        let code = exit_code_within(&mut gateway, TERM * 5).await;
         self.apis.lock().unwrap()[n] = None;
         let from_ns = monotonic_ns();
-        let mut gateway = self.nodes[n].gateway.take().unwrap();
-        let code = match exited {
-            Ok(status) => status.unwrap().code(),
-            Err(_) => {
-                gateway.child.start_kill().unwrap();
-                gateway.child.wait().await.unwrap();
-                None
-            }
-        };
         self.start_node(n).await;
         self.down.push(Down {
             node: self.nodes[n].name.clone(),
@@ -391,6 +373,20 @@ impl Cluster {
             .await
             .unwrap();
         rows.len()
+    }
+}
+
+/// The exit code `gateway` gives by itself within `patience` (a fenced node
+/// exits); `None` when it is still running then, and it is killed so that
+/// the test goes on.
+async fn exit_code_within(gateway: &mut Gateway, patience: Duration) -> Option<i32> {
+    match tokio::time::timeout(patience, gateway.child.wait()).await {
+        Ok(status) => status.unwrap().code(),
+        Err(_) => {
+            gateway.child.start_kill().unwrap();
+            gateway.child.wait().await.unwrap();
+            None
+        }
     }
 }
 
