@@ -44,6 +44,12 @@ fn notify_slots() -> String {
     format!("SELECT pg_notify('{}', '')", Topic::Slots.channel())
 }
 
+/// A slot granted marks the run's journal entry started in the same
+/// transaction: from then on its engine may start, so a node that takes the
+/// session over (this one partitioned right after the grant, say) completes
+/// it as `interrupted` rather than starting a second engine for it.
+const MARK_STARTED: &str = "UPDATE journal SET state = 'started' WHERE run_id = $1";
+
 impl Cluster {
     /// Claims a slot for `run_id` of `lease`'s session, admitted at
     /// `admitted_at_ms` (the database's clock, milliseconds since the Unix
@@ -96,6 +102,7 @@ impl Cluster {
                 )
                 .await?;
                 tx.execute("DELETE FROM slot_requests WHERE run_id = $1", &[&run_id]).await?;
+                tx.execute(MARK_STARTED, &[&run_id]).await?;
                 tx.commit().await?;
                 return Ok(Some(slot_number(slot)));
             }
@@ -150,6 +157,7 @@ impl Cluster {
                 return Ok(None);
             };
             tx.execute("DELETE FROM slot_requests WHERE run_id = $1", &[&run_id]).await?;
+            tx.execute(MARK_STARTED, &[&run_id]).await?;
             tx.commit().await?;
             Ok(Some(slot_number(taken.get(0))))
         })

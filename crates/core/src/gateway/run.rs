@@ -22,7 +22,6 @@ use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -282,41 +281,6 @@ pub(super) async fn execute(ctx: RunContext) {
     (finished.0)(run_id, status).await;
 }
 
-/// How long a run waits between two tries at making its start durable while
-/// the store does not confirm it.
-const DURABLE_START_RETRY: Duration = Duration::from_millis(100);
-
-/// In a cluster, the run's start (its `running` status and `run_started`) is
-/// in the database before its engine starts: a node that takes the session
-/// over (this one lost its network right after claiming the slot, say) finds
-/// it started and completes it as `interrupted`, rather than starting its
-/// engine a second time. Waits while the store does not confirm; `false` when
-/// the node is fenced (or its leases cannot be renewed) or the run is
-/// cancelled meanwhile: the engine must not start.
-async fn start_is_durable(ctx: &RunContext, cluster: &ClusterRun) -> bool {
-    let fenced = cluster.node.fenced();
-    loop {
-        let flushed = tokio::select! {
-            biased;
-            () = ctx.shared.token.cancelled() => return false,
-            () = fenced.cancelled() => return false,
-            flushed = ctx.store.flush() => flushed,
-        };
-        match flushed {
-            Ok(()) => return cluster.node.leases_live().await,
-            Err(error) => {
-                tracing::warn!(run_id = %ctx.run_id, %error, "the run's start is not confirmed by the store; its engine waits");
-            }
-        }
-        tokio::select! {
-            biased;
-            () = ctx.shared.token.cancelled() => return false,
-            () = fenced.cancelled() => return false,
-            () = tokio::time::sleep(DURABLE_START_RETRY) => {}
-        }
-    }
-}
-
 /// Claims the run's cluster slot, waiting while every slot is taken; the run
 /// stays `queued` meanwhile (its phase stays `waiting_for_slot`).
 async fn admit(ctx: &RunContext, cluster: &ClusterRun) -> Result<SlotHeld, Unadmitted> {
@@ -443,6 +407,9 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
     // A node that was stopped past its renewals (and may have lost the
     // session meanwhile) starts nothing until it knows: another node may be
     // running this request already. Once fenced, nothing it writes lands.
+    // (The slot's grant marked the run started in the database, so a node
+    // that takes the session over from here on completes it as interrupted
+    // and never starts a second engine for it.)
     if let Some(cluster) = &ctx.cluster {
         if !cluster.node.leases_live().await {
             return cancelled(ctx, state);
@@ -463,11 +430,6 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
             },
             None,
         );
-    }
-    if let Some(cluster) = &ctx.cluster {
-        if !start_is_durable(ctx, cluster).await {
-            return cancelled(ctx, state);
-        }
     }
     // A token of another engine never reaches this one.
     let resume = ctx.req.resume.clone().filter(|token| token.engine == state.engine);
