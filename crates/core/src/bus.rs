@@ -417,6 +417,8 @@ struct BusInner {
     /// watches a single run.
     n_topics: AtomicUsize,
     topic_capacity: usize,
+    /// Every open run's stage stamps.
+    timings: crate::timing::Timings,
 }
 
 impl Default for EventBus {
@@ -438,8 +440,14 @@ impl EventBus {
                 topics: Mutex::new(HashMap::new()),
                 n_topics: AtomicUsize::new(0),
                 topic_capacity: topic_capacity.max(1),
+                timings: crate::timing::Timings::default(),
             }),
         }
+    }
+
+    /// The stage stamps of every run on this bus ([`crate::timing`]).
+    pub fn timings(&self) -> &crate::timing::Timings {
+        &self.inner.timings
     }
 
     /// Every event of every run from now on.

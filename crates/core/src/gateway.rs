@@ -255,6 +255,7 @@ impl GatewayHandle {
             bus: deps.bus.clone(),
             cluster: cluster.clone(),
         };
+        tracker.spawn(keep_timings(deps.bus.clone(), deps.store.clone(), token.clone()));
         let scheduler = Scheduler::new(deps, cluster, rx, tx, token, tracker.clone());
         tracker.spawn(scheduler.run());
         handle
@@ -437,6 +438,24 @@ impl GatewayHandle {
     /// This node's cluster, in cluster mode.
     pub fn cluster(&self) -> Option<&Arc<ClusterNode>> {
         self.cluster.as_ref()
+    }
+}
+
+/// Writes each run's stage stamps to its row as its timing closes.
+async fn keep_timings(bus: EventBus, store: StoreHandle, token: CancellationToken) {
+    let mut closed = bus.timings().subscribe();
+    loop {
+        let timing = tokio::select! {
+            () = token.cancelled() => return,
+            timing = closed.recv() => timing,
+        };
+        match timing {
+            Ok(timing) => store.runs().merge_stages(timing.run_id.clone(), timing.stamps).await,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::debug!(missed, "run timings not kept: the store fell behind");
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
     }
 }
 

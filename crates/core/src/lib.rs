@@ -60,6 +60,7 @@ pub mod sms;
 pub mod store;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+pub mod timing;
 pub mod tool;
 pub mod transport;
 pub mod untrusted;

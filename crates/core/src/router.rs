@@ -152,6 +152,13 @@ pub struct RequestFlags {
     /// no earlier run and the router does not look it up in the store. Never set
     /// for an id that came from outside.
     pub fresh_run_id: bool,
+    /// When the message reached the channel's edge ([`crate::timing::now_us`]);
+    /// `None`: when the router got it.
+    pub received_at_us: Option<i64>,
+    /// A channel follows the run and delivers its answer, stamping the
+    /// `first_visible` and `delivered` stages: its timing closes then rather
+    /// than at the completion.
+    pub delivers: bool,
 }
 
 impl RequestFlags {
@@ -175,6 +182,8 @@ impl RequestFlags {
                 || flag("delegated_auto_followup")
                 || async_followups,
             fresh_run_id: false,
+            received_at_us: None,
+            delivers: false,
         }
     }
 }

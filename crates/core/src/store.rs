@@ -432,6 +432,12 @@ pub trait RunStore: Send + Sync + fmt::Debug + 'static {
         session_key: &SessionKey,
         limit: usize,
     ) -> Result<Vec<RunRecord>, StoreError>;
+    /// Adds stage stamps to a run's timing: stages it has keep their time, so
+    /// nodes that each saw part of a run can each add theirs. A run not
+    /// written (yet, or any more) gets nothing.
+    async fn merge_stages(&self, run_id: RunId, stamps: crate::timing::Stamps);
+    /// The run's stage stamps; empty when it has none (or is unknown).
+    async fn run_stages(&self, run_id: &str) -> Result<crate::timing::Stamps, StoreError>;
 }
 
 /// Every event of every run, by run and index. Events may arrive for a run that

@@ -48,6 +48,7 @@ use crate::ids::{RunId, SessionKey};
 use crate::log_text;
 use crate::media::{self, Attachment};
 use crate::store::{FinishedRun, StoreHandle};
+use crate::timing::Stage;
 
 /// What the scheduler and the run share: how to cancel it and how to steer it.
 #[derive(Debug, Default)]
@@ -173,6 +174,8 @@ struct RunState {
     artifacts: ArtifactCollector,
     /// The model the run asked for, if any (prices are by model).
     model: Option<String>,
+    /// The engine sent an event.
+    engine_spoke: bool,
 }
 
 /// Why a run of a cluster node got no cluster slot.
@@ -277,6 +280,7 @@ pub(super) async fn execute(ctx: RunContext) {
             .free_slot_of(&slot.lease, run_id.as_str(), &cluster.tracker, &cluster.stop)
             .await;
     }
+    bus.timings().stamp(&run_id, Stage::Completed);
     bus.publish(completed);
     (finished.0)(run_id, status).await;
 }
@@ -341,6 +345,7 @@ fn cancelled(ctx: &RunContext, state: &RunState) -> Completion {
 /// Everything between the grant and the completion. The lock guard lives here,
 /// so it is released before finalization starts, even on panic.
 async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
+    ctx.bus.timings().stamp(&ctx.run_id, Stage::SlotGranted);
     let token = &ctx.shared.token;
     let _guard = if ctx.config.require_engine_lock {
         let key = match &ctx.req.resume {
@@ -451,7 +456,10 @@ async fn drive(ctx: &RunContext, state: &mut RunState) -> Completion {
         biased;
         () = token.cancelled() => return cancelled(ctx, state),
         started = engine.start(start, sink) => match started {
-            Ok(control) => control,
+            Ok(control) => {
+                ctx.bus.timings().stamp(&ctx.run_id, Stage::Spawned);
+                control
+            }
             Err(EngineError::Unavailable { engine, reason }) => {
                 return Completion::failure(RunError::EngineUnavailable { engine, reason }, None)
             }
@@ -537,12 +545,17 @@ async fn stop_engine(
                 bound_ms = bound.as_millis() as u64,
                 "engine did not stop after cancel; completing the run anyway"
             );
+            ctx.bus.timings().cancel_overdue();
         }
     }
 }
 
 /// Publishes one engine event; returns the completion when it is the last.
 async fn relay(ctx: &RunContext, state: &mut RunState, event: EngineEvent) -> Option<Completion> {
+    if !state.engine_spoke {
+        state.engine_spoke = true;
+        ctx.bus.timings().stamp(&ctx.run_id, Stage::FirstEvent);
+    }
     match event {
         EngineEvent::Started { resume, title, meta } => {
             if resume.is_some() {
@@ -557,6 +570,9 @@ async fn relay(ctx: &RunContext, state: &mut RunState, event: EngineEvent) -> Op
             None
         }
         EngineEvent::Delta(text) => {
+            if state.seq == 0 {
+                ctx.bus.timings().stamp(&ctx.run_id, Stage::FirstDelta);
+            }
             state.seq += 1;
             state.text.push_str(&text);
             let seq = state.seq;
@@ -777,6 +793,7 @@ pub(crate) struct RunEnd {
 /// finished run.
 pub(crate) async fn complete(bus: &EventBus, store: &StoreHandle, end: RunEnd) {
     let completed = write_completion(store, end).await;
+    bus.timings().stamp(&completed.run_id, Stage::Completed);
     bus.publish(completed);
 }
 

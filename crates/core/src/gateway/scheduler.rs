@@ -428,6 +428,7 @@ impl Scheduler {
             return Err(SubmitError::Overloaded { pending: self.n_queued });
         }
         let created_at_ms = now_ms();
+        self.bus.timings().stamp(&run_id, crate::timing::Stage::Queued);
         if req.session_key.trim().is_empty() {
             req.session_key = "default".into();
         }

@@ -33,6 +33,7 @@ use crate::engine::{
 use crate::gateway::{self, retry, ExecutionRequest, GatewayHandle, RunEnd, SubmitError};
 use crate::ids::{ConversationKey, EngineRef, Model, RunId, SessionKey};
 use crate::store::{JournalEntry, JournalRoute, JournalState, StoreError, StoreHandle};
+use crate::timing::Stage;
 
 /// A steer whose engine has not answered within this is treated as refused, so
 /// a stuck engine cannot hold its conversation's queue forever.
@@ -384,6 +385,7 @@ impl Router {
                 return Ok(Admitted::Run(known.accepted));
             }
         }
+        let arrival = Arrival::of(&req);
         let placement = self.place(&session_key).await?;
         let item = self.prepare(req, session_key).await?;
         if let Some(Placement::Elsewhere { node }) = placement {
@@ -410,6 +412,7 @@ impl Router {
                 self.unfence(&run_id);
                 return Err(error.into());
             }
+            arrival.stamp(&self.bus, &run_id, &accepted.engine);
             let mut conv = Conversation::default();
             let mut effects = conv.submit(item, Instant::now(), limits);
             self.conversations.insert(key.clone(), conv);
@@ -451,6 +454,7 @@ impl Router {
             self.unfence(&run_id);
             return Err(error);
         }
+        arrival.stamp(&self.bus, &run_id, &accepted.engine);
         publish_phase(&self.bus, &run_id, &session_key, RunPhase::Accepted);
         self.runs.insert(run_id, key.clone());
         let effects =
@@ -823,6 +827,7 @@ impl Router {
             journaled: true,
             budget: item.budget.map(Box::new),
         };
+        self.bus.timings().stamp(&item.run_id, Stage::Queued);
         match self.gateway.submit(req).await {
             Ok(_) => {
                 if fresh {
@@ -1535,6 +1540,9 @@ fn item_from_entry(entry: JournalEntry) -> Result<Item, String> {
         auto_followup: route.auto_followup.unwrap_or(legacy.auto_followup),
         // Journaled ids are looked up like any other when submitted again.
         fresh_run_id: false,
+        // A recovered request's timing starts again: its first life's stamps were not kept.
+        received_at_us: None,
+        delivers: false,
     };
     let model = route.model.clone().or_else(|| model_from_meta(&meta));
     let engine_ref = |raw: &str| EngineRef::parse(raw).map_err(|_| raw.to_owned());
@@ -1601,6 +1609,34 @@ fn spend_today_line(budget: &crate::budget::store_guard::SessionBudget) -> Strin
     line
 }
 
+/// What the router stamps of a request it journaled: when it arrived, where
+/// from, and whether a channel delivers its answer.
+struct Arrival {
+    received_at_us: Option<i64>,
+    channel: String,
+    delivers: bool,
+}
+
+impl Arrival {
+    fn of(req: &RunRequest) -> Self {
+        let channel = match (&req.channel, req.origin) {
+            (Some(channel), _) => channel.transport.clone(),
+            (None, Origin::ControlPlane) => "api".to_owned(),
+            (None, origin) => origin.as_str().to_owned(),
+        };
+        Arrival { received_at_us: req.flags.received_at_us, channel, delivers: req.flags.delivers }
+    }
+
+    /// Stamps `received` and `journaled` (now).
+    fn stamp(&self, bus: &EventBus, run_id: &RunId, engine: &EngineRef) {
+        let timings = bus.timings();
+        let now = crate::timing::now_us();
+        timings.describe(run_id, &self.channel, engine.id().as_str(), self.delivers);
+        timings.stamp_at(run_id, Stage::Received, self.received_at_us.unwrap_or(now).min(now));
+        timings.stamp_at(run_id, Stage::Journaled, now);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -1639,6 +1675,8 @@ mod tests {
             goal_continuation: true,
             auto_followup: true,
             fresh_run_id: false,
+            received_at_us: None,
+            delivers: false,
         };
         let recovered = item_from_entry(journal_entry(&item(flags, Some("opus")), 0)).unwrap();
         assert_eq!((recovered.flags, recovered.model.as_deref()), (flags, Some("opus")));

@@ -25,6 +25,7 @@ mod cluster;
 mod follow;
 mod properties;
 mod retry;
+mod timing;
 
 /// Always fails as if the model's context overflowed, after reporting a session.
 #[derive(Debug)]

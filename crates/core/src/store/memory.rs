@@ -17,6 +17,7 @@ use super::{
 use crate::budget::usage::RunSpend;
 use crate::bus::{BusEvent, RunStatus};
 use crate::ids::{RunId, SessionKey};
+use crate::timing::Stamps;
 
 /// Runs, events and chat state in maps. Keeps at most `max_runs` runs: past
 /// that, the oldest finished runs are forgotten with their events, so a
@@ -45,6 +46,8 @@ struct Tables {
     journal: HashMap<RunId, JournalEntry, RandomState>,
     /// Small records: namespace → key → record, keys in order for listing.
     kv: HashMap<String, BTreeMap<String, KvRecord>, RandomState>,
+    /// Stage stamps of the runs in `runs`.
+    stages: HashMap<String, Stamps, RandomState>,
 }
 
 /// One `kv` record.
@@ -143,6 +146,7 @@ impl RunStore for MemoryStore {
             }
             if let Some(oldest) = tables.order.pop_front() {
                 tables.runs.remove(&oldest);
+                tables.stages.remove(&oldest);
                 tables.events.remove(oldest.as_str());
             }
         }
@@ -222,6 +226,20 @@ impl RunStore for MemoryStore {
             .take(limit)
             .cloned()
             .collect())
+    }
+
+    async fn merge_stages(&self, run_id: RunId, stamps: Stamps) {
+        if !self.writable() {
+            return;
+        }
+        let mut tables = self.tables();
+        if tables.runs.contains_key(run_id.as_str()) {
+            tables.stages.entry(run_id.as_str().to_owned()).or_default().merge(&stamps);
+        }
+    }
+
+    async fn run_stages(&self, run_id: &str) -> Result<Stamps, StoreError> {
+        Ok(self.tables().stages.get(run_id).copied().unwrap_or_default())
     }
 }
 

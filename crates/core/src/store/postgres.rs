@@ -60,6 +60,7 @@ use super::{
 };
 use crate::bus::BusEvent;
 use crate::ids::{RunId, SessionKey};
+use crate::timing::Stamps;
 
 #[cfg(test)]
 pub(crate) use self::schema::SCHEMA_VERSION;
@@ -428,6 +429,32 @@ impl RunStore for PostgresStore {
     async fn mark_cancelling(&self, run_id: RunId) {
         let fence = self.fences.of_run(run_id.as_str());
         self.queue_fenced(Write::MarkCancelling { run_id }, fence).await;
+    }
+
+    async fn merge_stages(&self, run_id: RunId, stamps: Stamps) {
+        // Unfenced: each node adds the stages it saw, and none overwrites another's.
+        if !stamps.is_empty() {
+            self.queue(Write::MergeStages { run_id, stamps: stamps.to_json().to_string() }).await;
+        }
+    }
+
+    async fn run_stages(&self, run_id: &str) -> Result<Stamps, StoreError> {
+        let run_id = writer::text(run_id);
+        let text: Option<String> = self
+            .read(move |client| {
+                let run_id = run_id.clone();
+                Box::pin(async move {
+                    let stmt =
+                        client.prepare_cached("SELECT stages FROM runs WHERE run_id = $1").await?;
+                    let row = client.query_opt(&stmt, &[&run_id]).await?;
+                    Ok(row.and_then(|row| row.get::<_, Option<String>>(0)))
+                })
+            })
+            .await?;
+        Ok(text
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .map(|value| Stamps::from_json(&value))
+            .unwrap_or_default())
     }
 
     async fn finalize_run(&self, run: FinishedRun) {

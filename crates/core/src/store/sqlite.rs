@@ -52,6 +52,7 @@ use super::{
 };
 use crate::bus::BusEvent;
 use crate::ids::{RunId, SessionKey};
+use crate::timing::Stamps;
 
 #[cfg(test)]
 pub(crate) use self::schema::SCHEMA_VERSION;
@@ -489,6 +490,31 @@ impl RunStore for SqliteStore {
 
     async fn mark_cancelling(&self, run_id: RunId) {
         self.queue(WriteOp::MarkCancelling { run_id }).await;
+    }
+
+    async fn merge_stages(&self, run_id: RunId, stamps: Stamps) {
+        if stamps.is_empty() {
+            return;
+        }
+        self.queue(WriteOp::MergeStages { run_id, stamps: stamps.to_json().to_string() }).await;
+    }
+
+    async fn run_stages(&self, run_id: &str) -> Result<Stamps, StoreError> {
+        let run_id = run_id.to_owned();
+        self.point_read(move |conn| {
+            let mut stmt =
+                conn.prepare_cached("SELECT stages FROM runs WHERE run_id = ?1").map_err(db)?;
+            let mut rows = stmt.query(params![run_id]).map_err(db)?;
+            let text: Option<String> = match rows.next().map_err(db)? {
+                Some(row) => row.get(0).map_err(db)?,
+                None => None,
+            };
+            Ok(text
+                .and_then(|text| serde_json::from_str(&text).ok())
+                .map(|value| Stamps::from_json(&value))
+                .unwrap_or_default())
+        })
+        .await
     }
 
     async fn finalize_run(&self, run: FinishedRun) {

@@ -225,6 +225,48 @@ async fn run_lifecycle_is_stored_field_by_field() {
 }
 
 #[tokio::test]
+async fn stage_stamps_merge_into_the_run_and_the_first_of_each_stage_stays() {
+    use crate::timing::{Stage, Stamps};
+    let stamps = |pairs: &[(Stage, i64)]| {
+        let mut stamps = Stamps::default();
+        for &(stage, at) in pairs {
+            stamps.stamp(stage, at);
+        }
+        stamps
+    };
+    for Backend { name, store, _dir } in backends().await {
+        // In the same batch as the run's insert, and in a later one.
+        store.insert_run(new_run("run_st", 1_000)).await;
+        store
+            .runs()
+            .merge_stages(
+                run_id("run_st"),
+                stamps(&[(Stage::Received, 100), (Stage::Journaled, 250)]),
+            )
+            .await;
+        store.flush().await.unwrap();
+        store
+            .runs()
+            .merge_stages(
+                run_id("run_st"),
+                stamps(&[(Stage::Journaled, 999), (Stage::Delivered, 4_000_000_000_123)]),
+            )
+            .await;
+        let kept = store.runs().run_stages("run_st").await.unwrap();
+        let expected = stamps(&[
+            (Stage::Received, 100),
+            (Stage::Journaled, 250),
+            (Stage::Delivered, 4_000_000_000_123),
+        ]);
+        assert_eq!(kept, expected, "{name}");
+        // A run never written keeps nothing, and an unknown run reads empty.
+        store.runs().merge_stages(run_id("run_gone"), stamps(&[(Stage::Received, 1)])).await;
+        assert!(store.runs().run_stages("run_gone").await.unwrap().is_empty(), "{name}");
+        assert_eq!(store.get_run("run_gone").await.unwrap(), None, "{name}");
+    }
+}
+
+#[tokio::test]
 async fn failed_run_keeps_the_engine_error_text_and_code() {
     for Backend { name, store, _dir } in backends().await {
         let error = RunError::Engine { message: "model overloaded (529)".to_owned() };
@@ -1421,10 +1463,13 @@ async fn older_file_with_a_run(path: &Path, undo: &str, version: u32) {
     store.close().await.unwrap();
     let conn = rusqlite::Connection::open(path).unwrap();
     conn.execute_batch(&format!(
-        "{UNDO_RETENTION} DROP INDEX runs_by_session; {undo} PRAGMA user_version = {version};"
+        "{UNDO_STAGES} {UNDO_RETENTION} DROP INDEX runs_by_session; {undo} PRAGMA user_version = {version};"
     ))
     .unwrap();
 }
+
+/// Undoes migration 8 (the stage stamps).
+const UNDO_STAGES: &str = "ALTER TABLE runs DROP COLUMN stages;";
 
 /// Undoes migration 7 (retention's column, table and indexes).
 const UNDO_RETENTION: &str = "DROP INDEX runs_uncompacted; ALTER TABLE runs DROP COLUMN compacted;

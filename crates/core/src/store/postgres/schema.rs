@@ -203,6 +203,8 @@ const MIGRATIONS: &[&str] = &[
         updated_by TEXT
     );
     INSERT INTO cluster_config (id, version, body, updated_at) VALUES (1, 0, '', now());",
+    // When each stage of a run happened (`timing::Stamps` as JSON).
+    "ALTER TABLE runs ADD COLUMN stages TEXT;",
 ];
 
 /// The version a fully migrated database has.

@@ -128,6 +128,11 @@ pub(super) enum Write {
     MarkCancelling {
         run_id: RunId,
     },
+    /// Stages a run's timing lacks (`Stamps::to_json`'s form), added.
+    MergeStages {
+        run_id: RunId,
+        stamps: String,
+    },
     /// Serialised to JSON here, on the writer's task, not by the publisher.
     AppendEvent(Arc<crate::bus::BusEvent>),
     FinalizeRun(FinishedRun),
@@ -181,6 +186,7 @@ impl Write {
             Write::InsertRun(_) => "insert_run",
             Write::MarkRunning { .. } => "mark_running",
             Write::MarkCancelling { .. } => "mark_cancelling",
+            Write::MergeStages { .. } => "merge_stages",
             Write::AppendEvent(_) => "append_event",
             Write::FinalizeRun(_) => "finalize_run",
             Write::PutChatState { .. } => "put_chat_state",
@@ -202,6 +208,7 @@ impl Write {
             Write::InsertRun(run) => Some(run.run_id.as_str()),
             Write::MarkRunning { run_id, .. }
             | Write::MarkCancelling { run_id }
+            | Write::MergeStages { run_id, .. }
             | Write::JournalStarted { run_id }
             | Write::JournalComplete { run_id } => Some(run_id.as_str()),
             Write::AppendEvent(event) => Some(event.run_id.as_str()),
@@ -281,6 +288,10 @@ const MARK_RUNNING: &str = "UPDATE runs SET
                       ELSE 'running' END,
         engine = $2, started_at_ms = $3
     WHERE run_id = $1";
+
+/// Stages the run has keep their time: the stored object is applied last.
+const MERGE_STAGES: &str = "UPDATE runs
+    SET stages = ($2::text::jsonb || coalesce(stages::jsonb, '{}'::jsonb))::text WHERE run_id = $1";
 
 const MARK_CANCELLING: &str =
     "UPDATE runs SET status = 'cancelling' WHERE run_id = $1 AND status = 'running'";
@@ -395,6 +406,9 @@ impl Write {
             ),
             Write::MarkCancelling { run_id } => {
                 (MARK_CANCELLING, vec![boxed(text(run_id.as_str()))])
+            }
+            Write::MergeStages { run_id, stamps } => {
+                (MERGE_STAGES, vec![boxed(text(run_id.as_str())), boxed(text(stamps))])
             }
             Write::AppendEvent(event) => {
                 return Ok(Ready::Event(EventRow {

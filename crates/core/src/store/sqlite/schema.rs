@@ -124,6 +124,8 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX pruned_usage_completed ON pruned_usage (completed_at_ms);
     CREATE INDEX pruned_usage_by_session ON pruned_usage (session_key, completed_at_ms);
     CREATE INDEX kv_unexpired_by_key ON kv (key) WHERE expires_at_ms IS NULL;",
+    // 8: when each stage of a run happened (`timing::Stamps` as JSON).
+    "ALTER TABLE runs ADD COLUMN stages TEXT;",
 ];
 
 /// The version a fully migrated file has.

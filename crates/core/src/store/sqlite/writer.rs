@@ -95,6 +95,11 @@ pub(super) enum WriteOp {
     MarkCancelling {
         run_id: RunId,
     },
+    /// Stages a run's timing lacks (`Stamps::to_json`'s form), added.
+    MergeStages {
+        run_id: RunId,
+        stamps: String,
+    },
     /// Serialised to JSON here on the writer thread, not by the publisher.
     AppendEvent(Arc<BusEvent>),
     FinalizeRun(FinishedRun),
@@ -182,6 +187,7 @@ impl WriteOp {
             WriteOp::InsertRun(_) => "insert_run",
             WriteOp::MarkRunning { .. } => "mark_running",
             WriteOp::MarkCancelling { .. } => "mark_cancelling",
+            WriteOp::MergeStages { .. } => "merge_stages",
             WriteOp::AppendEvent(_) => "append_event",
             WriteOp::FinalizeRun(_) => "finalize_run",
             WriteOp::PutChatState { .. } => "put_chat_state",
@@ -260,6 +266,8 @@ struct Writer {
     pending: Vec<Option<PendingRun>>,
     /// Where each run of `pending` is.
     pending_index: HashMap<RunId, usize, RandomState>,
+    /// Stage stamps of the batch being applied, written after its runs.
+    stage_merges: Vec<(RunId, String)>,
     /// Events of the batch being applied, grouped per run: consecutive events of one
     /// run share a row (JSON lines), so a batch writes one event row per run rather
     /// than one per event.
@@ -538,6 +546,7 @@ impl Writer {
             prunes: Vec::new(),
             pending: Vec::new(),
             pending_index: HashMap::default(),
+            stage_merges: Vec::new(),
             event_groups: Vec::new(),
             event_group_index: HashMap::default(),
             seqs: SeqCache::default(),
@@ -648,6 +657,13 @@ impl Writer {
             self.pending = pending;
             self.pending.clear();
             self.pending_index.clear();
+        }
+        if !self.stage_merges.is_empty() {
+            self.begin(&mut outcome);
+            for (run_id, stamps) in std::mem::take(&mut self.stage_merges) {
+                let result = self.merge_stages(&run_id, &stamps);
+                outcome.record("merge_stages", result);
+            }
         }
         if !self.conn.is_autocommit() {
             if let Err(err) = self.conn.execute_batch("COMMIT") {
@@ -768,6 +784,7 @@ impl Writer {
                     }
                 }
             }
+            WriteOp::MergeStages { run_id, stamps } => self.stage_merges.push((run_id, stamps)),
             WriteOp::MarkCancelling { run_id } => {
                 if let Some(row) = self.pending_run(&run_id) {
                     if row.status == RunStatus::Running {
@@ -938,6 +955,15 @@ impl Writer {
             WriteOp::Read(read) => self.reads.push(read),
             WriteOp::Prune { step, reply } => self.prunes.push((step, reply)),
         }
+        Ok(())
+    }
+
+    /// Adds `stamps` to the run's stages; a stage it has keeps its time.
+    fn merge_stages(&mut self, run_id: &RunId, stamps: &str) -> rusqlite::Result<()> {
+        let mut stmt = self.conn.prepare_cached(
+            "UPDATE runs SET stages = json_patch(?2, coalesce(stages, '{}')) WHERE run_id = ?1",
+        )?;
+        stmt.execute(params![run_id.as_str(), stamps])?;
         Ok(())
     }
 
